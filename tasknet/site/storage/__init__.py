@@ -1,0 +1,1 @@
+"""tasknet.site.storage."""

@@ -1,0 +1,114 @@
+"""TaskStatus: the one mapping of lifecycle states and node codes to display.
+
+Everything that shows a task to a person (API ``status``/``statusText``, web UI,
+webhook payloads, admin CLI) goes through :func:`display_status`; no other
+module spells a label.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import NamedTuple
+
+
+class OperationState(str, enum.Enum):
+    """``task_operation.state`` values (LIFECYCLE.md, "States")."""
+
+    RESERVED = "RESERVED"
+    SUBMITTING = "SUBMITTING"
+    SUBMITTED = "SUBMITTED"
+    UNKNOWN = "UNKNOWN"
+    DELETE_PENDING = "DELETE_PENDING"
+    DELETED = "DELETED"
+
+
+class NodeCode(enum.IntEnum):
+    """Status codes a node reports (legacy codes, unchanged in v2)."""
+
+    DOWNLOADING = 1
+    WAITING_COMPRESSION = 2
+    COMPRESSING = 3
+    COMPLETED = 4
+
+
+class Label(NamedTuple):
+    zh: str
+    en: str
+
+
+class TaskStatus(str, enum.Enum):
+    """Display keys, as the API's ``status`` field spells them."""
+
+    SUBMITTING = "SUBMITTING"
+    SUBMITTED = "SUBMITTED"
+    DOWNLOADING = "DOWNLOADING"
+    WAITING_COMPRESSION = "WAITING_COMPRESSION"
+    COMPRESSING = "COMPRESSING"
+    COMPLETED = "COMPLETED"
+    SUBMIT_UNKNOWN = "SUBMIT_UNKNOWN"
+    DELETE_PENDING = "DELETE_PENDING"
+    DELETE_FAILED = "DELETE_FAILED"
+
+    @property
+    def label(self) -> Label:
+        return LABELS[self]
+
+    @property
+    def zh(self) -> str:
+        return LABELS[self].zh
+
+    @property
+    def en(self) -> str:
+        return LABELS[self].en
+
+
+LABELS: dict[TaskStatus, Label] = {
+    TaskStatus.SUBMITTING: Label("提交中", "Submitting"),
+    TaskStatus.SUBMITTED: Label("已提交", "Submitted"),
+    TaskStatus.DOWNLOADING: Label("下载中", "Downloading"),
+    TaskStatus.WAITING_COMPRESSION: Label("等待压缩", "Waiting for compression"),
+    TaskStatus.COMPRESSING: Label("压缩中", "Compressing"),
+    TaskStatus.COMPLETED: Label("下载完成", "Download complete"),
+    TaskStatus.SUBMIT_UNKNOWN: Label("提交未知", "Submission unknown"),
+    TaskStatus.DELETE_PENDING: Label("待删除", "Delete pending"),
+    TaskStatus.DELETE_FAILED: Label("删除失败", "Delete failed"),
+}
+
+NODE_CODE_STATUS: dict[NodeCode, TaskStatus] = {
+    NodeCode.DOWNLOADING: TaskStatus.DOWNLOADING,
+    NodeCode.WAITING_COMPRESSION: TaskStatus.WAITING_COMPRESSION,
+    NodeCode.COMPRESSING: TaskStatus.COMPRESSING,
+    NodeCode.COMPLETED: TaskStatus.COMPLETED,
+}
+
+_STATE_STATUS: dict[OperationState, TaskStatus] = {
+    OperationState.RESERVED: TaskStatus.SUBMITTING,
+    OperationState.SUBMITTING: TaskStatus.SUBMITTING,
+    OperationState.UNKNOWN: TaskStatus.SUBMIT_UNKNOWN,
+    OperationState.DELETE_PENDING: TaskStatus.DELETE_PENDING,
+}
+
+
+def display_status(
+    state: OperationState | str | None,
+    node_code: int | None,
+    delete_failed: bool = False,
+) -> TaskStatus:
+    """The display key of a task.
+
+    ``state`` is the ``task_operation`` state, or ``None`` for a legacy row
+    that has no operation yet; ``node_code`` is the last applied node status
+    (``None`` or 0 before the first report).  A ``DELETED`` tombstone has no
+    gallery row and so no display status: asking for one is a bug.
+    """
+    if state is not None:
+        state = OperationState(state)
+        if state is OperationState.DELETED:
+            raise ValueError("a DELETED tombstone has no display status")
+        if state is OperationState.DELETE_PENDING and delete_failed:
+            return TaskStatus.DELETE_FAILED
+        if state in _STATE_STATUS:
+            return _STATE_STATUS[state]
+    if node_code:
+        return NODE_CODE_STATUS[NodeCode(node_code)]
+    return TaskStatus.SUBMITTED
