@@ -1,0 +1,144 @@
+"""B2 create: creates/s and p50/p99 latency, 32 concurrent HTTP clients.
+
+Ours: ``POST /api/tasks`` from 32 clients (``bench.createload``, its own
+process) against ``twistd -n tasknet-site``, which runs the whole lifecycle
+chain per create (reserve, read-only prepare GET, SUBMITTING, the one POST,
+persist) against ``twistd -n tasknet-upstream`` on loopback.
+Baseline: the same three write transactions per create (the site's own
+``storage.tasks.reserve`` / ``begin_submit`` / ``persist_submitted`` on a
+raw ``sqlite3`` connection with the site's PRAGMAs) plus one loopback POST to
+the same upstream with ``http.client``, one create after another, no framework.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+from bench.harness import Context, Row, percentile
+from bench.procs import REPO_ROOT, BenchError
+from bench.seed import seed_site
+from bench.services import start_site, start_upstream
+from bench.sqlite_baseline import connect
+
+TARGET_RATIO = 0.5
+TARGET_P99_MS = 50.0
+CLIENTS = 32
+SITE_GIDS = range(20_000_001, 20_100_000)
+BASELINE_GIDS = range(30_000_001, 30_100_000)
+
+
+def run_baseline(db: Path, upstream_url: str, user_id: int, gids: list[int]) -> dict[str, Any]:
+    from tasknet.site.storage import tasks
+    from tasknet.site.storage.db import run_write
+
+    connection = connect(db)
+    parts = urlsplit(upstream_url)
+    conn = http.client.HTTPConnection(parts.hostname or "127.0.0.1", parts.port, timeout=30)
+    latencies = []
+    started = time.perf_counter()
+    try:
+        for gid in gids:
+            t0 = time.perf_counter()
+            week = tasks.iso_week()
+            op = run_write(connection, tasks.reserve, gid, user_id, "", f"bench-{gid}", week)
+            run_write(connection, tasks.begin_submit, gid, op, 1, f"gallery {gid}", week)
+            conn.request("POST", f"/api/galleries/{gid}/archive", body=b"{}")
+            response = conn.getresponse()
+            answer = json.loads(response.read())
+            if response.status != 200:
+                raise BenchError(f"baseline POST for gid {gid}: HTTP {response.status}")
+            run_write(
+                connection,
+                tasks.persist_submitted,
+                gid,
+                op,
+                answer["archiveUrl"],
+                int(answer["cost"]),
+                week,
+            )
+            latencies.append((time.perf_counter() - t0) * 1000)
+        elapsed = time.perf_counter() - started
+    finally:
+        conn.close()
+        connection.close()
+    return {"rate": len(gids) / elapsed, "latencies": latencies}
+
+
+def run_clients(site_url: str, token: str, gids: list[int], log: Path) -> dict[str, Any]:
+    argv = [sys.executable, "-m", "bench.createload", f"--url={site_url}", f"--token={token}"]
+    argv += [f"--clients={CLIENTS}", *map(str, gids)]
+    with open(log, "wb") as stderr:
+        done = subprocess.run(
+            argv, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=stderr, timeout=900
+        )
+    if done.returncode != 0:
+        raise BenchError(f"create load failed ({done.returncode}); see {log}")
+    result: dict[str, Any] = json.loads(done.stdout.decode().strip().splitlines()[-1])
+    return result
+
+
+def run(ctx: Context) -> Row:
+    directory = ctx.scratch("b2")
+    creates = 64 if ctx.quick else 2000
+    upstream = start_upstream(directory)
+    try:
+        base_db = directory / "baseline.sqlite"
+        base_seed = seed_site(base_db)
+        base = run_baseline(
+            base_db, upstream.base_url, base_seed.user_id, list(BASELINE_GIDS[:creates])
+        )
+
+        site_db = directory / "site.sqlite"
+        seeded = seed_site(site_db)
+        site = start_site(directory, site_db, upstream_url=upstream.base_url)
+        try:
+            cpu0 = site.proc.cpu_seconds()
+            ours = run_clients(
+                site.http_url, seeded.token, list(SITE_GIDS[:creates]), directory / "createload.log"
+            )
+            site_cpu = (site.proc.cpu_seconds() - cpu0) / ours["seconds"]
+        finally:
+            site.proc.stop()
+    finally:
+        upstream.proc.stop()
+    if ours["failures"]:
+        raise BenchError(
+            f"{len(ours['failures'])} of {creates} creates failed, e.g. {ours['failures'][:3]}"
+        )
+
+    latencies = ours["latencies_ms"]
+    row = Row(
+        bench="B2",
+        title="create",
+        unit="creates/s",
+        figure=creates / ours["seconds"],
+        baseline=base["rate"],
+        baseline_label=(
+            "raw sqlite3: reserve, begin_submit, persist_submitted transactions "
+            "+ one loopback POST per create, sequential"
+        ),
+        p50_ms=percentile(latencies, 50),
+        p99_ms=percentile(latencies, 99),
+        target=f">= {TARGET_RATIO}x, p99 < {TARGET_P99_MS:.0f} ms",
+    )
+    row.met = (row.ratio or 0) >= TARGET_RATIO and (row.p99_ms or 1e9) < TARGET_P99_MS
+    row.notes.append(
+        f"{creates} creates, {CLIENTS} concurrent clients; site CPU {100 * site_cpu:.0f}% of one "
+        f"core; baseline p50/p99 {percentile(base['latencies'], 50):.1f}/"
+        f"{percentile(base['latencies'], 99):.1f} ms per create"
+    )
+    row.details = {
+        "creates": creates,
+        "clients": CLIENTS,
+        "site_cpu_fraction": site_cpu,
+        "baseline_p50_ms": percentile(base["latencies"], 50),
+        "baseline_p99_ms": percentile(base["latencies"], 99),
+    }
+    return row

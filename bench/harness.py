@@ -1,0 +1,206 @@
+"""What every benchmark shares: the result row, the run context, the table and the JSON file."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import platform
+import sqlite3
+import sys
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+RESULTS_PATH = Path(__file__).with_name("results.json")
+
+
+@dataclass
+class Context:
+    """How a benchmark should run: size (``quick``), where to put its files, and
+    whether to sample the site with py-spy while it is under load (``profile``)."""
+
+    quick: bool
+    workdir: Path
+    profile: bool = False
+
+    def scratch(self, name: str) -> Path:
+        """A fresh directory for one benchmark's databases, logs and files."""
+        path = self.workdir / name
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+
+
+@dataclass
+class Row:
+    """One line of the table: our figure next to the same-run baseline.
+
+    Every figure with a baseline is a rate (higher is better), so the ratio is
+    ``figure / baseline``.  ``met`` is None when the benchmark could not run.
+    """
+
+    bench: str
+    title: str
+    unit: str
+    figure: float | None = None
+    baseline: float | None = None
+    baseline_label: str = ""
+    p50_ms: float | None = None
+    p99_ms: float | None = None
+    target: str = ""
+    met: bool | None = None
+    notes: list[str] = field(default_factory=list)
+    details: dict[str, Any] = field(default_factory=dict)
+    error: str | None = None
+    seconds: float = 0.0
+
+    @property
+    def ratio(self) -> float | None:
+        if self.figure is None or not self.baseline:
+            return None
+        return self.figure / self.baseline
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["ratio"] = self.ratio
+        return data
+
+
+def percentile(values: Sequence[float], q: float) -> float | None:
+    """The ``q``-th percentile (0..100) by nearest rank; None for no values."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    rank = max(1, math.ceil(q / 100 * len(ordered)))
+    return ordered[rank - 1]
+
+
+def human(value: float | None) -> str:
+    """Three significant figures with a k/M suffix: rates span five orders of magnitude."""
+    if value is None:
+        return "-"
+    for scale, suffix in ((1e6, "M"), (1e3, "k")):
+        if abs(value) >= scale:
+            return f"{value / scale:.3g}{suffix}"
+    return f"{value:.3g}"
+
+
+def _versions() -> dict[str, str]:
+    import twisted
+
+    return {
+        "python": platform.python_version(),
+        "python_implementation": platform.python_implementation(),
+        "sqlite": sqlite3.sqlite_version,
+        "twisted": twisted.__version__,
+    }
+
+
+def _filesystem_of(path: Path) -> str:
+    """The mount type holding ``path`` (fsync cost depends on it)."""
+    best, fstype = "", "unknown"
+    try:
+        mounts = Path("/proc/mounts").read_text().splitlines()
+    except OSError:
+        return fstype
+    resolved = str(path.resolve())
+    for line in mounts:
+        parts = line.split()
+        if len(parts) >= 3 and resolved.startswith(parts[1]) and len(parts[1]) > len(best):
+            best, fstype = parts[1], parts[2]
+    return fstype
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def machine_facts(workdir: Path) -> dict[str, Any]:
+    """What a reader needs to compare two result files."""
+    from bench.sqlite_baseline import site_synchronous
+
+    facts: dict[str, Any] = {
+        "nproc": os.cpu_count(),
+        "usable_cpus": len(os.sched_getaffinity(0)),
+        "cpu": _cpu_model(),
+        "platform": platform.platform(),
+        "loadavg_at_start": list(os.getloadavg()),
+        "workdir_filesystem": _filesystem_of(workdir),
+        "synchronous": site_synchronous(workdir / "synchronous-probe.sqlite"),
+    }
+    facts.update(_versions())
+    return facts
+
+
+def format_table(rows: Iterable[Row]) -> str:
+    """The table printed at the end of a run."""
+    header = ("id", "benchmark", "figure", "baseline", "ratio", "p50 ms", "p99 ms", "target", "met")
+    lines = [header]
+    for r in rows:
+        if r.error is not None:
+            lines.append((r.bench, r.title, "ERROR", "-", "-", "-", "-", r.target, "no"))
+            continue
+        figure = f"{human(r.figure)} {r.unit}" if r.figure is not None else "-"
+        ratio = f"{r.ratio:.2f}x" if r.ratio is not None else "-"
+        met = {True: "yes", False: "NO", None: "-"}[r.met]
+        lines.append(
+            (
+                r.bench,
+                r.title,
+                figure,
+                human(r.baseline),
+                ratio,
+                f"{r.p50_ms:.1f}" if r.p50_ms is not None else "-",
+                f"{r.p99_ms:.1f}" if r.p99_ms is not None else "-",
+                r.target,
+                met,
+            )
+        )
+    widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
+    out = []
+    for n, line in enumerate(lines):
+        out.append("  ".join(cell.ljust(w) for cell, w in zip(line, widths, strict=True)).rstrip())
+        if n == 0:
+            out.append("  ".join("-" * w for w in widths))
+    return "\n".join(out)
+
+
+def format_notes(rows: Iterable[Row]) -> str:
+    """Baselines spelled out, notes and errors, one block per row."""
+    out = []
+    for r in rows:
+        extra = []
+        if r.baseline_label:
+            extra.append(f"baseline: {r.baseline_label}")
+        extra.extend(r.notes)
+        if r.error is not None:
+            extra.append(f"error: {r.error}")
+        if extra:
+            out.append(f"{r.bench} {r.title}:")
+            out.extend(f"  - {line}" for line in extra)
+    return "\n".join(out)
+
+
+def write_results(
+    path: Path, rows: Sequence[Row], machine: dict[str, Any], quick: bool, started: float
+) -> None:
+    """``bench/results.json``: the rows plus the machine they ran on."""
+    document = {
+        "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
+        "duration_s": round(time.time() - started, 2),
+        "quick": quick,
+        "argv": sys.argv[1:],
+        "machine": machine,
+        "rows": [r.to_json() for r in rows],
+    }
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(document, indent=2, ensure_ascii=False) + "\n")
+    tmp.replace(path)

@@ -1,0 +1,413 @@
+"""The load node: many simulated v2 storage nodes in one process.
+
+``python -m bench.loadnode --port P --first I --count N --mode MODE [...]``
+
+Each connection behaves like the real node on the wire: on ``Identity`` it
+sends ``ProtocolHello`` then ``Login`` (HMAC of the site's nonce), heartbeats
+every ``--heartbeat`` seconds, and in ``reports`` mode sends snapshot
+``TaskReport`` s of the tasks ``--tasks`` gives it, one in flight, the next only after the
+ACK of the previous one (as ``tasknet.node.reporter`` does).  It does no
+downloading: the site is what is measured.
+
+Control is by lines on stdin and JSON lines on stdout, so a parent can drive
+several load processes over one measured window:
+
+* stdout ``{"event": "ready", ...}`` once every connection is logged in;
+* stdin ``go`` starts the reports (``reports`` mode), ``mark`` starts the
+  measured window (after a warm-up), ``snapshot`` ends it and prints
+  ``{"event": "window", ...}`` while the load goes on (for a profile);
+* stdout ``{"event": "commands", ...}`` at most every 0.1 s while commands arrive;
+* stdin ``stop`` ends the window: ``{"event": "result", ...}`` then exit.
+
+Modes: ``reports`` (B1), ``idle`` (B5: log in and heartbeat only),
+``commands`` (B4: count the TaskCommands the site dispatches).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+from twisted.internet import protocol, reactor, stdio, task
+from twisted.protocols.basic import LineReceiver
+from twisted.python.failure import Failure
+
+from bench import plan
+from tasknet.protocol import messages as m
+
+REACTOR: Any = reactor
+# At most this many connections between connect and LoginResult at once: a
+# burst of 1,000 SYNs would overflow the site's listen backlog and turn into
+# one-second SYN retries, which would measure the kernel, not the site.
+MAX_PENDING_LOGINS = 64
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+class Fleet:
+    """All connections of this process and what they measured."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.run_id = uuid.uuid4().hex[:8]
+        self.tasks = load_tasks(args.tasks) if args.tasks else {}
+        self.retry_until = time.monotonic() + args.retry_for
+        self.nodes: list[LoadNode] = []
+        self.pending = list(range(args.first, args.first + args.count))
+        self.connecting = 0
+        self.logged_in = 0
+        self.login_failures: list[str] = []
+        self.connect_failures: list[str] = []
+        self.dropped: list[str] = []
+        self.errors: list[str] = []
+        self.running = False
+        self.stopping = False
+        self.window_start = 0.0
+        self.window_end = 0.0
+        self.acks = {m.ACK_APPLIED: 0, m.ACK_DUPLICATE: 0}
+        self.latencies_ms: list[float] = []
+        self.commands = 0
+        self.command_gids: set[int] = set()
+        self.last_command_at = 0.0
+        self.first_command_at = 0.0
+        self._progress_call: Any = None
+        self.ready_sent = False
+        self.out: Callable[[dict[str, Any]], None] = lambda _doc: None
+
+    # ------------------------------------------------------------ connecting
+
+    def connect_more(self) -> None:
+        while self.pending and self.connecting < MAX_PENDING_LOGINS:
+            index = self.pending.pop(0)
+            self.connecting += 1
+            REACTOR.connectTCP("127.0.0.1", self.args.port, NodeFactory(self, index), timeout=30)
+
+    def login_settled(self, node_id: str, accepted: bool, reason: str = "") -> None:
+        self.connecting -= 1
+        if accepted:
+            self.logged_in += 1
+        else:
+            self.login_failures.append(f"{node_id}: {reason}")
+        self.connect_more()
+        self.maybe_ready()
+
+    def connect_failed(self, index: int, reason: str) -> None:
+        self.connecting -= 1
+        self.connect_failures.append(f"{plan.node_id(index)}: {reason}")
+        self.connect_more()
+        self.maybe_ready()
+
+    def maybe_ready(self) -> None:
+        settled = self.logged_in + len(self.login_failures) + len(self.connect_failures)
+        if not self.ready_sent and settled == self.args.count:
+            self.ready_sent = True
+            self.out({"event": "ready", **self.summary()})
+
+    # ------------------------------------------------------------ window
+
+    def go(self) -> None:
+        self.running = True
+        self.window_start = time.monotonic()
+        for node in self.nodes:
+            if node.logged_in:
+                node.send_report()
+
+    def mark(self) -> None:
+        """Start the measured window here (after a warm-up)."""
+        self.window_start = time.monotonic()
+        self.window_end = 0.0
+        self.acks = dict.fromkeys(self.acks, 0)
+        self.latencies_ms = []
+
+    def snapshot(self) -> None:
+        """End the measured window here, keep the load running (for a profile)."""
+        self.window_end = time.monotonic()
+        self.out({"event": "window", **self.summary()})
+
+    def stop(self) -> None:
+        if self.stopping:
+            return
+        self.stopping = True
+        self.running = False
+        self.window_end = self.window_end or time.monotonic()
+        self.report_progress()
+        self.out({"event": "result", **self.summary()})
+        for node in self.nodes:
+            node.closing = True
+            transport: Any = node.transport
+            if transport is not None:
+                transport.loseConnection()
+        REACTOR.callLater(0.2, REACTOR.stop)
+
+    def command_received(self, gid: int) -> None:
+        self.commands += 1
+        self.command_gids.add(gid)
+        self.last_command_at = time.time()
+        if not self.first_command_at:
+            self.first_command_at = self.last_command_at
+        if self._progress_call is None or not self._progress_call.active():
+            self._progress_call = REACTOR.callLater(0.1, self.report_progress)
+
+    def report_progress(self) -> None:
+        if self.commands:
+            self.out(
+                {
+                    "event": "commands",
+                    "commands": self.commands,
+                    "distinct_gids": len(self.command_gids),
+                    "first_at": self.first_command_at,
+                    "last_at": self.last_command_at,
+                }
+            )
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "count": self.args.count,
+            "logged_in": self.logged_in,
+            "login_failures": self.login_failures[:5],
+            "connect_failures": self.connect_failures[:5],
+            "dropped": len(self.dropped),
+            "dropped_examples": self.dropped[:5],
+            "errors": self.errors[:5],
+            "window_s": (self.window_end or time.monotonic()) - self.window_start
+            if self.window_start
+            else 0.0,
+            "applied": self.acks[m.ACK_APPLIED],
+            "duplicate": self.acks[m.ACK_DUPLICATE],
+            "latencies_ms": [round(x, 3) for x in self.latencies_ms],
+            "commands": self.commands,
+            "distinct_gids": len(self.command_gids),
+            "first_command_at": self.first_command_at,
+            "last_command_at": self.last_command_at,
+        }
+
+
+class LoadNode(protocol.Protocol):
+    """One simulated v2 node connection."""
+
+    def __init__(self, fleet: Fleet, index: int) -> None:
+        self.fleet = fleet
+        self.args = fleet.args
+        self.index = index
+        self.node_id = plan.node_id(index)
+        self.buffer = bytearray()
+        self.logged_in = False
+        self.settled = False
+        self.closing = False
+        self.seq = 0
+        self.revision = 0
+        self.in_flight: str | None = None
+        self.sent_at = 0.0
+        held = fleet.tasks.get(index, [])
+        self.gids = [gid for gid, _ in held]
+        self.operation_ids = dict(held)
+        self.heartbeat: task.LoopingCall | None = None
+
+    # ------------------------------------------------------------ wire
+
+    def send(self, message: m.Message) -> None:
+        transport: Any = self.transport
+        transport.write(m.encode(message))
+
+    def dataReceived(self, data: bytes) -> None:
+        buf = self.buffer
+        buf += data
+        size = m.HEADER.size
+        while len(buf) >= size:
+            type_, length = m.HEADER.unpack_from(buf)
+            if len(buf) < size + length:
+                return
+            payload = bytes(buf[size : size + length])
+            del buf[: size + length]
+            try:
+                message = m.decode(type_, payload)
+            except m.UnknownMessageType:
+                continue
+            except m.ProtocolError as e:
+                self.fleet.errors.append(f"{self.node_id}: undecodable frame: {e}")
+                continue
+            self.message_received(message)
+
+    def message_received(self, message: m.Message) -> None:
+        if isinstance(message, m.Identity):
+            # Hello first: the site decides v2 when Login arrives (PROTOCOL.md).
+            self.send(m.ProtocolHello())
+            signature = m.sign_login(plan.SECRET, message.nonce, self.node_id)
+            self.send(m.Login(self.node_id, signature))
+        elif isinstance(message, m.LoginResult):
+            self.login_result(message)
+        elif isinstance(message, m.TaskReportAck):
+            self.ack(message)
+        elif isinstance(message, (m.TaskCommand, m.DownloadPost)):
+            self.fleet.command_received(message.gid)
+        elif isinstance(message, m.Error):
+            self.fleet.errors.append(f"{self.node_id}: {message.code}: {message.message}")
+
+    def login_result(self, message: m.LoginResult) -> None:
+        if self.settled:
+            return
+        self.settled = True
+        self.logged_in = message.accepted
+        self.fleet.login_settled(self.node_id, message.accepted, message.reason)
+        if not message.accepted:
+            return
+        self.heartbeat = task.LoopingCall(lambda: self.send(m.Heartbeat(now_ms())))
+        # Spread the heartbeats of many connections over the interval.
+        interval = self.args.heartbeat
+        offset = (self.index % 97) / 97 * interval
+        REACTOR.callLater(offset, self._start_heartbeat)
+        if self.fleet.running:
+            self.send_report()
+
+    def _start_heartbeat(self) -> None:
+        if self.heartbeat is not None and self.connected and not self.heartbeat.running:
+            self.heartbeat.start(self.args.heartbeat, now=True)
+
+    # ------------------------------------------------------------ reports
+
+    def send_report(self) -> None:
+        if not self.gids or self.in_flight is not None or not self.fleet.running:
+            return
+        self.seq += 1
+        # As the real node: strictly increasing, and never behind the clock.
+        self.revision = max(self.revision + 1, now_ms())
+        report_id = f"{self.node_id}-{self.fleet.run_id}-{self.seq}"
+        progress = (self.seq % 1000) / 1000
+        report = m.TaskReport(
+            report_id=report_id,
+            revision=self.revision,
+            gallery_tasks=tuple(m.TaskEntry(g, 1, progress) for g in self.gids),
+            operation_ids=self.operation_ids,
+            deleted=(),
+        )
+        self.in_flight = report_id
+        self.sent_at = time.monotonic()
+        self.send(report)
+
+    def ack(self, message: m.TaskReportAck) -> None:
+        if message.report_id != self.in_flight:
+            self.fleet.errors.append(f"{self.node_id}: ACK for {message.report_id}, not in flight")
+            return
+        self.in_flight = None
+        if self.fleet.running:
+            self.fleet.acks[message.result] += 1
+            self.fleet.latencies_ms.append((time.monotonic() - self.sent_at) * 1000)
+            self.send_report()
+
+    def connectionLost(self, reason: Failure = protocol.connectionDone) -> None:
+        if self.heartbeat is not None and self.heartbeat.running:
+            self.heartbeat.stop()
+        if not self.settled:
+            self.settled = True
+            self.fleet.login_settled(self.node_id, False, f"closed before login: {reason.value}")
+        elif not self.closing and self.logged_in:
+            self.fleet.dropped.append(f"{self.node_id}: {reason.value}")
+
+
+class NodeFactory(protocol.ClientFactory):
+    def __init__(self, fleet: Fleet, index: int) -> None:
+        self.fleet = fleet
+        self.index = index
+
+    def buildProtocol(self, addr: Any) -> LoadNode:
+        node = LoadNode(self.fleet, self.index)
+        self.fleet.nodes.append(node)
+        return node
+
+    def clientConnectionFailed(self, connector: Any, reason: Failure) -> None:
+        # B4 starts its load nodes with the site: refused until the node
+        # listener is up (after recovery), so retry for a bounded time.
+        if time.monotonic() < self.fleet.retry_until:
+            REACTOR.callLater(0.02, connector.connect)
+            return
+        self.fleet.connect_failed(self.index, str(reason.value))
+
+
+class Control(LineReceiver):
+    """stdin commands in, JSON events out."""
+
+    delimiter = b"\n"
+
+    def __init__(self, fleet: Fleet) -> None:
+        self.fleet = fleet
+
+    def connectionMade(self) -> None:
+        self.fleet.out = self.emit
+        self.fleet.connect_more()
+        self.fleet.maybe_ready()  # --count 0
+
+    def emit(self, document: dict[str, Any]) -> None:
+        transport: Any = self.transport
+        transport.write(json.dumps(document).encode() + b"\n")
+
+    def lineReceived(self, line: bytes) -> None:
+        command = line.strip().decode()
+        if command == "go":
+            self.fleet.go()
+        elif command == "mark":
+            self.fleet.mark()
+        elif command == "snapshot":
+            self.fleet.snapshot()
+        elif command == "stop":
+            self.fleet.stop()
+
+    def connectionLost(self, reason: Failure = protocol.connectionDone) -> None:
+        # The parent went away: stop rather than linger as an orphan.
+        self.fleet.stop()
+
+
+def load_tasks(path: str) -> dict[int, list[tuple[int, str]]]:
+    """``{"<node index>": [[gid, operationId], ...]}`` as written by the bench."""
+    with open(path) as f:
+        raw = json.load(f)
+    return {int(index): [(int(g), str(op)) for g, op in held] for index, held in raw.items()}
+
+
+def write_tasks(path: str, tasks: dict[int, list[tuple[int, str]]]) -> None:
+    with open(path, "w") as f:
+        json.dump({str(index): held for index, held in tasks.items()}, f)
+
+
+def raise_fd_limit() -> int:
+    """Soft RLIMIT_NOFILE up to the hard limit: 500 connections need 500 fds."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m bench.loadnode", description=__doc__.split("\n")[0])
+    p.add_argument("--port", type=int, required=True, help="the site's node port on 127.0.0.1")
+    p.add_argument("--first", type=int, default=0, help="index of the first node")
+    p.add_argument("--count", type=int, required=True, help="connections in this process")
+    p.add_argument("--mode", choices=("reports", "idle", "commands"), required=True)
+    p.add_argument("--tasks", help="JSON file of each node's [gid, operationId] (reports mode)")
+    p.add_argument("--retry-for", type=float, default=0.0, help="retry refused connects this long")
+    p.add_argument("--heartbeat", type=float, default=15.0, help="seconds between heartbeats")
+    args = p.parse_args(argv)
+    if args.mode == "reports" and not args.tasks:
+        p.error("--mode reports needs --tasks")
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    limit = raise_fd_limit()
+    if limit < args.count + 32:
+        sys.exit(f"open-files limit {limit} is too low for {args.count} connections")
+    fleet = Fleet(args)
+    stdio.StandardIO(Control(fleet))
+    REACTOR.run()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,191 @@
+"""Processes the benchmarks start: twistd roles and load generators.
+
+Everything measured runs in its own process so that its reactor, CPU time and
+memory are its own: ``/proc/<pid>`` gives CPU seconds, RSS and limits without
+any cooperation from the process.  Waiting is polling with a bound; a child
+that dies while we wait is reported at once with the tail of its log.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import IO, Any
+
+LOOPBACK = "127.0.0.1"
+POLL = 0.05
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+class BenchError(Exception):
+    """A benchmark could not proceed (a process died, a wait timed out)."""
+
+
+def free_port() -> int:
+    """A loopback TCP port that was free a moment ago (our children bind it next)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((LOOPBACK, 0))
+        return int(sock.getsockname()[1])
+
+
+def port_open(port: int) -> bool:
+    try:
+        with socket.create_connection((LOOPBACK, port), timeout=0.2):
+            return True
+    except OSError:
+        return False
+
+
+def twistd_command() -> list[str]:
+    """The twistd of the running interpreter's environment."""
+    sibling = Path(sys.executable).with_name("twistd")
+    if sibling.exists():
+        return [str(sibling)]
+    return [sys.executable, "-c", "from twisted.scripts.twistd import run; run()"]
+
+
+class Proc:
+    """A child process with its output in a log file (or a pipe for load nodes)."""
+
+    def __init__(
+        self,
+        name: str,
+        argv: Sequence[str],
+        log_path: Path,
+        *,
+        cwd: Path,
+        pipe_stdio: bool = False,
+    ) -> None:
+        self.name = name
+        self.argv = list(argv)
+        self.log_path = log_path
+        self._log: IO[bytes] = open(log_path, "wb")  # noqa: SIM115 (closed in stop)
+        env = dict(os.environ)
+        # The bench runs from a checkout: make sure children import this tree.
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
+        env.setdefault("PYTHONUNBUFFERED", "1")
+        self.popen = subprocess.Popen(
+            self.argv,
+            cwd=cwd,
+            env=env,
+            stdin=subprocess.PIPE if pipe_stdio else subprocess.DEVNULL,
+            stdout=subprocess.PIPE if pipe_stdio else self._log,
+            stderr=self._log,
+            start_new_session=True,  # a Ctrl-C of the bench reaches us, not the children
+        )
+        self.started_at = time.time()
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    @property
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def log_tail(self, lines: int = 25) -> str:
+        try:
+            text = self.log_path.read_text(errors="replace")
+        except OSError:
+            return "(no log)"
+        return "\n".join(text.splitlines()[-lines:])
+
+    def died(self, what: str) -> BenchError:
+        return BenchError(
+            f"{self.name} exited (code {self.popen.returncode}) while {what}; "
+            f"log {self.log_path}:\n{self.log_tail()}"
+        )
+
+    # ------------------------------------------------------------ /proc readings
+
+    def cpu_seconds(self) -> float:
+        """User + system CPU time so far (fields 14 and 15 of /proc/<pid>/stat)."""
+        stat = Path(f"/proc/{self.pid}/stat").read_text()
+        # The command name may contain spaces: split after its closing parenthesis.
+        fields = stat[stat.rindex(")") + 2 :].split()
+        return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+
+    def memory(self) -> dict[str, int]:
+        """Current and peak resident set size in bytes (VmRSS, VmHWM)."""
+        out = {}
+        for line in Path(f"/proc/{self.pid}/status").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key in ("VmRSS", "VmHWM"):
+                out[key] = int(value.split()[0]) * 1024
+        return out
+
+    def open_files_limit(self) -> tuple[int, int]:
+        """The process's own (soft, hard) RLIMIT_NOFILE."""
+        for line in Path(f"/proc/{self.pid}/limits").read_text().splitlines():
+            if line.startswith("Max open files"):
+                soft, hard = line.split()[3:5]
+                return int(soft), int(hard)
+        raise BenchError(f"no open-files limit for pid {self.pid}")
+
+    def open_fds(self) -> int:
+        return len(os.listdir(f"/proc/{self.pid}/fd"))
+
+    # ------------------------------------------------------------ lifetime
+
+    def log_has(self, marker: str) -> bool:
+        try:
+            return marker in self.log_path.read_text(errors="replace")
+        except OSError:
+            return False
+
+    def wait_until(
+        self, check: Callable[[], bool], timeout: float, what: str, *, fatal: str | None = None
+    ) -> None:
+        """Poll ``check``; fail at once if the process exits or logs ``fatal``."""
+        deadline = time.monotonic() + timeout
+        while not check():
+            if not self.alive:
+                raise self.died(f"waiting for {what}")
+            if fatal is not None and self.log_has(fatal):
+                raise BenchError(
+                    f"{self.name} logged {fatal!r} while we waited for {what}; "
+                    f"log {self.log_path}:\n{self.log_tail()}"
+                )
+            if time.monotonic() >= deadline:
+                raise BenchError(f"{self.name}: timed out after {timeout:.0f}s waiting for {what}")
+            time.sleep(POLL)
+
+    def wait_port(self, port: int, timeout: float = 30.0) -> None:
+        self.wait_until(lambda: port_open(port), timeout, f"port {port}")
+
+    def stop(self, timeout: float = 10.0) -> int | None:
+        """SIGTERM (twistd shuts down cleanly), SIGKILL if it does not exit in time."""
+        if self.alive:
+            self.popen.send_signal(signal.SIGTERM)
+            try:
+                self.popen.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.popen.kill()
+                self.popen.wait(timeout)
+        for stream in (self.popen.stdin, self.popen.stdout):
+            if stream is not None:
+                stream.close()
+        self._log.close()
+        return self.popen.returncode
+
+    def __enter__(self) -> Proc:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+
+def twistd(name: str, plugin: str, args: Sequence[str], directory: Path) -> Proc:
+    """``twistd -n <plugin> ...`` in ``directory``, logging to ``directory/<name>.log``."""
+    directory.mkdir(parents=True, exist_ok=True)
+    # --logfile=- : the twistd log goes to stdout, i.e. the same file as stderr.
+    argv = [*twistd_command(), "-n", "--pidfile=", "--logfile=-", plugin, *args]
+    return Proc(name, argv, directory / f"{name}.log", cwd=directory)

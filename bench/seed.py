@@ -1,0 +1,117 @@
+"""Seeding a site database before the site starts, with the site's own storage functions.
+
+A task is created the way the lifecycle creates it (``reserve`` →
+``begin_submit`` → ``persist_submitted``: ``SUBMITTED``, metered, with its
+outbox rows), optionally assigned to a node with ``dispatch.claim_task`` (as
+dispatch assigns it), in transactions of ``CHUNK`` tasks.  Node keys go into
+the ``node_key`` table (``users.add_node_key``), so 1,000 nodes need no
+1,000 ``--node-key`` options.  The outbox rows the seeding wrote are marked
+delivered (``delivery.mark_fanned_out``): otherwise the site would start by
+delivering 100,000 old notifications, which is not what any benchmark measures.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from bench import plan
+
+CHUNK = 2000
+BENCH_USER = "bench"
+# Seeding must never run into the weekly quota.
+BENCH_QUOTA = 10**12
+
+
+@dataclass
+class Seeded:
+    token: str
+    user_id: int
+    operation_ids: dict[int, str] = field(default_factory=dict)
+
+
+def _connect(db: Path) -> sqlite3.Connection:
+    from tasknet.site.storage.db import connect
+    from tasknet.site.storage.schema import prepare_database
+
+    # Always a fresh file: a kept --workdir must not carry a previous run's rows.
+    for suffix in ("", "-wal", "-shm"):
+        Path(f"{db}{suffix}").unlink(missing_ok=True)
+    prepare_database(str(db))
+    return connect(str(db))
+
+
+def _create_tasks(
+    cursor: sqlite3.Cursor, user_id: int, items: Sequence[tuple[int, str | None]], archive_base: str
+) -> dict[int, str]:
+    from tasknet.site.storage import dispatch, tasks
+
+    week = tasks.iso_week()
+    created = {}
+    for gid, node in items:
+        operation_id = tasks.reserve(cursor, gid, user_id, f"bench {gid}", "bench-token", week)
+        if not tasks.begin_submit(cursor, gid, operation_id, 1, f"bench gallery {gid}", week):
+            raise RuntimeError(f"seeding gid {gid}: quota check refused")
+        url = f"{archive_base}/files/{gid}-1.bin"
+        tasks.persist_submitted(cursor, gid, operation_id, url, 1, week)
+        if node is not None and dispatch.claim_task(cursor, gid, [node]) is None:
+            raise RuntimeError(f"seeding gid {gid}: could not assign it to {node}")
+        created[gid] = operation_id
+    return created
+
+
+def _mark_outbox_delivered(cursor: sqlite3.Cursor) -> int:
+    from tasknet.site.storage import delivery
+
+    marked = 0
+    after = 0
+    while rows := delivery.pending_rows(cursor, after, CHUNK):
+        ids = [r.id for r in rows]
+        delivery.mark_fanned_out(cursor, ids, ids)
+        marked += len(ids)
+        after = ids[-1]
+    return marked
+
+
+def seed_site(
+    db: Path,
+    *,
+    node_count: int = 0,
+    assigned: Mapping[int, Iterable[int]] | None = None,
+    unassigned: Iterable[int] = (),
+    archive_base: str = "http://127.0.0.1:9",
+) -> Seeded:
+    """Create the database ``db`` with a bench user, ``node_count`` node keys
+    (``plan.node_id(i)`` with ``plan.SECRET``) and ``SUBMITTED`` tasks:
+    ``assigned[i]`` gids assigned to node ``i``, ``unassigned`` gids to no one."""
+    from tasknet.site.storage import users
+    from tasknet.site.storage.db import run_write
+
+    items: list[tuple[int, str | None]] = []
+    for index, gids in (assigned or {}).items():
+        items.extend((gid, plan.node_id(index)) for gid in gids)
+    items.extend((gid, None) for gid in unassigned)
+
+    connection = _connect(db)
+    try:
+        user, token = run_write(
+            connection, lambda c: users.create_user(c, BENCH_USER, admin=True, quota=BENCH_QUOTA)
+        )
+
+        def keys(cursor: sqlite3.Cursor) -> None:
+            for i in range(node_count):
+                users.add_node_key(cursor, plan.node_id(i), plan.SECRET)
+
+        run_write(connection, keys)
+        seeded = Seeded(token=token, user_id=user.id)
+        for start in range(0, len(items), CHUNK):
+            chunk = items[start : start + CHUNK]
+            seeded.operation_ids.update(
+                run_write(connection, _create_tasks, user.id, chunk, archive_base)
+            )
+        run_write(connection, _mark_outbox_delivered)
+    finally:
+        connection.close()
+    return seeded

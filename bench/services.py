@@ -1,0 +1,116 @@
+"""Starting the real tasknet roles as ``twistd -n`` processes on loopback."""
+
+from __future__ import annotations
+
+import json
+import urllib.request
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from bench.procs import BenchError, Proc, free_port, twistd
+
+LOOPBACK_URL = "http://127.0.0.1"
+
+
+def http_json(method: str, url: str, body: Any = None, token: str | None = None) -> Any:
+    """One JSON request with the standard library (setup steps only, never measured)."""
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(url, data=data, method=method)
+    request.add_header("Content-Type", "application/json")
+    if token is not None:
+        request.add_header("Authorization", f"Bearer {token}")
+    with urllib.request.urlopen(request, timeout=30) as response:
+        return json.loads(response.read() or b"null")
+
+
+@dataclass
+class Upstream:
+    proc: Proc
+    base_url: str
+
+
+def start_upstream(directory: Path, *, timeout: float = 30.0) -> Upstream:
+    """``twistd -n tasknet-upstream`` on a free loopback port."""
+    port = free_port()
+    proc = twistd(
+        "upstream", "tasknet-upstream", [f"--http=tcp:{port}:interface=127.0.0.1"], directory
+    )
+    try:
+        proc.wait_port(port, timeout)
+    except BaseException:
+        proc.stop()
+        raise
+    return Upstream(proc, f"{LOOPBACK_URL}:{port}")
+
+
+@dataclass
+class Site:
+    proc: Proc
+    http_url: str
+    nodes_port: int
+    started_at: float
+
+
+def spawn_site(
+    directory: Path,
+    db: Path,
+    *,
+    upstream_url: str,
+    extra_args: Sequence[str] = (),
+) -> Site:
+    """``twistd -n tasknet-site`` on the database ``db``, both ports on
+    loopback; returns at once (see :func:`wait_site`)."""
+    http_port, nodes_port = free_port(), free_port()
+    args = [
+        f"--db={db}",
+        f"--http=tcp:{http_port}:interface=127.0.0.1",
+        f"--nodes=tcp:{nodes_port}:interface=127.0.0.1",
+        f"--upstream={upstream_url}",
+        *extra_args,
+    ]
+    proc = twistd("site", "tasknet-site", args, directory)
+    return Site(proc, f"{LOOPBACK_URL}:{http_port}", nodes_port, proc.started_at)
+
+
+def wait_site(site: Site, timeout: float = 60.0) -> None:
+    """Ready means ``/healthz`` answers (HTTP is started last, after recovery
+    and the node listener: invariant 10).  The site logs at critical level
+    when its startup chain fails but keeps running: fail at once then."""
+    try:
+        site.proc.wait_until(
+            lambda: _healthy(site.http_url), timeout, "/healthz", fatal="#critical]"
+        )
+    except BaseException:
+        site.proc.stop()
+        raise
+
+
+def start_site(
+    directory: Path,
+    db: Path,
+    *,
+    upstream_url: str,
+    extra_args: Sequence[str] = (),
+    timeout: float = 60.0,
+) -> Site:
+    """:func:`spawn_site` then :func:`wait_site`."""
+    site = spawn_site(directory, db, upstream_url=upstream_url, extra_args=extra_args)
+    wait_site(site, timeout)
+    return site
+
+
+def _healthy(http_url: str) -> bool:
+    try:
+        health = http_json("GET", f"{http_url}/healthz")
+    except OSError:
+        return False
+    return isinstance(health, dict)
+
+
+def require_dispatch(site: Site) -> None:
+    """The benchmarks that need dispatch say so clearly when recovery failed."""
+    health = http_json("GET", f"{site.http_url}/healthz")
+    if health.get("dispatch") != "enabled":
+        raise BenchError(f"site dispatch is not enabled: /healthz says {health}")

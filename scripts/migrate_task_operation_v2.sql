@@ -1,0 +1,1 @@
+../tasknet/site/storage/migrate_task_operation_v2.sql

@@ -1,0 +1,316 @@
+"""``tasknet-admin --db PATH ...``: users, tokens, node keys, UNKNOWN reconciliation.
+
+User and node-key commands are one transaction each, run with the storage
+functions the HTTP API uses (:mod:`tasknet.site.storage.users`) on a plain
+SQLite connection with the site's PRAGMAs.  ``unknown`` and ``resolve`` go
+through :class:`tasknet.site.lifecycle.Lifecycle` exactly as
+``GET /api/admin/unknown`` and ``POST /api/admin/tasks/{gid}/resolve`` do:
+the evidence includes the upstream's read-only audit answer (``--upstream``;
+if it cannot be reached the evidence says so and resolving still works), and
+neither ever POSTs upstream.  The site may keep running meanwhile (WAL,
+``busy_timeout``).  This module holds no SQL.
+
+Commands::
+
+    user add NAME [--admin] [--quota N]     prints the new API token (stored hashed)
+    user list
+    user quota NAME N
+    user token NAME                         prints a new token; the old one stops working
+    node-key add ID [SECRET]                prints the secret (generated if omitted)
+    node-key list [--show-secrets]
+    node-key remove ID
+    [--upstream URL] unknown [--json]       UNKNOWN operations with their evidence
+    [--upstream URL] resolve GID submitted|not_submitted [--note TEXT]
+
+Exit status: 0 done, 1 refused (the message says why; nothing changed),
+2 bad usage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import getpass
+import json
+import sqlite3
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, TextIO, TypeVar
+
+from twisted.internet.defer import Deferred
+from twisted.python.failure import Failure
+
+from tasknet.site.lifecycle import Lifecycle
+from tasknet.site.storage import db as storage_db
+from tasknet.site.storage import tasks, users
+from tasknet.site.storage.schema import SchemaError, prepare_database
+from tasknet.site.upstream_client import UpstreamClient
+
+T = TypeVar("T")
+
+
+class AdminError(Exception):
+    """A refusal to report to the operator (exit status 1)."""
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
+
+
+def _gid(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"gid must be an integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"gid must be positive, got {value}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="tasknet-admin", description="Administer a tasknet site database."
+    )
+    parser.add_argument(
+        "--db", required=True, help="the site's SQLite database (as given to tasknet-site --db)"
+    )
+    parser.add_argument(
+        "--upstream",
+        default="http://127.0.0.1:7200",
+        help="upstream base URL, asked (read-only) for audit evidence by unknown/resolve",
+    )
+    parser.add_argument(
+        "--audit-timeout",
+        type=float,
+        default=5.0,
+        help="seconds to wait for the upstream's audit answer",
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    user = commands.add_parser("user", help="users, quotas and API tokens")
+    user_commands = user.add_subparsers(dest="action", required=True, metavar="ACTION")
+    add = user_commands.add_parser("add", help="create a user; prints its API token")
+    add.add_argument("name")
+    add.add_argument(
+        "--admin", action="store_true", help="may see every task and reconcile UNKNOWN"
+    )
+    add.add_argument(
+        "--quota", type=_positive_int, default=users.DEFAULT_QUOTA, help="weekly quota (cost units)"
+    )
+    user_commands.add_parser("list", help="list users")
+    quota = user_commands.add_parser("quota", help="set a user's weekly quota")
+    quota.add_argument("name")
+    quota.add_argument("quota", type=_positive_int)
+    token = user_commands.add_parser(
+        "token", help="issue a new API token (the old one stops working)"
+    )
+    token.add_argument("name")
+
+    node_key = commands.add_parser("node-key", help="nodes allowed to log in")
+    key_commands = node_key.add_subparsers(dest="action", required=True, metavar="ACTION")
+    key_add = key_commands.add_parser("add", help="allow a node (replaces its secret)")
+    key_add.add_argument("node_id", metavar="ID")
+    key_add.add_argument("secret", metavar="SECRET", nargs="?", help="generated when omitted")
+    key_list = key_commands.add_parser("list", help="list node ids")
+    key_list.add_argument("--show-secrets", action="store_true")
+    key_remove = key_commands.add_parser("remove", help="stop allowing a node")
+    key_remove.add_argument("node_id", metavar="ID")
+
+    unknown = commands.add_parser("unknown", help="list UNKNOWN operations with their evidence")
+    unknown.add_argument("--json", action="store_true", help="machine-readable output")
+
+    resolve = commands.add_parser(
+        "resolve", help="reconcile an UNKNOWN operation (never calls the upstream)"
+    )
+    resolve.add_argument("gid", type=_gid)
+    resolve.add_argument("verdict", choices=tasks.VERDICTS)
+    resolve.add_argument("--note", default="", help="why (kept in the audit log)")
+    return parser
+
+
+def _check_database(path: str) -> None:
+    if not Path(path).is_file():
+        raise AdminError(
+            f"no database at {path!r} (start tasknet-site --db {path} once to create it)"
+        )
+    try:
+        prepare_database(path)
+    except SchemaError as error:
+        raise AdminError(str(error)) from error
+    except sqlite3.DatabaseError as error:
+        raise AdminError(f"cannot use {path!r}: {error}") from error
+
+
+def _write(connection: sqlite3.Connection, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    try:
+        return storage_db.run_write(connection, lambda cursor: fn(cursor, *args, **kwargs))
+    except (users.UserError, tasks.TaskError) as error:
+        raise AdminError(str(error)) from error
+
+
+def _read(connection: sqlite3.Connection, fn: Callable[..., T], *args: Any) -> T:
+    return storage_db.run_read(connection, fn, *args)
+
+
+def _actor() -> str:
+    try:
+        return f"tasknet-admin:{getpass.getuser()}"
+    except (KeyError, OSError):  # no passwd entry (containers)
+        return "tasknet-admin"
+
+
+def _mask(secret: str) -> str:
+    return secret[:2] + "…" if len(secret) > 4 else "…"
+
+
+def run(args: argparse.Namespace, out: TextIO) -> None:
+    _check_database(args.db)
+    if args.command in ("unknown", "resolve"):
+        _run_with_lifecycle(args, out)
+        return
+    connection = storage_db.connect(args.db)
+    try:
+        if args.command == "user":
+            _user_command(connection, args, out)
+        elif args.command == "node-key":
+            _node_key_command(connection, args, out)
+    finally:
+        connection.close()
+
+
+def _run_with_lifecycle(args: argparse.Namespace, out: TextIO) -> None:
+    """Run ``unknown``/``resolve`` on a reactor, with the site's Lifecycle."""
+    from twisted.internet import reactor as _reactor
+
+    reactor: Any = _reactor  # the global reactor: its methods are not on an interface type
+
+    async def body() -> None:
+        database = storage_db.open_pool(args.db)
+        upstream = UpstreamClient(args.upstream, persistent=False, audit_timeout=args.audit_timeout)
+        lifecycle = Lifecycle(database, upstream, upstream_timeout=args.audit_timeout)
+        try:
+            if args.command == "unknown":
+                await _unknown_command(lifecycle, args, out)
+            else:
+                await _resolve_command(lifecycle, args, out)
+        finally:
+            await upstream.close()
+            database.close()
+
+    outcome: list[object] = []
+
+    def finished(result: object) -> None:
+        outcome.append(result)
+        reactor.stop()
+
+    def start() -> None:
+        Deferred.fromCoroutine(body()).addBoth(finished)
+
+    reactor.callWhenRunning(start)
+    reactor.run()
+    if not outcome:
+        raise AdminError("interrupted; nothing was changed unless a result was printed")
+    result = outcome[0]
+    if isinstance(result, Failure):
+        if result.check(tasks.TaskError):
+            raise AdminError(str(result.value))
+        result.raiseException()
+
+
+def _user_command(connection: sqlite3.Connection, args: argparse.Namespace, out: TextIO) -> None:
+    if args.action == "add":
+        user, token = _write(
+            connection, users.create_user, args.name, admin=args.admin, quota=args.quota
+        )
+        print(
+            f"created user {user.name} (id {user.id}{', admin' if user.is_admin else ''}, "
+            f"quota {user.quota})",
+            file=sys.stderr,
+        )
+        print(token, file=out)
+    elif args.action == "list":
+        rows = _read(connection, users.list_users)
+        print(f"{'ID':>4}  {'NAME':<24} {'ADMIN':<5} {'QUOTA':>8}  CREATED", file=out)
+        for user in rows:
+            print(
+                f"{user.id:>4}  {user.name:<24} {'yes' if user.is_admin else 'no':<5} "
+                f"{user.quota:>8}  {user.created_at}",
+                file=out,
+            )
+    elif args.action == "quota":
+        user = _write(connection, users.set_quota, args.name, args.quota)
+        print(f"user {user.name}: weekly quota {user.quota}", file=out)
+    elif args.action == "token":
+        token = _write(connection, users.rotate_token, args.name)
+        print(f"new token for {args.name}; the old one no longer works", file=sys.stderr)
+        print(token, file=out)
+
+
+def _node_key_command(
+    connection: sqlite3.Connection, args: argparse.Namespace, out: TextIO
+) -> None:
+    if args.action == "add":
+        secret = _write(connection, users.add_node_key, args.node_id, args.secret)
+        print(f"node {args.node_id} may log in (start it with --secret below)", file=sys.stderr)
+        print(secret, file=out)
+    elif args.action == "list":
+        keys = _read(connection, users.node_keys)
+        for node_id, secret in keys.items():
+            print(f"{node_id}\t{secret if args.show_secrets else _mask(secret)}", file=out)
+    elif args.action == "remove":
+        if not _write(connection, users.remove_node_key, args.node_id):
+            raise AdminError(f"no node key {args.node_id!r}")
+        print(f"node {args.node_id} removed", file=out)
+
+
+async def _unknown_command(lifecycle: Lifecycle, args: argparse.Namespace, out: TextIO) -> None:
+    operations = await lifecycle.unknown_with_evidence()
+    if args.json:
+        json.dump({"tasks": operations}, out, ensure_ascii=False, indent=2)
+        out.write("\n")
+        return
+    if not operations:
+        print("no UNKNOWN operations", file=out)
+        return
+    for task in operations:
+        evidence = task.get("evidence") or {}
+        print(f"gid {task['gid']}  {task.get('name') or ''}  cost {task.get('cost')}", file=out)
+        for key, value in evidence.items():
+            if isinstance(value, dict):
+                value = json.dumps(value, ensure_ascii=False)
+            print(f"    {key}: {value}", file=out)
+
+
+async def _resolve_command(lifecycle: Lifecycle, args: argparse.Namespace, out: TextIO) -> None:
+    task = await lifecycle.resolve(args.gid, args.verdict, _actor(), args.note)
+    if task is None:
+        print(f"gid {args.gid}: not submitted; the task was released and the gid is free", file=out)
+    else:
+        print(
+            f"gid {args.gid}: submitted; now {task['state']} ({task['statusText']}), "
+            f"cost {task['cost']} metered",
+            file=out,
+        )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        run(args, sys.stdout)
+    except AdminError as error:
+        print(f"tasknet-admin: {error}", file=sys.stderr)
+        return 1
+    except sqlite3.OperationalError as error:  # e.g. locked past busy_timeout
+        print(f"tasknet-admin: database error, nothing changed: {error}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,526 @@
+"""The drill invariants D1–D7 (DRILLS.md), checked on read-only evidence.
+
+Each check takes a :class:`World` (the site database, every node database,
+the upstream's stats and journal, the frames the fault proxies saw, the
+webhook deliveries, and the scenario's :class:`Ledger` of what it did) and
+returns a :class:`Verdict`: ``PASS``, ``FAIL`` with self-explaining evidence
+(the gid, the rows, the journal entries, the frames), or ``N/A`` when the
+scenario never exercised the invariant (so a green cell always means
+"checked and held", never "nothing to look at").
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter, defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tasknet.drill.snapshot import NodeSnapshot, SiteSnapshot
+from tasknet.node.paths import DataDir
+
+PASS = "PASS"
+FAIL = "FAIL"
+NA = "N/A"
+
+SUBMITTED_OR_LATER = ("SUBMITTED", "DELETE_PENDING", "DELETED")
+NOT_DISPATCHABLE = ("RESERVED", "SUBMITTING", "UNKNOWN")
+COMPLETED_CODE = 4
+# A DOWNLOAD already on the wire when the delete committed may land a little
+# after the site answered the DELETE; later than this it was sent after.
+DELETE_RACE_MARGIN = 1.0
+
+TYPE_DOWNLOAD_POST = 4
+TYPE_TASK_COMMAND = 11
+TYPE_TASK_REPORT = 12
+TYPE_TASK_REPORT_ACK = 13
+
+
+@dataclass
+class Ledger:
+    """What the scenario did, where the databases alone cannot tell."""
+
+    # gid -> how many CREATE generations the scenario started (default 1):
+    # the upstream may see at most this many POSTs for the gid.
+    generations: Counter[int] = field(default_factory=Counter)
+    # gid -> wall time the site answered the DELETE request.
+    delete_answered_at: dict[int, float] = field(default_factory=dict)
+    # gids the scenario saw reach the DELETED tombstone.
+    deleted: set[int] = field(default_factory=set)
+    # Metered cost of generations a re-create overwrote (their rows are gone).
+    carried_cost: int = 0
+    # gids the scenario expects shown 下载完成 at the end.
+    expect_completed: set[int] = field(default_factory=set)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "generations": {str(k): v for k, v in sorted(self.generations.items())},
+            "delete_answered_at": {str(k): v for k, v in self.delete_answered_at.items()},
+            "deleted": sorted(self.deleted),
+            "carried_cost": self.carried_cost,
+            "expect_completed": sorted(self.expect_completed),
+        }
+
+
+@dataclass
+class World:
+    site: SiteSnapshot
+    nodes: dict[str, NodeSnapshot]
+    node_dirs: dict[str, Path]
+    upstream_stats: dict[str, Any]
+    journal: list[dict[str, Any]]
+    frames: list[dict[str, Any]]  # proxy FrameRecord.to_json() plus "node"
+    webhook: list[Any] | None  # bodies the webhook sink received, None when not used
+    ledger: Ledger
+
+
+@dataclass
+class Verdict:
+    invariant: str
+    status: str
+    detail: str = ""
+    evidence: list[Any] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "invariant": self.invariant,
+            "status": self.status,
+            "detail": self.detail,
+            "evidence": self.evidence,
+        }
+
+
+class _Failures:
+    """Collects failures of one invariant; a verdict is FAIL iff any was added."""
+
+    def __init__(self, invariant: str) -> None:
+        self.invariant = invariant
+        self.items: list[dict[str, Any]] = []
+        self.checked = 0
+
+    def fail(self, what: str, **evidence: Any) -> None:
+        self.items.append({"what": what, **evidence})
+
+    def verdict(self, passed: str, na: str = "") -> Verdict:
+        if self.items:
+            first = self.items[0]["what"]
+            more = f" (+{len(self.items) - 1} more)" if len(self.items) > 1 else ""
+            return Verdict(self.invariant, FAIL, first + more, self.items)
+        if self.checked == 0 and na:
+            return Verdict(self.invariant, NA, na)
+        return Verdict(self.invariant, PASS, passed.format(n=self.checked))
+
+
+def _journal_of(world: World, gid: int) -> list[dict[str, Any]]:
+    return [e for e in world.journal if int(e.get("gid", -1)) == gid]
+
+
+def _op_id(archive_name: str) -> tuple[int, str] | None:
+    """(gid, digest) of an archive file name ``{gid}-{digest}.zip``."""
+    stem = archive_name.removesuffix(".zip")
+    gid, _, digest = stem.partition("-")
+    return (int(gid), digest) if gid.isdigit() and digest else None
+
+
+def check_d1(world: World) -> Verdict:
+    """Upstream POSTs per (gid, generation) ≤ 1."""
+    f = _Failures("D1")
+    posts = world.upstream_stats.get("posts", {}) or {}
+    for gid_text, count in sorted(posts.items()):
+        gid = int(gid_text)
+        f.checked += 1
+        allowed = max(world.ledger.generations.get(gid, 1), 1)
+        if count > allowed:
+            f.fail(
+                f"gid {gid}: {count} upstream POSTs for {allowed} generation(s)",
+                gid=gid,
+                posts=count,
+                generations=allowed,
+                journal=_journal_of(world, gid),
+                operation=world.site.operations.get(gid),
+            )
+    return f.verdict("{n} gid(s) POSTed at most once per generation", "no upstream POST")
+
+
+def check_d2(world: World) -> Verdict:
+    """Every SUBMITTED operation metered exactly once; weekly_usage = sum of metered costs."""
+    f = _Failures("D2")
+    ops = world.site.operations
+    expected: Counter[tuple[int, str]] = Counter()
+    for gid, op in sorted(ops.items()):
+        if op.get("legacy"):
+            continue
+        state = op["state"]
+        if state in SUBMITTED_OR_LATER:
+            f.checked += 1
+            if op["metered"] != 1 or op.get("cost") is None or not op.get("metered_week"):
+                f.fail(f"gid {gid}: {state} but not metered", gid=gid, operation=op)
+                continue
+            charges = [e for e in _journal_of(world, gid)]
+            if world.ledger.generations.get(gid, 1) <= 1 and not any(
+                int(e.get("cost", -1)) == op["cost"] for e in charges
+            ):
+                f.fail(
+                    f"gid {gid}: metered cost {op['cost']} matches no upstream charge",
+                    gid=gid,
+                    operation=op,
+                    journal=charges,
+                )
+        elif state in NOT_DISPATCHABLE:
+            f.checked += 1
+            if op["metered"]:
+                f.fail(f"gid {gid}: metered while {state}", gid=gid, operation=op)
+        if op["metered"]:
+            expected[(op["user_id"], op["metered_week"])] += int(op["cost"] or 0)
+    used: Counter[tuple[int, str]] = Counter()
+    for row in world.site.usage:
+        used[(row["user_id"], row["week"])] += int(row["used"])
+    total_used, total_expected = sum(used.values()), sum(expected.values())
+    if total_used != total_expected + world.ledger.carried_cost:
+        f.fail(
+            f"weekly_usage total {total_used} != sum of metered costs {total_expected}"
+            f" (+ carried {world.ledger.carried_cost})",
+            weekly_usage=world.site.usage,
+            metered={f"{u}:{w}": c for (u, w), c in expected.items()},
+        )
+    elif not world.ledger.carried_cost:
+        for key in sorted(set(used) | set(expected), key=str):
+            if used[key] != expected[key]:
+                f.fail(
+                    f"weekly_usage of user {key[0]} week {key[1]} is {used[key]},"
+                    f" metered costs sum to {expected[key]}",
+                    weekly_usage=world.site.usage,
+                )
+    return f.verdict("{n} operation(s) metered exactly when submitted; usage adds up", "none")
+
+
+def check_d3(world: World) -> Verdict:
+    """Every archive completed on a node is shown 下载完成 at the site."""
+    f = _Failures("D3")
+    ops, galleries = world.site.operations, world.site.galleries
+    for node_id, node in sorted(world.nodes.items()):
+        data = DataDir(world.node_dirs[node_id])
+        done: dict[int, str] = {}  # gid -> operation id completed on this node
+        for gid, op in ops.items():
+            if op["state"] != "SUBMITTED":
+                continue  # deleting or deleted: D4's business
+            if data.archive_path(gid, op["operation_id"]).name in node.archives:
+                done[gid] = op["operation_id"]
+        for gid, task in node.tasks.items():
+            current = ops.get(gid) or {}
+            if (
+                task["status"] == COMPLETED_CODE
+                and current.get("state") == "SUBMITTED"
+                and current.get("operation_id") == task["operation_id"]
+            ):
+                done[gid] = task["operation_id"]
+        for gid, operation_id in sorted(done.items()):
+            f.checked += 1
+            gallery = galleries.get(gid)
+            if gallery is None or gallery.get("status") != COMPLETED_CODE:
+                f.fail(
+                    f"gid {gid}: complete on {node_id} but the site shows"
+                    f" status {None if gallery is None else gallery.get('status')}",
+                    gid=gid,
+                    node=node_id,
+                    operation_id=operation_id,
+                    node_task=node.tasks.get(gid),
+                    node_in_flight=node.in_flight,
+                    site_gallery=gallery,
+                    site_operation=ops.get(gid),
+                )
+    for gid in sorted(world.ledger.expect_completed):
+        f.checked += 1
+        gallery = galleries.get(gid)
+        if gallery is None or gallery.get("status") != COMPLETED_CODE:
+            f.fail(
+                f"gid {gid}: expected 下载完成 at the site, found"
+                f" status {None if gallery is None else gallery.get('status')}",
+                gid=gid,
+                site_gallery=gallery,
+                site_operation=ops.get(gid),
+                nodes={n: s.tasks.get(gid) for n, s in world.nodes.items()},
+            )
+    return f.verdict("{n} completion(s) shown 下载完成 at the site", "nothing completed")
+
+
+def check_d4(world: World) -> Verdict:
+    """No deleted gid comes back."""
+    f = _Failures("D4")
+    ops = world.site.operations
+    tombstones = {gid: op for gid, op in ops.items() if op["state"] == "DELETED"}
+    for gid in sorted(world.ledger.deleted):
+        f.checked += 1
+        op = ops.get(gid)
+        if op is None or op["state"] != "DELETED":
+            f.fail(
+                f"gid {gid}: was deleted, now {'no row' if op is None else op['state']}",
+                gid=gid,
+                operation=op,
+                gallery=world.site.galleries.get(gid),
+            )
+    for gid, op in sorted(tombstones.items()):
+        f.checked += 1
+        if gid in world.site.galleries:
+            f.fail(
+                f"gid {gid}: DELETED tombstone but the gallery row is back",
+                gid=gid,
+                operation=op,
+                gallery=world.site.galleries[gid],
+            )
+        favorites = [r for r in world.site.favorites if r["gid"] == gid]
+        if favorites:
+            f.fail(f"gid {gid}: DELETED but still a favorite", gid=gid, favorites=favorites)
+        for node_id, node in world.nodes.items():
+            data = DataDir(world.node_dirs[node_id])
+            name = data.archive_path(gid, op["operation_id"]).name
+            task = node.tasks.get(gid)
+            if name in node.archives or (task and task["operation_id"] == op["operation_id"]):
+                f.fail(
+                    f"gid {gid}: DELETED at the site but {node_id} still holds it",
+                    gid=gid,
+                    node=node_id,
+                    archive=name if name in node.archives else None,
+                    node_task=task,
+                )
+    return f.verdict("{n} tombstone(s) hold", "nothing deleted")
+
+
+def _downloads(world: World) -> list[dict[str, Any]]:
+    """Every DOWNLOAD a node received (its database) or the site sent (proxy frames)."""
+    found: list[dict[str, Any]] = []
+    for node_id, node in world.nodes.items():
+        for cmd in node.commands:
+            if cmd["action"] == "DOWNLOAD":
+                found.append({"source": f"{node_id} database", "node": node_id, **cmd})
+    for frame in world.frames:
+        payload = frame.get("payload") or {}
+        if frame["direction"] != "to_client":
+            continue
+        if frame["type"] == TYPE_TASK_COMMAND and payload.get("action") == "DOWNLOAD":
+            operation_id = payload.get("operationId")
+        elif frame["type"] == TYPE_DOWNLOAD_POST:
+            operation_id = None
+        else:
+            continue
+        found.append(
+            {
+                "source": f"proxy of {frame['node']} ({frame['action']})",
+                "node": frame["node"],
+                "gid": payload.get("gid"),
+                "operation_id": operation_id,
+                "received_at": frame["at"],
+            }
+        )
+    return found
+
+
+def check_d5(world: World) -> Verdict:
+    """No UNKNOWN/RESERVED/SUBMITTING/DELETE_PENDING/DELETED task was ever sent to a node."""
+    f = _Failures("D5")
+    ops = world.site.operations
+    for cmd in _downloads(world):
+        f.checked += 1
+        gid = cmd["gid"]
+        op = ops.get(gid)
+        if op is None:
+            f.fail(f"gid {gid}: DOWNLOAD sent but the site has no operation", command=cmd)
+            continue
+        generations = world.ledger.generations.get(gid, 1)
+        if cmd["operation_id"] and cmd["operation_id"] != op["operation_id"] and generations <= 1:
+            f.fail(
+                f"gid {gid}: DOWNLOAD for operation {cmd['operation_id']},"
+                f" the site's is {op['operation_id']}",
+                command=cmd,
+                operation=op,
+            )
+        elif op["state"] in NOT_DISPATCHABLE or (not op["metered"] and not op.get("legacy")):
+            f.fail(
+                f"gid {gid}: DOWNLOAD sent for an unconfirmed ({op['state']}) operation",
+                command=cmd,
+                operation=op,
+            )
+        answered = world.ledger.delete_answered_at.get(gid)
+        if answered is not None and cmd["received_at"] > answered + DELETE_RACE_MARGIN:
+            f.fail(
+                f"gid {gid}: DOWNLOAD sent {cmd['received_at'] - answered:.2f}s after the"
+                " DELETE was accepted",
+                command=cmd,
+                operation=op,
+                delete_answered_at=answered,
+            )
+    return f.verdict("{n} DOWNLOAD command(s), all for confirmed submissions", "no DOWNLOAD sent")
+
+
+def check_d6(world: World) -> Verdict:
+    """Every report ACKed exactly when committed; none lost; duplicates ACKed DUPLICATE."""
+    f = _Failures("D6")
+    receipts = world.site.receipts
+    reports: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    acks: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for frame in world.frames:
+        payload = frame.get("payload") or {}
+        rid = payload.get("reportId")
+        if frame["type"] == TYPE_TASK_REPORT and frame["direction"] == "to_server" and rid:
+            reports[rid].append(frame)
+        elif frame["type"] == TYPE_TASK_REPORT_ACK and frame["direction"] == "to_client" and rid:
+            acks[rid].append(frame)
+
+    def brief(frames: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return [
+            {k: fr.get(k) for k in ("node", "seq", "link", "action", "at")}
+            | {"result": (fr.get("payload") or {}).get("result")}
+            for fr in frames
+        ]
+
+    for rid, sent in sorted(reports.items()):
+        f.checked += 1
+        receipt = receipts.get(rid)
+        if receipt is None:
+            f.fail(
+                f"report {rid} sent by {sent[0]['node']} was never committed (lost)",
+                report_id=rid,
+                sent=brief(sent),
+                acks=brief(acks.get(rid, [])),
+            )
+            continue
+        revision = (sent[0].get("payload") or {}).get("revision")
+        if revision is not None and receipt["revision"] != revision:
+            f.fail(
+                f"report {rid}: receipt revision {receipt['revision']} != sent {revision}",
+                receipt=receipt,
+                sent=brief(sent),
+            )
+        results = [(a.get("payload") or {}).get("result") for a in acks.get(rid, [])]
+        if results.count("APPLIED") > 1:
+            f.fail(
+                f"report {rid} ACKed APPLIED {results.count('APPLIED')} times",
+                report_id=rid,
+                acks=brief(acks[rid]),
+            )
+        if "APPLIED" in results and results.index("APPLIED") != 0:
+            f.fail(f"report {rid}: APPLIED after a DUPLICATE", report_id=rid, acks=brief(acks[rid]))
+        if not acks.get(rid):
+            f.fail(f"report {rid} committed but never ACKed", report_id=rid, sent=brief(sent))
+    for rid, got in sorted(acks.items()):
+        if rid not in receipts:
+            f.fail(f"ACK for report {rid} without a committed receipt", acks=brief(got))
+    for node_id, node in sorted(world.nodes.items()):
+        if node.in_flight is not None:
+            f.checked += 1
+            rid = node.in_flight["report_id"]
+            f.fail(
+                f"{node_id} still has report {rid} unacknowledged after settling",
+                node=node_id,
+                in_flight=node.in_flight,
+                receipt=receipts.get(rid),
+                acks=brief(acks.get(rid, [])),
+            )
+    return f.verdict("{n} report(s): each committed once and ACKed after commit", "no v2 report")
+
+
+_VOLATILE = ("updatedAt", "createdAt")
+
+
+def _task_of(row: dict[str, Any]) -> dict[str, Any]:
+    try:
+        task = json.loads(row["payload"]).get("task") or {}
+    except (ValueError, AttributeError):
+        return {}
+    return task if isinstance(task, dict) else {}
+
+
+def check_d7(world: World) -> Verdict:
+    """No notification lost across a crash, none duplicated by a replayed report."""
+    f = _Failures("D7")
+    by_gid: dict[int, list[dict[str, Any]]] = defaultdict(list)
+    for row in world.site.outbox:
+        by_gid[row["gid"]].append(row)
+    for gid, rows in sorted(by_gid.items()):
+        previous_row: dict[str, Any] | None = None
+        previous_task: dict[str, Any] | None = None
+        completed: Counter[str] = Counter()
+        for row in rows:
+            f.checked += 1
+            task = {k: v for k, v in _task_of(row).items() if k not in _VOLATILE}
+            if previous_row is not None and task == previous_task:
+                f.fail(
+                    f"gid {gid}: notification {row['id']} repeats {previous_row['id']}",
+                    gid=gid,
+                    first=previous_row,
+                    repeat=row,
+                )
+            previous_row, previous_task = row, task
+            if task.get("status") == "COMPLETED":
+                completed[str(task.get("operationId"))] += 1
+        for operation_id, count in completed.items():
+            if count > 1:
+                f.fail(
+                    f"gid {gid}: {count} 下载完成 notifications for operation {operation_id}",
+                    gid=gid,
+                    rows=[r for r in rows if _task_of(r).get("status") == "COMPLETED"],
+                )
+
+    def announced(gid: int, key: str, value: Any, operation_id: Any = None) -> bool:
+        return any(
+            task.get(key) == value
+            and (operation_id is None or task.get("operationId") == operation_id)
+            for task in map(_task_of, by_gid.get(gid, []))
+        )
+
+    for gid, gallery in sorted(world.site.galleries.items()):
+        op = world.site.operations.get(gid) or {}
+        if gallery.get("status") == COMPLETED_CODE:
+            f.checked += 1
+            if not announced(gid, "status", "COMPLETED", op.get("operation_id")):
+                f.fail(
+                    f"gid {gid}: shown 下载完成 but no such notification",
+                    gid=gid,
+                    gallery=gallery,
+                    outbox=by_gid.get(gid, []),
+                )
+    for gid, op in sorted(world.site.operations.items()):
+        if op["state"] in ("DELETED", "UNKNOWN"):
+            f.checked += 1
+            if not announced(gid, "state", op["state"]):
+                f.fail(
+                    f"gid {gid}: {op['state']} but no notification says so",
+                    gid=gid,
+                    operation=op,
+                    outbox=by_gid.get(gid, []),
+                )
+    if world.webhook is not None:
+        delivered = [json.dumps(b, sort_keys=True) for b in world.webhook]
+        for row in world.site.outbox:
+            if row.get("webhook_state") in ("pending", "failed"):
+                f.fail(
+                    f"notification {row['id']} (gid {row['gid']}) not delivered to the webhook",
+                    row=row,
+                    delivered_count=len(delivered),
+                )
+    return f.verdict("{n} notification(s): none lost, none repeated", "no notification")
+
+
+CHECKS: dict[str, Callable[[World], Verdict]] = {
+    "D1": check_d1,
+    "D2": check_d2,
+    "D3": check_d3,
+    "D4": check_d4,
+    "D5": check_d5,
+    "D6": check_d6,
+    "D7": check_d7,
+}
+INVARIANTS = tuple(CHECKS)
+
+
+def check_all(world: World) -> list[Verdict]:
+    """Every invariant; a check that crashes is a FAIL that says so."""
+    verdicts = []
+    for name, check in CHECKS.items():
+        try:
+            verdicts.append(check(world))
+        except Exception as err:  # noqa: BLE001 - a broken check must show, not abort the run
+            verdicts.append(Verdict(name, FAIL, f"check crashed: {type(err).__name__}: {err}"))
+    return verdicts

@@ -1,0 +1,141 @@
+"""Run scenarios: fresh cluster per run, fault, settle, evidence, verdicts."""
+
+from __future__ import annotations
+
+import random
+import shutil
+import time
+import traceback
+from pathlib import Path
+
+from tasknet.drill import reactor_thread
+from tasknet.drill.cluster import Cluster
+from tasknet.drill.invariants import FAIL, INVARIANTS, Verdict, check_all
+from tasknet.drill.procs import DrillError, wait_for
+from tasknet.drill.report import Progress, RunResult
+from tasknet.drill.scenarios import Expect, Scenario
+from tasknet.drill.snapshot import read_node, read_site
+
+COMPLETED_CODE = 4
+
+
+def _settled(cluster: Cluster, pending: list[str]) -> bool:
+    """The system has converged: nothing unacknowledged, completions shown, outbox drained."""
+    pending.clear()
+    site_alive = cluster.site is not None and cluster.site.alive
+    if site_alive:
+        connected = cluster.connected_nodes()
+        for node in cluster.nodes.values():
+            if node.proc.alive and node.id not in connected:
+                pending.append(f"{node.id} not connected")
+    site = read_site(cluster.site_db) if cluster.site_db.exists() else None
+    for node in cluster.nodes.values():
+        if not node.proc.alive:
+            continue
+        snap = read_node(node.id, node.data)
+        if snap.in_flight is not None:
+            pending.append(f"{node.id} report {snap.in_flight['report_id']} unacknowledged")
+        if site is None:
+            continue
+        for gid, task in snap.tasks.items():
+            op = site.operations.get(gid) or {}
+            shown = (site.galleries.get(gid) or {}).get("status")
+            if (
+                task["status"] == COMPLETED_CODE
+                and op.get("state") == "SUBMITTED"
+                and op.get("operation_id") == task["operation_id"]
+                and shown != COMPLETED_CODE
+            ):
+                pending.append(f"gid {gid} complete on {node.id}, not yet at the site")
+    if site is not None and site_alive and cluster.webhook is not None:
+        waiting = [r["id"] for r in site.outbox if r.get("webhook_state") == "pending"]
+        if waiting:
+            pending.append(f"{len(waiting)} notification(s) not yet delivered")
+    return not pending
+
+
+def settle(cluster: Cluster, timeout: float, x: Expect) -> None:
+    pending: list[str] = []
+    x.step("settling")
+    try:
+        wait_for(lambda: _settled(cluster, pending), timeout, "the system to settle")
+    except DrillError as err:
+        x.that(False, f"did not settle in {timeout:.0f}s: {'; '.join(pending) or err}")
+
+
+def run_one(
+    scenario: Scenario,
+    run: int,
+    root: Path,
+    *,
+    keep: bool,
+    progress: Progress,
+    seed: int,
+) -> RunResult:
+    directory = root / f"{scenario.id}-{run}"
+    cluster = Cluster(directory)
+    x = Expect(progress.update)
+    progress.begin(f"{scenario.id}#{run}")
+    started = time.monotonic()
+    rng = random.Random(f"{seed}:{scenario.id}:{run}")
+    verdicts: list[Verdict] = []
+    proxies: dict[str, object] = {}
+    try:
+        try:
+            scenario.run(cluster, x, rng)
+        except Exception as err:  # noqa: BLE001 - any error is a failed run, reported
+            x.crashed(err)
+            if not isinstance(err, DrillError):
+                x.failures[-1]["traceback"] = traceback.format_exc()
+        if cluster.site is not None:
+            settle(cluster, scenario.settle, x)
+        x.step("checking invariants")
+        try:
+            world = cluster.observe()
+            verdicts = check_all(world)
+        except Exception as err:  # noqa: BLE001
+            verdicts = [
+                Verdict(d, FAIL, f"could not gather evidence: {type(err).__name__}: {err}")
+                for d in INVARIANTS
+            ]
+        try:
+            proxies = cluster.proxy_stats()
+        except Exception:  # noqa: BLE001 - evidence only
+            proxies = {}
+    finally:
+        cluster.shutdown()
+    result = RunResult(
+        scenario=scenario.id,
+        title=scenario.title,
+        run=run,
+        verdicts=[x.verdict(), *verdicts],
+        seconds=time.monotonic() - started,
+        logs=cluster.logs(),
+        proxies=proxies,
+        ledger=cluster.ledger.to_json(),
+    )
+    # Keep what a post-mortem needs: everything with --keep, failed runs always.
+    if keep or result.failed:
+        result.directory = str(directory)
+    else:
+        shutil.rmtree(directory, ignore_errors=True)
+        result.logs = {}
+    progress.end(result)
+    return result
+
+
+def run_all(
+    scenarios: list[Scenario],
+    repeat: int,
+    root: Path,
+    *,
+    keep: bool,
+    progress: Progress,
+    seed: int,
+) -> list[RunResult]:
+    reactor_thread.start()
+    results: list[RunResult] = []
+    for run in range(1, repeat + 1):
+        for scenario in scenarios:
+            results.append(run_one(scenario, run, root, keep=keep, progress=progress, seed=seed))
+    return results

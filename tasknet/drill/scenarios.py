@@ -1,0 +1,589 @@
+"""Scenarios S1–S16 of DRILLS.md: each injects one fault into real processes.
+
+A scenario drives a :class:`Cluster` and records its own expectations (the
+"expected" column of DRILLS.md) through :class:`Expect`; the invariants
+D1–D7 are checked afterwards by the runner on the settled system.  Every wait
+is bounded and says what it was waiting for.
+"""
+
+from __future__ import annotations
+
+import functools
+import random
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+from tasknet.drill.cluster import Cluster, node_secret
+from tasknet.drill.http import Reply
+from tasknet.drill.invariants import FAIL, PASS, Verdict
+from tasknet.drill.peer import send_late_report
+from tasknet.drill.procs import DrillError, wait_for
+from tasknet.drill.proxy import TO_CLIENT, TO_SERVER
+from tasknet.upstream.catalog import gallery
+
+COMPLETED = "COMPLETED"
+DOWNLOAD_TIMEOUT = 60.0
+
+
+class Expect:
+    """The scenario's own expectations: one ``E`` verdict, with evidence per miss."""
+
+    def __init__(self, progress: Callable[[str], None] = lambda _: None) -> None:
+        self.progress = progress
+        self.failures: list[dict[str, Any]] = []
+        self.passed: list[str] = []
+        self.current = "setup"
+
+    def step(self, text: str) -> None:
+        self.current = text
+        self.progress(text)
+
+    def that(self, ok: bool, what: str, **evidence: Any) -> bool:
+        if ok:
+            self.passed.append(what)
+        else:
+            self.failures.append({"what": what, "step": self.current, **evidence})
+        return ok
+
+    def equal(self, actual: Any, expected: Any, what: str, **evidence: Any) -> bool:
+        return self.that(
+            actual == expected, f"{what}: expected {expected!r}, got {actual!r}", **evidence
+        )
+
+    def status(self, reply: Reply, expected: int, what: str) -> bool:
+        return self.that(
+            reply.status == expected,
+            f"{what}: expected HTTP {expected}, got {reply.brief()}",
+        )
+
+    def crashed(self, err: BaseException) -> None:
+        self.failures.append(
+            {"what": f"drill could not proceed: {err}", "step": self.current, "error": str(err)}
+        )
+
+    def verdict(self) -> Verdict:
+        if self.failures:
+            more = f" (+{len(self.failures) - 1} more)" if len(self.failures) > 1 else ""
+            return Verdict("E", FAIL, self.failures[0]["what"] + more, self.failures)
+        return Verdict("E", PASS, f"{len(self.passed)} expectation(s) met")
+
+
+@dataclass(frozen=True)
+class Scenario:
+    id: str
+    title: str
+    run: Callable[[Cluster, Expect, random.Random], None]
+    settle: float = 30.0  # bound on the final settling wait
+
+
+def pick_gid(rng: random.Random, *, min_size: int = 0, max_size: int = 1 << 40) -> int:
+    """A random gid whose archive size is within bounds (deterministic catalog)."""
+    for _ in range(10_000):
+        gid = rng.randint(1_000, 2**31 - 1)
+        if min_size <= gallery(gid).size <= max_size:
+            return gid
+    raise DrillError("no gid with the wanted archive size")
+
+
+def distinct_gids(rng: random.Random, n: int, **bounds: int) -> list[int]:
+    gids: list[int] = []
+    while len(gids) < n:
+        gid = pick_gid(rng, **bounds)
+        if gid not in gids:
+            gids.append(gid)
+    return gids
+
+
+def basic(c: Cluster, *nodes: str, upstream_timeout: float = 3.0, bandwidth: int = 0) -> None:
+    c.start_upstream(bandwidth=bandwidth or None)
+    c.start_site(upstream_timeout=upstream_timeout)
+    for node_id in nodes:
+        c.start_node(node_id)
+
+
+def hold(check: Callable[[], bool], seconds: float) -> bool:
+    """True if ``check`` stays true for ``seconds`` (observing that nothing happens)."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if not check():
+            return False
+        time.sleep(0.1)
+    return check()
+
+
+def in_background(fn: Callable[[], Reply]) -> tuple[threading.Thread, list[Reply]]:
+    """Run a blocking request in a thread (it may never get an answer: a crash drill)."""
+    out: list[Reply] = []
+    thread = threading.Thread(target=lambda: out.append(fn()), daemon=True)
+    thread.start()
+    return thread, out
+
+
+def completed(c: Cluster, x: Expect, gid: int, timeout: float = DOWNLOAD_TIMEOUT) -> None:
+    c.ledger.expect_completed.add(gid)
+    x.step(f"waiting for gid {gid} to be 下载完成")
+    c.wait_status(gid, COMPLETED, timeout)
+
+
+def expect_usage(c: Cluster, x: Expect, expected: int, what: str) -> None:
+    reply = c.api("GET", "/api/usage")
+    x.equal((reply.body or {}).get("used") if reply.ok else reply.brief(), expected, what)
+
+
+def report_carries(gid: int, status: int) -> Callable[[Any], bool]:
+    """Match a TaskReport payload whose snapshot has ``gid`` at ``status``."""
+
+    def match(payload: Any) -> bool:
+        tasks = payload.get("galleryTasks", []) if isinstance(payload, dict) else []
+        return any(t.get("gid") == gid and t.get("status") == status for t in tasks)
+
+    return match
+
+
+# -- S1..S16 ------------------------------------------------------------------------
+
+
+def s1_upstream_timeout(c: Cluster, x: Expect, rng: random.Random) -> None:
+    gid = pick_gid(rng)
+    x.step("start upstream, site (upstream timeout 2s), node")
+    basic(c, "n1", upstream_timeout=2)
+    c.upstream_fault("timeout")
+    x.step(f"create gid {gid}: the POST never answers")
+    reply = c.create(gid)
+    x.status(reply, 202, "create with an upstream timeout")
+    x.equal(((reply.body or {}).get("task") or {}).get("state"), "UNKNOWN", "state after timeout")
+    x.equal(c.posts(gid), 1, "upstream POSTs after the timeout")
+    x.step("create again: 409, no second POST")
+    again = c.create(gid)
+    x.status(again, 409, "create again on an UNKNOWN gid")
+    x.that(hold(lambda: c.posts(gid) == 1, 2.0), "no second POST appears later")
+    unknown = c.api("GET", "/api/admin/unknown")
+    listed = [t.get("gid") for t in (unknown.body or {}).get("tasks", [])] if unknown.ok else []
+    x.that(gid in listed, f"gid {gid} listed by /api/admin/unknown", answer=unknown.brief())
+
+
+def s2_commit_then_drop(c: Cluster, x: Expect, rng: random.Random) -> None:
+    gid = pick_gid(rng)
+    x.step("start upstream, site, node")
+    basic(c, "n1")
+    c.upstream_fault("commit_then_drop")
+    x.step(f"create gid {gid}: the upstream charges, then drops the connection")
+    reply = c.create(gid)
+    x.status(reply, 202, "create with commit_then_drop")
+    x.equal(c.site_state(gid), "UNKNOWN", "state after the dropped answer")
+    x.equal(c.posts(gid), 1, "upstream POSTs")
+    expect_usage(c, x, 0, "usage before reconciliation")
+    x.step("resolve as submitted")
+    resolved = c.resolve(gid, "submitted")
+    x.status(resolved, 200, "resolve submitted")
+    x.equal(c.site_state(gid), "SUBMITTED", "state after resolve")
+    cost = gallery(gid).cost
+    expect_usage(c, x, cost, "usage after resolve (metered once)")
+    x.status(c.resolve(gid, "submitted"), 200, "the same verdict again")
+    x.status(c.resolve(gid, "not_submitted"), 409, "the opposite verdict afterwards")
+    expect_usage(c, x, cost, "usage after repeating the verdict")
+    completed(c, x, gid)
+    x.equal(c.posts(gid), 1, "upstream POSTs at the end (resolve never POSTs)")
+
+
+def s3_reject(c: Cluster, x: Expect, rng: random.Random) -> None:
+    gid = pick_gid(rng)
+    x.step("start upstream, site, node")
+    basic(c, "n1")
+    c.upstream_fault("reject", status=422)
+    x.step(f"create gid {gid}: the upstream refuses")
+    reply = c.create(gid)
+    x.status(reply, 422, "create refused upstream")
+    x.equal(c.site_state(gid), None, "operation row after the refusal (released)")
+    x.equal(c.task(gid), None, "task after the refusal")
+    expect_usage(c, x, 0, "usage after the refusal")
+    x.equal(c.upstream_stats().get("charged"), 0, "upstream charges after the refusal")
+    x.step("create again: the gid is free")
+    again = c.create(gid)
+    x.status(again, 201, "create after the refusal")
+    completed(c, x, gid)
+
+
+def s4_site_killed_while_submitting(c: Cluster, x: Expect, rng: random.Random) -> None:
+    gid = pick_gid(rng)
+    x.step("start upstream, site (upstream timeout 60s), node")
+    basic(c, "n1", upstream_timeout=60)
+    c.upstream_fault("timeout")
+    x.step(f"create gid {gid}; the POST hangs")
+    in_background(lambda: c.create(gid, timeout=90))
+    wait_for(
+        lambda: c.site_state(gid) == "SUBMITTING" and c.posts(gid) == 1,
+        15,
+        "SUBMITTING committed and the POST at the upstream",
+    )
+    x.step("SIGKILL the site before the answer is persisted, restart it")
+    c.restart_site(kill=True)
+    x.equal(c.site_state(gid), "UNKNOWN", "state after restart (recovery)")
+    x.that(hold(lambda: c.posts(gid) == 1, 2.0), "no POST resent after restart")
+    x.status(c.create(gid), 409, "create again after recovery")
+    x.equal(c.posts(gid), 1, "upstream POSTs at the end")
+    health = c.healthz()
+    x.equal(health.body, {"recovery": "done", "dispatch": "enabled"}, "/healthz after recovery")
+
+
+def s5_site_killed_with_reserved(c: Cluster, x: Expect, rng: random.Random) -> None:
+    gids = distinct_gids(rng, 3)
+    x.step("start upstream, site (upstream timeout 60s), node")
+    basic(c, "n1", upstream_timeout=60)
+    c.upstream_rules([{"method": "GET", "path": "/api/galleries/*", "fault": "timeout"}])
+    x.step(f"create {gids}; prepare (metadata GET) hangs")
+    for gid in gids:
+        in_background(functools.partial(c.create, gid, timeout=90))
+    wait_for(
+        lambda: all(c.site_state(g) == "RESERVED" for g in gids), 15, "3 RESERVED placeholders"
+    )
+    x.step("SIGKILL the site with RESERVED rows, restart it")
+    c.up("DELETE", "/_drill/faults")
+    c.restart_site(kill=True)
+    for gid in gids:
+        x.equal(c.site_state(gid), None, f"gid {gid} operation after recovery (released)")
+        x.equal(c.task(gid), None, f"gid {gid} placeholder after recovery")
+    x.equal(c.upstream_stats().get("posts"), {}, "upstream POSTs (none before SUBMITTING)")
+    x.step("create them again: the gids are free")
+    for gid in gids:
+        x.status(c.create(gid), 201, f"create gid {gid} after recovery")
+    for gid in gids:
+        completed(c, x, gid)
+
+
+def s6_database_locked(c: Cluster, x: Expect, rng: random.Random) -> None:
+    gid = pick_gid(rng)
+    latency_ms = 2500
+    x.step("start upstream, site (upstream timeout 20s), node")
+    basic(c, "n1", upstream_timeout=20)
+    c.upstream_fault("latency", ms=latency_ms)
+    x.step(f"create gid {gid}; lock the database while the POST is in flight")
+    _, answers = in_background(lambda: c.create(gid, timeout=60))
+    wait_for(lambda: c.site_state(gid) == "SUBMITTING", 15, "SUBMITTING committed")
+    # Hold the lock past the answer (latency) plus busy_timeout (5 s) plus a margin,
+    # so the persist transaction gives up; release before a second busy_timeout
+    # ends, so marking UNKNOWN can succeed.
+    helper = c.lock_site_db(latency_ms / 1000 + 6.0)
+    wait_for(lambda: helper.poll() is not None, 30, "the database lock to be released")
+    x.step("lock released: the operation must be UNKNOWN, nothing metered")
+    state = c.wait_state(gid, ("UNKNOWN", "SUBMITTED"), 20)
+    x.equal(state, "UNKNOWN", "state after the persist failed")
+    wait_for(lambda: bool(answers), 30, "the create request to be answered")
+    x.that(
+        answers[0].status in (202, 500),
+        f"create answered 202 (UNKNOWN) or 500, got {answers[0].brief()}",
+    )
+    expect_usage(c, x, 0, "usage after the failed persist")
+    x.equal(c.posts(gid), 1, "upstream POSTs")
+    x.step("resolve as submitted: metered once, dispatched")
+    x.status(c.resolve(gid, "submitted"), 200, "resolve submitted")
+    expect_usage(c, x, gallery(gid).cost, "usage after resolve")
+    completed(c, x, gid)
+
+
+def s7_ack_dropped(c: Cluster, x: Expect, rng: random.Random) -> None:
+    gid = pick_gid(rng)
+    x.step("start upstream, site, node (ack timeout 1s)")
+    basic(c, "n1")
+    node = c.nodes["n1"]
+    done_reports: set[str] = set()
+
+    def ack_of_completion(payload: Any) -> bool:
+        for record in node.proxy.frames(12, TO_SERVER):
+            if report_carries(gid, 4)(record.payload):
+                done_reports.add(record.payload.get("reportId"))
+        return isinstance(payload, dict) and payload.get("reportId") in done_reports
+
+    node.call("drop", 13, TO_CLIENT, 1, ack_of_completion)
+    x.step(f"create gid {gid}; the ACK of its completion report is dropped")
+    x.status(c.create(gid), 201, "create")
+    completed(c, x, gid)
+
+    def redelivered() -> bool:
+        acks = [r.payload for r in node.call("frames", 13, TO_CLIENT)]
+        return any(
+            a.get("reportId") in done_reports and a.get("result") == "DUPLICATE" for a in acks
+        )
+
+    x.step("waiting for the node to redeliver and the site to answer DUPLICATE")
+    wait_for(redelivered, 20, "a DUPLICATE ACK for the redelivered completion report")
+    x.equal(node.call(lambda: node.proxy.dropped[(TO_CLIENT, 13)]), 1, "ACKs dropped")
+
+
+def s8_cut_mid_report(c: Cluster, x: Expect, rng: random.Random) -> None:
+    gid = pick_gid(rng)
+    x.step("start upstream, site, node")
+    basic(c, "n1")
+    node = c.nodes["n1"]
+    node.call("cut_after", 24, TO_SERVER, 12, report_carries(gid, 4))
+    x.step(f"create gid {gid}; the connection is cut 24 bytes into its completion report")
+    x.status(c.create(gid), 201, "create")
+    completed(c, x, gid)
+    x.equal(node.call(lambda: node.proxy.cuts_done), 1, "connections cut mid-report")
+    cut = [r for r in node.call("frames", 12, TO_SERVER) if r.action == "cut"]
+    if x.that(len(cut) == 1, "one report was cut"):
+        rid = cut[0].payload.get("reportId") if isinstance(cut[0].payload, dict) else None
+        whole = [
+            r
+            for r in node.call("frames", 12, TO_SERVER)
+            if r.action == "forwarded" and (r.payload or {}).get("reportId") == rid
+        ]
+        x.that(bool(whole), f"the cut report {rid} was redelivered whole")
+
+
+def s9_node_killed_mid_download(c: Cluster, x: Expect, rng: random.Random) -> None:
+    gid = pick_gid(rng, min_size=700_000)
+    x.step("start upstream (200 kB/s per response), site, node")
+    basic(c, "n1", bandwidth=200_000)
+    x.step(f"create gid {gid} ({gallery(gid).size} bytes); kill the node mid-download")
+    x.status(c.create(gid), 201, "create")
+    node = c.nodes["n1"]
+    wait_for(
+        lambda: any(p.stat().st_size > 100_000 for p in (node.data / "partial").glob("*")),
+        30,
+        "a partial download of 100 kB on the node",
+        procs=[node.proc],
+    )
+    node.proc.kill()
+    x.step("restart the node: the download resumes")
+    node.proc.start()
+    completed(c, x, gid)
+    stats = c.upstream_stats()
+    ranged = sum(stats.get("rangedGets", {}).values())
+    x.that(ranged >= 1, f"the download resumed with a Range request (ranged GETs: {ranged})")
+
+
+def s10_node_killed_before_ack(c: Cluster, x: Expect, rng: random.Random) -> None:
+    gid = pick_gid(rng)
+    x.step("start upstream, site, node; reports from the node are dropped")
+    basic(c, "n1")
+    node = c.nodes["n1"]
+    node.call("drop", 12, TO_SERVER)
+    x.status(c.create(gid), 201, "create")
+    x.step(f"waiting for gid {gid} to complete on the node (the site cannot know)")
+    wait_for(
+        lambda: (c.node_snapshot("n1").tasks.get(gid) or {}).get("status") == 4,
+        DOWNLOAD_TIMEOUT,
+        "the node to complete the download",
+        procs=[node.proc],
+    )
+    x.that((c.task(gid) or {}).get("status") != COMPLETED, "site not yet told of the completion")
+    x.step("SIGKILL the node before any ACK, heal, restart")
+    node.proc.kill()
+    node.call("heal")
+    node.proc.start()
+    completed(c, x, gid)
+
+
+def s11_site_down_while_completing(c: Cluster, x: Expect, rng: random.Random) -> None:
+    gids = distinct_gids(rng, 3, min_size=300_000)
+    x.step("start upstream (400 kB/s per response), site, node")
+    basic(c, "n1", bandwidth=400_000)
+    for gid in gids:
+        x.status(c.create(gid), 201, f"create {gid}")
+    x.step("waiting for the node to hold all three, then SIGKILL the site")
+    wait_for(
+        lambda: set(gids) <= set(c.node_snapshot("n1").tasks),
+        30,
+        "the node to receive the three commands",
+    )
+    site = c.site
+    assert site is not None
+    site.kill()
+    x.step("site down: waiting for the node to complete all three")
+    wait_for(
+        lambda: all((c.node_snapshot("n1").tasks.get(g) or {}).get("status") == 4 for g in gids),
+        DOWNLOAD_TIMEOUT,
+        "the node to complete the three downloads while the site is down",
+        procs=[c.nodes["n1"].proc],
+    )
+    x.step("site back")
+    c.restart_site(kill=False)
+    for gid in gids:
+        completed(c, x, gid)
+
+
+def s12_delete_while_node_offline(c: Cluster, x: Expect, rng: random.Random) -> None:
+    gid = pick_gid(rng)
+    x.step("start upstream, site, node")
+    basic(c, "n1")
+    x.status(c.create(gid), 201, "create")
+    completed(c, x, gid)
+    c.ledger.expect_completed.discard(gid)
+    op = c.site_state(gid)
+    old_operation = (c.task(gid) or {}).get("operationId")
+    x.step("node offline; delete")
+    node = c.nodes["n1"]
+    node.proc.terminate()
+    reply = c.delete(gid)
+    x.status(reply, 202, "delete while the node is offline")
+    x.that(
+        hold(lambda: c.site_state(gid) == "DELETE_PENDING", 2.0),
+        f"DELETE_PENDING until the node confirms (was {op})",
+    )
+    x.step("node back: the delete completes")
+    node.proc.start()
+    c.wait_state(gid, ("DELETED",), 30)
+    c.ledger.deleted.add(gid)
+    x.equal(c.task(gid), None, "task after the confirmed delete")
+    x.step("a late report for the old generation")
+    ack = send_late_report(
+        "127.0.0.1", c.nodes_port, "n4", node_secret("n4"), gid, str(old_operation)
+    )
+    x.that(ack.result in ("APPLIED", "DUPLICATE"), f"late report ACKed ({ack.result})")
+    x.equal(c.site_state(gid), "DELETED", "tombstone after the late report")
+    x.equal(c.task(gid), None, "task after the late report")
+
+
+def s13_legacy_node(c: Cluster, x: Expect, rng: random.Random) -> None:
+    gid = pick_gid(rng)
+    x.step("start upstream, site, legacy node (--protocol 1)")
+    c.start_upstream()
+    c.start_site()
+    node = c.start_node("n1", protocol=1)
+    nodes = c.api("GET", "/api/admin/nodes").body or {}
+    protocols = {n.get("id"): n.get("protocol") for n in nodes.get("nodes", [])}
+    x.equal(protocols.get("n1"), 1, "the site sees a legacy connection")
+    x.status(c.create(gid), 201, "create")
+    completed(c, x, gid)
+    c.ledger.expect_completed.discard(gid)
+    x.step("delete through DeleteGallery")
+    x.that(c.delete(gid).ok, "delete accepted")
+    c.wait_state(gid, ("DELETED",), 30)
+    c.ledger.deleted.add(gid)
+    stats = node.call(node.proxy.stats)
+    forwarded = stats["forwarded"]
+    x.that(forwarded.get("to_client:4", 0) >= 1, "the site sent DownloadPost", stats=stats)
+    x.that(forwarded.get("to_client:5", 0) >= 1, "the site sent DeleteGallery", stats=stats)
+    for t in (11, 12, 13):
+        x.equal(forwarded.get(f"to_client:{t}", 0), 0, f"v2 type {t} frames sent to legacy node")
+    x.equal(forwarded.get("to_server:8", 0), 0, "Error frames from the strict node")
+    x.equal(stats["connections"], 1, "connections (the node never had to reconnect)")
+    commands = c.node_snapshot("n1").commands
+    x.that(
+        bool(commands) and all(cmd["protocol"] == 1 for cmd in commands),
+        "every command arrived on the legacy wire",
+        commands=commands,
+    )
+
+
+def s14_site_restart_with_50_in_flight(c: Cluster, x: Expect, rng: random.Random) -> None:
+    gids = distinct_gids(rng, 50, max_size=400_000)
+    x.step("start upstream (1 MB/s per response), site, two nodes")
+    basic(c, "n1", "n2", bandwidth=1_000_000)
+    x.step("create 50 tasks")
+    with ThreadPoolExecutor(8) as pool:
+        replies = list(pool.map(c.create, gids))
+    x.equal(sorted({r.status for r in replies}), [201], "create answers")
+
+    def dispatched() -> int:
+        return sum(len(c.node_snapshot(n).tasks) for n in ("n1", "n2"))
+
+    wait_for(lambda: dispatched() >= 10, 30, "at least 10 tasks on the nodes")
+    x.step("SIGKILL the site with tasks in flight, restart it")
+    c.restart_site(kill=True)
+    for gid in gids:
+        c.ledger.expect_completed.add(gid)
+    x.step("waiting for all 50 to complete")
+    wait_for(
+        lambda: all((t or {}).get("status") == COMPLETED for t in map(c.task, gids)),
+        180,
+        "all 50 tasks 下载完成",
+    )
+    per_gid: dict[int, set[str]] = {}
+    for node_id in ("n1", "n2"):
+        for cmd in c.node_snapshot(node_id).commands:
+            if cmd["action"] == "DOWNLOAD":
+                per_gid.setdefault(cmd["gid"], set()).add(node_id)
+    twice = {g: sorted(n) for g, n in per_gid.items() if len(n) > 1}
+    x.that(not twice, "no gid downloaded by two nodes", gids=twice)
+    gets = c.upstream_stats().get("fileGets", {})
+    fetched_twice = {k: v for k, v in gets.items() if v > 1}
+    ranged = c.upstream_stats().get("rangedGets", {})
+    x.that(
+        all(v - ranged.get(k, 0) <= 1 for k, v in fetched_twice.items()),
+        "no archive fetched from scratch twice",
+        file_gets=fetched_twice,
+        ranged=ranged,
+    )
+
+
+def s15_recovery_fails(c: Cluster, x: Expect, rng: random.Random) -> None:
+    gid = pick_gid(rng)
+    x.step("start upstream and site; create a task while no node is connected")
+    basic(c)
+    x.status(c.create(gid), 201, "create")
+    site = c.site
+    assert site is not None
+    x.step("stop the site; lock its database; start it (recovery must fail)")
+    site.terminate()
+    helper = c.lock_site_db(12.0)
+    site.start()
+    site.wait_ready(lambda: c.healthz().status == 200, 40, "/healthz with a locked database")
+    x.equal(c.healthz().body, {"recovery": "failed", "dispatch": "disabled"}, "/healthz says so")
+    x.that(
+        "recovery" in site.log_text().lower() and "fail" in site.log_text().lower(),
+        "the log says recovery failed",
+    )
+    x.step("a node connects: accepted, but nothing dispatched")
+    wait_for(lambda: helper.poll() is not None, 30, "the database lock to be released")
+    c.start_node("n1")
+    x.that(
+        hold(lambda: not c.node_snapshot("n1").commands, 2.0),
+        "no command sent while recovery has failed",
+    )
+    x.step("restart the site: recovery succeeds, the task is dispatched")
+    c.restart_site(kill=False)
+    x.equal(c.healthz().body, {"recovery": "done", "dispatch": "enabled"}, "/healthz after")
+    completed(c, x, gid)
+
+
+def s16_concurrent_creates(c: Cluster, x: Expect, rng: random.Random) -> None:
+    gid = pick_gid(rng)
+    x.step("start upstream (POST latency 300 ms), site, node")
+    basic(c, "n1")
+    c.upstream_fault("latency", times=None, ms=300)
+    x.step(f"6 concurrent creates of gid {gid}")
+    barrier = threading.Barrier(6)
+
+    def create(_: int) -> Reply:
+        barrier.wait(10)
+        return c.create(gid)
+
+    with ThreadPoolExecutor(6) as pool:
+        replies = list(pool.map(create, range(6)))
+    statuses = sorted(r.status for r in replies)
+    x.equal(statuses, [201, 409, 409, 409, 409, 409], "answers to 6 concurrent creates")
+    x.equal(c.posts(gid), 1, "upstream POSTs")
+    x.equal(sum(1 for g in [c.task(gid)] if g is not None), 1, "task rows for the gid (one)")
+    completed(c, x, gid)
+
+
+SCENARIOS: dict[str, Scenario] = {
+    s.id: s
+    for s in (
+        Scenario("S1", "upstream timeout on the archive POST", s1_upstream_timeout),
+        Scenario("S2", "upstream commit_then_drop, resolved submitted", s2_commit_then_drop),
+        Scenario("S3", "upstream reject", s3_reject),
+        Scenario("S4", "site SIGKILL while SUBMITTING", s4_site_killed_while_submitting),
+        Scenario("S5", "site SIGKILL with RESERVED rows", s5_site_killed_with_reserved),
+        Scenario("S6", "site database locked during persist", s6_database_locked),
+        Scenario("S7", "TaskReportAck dropped by the proxy", s7_ack_dropped),
+        Scenario("S8", "connection cut mid-report", s8_cut_mid_report),
+        Scenario("S9", "node SIGKILL mid-download", s9_node_killed_mid_download),
+        Scenario("S10", "node SIGKILL after completion, before ACK", s10_node_killed_before_ack),
+        Scenario("S11", "site down while the node completes", s11_site_down_while_completing),
+        Scenario("S12", "delete while the node is offline", s12_delete_while_node_offline),
+        Scenario("S13", "legacy node (--protocol 1)", s13_legacy_node),
+        Scenario(
+            "S14", "site restart with 50 tasks in flight", s14_site_restart_with_50_in_flight, 60
+        ),
+        Scenario("S15", "recovery fails at start", s15_recovery_fails),
+        Scenario("S16", "6 concurrent creates of one gid", s16_concurrent_creates),
+    )
+}
+QUICK = ("S1", "S2", "S4", "S7", "S10", "S12", "S13", "S16")

@@ -1,0 +1,189 @@
+"""Applying the site's commands: DOWNLOAD and DELETE, on either wire.
+
+A command is recorded (``received_command``) and its effect persisted before
+any work starts.  Commands for one gid are applied one at a time (a per-gid
+lock), so a DELETE never races the DOWNLOAD before it.
+
+- DOWNLOAD, same operationId again: nothing happens (re-dispatch is a no-op).
+- DOWNLOAD, new operationId for a held gid: a new generation; the old job is
+  stopped and its files removed before the new one starts.
+- DELETE: the job is stopped, every file of the gid removed, and the result
+  (``DELETED``, ``NOT_FOUND`` when the node held nothing, or ``FAILED`` with
+  the reason) recorded under the delete operation id.  Repeating a delete that
+  succeeded changes nothing; repeating a failed one tries again.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable
+from urllib.parse import urlsplit
+
+from twisted.internet.defer import Deferred, DeferredLock
+from twisted.logger import Logger
+
+from tasknet.node.paths import DataDir
+from tasknet.node.store import DELETED, FAILED, NOT_FOUND, NodeStore
+from tasknet.node.worker import Worker
+from tasknet.protocol.messages import (
+    ACTION_DELETE,
+    ACTION_DOWNLOAD,
+    DeleteGallery,
+    DownloadPost,
+    Message,
+    TaskCommand,
+)
+from tasknet.status import NodeCode
+
+log = Logger()
+
+LEGACY_DELETE_ID = ""  # a DeleteGallery carries no delete operation id
+
+
+class BadCommand(ValueError):
+    """A command the node refuses; nothing was recorded."""
+
+
+def remove_files(data: DataDir, gid: int) -> tuple[bool, str]:
+    """Remove every file of ``gid``; return (anything was there, failure reason)."""
+    found = False
+    for path in data.files_of(gid):
+        found = True
+        try:
+            path.unlink()
+        except FileNotFoundError:
+            continue
+        except OSError as exc:
+            return found, f"cannot remove {path.name}: {exc.strerror or exc} (errno {exc.errno})"
+    return found, ""
+
+
+def _check_download(gid: int, url: str) -> None:
+    if gid <= 0:
+        raise BadCommand(f"gid must be positive, got {gid}")
+    if urlsplit(url).scheme not in ("http", "https"):
+        raise BadCommand(f"gid {gid}: url must be http(s), got {url!r}")
+
+
+class CommandHandler:
+    def __init__(
+        self,
+        store: NodeStore,
+        data: DataDir,
+        worker: Worker,
+        on_change: Callable[[], None],
+    ) -> None:
+        self.store = store
+        self.data = data
+        self.worker = worker
+        self.on_change = on_change
+        self._locks: dict[int, DeferredLock] = {}
+
+    def handle(self, message: Message) -> Deferred[None] | None:
+        """Apply a command; ``None`` when ``message`` is not a command."""
+        if isinstance(message, TaskCommand):
+            if message.action == ACTION_DOWNLOAD:
+                _check_download(message.gid, message.url)
+                return self._serialised(
+                    message.gid,
+                    self._download,
+                    message.gid,
+                    message.operation_id,
+                    message.name,
+                    message.url,
+                    2,
+                )
+            if message.action == ACTION_DELETE:
+                return self._serialised(
+                    message.gid, self._delete, message.gid, message.operation_id, 2
+                )
+            raise BadCommand(f"unknown action {message.action!r}")
+        if isinstance(message, DownloadPost):
+            _check_download(message.gid, message.url)
+            return self._serialised(
+                message.gid, self._download, message.gid, None, message.name, message.url, 1
+            )
+        if isinstance(message, DeleteGallery):
+            return self._serialised(message.gid, self._delete, message.gid, LEGACY_DELETE_ID, 1)
+        return None
+
+    def _serialised(self, gid: int, fn, *args) -> Deferred[None]:  # type: ignore[no-untyped-def]
+        lock = self._locks.setdefault(gid, DeferredLock())
+
+        def release(result: object) -> object:
+            if not lock.locked and not lock.waiting:
+                self._locks.pop(gid, None)
+            return result
+
+        d = lock.run(lambda: Deferred.fromCoroutine(fn(*args)))
+        return d.addBoth(release)
+
+    async def _download(
+        self, gid: int, operation_id: str | None, name: str, url: str, protocol: int
+    ) -> None:
+        accepted = await self.store.accept_download(
+            gid, operation_id, name, url, protocol, legacy_operation_id=f"legacy-{uuid.uuid4().hex}"
+        )
+        if accepted.kind == "duplicate":
+            log.info(
+                "gid {gid}: DOWNLOAD {operation_id} again: nothing to do",
+                gid=gid,
+                operation_id=accepted.operation_id,
+            )
+            return
+        if accepted.kind == "new_generation":
+            log.info(
+                "gid {gid}: new generation {operation_id} replaces {old}",
+                gid=gid,
+                operation_id=accepted.operation_id,
+                old=accepted.old_operation_id,
+            )
+            await self.worker.cancel(gid)
+            _found, failure = remove_files(self.data, gid)
+            if failure:
+                log.error("gid {gid}: old generation's files: {failure}", gid=gid, failure=failure)
+        else:
+            log.info(
+                "gid {gid}: DOWNLOAD {operation_id} accepted",
+                gid=gid,
+                operation_id=accepted.operation_id,
+            )
+        self.on_change()
+        self.worker.run(gid, accepted.operation_id)
+
+    async def _delete(self, gid: int, operation_id: str, protocol: int) -> None:
+        begun = await self.store.begin_delete(gid, operation_id, protocol)
+        if begun.kind == "repeat":
+            log.info(
+                "gid {gid}: DELETE {operation_id} again: already done",
+                gid=gid,
+                operation_id=operation_id,
+            )
+            self.on_change()
+            return
+        await self.finish_delete(gid, operation_id, held=begun.task is not None)
+
+    async def finish_delete(self, gid: int, operation_id: str, *, held: bool) -> None:
+        """Stop the work, remove the files, record the result (also used at startup)."""
+        await self.worker.cancel(gid)
+        found, failure = remove_files(self.data, gid)
+        if failure:
+            result, reason = FAILED, failure
+        elif held or found:
+            result, reason = DELETED, ""
+        else:
+            result, reason = NOT_FOUND, "no task and no file for this gid"
+        await self.store.finish_delete(gid, operation_id, result, reason)
+        log_fn = log.error if result == FAILED else log.info
+        log_fn(
+            "gid {gid}: DELETE {operation_id}: {result} {reason}",
+            gid=gid,
+            operation_id=operation_id,
+            result=result,
+            reason=reason,
+        )
+        self.on_change()
+        if result == FAILED:
+            task = await self.store.get_task(gid)
+            if task is not None and task.status != NodeCode.COMPLETED:
+                self.worker.run(gid, task.operation_id)  # the task stays: so does its work

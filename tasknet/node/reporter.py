@@ -1,0 +1,229 @@
+"""Reports to the site: reliable v2 snapshots, or the legacy fire-and-forget.
+
+v2 (PROTOCOL.md, "Reliable reports", node side): a TaskReport is a snapshot of
+every task held; at most one is in flight; it is persisted before it is sent
+and resent unchanged (same reportId and revision) on reconnect and whenever no
+ACK arrives within ``ack_timeout``.  Changes made meanwhile only mark the state
+dirty and go into the next snapshot, taken once the in-flight one is ACKed.
+Completed and deleted entries leave the node in the ACK's own transaction.
+
+Legacy (``--protocol 1``, or a v2 node on a legacy site): a StatusReport of
+every task and a DeleteResult per finished delete, and — the old behaviour,
+kept on purpose — a finished task is dropped right after its status was sent,
+ACK or not (docs/compatibility.md).
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any, Protocol
+
+from twisted.internet.base import DelayedCall
+from twisted.internet.defer import Deferred
+from twisted.logger import Logger
+from twisted.python.failure import Failure
+
+from tasknet.node.store import FAILED, NodeStore, PendingReport
+from tasknet.protocol.messages import (
+    DeletedEntry,
+    DeleteResult,
+    Message,
+    StatusReport,
+    TaskEntry,
+    TaskReport,
+    TaskReportAck,
+)
+from tasknet.status import NodeCode
+
+log = Logger()
+
+DEBOUNCE = 0.3  # seconds: progress ticks of many tasks coalesce into one snapshot
+RETRY_AFTER_ERROR = 1.0
+
+
+class SiteLink(Protocol):
+    """What the node needs of ``tasknet.node.link.SiteLink``."""
+
+    protocol_version: int
+
+    def send(self, message: Message) -> None: ...
+
+    def close(self, reason: str) -> None: ...
+
+
+def to_message(report: PendingReport) -> TaskReport:
+    return TaskReport(
+        report_id=report.report_id,
+        revision=report.revision,
+        gallery_tasks=tuple(TaskEntry(g, s, p) for g, s, p in report.gallery_tasks),
+        operation_ids=dict(report.operation_ids),
+        deleted=tuple(DeletedEntry(*d) for d in report.deleted),
+    )
+
+
+class Reporter:
+    def __init__(
+        self,
+        store: NodeStore,
+        *,
+        legacy_node: bool,
+        ack_timeout: float = 10.0,
+        debounce: float = DEBOUNCE,
+        clock: Any = None,
+    ) -> None:
+        if clock is None:
+            from twisted.internet import reactor as clock
+        self.store = store
+        self.legacy_node = legacy_node
+        self.ack_timeout = ack_timeout
+        self.debounce = debounce
+        self.clock: Any = clock
+        self.link: SiteLink | None = None
+        self.in_flight: PendingReport | None = None
+        self._dirty = True  # a fresh start reports what it holds
+        self._flush_call: DelayedCall | None = None
+        self._ack_call: DelayedCall | None = None
+        self._flushing = False
+        self._stopped = False
+
+    async def load(self) -> None:
+        """Pick up the report left in flight by the previous run."""
+        self.in_flight = await self.store.in_flight_report()
+
+    def stop(self) -> None:
+        self._stopped = True
+        self.link = None
+        self._cancel(self._flush_call)
+        self._cancel(self._ack_call)
+        self._flush_call = self._ack_call = None
+
+    @property
+    def legacy(self) -> bool:
+        link = self.link
+        return self.legacy_node or (link is not None and link.protocol_version == 1)
+
+    # events -----------------------------------------------------------------
+    def link_up(self, link: SiteLink) -> None:
+        self.link = link
+        if self.legacy:
+            self.changed()
+        elif self.in_flight is not None:
+            self._send_in_flight()
+        else:
+            self.changed()
+
+    def link_down(self, link: SiteLink) -> None:
+        if link is self.link:
+            self.link = None
+            self._cancel(self._ack_call)
+            self._ack_call = None
+
+    def changed(self) -> None:
+        """Something a report shows changed: report it soon (debounced)."""
+        self._dirty = True
+        self._schedule(self.debounce)
+
+    def ack_received(self, ack: TaskReportAck) -> Deferred[None]:
+        return Deferred.fromCoroutine(self._ack(ack))
+
+    # v2 -----------------------------------------------------------------------
+    async def _ack(self, ack: TaskReportAck) -> None:
+        current = self.in_flight
+        if current is None or current.report_id != ack.report_id:
+            log.warn("ACK for {report_id} which is not in flight: ignored", report_id=ack.report_id)
+            return
+        if not await self.store.acknowledge(ack.report_id):
+            return
+        log.info(
+            "report {report_id} (revision {revision}) ACKed: {result}",
+            report_id=ack.report_id,
+            revision=current.revision,
+            result=ack.result,
+        )
+        if self.in_flight is current:
+            self.in_flight = None
+        self._cancel(self._ack_call)
+        self._ack_call = None
+        if self._dirty:
+            self._schedule(0)
+
+    def _send_in_flight(self) -> None:
+        report, link = self.in_flight, self.link
+        if report is None or link is None or self._stopped:
+            return
+        link.send(to_message(report))
+        self._cancel(self._ack_call)
+        self._ack_call = self.clock.callLater(self.ack_timeout, self._ack_timed_out)
+
+    def _ack_timed_out(self) -> None:
+        self._ack_call = None
+        if self.in_flight is not None and self.link is not None:
+            log.info(
+                "no ACK for report {report_id} in {timeout} s: resending",
+                report_id=self.in_flight.report_id,
+                timeout=self.ack_timeout,
+            )
+            self._send_in_flight()
+
+    async def _snapshot(self) -> None:
+        if self.in_flight is not None or not self._dirty:
+            return
+        self._dirty = False
+        report = await self.store.create_report(uuid.uuid4().hex, int(time.time() * 1000))
+        if report is None:
+            return
+        self.in_flight = report
+        self._send_in_flight()
+
+    # legacy ---------------------------------------------------------------------
+    async def _legacy_flush(self) -> None:
+        if not self._dirty:
+            return
+        self._dirty = False
+        tasks, deletions = await self.store.legacy_snapshot()
+        link = self.link
+        if link is None:
+            self._dirty = True
+            return
+        for deletion in deletions:
+            link.send(DeleteResult(deletion.gid, deletion.result != FAILED, deletion.reason))
+            await self.store.drop_deletion(deletion.gid, deletion.operation_id)
+        if tasks:
+            link.send(StatusReport(tuple(TaskEntry(t.gid, t.status, t.progress) for t in tasks)))
+            # The old node forgot a finished task as soon as its status was
+            # written to the socket: the site may never have seen it.
+            finished = [(t.gid, t.operation_id) for t in tasks if t.status == NodeCode.COMPLETED]
+            if finished:
+                await self.store.drop_reported_completions(finished)
+
+    # scheduling -------------------------------------------------------------------
+    def _schedule(self, delay: float) -> None:
+        if self._stopped or (self._flush_call is not None and self._flush_call.active()):
+            return
+        self._flush_call = self.clock.callLater(delay, self._flush)
+
+    def _flush(self) -> None:
+        self._flush_call = None
+        if self._flushing or self.link is None or self._stopped:
+            return
+        self._flushing = True
+        work = self._legacy_flush() if self.legacy else self._snapshot()
+        d = Deferred.fromCoroutine(work)
+        d.addErrback(self._flush_failed)
+        d.addBoth(self._flushed)
+
+    def _flush_failed(self, failure: Failure) -> None:
+        log.failure("report failed; retrying", failure)
+        self._dirty = True
+        self._schedule(RETRY_AFTER_ERROR)
+
+    def _flushed(self, _result: Any) -> None:
+        self._flushing = False
+        if self._dirty and (self.legacy or self.in_flight is None):
+            self._schedule(self.debounce)
+
+    @staticmethod
+    def _cancel(call: DelayedCall | None) -> None:
+        if call is not None and call.active():
+            call.cancel()

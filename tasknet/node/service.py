@@ -1,0 +1,279 @@
+"""``twistd -n tasknet-node``: options and the node service.
+
+Start order: open the store → pick up the report left in flight → finish
+deletes interrupted by a crash → resume unfinished work → dial the site.
+Stop order: Goodbye to the site, hang up, stop the jobs (``.part`` files stay
+and resume with Range next time), close the store.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from twisted.application.service import MultiService
+from twisted.internet.defer import Deferred
+from twisted.logger import Logger
+from twisted.python import usage
+from zope.interface import implementer
+
+from tasknet.node.commands import BadCommand, CommandHandler
+from tasknet.node.paths import DataDir
+from tasknet.node.reporter import Reporter, SiteLink
+from tasknet.node.store import NodeStore
+from tasknet.node.worker import Worker
+from tasknet.protocol.messages import Error, Message, TaskReportAck
+from tasknet.protocol.session import INodeHandler
+
+log = Logger()
+
+NODE_ID = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+
+
+def _positive_int(name: str):  # type: ignore[no-untyped-def]
+    def parse(value: str) -> int:
+        number = int(value)
+        if number < 1:
+            raise ValueError(f"--{name} must be at least 1")
+        return number
+
+    return parse
+
+
+def _positive_float(value: str) -> float:
+    number = float(value)
+    if not number > 0:
+        raise ValueError("--ack-timeout must be > 0")
+    return number
+
+
+class Options(usage.Options):
+    synopsis = "[options]"
+    longdesc = "Storage node: dials the site, downloads, compresses, reports."
+    optParameters = [
+        ["connect", None, "tcp:127.0.0.1:7100", "the site's node endpoint"],
+        ["node-id", None, "node-1", "node id ([A-Za-z0-9_.-]{1,64})"],
+        ["secret", None, None, "shared secret for Login (required)"],
+        ["data", None, "tasknet-node-data", "node database and archives"],
+        ["protocol", None, 2, "2, or 1 to behave exactly as a legacy node", int],
+        ["downloads", None, 4, "concurrent downloads", _positive_int("downloads")],
+        ["compressors", None, 1, "concurrent compressions", _positive_int("compressors")],
+        [
+            "ack-timeout",
+            None,
+            10.0,
+            "resend the in-flight report after this many seconds",
+            _positive_float,
+        ],
+    ]
+
+    def postOptions(self) -> None:
+        if not self["secret"]:
+            raise usage.UsageError("--secret is required")
+        if self["protocol"] not in (1, 2):
+            raise usage.UsageError(f"--protocol must be 2 or 1, got {self['protocol']}")
+        if not NODE_ID.match(self["node-id"]):
+            raise usage.UsageError(
+                f"--node-id must match [A-Za-z0-9_.-]{{1,64}}, got {self['node-id']!r}"
+            )
+
+
+@implementer(INodeHandler)
+class NodeService(MultiService):
+    """The node: store, worker, reporter, commands, and the link to the site."""
+
+    def __init__(
+        self,
+        *,
+        connect: str,
+        node_id: str,
+        secret: str,
+        data: str,
+        protocol: int = 2,
+        downloads: int = 4,
+        compressors: int = 1,
+        ack_timeout: float = 10.0,
+        reactor: Any = None,
+        idle_timeout: float = 30.0,
+        debounce: float = 0.3,
+        retry_policy: Any = None,
+    ) -> None:
+        super().__init__()
+        if reactor is None:
+            from twisted.internet import reactor
+        self.reactor = reactor
+        self.connect = connect
+        self.node_id = node_id
+        self.secret = secret
+        self.protocol = protocol
+        self.data = DataDir(data)
+        self.downloads = downloads
+        self.compressors = compressors
+        self.ack_timeout = ack_timeout
+        self.idle_timeout = idle_timeout
+        self.debounce = debounce
+        self.retry_policy = retry_policy
+        self.store: NodeStore | None = None
+        self.worker: Worker | None = None
+        self.reporter: Reporter | None = None
+        self.commands: CommandHandler | None = None
+        self.link: SiteLink | None = None
+        self.client: Any = None
+        self.ready: Deferred[None] = Deferred()
+        self._starting: Deferred[None] | None = None
+
+    # service ------------------------------------------------------------------
+    def startService(self) -> None:
+        super().startService()
+        self._starting = Deferred.fromCoroutine(self._start())
+        self._starting.addCallbacks(self.ready.callback, self._start_failed)
+
+    def _start_failed(self, failure: Any) -> None:
+        log.failure("node failed to start", failure)
+        self.ready.errback(failure)
+
+    async def _start(self) -> None:
+        from tasknet.node.link import site_client_service
+
+        store = self.store = NodeStore(self.data)
+        await store.create_schema()
+        reporter = self.reporter = Reporter(
+            store,
+            legacy_node=self.protocol == 1,
+            ack_timeout=self.ack_timeout,
+            debounce=self.debounce,
+            clock=self.reactor,
+        )
+        await reporter.load()
+        worker = self.worker = Worker(
+            store,
+            self.data,
+            reporter.changed,
+            downloads=self.downloads,
+            compressors=self.compressors,
+            clock=self.reactor,
+            idle_timeout=self.idle_timeout,
+        )
+        worker.start()
+        self.commands = CommandHandler(store, self.data, worker, reporter.changed)
+        await self._recover()
+        await worker.resume_all()
+        log.info(
+            "node {node_id} ready (protocol {protocol}, data {data}); dialling {connect}",
+            node_id=self.node_id,
+            protocol=self.protocol,
+            data=str(self.data.root),
+            connect=self.connect,
+        )
+        handler: Any = self  # Any: zope interfaces are opaque to mypy
+        self.client = site_client_service(
+            self.connect,
+            self.node_id,
+            self.secret,
+            handler,
+            protocol=self.protocol,
+            reactor=self.reactor,
+            retry_policy=self.retry_policy,
+        )
+        self.client.setServiceParent(self)
+
+    async def _recover(self) -> None:
+        """Finish deletes a crash interrupted; remove leftovers of old generations."""
+        assert self.store is not None and self.commands is not None
+        tasks = {t.gid: t for t in await self.store.tasks()}
+        for deletion in await self.store.deletions():
+            if deletion.result is None:
+                await self.commands.finish_delete(
+                    deletion.gid, deletion.operation_id, held=deletion.gid in tasks
+                )
+        tasks = {t.gid: t for t in await self.store.tasks()}
+        wanted = {self.data.part_path(t.gid, t.operation_id) for t in tasks.values()}
+        wanted |= {self.data.archive_path(t.gid, t.operation_id) for t in tasks.values()}
+        leftovers = [p for p in self.data.partial.iterdir() if p not in wanted]
+        for archive in self.data.archives.iterdir():
+            gid = archive.name.split("-", 1)[0]
+            # A .tmp is an interrupted compression; an archive of a gid held under
+            # another generation is a leftover.  An archive of a gid not held at
+            # all may be a finished task already ACKed (or a legacy drop): kept.
+            if archive.name.endswith(".tmp") or (
+                gid.isdigit() and int(gid) in tasks and archive not in wanted
+            ):
+                leftovers.append(archive)
+        for leftover in leftovers:
+            try:
+                leftover.unlink(missing_ok=True)
+            except OSError as exc:
+                log.error("cannot remove leftover {path}: {error}", path=str(leftover), error=exc)
+
+    def stopService(self) -> Deferred[None]:
+        return Deferred.fromCoroutine(self._stop())
+
+    async def _stop(self) -> None:
+        if self._starting is not None and not self._starting.called:
+            await self.ready
+        link = self.link
+        if link is not None:
+            try:
+                link.close("node shutting down")
+            except Exception:
+                log.failure("Goodbye failed")
+        await MultiService.stopService(self)  # type: ignore[misc]
+        if self.reporter is not None:
+            self.reporter.stop()
+        if self.worker is not None:
+            await self.worker.stop()
+        if self.store is not None:
+            self.store.close()
+
+    # INodeHandler -----------------------------------------------------------------
+    def link_up(self, link: SiteLink) -> None:
+        self.link = link
+        log.info(
+            "logged in to the site: protocol {version} in force",
+            version=link.protocol_version,
+        )
+        if self.reporter is not None:
+            self.reporter.link_up(link)
+
+    def link_down(self, link: SiteLink) -> None:
+        if self.link is link:
+            self.link = None
+        log.info("link to the site down")
+        if self.reporter is not None:
+            self.reporter.link_down(link)
+
+    def message_received(self, link: SiteLink, message: Message) -> None:
+        if isinstance(message, TaskReportAck):
+            if self.reporter is not None:
+                self.reporter.ack_received(message).addErrback(
+                    lambda f: log.failure("ACK {report_id} failed", f, report_id=message.report_id)
+                )
+            return
+        if self.commands is None:
+            return
+        try:
+            applied = self.commands.handle(message)
+        except BadCommand as exc:
+            log.warn("refused command {message!r}: {error}", message=message, error=str(exc))
+            link.send(Error("bad_message", str(exc)))
+            return
+        if applied is None:
+            log.info("ignored message {message!r}", message=message)
+            return
+        applied.addErrback(lambda f: log.failure("command {message!r} failed", f, message=message))
+
+
+def makeService(options: Options) -> MultiService:
+    return NodeService(
+        connect=options["connect"],
+        node_id=options["node-id"],
+        secret=options["secret"],
+        data=options["data"],
+        protocol=options["protocol"],
+        downloads=options["downloads"],
+        compressors=options["compressors"],
+        ack_timeout=options["ack-timeout"],
+    )
+
+
+__all__ = ["NodeService", "Options", "makeService"]

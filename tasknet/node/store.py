@@ -1,0 +1,479 @@
+"""Durable node state: one SQLite file under ``--data``, through adbapi.
+
+Every change is one named transaction function of a cursor, run on the single
+pool connection (so transactions are serialised in submission order).  The
+tables:
+
+- ``task``: one row per gid the node holds (the current generation only).
+- ``deletion``: the last delete command per gid and its result, kept until a
+  report carrying it is ACKed (``result`` is NULL while the delete runs).
+- ``meta``: the last revision used (``revision``).
+- ``in_flight_report``: the one report sent and not yet ACKed, persisted
+  before it is sent so that it is resent unchanged after a restart.
+- ``received_command``: every command ever received (drills read it).
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from twisted.enterprise import adbapi
+from twisted.internet.defer import Deferred
+
+from tasknet.node.paths import DataDir
+from tasknet.status import NodeCode
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS task (
+    gid          INTEGER PRIMARY KEY,
+    operation_id TEXT    NOT NULL,
+    name         TEXT    NOT NULL,
+    url          TEXT    NOT NULL,
+    protocol     INTEGER NOT NULL,           -- wire of the command that created it
+    status       INTEGER NOT NULL CHECK (status BETWEEN 1 AND 4),
+    progress     REAL    NOT NULL DEFAULT 0,
+    size         INTEGER,                    -- total bytes, once the upstream said
+    archive      TEXT,                       -- file name under archives/ once complete
+    error        TEXT,                       -- last error of the current stage (1 or 3)
+    updated_at   REAL    NOT NULL
+);
+CREATE TABLE IF NOT EXISTS deletion (
+    gid          INTEGER PRIMARY KEY,
+    operation_id TEXT    NOT NULL,           -- the delete operation id ('' on legacy)
+    protocol     INTEGER NOT NULL,
+    result       TEXT CHECK (result IN ('DELETED', 'NOT_FOUND', 'FAILED')),
+    reason       TEXT    NOT NULL DEFAULT '',
+    updated_at   REAL    NOT NULL
+);
+CREATE TABLE IF NOT EXISTS meta (
+    key   TEXT PRIMARY KEY,
+    value TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS in_flight_report (
+    id         INTEGER PRIMARY KEY CHECK (id = 1),
+    report_id  TEXT    NOT NULL,
+    revision   INTEGER NOT NULL,
+    body       TEXT    NOT NULL,
+    created_at REAL    NOT NULL
+);
+CREATE TABLE IF NOT EXISTS received_command (
+    id           INTEGER PRIMARY KEY AUTOINCREMENT,
+    gid          INTEGER NOT NULL,
+    operation_id TEXT,
+    action       TEXT    NOT NULL,
+    protocol     INTEGER NOT NULL,
+    received_at  REAL    NOT NULL
+);
+CREATE INDEX IF NOT EXISTS received_command_by_gid
+    ON received_command (gid, operation_id, action);
+"""
+
+DELETED = "DELETED"
+NOT_FOUND = "NOT_FOUND"
+FAILED = "FAILED"
+DELETE_RESULTS = (DELETED, NOT_FOUND, FAILED)
+
+_SELECT_TASKS = (
+    "SELECT gid, operation_id, name, url, protocol, status, progress, size, archive, error"
+    " FROM task ORDER BY gid"
+)
+_SELECT_TASK = (
+    "SELECT gid, operation_id, name, url, protocol, status, progress, size, archive, error"
+    " FROM task WHERE gid = ?"
+)
+# Each takes (values..., updated_at, gid, operation_id): a write of a job only
+# lands while its generation is still the task's current one.
+_SET_PROGRESS = (
+    "UPDATE task SET progress = ?, size = ?, updated_at = ?"
+    " WHERE gid = ? AND operation_id = ? AND status = 1"
+)
+_SET_STATUS = (
+    "UPDATE task SET status = ?, progress = ?, error = NULL, updated_at = ?"
+    " WHERE gid = ? AND operation_id = ?"
+)
+_SET_ERROR = "UPDATE task SET error = ?, updated_at = ? WHERE gid = ? AND operation_id = ?"
+_COMPLETE = (
+    "UPDATE task SET status = 4, progress = 1.0, archive = ?, error = NULL, updated_at = ?"
+    " WHERE gid = ? AND operation_id = ?"
+)
+
+
+@dataclass(frozen=True)
+class TaskRow:
+    gid: int
+    operation_id: str
+    name: str
+    url: str
+    protocol: int
+    status: int
+    progress: float
+    size: int | None
+    archive: str | None
+    error: str | None
+
+
+@dataclass(frozen=True)
+class DeletionRow:
+    gid: int
+    operation_id: str
+    protocol: int
+    result: str | None
+    reason: str
+
+
+@dataclass(frozen=True)
+class PendingReport:
+    """A persisted snapshot, exactly as it is (re)sent."""
+
+    report_id: str
+    revision: int
+    gallery_tasks: tuple[tuple[int, int, float], ...]
+    operation_ids: dict[int, str]
+    deleted: tuple[tuple[int, str, str, str], ...]
+
+    def to_json(self) -> str:
+        return json.dumps(
+            {
+                "galleryTasks": [list(t) for t in self.gallery_tasks],
+                "operationIds": {str(k): v for k, v in self.operation_ids.items()},
+                "deleted": [list(d) for d in self.deleted],
+            },
+            separators=(",", ":"),
+        )
+
+    @classmethod
+    def from_row(cls, report_id: str, revision: int, body: str) -> PendingReport:
+        data = json.loads(body)
+        return cls(
+            report_id=report_id,
+            revision=revision,
+            gallery_tasks=tuple((int(g), int(s), float(p)) for g, s, p in data["galleryTasks"]),
+            operation_ids={int(k): str(v) for k, v in data["operationIds"].items()},
+            deleted=tuple((int(g), str(o), str(r), str(w)) for g, o, r, w in data["deleted"]),
+        )
+
+
+@dataclass(frozen=True)
+class DownloadAccepted:
+    """What a DOWNLOAD command did: ``new``, ``duplicate`` or ``new_generation``."""
+
+    kind: str
+    operation_id: str
+    old_operation_id: str | None = None
+
+
+@dataclass(frozen=True)
+class DeleteBegun:
+    """``run``: the delete must be (re)done; ``repeat``: it already succeeded."""
+
+    kind: str
+    task: TaskRow | None
+
+
+def _task(row: tuple[Any, ...]) -> TaskRow:
+    return TaskRow(*row)
+
+
+def _record_command(
+    cursor: sqlite3.Cursor, gid: int, operation_id: str | None, action: str, protocol: int
+) -> None:
+    cursor.execute(
+        "INSERT INTO received_command (gid, operation_id, action, protocol, received_at)"
+        " VALUES (?, ?, ?, ?, ?)",
+        (gid, operation_id, action, protocol, time.time()),
+    )
+
+
+def _get_task(cursor: sqlite3.Cursor, gid: int) -> TaskRow | None:
+    cursor.execute(_SELECT_TASK, (gid,))
+    row = cursor.fetchone()
+    return _task(row) if row else None
+
+
+def _accept_download(
+    cursor: sqlite3.Cursor,
+    gid: int,
+    operation_id: str | None,
+    name: str,
+    url: str,
+    protocol: int,
+    legacy_operation_id: str,
+) -> DownloadAccepted:
+    current = _get_task(cursor, gid)
+    if operation_id is None:
+        # A legacy DownloadPost carries no operationId: the old node keeps one
+        # task per gid and ignores a post for a gid it already holds.
+        _record_command(cursor, gid, None, "DOWNLOAD", protocol)
+        if current is not None:
+            return DownloadAccepted("duplicate", current.operation_id)
+        operation_id = legacy_operation_id
+    else:
+        cursor.execute(
+            "SELECT 1 FROM received_command WHERE gid = ? AND operation_id = ? AND action = ?",
+            (gid, operation_id, "DOWNLOAD"),
+        )
+        seen_before = cursor.fetchone() is not None
+        _record_command(cursor, gid, operation_id, "DOWNLOAD", protocol)
+        if seen_before or (current is not None and current.operation_id == operation_id):
+            return DownloadAccepted("duplicate", operation_id)
+    cursor.execute(
+        "INSERT OR REPLACE INTO task (gid, operation_id, name, url, protocol, status, progress,"
+        " size, archive, error, updated_at) VALUES (?, ?, ?, ?, ?, ?, 0, NULL, NULL, NULL, ?)",
+        (gid, operation_id, name, url, protocol, int(NodeCode.DOWNLOADING), time.time()),
+    )
+    if current is None:
+        return DownloadAccepted("new", operation_id)
+    return DownloadAccepted("new_generation", operation_id, current.operation_id)
+
+
+def _begin_delete(
+    cursor: sqlite3.Cursor, gid: int, operation_id: str, protocol: int
+) -> DeleteBegun:
+    _record_command(cursor, gid, operation_id, "DELETE", protocol)
+    task = _get_task(cursor, gid)
+    cursor.execute("SELECT operation_id, result FROM deletion WHERE gid = ?", (gid,))
+    row = cursor.fetchone()
+    if row is not None and row[0] == operation_id and row[1] in (DELETED, NOT_FOUND):
+        return DeleteBegun("repeat", task)
+    cursor.execute(
+        "INSERT OR REPLACE INTO deletion (gid, operation_id, protocol, result, reason, updated_at)"
+        " VALUES (?, ?, ?, NULL, '', ?)",
+        (gid, operation_id, protocol, time.time()),
+    )
+    return DeleteBegun("run", task)
+
+
+def _finish_delete(
+    cursor: sqlite3.Cursor, gid: int, operation_id: str, result: str, reason: str
+) -> None:
+    if result not in DELETE_RESULTS:
+        raise ValueError(f"unknown delete result {result!r}")
+    cursor.execute(
+        "UPDATE deletion SET result = ?, reason = ?, updated_at = ?"
+        " WHERE gid = ? AND operation_id = ?",
+        (result, reason, time.time(), gid, operation_id),
+    )
+    if result != FAILED:
+        cursor.execute("DELETE FROM task WHERE gid = ?", (gid,))
+
+
+def _set_state(cursor: sqlite3.Cursor, sql: str, gid: int, operation_id: str, *values: Any) -> bool:
+    cursor.execute(sql, (*values, time.time(), gid, operation_id))
+    return cursor.rowcount == 1
+
+
+def _read_snapshot(
+    cursor: sqlite3.Cursor,
+) -> tuple[list[TaskRow], list[DeletionRow]]:
+    cursor.execute(_SELECT_TASKS)
+    tasks = [_task(row) for row in cursor.fetchall()]
+    cursor.execute(
+        "SELECT gid, operation_id, protocol, result, reason FROM deletion"
+        " WHERE result IS NOT NULL ORDER BY gid"
+    )
+    deletions = [DeletionRow(*row) for row in cursor.fetchall()]
+    return tasks, deletions
+
+
+def _get_in_flight(cursor: sqlite3.Cursor) -> PendingReport | None:
+    cursor.execute("SELECT report_id, revision, body FROM in_flight_report WHERE id = 1")
+    row = cursor.fetchone()
+    return PendingReport.from_row(*row) if row else None
+
+
+def _last_revision(cursor: sqlite3.Cursor) -> int | None:
+    cursor.execute("SELECT value FROM meta WHERE key = 'revision'")
+    row = cursor.fetchone()
+    return int(row[0]) if row else None
+
+
+def _create_report(cursor: sqlite3.Cursor, report_id: str, now_ms: int) -> PendingReport | None:
+    existing = _get_in_flight(cursor)
+    if existing is not None:
+        return existing
+    tasks, deletions = _read_snapshot(cursor)
+    if not tasks and not deletions:
+        return None  # nothing held: a report would tell the site nothing
+    previous = _last_revision(cursor)
+    revision = now_ms if previous is None else max(previous + 1, now_ms)
+    operation_ids = {d.gid: d.operation_id for d in deletions}
+    operation_ids.update({t.gid: t.operation_id for t in tasks})
+    report = PendingReport(
+        report_id=report_id,
+        revision=revision,
+        gallery_tasks=tuple((t.gid, t.status, t.progress) for t in tasks),
+        operation_ids=operation_ids,
+        deleted=tuple((d.gid, d.operation_id, d.result or "", d.reason) for d in deletions),
+    )
+    cursor.execute(
+        "INSERT OR REPLACE INTO meta (key, value) VALUES ('revision', ?)", (str(revision),)
+    )
+    cursor.execute(
+        "INSERT INTO in_flight_report (id, report_id, revision, body, created_at)"
+        " VALUES (1, ?, ?, ?, ?)",
+        (report_id, revision, report.to_json(), time.time()),
+    )
+    return report
+
+
+def _acknowledge(cursor: sqlite3.Cursor, report_id: str) -> bool:
+    report = _get_in_flight(cursor)
+    if report is None or report.report_id != report_id:
+        return False
+    for gid, status, _progress in report.gallery_tasks:
+        if status == NodeCode.COMPLETED:
+            cursor.execute(
+                "DELETE FROM task WHERE gid = ? AND operation_id = ? AND status = ?",
+                (gid, report.operation_ids[gid], int(NodeCode.COMPLETED)),
+            )
+    for gid, operation_id, result, _reason in report.deleted:
+        cursor.execute(
+            "DELETE FROM deletion WHERE gid = ? AND operation_id = ? AND result = ?",
+            (gid, operation_id, result),
+        )
+    cursor.execute("DELETE FROM in_flight_report WHERE id = 1")
+    return True
+
+
+def _drop_reported_completions(cursor: sqlite3.Cursor, completed: list[tuple[int, str]]) -> None:
+    cursor.executemany(
+        "DELETE FROM task WHERE gid = ? AND operation_id = ? AND status = 4", completed
+    )
+
+
+def _drop_deletion(cursor: sqlite3.Cursor, gid: int, operation_id: str) -> None:
+    cursor.execute(
+        "DELETE FROM deletion WHERE gid = ? AND operation_id = ? AND result IS NOT NULL",
+        (gid, operation_id),
+    )
+
+
+def _query(cursor: sqlite3.Cursor, sql: str, params: Iterable[Any] = ()) -> list[tuple[Any, ...]]:
+    cursor.execute(sql, tuple(params))
+    return cursor.fetchall()
+
+
+def _on_connect(connection: sqlite3.Connection) -> None:
+    # WAL + FULL: an ACK makes the node forget, and a completion must survive
+    # a power cut once it is written.
+    connection.execute("PRAGMA journal_mode=WAL")
+    connection.execute("PRAGMA synchronous=FULL")
+    connection.execute("PRAGMA busy_timeout=5000")
+    connection.execute("PRAGMA foreign_keys=ON")
+
+
+class NodeStore:
+    """The node database.  Every method returns a Deferred."""
+
+    def __init__(self, data: DataDir) -> None:
+        self.data = data
+        data.create()
+        self._pool = adbapi.ConnectionPool(
+            "sqlite3",
+            str(data.database),
+            check_same_thread=False,
+            cp_min=1,
+            cp_max=1,
+            cp_openfun=_on_connect,
+        )
+
+    def _run(self, fn: Any, *args: Any) -> Deferred[Any]:
+        return self._pool.runInteraction(fn, *args)
+
+    def create_schema(self) -> Deferred[None]:
+        def create(cursor: sqlite3.Cursor) -> None:
+            for statement in SCHEMA.split(";"):
+                if statement.strip():
+                    cursor.execute(statement)
+
+        return self._run(create)
+
+    def close(self) -> None:
+        self._pool.close()
+
+    # commands -----------------------------------------------------------
+    def accept_download(
+        self,
+        gid: int,
+        operation_id: str | None,
+        name: str,
+        url: str,
+        protocol: int,
+        legacy_operation_id: str = "",
+    ) -> Deferred[DownloadAccepted]:
+        """Record a DOWNLOAD and persist the task before any work starts."""
+        return self._run(
+            _accept_download, gid, operation_id, name, url, protocol, legacy_operation_id
+        )
+
+    def begin_delete(self, gid: int, operation_id: str, protocol: int) -> Deferred[DeleteBegun]:
+        return self._run(_begin_delete, gid, operation_id, protocol)
+
+    def finish_delete(
+        self, gid: int, operation_id: str, result: str, reason: str
+    ) -> Deferred[None]:
+        return self._run(_finish_delete, gid, operation_id, result, reason)
+
+    # work ---------------------------------------------------------------
+    def get_task(self, gid: int) -> Deferred[TaskRow | None]:
+        return self._run(_get_task, gid)
+
+    def set_progress(
+        self, gid: int, operation_id: str, progress: float, size: int | None
+    ) -> Deferred[bool]:
+        return self._run(_set_state, _SET_PROGRESS, gid, operation_id, progress, size)
+
+    def set_status(
+        self, gid: int, operation_id: str, status: int, progress: float
+    ) -> Deferred[bool]:
+        return self._run(_set_state, _SET_STATUS, gid, operation_id, int(status), progress)
+
+    def set_error(self, gid: int, operation_id: str, error: str | None) -> Deferred[bool]:
+        return self._run(_set_state, _SET_ERROR, gid, operation_id, error)
+
+    def complete(self, gid: int, operation_id: str, archive: str) -> Deferred[bool]:
+        return self._run(_set_state, _COMPLETE, gid, operation_id, archive)
+
+    def tasks(self) -> Deferred[list[TaskRow]]:
+        def read(cursor: sqlite3.Cursor) -> list[TaskRow]:
+            return [_task(r) for r in _query(cursor, _SELECT_TASKS)]
+
+        return self._run(read)
+
+    def deletions(self) -> Deferred[list[DeletionRow]]:
+        def read(cursor: sqlite3.Cursor) -> list[DeletionRow]:
+            rows = _query(
+                cursor, "SELECT gid, operation_id, protocol, result, reason FROM deletion"
+            )
+            return [DeletionRow(*row) for row in rows]
+
+        return self._run(read)
+
+    # reports ------------------------------------------------------------
+    def in_flight_report(self) -> Deferred[PendingReport | None]:
+        return self._run(_get_in_flight)
+
+    def create_report(self, report_id: str, now_ms: int) -> Deferred[PendingReport | None]:
+        """Persist a new snapshot as the in-flight report (the existing one if any)."""
+        return self._run(_create_report, report_id, now_ms)
+
+    def acknowledge(self, report_id: str) -> Deferred[bool]:
+        """Forget the in-flight report and the completions/deletions it carried."""
+        return self._run(_acknowledge, report_id)
+
+    def last_revision(self) -> Deferred[int | None]:
+        return self._run(_last_revision)
+
+    def legacy_snapshot(self) -> Deferred[tuple[list[TaskRow], list[DeletionRow]]]:
+        return self._run(_read_snapshot)
+
+    def drop_reported_completions(self, completed: list[tuple[int, str]]) -> Deferred[None]:
+        return self._run(_drop_reported_completions, completed)
+
+    def drop_deletion(self, gid: int, operation_id: str) -> Deferred[None]:
+        return self._run(_drop_deletion, gid, operation_id)

@@ -1,0 +1,312 @@
+"""The work of a task: download (status 1) → queued (2) → compressing (3) → done (4).
+
+One job per gid runs the task's current generation.  Downloads are bounded by
+a DeferredSemaphore (``--downloads``); compression runs on a dedicated
+ThreadPool behind another semaphore (``--compressors``), so status 3 means
+"a thread is compressing it now" and 2 means "waiting for a thread".
+
+Every database write is conditional on the job's operationId, so a job of a
+superseded generation can never overwrite the new one.  A failed attempt is
+retried with exponential backoff; the bytes already downloaded are kept.  Disk
+errors (full, read-only, permission) are logged at error level and stored in
+the task's ``error`` column, and retried with backoff until an operator frees
+the disk (the wire has no "failed" node status: see docs/compatibility.md).
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+from urllib.parse import unquote, urlsplit
+
+from treq.client import HTTPClient
+from twisted.internet.defer import (
+    CancelledError,
+    Deferred,
+    DeferredSemaphore,
+    gatherResults,
+    succeed,
+)
+from twisted.internet.task import deferLater
+from twisted.internet.threads import deferToThreadPool
+from twisted.logger import Logger
+from twisted.python.failure import Failure
+from twisted.python.threadpool import ThreadPool
+from twisted.web.client import Agent, HTTPConnectionPool
+
+from tasknet.node.compress import build_archive
+from tasknet.node.download import DownloadError, StorageError, fetch, storage_error
+from tasknet.node.paths import DataDir
+from tasknet.node.store import NodeStore, TaskRow
+from tasknet.status import NodeCode
+
+log = Logger()
+
+PROGRESS_WRITE_INTERVAL = 0.5  # seconds between progress writes of one task
+BACKOFF_BASE = 0.1
+BACKOFF_CAP = 30.0
+
+
+def backoff(attempt: int, base: float = BACKOFF_BASE, cap: float = BACKOFF_CAP) -> float:
+    """Exponential backoff with jitter: about base·2^attempt, at most ``cap``."""
+    delay: float = min(cap, base * (2**attempt))
+    return delay * random.uniform(0.5, 1.0)
+
+
+def member_name(task: TaskRow) -> str:
+    """The file name inside the archive: the URL's last path segment."""
+    name = unquote(urlsplit(task.url).path.rsplit("/", 1)[-1])
+    return name if name and name not in (".", "..") else f"{task.gid}.bin"
+
+
+def _follow(source: Deferred[Any]) -> Deferred[Any]:
+    """A Deferred with ``source``'s result whose cancellation leaves ``source`` alone.
+
+    Cancelling a job while a thread compresses must not forget the thread:
+    :meth:`Worker.cancel` waits on the thread itself before removing files.
+    """
+    follower: Deferred[Any] = Deferred()
+
+    def relay(result: Any) -> None:
+        if not follower.called:
+            if isinstance(result, Failure):
+                follower.errback(result)
+            else:
+                follower.callback(result)
+
+    source.addBoth(relay)
+    return follower
+
+
+class _Job:
+    def __init__(self, gid: int, operation_id: str) -> None:
+        self.gid = gid
+        self.operation_id = operation_id
+        self.abort = threading.Event()
+        self.thread: Deferred[Any] | None = None
+        self.deferred: Deferred[None] | None = None
+        self.ended: list[Deferred[None]] = []
+        self.last_write = 0.0
+        self.writing = False
+
+    def when_ended(self) -> Deferred[None]:
+        d: Deferred[None] = Deferred()
+        self.ended.append(d)
+        return d
+
+
+class Worker:
+    """Runs the jobs; ``on_change`` is called after every status/progress write."""
+
+    def __init__(
+        self,
+        store: NodeStore,
+        data: DataDir,
+        on_change: Callable[[], None],
+        *,
+        downloads: int = 4,
+        compressors: int = 1,
+        clock: Any = None,
+        idle_timeout: float = 30.0,
+    ) -> None:
+        if clock is None:
+            from twisted.internet import reactor as clock
+        self.store = store
+        self.data = data
+        self.on_change = on_change
+        self.clock: Any = clock
+        self.idle_timeout = idle_timeout
+        self._downloads = DeferredSemaphore(downloads)
+        self._compressors = DeferredSemaphore(compressors)
+        self._threads = ThreadPool(minthreads=0, maxthreads=compressors, name="tasknet-compress")
+        self._http_pool = HTTPConnectionPool(clock, persistent=False)
+        agent: Any = Agent(clock, pool=self._http_pool)
+        self._client = HTTPClient(agent)
+        self._jobs: dict[int, _Job] = {}
+        self._running = False
+
+    # lifecycle --------------------------------------------------------------
+    def start(self) -> None:
+        self._threads.start()
+        self._running = True
+
+    async def stop(self) -> None:
+        """Cancel every job (their ``.part`` files stay for the next start)."""
+        self._running = False
+        await gatherResults([self.cancel(gid) for gid in list(self._jobs)])
+        self._threads.stop()
+
+    async def resume_all(self) -> None:
+        for task in await self.store.tasks():
+            if task.status != NodeCode.COMPLETED:
+                self.run(task.gid, task.operation_id)
+
+    # jobs ---------------------------------------------------------------------
+    def active(self) -> dict[int, str]:
+        return {gid: job.operation_id for gid, job in self._jobs.items()}
+
+    def run(self, gid: int, operation_id: str) -> None:
+        """Start the job of ``(gid, operation_id)`` unless it already runs."""
+        if not self._running:
+            return
+        current = self._jobs.get(gid)
+        if current is not None:
+            if current.operation_id == operation_id:
+                return
+            raise RuntimeError(f"gid {gid}: cancel generation {current.operation_id} first")
+        job = _Job(gid, operation_id)
+        self._jobs[gid] = job
+        job.deferred = Deferred.fromCoroutine(self._run(job))
+        job.deferred.addErrback(self._job_failed, job)
+        job.deferred.addBoth(self._job_ended, job)
+
+    def cancel(self, gid: int) -> Deferred[None]:
+        """Stop the job of ``gid``; fires once nothing of it runs any more."""
+        job = self._jobs.get(gid)
+        if job is None:
+            return succeed(None)
+        job.abort.set()
+        waits = [job.when_ended()]
+        if job.thread is not None:
+            waits.append(job.thread)
+        assert job.deferred is not None
+        job.deferred.cancel()
+        return gatherResults(waits).addCallback(lambda _: None)
+
+    def _job_failed(self, failure: Failure, job: _Job) -> None:
+        if failure.check(CancelledError) or job.abort.is_set():
+            return None
+        log.failure("gid {gid}: job failed unexpectedly", failure, gid=job.gid)
+        return None
+
+    def _job_ended(self, _result: Any, job: _Job) -> None:
+        if self._jobs.get(job.gid) is job:
+            del self._jobs[job.gid]
+        for d in job.ended:
+            d.callback(None)
+        job.ended.clear()
+
+    async def _run(self, job: _Job) -> None:
+        while not job.abort.is_set():
+            task = await self.store.get_task(job.gid)
+            if task is None or task.operation_id != job.operation_id:
+                return  # deleted or superseded meanwhile
+            if task.status == NodeCode.DOWNLOADING:
+                await self._download(job, task)
+            elif task.status in (NodeCode.WAITING_COMPRESSION, NodeCode.COMPRESSING):
+                await self._compress(job, task)
+            else:
+                return
+
+    # download -------------------------------------------------------------------
+    async def _download(self, job: _Job, task: TaskRow) -> None:
+        await self._downloads.acquire()
+        try:
+            part = self.data.part_path(task.gid, task.operation_id)
+            attempt = 0
+            while True:
+                before = part.stat().st_size if part.exists() else 0
+                try:
+                    await fetch(
+                        self._client,
+                        task.url,
+                        part,
+                        self.clock,
+                        lambda n, total: self._progress(job, n, total),
+                        idle_timeout=self.idle_timeout,
+                    )
+                    break
+                except CancelledError:
+                    raise
+                except Exception as exc:
+                    if not isinstance(exc, DownloadError):
+                        log.failure("gid {gid}: unexpected download error", gid=job.gid)
+                    after = part.stat().st_size if part.exists() else 0
+                    attempt = 0 if after > before else attempt + 1
+                    await self._report_error(job, exc)
+                    await deferLater(self.clock, backoff(attempt), lambda: None)
+        finally:
+            self._downloads.release()
+        if await self.store.set_status(
+            job.gid, job.operation_id, NodeCode.WAITING_COMPRESSION, 1.0
+        ):
+            log.info("gid {gid}: downloaded, queued for compression", gid=job.gid)
+            self.on_change()
+
+    def _progress(self, job: _Job, received: int, total: int | None) -> None:
+        # Throttled: a progress tick is worth a write at most every 0.5 s.
+        now = time.monotonic()
+        if job.writing or now - job.last_write < PROGRESS_WRITE_INTERVAL:
+            return
+        job.last_write = now
+        job.writing = True
+        progress = min(received / total, 1.0) if total else 0.0
+
+        def written(changed: bool) -> None:
+            job.writing = False
+            if changed:
+                self.on_change()
+
+        def failed(failure: Failure) -> None:
+            job.writing = False
+            log.failure("gid {gid}: progress write failed", failure, gid=job.gid)
+
+        self.store.set_progress(job.gid, job.operation_id, progress, total).addCallbacks(
+            written, failed
+        )
+
+    async def _report_error(self, job: _Job, exc: Exception) -> None:
+        if isinstance(exc, StorageError):
+            log.error("gid {gid}: storage error, will retry: {error}", gid=job.gid, error=str(exc))
+        else:
+            log.warn("gid {gid}: attempt failed, will retry: {error}", gid=job.gid, error=str(exc))
+        await self.store.set_error(job.gid, job.operation_id, str(exc))
+
+    # compression ------------------------------------------------------------------
+    async def _compress(self, job: _Job, task: TaskRow) -> None:
+        part = self.data.part_path(task.gid, task.operation_id)
+        if not part.exists():
+            log.warn("gid {gid}: downloaded file missing, downloading again", gid=task.gid)
+            await self.store.set_status(job.gid, job.operation_id, NodeCode.DOWNLOADING, 0.0)
+            return
+        await self._compressors.acquire()
+        try:
+            if not await self.store.set_status(
+                job.gid, job.operation_id, NodeCode.COMPRESSING, 1.0
+            ):
+                return
+            self.on_change()
+            final = self.data.archive_path(task.gid, task.operation_id)
+            attempt = 0
+            while True:
+                job.thread = deferToThreadPool(
+                    self.clock,  # type: ignore[arg-type]
+                    self._threads,
+                    build_archive,
+                    part,
+                    self.data.archive_tmp_path(task.gid, task.operation_id),
+                    final,
+                    member_name(task),
+                    job.abort,
+                )
+                try:
+                    await _follow(job.thread)
+                    break
+                except OSError as exc:
+                    error: Exception = storage_error(exc, final) or DownloadError(
+                        f"compress: {exc}"
+                    )
+                    await self._report_error(job, error)
+                    attempt += 1
+                    await deferLater(self.clock, backoff(attempt, base=1.0), lambda: None)
+                finally:
+                    job.thread = None
+        finally:
+            self._compressors.release()
+        if await self.store.complete(job.gid, job.operation_id, final.name):
+            part.unlink(missing_ok=True)
+            log.info("gid {gid}: archive ready: {archive}", gid=job.gid, archive=str(final))
+            self.on_change()

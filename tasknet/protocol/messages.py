@@ -1,0 +1,601 @@
+"""The fourteen message types of the site ⇄ node protocol (PROTOCOL.md).
+
+Each message is a frozen dataclass with snake_case attributes; on the wire the
+payload is a compact JSON object with camelCase names in the order the spec
+lists them.  :func:`encode` gives a whole frame, :func:`decode` turns one
+frame's payload back into a message and checks every field's type.
+
+Speed matters (BENCH.md B3): every type has its own hand-written encoder and
+decoder instead of a generic reflective one, and the list entries of reports
+are named tuples built without going through a Python ``__init__``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import struct
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, ClassVar, NamedTuple
+
+__all__ = [
+    "ACTION_DELETE",
+    "ACTION_DOWNLOAD",
+    "ACK_APPLIED",
+    "ACK_DUPLICATE",
+    "DELETE_DELETED",
+    "DELETE_FAILED",
+    "DELETE_NOT_FOUND",
+    "ERROR_CODES",
+    "FEATURE_RELIABLE",
+    "HEADER",
+    "LEGACY_TYPES",
+    "MAX_PAYLOAD",
+    "PROTOCOL_VERSION",
+    "DeleteGallery",
+    "DeleteResult",
+    "DeletedEntry",
+    "DownloadPost",
+    "Error",
+    "Goodbye",
+    "Heartbeat",
+    "Identity",
+    "Login",
+    "LoginResult",
+    "Message",
+    "ProtocolError",
+    "ProtocolHello",
+    "StatusReport",
+    "TaskCommand",
+    "TaskEntry",
+    "TaskReport",
+    "TaskReportAck",
+    "UnknownMessageType",
+    "decode",
+    "encode",
+    "encode_payload",
+    "sign_login",
+    "verify_login",
+]
+
+MAX_PAYLOAD = 16 * 1024 * 1024
+PROTOCOL_VERSION = 2
+FEATURE_RELIABLE = "reliable-task-v2"
+
+#: ``[type: u8][length: u32 big-endian]``
+HEADER = struct.Struct(">BI")
+
+#: The frozen legacy types; a strict (legacy) reader knows only these.
+LEGACY_TYPES = frozenset(range(10))
+
+ERROR_CODES = frozenset(
+    {
+        "bad_frame",
+        "frame_too_large",
+        "bad_json",
+        "bad_message",
+        "unauthenticated",
+        "auth_failed",
+        "protocol_violation",
+        "internal",
+    }
+)
+
+ACTION_DOWNLOAD = "DOWNLOAD"
+ACTION_DELETE = "DELETE"
+ACK_APPLIED = "APPLIED"
+ACK_DUPLICATE = "DUPLICATE"
+DELETE_DELETED = "DELETED"
+DELETE_NOT_FOUND = "NOT_FOUND"
+DELETE_FAILED = "FAILED"
+
+_ACTIONS = frozenset({ACTION_DOWNLOAD, ACTION_DELETE})
+_ACK_RESULTS = frozenset({ACK_APPLIED, ACK_DUPLICATE})
+_DELETE_RESULTS = frozenset({DELETE_DELETED, DELETE_NOT_FOUND, DELETE_FAILED})
+# gids end up in SQLite INTEGER columns: keep them in the signed 64-bit range.
+_INT64_MAX = 2**63 - 1
+_STR_ONLY = frozenset({str})
+
+
+class ProtocolError(Exception):
+    """A frame or message that breaks the protocol; ``code`` is a PROTOCOL.md error code."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(f"{code}: {message}")
+        self.code = code
+        self.message = message
+
+
+class UnknownMessageType(Exception):
+    """A frame of a type this reader does not know (ignored after login)."""
+
+    def __init__(self, type_: int) -> None:
+        super().__init__(f"unknown message type {type_}")
+        self.type_ = type_
+
+
+# ---------------------------------------------------------------- list entries
+
+
+class TaskEntry(NamedTuple):
+    """One ``galleryTasks`` entry: node status code 1..4, progress 0.0..1.0."""
+
+    gid: int
+    status: int
+    progress: float
+
+
+class DeletedEntry(NamedTuple):
+    """One ``deleted`` entry of a TaskReport; ``operation_id`` is the delete operation id."""
+
+    gid: int
+    operation_id: str
+    result: str
+    reason: str
+
+
+# ---------------------------------------------------------------- messages 0-9
+
+
+@dataclass(frozen=True, slots=True)
+class Identity:
+    TYPE: ClassVar[int] = 0
+    name: str
+    nonce: str
+
+
+@dataclass(frozen=True, slots=True)
+class Login:
+    TYPE: ClassVar[int] = 1
+    node_id: str
+    signature: str
+
+
+@dataclass(frozen=True, slots=True)
+class LoginResult:
+    TYPE: ClassVar[int] = 2
+    accepted: bool
+    reason: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Heartbeat:
+    TYPE: ClassVar[int] = 3
+    time: int
+
+
+@dataclass(frozen=True, slots=True)
+class DownloadPost:
+    TYPE: ClassVar[int] = 4
+    gid: int
+    token: str
+    name: str
+    url: str
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteGallery:
+    TYPE: ClassVar[int] = 5
+    gid: int
+
+
+@dataclass(frozen=True, slots=True)
+class StatusReport:
+    TYPE: ClassVar[int] = 6
+    gallery_tasks: tuple[TaskEntry, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteResult:
+    TYPE: ClassVar[int] = 7
+    gid: int
+    success: bool
+    reason: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Error:
+    TYPE: ClassVar[int] = 8
+    code: str
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
+class Goodbye:
+    TYPE: ClassVar[int] = 9
+    reason: str
+
+
+# ---------------------------------------------------------------- messages 10-13
+
+
+@dataclass(frozen=True, slots=True)
+class ProtocolHello:
+    TYPE: ClassVar[int] = 10
+    protocol_version: int = PROTOCOL_VERSION
+    features: tuple[str, ...] = (FEATURE_RELIABLE,)
+
+
+@dataclass(frozen=True, slots=True)
+class TaskCommand:
+    TYPE: ClassVar[int] = 11
+    operation_id: str
+    action: str
+    gid: int
+    name: str
+    url: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class TaskReport:
+    TYPE: ClassVar[int] = 12
+    report_id: str
+    revision: int
+    gallery_tasks: tuple[TaskEntry, ...]
+    operation_ids: Mapping[int, str]
+    deleted: tuple[DeletedEntry, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class TaskReportAck:
+    TYPE: ClassVar[int] = 13
+    report_id: str
+    result: str
+
+
+Message = (
+    Identity
+    | Login
+    | LoginResult
+    | Heartbeat
+    | DownloadPost
+    | DeleteGallery
+    | StatusReport
+    | DeleteResult
+    | Error
+    | Goodbye
+    | ProtocolHello
+    | TaskCommand
+    | TaskReport
+    | TaskReportAck
+)
+
+# ---------------------------------------------------------------- encoding
+
+_dumps = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
+_pack_header = HEADER.pack
+
+
+def _entries_json(tasks: tuple[TaskEntry, ...]) -> str:
+    # The JSON of a galleryTasks list, formatted directly: the generic encoder
+    # spends most of a large report's time on these small objects (BENCH B3).
+    # repr(float) is exactly what json uses for floats; float() so that a
+    # progress given as int 1 still goes out as 1.0.
+    return ",".join([f'{{"gid":{g},"status":{s},"progress":{float(p)!r}}}' for g, s, p in tasks])
+
+
+def _task_report_json(m: TaskReport) -> str:
+    ids = m.operation_ids
+    # The encoder writes int keys as decimal strings, as the wire wants.
+    ids_json = _dumps(ids if type(ids) is dict else dict(ids))
+    deleted = _dumps(
+        [{"gid": g, "operationId": o, "result": r, "reason": why} for g, o, r, why in m.deleted]
+    )
+    return (
+        f'{{"reportId":{_dumps(m.report_id)},"revision":{m.revision},'
+        f'"galleryTasks":[{_entries_json(m.gallery_tasks)}],'
+        f'"operationIds":{ids_json},"deleted":{deleted}}}'
+    )
+
+
+def _wire(message: Message) -> dict[str, Any]:
+    """The JSON object of ``message``, fields in the order of PROTOCOL.md (not 6, 12)."""
+    m: Any = message
+    t = m.TYPE
+    if t == 3:
+        return {"time": m.time}
+    if t == 13:
+        return {"reportId": m.report_id, "result": m.result}
+    if t == 11:
+        return {
+            "operationId": m.operation_id,
+            "action": m.action,
+            "gid": m.gid,
+            "name": m.name,
+            "url": m.url,
+        }
+    if t == 4:
+        return {"gid": m.gid, "token": m.token, "name": m.name, "url": m.url}
+    if t == 5:
+        return {"gid": m.gid}
+    if t == 7:
+        return {"gid": m.gid, "success": m.success, "reason": m.reason}
+    if t == 0:
+        return {"name": m.name, "nonce": m.nonce}
+    if t == 1:
+        return {"nodeId": m.node_id, "signature": m.signature}
+    if t == 2:
+        return {"accepted": m.accepted, "reason": m.reason}
+    if t == 8:
+        return {"code": m.code, "message": m.message}
+    if t == 9:
+        return {"reason": m.reason}
+    if t == 10:
+        return {"protocolVersion": m.protocol_version, "features": list(m.features)}
+    raise TypeError(f"not a protocol message: {message!r}")
+
+
+def _json(message: Message) -> str:
+    t = message.TYPE
+    if t == 12:
+        return _task_report_json(message)  # type: ignore[arg-type]
+    if t == 6:
+        return f'{{"galleryTasks":[{_entries_json(message.gallery_tasks)}]}}'  # type: ignore[union-attr]
+    return _dumps(_wire(message))
+
+
+def encode_payload(message: Message) -> bytes:
+    """The compact JSON payload of ``message`` (no header)."""
+    return _json(message).encode("utf-8")
+
+
+def encode(message: Message) -> bytes:
+    """The whole frame of ``message``: 5-byte header then compact JSON."""
+    payload = _json(message).encode("utf-8")
+    return _pack_header(message.TYPE, len(payload)) + payload
+
+
+# ---------------------------------------------------------------- decoding
+
+
+def _bad(message: str) -> ProtocolError:
+    return ProtocolError("bad_message", message)
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+_loads = json.JSONDecoder(parse_constant=_reject_constant).decode
+
+
+def _field(d: dict[str, Any], where: str, key: str, kind: type) -> Any:
+    try:
+        value = d[key]
+    except KeyError:
+        raise _bad(f"{where}.{key} is missing") from None
+    # type() rather than isinstance(): a JSON true must not pass for an int.
+    if type(value) is not kind:
+        raise _bad(f"{where}.{key} must be {kind.__name__}, got {type(value).__name__}")
+    return value
+
+
+def _gid(d: dict[str, Any], where: str) -> int:
+    gid = _field(d, where, "gid", int)
+    if not 0 <= gid <= _INT64_MAX:
+        raise _bad(f"{where}.gid out of range: {gid}")
+    return gid
+
+
+def _task_entries(raw: Any, where: str, strict: bool) -> tuple[TaskEntry, ...]:
+    if type(raw) is not list:
+        raise _bad(f"{where}.galleryTasks must be a list")
+    out = []
+    new = tuple.__new__
+    for e in raw:
+        if type(e) is not dict:
+            raise _bad(f"{where}.galleryTasks entry must be an object")
+        try:
+            g = e["gid"]
+            s = e["status"]
+            p = e["progress"]
+        except KeyError as missing:
+            raise _bad(f"{where}.galleryTasks entry lacks {missing}") from None
+        if type(g) is not int or not 0 <= g <= _INT64_MAX:
+            raise _bad(f"{where}.galleryTasks gid must be a non-negative int: {g!r}")
+        if type(s) is not int or not 1 <= s <= 4:
+            raise _bad(f"{where}.galleryTasks status must be 1..4: {s!r}")
+        if type(p) is not float:
+            if type(p) is not int:
+                raise _bad(f"{where}.galleryTasks progress must be a number: {p!r}")
+            p = float(p)
+        if not 0.0 <= p <= 1.0:
+            raise _bad(f"{where}.galleryTasks progress must be 0.0..1.0: {p!r}")
+        if strict and len(e) != 3:
+            raise _bad(f"{where}.galleryTasks entry has unknown fields: {sorted(e)}")
+        out.append(new(TaskEntry, (g, s, p)))
+    return tuple(out)
+
+
+def _d_identity(d: dict[str, Any], strict: bool) -> Identity:
+    return Identity(_field(d, "Identity", "name", str), _field(d, "Identity", "nonce", str))
+
+
+def _d_login(d: dict[str, Any], strict: bool) -> Login:
+    return Login(_field(d, "Login", "nodeId", str), _field(d, "Login", "signature", str))
+
+
+def _d_login_result(d: dict[str, Any], strict: bool) -> LoginResult:
+    return LoginResult(
+        _field(d, "LoginResult", "accepted", bool), _field(d, "LoginResult", "reason", str)
+    )
+
+
+def _d_heartbeat(d: dict[str, Any], strict: bool) -> Heartbeat:
+    return Heartbeat(_field(d, "Heartbeat", "time", int))
+
+
+def _d_download_post(d: dict[str, Any], strict: bool) -> DownloadPost:
+    w = "DownloadPost"
+    return DownloadPost(
+        _gid(d, w), _field(d, w, "token", str), _field(d, w, "name", str), _field(d, w, "url", str)
+    )
+
+
+def _d_delete_gallery(d: dict[str, Any], strict: bool) -> DeleteGallery:
+    return DeleteGallery(_gid(d, "DeleteGallery"))
+
+
+def _d_status_report(d: dict[str, Any], strict: bool) -> StatusReport:
+    if "galleryTasks" not in d:
+        raise _bad("StatusReport.galleryTasks is missing")
+    return StatusReport(_task_entries(d["galleryTasks"], "StatusReport", strict))
+
+
+def _d_delete_result(d: dict[str, Any], strict: bool) -> DeleteResult:
+    w = "DeleteResult"
+    return DeleteResult(_gid(d, w), _field(d, w, "success", bool), _field(d, w, "reason", str))
+
+
+def _d_error(d: dict[str, Any], strict: bool) -> Error:
+    return Error(_field(d, "Error", "code", str), _field(d, "Error", "message", str))
+
+
+def _d_goodbye(d: dict[str, Any], strict: bool) -> Goodbye:
+    return Goodbye(_field(d, "Goodbye", "reason", str))
+
+
+def _d_hello(d: dict[str, Any], strict: bool) -> ProtocolHello:
+    w = "ProtocolHello"
+    version = _field(d, w, "protocolVersion", int)
+    features = _field(d, w, "features", list)
+    for f in features:
+        if type(f) is not str:
+            raise _bad(f"{w}.features must be a list of str: {f!r}")
+    return ProtocolHello(version, tuple(features))
+
+
+def _d_task_command(d: dict[str, Any], strict: bool) -> TaskCommand:
+    w = "TaskCommand"
+    operation_id = _field(d, w, "operationId", str)
+    action = _field(d, w, "action", str)
+    if action not in _ACTIONS:
+        raise _bad(f"{w}.action must be DOWNLOAD or DELETE, got {action!r}")
+    return TaskCommand(
+        operation_id, action, _gid(d, w), _field(d, w, "name", str), _field(d, w, "url", str)
+    )
+
+
+def _d_task_report(d: dict[str, Any], strict: bool) -> TaskReport:
+    w = "TaskReport"
+    report_id = _field(d, w, "reportId", str)
+    revision = _field(d, w, "revision", int)
+    if revision < 0:
+        raise _bad(f"{w}.revision must be >= 0, got {revision}")
+    if "galleryTasks" not in d:
+        raise _bad(f"{w}.galleryTasks is missing")
+    tasks = _task_entries(d["galleryTasks"], w, strict)
+    raw_ids = _field(d, w, "operationIds", dict)
+    # Checked in bulk (C loops) rather than key by key: this is the hot path.
+    keys = "".join(raw_ids)
+    if (
+        not raw_ids
+        or (keys.isascii() and keys.isdigit() and all(raw_ids))
+        and set(map(type, raw_ids.values())) == _STR_ONLY
+    ):
+        operation_ids = dict(zip(map(int, raw_ids), raw_ids.values(), strict=True))
+    else:
+        raise _bad(f"{w}.operationIds must map decimal gids to str: {raw_ids!r:.200}")
+    deleted = []
+    for e in _field(d, w, "deleted", list):
+        if type(e) is not dict:
+            raise _bad(f"{w}.deleted entry must be an object")
+        result = _field(e, "TaskReport.deleted", "result", str)
+        if result not in _DELETE_RESULTS:
+            raise _bad(f"{w}.deleted result must be DELETED, NOT_FOUND or FAILED: {result!r}")
+        deleted.append(
+            DeletedEntry(
+                _gid(e, "TaskReport.deleted"),
+                _field(e, "TaskReport.deleted", "operationId", str),
+                result,
+                _field(e, "TaskReport.deleted", "reason", str),
+            )
+        )
+    return TaskReport(report_id, revision, tasks, operation_ids, tuple(deleted))
+
+
+def _d_task_report_ack(d: dict[str, Any], strict: bool) -> TaskReportAck:
+    w = "TaskReportAck"
+    report_id = _field(d, w, "reportId", str)
+    result = _field(d, w, "result", str)
+    if result not in _ACK_RESULTS:
+        raise _bad(f"{w}.result must be APPLIED or DUPLICATE, got {result!r}")
+    return TaskReportAck(report_id, result)
+
+
+_DECODERS: dict[int, Callable[[dict[str, Any], bool], Message]] = {
+    0: _d_identity,
+    1: _d_login,
+    2: _d_login_result,
+    3: _d_heartbeat,
+    4: _d_download_post,
+    5: _d_delete_gallery,
+    6: _d_status_report,
+    7: _d_delete_result,
+    8: _d_error,
+    9: _d_goodbye,
+    10: _d_hello,
+    11: _d_task_command,
+    12: _d_task_report,
+    13: _d_task_report_ack,
+}
+
+#: Wire field names of the legacy types, for the strict reader.
+_LEGACY_FIELDS: dict[int, frozenset[str]] = {
+    0: frozenset({"name", "nonce"}),
+    1: frozenset({"nodeId", "signature"}),
+    2: frozenset({"accepted", "reason"}),
+    3: frozenset({"time"}),
+    4: frozenset({"gid", "token", "name", "url"}),
+    5: frozenset({"gid"}),
+    6: frozenset({"galleryTasks"}),
+    7: frozenset({"gid", "success", "reason"}),
+    8: frozenset({"code", "message"}),
+    9: frozenset({"reason"}),
+}
+
+
+def decode(type_: int, payload: bytes, *, strict: bool = False) -> Message:
+    """Decode one frame's payload.
+
+    ``strict`` is the legacy reader: it knows only types 0–9 (10–13 raise
+    :class:`UnknownMessageType`) and rejects an unknown field with
+    ``bad_message``.  The tolerant reader (default) ignores unknown fields.
+    Raises :class:`ProtocolError` (``bad_json`` or ``bad_message``).
+    """
+    decoder = _DECODERS.get(type_)
+    if decoder is None or (strict and type_ > 9):
+        raise UnknownMessageType(type_)
+    try:
+        # Decode UTF-8 ourselves: json.loads(bytes) would also accept UTF-16/32.
+        d = _loads(payload.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as e:
+        raise ProtocolError("bad_json", f"payload is not valid UTF-8 JSON: {e}") from None
+    except RecursionError:
+        raise ProtocolError("bad_json", "payload nests too deeply") from None
+    if type(d) is not dict:
+        raise ProtocolError("bad_json", "payload is not a JSON object")
+    if strict:
+        unknown = d.keys() - _LEGACY_FIELDS[type_]
+        if unknown:
+            raise _bad(f"unknown field(s) in type {type_}: {sorted(unknown)}")
+    return decoder(d, strict)
+
+
+# ---------------------------------------------------------------- login signature
+
+
+def sign_login(secret: str, nonce: str, node_id: str) -> str:
+    """Hex HMAC-SHA256 of ``nonce + ":" + node_id`` keyed with the node secret."""
+    return hmac.new(
+        secret.encode("utf-8"), f"{nonce}:{node_id}".encode(), hashlib.sha256
+    ).hexdigest()
+
+
+def verify_login(secret: str, nonce: str, node_id: str, signature: str) -> bool:
+    """Constant-time check of a Login signature."""
+    expected = sign_login(secret, nonce, node_id)
+    # compare_digest on str requires ASCII; a non-ASCII signature is simply wrong.
+    return hmac.compare_digest(expected.encode("ascii"), signature.encode("utf-8"))

@@ -1,0 +1,311 @@
+"""The site's node listener: one :class:`NodeSession` per node connection.
+
+On accept the site sends ``Identity`` (fresh nonce) and ``ProtocolHello`` at
+once.  At ``Login`` it checks the HMAC signature against the node's key and
+decides the wire version without a timer: v2 only if the node's Hello came
+first.  A logged-in session is handed to the :class:`ISiteHandler`; a newer
+connection for the same node replaces it (newest wins).
+"""
+
+from __future__ import annotations
+
+import re
+import secrets
+from collections.abc import Mapping
+from typing import Any
+
+from twisted.internet.defer import Deferred
+from twisted.internet.protocol import Factory
+from twisted.logger import Logger
+from twisted.python.failure import Failure
+from zope.interface import implementer
+
+from tasknet.protocol.connection import PeerProtocol, hello_is_v2
+from tasknet.protocol.messages import (
+    ACTION_DELETE,
+    ACTION_DOWNLOAD,
+    MAX_PAYLOAD,
+    DeleteGallery,
+    DownloadPost,
+    Error,
+    Goodbye,
+    Heartbeat,
+    Identity,
+    Login,
+    LoginResult,
+    Message,
+    ProtocolHello,
+    TaskCommand,
+    TaskReport,
+    TaskReportAck,
+    verify_login,
+)
+from tasknet.protocol.session import INodeSession
+
+__all__ = ["NODE_ID", "NodeListenerFactory", "NodeSession"]
+
+log = Logger()
+
+NODE_ID = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+
+#: What a node may send the site once logged in (v2-only types need v2).
+_NODE_TO_SITE_LEGACY = (6, 7)
+_NODE_TO_SITE_V2 = (TaskReport.TYPE,)
+
+
+@implementer(INodeSession)
+class NodeSession(PeerProtocol):
+    """One node connection; an :class:`INodeSession` once logged in."""
+
+    factory: NodeListenerFactory
+
+    def __init__(self, factory: NodeListenerFactory) -> None:
+        super().__init__(factory.clock)
+        self.factory = factory
+        self.max_payload = factory.max_payload
+        self.heartbeat_interval = factory.heartbeat_interval
+        self.idle_timeout = factory.idle_timeout
+        self.nonce = secrets.token_hex(16)
+        self.node_id = ""
+        self.protocol_version = 1
+        self.features: tuple[str, ...] = ()
+        self.connected_at = 0.0
+        self._hello: ProtocolHello | None = None
+        self._attached = False
+        self._detached = False
+
+    # -- connection
+
+    def connectionMade(self) -> None:
+        super().connectionMade()
+        self.connected_at = self.clock.seconds()
+        self.sendMessage(Identity(self.factory.site_name, self.nonce))
+        self.sendMessage(ProtocolHello())
+
+    def connectionLost(self, reason: Failure | None = None) -> None:
+        super().connectionLost(reason)
+        if self._attached:
+            log.info(
+                "node {node_id} disconnected: {reason}",
+                node_id=self.node_id,
+                reason=reason.getErrorMessage() if reason is not None else "closed",
+            )
+        self.factory.detach(self)
+
+    # -- receiving
+
+    def messageReceived(self, message: Message) -> None:
+        if type(message) is Heartbeat:
+            return
+        if not self.authenticated:
+            self._before_login(message)
+        elif self._detached:
+            return  # replaced by a newer connection: nothing more goes up
+        elif type(message) is Error or type(message) is Goodbye:
+            self._peer_closing(message)
+        elif type(message) is ProtocolHello:
+            log.info("node {node_id} sent a Hello after Login; ignored", node_id=self.node_id)
+        elif message.TYPE in _NODE_TO_SITE_LEGACY or (
+            message.TYPE in _NODE_TO_SITE_V2 and self.protocol_version >= 2
+        ):
+            self.factory.handler.message_received(self, message)
+        else:
+            self.sendError(
+                "protocol_violation",
+                f"{type(message).__name__} is not a node message on a "
+                f"protocol {self.protocol_version} connection",
+            )
+
+    def _before_login(self, message: Message) -> None:
+        if type(message) is ProtocolHello:
+            self._hello = message
+        elif type(message) is Login:
+            self._login(message)
+        elif type(message) is Error or type(message) is Goodbye:
+            self._peer_closing(message)
+        else:  # Identity or LoginResult: not something a node sends
+            self.sendError("protocol_violation", f"{type(message).__name__} from a node")
+
+    def _peer_closing(self, message: Error | Goodbye) -> None:
+        log.info(
+            "node {node_id} at {peer} says {message!r}; closing",
+            node_id=self.node_id or "?",
+            peer=self._peer(),
+            message=message,
+        )
+        self.closeConnection()
+
+    def _login(self, login: Login) -> None:
+        node_id = login.node_id
+        if NODE_ID.fullmatch(node_id) is None:
+            self._refuse(node_id, "invalid nodeId")
+            return
+        # Read at each Login: the site may add or change keys while running.
+        secret = self.factory.node_keys.get(node_id)
+        if secret is None:
+            self._refuse(node_id, "unknown node")
+            return
+        if not verify_login(secret, self.nonce, node_id, login.signature):
+            self._refuse(node_id, "bad signature")
+            return
+        self.node_id = node_id
+        if hello_is_v2(self._hello):
+            assert self._hello is not None
+            self.protocol_version = 2
+            self.features = self._hello.features
+        self.authenticated = True
+        self.sendMessage(LoginResult(True, ""))
+        log.info(
+            "node {node_id} logged in from {peer}: protocol {protocol_version}, "
+            "features {features}",
+            node_id=node_id,
+            peer=self._peer(),
+            protocol_version=self.protocol_version,
+            features=list(self.features),
+        )
+        self.factory.attach(self)
+
+    def _refuse(self, node_id: str, reason: str) -> None:
+        log.warn(
+            "login refused for node {node_id!r} from {peer}: {reason}",
+            node_id=node_id[:80],
+            peer=self._peer(),
+            reason=reason,
+        )
+        self.sendMessage(LoginResult(False, reason))
+        self.closeConnection()
+
+    # -- INodeSession
+
+    def send_download(self, operation_id: str, gid: int, token: str, name: str, url: str) -> None:
+        if self.protocol_version >= 2:
+            self.sendMessage(TaskCommand(operation_id, ACTION_DOWNLOAD, gid, name, url))
+        else:
+            self.sendMessage(DownloadPost(gid, token, name, url))
+
+    def send_delete(self, delete_operation_id: str, gid: int, name: str) -> None:
+        if self.protocol_version >= 2:
+            self.sendMessage(TaskCommand(delete_operation_id, ACTION_DELETE, gid, name, ""))
+        else:
+            self.sendMessage(DeleteGallery(gid))
+
+    def send_ack(self, report_id: str, result: str) -> None:
+        if self.protocol_version < 2:
+            # A legacy node must never see a type >= 10 (it would ignore it anyway).
+            log.error(
+                "not sending TaskReportAck {report_id} to legacy node {node_id}",
+                report_id=report_id,
+                node_id=self.node_id,
+            )
+            return
+        self.sendMessage(TaskReportAck(report_id, result))
+
+    def close(self, reason: str) -> None:
+        self.sendMessage(Goodbye(reason))
+        self.closeConnection()
+
+    def __repr__(self) -> str:
+        return (
+            f"<NodeSession {self.node_id or '?'} v{self.protocol_version} "
+            f"{'attached' if self._attached and not self._detached else 'not attached'}>"
+        )
+
+
+class NodeListenerFactory(Factory):
+    """Builds a :class:`NodeSession` per accepted node connection.
+
+    ``sessions`` maps node id to the node's current (newest) logged-in session.
+    """
+
+    def __init__(
+        self,
+        handler: Any,  # an ISiteHandler (Any: mypy cannot see zope's @implementer)
+        node_keys: Mapping[str, str],
+        site_name: str,
+        *,
+        max_payload: int = MAX_PAYLOAD,
+        heartbeat_interval: float = 15.0,
+        idle_timeout: float = 45.0,
+        clock: Any = None,
+    ) -> None:
+        if clock is None:
+            from twisted.internet import reactor as clock
+        self.handler: Any = handler  # an ISiteHandler
+        self.node_keys = node_keys
+        self.site_name = site_name
+        self.max_payload = max_payload
+        self.heartbeat_interval = heartbeat_interval
+        self.idle_timeout = idle_timeout
+        self.clock: Any = clock
+        self.sessions: dict[str, NodeSession] = {}
+        self.connections: set[NodeSession] = set()
+        self._all_closed: list[Deferred[None]] = []
+
+    def buildProtocol(self, addr: Any) -> Any:  # Any: Factory's generic typing wants more
+        session = NodeSession(self)
+        self.connections.add(session)
+        return session
+
+    def attach(self, session: NodeSession) -> None:
+        old = self.sessions.get(session.node_id)
+        if old is not None and old is not session:
+            log.info(
+                "node {node_id} reconnected: the newer connection replaces the older one",
+                node_id=session.node_id,
+            )
+            # Detach first, so the handler sees the old session go before the
+            # new one comes, and nothing the old one sends still goes up.
+            self._detach(old)
+            old.close("replaced by a newer connection")
+        self.sessions[session.node_id] = session
+        session._attached = True
+        self.handler.node_attached(session)
+
+    def detach(self, session: NodeSession) -> None:
+        """The connection is gone; idempotent."""
+        self.connections.discard(session)
+        self._detach(session)
+        if not self.connections and self._all_closed:
+            waiters, self._all_closed = self._all_closed, []
+            for done in waiters:
+                done.callback(None)
+
+    def _detach(self, session: NodeSession) -> None:
+        if not session._attached or session._detached:
+            return
+        session._detached = True
+        if self.sessions.get(session.node_id) is session:
+            del self.sessions[session.node_id]
+        try:
+            self.handler.node_detached(session)
+        except Exception:
+            log.failure("node_detached({session!r}) failed", session=session)
+
+    def close_all(self, reason: str, *, timeout: float = 2.0) -> Deferred[None]:
+        """Say Goodbye to and close every connection (site shutdown).
+
+        Fires once every connection is gone; a peer that does not let us flush
+        within ``timeout`` seconds is aborted.
+        """
+        for session in list(self.connections):
+            session.close(reason)
+        done: Deferred[None] = Deferred()
+        if not self.connections:
+            done.callback(None)
+            return done
+        self._all_closed.append(done)
+        abort = self.clock.callLater(timeout, self._abort_all)
+
+        def cancel_abort(result: object) -> object:
+            if abort.active():
+                abort.cancel()
+            return result
+
+        done.addBoth(cancel_abort)
+        return done
+
+    def _abort_all(self) -> None:
+        for session in list(self.connections):
+            transport: Any = session.transport
+            if transport is not None:
+                transport.abortConnection()

@@ -1,0 +1,340 @@
+"""The outbox executor: delivers committed notifications, off the commit path
+(LIFECYCLE.md invariant 8).
+
+Nothing here runs inside a report or lifecycle transaction.  A commit that
+wrote outbox rows calls :meth:`OutboxExecutor.wake`, which only schedules a
+drain; the drain reads committed rows (reader connection), pushes them to the
+WebSocket clients, hands them to the webhook sender and marks them.  A slow
+or dead webhook therefore never delays a commit or an ACK: its requests run
+concurrently (bounded), and their outcomes are written in small batched
+transactions of their own.
+
+Delivery semantics:
+
+* WebSocket: at-least-once to the clients connected when the row is drained;
+  the row is then marked ``ws_delivered_at``.  A client that connects later
+  does not get old rows replayed: it loads the current state
+  (``GET /api/tasks``) and follows the pushes from then on.  A crash after
+  the push and before the mark pushes the row again after the restart.
+* Webhook: at-least-once, one POST of the row's payload per row (header
+  ``X-Tasknet-Notification: <row id>`` lets a receiver drop repeats), with a
+  timeout, retries with exponential backoff up to ``max_attempts``
+  (``webhook_state`` ``delivered`` or ``failed``), at most ``concurrency``
+  requests at once.  Rows of different tasks may arrive out of order.
+* Rows left undelivered by a previous run are delivered on :meth:`start`.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Protocol
+
+import treq
+from twisted.internet.defer import Deferred, DeferredSemaphore, succeed
+from twisted.internet.interfaces import IReactorTime
+from twisted.internet.task import LoopingCall
+from twisted.logger import Logger
+from twisted.web.client import HTTPConnectionPool
+from twisted.web.http_headers import Headers
+
+from tasknet.site import metrics
+from tasknet.site.storage import delivery
+from tasknet.site.storage.db import Database
+
+log = Logger()
+
+
+class Publisher(Protocol):
+    """Where WebSocket pushes go (``tasknet.site.web.events.EventHub``)."""
+
+    def publish(self, user_id: int | None, payload: str) -> int: ...
+
+
+def _reactor() -> IReactorTime:
+    from twisted.internet import reactor
+
+    return reactor  # type: ignore[return-value]
+
+
+class WebhookSender:
+    """POSTs outbox rows to one URL: bounded concurrency, timeout, retries."""
+
+    def __init__(
+        self,
+        url: str,
+        db: Database,
+        *,
+        concurrency: int = 4,
+        timeout: float = 10.0,
+        max_attempts: int = 5,
+        backoff: float = 1.0,
+        max_backoff: float = 60.0,
+        clock: IReactorTime | None = None,
+    ) -> None:
+        if not url.startswith(("http://", "https://")):
+            raise ValueError(f"webhook URL must be http:// or https://, got {url!r}")
+        if concurrency < 1 or max_attempts < 1 or timeout <= 0:
+            raise ValueError("webhook concurrency, max_attempts and timeout must be positive")
+        self.url = url
+        self._db = db
+        self._timeout = timeout
+        self._max_attempts = max_attempts
+        self._backoff = backoff
+        self._max_backoff = max_backoff
+        self._clock = clock or _reactor()
+        self._semaphore = DeferredSemaphore(concurrency)
+        self._pool = HTTPConnectionPool(self._clock, persistent=True)  # type: ignore[arg-type]
+        self._pool.maxPersistentPerHost = concurrency
+        #: Row ids handed over and not yet finished (queued, in flight, backing off).
+        self.known: set[int] = set()
+        self._requests: set[Deferred[Any]] = set()
+        self._retries: dict[int, Any] = {}
+        self._results: list[delivery.WebhookResult] = []
+        self._flushing: Deferred[None] | None = None
+        self._stopped = False
+        self.delivered = 0
+
+    def enqueue(self, row: delivery.OutboxRow) -> None:
+        if self._stopped or row.id in self.known:
+            return
+        self.known.add(row.id)
+        self._run(row, row.webhook_attempts)
+
+    def _run(self, row: delivery.OutboxRow, attempts: int) -> None:
+        d = self._semaphore.run(self._attempt, row, attempts)
+        d.addErrback(lambda f: log.failure("webhook bookkeeping failed", f))
+
+    async def _attempt(self, row: delivery.OutboxRow, attempts: int) -> None:
+        if self._stopped:
+            return
+        attempts += 1
+        error: str | None = None
+        request = treq.post(
+            self.url,
+            data=row.payload.encode("utf-8"),
+            headers=Headers(
+                {
+                    "Content-Type": ["application/json"],
+                    "X-Tasknet-Notification": [str(row.id)],
+                }
+            ),
+            pool=self._pool,
+            timeout=self._timeout,
+        )
+        self._requests.add(request)
+        try:
+            response = await request
+            await treq.content(response)
+            if not 200 <= response.code < 300:
+                error = f"HTTP {response.code}"
+        except Exception as e:  # timeout, refused, reset, cancelled at stop
+            error = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
+        finally:
+            self._requests.discard(request)
+        if self._stopped:
+            return  # not recorded: still pending, delivered after the restart
+        if error is None:
+            self.delivered += 1
+            self._finish(delivery.WebhookResult(row.id, delivery.WEBHOOK_DELIVERED, attempts, None))
+            return
+        metrics.WEBHOOK_FAILURES.inc()
+        if attempts >= self._max_attempts:
+            log.warn(
+                "webhook gave up on notification {id} after {n} attempts: {error}",
+                id=row.id,
+                n=attempts,
+                error=error,
+            )
+            self._finish(delivery.WebhookResult(row.id, delivery.WEBHOOK_FAILED, attempts, error))
+            return
+        delay = min(self._backoff * 2 ** (attempts - 1), self._max_backoff)
+        self._record(delivery.WebhookResult(row.id, delivery.WEBHOOK_PENDING, attempts, error))
+        self._retries[row.id] = self._clock.callLater(delay, self._retry, row, attempts)
+
+    def _retry(self, row: delivery.OutboxRow, attempts: int) -> None:
+        self._retries.pop(row.id, None)
+        self._run(row, attempts)
+
+    def _finish(self, result: delivery.WebhookResult) -> None:
+        self.known.discard(result.id)
+        self._record(result)
+
+    def _record(self, result: delivery.WebhookResult) -> None:
+        self._results.append(result)
+        if self._flushing is None:
+            self._flushing = Deferred.fromCoroutine(self._flush())
+
+    async def _flush(self) -> None:
+        # Outcomes that arrive while one write is running go into the next.
+        try:
+            while self._results:
+                batch, self._results = self._results, []
+                try:
+                    await self._db.write(delivery.record_webhook_results, batch)
+                except Exception:
+                    log.failure("recording {n} webhook result(s) failed", n=len(batch))
+        finally:
+            self._flushing = None
+
+    def idle(self) -> bool:
+        return not self.known and not self._results and self._flushing is None
+
+    async def stop(self) -> None:
+        """Cancel requests in flight and pending retries (their rows stay
+        ``pending`` and are delivered after the next start), finish writing
+        the outcomes already known, close the connection pool."""
+        self._stopped = True
+        for call in self._retries.values():
+            if call.active():
+                call.cancel()
+        self._retries.clear()
+        for request in list(self._requests):
+            request.cancel()
+        if self._flushing is not None:
+            await self._flushing
+        await self._pool.closeCachedConnections()
+
+
+class OutboxExecutor:
+    """Drains the outbox after commits: WebSocket fan-out and webhook."""
+
+    def __init__(
+        self,
+        db: Database,
+        publisher: Publisher | None,
+        webhook: WebhookSender | None = None,
+        *,
+        page_size: int = 500,
+        poll_interval: float | None = 5.0,
+        mark_interval: float = 0.25,
+        clock: IReactorTime | None = None,
+    ) -> None:
+        self._db = db
+        self._mark_interval = mark_interval
+        self._marks_ws: list[int] = []
+        self._marks_skipped: list[int] = []
+        self._mark_call: Any = None
+        self._marking: Deferred[None] | None = None
+        self._poll_interval = poll_interval
+        self._poll: LoopingCall | None = None
+        self._clock: Any = clock or _reactor()
+        self._publisher = publisher
+        self._webhook = webhook
+        self._page_size = page_size
+        self._after = 0
+        self._running: Deferred[None] | None = None
+        self._again = False
+        self._stopped = False
+        #: Rows pushed to WebSocket clients since start (tests, logs).
+        self.pushed = 0
+
+    def start(self) -> Deferred[None]:
+        """Deliver what a previous run left undelivered, then also poll every
+        ``poll_interval`` seconds: rows written by another process (the
+        admin CLI) have no in-process commit to wake us."""
+        self._stopped = False
+        self._db.read(delivery.backlog).addCallbacks(
+            metrics.OUTBOX_BACKLOG.set,
+            lambda f: log.failure("reading the outbox backlog failed", f),
+        )
+        if self._poll_interval and self._poll is None:
+            self._poll = LoopingCall(self.wake)
+            self._poll.clock = self._clock
+            self._poll.start(self._poll_interval, now=False)
+        return self.wake()
+
+    def wake(self, _notifications: int = 0) -> Deferred[None]:
+        """New rows were committed: drain soon (coalesced; never blocks).
+        The Deferred fires when the drain that covers them is done."""
+        if self._stopped:
+            return succeed(None)
+        if self._running is not None:
+            self._again = True
+            return self._running
+        self._running = Deferred.fromCoroutine(self._drain_loop())
+        return self._running
+
+    async def _drain_loop(self) -> None:
+        try:
+            again = True
+            while again and not self._stopped:
+                self._again = False
+                await self._drain()
+                again = self._again
+        except Exception:
+            log.failure("outbox drain failed; retried on the next wake")
+        finally:
+            self._running = None
+
+    async def _drain(self) -> None:
+        while not self._stopped:
+            rows = await self._db.read(delivery.pending_rows, self._after, self._page_size)
+            if not rows:
+                break
+            started = time.monotonic()
+            ws_ids = []
+            skipped = []
+            for row in rows:
+                if row.ws_pending:
+                    if self._publisher is not None:
+                        self.pushed += self._publisher.publish(row.user_id, row.payload)
+                    ws_ids.append(row.id)
+                if row.webhook_pending:
+                    if self._webhook is None:
+                        skipped.append(row.id)
+                    else:
+                        self._webhook.enqueue(row)
+            self._after = rows[-1].id
+            self._mark(ws_ids, skipped)
+            log.debug(
+                "outbox: {n} row(s) fanned out in {ms:.1f} ms",
+                n=len(rows),
+                ms=(time.monotonic() - started) * 1000,
+            )
+        metrics.OUTBOX_BACKLOG.set(len(self._webhook.known) if self._webhook is not None else 0)
+
+    def _mark(self, ws_ids: list[int], skipped: list[int]) -> None:
+        # The marks are written lazily, a few times a second at most: each
+        # is a write transaction on the one writer the reports need, and the
+        # in-memory watermark (_after) already keeps this run from repeating
+        # a row.  A crash before the write only repeats pushes (at-least-once).
+        self._marks_ws += ws_ids
+        self._marks_skipped += skipped
+        if self._mark_call is None and self._marking is None:
+            self._mark_call = self._clock.callLater(self._mark_interval, self._flush_marks)
+
+    def _flush_marks(self) -> Deferred[None]:
+        self._mark_call = None
+        self._marking = Deferred.fromCoroutine(self._write_marks())
+        return self._marking
+
+    async def _write_marks(self) -> None:
+        try:
+            while self._marks_ws or self._marks_skipped:
+                ws_ids, self._marks_ws = self._marks_ws, []
+                skipped, self._marks_skipped = self._marks_skipped, []
+                try:
+                    await self._db.write(delivery.mark_fanned_out, ws_ids, skipped)
+                except Exception:
+                    log.failure("marking {n} outbox row(s) failed", n=len(ws_ids) + len(skipped))
+                    return  # left unmarked: delivered again after a restart
+        finally:
+            self._marking = None
+
+    async def stop(self) -> None:
+        """Stop draining; cancel webhook work (undelivered rows stay in the
+        outbox for the next start)."""
+        self._stopped = True
+        if self._poll is not None and self._poll.running:
+            self._poll.stop()
+        self._poll = None
+        if self._running is not None:
+            await self._running
+        if self._mark_call is not None and self._mark_call.active():
+            self._mark_call.cancel()
+        self._mark_call = None
+        if self._marking is not None:
+            await self._marking
+        await self._flush_marks()
+        if self._webhook is not None:
+            await self._webhook.stop()

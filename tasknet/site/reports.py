@@ -1,0 +1,197 @@
+"""Node reports: apply, commit, then ACK (LIFECYCLE.md invariant 7), with
+group commit.
+
+:class:`ReportPipeline` queues every report it is given.  When no write
+transaction of its own is open it starts one with everything queued (at most
+``max_batch`` reports) as one :meth:`Database.write` of
+:func:`storage.reports.apply_batch`; reports arriving while that transaction
+is open wait for the next one.  So under load many reports share one commit
+(one fsync), and when idle a report waits for nothing (the bounded wait is
+one transaction, plus ``max_wait`` seconds when configured).
+
+Each report is ACKed only after the commit that carried it, on the session
+it came from.  A report whose own savepoint failed, or any report of a
+transaction that failed, gets no ACK: its node keeps the snapshot and
+redelivers it (and then gets ``DUPLICATE`` if the first one had committed
+after all).  Legacy messages are applied the same way but never ACKed.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from twisted.internet.defer import Deferred, succeed
+from twisted.logger import Logger
+from twisted.python.failure import Failure
+
+from tasknet.protocol.messages import TaskReport
+from tasknet.site import metrics
+from tasknet.site.dispatch import Session
+from tasknet.site.storage import reports as storage
+from tasknet.site.storage.db import Database
+
+log = Logger()
+
+DEFAULT_MAX_BATCH = 64
+
+
+@dataclass
+class _Pending:
+    session: Session
+    message: storage.NodeReport
+    arrived: float
+    done: Deferred[storage.ReportOutcome | None] = field(default_factory=Deferred)
+
+
+class ReportPipeline:
+    """Applies node reports in group-committed write transactions.
+
+    ``on_committed(notifications)`` runs after every commit that wrote outbox
+    rows (the outbox executor's ``wake``); ``on_applied(session, outcome)``
+    after each committed report (bookkeeping such as the node's last revision).
+    """
+
+    def __init__(
+        self,
+        db: Database,
+        *,
+        on_committed: Callable[[int], object] | None = None,
+        on_applied: Callable[[Session, storage.ReportOutcome], object] | None = None,
+        max_batch: int = DEFAULT_MAX_BATCH,
+        max_wait: float = 0.0,
+        clock: Any = None,
+    ) -> None:
+        if max_batch < 1:
+            raise ValueError(f"max_batch must be >= 1, got {max_batch}")
+        if max_wait < 0:
+            raise ValueError(f"max_wait must be >= 0, got {max_wait}")
+        if clock is None:
+            from twisted.internet import reactor as clock
+        self._db = db
+        self._on_committed = on_committed
+        self._on_applied = on_applied
+        self._max_batch = max_batch
+        self._max_wait = max_wait
+        self._clock = clock
+        self._queue: deque[_Pending] = deque()
+        self._busy = False
+        self._linger: Any = None
+        self._idle: list[Deferred[None]] = []
+        #: Committed write transactions and the reports they carried (tests, logs).
+        self.transactions = 0
+        self.reports_committed = 0
+        self.reports_failed = 0
+
+    def submit(
+        self, session: Session, message: storage.NodeReport
+    ) -> Deferred[storage.ReportOutcome | None]:
+        """Queue one report.  The Deferred fires after its transaction ended:
+        with the outcome (committed; a v2 report has been ACKed) or ``None``
+        (not committed, not ACKed).  It never fails."""
+        pending = _Pending(session, message, time.monotonic())
+        self._queue.append(pending)
+        self._maybe_start()
+        return pending.done
+
+    def idle(self) -> Deferred[None]:
+        """Fires once nothing is queued or in flight (for shutdown and tests)."""
+        if not self._busy and not self._queue:
+            return succeed(None)
+        d: Deferred[None] = Deferred()
+        self._idle.append(d)
+        return d
+
+    def _maybe_start(self) -> None:
+        if self._busy or not self._queue or self._linger is not None:
+            return
+        if self._max_wait and len(self._queue) < self._max_batch:
+            self._linger = self._clock.callLater(self._max_wait, self._linger_over)
+            return
+        self._start()
+
+    def _linger_over(self) -> None:
+        self._linger = None
+        self._start()
+
+    def _start(self) -> None:
+        if self._linger is not None:
+            self._linger.cancel()
+            self._linger = None
+        batch = [self._queue.popleft() for _ in range(min(self._max_batch, len(self._queue)))]
+        self._busy = True
+        started = time.monotonic()
+        d = self._db.write(storage.apply_batch, [(p.session.node_id, p.message) for p in batch])
+        d.addCallbacks(
+            self._committed,
+            self._failed,
+            callbackArgs=(batch, started),
+            errbackArgs=(batch,),
+        )
+        d.addErrback(lambda f: log.failure("report pipeline bookkeeping failed", f))
+        d.addBoth(self._next)
+
+    def _committed(
+        self,
+        results: list[storage.ReportOutcome | storage.ReportFailure],
+        batch: list[_Pending],
+        started: float,
+    ) -> None:
+        metrics.observe_since(metrics.APPLY_LATENCY, started)
+        self.transactions += 1
+        notifications = 0
+        for pending, result in zip(batch, results, strict=True):
+            if isinstance(result, storage.ReportFailure):
+                self._not_acked(pending, result.error)
+                continue
+            self.reports_committed += 1
+            notifications += result.notifications
+            self._acknowledge(pending, result)
+        if notifications and self._on_committed is not None:
+            self._on_committed(notifications)
+
+    def _acknowledge(self, pending: _Pending, outcome: storage.ReportOutcome) -> None:
+        message = pending.message
+        if isinstance(message, TaskReport):
+            pending.session.send_ack(message.report_id, outcome.result)
+            metrics.observe_since(metrics.ACK_LATENCY, pending.arrived)
+        metrics.REPORTS.labels(result=outcome.result).inc()
+        if outcome.dropped:
+            log.debug(
+                "report from {node}: dropped {dropped}",
+                node=pending.session.node_id,
+                dropped=outcome.dropped,
+            )
+        if self._on_applied is not None:
+            try:
+                self._on_applied(pending.session, outcome)
+            except Exception:
+                log.failure("on_applied hook failed")
+        pending.done.callback(outcome)
+
+    def _not_acked(self, pending: _Pending, why: str) -> None:
+        self.reports_failed += 1
+        metrics.REPORTS.labels(result="FAILED").inc()
+        log.error(
+            "report {report} from {node} not committed, not ACKed (the node redelivers): {why}",
+            report=getattr(pending.message, "report_id", type(pending.message).__name__),
+            node=pending.session.node_id,
+            why=why,
+        )
+        pending.done.callback(None)
+
+    def _failed(self, failure: Failure, batch: list[_Pending]) -> None:
+        for pending in batch:
+            self._not_acked(pending, failure.getErrorMessage())
+
+    def _next(self, _: object) -> None:
+        self._busy = False
+        if self._queue:
+            self._maybe_start()
+            return
+        waiters, self._idle = self._idle, []
+        for d in waiters:
+            d.callback(None)

@@ -1,0 +1,306 @@
+"""``twistd -n tasknet-site``: options, the :class:`Site` object and the
+startup order of LIFECYCLE.md invariant 10.
+
+In :func:`makeService` (synchronous, before the reactor runs): open the
+database and initialise or verify the schema (an unmigrated legacy database is
+refused with the command to run), create the ``--demo`` user on a fresh
+database, bind the report handler, dispatcher and outbox (the wiring block).
+
+In :meth:`SiteService.startService` (a Deferred chain, ``service.ready``):
+recovery → node listener → dispatch enabled only if recovery succeeded →
+HTTP.  If recovery fails, nodes still connect and reports are still applied,
+but nothing is dispatched; ``/healthz`` and the log say so.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from twisted.application import service
+from twisted.internet.defer import Deferred, maybeDeferred
+from twisted.internet.endpoints import serverFromString
+from twisted.logger import Logger
+from twisted.python import usage
+from twisted.web.resource import IResource
+from twisted.web.server import Site as WebSite
+from zope.interface import implementer
+
+from tasknet.protocol.session import ISiteHandler
+from tasknet.site.lifecycle import Lifecycle
+from tasknet.site.storage import users
+from tasknet.site.storage.db import Database, connect, open_pool, run_write
+from tasknet.site.storage.schema import SchemaError, prepare_database
+from tasknet.site.upstream_client import UpstreamClient
+
+log = Logger()
+
+
+class Options(usage.Options):
+    optParameters = [
+        ["db", None, "tasknet-site.sqlite", "SQLite database (created on first start)."],
+        ["http", None, "tcp:8080:interface=127.0.0.1", "HTTP API, UI, WebSocket, /metrics."],
+        ["nodes", None, "tcp:7100:interface=127.0.0.1", "Where storage nodes connect."],
+        ["upstream", None, "http://127.0.0.1:7200", "Upstream base URL."],
+        [
+            "upstream-timeout",
+            None,
+            30.0,
+            "Submit timeout (seconds); past it the operation is UNKNOWN.",
+            float,
+        ],
+        ["webhook", None, None, "POST a JSON notification per user-visible change."],
+        ["name", None, "tasknet-site", "Site name sent in Identity."],
+        ["default-quota", None, 5000, "Weekly quota of a new user (cost units).", int],
+    ]
+    optFlags = [
+        ["demo", None, "On a fresh database, create the admin user 'demo' with token 'demo'."],
+    ]
+
+    def __init__(self) -> None:
+        super().__init__()
+        self["node-keys"] = {}
+
+    def opt_node_key(self, value: str) -> None:
+        """ID:SECRET  A node allowed to log in (repeatable)."""
+        node_id, sep, secret = value.partition(":")
+        if not sep or not node_id or not secret:
+            raise usage.UsageError(f"--node-key wants ID:SECRET, got {value!r}")
+        if not users.NODE_ID_PATTERN.fullmatch(node_id):
+            raise usage.UsageError(f"--node-key: bad node id {node_id!r}")
+        self["node-keys"][node_id] = secret
+
+    def postOptions(self) -> None:
+        if not self["upstream-timeout"] > 0:
+            raise usage.UsageError("--upstream-timeout must be > 0")
+        if self["default-quota"] < 0:
+            raise usage.UsageError("--default-quota must be >= 0")
+        if not self["upstream"].startswith(("http://", "https://")):
+            raise usage.UsageError("--upstream must be an http:// or https:// URL")
+
+
+@implementer(ISiteHandler)
+class LoggingHandler:
+    """The stand-in handler until reports/dispatch are wired: logs each node
+    session with its negotiated protocol version, and what it sends."""
+
+    def node_attached(self, session: Any) -> None:
+        log.info(
+            "node {node} attached: protocol v{version}, features {features}",
+            node=session.node_id,
+            version=session.protocol_version,
+            features=list(session.features),
+        )
+
+    def message_received(self, session: Any, message: Any) -> None:
+        log.info(
+            "node {node}: {type} (not handled)", node=session.node_id, type=type(message).__name__
+        )
+
+    def node_detached(self, session: Any) -> None:
+        log.info(
+            "node {node} detached (protocol v{version})",
+            node=session.node_id,
+            version=session.protocol_version,
+        )
+
+
+@dataclass
+class Site:
+    """Everything one running site holds.  The slots after ``node_factory``
+    are filled by the reports/dispatch/notify wiring."""
+
+    db: Database
+    lifecycle: Lifecycle
+    upstream: UpstreamClient
+    node_keys: dict[str, str]
+    name: str
+    default_quota: int
+    webhook: str | None = None
+    recovery_state: str = "pending"  # "pending" / "done" / "failed"
+    dispatch_enabled: bool = False
+    node_factory: Any = None  # tasknet.site.nodes.NodeListenerFactory
+    # --- slots the reports/dispatch/notify wiring fills ---
+    handler: Any = None  # ISiteHandler (None: LoggingHandler)
+    dispatcher: Any = None  # .enable() -> Deferred, called once recovery succeeded
+    outbox: Any = None  # .wake() after each commit that enqueued notifications
+    events_resource: IResource | None = None  # /api/events
+    nodes_view: Callable[[], Any] | None = None  # /api/admin/nodes: list or Deferred[list]
+    # Called (in order) after recovery, before the node listener starts, and
+    # at stop before the database closes; each may return a Deferred.
+    on_start: list[Callable[[], Any]] = field(default_factory=list)
+    on_stop: list[Callable[[], Any]] = field(default_factory=list)
+
+    def wake_outbox(self) -> None:
+        if self.outbox is not None:
+            self.outbox.wake()
+
+    def health(self) -> dict[str, str]:
+        return {
+            "recovery": self.recovery_state,
+            "dispatch": "enabled" if self.dispatch_enabled else "disabled",
+        }
+
+
+class SiteService(service.MultiService):
+    """Starts the site in the order of invariant 10; ``ready`` fires when
+    HTTP is listening (children services, if any, start first)."""
+
+    def __init__(
+        self, site: Site, http_endpoint: str, nodes_endpoint: str, reactor: Any = None
+    ) -> None:
+        super().__init__()
+        if reactor is None:
+            from twisted.internet import reactor as default_reactor
+
+            reactor = default_reactor
+        self.site = site
+        self._reactor = reactor
+        self._http_endpoint = http_endpoint
+        self._nodes_endpoint = nodes_endpoint
+        # Any: zope interfaces are opaque to mypy (IListeningPort when set).
+        self.http_port: Any = None
+        self.nodes_port: Any = None
+        self.ready: Deferred[None] = Deferred()
+
+    def startService(self) -> None:
+        super().startService()
+        d = Deferred.fromCoroutine(self._start())
+        d.addErrback(self._start_failed)
+        d.chainDeferred(self.ready)
+
+    def _start_failed(self, failure: Any) -> Any:
+        log.failure("the site could not start", failure)
+        if self._reactor.running:
+            self._reactor.stop()
+        return failure
+
+    async def _start(self) -> None:
+        site = self.site
+        from tasknet.site.web.api import make_web_resource
+
+        # Node keys from the database join --node-key (options win).
+        for node_id, secret in (await site.db.read(users.node_keys)).items():
+            site.node_keys.setdefault(node_id, secret)
+        try:
+            await site.lifecycle.recover()
+            site.recovery_state = "done"
+        except Exception:
+            site.recovery_state = "failed"
+            log.failure(
+                "RECOVERY FAILED: nodes may connect and reports are applied, "
+                "but NOTHING WILL BE DISPATCHED until a restart recovers"
+            )
+        for hook in site.on_start:
+            await maybeDeferred(hook)
+        self.nodes_port = await serverFromString(self._reactor, self._nodes_endpoint).listen(
+            site.node_factory
+        )
+        log.info("node listener on {address}", address=self.nodes_port.getHost())
+        if site.recovery_state == "done":
+            site.dispatch_enabled = True
+            if site.dispatcher is not None:
+                await maybeDeferred(site.dispatcher.enable)
+            log.info("dispatch enabled")
+        else:
+            log.warn("dispatch disabled: recovery failed (see /healthz)")
+        self.http_port = await serverFromString(self._reactor, self._http_endpoint).listen(
+            WebSite(make_web_resource(site))
+        )
+        log.info("HTTP on {address}", address=self.http_port.getHost())
+
+    def stopService(self) -> Deferred[None]:
+        return Deferred.fromCoroutine(self._stop())
+
+    async def _stop(self) -> None:
+        site = self.site
+        for port in (self.http_port, self.nodes_port):
+            if port is not None:
+                await maybeDeferred(port.stopListening)
+        if site.node_factory is not None and hasattr(site.node_factory, "close_all"):
+            await maybeDeferred(site.node_factory.close_all, "site stopping")
+        for hook in site.on_stop:
+            try:
+                await maybeDeferred(hook)
+            except Exception:
+                log.failure("a stop hook failed")
+        await super().stopService()
+        await site.upstream.close()
+        site.db.close()
+
+
+def build_site(options: Options, reactor: Any = None) -> Site:
+    """Open the database (initialised or verified) and build the Site with
+    its lifecycle; raises :class:`SchemaError` for an unusable database."""
+    path = options["db"]
+    fresh = prepare_database(path)
+    if fresh and options["demo"]:
+        connection = connect(path)
+        try:
+            run_write(
+                connection,
+                lambda cursor: users.create_user(
+                    cursor, "demo", admin=True, quota=options["default-quota"], token="demo"
+                ),
+            )
+        finally:
+            connection.close()
+        log.info("fresh database: created admin user 'demo' with token 'demo'")
+    db = open_pool(path)
+    upstream = UpstreamClient(options["upstream"], reactor=reactor)
+    lifecycle = Lifecycle(db, upstream, upstream_timeout=options["upstream-timeout"])
+    site = Site(
+        db=db,
+        lifecycle=lifecycle,
+        upstream=upstream,
+        node_keys=dict(options["node-keys"]),
+        name=options["name"],
+        default_quota=options["default-quota"],
+        webhook=options["webhook"],
+    )
+    lifecycle.on_commit = site.wake_outbox
+    return site
+
+
+def makeService(options: Options) -> SiteService:
+    try:
+        site = build_site(options)
+    except SchemaError as e:
+        # A clean message (and exit status 1), not a traceback.
+        print(f"tasknet-site: {e}", file=sys.stderr)
+        raise SystemExit(1) from e
+
+    site_service = SiteService(site, options["http"], options["nodes"])
+
+    # --- reports/dispatch/notify wiring ---
+    # (R) Fill site.handler, site.dispatcher, site.outbox, site.events_resource,
+    # site.nodes_view; set site.lifecycle.on_task_changed (gid -> dispatch);
+    # add start/stop hooks to site.on_start / site.on_stop, or child services
+    # with .setServiceParent(site_service).
+    from tasknet.site.handler import build_protocol_side
+
+    side = build_protocol_side(
+        site.db,
+        lambda token: site.db.read(users.user_by_token, token),
+        webhook_url=site.webhook,
+    )
+    site.handler = side.handler
+    site.dispatcher = side.dispatcher
+    site.outbox = side.outbox
+    site.events_resource = side.events_resource
+    site.nodes_view = side.nodes_view
+    site.lifecycle.on_task_changed = side.dispatcher.task_changed
+    site.on_start.append(side.start)  # delivers what the last run left undelivered
+    site.on_stop.append(side.stop)
+    # --- end of wiring ---
+
+    from tasknet.site.nodes import NodeListenerFactory
+
+    site.node_factory = NodeListenerFactory(
+        site.handler if site.handler is not None else LoggingHandler(),
+        site.node_keys,
+        site.name,
+    )
+    return site_service

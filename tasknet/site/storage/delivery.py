@@ -1,0 +1,98 @@
+"""The read side of the notification outbox (its write side is
+:mod:`tasknet.site.storage.outbox`).
+
+The outbox executor reads committed rows in id order (one writer: ids grow in
+commit order), fans them out, then marks them here.  A row is finished when
+``ws_delivered_at`` is set and ``webhook_state`` is no longer ``pending``.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+WEBHOOK_PENDING = "pending"
+WEBHOOK_DELIVERED = "delivered"
+WEBHOOK_SKIPPED = "skipped"
+WEBHOOK_FAILED = "failed"
+
+
+@dataclass(frozen=True, slots=True)
+class OutboxRow:
+    id: int
+    gid: int
+    user_id: int | None
+    payload: str
+    ws_pending: bool
+    webhook_pending: bool
+    webhook_attempts: int
+
+
+@dataclass(frozen=True, slots=True)
+class WebhookResult:
+    """One delivery attempt's outcome for row ``id``: ``state`` is
+    ``delivered``, ``failed`` (gave up) or ``pending`` (will retry)."""
+
+    id: int
+    state: str
+    attempts: int
+    error: str | None
+
+
+def pending_rows(cursor: sqlite3.Cursor, after_id: int, limit: int) -> list[OutboxRow]:
+    """Rows after ``after_id`` (id order) that still need a WebSocket
+    fan-out or a webhook delivery."""
+    rows = cursor.execute(
+        "SELECT id, gid, user_id, payload, ws_delivered_at IS NULL, webhook_state = 'pending',"
+        " webhook_attempts FROM notification_outbox"
+        " WHERE id > ? AND (ws_delivered_at IS NULL OR webhook_state = 'pending')"
+        " ORDER BY id LIMIT ?",
+        (after_id, limit),
+    )
+    return [OutboxRow(r[0], r[1], r[2], r[3], bool(r[4]), bool(r[5]), r[6]) for r in rows]
+
+
+def mark_fanned_out(
+    cursor: sqlite3.Cursor, ws_ids: Sequence[int], skipped_webhook_ids: Sequence[int]
+) -> None:
+    """Mark rows as pushed to the connected WebSocket clients, and rows whose
+    webhook is skipped (no ``--webhook`` configured)."""
+    if ws_ids:
+        cursor.execute(
+            "UPDATE notification_outbox SET ws_delivered_at = strftime('%Y-%m-%dT%H:%M:%fZ','now')"
+            " WHERE id IN (SELECT value FROM json_each(?)) AND ws_delivered_at IS NULL",
+            (json.dumps(list(ws_ids)),),
+        )
+    if skipped_webhook_ids:
+        cursor.execute(
+            "UPDATE notification_outbox SET webhook_state = 'skipped'"
+            " WHERE id IN (SELECT value FROM json_each(?)) AND webhook_state = 'pending'",
+            (json.dumps(list(skipped_webhook_ids)),),
+        )
+
+
+def record_webhook_results(cursor: sqlite3.Cursor, results: Sequence[WebhookResult]) -> None:
+    """Store webhook attempts (several at once: one transaction per flush)."""
+    cursor.executemany(
+        "UPDATE notification_outbox SET webhook_state = ?, webhook_attempts = ?,"
+        " webhook_error = ? WHERE id = ?",
+        [(r.state, r.attempts, r.error, r.id) for r in results],
+    )
+
+
+def backlog(cursor: sqlite3.Cursor) -> int:
+    """Rows not yet fully delivered."""
+    row = cursor.execute(
+        "SELECT COUNT(*) FROM notification_outbox"
+        " WHERE ws_delivered_at IS NULL OR webhook_state = 'pending'"
+    ).fetchone()
+    return int(row[0])
+
+
+def rows_for_gid(cursor: sqlite3.Cursor, gid: int) -> list[sqlite3.Row]:
+    """Every outbox row of ``gid`` (tests, admin inspection)."""
+    return cursor.execute(
+        "SELECT * FROM notification_outbox WHERE gid = ? ORDER BY id", (gid,)
+    ).fetchall()

@@ -1,0 +1,276 @@
+"""Which commands go to which node (LIFECYCLE.md invariants 5 and 9).
+
+Reads are paged by gid (``gid > after ORDER BY gid LIMIT n``, on the
+``gallery(node_id, gid)`` index) so a node with 100k tasks is never loaded
+into memory at once.  Assignment is sticky: once ``gallery.node_id`` is set it
+is never changed here.  A task is marked ``dispatched = 1`` in the same
+transaction that assigns it, *before* any command is sent: should the send
+then fail, the delete path still waits for a node's confirmation, which is
+the safe side (invariant 5: only a task never sent anywhere is deleted at
+once).
+
+What is sent:
+
+* ``DOWNLOAD`` for a task the eligibility rule (:func:`tasks.is_dispatchable`)
+  allows and that is not yet ``COMPLETED`` at the site.  A completed task is
+  not resent on every login; any other repeat is a no-op at the node (same
+  operationId).
+* ``DELETE`` for a ``DELETE_PENDING`` task assigned to the node, unless its
+  last attempt failed (删除失败: a user's retry resends it).
+"""
+
+from __future__ import annotations
+
+import heapq
+import json
+import sqlite3
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from tasknet.protocol.messages import ACTION_DELETE, ACTION_DOWNLOAD
+from tasknet.site.storage import tasks
+from tasknet.status import NodeCode, OperationState
+
+PAGE_SIZE = 500
+
+
+@dataclass(frozen=True, slots=True)
+class Command:
+    """One command for one node; ``operation_id`` is the generation's id for
+    ``DOWNLOAD`` and the stable delete id for ``DELETE``."""
+
+    node_id: str
+    action: str
+    gid: int
+    operation_id: str
+    token: str
+    name: str
+    url: str
+
+
+_COLUMNS = """
+SELECT g.gid, g.name, g.token, g.url, g.status, g.progress, g.node_id, g.user_id, g.cost,
+       g.created_at, g.updated_at,
+       o.state, o.operation_id, o.delete_operation_id, o.delete_result, o.archive_url,
+       o.dispatched, o.legacy
+FROM gallery AS g LEFT JOIN task_operation AS o ON o.gid = g.gid
+"""
+
+_COMPLETED = int(NodeCode.COMPLETED)
+
+_NODE_PAGE_SQL = (
+    _COLUMNS
+    + f"""
+WHERE g.node_id = ? AND g.gid > ?
+  AND (o.state = 'DELETE_PENDING' OR g.status IS NULL OR g.status <> {_COMPLETED})
+ORDER BY g.gid LIMIT ?
+"""
+)
+
+_UNASSIGNED_PAGE_SQL = (
+    _COLUMNS
+    + f"""
+WHERE g.node_id IS NULL AND g.gid > ?
+  AND {tasks.DISPATCHABLE_SQL}
+  AND (g.status IS NULL OR g.status <> {_COMPLETED})
+ORDER BY g.gid LIMIT ?
+"""
+)
+
+
+def _download_ok(row: sqlite3.Row) -> bool:
+    return row["status"] != _COMPLETED and tasks.is_dispatchable(row)
+
+
+def _delete_ok(row: sqlite3.Row) -> bool:
+    return (
+        row["state"] == OperationState.DELETE_PENDING.value
+        and row["delete_result"] is None
+        and bool(row["delete_operation_id"])
+    )
+
+
+def _url(row: sqlite3.Row) -> str:
+    return str(row["url"] or row["archive_url"] or "")
+
+
+def _command(node_id: str, row: sqlite3.Row, operation_id: str | None = None) -> Command:
+    if row["state"] == OperationState.DELETE_PENDING.value:
+        return Command(
+            node_id, ACTION_DELETE, row["gid"], row["delete_operation_id"], "", row["name"], ""
+        )
+    return Command(
+        node_id,
+        ACTION_DOWNLOAD,
+        row["gid"],
+        operation_id or row["operation_id"],
+        row["token"],
+        row["name"],
+        _url(row),
+    )
+
+
+@dataclass(frozen=True)
+class Page:
+    """One page of commands.  ``last_gid`` is where the next page starts
+    (``None``: this was the last page); ``unprepared`` lists gids of the page
+    that need a write first (:func:`prepare_commands`): a pre-migration row
+    without its generation yet, or a row not yet marked dispatched."""
+
+    commands: list[Command]
+    last_gid: int | None
+    unprepared: list[int]
+    loads: dict[str, int] | None = None
+
+
+def node_commands_page(
+    cursor: sqlite3.Cursor, node_id: str, after_gid: int, limit: int = PAGE_SIZE
+) -> Page:
+    """A read: the next page of commands for the tasks already assigned to
+    ``node_id`` (resent on login)."""
+    rows = cursor.execute(_NODE_PAGE_SQL, (node_id, after_gid, limit)).fetchall()
+    commands = []
+    unprepared = []
+    for row in rows:
+        if _delete_ok(row):
+            commands.append(_command(node_id, row))
+        elif _download_ok(row):
+            if row["state"] is None or not row["dispatched"]:
+                unprepared.append(row["gid"])
+            else:
+                commands.append(_command(node_id, row))
+    last = rows[-1]["gid"] if len(rows) == limit else None
+    return Page(commands, last, unprepared)
+
+
+def prepare_commands(cursor: sqlite3.Cursor, node_id: str, gids: Sequence[int]) -> list[Command]:
+    """A write: give the pre-migration rows among ``gids`` (assigned to
+    ``node_id``) their generation, mark them dispatched, return their
+    DOWNLOAD commands (rechecked: the page was read outside this
+    transaction)."""
+    commands = []
+    unmarked = []
+    for gid in gids:
+        row = cursor.execute(_COLUMNS + " WHERE g.gid = ?", (gid,)).fetchone()
+        if row is None or row["node_id"] != node_id or not _download_ok(row):
+            continue
+        op = row["operation_id"]
+        if row["state"] is None:
+            op = tasks.backfill_legacy(cursor, row["gid"])
+        elif not row["dispatched"]:
+            unmarked.append(gid)
+        commands.append(_command(node_id, row, op))
+    _mark_dispatched(cursor, unmarked)
+    return commands
+
+
+def _mark_dispatched(cursor: sqlite3.Cursor, gids: Sequence[int]) -> None:
+    if gids:
+        cursor.execute(
+            "UPDATE task_operation SET dispatched = 1"
+            " WHERE gid IN (SELECT value FROM json_each(?))",
+            (json.dumps(list(gids)),),
+        )
+
+
+def node_loads(cursor: sqlite3.Cursor, node_ids: Sequence[str]) -> dict[str, int]:
+    """Tasks assigned to each node and not yet completed (its load)."""
+    loads = dict.fromkeys(node_ids, 0)
+    rows = cursor.execute(
+        "SELECT node_id, COUNT(*) FROM gallery"
+        " WHERE node_id IN (SELECT value FROM json_each(?))"
+        " AND (status IS NULL OR status <> 4) GROUP BY node_id",  # 4: NodeCode.COMPLETED
+        (json.dumps(list(node_ids)),),
+    )
+    for node_id, count in rows:
+        loads[node_id] = count
+    return loads
+
+
+def _assign(
+    cursor: sqlite3.Cursor,
+    rows: Sequence[sqlite3.Row],
+    node_ids: Sequence[str],
+    loads: dict[str, int] | None = None,
+) -> tuple[list[Command], dict[str, int]]:
+    """Assign ``rows`` (eligible, unassigned) to the least loaded of
+    ``node_ids``, mark them dispatched, and return their commands and the
+    loads after it (``loads`` from the previous page, else counted here)."""
+    if loads is None or set(loads) != set(node_ids):
+        loads = node_loads(cursor, node_ids)
+    if not rows or not node_ids:
+        return [], loads
+    heap = [(load, node_id) for node_id, load in loads.items()]
+    heapq.heapify(heap)
+    commands = []
+    assignments = []
+    for row in rows:
+        load, node_id = heapq.heappop(heap)
+        op = row["operation_id"]
+        if row["state"] is None:
+            op = tasks.backfill_legacy(cursor, row["gid"])
+        assignments.append((node_id, row["gid"]))
+        commands.append(_command(node_id, row, op))
+        heapq.heappush(heap, (load + 1, node_id))
+    cursor.executemany(
+        "UPDATE gallery SET node_id = ?, updated_at = strftime('%Y-%m-%dT%H:%M:%fZ', 'now')"
+        " WHERE gid = ? AND node_id IS NULL",
+        assignments,
+    )
+    _mark_dispatched(cursor, [gid for _, gid in assignments])
+    return commands, {node_id: load for load, node_id in heap}
+
+
+def claim_unassigned_page(
+    cursor: sqlite3.Cursor,
+    node_ids: Sequence[str],
+    after_gid: int,
+    limit: int = PAGE_SIZE,
+    loads: dict[str, int] | None = None,
+) -> Page:
+    """Assign the next page of eligible unassigned tasks among the connected
+    ``node_ids`` (least loaded first) and return their commands.  Pass the
+    previous page's ``loads`` on to the next page (counted once per pass)."""
+    rows = cursor.execute(_UNASSIGNED_PAGE_SQL, (after_gid, limit)).fetchall()
+    commands, loads = _assign(cursor, [r for r in rows if _download_ok(r)], node_ids, loads)
+    last = rows[-1]["gid"] if len(rows) == limit else None
+    return Page(commands, last, [], loads)
+
+
+def claim_task(cursor: sqlite3.Cursor, gid: int, node_ids: Sequence[str]) -> Command | None:
+    """The command for one task that just became ``SUBMITTED`` (or
+    ``DELETE_PENDING``): assigned to the least loaded of ``node_ids`` when
+    unassigned, else to its sticky node (whether connected or not: the caller
+    sends only to a connected one).  ``None`` when nothing is to be sent."""
+    row = cursor.execute(_COLUMNS + " WHERE g.gid = ?", (gid,)).fetchone()
+    if row is None:
+        return None
+    if row["node_id"] is not None:
+        if _delete_ok(row):
+            return _command(row["node_id"], row)
+        if not _download_ok(row):
+            return None
+        op = row["operation_id"]
+        if row["state"] is None:
+            op = tasks.backfill_legacy(cursor, row["gid"])
+        elif not row["dispatched"]:
+            _mark_dispatched(cursor, [gid])
+        return _command(row["node_id"], row, op)
+    if not _download_ok(row):
+        return None
+    commands, _ = _assign(cursor, [row], node_ids)
+    return commands[0] if commands else None
+
+
+def assigned_counts(cursor: sqlite3.Cursor, node_ids: Sequence[str]) -> dict[str, int]:
+    """Tasks assigned to each node (all of them, completed included), for
+    ``/api/admin/nodes``."""
+    counts = dict.fromkeys(node_ids, 0)
+    rows = cursor.execute(
+        "SELECT node_id, COUNT(*) FROM gallery"
+        " WHERE node_id IN (SELECT value FROM json_each(?)) GROUP BY node_id",
+        (json.dumps(list(node_ids)),),
+    )
+    for node_id, count in rows:
+        counts[node_id] = count
+    return counts

@@ -1,0 +1,151 @@
+"""The v2 migration wrapper (LIFECYCLE.md, "Deployment and migration").
+
+1. Back the database up with SQLite's online backup API to
+   ``PATH.bak-<UTC timestamp>`` (a consistent copy even while a site runs).
+2. Refuse if ``gallery`` holds duplicate gids: list each (gid, count, row
+   ids) and stop.  Nothing is ever deleted: which row is right is a human's
+   decision.
+3. Run the whole of ``migrate_task_operation_v2.sql`` statement by statement
+   inside one ``BEGIN IMMEDIATE`` transaction; any error rolls all of it back.
+
+A database already at v2 is left untouched ("already migrated"), without a
+backup.  An empty database gets the v1 baseline and v2 (as the site would).
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from tasknet.site.storage.db import connect
+from tasknet.site.storage.schema import (
+    CURRENT_VERSION,
+    V1_SCRIPT,
+    V2_SCRIPT,
+    SchemaError,
+    apply_statements,
+    load_script,
+    schema_version,
+    split_statements,
+)
+
+Progress = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class Duplicate:
+    gid: int
+    count: int
+    row_ids: list[int]
+
+
+class DuplicateGids(SchemaError):
+    """The unique index on ``gallery(gid)`` cannot be built; nothing changed."""
+
+    def __init__(self, duplicates: list[Duplicate], backup: str | None) -> None:
+        lines = [
+            f"  gid {d.gid}: {d.count} rows (gallery ids {', '.join(map(str, d.row_ids))})"
+            for d in duplicates
+        ]
+        super().__init__(
+            f"{len(duplicates)} gid(s) appear in more than one gallery row; the migration "
+            "needs one row per gid and deletes nothing. Decide which rows are right, remove "
+            "the others yourself, then run the migration again:\n" + "\n".join(lines)
+        )
+        self.duplicates = duplicates
+        self.backup = backup
+
+
+@dataclass
+class MigrationResult:
+    already_migrated: bool
+    backup: str | None = None
+    statements: int = 0
+    rows_before: dict[str, int] = field(default_factory=dict)
+
+
+def find_duplicates(connection: sqlite3.Connection) -> list[Duplicate]:
+    rows = connection.execute(
+        "SELECT gid, COUNT(*), group_concat(id) FROM "
+        "(SELECT gid, id FROM gallery ORDER BY gid, id) "
+        "GROUP BY gid HAVING COUNT(*) > 1 ORDER BY gid"
+    ).fetchall()
+    return [Duplicate(r[0], r[1], [int(i) for i in str(r[2]).split(",")]) for r in rows]
+
+
+def backup_path(path: str) -> str:
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    candidate = f"{path}.bak-{stamp}"
+    n = 1
+    while os.path.exists(candidate):
+        n += 1
+        candidate = f"{path}.bak-{stamp}-{n}"
+    return candidate
+
+
+def backup(connection: sqlite3.Connection, path: str, progress: Progress) -> str:
+    """Copy the database with the online backup API; returns the copy's path."""
+    target_path = backup_path(path)
+    target = sqlite3.connect(target_path)
+    try:
+
+        def step(status: int, remaining: int, total: int) -> None:
+            progress(f"backup: {total - remaining}/{total} pages")
+
+        connection.backup(target, pages=256, progress=step)
+    finally:
+        target.close()
+    progress(f"backup written to {target_path}")
+    return target_path
+
+
+def _row_counts(connection: sqlite3.Connection) -> dict[str, int]:
+    counts = {}
+    for table in ("user", "gallery", "favorite", "weekly_usage"):
+        counts[table] = connection.execute(f'SELECT COUNT(*) FROM "{table}"').fetchone()[0]  # noqa: S608
+    return counts
+
+
+def migrate(path: str, progress: Progress = print) -> MigrationResult:
+    """Migrate the database at ``path`` to v2 (see the module docstring)."""
+    if not os.path.exists(path):
+        raise SchemaError(f"no database at {path!r}")
+    connection = connect(path)
+    try:
+        version = schema_version(connection)
+        if version is not None and version >= CURRENT_VERSION:
+            progress(f"{path}: already migrated (schema v{version}); nothing to do")
+            return MigrationResult(already_migrated=True)
+        statements = split_statements(load_script(V2_SCRIPT))
+        if version is None:
+            progress(f"{path}: empty database; creating the v1 baseline and v2")
+            statements = split_statements(load_script(V1_SCRIPT)) + statements
+            counts: dict[str, int] = {}
+        else:
+            counts = _row_counts(connection)
+            progress(
+                f"{path}: legacy schema, "
+                + ", ".join(f"{n} {table} rows" for table, n in counts.items())
+            )
+        saved = backup(connection, path, progress)
+        if version is not None:
+            duplicates = find_duplicates(connection)
+            if duplicates:
+                raise DuplicateGids(duplicates, saved)
+        cursor = connection.cursor()
+        cursor.execute("BEGIN IMMEDIATE")
+        try:
+            apply_statements(cursor, statements, progress)
+            cursor.execute("COMMIT")
+        except BaseException:
+            if connection.in_transaction:
+                connection.execute("ROLLBACK")
+            progress("error: rolled back; the database is unchanged")
+            raise
+        progress(f"{path}: migrated to schema v{CURRENT_VERSION} ({len(statements)} statements)")
+        return MigrationResult(False, saved, len(statements), counts)
+    finally:
+        connection.close()

@@ -1,0 +1,57 @@
+"""Error answers of the site HTTP API: ``{"error": {"code", "message"}}``
+with the codes and statuses of INTERFACES.md."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from twisted.web.server import Request
+
+STATUS: dict[str, int] = {
+    "invalid_request": 400,
+    "unauthorized": 401,
+    "forbidden": 403,
+    "not_found": 404,
+    "method_not_allowed": 405,
+    "conflict": 409,
+    "payload_too_large": 413,
+    "upstream_rejected": 422,
+    "quota_exceeded": 429,
+    "internal": 500,
+    "upstream_unavailable": 502,
+    "unavailable": 503,  # a part of the site that is not running (yet)
+}
+
+
+class ApiError(Exception):
+    """Answer with ``code`` (and its status) and ``message``."""
+
+    def __init__(self, code: str, message: str) -> None:
+        if code not in STATUS:
+            raise ValueError(f"unknown error code {code!r}")
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+    @property
+    def status(self) -> int:
+        return STATUS[self.code]
+
+
+def json_bytes(document: Any) -> bytes:
+    return json.dumps(document, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+
+
+def write_json(request: Request, status: int, document: Any) -> bytes:
+    """Set status and JSON headers; return the body to write."""
+    request.setResponseCode(status)
+    request.setHeader(b"Content-Type", b"application/json; charset=utf-8")
+    request.setHeader(b"Cache-Control", b"no-store")
+    return json_bytes(document)
+
+
+def write_error(request: Request, code: str, message: str) -> bytes:
+    if code == "unauthorized":
+        request.setHeader(b"WWW-Authenticate", b'Bearer realm="tasknet"')
+    return write_json(request, STATUS[code], {"error": {"code": code, "message": message}})

@@ -1,0 +1,78 @@
+"""``twistd -n tasknet-upstream``: the mock upstream as a twistd service."""
+
+from __future__ import annotations
+
+from typing import cast
+
+from twisted.application import strports
+from twisted.application.service import MultiService, Service
+from twisted.internet.defer import Deferred
+from twisted.internet.interfaces import IProtocolFactory
+from twisted.logger import Logger
+from twisted.python import usage
+
+from tasknet.upstream.app import UpstreamApp
+
+log = Logger()
+
+DEFAULT_HTTP = "tcp:7200:interface=127.0.0.1"
+
+
+def _positive_float(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise ValueError(f"must be > 0, got {text}")
+    return value
+
+
+class Options(usage.Options):
+    synopsis = "[--http ENDPOINT] [--bandwidth BYTES_PER_S] [--seed N]"
+    longdesc = "Mock non-idempotent archive upstream with fault injection (/_drill/*)."
+    optParameters = [
+        ["http", None, DEFAULT_HTTP, "HTTP endpoint (strports description)"],
+        ["bandwidth", None, None, "per-response file body limit, bytes/s (default unlimited)"],
+        ["seed", None, 0, "seed of the fault-probability random source", int],
+    ]
+
+    def postOptions(self) -> None:
+        if self["bandwidth"] is not None:
+            try:
+                self["bandwidth"] = _positive_float(self["bandwidth"])
+            except ValueError as e:
+                raise usage.UsageError(f"--bandwidth: {e}") from None
+
+
+class _AbortConnectionsOnStop(Service):
+    """Stopping the port leaves accepted connections; drop them (hung ones too)."""
+
+    def __init__(self, app: UpstreamApp) -> None:
+        self._app = app
+
+    def stopService(self) -> Deferred[None]:
+        super().stopService()
+        return self._app.close_connections()
+
+
+class _Listening(MultiService):
+    def __init__(self, app: UpstreamApp, endpoint: str) -> None:
+        super().__init__()
+        self.app = app
+        self.endpoint = endpoint
+
+    def startService(self) -> None:
+        log.info(
+            "tasknet-upstream listening on {endpoint} (bandwidth: {bandwidth})",
+            endpoint=self.endpoint,
+            bandwidth=self.app.bandwidth or "unlimited",
+        )
+        super().startService()
+
+
+def makeService(options: Options) -> MultiService:
+    app = UpstreamApp(options["bandwidth"], seed=options["seed"])
+    service = _Listening(app, options["http"])
+    # MultiService stops children in reverse order: the port stops first.
+    _AbortConnectionsOnStop(app).setServiceParent(service)
+    factory = cast(IProtocolFactory, app.site())
+    strports.service(options["http"], factory).setServiceParent(service)
+    return service

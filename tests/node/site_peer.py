@@ -1,0 +1,181 @@
+"""A scripted site over real TCP, for driving a node in tests.
+
+It speaks the wire with the project's codec but none of the site's logic:
+on accept it sends Identity (and ProtocolHello unless ``legacy``), checks the
+Login signature, answers LoginResult, records every frame the node sends, and
+ACKs TaskReports automatically unless told to withhold them.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Callable
+from typing import Any
+
+from twisted.internet import reactor
+from twisted.internet.defer import Deferred
+from twisted.internet.endpoints import TCP4ServerEndpoint
+from twisted.internet.protocol import Factory, Protocol
+from twisted.internet.task import deferLater
+
+from tasknet.protocol.messages import (
+    HEADER,
+    DeleteGallery,
+    DownloadPost,
+    Identity,
+    Login,
+    LoginResult,
+    Message,
+    ProtocolHello,
+    TaskCommand,
+    TaskReport,
+    TaskReportAck,
+    decode,
+    encode,
+    verify_login,
+)
+
+
+async def eventually(check: Callable[[], Any], timeout: float = 10.0, what: str = "") -> Any:
+    """Poll ``check`` until it returns something truthy; fail after ``timeout``."""
+    waited = 0.0
+    while True:
+        value = check()
+        if value:
+            return value
+        if waited >= timeout:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what or check}")
+        await deferLater(reactor, 0.02, lambda: None)
+        waited += 0.02
+
+
+class SiteConnection(Protocol):
+    factory: ScriptedSite
+
+    def __init__(self) -> None:
+        self.buffer = b""
+        self.logged_in = False
+        self.nonce = secrets.token_hex(16)
+        self.closed: Deferred[None] = Deferred()
+
+    @property
+    def transport_(self) -> Any:
+        return self.transport
+
+    def connectionMade(self) -> None:
+        self.factory.connections.append(self)
+        self.send(Identity(self.factory.name, self.nonce))
+        if not self.factory.legacy:
+            self.send(ProtocolHello())
+
+    def send(self, message: Message) -> None:
+        self.transport_.write(encode(message))
+
+    def send_raw(self, type_: int, payload: bytes) -> None:
+        self.transport_.write(HEADER.pack(type_, len(payload)) + payload)
+
+    def dataReceived(self, data: bytes) -> None:
+        self.buffer += data
+        while len(self.buffer) >= HEADER.size:
+            type_, length = HEADER.unpack_from(self.buffer)
+            if len(self.buffer) < HEADER.size + length:
+                return
+            payload = self.buffer[HEADER.size : HEADER.size + length]
+            self.buffer = self.buffer[HEADER.size + length :]
+            self.frame(type_, payload)
+
+    def frame(self, type_: int, payload: bytes) -> None:
+        site = self.factory
+        site.frame_types.append(type_)
+        message = decode(type_, payload)
+        site.received.append(message)
+        if isinstance(message, Login):
+            ok = verify_login(site.secret, self.nonce, message.node_id, message.signature)
+            self.send(LoginResult(ok, "" if ok else "bad signature"))
+            self.logged_in = ok
+            if ok:
+                site.logins += 1
+        elif isinstance(message, TaskReport) and site.auto_ack:
+            self.send(TaskReportAck(message.report_id, "APPLIED"))
+            site.acked.append(message.report_id)
+
+    def connectionLost(self, reason: Any = None) -> None:
+        if self in self.factory.connections:
+            self.factory.connections.remove(self)
+        self.closed.callback(None)
+
+
+class ScriptedSite(Factory):
+    protocol = SiteConnection  # type: ignore[assignment]
+
+    def __init__(self, secret: str, *, legacy: bool = False, auto_ack: bool = True) -> None:
+        self.secret = secret
+        self.legacy = legacy
+        self.auto_ack = auto_ack
+        self.name = "scripted-site"
+        self.connections: list[SiteConnection] = []
+        self.received: list[Message] = []
+        self.frame_types: list[int] = []
+        self.acked: list[str] = []
+        self.logins = 0
+        self.port: Any = None
+
+    async def listen(self) -> int:
+        self.port = await TCP4ServerEndpoint(reactor, 0, interface="127.0.0.1").listen(self)
+        return int(self.port.getHost().port)
+
+    @property
+    def endpoint(self) -> str:
+        return f"tcp:127.0.0.1:{self.port.getHost().port}"
+
+    async def stop(self) -> None:
+        if self.port is not None:
+            await self.port.stopListening()
+        await self.drop_connections()
+
+    async def drop_connections(self) -> None:
+        waits = [c.closed for c in self.connections]
+        for c in list(self.connections):
+            c.transport_.abortConnection()
+        for d in waits:
+            await d
+
+    # what the node sent ---------------------------------------------------------
+    def of_type(self, kind: type) -> list[Any]:
+        return [m for m in self.received if isinstance(m, kind)]
+
+    def reports(self) -> list[TaskReport]:
+        return self.of_type(TaskReport)
+
+    def latest_entry(self, gid: int) -> Any:
+        for report in reversed(self.reports()):
+            for entry in report.gallery_tasks:
+                if entry.gid == gid:
+                    return entry
+        return None
+
+    async def logged_in(self, count: int = 1) -> SiteConnection:
+        await eventually(lambda: self.logins >= count, what=f"login #{count}")
+        return self.connections[-1]
+
+    # commands ---------------------------------------------------------------------
+    def current(self) -> SiteConnection:
+        live = [c for c in self.connections if c.logged_in]
+        assert live, "no node logged in"
+        return live[-1]
+
+    def download(self, operation_id: str, gid: int, url: str, name: str = "") -> None:
+        self.current().send(TaskCommand(operation_id, "DOWNLOAD", gid, name or f"g{gid}", url))
+
+    def delete(self, operation_id: str, gid: int) -> None:
+        self.current().send(TaskCommand(operation_id, "DELETE", gid, f"g{gid}", ""))
+
+    def legacy_download(self, gid: int, url: str) -> None:
+        self.current().send(DownloadPost(gid, "token", f"g{gid}", url))
+
+    def legacy_delete(self, gid: int) -> None:
+        self.current().send(DeleteGallery(gid))
+
+    def ack(self, report_id: str) -> None:
+        self.current().send(TaskReportAck(report_id, "APPLIED"))
+        self.acked.append(report_id)

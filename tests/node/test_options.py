@@ -1,0 +1,64 @@
+"""``twistd tasknet-node`` options, as INTERFACES.md names them."""
+
+from __future__ import annotations
+
+import pytest
+from twisted.python import usage
+
+from tasknet.node.service import NodeService, Options, makeService
+
+
+def parse(*argv: str) -> Options:
+    options = Options()
+    options.parseOptions(list(argv))
+    return options
+
+
+def test_defaults_follow_interfaces_md() -> None:
+    options = parse("--secret", "x")
+    assert options["connect"] == "tcp:127.0.0.1:7100"
+    assert options["node-id"] == "node-1"
+    assert options["data"] == "tasknet-node-data"
+    assert (options["protocol"], options["downloads"], options["compressors"]) == (2, 4, 1)
+    assert options["ack-timeout"] == 10.0
+
+
+def test_make_service_takes_every_option(tmp_path: object) -> None:
+    options = parse(
+        "--secret",
+        "x",
+        "--connect",
+        "tcp:127.0.0.1:9",
+        "--node-id",
+        "n.2",
+        "--data",
+        str(tmp_path),
+        "--protocol",
+        "1",
+        "--downloads",
+        "2",
+        "--compressors",
+        "3",
+        "--ack-timeout",
+        "0.5",
+    )
+    service = makeService(options)
+    assert isinstance(service, NodeService)
+    assert (service.connect, service.node_id, service.protocol) == ("tcp:127.0.0.1:9", "n.2", 1)
+    assert (service.downloads, service.compressors, service.ack_timeout) == (2, 3, 0.5)
+
+
+@pytest.mark.parametrize(
+    "argv, complaint",
+    [
+        ((), "--secret is required"),
+        (("--secret", "x", "--protocol", "3"), "--protocol must be 2 or 1"),
+        (("--secret", "x", "--downloads", "0"), "downloads"),
+        (("--secret", "x", "--compressors", "-1"), "compressors"),
+        (("--secret", "x", "--ack-timeout", "0"), "ack-timeout"),
+        (("--secret", "x", "--node-id", "bad id"), "--node-id must match"),
+    ],
+)
+def test_bad_options_are_refused_clearly(argv: tuple[str, ...], complaint: str) -> None:
+    with pytest.raises(usage.UsageError, match=complaint):
+        parse(*argv)

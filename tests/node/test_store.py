@@ -1,0 +1,146 @@
+"""The node database on a real SQLite file: commands, revisions, in-flight report."""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from pathlib import Path
+
+import pytest
+import pytest_twisted
+
+from tasknet.node.paths import DataDir
+from tasknet.node.store import FAILED, NOT_FOUND, NodeStore
+
+
+async def open_store(path: Path) -> NodeStore:
+    store = NodeStore(DataDir(path))
+    await store.create_schema()
+    return store
+
+
+@pytest_twisted.ensureDeferred
+async def test_download_is_persisted_and_deduplicated(tmp_path: Path) -> None:
+    store = await open_store(tmp_path)
+    try:
+        first = await store.accept_download(7, "op-a", "seven", "http://x/7", 2)
+        again = await store.accept_download(7, "op-a", "seven", "http://x/7", 2)
+        newer = await store.accept_download(7, "op-b", "seven", "http://x/7", 2)
+        stale = await store.accept_download(7, "op-a", "seven", "http://x/7", 2)
+        task = await store.get_task(7)
+    finally:
+        store.close()
+    assert (first.kind, again.kind, newer.kind) == ("new", "duplicate", "new_generation")
+    assert newer.old_operation_id == "op-a"
+    # A late repeat of an older generation's command must not resurrect it.
+    assert stale.kind == "duplicate"
+    assert task is not None and task.operation_id == "op-b" and task.status == 1
+    rows = (
+        sqlite3.connect(tmp_path / "node.sqlite")
+        .execute("SELECT gid, operation_id, action, protocol FROM received_command ORDER BY id")
+        .fetchall()
+    )
+    assert rows == [(7, "op-a", "DOWNLOAD", 2)] * 2 + [
+        (7, "op-b", "DOWNLOAD", 2),
+        (7, "op-a", "DOWNLOAD", 2),
+    ]
+
+
+@pytest_twisted.ensureDeferred
+async def test_writes_of_an_old_generation_are_ignored(tmp_path: Path) -> None:
+    store = await open_store(tmp_path)
+    try:
+        await store.accept_download(7, "op-a", "n", "http://x/7", 2)
+        await store.accept_download(7, "op-b", "n", "http://x/7", 2)
+        assert not await store.complete(7, "op-a", "7-old.zip")
+        assert not await store.set_status(7, "op-a", 3, 1.0)
+        task = await store.get_task(7)
+    finally:
+        store.close()
+    assert task is not None and (task.status, task.archive) == (1, None)
+
+
+@pytest_twisted.ensureDeferred
+async def test_revision_is_strictly_increasing_and_starts_at_unix_ms(tmp_path: Path) -> None:
+    store = await open_store(tmp_path)
+    try:
+        assert await store.create_report("r0", int(time.time() * 1000)) is None  # nothing held
+        await store.accept_download(1, "op", "n", "http://x/1", 2)
+        before = int(time.time() * 1000)
+        first = await store.create_report("r1", before)
+        assert first is not None and first.revision == before
+        # Still in flight: asking again gives the same report, not a new one.
+        assert await store.create_report("r2", before + 5) == first
+        assert await store.acknowledge("r1")
+        # A clock that went backwards still moves the revision forward.
+        second = await store.create_report("r3", before - 10_000)
+        assert second is not None and second.revision == before + 1
+    finally:
+        store.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_in_flight_report_survives_reopen_unchanged(tmp_path: Path) -> None:
+    store = await open_store(tmp_path)
+    await store.accept_download(1, "op-1", "n", "http://x/1", 2)
+    await store.complete(1, "op-1", "1.zip")
+    await store.accept_download(2, "op-2", "n", "http://x/2", 2)
+    await store.set_progress(2, "op-2", 0.1 + 0.2, 1000)  # a float that must round-trip
+    await store.begin_delete(3, "del-3", 2)
+    await store.finish_delete(3, "del-3", NOT_FOUND, "nothing here")
+    sent = await store.create_report("rep", 1_800_000_000_000)
+    store.close()
+    store = await open_store(tmp_path)
+    try:
+        again = await store.in_flight_report()
+    finally:
+        store.close()
+    assert again == sent
+    assert sent is not None
+    assert sent.gallery_tasks == ((1, 4, 1.0), (2, 1, 0.1 + 0.2))
+    assert sent.operation_ids == {1: "op-1", 2: "op-2", 3: "del-3"}
+    assert sent.deleted == ((3, "del-3", NOT_FOUND, "nothing here"),)
+
+
+@pytest_twisted.ensureDeferred
+async def test_ack_removes_only_what_the_report_carried(tmp_path: Path) -> None:
+    store = await open_store(tmp_path)
+    try:
+        await store.accept_download(1, "op-1", "n", "http://x/1", 2)
+        await store.complete(1, "op-1", "1.zip")
+        await store.begin_delete(3, "del-3", 2)
+        await store.finish_delete(3, "del-3", NOT_FOUND, "")
+        report = await store.create_report("rep", 1)
+        assert report is not None
+        # Completed after the snapshot: not carried, so not forgotten.
+        await store.accept_download(2, "op-2", "n", "http://x/2", 2)
+        await store.complete(2, "op-2", "2.zip")
+        assert not await store.acknowledge("some-other-report")
+        assert await store.acknowledge("rep")
+        assert not await store.acknowledge("rep")  # a second ACK changes nothing
+        tasks = await store.tasks()
+        deletions = await store.deletions()
+        in_flight = await store.in_flight_report()
+    finally:
+        store.close()
+    assert [(t.gid, t.status) for t in tasks] == [(2, 4)]
+    assert deletions == [] and in_flight is None
+
+
+@pytest_twisted.ensureDeferred
+async def test_failed_delete_keeps_the_task_and_a_repeat_runs_again(tmp_path: Path) -> None:
+    store = await open_store(tmp_path)
+    try:
+        await store.accept_download(1, "op-1", "n", "http://x/1", 2)
+        assert (await store.begin_delete(1, "del", 2)).kind == "run"
+        await store.finish_delete(1, "del", FAILED, "cannot remove")
+        assert await store.get_task(1) is not None
+        # The site retries a failed delete with the same id: it runs again.
+        assert (await store.begin_delete(1, "del", 2)).kind == "run"
+        await store.finish_delete(1, "del", "DELETED", "")
+        assert await store.get_task(1) is None
+        assert (await store.begin_delete(1, "del", 2)).kind == "repeat"
+        with pytest.raises(ValueError):
+            await store.finish_delete(1, "del", "GONE", "")
+    finally:
+        store.close()

@@ -1,0 +1,199 @@
+"""Test doubles for connection tests: recording handlers and scripted raw peers.
+
+The raw peers parse frames on their own (header + ``decode``) so that a test
+sees exactly what went over the wire, including frames our own session
+classes would hide (Heartbeat, Hello, Error).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from twisted.internet import reactor
+from twisted.internet.defer import Deferred
+from twisted.internet.endpoints import TCP4ClientEndpoint, TCP4ServerEndpoint
+from twisted.internet.protocol import Factory, Protocol
+from twisted.internet.task import deferLater
+from twisted.python.failure import Failure
+from zope.interface import implementer
+
+from tasknet.protocol.messages import (
+    HEADER,
+    Identity,
+    Login,
+    LoginResult,
+    Message,
+    ProtocolError,
+    UnknownMessageType,
+    decode,
+    encode,
+    verify_login,
+)
+from tasknet.protocol.session import INodeHandler, INodeSession, ISiteHandler, ISiteLink
+from tasknet.site.nodes import NodeListenerFactory
+
+SITE_KEYS = {"node-1": "s3cret", "node-2": "other-secret"}
+
+
+async def eventually(condition: Callable[[], Any], timeout: float = 5.0) -> None:
+    """Poll ``condition`` on the reactor until true (fails after ``timeout`` s)."""
+    waited = 0.0
+    while not condition():
+        if waited >= timeout:
+            raise AssertionError(f"condition not met within {timeout} s")
+        await deferLater(reactor, 0.005, lambda: None)
+        waited += 0.005
+
+
+@implementer(ISiteHandler)
+class SiteRecorder:
+    """An ISiteHandler that remembers every call."""
+
+    def __init__(self) -> None:
+        self.events: list[tuple[str, INodeSession, Any]] = []
+
+    def node_attached(self, session: INodeSession) -> None:
+        self.events.append(("attached", session, None))
+
+    def message_received(self, session: INodeSession, message: Message) -> None:
+        self.events.append(("message", session, message))
+
+    def node_detached(self, session: INodeSession) -> None:
+        self.events.append(("detached", session, None))
+
+    def kinds(self) -> list[str]:
+        return [kind for kind, _, _ in self.events]
+
+    def messages(self) -> list[Message]:
+        return [m for kind, _, m in self.events if kind == "message"]
+
+
+@implementer(INodeHandler)
+class NodeRecorder:
+    """An INodeHandler that remembers every call."""
+
+    def __init__(self) -> None:
+        self.events: list[tuple[str, ISiteLink, Any]] = []
+        self.link: Any = None
+
+    def link_up(self, link: ISiteLink) -> None:
+        self.link = link
+        self.events.append(("up", link, None))
+
+    def message_received(self, link: ISiteLink, message: Message) -> None:
+        self.events.append(("message", link, message))
+
+    def link_down(self, link: ISiteLink) -> None:
+        self.link = None
+        self.events.append(("down", link, None))
+
+    def kinds(self) -> list[str]:
+        return [kind for kind, _, _ in self.events]
+
+    def messages(self) -> list[Message]:
+        return [m for kind, _, m in self.events if kind == "message"]
+
+
+class RawPeer(Protocol):
+    """Records every frame received as ``(type, message or None)``; sends raw bytes."""
+
+    def __init__(self) -> None:
+        self.buffer = b""
+        self.frames: list[tuple[int, Message | None]] = []
+        self.closed: Deferred[None] = Deferred()
+        self.is_closed = False
+
+    def dataReceived(self, data: bytes) -> None:
+        self.buffer += data
+        while len(self.buffer) >= 5:
+            type_, length = HEADER.unpack_from(self.buffer)
+            if len(self.buffer) < 5 + length:
+                return
+            payload, self.buffer = self.buffer[5 : 5 + length], self.buffer[5 + length :]
+            try:
+                message: Message | None = decode(type_, payload)
+            except (ProtocolError, UnknownMessageType):
+                message = None
+            self.frames.append((type_, message))
+            self.frame_received(type_, message)
+
+    def frame_received(self, type_: int, message: Message | None) -> None:
+        """Hook for scripted behaviour."""
+
+    def connectionLost(self, reason: Failure | None = None) -> None:
+        self.is_closed = True
+        self.closed.callback(None)
+
+    def send(self, message: Message) -> None:
+        self.send_raw(encode(message))
+
+    def send_raw(self, data: bytes) -> None:
+        transport: Any = self.transport
+        transport.write(data)
+
+    def messages(self) -> list[Message]:
+        return [m for _, m in self.frames if m is not None]
+
+    def of_type(self, cls: type) -> list[Any]:
+        return [m for m in self.messages() if type(m) is cls]
+
+    def types(self) -> list[int]:
+        return [t for t, _ in self.frames]
+
+
+async def connect_raw(port: int, peer: RawPeer | None = None) -> RawPeer:
+    peer = peer or RawPeer()
+    endpoint = TCP4ClientEndpoint(reactor, "127.0.0.1", port)
+    await endpoint.connect(Factory.forProtocol(lambda: peer))  # type: ignore[arg-type, return-value]
+    return peer
+
+
+class LegacySiteDouble(RawPeer):
+    """A scripted legacy site: Identity, never a Hello; checks Login like the real site."""
+
+    nonce = "00112233445566778899aabbccddeeff"
+
+    def __init__(self, keys: dict[str, str], after_login: Callable[[RawPeer], None]) -> None:
+        super().__init__()
+        self.keys = keys
+        self.after_login = after_login
+
+    def connectionMade(self) -> None:
+        self.send(Identity("legacy-site", self.nonce))
+
+    def frame_received(self, type_: int, message: Message | None) -> None:
+        if isinstance(message, Login):
+            secret = self.keys.get(message.node_id, "")
+            ok = verify_login(secret, self.nonce, message.node_id, message.signature)
+            self.send(LoginResult(ok, "" if ok else "bad signature"))
+            if ok:
+                self.after_login(self)
+
+
+class Listener:
+    """A real NodeListenerFactory on a loopback port, with cleanup."""
+
+    def __init__(self, factory: Any) -> None:
+        self.factory = factory
+        self.port: Any = None
+
+    async def start(self, port: int = 0) -> int:
+        endpoint = TCP4ServerEndpoint(reactor, port, interface="127.0.0.1")
+        self.port = await endpoint.listen(self.factory)
+        return int(self.port.getHost().port)
+
+    async def stop(self) -> None:
+        if self.port is not None:
+            await self.port.stopListening()
+            self.port = None
+        connections = getattr(self.factory, "connections", None)
+        if connections is not None:
+            for session in list(connections):
+                if session.transport is not None:
+                    session.transport.abortConnection()
+            await eventually(lambda: not connections)
+
+
+def site_factory(handler: Any, **kwargs: Any) -> NodeListenerFactory:
+    return NodeListenerFactory(handler, dict(SITE_KEYS), "site-main", **kwargs)

@@ -1,0 +1,535 @@
+"""Site listener and node link over real loopback TCP."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+import pytest_twisted
+from twisted.application.internet import ClientService
+
+from tasknet.node.link import site_client_service
+from tasknet.protocol.messages import (
+    HEADER,
+    DeleteGallery,
+    DownloadPost,
+    Error,
+    Goodbye,
+    Heartbeat,
+    Identity,
+    Login,
+    LoginResult,
+    ProtocolHello,
+    StatusReport,
+    TaskCommand,
+    TaskEntry,
+    TaskReport,
+    TaskReportAck,
+    sign_login,
+)
+from tests.protocol.peers import (
+    SITE_KEYS,
+    LegacySiteDouble,
+    Listener,
+    NodeRecorder,
+    RawPeer,
+    SiteRecorder,
+    connect_raw,
+    eventually,
+    site_factory,
+)
+from tests.protocol.vectors import VECTORS, case_id, frame
+
+FAST_RETRY = {"retry_policy": lambda attempt: 0.02}
+
+
+class Harness:
+    """Listeners, node services and raw peers of one test, all cleaned up."""
+
+    def __init__(self) -> None:
+        self.listeners: list[Listener] = []
+        self.services: list[ClientService] = []
+        self.peers: list[RawPeer] = []
+
+    async def site(self, handler: SiteRecorder | None = None, **kwargs: Any) -> tuple[Any, int]:
+        listener = Listener(site_factory(handler or SiteRecorder(), **kwargs))
+        self.listeners.append(listener)
+        return listener.factory, await listener.start()
+
+    async def legacy_site(self, after_login: Any = lambda peer: None) -> tuple[Any, int]:
+        from twisted.internet.protocol import Factory
+
+        doubles: list[LegacySiteDouble] = []
+
+        def build() -> LegacySiteDouble:
+            double = LegacySiteDouble(dict(SITE_KEYS), after_login)
+            doubles.append(double)
+            self.peers.append(double)
+            return double
+
+        listener = Listener(Factory.forProtocol(build))
+        self.listeners.append(listener)
+        port = await listener.start()
+        return doubles, port
+
+    def node(
+        self, port: int, handler: NodeRecorder, node_id: str = "node-1", **kwargs: Any
+    ) -> ClientService:
+        kwargs = {**FAST_RETRY, **kwargs}
+        service = site_client_service(
+            f"tcp:host=127.0.0.1:port={port}", node_id, SITE_KEYS[node_id], handler, **kwargs
+        )
+        service.startService()
+        self.services.append(service)
+        return service
+
+    async def raw(self, port: int) -> RawPeer:
+        peer = await connect_raw(port)
+        self.peers.append(peer)
+        return peer
+
+    async def close(self) -> None:
+        for service in self.services:
+            if service.running:
+                await service.stopService()
+        for peer in self.peers:
+            if not peer.is_closed and peer.transport is not None:
+                peer.transport.abortConnection()
+                await peer.closed
+        for listener in self.listeners:
+            await listener.stop()
+
+
+@pytest_twisted.async_yield_fixture
+async def harness() -> AsyncIterator[Harness]:
+    h = Harness()
+    yield h
+    await h.close()
+
+
+async def login_raw(peer: RawPeer, node_id: str = "node-1", *, hello: bool = False) -> None:
+    await eventually(lambda: peer.of_type(Identity))
+    nonce = peer.of_type(Identity)[0].nonce
+    if hello:
+        peer.send(ProtocolHello())
+    peer.send(Login(node_id, sign_login(SITE_KEYS[node_id], nonce, node_id)))
+    await eventually(lambda: peer.of_type(LoginResult))
+    assert peer.of_type(LoginResult)[0] == LoginResult(True, "")
+
+
+# ---------------------------------------------------------------- negotiation matrix
+
+
+@pytest_twisted.ensureDeferred
+async def test_v2_site_and_v2_node_speak_v2(harness: Harness) -> None:
+    site_handler = SiteRecorder()
+    factory, port = await harness.site(site_handler)
+    node = NodeRecorder()
+    harness.node(port, node)
+    await eventually(lambda: node.kinds() == ["up"] and "node-1" in factory.sessions)
+    session = factory.sessions["node-1"]
+    assert (session.protocol_version, session.features) == (2, ("reliable-task-v2",))
+    assert node.link.protocol_version == 2
+    assert site_handler.kinds() == ["attached"]
+
+    session.send_download("op-1", 7, "tok", "name", "http://127.0.0.1/f")
+    session.send_delete("del-1", 8, "other")
+    await eventually(lambda: len(node.messages()) == 2)
+    assert node.messages() == [
+        TaskCommand("op-1", "DOWNLOAD", 7, "name", "http://127.0.0.1/f"),
+        TaskCommand("del-1", "DELETE", 8, "other", ""),
+    ]
+    report = TaskReport("r-1", 5, (TaskEntry(7, 1, 0.5),), {7: "op-1"}, ())
+    node.link.send(report)
+    await eventually(lambda: site_handler.messages())
+    assert site_handler.messages() == [report]
+    session.send_ack("r-1", "APPLIED")
+    await eventually(lambda: len(node.messages()) == 3)
+    assert node.messages()[-1] == TaskReportAck("r-1", "APPLIED")
+
+
+@pytest_twisted.ensureDeferred
+async def test_v2_site_and_legacy_node_fall_back_to_legacy(harness: Harness) -> None:
+    site_handler = SiteRecorder()
+    factory, port = await harness.site(site_handler)
+    node = NodeRecorder()
+    harness.node(port, node, protocol=1)
+    await eventually(lambda: node.kinds() == ["up"] and "node-1" in factory.sessions)
+    session = factory.sessions["node-1"]
+    assert (session.protocol_version, session.features) == (1, ())
+    assert node.link.protocol_version == 1
+
+    session.send_download("op-1", 7, "tok", "name", "http://127.0.0.1/f")
+    session.send_delete("del-1", 8, "other")
+    session.send_ack("r-1", "APPLIED")  # dropped: never a type >= 10 to a legacy node
+    node.link.send(StatusReport((TaskEntry(7, 4, 1.0),)))
+    await eventually(lambda: len(node.messages()) == 2 and site_handler.messages())
+    assert node.messages() == [
+        DownloadPost(7, "tok", "name", "http://127.0.0.1/f"),
+        DeleteGallery(8),
+    ]
+    assert site_handler.messages() == [StatusReport((TaskEntry(7, 4, 1.0),))]
+    # The strict node would have closed on an unknown field: the link is still up.
+    assert node.kinds() == ["up", "message", "message"]
+    with pytest.raises(ValueError):
+        node.link.send(TaskReport("r", 1, (), {}, ()))
+
+
+@pytest_twisted.ensureDeferred
+async def test_v2_site_sends_a_legacy_node_nothing_of_v2_after_login(harness: Harness) -> None:
+    factory, port = await harness.site(heartbeat_interval=0.02)
+    peer = await harness.raw(port)  # a legacy node: Login without a Hello
+    await login_raw(peer)
+    session = factory.sessions["node-1"]
+    session.send_download("op-1", 7, "tok", "n", "u")
+    session.send_delete("del-1", 7, "n")
+    session.send_ack("r-1", "APPLIED")
+    await eventually(lambda: peer.of_type(DeleteGallery) and peer.of_type(Heartbeat))
+    types = peer.types()
+    assert types[:3] == [0, 10, 2]  # the pre-login Hello, which a legacy node ignores
+    assert all(t < 10 for t in types[3:]), types
+    for type_, message in peer.frames:
+        assert message is not None
+        if type_ < 10:
+            # what a strict legacy reader would have accepted: no unknown field
+            from tasknet.protocol.messages import decode, encode_payload
+
+            decode(type_, encode_payload(message), strict=True)
+
+
+@pytest_twisted.ensureDeferred
+async def test_legacy_site_and_v2_node_use_legacy_messages(harness: Harness) -> None:
+    def commands(site: Any) -> None:
+        site.send(DownloadPost(7, "tok", "n", "u"))
+        site.send(TaskCommand("op", "DOWNLOAD", 9, "n", "u"))  # not in force: refused by node
+
+    doubles, port = await harness.legacy_site(commands)
+    node = NodeRecorder()
+    harness.node(port, node)
+    await eventually(lambda: node.kinds()[:2] == ["up", "message"])
+    link = node.events[0][1]
+    assert link.protocol_version == 1
+    assert node.messages()[0] == DownloadPost(7, "tok", "n", "u")
+    site = doubles[0]
+    # The v2 node said Hello before Login, then (legacy site) only legacy types.
+    assert site.types()[:2] == [10, 1]
+    await eventually(lambda: site.of_type(Error))
+    assert site.of_type(Error)[0].code == "protocol_violation"
+
+
+@pytest_twisted.ensureDeferred
+async def test_legacy_site_and_v2_node_link_refuses_v2_messages(harness: Harness) -> None:
+    doubles, port = await harness.legacy_site()
+    node = NodeRecorder()
+    harness.node(port, node)
+    await eventually(lambda: node.kinds() == ["up"])
+    with pytest.raises(ValueError):
+        node.link.send(TaskReport("r", 1, (), {}, ()))
+    node.link.send(StatusReport(()))
+    await eventually(lambda: doubles[0].of_type(StatusReport))
+    assert all(t < 10 for t in doubles[0].types()[1:])
+
+
+@pytest_twisted.ensureDeferred
+async def test_legacy_site_and_legacy_node(harness: Harness) -> None:
+    doubles, port = await harness.legacy_site(lambda site: site.send(DeleteGallery(3)))
+    node = NodeRecorder()
+    harness.node(port, node, protocol=1)
+    await eventually(lambda: node.kinds() == ["up", "message"])
+    assert node.link.protocol_version == 1
+    assert node.messages() == [DeleteGallery(3)]
+    assert doubles[0].types() == [1]  # Login only: a legacy node never says Hello
+
+
+# ---------------------------------------------------------------- strict legacy node
+
+
+@pytest.mark.parametrize("case", VECTORS["legacy_strict"], ids=case_id)
+@pytest_twisted.ensureDeferred
+async def test_legacy_strict_vector_closes_a_legacy_node_but_not_a_v2_one(
+    harness: Harness, case: dict[str, Any]
+) -> None:
+    doubles, port = await harness.legacy_site(lambda site: site.send_raw(frame(case)))
+    legacy, tolerant = NodeRecorder(), NodeRecorder()
+    harness.node(port, legacy, protocol=1)
+    await eventually(lambda: legacy.kinds() == ["up", "down"])
+    errors = [m for d in doubles for m in d.of_type(Error)]
+    assert [e.code for e in errors] == ["bad_message"]
+    await harness.services.pop().stopService()
+
+    harness.node(port, tolerant, protocol=2)
+    await eventually(lambda: tolerant.kinds() == ["up", "message"])
+    assert tolerant.messages()[0].TYPE == frame(case)[0]
+
+
+@pytest_twisted.ensureDeferred
+async def test_legacy_node_ignores_v2_types_after_login(harness: Harness) -> None:
+    def send_v2(site: Any) -> None:
+        site.send(TaskCommand("op", "DOWNLOAD", 1, "n", "u"))
+        site.send(TaskReportAck("r", "APPLIED"))
+        site.send(DeleteGallery(1))
+
+    doubles, port = await harness.legacy_site(send_v2)
+    node = NodeRecorder()
+    harness.node(port, node, protocol=1)
+    await eventually(lambda: node.kinds() == ["up", "message"])
+    assert node.messages() == [DeleteGallery(1)]
+    assert not doubles[0].of_type(Error)
+
+
+# ---------------------------------------------------------------- login failures
+
+
+@pytest.mark.parametrize(
+    ("node_id", "secret", "reason"),
+    [
+        ("node-1", "wrong", "bad signature"),
+        ("node-9", "s3cret", "unknown node"),
+        ("bad id!", "s3cret", "invalid nodeId"),
+        ("x" * 65, "s3cret", "invalid nodeId"),
+    ],
+)
+@pytest_twisted.ensureDeferred
+async def test_login_refused_then_closed(
+    harness: Harness, node_id: str, secret: str, reason: str
+) -> None:
+    site_handler = SiteRecorder()
+    factory, port = await harness.site(site_handler)
+    peer = await harness.raw(port)
+    await eventually(lambda: peer.of_type(Identity))
+    nonce = peer.of_type(Identity)[0].nonce
+    assert len(nonce) == 32 and int(nonce, 16) >= 0
+    peer.send(Login(node_id, sign_login(secret, nonce, node_id)))
+    await peer.closed
+    assert peer.of_type(LoginResult) == [LoginResult(False, reason)]
+    assert site_handler.events == [] and factory.sessions == {}
+
+
+@pytest_twisted.ensureDeferred
+async def test_each_connection_gets_a_fresh_nonce_and_old_signatures_fail(harness: Harness) -> None:
+    factory, port = await harness.site()
+    first = await harness.raw(port)
+    await login_raw(first)
+    second = await harness.raw(port)
+    await eventually(lambda: second.of_type(Identity))
+    old_nonce = first.of_type(Identity)[0].nonce
+    assert second.of_type(Identity)[0].nonce != old_nonce
+    second.send(Login("node-1", sign_login("s3cret", old_nonce, "node-1")))  # a replay
+    await second.closed
+    assert second.of_type(LoginResult) == [LoginResult(False, "bad signature")]
+
+
+@pytest_twisted.ensureDeferred
+async def test_node_keys_are_read_at_each_login(harness: Harness) -> None:
+    factory, port = await harness.site()
+    factory.node_keys["node-3"] = "new-key"
+    peer = await harness.raw(port)
+    await eventually(lambda: peer.of_type(Identity))
+    nonce = peer.of_type(Identity)[0].nonce
+    peer.send(Login("node-3", sign_login("new-key", nonce, "node-3")))
+    await eventually(lambda: "node-3" in factory.sessions)
+
+
+@pytest.mark.parametrize(
+    "message",
+    [DownloadPost(1, "t", "n", "u"), StatusReport(()), TaskReport("r", 1, (), {}, ())],
+    ids=lambda m: type(m).__name__,
+)
+@pytest_twisted.ensureDeferred
+async def test_traffic_before_login_is_unauthenticated(harness: Harness, message: Any) -> None:
+    site_handler = SiteRecorder()
+    factory, port = await harness.site(site_handler)
+    peer = await harness.raw(port)
+    peer.send(message)
+    await peer.closed
+    assert [e.code for e in peer.of_type(Error)] == ["unauthenticated"]
+    assert site_handler.events == []
+
+
+@pytest_twisted.ensureDeferred
+async def test_unknown_type_before_login_is_unauthenticated_after_login_ignored(
+    harness: Harness,
+) -> None:
+    site_handler = SiteRecorder()
+    factory, port = await harness.site(site_handler)
+    early = await harness.raw(port)
+    early.send_raw(HEADER.pack(99, 2) + b"{}")
+    await early.closed
+    assert [e.code for e in early.of_type(Error)] == ["unauthenticated"]
+
+    late = await harness.raw(port)
+    await login_raw(late, hello=True)
+    late.send_raw(HEADER.pack(99, 2) + b"{}")
+    late.send(StatusReport(()))
+    await eventually(lambda: site_handler.messages())
+    assert site_handler.messages() == [StatusReport(())]
+    assert not late.is_closed and not late.of_type(Error)
+
+
+@pytest_twisted.ensureDeferred
+async def test_v2_report_on_a_legacy_connection_is_a_violation(harness: Harness) -> None:
+    site_handler = SiteRecorder()
+    factory, port = await harness.site(site_handler)
+    peer = await harness.raw(port)
+    await login_raw(peer)  # no Hello: legacy
+    peer.send(TaskReport("r", 1, (), {}, ()))
+    await peer.closed
+    assert [e.code for e in peer.of_type(Error)] == ["protocol_violation"]
+    assert site_handler.kinds() == ["attached", "detached"]
+
+
+# ---------------------------------------------------------------- malformed frames
+
+
+@pytest.mark.parametrize("case", VECTORS["invalid"], ids=case_id)
+@pytest_twisted.ensureDeferred
+async def test_invalid_vector_over_tcp_gets_its_error_and_a_close(
+    harness: Harness, case: dict[str, Any]
+) -> None:
+    site_handler = SiteRecorder()
+    factory, port = await harness.site(site_handler)
+    peer = await harness.raw(port)
+    await login_raw(peer, hello=True)
+    peer.send_raw(frame(case))
+    await peer.closed
+    assert [e.code for e in peer.of_type(Error)] == [case["error"]]
+    assert site_handler.messages() == []
+    assert site_handler.kinds() == ["attached", "detached"]
+
+
+@pytest_twisted.ensureDeferred
+async def test_oversize_frame_is_refused_on_its_header_alone(harness: Harness) -> None:
+    factory, port = await harness.site(max_payload=1024)
+    peer = await harness.raw(port)
+    await login_raw(peer, hello=True)
+    peer.send_raw(HEADER.pack(12, 1025))  # only the 5-byte header goes out
+    await peer.closed
+    assert peer.of_type(Error) == [
+        Error("frame_too_large", "declared payload of 1025 bytes exceeds 1024")
+    ]
+
+
+# ---------------------------------------------------------------- liveness
+
+
+@pytest_twisted.ensureDeferred
+async def test_heartbeats_flow_and_a_silent_peer_is_dropped(harness: Harness) -> None:
+    site_handler = SiteRecorder()
+    factory, port = await harness.site(site_handler, heartbeat_interval=0.02, idle_timeout=0.3)
+    peer = await harness.raw(port)
+    await login_raw(peer, hello=True)
+    await eventually(lambda: len(peer.of_type(Heartbeat)) >= 2)
+    assert not peer.is_closed
+    await peer.closed  # we never send anything after Login: the site gives up on us
+    assert site_handler.kinds() == ["attached", "detached"]
+    assert factory.sessions == {}
+
+
+@pytest_twisted.ensureDeferred
+async def test_heartbeating_node_stays_connected_past_the_idle_timeout(harness: Harness) -> None:
+    factory, port = await harness.site(heartbeat_interval=0.03, idle_timeout=0.4)
+    node = NodeRecorder()
+    harness.node(port, node, heartbeat_interval=0.03, idle_timeout=0.4)
+    await eventually(lambda: node.kinds() == ["up"])
+    session = factory.sessions["node-1"]
+    from twisted.internet import reactor
+    from twisted.internet.task import deferLater
+
+    await deferLater(reactor, 0.9, lambda: None)  # > 2 idle timeouts, on purpose
+    assert node.kinds() == ["up"] and factory.sessions["node-1"] is session
+
+
+@pytest_twisted.ensureDeferred
+async def test_node_drops_a_silent_site_and_reconnects(harness: Harness) -> None:
+    doubles, port = await harness.legacy_site()  # never heartbeats
+    node = NodeRecorder()
+    harness.node(port, node, heartbeat_interval=10, idle_timeout=0.2)
+    await eventually(lambda: node.kinds()[:3] == ["up", "down", "up"])
+    assert len(doubles) >= 2
+
+
+# ---------------------------------------------------------------- sessions
+
+
+@pytest_twisted.ensureDeferred
+async def test_newest_connection_wins(harness: Harness) -> None:
+    site_handler = SiteRecorder()
+    factory, port = await harness.site(site_handler)
+    old = await harness.raw(port)
+    await login_raw(old, hello=True)
+    old_session = factory.sessions["node-1"]
+    new = await harness.raw(port)
+    await login_raw(new)
+    new_session = factory.sessions["node-1"]
+    assert new_session is not old_session
+    await old.closed
+    assert old.of_type(Goodbye) == [Goodbye("replaced by a newer connection")]
+    assert [(k, s) for k, s, _ in site_handler.events] == [
+        ("attached", old_session),
+        ("detached", old_session),
+        ("attached", new_session),
+    ]
+    assert factory.sessions == {"node-1": new_session}
+    assert (old_session.protocol_version, new_session.protocol_version) == (2, 1)
+    # The new session still works; closing it detaches it exactly once.
+    new.send(StatusReport(()))
+    await eventually(lambda: site_handler.messages())
+    new_session.close("bye")
+    await new.closed
+    await eventually(lambda: site_handler.kinds()[-1] == "detached")
+    assert site_handler.kinds() == ["attached", "detached", "attached", "message", "detached"]
+    assert new.of_type(Goodbye) == [Goodbye("bye")]
+    assert factory.sessions == {}
+
+
+@pytest_twisted.ensureDeferred
+async def test_goodbye_from_node_closes_and_detaches(harness: Harness) -> None:
+    site_handler = SiteRecorder()
+    factory, port = await harness.site(site_handler)
+    node = NodeRecorder()
+    service = harness.node(port, node)
+    await eventually(lambda: node.kinds() == ["up"])
+    node.link.close("node shutting down")
+    await eventually(lambda: site_handler.kinds() == ["attached", "detached"])
+    await eventually(lambda: node.kinds()[:2] == ["up", "down"])
+    await service.stopService()
+
+
+@pytest_twisted.ensureDeferred
+async def test_node_reconnects_after_the_site_listener_restarts(harness: Harness) -> None:
+    site_handler = SiteRecorder()
+    factory, port = await harness.site(site_handler)
+    node = NodeRecorder()
+    harness.node(port, node)
+    await eventually(lambda: node.kinds() == ["up"])
+    await harness.listeners[0].stop()
+    await eventually(lambda: node.kinds() == ["up", "down"])
+    assert site_handler.kinds() == ["attached", "detached"]
+
+    again = SiteRecorder()
+    restarted = Listener(site_factory(again))
+    harness.listeners.append(restarted)
+    await restarted.start(port)
+    await eventually(lambda: node.kinds() == ["up", "down", "up"])
+    assert again.kinds() == ["attached"]
+    assert restarted.factory.sessions["node-1"].protocol_version == 2
+
+
+@pytest_twisted.ensureDeferred
+async def test_close_all_says_goodbye_and_fires_when_every_connection_is_gone(
+    harness: Harness,
+) -> None:
+    site_handler = SiteRecorder()
+    factory, port = await harness.site(site_handler)
+    peers = [await harness.raw(port) for _ in range(3)]
+    await login_raw(peers[0], hello=True)
+    await login_raw(peers[1], "node-2")
+    await eventually(lambda: len(factory.connections) == 3)
+    await factory.close_all("site stopping")
+    assert factory.connections == set() and factory.sessions == {}
+    for peer in peers:
+        await peer.closed
+        assert peer.of_type(Goodbye) == [Goodbye("site stopping")]
+    assert sorted(site_handler.kinds()) == ["attached"] * 2 + ["detached"] * 2
+    await factory.close_all("again")  # nothing left: fires at once

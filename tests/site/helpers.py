@@ -1,0 +1,185 @@
+"""Shared helpers of the site lifecycle tests: real SQLite files, the real
+mock upstream on loopback, the real site service over HTTP."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import treq
+from twisted.internet import reactor
+from twisted.internet.defer import Deferred
+from twisted.internet.task import deferLater
+from twisted.web.client import HTTPConnectionPool
+
+from tasknet.site.lifecycle import Lifecycle
+from tasknet.site.service import Options, SiteService, build_site
+from tasknet.site.storage import users
+from tasknet.site.storage.db import Database, connect, open_pool, run_write
+from tasknet.site.storage.schema import prepare_database
+from tasknet.site.upstream_client import UpstreamClient
+from tasknet.upstream.testing import RunningUpstream, start_upstream
+
+POST_ARCHIVE = "/api/galleries/*/archive"
+
+
+def fault(kind: str, method: str = "POST", path: str = POST_ARCHIVE, **params: Any) -> dict:
+    return {"method": method, "path": path, "fault": kind, "params": params, "times": None}
+
+
+def raw(path: str) -> sqlite3.Connection:
+    """A plain connection for checking the database from the test."""
+    return connect(path)
+
+
+def query(path: str, sql: str, *args: Any) -> list[sqlite3.Row]:
+    connection = raw(path)
+    try:
+        return connection.execute(sql, args).fetchall()
+    finally:
+        connection.close()
+
+
+def one(path: str, sql: str, *args: Any) -> Any:
+    rows = query(path, sql, *args)
+    return rows[0] if rows else None
+
+
+def add_user(path: str, name: str, *, admin: bool = False, quota: int = 5000) -> tuple[int, str]:
+    connection = raw(path)
+    try:
+        user, token = run_write(
+            connection, lambda c: users.create_user(c, name, admin=admin, quota=quota)
+        )
+    finally:
+        connection.close()
+    return user.id, token
+
+
+@dataclass
+class Env:
+    """An initialised database, an upstream client and a lifecycle."""
+
+    path: str
+    db: Database
+    upstream: RunningUpstream
+    client: UpstreamClient
+    lifecycle: Lifecycle
+    user_id: int
+
+    def posts(self, gid: int) -> int:
+        return int(self.upstream.app.journal.posts.get(gid, 0))
+
+
+@asynccontextmanager
+async def lifecycle_env(
+    tmp_path: Path, *, timeout: float = 0.5, quota: int = 5000
+) -> AsyncIterator[Env]:
+    path = str(tmp_path / "site.sqlite")
+    prepare_database(path)
+    user_id, _ = add_user(path, "alice", quota=quota)
+    upstream = await start_upstream()
+    client = UpstreamClient(upstream.base_url, persistent=False, prepare_timeout=timeout)
+    db = open_pool(path)
+    env = Env(path, db, upstream, client, Lifecycle(db, client, upstream_timeout=timeout), user_id)
+    try:
+        yield env
+    finally:
+        await client.close()
+        db.close()
+        await upstream.stop()
+
+
+def site_options(path: str, upstream_url: str, *extra: str) -> Options:
+    options = Options()
+    options.parseOptions(
+        [
+            "--db",
+            path,
+            "--http",
+            "tcp:0:interface=127.0.0.1",
+            "--nodes",
+            "tcp:0:interface=127.0.0.1",
+            "--upstream",
+            upstream_url,
+            "--upstream-timeout",
+            "0.5",
+            *extra,
+        ]
+    )
+    return options
+
+
+@dataclass
+class RunningSite:
+    service: SiteService
+    base_url: str
+    pool: HTTPConnectionPool
+
+    @property
+    def site(self) -> Any:
+        return self.service.site
+
+    async def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        token: str | None = None,
+        body: Any = None,
+        data: bytes | None = None,
+        headers: dict[str, list[str]] | None = None,
+    ) -> tuple[int, Any]:
+        all_headers = dict(headers or {})
+        if token is not None:
+            all_headers["Authorization"] = [f"Bearer {token}"]
+        if body is not None:
+            data = json.dumps(body).encode()
+            all_headers["Content-Type"] = ["application/json"]
+        response = await treq.request(
+            method, self.base_url + path, data=data, headers=all_headers, pool=self.pool
+        )
+        content = await treq.content(response)
+        try:
+            document = json.loads(content)
+        except ValueError:
+            document = content
+        return response.code, document
+
+
+@asynccontextmanager
+async def running_site(options: Options) -> AsyncIterator[RunningSite]:
+    site = build_site(options)
+    service = SiteService(site, options["http"], options["nodes"])
+    from tasknet.site.nodes import NodeListenerFactory
+    from tasknet.site.service import LoggingHandler
+
+    site.node_factory = NodeListenerFactory(LoggingHandler(), site.node_keys, site.name)
+    service.startService()
+    pool = HTTPConnectionPool(reactor, persistent=False)
+    try:
+        await service.ready
+        port = service.http_port.getHost().port
+        yield RunningSite(service, f"http://127.0.0.1:{port}", pool)
+    finally:
+        await service.stopService()
+        await pool.closeCachedConnections()
+
+
+async def wait_for(predicate: Any, timeout: float = 5.0, interval: float = 0.01) -> None:
+    """Poll ``predicate()`` until true (never a fixed sleep for the result)."""
+    waited = 0.0
+    while not predicate():
+        if waited >= timeout:
+            raise AssertionError(f"condition not met within {timeout}s")
+        await deferLater(reactor, interval, lambda: None)
+        waited += interval
+
+
+def settle() -> Deferred[None]:
+    return deferLater(reactor, 0, lambda: None)

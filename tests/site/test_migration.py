@@ -1,0 +1,222 @@
+"""The v2 migration, its wrapper, the fresh-install path and the trigger."""
+
+from __future__ import annotations
+
+import glob
+import sqlite3
+import subprocess
+import sys
+
+import pytest
+
+from tasknet.cli.migrate import main as migrate_main
+from tasknet.site import transitions
+from tasknet.site.storage.migrate import DuplicateGids, migrate
+from tasknet.site.storage.schema import (
+    UnmigratedDatabase,
+    load_script,
+    prepare_database,
+    schema_version,
+    split_statements,
+)
+from tasknet.status import OperationState
+
+TABLES = ("user", "gallery", "favorite", "weekly_usage")
+
+
+def legacy_database(path: str, *, duplicate: bool = False) -> None:
+    """A v1 database as the old site left it, with data."""
+    connection = sqlite3.connect(path)
+    connection.executescript(load_script("schema_v1.sql"))
+    connection.execute("INSERT INTO user (id, name, token_hash) VALUES (1, 'old', 'h1')")
+    connection.execute("INSERT INTO user (id, name, token_hash) VALUES (2, 'older', 'h2')")
+    for gid in range(1, 51):
+        connection.execute(
+            "INSERT INTO gallery (gid, user_id, name, url, status, progress, cost) "
+            "VALUES (?, 1, ?, ?, ?, 0.5, 3)",
+            (gid, f"g{gid}", f"http://up/files/{gid}-1.bin", (gid % 4) + 1),
+        )
+    if duplicate:
+        connection.execute("INSERT INTO gallery (gid, user_id, name) VALUES (7, 2, 'dup')")
+        connection.execute("INSERT INTO gallery (gid, user_id, name) VALUES (9, 2, 'dup')")
+        connection.execute("INSERT INTO gallery (gid, user_id, name) VALUES (9, 1, 'dup2')")
+    connection.execute("INSERT INTO favorite (user_id, gid) VALUES (1, 3), (2, 4)")
+    connection.execute("INSERT INTO weekly_usage (user_id, week, used) VALUES (1, '2026-W48', 150)")
+    connection.commit()
+    connection.close()
+
+
+def dump(path: str) -> dict[str, list[tuple]]:
+    connection = sqlite3.connect(path)
+    try:
+        return {
+            table: connection.execute(f'SELECT * FROM "{table}" ORDER BY rowid').fetchall()
+            for table in TABLES
+        }
+    finally:
+        connection.close()
+
+
+def schema_sql(path: str) -> list[tuple]:
+    connection = sqlite3.connect(path)
+    try:
+        return connection.execute(
+            "SELECT type, name, sql FROM sqlite_master ORDER BY type, name"
+        ).fetchall()
+    finally:
+        connection.close()
+
+
+def test_v1_database_with_data_migrates_and_keeps_every_row(tmp_path):
+    path = str(tmp_path / "old.sqlite")
+    legacy_database(path)
+    before = dump(path)
+    lines: list[str] = []
+    result = migrate(path, lines.append)
+    assert not result.already_migrated
+    assert dump(path) == before
+    assert result.rows_before == {"user": 2, "gallery": 50, "favorite": 2, "weekly_usage": 1}
+    connection = sqlite3.connect(path)
+    assert schema_version(connection) == 2
+    connection.close()
+    assert any(line.startswith("backup:") for line in lines)  # progress shown
+    assert any(line.startswith("[1/") for line in lines)
+    # The backup is a faithful copy of the legacy database.
+    assert result.backup and dump(result.backup) == before
+    backup = sqlite3.connect(result.backup)
+    assert schema_version(backup) == 1
+    backup.close()
+
+
+def test_duplicate_gids_stop_the_migration_with_a_list_and_delete_nothing(tmp_path, capsys):
+    path = str(tmp_path / "dup.sqlite")
+    legacy_database(path, duplicate=True)
+    before = dump(path)
+    with pytest.raises(DuplicateGids) as stopped:
+        migrate(path, lambda _: None)
+    assert [(d.gid, d.count) for d in stopped.value.duplicates] == [(7, 2), (9, 3)]
+    assert stopped.value.duplicates[1].row_ids == [9, 52, 53]
+    assert "gid 9: 3 rows (gallery ids 9, 52, 53)" in str(stopped.value)
+    assert dump(path) == before  # nothing deleted, nothing added
+    connection = sqlite3.connect(path)
+    assert schema_version(connection) == 1
+    connection.close()
+    backups = glob.glob(path + ".bak-*")
+    assert len(backups) == 1 and dump(backups[0]) == before
+    # The command line says the same and exits non-zero.
+    assert migrate_main(["--db", path]) == 2
+    err = capsys.readouterr().err
+    assert "gid 7: 2 rows" in err and "nothing was changed" in err
+
+
+def test_second_run_changes_nothing(tmp_path, capsys):
+    path = str(tmp_path / "old.sqlite")
+    legacy_database(path)
+    assert migrate_main(["--db", path]) == 0
+    schema = schema_sql(path)
+    data = dump(path)
+    backups = glob.glob(path + ".bak-*")
+    assert migrate_main(["--db", path]) == 0
+    assert "already migrated" in capsys.readouterr().out
+    assert schema_sql(path) == schema and dump(path) == data
+    assert glob.glob(path + ".bak-*") == backups  # no new backup either
+
+
+def test_failing_statement_rolls_the_whole_migration_back(tmp_path):
+    path = str(tmp_path / "old.sqlite")
+    legacy_database(path)
+    connection = sqlite3.connect(path)
+    # A table in the way of a statement late in the script: an error mid-way.
+    connection.execute("CREATE TABLE notification_outbox (oops INTEGER)")
+    connection.commit()
+    connection.close()
+    before = schema_sql(path)
+    with pytest.raises(sqlite3.Error):
+        migrate(path, lambda _: None)
+    assert schema_sql(path) == before  # task_operation etc. rolled back too
+
+
+def test_migrate_command_runs_as_a_process(tmp_path):
+    path = str(tmp_path / "old.sqlite")
+    legacy_database(path)
+    done = subprocess.run(
+        [sys.executable, "-m", "tasknet.cli.migrate", "--db", path],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "migrated to schema v2" in done.stdout
+    missing = subprocess.run(
+        [sys.executable, "-m", "tasknet.cli.migrate", "--db", str(tmp_path / "none.sqlite")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert missing.returncode == 1 and "no database" in missing.stderr
+
+
+def test_fresh_database_is_initialised_and_unmigrated_one_refused(tmp_path):
+    fresh = str(tmp_path / "fresh.sqlite")
+    assert prepare_database(fresh) is True
+    assert prepare_database(fresh) is False  # now migrated: accepted as is
+    old = str(tmp_path / "old.sqlite")
+    legacy_database(old)
+    before = dump(old)
+    with pytest.raises(UnmigratedDatabase) as refused:
+        prepare_database(old)
+    assert f"tasknet-migrate --db {old}" in str(refused.value)
+    assert dump(old) == before
+    # A fresh install and a migrated one end with the same schema.
+    migrate(old, lambda _: None)
+    assert [r[:2] for r in schema_sql(old)] == [r[:2] for r in schema_sql(fresh)]
+
+
+def test_trigger_rejects_illegal_transition_written_with_raw_sql(tmp_path):
+    path = str(tmp_path / "t.sqlite")
+    prepare_database(path)
+    connection = sqlite3.connect(path, isolation_level=None)
+    connection.execute("INSERT INTO user (id, name, token_hash) VALUES (1, 'u', 'h')")
+    for bad in ("SUBMITTING", "UNKNOWN", "DELETE_PENDING", "DELETED"):
+        with pytest.raises(sqlite3.IntegrityError, match="illegal task_operation transition"):
+            connection.execute(
+                "INSERT INTO task_operation (gid, operation_id, state) VALUES (1, 'a', ?)", (bad,)
+            )
+    connection.execute(
+        "INSERT INTO task_operation (gid, operation_id, state) VALUES (1, 'a', 'RESERVED')"
+    )
+    for bad in ("SUBMITTED", "UNKNOWN", "DELETE_PENDING", "DELETED"):
+        with pytest.raises(sqlite3.IntegrityError, match="illegal task_operation transition"):
+            connection.execute("UPDATE task_operation SET state = ? WHERE gid = 1", (bad,))
+    connection.execute("UPDATE task_operation SET state = 'SUBMITTING' WHERE gid = 1")
+    connection.execute("UPDATE task_operation SET state = 'SUBMITTED' WHERE gid = 1")
+    with pytest.raises(sqlite3.IntegrityError, match="illegal task_operation transition"):
+        connection.execute("DELETE FROM task_operation WHERE gid = 1")
+    with pytest.raises(sqlite3.IntegrityError, match="operationId may not be rewritten"):
+        connection.execute("UPDATE task_operation SET operation_id = 'b' WHERE gid = 1")
+    assert connection.execute("SELECT state, operation_id FROM task_operation").fetchone() == (
+        "SUBMITTED",
+        "a",
+    )
+    connection.close()
+
+
+def test_sql_transition_table_equals_transitions_allowed(tmp_path):
+    path = str(tmp_path / "t.sqlite")
+    prepare_database(path)
+    connection = sqlite3.connect(path)
+    rows = set(connection.execute("SELECT from_state, to_state FROM task_transition").fetchall())
+    connection.close()
+
+    def name(state: OperationState | None) -> str:
+        return "NONE" if state is None else state.value
+
+    assert rows == {(name(a), name(b)) for a, b in transitions.ALLOWED}
+
+
+def test_split_statements_respects_trigger_bodies_and_comments():
+    statements = split_statements(load_script("migrate_task_operation_v2.sql"))
+    triggers = [s for s in statements if "CREATE TRIGGER" in s]
+    assert len(triggers) == 4 and all(s.rstrip().endswith("END;") for s in triggers)
+    assert all(sqlite3.complete_statement(s) for s in statements)
+    assert split_statements("-- only a comment; with a semicolon\n") == []

@@ -1,0 +1,286 @@
+"""Every report rule of PROTOCOL.md, on a real SQLite file, one real
+transaction per report (storage layer; the wire path is tested elsewhere)."""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tasknet.protocol.messages import (
+    DeletedEntry,
+    DeleteResult,
+    StatusReport,
+    TaskEntry,
+    TaskReport,
+)
+from tasknet.site.storage import db as dbmod
+from tasknet.site.storage import reports
+from tasknet.site.storage.schema import prepare_database
+from tests.site_protocol.harness import add_task, add_user, outbox_count, row
+
+
+@pytest.fixture
+def conn(tmp_path: Path) -> Iterator[sqlite3.Connection]:
+    path = str(tmp_path / "site.sqlite")
+    prepare_database(path)
+    connection = dbmod.connect(path)
+    yield connection
+    connection.close()
+
+
+@pytest.fixture
+def uid(conn: sqlite3.Connection) -> int:
+    return add_user(conn, "alice")[0]
+
+
+def report(
+    report_id: str,
+    revision: int,
+    tasks: list[tuple[int, int, float]],
+    ops: dict[int, str] | None = None,
+    deleted: list[tuple[int, str, str, str]] | None = None,
+) -> TaskReport:
+    return TaskReport(
+        report_id,
+        revision,
+        tuple(TaskEntry(*t) for t in tasks),
+        ops or {},
+        tuple(DeletedEntry(*d) for d in deleted or []),
+    )
+
+
+def apply(conn: sqlite3.Connection, message: reports.NodeReport, node: str = "n1"):
+    return dbmod.run_write(conn, reports.apply_report, node, message)
+
+
+def test_applied_sets_status_progress_revision_and_one_notification(conn, uid):
+    add_task(conn, 1, uid, node_id="n1")
+    out = apply(conn, report("r1", 100, [(1, 1, 0.25)], {1: "op-1"}))
+    assert out.result == "APPLIED" and out.applied == [1] and out.changed == [1]
+    r = row(conn, 1)
+    assert (r["status"], r["progress"], r["last_revision"]) == (1, 0.25, 100)
+    assert outbox_count(conn, 1) == 1
+    assert conn.execute("SELECT COUNT(*) FROM report_receipt").fetchone()[0] == 1
+
+
+def test_unknown_gid_is_ignored_and_receipt_recorded(conn, uid):
+    out = apply(conn, report("r1", 100, [(999, 4, 1.0)], {999: "op-x"}))
+    assert out.result == "APPLIED" and out.ignored == {999: reports.UNKNOWN_GID}
+    assert conn.execute("SELECT COUNT(*) FROM gallery").fetchone()[0] == 0
+    assert conn.execute("SELECT report_id FROM report_receipt").fetchall()[0][0] == "r1"
+    assert outbox_count(conn) == 0
+
+
+def test_tombstone_ignores_even_its_own_operation_id(conn, uid):
+    add_task(conn, 2, uid, "DELETED", node_id="n1")
+    out = apply(conn, report("r1", 100, [(2, 4, 1.0)], {2: "op-2"}))
+    assert out.ignored == {2: reports.TOMBSTONE}
+    assert row(conn, 2)["state"] == "DELETED"
+    assert conn.execute("SELECT COUNT(*) FROM gallery").fetchone()[0] == 0
+    assert outbox_count(conn) == 0
+
+
+@pytest.mark.parametrize("state", ["DELETE_PENDING", "RESERVED", "SUBMITTING", "UNKNOWN"])
+def test_unsettled_states_drop_the_entry(conn, uid, state):
+    add_task(conn, 3, uid, state, node_id="n1")
+    before = row(conn, 3)
+    out = apply(conn, report("r1", 100, [(3, 4, 1.0)], {3: "op-3"}))
+    assert out.dropped == {3: state}
+    assert row(conn, 3) == before
+    assert outbox_count(conn) == 0
+
+
+def test_missing_operation_id_for_a_v2_generation_is_dropped(conn, uid):
+    add_task(conn, 4, uid, node_id="n1")
+    out = apply(conn, report("r1", 100, [(4, 4, 1.0)]))
+    assert out.dropped == {4: reports.MISSING_OPERATION}
+    assert row(conn, 4)["status"] is None
+
+
+def test_old_generation_is_dropped(conn, uid):
+    add_task(conn, 5, uid, node_id="n1")
+    out = apply(conn, report("r1", 100, [(5, 4, 1.0)], {5: "an-older-generation"}))
+    assert out.dropped == {5: reports.OLD_GENERATION}
+    assert row(conn, 5)["status"] is None
+
+
+def test_stale_or_equal_revision_is_dropped(conn, uid):
+    add_task(conn, 6, uid, node_id="n1")
+    apply(conn, report("r1", 100, [(6, 3, 0.9)], {6: "op-6"}))
+    equal = apply(conn, report("r2", 100, [(6, 1, 0.1)], {6: "op-6"}))
+    older = apply(conn, report("r3", 99, [(6, 1, 0.1)], {6: "op-6"}))
+    assert equal.dropped == {6: reports.STALE} and older.dropped == {6: reports.STALE}
+    r = row(conn, 6)
+    assert (r["status"], r["progress"], r["last_revision"]) == (3, 0.9, 100)
+    assert outbox_count(conn, 6) == 1
+
+
+def test_unchanged_entry_advances_revision_without_notification(conn, uid):
+    add_task(conn, 7, uid, node_id="n1")
+    apply(conn, report("r1", 100, [(7, 4, 1.0)], {7: "op-7"}))
+    out = apply(conn, report("r2", 200, [(7, 4, 1.0)], {7: "op-7"}))
+    assert out.applied == [7] and out.changed == []
+    assert row(conn, 7)["last_revision"] == 200
+    assert outbox_count(conn, 7) == 1
+
+
+def test_duplicate_report_changes_nothing(conn, uid):
+    add_task(conn, 8, uid, node_id="n1")
+    first = apply(conn, report("r1", 100, [(8, 1, 0.5)], {8: "op-8"}))
+    second = apply(conn, report("r1", 100, [(8, 1, 0.5)], {8: "op-8"}))
+    assert (first.result, second.result) == ("APPLIED", "DUPLICATE")
+    assert second.applied == [] and second.notifications == 0
+    assert outbox_count(conn, 8) == 1
+
+
+def test_legacy_row_gets_one_generation_from_the_report(conn, uid):
+    add_task(conn, 9, uid, None, node_id="n1", status=2, progress=0.5)
+    out = apply(conn, report("r1", 100, [(9, 3, 0.7)], {9: "node-op-9"}))
+    assert out.backfilled == [9] and out.applied == [9]
+    r = row(conn, 9)
+    assert (r["state"], r["operation_id"], r["legacy"]) == ("SUBMITTED", "node-op-9", 1)
+    assert (r["status"], r["last_revision"]) == (3, 100)
+    # Once only: the next report finds the generation and does not backfill.
+    again = apply(conn, report("r2", 101, [(9, 4, 1.0)], {9: "node-op-9"}))
+    assert again.backfilled == [] and again.applied == [9]
+    assert row(conn, 9)["operation_id"] == "node-op-9"
+
+
+def test_legacy_row_without_operation_id_gets_a_fresh_one_and_keeps_status(conn, uid):
+    add_task(conn, 10, uid, None, node_id="n1", status=2, progress=0.5)
+    # A report dropped as stale still leaves the backfill (status unchanged by it).
+    dbmod.run_write(
+        conn,
+        lambda c: c.execute(
+            "INSERT INTO report_receipt (report_id, node_id, revision) VALUES ('x', 'n1', 1)"
+        ),
+    )
+    out = apply(conn, report("r1", 100, [(10, 2, 0.5)]))
+    assert out.backfilled == [10] and out.applied == [10] and out.changed == []
+    r = row(conn, 10)
+    assert r["operation_id"] and r["legacy"] == 1
+    assert (r["status"], r["progress"]) == (2, 0.5)
+    # A backfilled (legacy) generation accepts entries without an operationId.
+    later = apply(conn, report("r2", 101, [(10, 4, 1.0)]))
+    assert later.applied == [10] and row(conn, 10)["status"] == 4
+
+
+def test_status_report_applies_by_ownership_only(conn, uid):
+    add_task(conn, 11, uid, node_id="legacy-1")
+    add_task(conn, 12, uid, node_id="someone-else")
+    add_task(conn, 13, uid, None, node_id="legacy-1", status=1)
+    add_task(conn, 14, uid, "DELETE_PENDING", node_id="legacy-1")
+    out = apply(
+        conn,
+        StatusReport(
+            (
+                TaskEntry(11, 2, 0.5),
+                TaskEntry(12, 4, 1.0),
+                TaskEntry(13, 4, 1.0),
+                TaskEntry(14, 4, 1.0),
+            )
+        ),
+        node="legacy-1",
+    )
+    assert out.result == reports.LEGACY
+    assert out.applied == [11, 13]
+    assert out.dropped == {12: reports.NOT_OWNER, 14: "DELETE_PENDING"}
+    assert out.backfilled == [13]
+    assert row(conn, 11)["status"] == 2 and row(conn, 12)["status"] is None
+    assert row(conn, 13)["status"] == 4 and row(conn, 13)["legacy"] == 1
+    assert row(conn, 11)["last_revision"] is None  # legacy reports carry no revision
+
+
+def test_deleted_entry_completes_only_with_the_matching_delete_id(conn, uid):
+    add_task(conn, 20, uid, "DELETE_PENDING", node_id="n1")
+    conn.execute("INSERT INTO favorite (user_id, gid) VALUES (?, 20)", (uid,))
+    wrong = apply(conn, report("r1", 100, [], deleted=[(20, "op-20", "DELETED", "")]))
+    assert wrong.dropped == {20: reports.DELETE_ID_MISMATCH}
+    assert row(conn, 20)["state"] == "DELETE_PENDING"
+    done = apply(conn, report("r2", 101, [], deleted=[(20, "del-20", "DELETED", "")]))
+    assert done.deletes_completed == [20]
+    r = row(conn, 20)
+    assert r["state"] == "DELETED" and r["status"] is None  # gallery row gone
+    assert conn.execute("SELECT COUNT(*) FROM favorite WHERE gid = 20").fetchone()[0] == 0
+    # The node repeats it (no ACK reached it): ignored, nothing written.
+    count = outbox_count(conn, 20)
+    repeat = apply(conn, report("r3", 102, [(20, 4, 1.0)], deleted=[(20, "del-20", "DELETED", "")]))
+    assert repeat.ignored == {20: reports.TOMBSTONE}
+    assert outbox_count(conn, 20) == count
+
+
+def test_not_found_completes_and_failed_marks_delete_failed(conn, uid):
+    add_task(conn, 21, uid, "DELETE_PENDING", node_id="n1")
+    add_task(conn, 22, uid, "DELETE_PENDING", node_id="n1")
+    out = apply(
+        conn,
+        report(
+            "r1",
+            100,
+            [],
+            deleted=[(21, "del-21", "NOT_FOUND", ""), (22, "del-22", "FAILED", "disk busy")],
+        ),
+    )
+    assert out.deletes_completed == [21] and out.deletes_failed == [22]
+    assert row(conn, 21)["state"] == "DELETED"
+    r = row(conn, 22)
+    assert (r["state"], r["delete_result"], r["delete_operation_id"]) == (
+        "DELETE_PENDING",
+        "FAILED",
+        "del-22",
+    )
+    view = conn.execute(
+        "SELECT payload FROM notification_outbox WHERE gid = 22 ORDER BY id DESC"
+    ).fetchone()[0]
+    assert "删除失败" in view
+
+
+def test_legacy_delete_result_uses_the_current_delete_id_from_the_owner(conn, uid):
+    add_task(conn, 30, uid, "DELETE_PENDING", node_id="legacy-1")
+    add_task(conn, 31, uid, "DELETE_PENDING", node_id="legacy-1")
+    stranger = apply(conn, DeleteResult(30, True, ""), node="legacy-2")
+    assert stranger.dropped == {30: reports.NOT_OWNER}
+    assert row(conn, 30)["state"] == "DELETE_PENDING"
+    assert apply(conn, DeleteResult(30, True, ""), node="legacy-1").deletes_completed == [30]
+    assert row(conn, 30)["state"] == "DELETED"
+    failed = apply(conn, DeleteResult(31, False, "permission denied"), node="legacy-1")
+    assert failed.deletes_failed == [31] and row(conn, 31)["delete_result"] == "FAILED"
+
+
+def test_a_failing_report_in_a_batch_does_not_lose_the_others(conn, uid):
+    add_task(conn, 40, uid, node_id="n1")
+    add_task(conn, 41, uid, node_id="n1")
+    add_task(conn, 42, uid, node_id="n1")
+    # A real SQLite failure inside the second report, after its receipt was
+    # written: a test-only trigger refuses one particular progress value.
+    conn.execute(
+        "CREATE TRIGGER refuse_0123 BEFORE UPDATE ON gallery WHEN NEW.progress = 0.123"
+        " BEGIN SELECT RAISE(ABORT, 'injected failure'); END"
+    )
+    bad = report("bad", 100, [(42, 1, 0.123)], {42: "op-42"})
+    batch = [
+        ("n1", report("a", 100, [(40, 1, 0.1)], {40: "op-40"})),
+        ("n1", bad),
+        ("n1", report("b", 101, [(41, 1, 0.1)], {41: "op-41"})),
+    ]
+    results = dbmod.run_write(conn, reports.apply_batch, batch)
+    assert isinstance(results[1], reports.ReportFailure)
+    assert [type(r) for r in (results[0], results[2])] == [reports.ReportOutcome] * 2
+    receipts = {r[0] for r in conn.execute("SELECT report_id FROM report_receipt")}
+    assert receipts == {"a", "b"}  # the failed one rolled back to its savepoint
+    assert "injected failure" in results[1].error
+    assert row(conn, 40)["status"] == 1 and row(conn, 41)["status"] == 1
+    assert row(conn, 42)["status"] is None and outbox_count(conn, 42) == 0
+
+
+def test_backfill_never_takes_an_operation_id_another_gid_has(conn, uid):
+    add_task(conn, 50, uid, node_id="n1")
+    add_task(conn, 51, uid, None, node_id="n1", status=1)
+    out = apply(conn, report("r1", 100, [(51, 2, 0.5)], {51: "op-50"}))
+    assert out.backfilled == [51]
+    assert out.dropped == {51: reports.OLD_GENERATION}
+    r = row(conn, 51)
+    assert r["operation_id"] not in (None, "op-50") and r["status"] == 1

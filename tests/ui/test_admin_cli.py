@@ -1,0 +1,290 @@
+"""``tasknet-admin`` against real SQLite files, through its ``main``.
+
+Setup uses the storage functions (as the site would); every check reads the
+database back through them too, so the CLI is tested end to end on a real
+file with real transactions and the v2 triggers.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import pytest_twisted
+import treq
+from twisted.internet import reactor
+from twisted.internet.threads import deferToThread
+from twisted.web.client import HTTPConnectionPool
+
+from tasknet.cli import admin
+from tasknet.cli.demo import free_port
+from tasknet.site.storage import db, tasks, users
+from tasknet.site.storage.schema import prepare_database
+from tasknet.upstream.testing import running_upstream
+
+
+@pytest.fixture
+def dbpath(tmp_path: Path) -> str:
+    path = str(tmp_path / "site.sqlite")
+    assert prepare_database(path) is True
+    return path
+
+
+def _cli(dbpath: str, *argv: str, capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    code = admin.main(["--db", dbpath, *argv])
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def _read(dbpath: str, fn, *args):  # type: ignore[no-untyped-def]
+    connection = db.connect(dbpath)
+    try:
+        return db.run_read(connection, fn, *args)
+    finally:
+        connection.close()
+
+
+def _write(dbpath: str, fn, *args):  # type: ignore[no-untyped-def]
+    connection = db.connect(dbpath)
+    try:
+        return db.run_write(connection, fn, *args)
+    finally:
+        connection.close()
+
+
+def _make_unknown(dbpath: str, gid: int, user_name: str = "alice", cost: int = 7) -> str:
+    """A task left UNKNOWN after its POST, via the lifecycle's own transactions."""
+    user = _read(dbpath, users.get_user, user_name)
+    week = tasks.iso_week()
+    op = _write(dbpath, tasks.reserve, gid, user.id, "", "upstream-token", week)
+    assert _write(dbpath, tasks.begin_submit, gid, op, cost, f"title {gid}", week)
+    assert _write(dbpath, tasks.mark_unknown, gid, op, "submit", "timed out after 30s")
+    return op
+
+
+def test_user_add_prints_a_token_that_is_stored_hashed(
+    dbpath: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, err = _cli(dbpath, "user", "add", "alice", "--admin", "--quota", "40", capsys=capsys)
+    assert code == 0, err
+    token = out.strip()
+    assert len(token) >= 20
+    user = _read(dbpath, users.user_by_token, token)
+    assert user is not None and user.name == "alice" and user.is_admin and user.quota == 40
+    raw = (
+        sqlite3.connect(dbpath)
+        .execute("SELECT token_hash FROM user WHERE name='alice'")
+        .fetchone()[0]
+    )
+    assert raw != token and token not in raw
+
+
+def test_user_list_quota_and_token_rotation(
+    dbpath: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _, out, _ = _cli(dbpath, "user", "add", "bob", capsys=capsys)
+    old_token = out.strip()
+    code, out, _ = _cli(dbpath, "user", "list", capsys=capsys)
+    assert code == 0
+    assert "bob" in out and str(users.DEFAULT_QUOTA) in out
+
+    code, out, _ = _cli(dbpath, "user", "quota", "bob", "12", capsys=capsys)
+    assert code == 0 and "12" in out
+    assert _read(dbpath, users.get_user, "bob").quota == 12
+
+    code, out, _ = _cli(dbpath, "user", "token", "bob", capsys=capsys)
+    new_token = out.strip()
+    assert code == 0 and new_token != old_token
+    assert _read(dbpath, users.user_by_token, old_token) is None
+    assert _read(dbpath, users.user_by_token, new_token).name == "bob"
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (("user", "add", "bad name!"), "user name must match"),
+        (("user", "quota", "nobody", "5"), "no user 'nobody'"),
+        (("user", "token", "nobody"), "no user 'nobody'"),
+    ],
+)
+def test_user_refusals_change_nothing(
+    dbpath: str, capsys: pytest.CaptureFixture[str], argv: tuple[str, ...], message: str
+) -> None:
+    before = _read(dbpath, users.list_users)
+    code, out, err = _cli(dbpath, *argv, capsys=capsys)
+    assert code == 1
+    assert message in err and out == ""
+    assert _read(dbpath, users.list_users) == before
+
+
+def test_duplicate_user_is_refused(dbpath: str, capsys: pytest.CaptureFixture[str]) -> None:
+    _cli(dbpath, "user", "add", "carol", capsys=capsys)
+    code, _, err = _cli(dbpath, "user", "add", "carol", capsys=capsys)
+    assert code == 1 and "already exists" in err
+    assert [u.name for u in _read(dbpath, users.list_users)] == ["carol"]
+
+
+def test_bad_usage_exits_2_without_touching_the_database(
+    dbpath: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        admin.main(["--db", dbpath, "user", "quota", "alice", "-3"])
+    assert exit_info.value.code == 2
+    with pytest.raises(SystemExit):
+        admin.main(["--db", dbpath, "resolve", "12", "maybe"])
+    assert "invalid choice" in capsys.readouterr().err
+
+
+def test_missing_database_is_not_created(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "typo.sqlite"
+    code, _, err = _cli(str(path), "user", "list", capsys=capsys)
+    assert code == 1 and "no database" in err
+    assert not path.exists()
+
+
+def test_node_keys_add_list_remove(dbpath: str, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = _cli(dbpath, "node-key", "add", "node-1", "s3cret-value", capsys=capsys)
+    assert code == 0 and out.strip() == "s3cret-value"
+    code, out, _ = _cli(dbpath, "node-key", "add", "node-2", capsys=capsys)
+    generated = out.strip()
+    assert code == 0 and len(generated) >= 16
+    assert _read(dbpath, users.node_keys) == {"node-1": "s3cret-value", "node-2": generated}
+
+    _, listed, _ = _cli(dbpath, "node-key", "list", capsys=capsys)
+    assert "node-1" in listed and "node-2" in listed and "s3cret-value" not in listed
+    _, shown, _ = _cli(dbpath, "node-key", "list", "--show-secrets", capsys=capsys)
+    assert "s3cret-value" in shown
+
+    code, _, _ = _cli(dbpath, "node-key", "remove", "node-1", capsys=capsys)
+    assert code == 0
+    assert set(_read(dbpath, users.node_keys)) == {"node-2"}
+    code, _, err = _cli(dbpath, "node-key", "remove", "node-1", capsys=capsys)
+    assert code == 1 and "no node key" in err
+    code, _, err = _cli(dbpath, "node-key", "add", "bad id", "x", capsys=capsys)
+    assert code == 1 and "node id must match" in err
+
+
+def _cli_process(dbpath: str, *argv: str, upstream: str) -> subprocess.CompletedProcess[str]:
+    """``tasknet-admin`` as a real process (unknown/resolve run their own reactor)."""
+    script = Path(sys.executable).with_name("tasknet-admin")
+    return subprocess.run(
+        [str(script), "--db", dbpath, "--upstream", upstream, *argv],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+async def _run(dbpath: str, *argv: str, upstream: str) -> subprocess.CompletedProcess[str]:
+    # In a thread, so the in-process upstream keeps answering meanwhile.
+    return await deferToThread(_cli_process, dbpath, *argv, upstream=upstream)
+
+
+async def _post_archive(base_url: str, gid: int) -> None:
+    """One real archive POST, so the upstream's audit shows a submission."""
+    pool = HTTPConnectionPool(reactor, persistent=False)
+    response = await treq.post(f"{base_url}/api/galleries/{gid}/archive", pool=pool)
+    assert response.code == 200
+    await response.content()
+
+
+@pytest_twisted.ensureDeferred
+async def test_unknown_lists_evidence_with_the_upstream_audit(dbpath: str) -> None:
+    _write(dbpath, users.create_user, "alice")
+    async with running_upstream() as up:
+        result = await _run(dbpath, "unknown", upstream=up.base_url)
+        assert result.returncode == 0, result.stderr
+        assert "no UNKNOWN operations" in result.stdout
+
+        op = _make_unknown(dbpath, 4242)
+        await _post_archive(up.base_url, 4242)
+        result = await _run(dbpath, "unknown", upstream=up.base_url)
+        assert result.returncode == 0, result.stderr
+        assert "gid 4242" in result.stdout and "timed out after 30s" in result.stdout
+        assert op in result.stdout
+
+        result = await _run(dbpath, "unknown", "--json", upstream=up.base_url)
+        listed = json.loads(result.stdout)["tasks"]
+        assert [t["gid"] for t in listed] == [4242]
+        assert listed[0]["status"] == "SUBMIT_UNKNOWN"
+        evidence = listed[0]["evidence"]
+        assert evidence["step"] == "submit"
+        assert evidence["upstream"]["available"] is True
+        assert evidence["upstream"]["audit"]["submissions"] == 1
+        assert up.stats()["posts"] == {"4242": 1}  # the listing POSTed nothing
+
+
+@pytest_twisted.ensureDeferred
+async def test_resolve_submitted_meters_once_and_repeats_harmlessly(dbpath: str) -> None:
+    _write(dbpath, users.create_user, "alice")
+    _make_unknown(dbpath, 5151, cost=7)
+    alice = _read(dbpath, users.get_user, "alice")
+    async with running_upstream() as up:
+        await _post_archive(up.base_url, 5151)
+        result = await _run(
+            dbpath, "resolve", "5151", "submitted", "--note", "audit: 1 POST", upstream=up.base_url
+        )
+        assert result.returncode == 0, result.stderr
+        assert "SUBMITTED" in result.stdout
+        assert _read(dbpath, tasks.task_view, 5151)["state"] == "SUBMITTED"
+        assert _read(dbpath, tasks.usage, alice.id)["used"] == 7
+        # The same verdict again answers the same and meters nothing more.
+        result = await _run(dbpath, "resolve", "5151", "submitted", upstream=up.base_url)
+        assert result.returncode == 0, result.stderr
+        assert _read(dbpath, tasks.usage, alice.id)["used"] == 7
+        # The other verdict on a settled task is a conflict that changes nothing.
+        result = await _run(dbpath, "resolve", "5151", "not_submitted", upstream=up.base_url)
+        assert result.returncode == 1 and "not UNKNOWN" in result.stderr
+        assert _read(dbpath, tasks.task_view, 5151)["state"] == "SUBMITTED"
+        assert up.stats()["posts"] == {"5151": 1}  # resolving never POSTs
+    audit = (
+        sqlite3.connect(dbpath)
+        .execute("SELECT verdict, actor, note, evidence FROM reconciliation_audit WHERE gid = 5151")
+        .fetchall()
+    )
+    assert len(audit) == 1
+    verdict, actor, note, evidence = audit[0]
+    assert (verdict, note) == ("submitted", "audit: 1 POST")
+    assert actor.startswith("tasknet-admin")
+    assert json.loads(evidence)["upstream"]["audit"]["submissions"] == 1
+
+
+@pytest_twisted.ensureDeferred
+async def test_resolve_not_submitted_frees_the_gid_even_without_the_upstream(dbpath: str) -> None:
+    _write(dbpath, users.create_user, "alice")
+    _make_unknown(dbpath, 6161)
+    alice = _read(dbpath, users.get_user, "alice")
+    closed = f"http://127.0.0.1:{free_port()}"  # nothing listens: the audit is unavailable
+    result = await _run(
+        dbpath, "resolve", "6161", "not_submitted", "--note", "no POST", upstream=closed
+    )
+    assert result.returncode == 0, result.stderr
+    assert "gid is free" in result.stdout
+    assert _read(dbpath, tasks.task_view, 6161) is None
+    assert _read(dbpath, tasks.usage, alice.id)["used"] == 0
+    assert _read(dbpath, tasks.unknown_operations) == []
+
+
+@pytest_twisted.ensureDeferred
+async def test_resolve_unknown_gid_is_not_found(dbpath: str) -> None:
+    closed = f"http://127.0.0.1:{free_port()}"
+    result = await _run(dbpath, "resolve", "999", "submitted", upstream=closed)
+    assert result.returncode == 1 and "no task 999" in result.stderr
+
+
+def test_console_script_is_installed(dbpath: str) -> None:
+    script = Path(sys.executable).with_name("tasknet-admin")
+    result = subprocess.run(
+        [str(script), "--db", dbpath, "user", "add", "dave"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    assert _read(dbpath, users.user_by_token, result.stdout.strip()).name == "dave"
