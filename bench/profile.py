@@ -63,12 +63,13 @@ _THREAD = re.compile(r"^thread \((\w+)\)(?:: (.*))?$")
 
 
 def summarize(collapsed: Path, top: int = 12) -> dict[str, Any]:
-    """Samples per thread, and the functions with the most samples (self and total)."""
-    per_thread: Counter[str] = Counter()
+    """Per thread: samples and busy samples (not waiting in epoll or on a
+    condition); over busy samples: the lines with the most self time and the
+    tasknet functions with the most total time."""
+    threads: dict[str, list[int]] = {}
     self_time: Counter[str] = Counter()
     total_time: Counter[str] = Counter()
-    idle = 0
-    samples = 0
+    samples = busy = 0
     for line in collapsed.read_text().splitlines():
         stack, _, count_text = line.rpartition(" ")
         if not stack:
@@ -80,40 +81,51 @@ def summarize(collapsed: Path, top: int = 12) -> dict[str, Any]:
         match = _THREAD.match(thread)
         if match:
             thread = match.group(2) or match.group(1)
-        per_thread[thread] += count
-        functions = [f for f in frames if f.endswith(")") and "(" in f]
-        if not functions:
+            frames = frames[1:]
+        counts = threads.setdefault(thread, [0, 0])
+        counts[0] += count
+        if not frames or _is_idle(frames[-1]):
             continue
-        leaf = functions[-1]
-        if _is_idle(leaf):
-            idle += count
-        self_time[leaf] += count
-        for f in set(functions):
+        counts[1] += count
+        busy += count
+        self_time[frames[-1]] += count
+        for f in {_function(f) for f in frames if "tasknet/" in f}:
             total_time[f] += count
     return {
         "samples": samples,
-        "idle_samples": idle,
-        "threads": dict(per_thread.most_common()),
-        "self": [(f, n) for f, n in self_time.most_common(top)],
-        "total": [(f, n) for f, n in total_time.most_common(top * 2)],
+        "busy_samples": busy,
+        "threads": {t: {"samples": n, "busy": b} for t, (n, b) in threads.items()},
+        "self": self_time.most_common(top),
+        "total": total_time.most_common(top),
         "file": str(collapsed),
     }
 
 
+def _function(frame: str) -> str:
+    """``name (file:line)`` -> ``name (file)``: total time is per function."""
+    return re.sub(r":\d+\)$", ")", frame)
+
+
 def _is_idle(frame: str) -> bool:
-    return any(word in frame for word in ("poll (", "epoll", "select (", "wait (", "_wait ("))
+    # The reactor waiting in epoll, a pool thread waiting for work.
+    return frame.startswith(("EPollReactor.doPoll", "Condition.wait", "Event.wait", "select "))
 
 
 def format_summary(summary: dict[str, Any]) -> list[str]:
     """Readable lines for the notes of a row and bench/README.md."""
     if "error" in summary:
         return [f"profile failed: {summary['error']}"]
-    samples = summary["samples"] or 1
-    lines = [f"py-spy samples: {summary['samples']} (collapsed stacks: {summary['file']})"]
+    busy = summary["busy_samples"] or 1
+    lines = [f"py-spy: {summary['samples']} samples, stacks in {summary['file']}"]
     lines.append(
-        "threads: "
-        + ", ".join(f"{t} {100 * n / samples:.0f}%" for t, n in summary["threads"].items())
+        "threads busy: "
+        + ", ".join(
+            f"{name} {100 * t['busy'] / max(t['samples'], 1):.0f}%"
+            for name, t in sorted(summary["threads"].items(), key=lambda kv: -kv[1]["busy"])
+        )
     )
-    lines.append("self time:")
-    lines.extend(f"  {100 * n / samples:5.1f}%  {f}" for f, n in summary["self"])
+    lines.append("busy samples by line (self):")
+    lines.extend(f"  {100 * n / busy:5.1f}%  {f}" for f, n in summary["self"])
+    lines.append("busy samples by tasknet function (total):")
+    lines.extend(f"  {100 * n / busy:5.1f}%  {f}" for f, n in summary["total"])
     return lines

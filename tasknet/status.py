@@ -11,7 +11,7 @@ import enum
 from typing import NamedTuple
 
 
-class OperationState(str, enum.Enum):
+class OperationState(enum.StrEnum):
     """``task_operation.state`` values (LIFECYCLE.md, "States")."""
 
     RESERVED = "RESERVED"
@@ -36,7 +36,7 @@ class Label(NamedTuple):
     en: str
 
 
-class TaskStatus(str, enum.Enum):
+class TaskStatus(enum.StrEnum):
     """Display keys, as the API's ``status`` field spells them."""
 
     SUBMITTING = "SUBMITTING"

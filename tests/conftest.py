@@ -17,14 +17,24 @@ from twisted.internet.task import deferLater
 try:  # unix sockets are optional on some platforms
     from twisted.internet import unix
 
-    _SOCKET_TYPES: tuple[type, ...] = (tcp.Port, tcp.Connection, unix.Port, unix.Server, unix.Client)
+    _SOCKET_TYPES: tuple[type, ...] = (
+        tcp.Port,
+        tcp.Connection,
+        unix.Port,
+        unix.Server,
+        unix.Client,
+    )
 except ImportError:  # pragma: no cover
     _SOCKET_TYPES = (tcp.Port, tcp.Connection)
 
 
 def _leftovers() -> tuple[list, list]:
     calls = [c for c in reactor.getDelayedCalls() if c.active()]
-    sockets = [s for s in set(reactor.getReaders()) | set(reactor.getWriters()) if isinstance(s, _SOCKET_TYPES)]
+    sockets = [
+        s
+        for s in set(reactor.getReaders()) | set(reactor.getWriters())
+        if isinstance(s, _SOCKET_TYPES)
+    ]
     return calls, sockets
 
 

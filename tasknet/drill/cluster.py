@@ -10,6 +10,7 @@ bounded.
 from __future__ import annotations
 
 import json
+import sqlite3
 import subprocess
 import sys
 import time
@@ -340,6 +341,33 @@ class Cluster:
             return extra() if extra is not None else True
 
         wait_for(quiet, timeout, "the system to settle (no unacknowledged report)")
+
+    # -- database faults (S6, S15) ----------------------------------------------------
+
+    SABOTAGE = "drill_sabotage_recovery"
+
+    def sabotage_recovery(self, on: bool) -> None:
+        """Install (or remove) a trigger that makes any write to UNKNOWN abort.
+
+        Recovery's first write (``SUBMITTING`` -> ``UNKNOWN``) then fails, which
+        is the "recovery made to fail" of S15.  Only done while the site is
+        stopped: the drill never writes to a database a live site is using.
+        """
+        if self.site is not None and self.site.alive:
+            raise DrillError("refusing to edit the site database while the site runs")
+        conn = sqlite3.connect(self.site_db, timeout=10)
+        try:
+            if on:
+                conn.execute(
+                    f"CREATE TRIGGER IF NOT EXISTS {self.SABOTAGE} BEFORE UPDATE OF state"
+                    " ON task_operation WHEN NEW.state = 'UNKNOWN'"
+                    " BEGIN SELECT RAISE(ABORT, 'drill: recovery sabotaged (S15)'); END"
+                )
+            else:
+                conn.execute(f"DROP TRIGGER IF EXISTS {self.SABOTAGE}")
+            conn.commit()
+        finally:
+            conn.close()
 
     # -- the database-lock helper (S6) -----------------------------------------------
 

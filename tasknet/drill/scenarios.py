@@ -255,33 +255,51 @@ def s5_site_killed_with_reserved(c: Cluster, x: Expect, rng: random.Random) -> N
         completed(c, x, gid)
 
 
-def s6_database_locked(c: Cluster, x: Expect, rng: random.Random) -> None:
-    gid = pick_gid(rng)
-    latency_ms = 2500
-    x.step("start upstream, site (upstream timeout 20s), node")
-    basic(c, "n1", upstream_timeout=20)
-    c.upstream_fault("latency", ms=latency_ms)
-    x.step(f"create gid {gid}; lock the database while the POST is in flight")
-    _, answers = in_background(lambda: c.create(gid, timeout=60))
+def _persist_under_lock(c: Cluster, x: Expect, gid: int, latency: float) -> Reply:
+    """Create ``gid`` with the POST answer delayed ``latency`` s, and hold the site
+    database locked from shortly before the answer until past busy_timeout."""
+    _, answers = in_background(lambda: c.create(gid, timeout=90))
     wait_for(lambda: c.site_state(gid) == "SUBMITTING", 15, "SUBMITTING committed")
-    # Hold the lock past the answer (latency) plus busy_timeout (5 s) plus a margin,
-    # so the persist transaction gives up; release before a second busy_timeout
-    # ends, so marking UNKNOWN can succeed.
-    helper = c.lock_site_db(latency_ms / 1000 + 6.0)
-    wait_for(lambda: helper.poll() is not None, 30, "the database lock to be released")
-    x.step("lock released: the operation must be UNKNOWN, nothing metered")
-    state = c.wait_state(gid, ("UNKNOWN", "SUBMITTED"), 20)
-    x.equal(state, "UNKNOWN", "state after the persist failed")
-    wait_for(lambda: bool(answers), 30, "the create request to be answered")
+    # Lock after the writes the SUBMITTING commit triggers (outbox, dispatch) are
+    # done, shortly before the answer: the persist is then first in the writer's
+    # queue, waits busy_timeout (5 s) and fails; recording UNKNOWN comes after.
+    time.sleep(max(latency - 1.5, 0))
+    helper = c.lock_site_db(7.0)
+    wait_for(lambda: helper.poll() is not None, 40, "the database lock to be released")
+    wait_for(lambda: bool(answers), 40, "the create request to be answered")
+    return answers[0]
+
+
+def s6_database_locked(c: Cluster, x: Expect, rng: random.Random) -> None:
+    latency = 3.0
+    x.step("start upstream, site (upstream timeout 30s), node")
+    basic(c, "n1", upstream_timeout=30)
+    for attempt in range(3):
+        gid = pick_gid(rng)
+        c.upstream_fault("latency", ms=int(latency * 1000))
+        x.step(f"create gid {gid}; lock the database while its result is persisted")
+        answer = _persist_under_lock(c, x, gid, latency)
+        if c.site_state(gid) != "SUBMITTED":
+            break
+        # The lock missed the persist (timing on a loaded machine): not the
+        # product's fault; that gid is legitimately SUBMITTED.  Try another.
+        x.step(f"attempt {attempt + 1}: the lock missed the persist window; again")
+    else:
+        raise DrillError("could not lock the database during the persist in 3 attempts")
     x.that(
-        answers[0].status in (202, 500),
-        f"create answered 202 (UNKNOWN) or 500, got {answers[0].brief()}",
+        answer.status in (202, 500),
+        f"create answered 202 (UNKNOWN) or 500, got {answer.brief()}",
     )
-    expect_usage(c, x, 0, "usage after the failed persist")
+    if c.site_state(gid) == "SUBMITTING":
+        # Recording UNKNOWN failed as well (still locked): recovery does it at start.
+        x.step("UNKNOWN could not be recorded either: restart, recovery must")
+        c.restart_site(kill=False)
+    x.equal(c.site_state(gid), "UNKNOWN", "state after the persist failed")
     x.equal(c.posts(gid), 1, "upstream POSTs")
     x.step("resolve as submitted: metered once, dispatched")
+    before = c.api("GET", "/api/usage").body or {}
     x.status(c.resolve(gid, "submitted"), 200, "resolve submitted")
-    expect_usage(c, x, gallery(gid).cost, "usage after resolve")
+    expect_usage(c, x, int(before.get("used", 0)) + gallery(gid).cost, "usage after resolve")
     completed(c, x, gid)
 
 
@@ -364,11 +382,14 @@ def s10_node_killed_before_ack(c: Cluster, x: Expect, rng: random.Random) -> Non
     node = c.nodes["n1"]
     node.call("drop", 12, TO_SERVER)
     x.status(c.create(gid), 201, "create")
-    x.step(f"waiting for gid {gid} to complete on the node (the site cannot know)")
+    x.step(f"waiting for the node to send gid {gid}'s completion (dropped: no ACK)")
     wait_for(
-        lambda: (c.node_snapshot("n1").tasks.get(gid) or {}).get("status") == 4,
+        lambda: any(
+            r.action == "dropped" and report_carries(gid, 4)(r.payload)
+            for r in node.call("frames", 12, TO_SERVER)
+        ),
         DOWNLOAD_TIMEOUT,
-        "the node to complete the download",
+        "a completion report from the node",
         procs=[node.proc],
     )
     x.that((c.task(gid) or {}).get("status") != COMPLETED, "site not yet told of the completion")
@@ -513,33 +534,38 @@ def s14_site_restart_with_50_in_flight(c: Cluster, x: Expect, rng: random.Random
 
 
 def s15_recovery_fails(c: Cluster, x: Expect, rng: random.Random) -> None:
-    gid = pick_gid(rng)
-    x.step("start upstream and site; create a task while no node is connected")
-    basic(c)
-    x.status(c.create(gid), 201, "create")
+    ready, interrupted = distinct_gids(rng, 2)
+    x.step("start upstream and site; one task SUBMITTED, one interrupted in SUBMITTING")
+    basic(c, upstream_timeout=60)
+    x.status(c.create(ready), 201, f"create {ready}")
+    c.upstream_fault("timeout")
+    in_background(lambda: c.create(interrupted, timeout=90))
+    wait_for(lambda: c.site_state(interrupted) == "SUBMITTING", 15, "SUBMITTING committed")
     site = c.site
     assert site is not None
-    x.step("stop the site; lock its database; start it (recovery must fail)")
-    site.terminate()
-    helper = c.lock_site_db(12.0)
+    site.kill()
+    x.step("sabotage the database so that recovery's writes fail; start the site")
+    c.sabotage_recovery(True)
     site.start()
-    site.wait_ready(lambda: c.healthz().status == 200, 40, "/healthz with a locked database")
+    site.wait_ready(lambda: c.healthz().status == 200, 40, "/healthz after a failed recovery")
     x.equal(c.healthz().body, {"recovery": "failed", "dispatch": "disabled"}, "/healthz says so")
-    x.that(
-        "recovery" in site.log_text().lower() and "fail" in site.log_text().lower(),
-        "the log says recovery failed",
-    )
+    log = site.log_text().rsplit("starting up.", 1)[-1].lower()
+    x.that("recovery" in log and "fail" in log, "the log says recovery failed")
     x.step("a node connects: accepted, but nothing dispatched")
-    wait_for(lambda: helper.poll() is not None, 30, "the database lock to be released")
     c.start_node("n1")
     x.that(
         hold(lambda: not c.node_snapshot("n1").commands, 2.0),
         "no command sent while recovery has failed",
     )
-    x.step("restart the site: recovery succeeds, the task is dispatched")
-    c.restart_site(kill=False)
+    x.step("repair the database, restart the site: recovery succeeds, dispatch resumes")
+    site.terminate()
+    c.sabotage_recovery(False)
+    site.start()
+    site.wait_ready(lambda: c.healthz().status == 200, 40, "/healthz after repair")
     x.equal(c.healthz().body, {"recovery": "done", "dispatch": "enabled"}, "/healthz after")
-    completed(c, x, gid)
+    x.equal(c.site_state(interrupted), "UNKNOWN", "the interrupted submission after recovery")
+    x.equal(c.posts(interrupted), 1, "upstream POSTs of the interrupted submission")
+    completed(c, x, ready)
 
 
 def s16_concurrent_creates(c: Cluster, x: Expect, rng: random.Random) -> None:

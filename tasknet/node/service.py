@@ -22,7 +22,7 @@ from tasknet.node.paths import DataDir
 from tasknet.node.reporter import Reporter, SiteLink
 from tasknet.node.store import NodeStore
 from tasknet.node.worker import Worker
-from tasknet.protocol.messages import Error, Message, TaskReportAck
+from tasknet.protocol.messages import Message, TaskReportAck
 from tasknet.protocol.session import INodeHandler
 
 log = Logger()
@@ -254,8 +254,11 @@ class NodeService(MultiService):
         try:
             applied = self.commands.handle(message)
         except BadCommand as exc:
-            log.warn("refused command {message!r}: {error}", message=message, error=str(exc))
-            link.send(Error("bad_message", str(exc)))
+            # Well-formed on the wire but unusable (e.g. not an http URL):
+            # refuse this one command and keep the link.  An Error frame would
+            # end the connection, and the site would resend the same command
+            # at every login, so one bad task would starve all the others.
+            log.error("refused command {message!r}: {error}", message=message, error=str(exc))
             return
         if applied is None:
             log.info("ignored message {message!r}", message=message)

@@ -26,7 +26,6 @@ Delivery semantics:
 
 from __future__ import annotations
 
-import time
 from typing import Any, Protocol
 
 import treq
@@ -48,6 +47,8 @@ class Publisher(Protocol):
     """Where WebSocket pushes go (``tasknet.site.web.events.EventHub``)."""
 
     def publish(self, user_id: int | None, payload: str) -> int: ...
+
+    def listening(self) -> bool: ...
 
 
 def _reactor() -> IReactorTime:
@@ -211,8 +212,7 @@ class OutboxExecutor:
     ) -> None:
         self._db = db
         self._mark_interval = mark_interval
-        self._marks_ws: list[int] = []
-        self._marks_skipped: list[int] = []
+        self._marked = 0  # rows up to this id are marked in the database
         self._mark_call: Any = None
         self._marking: Deferred[None] | None = None
         self._poll_interval = poll_interval
@@ -268,39 +268,31 @@ class OutboxExecutor:
 
     async def _drain(self) -> None:
         while not self._stopped:
+            if self._webhook is None and (
+                self._publisher is None or not self._publisher.listening()
+            ):
+                # Nobody to push to: the rows need marking, not reading.
+                last = await self._db.read(delivery.last_id)
+                self._after = max(self._after, last)
+                break
             rows = await self._db.read(delivery.pending_rows, self._after, self._page_size)
             if not rows:
                 break
-            started = time.monotonic()
-            ws_ids = []
-            skipped = []
             for row in rows:
-                if row.ws_pending:
-                    if self._publisher is not None:
-                        self.pushed += self._publisher.publish(row.user_id, row.payload)
-                    ws_ids.append(row.id)
-                if row.webhook_pending:
-                    if self._webhook is None:
-                        skipped.append(row.id)
-                    else:
-                        self._webhook.enqueue(row)
+                if row.ws_pending and self._publisher is not None:
+                    self.pushed += self._publisher.publish(row.user_id, row.payload)
+                if row.webhook_pending and self._webhook is not None:
+                    self._webhook.enqueue(row)
             self._after = rows[-1].id
-            self._mark(ws_ids, skipped)
-            log.debug(
-                "outbox: {n} row(s) fanned out in {ms:.1f} ms",
-                n=len(rows),
-                ms=(time.monotonic() - started) * 1000,
-            )
+        self._schedule_marks()
         metrics.OUTBOX_BACKLOG.set(len(self._webhook.known) if self._webhook is not None else 0)
 
-    def _mark(self, ws_ids: list[int], skipped: list[int]) -> None:
+    def _schedule_marks(self) -> None:
         # The marks are written lazily, a few times a second at most: each
         # is a write transaction on the one writer the reports need, and the
         # in-memory watermark (_after) already keeps this run from repeating
         # a row.  A crash before the write only repeats pushes (at-least-once).
-        self._marks_ws += ws_ids
-        self._marks_skipped += skipped
-        if self._mark_call is None and self._marking is None:
+        if self._after > self._marked and self._mark_call is None and self._marking is None:
             self._mark_call = self._clock.callLater(self._mark_interval, self._flush_marks)
 
     def _flush_marks(self) -> Deferred[None]:
@@ -310,14 +302,16 @@ class OutboxExecutor:
 
     async def _write_marks(self) -> None:
         try:
-            while self._marks_ws or self._marks_skipped:
-                ws_ids, self._marks_ws = self._marks_ws, []
-                skipped, self._marks_skipped = self._marks_skipped, []
+            while self._after > self._marked:
+                lo, hi = self._marked, self._after
                 try:
-                    await self._db.write(delivery.mark_fanned_out, ws_ids, skipped)
+                    await self._db.write(
+                        delivery.mark_range_fanned_out, lo, hi, skip_webhook=self._webhook is None
+                    )
                 except Exception:
-                    log.failure("marking {n} outbox row(s) failed", n=len(ws_ids) + len(skipped))
-                    return  # left unmarked: delivered again after a restart
+                    log.failure("marking outbox rows {lo}..{hi} failed", lo=lo + 1, hi=hi)
+                    return  # left unmarked: pushed again after a restart
+                self._marked = hi
         finally:
             self._marking = None
 

@@ -79,6 +79,9 @@ class Options(usage.Options):
             raise usage.UsageError("--default-quota must be >= 0")
         if not self["upstream"].startswith(("http://", "https://")):
             raise usage.UsageError("--upstream must be an http:// or https:// URL")
+        webhook = self["webhook"]
+        if webhook is not None and not webhook.startswith(("http://", "https://")):
+            raise usage.UsageError("--webhook must be an http:// or https:// URL")
 
 
 @implementer(ISiteHandler)

@@ -175,7 +175,15 @@ class UpstreamApp:
 
     @router.route("/api/galleries/<gid>/archive", methods=["GET"])
     def audit_archive(self, request: Request, gid: str) -> Any:
-        return self._serve(request, lambda: Reply.json(200, self.journal.audit(parse_gid(gid))))
+        return self._serve(request, lambda: self._audit(request, parse_gid(gid)))
+
+    def _audit(self, request: Request, gid: int) -> Reply:
+        # The last archive URL lets a reconciler that judges "submitted" hand
+        # the node a file without a second (charged) POST.
+        audit = self.journal.audit(gid)
+        n = audit["submissions"]
+        audit["archiveUrl"] = f"{_base_url(request)}/files/{gid}-{n}.bin" if n else None
+        return Reply.json(200, audit)
 
     @router.route("/files/<name>", methods=["GET"])
     def get_file(self, request: Request, name: str) -> Any:

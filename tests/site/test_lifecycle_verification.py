@@ -311,6 +311,9 @@ async def test_rejected_tasks_never_dispatched_nor_downgraded_to_legacy_commands
         }
         assert eligible == {6, 7}  # SUBMITTED, and the legacy row with an archive URL
         assert tasks.is_dispatchable({"state": "DELETED", "url": "u", "status": 4}) is False
+        # A confirmed submission with no archive URL has nothing to download.
+        assert tasks.is_dispatchable({"state": "SUBMITTED", "url": "", "status": None}) is False
+        assert tasks.is_dispatchable({"state": None, "url": "", "status": 4}) is False
         # The SQL form of the rule agrees.
         sql_eligible = {
             r[0]

@@ -48,6 +48,7 @@ def test_options_validate_node_keys_and_numbers():
         ["--upstream-timeout", "0"],
         ["--default-quota", "-1"],
         ["--upstream", "ftp://x"],
+        ["--webhook", "file:///etc/passwd"],
     ):
         with pytest.raises(UsageError):
             site_options("x.sqlite", "http://127.0.0.1:1", *bad)
@@ -217,3 +218,34 @@ def test_user_functions_for_the_admin_cli(tmp_path):
         assert run_write(connection, users.remove_node_key, "node-9") is True
     finally:
         connection.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_make_service_with_full_wiring_starts_serves_and_stops_cleanly(tmp_path):
+    import json
+
+    import treq
+    from twisted.web.client import HTTPConnectionPool
+
+    path = str(tmp_path / "site.sqlite")
+    upstream = await start_upstream()
+    pool = HTTPConnectionPool(reactor, persistent=False)
+    service = makeService(site_options(path, upstream.base_url, "--demo"))
+    service.startService()
+    try:
+        await service.ready
+        base = f"http://127.0.0.1:{service.http_port.getHost().port}"
+        response = await treq.post(
+            base + "/api/tasks",
+            data=json.dumps({"gid": 99, "token": "t"}).encode(),
+            headers={"Authorization": ["Bearer demo"]},
+            pool=pool,
+        )
+        body = json.loads(await treq.content(response))
+        assert response.code == 201 and body["task"]["state"] == "SUBMITTED"
+        assert service.site.dispatch_enabled
+    finally:
+        await service.stopService()
+        await pool.closeCachedConnections()
+        await upstream.stop()
+    assert upstream.stats()["posts"] == {"99": 1}

@@ -12,6 +12,7 @@ Screenshots go to a temp dir whose path the test prints (or to
 from __future__ import annotations
 
 import os
+import signal
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -91,7 +92,8 @@ def stack(tmp_path: Path) -> Iterator[DemoStack]:
     finally:
         demo.stop()
         for child in demo.children:
-            if child.popen is not None and child.popen.returncode not in (0, None):
+            # twistd re-raises the SIGTERM it shut down on: -SIGTERM is a clean stop.
+            if child.popen is not None and child.popen.returncode not in (0, -signal.SIGTERM, None):
                 print(
                     f"{child.name} exited {child.popen.returncode}; log tail:\n{child.log_tail()}"
                 )

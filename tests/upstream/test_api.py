@@ -48,13 +48,14 @@ async def test_every_post_counts_and_charges(client: Client, upstream: RunningUp
 @pytest_twisted.ensureDeferred
 async def test_audit_reports_submissions_without_side_effects(client: Client) -> None:
     code, body = await client.json("GET", "/api/galleries/9/archive")
-    assert (code, body["submissions"], body["lastAt"]) == (200, 0, None)
+    assert (code, body["submissions"], body["lastAt"], body["archiveUrl"]) == (200, 0, None, None)
     await client.json("POST", "/api/galleries/9/archive")
-    await client.json("POST", "/api/galleries/9/archive")
+    _, second = await client.json("POST", "/api/galleries/9/archive")
     code, body = await client.json("GET", "/api/galleries/9/archive")
     assert code == 200 and body["submissions"] == 2
     journal = await client.journal()
     assert body["lastAt"] == journal["entries"][-1]["at"]
+    assert body["archiveUrl"] == second["archiveUrl"]
     assert (await client.stats())["posts"] == {"9": 2}
 
 

@@ -54,10 +54,36 @@ def pending_rows(cursor: sqlite3.Cursor, after_id: int, limit: int) -> list[Outb
     return [OutboxRow(r[0], r[1], r[2], r[3], bool(r[4]), bool(r[5]), r[6]) for r in rows]
 
 
+def last_id(cursor: sqlite3.Cursor) -> int:
+    """The id of the newest outbox row (0 when empty)."""
+    row = cursor.execute("SELECT COALESCE(MAX(id), 0) FROM notification_outbox").fetchone()
+    return int(row[0])
+
+
+def mark_range_fanned_out(
+    cursor: sqlite3.Cursor, after_id: int, upto_id: int, *, skip_webhook: bool
+) -> None:
+    """Mark the rows ``after_id < id <= upto_id`` as pushed to the connected
+    WebSocket clients, and, when no ``--webhook`` is configured
+    (``skip_webhook``), their webhook as ``skipped``.  A range, not an id
+    list: the executor hands rows over in id order."""
+    cursor.execute(
+        "UPDATE notification_outbox SET ws_delivered_at = strftime('%Y-%m-%dT%H:%M:%fZ','now')"
+        " WHERE id > ? AND id <= ? AND ws_delivered_at IS NULL",
+        (after_id, upto_id),
+    )
+    if skip_webhook:
+        cursor.execute(
+            "UPDATE notification_outbox SET webhook_state = 'skipped'"
+            " WHERE id > ? AND id <= ? AND webhook_state = 'pending'",
+            (after_id, upto_id),
+        )
+
+
 def mark_fanned_out(
     cursor: sqlite3.Cursor, ws_ids: Sequence[int], skipped_webhook_ids: Sequence[int]
 ) -> None:
-    """Mark rows as pushed to the connected WebSocket clients, and rows whose
+    """Mark rows by id as pushed to the WebSocket clients, and rows whose
     webhook is skipped (no ``--webhook`` configured)."""
     if ws_ids:
         cursor.execute(

@@ -620,9 +620,11 @@ def recover(cursor: sqlite3.Cursor) -> Recovered:
 # The same rule as is_dispatchable(), as a SQL condition over
 # ``gallery AS g LEFT JOIN task_operation AS o ON o.gid = g.gid``, for
 # streamed queries.
-DISPATCHABLE_SQL = (
-    "(o.state = 'SUBMITTED' OR (o.gid IS NULL AND (g.url <> '' OR g.status IS NOT NULL)))"
-)
+# A confirmed submission without an archive URL (resolved "submitted" when
+# the upstream's audit named no file) has nothing a node could download: it
+# waits, shown 已提交, rather than being sent as a command no node can act on.
+# (For a legacy row, a URL is also what legacy_truly_submitted accepts.)
+DISPATCHABLE_SQL = "(g.url <> '' AND (o.state = 'SUBMITTED' OR o.gid IS NULL))"
 
 
 def legacy_truly_submitted(row: Mapping[str, Any] | sqlite3.Row) -> bool:
@@ -642,6 +644,8 @@ def is_dispatchable(row: Mapping[str, Any] | sqlite3.Row) -> bool:
     truly submitted.  Any other state (``UNKNOWN``, ``RESERVED``,
     ``SUBMITTING``, ``DELETE_PENDING``, ``DELETED``) is never sent, not even
     as a legacy command without an operationId."""
+    if not row["url"]:
+        return False  # nothing to download (see DISPATCHABLE_SQL)
     state = row["state"]
     if state is not None:
         return bool(state == OperationState.SUBMITTED.value)

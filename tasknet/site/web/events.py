@@ -80,6 +80,9 @@ class EventHub:
     def discard(self, client: EventsProtocol) -> None:
         self.clients.discard(client)
 
+    def listening(self) -> bool:
+        return bool(self.clients)
+
     def publish(self, user_id: int | None, payload: str) -> int:
         """Send ``payload`` (a JSON text) to the owner's and the admins'
         connections; return how many got it."""

@@ -459,6 +459,7 @@
       result.textContent = t(outcome.key, params);
       result.classList.add(outcome.tone);
       result.setAttribute("data-outcome", String(response.status));
+      result.setAttribute("data-gid", String(gid));
       if (response.data && response.data.task) { upsertTask(response.data.task); }
       if (response.status === 201 || response.status === 202) {
         $("create-gid").value = ""; $("create-name").value = "";
@@ -693,6 +694,13 @@
       api("POST", "/api/admin/tasks/" + gid + "/resolve", body).then(function (result) {
         if (result.ok) {
           notify(t("resolved", { gid: gid, verdict: t(submitted ? "verdictSubmitted" : "verdictNotSubmitted") }));
+          // The create form's "outcome unknown" message about this gid is settled now.
+          var createResult = $("create-result");
+          if (createResult.getAttribute("data-gid") === String(gid)) {
+            createResult.textContent = "";
+            createResult.removeAttribute("data-outcome");
+            createResult.removeAttribute("data-gid");
+          }
           if (result.data && result.data.task) { upsertTask(result.data.task); } else { removeTask(gid); }
           loadUsage();
         } else if (result.status === 409) {
