@@ -29,6 +29,10 @@ from bench.services import start_site
 from bench.sqlite_baseline import connect, journal_mode_of, synchronous_of
 
 TARGET_RATIO = 1.5
+# Of each snapshot's K tasks, this many are downloading (progress moves every
+# snapshot, so each is a visible change with its notification); the others
+# wait at 0, as on a node with the default 4 download slots.
+CHANGING = 4
 
 
 def _sizes(quick: bool) -> dict[str, Any]:
@@ -43,54 +47,56 @@ def node_tasks(
     return {i: [(gid, db_ops[gid]) for gid in plan.node_gids(i, entries)] for i in range(nodes)}
 
 
-def run_baseline(
-    db: Path, tasks: dict[int, list[tuple[int, str]]], seconds: float, *, fsync: bool = True
-) -> dict[str, Any]:
-    """Round-robin over the nodes, one report per transaction, for ``seconds``.
+class RawApplier:
+    """The baseline: the site's ``apply_task_report`` on a raw connection,
+    round-robin over the nodes, one report per transaction.
 
     ``fsync=False`` (``synchronous=OFF``) is not a baseline but a ceiling: the
     same statements with no commit cost at all, i.e. the most any group commit
     could reach with one writer thread doing these statements."""
-    from tasknet.protocol.messages import ACK_APPLIED, TaskEntry, TaskReport
-    from tasknet.site.storage.db import run_write
-    from tasknet.site.storage.reports import apply_task_report
 
-    connection = connect(db)
-    if not fsync:
-        connection.execute("PRAGMA synchronous=OFF")
-    facts = {"synchronous": synchronous_of(connection), "journal_mode": journal_mode_of(connection)}
-    latencies: list[float] = []
-    seq = 0
-    revision = int(time.time() * 1000)
-    started = time.perf_counter()
-    deadline = started + seconds
-    try:
+    def __init__(
+        self, db: Path, tasks: dict[int, list[tuple[int, str]]], *, fsync: bool = True
+    ) -> None:
+        self.tasks = tasks
+        self.connection = connect(db)
+        if not fsync:
+            self.connection.execute("PRAGMA synchronous=OFF")
+        self.synchronous = synchronous_of(self.connection)
+        self.journal_mode = journal_mode_of(self.connection)
+        self.seq = 0
+        self.revision = int(time.time() * 1000)
+
+    def run(self, seconds: float) -> dict[str, Any]:
+        """Apply reports for ``seconds``; their rate and per-transaction latencies."""
+        from tasknet.protocol.messages import ACK_APPLIED, TaskReport
+        from tasknet.site.storage.db import run_write
+        from tasknet.site.storage.reports import apply_task_report
+
+        latencies: list[float] = []
+        started = time.perf_counter()
+        deadline = started + seconds
         while time.perf_counter() < deadline:
-            for index, held in tasks.items():
-                seq += 1
-                revision += 1
-                progress = (seq % 1000) / 1000
+            for index, held in self.tasks.items():
+                self.seq += 1
+                self.revision += 1
                 report = TaskReport(
-                    report_id=f"baseline-{seq}",
-                    revision=revision,
-                    gallery_tasks=tuple(TaskEntry(g, 1, progress) for g, _ in held),
+                    report_id=f"baseline-{self.seq}",
+                    revision=self.revision,
+                    gallery_tasks=plan.snapshot_entries([g for g, _ in held], self.seq, CHANGING),
                     operation_ids=dict(held),
                     deleted=(),
                 )
                 t0 = time.perf_counter()
-                outcome = run_write(connection, apply_task_report, plan.node_id(index), report)
+                outcome = run_write(self.connection, apply_task_report, plan.node_id(index), report)
                 latencies.append((time.perf_counter() - t0) * 1000)
                 if outcome.result != ACK_APPLIED or len(outcome.applied) != len(held):
                     raise BenchError(f"baseline report not applied: {outcome}")
         elapsed = time.perf_counter() - started
-    finally:
-        connection.close()
-    return {
-        "rate": len(latencies) / elapsed,
-        "latencies": latencies,
-        "reports": len(latencies),
-        **facts,
-    }
+        return {"rate": len(latencies) / elapsed, "latencies": latencies}
+
+    def close(self) -> None:
+        self.connection.close()
 
 
 def check_applied(db: Path, tasks: dict[int, list[tuple[int, str]]]) -> int:
@@ -116,26 +122,15 @@ def check_applied(db: Path, tasks: dict[int, list[tuple[int, str]]]) -> int:
     return sum(len(h) for h in tasks.values())
 
 
-def run(ctx: Context) -> Row:
-    size = _sizes(ctx.quick)
-    nodes, entries = size["nodes"], size["entries"]
-    directory = ctx.scratch("b1")
-    assigned = {i: plan.node_gids(i, entries) for i in range(nodes)}
-
-    base_db = directory / "baseline.sqlite"
-    base_seed = seed_site(base_db, node_count=nodes, assigned=assigned)
-    base = run_baseline(
-        base_db, node_tasks(base_seed.operation_ids, nodes, entries), size["window"]
-    )
-    ceiling_db = directory / "ceiling.sqlite"
-    ceiling_seed = seed_site(ceiling_db, node_count=nodes, assigned=assigned)
-    ceiling = run_baseline(
-        ceiling_db,
-        node_tasks(ceiling_seed.operation_ids, nodes, entries),
-        size["window"] / 2,
-        fsync=False,
-    )
-
+def _run_site(
+    ctx: Context,
+    directory: Path,
+    nodes: int,
+    entries: int,
+    assigned: dict[int, range],
+    size: dict[str, Any],
+) -> dict[str, Any]:
+    """The site under the load nodes: ACKed reports in the window, latencies, CPU."""
     site_db = directory / "site.sqlite"
     seeded = seed_site(site_db, node_count=nodes, assigned=assigned)
     tasks = node_tasks(seeded.operation_ids, nodes, entries)
@@ -152,6 +147,7 @@ def run(ctx: Context) -> Row:
             processes=size["processes"],
             mode="reports",
             tasks=tasks_file,
+            changing=min(CHANGING, entries),
         ) as fleet:
             ready = fleet.wait_ready(60)
             logged_in = sum(r["logged_in"] for r in ready)
@@ -186,46 +182,89 @@ def run(ctx: Context) -> Row:
     if problems:
         raise BenchError(f"load nodes saw failures: {problems}")
 
+    return {
+        "rate": acked / window,
+        "acked": acked,
+        "duplicates": sum(w["duplicate"] for w in windows),
+        "latencies": latencies,
+        "site_cpu": site_cpu,
+        "rss": memory.get("VmHWM"),
+        "tasks_checked": applied_tasks,
+        "profile": profile_lines,
+    }
+
+
+def run(ctx: Context) -> Row:
+    size = _sizes(ctx.quick)
+    nodes, entries = size["nodes"], size["entries"]
+    directory = ctx.scratch("b1")
+    assigned = {i: plan.node_gids(i, entries) for i in range(nodes)}
+
+    # The baseline runs half before and half after the site, and the faster
+    # half counts: fsync times on a shared disk drift within a run, and the
+    # ratio should not flatter the site when they do.
+    base_db = directory / "baseline.sqlite"
+    base_seed = seed_site(base_db, node_count=nodes, assigned=assigned)
+    baseline = RawApplier(base_db, node_tasks(base_seed.operation_ids, nodes, entries))
+    ceiling_db = directory / "ceiling.sqlite"
+    ceiling_seed = seed_site(ceiling_db, node_count=nodes, assigned=assigned)
+    ceiling_applier = RawApplier(
+        ceiling_db, node_tasks(ceiling_seed.operation_ids, nodes, entries), fsync=False
+    )
+    try:
+        base_before = baseline.run(size["window"] / 2)
+        ceiling = ceiling_applier.run(size["window"] / 2)
+        ours = _run_site(ctx, directory, nodes, entries, assigned, size)
+        base_after = baseline.run(size["window"] / 2)
+    finally:
+        baseline.close()
+        ceiling_applier.close()
+    base = max(base_before, base_after, key=lambda b: float(b["rate"]))
+    base_latencies = base_before["latencies"] + base_after["latencies"]
+
     row = Row(
         bench="B1",
         title="report apply",
         unit="reports/s",
-        figure=acked / window,
+        figure=ours["rate"],
         baseline=base["rate"],
         baseline_label=(
             "raw sqlite3, storage.reports.apply_task_report, one report per transaction, "
-            f"synchronous={base['synchronous']}, journal={base['journal_mode']}"
+            f"synchronous={baseline.synchronous}, journal={baseline.journal_mode}; "
+            "faster of two half-windows, before and after the site"
         ),
-        p50_ms=percentile(latencies, 50),
-        p99_ms=percentile(latencies, 99),
+        p50_ms=percentile(ours["latencies"], 50),
+        p99_ms=percentile(ours["latencies"], 99),
         target=f">= {TARGET_RATIO}x at 50 nodes",
     )
     row.met = (row.ratio or 0) >= TARGET_RATIO and nodes >= 50
     row.notes.append(
-        f"{nodes} nodes x {entries} entries, {size['processes']} load process(es), "
-        f"{window:.1f}s window after {size['warmup']}s warm-up; site CPU {100 * site_cpu:.0f}% "
-        f"of one core; baseline p50/p99 {percentile(base['latencies'], 50):.1f}/"
-        f"{percentile(base['latencies'], 99):.1f} ms per transaction"
+        f"{nodes} nodes x {entries} entries ({min(CHANGING, entries)} changing per snapshot), "
+        f"{size['processes']} load process(es), {size['window']:g}s window after "
+        f"{size['warmup']:g}s warm-up; site CPU {100 * ours['site_cpu']:.0f}% of one core; "
+        f"baseline {base_before['rate']:.0f} before / {base_after['rate']:.0f} after, p50/p99 "
+        f"{percentile(base_latencies, 50):.1f}/{percentile(base_latencies, 99):.1f} ms per "
+        "transaction"
     )
     row.notes.append(
         f"ceiling: the same statements with synchronous=OFF (no commit cost) reach "
         f"{ceiling['rate']:.0f} reports/s = {ceiling['rate'] / base['rate']:.2f}x the baseline: "
         "no group commit in one writer thread can pass that"
     )
-    if ctx.quick:
-        row.notes.append("quick size: fewer than 50 nodes, target not judged")
-    row.notes.extend(profile_lines)
+    row.notes.extend(ours["profile"])
     row.details = {
         **size,
-        "acked": acked,
-        "duplicates": sum(w["duplicate"] for w in windows),
-        "site_cpu_fraction": site_cpu,
-        "site_rss_bytes": memory.get("VmHWM"),
-        "tasks_checked": applied_tasks,
-        "baseline_reports": base["reports"],
+        "changing": min(CHANGING, entries),
+        "acked": ours["acked"],
+        "duplicates": ours["duplicates"],
+        "site_cpu_fraction": ours["site_cpu"],
+        "site_peak_rss_bytes": ours["rss"],
+        "tasks_checked": ours["tasks_checked"],
+        "baseline_before_rate": base_before["rate"],
+        "baseline_after_rate": base_after["rate"],
         "ceiling_no_fsync_rate": ceiling["rate"],
-        "baseline_p50_ms": percentile(base["latencies"], 50),
-        "baseline_p99_ms": percentile(base["latencies"], 99),
-        "profile": profile_lines,
+        "baseline_p50_ms": percentile(base_latencies, 50),
+        "baseline_p99_ms": percentile(base_latencies, 99),
+        "profile": ours["profile"],
     }
     return row

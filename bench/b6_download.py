@@ -41,10 +41,10 @@ def pick_gids(count: int) -> list[int]:
     return gids
 
 
-def run_node(directory: Path, jobs: list[tuple[int, str]]) -> dict[str, float]:
+def run_node(directory: Path, jobs: list[tuple[int, str]], downloads: int = 4) -> dict[str, float]:
     data = directory / "node-data"
     shutil.rmtree(data, ignore_errors=True)
-    argv = [sys.executable, "-m", "bench.nodeworker", f"--data={data}"]
+    argv = [sys.executable, "-m", "bench.nodeworker", f"--data={data}", f"--downloads={downloads}"]
     argv += [f"{gid}={url}" for gid, url in jobs]
     done = subprocess.run(argv, cwd=REPO_ROOT, capture_output=True, text=True, timeout=600)
     if done.returncode != 0:
@@ -94,6 +94,8 @@ def run(ctx: Context) -> Row:
             best_ours = min(best_ours, node["seconds"])
             archive_bytes = int(node["archive_bytes"])
             best_base = min(best_base, run_tools(directory, jobs, use_tools))
+        # Like for like with the sequential baseline: one download at a time.
+        serial = run_node(directory, jobs, downloads=1)["seconds"]
     finally:
         upstream.proc.stop()
 
@@ -117,7 +119,12 @@ def run(ctx: Context) -> Row:
         f"node Worker with 4 downloads / 1 compressor, fsync of part and archive; "
         f"best of {rounds} round(s)"
     )
+    row.notes.append(
+        f"node with 1 download slot (sequential like the baseline): "
+        f"{total / serial / mib:.1f} MiB/s = {best_base / serial:.2f}x the baseline"
+    )
     row.details = {
+        "node_serial_seconds": serial,
         "files": files,
         "bytes": total,
         "archive_bytes": archive_bytes,

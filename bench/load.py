@@ -80,6 +80,7 @@ class LoadFleet:
         processes: int,
         mode: str,
         tasks: Path | None = None,
+        changing: int = 4,
         heartbeat: float = 15.0,
         retry_for: float = 0.0,
     ) -> None:
@@ -95,6 +96,7 @@ class LoadFleet:
                 f"--mode={mode}",
                 f"--heartbeat={heartbeat}",
                 f"--retry-for={retry_for}",
+                f"--changing={changing}",
             ]
             if tasks is not None:
                 args.append(f"--tasks={tasks}")

@@ -185,6 +185,7 @@ class Fleet:
             "latencies_ms": [round(x, 3) for x in self.latencies_ms],
             "commands": self.commands,
             "distinct_gids": len(self.command_gids),
+            "nodes_with_commands": sum(1 for n in self.nodes if n.commands),
             "first_command_at": self.first_command_at,
             "last_command_at": self.last_command_at,
         }
@@ -205,6 +206,7 @@ class LoadNode(protocol.Protocol):
         self.seq = 0
         self.revision = 0
         self.in_flight: str | None = None
+        self.commands = 0
         self.sent_at = 0.0
         held = fleet.tasks.get(index, [])
         self.gids = [gid for gid, _ in held]
@@ -247,6 +249,7 @@ class LoadNode(protocol.Protocol):
         elif isinstance(message, m.TaskReportAck):
             self.ack(message)
         elif isinstance(message, (m.TaskCommand, m.DownloadPost)):
+            self.commands += 1
             self.fleet.command_received(message.gid)
         elif isinstance(message, m.Error):
             self.fleet.errors.append(f"{self.node_id}: {message.code}: {message.message}")
@@ -280,11 +283,10 @@ class LoadNode(protocol.Protocol):
         # As the real node: strictly increasing, and never behind the clock.
         self.revision = max(self.revision + 1, now_ms())
         report_id = f"{self.node_id}-{self.fleet.run_id}-{self.seq}"
-        progress = (self.seq % 1000) / 1000
         report = m.TaskReport(
             report_id=report_id,
             revision=self.revision,
-            gallery_tasks=tuple(m.TaskEntry(g, 1, progress) for g in self.gids),
+            gallery_tasks=plan.snapshot_entries(self.gids, self.seq, self.args.changing),
             operation_ids=self.operation_ids,
             deleted=(),
         )
@@ -391,6 +393,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--count", type=int, required=True, help="connections in this process")
     p.add_argument("--mode", choices=("reports", "idle", "commands"), required=True)
     p.add_argument("--tasks", help="JSON file of each node's [gid, operationId] (reports mode)")
+    p.add_argument(
+        "--changing", type=int, default=4, help="tasks whose progress moves in each snapshot"
+    )
     p.add_argument("--retry-for", type=float, default=0.0, help="retry refused connects this long")
     p.add_argument("--heartbeat", type=float, default=15.0, help="seconds between heartbeats")
     args = p.parse_args(argv)

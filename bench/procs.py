@@ -8,6 +8,7 @@ that dies while we wait is reported at once with the tail of its log.
 
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
 import socket
@@ -23,6 +24,20 @@ POLL = 0.05
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
 REPO_ROOT = Path(__file__).resolve().parent.parent
+PR_SET_PDEATHSIG = 1
+
+
+try:  # resolved here, not in the forked child (which should only make the call)
+    _PRCTL: Any = ctypes.CDLL(None, use_errno=True).prctl
+except (OSError, AttributeError):  # not Linux
+    _PRCTL = None
+
+
+def _die_with_parent() -> None:
+    """In the child: get SIGTERM when the bench dies, even by SIGKILL, so no
+    site or load process is left running on a shared machine (Linux only)."""
+    if _PRCTL is not None:
+        _PRCTL(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 class BenchError(Exception):
@@ -80,6 +95,7 @@ class Proc:
             stdout=subprocess.PIPE if pipe_stdio else self._log,
             stderr=self._log,
             start_new_session=True,  # a Ctrl-C of the bench reaches us, not the children
+            preexec_fn=_die_with_parent,
         )
         self.started_at = time.time()
 

@@ -67,6 +67,7 @@ def summarize(collapsed: Path, top: int = 12) -> dict[str, Any]:
     condition); over busy samples: the lines with the most self time and the
     tasknet functions with the most total time."""
     threads: dict[str, list[int]] = {}
+    writes: Counter[str] = Counter()
     self_time: Counter[str] = Counter()
     total_time: Counter[str] = Counter()
     samples = busy = 0
@@ -91,14 +92,33 @@ def summarize(collapsed: Path, top: int = 12) -> dict[str, Any]:
         self_time[frames[-1]] += count
         for f in {_function(f) for f in frames if "tasknet/" in f}:
             total_time[f] += count
+        if any(f.startswith("run_write (") for f in frames):
+            writes[_transaction(frames)] += count
     return {
         "samples": samples,
         "busy_samples": busy,
         "threads": {t: {"samples": n, "busy": b} for t, (n, b) in threads.items()},
+        "writes": writes.most_common(top),
         "self": self_time.most_common(top),
         "total": total_time.most_common(top),
         "file": str(collapsed),
     }
+
+
+_TRANSACTION_BODY = "Database.write.<locals>.<lambda>.<locals>.<lambda> ("
+
+
+def _transaction(frames: list[str]) -> str:
+    """Which write transaction a writer-thread stack is in: the storage
+    function run as its body, or BEGIN/COMMIT (the ``run_write`` line itself)."""
+    for n, frame in enumerate(frames[:-1]):
+        if frame.startswith(_TRANSACTION_BODY):
+            body = frames[n + 1 :]
+            # Prefer the storage function under any wrapper (timing, batching).
+            storage = [f for f in body if "tasknet/site/storage/" in f]
+            return _function(storage[0] if storage else body[0])
+    leaf = frames[-1]
+    return f"BEGIN/COMMIT {leaf}" if leaf.startswith("run_write (") else leaf
 
 
 def _function(frame: str) -> str:
@@ -122,8 +142,14 @@ def format_summary(summary: dict[str, Any]) -> list[str]:
         + ", ".join(
             f"{name} {100 * t['busy'] / max(t['samples'], 1):.0f}%"
             for name, t in sorted(summary["threads"].items(), key=lambda kv: -kv[1]["busy"])
+            if t["busy"] >= 0.01 * max(t["samples"], 1)
         )
     )
+    writes = summary["writes"]
+    if writes:
+        in_writes = sum(n for _, n in writes) or 1
+        lines.append("writer thread, by transaction (share of its busy samples):")
+        lines.extend(f"  {100 * n / in_writes:5.1f}%  {f}" for f, n in writes)
     lines.append("busy samples by line (self):")
     lines.extend(f"  {100 * n / busy:5.1f}%  {f}" for f, n in summary["self"])
     lines.append("busy samples by tasknet function (total):")

@@ -12,6 +12,8 @@ from typing import Any
 from bench.procs import BenchError, Proc, free_port, twistd
 
 LOOPBACK_URL = "http://127.0.0.1"
+# What twistd logs when another process took the port we picked.
+PORT_TAKEN = "Address already in use"
 
 
 def http_json(method: str, url: str, body: Any = None, token: str | None = None) -> Any:
@@ -33,16 +35,18 @@ class Upstream:
 
 def start_upstream(directory: Path, *, timeout: float = 30.0) -> Upstream:
     """``twistd -n tasknet-upstream`` on a free loopback port."""
-    port = free_port()
-    proc = twistd(
-        "upstream", "tasknet-upstream", [f"--http=tcp:{port}:interface=127.0.0.1"], directory
-    )
-    try:
-        proc.wait_port(port, timeout)
-    except BaseException:
-        proc.stop()
-        raise
-    return Upstream(proc, f"{LOOPBACK_URL}:{port}")
+    for attempt in (1, 2):
+        port = free_port()
+        args = [f"--http=tcp:{port}:interface=127.0.0.1"]
+        proc = twistd("upstream", "tasknet-upstream", args, directory)
+        try:
+            proc.wait_port(port, timeout)
+            return Upstream(proc, f"{LOOPBACK_URL}:{port}")
+        except BenchError:
+            proc.stop()
+            if attempt == 2 or not proc.log_has(PORT_TAKEN):
+                raise
+    raise AssertionError("unreachable")
 
 
 @dataclass
@@ -95,10 +99,17 @@ def start_site(
     extra_args: Sequence[str] = (),
     timeout: float = 60.0,
 ) -> Site:
-    """:func:`spawn_site` then :func:`wait_site`."""
-    site = spawn_site(directory, db, upstream_url=upstream_url, extra_args=extra_args)
-    wait_site(site, timeout)
-    return site
+    """:func:`spawn_site` then :func:`wait_site`; once more with fresh ports if
+    another process took a port between :func:`free_port` and the bind."""
+    for attempt in (1, 2):
+        site = spawn_site(directory, db, upstream_url=upstream_url, extra_args=extra_args)
+        try:
+            wait_site(site, timeout)
+            return site
+        except BenchError:
+            if attempt == 2 or not site.proc.log_has(PORT_TAKEN):
+                raise
+    raise AssertionError("unreachable")
 
 
 def _healthy(http_url: str) -> bool:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
 import sys
 import tempfile
@@ -19,6 +18,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from tasknet.drill import reactor_thread
+from tasknet.drill.netns import Netns, NetnsError
+from tasknet.drill.netns import available as netns_available
 from tasknet.drill.report import Progress, failures, table, to_json
 from tasknet.drill.runner import run_all
 from tasknet.drill.scenarios import QUICK, SCENARIOS
@@ -41,7 +42,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--netns",
         action="store_true",
-        help="site and nodes in separate network namespaces (root only; not built yet)",
+        help="site and nodes in separate network namespaces joined by veth (root only)",
     )
     return p
 
@@ -61,11 +62,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"unknown scenario(s) {', '.join(unknown)}; known: {', '.join(SCENARIOS)}")
     if args.repeat < 1:
         parser.error("--repeat must be >= 1")
+    netns: Netns | None = None
     if args.netns:
-        if os.geteuid() != 0:
-            print("--netns skipped: it needs root (network namespaces and veth pairs)")
+        why_not = netns_available()
+        if why_not:
+            print(f"--netns skipped: {why_not}; running on loopback")
         else:
-            print("--netns skipped: namespace mode is not implemented yet; running on loopback")
+            netns = Netns()
+            try:
+                netns.create()
+                print(f"--netns: site in namespace {netns.site}, nodes in {netns.nodes} (veth)")
+            except NetnsError as err:
+                netns.destroy()
+                netns = None
+                print(f"--netns skipped: {err}; running on loopback")
     chosen = [SCENARIOS[n] for n in (names or list(SCENARIOS))]
     seed = args.seed if args.seed is not None else random.randrange(1 << 30)
     root = args.root or Path(tempfile.mkdtemp(prefix="tasknet-drill-"))
@@ -74,9 +84,13 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     started = time.time()
     try:
-        results = run_all(chosen, args.repeat, root, keep=args.keep, progress=Progress(), seed=seed)
+        results = run_all(
+            chosen, args.repeat, root, keep=args.keep, progress=Progress(), seed=seed, netns=netns
+        )
     finally:
         reactor_thread.stop()
+        if netns is not None:
+            netns.destroy()
     print()
     print(table(results))
     evidence = failures(results)

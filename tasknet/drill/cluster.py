@@ -22,6 +22,7 @@ from typing import Any
 from tasknet.drill import reactor_thread
 from tasknet.drill.http import Reply, request
 from tasknet.drill.invariants import Ledger, World
+from tasknet.drill.netns import SITE_ADDR, Netns
 from tasknet.drill.ports import free_port
 from tasknet.drill.procs import DrillError, Proc, address_in_use, wait_for
 from tasknet.drill.proxy import FaultProxy
@@ -55,8 +56,12 @@ class Node:
 
 
 class Cluster:
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, netns: Netns | None = None) -> None:
         self.root = root
+        self.netns = netns
+        # Where the upstream and the node listener bind: loopback, or the site
+        # namespace's veth address so that nodes in the other namespace reach them.
+        self.site_host = SITE_ADDR if netns else "127.0.0.1"
         self.root.mkdir(parents=True, exist_ok=True)
         self.upstream: Proc | None = None
         self.upstream_port = 0
@@ -71,6 +76,18 @@ class Cluster:
 
     # -- processes -----------------------------------------------------------
 
+    def _proc(self, name: str, plugin: str, args: list[str], *, site_side: bool) -> Proc:
+        proc = Proc(name, plugin, args, self.root / name)
+        if self.netns is not None:
+            ns = self.netns.site if site_side else self.netns.nodes
+            proc.prefix = self.netns.exec_prefix(ns)
+        return proc
+
+    def _request(self, method: str, url: str, body: Any = None, **kw: Any) -> Reply:
+        if self.netns is not None:
+            return self.netns.in_site(request, method, url, body, **kw)
+        return request(method, url, body, **kw)
+
     def _start(self, proc: Proc, ready: Callable[[], bool], what: str) -> None:
         proc.start()
         proc.wait_ready(ready, START_TIMEOUT, what)
@@ -78,10 +95,10 @@ class Cluster:
     def start_upstream(self, bandwidth: int | None = None) -> None:
         for attempt in range(START_ATTEMPTS):
             self.upstream_port = free_port()
-            args = ["--http", f"tcp:{self.upstream_port}:interface=127.0.0.1"]
+            args = ["--http", f"tcp:{self.upstream_port}:interface={self.site_host}"]
             if bandwidth:
                 args += ["--bandwidth", str(bandwidth)]
-            self.upstream = Proc("upstream", "tasknet-upstream", args, self.root / "upstream")
+            self.upstream = self._proc("upstream", "tasknet-upstream", args, site_side=True)
             try:
                 self._start(self.upstream, lambda: self.up("GET", "/_drill/stats").ok, "HTTP")
                 return
@@ -99,7 +116,10 @@ class Cluster:
     ) -> None:
         """Start the site on a fresh database (keys for n1..n4, admin token ``demo``)."""
         if self.webhook is None and webhook:
-            self.webhook = WebhookSink().start()
+            if self.netns is not None:  # the receiver must live where the site is
+                self.webhook = self.netns.in_site(lambda: WebhookSink().start())
+            else:
+                self.webhook = WebhookSink().start()
         for attempt in range(START_ATTEMPTS):
             self.http_port, self.nodes_port = free_port(), free_port()
             args = [
@@ -108,7 +128,7 @@ class Cluster:
                 "--http",
                 f"tcp:{self.http_port}:interface=127.0.0.1",
                 "--nodes",
-                f"tcp:{self.nodes_port}:interface=127.0.0.1",
+                f"tcp:{self.nodes_port}:interface={self.site_host}",
                 "--upstream",
                 self.upstream_url,
                 "--upstream-timeout",
@@ -122,7 +142,7 @@ class Cluster:
                 args += ["--node-key", f"{node_id}:{node_secret(node_id)}"]
             if self.webhook is not None:
                 args += ["--webhook", self.webhook.url]
-            self.site = Proc("site", "tasknet-site", args, self.root / "site")
+            self.site = self._proc("site", "tasknet-site", args, site_side=True)
             try:
                 self._start(self.site, lambda: self.healthz().status == 200, "/healthz")
                 return
@@ -153,7 +173,7 @@ class Cluster:
     ) -> Node:
         if node_id not in NODE_IDS:
             raise DrillError(f"node id must be one of {NODE_IDS}")
-        proxy = FaultProxy("127.0.0.1", self.nodes_port, reactor=reactor_thread.reactor)
+        proxy = FaultProxy(self.site_host, self.nodes_port, reactor=reactor_thread.reactor)
         reactor_thread.call(proxy.start)
         data = self.root / node_id / "data"
         args = [
@@ -172,7 +192,7 @@ class Cluster:
             "--ack-timeout",
             str(ack_timeout),
         ]
-        proc = Proc(node_id, "tasknet-node", args, self.root / node_id)
+        proc = self._proc(node_id, "tasknet-node", args, site_side=False)
         node = Node(node_id, proc, proxy, data, protocol)
         self.nodes[node_id] = node
         proc.start()
@@ -198,10 +218,10 @@ class Cluster:
 
     @property
     def upstream_url(self) -> str:
-        return f"http://127.0.0.1:{self.upstream_port}"
+        return f"http://{self.site_host}:{self.upstream_port}"
 
     def up(self, method: str, path: str, body: Any = None) -> Reply:
-        return request(method, self.upstream_url + path, body, timeout=5)
+        return self._request(method, self.upstream_url + path, body, timeout=5)
 
     def upstream_fault(self, fault: str, *, times: int | None = 1, **params: Any) -> None:
         """Install one fault rule on the archive POST."""
@@ -241,10 +261,24 @@ class Cluster:
         return f"http://127.0.0.1:{self.http_port}"
 
     def api(self, method: str, path: str, body: Any = None, timeout: float = 30) -> Reply:
-        return request(method, self.site_url + path, body, token=ADMIN_TOKEN, timeout=timeout)
+        return self._request(method, self.site_url + path, body, token=ADMIN_TOKEN, timeout=timeout)
 
     def healthz(self) -> Reply:
-        return request("GET", self.site_url + "/healthz", timeout=2)
+        return self._request("GET", self.site_url + "/healthz", timeout=2)
+
+    def in_site_namespace(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """Run ``fn`` where the site's addresses are reachable (a namespace thread)."""
+        return self.netns.in_site(fn, *args) if self.netns is not None else fn(*args)
+
+    def partition(self) -> None:
+        """Cut the network between site and nodes (``--netns`` only: link down)."""
+        if self.netns is None:
+            raise DrillError("partitions by link down need --netns")
+        self.netns.partition()
+
+    def heal_partition(self) -> None:
+        if self.netns is not None:
+            self.netns.heal()
 
     def create(self, gid: int, timeout: float = 30) -> Reply:
         return self.api("POST", "/api/tasks", {"gid": gid, "token": "drill"}, timeout=timeout)
@@ -295,6 +329,11 @@ class Cluster:
         op = read_site(self.site_db).operations.get(gid)
         return None if op is None else str(op["state"])
 
+    def completed_gids(self, gids: Iterable[int]) -> set[int]:
+        """Those of ``gids`` the site's database shows 下载完成 (one read-only look)."""
+        galleries = read_site(self.site_db).galleries
+        return {g for g in gids if (galleries.get(g) or {}).get("status") == 4}
+
     def wait_state(self, gid: int, states: Iterable[str], timeout: float) -> str | None:
         wanted = set(states)
         seen: list[str | None] = [None]
@@ -327,20 +366,6 @@ class Cluster:
 
     def node_snapshot(self, node_id: str) -> Any:
         return read_node(node_id, self.nodes[node_id].data)
-
-    def settle(self, timeout: float = 30.0, extra: Callable[[], bool] | None = None) -> None:
-        """Wait until every node has nothing unacknowledged and ``extra`` holds."""
-
-        def quiet() -> bool:
-            for node in self.nodes.values():
-                if not node.proc.alive:
-                    continue
-                snap = read_node(node.id, node.data)
-                if snap.in_flight is not None:
-                    return False
-            return extra() if extra is not None else True
-
-        wait_for(quiet, timeout, "the system to settle (no unacknowledged report)")
 
     # -- database faults (S6, S15) ----------------------------------------------------
 
@@ -428,6 +453,7 @@ class Cluster:
 
     def shutdown(self) -> None:
         """Stop everything this cluster started (processes, proxies, helpers, webhook)."""
+        self.heal_partition()
         for helper in self.helpers:
             if helper.poll() is None:
                 helper.kill()

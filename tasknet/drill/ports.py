@@ -9,7 +9,6 @@ binds it; :mod:`tasknet.drill.procs` detects that (the child exits with
 from __future__ import annotations
 
 import socket
-import time
 
 LOOPBACK = "127.0.0.1"
 
@@ -28,12 +27,3 @@ def port_open(port: int, host: str = LOOPBACK, timeout: float = 0.2) -> bool:
             return True
     except OSError:
         return False
-
-
-def wait_port(port: int, timeout: float, host: str = LOOPBACK, interval: float = 0.05) -> None:
-    """Poll until ``host:port`` accepts connections; ``TimeoutError`` after ``timeout`` s."""
-    deadline = time.monotonic() + timeout
-    while not port_open(port, host):
-        if time.monotonic() >= deadline:
-            raise TimeoutError(f"nothing listening on {host}:{port} after {timeout:.1f}s")
-        time.sleep(interval)

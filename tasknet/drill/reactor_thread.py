@@ -20,14 +20,21 @@ reactor: Any = _reactor  # typed Any: zope interfaces are opaque to mypy
 _thread: threading.Thread | None = None
 
 
-def start() -> None:
-    """Start the reactor thread (once per process)."""
+def start(netns: str | None = None) -> None:
+    """Start the reactor thread (once per process), inside network namespace
+    ``netns`` when given (the reactor's sockets are then created there)."""
     global _thread
     if _thread is not None:
         return
-    _thread = threading.Thread(
-        target=reactor.run, kwargs={"installSignalHandlers": False}, daemon=True
-    )
+
+    def run() -> None:
+        if netns is not None:
+            from tasknet.drill.netns import enter
+
+            enter(netns)
+        reactor.run(installSignalHandlers=False)
+
+    _thread = threading.Thread(target=run, daemon=True)
     _thread.start()
     # The reactor is running once it executes a call for us.
     call(lambda: None)

@@ -11,6 +11,7 @@ from pathlib import Path
 from tasknet.drill import reactor_thread
 from tasknet.drill.cluster import Cluster
 from tasknet.drill.invariants import FAIL, INVARIANTS, Verdict, check_all
+from tasknet.drill.netns import Netns
 from tasknet.drill.procs import DrillError, wait_for
 from tasknet.drill.report import Progress, RunResult
 from tasknet.drill.scenarios import Expect, Scenario
@@ -71,9 +72,10 @@ def run_one(
     keep: bool,
     progress: Progress,
     seed: int,
+    netns: Netns | None = None,
 ) -> RunResult:
     directory = root / f"{scenario.id}-{run}"
-    cluster = Cluster(directory)
+    cluster = Cluster(directory, netns)
     x = Expect(progress.update)
     progress.begin(f"{scenario.id}#{run}")
     started = time.monotonic()
@@ -132,10 +134,15 @@ def run_all(
     keep: bool,
     progress: Progress,
     seed: int,
+    netns: Netns | None = None,
 ) -> list[RunResult]:
-    reactor_thread.start()
+    # The reactor thread enters the nodes' namespace once: the namespaces
+    # (created by the caller) must live for the whole session.
+    reactor_thread.start(netns.nodes if netns is not None else None)
     results: list[RunResult] = []
     for run in range(1, repeat + 1):
         for scenario in scenarios:
-            results.append(run_one(scenario, run, root, keep=keep, progress=progress, seed=seed))
+            results.append(
+                run_one(scenario, run, root, keep=keep, progress=progress, seed=seed, netns=netns)
+            )
     return results

@@ -1,4 +1,5 @@
-"""A webhook receiver for drills: records every JSON body the site POSTs.
+"""A webhook receiver for drills: records every notification the site POSTs
+(its ``X-Tasknet-Notification`` id and JSON body).
 
 It runs in its own thread (stdlib ``ThreadingHTTPServer``) on a loopback
 port, so D7 can compare what the site's outbox says it delivered with what a
@@ -27,8 +28,9 @@ class WebhookSink:
                     body: Any = json.loads(raw)
                 except ValueError:
                     body = {"undecodable": raw.decode("utf-8", errors="replace")}
+                notification = self.headers.get("X-Tasknet-Notification")
                 with sink._lock:
-                    sink.received.append(body)
+                    sink.received.append({"id": notification, "body": body})
                 self.send_response(204)
                 self.end_headers()
 

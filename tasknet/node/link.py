@@ -14,23 +14,24 @@ from typing import Any, cast
 
 from twisted.application.internet import ClientService, backoffPolicy
 from twisted.internet.endpoints import clientFromString
-from twisted.internet.protocol import Factory
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 from zope.interface import implementer
 
-from tasknet.protocol.connection import PeerProtocol, hello_is_v2
+from tasknet.protocol.connection import PeerFactory, PeerProtocol, hello_is_v2
 from tasknet.protocol.messages import (
     LEGACY_TYPES,
     MAX_PAYLOAD,
-    Error,
+    DeleteGallery,
+    DownloadPost,
     Goodbye,
-    Heartbeat,
     Identity,
     Login,
     LoginResult,
     Message,
     ProtocolHello,
+    TaskCommand,
+    TaskReportAck,
     sign_login,
 )
 from tasknet.protocol.session import ISiteLink
@@ -39,27 +40,22 @@ __all__ = ["SiteLink", "SiteLinkFactory", "site_client_service"]
 
 log = Logger()
 
-#: What the site may send a logged-in node (v2-only types need v2).
-_SITE_TO_NODE_LEGACY = (4, 5)
-_SITE_TO_NODE_V2 = (11, 13)
-
 
 @implementer(ISiteLink)
 class SiteLink(PeerProtocol):
     """One connection to the site; an :class:`ISiteLink` once logged in."""
 
     factory: SiteLinkFactory
+    # What the site may send a logged-in node (commands; v2 adds the ACK).
+    incoming_legacy = frozenset({DownloadPost.TYPE, DeleteGallery.TYPE})
+    incoming_v2 = frozenset({TaskCommand.TYPE, TaskReportAck.TYPE})
+    peer_role = "site"
 
     def __init__(self, factory: SiteLinkFactory) -> None:
-        super().__init__(factory.clock)
-        self.factory = factory
-        self.max_payload = factory.max_payload
-        self.heartbeat_interval = factory.heartbeat_interval
-        self.idle_timeout = factory.idle_timeout
+        super().__init__(factory)
         # The legacy node reads strictly; v2 is a tolerant reader.
         self.strict = factory.wire_protocol == 1
         self.node_id = factory.node_id
-        self.protocol_version = 1
         self._site_hello: ProtocolHello | None = None
         self._logged_in = False
         self._up = False
@@ -84,28 +80,10 @@ class SiteLink(PeerProtocol):
 
     # -- receiving
 
-    def messageReceived(self, message: Message) -> None:
-        if type(message) is Heartbeat:
-            return
-        if type(message) is Error or type(message) is Goodbye:
-            log.info("the site says {message!r}; closing", message=message)
-            self.closeConnection()
-        elif not self.authenticated:
-            self._before_login(message)
-        elif type(message) is ProtocolHello:
-            log.info("the site sent a Hello after LoginResult; ignored")
-        elif message.TYPE in _SITE_TO_NODE_LEGACY or (
-            message.TYPE in _SITE_TO_NODE_V2 and self.protocol_version >= 2
-        ):
-            self.factory.handler.message_received(self, message)
-        else:
-            self.sendError(
-                "protocol_violation",
-                f"{type(message).__name__} is not a site message on a "
-                f"protocol {self.protocol_version} connection",
-            )
+    def loggedInMessage(self, message: Message) -> None:
+        self.factory.handler.message_received(self, message)
 
-    def _before_login(self, message: Message) -> None:
+    def beforeLogin(self, message: Message) -> None:
         if type(message) is Identity:
             if self._logged_in:
                 self.sendError("protocol_violation", "a second Identity")
@@ -159,7 +137,7 @@ class SiteLink(PeerProtocol):
         return f"<SiteLink {self.node_id} v{self.protocol_version} up={self._up}>"
 
 
-class SiteLinkFactory(Factory):
+class SiteLinkFactory(PeerFactory):
     """Builds a :class:`SiteLink` per connection attempt of the ClientService."""
 
     def __init__(
@@ -176,14 +154,16 @@ class SiteLinkFactory(Factory):
     ) -> None:
         if protocol not in (1, 2):
             raise ValueError(f"protocol must be 1 or 2, got {protocol!r}")
+        super().__init__(
+            clock=clock,
+            max_payload=max_payload,
+            heartbeat_interval=heartbeat_interval,
+            idle_timeout=idle_timeout,
+        )
         self.node_id = node_id
         self.secret = secret
         self.handler: Any = handler  # an INodeHandler
         self.wire_protocol = protocol  # not .protocol: Factory uses that name
-        self.clock = clock
-        self.max_payload = max_payload
-        self.heartbeat_interval = heartbeat_interval
-        self.idle_timeout = idle_timeout
 
     def buildProtocol(self, addr: Any) -> Any:  # Any: Factory's generic typing wants more
         return SiteLink(self)

@@ -8,7 +8,6 @@ and resume with Range next time), close the store.
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 from twisted.application.service import MultiService
@@ -22,12 +21,10 @@ from tasknet.node.paths import DataDir
 from tasknet.node.reporter import Reporter, SiteLink
 from tasknet.node.store import NodeStore
 from tasknet.node.worker import Worker
-from tasknet.protocol.messages import Message, TaskReportAck
+from tasknet.protocol.messages import NODE_ID, Message, TaskReportAck
 from tasknet.protocol.session import INodeHandler
 
 log = Logger()
-
-NODE_ID = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 
 
 def _positive_int(name: str):  # type: ignore[no-untyped-def]
@@ -52,7 +49,7 @@ class Options(usage.Options):
     longdesc = "Storage node: dials the site, downloads, compresses, reports."
     optParameters = [
         ["connect", None, "tcp:127.0.0.1:7100", "the site's node endpoint"],
-        ["node-id", None, "node-1", "node id ([A-Za-z0-9_.-]{1,64})"],
+        ["node-id", None, "node-1", f"node id ({NODE_ID.pattern})"],
         ["secret", None, None, "shared secret for Login (required)"],
         ["data", None, "tasknet-node-data", "node database and archives"],
         ["protocol", None, 2, "2, or 1 to behave exactly as a legacy node", int],
@@ -72,9 +69,9 @@ class Options(usage.Options):
             raise usage.UsageError("--secret is required")
         if self["protocol"] not in (1, 2):
             raise usage.UsageError(f"--protocol must be 2 or 1, got {self['protocol']}")
-        if not NODE_ID.match(self["node-id"]):
+        if not NODE_ID.fullmatch(self["node-id"]):
             raise usage.UsageError(
-                f"--node-id must match [A-Za-z0-9_.-]{{1,64}}, got {self['node-id']!r}"
+                f"--node-id must match {NODE_ID.pattern}, got {self['node-id']!r}"
             )
 
 
@@ -94,7 +91,8 @@ class NodeService(MultiService):
         compressors: int = 1,
         ack_timeout: float = 10.0,
         reactor: Any = None,
-        idle_timeout: float = 30.0,
+        link_idle_timeout: float = 45.0,
+        download_idle_timeout: float = 30.0,
         debounce: float = 0.3,
         retry_policy: Any = None,
     ) -> None:
@@ -110,7 +108,10 @@ class NodeService(MultiService):
         self.downloads = downloads
         self.compressors = compressors
         self.ack_timeout = ack_timeout
-        self.idle_timeout = idle_timeout
+        # PROTOCOL.md: a connection silent for 45 s is dropped.
+        self.link_idle_timeout = link_idle_timeout
+        # A download that receives no byte for this long is retried (Range).
+        self.download_idle_timeout = download_idle_timeout
         self.debounce = debounce
         self.retry_policy = retry_policy
         self.store: NodeStore | None = None
@@ -152,7 +153,7 @@ class NodeService(MultiService):
             downloads=self.downloads,
             compressors=self.compressors,
             clock=self.reactor,
-            idle_timeout=self.idle_timeout,
+            idle_timeout=self.download_idle_timeout,
         )
         worker.start()
         self.commands = CommandHandler(store, self.data, worker, reporter.changed)
@@ -173,6 +174,7 @@ class NodeService(MultiService):
             handler,
             protocol=self.protocol,
             reactor=self.reactor,
+            idle_timeout=self.link_idle_timeout,
             retry_policy=self.retry_policy,
         )
         self.client.setServiceParent(self)

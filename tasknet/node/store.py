@@ -301,6 +301,9 @@ def _create_report(cursor: sqlite3.Cursor, report_id: str, now_ms: int) -> Pendi
         return None  # nothing held: a report would tell the site nothing
     previous = _last_revision(cursor)
     revision = now_ms if previous is None else max(previous + 1, now_ms)
+    # A gid held only as a deletion maps to its delete operation id, as the
+    # golden vector (TaskReport r-0002) does; a held task's generation wins.
+    # The site reads operationIds only for galleryTasks gids (docs/protocol.md).
     operation_ids = {d.gid: d.operation_id for d in deletions}
     operation_ids.update({t.gid: t.operation_id for t in tasks})
     report = PendingReport(

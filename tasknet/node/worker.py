@@ -37,7 +37,8 @@ from twisted.python.failure import Failure
 from twisted.python.threadpool import ThreadPool
 from twisted.web.client import Agent, HTTPConnectionPool
 
-from tasknet.node.compress import build_archive
+from tasknet.deferreds import shield
+from tasknet.node.compress import CompressionAborted, build_archive
 from tasknet.node.download import DownloadError, StorageError, fetch, storage_error
 from tasknet.node.paths import DataDir
 from tasknet.node.store import NodeStore, TaskRow
@@ -60,25 +61,6 @@ def member_name(task: TaskRow) -> str:
     """The file name inside the archive: the URL's last path segment."""
     name = unquote(urlsplit(task.url).path.rsplit("/", 1)[-1])
     return name if name and name not in (".", "..") else f"{task.gid}.bin"
-
-
-def _follow(source: Deferred[Any]) -> Deferred[Any]:
-    """A Deferred with ``source``'s result whose cancellation leaves ``source`` alone.
-
-    Cancelling a job while a thread compresses must not forget the thread:
-    :meth:`Worker.cancel` waits on the thread itself before removing files.
-    """
-    follower: Deferred[Any] = Deferred()
-
-    def relay(result: Any) -> None:
-        if not follower.called:
-            if isinstance(result, Failure):
-                follower.errback(result)
-            else:
-                follower.callback(result)
-
-    source.addBoth(relay)
-    return follower
 
 
 class _Job:
@@ -293,7 +275,9 @@ class Worker:
                     job.abort,
                 )
                 try:
-                    await _follow(job.thread)
+                    # Cancelling the job must not forget the thread: cancel()
+                    # waits on the thread itself before removing files.
+                    await shield(job.thread, expected=(CompressionAborted,))
                     break
                 except OSError as exc:
                     error: Exception = storage_error(exc, final) or DownloadError(

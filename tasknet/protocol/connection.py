@@ -1,17 +1,19 @@
-"""What both ends of a connection share: decoding, the login gate, liveness.
+"""What both ends of a connection share: decoding, the login gate, routing, liveness.
 
 :class:`PeerProtocol` turns frames into messages (strict or tolerant), answers
 malformed ones with ``Error`` + close, keeps unauthenticated peers to the
-pre-login types, sends a Heartbeat every ``heartbeat_interval`` seconds and
-drops a connection that has sent no frame for ``idle_timeout`` seconds.
-The site session and the node link subclass it.
+pre-login types, routes messages after login by the same rules on both sides,
+sends a Heartbeat every ``heartbeat_interval`` seconds and drops a connection
+that has sent no frame for ``idle_timeout`` seconds.  The site session and
+the node link subclass it.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
+from twisted.internet.protocol import Factory
 from twisted.internet.task import LoopingCall
 from twisted.protocols.policies import TimeoutMixin
 from twisted.python.failure import Failure
@@ -19,7 +21,10 @@ from twisted.python.failure import Failure
 from tasknet.protocol.frames import FrameProtocol
 from tasknet.protocol.messages import (
     FEATURE_RELIABLE,
+    MAX_PAYLOAD,
     PROTOCOL_VERSION,
+    Error,
+    Goodbye,
     Heartbeat,
     Message,
     ProtocolError,
@@ -28,7 +33,7 @@ from tasknet.protocol.messages import (
     decode,
 )
 
-__all__ = ["PRE_LOGIN_TYPES", "PeerProtocol", "hello_is_v2"]
+__all__ = ["PRE_LOGIN_TYPES", "PeerFactory", "PeerProtocol", "hello_is_v2"]
 
 #: Types a peer may send before login; anything else is ``unauthenticated``.
 PRE_LOGIN_TYPES = frozenset({0, 1, 2, 3, 8, 9, 10})
@@ -43,22 +48,54 @@ def hello_is_v2(hello: ProtocolHello | None) -> bool:
     )
 
 
-class PeerProtocol(FrameProtocol, TimeoutMixin):
-    """Decoded messages, login gate, heartbeats and idle timeout.
+class PeerFactory(Factory):
+    """What each side's factory hands every connection: its clock and limits."""
 
-    Subclasses implement :meth:`messageReceived` and set ``authenticated``
-    once login succeeded.  ``strict`` selects the legacy reader.
-    """
-
-    strict = False
-    authenticated = False
-    heartbeat_interval = 15.0
-    idle_timeout = 45.0
-
-    def __init__(self, clock: IReactorTime) -> None:
-        super().__init__()
+    def __init__(
+        self,
+        *,
+        clock: IReactorTime | None = None,
+        max_payload: int = MAX_PAYLOAD,
+        heartbeat_interval: float = 15.0,
+        idle_timeout: float = 45.0,
+    ) -> None:
+        if clock is None:
+            from twisted.internet import reactor as clock
         # Any: zope interfaces are opaque to mypy without its plugin.
         self.clock: Any = clock
+        self.max_payload = max_payload
+        self.heartbeat_interval = heartbeat_interval
+        self.idle_timeout = idle_timeout
+
+
+class PeerProtocol(FrameProtocol, TimeoutMixin):
+    """Decoded messages, login gate, routing, heartbeats and idle timeout.
+
+    Subclasses implement :meth:`beforeLogin` and :meth:`loggedInMessage`, set
+    ``authenticated`` (and ``protocol_version``) once login succeeded, and
+    name the types their peer may send after login in ``incoming_legacy``
+    (on any connection) and ``incoming_v2`` (only where v2 is in force).
+    ``strict`` selects the legacy reader.
+    """
+
+    factory: PeerFactory
+    strict = False
+    authenticated = False
+    #: The wire version in force: 1 (legacy) until login decides on 2.
+    protocol_version = 1
+    #: What the peer may send once logged in; anything else known is a violation.
+    incoming_legacy: ClassVar[frozenset[int]] = frozenset()
+    incoming_v2: ClassVar[frozenset[int]] = frozenset()
+    #: Who is at the other end, for log lines ("node", "site").
+    peer_role: ClassVar[str] = "peer"
+
+    def __init__(self, factory: PeerFactory) -> None:
+        super().__init__()
+        self.factory = factory
+        self.clock: Any = factory.clock
+        self.max_payload = factory.max_payload
+        self.heartbeat_interval = factory.heartbeat_interval
+        self.idle_timeout = factory.idle_timeout
         self._heartbeat: LoopingCall | None = None
 
     # -- liveness
@@ -118,5 +155,41 @@ class PeerProtocol(FrameProtocol, TimeoutMixin):
             self.log.failure("handling {message!r} failed", message=message)
             self.sendError("internal", "internal error")
 
+    # -- routing
+
     def messageReceived(self, message: Message) -> None:
+        """Route one decoded message by the rules both sides share."""
+        kind = type(message)
+        if kind is Heartbeat:
+            return  # its frame already reset the idle timeout
+        if kind is Error or kind is Goodbye:
+            self.log.info(
+                "{peer} says {message!r}; closing", peer=self.describePeer(), message=message
+            )
+            self.closeConnection()
+        elif not self.authenticated:
+            self.beforeLogin(message)
+        elif kind is ProtocolHello:
+            self.log.info("{peer} sent a Hello after login; ignored", peer=self.describePeer())
+        elif message.TYPE in self.incoming_legacy or (
+            message.TYPE in self.incoming_v2 and self.protocol_version >= 2
+        ):
+            self.loggedInMessage(message)
+        else:
+            self.sendError(
+                "protocol_violation",
+                f"{kind.__name__} is not a {self.peer_role} message on a "
+                f"protocol {self.protocol_version} connection",
+            )
+
+    def describePeer(self) -> str:
+        """The other end, for log lines."""
+        return f"{self.peer_role} at {self._peer()}"
+
+    def beforeLogin(self, message: Message) -> None:
+        """A pre-login message other than Heartbeat, Error and Goodbye."""
+        raise NotImplementedError
+
+    def loggedInMessage(self, message: Message) -> None:
+        """A message the peer may send on this connection once logged in."""
         raise NotImplementedError

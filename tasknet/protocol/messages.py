@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import re
 import struct
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -33,6 +34,7 @@ __all__ = [
     "HEADER",
     "LEGACY_TYPES",
     "MAX_PAYLOAD",
+    "NODE_ID",
     "PROTOCOL_VERSION",
     "DeleteGallery",
     "DeleteResult",
@@ -63,6 +65,10 @@ __all__ = [
 MAX_PAYLOAD = 16 * 1024 * 1024
 PROTOCOL_VERSION = 2
 FEATURE_RELIABLE = "reliable-task-v2"
+
+#: A valid ``Login.nodeId`` (PROTOCOL.md); match with ``NODE_ID.fullmatch``.
+#: The one definition: the site, its node-key table and the node all use it.
+NODE_ID = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 
 #: ``[type: u8][length: u32 big-endian]``
 HEADER = struct.Struct(">BI")

@@ -164,7 +164,10 @@ class Dispatcher:
     def task_changed(self, gid: int) -> Deferred[None]:
         """``gid`` became ``SUBMITTED`` or ``DELETE_PENDING`` (committed):
         send its command if it has (or can get) a connected node."""
-        if not self.enabled:
+        if not self.enabled or not self._nodes.sessions:
+            # Nobody to send to: not even a write.  The catch-up pass of the
+            # next node to log in reads this (committed) task and assigns
+            # or resends it then.
             return succeed(None)
         d = Deferred.fromCoroutine(self._one(gid))
         d.addErrback(lambda f: log.failure("dispatch of gid {gid} failed", f, gid=gid))

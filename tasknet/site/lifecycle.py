@@ -16,6 +16,7 @@ database failure while recording ``UNKNOWN``) is left ``RESERVED`` or
 
 from __future__ import annotations
 
+import sqlite3
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -156,8 +157,8 @@ class Lifecycle:
             return await self._answer(gid)
         # 5. Task row + weekly usage in one transaction, guarded by the generation.
         try:
-            await self._write(
-                tasks.persist_submitted,
+            view = await self._write(
+                _persist_and_view,
                 gid,
                 operation_id,
                 submitted.archive_url,
@@ -173,7 +174,8 @@ class Lifecycle:
                 f"the upstream accepted the POST (cost {submitted.cost}, "
                 f"{submitted.archive_url}) but recording it failed: {type(e).__name__}: {e}",
             )
-        return await self._answer(gid)
+            return await self._answer(gid)
+        return self._created(gid, view)
 
     async def _mark_unknown(self, gid: int, operation_id: str, step: str, error: str) -> None:
         try:
@@ -186,7 +188,9 @@ class Lifecycle:
             )
 
     async def _answer(self, gid: int) -> Created:
-        view = await self.db.read(tasks.task_view, gid)
+        return self._created(gid, await self.db.read(tasks.task_view, gid))
+
+    def _created(self, gid: int, view: dict[str, Any] | None) -> Created:
         if view is None or view.get("status") is None:
             raise TaskError("conflict", f"gid {gid} changed while it was being created")
         if view["state"] == "SUBMITTED":
@@ -274,6 +278,15 @@ class Lifecycle:
         if view is not None and view.get("state") == "SUBMITTED":
             self._changed(gid)
         return view
+
+
+def _persist_and_view(
+    cursor: sqlite3.Cursor, gid: int, operation_id: str, archive_url: str, cost: int, week: str
+) -> dict[str, Any] | None:
+    """:func:`tasks.persist_submitted` and the task view it leaves, in one
+    transaction: the answer of a create needs no read after the commit."""
+    tasks.persist_submitted(cursor, gid, operation_id, archive_url, cost, week)
+    return tasks.task_view(cursor, gid)
 
 
 def _prepare_error(gid: int, outcome: PrepareOutcome, error: str) -> TaskError:

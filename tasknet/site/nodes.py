@@ -9,32 +9,31 @@ connection for the same node replaces it (newest wins).
 
 from __future__ import annotations
 
-import re
 import secrets
 from collections.abc import Mapping
 from typing import Any
 
 from twisted.internet.defer import Deferred
-from twisted.internet.protocol import Factory
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 from zope.interface import implementer
 
-from tasknet.protocol.connection import PeerProtocol, hello_is_v2
+from tasknet.protocol.connection import PeerFactory, PeerProtocol, hello_is_v2
 from tasknet.protocol.messages import (
     ACTION_DELETE,
     ACTION_DOWNLOAD,
     MAX_PAYLOAD,
+    NODE_ID,
     DeleteGallery,
+    DeleteResult,
     DownloadPost,
-    Error,
     Goodbye,
-    Heartbeat,
     Identity,
     Login,
     LoginResult,
     Message,
     ProtocolHello,
+    StatusReport,
     TaskCommand,
     TaskReport,
     TaskReportAck,
@@ -42,15 +41,9 @@ from tasknet.protocol.messages import (
 )
 from tasknet.protocol.session import INodeSession
 
-__all__ = ["NODE_ID", "NodeListenerFactory", "NodeSession"]
+__all__ = ["NodeListenerFactory", "NodeSession"]
 
 log = Logger()
-
-NODE_ID = re.compile(r"[A-Za-z0-9_.-]{1,64}")
-
-#: What a node may send the site once logged in (v2-only types need v2).
-_NODE_TO_SITE_LEGACY = (6, 7)
-_NODE_TO_SITE_V2 = (TaskReport.TYPE,)
 
 
 @implementer(INodeSession)
@@ -58,16 +51,15 @@ class NodeSession(PeerProtocol):
     """One node connection; an :class:`INodeSession` once logged in."""
 
     factory: NodeListenerFactory
+    # What a node may send the site once logged in (reports; v2 adds TaskReport).
+    incoming_legacy = frozenset({StatusReport.TYPE, DeleteResult.TYPE})
+    incoming_v2 = frozenset({TaskReport.TYPE})
+    peer_role = "node"
 
     def __init__(self, factory: NodeListenerFactory) -> None:
-        super().__init__(factory.clock)
-        self.factory = factory
-        self.max_payload = factory.max_payload
-        self.heartbeat_interval = factory.heartbeat_interval
-        self.idle_timeout = factory.idle_timeout
+        super().__init__(factory)
         self.nonce = secrets.token_hex(16)
         self.node_id = ""
-        self.protocol_version = 1
         self.features: tuple[str, ...] = ()
         self.connected_at = 0.0
         self._hello: ProtocolHello | None = None
@@ -94,53 +86,29 @@ class NodeSession(PeerProtocol):
 
     # -- receiving
 
-    def messageReceived(self, message: Message) -> None:
-        if type(message) is Heartbeat:
-            return
-        if not self.authenticated:
-            self._before_login(message)
-        elif self._detached:
-            return  # replaced by a newer connection: nothing more goes up
-        elif type(message) is Error or type(message) is Goodbye:
-            self._peer_closing(message)
-        elif type(message) is ProtocolHello:
-            log.info("node {node_id} sent a Hello after Login; ignored", node_id=self.node_id)
-        elif message.TYPE in _NODE_TO_SITE_LEGACY or (
-            message.TYPE in _NODE_TO_SITE_V2 and self.protocol_version >= 2
-        ):
-            self.factory.handler.message_received(self, message)
-        else:
-            self.sendError(
-                "protocol_violation",
-                f"{type(message).__name__} is not a node message on a "
-                f"protocol {self.protocol_version} connection",
-            )
+    def describePeer(self) -> str:
+        return f"node {self.node_id or '?'} at {self._peer()}"
 
-    def _before_login(self, message: Message) -> None:
+    def loggedInMessage(self, message: Message) -> None:
+        if not self._detached:  # once replaced by a newer connection, nothing goes up
+            self.factory.handler.message_received(self, message)
+
+    def beforeLogin(self, message: Message) -> None:
         if type(message) is ProtocolHello:
             self._hello = message
         elif type(message) is Login:
             self._login(message)
-        elif type(message) is Error or type(message) is Goodbye:
-            self._peer_closing(message)
         else:  # Identity or LoginResult: not something a node sends
             self.sendError("protocol_violation", f"{type(message).__name__} from a node")
-
-    def _peer_closing(self, message: Error | Goodbye) -> None:
-        log.info(
-            "node {node_id} at {peer} says {message!r}; closing",
-            node_id=self.node_id or "?",
-            peer=self._peer(),
-            message=message,
-        )
-        self.closeConnection()
 
     def _login(self, login: Login) -> None:
         node_id = login.node_id
         if NODE_ID.fullmatch(node_id) is None:
             self._refuse(node_id, "invalid nodeId")
             return
-        # Read at each Login: the site may add or change keys while running.
+        # Looked up in factory.node_keys at each Login, so a change to that
+        # mapping applies from the next Login.  What fills it (the site service:
+        # --node-key and, at start only, the node_key table) is not our business.
         secret = self.factory.node_keys.get(node_id)
         if secret is None:
             self._refuse(node_id, "unknown node")
@@ -211,10 +179,12 @@ class NodeSession(PeerProtocol):
         )
 
 
-class NodeListenerFactory(Factory):
+class NodeListenerFactory(PeerFactory):
     """Builds a :class:`NodeSession` per accepted node connection.
 
     ``sessions`` maps node id to the node's current (newest) logged-in session.
+    ``node_keys`` (node id → secret) is consulted at every Login and never
+    copied: mutate it, or assign a new mapping, to change who may log in.
     """
 
     def __init__(
@@ -228,15 +198,15 @@ class NodeListenerFactory(Factory):
         idle_timeout: float = 45.0,
         clock: Any = None,
     ) -> None:
-        if clock is None:
-            from twisted.internet import reactor as clock
+        super().__init__(
+            clock=clock,
+            max_payload=max_payload,
+            heartbeat_interval=heartbeat_interval,
+            idle_timeout=idle_timeout,
+        )
         self.handler: Any = handler  # an ISiteHandler
         self.node_keys = node_keys
         self.site_name = site_name
-        self.max_payload = max_payload
-        self.heartbeat_interval = heartbeat_interval
-        self.idle_timeout = idle_timeout
-        self.clock: Any = clock
         self.sessions: dict[str, NodeSession] = {}
         self.connections: set[NodeSession] = set()
         self._all_closed: list[Deferred[None]] = []

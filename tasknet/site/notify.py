@@ -222,6 +222,9 @@ class OutboxExecutor:
         self._webhook = webhook
         self._page_size = page_size
         self._after = 0
+        # Rows were committed while nobody was there to push them to: they
+        # need marking, and the marking reads how far they go (last_id).
+        self._unread = False
         self._running: Deferred[None] | None = None
         self._again = False
         self._stopped = False
@@ -251,8 +254,19 @@ class OutboxExecutor:
         if self._running is not None:
             self._again = True
             return self._running
+        if self._nobody_to_deliver_to():
+            # No read per wake (a create wakes us three times): the marking,
+            # at most every mark_interval, reads the watermark once.
+            self._unread = True
+            self._schedule_marks()
+            return succeed(None)
         self._running = Deferred.fromCoroutine(self._drain_loop())
         return self._running
+
+    def _nobody_to_deliver_to(self) -> bool:
+        return self._webhook is None and (
+            self._publisher is None or not self._publisher.listening()
+        )
 
     async def _drain_loop(self) -> None:
         try:
@@ -268,12 +282,9 @@ class OutboxExecutor:
 
     async def _drain(self) -> None:
         while not self._stopped:
-            if self._webhook is None and (
-                self._publisher is None or not self._publisher.listening()
-            ):
+            if self._nobody_to_deliver_to():
                 # Nobody to push to: the rows need marking, not reading.
-                last = await self._db.read(delivery.last_id)
-                self._after = max(self._after, last)
+                self._unread = True
                 break
             rows = await self._db.read(delivery.pending_rows, self._after, self._page_size)
             if not rows:
@@ -292,7 +303,11 @@ class OutboxExecutor:
         # is a write transaction on the one writer the reports need, and the
         # in-memory watermark (_after) already keeps this run from repeating
         # a row.  A crash before the write only repeats pushes (at-least-once).
-        if self._after > self._marked and self._mark_call is None and self._marking is None:
+        if (
+            (self._after > self._marked or self._unread)
+            and self._mark_call is None
+            and self._marking is None
+        ):
             self._mark_call = self._clock.callLater(self._mark_interval, self._flush_marks)
 
     def _flush_marks(self) -> Deferred[None]:
@@ -302,6 +317,19 @@ class OutboxExecutor:
 
     async def _write_marks(self) -> None:
         try:
+            if self._unread:
+                self._unread = False
+                if self._nobody_to_deliver_to():
+                    # Committed before this read with nobody listening: "drained"
+                    # (at-least-once to the clients connected when drained).
+                    try:
+                        last = await self._db.read(delivery.last_id)
+                    except Exception:
+                        log.failure("reading the outbox watermark failed")
+                        return  # left unmarked: the next wake or poll retries
+                    self._after = max(self._after, last)
+                else:
+                    self.wake()  # a client came meanwhile: push them first
             while self._after > self._marked:
                 lo, hi = self._marked, self._after
                 try:

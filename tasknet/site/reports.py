@@ -1,13 +1,15 @@
 """Node reports: apply, commit, then ACK (LIFECYCLE.md invariant 7), with
 group commit.
 
-:class:`ReportPipeline` queues every report it is given.  When no write
-transaction of its own is open it starts one with everything queued (at most
-``max_batch`` reports) as one :meth:`Database.write` of
-:func:`storage.reports.apply_batch`; reports arriving while that transaction
-is open wait for the next one.  So under load many reports share one commit
-(one fsync), and when idle a report waits for nothing (the bounded wait is
-one transaction, plus ``max_wait`` seconds when configured).
+:class:`ReportPipeline` queues every report it is given and keeps one write
+transaction scheduled on the writer thread while reports wait.  That
+transaction takes its batch (everything queued, at most ``max_batch``) only
+when it starts, in the writer thread: reports that arrive while a
+transaction runs join the next one, which starts the moment the previous one
+has committed, without a round trip through the reactor.  So under load many
+reports share one commit (one fsync) and the writer never waits for the
+reactor; when idle a report waits for nothing (plus ``max_wait`` seconds
+when configured).
 
 Each report is ACKed only after the commit that carried it, on the session
 it came from.  A report whose own savepoint failed, or any report of a
@@ -18,6 +20,7 @@ after all).  Legacy messages are applied the same way but never ACKed.
 
 from __future__ import annotations
 
+import sqlite3
 import time
 from collections import deque
 from collections.abc import Callable
@@ -45,6 +48,15 @@ class _Pending:
     message: storage.NodeReport
     arrived: float
     done: Deferred[storage.ReportOutcome | None] = field(default_factory=Deferred)
+
+
+@dataclass
+class _Taken:
+    """What one scheduled write transaction took from the queue (set in the
+    writer thread, read on the reactor once the transaction has ended)."""
+
+    batch: list[_Pending] | None = None
+    started: float = 0.0
 
 
 class ReportPipeline:
@@ -77,8 +89,15 @@ class ReportPipeline:
         self._max_batch = max_batch
         self._max_wait = max_wait
         self._clock = clock
+        # Appended on the reactor, taken in the writer thread (deque's append
+        # and popleft are atomic).
         self._queue: deque[_Pending] = deque()
-        self._busy = False
+        # A write is scheduled that has not taken its batch yet.  Set on the
+        # reactor; cleared by that write in the writer thread *before* it
+        # takes from the queue, so a report queued after the clear is either
+        # taken by it or schedules the next write: none is stranded.
+        self._scheduled = False
+        self._in_flight = 0  # scheduled writes not yet ended (reactor only)
         self._linger: Any = None
         self._idle: list[Deferred[None]] = []
         #: Committed write transactions and the reports they carried (tests, logs).
@@ -94,53 +113,67 @@ class ReportPipeline:
         (not committed, not ACKed).  It never fails."""
         pending = _Pending(session, message, time.monotonic())
         self._queue.append(pending)
-        self._maybe_start()
+        self._maybe_schedule()
         return pending.done
 
     def idle(self) -> Deferred[None]:
         """Fires once nothing is queued or in flight (for shutdown and tests)."""
-        if not self._busy and not self._queue:
+        if not self._in_flight and not self._queue:
             return succeed(None)
         d: Deferred[None] = Deferred()
         self._idle.append(d)
         return d
 
-    def _maybe_start(self) -> None:
-        if self._busy or not self._queue or self._linger is not None:
+    def _maybe_schedule(self) -> None:
+        if self._scheduled or not self._queue or self._linger is not None:
             return
-        if self._max_wait and len(self._queue) < self._max_batch:
+        if self._max_wait and not self._in_flight and len(self._queue) < self._max_batch:
+            # Idle writer, few reports: let more join for up to max_wait.
             self._linger = self._clock.callLater(self._max_wait, self._linger_over)
             return
-        self._start()
+        self._schedule()
 
     def _linger_over(self) -> None:
         self._linger = None
-        self._start()
+        if not self._scheduled and self._queue:
+            self._schedule()
 
-    def _start(self) -> None:
-        if self._linger is not None:
-            self._linger.cancel()
-            self._linger = None
-        batch = [self._queue.popleft() for _ in range(min(self._max_batch, len(self._queue)))]
-        self._busy = True
-        started = time.monotonic()
-        d = self._db.write(storage.apply_batch, [(p.session.node_id, p.message) for p in batch])
-        d.addCallbacks(
-            self._committed,
-            self._failed,
-            callbackArgs=(batch, started),
-            errbackArgs=(batch,),
-        )
+    def _schedule(self) -> None:
+        self._scheduled = True
+        self._in_flight += 1
+        taken = _Taken()
+        d = self._db.write(self._apply_queued, taken)
+        d.addCallbacks(self._committed, self._failed, callbackArgs=(taken,), errbackArgs=(taken,))
         d.addErrback(lambda f: log.failure("report pipeline bookkeeping failed", f))
-        d.addBoth(self._next)
+        d.addBoth(self._ended)
+
+    def _apply_queued(
+        self, cursor: sqlite3.Cursor, taken: _Taken
+    ) -> list[storage.ReportOutcome | storage.ReportFailure]:
+        """The transaction body, in the writer thread: take what is queued
+        now and apply it.  Touches no Deferred (not thread-safe)."""
+        self._scheduled = False
+        batch: list[_Pending] = []
+        while len(batch) < self._max_batch:
+            try:
+                batch.append(self._queue.popleft())
+            except IndexError:
+                break
+        taken.batch = batch
+        taken.started = time.monotonic()
+        if not batch:
+            return []
+        return storage.apply_batch(cursor, [(p.session.node_id, p.message) for p in batch])
 
     def _committed(
         self,
         results: list[storage.ReportOutcome | storage.ReportFailure],
-        batch: list[_Pending],
-        started: float,
+        taken: _Taken,
     ) -> None:
-        metrics.observe_since(metrics.APPLY_LATENCY, started)
+        batch = taken.batch or []
+        if not batch:
+            return
+        metrics.observe_since(metrics.APPLY_LATENCY, taken.started)
         self.transactions += 1
         notifications = 0
         for pending, result in zip(batch, results, strict=True):
@@ -183,15 +216,22 @@ class ReportPipeline:
         )
         pending.done.callback(None)
 
-    def _failed(self, failure: Failure, batch: list[_Pending]) -> None:
+    def _failed(self, failure: Failure, taken: _Taken) -> None:
+        batch = taken.batch
+        if batch is None:
+            # The transaction failed before its body ran (BEGIN could not get
+            # the write lock), so the writer took nothing and nothing else is
+            # taking from the queue: fail the batch it would have taken here,
+            # or a locked database would be retried in a busy loop.
+            self._scheduled = False
+            batch = [self._queue.popleft() for _ in range(min(self._max_batch, len(self._queue)))]
         for pending in batch:
             self._not_acked(pending, failure.getErrorMessage())
 
-    def _next(self, _: object) -> None:
-        self._busy = False
-        if self._queue:
-            self._maybe_start()
-            return
-        waiters, self._idle = self._idle, []
-        for d in waiters:
-            d.callback(None)
+    def _ended(self, _: object) -> None:
+        self._in_flight -= 1
+        self._maybe_schedule()
+        if not self._in_flight and not self._queue:
+            waiters, self._idle = self._idle, []
+            for d in waiters:
+                d.callback(None)

@@ -26,9 +26,7 @@ from twisted.logger import Logger
 from twisted.python import usage
 from twisted.web.resource import IResource
 from twisted.web.server import Site as WebSite
-from zope.interface import implementer
 
-from tasknet.protocol.session import ISiteHandler
 from tasknet.site.lifecycle import Lifecycle
 from tasknet.site.storage import users
 from tasknet.site.storage.db import Database, connect, open_pool, run_write
@@ -84,32 +82,6 @@ class Options(usage.Options):
             raise usage.UsageError("--webhook must be an http:// or https:// URL")
 
 
-@implementer(ISiteHandler)
-class LoggingHandler:
-    """The stand-in handler until reports/dispatch are wired: logs each node
-    session with its negotiated protocol version, and what it sends."""
-
-    def node_attached(self, session: Any) -> None:
-        log.info(
-            "node {node} attached: protocol v{version}, features {features}",
-            node=session.node_id,
-            version=session.protocol_version,
-            features=list(session.features),
-        )
-
-    def message_received(self, session: Any, message: Any) -> None:
-        log.info(
-            "node {node}: {type} (not handled)", node=session.node_id, type=type(message).__name__
-        )
-
-    def node_detached(self, session: Any) -> None:
-        log.info(
-            "node {node} detached (protocol v{version})",
-            node=session.node_id,
-            version=session.protocol_version,
-        )
-
-
 @dataclass
 class Site:
     """Everything one running site holds.  The slots after ``node_factory``
@@ -126,7 +98,7 @@ class Site:
     dispatch_enabled: bool = False
     node_factory: Any = None  # tasknet.site.nodes.NodeListenerFactory
     # --- slots the reports/dispatch/notify wiring fills ---
-    handler: Any = None  # ISiteHandler (None: LoggingHandler)
+    handler: Any = None  # ISiteHandler
     dispatcher: Any = None  # .enable() -> Deferred, called once recovery succeeded
     outbox: Any = None  # .wake() after each commit that enqueued notifications
     events_resource: IResource | None = None  # /api/events
@@ -267,21 +239,12 @@ def build_site(options: Options, reactor: Any = None) -> Site:
     return site
 
 
-def makeService(options: Options) -> SiteService:
-    try:
-        site = build_site(options)
-    except SchemaError as e:
-        # A clean message (and exit status 1), not a traceback.
-        print(f"tasknet-site: {e}", file=sys.stderr)
-        raise SystemExit(1) from e
+def build_service(options: Options, reactor: Any = None) -> SiteService:
+    """The whole site, wired, not yet started (raises :class:`SchemaError`)."""
+    site = build_site(options, reactor)
+    site_service = SiteService(site, options["http"], options["nodes"], reactor)
 
-    site_service = SiteService(site, options["http"], options["nodes"])
-
-    # --- reports/dispatch/notify wiring ---
-    # (R) Fill site.handler, site.dispatcher, site.outbox, site.events_resource,
-    # site.nodes_view; set site.lifecycle.on_task_changed (gid -> dispatch);
-    # add start/stop hooks to site.on_start / site.on_stop, or child services
-    # with .setServiceParent(site_service).
+    # Reports, dispatch and notifications: the protocol side of the site.
     from tasknet.site.handler import build_protocol_side
 
     side = build_protocol_side(
@@ -297,13 +260,17 @@ def makeService(options: Options) -> SiteService:
     site.lifecycle.on_task_changed = side.dispatcher.task_changed
     site.on_start.append(side.start)  # delivers what the last run left undelivered
     site.on_stop.append(side.stop)
-    # --- end of wiring ---
 
     from tasknet.site.nodes import NodeListenerFactory
 
-    site.node_factory = NodeListenerFactory(
-        site.handler if site.handler is not None else LoggingHandler(),
-        site.node_keys,
-        site.name,
-    )
+    site.node_factory = NodeListenerFactory(site.handler, site.node_keys, site.name)
     return site_service
+
+
+def makeService(options: Options) -> SiteService:
+    try:
+        return build_service(options)
+    except SchemaError as e:
+        # A clean message (and exit status 1), not a traceback.
+        print(f"tasknet-site: {e}", file=sys.stderr)
+        raise SystemExit(1) from e

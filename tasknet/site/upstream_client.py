@@ -1,5 +1,6 @@
-"""The upstream archive service, seen from the site (treq), with the outcome
-classification the lifecycle depends on.
+"""The upstream archive service, seen from the site (a Twisted ``Agent`` on
+a persistent connection pool), with the outcome classification the lifecycle
+depends on.
 
 ``prepare`` and ``audit`` are read-only GETs.  ``submit`` is the one
 non-idempotent POST (every call is charged), so its answer is classified with
@@ -15,6 +16,13 @@ care (LIFECYCLE.md invariant 3):
 
 Each call has a deadline covering the whole exchange (connect, headers *and*
 body); past it the request is cancelled, which aborts the connection.
+
+Two calls per create make this a hot path, so it uses ``Agent`` directly, not
+treq: treq wraps every request in cookie, redirect and gzip agents, parses
+the URL with IDNA each time and streams bytes bodies through a cooperator
+task, which together cost as much reactor time as the request itself
+(py-spy, B2).  None of that is wanted here: the upstream sets no cookies, a
+redirect must never make us POST again, and bodies are small JSON.
 """
 
 from __future__ import annotations
@@ -24,17 +32,31 @@ import json
 import time
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import urlencode
 
-import treq
-from twisted.internet.defer import CancelledError, Deferred, TimeoutError
+from hyperlink import EncodedURL
+from twisted.internet.defer import CancelledError, Deferred, TimeoutError, succeed
+from twisted.internet.endpoints import HostnameEndpoint, wrapClientTLS
 from twisted.internet.protocol import Protocol
 from twisted.python.failure import Failure
-from twisted.web.client import HTTPConnectionPool, ResponseDone
+from twisted.web.client import (
+    URI,
+    Agent,
+    BrowserLikePolicyForHTTPS,
+    HTTPConnectionPool,
+    ResponseDone,
+)
+from twisted.web.error import SchemeNotSupported
 from twisted.web.http import PotentialDataLoss
+from twisted.web.http_headers import Headers
+from twisted.web.iweb import IAgentEndpointFactory, IBodyProducer
+from zope.interface import implementer
 
 from tasknet.site import metrics
 
 MAX_BODY = 1024 * 1024  # no sane answer of ours is larger
+#: Idle upstream connections kept for reuse: about the creates in flight at once.
+MAX_IDLE_CONNECTIONS = 64
 
 
 class Outcome(enum.Enum):
@@ -111,6 +133,58 @@ class _BodyReader(Protocol):
             self.done.errback(reason)
 
 
+@implementer(IBodyProducer)
+class _Bytes:
+    """A request body already in memory, written in one go (the stock
+    ``FileBodyProducer`` schedules a cooperator task for it)."""
+
+    def __init__(self, data: bytes) -> None:
+        self._data = data
+        self.length = len(data)
+
+    def startProducing(self, consumer: Any) -> Deferred[None]:  # an IConsumer
+        consumer.write(self._data)
+        return succeed(None)
+
+    def pauseProducing(self) -> None:
+        pass
+
+    def resumeProducing(self) -> None:
+        pass
+
+    def stopProducing(self) -> None:
+        pass
+
+
+_JSON_HEADERS = {b"Content-Type": [b"application/json"]}
+
+
+@implementer(IAgentEndpointFactory)
+class _CachedEndpoints:
+    """Twisted's standard endpoint per scheme/host/port, built once: the
+    stock ``Agent`` builds one (IDNA-encoding the host) for every request,
+    even when the pool then reuses a connection."""
+
+    def __init__(self, reactor: Any) -> None:
+        self._reactor = reactor
+        self._tls = BrowserLikePolicyForHTTPS()
+        self._endpoints: dict[tuple[bytes, bytes, int], Any] = {}
+
+    def endpointForURI(self, uri: URI) -> Any:  # an IStreamClientEndpoint
+        key = (uri.scheme, uri.host, uri.port)
+        endpoint: Any = self._endpoints.get(key)
+        if endpoint is None:
+            if uri.scheme not in (b"http", b"https"):
+                raise SchemeNotSupported(f"unsupported scheme: {uri.scheme!r}")
+            tcp: Any = HostnameEndpoint(self._reactor, uri.host, uri.port)
+            if uri.scheme == b"https":
+                endpoint = wrapClientTLS(self._tls.creatorForNetloc(uri.host, uri.port), tcp)
+            else:
+                endpoint = tcp
+            self._endpoints[key] = endpoint
+        return endpoint
+
+
 def _read_body(response: Any) -> Deferred[_Answer]:
     reader = _BodyReader(MAX_BODY)
     response.deliverBody(reader)
@@ -164,25 +238,39 @@ class UpstreamClient:
         prepare_timeout: float = 10.0,
         audit_timeout: float = 2.0,
         persistent: bool = True,
+        max_idle_connections: int = MAX_IDLE_CONNECTIONS,
     ) -> None:
         if reactor is None:
             from twisted.internet import reactor as default_reactor
 
             reactor = default_reactor
         self.base_url = base_url.rstrip("/")
+        # Parsed and IDNA-encoded once, not per request.
+        self._base = EncodedURL.from_text(self.base_url).to_uri().to_text().encode("ascii")
         self.prepare_timeout = prepare_timeout
         self.audit_timeout = audit_timeout
         self._reactor = reactor
         self._pool = HTTPConnectionPool(reactor, persistent=persistent)
         self._pool.retryAutomatically = False  # a POST is never retried behind our back
+        # Twisted keeps 2 idle connections per host by default: with more
+        # creates in flight than that, most calls paid a fresh TCP connection
+        # (a resolver thread round trip, connect, close) on the reactor.
+        self._pool.maxPersistentPerHost = max_idle_connections
+        self._agent = Agent.usingEndpointFactory(
+            reactor, _CachedEndpoints(reactor), pool=self._pool
+        )
 
-    def _url(self, gid: int, suffix: str = "") -> str:
-        return f"{self.base_url}/api/galleries/{gid}{suffix}"
+    def _url(self, gid: int, suffix: str = "", query: dict[str, str] | None = None) -> bytes:
+        url = b"%s/api/galleries/%d%s" % (self._base, gid, suffix.encode("ascii"))
+        return url + b"?" + urlencode(query).encode("ascii") if query else url
 
-    def _exchange(self, method: str, url: str, timeout: float, **kwargs: Any) -> Deferred[_Answer]:
+    def _exchange(
+        self, method: bytes, url: bytes, timeout: float, body: bytes | None = None
+    ) -> Deferred[_Answer]:
         """One request and its whole body, cancelled (connection aborted) at ``timeout``."""
-        d: Deferred[Any] = treq.request(
-            method, url, pool=self._pool, reactor=self._reactor, **kwargs
+        producer: Any = _Bytes(body) if body is not None else None  # an IBodyProducer
+        d: Deferred[Any] = self._agent.request(
+            method, url, Headers(_JSON_HEADERS) if body is not None else None, producer
         )
         d.addCallback(_read_body)
         deadline = self._reactor.callLater(timeout, d.cancel)
@@ -204,10 +292,9 @@ class UpstreamClient:
         title and the cost, before anything is charged."""
         started = time.monotonic()
         d = self._exchange(
-            "GET",
-            self._url(gid),
+            b"GET",
+            self._url(gid, query={"token": token}),
             timeout if timeout is not None else self.prepare_timeout,
-            params={"token": token},
         )
 
         def answered(answer: _Answer) -> PrepareResult:
@@ -250,11 +337,10 @@ class UpstreamClient:
         classified as ``OK`` / ``REFUSED`` / ``AMBIGUOUS``.  Never fails."""
         started = time.monotonic()
         d = self._exchange(
-            "POST",
+            b"POST",
             self._url(gid, "/archive"),
             timeout,
-            data=json.dumps({"token": token}).encode("utf-8"),
-            headers={"Content-Type": ["application/json"]},
+            body=json.dumps({"token": token}).encode("utf-8"),
         )
 
         def answered(answer: _Answer) -> SubmitResult:
@@ -297,7 +383,7 @@ class UpstreamClient:
         (``GET /api/galleries/{gid}/archive``); fails with :class:`UpstreamError`."""
         started = time.monotonic()
         d = self._exchange(
-            "GET",
+            b"GET",
             self._url(gid, "/archive"),
             timeout if timeout is not None else self.audit_timeout,
         )

@@ -40,7 +40,7 @@ def test_quick_run_prints_six_rows_and_writes_results(tmp_path: Path) -> None:
     )
     assert done.returncode == 0, f"stdout:\n{done.stdout}\nstderr:\n{done.stderr[-4000:]}"
 
-    table_rows = [line for line in done.stdout.splitlines() if re.match(r"^B[1-6]\s", line)]
+    table_rows = [line for line in done.stdout.splitlines() if re.match(r"^B[1-6]  ", line)]
     assert [line.split()[0] for line in table_rows] == IDS
     assert not any("ERROR" in line for line in table_rows)
 

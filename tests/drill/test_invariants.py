@@ -87,7 +87,7 @@ def submitted(db: Path, *, metered: int = 1, status: int | None = None) -> None:
         sql(db, "INSERT INTO weekly_usage (user_id, week, used) VALUES (1, '2026-W49', ?)", COST)
 
 
-def node_dir(tmp_path: Path, *, commands: list[tuple[int, str | None]] = ()) -> Path:
+def node_dir(tmp_path: Path, *, commands: tuple[tuple[int, str | None], ...] = ()) -> Path:
     data = DataDir(tmp_path / "n1")
     data.create()
     conn = sqlite3.connect(data.database)
@@ -118,6 +118,7 @@ def world(
     journal: list[dict[str, Any]] | None = None,
     frames: list[dict[str, Any]] | None = None,
     ledger: Ledger | None = None,
+    webhook: list[Any] | None = None,
 ) -> World:
     nodes = {"n1": read_node("n1", node)} if node else {}
     return World(
@@ -127,14 +128,14 @@ def world(
         upstream_stats={"posts": posts or {}},
         journal=journal if journal is not None else [{"seq": 1, "gid": GID, "cost": COST}],
         frames=frames or [],
-        webhook=None,
+        webhook=webhook,
         ledger=ledger or Ledger(),
     )
 
 
 def test_a_sound_submitted_task_passes_every_check(site_db: Path, tmp_path: Path) -> None:
     submitted(site_db, status=4)
-    node = node_dir(tmp_path, commands=[(GID, OP)])
+    node = node_dir(tmp_path, commands=((GID, OP),))
     DataDir(node).archive_path(GID, OP).write_bytes(b"zip")
     sql(
         site_db,
@@ -209,7 +210,7 @@ def test_d5_fails_on_a_download_of_an_unknown_operation(site_db: Path, tmp_path:
     )
     sql(site_db, "UPDATE task_operation SET state = 'SUBMITTING' WHERE gid = ?", GID)
     sql(site_db, "UPDATE task_operation SET state = 'UNKNOWN' WHERE gid = ?", GID)
-    node = node_dir(tmp_path, commands=[(GID, OP)])
+    node = node_dir(tmp_path, commands=((GID, OP),))
     verdict = check_d5(world(site_db, node))
     assert verdict.status == FAIL
     assert verdict.detail == f"gid {GID}: DOWNLOAD sent for an unconfirmed (UNKNOWN) operation"
@@ -276,3 +277,23 @@ def test_snapshots_are_read_only(site_db: Path) -> None:
     with pytest.raises(FileNotFoundError):
         read_site(site_db.with_name("missing.sqlite"))
     assert not site_db.with_name("missing.sqlite").exists()
+
+
+def test_d7_fails_when_a_notification_never_reaches_the_webhook(site_db: Path) -> None:
+    submitted(site_db, status=4)
+    task = {"gid": GID, "status": "COMPLETED", "operationId": OP}
+    sql(
+        site_db,
+        "INSERT INTO notification_outbox (gid, payload, webhook_state) VALUES (?, ?, ?)",
+        GID,
+        json.dumps({"task": task}),
+        "delivered",
+    )
+    verdict = check_d7(world(site_db, webhook=[]))
+    assert verdict.status == FAIL
+    assert verdict.detail == (
+        f"notification 1 (gid {GID}) never reached the webhook (outbox says delivered)"
+    )
+    # Received (twice: at-least-once delivery is allowed): nothing lost.
+    got = [{"id": "1", "body": {"task": task}}] * 2
+    assert check_d7(world(site_db, webhook=got)).status == PASS

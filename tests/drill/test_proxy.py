@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import AsyncIterator, Callable
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import pytest_twisted
@@ -36,6 +36,16 @@ class Peer(protocol.Protocol):
         self.is_lost = True
         self.lost.callback(None)
 
+    def send(self, data: bytes) -> None:
+        self._t.write(data)
+
+    def abort(self) -> None:
+        self._t.abortConnection()
+
+    @property
+    def _t(self) -> Any:  # zope interfaces are opaque to mypy
+        return self.transport
+
     def types(self) -> list[int]:
         return [t for t, _ in FrameSplitter().feed(bytes(self.received))]
 
@@ -63,7 +73,7 @@ class Rig:
 
     def __init__(self) -> None:
         self.servers = PeerFactory()
-        self.listening = reactor.listenTCP(0, self.servers, interface="127.0.0.1")
+        self.listening: Any = cast(Any, reactor).listenTCP(0, self.servers, interface="127.0.0.1")
         self.proxy = FaultProxy("127.0.0.1", self.listening.getHost().port)
         self.proxy.start()
         self.clients: list[Peer] = []
@@ -80,7 +90,7 @@ class Rig:
         await self.proxy.stop()
         for peer in self.clients + self.servers.peers:
             if not peer.is_lost:
-                peer.transport.abortConnection()
+                peer.abort()
                 await peer.lost
         await self.listening.stopListening()
 
@@ -106,8 +116,8 @@ def test_splitter_is_incremental() -> None:
 @pytest_twisted.ensureDeferred
 async def test_pass_through_counts_frames_both_ways(rig: Rig) -> None:
     client, server = await rig.dial()
-    client.transport.write(frame(1, {"nodeId": "n"}) + frame(12, {"reportId": "a"}))
-    server.transport.write(frame(0, {"name": "s"}) + frame(13, {"reportId": "a"}))
+    client.send(frame(1, {"nodeId": "n"}) + frame(12, {"reportId": "a"}))
+    server.send(frame(0, {"name": "s"}) + frame(13, {"reportId": "a"}))
     await until(lambda: server.types() == [1, 12] and client.types() == [0, 13])
     stats = rig.proxy.stats()
     assert stats["forwarded"] == {
@@ -126,14 +136,14 @@ async def test_delay_holds_frames_and_keeps_order(rig: Rig) -> None:
     rig.proxy.delay(300)
     started = time.monotonic()
     for i in range(5):
-        client.transport.write(frame(3, {"time": i}))
+        client.send(frame(3, {"time": i}))
     await until(lambda: len(server.types()) == 5)
     assert time.monotonic() - started >= 0.29
     times = [json.loads(f[5:])["time"] for _, f in FrameSplitter().feed(bytes(server.received))]
     assert times == [0, 1, 2, 3, 4]
     rig.proxy.heal()
     started = time.monotonic()
-    client.transport.write(frame(3, {"time": 9}))
+    client.send(frame(3, {"time": 9}))
     await until(lambda: len(server.types()) == 6)
     assert time.monotonic() - started < 0.25
 
@@ -142,10 +152,8 @@ async def test_delay_holds_frames_and_keeps_order(rig: Rig) -> None:
 async def test_drop_removes_whole_frames_of_one_type_and_direction(rig: Rig) -> None:
     client, server = await rig.dial()
     rig.proxy.drop(13, TO_CLIENT, count=1)
-    server.transport.write(
-        frame(3, {}) + frame(13, {"reportId": "x"}) + frame(13, {"reportId": "y"})
-    )
-    client.transport.write(frame(13, {"reportId": "up"}))  # other direction: untouched
+    server.send(frame(3, {}) + frame(13, {"reportId": "x"}) + frame(13, {"reportId": "y"}))
+    client.send(frame(13, {"reportId": "up"}))  # other direction: untouched
     await until(lambda: client.types() == [3, 13] and server.types() == [13])
     got = FrameSplitter().feed(bytes(client.received))[1][1]
     assert json.loads(got[5:]) == {"reportId": "y"}
@@ -157,10 +165,10 @@ async def test_drop_removes_whole_frames_of_one_type_and_direction(rig: Rig) -> 
 async def test_drop_without_count_holds_until_heal(rig: Rig) -> None:
     client, server = await rig.dial()
     rig.proxy.drop(12, TO_SERVER)
-    client.transport.write(frame(12, {}) + frame(12, {}) + frame(3, {}))
+    client.send(frame(12, {}) + frame(12, {}) + frame(3, {}))
     await until(lambda: server.types() == [3])
     rig.proxy.heal()
-    client.transport.write(frame(12, {}))
+    client.send(frame(12, {}))
     await until(lambda: server.types() == [3, 12])
     assert rig.proxy.dropped[(TO_SERVER, 12)] == 2
 
@@ -171,14 +179,14 @@ async def test_cut_after_n_bytes_of_a_frame_type(rig: Rig) -> None:
     first = frame(3, {"time": 1})
     report = frame(12, {"reportId": "r" * 50})
     rig.proxy.cut_after(20, TO_SERVER, msg_type=12)
-    client.transport.write(first + report)
+    client.send(first + report)
     await server.lost
     await client.lost
     assert bytes(server.received) == first + report[:20]
     assert rig.proxy.stats()["cuts"] == 1
     # The rule fired once: the next connection passes whole reports.
     client2, server2 = await rig.dial()
-    client2.transport.write(report)
+    client2.send(report)
     await until(lambda: bytes(server2.received) == report)
 
 
@@ -186,13 +194,13 @@ async def test_cut_after_n_bytes_of_a_frame_type(rig: Rig) -> None:
 async def test_drop_and_cut_can_match_the_payload(rig: Rig) -> None:
     client, server = await rig.dial()
     rig.proxy.drop(13, TO_CLIENT, count=1, match=lambda p: p.get("reportId") == "b")
-    server.transport.write(frame(13, {"reportId": "a"}) + frame(13, {"reportId": "b"}))
-    server.transport.write(frame(13, {"reportId": "b"}))
+    server.send(frame(13, {"reportId": "a"}) + frame(13, {"reportId": "b"}))
+    server.send(frame(13, {"reportId": "b"}))
     await until(lambda: len(client.types()) == 2)
     ids = [json.loads(f[5:])["reportId"] for _, f in FrameSplitter().feed(bytes(client.received))]
     assert ids == ["a", "b"]
     rig.proxy.cut_after(6, TO_SERVER, 12, match=lambda p: p.get("reportId") == "y")
-    client.transport.write(frame(12, {"reportId": "x"}) + frame(12, {"reportId": "y"}))
+    client.send(frame(12, {"reportId": "x"}) + frame(12, {"reportId": "y"}))
     await server.lost
     assert bytes(server.received) == frame(12, {"reportId": "x"}) + frame(12, {"reportId": "y"})[:6]
 
@@ -202,7 +210,7 @@ async def test_cut_after_bytes_counts_across_frames(rig: Rig) -> None:
     client, server = await rig.dial()
     rig.proxy.cut_after(7, TO_CLIENT)
     data = frame(3, {}) + frame(3, {})  # 7 bytes each
-    server.transport.write(data + frame(3, {}))
+    server.send(data + frame(3, {}))
     await client.lost
     assert bytes(client.received) == data[:7]
 
@@ -211,15 +219,15 @@ async def test_cut_after_bytes_counts_across_frames(rig: Rig) -> None:
 async def test_blackhole_forwards_nothing_and_heal_resets_tainted_links(rig: Rig) -> None:
     client, server = await rig.dial()
     rig.proxy.blackhole()
-    client.transport.write(frame(12, {}))
-    server.transport.write(frame(13, {}))
+    client.send(frame(12, {}))
+    server.send(frame(13, {}))
     await until(lambda: sum(rig.proxy.blackholed_bytes.values()) == 14)
     assert client.received == b"" and server.received == b""
     rig.proxy.heal()
     await client.lost
     await server.lost
     client2, server2 = await rig.dial()
-    client2.transport.write(frame(12, {}))
+    client2.send(frame(12, {}))
     await until(lambda: server2.types() == [12])
 
 

@@ -19,12 +19,15 @@ def quick_retry(attempt: int) -> float:
     return 0.05
 
 
-async def start_node(site: ScriptedSite, data: Path, **options: Any) -> NodeService:
+async def start_node(
+    site: ScriptedSite | str, data: Path, *, secret: str = SECRET, **options: Any
+) -> NodeService:
+    """Node ``node-t`` on ``data``, dialling ``site`` (or that endpoint string)."""
     options.setdefault("debounce", 0.05)
     node = NodeService(
-        connect=site.endpoint,
+        connect=site if isinstance(site, str) else site.endpoint,
         node_id="node-t",
-        secret=SECRET,
+        secret=secret,
         data=str(data),
         retry_policy=quick_retry,
         **options,
@@ -53,3 +56,22 @@ def node_rows(data: Path, sql: str, *params: Any) -> list[tuple[Any, ...]]:
     """Read the node database from outside, as drills do."""
     with sqlite3.connect(data / "node.sqlite") as db:
         return db.execute(sql, params).fetchall()
+
+
+@asynccontextmanager
+async def logged_in_node(
+    site: ScriptedSite, data: Path, *, logins: int = 1, **options: Any
+) -> AsyncIterator[NodeService]:
+    """A node started on ``data`` that has logged in ``logins`` times so far;
+    stopped on exit."""
+    node = await start_node(site, data, **options)
+    try:
+        await site.logged_in(logins)
+        yield node
+    finally:
+        await node.stopService()
+
+
+def file_fault(fault: str, *, times: int | None = 1, **params: Any) -> list[dict[str, Any]]:
+    """A mock-upstream fault document for ``GET /files/*`` (``times=None``: always)."""
+    return [{"method": "GET", "path": "/files/*", "fault": fault, "params": params, "times": times}]

@@ -8,7 +8,7 @@ import pytest_twisted
 
 from tasknet.protocol.messages import Error, TaskReport
 from tasknet.upstream import catalog
-from tests.node.harness import node_rows, running, start_node
+from tests.node.harness import file_fault, logged_in_node, node_rows, running
 from tests.node.site_peer import ScriptedSite, eventually
 
 GID = 777
@@ -34,16 +34,12 @@ def completed(site: ScriptedSite, gid: int, operation_id: str) -> bool:
 async def test_the_same_operation_twice_downloads_once(tmp_path: Path) -> None:
     data = tmp_path / "node"
     async with running(tmp_path) as (site, up):
-        node = await start_node(site, data)
-        try:
-            await site.logged_in()
+        async with logged_in_node(site, data):
             site.download("op-1", GID, up.file_url(GID))
             site.download("op-1", GID, up.file_url(GID))
             await eventually(lambda: completed(site, GID, "op-1"))
             site.download("op-1", GID, up.file_url(GID))  # after completion and ACK too
             await eventually(lambda: len(node_rows(data, "SELECT * FROM received_command")) == 3)
-        finally:
-            await node.stopService()
         assert up.stats()["fileGets"] == {f"{GID}-1.bin": 1}
     assert node_rows(data, "SELECT * FROM task") == []
 
@@ -53,27 +49,13 @@ async def test_a_new_operation_is_a_new_generation(tmp_path: Path) -> None:
     data = tmp_path / "node"
     size = catalog.gallery(GID).size
     async with running(tmp_path) as (site, up):
-        up.set_faults(
-            [
-                {
-                    "method": "GET",
-                    "path": "/files/*",
-                    "fault": "slow_body",
-                    "params": {"bytes_per_s": size / 10},
-                    "times": 1,
-                }
-            ]
-        )
-        node = await start_node(site, data)
-        try:
-            await site.logged_in()
+        up.set_faults(file_fault("slow_body", bytes_per_s=size / 10))
+        async with logged_in_node(site, data):
             site.download("op-1", GID, up.file_url(GID, 1))
             await eventually(lambda: any((data / "partial").iterdir()), what="op-1 downloading")
             [old_part] = (data / "partial").iterdir()
             site.download("op-2", GID, up.file_url(GID, 2))
             await eventually(lambda: completed(site, GID, "op-2"), what="op-2 complete")
-        finally:
-            await node.stopService()
         stats = up.stats()
     assert not old_part.exists()
     assert not completed(site, GID, "op-1")
@@ -85,9 +67,7 @@ async def test_a_new_operation_is_a_new_generation(tmp_path: Path) -> None:
 async def test_delete_of_a_present_and_of_an_absent_gid(tmp_path: Path) -> None:
     data = tmp_path / "node"
     async with running(tmp_path) as (site, up):
-        node = await start_node(site, data)
-        try:
-            await site.logged_in()
+        async with logged_in_node(site, data):
             site.download("op-1", GID, up.file_url(GID))
             await eventually(lambda: completed(site, GID, "op-1"))
             # ACKed: the task left the queue, but its archive is still on disk.
@@ -98,14 +78,14 @@ async def test_delete_of_a_present_and_of_an_absent_gid(tmp_path: Path) -> None:
             await eventually(lambda: deleted_entry(site, GID, "del-1"), what="del-1")
             await eventually(lambda: deleted_entry(site, GID + 1, "del-2"), what="del-2")
             report, present = deleted_entry(site, GID, "del-1")
-            _report, absent = deleted_entry(site, GID + 1, "del-2")
+            other, absent = deleted_entry(site, GID + 1, "del-2")
+            # A gid held only as a deletion maps to its delete id (vector r-0002).
             assert report.operation_ids[GID] == "del-1"
+            assert other.operation_ids[GID + 1] == "del-2"
             # Repeating a delete is safe.
             site.delete("del-1", GID)
             await eventually(lambda: len(node_rows(data, "SELECT * FROM received_command")) == 4)
             await eventually(lambda: not node_rows(data, "SELECT * FROM deletion"))
-        finally:
-            await node.stopService()
     assert (present.result, absent.result) == ("DELETED", "NOT_FOUND")  # type: ignore[attr-defined]
     assert list((data / "archives").iterdir()) == []
 
@@ -114,9 +94,7 @@ async def test_delete_of_a_present_and_of_an_absent_gid(tmp_path: Path) -> None:
 async def test_a_delete_that_cannot_remove_the_archive_reports_failed(tmp_path: Path) -> None:
     data = tmp_path / "node"
     async with running(tmp_path) as (site, up):
-        node = await start_node(site, data)
-        try:
-            await site.logged_in()
+        async with logged_in_node(site, data):
             site.download("op-1", GID, up.file_url(GID))
             await eventually(lambda: completed(site, GID, "op-1"))
             [archive] = (data / "archives").iterdir()
@@ -127,8 +105,6 @@ async def test_a_delete_that_cannot_remove_the_archive_reports_failed(tmp_path: 
             site.delete("del-1", GID)
             await eventually(lambda: deleted_entry(site, GID, "del-1"), what="the result")
             _report, entry = deleted_entry(site, GID, "del-1")
-        finally:
-            await node.stopService()
     assert entry.result == "FAILED"  # type: ignore[attr-defined]
     assert "Is a directory" in entry.reason  # type: ignore[attr-defined]
     assert archive.is_dir()
@@ -138,9 +114,7 @@ async def test_a_delete_that_cannot_remove_the_archive_reports_failed(tmp_path: 
 async def test_a_bad_command_is_refused_and_changes_nothing(tmp_path: Path) -> None:
     data = tmp_path / "node"
     async with running(tmp_path) as (site, upstream):
-        node = await start_node(site, data)
-        try:
-            await site.logged_in()
+        async with logged_in_node(site, data):
             site.download("op-1", GID, "file:///etc/passwd")
             # The link survives the refused command: a good one still works.
             site.download("op-2", GID + 1, upstream.file_url(GID + 1))
@@ -149,7 +123,5 @@ async def test_a_bad_command_is_refused_and_changes_nothing(tmp_path: Path) -> N
                 what="the good command recorded",
             )
             assert site.of_type(Error) == []
-        finally:
-            await node.stopService()
     assert node_rows(data, "SELECT gid, operation_id FROM received_command") == [(GID + 1, "op-2")]
     assert node_rows(data, "SELECT gid FROM task") == [(GID + 1,)]

@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Any
+
 import pytest
+import pytest_twisted
 from twisted.python import usage
 
 from tasknet.node.service import NodeService, Options, makeService
+from tests.node.harness import logged_in_node, running
+from tests.node.site_peer import eventually
 
 
 def parse(*argv: str) -> Options:
@@ -57,8 +63,28 @@ def test_make_service_takes_every_option(tmp_path: object) -> None:
         (("--secret", "x", "--compressors", "-1"), "compressors"),
         (("--secret", "x", "--ack-timeout", "0"), "ack-timeout"),
         (("--secret", "x", "--node-id", "bad id"), "--node-id must match"),
+        (("--secret", "x", "--node-id", "node-1\n"), "--node-id must match"),
+        (("--secret", "x", "--node-id", "n" * 65), "--node-id must match"),
     ],
 )
 def test_bad_options_are_refused_clearly(argv: tuple[str, ...], complaint: str) -> None:
     with pytest.raises(usage.UsageError, match=complaint):
         parse(*argv)
+
+
+@pytest_twisted.ensureDeferred
+async def test_link_idle_timeout_is_45_s_and_download_stall_timeout_30_s(tmp_path: Path) -> None:
+    async with running(tmp_path) as (site, _up):
+        async with logged_in_node(site, tmp_path / "node") as node:
+            link: Any = await eventually(lambda: node.link, what="link up")
+            # PROTOCOL.md: Heartbeat every 15 s, a connection silent for 45 s is closed.
+            assert (link.heartbeat_interval, link.idle_timeout) == (15.0, 45.0)
+            assert node.worker is not None and node.worker.idle_timeout == 30.0
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_silent_site_is_dropped_after_the_link_idle_timeout(tmp_path: Path) -> None:
+    async with running(tmp_path) as (site, _up):  # the scripted site never heartbeats
+        # Dropped for silence, redialled, logged in again.
+        async with logged_in_node(site, tmp_path / "node", link_idle_timeout=0.2, logins=2):
+            assert site.logins >= 2

@@ -8,7 +8,7 @@ import pytest_twisted
 
 from tasknet.node.paths import DataDir
 from tasknet.node.store import NodeStore
-from tests.node.harness import node_rows, running, start_node
+from tests.node.harness import logged_in_node, node_rows, running
 from tests.node.site_peer import eventually
 
 GID = 2468
@@ -29,15 +29,11 @@ async def test_an_interrupted_delete_finishes_before_any_work_resumes(tmp_path: 
         stray_tmp.write_bytes(b"half a zip")
         stray_part = data.partial / "99-000000000000.part"
         stray_part.write_bytes(b"orphan")
-        node = await start_node(site, data.root)
-        try:
-            await site.logged_in()
+        async with logged_in_node(site, data.root):
             await eventually(
                 lambda: any(e.operation_id == "del-1" for r in site.reports() for e in r.deleted),
                 what="the delete result",
             )
-        finally:
-            await node.stopService()
         assert up.stats()["fileGets"] == {}  # the deleted task was never downloaded
     [entry] = [e for r in site.reports() for e in r.deleted]
     assert (entry.gid, entry.result) == (GID, "DELETED")

@@ -10,7 +10,7 @@ import pytest_twisted
 
 from tasknet.protocol.messages import Goodbye, TaskReport
 from tasknet.upstream import catalog
-from tests.node.harness import node_rows, running, start_node
+from tests.node.harness import file_fault, logged_in_node, node_rows, running
 from tests.node.site_peer import ScriptedSite, eventually
 
 GID = 5150
@@ -41,14 +41,10 @@ async def report_with(site: ScriptedSite, gid: int, status: int, *, ack_others: 
 async def test_download_is_reported_complete_and_forgotten_after_the_ack(tmp_path: Path) -> None:
     data = tmp_path / "node"
     async with running(tmp_path) as (site, up):
-        node = await start_node(site, data)
-        try:
-            await site.logged_in()
+        async with logged_in_node(site, data):
             site.download("op-1", GID, up.file_url(GID))
             done = await report_with(site, GID, 4, ack_others=False)
             await eventually(lambda: not node_rows(data, "SELECT * FROM task"), what="forget")
-        finally:
-            await node.stopService()
         # A graceful stop says so.
         await eventually(lambda: isinstance(site.received[-1], Goodbye), what="Goodbye")
     assert done.operation_ids[GID] == "op-1"
@@ -67,9 +63,7 @@ async def test_unacked_report_is_resent_unchanged_then_the_next_one_follows_the_
     tmp_path: Path,
 ) -> None:
     async with running(tmp_path, auto_ack=False) as (site, up):
-        node = await start_node(site, tmp_path / "node", ack_timeout=0.2)
-        try:
-            await site.logged_in()
+        async with logged_in_node(site, tmp_path / "node", ack_timeout=0.2):
             site.download("op-1", GID, up.file_url(GID))
             await eventually(lambda: len(site.reports()) >= 3, what="two resends")
             first = site.reports()[0]
@@ -78,8 +72,6 @@ async def test_unacked_report_is_resent_unchanged_then_the_next_one_follows_the_
             site.ack(first.report_id)
             await eventually(lambda: site.reports()[-1].report_id != first.report_id)
             after = site.reports()[-1]
-        finally:
-            await node.stopService()
     assert after.revision > first.revision
 
 
@@ -87,25 +79,17 @@ async def test_unacked_report_is_resent_unchanged_then_the_next_one_follows_the_
 async def test_completion_and_the_in_flight_report_survive_a_restart(tmp_path: Path) -> None:
     data = tmp_path / "node"
     async with running(tmp_path, auto_ack=False) as (site, up):
-        node = await start_node(site, data)
-        try:
-            await site.logged_in()
+        async with logged_in_node(site, data):
             site.download("op-1", GID, up.file_url(GID))
             carried = await report_with(site, GID, 4, ack_others=True)
-        finally:
-            await node.stopService()
         await eventually(lambda: not site.connections, what="the old connection to close")
         before = len(site.reports())
-        node = await start_node(site, data)
-        try:
-            await site.logged_in(2)
+        async with logged_in_node(site, data, logins=2):
             await eventually(lambda: len(site.reports()) > before, what="the resend")
             resent = site.reports()[before]
             assert resent == carried  # same reportId, same revision, same content
             site.ack(resent.report_id)
             await eventually(lambda: not node_rows(data, "SELECT * FROM task"), what="forget")
-        finally:
-            await node.stopService()
     assert node_rows(data, "SELECT * FROM in_flight_report") == []
 
 
@@ -119,15 +103,11 @@ async def test_revision_keeps_increasing_across_restarts_and_a_wiped_data_dir(
         for round_, wipe in enumerate((False, False, True)):
             if wipe:
                 shutil.rmtree(data)
-            node = await start_node(site, data)
-            try:
-                await site.logged_in(round_ + 1)
+            async with logged_in_node(site, data, logins=round_ + 1):
                 count = len(site.reports())
                 site.download(f"op-{round_}", GID + round_, up.file_url(GID + round_))
                 await eventually(lambda: len(site.reports()) > count)  # noqa: B023
                 revisions.append(site.reports()[-1].revision)
-            finally:
-                await node.stopService()
     assert revisions[0] < revisions[1] < revisions[2]
 
 
@@ -136,36 +116,18 @@ async def test_node_restarted_mid_download_resumes_with_range(tmp_path: Path) ->
     data = tmp_path / "node"
     size = catalog.gallery(GID).size
     async with running(tmp_path) as (site, up):
-        # About two seconds for the whole file: stopped well before the end.
-        up.set_faults(
-            [
-                {
-                    "method": "GET",
-                    "path": "/files/*",
-                    "fault": "slow_body",
-                    "params": {"bytes_per_s": size / 10},
-                    "times": 1,
-                }
-            ]
-        )
-        node = await start_node(site, data)
-        try:
-            await site.logged_in()
+        # About ten seconds for the whole file: stopped well before the end.
+        up.set_faults(file_fault("slow_body", bytes_per_s=size / 10))
+        async with logged_in_node(site, data):
             site.download("op-1", GID, up.file_url(GID))
             await eventually(
                 lambda: any(p.stat().st_size > size // 10 for p in (data / "partial").iterdir()),
                 what="part of the file",
             )
-        finally:
-            await node.stopService()
         [part] = (data / "partial").iterdir()
         assert 0 < part.stat().st_size < size
-        node = await start_node(site, data)
-        try:
-            await site.logged_in(2)
+        async with logged_in_node(site, data, logins=2):
             await report_with(site, GID, 4, ack_others=False)
-        finally:
-            await node.stopService()
         stats = up.stats()
     assert stats["fileGets"] == {f"{GID}-1.bin": 2}
     assert stats["rangedGets"] == {f"{GID}-1.bin": 1}  # the rest only, not the whole again

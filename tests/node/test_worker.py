@@ -16,6 +16,7 @@ from tasknet.node.store import NodeStore, TaskRow
 from tasknet.node.worker import Worker
 from tasknet.upstream import catalog
 from tasknet.upstream.testing import RunningUpstream, start_upstream
+from tests.node.harness import file_fault
 from tests.node.site_peer import eventually
 
 GID = 4242
@@ -74,17 +75,7 @@ async def test_download_compress_complete_matches_upstream_bytes(tmp_path: Path)
 @pytest_twisted.ensureDeferred
 async def test_reset_mid_body_resumes_with_range(tmp_path: Path) -> None:
     up = await start_upstream()
-    up.set_faults(
-        [
-            {
-                "method": "GET",
-                "path": "/files/*",
-                "fault": "reset_mid_body",
-                "params": {"after_bytes": 20_000},
-                "times": 3,
-            }
-        ]
-    )
+    up.set_faults(file_fault("reset_mid_body", after_bytes=20_000, times=3))
     try:
         async with node_worker(tmp_path) as (store, worker):
             row = await run_to_completion(store, worker, up)
@@ -102,17 +93,7 @@ async def test_a_short_body_is_never_reported_complete(tmp_path: Path) -> None:
     up = await start_upstream()
     size = catalog.gallery(GID).size
     # Every answer breaks off before the end: the download can never finish.
-    up.set_faults(
-        [
-            {
-                "method": "GET",
-                "path": "/files/*",
-                "fault": "reset_mid_body",
-                "params": {"after_bytes": 0},
-                "times": None,
-            }
-        ]
-    )
+    up.set_faults(file_fault("reset_mid_body", after_bytes=0, times=None))
     try:
         async with node_worker(tmp_path) as (store, worker):
             await store.accept_download(GID, "op-1", "n", up.file_url(GID), 2)
@@ -134,17 +115,7 @@ async def test_a_short_body_is_never_reported_complete(tmp_path: Path) -> None:
 async def test_slow_body_completes_and_stop_keeps_the_part_file(tmp_path: Path) -> None:
     up = await start_upstream()
     size = catalog.gallery(GID).size
-    up.set_faults(
-        [
-            {
-                "method": "GET",
-                "path": "/files/*",
-                "fault": "slow_body",
-                "params": {"bytes_per_s": size / 10},
-                "times": 1,
-            }
-        ]
-    )
+    up.set_faults(file_fault("slow_body", bytes_per_s=size / 10))
     part = DataDir(tmp_path).part_path(GID, "op-1")
     try:
         async with node_worker(tmp_path) as (store, worker):

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import pytest_twisted
 from twisted.application.internet import ClientService
+from twisted.internet import reactor
+from twisted.internet.endpoints import TCP4ClientEndpoint
+from twisted.internet.task import Clock
 
-from tasknet.node.link import site_client_service
+from tasknet.node.link import SiteLinkFactory, site_client_service
 from tasknet.protocol.messages import (
     HEADER,
     DeleteGallery,
@@ -320,15 +323,31 @@ async def test_each_connection_gets_a_fresh_nonce_and_old_signatures_fail(harnes
     assert second.of_type(LoginResult) == [LoginResult(False, "bad signature")]
 
 
+async def login_with(port: int, harness: Harness, node_id: str, secret: str) -> RawPeer:
+    peer = await harness.raw(port)
+    await eventually(lambda: peer.of_type(Identity))
+    peer.send(Login(node_id, sign_login(secret, peer.of_type(Identity)[0].nonce, node_id)))
+    await eventually(lambda: peer.of_type(LoginResult))
+    return peer
+
+
 @pytest_twisted.ensureDeferred
 async def test_node_keys_are_read_at_each_login(harness: Harness) -> None:
     factory, port = await harness.site()
-    factory.node_keys["node-3"] = "new-key"
-    peer = await harness.raw(port)
-    await eventually(lambda: peer.of_type(Identity))
-    nonce = peer.of_type(Identity)[0].nonce
-    peer.send(Login("node-3", sign_login("new-key", nonce, "node-3")))
-    await eventually(lambda: "node-3" in factory.sessions)
+    factory.node_keys["node-3"] = "new-key"  # added while running
+    added = await login_with(port, harness, "node-3", "new-key")
+    assert added.of_type(LoginResult) == [LoginResult(True, "")]
+
+    del factory.node_keys["node-2"]  # removed while running
+    removed = await login_with(port, harness, "node-2", SITE_KEYS["node-2"])
+    assert removed.of_type(LoginResult) == [LoginResult(False, "unknown node")]
+
+    factory.node_keys = {"node-1": "rotated"}  # a whole new mapping
+    old = await login_with(port, harness, "node-1", SITE_KEYS["node-1"])
+    assert old.of_type(LoginResult) == [LoginResult(False, "bad signature")]
+    new = await login_with(port, harness, "node-1", "rotated")
+    assert new.of_type(LoginResult) == [LoginResult(True, "")]
+    assert sorted(factory.sessions) == ["node-1", "node-3"]
 
 
 @pytest.mark.parametrize(
@@ -379,6 +398,58 @@ async def test_v2_report_on_a_legacy_connection_is_a_violation(harness: Harness)
     assert site_handler.kinds() == ["attached", "detached"]
 
 
+@pytest_twisted.ensureDeferred
+async def test_site_ignores_a_late_hello_and_refuses_a_site_message_from_a_node(
+    harness: Harness,
+) -> None:
+    site_handler = SiteRecorder()
+    factory, port = await harness.site(site_handler)
+    peer = await harness.raw(port)
+    await login_raw(peer, hello=True)
+    peer.send(ProtocolHello())  # after login: ignored, the connection stays
+    peer.send(StatusReport(()))
+    await eventually(lambda: site_handler.messages())
+    peer.send(DownloadPost(1, "t", "n", "u"))  # a site → node message
+    await peer.closed
+    assert peer.of_type(Error) == [
+        Error("protocol_violation", "DownloadPost is not a node message on a protocol 2 connection")
+    ]
+    assert site_handler.messages() == [StatusReport(())]
+
+
+@pytest_twisted.ensureDeferred
+async def test_node_ignores_a_late_hello_and_refuses_a_node_message_from_the_site(
+    harness: Harness,
+) -> None:
+    def after_login(site: Any) -> None:
+        site.send(ProtocolHello())  # after LoginResult: ignored
+        site.send(DeleteGallery(4))
+        site.send(StatusReport(()))  # a node → site message
+
+    doubles, port = await harness.legacy_site(after_login)
+    node = NodeRecorder()
+    harness.node(port, node)
+    await eventually(lambda: doubles and doubles[0].of_type(Error))
+    assert doubles[0].of_type(Error) == [
+        Error("protocol_violation", "StatusReport is not a site message on a protocol 1 connection")
+    ]
+    await eventually(lambda: node.kinds()[:3] == ["up", "message", "down"])
+    assert node.messages()[0] == DeleteGallery(4)
+
+
+@pytest.mark.parametrize("farewell", [Goodbye("bye"), Error("internal", "oops")], ids=repr)
+@pytest_twisted.ensureDeferred
+async def test_goodbye_or_error_before_login_closes_quietly(
+    harness: Harness, farewell: Any
+) -> None:
+    site_handler = SiteRecorder()
+    factory, port = await harness.site(site_handler)
+    peer = await harness.raw(port)
+    peer.send(farewell)
+    await peer.closed
+    assert peer.of_type(Error) == [] and site_handler.events == []
+
+
 # ---------------------------------------------------------------- malformed frames
 
 
@@ -413,31 +484,63 @@ async def test_oversize_frame_is_refused_on_its_header_alone(harness: Harness) -
 # ---------------------------------------------------------------- liveness
 
 
+def idle_deadline(clock: Clock) -> float:
+    """When the one connection timed by ``clock`` will be dropped for silence.
+
+    Its delayed calls are the next Heartbeat (now + 15 s at most) and the
+    idle timeout (last frame + 45 s): the later one is the timeout."""
+    return max(call.getTime() for call in clock.calls)
+
+
 @pytest_twisted.ensureDeferred
-async def test_heartbeats_flow_and_a_silent_peer_is_dropped(harness: Harness) -> None:
+async def test_heartbeats_flow_and_a_silent_peer_is_dropped_after_45_s(harness: Harness) -> None:
     site_handler = SiteRecorder()
-    factory, port = await harness.site(site_handler, heartbeat_interval=0.02, idle_timeout=0.3)
+    clock = Clock()  # the session's timers; the bytes go over real TCP
+    factory, port = await harness.site(site_handler, clock=clock)
     peer = await harness.raw(port)
-    await login_raw(peer, hello=True)
-    await eventually(lambda: len(peer.of_type(Heartbeat)) >= 2)
-    assert not peer.is_closed
-    await peer.closed  # we never send anything after Login: the site gives up on us
+    await login_raw(peer, hello=True)  # at clock time 0
+    session = factory.sessions["node-1"]
+    clock.advance(10)
+    peer.send(Heartbeat(10_000))  # our last frame, at 10 s
+    await eventually(lambda: idle_deadline(clock) == 55)
+    for _ in range(3):  # the site's Heartbeats at 15, 30 and 45 s
+        clock.advance(15 - clock.seconds() % 15)
+    await eventually(lambda: len(peer.of_type(Heartbeat)) == 3)
+    clock.advance(9)  # 54 s: whole seconds, so the float sums stay exact
+    assert not session.closing
+    clock.advance(1)  # 45 s without a frame from us: the site gives up
+    assert session.closing
+    await peer.closed
     assert site_handler.kinds() == ["attached", "detached"]
     assert factory.sessions == {}
 
 
 @pytest_twisted.ensureDeferred
 async def test_heartbeating_node_stays_connected_past_the_idle_timeout(harness: Harness) -> None:
-    factory, port = await harness.site(heartbeat_interval=0.03, idle_timeout=0.4)
+    site_clock, node_clock = Clock(), Clock()
+    factory, port = await harness.site(clock=site_clock)
     node = NodeRecorder()
-    harness.node(port, node, heartbeat_interval=0.03, idle_timeout=0.4)
-    await eventually(lambda: node.kinds() == ["up"])
-    session = factory.sessions["node-1"]
-    from twisted.internet import reactor
-    from twisted.internet.task import deferLater
-
-    await deferLater(reactor, 0.9, lambda: None)  # > 2 idle timeouts, on purpose
-    assert node.kinds() == ["up"] and factory.sessions["node-1"] is session
+    link_factory = SiteLinkFactory("node-1", SITE_KEYS["node-1"], node, clock=node_clock)
+    endpoint = TCP4ClientEndpoint(reactor, "127.0.0.1", port)
+    link: Any = await endpoint.connect(cast(Any, link_factory))
+    try:
+        await eventually(lambda: node.kinds() == ["up"])
+        session = factory.sessions["node-1"]
+        for _ in range(7):  # 105 s: more than two idle timeouts
+            site_clock.advance(15)
+            node_clock.advance(15)
+            # Each side's Heartbeat reaches the other and pushes its timeout back.
+            await eventually(
+                lambda: (
+                    idle_deadline(site_clock) == site_clock.seconds() + 45
+                    and idle_deadline(node_clock) == node_clock.seconds() + 45
+                )
+            )
+            assert not session.closing and not link.closing
+        assert node.kinds() == ["up"] and factory.sessions["node-1"] is session
+    finally:
+        link.transport.abortConnection()
+        await eventually(lambda: node.kinds() == ["up", "down"] and not factory.connections)
 
 
 @pytest_twisted.ensureDeferred

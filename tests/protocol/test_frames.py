@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransport
 
-from tasknet.protocol.connection import PeerProtocol
+from tasknet.protocol.connection import PeerFactory, PeerProtocol
 from tasknet.protocol.messages import (
     HEADER,
     Error,
@@ -30,8 +30,7 @@ class Recorder(PeerProtocol):
     authenticated = True
 
     def __init__(self, max_payload: int = 1024) -> None:
-        super().__init__(Clock())  # type: ignore[arg-type]  # zope interface
-        self.max_payload = max_payload
+        super().__init__(PeerFactory(clock=Clock(), max_payload=max_payload))  # type: ignore[arg-type]
         self.received: list[Message] = []
 
     def messageReceived(self, message: Message) -> None:

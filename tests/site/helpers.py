@@ -18,7 +18,7 @@ from twisted.internet.task import deferLater
 from twisted.web.client import HTTPConnectionPool
 
 from tasknet.site.lifecycle import Lifecycle
-from tasknet.site.service import Options, SiteService, build_site
+from tasknet.site.service import Options, SiteService, build_service
 from tasknet.site.storage import users
 from tasknet.site.storage.db import Database, connect, open_pool, run_write
 from tasknet.site.storage.schema import prepare_database
@@ -154,12 +154,7 @@ class RunningSite:
 
 @asynccontextmanager
 async def running_site(options: Options) -> AsyncIterator[RunningSite]:
-    site = build_site(options)
-    service = SiteService(site, options["http"], options["nodes"])
-    from tasknet.site.nodes import NodeListenerFactory
-    from tasknet.site.service import LoggingHandler
-
-    site.node_factory = NodeListenerFactory(LoggingHandler(), site.node_keys, site.name)
+    service = build_service(options)
     service.startService()
     pool = HTTPConnectionPool(reactor, persistent=False)
     try:

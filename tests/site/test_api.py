@@ -356,7 +356,7 @@ async def test_delete_over_http_at_once_or_pending(tmp_path):
 
 
 @pytest_twisted.ensureDeferred
-async def test_health_metrics_ui_and_unwired_slots(tmp_path):
+async def test_health_metrics_ui_and_admin_nodes(tmp_path):
     async def test(f):
         assert await f.site.request("GET", "/healthz") == (
             200,
@@ -366,8 +366,11 @@ async def test_health_metrics_ui_and_unwired_slots(tmp_path):
         assert status == 200 and b"tasknet_creates_total" in page
         status, index = await f.site.request("GET", "/")
         assert status == 200 and b"<html" in index.lower()
-        _error(await f.site.request("GET", "/api/admin/nodes", token=f.admin), 503, "unavailable")
-        _error(await f.site.request("GET", "/api/events?token=demo"), 503, "unavailable")
+        assert await f.site.request("GET", "/api/admin/nodes", token=f.admin) == (
+            200,
+            {"nodes": []},
+        )
+        _error(await f.site.request("GET", "/api/admin/nodes", token=f.alice), 403, "forbidden")
 
     await with_fixture(tmp_path, test)
 

@@ -181,15 +181,15 @@ async def test_node_attach_and_detach_logged_with_negotiated_protocol(tmp_path, 
 
                 def attached() -> bool:
                     return any(
-                        e.get("log_format", "").startswith("node {node} attached")
-                        and e.get("version") == protocol
+                        e.get("log_format", "").startswith("node {node_id} logged in")
+                        and e.get("protocol_version") == protocol
                         for e in events
                     )
 
                 await wait_for(attached)
             finally:
                 await client.stopService()
-            await wait_for(lambda: any("detached" in e.get("log_format", "") for e in events))
+            await wait_for(lambda: any("disconnected" in e.get("log_format", "") for e in events))
     finally:
         globalLogPublisher.removeObserver(events.append)
         await upstream.stop()

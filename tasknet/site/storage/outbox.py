@@ -11,8 +11,26 @@ from __future__ import annotations
 
 import json
 import sqlite3
+from collections.abc import Sequence
+from typing import Any
 
 from tasknet.site.storage import tasks
+
+_INSERT_SQL = "INSERT INTO notification_outbox (gid, user_id, payload) VALUES (?, ?, ?)"
+
+# One encoder for every payload: json.dumps with options builds a new one per call.
+_ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
+
+
+def _outbox_row(
+    gid: int, found: tuple[dict[str, Any] | None, int | None] | None, user_id: int | None
+) -> tuple[int, int | None, str]:
+    view, owner = found if found is not None else (None, None)
+    if view is None:
+        view = tasks.gone_view(gid)
+    if owner is None:
+        owner = user_id
+    return gid, owner, _ENCODER.encode({"type": "task", "task": view})
 
 
 def enqueue_task_change(cursor: sqlite3.Cursor, gid: int, *, user_id: int | None = None) -> int:
@@ -24,15 +42,21 @@ def enqueue_task_change(cursor: sqlite3.Cursor, gid: int, *, user_id: int | None
     is :func:`tasks.gone_view` (``status`` null: clients drop the task) and
     ``user_id`` names the owner who should hear of it.
     """
-    view = tasks.task_view(cursor, gid)
-    if view is None:
-        view = tasks.gone_view(gid)
-    owner = tasks.task_owner(cursor, gid)
-    if owner is None:
-        owner = user_id
-    payload = json.dumps({"type": "task", "task": view}, ensure_ascii=False, separators=(",", ":"))
-    cursor.execute(
-        "INSERT INTO notification_outbox (gid, user_id, payload) VALUES (?, ?, ?)",
-        (gid, owner, payload),
-    )
+    found = tasks.task_views_and_owners(cursor, (gid,)).get(gid)
+    cursor.execute(_INSERT_SQL, _outbox_row(gid, found, user_id))
     return int(cursor.lastrowid or 0)
+
+
+def enqueue_task_changes(cursor: sqlite3.Cursor, gids: Sequence[int]) -> int:
+    """:func:`enqueue_task_change` for each of ``gids``, in that order, with
+    one view query and one insert statement; return the number of rows.
+
+    Every view is read after all the changes: call it once the transaction
+    has made every change it announces (a gid listed twice gets two rows
+    showing the same, final view).
+    """
+    if not gids:
+        return 0
+    found = tasks.task_views_and_owners(cursor, gids)
+    cursor.executemany(_INSERT_SQL, [_outbox_row(gid, found.get(gid), None) for gid in gids])
+    return len(gids)

@@ -73,6 +73,12 @@ _NOT_REPORTABLE = frozenset(
     }
 )
 
+# Plain strings: an enum member's ``.value`` costs a descriptor call, and the
+# rules below compare every entry of every report.
+_SUBMITTED = OperationState.SUBMITTED.value
+_DELETED = OperationState.DELETED.value
+_DELETE_PENDING = OperationState.DELETE_PENDING.value
+
 NodeReport = TaskReport | StatusReport | DeleteResult
 
 
@@ -106,7 +112,7 @@ def _json_ids(gids: Iterable[int]) -> str:
 
 
 _ROWS_SQL = """
-SELECT g.gid, g.user_id, g.status, g.progress, g.node_id, g.cost, g.url,
+SELECT g.gid, g.status, g.progress, g.node_id,
        o.operation_id, o.state, o.last_revision, o.legacy
 FROM gallery AS g LEFT JOIN task_operation AS o ON o.gid = g.gid
 WHERE g.gid IN (SELECT value FROM json_each(?))
@@ -137,62 +143,95 @@ def _unused_id(cursor: sqlite3.Cursor, operation_id: str | None) -> str | None:
     return None if taken else operation_id
 
 
-def _record_receipt(cursor: sqlite3.Cursor, node_id: str, report: TaskReport) -> bool:
-    """Record the reportId; ``False`` when it was already recorded."""
-    cursor.execute(
-        "INSERT OR IGNORE INTO report_receipt (report_id, node_id, revision) VALUES (?, ?, ?)",
-        (report.report_id, node_id, report.revision),
-    )
-    return cursor.rowcount == 1
+_RECORDED_SQL = (
+    "SELECT report_id FROM report_receipt WHERE report_id IN (SELECT value FROM json_each(?))"
+)
+_RECEIPT_SQL = "INSERT INTO report_receipt (report_id, node_id, revision) VALUES (?, ?, ?)"
+_UPDATE_TASK_SQL = (
+    "UPDATE gallery SET status = ?, progress = ?,"
+    " updated_at = strftime('%Y-%m-%dT%H:%M:%fZ', 'now') WHERE gid = ?"
+)
+# A task without a node yet is claimed by the node reporting it.  Separate
+# from the statement above: naming node_id in SET costs an index update
+# (gallery_node) on every row, even when the value stays.
+_UPDATE_UNCLAIMED_TASK_SQL = (
+    "UPDATE gallery SET status = ?, progress = ?, node_id = COALESCE(node_id, ?),"
+    " updated_at = strftime('%Y-%m-%dT%H:%M:%fZ', 'now') WHERE gid = ?"
+)
+# One row per report: its revision and its applied gids as a JSON array.
+_UPDATE_REVISION_SQL = (
+    "UPDATE task_operation SET last_revision = ?,"
+    " updated_at = strftime('%Y-%m-%dT%H:%M:%fZ', 'now')"
+    " WHERE gid IN (SELECT value FROM json_each(?))"
+)
 
 
-def _write_changes(
+def _recorded(cursor: sqlite3.Cursor, report_ids: Sequence[str]) -> set[str]:
+    """Which of ``report_ids`` are already recorded (their reports are duplicates)."""
+    return {row[0] for row in cursor.execute(_RECORDED_SQL, (json.dumps(list(report_ids)),))}
+
+
+class _Changes:
+    """The task writes of one or more reports, gathered so that each kind is
+    written with one statement (``executemany``) and all their outbox rows
+    with one view query."""
+
+    def __init__(self) -> None:
+        self.tasks: list[tuple[int, float, int]] = []
+        self.unclaimed: list[tuple[int, float, str, int]] = []
+        self.revisions: list[tuple[int, str]] = []
+        self.announce: list[int] = []
+
+    def add(
+        self,
+        outcome: ReportOutcome,
+        node_id: str,
+        entries: dict[int, TaskEntry],
+        rows: dict[int, sqlite3.Row],
+        revision: int | None,
+    ) -> None:
+        """Gather the applied entries of ``outcome.applied``; the visible
+        changes among them will be announced."""
+        if not outcome.applied:
+            return
+        changed = [
+            g
+            for g in outcome.applied
+            if rows[g]["status"] != entries[g].status
+            or float(rows[g]["progress"]) != entries[g].progress
+        ]
+        for g in changed:
+            entry = entries[g]
+            if rows[g]["node_id"] is None:
+                self.unclaimed.append((entry.status, entry.progress, node_id, g))
+            else:
+                self.tasks.append((entry.status, entry.progress, g))
+        if revision is not None:
+            self.revisions.append((revision, _json_ids(outcome.applied)))
+        self.announce.extend(changed)
+        outcome.changed.extend(changed)
+        outcome.notifications += len(changed)
+
+    def write(self, cursor: sqlite3.Cursor) -> None:
+        if self.tasks:
+            cursor.executemany(_UPDATE_TASK_SQL, self.tasks)
+        if self.unclaimed:
+            cursor.executemany(_UPDATE_UNCLAIMED_TASK_SQL, self.unclaimed)
+        if self.revisions:
+            cursor.executemany(_UPDATE_REVISION_SQL, self.revisions)
+        outbox.enqueue_task_changes(cursor, self.announce)
+
+
+def _judge_entries(
     cursor: sqlite3.Cursor,
     outcome: ReportOutcome,
-    node_id: str,
+    report: TaskReport,
     entries: dict[int, TaskEntry],
     rows: dict[int, sqlite3.Row],
-    revision: int | None,
+    tombstones: set[int],
 ) -> None:
-    """Write the applied entries of ``outcome.applied`` and announce the
-    visible changes."""
-    if not outcome.applied:
-        return
-    changed = [
-        g
-        for g in outcome.applied
-        if rows[g]["status"] != entries[g].status
-        or float(rows[g]["progress"]) != entries[g].progress
-    ]
-    cursor.executemany(
-        "UPDATE gallery SET status = ?, progress = ?,"
-        " node_id = COALESCE(node_id, ?),"
-        " updated_at = strftime('%Y-%m-%dT%H:%M:%fZ', 'now') WHERE gid = ?",
-        [(entries[g].status, entries[g].progress, node_id, g) for g in changed],
-    )
-    if revision is not None:
-        cursor.execute(
-            "UPDATE task_operation SET last_revision = ?,"
-            " updated_at = strftime('%Y-%m-%dT%H:%M:%fZ', 'now')"
-            " WHERE gid IN (SELECT value FROM json_each(?))",
-            (revision, _json_ids(outcome.applied)),
-        )
-    for gid in changed:
-        outbox.enqueue_task_change(cursor, gid)
-    outcome.changed.extend(changed)
-    outcome.notifications += len(changed)
-
-
-def apply_task_report(cursor: sqlite3.Cursor, node_id: str, report: TaskReport) -> ReportOutcome:
-    """Apply one v2 ``TaskReport`` from ``node_id`` (see the module rules)."""
-    if not _record_receipt(cursor, node_id, report):
-        return ReportOutcome(ACK_DUPLICATE, report.revision)
-    outcome = ReportOutcome(ACK_APPLIED, report.revision)
-    # A snapshot lists a gid once; should it repeat one, the last entry wins.
-    entries = {e.gid: e for e in report.gallery_tasks}
-    gids = set(entries) | {d.gid for d in report.deleted}
-    rows = _task_rows(cursor, gids)
-    tombstones = _tombstones(cursor, gids - rows.keys()) if len(rows) < len(gids) else set()
+    """Sort the ``galleryTasks`` entries of one v2 report by the module rules
+    into ``outcome`` (backfilling a legacy row's generation on the way)."""
     for gid in entries:
         row = rows.get(gid)
         if row is None:
@@ -204,9 +243,9 @@ def apply_task_report(cursor: sqlite3.Cursor, node_id: str, report: TaskReport) 
         legacy = bool(row["legacy"])
         if state is None:
             current = tasks.backfill_legacy(cursor, gid, _unused_id(cursor, sent))
-            state, legacy = OperationState.SUBMITTED.value, True
+            state, legacy = _SUBMITTED, True
             outcome.backfilled.append(gid)
-        if state == OperationState.DELETED.value:
+        if state == _DELETED:
             outcome.ignored[gid] = TOMBSTONE
         elif state in _NOT_REPORTABLE:
             outcome.dropped[gid] = state
@@ -218,18 +257,63 @@ def apply_task_report(cursor: sqlite3.Cursor, node_id: str, report: TaskReport) 
             outcome.dropped[gid] = STALE
         else:
             outcome.applied.append(gid)
-    _write_changes(cursor, outcome, node_id, entries, rows, report.revision)
-    for deleted in report.deleted:
-        _apply_delete(
-            cursor,
-            outcome,
-            deleted.gid,
-            deleted.operation_id,
-            failed=deleted.result == DELETE_FAILED,
-            reason=deleted.reason,
-            gid_is_tombstone=deleted.gid in tombstones,
-        )
-    return outcome
+
+
+def _report_gids(report: TaskReport) -> set[int]:
+    return {e.gid for e in report.gallery_tasks} | {d.gid for d in report.deleted}
+
+
+def _apply_task_reports(
+    cursor: sqlite3.Cursor, reports: Sequence[tuple[str, TaskReport]]
+) -> list[ReportOutcome]:
+    """Apply v2 reports with a few set-at-a-time statements for all of them,
+    with exactly the effect of applying them one after the other.
+
+    That holds because the caller passes reports with distinct reportIds
+    that share no gid: no report can see another's receipt or task change,
+    so reading every row first and writing every change last is the same as
+    taking them in turn.  The outbox rows keep report order.
+    """
+    recorded = _recorded(cursor, [report.report_id for _, report in reports])
+    fresh = [(node_id, r) for node_id, r in reports if r.report_id not in recorded]
+    if fresh:
+        cursor.executemany(_RECEIPT_SQL, [(r.report_id, n, r.revision) for n, r in fresh])
+    # A snapshot lists a gid once; should it repeat one, the last entry wins.
+    entries = [{e.gid: e for e in r.gallery_tasks} for _, r in fresh]
+    gids: set[int] = set()
+    for (_, report), mine in zip(fresh, entries, strict=True):
+        gids.update(mine)
+        gids.update(d.gid for d in report.deleted)
+    rows = _task_rows(cursor, gids)
+    tombstones = _tombstones(cursor, gids - rows.keys()) if len(rows) < len(gids) else set()
+    changes = _Changes()
+    applied: dict[str, ReportOutcome] = {}
+    for (node_id, report), mine in zip(fresh, entries, strict=True):
+        outcome = ReportOutcome(ACK_APPLIED, report.revision)
+        _judge_entries(cursor, outcome, report, mine, rows, tombstones)
+        changes.add(outcome, node_id, mine, rows, report.revision)
+        applied[report.report_id] = outcome
+    changes.write(cursor)
+    for _, report in fresh:
+        for deleted in report.deleted:
+            _apply_delete(
+                cursor,
+                applied[report.report_id],
+                deleted.gid,
+                deleted.operation_id,
+                failed=deleted.result == DELETE_FAILED,
+                reason=deleted.reason,
+                gid_is_tombstone=deleted.gid in tombstones,
+            )
+    return [
+        applied.get(report.report_id) or ReportOutcome(ACK_DUPLICATE, report.revision)
+        for _, report in reports
+    ]
+
+
+def apply_task_report(cursor: sqlite3.Cursor, node_id: str, report: TaskReport) -> ReportOutcome:
+    """Apply one v2 ``TaskReport`` from ``node_id`` (see the module rules)."""
+    return _apply_task_reports(cursor, [(node_id, report)])[0]
 
 
 def apply_status_report(
@@ -251,12 +335,14 @@ def apply_status_report(
         if state is None:
             tasks.backfill_legacy(cursor, gid)
             outcome.backfilled.append(gid)
-            state = OperationState.SUBMITTED.value
-        if state == OperationState.SUBMITTED.value:
+            state = _SUBMITTED
+        if state == _SUBMITTED:
             outcome.applied.append(gid)
         else:
             outcome.dropped[gid] = state
-    _write_changes(cursor, outcome, node_id, entries, rows, None)
+    changes = _Changes()
+    changes.add(outcome, node_id, entries, rows, None)
+    changes.write(cursor)
     return outcome
 
 
@@ -274,7 +360,7 @@ def apply_delete_result(
     if row is None:
         outcome.ignored[result.gid] = UNKNOWN_GID
         return outcome
-    if row["state"] == OperationState.DELETED.value:
+    if row["state"] == _DELETED:
         outcome.ignored[result.gid] = TOMBSTONE
         return outcome
     if row["node_id"] != node_id:
@@ -310,11 +396,11 @@ def _apply_delete(
     if row is None:
         outcome.ignored[gid] = UNKNOWN_GID
         return
-    if row["state"] == OperationState.DELETED.value or gid_is_tombstone:
+    if row["state"] == _DELETED or gid_is_tombstone:
         # Already complete: the node's repeat is answered by the ACK alone.
         outcome.ignored[gid] = TOMBSTONE
         return
-    if row["state"] != OperationState.DELETE_PENDING.value:
+    if row["state"] != _DELETE_PENDING:
         outcome.dropped[gid] = NOT_DELETE_PENDING
         return
     if not delete_operation_id or row["delete_operation_id"] != delete_operation_id:
@@ -356,19 +442,76 @@ def apply_batch(
     cursor: sqlite3.Cursor, reports: Sequence[tuple[str, NodeReport]]
 ) -> list[ReportOutcome | ReportFailure]:
     """Apply several ``(node_id, report)`` in this one transaction (group
-    commit).  Each runs under its own savepoint: a report that raises is
-    rolled back alone and comes back as a :class:`ReportFailure` (its node
-    gets no ACK and redelivers), the others commit with the transaction."""
+    commit), with the effect of applying them in order, each alone.
+
+    A report that raises is rolled back alone and comes back as a
+    :class:`ReportFailure` (its node gets no ACK and redelivers); the others
+    commit with the transaction.  Runs of v2 reports that share no gid and no
+    reportId (the usual batch: one report per node) are applied together,
+    with one statement per kind of write for the whole run
+    (:func:`_apply_task_reports`) under one savepoint; should the run fail,
+    it is rolled back and its reports applied one by one under a savepoint
+    each, so only the failing one is lost.
+    """
     results: list[ReportOutcome | ReportFailure] = []
-    for node_id, message in reports:
-        cursor.execute("SAVEPOINT report")
-        try:
-            results.append(apply_report(cursor, node_id, message))
-        except Exception as e:
-            cursor.execute("ROLLBACK TO SAVEPOINT report")
-            results.append(ReportFailure(f"{type(e).__name__}: {e}"))
-        cursor.execute("RELEASE SAVEPOINT report")
+    start = 0
+    while start < len(reports):
+        run = _independent_run(reports, start)
+        if len(run) > 1:
+            results.extend(_apply_run(cursor, run))
+            start += len(run)
+        else:
+            results.append(_apply_one(cursor, *reports[start]))
+            start += 1
     return results
+
+
+def _independent_run(
+    reports: Sequence[tuple[str, NodeReport]], start: int
+) -> list[tuple[str, TaskReport]]:
+    """The longest run of ``TaskReport`` s from ``start`` with distinct
+    reportIds and no gid in two of them."""
+    run: list[tuple[str, TaskReport]] = []
+    report_ids: set[str] = set()
+    gids: set[int] = set()
+    for node_id, message in reports[start:]:
+        if not isinstance(message, TaskReport) or message.report_id in report_ids:
+            break
+        mine = _report_gids(message)
+        if not gids.isdisjoint(mine):
+            break
+        report_ids.add(message.report_id)
+        gids |= mine
+        run.append((node_id, message))
+    return run
+
+
+def _apply_run(
+    cursor: sqlite3.Cursor, run: Sequence[tuple[str, TaskReport]]
+) -> list[ReportOutcome | ReportFailure]:
+    cursor.execute("SAVEPOINT reports")
+    try:
+        outcomes: list[ReportOutcome | ReportFailure] = list(_apply_task_reports(cursor, run))
+    except Exception:
+        cursor.execute("ROLLBACK TO SAVEPOINT reports")
+        cursor.execute("RELEASE SAVEPOINT reports")
+        return [_apply_one(cursor, node_id, message) for node_id, message in run]
+    cursor.execute("RELEASE SAVEPOINT reports")
+    return outcomes
+
+
+def _apply_one(
+    cursor: sqlite3.Cursor, node_id: str, message: NodeReport
+) -> ReportOutcome | ReportFailure:
+    """One report under its own savepoint: on error it alone is rolled back."""
+    cursor.execute("SAVEPOINT report")
+    try:
+        result: ReportOutcome | ReportFailure = apply_report(cursor, node_id, message)
+    except Exception as e:
+        cursor.execute("ROLLBACK TO SAVEPOINT report")
+        result = ReportFailure(f"{type(e).__name__}: {e}")
+    cursor.execute("RELEASE SAVEPOINT report")
+    return result
 
 
 def receipt_count(cursor: sqlite3.Cursor) -> int:

@@ -11,10 +11,11 @@ change enqueues a notification in the same transaction
 
 from __future__ import annotations
 
+import functools
 import json
 import sqlite3
 import uuid
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -23,18 +24,26 @@ from tasknet.site import transitions
 from tasknet.site.storage import outbox
 from tasknet.status import OperationState, display_status
 
-_VIEW_SQL = """
-SELECT g.gid, g.name, g.user_id, g.status AS node_code, g.progress, g.node_id,
+# One statement builds the view rows of any set of gids: the task row (joined
+# with its generation, if any) or, when the task row is gone, the bare
+# ``task_operation`` row (a tombstone).  ``owner`` is the user id
+# :func:`task_owner` gives.  ``{match}`` is "= ?1" for one gid or a json_each
+# over a JSON array for many: the same columns, the same row→dict code.
+_VIEWS_SQL = """
+SELECT g.gid, g.name, g.user_id AS owner, g.status AS node_code, g.progress, g.node_id,
        COALESCE(o.cost, g.cost) AS cost, g.created_at, g.updated_at,
-       o.state, o.operation_id, o.delete_operation_id, o.delete_result
+       o.state, o.operation_id, o.delete_operation_id, o.delete_result, 1 AS has_row
 FROM gallery AS g LEFT JOIN task_operation AS o ON o.gid = g.gid
-WHERE g.gid = ?
+WHERE g.gid {match}
+UNION ALL
+SELECT o.gid, '', o.user_id, NULL, 0, NULL,
+       o.cost, o.created_at, o.updated_at,
+       o.state, o.operation_id, o.delete_operation_id, o.delete_result, 0
+FROM task_operation AS o
+WHERE o.gid {match} AND NOT EXISTS (SELECT 1 FROM gallery AS g WHERE g.gid = o.gid)
 """
-
-_TOMBSTONE_SQL = """
-SELECT gid, user_id, cost, state, operation_id, delete_operation_id, created_at, updated_at
-FROM task_operation WHERE gid = ?
-"""
+_VIEW_ONE_SQL = _VIEWS_SQL.format(match="= ?1")
+_VIEW_MANY_SQL = _VIEWS_SQL.format(match="IN (SELECT value FROM json_each(?1))")
 
 
 def gone_view(gid: int, state: str | None = None, **known: Any) -> dict[str, Any]:
@@ -59,8 +68,28 @@ def gone_view(gid: int, state: str | None = None, **known: Any) -> dict[str, Any
     return view
 
 
-def _view_of_row(row: sqlite3.Row) -> dict[str, Any]:
-    status = display_status(row["state"], row["node_code"], row["delete_result"] == "FAILED")
+# A view is built for every task change a report applies: the display key of
+# a (state, node code, delete failed) triple is a pure function, computed once.
+_display_status = functools.lru_cache(maxsize=256)(display_status)
+
+
+def _view_of_row(row: sqlite3.Row) -> dict[str, Any] | None:
+    """The one definition of the task object, from a row of ``_VIEWS_SQL``."""
+    if not row["has_row"]:
+        # No task row left: a DELETED tombstone is shown as gone; any other
+        # bare generation has no view.
+        if row["state"] != OperationState.DELETED.value:
+            return None
+        return gone_view(
+            row["gid"],
+            "DELETED",
+            operationId=row["operation_id"],
+            deleteOperationId=row["delete_operation_id"],
+            cost=row["cost"],
+            createdAt=row["created_at"],
+            updatedAt=row["updated_at"],
+        )
+    status = _display_status(row["state"], row["node_code"], row["delete_result"] == "FAILED")
     return {
         "gid": row["gid"],
         "name": row["name"],
@@ -83,23 +112,32 @@ def task_view(cursor: sqlite3.Cursor, gid: int) -> dict[str, Any] | None:
     A ``DELETED`` tombstone gives :func:`gone_view` with ``state="DELETED"``;
     a gid the site knows nothing about gives ``None``.
     """
-    row = cursor.execute(_VIEW_SQL, (gid,)).fetchone()
-    if row is not None:
-        return _view_of_row(row)
-    op = cursor.execute(_TOMBSTONE_SQL, (gid,)).fetchone()
-    if op is None:
-        return None
-    if op["state"] == OperationState.DELETED.value:
-        return gone_view(
-            gid,
-            "DELETED",
-            operationId=op["operation_id"],
-            deleteOperationId=op["delete_operation_id"],
-            cost=op["cost"],
-            createdAt=op["created_at"],
-            updatedAt=op["updated_at"],
-        )
-    return None
+    row = cursor.execute(_VIEW_ONE_SQL, (gid,)).fetchone()
+    return None if row is None else _view_of_row(row)
+
+
+def task_views_and_owners(
+    cursor: sqlite3.Cursor, gids: Iterable[int]
+) -> dict[int, tuple[dict[str, Any] | None, int | None]]:
+    """``{gid: (task_view(gid), task_owner(gid))}`` for every gid of ``gids``
+    the site has a row of, in one query (a gid it knows nothing about is
+    absent).  For the outbox rows of many changes in one transaction."""
+    wanted = list(gids)
+    if len(wanted) == 1:
+        rows = cursor.execute(_VIEW_ONE_SQL, (wanted[0],))
+    else:
+        rows = cursor.execute(_VIEW_MANY_SQL, (json.dumps(wanted),))
+    return {row["gid"]: (_view_of_row(row), row["owner"]) for row in rows}
+
+
+def task_views(cursor: sqlite3.Cursor, gids: Iterable[int]) -> dict[int, dict[str, Any]]:
+    """``{gid: task_view(gid)}`` for the gids of ``gids`` that have a view,
+    in one query."""
+    return {
+        gid: view
+        for gid, (view, _) in task_views_and_owners(cursor, gids).items()
+        if view is not None
+    }
 
 
 def task_owner(cursor: sqlite3.Cursor, gid: int) -> int | None:

@@ -16,9 +16,12 @@ import secrets
 import sqlite3
 from dataclasses import dataclass
 
+from tasknet.protocol.messages import NODE_ID
+
 DEFAULT_QUOTA = 5000
 NAME_PATTERN = re.compile(r"[A-Za-z0-9_.-]{1,64}")
-NODE_ID_PATTERN = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+#: The wire rule for node ids (one definition, in the protocol).
+NODE_ID_PATTERN = NODE_ID
 
 
 class UserError(Exception):

@@ -1,0 +1,245 @@
+"""Group commit changes nothing but the number of commits: a batch applied by
+``apply_batch`` (set-at-a-time runs, savepoints) leaves exactly the state,
+outcomes and notifications of the same reports applied one per transaction.
+Real SQLite files; generated batches mix every rule (duplicates, repeated
+gids, stale revisions, old generations, legacy rows and messages, deletes)."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import re
+import shutil
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tasknet.protocol.messages import (
+    DeletedEntry,
+    DeleteResult,
+    StatusReport,
+    TaskEntry,
+    TaskReport,
+)
+from tasknet.site.storage import db as dbmod
+from tasknet.site.storage import reports
+from tasknet.site.storage.schema import prepare_database
+from tests.site_protocol.harness import add_task, add_user
+
+NODES = ("n1", "n2")
+GIDS = range(1, 11)  # 10 is never seeded: an unknown gid
+
+
+def _seed(path: str) -> None:
+    prepare_database(path)
+    conn = dbmod.connect(path)
+    try:
+        uid, _ = add_user(conn, "alice")
+        add_task(conn, 1, uid, node_id="n1")
+        add_task(conn, 2, uid, node_id="n2", status=1, progress=0.5)
+        add_task(conn, 3, uid, node_id=None)  # unclaimed: the reporter claims it
+        add_task(conn, 4, uid, "DELETED")
+        add_task(conn, 5, uid, "DELETE_PENDING", node_id="n1", status=4, progress=1.0)
+        add_task(conn, 6, uid, None, node_id="n1", status=1)  # legacy row
+        add_task(conn, 7, uid, None)  # legacy row, never dispatched
+        add_task(conn, 8, uid, "UNKNOWN")
+        add_task(conn, 9, uid, "DELETE_PENDING", node_id="n2", status=4, progress=1.0)
+    finally:
+        conn.close()
+
+
+@pytest.fixture(scope="module")
+def template(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("batches") / "template.sqlite"
+    _seed(str(path))
+    return path
+
+
+_copies = itertools.count()
+
+
+def _copy(template: Path) -> str:
+    target = template.with_name(f"copy-{next(_copies)}.sqlite")
+    shutil.copyfile(template, target)
+    return str(target)
+
+
+# Mostly the task's own operationId (so entries apply and runs really write),
+# sometimes none, another gid's, or one nobody has.
+_operation_id_kinds = st.sampled_from(["own", "own", "own", None, "op-1", "op-x"])
+_entries = st.lists(
+    st.tuples(
+        st.sampled_from(GIDS),
+        st.integers(1, 4),
+        st.sampled_from([0.0, 0.5, 1.0, 0.30000000000000004]),
+    ),
+    max_size=4,
+)
+_deleted = st.lists(
+    st.tuples(
+        st.sampled_from([5, 9, 4, 1]),
+        st.sampled_from(["del-5", "del-9", "del-x"]),
+        st.sampled_from(["DELETED", "NOT_FOUND", "FAILED"]),
+    ),
+    max_size=1,
+)
+
+
+@st.composite
+def _task_report(draw: st.DrawFn) -> TaskReport:
+    entries = draw(_entries)
+    return TaskReport(
+        # A small pool of ids: some repeat within a batch or across batches.
+        report_id=draw(st.sampled_from(["a", "b", "c", "d", "e", "f", "g"])),
+        revision=draw(st.sampled_from([100, 200, 300])),
+        gallery_tasks=tuple(TaskEntry(*e) for e in entries),
+        operation_ids={
+            g: f"op-{g}" if kind == "own" else kind
+            for g, _, _ in entries
+            if (kind := draw(_operation_id_kinds)) is not None
+        },
+        deleted=tuple(DeletedEntry(g, op, r, "why") for g, op, r in draw(_deleted)),
+    )
+
+
+_message = st.one_of(
+    _task_report(),
+    _task_report(),
+    _task_report(),
+    st.builds(StatusReport, st.builds(lambda e: tuple(TaskEntry(*t) for t in e), _entries)),
+    st.builds(DeleteResult, st.sampled_from([5, 9]), st.booleans(), st.just("")),
+)
+_batch = st.lists(st.tuples(st.sampled_from(NODES), _message), min_size=1, max_size=6)
+
+_FRESH_ID = re.compile(r"\b[0-9a-f]{32}\b")
+_TIMES = ("createdAt", "updatedAt")
+
+
+def _state(path: str) -> dict[str, Any]:
+    """Everything a report can change, without timestamps; generated
+    operationIds (uuid4 hex, different in each run) read as ``<fresh>``."""
+    conn = sqlite3.connect(path)
+    try:
+
+        def rows(sql: str) -> list[tuple[Any, ...]]:
+            return [
+                tuple(_FRESH_ID.sub("<fresh>", v) if isinstance(v, str) else v for v in r)
+                for r in conn.execute(sql)
+            ]
+
+        outbox: dict[int, list[dict[str, Any]]] = {}
+        for gid, user_id, payload in rows(
+            "SELECT gid, user_id, payload FROM notification_outbox ORDER BY id"
+        ):
+            task = json.loads(payload)["task"]
+            outbox.setdefault(gid, []).append(
+                {k: v for k, v in task.items() if k not in _TIMES} | {"user": user_id}
+            )
+        return {
+            "gallery": rows("SELECT gid, status, progress, node_id FROM gallery ORDER BY gid"),
+            "operations": rows(
+                "SELECT gid, operation_id, state, last_revision, legacy, dispatched,"
+                " delete_operation_id, delete_result, delete_reason"
+                " FROM task_operation ORDER BY gid"
+            ),
+            "receipts": rows("SELECT report_id, node_id, revision FROM report_receipt ORDER BY 1"),
+            "outbox": outbox,
+        }
+    finally:
+        conn.close()
+
+
+def _one_by_one(path: str, batch: list[tuple[str, reports.NodeReport]]) -> list[Any]:
+    conn = dbmod.connect(path)
+    try:
+        return [dbmod.run_write(conn, reports.apply_report, node, m) for node, m in batch]
+    finally:
+        conn.close()
+
+
+def _grouped(path: str, batch: list[tuple[str, reports.NodeReport]]) -> list[Any]:
+    conn = dbmod.connect(path)
+    try:
+        return dbmod.run_write(conn, reports.apply_batch, batch)
+    finally:
+        conn.close()
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(batch=_batch)
+def test_a_batch_equals_its_reports_one_per_transaction(
+    template: Path, batch: list[tuple[str, reports.NodeReport]]
+) -> None:
+    alone, together = _copy(template), _copy(template)
+    expected = _one_by_one(alone, batch)
+    got = _grouped(together, batch)
+    assert got == expected
+    assert _state(together) == _state(alone)
+
+
+def test_a_batch_of_independent_reports_runs_together_and_matches(template: Path) -> None:
+    """The usual batch (one report per node, disjoint gids) takes the
+    set-at-a-time path; duplicates inside the batch and before it are
+    answered DUPLICATE exactly as one by one."""
+    batch: list[tuple[str, reports.NodeReport]] = [
+        ("n1", TaskReport("r1", 100, (TaskEntry(1, 1, 0.5),), {1: "op-1"}, ())),
+        (
+            "n2",
+            TaskReport(
+                "r2",
+                100,
+                (TaskEntry(2, 2, 0.5), TaskEntry(3, 1, 0.1)),
+                {2: "op-2", 3: "op-3"},
+                (DeletedEntry(9, "del-9", "DELETED", ""),),
+            ),
+        ),
+        ("n1", TaskReport("r3", 100, (TaskEntry(6, 3, 0.7),), {6: "op-6"}, ())),
+        ("n1", TaskReport("r1", 100, (TaskEntry(1, 4, 1.0),), {1: "op-1"}, ())),  # repeat
+        ("n1", TaskReport("r4", 200, (TaskEntry(1, 4, 1.0),), {1: "op-1"}, ())),  # same gid
+        ("n2", TaskReport("r5", 150, (TaskEntry(1, 2, 0.7),), {1: "op-1"}, ())),  # stale
+    ]
+    alone, together = _copy(template), _copy(template)
+    expected = _one_by_one(alone, batch)
+    got = _grouped(together, batch)
+    assert got == expected
+    assert [o.result for o in got] == ["APPLIED"] * 3 + ["DUPLICATE"] + ["APPLIED"] * 2
+    assert got[5].dropped == {1: reports.STALE}
+    assert got[0].changed == [1] and got[1].changed == [2, 3] and got[1].deletes_completed == [9]
+    assert got[2].backfilled == [6] and got[4].changed == [1]
+    state = _state(together)
+    assert state == _state(alone)
+    assert [n["status"] for n in state["outbox"][1]] == ["DOWNLOADING", "COMPLETED"]
+    assert state["gallery"][2] == (3, 1, 0.1, "n2")  # claimed by its reporter
+
+
+def test_a_run_that_fails_is_retried_report_by_report(template: Path) -> None:
+    """A failure inside a set-at-a-time run rolls the run back and applies
+    its reports one by one: only the failing report is lost."""
+    path = _copy(template)
+    conn = dbmod.connect(path)
+    try:
+        conn.execute(
+            "CREATE TRIGGER refuse_0123 BEFORE UPDATE ON gallery WHEN NEW.progress = 0.123"
+            " BEGIN SELECT RAISE(ABORT, 'injected failure'); END"
+        )
+        batch: list[tuple[str, reports.NodeReport]] = [
+            ("n1", TaskReport("a", 100, (TaskEntry(1, 1, 0.2),), {1: "op-1"}, ())),
+            ("n2", TaskReport("bad", 100, (TaskEntry(2, 1, 0.123),), {2: "op-2"}, ())),
+            ("n1", TaskReport("c", 100, (TaskEntry(3, 1, 0.2),), {3: "op-3"}, ())),
+        ]
+        results = dbmod.run_write(conn, reports.apply_batch, batch)
+    finally:
+        conn.close()
+    assert [type(r).__name__ for r in results] == [
+        "ReportOutcome",
+        "ReportFailure",
+        "ReportOutcome",
+    ]
+    state = _state(path)
+    assert [r[0] for r in state["receipts"]] == ["a", "c"]
+    assert set(state["outbox"]) == {1, 3}
+    assert state["gallery"][1] == (2, 1, 0.5, "n2")  # untouched
