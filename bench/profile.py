@@ -65,9 +65,11 @@ _THREAD = re.compile(r"^thread \((\w+)\)(?:: (.*))?$")
 def summarize(collapsed: Path, top: int = 12) -> dict[str, Any]:
     """Per thread: samples and busy samples (not waiting in epoll or on a
     condition); over busy samples: the lines with the most self time and the
-    tasknet functions with the most total time."""
+    tasknet functions with the most total time; in the writer thread: the
+    samples per write transaction body, shared or lone (:func:`_transaction`)."""
     threads: dict[str, list[int]] = {}
     writes: Counter[str] = Counter()
+    write_kinds: Counter[str] = Counter()
     self_time: Counter[str] = Counter()
     total_time: Counter[str] = Counter()
     samples = busy = 0
@@ -92,33 +94,60 @@ def summarize(collapsed: Path, top: int = 12) -> dict[str, Any]:
         self_time[frames[-1]] += count
         for f in {_function(f) for f in frames if "tasknet/" in f}:
             total_time[f] += count
-        if any(f.startswith("run_write (") for f in frames):
-            writes[_transaction(frames)] += count
+        transaction = _transaction(frames)
+        if transaction is not None:
+            writes[transaction] += count
+            write_kinds[transaction.split(":", 1)[0]] += count
     return {
         "samples": samples,
         "busy_samples": busy,
         "threads": {t: {"samples": n, "busy": b} for t, (n, b) in threads.items()},
         "writes": writes.most_common(top),
+        "write_kinds": dict(write_kinds),
         "self": self_time.most_common(top),
         "total": total_time.most_common(top),
         "file": str(collapsed),
     }
 
 
-_TRANSACTION_BODY = "Database.write.<locals>.<lambda>.<locals>.<lambda> ("
+# The writer thread (tasknet/site/storage/db.py, group commit): a batch of
+# writes runs in ``_run_together`` (one shared transaction, a savepoint per
+# write), a write queued alone in ``_run_alone`` -> ``run_write``.  Each
+# write's body is called through the lambda ``Database.write`` wraps it in.
+_DB_FILE = "tasknet/site/storage/db.py"
+_SHARED = "_run_together"
+_LONE = ("_run_alone", "run_write")
 
 
-def _transaction(frames: list[str]) -> str:
-    """Which write transaction a writer-thread stack is in: the storage
-    function run as its body, or BEGIN/COMMIT (the ``run_write`` line itself)."""
-    for n, frame in enumerate(frames[:-1]):
-        if frame.startswith(_TRANSACTION_BODY):
-            body = frames[n + 1 :]
-            # Prefer the storage function under any wrapper (timing, batching).
-            storage = [f for f in body if "tasknet/site/storage/" in f]
-            return _function(storage[0] if storage else body[0])
-    leaf = frames[-1]
-    return f"BEGIN/COMMIT {leaf}" if leaf.startswith("run_write (") else leaf
+def _name(frame: str) -> str:
+    """``Class.method (file:line)`` -> ``method``; a lambda stays ``<lambda>``."""
+    return frame.split(" (", 1)[0].rsplit(".", 1)[-1]
+
+
+def _transaction(frames: list[str]) -> str | None:
+    """Which write transaction a stack is in, ``shared: <body>`` (group
+    committed with others) or ``lone: <body>``; the body is the storage
+    function the write runs (under any wrapper), or ``BEGIN/COMMIT <line>``
+    for the transaction's own statements (BEGIN, SAVEPOINT, RELEASE, COMMIT).
+    None: not a write transaction."""
+    names = [_name(f) for f in frames]
+    if _SHARED in names:
+        kind, start = "shared", names.index(_SHARED)
+    elif any(n in names for n in _LONE):
+        kind, start = "lone", min(names.index(n) for n in _LONE if n in names)
+    else:
+        return None
+    calls = [
+        n for n in range(start, len(frames)) if names[n] == "<lambda>" and _DB_FILE in frames[n]
+    ]
+    if not calls:
+        return f"{kind}: BEGIN/COMMIT {frames[-1]}"
+    body = frames[calls[-1] + 1 :]
+    if not body:
+        return f"{kind}: {_function(frames[calls[-1]])}"  # calling the body
+    # Prefer the storage function under any wrapper (timing, batching).
+    storage = [f for f in body if "tasknet/site/storage/" in f and _DB_FILE not in f]
+    return f"{kind}: {_function(storage[0] if storage else body[0])}"
 
 
 def _function(frame: str) -> str:
@@ -145,11 +174,15 @@ def format_summary(summary: dict[str, Any]) -> list[str]:
             if t["busy"] >= 0.01 * max(t["samples"], 1)
         )
     )
-    writes = summary["writes"]
-    if writes:
-        in_writes = sum(n for _, n in writes) or 1
-        lines.append("writer thread, by transaction (share of its busy samples):")
-        lines.extend(f"  {100 * n / in_writes:5.1f}%  {f}" for f, n in writes)
+    kinds = summary.get("write_kinds") or {}
+    if kinds:
+        in_writes = sum(kinds.values())
+        lines.append(
+            "writer thread, by transaction (share of its samples in transactions; "
+            + ", ".join(f"{k} {100 * n / in_writes:.0f}%" for k, n in sorted(kinds.items()))
+            + "):"
+        )
+        lines.extend(f"  {100 * n / in_writes:5.1f}%  {f}" for f, n in summary["writes"])
     lines.append("busy samples by line (self):")
     lines.extend(f"  {100 * n / busy:5.1f}%  {f}" for f, n in summary["self"])
     lines.append("busy samples by tasknet function (total):")

@@ -6,8 +6,9 @@ outbox rows), optionally assigned to a node with ``dispatch.claim_task`` (as
 dispatch assigns it), in transactions of ``CHUNK`` tasks.  Node keys go into
 the ``node_key`` table (``users.add_node_key``), so 1,000 nodes need no
 1,000 ``--node-key`` options.  The outbox rows the seeding wrote are marked
-delivered (``delivery.mark_fanned_out``): otherwise the site would start by
-delivering 100,000 old notifications, which is not what any benchmark measures.
+delivered (``delivery.mark_range_fanned_out``, webhook skipped): otherwise the
+site would start by delivering 100,000 old notifications, which is not what any
+benchmark measures.
 """
 
 from __future__ import annotations
@@ -62,17 +63,11 @@ def _create_tasks(
     return created
 
 
-def _mark_outbox_delivered(cursor: sqlite3.Cursor) -> int:
+def _mark_outbox_delivered(cursor: sqlite3.Cursor) -> None:
     from tasknet.site.storage import delivery
 
-    marked = 0
-    after = 0
-    while rows := delivery.pending_rows(cursor, after, CHUNK):
-        ids = [r.id for r in rows]
-        delivery.mark_fanned_out(cursor, ids, ids)
-        marked += len(ids)
-        after = ids[-1]
-    return marked
+    # Every row so far is the seeding's own: one range covers them all.
+    delivery.mark_range_fanned_out(cursor, 0, delivery.last_id(cursor), skip_webhook=True)
 
 
 def seed_site(

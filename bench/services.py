@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import json
-import urllib.request
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from bench.procs import BenchError, Proc, free_port, twistd
+from tasknet.cli import jsonhttp
 
 LOOPBACK_URL = "http://127.0.0.1"
 # What twistd logs when another process took the port we picked.
@@ -17,14 +16,11 @@ PORT_TAKEN = "Address already in use"
 
 
 def http_json(method: str, url: str, body: Any = None, token: str | None = None) -> Any:
-    """One JSON request with the standard library (setup steps only, never measured)."""
-    data = None if body is None else json.dumps(body).encode()
-    request = urllib.request.Request(url, data=data, method=method)
-    request.add_header("Content-Type", "application/json")
-    if token is not None:
-        request.add_header("Authorization", f"Bearer {token}")
-    with urllib.request.urlopen(request, timeout=30) as response:
-        return json.loads(response.read() or b"null")
+    """One JSON request (setup steps only, never measured); raises on failure."""
+    reply = jsonhttp.request(method, url, body, token=token, timeout=30)
+    if not reply.ok:
+        raise BenchError(f"{method} {url}: {reply.brief()}")
+    return reply.body
 
 
 @dataclass

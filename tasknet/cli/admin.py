@@ -12,7 +12,8 @@ neither ever POSTs upstream.  The site may keep running meanwhile (WAL,
 
 Commands::
 
-    user add NAME [--admin] [--quota N]     prints the new API token (stored hashed)
+    user add NAME [--admin] [--quota N]     prints the new API token (stored hashed);
+                                            quota: the site's --default-quota by default
     user list
     user quota NAME N
     user token NAME                         prints a new token; the old one stops working
@@ -101,7 +102,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--admin", action="store_true", help="may see every task and reconcile UNKNOWN"
     )
     add.add_argument(
-        "--quota", type=_positive_int, default=users.DEFAULT_QUOTA, help="weekly quota (cost units)"
+        "--quota",
+        type=_positive_int,
+        default=None,
+        help="weekly quota (cost units); default: the site's --default-quota "
+        f"(as of its last start), else {users.DEFAULT_QUOTA}",
     )
     user_commands.add_parser("list", help="list users")
     quota = user_commands.add_parser("quota", help="set a user's weekly quota")
@@ -126,7 +131,8 @@ def build_parser() -> argparse.ArgumentParser:
     unknown.add_argument("--json", action="store_true", help="machine-readable output")
 
     resolve = commands.add_parser(
-        "resolve", help="reconcile an UNKNOWN operation (never calls the upstream)"
+        "resolve",
+        help="reconcile an UNKNOWN operation (reads the upstream's audit, never POSTs upstream)",
     )
     resolve.add_argument("gid", type=_gid)
     resolve.add_argument("verdict", choices=tasks.VERDICTS)
@@ -225,8 +231,9 @@ def _run_with_lifecycle(args: argparse.Namespace, out: TextIO) -> None:
 
 def _user_command(connection: sqlite3.Connection, args: argparse.Namespace, out: TextIO) -> None:
     if args.action == "add":
+        quota = args.quota if args.quota is not None else _read(connection, users.default_quota)
         user, token = _write(
-            connection, users.create_user, args.name, admin=args.admin, quota=args.quota
+            connection, users.create_user, args.name, admin=args.admin, quota=quota
         )
         print(
             f"created user {user.name} (id {user.id}{', admin' if user.is_admin else ''}, "

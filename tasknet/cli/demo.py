@@ -6,7 +6,7 @@ node ``node-2``) on free loopback ports, waits until they are ready, prints
 the URL and the demo token, and stops them all (nodes first, upstream last)
 on Ctrl-C or SIGTERM.
 
-:class:`DemoStack` is plain synchronous code (subprocess + urllib, no
+:class:`DemoStack` is plain synchronous code (subprocess + blocking HTTP, no
 reactor), so tests that must not run a reactor in-process (the Playwright
 browser test) start the same stack with it.
 """
@@ -14,7 +14,6 @@ browser test) start the same stack with it.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import signal
@@ -23,19 +22,20 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType, TracebackType
 from typing import Any
 
+from tasknet.cli.jsonhttp import request
 from tasknet.logging import twistd_logger_args
 
 LOOPBACK = "127.0.0.1"
 DEMO_TOKEN = "demo"
 STOP_TIMEOUT = 15.0
+# One readiness probe; the waits around it have their own, longer deadline.
+PROBE_TIMEOUT = 5.0
 
 
 class DemoError(Exception):
@@ -80,34 +80,6 @@ def twistd_path() -> str:
     if found is None:
         raise DemoError("twistd not found next to the Python interpreter or on PATH")
     return found
-
-
-def http_json(
-    url: str,
-    *,
-    method: str = "GET",
-    body: Any = None,
-    token: str | None = None,
-    timeout: float = 5.0,
-) -> tuple[int, Any]:
-    """One HTTP request; ``(status, parsed JSON or None)``; status 0 when nothing answered."""
-    data = None if body is None else json.dumps(body).encode()
-    request = urllib.request.Request(url, data=data, method=method)
-    if data is not None:
-        request.add_header("Content-Type", "application/json")
-    if token is not None:
-        request.add_header("Authorization", f"Bearer {token}")
-    try:
-        with urllib.request.urlopen(request, timeout=timeout) as response:
-            status, raw = response.status, response.read()
-    except urllib.error.HTTPError as error:
-        status, raw = error.code, error.read()
-    except (urllib.error.URLError, OSError):
-        return 0, None
-    try:
-        return status, json.loads(raw) if raw else None
-    except ValueError:
-        return status, None
 
 
 @dataclass
@@ -226,7 +198,7 @@ class DemoStack:
         upstream = self._twistd("upstream", "tasknet-upstream", args)
         self._wait(
             "the mock upstream to answer",
-            lambda: http_json(f"{self.upstream_url}/_drill/stats")[0] == 200,
+            lambda: request("GET", f"{self.upstream_url}/_drill/stats", timeout=PROBE_TIMEOUT).ok,
             upstream,
         )
 
@@ -273,14 +245,16 @@ class DemoStack:
         )
 
     def health(self) -> dict[str, Any] | None:
-        status, body = http_json(f"{self.url}healthz")
-        return body if status == 200 and isinstance(body, dict) else None
+        reply = request("GET", f"{self.url}healthz", timeout=PROBE_TIMEOUT)
+        return reply.body if reply.status == 200 and isinstance(reply.body, dict) else None
 
     def connected_nodes(self) -> set[str]:
-        status, body = http_json(f"{self.url}api/admin/nodes", token=DEMO_TOKEN)
-        if status != 200 or not isinstance(body, dict):
+        reply = request(
+            "GET", f"{self.url}api/admin/nodes", token=DEMO_TOKEN, timeout=PROBE_TIMEOUT
+        )
+        if reply.status != 200 or not isinstance(reply.body, dict):
             return set()
-        return {str(node.get("id")) for node in body.get("nodes", [])}
+        return {str(node.get("id")) for node in reply.body.get("nodes", [])}
 
     def _wait(self, what: str, ready: Callable[[], bool], *watch: Child) -> None:
         deadline = time.monotonic() + self.ready_timeout

@@ -28,11 +28,9 @@ NA = "N/A"
 SUBMITTED_OR_LATER = ("SUBMITTED", "DELETE_PENDING", "DELETED")
 NOT_DISPATCHABLE = ("RESERVED", "SUBMITTING", "UNKNOWN")
 COMPLETED_CODE = 4
-# A DOWNLOAD already on the wire when the delete committed may land a little
-# after the site answered the DELETE; later than this it was sent after.
-DELETE_RACE_MARGIN = 1.0
 
 TYPE_DOWNLOAD_POST = 4
+TYPE_DELETE_GALLERY = 5
 TYPE_TASK_COMMAND = 11
 TYPE_TASK_REPORT = 12
 TYPE_TASK_REPORT_ACK = 13
@@ -342,16 +340,73 @@ def check_d5(world: World) -> Verdict:
                 command=cmd,
                 operation=op,
             )
-        answered = world.ledger.delete_answered_at.get(gid)
-        if answered is not None and cmd["received_at"] > answered + DELETE_RACE_MARGIN:
-            f.fail(
-                f"gid {gid}: DOWNLOAD sent {cmd['received_at'] - answered:.2f}s after the"
-                " DELETE was accepted",
-                command=cmd,
-                operation=op,
-                delete_answered_at=answered,
-            )
+    for source, commands in _command_sequences(world).items():
+        _check_no_download_after_delete(f, world, source, commands)
     return f.verdict("{n} DOWNLOAD command(s), all for confirmed submissions", "no DOWNLOAD sent")
+
+
+def _command_sequences(world: World) -> dict[str, list[dict[str, Any]]]:
+    """Every command stream in the order it reached a node: each node's
+    database (arrival order) and each proxy's forwarded frames (wire order)."""
+    streams: dict[str, list[dict[str, Any]]] = {}
+    for node_id, node in world.nodes.items():
+        streams[f"{node_id} database"] = [
+            {"gid": c["gid"], "action": c["action"], "operation_id": c["operation_id"]}
+            for c in node.commands
+        ]
+    for frame in sorted(world.frames, key=lambda fr: (fr["node"], fr["seq"])):
+        if frame["direction"] != "to_client" or frame["action"] != "forwarded":
+            continue
+        payload = frame.get("payload") or {}
+        if frame["type"] == TYPE_TASK_COMMAND:
+            action, operation_id = payload.get("action"), payload.get("operationId")
+        elif frame["type"] == TYPE_DOWNLOAD_POST:
+            action, operation_id = "DOWNLOAD", None
+        elif frame["type"] == TYPE_DELETE_GALLERY:
+            action, operation_id = "DELETE", None
+        else:
+            continue
+        streams.setdefault(f"proxy of {frame['node']}", []).append(
+            {"gid": payload.get("gid"), "action": action, "operation_id": operation_id}
+        )
+    return streams
+
+
+def _check_no_download_after_delete(
+    f: _Failures, world: World, source: str, commands: list[dict[str, Any]]
+) -> None:
+    """Strict, with no time margin: a DOWNLOAD never follows the DELETE of
+    its generation in what a node received.  (The site decides each set of
+    commands in a write transaction and sends it right after the commit, so
+    a DOWNLOAD decided before a delete is on the wire before its DELETE.)
+    Only a later generation (a new CREATE) may be downloaded again."""
+    downloaded: dict[int, set[Any]] = defaultdict(set)  # gid -> operationIds before
+    deleted: dict[int, set[Any]] = {}  # gid -> generations deleted so far
+    for index, cmd in enumerate(commands):
+        gid = cmd["gid"]
+        if cmd["action"] == "DELETE":
+            generations = deleted.setdefault(gid, set())
+            generations |= downloaded[gid]
+            op = world.site.operations.get(gid)
+            if op is not None and op.get("delete_operation_id") == cmd["operation_id"]:
+                generations.add(op["operation_id"])
+            continue
+        if cmd["action"] != "DOWNLOAD":
+            continue
+        if gid in deleted:
+            new_generation = (
+                world.ledger.generations.get(gid, 1) > 1
+                and cmd["operation_id"] is not None
+                and cmd["operation_id"] not in deleted[gid]
+            )
+            if not new_generation:
+                f.fail(
+                    f"gid {gid}: DOWNLOAD after its DELETE ({source}, command #{index + 1})",
+                    source=source,
+                    command=cmd,
+                    earlier=commands[max(0, index - 5) : index],
+                )
+        downloaded[gid].add(cmd["operation_id"])
 
 
 def check_d6(world: World) -> Verdict:

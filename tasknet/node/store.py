@@ -10,7 +10,21 @@ tables:
 - ``meta``: the last revision used (``revision``).
 - ``in_flight_report``: the one report sent and not yet ACKed, persisted
   before it is sent so that it is resent unchanged after a restart.
-- ``received_command``: every command ever received (drills read it).
+- ``received_command``: the commands received (drills read it).  A DOWNLOAD
+  row is also the guard against downloading a generation twice: a DOWNLOAD
+  whose (gid, operationId) was received before is a no-op, even after the
+  task row is gone (completed and ACKed).
+- ``settled_deletion``: gids whose delete the site has taken (see below).
+
+Housekeeping (``docs/operations.md``): a gid's ``received_command`` rows up to
+a DELETE are pruned once that delete is settled, a DELETED or NOT_FOUND
+result the site ACKed (on the legacy wire: sent, which is all the old
+protocol has), and ``COMMAND_RETENTION_DAYS`` have passed.  Safe for the
+guard: the site wrote that gid's tombstone when it ACKed, so it never sends
+those generations again, and a new generation comes with a new operationId.
+Rows after that DELETE (a later generation, a stray late DOWNLOAD) stay.
+Nothing else is pruned: the rows of a completed generation still guard it.
+The wait only keeps the record for drills and operators.
 """
 
 from __future__ import annotations
@@ -71,7 +85,18 @@ CREATE TABLE IF NOT EXISTS received_command (
 );
 CREATE INDEX IF NOT EXISTS received_command_by_gid
     ON received_command (gid, operation_id, action);
+CREATE TABLE IF NOT EXISTS settled_deletion (
+    gid          INTEGER PRIMARY KEY,
+    upto_id      INTEGER NOT NULL,           -- received_command.id of the settled DELETE
+    settled_at   REAL    NOT NULL
+);
+CREATE INDEX IF NOT EXISTS settled_deletion_by_time ON settled_deletion (settled_at);
 """
+
+#: How long the commands of a settled delete are kept before they are pruned.
+COMMAND_RETENTION_DAYS = 7.0
+#: Settled gids pruned per transaction (the prune rides on ACKs: keep it small).
+PRUNE_BATCH = 50
 
 DELETED = "DELETED"
 NOT_FOUND = "NOT_FOUND"
@@ -339,7 +364,9 @@ def _acknowledge(cursor: sqlite3.Cursor, report_id: str) -> bool:
             "DELETE FROM deletion WHERE gid = ? AND operation_id = ? AND result = ?",
             (gid, operation_id, result),
         )
+        _settle(cursor, gid, operation_id, result)
     cursor.execute("DELETE FROM in_flight_report WHERE id = 1")
+    _prune_commands(cursor, COMMAND_RETENTION_DAYS * 86400.0, PRUNE_BATCH)
     return True
 
 
@@ -351,9 +378,52 @@ def _drop_reported_completions(cursor: sqlite3.Cursor, completed: list[tuple[int
 
 def _drop_deletion(cursor: sqlite3.Cursor, gid: int, operation_id: str) -> None:
     cursor.execute(
-        "DELETE FROM deletion WHERE gid = ? AND operation_id = ? AND result IS NOT NULL",
+        "SELECT result FROM deletion WHERE gid = ? AND operation_id = ? AND result IS NOT NULL",
         (gid, operation_id),
     )
+    row = cursor.fetchone()
+    if row is None:
+        return
+    cursor.execute("DELETE FROM deletion WHERE gid = ? AND operation_id = ?", (gid, operation_id))
+    _settle(cursor, gid, operation_id, row[0])
+    _prune_commands(cursor, COMMAND_RETENTION_DAYS * 86400.0, PRUNE_BATCH)
+
+
+def _settle(cursor: sqlite3.Cursor, gid: int, operation_id: str, result: str) -> None:
+    """The site has taken this delete's result: if the gid is gone (DELETED or
+    NOT_FOUND; a FAILED delete leaves the task held), its commands up to this
+    DELETE may be pruned once the retention has passed."""
+    if result not in (DELETED, NOT_FOUND):
+        return
+    cursor.execute(
+        "SELECT MAX(id) FROM received_command WHERE gid = ? AND operation_id = ? AND action = ?",
+        (gid, operation_id, "DELETE"),
+    )
+    upto = cursor.fetchone()[0]
+    if upto is None:
+        return
+    cursor.execute(
+        "INSERT INTO settled_deletion (gid, upto_id, settled_at) VALUES (?, ?, ?)"
+        " ON CONFLICT (gid) DO UPDATE SET upto_id = MAX(upto_id, excluded.upto_id),"
+        " settled_at = excluded.settled_at",
+        (gid, upto, time.time()),
+    )
+
+
+def _prune_commands(cursor: sqlite3.Cursor, retention_seconds: float, limit: int) -> int:
+    """Delete the commands of up to ``limit`` gids settled more than
+    ``retention_seconds`` ago; return the number of command rows deleted."""
+    cursor.execute(
+        "SELECT gid, upto_id FROM settled_deletion WHERE settled_at <= ?"
+        " ORDER BY settled_at LIMIT ?",
+        (time.time() - retention_seconds, limit),
+    )
+    deleted = 0
+    for gid, upto in cursor.fetchall():
+        cursor.execute("DELETE FROM received_command WHERE gid = ? AND id <= ?", (gid, upto))
+        deleted += cursor.rowcount
+        cursor.execute("DELETE FROM settled_deletion WHERE gid = ?", (gid,))
+    return deleted
 
 
 def _query(cursor: sqlite3.Cursor, sql: str, params: Iterable[Any] = ()) -> list[tuple[Any, ...]]:
@@ -479,4 +549,14 @@ class NodeStore:
         return self._run(_drop_reported_completions, completed)
 
     def drop_deletion(self, gid: int, operation_id: str) -> Deferred[None]:
+        """Forget a reported deletion (legacy wire: once its result is sent)."""
         return self._run(_drop_deletion, gid, operation_id)
+
+    # housekeeping -------------------------------------------------------
+    def prune_commands(
+        self, retention_days: float = COMMAND_RETENTION_DAYS, limit: int = PRUNE_BATCH
+    ) -> Deferred[int]:
+        """Prune the commands of settled deletes older than ``retention_days``
+        (at most ``limit`` gids); the number of command rows deleted.  ACKs
+        already do this: call it for a prune outside of them."""
+        return self._run(_prune_commands, retention_days * 86400.0, limit)

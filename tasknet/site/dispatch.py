@@ -6,15 +6,24 @@ Dispatch is off until the site enables it after recovery succeeded
 * on a node's login, the node gets every command for the tasks already
   assigned to it (``DOWNLOAD`` for those not yet completed at the site, with
   their own operationId, so a repeat is a no-op at the node; ``DELETE`` for
-  pending deletes), and every eligible unassigned task is assigned to the
-  least loaded connected node and sent;
+  pending deletes, and for pending deletes of tasks with no known node), and
+  every eligible unassigned task is assigned to the least loaded connected
+  node and sent;
 * when a task becomes ``SUBMITTED`` or ``DELETE_PENDING`` (the lifecycle calls
   :meth:`Dispatcher.task_changed` after the commit), that one task is
-  assigned if needed and sent to its node when connected.
+  assigned if needed and sent to its node when connected;
+* every ``poll_interval`` seconds a pass catches what no in-process trigger
+  announced (a task resolved by ``tasknet-admin`` in another process, a
+  trigger whose write failed): unassigned eligible tasks are assigned and
+  sent, and pending deletes go to connected nodes that have not had them on
+  their current connection.  Nothing else is resent: resending is for logins.
 
 Only what :mod:`tasknet.site.storage.dispatch` returns is ever sent: the
 eligibility rule lives there (and in ``storage.tasks.is_dispatchable``).
-Large sets are read a page at a time; between pages the reactor runs.
+Every set of commands is decided inside a write transaction and sent on the
+reactor right after its commit, with no yield in between, so a DOWNLOAD
+never follows the DELETE of its task (see ``storage/dispatch.py``).  Large
+sets go a page (one transaction) at a time; between pages the reactor runs.
 """
 
 from __future__ import annotations
@@ -23,6 +32,7 @@ from collections.abc import Iterable
 from typing import Any, Protocol
 
 from twisted.internet.defer import Deferred, gatherResults, succeed
+from twisted.internet.task import LoopingCall
 from twisted.logger import Logger
 
 from tasknet.protocol.messages import ACTION_DELETE
@@ -60,14 +70,19 @@ class ConnectedNodes:
     def __init__(self) -> None:
         self.sessions: dict[str, Session] = {}
         self.last_revision: dict[str, int] = {}
+        #: Delete ids sent on each node's current session (so the periodic
+        #: pass sends a pending delete once per connection, not every time).
+        self.deletes_sent: dict[str, set[str]] = {}
 
     def attach(self, session: Session) -> None:
         self.sessions[session.node_id] = session
+        self.deletes_sent[session.node_id] = set()
 
     def detach(self, session: Session) -> bool:
         """Forget ``session`` if it is still the node's current one."""
         if self.sessions.get(session.node_id) is session:
             del self.sessions[session.node_id]
+            self.deletes_sent.pop(session.node_id, None)
             return True
         return False
 
@@ -107,15 +122,21 @@ class Dispatcher:
         *,
         page_size: int = storage.PAGE_SIZE,
         assign_delay: float = 0.0,
+        poll_interval: float | None = 5.0,
         clock: Any = None,
     ) -> None:
         if page_size < 1:
             raise ValueError(f"page_size must be >= 1, got {page_size}")
         if assign_delay < 0:
             raise ValueError(f"assign_delay must be >= 0, got {assign_delay}")
+        if poll_interval is not None and poll_interval <= 0:
+            raise ValueError(f"poll_interval must be > 0 or None, got {poll_interval}")
         if clock is None:
             from twisted.internet import reactor as clock
         self._clock = clock
+        self._poll_interval = poll_interval
+        self._poll: LoopingCall | None = None
+        self._polling = False
         self._assign_delay = assign_delay
         self._assign_call: Any = None
         self._db = db
@@ -125,8 +146,9 @@ class Dispatcher:
         self._unassigned_running = False
         self._unassigned_again = False
         self._running: set[Deferred[None]] = set()
-        #: Commands sent since start (tests and logs).
+        #: Commands sent since start, periodic passes completed (tests, logs).
         self.sent = 0
+        self.polls = 0
 
     def _track(self, d: Deferred[None]) -> Deferred[None]:
         if not d.called:
@@ -147,13 +169,34 @@ class Dispatcher:
     # -- triggers
 
     def enable(self) -> Deferred[None]:
-        """Turn dispatch on (recovery succeeded) and catch up with every
-        node already connected."""
+        """Turn dispatch on (recovery succeeded), catch up with every node
+        already connected, and start the periodic pass."""
         self.enabled = True
         log.info("dispatch enabled")
+        if self._poll_interval is not None and self._poll is None:
+            self._poll = LoopingCall(self._poll_tick)
+            self._poll.clock = self._clock
+            self._poll.start(self._poll_interval, now=False)
         return self._track(
             Deferred.fromCoroutine(self._catch_up(list(self._nodes.sessions.values())))
         )
+
+    def _poll_tick(self) -> None:
+        # Not returned to the LoopingCall (a failure would stop it); a tick
+        # while the previous pass still runs is skipped.
+        if not self.enabled or self._polling or not self._nodes.sessions:
+            return
+        self._polling = True
+
+        def done(_: object) -> None:
+            self._polling = False
+            self.polls += 1
+
+        self._track(Deferred.fromCoroutine(self._periodic_pass())).addBoth(done)
+
+    async def _periodic_pass(self) -> None:
+        await self._guarded_unassigned_pass()
+        await self._guarded_deletes_pass()
 
     def node_attached(self, session: Session) -> Deferred[None]:
         """A node logged in: resend its tasks, then hand out unassigned ones."""
@@ -181,6 +224,10 @@ class Dispatcher:
                 await self._node_pass(session)
         except Exception:
             log.failure("dispatch pass failed")
+        # Pending deletes of tasks with no known node go to every node.
+        await self._guarded_deletes_pass()
+        if not self.enabled:
+            return  # stopped meanwhile: schedule nothing more
         if self._assign_delay:
             # Nodes reconnecting after a site restart arrive over a short
             # while: wait a little so unassigned tasks spread over all of
@@ -200,36 +247,78 @@ class Dispatcher:
         except Exception:
             log.failure("assigning unassigned tasks failed")
 
+    async def _guarded_deletes_pass(self) -> None:
+        try:
+            await self._deletes_pass()
+        except Exception:
+            log.failure("sending pending deletes failed")
+
     def stop(self) -> Deferred[None]:
         """Stop scheduling passes; fires when the running ones are done."""
         self.enabled = False
         if self._assign_call is not None and self._assign_call.active():
             self._assign_call.cancel()
         self._assign_call = None
+        if self._poll is not None:
+            if self._poll.running:
+                self._poll.stop()
+            self._poll = None
         return self.idle()
 
     async def _node_pass(self, session: Session) -> None:
         after = 0
         sent = 0
         while self._nodes.is_current(session):
-            page = await self._db.read(
-                storage.node_commands_page, session.node_id, after, self._page_size
+            # Decided in a write transaction; sent right after its commit
+            # with no yield in between (see the module doc).
+            page = await self._db.write(
+                storage.claim_node_page, session.node_id, after, self._page_size
             )
-            commands = page.commands
-            if page.unprepared:
-                commands += await self._db.write(
-                    storage.prepare_commands, session.node_id, page.unprepared
-                )
             if not self._nodes.is_current(session):
                 break  # replaced or gone meanwhile: the new session has its own pass
-            for command in commands:
-                send_command(session, command)
-            sent += len(commands)
+            for command in page.commands:
+                self._send(session, command)
+            sent += len(page.commands)
             if page.last_gid is None:
                 break
             after = page.last_gid
-        self.sent += sent
         log.info("resent {n} command(s) to node {node}", n=sent, node=session.node_id)
+
+    async def _deletes_pass(self) -> None:
+        """Pending deletes to the connected nodes that have not had them on
+        their current connection (a task with no known node: every node)."""
+        after: int | None = 0
+        pending: set[str] = set()
+        while after is not None:
+            if not self._nodes.sessions:
+                return
+            page = await self._db.write(
+                storage.pending_deletes_page, self._nodes.ids(), after, self._page_size
+            )
+            for command in page.commands:
+                pending.add(command.operation_id)
+                self._send_unsent_delete(command)
+            after = page.last_gid
+        # A whole pass: forget ids no longer pending (completed), so the sets
+        # stay small.
+        for sent in self._nodes.deletes_sent.values():
+            sent &= pending
+
+    def _send_unsent_delete(self, command: storage.Command) -> None:
+        if command.node_id is None:
+            targets = list(self._nodes.sessions.values())
+        else:
+            session = self._nodes.current(command.node_id)
+            targets = [] if session is None else [session]
+        for session in targets:
+            if command.operation_id not in self._nodes.deletes_sent.get(session.node_id, ()):
+                self._send(session, command)
+
+    def _send(self, session: Session, command: storage.Command) -> None:
+        send_command(session, command)
+        self.sent += 1
+        if command.action == ACTION_DELETE:
+            self._nodes.deletes_sent.setdefault(session.node_id, set()).add(command.operation_id)
 
     async def _unassigned_pass(self) -> None:
         # One pass at a time; a request during a pass runs one more after it.
@@ -268,9 +357,13 @@ class Dispatcher:
 
     def _send_all(self, commands: list[storage.Command]) -> None:
         for command in commands:
+            if command.node_id is None:
+                # A delete of a task with no known node: every node.
+                for each in list(self._nodes.sessions.values()):
+                    self._send(each, command)
+                continue
             session = self._nodes.current(command.node_id)
             if session is None:
                 # Assigned and marked, its node left meanwhile: resent on its login.
                 continue
-            send_command(session, command)
-            self.sent += 1
+            self._send(session, command)

@@ -7,10 +7,11 @@ speaks never matters here: the session picks the message type.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from twisted.internet.defer import Deferred
+from twisted.internet.defer import Deferred, maybeDeferred
 from twisted.logger import Logger
 from zope.interface import implementer
 
@@ -66,7 +67,7 @@ class ProtocolSide:
     ``/api/admin/nodes``, wires ``outbox.wake`` and ``dispatcher.task_changed``
     into the lifecycle, calls :meth:`start` before listening and
     ``dispatcher.enable()`` once recovery succeeded, and :meth:`stop` on
-    shutdown.
+    shutdown (after the node listener stopped, before the connections close).
     """
 
     db: Database
@@ -85,11 +86,18 @@ class ProtocolSide:
         """Deliver what the previous run left in the outbox (and start polling)."""
         return self.outbox.start()
 
-    async def stop(self) -> None:
-        """Finish the reports in flight (their ACKs go out), stop delivery,
-        close the WebSocket clients."""
-        await self.reports.idle()
+    async def stop(self, close_nodes: Callable[[], object] | None = None) -> None:
+        """Shut the protocol side down (call it after the node listener
+        stopped accepting): stop dispatching, finish the reports in flight
+        while their connections are still open (their ACKs go out, so no
+        node redelivers what is already committed), then ``close_nodes()``
+        (may return a Deferred), finish what arrived meanwhile, stop
+        delivery and close the WebSocket clients."""
         await self.dispatcher.stop()
+        await self.reports.idle()
+        if close_nodes is not None:
+            await maybeDeferred(close_nodes)
+            await self.reports.idle()
         await self.outbox.stop()
         self.hub.close_all()
 
@@ -106,6 +114,7 @@ def build_protocol_side(
     max_batch: int = DEFAULT_MAX_BATCH,
     dispatch_page_size: int = PAGE_SIZE,
     dispatch_assign_delay: float = 0.5,
+    dispatch_poll_interval: float | None = 5.0,
     outbox_poll_interval: float | None = 5.0,
 ) -> ProtocolSide:
     """Build the protocol side over ``db``.  ``authenticate(token)`` fires
@@ -130,7 +139,11 @@ def build_protocol_side(
         max_batch=max_batch,
     )
     dispatcher = Dispatcher(
-        db, nodes, page_size=dispatch_page_size, assign_delay=dispatch_assign_delay
+        db,
+        nodes,
+        page_size=dispatch_page_size,
+        assign_delay=dispatch_assign_delay,
+        poll_interval=dispatch_poll_interval,
     )
     handler = SiteHandler(nodes, reports, dispatcher)
     return ProtocolSide(

@@ -9,9 +9,18 @@ create:  reserve ─▶ prepare (GET) ─▶ quota + SUBMITTING ─▶ submit (P
                        ▼                      ▼                 │ ambiguous: UNKNOWN
                       404/422/502            429                ▼ persist failed: UNKNOWN
 
-Nothing here retries a POST.  A create whose chain is interrupted (crash,
-database failure while recording ``UNKNOWN``) is left ``RESERVED`` or
-``SUBMITTING`` and settled by :meth:`Lifecycle.recover` at the next start.
+Nothing here retries a POST.  What the chain does retry are its own local
+writes that settle an outcome (``release``, ``begin_submit``,
+``release_refused``, ``mark_unknown``) when the database is busy or locked:
+each acts only on the expected operationId in the expected state, so a
+repeat can never change another generation or call the upstream.  They are
+retried with backoff for ``record_retry_for`` seconds while the client waits
+(so a lock held past ``busy_timeout`` still ends in the right answer, e.g.
+``202`` with ``UNKNOWN``); after that the client gets ``500 internal``
+saying the outcome is being recorded, and the write keeps being retried in
+the background every ``settle_interval`` seconds until it lands.  Only a
+crash (or a stop) before that leaves ``RESERVED``/``SUBMITTING`` for
+:meth:`Lifecycle.recover` at the next start.
 """
 
 from __future__ import annotations
@@ -21,9 +30,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from twisted.internet.defer import Deferred
+from twisted.internet.defer import CancelledError, Deferred
+from twisted.internet.task import deferLater
 from twisted.logger import Logger
-from twisted.python.failure import Failure
 
 from tasknet.site.storage import tasks
 from tasknet.site.storage.db import Database
@@ -39,27 +48,17 @@ log = Logger()
 
 T = TypeVar("T")
 
+#: Shown (evidence, resolve answer, log) for a task resolved "submitted"
+#: without any known archive URL: it is metered but cannot be dispatched.
+NO_ARCHIVE_URL = (
+    "no archive URL known (neither from the POST answer nor from the upstream's "
+    "audit): the task is SUBMITTED and metered but cannot be sent to a node"
+)
 
-def shield(d: Deferred[T]) -> Deferred[T]:
-    """A Deferred following ``d`` whose cancellation does not reach ``d``.
 
-    A client hanging up must not cancel a create half-way (cancelling the
-    POST would turn a clean outcome into an ambiguous one): the chain runs to
-    its end and only the answer is dropped."""
-    follower: Deferred[T] = Deferred()
-
-    def relay(result: Any) -> None:
-        if follower.called:  # cancelled: nobody listens; errors are logged above
-            if isinstance(result, Failure):
-                log.failure("a shielded operation failed after its caller left", result)
-            return
-        if isinstance(result, Failure):
-            follower.errback(result)
-        else:
-            follower.callback(result)
-
-    d.addBoth(relay)
-    return follower
+class Unrecorded(Exception):
+    """A local write settling a create's outcome could not be committed
+    within ``record_retry_for``; it goes on being retried in the background."""
 
 
 @dataclass(frozen=True)
@@ -100,12 +99,28 @@ class Lifecycle:
         upstream_timeout: float,
         on_commit: Callable[[], None] | None = None,
         on_task_changed: Callable[[int], object] | None = None,
+        record_retry_for: float = 30.0,
+        retry_initial: float = 0.1,
+        retry_max: float = 2.0,
+        settle_interval: float = 5.0,
+        clock: Any = None,
     ) -> None:
+        if record_retry_for < 0 or retry_initial <= 0 or retry_max <= 0 or settle_interval <= 0:
+            raise ValueError("retry timings must be positive")
+        if clock is None:
+            from twisted.internet import reactor as clock
         self.db = db
         self.upstream = upstream
         self.upstream_timeout = upstream_timeout
         self.on_commit: Callable[[], None] = on_commit or (lambda: None)
         self.on_task_changed: Callable[[int], object] = on_task_changed or (lambda _: None)
+        self.record_retry_for = record_retry_for
+        self.retry_initial = retry_initial
+        self.retry_max = retry_max
+        self.settle_interval = settle_interval
+        self._clock = clock
+        #: Outcome writes still being retried in the background.
+        self._settling: set[Deferred[None]] = set()
 
     async def _write(self, fn: Callable[..., T], *args: Any) -> T:
         result = await self.db.write(fn, *args)
@@ -114,6 +129,74 @@ class Lifecycle:
         except Exception:
             log.failure("outbox wake-up failed (delivery resumes on its next poll)")
         return result
+
+    async def _record(
+        self, what: str, fn: Callable[..., T], *args: Any, background: bool = True
+    ) -> T:
+        """A local write that settles an outcome, retried with backoff while
+        the database is busy or locked (``OperationalError``), for at most
+        ``record_retry_for`` seconds; then :class:`Unrecorded` is raised and,
+        if ``background``, the write goes on being retried in the background
+        (:meth:`_settle_later`).  Any other error is raised at once (a retry
+        would not help)."""
+        deadline = self._clock.seconds() + self.record_retry_for
+        delay = self.retry_initial
+        while True:
+            try:
+                return await self._write(fn, *args)
+            except sqlite3.OperationalError as e:
+                if self._clock.seconds() + delay > deadline:
+                    log.error(
+                        "{what}: still failing after {seconds}s ({error}){then}",
+                        what=what,
+                        seconds=self.record_retry_for,
+                        error=e,
+                        then=f"; retrying it every {self.settle_interval}s in the background"
+                        if background
+                        else "",
+                    )
+                    if background:
+                        self._settle_later(what, fn, *args)
+                    raise Unrecorded(f"{what}: {e}") from e
+                log.warn("{what}: {error}; retrying in {delay}s", what=what, error=e, delay=delay)
+                await deferLater(self._clock, delay, lambda: None)
+                delay = min(delay * 2, self.retry_max)
+
+    def _settle_later(self, what: str, fn: Callable[..., Any], *args: Any) -> None:
+        d = Deferred.fromCoroutine(self._settle(what, fn, *args))
+        self._settling.add(d)
+        d.addBoth(lambda _: self._settling.discard(d))
+
+    async def _settle(self, what: str, fn: Callable[..., Any], *args: Any) -> None:
+        while True:
+            try:
+                await deferLater(self._clock, self.settle_interval, lambda: None)
+            except CancelledError:
+                log.warn("{what}: not recorded before the stop; recovery at start does", what=what)
+                return
+            try:
+                await self._write(fn, *args)
+            except sqlite3.OperationalError as e:
+                log.warn("{what}: still failing ({error})", what=what, error=e)
+                continue
+            except CancelledError:
+                return  # stopped while writing: the write lands or recovery does it
+            except Exception:
+                log.failure("{what} failed; recovery at the next start settles it", what=what)
+                return
+            log.info("{what}: recorded at last", what=what)
+            return
+
+    @property
+    def settling(self) -> int:
+        """Outcome writes still being retried in the background."""
+        return len(self._settling)
+
+    def stop(self) -> None:
+        """Stop the background retries (what they had not recorded is left
+        ``RESERVED``/``SUBMITTING`` for recovery at the next start)."""
+        for d in list(self._settling):
+            d.cancel()
 
     def _changed(self, gid: int) -> None:
         try:
@@ -135,12 +218,27 @@ class Lifecycle:
         # 2. Read-only prepare: learn the cost; nothing is charged.
         prepared = await self.upstream.prepare(gid, token, self.upstream_timeout)
         if prepared.outcome is not PrepareOutcome.OK:
-            await self._write(tasks.release, gid, operation_id)
+            await self._release(gid, operation_id)
             raise _prepare_error(gid, prepared.outcome, prepared.error)
         # 3. Quota with the known cost, then SUBMITTING, committed before the POST.
-        if not await self._write(
-            tasks.begin_submit, gid, operation_id, prepared.cost, prepared.title, week
-        ):
+        try:
+            started = await self._record(
+                f"SUBMITTING of gid {gid}",
+                tasks.begin_submit,
+                gid,
+                operation_id,
+                prepared.cost,
+                prepared.title,
+                week,
+                background=False,  # later, nobody would POST: release it instead
+            )
+        except Unrecorded as e:
+            # Never SUBMITTING: nothing was or will be POSTed.
+            await self._release(gid, operation_id)
+            raise TaskError(
+                "internal", f"the database is busy; nothing was submitted for gid {gid}"
+            ) from e
+        if not started:
             raise TaskError(
                 "quota_exceeded",
                 f"gid {gid} costs {prepared.cost}: that would exceed this week's quota",
@@ -148,7 +246,12 @@ class Lifecycle:
         # 4. The one POST.
         submitted = await self.upstream.submit(gid, token, self.upstream_timeout)
         if submitted.outcome is Outcome.REFUSED:
-            await self._write(tasks.release_refused, gid, operation_id)
+            try:
+                await self._record(
+                    f"release of refused gid {gid}", tasks.release_refused, gid, operation_id
+                )
+            except Unrecorded:
+                pass  # still true, and still answered: the release lands later
             raise TaskError(
                 "upstream_rejected", f"the upstream refused gid {gid}: {submitted.error}"
             )
@@ -173,19 +276,57 @@ class Lifecycle:
                 "persist",
                 f"the upstream accepted the POST (cost {submitted.cost}, "
                 f"{submitted.archive_url}) but recording it failed: {type(e).__name__}: {e}",
+                submitted.archive_url,
+                submitted.cost,
             )
             return await self._answer(gid)
         return self._created(gid, view)
 
-    async def _mark_unknown(self, gid: int, operation_id: str, step: str, error: str) -> None:
+    async def _release(self, gid: int, operation_id: str) -> None:
+        """Release a reservation (nothing POSTed).  If that cannot be recorded
+        now, the background retry does it; the caller's answer stands."""
         try:
-            await self._write(tasks.mark_unknown, gid, operation_id, step, error)
-        except Exception:
-            # Still SUBMITTING in the database: recovery at the next start
-            # turns it into UNKNOWN.  Never a resend.
-            log.failure(
-                "could not record gid {gid} as UNKNOWN; recovery will at the next start", gid=gid
+            await self._record(f"release of gid {gid}", tasks.release, gid, operation_id)
+        except Unrecorded:
+            pass
+
+    async def _mark_unknown(
+        self,
+        gid: int,
+        operation_id: str,
+        step: str,
+        error: str,
+        archive_url: str | None = None,
+        cost: int | None = None,
+    ) -> None:
+        """Record ``UNKNOWN`` (with what the POST answered, when it did).
+        Never a resend: the write is retried, the upstream never called."""
+        try:
+            await self._record(
+                f"UNKNOWN of gid {gid}",
+                tasks.mark_unknown,
+                gid,
+                operation_id,
+                step,
+                error,
+                archive_url,
+                cost,
             )
+        except Unrecorded as e:
+            raise TaskError(
+                "internal",
+                f"the outcome for gid {gid} is unknown (the upstream may have charged it) and "
+                "the database is busy: it is being recorded and will show as SUBMIT_UNKNOWN "
+                "(提交未知) for reconciliation; do not create it again",
+            ) from e
+        except Exception as e:
+            log.failure("could not record gid {gid} as UNKNOWN", gid=gid)
+            raise TaskError(
+                "internal",
+                f"the outcome for gid {gid} is unknown (the upstream may have charged it) and "
+                f"could not be recorded ({type(e).__name__}: {e}); the site's recovery at its "
+                "next start records it as SUBMIT_UNKNOWN (提交未知); do not create it again",
+            ) from e
 
     async def _answer(self, gid: int) -> Created:
         return self._created(gid, await self.db.read(tasks.task_view, gid))
@@ -243,6 +384,7 @@ class Lifecycle:
         listed = await self.db.read(tasks.unknown_operations)
         for view in listed:
             view["evidence"]["upstream"] = await self._audit(view["gid"])
+            _archive_url_evidence(view["evidence"])
         return listed
 
     async def _audit(self, gid: int) -> dict[str, Any]:
@@ -266,18 +408,38 @@ class Lifecycle:
             raise TaskError("invalid_request", f"verdict must be one of {list(tasks.VERDICTS)}")
         stored = [v for v in await self.db.read(tasks.unknown_operations) if v["gid"] == gid]
         evidence: dict[str, Any] = dict(stored[0]["evidence"]) if stored else {}
-        archive_url = None
         if stored:
             evidence["upstream"] = await self._audit(gid)
-            audit = evidence["upstream"].get("audit") or {}
-            if isinstance(audit.get("archiveUrl"), str):
-                archive_url = audit["archiveUrl"]
+            _archive_url_evidence(evidence)
+        # resolve_unknown prefers the URL stored from the POST's own answer.
+        from_audit = evidence.get("archiveUrlSource") == "audit"
+        audit_url = evidence.get("archiveUrl") if from_audit else None
         view = await self._write(
-            tasks.resolve_unknown, gid, verdict, actor, note, evidence, archive_url
+            tasks.resolve_unknown, gid, verdict, actor, note, evidence, audit_url
         )
         if view is not None and view.get("state") == "SUBMITTED":
+            if stored and not evidence.get("archiveUrl"):
+                log.warn("gid {gid} resolved submitted: {why}", gid=gid, why=NO_ARCHIVE_URL)
+                view = {**view, "warning": NO_ARCHIVE_URL}
             self._changed(gid)
         return view
+
+
+def _archive_url_evidence(evidence: dict[str, Any]) -> None:
+    """Where a "submitted" verdict would take the download URL from: the URL
+    the POST answered (stored when its persist failed), else the upstream's
+    audit ``archiveUrl`` (an extension our mock offers; not every upstream
+    does), else none: the task could be metered but never dispatched."""
+    audit = (evidence.get("upstream") or {}).get("audit") or {}
+    if evidence.get("archiveUrl"):
+        evidence["archiveUrlSource"] = "submit"
+    elif isinstance(audit.get("archiveUrl"), str) and audit["archiveUrl"]:
+        evidence["archiveUrl"] = audit["archiveUrl"]
+        evidence["archiveUrlSource"] = "audit"
+    else:
+        evidence["archiveUrl"] = None
+        evidence["archiveUrlSource"] = None
+        evidence["warning"] = NO_ARCHIVE_URL
 
 
 def _persist_and_view(

@@ -22,6 +22,12 @@ Delivery semantics:
   (``webhook_state`` ``delivered`` or ``failed``), at most ``concurrency``
   requests at once.  Rows of different tasks may arrive out of order.
 * Rows left undelivered by a previous run are delivered on :meth:`start`.
+
+Housekeeping: finished rows (WebSocket delivered, webhook delivered, skipped
+or given up) older than ``retention_days`` are deleted every
+``prune_interval`` seconds (and once at start), ``prune_batch`` rows per
+write transaction, so the table does not grow without limit and no prune
+ever holds the writer the reports need for long.
 """
 
 from __future__ import annotations
@@ -41,6 +47,12 @@ from tasknet.site.storage import delivery
 from tasknet.site.storage.db import Database
 
 log = Logger()
+
+#: Finished notifications are kept this long (for inspection), then pruned.
+RETENTION_DAYS = 7.0
+#: Seconds between prunes, and rows deleted per transaction.
+PRUNE_INTERVAL = 3600.0
+PRUNE_BATCH = 500
 
 
 class Publisher(Protocol):
@@ -208,9 +220,19 @@ class OutboxExecutor:
         page_size: int = 500,
         poll_interval: float | None = 5.0,
         mark_interval: float = 0.25,
+        retention_days: float = RETENTION_DAYS,
+        prune_interval: float | None = PRUNE_INTERVAL,
+        prune_batch: int = PRUNE_BATCH,
         clock: IReactorTime | None = None,
     ) -> None:
+        if retention_days < 0 or prune_batch < 1:
+            raise ValueError("outbox retention_days must be >= 0 and prune_batch >= 1")
         self._db = db
+        self._retention_seconds = retention_days * 86400.0
+        self._prune_interval = prune_interval
+        self._prune_batch = prune_batch
+        self._prune_loop: LoopingCall | None = None
+        self._pruning: Deferred[int] | None = None
         self._mark_interval = mark_interval
         self._marked = 0  # rows up to this id are marked in the database
         self._mark_call: Any = None
@@ -241,10 +263,16 @@ class OutboxExecutor:
             lambda f: log.failure("reading the outbox backlog failed", f),
         )
         if self._poll_interval and self._poll is None:
-            self._poll = LoopingCall(self.wake)
-            self._poll.clock = self._clock
-            self._poll.start(self._poll_interval, now=False)
+            self._poll = self._every(self._poll_interval, self.wake, now=False)
+        if self._prune_interval and self._prune_loop is None:
+            self._prune_loop = self._every(self._prune_interval, self._prune_in_background)
         return self.wake()
+
+    def _every(self, interval: float, fn: Any, *, now: bool = True) -> LoopingCall:
+        loop = LoopingCall(fn)
+        loop.clock = self._clock
+        loop.start(interval, now=now)
+        return loop
 
     def wake(self, _notifications: int = 0) -> Deferred[None]:
         """New rows were committed: drain soon (coalesced; never blocks).
@@ -312,8 +340,10 @@ class OutboxExecutor:
 
     def _flush_marks(self) -> Deferred[None]:
         self._mark_call = None
-        self._marking = Deferred.fromCoroutine(self._write_marks())
-        return self._marking
+        marking = Deferred.fromCoroutine(self._write_marks())
+        # Finished at once (nothing to await): its finally already ran.
+        self._marking = None if marking.called else marking
+        return marking
 
     async def _write_marks(self) -> None:
         try:
@@ -343,13 +373,48 @@ class OutboxExecutor:
         finally:
             self._marking = None
 
+    def _prune_in_background(self) -> None:
+        # Not returned to the LoopingCall: a slow prune must not stop it,
+        # and one already running is not started twice.
+        if self._pruning is None and not self._stopped:
+            self._pruning = Deferred.fromCoroutine(self.prune())
+            self._pruning.addErrback(lambda f: log.failure("pruning the outbox failed", f))
+            self._pruning.addBoth(self._pruned)
+
+    def _pruned(self, result: object) -> object:
+        self._pruning = None
+        return result
+
+    async def prune(self) -> int:
+        """Delete the finished rows older than the retention, oldest first,
+        ``prune_batch`` per write transaction; stop early when stopped.
+        Returns the number of rows deleted."""
+        found = await self._db.read(delivery.prunable, self._retention_seconds)
+        if found.first is None:
+            return 0  # nothing to prune: no write transaction at all
+        total = 0
+        after = found.first - 1
+        while not self._stopped:
+            deleted, after = await self._db.write(
+                delivery.prune_finished, after, found.below, self._prune_batch
+            )
+            total += deleted
+            if deleted < self._prune_batch:
+                break
+        if total:
+            log.info("pruned {n} delivered notification(s) from the outbox", n=total)
+        return total
+
     async def stop(self) -> None:
-        """Stop draining; cancel webhook work (undelivered rows stay in the
-        outbox for the next start)."""
+        """Stop draining and pruning; cancel webhook work (undelivered rows
+        stay in the outbox for the next start)."""
         self._stopped = True
-        if self._poll is not None and self._poll.running:
-            self._poll.stop()
-        self._poll = None
+        for loop in (self._poll, self._prune_loop):
+            if loop is not None and loop.running:
+                loop.stop()
+        self._poll = self._prune_loop = None
+        if self._pruning is not None:
+            await self._pruning
         if self._running is not None:
             await self._running
         if self._mark_call is not None and self._mark_call.active():

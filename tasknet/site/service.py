@@ -9,7 +9,14 @@ database, bind the report handler, dispatcher and outbox (the wiring block).
 In :meth:`SiteService.startService` (a Deferred chain, ``service.ready``):
 recovery → node listener → dispatch enabled only if recovery succeeded →
 HTTP.  If recovery fails, nodes still connect and reports are still applied,
-but nothing is dispatched; ``/healthz`` and the log say so.
+but nothing is dispatched; ``/healthz`` and the log say so.  While running,
+node keys are re-read from the ``node_key`` table every
+``NODE_KEYS_REFRESH`` seconds (``tasknet-admin node-key`` changes apply
+without a restart).
+
+Stop: both listeners stop accepting, dispatch stops, the reports in flight
+are committed and ACKed on their still-open connections, and only then are
+the node connections closed (so a node never redelivers what was committed).
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ from typing import Any
 from twisted.application import service
 from twisted.internet.defer import Deferred, maybeDeferred
 from twisted.internet.endpoints import serverFromString
+from twisted.internet.task import LoopingCall
 from twisted.logger import Logger
 from twisted.python import usage
 from twisted.web.resource import IResource
@@ -34,6 +42,9 @@ from tasknet.site.storage.schema import SchemaError, prepare_database
 from tasknet.site.upstream_client import UpstreamClient
 
 log = Logger()
+
+#: Seconds between two reads of the ``node_key`` table.
+NODE_KEYS_REFRESH = 5.0
 
 
 class Options(usage.Options):
@@ -51,7 +62,14 @@ class Options(usage.Options):
         ],
         ["webhook", None, None, "POST a JSON notification per user-visible change."],
         ["name", None, "tasknet-site", "Site name sent in Identity."],
-        ["default-quota", None, 5000, "Weekly quota of a new user (cost units).", int],
+        [
+            "default-quota",
+            None,
+            5000,
+            "Weekly quota of a new user (cost units): the --demo user, and users "
+            "tasknet-admin adds without --quota while this setting stands.",
+            int,
+        ],
     ]
     optFlags = [
         ["demo", None, "On a fresh database, create the admin user 'demo' with token 'demo'."],
@@ -90,9 +108,10 @@ class Site:
     db: Database
     lifecycle: Lifecycle
     upstream: UpstreamClient
-    node_keys: dict[str, str]
+    node_keys: dict[str, str]  # in force: the node_key table joined by --node-key
     name: str
     default_quota: int
+    option_node_keys: dict[str, str] = field(default_factory=dict)  # --node-key (win)
     webhook: str | None = None
     recovery_state: str = "pending"  # "pending" / "done" / "failed"
     dispatch_enabled: bool = False
@@ -107,6 +126,15 @@ class Site:
     # at stop before the database closes; each may return a Deferred.
     on_start: list[Callable[[], Any]] = field(default_factory=list)
     on_stop: list[Callable[[], Any]] = field(default_factory=list)
+
+    async def refresh_node_keys(self) -> None:
+        """Re-read the ``node_key`` table; ``--node-key`` options win.  The
+        new mapping replaces the old one in one assignment, so a removed key
+        stops working at the next Login (connected nodes stay connected)."""
+        keys = {**await self.db.read(users.node_keys), **self.option_node_keys}
+        self.node_keys = keys
+        if self.node_factory is not None:
+            self.node_factory.node_keys = keys
 
     def wake_outbox(self) -> None:
         if self.outbox is not None:
@@ -139,6 +167,8 @@ class SiteService(service.MultiService):
         self.http_port: Any = None
         self.nodes_port: Any = None
         self.ready: Deferred[None] = Deferred()
+        self.node_keys_refresh = NODE_KEYS_REFRESH
+        self._keys_loop: LoopingCall | None = None
 
     def startService(self) -> None:
         super().startService()
@@ -156,9 +186,12 @@ class SiteService(service.MultiService):
         site = self.site
         from tasknet.site.web.api import make_web_resource
 
-        # Node keys from the database join --node-key (options win).
-        for node_id, secret in (await site.db.read(users.node_keys)).items():
-            site.node_keys.setdefault(node_id, secret)
+        # Node keys from the database join --node-key (options win), and are
+        # re-read while running.
+        await site.refresh_node_keys()
+        self._keys_loop = LoopingCall(self._refresh_node_keys)
+        self._keys_loop.clock = self._reactor
+        self._keys_loop.start(self.node_keys_refresh, now=False)
         try:
             await site.lifecycle.recover()
             site.recovery_state = "done"
@@ -186,21 +219,32 @@ class SiteService(service.MultiService):
         )
         log.info("HTTP on {address}", address=self.http_port.getHost())
 
+    def _refresh_node_keys(self) -> Deferred[None]:
+        d = Deferred.fromCoroutine(self.site.refresh_node_keys())
+        # Logged, not returned as a failure: that would stop the loop.
+        return d.addErrback(lambda f: log.failure("re-reading node keys failed", f))
+
     def stopService(self) -> Deferred[None]:
         return Deferred.fromCoroutine(self._stop())
 
     async def _stop(self) -> None:
         site = self.site
+        if self._keys_loop is not None and self._keys_loop.running:
+            self._keys_loop.stop()
+        site.lifecycle.stop()
         for port in (self.http_port, self.nodes_port):
             if port is not None:
                 await maybeDeferred(port.stopListening)
-        if site.node_factory is not None and hasattr(site.node_factory, "close_all"):
-            await maybeDeferred(site.node_factory.close_all, "site stopping")
+        # The stop hooks close the node connections themselves once the
+        # reports in flight are ACKed (see build_service); this catches any
+        # connection left (a site without the protocol side wired).
         for hook in site.on_stop:
             try:
                 await maybeDeferred(hook)
             except Exception:
                 log.failure("a stop hook failed")
+        if site.node_factory is not None and hasattr(site.node_factory, "close_all"):
+            await maybeDeferred(site.node_factory.close_all, "site stopping")
         await super().stopService()
         await site.upstream.close()
         site.db.close()
@@ -211,18 +255,20 @@ def build_site(options: Options, reactor: Any = None) -> Site:
     its lifecycle; raises :class:`SchemaError` for an unusable database."""
     path = options["db"]
     fresh = prepare_database(path)
-    if fresh and options["demo"]:
-        connection = connect(path)
-        try:
+    connection = connect(path)
+    try:
+        # tasknet-admin gives new users this quota while this setting stands.
+        run_write(connection, users.set_default_quota, options["default-quota"])
+        if fresh and options["demo"]:
             run_write(
                 connection,
                 lambda cursor: users.create_user(
                     cursor, "demo", admin=True, quota=options["default-quota"], token="demo"
                 ),
             )
-        finally:
-            connection.close()
-        log.info("fresh database: created admin user 'demo' with token 'demo'")
+            log.info("fresh database: created admin user 'demo' with token 'demo'")
+    finally:
+        connection.close()
     db = open_pool(path)
     upstream = UpstreamClient(options["upstream"], reactor=reactor)
     lifecycle = Lifecycle(db, upstream, upstream_timeout=options["upstream-timeout"])
@@ -233,6 +279,7 @@ def build_site(options: Options, reactor: Any = None) -> Site:
         node_keys=dict(options["node-keys"]),
         name=options["name"],
         default_quota=options["default-quota"],
+        option_node_keys=dict(options["node-keys"]),
         webhook=options["webhook"],
     )
     lifecycle.on_commit = site.wake_outbox
@@ -259,7 +306,12 @@ def build_service(options: Options, reactor: Any = None) -> SiteService:
     site.nodes_view = side.nodes_view
     site.lifecycle.on_task_changed = side.dispatcher.task_changed
     site.on_start.append(side.start)  # delivers what the last run left undelivered
-    site.on_stop.append(side.stop)
+
+    def close_nodes() -> Any:
+        return site.node_factory.close_all("site stopping")
+
+    # Reports in flight are ACKed before the node connections close.
+    site.on_stop.append(lambda: side.stop(close_nodes=close_nodes))
 
     from tasknet.site.nodes import NodeListenerFactory
 

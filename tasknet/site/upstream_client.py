@@ -1,6 +1,6 @@
-"""The upstream archive service, seen from the site (a Twisted ``Agent`` on
-a persistent connection pool), with the outcome classification the lifecycle
-depends on.
+"""The upstream archive service, seen from the site (a Twisted ``Agent``;
+persistent connections for the GETs, a fresh one per POST), with the
+outcome classification the lifecycle depends on.
 
 ``prepare`` and ``audit`` are read-only GETs.  ``submit`` is the one
 non-idempotent POST (every call is charged), so its answer is classified with
@@ -16,6 +16,14 @@ care (LIFECYCLE.md invariant 3):
 
 Each call has a deadline covering the whole exchange (connect, headers *and*
 body); past it the request is cancelled, which aborts the connection.
+
+The GETs reuse idle persistent connections.  The POST never does: it goes on
+a fresh connection, closed after its answer.  An idle pooled connection may
+have just been closed by the upstream (its idle timeout, a restart) without
+the client having seen it yet; a request written on it fails without an
+answer, which for the POST is indistinguishable from "sent, then lost", so a
+create that was never sent would become ``UNKNOWN``.  One connect per create
+is cheap next to that.
 
 Two calls per create make this a hot path, so it uses ``Agent`` directly, not
 treq: treq wraps every request in cookie, redirect and gzip agents, parses
@@ -35,7 +43,7 @@ from typing import Any
 from urllib.parse import urlencode
 
 from hyperlink import EncodedURL
-from twisted.internet.defer import CancelledError, Deferred, TimeoutError, succeed
+from twisted.internet.defer import CancelledError, Deferred, TimeoutError, gatherResults, succeed
 from twisted.internet.endpoints import HostnameEndpoint, wrapClientTLS
 from twisted.internet.protocol import Protocol
 from twisted.python.failure import Failure
@@ -161,9 +169,10 @@ _JSON_HEADERS = {b"Content-Type": [b"application/json"]}
 
 @implementer(IAgentEndpointFactory)
 class _CachedEndpoints:
-    """Twisted's standard endpoint per scheme/host/port, built once: the
-    stock ``Agent`` builds one (IDNA-encoding the host) for every request,
-    even when the pool then reuses a connection."""
+    """The endpoint the stock ``Agent`` would use (``HostnameEndpoint``,
+    TLS-wrapped for https), built once per scheme/host/port: the stock one
+    builds it (IDNA-encoding the host) for every request, even when the pool
+    then reuses a connection."""
 
     def __init__(self, reactor: Any) -> None:
         self._reactor = reactor
@@ -256,20 +265,31 @@ class UpstreamClient:
         # creates in flight than that, most calls paid a fresh TCP connection
         # (a resolver thread round trip, connect, close) on the reactor.
         self._pool.maxPersistentPerHost = max_idle_connections
-        self._agent = Agent.usingEndpointFactory(
-            reactor, _CachedEndpoints(reactor), pool=self._pool
-        )
+        endpoints = _CachedEndpoints(reactor)
+        self._agent = Agent.usingEndpointFactory(reactor, endpoints, pool=self._pool)
+        # The POST's own: never a pooled (possibly stale) connection.
+        self._fresh_pool = HTTPConnectionPool(reactor, persistent=False)
+        self._fresh_pool.retryAutomatically = False
+        self._fresh_agent = Agent.usingEndpointFactory(reactor, endpoints, pool=self._fresh_pool)
 
     def _url(self, gid: int, suffix: str = "", query: dict[str, str] | None = None) -> bytes:
         url = b"%s/api/galleries/%d%s" % (self._base, gid, suffix.encode("ascii"))
         return url + b"?" + urlencode(query).encode("ascii") if query else url
 
     def _exchange(
-        self, method: bytes, url: bytes, timeout: float, body: bytes | None = None
+        self,
+        method: bytes,
+        url: bytes,
+        timeout: float,
+        body: bytes | None = None,
+        *,
+        fresh: bool = False,
     ) -> Deferred[_Answer]:
-        """One request and its whole body, cancelled (connection aborted) at ``timeout``."""
+        """One request and its whole body, cancelled (connection aborted) at
+        ``timeout``; on a new connection of its own if ``fresh``."""
         producer: Any = _Bytes(body) if body is not None else None  # an IBodyProducer
-        d: Deferred[Any] = self._agent.request(
+        agent = self._fresh_agent if fresh else self._agent
+        d: Deferred[Any] = agent.request(
             method, url, Headers(_JSON_HEADERS) if body is not None else None, producer
         )
         d.addCallback(_read_body)
@@ -341,6 +361,7 @@ class UpstreamClient:
             self._url(gid, "/archive"),
             timeout,
             body=json.dumps({"token": token}).encode("utf-8"),
+            fresh=True,
         )
 
         def answered(answer: _Answer) -> SubmitResult:
@@ -406,4 +427,6 @@ class UpstreamClient:
 
     def close(self) -> Deferred[None]:
         """Close the pooled connections (on service stop)."""
-        return self._pool.closeCachedConnections()
+        return gatherResults(
+            [self._pool.closeCachedConnections(), self._fresh_pool.closeCachedConnections()]
+        ).addCallback(lambda _: None)

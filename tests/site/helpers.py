@@ -153,8 +153,11 @@ class RunningSite:
 
 
 @asynccontextmanager
-async def running_site(options: Options) -> AsyncIterator[RunningSite]:
+async def running_site(options: Options, configure: Any = None) -> AsyncIterator[RunningSite]:
+    """The real site service, started; ``configure(service)`` runs first."""
     service = build_service(options)
+    if configure is not None:
+        configure(service)
     service.startService()
     pool = HTTPConnectionPool(reactor, persistent=False)
     try:

@@ -171,7 +171,7 @@ async def test_a_failing_write_rolls_back_alone(tmp_path):
     async with opened(path) as (db, statements):
         held = HeldWriter(db)
         await held.started()
-        writes = [
+        writes: list[Deferred[Any]] = [
             db.write(insert("a")),
             db.write(insert("a")),  # the unique-index loser
             db.write(insert("b")),
@@ -232,7 +232,7 @@ async def test_a_failed_commit_fails_every_write_of_its_batch(tmp_path):
     async with opened(path) as (db, statements):
         held = HeldWriter(db)
         await held.started()
-        writes = [
+        writes: list[Deferred[Any]] = [
             db.write(add_parent),
             db.write(insert("a")),
             db.write(insert("a")),  # fails on its own, keeps its own error
@@ -308,7 +308,7 @@ async def test_a_transaction_ended_early_fails_only_what_it_carried(tmp_path):
     async with opened(path) as (db, statements):
         held = HeldWriter(db)
         await held.started()
-        writes = [
+        writes: list[Deferred[Any]] = [
             db.write(insert("a")),
             db.write(end_transaction),
             db.write(insert("b")),

@@ -549,10 +549,15 @@ async def test_persist_and_unknown_both_failing_are_settled_by_recovery(tmp_path
             "WHEN NEW.state = 'UNKNOWN' BEGIN SELECT RAISE(ABORT, 'disk failure'); END"
         )
         connection.close()
-        created = await env.lifecycle.create(env.user_id, GID, "tok", "")
-        # Honest answer: still SUBMITTING (提交中), not a success, never resent.
-        assert created.status == 202 and created.task["state"] == "SUBMITTING"
-        operation_id = created.task["operationId"]
+        with pytest.raises(TaskError) as refused:
+            await env.lifecycle.create(env.user_id, GID, "tok", "")
+        # Honest answer: not a success, and not a 202 (which means UNKNOWN
+        # is recorded): 500, saying the outcome is unknown and recovery
+        # records it.  Still SUBMITTING (提交中), never resent.
+        assert refused.value.code == "internal"
+        assert "recovery" in refused.value.message and "unknown" in refused.value.message
+        assert op_row(env.path)["state"] == "SUBMITTING"
+        operation_id = op_row(env.path)["operation_id"]
         connection = raw(env.path)
         connection.execute("DROP TRIGGER unknown_fails")
         connection.close()
@@ -562,3 +567,45 @@ async def test_persist_and_unknown_both_failing_are_settled_by_recovery(tmp_path
         assert (op["state"], op["operation_id"], op["metered"]) == ("UNKNOWN", operation_id, 0)
         assert env.posts(GID) == 1
         assert used(env.path, env.user_id) == 0
+
+
+@pytest_twisted.ensureDeferred
+async def test_used_up_quota_still_answers_conflict_for_an_existing_gid(tmp_path):
+    # The quota is checked after prepare, with the cost: a gid that already
+    # has a task is a 409 whatever the quota, and nothing is asked upstream.
+    async with lifecycle_env(tmp_path, quota=0) as env:
+        from tests.site.helpers import add_user
+
+        rich, _ = add_user(env.path, "rich", quota=5000)
+        created = await env.lifecycle.create(rich, GID, "t", "")
+        assert created.status == 201
+        requests = env.upstream.app.journal.requests
+        with pytest.raises(TaskError) as refused:
+            await env.lifecycle.create(env.user_id, GID, "t", "")
+        assert refused.value.code == "conflict"
+        assert env.upstream.app.journal.requests == requests
+
+
+def test_a_cost_zero_gallery_fits_a_quota_exactly_used_up(tmp_path):
+    from tasknet.site.storage.db import connect, run_write
+    from tasknet.site.storage.schema import prepare_database
+    from tests.site.helpers import add_user
+
+    path = str(tmp_path / "q.sqlite")
+    prepare_database(path)
+    user_id, _ = add_user(path, "alice", quota=3)
+    week = tasks.iso_week()
+    connection = connect(path)
+    try:
+        first = run_write(connection, tasks.reserve, 1, user_id, "", "t", week)
+        assert run_write(connection, tasks.begin_submit, 1, first, 3, "", week)
+        run_write(connection, tasks.persist_submitted, 1, first, "http://u/1", 3, week)
+        # used == quota: a cost-0 gallery still fits (used + 0 > quota is false) ...
+        free = run_write(connection, tasks.reserve, 2, user_id, "", "t", week)
+        assert run_write(connection, tasks.begin_submit, 2, free, 0, "", week)
+        # ... a cost-1 one does not, and is released.
+        paid = run_write(connection, tasks.reserve, 3, user_id, "", "t", week)
+        assert not run_write(connection, tasks.begin_submit, 3, paid, 1, "", week)
+        assert connection.execute("SELECT COUNT(*) FROM gallery WHERE gid = 3").fetchone()[0] == 0
+    finally:
+        connection.close()

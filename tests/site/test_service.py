@@ -3,23 +3,39 @@ invariant 10 (recovery before dispatch), a failed recovery, node logins."""
 
 from __future__ import annotations
 
+import json
+import socket
 import sqlite3
 
 import pytest
 import pytest_twisted
+import treq
 from twisted.internet import reactor
 from twisted.internet.defer import Deferred
+from twisted.internet.endpoints import TCP4ClientEndpoint, connectProtocol
+from twisted.internet.task import deferLater
 from twisted.logger import globalLogPublisher
+from twisted.web.client import HTTPConnectionPool
 from zope.interface import implementer
 
 from tasknet.node.link import site_client_service
+from tasknet.protocol.messages import TaskReportAck
 from tasknet.protocol.session import INodeHandler
-from tasknet.site.service import makeService
+from tasknet.site.service import build_service, makeService
 from tasknet.site.storage import tasks, users
 from tasknet.site.storage.db import connect, run_read, run_write
 from tasknet.site.storage.schema import load_script, prepare_database
 from tasknet.upstream.testing import start_upstream
-from tests.site.helpers import add_user, one, raw, running_site, site_options, wait_for
+from tests.site.helpers import (
+    add_user,
+    one,
+    query,
+    raw,
+    running_site,
+    site_options,
+    wait_for,
+)
+from tests.site_protocol.harness import ScriptedNode, secret_of
 
 
 def test_unmigrated_database_is_refused_naming_the_command(tmp_path, capsys):
@@ -93,31 +109,93 @@ def _interrupted_state(path: str) -> tuple[int, str, str]:
     return user_id, op1, op2
 
 
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def _refused(port: int) -> bool:
+    with socket.socket() as probe:
+        probe.settimeout(1.0)
+        return probe.connect_ex(("127.0.0.1", port)) != 0
+
+
 @pytest_twisted.ensureDeferred
 async def test_start_runs_recovery_before_enabling_dispatch(tmp_path):
     path = str(tmp_path / "site.sqlite")
     _, op1, _ = _interrupted_state(path)
     upstream = await start_upstream()
+    events: list[dict] = []
+    globalLogPublisher.addObserver(events.append)
+    nodes_port = _free_port()
+    options = site_options(path, upstream.base_url)
+    options["nodes"] = f"tcp:{nodes_port}:interface=127.0.0.1"
+    service = build_service(options)
+    # Another process holds the write lock: recovery waits for it.
+    lock = raw(path)
+    lock.execute("BEGIN EXCLUSIVE")
     try:
-        async with running_site(site_options(path, upstream.base_url)) as site:
-            assert site.site.recovery_state == "done" and site.site.dispatch_enabled
-            assert await site.request("GET", "/healthz") == (
-                200,
-                {"recovery": "done", "dispatch": "enabled"},
+        service.startService()
+        # While recovery is held: no node port, no HTTP, dispatch off.
+        for _ in range(5):
+            assert _refused(nodes_port)
+            assert service.site.recovery_state == "pending"
+            assert service.nodes_port is None and service.http_port is None
+            assert not service.site.dispatch_enabled
+            await settle_for(0.05)
+        lock.execute("ROLLBACK")
+        await service.ready
+        assert not _refused(nodes_port)
+        pool = HTTPConnectionPool(reactor, persistent=False)
+        try:
+            response = await treq.get(
+                f"http://127.0.0.1:{service.http_port.getHost().port}/healthz", pool=pool
             )
-            row = one(path, "SELECT state, operation_id, step FROM task_operation WHERE gid = 1")
-            assert tuple(row) == ("UNKNOWN", op1, "recovery")
-            assert one(path, "SELECT COUNT(*) FROM gallery WHERE gid = 2")[0] == 0
-            assert one(path, "SELECT state FROM task_operation WHERE gid = 3")[0] == "SUBMITTED"
+            assert json.loads(await treq.content(response)) == {
+                "recovery": "done",
+                "dispatch": "enabled",
+            }
+        finally:
+            await pool.closeCachedConnections()
+        # And in that order, by the log.
+        texts = [e.get("log_format", "") for e in events]
+
+        def first(prefix: str) -> int:
+            return next(i for i, t in enumerate(texts) if t.startswith(prefix))
+
+        assert first("recovery:") < first("node listener on") < first("dispatch enabled")
+        assert first("dispatch enabled") < first("HTTP on")
+        row = one(path, "SELECT state, operation_id, step FROM task_operation WHERE gid = 1")
+        assert tuple(row) == ("UNKNOWN", op1, "recovery")
+        assert one(path, "SELECT COUNT(*) FROM gallery WHERE gid = 2")[0] == 0
+        assert one(path, "SELECT state FROM task_operation WHERE gid = 3")[0] == "SUBMITTED"
         assert upstream.stats()["requests"] == 0  # nothing resent
     finally:
+        globalLogPublisher.removeObserver(events.append)
+        if lock.in_transaction:
+            lock.execute("ROLLBACK")
+        lock.close()
+        await service.stopService()
         await upstream.stop()
+
+
+async def settle_for(seconds: float) -> None:
+    await deferLater(reactor, seconds, lambda: None)
+
+
+async def _scripted_node(service, node_id: str) -> ScriptedNode:
+    node = ScriptedNode(node_id)
+    port = service.nodes_port.getHost().port
+    await connectProtocol(TCP4ClientEndpoint(reactor, "127.0.0.1", port), node)
+    return node
 
 
 @pytest_twisted.ensureDeferred
 async def test_failed_recovery_accepts_nodes_but_dispatches_nothing(tmp_path):
     path = str(tmp_path / "site.sqlite")
     _interrupted_state(path)
+    op3 = one(path, "SELECT operation_id FROM task_operation WHERE gid = 3")[0]
     connection = raw(path)
     # The recovery transaction really fails (and rolls back as a whole).
     connection.execute(
@@ -127,14 +205,27 @@ async def test_failed_recovery_accepts_nodes_but_dispatches_nothing(tmp_path):
     connection.close()
     upstream = await start_upstream()
     try:
-        async with running_site(site_options(path, upstream.base_url)) as site:
+        options = site_options(path, upstream.base_url, "--node-key", f"n1:{secret_of('n1')}")
+        async with running_site(options) as site:
             assert await site.request("GET", "/healthz") == (
                 200,
                 {"recovery": "failed", "dispatch": "disabled"},
             )
-            assert site.service.nodes_port is not None  # node connections still accepted
             assert one(path, "SELECT state FROM task_operation WHERE gid = 1")[0] == "SUBMITTING"
             assert one(path, "SELECT state FROM task_operation WHERE gid = 2")[0] == "RESERVED"
+            # A real node logs in: accepted, and its report is applied and ACKed ...
+            node = await _scripted_node(site.service, "n1")
+            assert await node.logged_in
+            node.report("r1", 1000, [(3, 1, 0.25)], {3: op3})
+            ack = await node.next(TaskReportAck)
+            assert (ack.report_id, ack.result) == ("r1", "APPLIED")
+            row = one(path, "SELECT status, progress FROM gallery WHERE gid = 3")
+            assert tuple(row) == (1, 0.25)
+            # ... but the SUBMITTED gid 3 (unassigned) was never sent to it:
+            # the login pass had run before the report went out.
+            assert node.messages == [ack]
+            assert one(path, "SELECT dispatched FROM task_operation WHERE gid = 3")[0] == 0
+            await node.disconnect()
     finally:
         await upstream.stop()
 
@@ -249,3 +340,101 @@ async def test_make_service_with_full_wiring_starts_serves_and_stops_cleanly(tmp
         await pool.closeCachedConnections()
         await upstream.stop()
     assert upstream.stats()["posts"] == {"99": 1}
+
+
+@pytest_twisted.ensureDeferred
+async def test_default_quota_is_what_the_admin_gives_new_users(tmp_path):
+    from tasknet.cli.admin import main as admin
+
+    path = str(tmp_path / "site.sqlite")
+    prepare_database(path)
+    assert admin(["--db", path, "user", "add", "early"]) == 0  # no site started yet
+    upstream = await start_upstream()
+    try:
+        async with running_site(site_options(path, upstream.base_url, "--default-quota", "42")):
+            assert admin(["--db", path, "user", "add", "bob"]) == 0
+            assert admin(["--db", path, "user", "add", "carol", "--quota", "7"]) == 0
+    finally:
+        await upstream.stop()
+    quotas = dict(query(path, "SELECT name, quota FROM user"))
+    assert quotas == {"early": users.DEFAULT_QUOTA, "bob": 42, "carol": 7}
+
+
+@pytest_twisted.ensureDeferred
+async def test_node_keys_added_or_removed_by_the_admin_apply_without_a_restart(tmp_path):
+    path = str(tmp_path / "site.sqlite")
+    upstream = await start_upstream()
+
+    def fast_refresh(service) -> None:
+        service.node_keys_refresh = 0.05
+
+    try:
+        # n2's key on the command line wins over the table's.
+        options = site_options(path, upstream.base_url, "--node-key", f"n2:{secret_of('n2')}")
+        async with running_site(options, fast_refresh) as site:
+            connection = connect(path)
+            try:
+                run_write(connection, users.add_node_key, "n7", secret_of("n7"))
+                run_write(connection, users.add_node_key, "n2", "not-the-option")
+            finally:
+                connection.close()
+            await wait_for(lambda: "n7" in site.site.node_factory.node_keys)
+            assert site.site.node_factory.node_keys["n2"] == secret_of("n2")
+            node = await _scripted_node(site.service, "n7")
+            assert await node.logged_in is True
+            await node.disconnect()
+
+            connection = connect(path)
+            try:
+                assert run_write(connection, users.remove_node_key, "n7")
+            finally:
+                connection.close()
+            await wait_for(lambda: "n7" not in site.site.node_factory.node_keys)
+            refused = await _scripted_node(site.service, "n7")
+            assert await refused.logged_in is False
+            await refused.lost
+    finally:
+        await upstream.stop()
+
+
+@pytest_twisted.ensureDeferred
+async def test_stop_acks_committed_reports_before_closing_node_connections(tmp_path):
+    import threading
+
+    path = str(tmp_path / "site.sqlite")
+    upstream = await start_upstream()
+    options = site_options(path, upstream.base_url, "--node-key", f"n1:{secret_of('n1')}")
+    service = build_service(options)
+    service.startService()
+    stopped = None
+    try:
+        await service.ready
+        node = await _scripted_node(service, "n1")
+        assert await node.logged_in
+        db = service.site.db
+        # Hold the writer so the report is received but not yet committed
+        # when the stop begins.
+        running, release = threading.Event(), threading.Event()
+
+        def hold(cursor) -> None:
+            running.set()
+            release.wait(10)
+
+        held = db.write(hold)
+        await wait_for(running.is_set)
+        node.report("r-stop", 1000)
+        await wait_for(lambda: len(db._queue) >= 1)  # the report's transaction waits
+        stopped = service.stopService()
+        await settle_for(0.1)
+        assert not node.lost.called  # connections stay open while the report is in flight
+        release.set()
+        await held
+        await stopped
+        await node.lost
+        acks = [m for m in node.messages if isinstance(m, TaskReportAck)]
+        assert [(a.report_id, a.result) for a in acks] == [("r-stop", "APPLIED")]
+        assert query(path, "SELECT report_id FROM report_receipt")[0][0] == "r-stop"
+    finally:
+        if stopped is None:
+            await service.stopService()
+        await upstream.stop()

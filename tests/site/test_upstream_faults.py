@@ -151,3 +151,26 @@ async def test_unknown_evidence_says_when_the_audit_is_unavailable(tmp_path):
         listed = await env.lifecycle.unknown_with_evidence()
         upstream = listed[0]["evidence"]["upstream"]
         assert upstream["available"] is False and "HTTP 500" in upstream["error"]
+
+
+@pytest_twisted.ensureDeferred
+async def test_submit_after_the_upstream_closed_its_idle_connections_succeeds(tmp_path):
+    from tasknet.site.upstream_client import Outcome, PrepareOutcome, UpstreamClient
+
+    async with lifecycle_env(tmp_path) as env:
+        client = UpstreamClient(env.upstream.base_url)  # persistent, as the site's
+        try:
+            prepared = await client.prepare(GID, "tok")
+            assert prepared.outcome is PrepareOutcome.OK  # leaves an idle pooled connection
+            # The upstream drops its idle connections; the client has not seen
+            # it yet when the POST goes out (same reactor turn).
+            closed = env.upstream.app.close_connections()
+            submitted = client.submit(GID, "tok", 3.0)
+            await closed
+            result = await submitted
+            assert result.outcome is Outcome.OK, result.error
+            assert env.posts(GID) == 1
+            # GETs still use (and recover) the pool.
+            assert (await client.prepare(GID, "tok")).outcome is PrepareOutcome.OK
+        finally:
+            await client.close()

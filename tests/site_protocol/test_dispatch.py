@@ -21,7 +21,9 @@ def _ineligible_world(site: Site, node_id: str) -> dict[int, str]:
     add_task(conn, 3, uid, "SUBMITTING")
     add_task(conn, 4, uid, "DELETED", node_id=node_id)
     add_task(conn, 5, uid, None, url="")  # legacy row never judged submitted
-    add_task(conn, 6, uid, "DELETE_PENDING")  # pending, unassigned
+    # Pending, no known node but dispatched (a pre-migration row that showed a
+    # node status): some node may hold its file, so every node gets the DELETE.
+    add_task(conn, 6, uid, "DELETE_PENDING")
     add_task(conn, 7, uid, "UNKNOWN", node_id=node_id)
     add_task(conn, 8, uid, "DELETE_PENDING", node_id=node_id)
     add_task(conn, 9, uid, "RESERVED", node_id=node_id)
@@ -31,7 +33,7 @@ def _ineligible_world(site: Site, node_id: str) -> dict[int, str]:
     add_task(conn, 102, uid, None, node_id=node_id, status=1)  # legacy, truly submitted
     add_task(conn, 200, uid)  # SUBMITTED, unassigned: the last command sent
     conn.close()
-    return {8: "DELETE", 102: "DOWNLOAD", 200: "DOWNLOAD"}
+    return {6: "DELETE", 8: "DELETE", 102: "DOWNLOAD", 200: "DOWNLOAD"}
 
 
 @pytest.mark.parametrize("v2", [True, False], ids=["v2", "legacy"])
@@ -61,7 +63,7 @@ async def test_only_eligible_tasks_reach_a_node(site: Site, v2: bool) -> None:
     assert row(conn, 102)["state"] == "SUBMITTED" and row(conn, 102)["legacy"] == 1
     assert row(conn, 200)["node_id"] == "n1" and row(conn, 200)["dispatched"] == 1
     for gid in (1, 2, 3, 5, 6):
-        assert (row(conn, gid) or {}).get("node_id") is None
+        assert (row(conn, gid) or {}).get("node_id") is None  # 6 stays unowned
     conn.close()
     if v2:
         by_gid = {m.gid: m for m in node.messages}

@@ -11,6 +11,7 @@ import json
 import sqlite3
 import subprocess
 import sys
+from contextlib import closing
 from pathlib import Path
 
 import pytest
@@ -41,19 +42,13 @@ def _cli(dbpath: str, *argv: str, capsys: pytest.CaptureFixture[str]) -> tuple[i
 
 
 def _read(dbpath: str, fn, *args):  # type: ignore[no-untyped-def]
-    connection = db.connect(dbpath)
-    try:
+    with closing(db.connect(dbpath)) as connection:
         return db.run_read(connection, fn, *args)
-    finally:
-        connection.close()
 
 
 def _write(dbpath: str, fn, *args):  # type: ignore[no-untyped-def]
-    connection = db.connect(dbpath)
-    try:
+    with closing(db.connect(dbpath)) as connection:
         return db.run_write(connection, fn, *args)
-    finally:
-        connection.close()
 
 
 def _make_unknown(dbpath: str, gid: int, user_name: str = "alice", cost: int = 7) -> str:

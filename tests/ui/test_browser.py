@@ -20,7 +20,8 @@ from typing import Any
 
 import pytest
 
-from tasknet.cli.demo import DEMO_TOKEN, DemoStack, NodeSpec, http_json
+from tasknet.cli.demo import DEMO_TOKEN, DemoStack, NodeSpec
+from tasknet.cli.jsonhttp import request
 from tasknet.upstream.catalog import gallery
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
@@ -179,9 +180,9 @@ def test_browser_flow(stack: DemoStack, screenshots: Path) -> None:
             star = row.locator('button[data-action="favorite"]')
             star.click()
             expect(star).to_have_attribute("aria-pressed", "true")
-            status, favorites = http_json(f"{stack.url}api/favorites", token=DEMO_TOKEN)
-            assert status == 200
-            assert gid in {task["gid"] for task in favorites["tasks"]}
+            favorites = request("GET", f"{stack.url}api/favorites", token=DEMO_TOKEN)
+            assert favorites.status == 200, favorites.brief()
+            assert gid in {task["gid"] for task in favorites.body["tasks"]}
 
             # --- delete: confirm, 待删除 until the node confirms, then gone -----
             row.locator('button[data-action="delete"]').click()
@@ -191,14 +192,14 @@ def test_browser_flow(stack: DemoStack, screenshots: Path) -> None:
             expect(row).to_have_count(0, timeout=WAIT_MS)
             statuses = [s for s, _ in _seen(page, gid)]
             assert "DELETE_PENDING" in statuses, statuses
-            status, _ = http_json(f"{stack.url}api/tasks/{gid}", token=DEMO_TOKEN)
-            assert status == 404
+            gone = request("GET", f"{stack.url}api/tasks/{gid}", token=DEMO_TOKEN)
+            assert gone.status == 404, gone.brief()
 
             # --- an UNKNOWN made by a timeout fault, resolved from the UI -------
-            status, _ = http_json(
+            faults = request(
+                "PUT",
                 f"{stack.upstream_url}/_drill/faults",
-                method="PUT",
-                body={
+                {
                     "rules": [
                         {
                             "method": "POST",
@@ -209,7 +210,7 @@ def test_browser_flow(stack: DemoStack, screenshots: Path) -> None:
                     ]
                 },
             )
-            assert status == 200
+            assert faults.status == 200, faults.brief()
             unknown_gid = _gid_with_size(64 * 1024, 200_000, 920_001)
             page.fill("#create-gid", str(unknown_gid))
             page.fill("#create-token", "upstream-token")
@@ -225,8 +226,8 @@ def test_browser_flow(stack: DemoStack, screenshots: Path) -> None:
             item.scroll_into_view_if_needed()
             page.screenshot(path=str(screenshots / "desktop-unknown.png"), full_page=True)
             # The timeout fault counts the POST: the upstream did act.
-            status, audit = http_json(f"{stack.upstream_url}/api/galleries/{unknown_gid}/archive")
-            assert status == 200 and audit["submissions"] == 1
+            audit = request("GET", f"{stack.upstream_url}/api/galleries/{unknown_gid}/archive")
+            assert audit.status == 200 and audit.body["submissions"] == 1, audit.brief()
             item.locator('button[data-verdict="submitted"]').click()
             expect(page.locator("#confirm-note")).to_be_focused()
             page.fill("#confirm-note", "upstream audit shows one submission")

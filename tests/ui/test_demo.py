@@ -18,7 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from tasknet.cli.demo import DEMO_TOKEN, http_json
+from tasknet.cli.demo import DEMO_TOKEN
+from tasknet.cli.jsonhttp import request
 
 pytestmark = pytest.mark.slow
 
@@ -76,12 +77,12 @@ def test_demo_starts_everything_and_stops_on_sigint(tmp_path: Path) -> None:
             banner += lines.get(timeout=5)
         assert f"token: {DEMO_TOKEN}" in banner
 
-        status, health = http_json(url + "healthz")
-        assert status == 200, health
-        assert health["recovery"] == "done"
-        status, nodes = http_json(url + "api/admin/nodes", token=DEMO_TOKEN)
-        assert status == 200
-        protocols = {n["id"]: n["protocol"] for n in nodes["nodes"]}
+        health = request("GET", url + "healthz")
+        assert health.status == 200, health.brief()
+        assert health.body["recovery"] == "done"
+        nodes = request("GET", url + "api/admin/nodes", token=DEMO_TOKEN)
+        assert nodes.status == 200, nodes.brief()
+        protocols = {n["id"]: n["protocol"] for n in nodes.body["nodes"]}
         assert protocols == {"node-1": 2, "node-2": 1}
         children = _processes_under(data)
         assert len(children) == 4, children  # upstream, site, node-1, node-2

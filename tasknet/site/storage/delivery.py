@@ -3,12 +3,13 @@
 
 The outbox executor reads committed rows in id order (one writer: ids grow in
 commit order), fans them out, then marks them here.  A row is finished when
-``ws_delivered_at`` is set and ``webhook_state`` is no longer ``pending``.
+``ws_delivered_at`` is set and ``webhook_state`` is no longer ``pending``;
+finished rows older than the retention are pruned (:func:`prunable` and
+:func:`prune_finished`), a small batch per transaction.
 """
 
 from __future__ import annotations
 
-import json
 import sqlite3
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -80,25 +81,6 @@ def mark_range_fanned_out(
         )
 
 
-def mark_fanned_out(
-    cursor: sqlite3.Cursor, ws_ids: Sequence[int], skipped_webhook_ids: Sequence[int]
-) -> None:
-    """Mark rows by id as pushed to the WebSocket clients, and rows whose
-    webhook is skipped (no ``--webhook`` configured)."""
-    if ws_ids:
-        cursor.execute(
-            "UPDATE notification_outbox SET ws_delivered_at = strftime('%Y-%m-%dT%H:%M:%fZ','now')"
-            " WHERE id IN (SELECT value FROM json_each(?)) AND ws_delivered_at IS NULL",
-            (json.dumps(list(ws_ids)),),
-        )
-    if skipped_webhook_ids:
-        cursor.execute(
-            "UPDATE notification_outbox SET webhook_state = 'skipped'"
-            " WHERE id IN (SELECT value FROM json_each(?)) AND webhook_state = 'pending'",
-            (json.dumps(list(skipped_webhook_ids)),),
-        )
-
-
 def record_webhook_results(cursor: sqlite3.Cursor, results: Sequence[WebhookResult]) -> None:
     """Store webhook attempts (several at once: one transaction per flush)."""
     cursor.executemany(
@@ -117,8 +99,55 @@ def backlog(cursor: sqlite3.Cursor) -> int:
     return int(row[0])
 
 
-def rows_for_gid(cursor: sqlite3.Cursor, gid: int) -> list[sqlite3.Row]:
-    """Every outbox row of ``gid`` (tests, admin inspection)."""
-    return cursor.execute(
-        "SELECT * FROM notification_outbox WHERE gid = ? ORDER BY id", (gid,)
+@dataclass(frozen=True, slots=True)
+class Prunable:
+    """Finished rows that may be pruned lie in ``first <= id < below``
+    (``first`` is None: there are none)."""
+
+    first: int | None
+    below: int
+
+
+def prunable(cursor: sqlite3.Cursor, retention_seconds: float) -> Prunable:
+    """Where the finished rows created more than ``retention_seconds`` ago lie.
+
+    ``below`` is the first row created within the retention: ids grow in
+    commit order, so every row before it is older (even if the clock jumped:
+    rows are taken in id order and the first young one ends the range).  The
+    scan reads only the old rows, in id order, and no index is needed.
+    """
+    below = cursor.execute(
+        "SELECT COALESCE((SELECT id FROM notification_outbox"
+        "  WHERE created_at >= strftime('%Y-%m-%dT%H:%M:%fZ', 'now', ?) ORDER BY id LIMIT 1),"
+        " (SELECT COALESCE(MAX(id), 0) + 1 FROM notification_outbox))",
+        (f"-{retention_seconds:.3f} seconds",),
+    ).fetchone()[0]
+    first = cursor.execute(
+        "SELECT MIN(id) FROM notification_outbox"
+        " WHERE id < ? AND ws_delivered_at IS NOT NULL AND webhook_state <> 'pending'",
+        (below,),
+    ).fetchone()[0]
+    return Prunable(None if first is None else int(first), int(below))
+
+
+def prune_finished(
+    cursor: sqlite3.Cursor, after_id: int, below_id: int, limit: int
+) -> tuple[int, int]:
+    """Delete up to ``limit`` finished rows with ``after_id < id < below_id``,
+    oldest first.  Returns (rows deleted, the id to continue after)."""
+    ids = cursor.execute(
+        "SELECT id FROM notification_outbox WHERE id > ? AND id < ?"
+        " AND ws_delivered_at IS NOT NULL AND webhook_state <> 'pending' ORDER BY id LIMIT ?",
+        (after_id, below_id, limit),
     ).fetchall()
+    if not ids:
+        return 0, after_id
+    first, last = int(ids[0][0]), int(ids[-1][0])
+    # The same condition over the range: exactly the rows just selected
+    # (nothing changes between the two statements of one transaction).
+    cursor.execute(
+        "DELETE FROM notification_outbox WHERE id >= ? AND id <= ?"
+        " AND ws_delivered_at IS NOT NULL AND webhook_state <> 'pending'",
+        (first, last),
+    )
+    return cursor.rowcount, last

@@ -16,7 +16,20 @@ What is sent:
   not resent on every login; any other repeat is a no-op at the node (same
   operationId).
 * ``DELETE`` for a ``DELETE_PENDING`` task assigned to the node, unless its
-  last attempt failed (删除失败: a user's retry resends it).
+  last attempt failed (删除失败: a user's retry resends it).  A pending
+  delete of a task with no known node (a pre-migration row that shows a node
+  status but never recorded which node: some node may hold its file) is a
+  command for *every* connected node (``Command.node_id`` is ``None``); the
+  first matching confirmation from any node completes it.
+
+Every function that decides what to send runs inside a write transaction
+(:meth:`Database.write`), and the dispatcher sends the commands it returns on
+the reactor right after that commit, without yielding.  Writes are
+serialised, so a page is decided either wholly before a concurrent
+``request_delete`` (its DOWNLOAD reaches the wire before the DELETE does) or
+wholly after it (it sees ``DELETE_PENDING`` and sends the DELETE): a
+DOWNLOAD never follows the DELETE of its task (LIFECYCLE.md invariant 5,
+drill D5).
 """
 
 from __future__ import annotations
@@ -37,9 +50,11 @@ PAGE_SIZE = 500
 @dataclass(frozen=True, slots=True)
 class Command:
     """One command for one node; ``operation_id`` is the generation's id for
-    ``DOWNLOAD`` and the stable delete id for ``DELETE``."""
+    ``DOWNLOAD`` and the stable delete id for ``DELETE``.  ``node_id`` is
+    ``None`` only for a ``DELETE`` of a task with no known node: it goes to
+    every connected node."""
 
-    node_id: str
+    node_id: str | None
     action: str
     gid: int
     operation_id: str
@@ -94,7 +109,7 @@ def _url(row: sqlite3.Row) -> str:
     return str(row["url"] or row["archive_url"] or "")
 
 
-def _command(node_id: str, row: sqlite3.Row, operation_id: str | None = None) -> Command:
+def _command(node_id: str | None, row: sqlite3.Row, operation_id: str | None = None) -> Command:
     if row["state"] == OperationState.DELETE_PENDING.value:
         return Command(
             node_id, ACTION_DELETE, row["gid"], row["delete_operation_id"], "", row["name"], ""
@@ -113,55 +128,62 @@ def _command(node_id: str, row: sqlite3.Row, operation_id: str | None = None) ->
 @dataclass(frozen=True)
 class Page:
     """One page of commands.  ``last_gid`` is where the next page starts
-    (``None``: this was the last page); ``unprepared`` lists gids of the page
-    that need a write first (:func:`prepare_commands`): a pre-migration row
-    without its generation yet, or a row not yet marked dispatched."""
+    (``None``: this was the last page); ``loads`` are the node loads after an
+    assignment page (passed on to the next page)."""
 
     commands: list[Command]
     last_gid: int | None
-    unprepared: list[int]
     loads: dict[str, int] | None = None
 
 
-def node_commands_page(
+def claim_node_page(
     cursor: sqlite3.Cursor, node_id: str, after_gid: int, limit: int = PAGE_SIZE
 ) -> Page:
-    """A read: the next page of commands for the tasks already assigned to
-    ``node_id`` (resent on login)."""
+    """A write: the next page of commands for the tasks already assigned to
+    ``node_id`` (resent on login).  A pre-migration row gets its generation
+    and every DOWNLOAD row is marked dispatched in this same transaction, so
+    the decision and the marks commit together (see the module doc)."""
     rows = cursor.execute(_NODE_PAGE_SQL, (node_id, after_gid, limit)).fetchall()
     commands = []
-    unprepared = []
+    unmarked = []
     for row in rows:
         if _delete_ok(row):
             commands.append(_command(node_id, row))
         elif _download_ok(row):
-            if row["state"] is None or not row["dispatched"]:
-                unprepared.append(row["gid"])
-            else:
-                commands.append(_command(node_id, row))
-    last = rows[-1]["gid"] if len(rows) == limit else None
-    return Page(commands, last, unprepared)
-
-
-def prepare_commands(cursor: sqlite3.Cursor, node_id: str, gids: Sequence[int]) -> list[Command]:
-    """A write: give the pre-migration rows among ``gids`` (assigned to
-    ``node_id``) their generation, mark them dispatched, return their
-    DOWNLOAD commands (rechecked: the page was read outside this
-    transaction)."""
-    commands = []
-    unmarked = []
-    for gid in gids:
-        row = cursor.execute(_COLUMNS + " WHERE g.gid = ?", (gid,)).fetchone()
-        if row is None or row["node_id"] != node_id or not _download_ok(row):
-            continue
-        op = row["operation_id"]
-        if row["state"] is None:
-            op = tasks.backfill_legacy(cursor, row["gid"])
-        elif not row["dispatched"]:
-            unmarked.append(gid)
-        commands.append(_command(node_id, row, op))
+            op = row["operation_id"]
+            if row["state"] is None:
+                op = tasks.backfill_legacy(cursor, row["gid"])
+            elif not row["dispatched"]:
+                unmarked.append(row["gid"])
+            commands.append(_command(node_id, row, op))
     _mark_dispatched(cursor, unmarked)
-    return commands
+    last = rows[-1]["gid"] if len(rows) == limit else None
+    return Page(commands, last)
+
+
+_PENDING_DELETES_SQL = (
+    _COLUMNS  # noqa: S608 (constant text; every value is a parameter)
+    + """
+WHERE o.state = 'DELETE_PENDING' AND o.gid > ?
+  AND o.delete_result IS NULL AND o.delete_operation_id IS NOT NULL
+  AND (g.node_id IS NULL OR g.node_id IN (SELECT value FROM json_each(?)))
+ORDER BY o.gid LIMIT ?
+"""
+)
+
+
+def pending_deletes_page(
+    cursor: sqlite3.Cursor, node_ids: Sequence[str], after_gid: int, limit: int = PAGE_SIZE
+) -> Page:
+    """A write (decided under the write lock, like every command): the next
+    page of pending deletes for the connected ``node_ids``, and of those with
+    no known node (``Command.node_id`` ``None``: for every connected node)."""
+    rows = cursor.execute(
+        _PENDING_DELETES_SQL, (after_gid, json.dumps(list(node_ids)), limit)
+    ).fetchall()
+    commands = [_command(row["node_id"], row) for row in rows if _delete_ok(row)]
+    last = rows[-1]["gid"] if len(rows) == limit else None
+    return Page(commands, last)
 
 
 def _mark_dispatched(cursor: sqlite3.Cursor, gids: Sequence[int]) -> None:
@@ -234,17 +256,23 @@ def claim_unassigned_page(
     rows = cursor.execute(_UNASSIGNED_PAGE_SQL, (after_gid, limit)).fetchall()
     commands, loads = _assign(cursor, [r for r in rows if _download_ok(r)], node_ids, loads)
     last = rows[-1]["gid"] if len(rows) == limit else None
-    return Page(commands, last, [], loads)
+    return Page(commands, last, loads)
 
 
 def claim_task(cursor: sqlite3.Cursor, gid: int, node_ids: Sequence[str]) -> Command | None:
     """The command for one task that just became ``SUBMITTED`` (or
     ``DELETE_PENDING``): assigned to the least loaded of ``node_ids`` when
     unassigned, else to its sticky node (whether connected or not: the caller
-    sends only to a connected one).  ``None`` when nothing is to be sent."""
+    sends only to a connected one).  A pending delete of a task with no known
+    node is for every connected node (``node_id`` ``None``).  ``None`` when
+    nothing is to be sent."""
     row = cursor.execute(_COLUMNS + " WHERE g.gid = ?", (gid,)).fetchone()
     if row is None:
         return None
+    if row["node_id"] is None and _delete_ok(row):
+        # request_delete completes at once what no node can hold; a pending
+        # one without a node is a pre-migration row some node may hold.
+        return _command(None, row)
     if row["node_id"] is not None:
         if _delete_ok(row):
             return _command(row["node_id"], row)

@@ -512,8 +512,3 @@ def _apply_one(
         result = ReportFailure(f"{type(e).__name__}: {e}")
     cursor.execute("RELEASE SAVEPOINT report")
     return result
-
-
-def receipt_count(cursor: sqlite3.Cursor) -> int:
-    row = cursor.execute("SELECT COUNT(*) FROM report_receipt").fetchone()
-    return int(row[0])

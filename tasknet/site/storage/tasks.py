@@ -309,15 +309,10 @@ def reserve(
 
     A gid with a live generation or a task row is a :class:`TaskError`
     ``conflict`` (the unique index on ``gallery(gid)`` is the backstop); a
-    ``DELETED`` tombstone is replaced by the new generation.  A user whose
-    weekly quota is already used up gets ``quota_exceeded`` before anything
-    is reserved."""
-    current = usage(cursor, user_id, week)
-    if current["used"] + _in_flight_cost(cursor, user_id) >= current["quota"]:
-        raise TaskError(
-            "quota_exceeded",
-            f"weekly quota used up: {current['used']} of {current['quota']} in {week}",
-        )
+    ``DELETED`` tombstone is replaced by the new generation.  The quota is
+    not checked here: the cost is known only after ``prepare``
+    (:func:`begin_submit` checks ``used + in-flight + cost > quota``), and a
+    conflict answers 409 whatever the quota."""
     op = operation_row(cursor, gid)
     if op is not None and op["state"] != OperationState.DELETED.value:
         raise TaskError("conflict", f"gid {gid} already has a task ({op['state']})")
@@ -441,11 +436,27 @@ def persist_submitted(
 
 
 def mark_unknown(
-    cursor: sqlite3.Cursor, gid: int, operation_id: str, step: str, error: str
+    cursor: sqlite3.Cursor,
+    gid: int,
+    operation_id: str,
+    step: str,
+    error: str,
+    archive_url: str | None = None,
+    cost: int | None = None,
 ) -> bool:
     """Invariant 3: ``SUBMITTING -> UNKNOWN`` (display 提交未知), keeping the
     operationId, with the step reached and the error as reconciliation
-    evidence.  ``False`` if that generation is not ``SUBMITTING``."""
+    evidence.  ``False`` if that generation is not ``SUBMITTING``.
+
+    When the POST did answer (its persist failed), ``archive_url`` and
+    ``cost`` are what it answered: they are kept in their columns, so a
+    "submitted" verdict meters what the upstream charged and dispatches that
+    URL.  Nothing is metered here."""
+    known: dict[str, Any] = {}
+    if archive_url:
+        known["archive_url"] = archive_url
+    if cost is not None:
+        known["cost"] = int(cost)
     changed = _change_state(
         cursor,
         gid,
@@ -455,6 +466,7 @@ def mark_unknown(
         step=step,
         error=error[:2000],
         unknown_at=datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
+        **known,
     )
     if changed:
         _touch(cursor, gid)
@@ -709,13 +721,17 @@ def dispatch_row(cursor: sqlite3.Cursor, gid: int) -> sqlite3.Row | None:
 
 VERDICTS = ("submitted", "not_submitted")
 
+#: ``task_operation.step`` of a task resolved "submitted" with no archive URL
+#: known: metered, shown 已提交, never dispatched (nothing to download).
+RESOLVED_WITHOUT_URL = "resolved_without_url"
+
 
 def unknown_operations(cursor: sqlite3.Cursor) -> list[dict[str, Any]]:
     """Every ``UNKNOWN`` task view with its stored evidence (``step``,
-    ``unknownAt``, ``error``, ``operationId``)."""
+    ``unknownAt``, ``error``, ``operationId``, ``archiveUrl``)."""
     result = []
     for row in cursor.execute(
-        "SELECT gid, operation_id, step, error, unknown_at FROM task_operation "
+        "SELECT gid, operation_id, step, error, unknown_at, archive_url FROM task_operation "
         "WHERE state = ? ORDER BY gid",
         (OperationState.UNKNOWN.value,),
     ).fetchall():
@@ -725,6 +741,8 @@ def unknown_operations(cursor: sqlite3.Cursor) -> list[dict[str, Any]]:
             "step": row["step"],
             "unknownAt": row["unknown_at"],
             "error": row["error"],
+            # Known when the POST answered but recording its result failed.
+            "archiveUrl": row["archive_url"] or None,
         }
         result.append(view)
     return result
@@ -751,7 +769,10 @@ def resolve_unknown(
     """Reconcile an ``UNKNOWN`` operation; never POSTs.
 
     ``submitted``: ``UNKNOWN -> SUBMITTED``, metered exactly once (in the
-    week it went UNKNOWN), dispatchable from now on; returns the task view.
+    week it went UNKNOWN) with the stored cost (the POST's answer when it
+    was known), dispatchable from now on if an archive URL is known (the
+    stored one, else ``archive_url`` from the upstream's audit); returns the
+    task view.
     ``not_submitted``: intent and task row removed, gid free; returns None.
     Either way an audit row records actor, note and evidence.  The same
     verdict again on the generation it settled answers the same result,
@@ -788,6 +809,10 @@ def resolve_unknown(
     if verdict == "not_submitted":
         _remove_generation(cursor, gid, operation_id, OperationState.UNKNOWN)
         return None
+    # The POST's own answer (stored by mark_unknown) is the better witness
+    # than the audit's; without either the task is metered but never
+    # dispatched (DISPATCHABLE_SQL needs a URL), and step says so.
+    url = op["archive_url"] or archive_url or ""
     cost = int(op["cost"] or 0)
     week = op["metered_week"] or week_of_timestamp(op["unknown_at"])
     metered = bool(op["metered"])
@@ -799,15 +824,15 @@ def resolve_unknown(
         OperationState.SUBMITTED,
         metered=1,
         metered_week=week,
-        step="resolved",
-        archive_url=archive_url if archive_url else op["archive_url"],
+        step="resolved" if url else RESOLVED_WITHOUT_URL,
+        archive_url=url or None,
     )
     if not metered:
         _meter(cursor, op["user_id"], week, cost)
     cursor.execute(
         "UPDATE gallery SET cost = ?, url = CASE WHEN ? <> '' THEN ? ELSE url END, "
         "updated_at = strftime('%Y-%m-%dT%H:%M:%fZ', 'now') WHERE gid = ?",
-        (cost, archive_url or "", archive_url or "", gid),
+        (cost, url, url, gid),
     )
     outbox.enqueue_task_change(cursor, gid)
     return task_view(cursor, gid)

@@ -18,6 +18,8 @@ from dataclasses import dataclass
 
 from tasknet.protocol.messages import NODE_ID
 
+#: The weekly quota of a new user when no site has recorded its
+#: ``--default-quota`` in this database yet.
 DEFAULT_QUOTA = 5000
 NAME_PATTERN = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 #: The wire rule for node ids (one definition, in the protocol).
@@ -119,6 +121,44 @@ def rotate_token(cursor: sqlite3.Cursor, name: str) -> str:
     if cursor.rowcount != 1:
         raise UserError(f"no user {name!r}")
     return token
+
+
+# The site's --default-quota -------------------------------------------------------
+
+# A small key/value table of settings the site records for the tools that
+# share its database.  Created here, when first written, rather than by the
+# migration: a database migrated before it existed simply has no setting yet.
+_SETTING_TABLE = (
+    "CREATE TABLE IF NOT EXISTS site_setting (name TEXT PRIMARY KEY, value TEXT NOT NULL)"
+)
+_DEFAULT_QUOTA_SETTING = "default_quota"
+
+
+def set_default_quota(cursor: sqlite3.Cursor, quota: int) -> None:
+    """Record the site's ``--default-quota`` (written at each site start):
+    the quota ``tasknet-admin user add`` gives when no ``--quota`` is given."""
+    if isinstance(quota, bool) or not isinstance(quota, int) or quota < 0:
+        raise UserError(f"default quota must be a non-negative integer, got {quota!r}")
+    cursor.execute(_SETTING_TABLE)
+    cursor.execute(
+        "INSERT INTO site_setting (name, value) VALUES (?, ?) "
+        "ON CONFLICT (name) DO UPDATE SET value = excluded.value",
+        (_DEFAULT_QUOTA_SETTING, str(quota)),
+    )
+
+
+def default_quota(cursor: sqlite3.Cursor) -> int:
+    """The quota of a new user: the ``--default-quota`` of the site's last
+    start, else :data:`DEFAULT_QUOTA`."""
+    try:
+        row = cursor.execute(
+            "SELECT value FROM site_setting WHERE name = ?", (_DEFAULT_QUOTA_SETTING,)
+        ).fetchone()
+    except sqlite3.OperationalError as e:
+        if "no such table" in str(e):
+            return DEFAULT_QUOTA
+        raise
+    return DEFAULT_QUOTA if row is None else int(row["value"])
 
 
 # Node keys (in addition to --node-key options) --------------------------------

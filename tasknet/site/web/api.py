@@ -37,8 +37,8 @@ from twisted.web.server import Request
 from twisted.web.static import File
 from werkzeug.exceptions import MethodNotAllowed, NotFound
 
+from tasknet.deferreds import shield
 from tasknet.site import metrics
-from tasknet.site.lifecycle import shield
 from tasknet.site.storage import tasks
 from tasknet.site.storage.tasks import GID_MAX, GID_MIN, TaskError
 from tasknet.site.storage.users import User

@@ -1,0 +1,99 @@
+"""The outbox executor with nobody to deliver to: committed rows are marked
+(pushed to no one, webhook ``skipped``) by the lazy marking, which reads the
+watermark once per marking instead of once per wake (a create wakes it three
+times).  A client connecting before the marking gets the rows pushed first.
+
+Real SQLite file with the site schema; the reader connection's statement
+trace counts the watermark reads.  The publisher is a recording stand-in for
+the WebSocket hub (the executor's ``Publisher`` seam).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest_twisted
+
+from tasknet.site.notify import OutboxExecutor
+from tasknet.site.storage import tasks
+from tasknet.site.storage.db import Database, open_pool
+from tasknet.site.storage.schema import prepare_database
+from tests.site.helpers import add_user, query, wait_for
+
+WATERMARK_SQL = "SELECT COALESCE(MAX(id), 0) FROM notification_outbox"
+
+
+class RecordingPublisher:
+    def __init__(self) -> None:
+        self.connected = False
+        self.pushed: list[str] = []
+
+    def listening(self) -> bool:
+        return self.connected
+
+    def publish(self, user_id: int | None, payload: str) -> int:
+        self.pushed.append(payload)
+        return 1
+
+
+async def reserve_some(db: Database, user_id: int, gids: range) -> None:
+    week = tasks.iso_week()
+    for gid in gids:
+        await db.write(tasks.reserve, gid, user_id, "", "tok", week)
+
+
+def unmarked(path: str) -> int:
+    rows = query(
+        path,
+        "SELECT COUNT(*) FROM notification_outbox"
+        " WHERE ws_delivered_at IS NULL OR webhook_state = 'pending'",
+    )
+    return int(rows[0][0])
+
+
+def database(tmp_path: Path) -> tuple[str, int]:
+    path = str(tmp_path / "site.sqlite")
+    prepare_database(path)
+    user_id, _ = add_user(path, "alice")
+    return path, user_id
+
+
+@pytest_twisted.ensureDeferred
+async def test_rows_nobody_listens_to_are_marked_with_one_watermark_read(tmp_path):
+    path, user_id = database(tmp_path)
+    db = open_pool(path)
+    reads: list[str] = []
+    executor = OutboxExecutor(db, RecordingPublisher(), poll_interval=None, mark_interval=0.05)
+    try:
+        await reserve_some(db, user_id, range(1, 6))
+        await db.read(lambda cursor: cursor.connection.set_trace_callback(reads.append))
+        await executor.start()
+        for _ in range(10):
+            await executor.wake()
+        assert unmarked(path) == 5
+        await wait_for(lambda: unmarked(path) == 0)
+        assert reads.count(WATERMARK_SQL) == 1
+        states = query(path, "SELECT DISTINCT webhook_state FROM notification_outbox")
+        assert [r[0] for r in states] == ["skipped"]
+    finally:
+        await executor.stop()
+        db.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_client_connecting_before_the_marking_gets_the_rows_pushed(tmp_path):
+    path, user_id = database(tmp_path)
+    db = open_pool(path)
+    publisher = RecordingPublisher()
+    executor = OutboxExecutor(db, publisher, poll_interval=None, mark_interval=0.05)
+    try:
+        await executor.start()
+        await reserve_some(db, user_id, range(1, 4))
+        await executor.wake()  # nobody yet: left for the marking
+        publisher.connected = True
+        await wait_for(lambda: len(publisher.pushed) == 3)
+        await wait_for(lambda: unmarked(path) == 0)
+        assert len(publisher.pushed) == 3
+    finally:
+        await executor.stop()
+        db.close()

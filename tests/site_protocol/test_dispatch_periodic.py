@@ -1,0 +1,127 @@
+"""The periodic dispatch pass and deletes of tasks with no known node.
+
+A task resolved by ``tasknet-admin`` (another process: no in-process trigger)
+reaches a connected node through the periodic pass, once.  A pending delete
+of a pre-migration task that shows a node status but no node goes to every
+connected node, once per connection, and the first matching confirmation
+from any node completes it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest_twisted
+
+from tasknet.protocol.messages import TaskCommand, TaskReportAck
+from tasknet.site.storage import db as dbmod
+from tasknet.site.storage import tasks
+from tests.site_protocol.harness import Site, add_task, add_user, row, wait_until
+
+POLL = 0.05
+
+
+async def _polls(site: Site, count: int) -> None:
+    """Wait until ``count`` more periodic passes have completed."""
+    target = site.side.dispatcher.polls + count
+    await wait_until(lambda: site.side.dispatcher.polls >= target)
+
+
+@pytest_twisted.ensureDeferred
+async def test_task_resolved_by_another_process_is_dispatched_once(tmp_path: Path) -> None:
+    site = await Site(tmp_path / "site.sqlite").start(dispatch_poll_interval=POLL)
+    try:
+        conn = site.sql()
+        uid, _ = add_user(conn, "alice")
+        add_task(conn, 3, uid, "UNKNOWN", url="")
+        node = await site.connect("n1")
+        await _polls(site, 2)
+        assert node.messages == []  # UNKNOWN: never sent
+
+        # tasknet-admin resolves it on its own connection: the site hears nothing.
+        other = dbmod.connect(str(site.path))
+        dbmod.run_write(
+            other,
+            lambda c: tasks.resolve_unknown(c, 3, "submitted", "admin", "", None, "http://u/3"),
+        )
+        other.close()
+
+        command = await node.next(TaskCommand)
+        assert command == TaskCommand("op-3", "DOWNLOAD", 3, "gallery 3", "http://u/3")
+        assert row(conn, 3)["node_id"] == "n1" and row(conn, 3)["dispatched"] == 1
+        # Later passes resend nothing (resending is for logins).
+        await _polls(site, 5)
+        assert len(node.messages) == 1
+        conn.close()
+    finally:
+        await site.stop()
+
+
+@pytest_twisted.ensureDeferred
+async def test_pending_delete_reaches_a_connected_node_whose_trigger_was_lost(
+    tmp_path: Path,
+) -> None:
+    site = await Site(tmp_path / "site.sqlite").start(dispatch_poll_interval=POLL)
+    try:
+        conn = site.sql()
+        uid, _ = add_user(conn, "alice")
+        add_task(conn, 4, uid, node_id="n1", status=4)
+        node = await site.connect("n1")
+        await site.side.dispatcher.idle()
+        assert node.messages == []  # completed: nothing to resend
+        # DELETE_PENDING committed without telling the dispatcher.
+        started = await site.db.write(tasks.request_delete, 4, None)
+        command = await node.next(TaskCommand)
+        assert command == TaskCommand(started.delete_operation_id, "DELETE", 4, "gallery 4", "")
+        await _polls(site, 5)
+        assert len(node.messages) == 1
+        conn.close()
+    finally:
+        await site.stop()
+
+
+@pytest_twisted.ensureDeferred
+async def test_delete_of_a_task_with_no_known_node_goes_to_every_node(tmp_path: Path) -> None:
+    site = await Site(tmp_path / "site.sqlite").start(dispatch_poll_interval=POLL)
+    try:
+        conn = site.sql()
+        uid, _ = add_user(conn, "alice")
+        # Pre-migration rows a node reported, the old site never said which.
+        add_task(conn, 5, uid, None, status=2)
+        add_task(conn, 6, uid, None, status=4, url="")  # no URL: never assigned
+        # Deleted while no node is connected: nothing to assign it to.
+        first = await site.db.write(tasks.request_delete, 5, None)
+        assert not first.completed and first.node is None  # some node may hold it
+        await site.side.dispatcher.task_changed(5)
+
+        # Every node gets it at login.
+        n1 = await site.connect("n1")
+        n2 = await site.connect("n2")
+        delete5 = TaskCommand(first.delete_operation_id, "DELETE", 5, "gallery 5", "")
+        assert await n1.next(TaskCommand) == delete5
+        assert await n2.next(TaskCommand) == delete5
+
+        # Deleted while nodes are connected: sent to each of them at once.
+        second = await site.db.write(tasks.request_delete, 6, None)
+        assert not second.completed and second.node is None
+        await site.side.dispatcher.task_changed(6)
+        delete6 = TaskCommand(second.delete_operation_id, "DELETE", 6, "gallery 6", "")
+        assert await n1.next(TaskCommand) == delete6
+        assert await n2.next(TaskCommand) == delete6
+
+        # Nobody gets a pending delete twice on one connection.
+        await _polls(site, 5)
+        assert [len(n.messages) for n in (n1, n2)] == [2, 2]
+        assert row(conn, 5)["state"] == row(conn, 6)["state"] == "DELETE_PENDING"
+        assert row(conn, 5)["node_id"] is None  # not assigned to whoever got it
+
+        # The first matching confirmation, from any node, completes it.
+        n2.report("r1", 1000, [], deleted=[(5, first.delete_operation_id, "NOT_FOUND", "")])
+        assert (await n2.next(TaskReportAck)).result == "APPLIED"
+        n1.report("r2", 1000, [], deleted=[(6, second.delete_operation_id, "DELETED", "")])
+        assert (await n1.next(TaskReportAck)).result == "APPLIED"
+        assert row(conn, 5)["state"] == row(conn, 6)["state"] == "DELETED"
+        assert conn.execute("SELECT COUNT(*) FROM gallery").fetchone()[0] == 0
+        conn.close()
+    finally:
+        await site.stop()
