@@ -101,7 +101,7 @@ class RawApplier:
 
 def check_applied(db: Path, tasks: dict[int, list[tuple[int, str]]]) -> int:
     """Every seeded task must have had a report applied (its last_revision set)."""
-    from tasknet.site.storage.tasks import operation_row
+    from tasknet.site.storage.rows import operation_row
 
     connection = sqlite3.connect(db)
     connection.row_factory = sqlite3.Row

@@ -5,7 +5,7 @@ process) against ``twistd -n tasknet-site``, which runs the whole lifecycle
 chain per create (reserve, read-only prepare GET, SUBMITTING, the one POST,
 persist) against ``twistd -n tasknet-upstream`` on loopback.
 Baseline: the same three write transactions per create (the site's own
-``storage.tasks.reserve`` / ``begin_submit`` / ``persist_submitted`` on a
+``storage.create.reserve`` / ``begin_submit`` / ``persist_submitted`` on a
 raw ``sqlite3`` connection with the site's PRAGMAs) plus one loopback POST to
 the same upstream with ``http.client``, one create after another, no framework.
 """
@@ -37,7 +37,7 @@ PROFILE_GIDS = range(50_000_001, 50_100_000)
 
 
 def run_baseline(db: Path, upstream_url: str, user_id: int, gids: list[int]) -> dict[str, Any]:
-    from tasknet.site.storage import tasks
+    from tasknet.site.storage import create, usage
     from tasknet.site.storage.db import run_write
 
     connection = connect(db)
@@ -48,9 +48,9 @@ def run_baseline(db: Path, upstream_url: str, user_id: int, gids: list[int]) -> 
     try:
         for gid in gids:
             t0 = time.perf_counter()
-            week = tasks.iso_week()
-            op = run_write(connection, tasks.reserve, gid, user_id, "", f"bench-{gid}", week)
-            run_write(connection, tasks.begin_submit, gid, op, 1, f"gallery {gid}", week)
+            week = usage.iso_week()
+            op = run_write(connection, create.reserve, gid, user_id, "", f"bench-{gid}", week)
+            run_write(connection, create.begin_submit, gid, op, 1, f"gallery {gid}", week)
             conn.request("POST", f"/api/galleries/{gid}/archive", body=b"{}")
             response = conn.getresponse()
             answer = json.loads(response.read())
@@ -58,7 +58,7 @@ def run_baseline(db: Path, upstream_url: str, user_id: int, gids: list[int]) -> 
                 raise BenchError(f"baseline POST for gid {gid}: HTTP {response.status}")
             run_write(
                 connection,
-                tasks.persist_submitted,
+                create.persist_submitted,
                 gid,
                 op,
                 answer["archiveUrl"],

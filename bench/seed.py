@@ -47,16 +47,16 @@ def _connect(db: Path) -> sqlite3.Connection:
 def _create_tasks(
     cursor: sqlite3.Cursor, user_id: int, items: Sequence[tuple[int, str | None]], archive_base: str
 ) -> dict[int, str]:
-    from tasknet.site.storage import dispatch, tasks
+    from tasknet.site.storage import create, dispatch, usage
 
-    week = tasks.iso_week()
+    week = usage.iso_week()
     created = {}
     for gid, node in items:
-        operation_id = tasks.reserve(cursor, gid, user_id, f"bench {gid}", "bench-token", week)
-        if not tasks.begin_submit(cursor, gid, operation_id, 1, f"bench gallery {gid}", week):
+        operation_id = create.reserve(cursor, gid, user_id, f"bench {gid}", "bench-token", week)
+        if not create.begin_submit(cursor, gid, operation_id, 1, f"bench gallery {gid}", week):
             raise RuntimeError(f"seeding gid {gid}: quota check refused")
         url = f"{archive_base}/files/{gid}-1.bin"
-        tasks.persist_submitted(cursor, gid, operation_id, url, 1, week)
+        create.persist_submitted(cursor, gid, operation_id, url, 1, week)
         if node is not None and dispatch.claim_task(cursor, gid, [node]) is None:
             raise RuntimeError(f"seeding gid {gid}: could not assign it to {node}")
         created[gid] = operation_id

@@ -109,11 +109,8 @@ def start_site(
 
 
 def _healthy(http_url: str) -> bool:
-    try:
-        health = http_json("GET", f"{http_url}/healthz")
-    except OSError:
-        return False
-    return isinstance(health, dict)
+    reply = jsonhttp.request("GET", f"{http_url}/healthz", timeout=30)
+    return reply.ok and isinstance(reply.body, dict)
 
 
 def require_dispatch(site: Site) -> None:

@@ -43,7 +43,7 @@ from twisted.python.failure import Failure
 
 from tasknet.site.lifecycle import Lifecycle
 from tasknet.site.storage import db as storage_db
-from tasknet.site.storage import tasks, users
+from tasknet.site.storage import errors, reconcile, users
 from tasknet.site.storage.schema import SchemaError, prepare_database
 from tasknet.site.upstream_client import UpstreamClient
 
@@ -135,7 +135,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="reconcile an UNKNOWN operation (reads the upstream's audit, never POSTs upstream)",
     )
     resolve.add_argument("gid", type=_gid)
-    resolve.add_argument("verdict", choices=tasks.VERDICTS)
+    resolve.add_argument("verdict", choices=reconcile.VERDICTS)
     resolve.add_argument("--note", default="", help="why (kept in the audit log)")
     return parser
 
@@ -156,7 +156,7 @@ def _check_database(path: str) -> None:
 def _write(connection: sqlite3.Connection, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     try:
         return storage_db.run_write(connection, lambda cursor: fn(cursor, *args, **kwargs))
-    except (users.UserError, tasks.TaskError) as error:
+    except (users.UserError, errors.TaskError) as error:
         raise AdminError(str(error)) from error
 
 
@@ -224,7 +224,7 @@ def _run_with_lifecycle(args: argparse.Namespace, out: TextIO) -> None:
         raise AdminError("interrupted; nothing was changed unless a result was printed")
     result = outcome[0]
     if isinstance(result, Failure):
-        if result.check(tasks.TaskError):
+        if result.check(errors.TaskError):
             raise AdminError(str(result.value))
         result.raiseException()
 
@@ -304,6 +304,8 @@ async def _resolve_command(lifecycle: Lifecycle, args: argparse.Namespace, out: 
             f"cost {task['cost']} metered",
             file=out,
         )
+        if task.get("warning"):
+            print(f"warning: {task['warning']}", file=sys.stderr)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tasknet.cli.jsonhttp import Reply, request
 from tasknet.drill import reactor_thread
-from tasknet.drill.http import Reply, request
 from tasknet.drill.invariants import Ledger, World
 from tasknet.drill.netns import SITE_ADDR, Netns
 from tasknet.drill.ports import free_port

@@ -17,8 +17,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
+from tasknet.cli.jsonhttp import Reply
 from tasknet.drill.cluster import Cluster, node_secret
-from tasknet.drill.http import Reply
 from tasknet.drill.invariants import FAIL, PASS, Verdict
 from tasknet.drill.peer import send_late_report
 from tasknet.drill.procs import DrillError, wait_for

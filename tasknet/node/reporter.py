@@ -10,7 +10,7 @@ Completed and deleted entries leave the node in the ACK's own transaction.
 Legacy (``--protocol 1``, or a v2 node on a legacy site): a StatusReport of
 every task and a DeleteResult per finished delete, and — the old behaviour,
 kept on purpose — a finished task is dropped right after its status was sent,
-ACK or not (docs/compatibility.md).
+ACK or not (docs/protocol.md, "The legacy boundary").
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ superseded generation can never overwrite the new one.  A failed attempt is
 retried with exponential backoff; the bytes already downloaded are kept.  Disk
 errors (full, read-only, permission) are logged at error level and stored in
 the task's ``error`` column, and retried with backoff until an operator frees
-the disk (the wire has no "failed" node status: see docs/compatibility.md).
+the disk (the wire has no "failed" node status: see docs/protocol.md, "The legacy boundary").
 """
 
 from __future__ import annotations

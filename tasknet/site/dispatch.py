@@ -19,7 +19,7 @@ Dispatch is off until the site enables it after recovery succeeded
   their current connection.  Nothing else is resent: resending is for logins.
 
 Only what :mod:`tasknet.site.storage.dispatch` returns is ever sent: the
-eligibility rule lives there (and in ``storage.tasks.is_dispatchable``).
+eligibility rule lives there (and in ``storage.eligibility.is_dispatchable``).
 Every set of commands is decided inside a write transaction and sent on the
 reactor right after its commit, with no yield in between, so a DOWNLOAD
 never follows the DELETE of its task (see ``storage/dispatch.py``).  Large
@@ -289,6 +289,9 @@ class Dispatcher:
         their current connection (a task with no known node: every node)."""
         after: int | None = 0
         pending: set[str] = set()
+        # What was sent before this pass began: only those ids may be
+        # forgotten at its end (one sent meanwhile may be newer than our pages).
+        known_before = {node: set(ids) for node, ids in self._nodes.deletes_sent.items()}
         while after is not None:
             if not self._nodes.sessions:
                 return
@@ -301,8 +304,8 @@ class Dispatcher:
             after = page.last_gid
         # A whole pass: forget ids no longer pending (completed), so the sets
         # stay small.
-        for sent in self._nodes.deletes_sent.values():
-            sent &= pending
+        for node, sent in self._nodes.deletes_sent.items():
+            sent -= known_before.get(node, set()) - pending
 
     def _send_unsent_delete(self, command: storage.Command) -> None:
         if command.node_id is None:

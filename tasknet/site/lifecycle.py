@@ -1,8 +1,8 @@
 """The task lifecycle as Deferred chains of committed transactions and
 upstream calls (LIFECYCLE.md invariants 1-5, recovery of 10, reconciliation).
 
-Each step below is one committed transaction (``tasknet.site.storage.tasks``)
-or one upstream call; the order *is* the invariant:
+Each step below is one committed transaction (``tasknet.site.storage.create``,
+``.delete``, ``.reconcile``) or one upstream call; the order *is* the invariant:
 
 create:  reserve ─▶ prepare (GET) ─▶ quota + SUBMITTING ─▶ submit (POST) ─▶ persist
                        │ fail: release        │ over: release   │ refused: release
@@ -34,9 +34,10 @@ from twisted.internet.defer import CancelledError, Deferred
 from twisted.internet.task import deferLater
 from twisted.logger import Logger
 
-from tasknet.site.storage import tasks
+from tasknet.site.storage import create, delete, reconcile, usage, views
+from tasknet.site.storage.create import Recovered
 from tasknet.site.storage.db import Database
-from tasknet.site.storage.tasks import TaskError
+from tasknet.site.storage.errors import TaskError
 from tasknet.site.upstream_client import (
     Outcome,
     PrepareOutcome,
@@ -212,9 +213,9 @@ class Lifecycle:
         return Deferred.fromCoroutine(self._create(user_id, gid, token, name))
 
     async def _create(self, user_id: int, gid: int, token: str, name: str) -> Created:
-        week = tasks.iso_week()
+        week = usage.iso_week()
         # 1. The intent and its placeholder row, durable before anything upstream.
-        operation_id = await self._write(tasks.reserve, gid, user_id, name, token, week)
+        operation_id = await self._write(create.reserve, gid, user_id, name, token, week)
         # 2. Read-only prepare: learn the cost; nothing is charged.
         prepared = await self.upstream.prepare(gid, token, self.upstream_timeout)
         if prepared.outcome is not PrepareOutcome.OK:
@@ -224,7 +225,7 @@ class Lifecycle:
         try:
             started = await self._record(
                 f"SUBMITTING of gid {gid}",
-                tasks.begin_submit,
+                create.begin_submit,
                 gid,
                 operation_id,
                 prepared.cost,
@@ -248,7 +249,7 @@ class Lifecycle:
         if submitted.outcome is Outcome.REFUSED:
             try:
                 await self._record(
-                    f"release of refused gid {gid}", tasks.release_refused, gid, operation_id
+                    f"release of refused gid {gid}", create.release_refused, gid, operation_id
                 )
             except Unrecorded:
                 pass  # still true, and still answered: the release lands later
@@ -286,7 +287,7 @@ class Lifecycle:
         """Release a reservation (nothing POSTed).  If that cannot be recorded
         now, the background retry does it; the caller's answer stands."""
         try:
-            await self._record(f"release of gid {gid}", tasks.release, gid, operation_id)
+            await self._record(f"release of gid {gid}", create.release, gid, operation_id)
         except Unrecorded:
             pass
 
@@ -304,7 +305,7 @@ class Lifecycle:
         try:
             await self._record(
                 f"UNKNOWN of gid {gid}",
-                tasks.mark_unknown,
+                create.mark_unknown,
                 gid,
                 operation_id,
                 step,
@@ -329,7 +330,7 @@ class Lifecycle:
             ) from e
 
     async def _answer(self, gid: int) -> Created:
-        return self._created(gid, await self.db.read(tasks.task_view, gid))
+        return self._created(gid, await self.db.read(views.task_view, gid))
 
     def _created(self, gid: int, view: dict[str, Any] | None) -> Created:
         if view is None or view.get("status") is None:
@@ -346,8 +347,8 @@ class Lifecycle:
         return Deferred.fromCoroutine(self._delete(user_id, gid))
 
     async def _delete(self, user_id: int | None, gid: int) -> DeleteOutcome:
-        started = await self._write(tasks.request_delete, gid, user_id)
-        view = None if started.completed else await self.db.read(tasks.task_view, gid)
+        started = await self._write(delete.request_delete, gid, user_id)
+        view = None if started.completed else await self.db.read(views.task_view, gid)
         outcome = DeleteOutcome(
             gid, started.completed, started.delete_operation_id, started.node, view
         )
@@ -357,13 +358,13 @@ class Lifecycle:
 
     # -- recovery --------------------------------------------------------------
 
-    def recover(self) -> Deferred[tasks.Recovered]:
+    def recover(self) -> Deferred[Recovered]:
         """Invariant 10's recovery, one transaction: interrupted submissions
         become ``UNKNOWN``, reservations are released."""
         return Deferred.fromCoroutine(self._recover())
 
-    async def _recover(self) -> tasks.Recovered:
-        recovered = await self._write(tasks.recover)
+    async def _recover(self) -> Recovered:
+        recovered = await self._write(create.recover)
         log.info(
             "recovery: {unknown} interrupted submission(s) now UNKNOWN {gids}, "
             "{released} reservation(s) released",
@@ -381,7 +382,7 @@ class Lifecycle:
         return Deferred.fromCoroutine(self._unknown_with_evidence())
 
     async def _unknown_with_evidence(self) -> list[dict[str, Any]]:
-        listed = await self.db.read(tasks.unknown_operations)
+        listed = await self.db.read(reconcile.unknown_operations)
         for view in listed:
             view["evidence"]["upstream"] = await self._audit(view["gid"])
             _archive_url_evidence(view["evidence"])
@@ -404,9 +405,9 @@ class Lifecycle:
     async def _resolve(
         self, gid: int, verdict: str, actor: str, note: str
     ) -> dict[str, Any] | None:
-        if verdict not in tasks.VERDICTS:
-            raise TaskError("invalid_request", f"verdict must be one of {list(tasks.VERDICTS)}")
-        stored = [v for v in await self.db.read(tasks.unknown_operations) if v["gid"] == gid]
+        if verdict not in reconcile.VERDICTS:
+            raise TaskError("invalid_request", f"verdict must be one of {list(reconcile.VERDICTS)}")
+        stored = [v for v in await self.db.read(reconcile.unknown_operations) if v["gid"] == gid]
         evidence: dict[str, Any] = dict(stored[0]["evidence"]) if stored else {}
         if stored:
             evidence["upstream"] = await self._audit(gid)
@@ -415,7 +416,7 @@ class Lifecycle:
         from_audit = evidence.get("archiveUrlSource") == "audit"
         audit_url = evidence.get("archiveUrl") if from_audit else None
         view = await self._write(
-            tasks.resolve_unknown, gid, verdict, actor, note, evidence, audit_url
+            reconcile.resolve_unknown, gid, verdict, actor, note, evidence, audit_url
         )
         if view is not None and view.get("state") == "SUBMITTED":
             if stored and not evidence.get("archiveUrl"):
@@ -445,10 +446,10 @@ def _archive_url_evidence(evidence: dict[str, Any]) -> None:
 def _persist_and_view(
     cursor: sqlite3.Cursor, gid: int, operation_id: str, archive_url: str, cost: int, week: str
 ) -> dict[str, Any] | None:
-    """:func:`tasks.persist_submitted` and the task view it leaves, in one
+    """:func:`create.persist_submitted` and the task view it leaves, in one
     transaction: the answer of a create needs no read after the commit."""
-    tasks.persist_submitted(cursor, gid, operation_id, archive_url, cost, week)
-    return tasks.task_view(cursor, gid)
+    create.persist_submitted(cursor, gid, operation_id, archive_url, cost, week)
+    return views.task_view(cursor, gid)
 
 
 def _prepare_error(gid: int, outcome: PrepareOutcome, error: str) -> TaskError:

@@ -107,8 +107,8 @@ class NodeSession(PeerProtocol):
             self._refuse(node_id, "invalid nodeId")
             return
         # Looked up in factory.node_keys at each Login, so a change to that
-        # mapping applies from the next Login.  What fills it (the site service:
-        # --node-key and, at start only, the node_key table) is not our business.
+        # mapping applies from the next Login.  The site service fills it from
+        # --node-key and the node_key table, refreshed every few seconds.
         secret = self.factory.node_keys.get(node_id)
         if secret is None:
             self._refuse(node_id, "unknown node")

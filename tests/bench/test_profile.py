@@ -28,7 +28,7 @@ STACKS = {
     f"{WRITER};_run_together ({DB}:193)": 20,  # the shared COMMIT
     f"{WRITER};_run_together ({DB}:184);{BODY}": 2,  # calling the body
     f"{WRITER};_run_alone ({DB}:161);run_write ({DB}:110);{BODY};"
-    "persist_submitted (tasknet/site/storage/tasks.py:300)": 15,
+    "persist_submitted (tasknet/site/storage/create.py:300)": 15,
     f"{WRITER};_run_alone ({DB}:161);run_write ({DB}:111)": 3,  # the lone COMMIT
     f"{WRITER};Condition.wait (threading.py:320)": 100,  # idle
     "thread (1002): PoolThread-reader;"
@@ -47,7 +47,7 @@ def test_writer_samples_are_attributed_to_shared_and_lone_transactions(tmp_path:
         "shared: apply_batch (tasknet/site/storage/reports.py)": 60,
         f"shared: BEGIN/COMMIT _run_together ({DB}:193)": 20,
         f"shared: Database.write.<locals>.<lambda> ({DB})": 2,
-        "lone: persist_submitted (tasknet/site/storage/tasks.py)": 15,
+        "lone: persist_submitted (tasknet/site/storage/create.py)": 15,
         f"lone: BEGIN/COMMIT run_write ({DB}:111)": 3,
     }
     assert summary["write_kinds"] == {"shared": 82, "lone": 18}

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tasknet.drill.http import request
+from tasknet.cli.jsonhttp import request
 from tasknet.drill.ports import free_port, port_open
 from tasknet.drill.procs import DrillError, Proc, ProcessDied, wait_for
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest_twisted
 
-from tasknet.site.storage import tasks
+from tasknet.site.storage import delete
 from tasknet.upstream.testing import RunningUpstream, start_upstream
 from tests.node.harness import node_rows, start_node
 from tests.node.site_peer import eventually
@@ -36,7 +36,7 @@ async def site_and_upstream(tmp_path: Path) -> AsyncIterator[tuple[Site, Running
 
 async def request_delete(site: Site, gid: int) -> str:
     # What the lifecycle does: the delete transaction, then hand it to dispatch.
-    started = await site.db.write(tasks.request_delete, gid, None)
+    started = await site.db.write(delete.request_delete, gid, None)
     await site.side.dispatcher.task_changed(gid)
     return started.delete_operation_id
 

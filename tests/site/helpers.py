@@ -32,6 +32,18 @@ def fault(kind: str, method: str = "POST", path: str = POST_ARCHIVE, **params: A
     return {"method": method, "path": path, "fault": kind, "params": params, "times": None}
 
 
+def dispatch_row(cursor: sqlite3.Cursor, gid: int) -> sqlite3.Row | None:
+    """The joined row dispatch judges ``gid`` by: every key
+    ``eligibility.is_dispatchable`` reads, plus the command's columns."""
+    row: sqlite3.Row | None = cursor.execute(
+        "SELECT g.gid, g.name, g.token, g.url, g.status, g.node_id, g.user_id, "
+        "o.state, o.operation_id, o.legacy, o.dispatched "
+        "FROM gallery AS g LEFT JOIN task_operation AS o ON o.gid = g.gid WHERE g.gid = ?",
+        (gid,),
+    ).fetchone()
+    return row
+
+
 def raw(path: str) -> sqlite3.Connection:
     """A plain connection for checking the database from the test."""
     return connect(path)

@@ -23,10 +23,10 @@ import pytest_twisted
 from twisted.internet import reactor
 from twisted.internet.defer import Deferred, DeferredList
 
-from tasknet.site.storage import tasks
+from tasknet.site.storage import create, usage
 from tasknet.site.storage.db import Database, TransactionLost, connect, open_pool
+from tasknet.site.storage.errors import TaskError
 from tasknet.site.storage.schema import prepare_database
-from tasknet.site.storage.tasks import TaskError
 from tests.site.helpers import add_user
 
 SCRATCH_SCHEMA = """
@@ -331,13 +331,13 @@ async def test_concurrent_reservations_share_commits_and_the_loser_fails_alone(t
     path = str(tmp_path / "site.sqlite")
     prepare_database(path)
     user_id, _ = add_user(path, "alice")
-    week = tasks.iso_week()
+    week = usage.iso_week()
     gids = list(range(1001, 1017))
     async with opened(path) as (db, statements):
         held = HeldWriter(db)
         await held.started()
-        writes = [db.write(tasks.reserve, gid, user_id, "", "tok", week) for gid in gids]
-        writes.append(db.write(tasks.reserve, gids[3], user_id, "", "tok", week))
+        writes = [db.write(create.reserve, gid, user_id, "", "tok", week) for gid in gids]
+        writes.append(db.write(create.reserve, gids[3], user_id, "", "tok", week))
         held.release()
         await held.done
         results = await settle(writes)

@@ -14,11 +14,12 @@ import pytest_twisted
 from twisted.internet.defer import DeferredList
 
 from tasknet.site.lifecycle import Lifecycle
-from tasknet.site.storage import tasks
+from tasknet.site.storage import create, delete, eligibility, favorites, generation, usage, views
 from tasknet.site.storage.db import open_pool
-from tasknet.site.storage.tasks import TaskError
+from tasknet.site.storage.errors import TaskError
 from tasknet.site.transitions import IllegalTransition
-from tests.site.helpers import fault, lifecycle_env, one, query, raw, wait_for
+from tasknet.status import OperationState
+from tests.site.helpers import dispatch_row, fault, lifecycle_env, one, query, raw, wait_for
 
 GID = 4242
 
@@ -164,12 +165,12 @@ async def test_restart_recovery_submitting_to_unknown_reserved_released_no_rewri
     tmp_path,
 ):
     async with lifecycle_env(tmp_path) as env:
-        week = tasks.iso_week()
+        week = usage.iso_week()
         # The state a crash leaves: one create stopped after SUBMITTING was
         # committed, another right after its reservation.
-        submitting_id = await env.db.write(tasks.reserve, 1, env.user_id, "", "t", week)
-        assert await env.db.write(tasks.begin_submit, 1, submitting_id, 5, "title", week)
-        reserved_id = await env.db.write(tasks.reserve, 2, env.user_id, "", "t", week)
+        submitting_id = await env.db.write(create.reserve, 1, env.user_id, "", "t", week)
+        assert await env.db.write(create.begin_submit, 1, submitting_id, 5, "title", week)
+        reserved_id = await env.db.write(create.reserve, 2, env.user_id, "", "t", week)
         settled_id = await submitted_task(env, 3)
         posts_before = env.upstream.stats()["postAttempts"]
         env.db.close()
@@ -183,7 +184,7 @@ async def test_restart_recovery_submitting_to_unknown_reserved_released_no_rewri
         op1 = op_row(env.path, 1)
         assert op1["state"] == "UNKNOWN" and op1["operation_id"] == submitting_id
         assert op1["step"] == "recovery"
-        view = await env.db.read(tasks.task_view, 1)
+        view = await env.db.read(views.task_view, 1)
         assert view["status"] == "SUBMIT_UNKNOWN" and view["statusText"] == "提交未知"
         assert op_row(env.path, 2) is None and gallery(env.path, 2) is None
         assert reserved_id != submitting_id
@@ -236,7 +237,7 @@ async def test_repeated_persist_does_not_meter_twice(tmp_path):
         operation_id = await submitted_task(env)
         cost = op_row(env.path)["cost"]
         again = await env.db.write(
-            tasks.persist_submitted, GID, operation_id, "http://x/f", cost, tasks.iso_week()
+            create.persist_submitted, GID, operation_id, "http://x/f", cost, usage.iso_week()
         )
         assert again is False
         assert used(env.path, env.user_id) == cost
@@ -250,8 +251,8 @@ async def test_redispatch_and_retries_reuse_the_same_operation_id(tmp_path):
     async with lifecycle_env(tmp_path) as env:
         operation_id = await submitted_task(env)
         for _ in range(3):  # what dispatch reads on every (re)send
-            row = await env.db.read(tasks.dispatch_row, GID)
-            assert tasks.is_dispatchable(row) and row["operation_id"] == operation_id
+            row = await env.db.read(dispatch_row, GID)
+            assert eligibility.is_dispatchable(row) and row["operation_id"] == operation_id
         await env.lifecycle.recover()
         with pytest.raises(TaskError):
             await env.lifecycle.create(env.user_id, GID, "tok", "")
@@ -270,10 +271,10 @@ async def test_redispatch_and_retries_reuse_the_same_operation_id(tmp_path):
 @pytest_twisted.ensureDeferred
 async def test_rejected_tasks_never_dispatched_nor_downgraded_to_legacy_commands(tmp_path):
     async with lifecycle_env(tmp_path, timeout=0.3) as env:
-        week = tasks.iso_week()
-        await env.db.write(tasks.reserve, 1, env.user_id, "", "t", week)  # RESERVED
-        op2 = await env.db.write(tasks.reserve, 2, env.user_id, "", "t", week)
-        await env.db.write(tasks.begin_submit, 2, op2, 1, "", week)  # SUBMITTING
+        week = usage.iso_week()
+        await env.db.write(create.reserve, 1, env.user_id, "", "t", week)  # RESERVED
+        op2 = await env.db.write(create.reserve, 2, env.user_id, "", "t", week)
+        await env.db.write(create.begin_submit, 2, op2, 1, "", week)  # SUBMITTING
         env.upstream.set_faults([fault("commit_then_drop")])
         assert (await env.lifecycle.create(env.user_id, 3, "t", "")).status == 202  # UNKNOWN
         env.upstream.clear_faults()
@@ -305,22 +306,24 @@ async def test_rejected_tasks_never_dispatched_nor_downgraded_to_legacy_commands
             5: "DELETED",
             6: "SUBMITTED",
         }
-        rows = {gid: await env.db.read(tasks.dispatch_row, gid) for gid in range(1, 9)}
+        rows = {gid: await env.db.read(dispatch_row, gid) for gid in range(1, 9)}
         eligible = {
-            gid for gid, row in rows.items() if row is not None and tasks.is_dispatchable(row)
+            gid for gid, row in rows.items() if row is not None and eligibility.is_dispatchable(row)
         }
         assert eligible == {6, 7}  # SUBMITTED, and the legacy row with an archive URL
-        assert tasks.is_dispatchable({"state": "DELETED", "url": "u", "status": 4}) is False
+        assert eligibility.is_dispatchable({"state": "DELETED", "url": "u", "status": 4}) is False
         # A confirmed submission with no archive URL has nothing to download.
-        assert tasks.is_dispatchable({"state": "SUBMITTED", "url": "", "status": None}) is False
-        assert tasks.is_dispatchable({"state": None, "url": "", "status": 4}) is False
+        assert (
+            eligibility.is_dispatchable({"state": "SUBMITTED", "url": "", "status": None}) is False
+        )
+        assert eligibility.is_dispatchable({"state": None, "url": "", "status": 4}) is False
         # The SQL form of the rule agrees.
         sql_eligible = {
             r[0]
             for r in query(
                 env.path,
                 "SELECT g.gid FROM gallery AS g LEFT JOIN task_operation AS o ON o.gid = g.gid "
-                f"WHERE {tasks.DISPATCHABLE_SQL}",
+                f"WHERE {eligibility.DISPATCHABLE_SQL}",
             )
         }
         assert sql_eligible == eligible
@@ -335,14 +338,14 @@ async def test_delete_failure_keeps_row_and_intent_retry_reuses_id_success_clear
 ):
     async with lifecycle_env(tmp_path) as env:
         operation_id = await submitted_task(env)
-        await env.db.write(tasks.add_favorite, env.user_id, GID)
+        await env.db.write(favorites.add_favorite, env.user_id, GID)
         mark_dispatched(env.path, GID)
         started = await env.lifecycle.delete(env.user_id, GID)
         assert not started.completed and started.task["state"] == "DELETE_PENDING"
         delete_id = started.delete_operation_id
 
-        assert await env.db.write(tasks.mark_delete_failed, GID, delete_id, "disk busy")
-        view = await env.db.read(tasks.task_view, GID)
+        assert await env.db.write(delete.mark_delete_failed, GID, delete_id, "disk busy")
+        view = await env.db.read(views.task_view, GID)
         assert view["status"] == "DELETE_FAILED" and view["statusText"] == "删除失败"
         assert gallery(env.path) is not None
         assert op_row(env.path)["state"] == "DELETE_PENDING"
@@ -352,12 +355,12 @@ async def test_delete_failure_keeps_row_and_intent_retry_reuses_id_success_clear
         assert retry.delete_operation_id == delete_id
         assert retry.task["status"] == "DELETE_PENDING"
 
-        assert await env.db.write(tasks.complete_delete, GID, delete_id)
+        assert await env.db.write(delete.complete_delete, GID, delete_id)
         assert gallery(env.path) is None
         assert one(env.path, "SELECT COUNT(*) FROM favorite WHERE gid = ?", GID)[0] == 0
         tombstone = op_row(env.path)
         assert tombstone["state"] == "DELETED" and tombstone["operation_id"] == operation_id
-        assert (await env.db.read(tasks.task_view, GID))["state"] == "DELETED"
+        assert (await env.db.read(views.task_view, GID))["state"] == "DELETED"
 
 
 # 删除意图 ID 不匹配时不得完成删除。
@@ -370,8 +373,8 @@ async def test_mismatched_delete_operation_id_never_completes_the_delete(tmp_pat
         mark_dispatched(env.path, GID)
         started = await env.lifecycle.delete(env.user_id, GID)
         for wrong in ("not-the-delete-id", operation_id):
-            assert await env.db.write(tasks.complete_delete, GID, wrong) is False
-            assert await env.db.write(tasks.mark_delete_failed, GID, wrong, "x") is False
+            assert await env.db.write(delete.complete_delete, GID, wrong) is False
+            assert await env.db.write(delete.mark_delete_failed, GID, wrong, "x") is False
         assert gallery(env.path) is not None
         assert op_row(env.path)["state"] == "DELETE_PENDING"
         assert op_row(env.path)["delete_operation_id"] == started.delete_operation_id
@@ -383,10 +386,10 @@ async def test_mismatched_delete_operation_id_never_completes_the_delete(tmp_pat
 @pytest_twisted.ensureDeferred
 async def test_reserved_and_submitting_tasks_refuse_delete(tmp_path):
     async with lifecycle_env(tmp_path, timeout=0.3) as env:
-        week = tasks.iso_week()
-        await env.db.write(tasks.reserve, 1, env.user_id, "", "t", week)
-        op2 = await env.db.write(tasks.reserve, 2, env.user_id, "", "t", week)
-        await env.db.write(tasks.begin_submit, 2, op2, 1, "", week)
+        week = usage.iso_week()
+        await env.db.write(create.reserve, 1, env.user_id, "", "t", week)
+        op2 = await env.db.write(create.reserve, 2, env.user_id, "", "t", week)
+        await env.db.write(create.begin_submit, 2, op2, 1, "", week)
         env.upstream.set_faults([fault("timeout")])
         await env.lifecycle.create(env.user_id, 3, "t", "")
         for gid, state in ((1, "RESERVED"), (2, "SUBMITTING"), (3, "UNKNOWN")):
@@ -400,21 +403,21 @@ async def test_reserved_and_submitting_tasks_refuse_delete(tmp_path):
 @pytest_twisted.ensureDeferred
 async def test_release_clears_only_the_matching_generation(tmp_path):
     async with lifecycle_env(tmp_path) as env:
-        week = tasks.iso_week()
-        mine = await env.db.write(tasks.reserve, 1, env.user_id, "", "t", week)
-        other = await env.db.write(tasks.reserve, 2, env.user_id, "", "t", week)
+        week = usage.iso_week()
+        mine = await env.db.write(create.reserve, 1, env.user_id, "", "t", week)
+        other = await env.db.write(create.reserve, 2, env.user_id, "", "t", week)
         # A stale operationId for gid 1 releases nothing.
-        assert await env.db.write(tasks.release, 1, other) is False
+        assert await env.db.write(create.release, 1, other) is False
         assert op_row(env.path, 1)["operation_id"] == mine and gallery(env.path, 1) is not None
         # A later generation of gid 1 is not released by the earlier id.
-        assert await env.db.write(tasks.release, 1, mine) is True
-        newer = await env.db.write(tasks.reserve, 1, env.user_id, "", "t", week)
-        assert await env.db.write(tasks.release, 1, mine) is False
+        assert await env.db.write(create.release, 1, mine) is True
+        newer = await env.db.write(create.reserve, 1, env.user_id, "", "t", week)
+        assert await env.db.write(create.release, 1, mine) is False
         assert op_row(env.path, 1)["operation_id"] == newer and gallery(env.path, 1) is not None
         assert op_row(env.path, 2)["operation_id"] == other and gallery(env.path, 2) is not None
         # A settled generation is never "released" (the transition table refuses).
         settled = await submitted_task(env, 3)
-        assert await env.db.write(tasks.release, 3, settled) is False
+        assert await env.db.write(create.release, 3, settled) is False
         assert op_row(env.path, 3)["state"] == "SUBMITTED"
 
 
@@ -424,27 +427,27 @@ async def test_release_clears_only_the_matching_generation(tmp_path):
 @pytest_twisted.ensureDeferred
 async def test_persist_matches_expected_operation_id_and_never_resurrects_deleted_gid(tmp_path):
     async with lifecycle_env(tmp_path) as env:
-        week = tasks.iso_week()
-        old = await env.db.write(tasks.reserve, GID, env.user_id, "", "t", week)
-        await env.db.write(tasks.begin_submit, GID, old, 3, "", week)
-        await env.db.write(tasks.mark_unknown, GID, old, "submit", "timeout")
+        week = usage.iso_week()
+        old = await env.db.write(create.reserve, GID, env.user_id, "", "t", week)
+        await env.db.write(create.begin_submit, GID, old, 3, "", week)
+        await env.db.write(create.mark_unknown, GID, old, "submit", "timeout")
         # Reconciled "not submitted" meanwhile: the gid is free and gone.
         assert await env.lifecycle.resolve(GID, "not_submitted", "admin", "") is None
-        late = await env.db.write(tasks.persist_submitted, GID, old, "http://x/f", 3, week)
+        late = await env.db.write(create.persist_submitted, GID, old, "http://x/f", 3, week)
         assert late is False
         assert gallery(env.path) is None and op_row(env.path) is None
         assert used(env.path, env.user_id) == 0
         # Regenerated: the old generation's persist does not touch the new one.
-        new = await env.db.write(tasks.reserve, GID, env.user_id, "", "t", week)
-        await env.db.write(tasks.begin_submit, GID, new, 3, "", week)
-        assert await env.db.write(tasks.persist_submitted, GID, old, "u", 3, week) is False
+        new = await env.db.write(create.reserve, GID, env.user_id, "", "t", week)
+        await env.db.write(create.begin_submit, GID, new, 3, "", week)
+        assert await env.db.write(create.persist_submitted, GID, old, "u", 3, week) is False
         assert op_row(env.path)["state"] == "SUBMITTING"
         assert op_row(env.path)["operation_id"] == new
-        assert await env.db.write(tasks.mark_unknown, GID, old, "submit", "late") is False
+        assert await env.db.write(create.mark_unknown, GID, old, "submit", "late") is False
         # And after a delete the tombstone is not brought back by a late persist.
-        assert await env.db.write(tasks.persist_submitted, GID, new, "u", 3, week) is True
+        assert await env.db.write(create.persist_submitted, GID, new, "u", 3, week) is True
         await env.lifecycle.delete(env.user_id, GID)  # never dispatched: deleted at once
-        assert await env.db.write(tasks.persist_submitted, GID, new, "u", 3, week) is False
+        assert await env.db.write(create.persist_submitted, GID, new, "u", 3, week) is False
         assert gallery(env.path) is None and op_row(env.path)["state"] == "DELETED"
         assert used(env.path, env.user_id) == 3
 
@@ -459,14 +462,14 @@ async def test_tombstone_only_replaced_by_explicit_create_with_new_operation_id(
         await env.lifecycle.delete(env.user_id, GID)
         assert op_row(env.path)["state"] == "DELETED"
         # Nothing but CREATE moves a tombstone: every other write is refused or a no-op.
-        week = tasks.iso_week()
-        assert await env.db.write(tasks.persist_submitted, GID, first, "u", 1, week) is False
-        assert await env.db.write(tasks.mark_unknown, GID, first, "x", "y") is False
-        assert await env.db.write(tasks.release, GID, first) is False
+        week = usage.iso_week()
+        assert await env.db.write(create.persist_submitted, GID, first, "u", 1, week) is False
+        assert await env.db.write(create.mark_unknown, GID, first, "x", "y") is False
+        assert await env.db.write(create.release, GID, first) is False
         with pytest.raises(IllegalTransition):
             await env.db.write(
-                lambda c: tasks._change_state(
-                    c, GID, first, tasks.OperationState.DELETED, tasks.OperationState.SUBMITTED
+                lambda c: generation.change_state(
+                    c, GID, first, OperationState.DELETED, OperationState.SUBMITTED
                 )
             )
         with pytest.raises(sqlite3.IntegrityError):  # the trigger, for raw SQL
@@ -489,12 +492,12 @@ async def test_transition_check_runs_before_the_trigger(tmp_path):
         operation_id = await submitted_task(env)
         with pytest.raises(IllegalTransition):
             await env.db.write(
-                lambda c: tasks._change_state(
+                lambda c: generation.change_state(
                     c,
                     GID,
                     operation_id,
-                    tasks.OperationState.SUBMITTED,
-                    tasks.OperationState.UNKNOWN,
+                    OperationState.SUBMITTED,
+                    OperationState.UNKNOWN,
                 )
             )
         assert op_row(env.path)["state"] == "SUBMITTED"
@@ -532,8 +535,8 @@ async def test_concurrent_creates_of_different_gids_cannot_overshoot_the_quota(t
 def test_week_helpers():
     from datetime import UTC, datetime
 
-    assert tasks.iso_week(datetime(2026, 12, 3, tzinfo=UTC)) == "2026-W49"
-    assert tasks.week_of_timestamp("2026-12-03T10:00:00.000000Z") == "2026-W49"
+    assert usage.iso_week(datetime(2026, 12, 3, tzinfo=UTC)) == "2026-W49"
+    assert usage.week_of_timestamp("2026-12-03T10:00:00.000000Z") == "2026-W49"
 
 
 @pytest_twisted.ensureDeferred
@@ -594,18 +597,18 @@ def test_a_cost_zero_gallery_fits_a_quota_exactly_used_up(tmp_path):
     path = str(tmp_path / "q.sqlite")
     prepare_database(path)
     user_id, _ = add_user(path, "alice", quota=3)
-    week = tasks.iso_week()
+    week = usage.iso_week()
     connection = connect(path)
     try:
-        first = run_write(connection, tasks.reserve, 1, user_id, "", "t", week)
-        assert run_write(connection, tasks.begin_submit, 1, first, 3, "", week)
-        run_write(connection, tasks.persist_submitted, 1, first, "http://u/1", 3, week)
+        first = run_write(connection, create.reserve, 1, user_id, "", "t", week)
+        assert run_write(connection, create.begin_submit, 1, first, 3, "", week)
+        run_write(connection, create.persist_submitted, 1, first, "http://u/1", 3, week)
         # used == quota: a cost-0 gallery still fits (used + 0 > quota is false) ...
-        free = run_write(connection, tasks.reserve, 2, user_id, "", "t", week)
-        assert run_write(connection, tasks.begin_submit, 2, free, 0, "", week)
+        free = run_write(connection, create.reserve, 2, user_id, "", "t", week)
+        assert run_write(connection, create.begin_submit, 2, free, 0, "", week)
         # ... a cost-1 one does not, and is released.
-        paid = run_write(connection, tasks.reserve, 3, user_id, "", "t", week)
-        assert not run_write(connection, tasks.begin_submit, 3, paid, 1, "", week)
+        paid = run_write(connection, create.reserve, 3, user_id, "", "t", week)
+        assert not run_write(connection, create.begin_submit, 3, paid, 1, "", week)
         assert connection.execute("SELECT COUNT(*) FROM gallery WHERE gid = 3").fetchone()[0] == 0
     finally:
         connection.close()

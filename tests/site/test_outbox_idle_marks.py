@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest_twisted
 
 from tasknet.site.notify import OutboxExecutor
-from tasknet.site.storage import tasks
+from tasknet.site.storage import create, usage
 from tasknet.site.storage.db import Database, open_pool
 from tasknet.site.storage.schema import prepare_database
 from tests.site.helpers import add_user, query, wait_for
@@ -37,9 +37,9 @@ class RecordingPublisher:
 
 
 async def reserve_some(db: Database, user_id: int, gids: range) -> None:
-    week = tasks.iso_week()
+    week = usage.iso_week()
     for gid in gids:
-        await db.write(tasks.reserve, gid, user_id, "", "tok", week)
+        await db.write(create.reserve, gid, user_id, "", "tok", week)
 
 
 def unmarked(path: str) -> int:

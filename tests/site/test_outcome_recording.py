@@ -19,9 +19,9 @@ import pytest_twisted
 from twisted.logger import globalLogPublisher
 
 from tasknet.site.lifecycle import NO_ARCHIVE_URL, Lifecycle
-from tasknet.site.storage import tasks
+from tasknet.site.storage import create, eligibility, reconcile, usage
 from tasknet.site.storage.db import Database, run_write
-from tasknet.site.storage.tasks import TaskError
+from tasknet.site.storage.errors import TaskError
 from tests.site.helpers import Env, fault, lifecycle_env, one, raw, wait_for
 
 GID = 777
@@ -177,10 +177,10 @@ def _unknown_with_answer(path: str, user_id: int, url: str | None, cost: int | N
     """gid GID UNKNOWN: prepare said cost 5; the POST (if it answered) said ``cost``."""
     connection = raw(path)
     try:
-        week = tasks.iso_week()
-        op = run_write(connection, tasks.reserve, GID, user_id, "", "tok", week)
-        run_write(connection, tasks.begin_submit, GID, op, 5, "title", week)
-        run_write(connection, tasks.mark_unknown, GID, op, "persist", "disk", url, cost)
+        week = usage.iso_week()
+        op = run_write(connection, create.reserve, GID, user_id, "", "tok", week)
+        run_write(connection, create.begin_submit, GID, op, 5, "title", week)
+        run_write(connection, create.mark_unknown, GID, op, "persist", "disk", url, cost)
     finally:
         connection.close()
 
@@ -209,7 +209,7 @@ async def test_resolve_submitted_meters_and_dispatches_what_the_post_answered(tm
         dispatchable = one(
             env.path,
             "SELECT COUNT(*) FROM gallery AS g LEFT JOIN task_operation AS o ON o.gid = g.gid "
-            f"WHERE {tasks.DISPATCHABLE_SQL}",
+            f"WHERE {eligibility.DISPATCHABLE_SQL}",
         )[0]
         assert dispatchable == 1
 
@@ -239,7 +239,7 @@ async def test_resolve_submitted_without_any_url_says_so_and_is_not_dispatchable
         assert view["warning"] == NO_ARCHIVE_URL
         op = op_row(env.path)
         assert (op["step"], op["archive_url"], op["metered"]) == (
-            tasks.RESOLVED_WITHOUT_URL,
+            reconcile.RESOLVED_WITHOUT_URL,
             None,
             1,
         )
@@ -247,6 +247,6 @@ async def test_resolve_submitted_without_any_url_says_so_and_is_not_dispatchable
         dispatchable = one(
             env.path,
             "SELECT COUNT(*) FROM gallery AS g LEFT JOIN task_operation AS o ON o.gid = g.gid "
-            f"WHERE {tasks.DISPATCHABLE_SQL}",
+            f"WHERE {eligibility.DISPATCHABLE_SQL}",
         )[0]
         assert dispatchable == 0

@@ -22,7 +22,7 @@ from tasknet.node.link import site_client_service
 from tasknet.protocol.messages import TaskReportAck
 from tasknet.protocol.session import INodeHandler
 from tasknet.site.service import build_service, makeService
-from tasknet.site.storage import tasks, users
+from tasknet.site.storage import create, usage, users
 from tasknet.site.storage.db import connect, run_read, run_write
 from tasknet.site.storage.schema import load_script, prepare_database
 from tasknet.upstream.testing import start_upstream
@@ -95,15 +95,15 @@ def _interrupted_state(path: str) -> tuple[int, str, str]:
     """What a crash leaves: gid 1 SUBMITTING, gid 2 RESERVED, gid 3 SUBMITTED."""
     prepare_database(path)
     user_id, _ = add_user(path, "alice")
-    week = tasks.iso_week()
+    week = usage.iso_week()
     connection = connect(path)
     try:
-        op1 = run_write(connection, tasks.reserve, 1, user_id, "", "t", week)
-        run_write(connection, tasks.begin_submit, 1, op1, 2, "", week)
-        op2 = run_write(connection, tasks.reserve, 2, user_id, "", "t", week)
-        op3 = run_write(connection, tasks.reserve, 3, user_id, "", "t", week)
-        run_write(connection, tasks.begin_submit, 3, op3, 2, "", week)
-        run_write(connection, tasks.persist_submitted, 3, op3, "http://u/f", 2, week)
+        op1 = run_write(connection, create.reserve, 1, user_id, "", "t", week)
+        run_write(connection, create.begin_submit, 1, op1, 2, "", week)
+        op2 = run_write(connection, create.reserve, 2, user_id, "", "t", week)
+        op3 = run_write(connection, create.reserve, 3, user_id, "", "t", week)
+        run_write(connection, create.begin_submit, 3, op3, 2, "", week)
+        run_write(connection, create.persist_submitted, 3, op3, "http://u/f", 2, week)
     finally:
         connection.close()
     return user_id, op1, op2

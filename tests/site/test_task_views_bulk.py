@@ -6,15 +6,31 @@ from __future__ import annotations
 import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from tasknet.site.storage import db as dbmod
-from tasknet.site.storage import outbox, tasks
+from tasknet.site.storage import outbox, views
 from tasknet.site.storage.schema import prepare_database
 from tests.site_protocol.harness import add_task, add_user
 
 UNKNOWN_GID = 999
+
+
+def _views(cursor: sqlite3.Cursor, gids: list[int]) -> dict[int, dict[str, Any]]:
+    """The bulk views of ``gids`` that have one."""
+    found = views.task_views_and_owners(cursor, gids)
+    return {gid: view for gid, (view, _) in found.items() if view is not None}
+
+
+def _owner(cursor: sqlite3.Cursor, gid: int) -> int | None:
+    """The owner of ``gid``, one row at a time: its task row, else its operation row."""
+    for table in ("gallery", "task_operation"):
+        row = cursor.execute(f"SELECT user_id FROM {table} WHERE gid = ?", (gid,)).fetchone()
+        if row is not None:
+            return int(row[0])
+    return None
 
 
 @pytest.fixture
@@ -56,8 +72,8 @@ def gids(conn: sqlite3.Connection) -> list[int]:
 
 def test_bulk_views_equal_single_views(conn: sqlite3.Connection, gids: list[int]) -> None:
     cursor = conn.cursor()
-    single = {gid: tasks.task_view(cursor, gid) for gid in gids}
-    bulk = tasks.task_views(cursor, gids)
+    single = {gid: views.task_view(cursor, gid) for gid in gids}
+    bulk = _views(cursor, gids)
     assert bulk == {gid: view for gid, view in single.items() if view is not None}
     # The mix really covers the kinds: a failed delete, a tombstone, legacy rows.
     assert bulk[2]["status"] == "DELETE_FAILED"
@@ -70,13 +86,13 @@ def test_bulk_views_equal_single_views(conn: sqlite3.Connection, gids: list[int]
 
 def test_bulk_owners_equal_task_owner(conn: sqlite3.Connection, gids: list[int]) -> None:
     cursor = conn.cursor()
-    found = tasks.task_views_and_owners(cursor, gids)
+    found = views.task_views_and_owners(cursor, gids)
     for gid in gids:
-        owner = tasks.task_owner(cursor, gid)
+        owner = _owner(cursor, gid)
         if owner is None:
             assert gid not in found
         else:
-            assert found[gid] == (tasks.task_view(cursor, gid), owner)
+            assert found[gid] == (views.task_view(cursor, gid), owner)
     assert found[10][0] is None and found[10][1] is not None
 
 
@@ -84,8 +100,13 @@ def test_bulk_views_of_nothing_and_of_repeated_gids(
     conn: sqlite3.Connection, gids: list[int]
 ) -> None:
     cursor = conn.cursor()
-    assert tasks.task_views(cursor, []) == {}
-    assert tasks.task_views(cursor, [1, 1, 7]) == tasks.task_views(cursor, [7, 1])
+    assert _views(cursor, []) == {}
+    assert _views(cursor, [1, 1, 7]) == _views(cursor, [7, 1])
+    # In the order asked, repeats kept, gids without a view left out.
+    in_order = views.views_in_order(cursor, [7, UNKNOWN_GID, 1, 10, 4, 1])
+    assert [view["gid"] for view in in_order] == [7, 1, 4, 1]  # not 10: no task row
+    assert in_order[0] == views.task_view(cursor, 7)
+    assert views.views_in_order(cursor, []) == []
 
 
 def _outbox_rows(conn: sqlite3.Connection, after: int) -> list[tuple[int, int | None, str]]:

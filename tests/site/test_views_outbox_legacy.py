@@ -6,8 +6,8 @@ import json
 
 import pytest_twisted
 
-from tasknet.site.storage import tasks
-from tests.site.helpers import fault, lifecycle_env, one, query, raw
+from tasknet.site.storage import eligibility, views
+from tests.site.helpers import dispatch_row, fault, lifecycle_env, one, query, raw
 
 
 def outbox(path: str, gid: int) -> list[dict]:
@@ -68,11 +68,11 @@ async def test_legacy_rows_view_eligibility_and_delete(tmp_path):
             (env.user_id,),
         )
         connection.close()
-        view = await env.db.read(tasks.task_view, 10)
+        view = await env.db.read(views.task_view, 10)
         assert view["state"] is None and view["status"] == "COMPRESSING"
         assert view["statusText"] == "压缩中" and view["node"] == "node-1"
-        assert tasks.is_dispatchable(await env.db.read(tasks.dispatch_row, 10))
-        assert not tasks.is_dispatchable(await env.db.read(tasks.dispatch_row, 11))
+        assert eligibility.is_dispatchable(await env.db.read(dispatch_row, 10))
+        assert not eligibility.is_dispatchable(await env.db.read(dispatch_row, 11))
 
         # On a node: its one backfilled generation, then DELETE_PENDING.
         pending = await env.lifecycle.delete(env.user_id, 10)

@@ -7,13 +7,13 @@ import json
 import pytest_twisted
 
 from tasknet.protocol.messages import DeleteGallery, DeleteResult, TaskCommand, TaskReportAck
-from tasknet.site.storage import tasks
+from tasknet.site.storage import delete, views
 from tests.site_protocol.harness import Site, add_task, add_user, row, wait_until
 
 
-async def _request_delete(site: Site, gid: int) -> tasks.DeleteStarted:
+async def _request_delete(site: Site, gid: int) -> delete.DeleteStarted:
     # What the lifecycle does: the delete transaction, then hand it to dispatch.
-    started = await site.db.write(tasks.request_delete, gid, None)
+    started = await site.db.write(delete.request_delete, gid, None)
     await site.side.dispatcher.task_changed(gid)
     return started
 
@@ -50,7 +50,7 @@ async def test_delete_pending_failed_retry_confirmed_tombstone(site: Site) -> No
     node.report("r2", 1001, [], deleted=[(7, delete_id, "FAILED", "disk error")])
     await node.next(TaskReportAck)
     assert row(conn, 7)["delete_result"] == "FAILED" and row(conn, 7)["status"] == 4
-    view = await site.db.read(tasks.task_view, 7)
+    view = await site.db.read(views.task_view, 7)
     assert view is not None
     assert (view["status"], view["statusText"]) == ("DELETE_FAILED", "删除失败")
 
@@ -90,4 +90,30 @@ async def test_legacy_delete_round_trip(site: Site) -> None:
     assert await node.next(DeleteGallery) == DeleteGallery(8)
     node.sendMessage(DeleteResult(8, True, ""))
     await wait_until(lambda: row(conn, 8)["state"] == "DELETED")
+    conn.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_legacy_delete_of_a_task_with_no_known_node_is_confirmed_by_any_node(
+    site: Site,
+) -> None:
+    conn = site.sql()
+    uid, _ = add_user(conn, "alice")
+    # A pre-migration row a node reported; the old site never said which.
+    add_task(conn, 9, uid, None, status=2)
+    # Deleted while no node is connected (else the row would be assigned).
+    started = await _request_delete(site, 9)
+    assert not started.completed and started.node is None
+    old1 = await site.connect("old-1", v2=False)
+    old2 = await site.connect("old-2", v2=False)
+    # Both get the DELETE at login; the one that held the file answers.
+    assert await old1.next(DeleteGallery) == DeleteGallery(9)
+    assert await old2.next(DeleteGallery) == DeleteGallery(9)
+    old2.sendMessage(DeleteResult(9, True, ""))
+    await wait_until(lambda: row(conn, 9)["state"] == "DELETED")
+    assert conn.execute("SELECT COUNT(*) FROM gallery WHERE gid = 9").fetchone()[0] == 0
+    # The other node's late failure changes nothing on the tombstone.
+    old1.sendMessage(DeleteResult(9, False, "no such file"))
+    await site.side.reports.idle()
+    assert row(conn, 9)["state"] == "DELETED" and row(conn, 9)["delete_result"] is None
     conn.close()

@@ -8,7 +8,7 @@ import pytest
 import pytest_twisted
 
 from tasknet.protocol.messages import DeleteGallery, DownloadPost, TaskCommand
-from tasknet.site.storage import tasks
+from tasknet.site.storage import eligibility
 from tests.site_protocol.harness import Site, add_task, add_user, row, wait_until
 
 
@@ -179,4 +179,4 @@ def test_dispatchable_rule_is_the_lifecycle_one() -> None:
     # The SQL filter of the streamed queries is L's rule, not a copy.
     from tasknet.site.storage import dispatch
 
-    assert tasks.DISPATCHABLE_SQL in dispatch._UNASSIGNED_PAGE_SQL
+    assert eligibility.DISPATCHABLE_SQL in dispatch._UNASSIGNED_PAGE_SQL

@@ -15,7 +15,7 @@ import pytest_twisted
 
 from tasknet.protocol.messages import TaskCommand, TaskReportAck
 from tasknet.site.storage import db as dbmod
-from tasknet.site.storage import tasks
+from tasknet.site.storage import delete, reconcile
 from tests.site_protocol.harness import Site, add_task, add_user, row, wait_until
 
 POLL = 0.05
@@ -42,7 +42,7 @@ async def test_task_resolved_by_another_process_is_dispatched_once(tmp_path: Pat
         other = dbmod.connect(str(site.path))
         dbmod.run_write(
             other,
-            lambda c: tasks.resolve_unknown(c, 3, "submitted", "admin", "", None, "http://u/3"),
+            lambda c: reconcile.resolve_unknown(c, 3, "submitted", "admin", "", None, "http://u/3"),
         )
         other.close()
 
@@ -70,7 +70,7 @@ async def test_pending_delete_reaches_a_connected_node_whose_trigger_was_lost(
         await site.side.dispatcher.idle()
         assert node.messages == []  # completed: nothing to resend
         # DELETE_PENDING committed without telling the dispatcher.
-        started = await site.db.write(tasks.request_delete, 4, None)
+        started = await site.db.write(delete.request_delete, 4, None)
         command = await node.next(TaskCommand)
         assert command == TaskCommand(started.delete_operation_id, "DELETE", 4, "gallery 4", "")
         await _polls(site, 5)
@@ -90,7 +90,7 @@ async def test_delete_of_a_task_with_no_known_node_goes_to_every_node(tmp_path: 
         add_task(conn, 5, uid, None, status=2)
         add_task(conn, 6, uid, None, status=4, url="")  # no URL: never assigned
         # Deleted while no node is connected: nothing to assign it to.
-        first = await site.db.write(tasks.request_delete, 5, None)
+        first = await site.db.write(delete.request_delete, 5, None)
         assert not first.completed and first.node is None  # some node may hold it
         await site.side.dispatcher.task_changed(5)
 
@@ -102,7 +102,7 @@ async def test_delete_of_a_task_with_no_known_node_goes_to_every_node(tmp_path: 
         assert await n2.next(TaskCommand) == delete5
 
         # Deleted while nodes are connected: sent to each of them at once.
-        second = await site.db.write(tasks.request_delete, 6, None)
+        second = await site.db.write(delete.request_delete, 6, None)
         assert not second.completed and second.node is None
         await site.side.dispatcher.task_changed(6)
         delete6 = TaskCommand(second.delete_operation_id, "DELETE", 6, "gallery 6", "")

@@ -15,7 +15,7 @@ import pytest
 import pytest_twisted
 
 from tasknet.protocol.messages import TaskCommand
-from tasknet.site.storage import tasks
+from tasknet.site.storage import delete
 from tests.site_protocol.harness import Site, add_task, add_user, row, wait_until
 
 
@@ -52,12 +52,12 @@ async def test_no_download_follows_a_committed_delete(site: Site, delete_first: 
     release, held = await _hold_writer(site)
     try:
         if delete_first:
-            deleted = site.db.write(tasks.request_delete, 10, None)
+            deleted = site.db.write(delete.request_delete, 10, None)
             node = await site.connect("n1")
         else:
             node = await site.connect("n1")
             await wait_until(lambda: len(site.db._queue) >= 1)  # the login pass waits
-            deleted = site.db.write(tasks.request_delete, 10, None)
+            deleted = site.db.write(delete.request_delete, 10, None)
         await wait_until(lambda: len(site.db._queue) >= 2)  # both wait for the writer
     finally:
         release.set()

@@ -250,6 +250,20 @@ def test_legacy_delete_result_uses_the_current_delete_id_from_the_owner(conn, ui
     assert failed.deletes_failed == [31] and row(conn, 31)["delete_result"] == "FAILED"
 
 
+def test_legacy_delete_result_for_a_task_with_no_node_is_taken_from_any_node(conn, uid):
+    # Pre-migration rows whose node is unknown: the DELETE went to every node.
+    add_task(conn, 32, uid, "DELETE_PENDING", status=2)
+    add_task(conn, 33, uid, "DELETE_PENDING", status=2)
+    assert row(conn, 32)["node_id"] is None
+    failed = apply(conn, DeleteResult(33, False, "busy"), node="legacy-7")
+    assert failed.deletes_failed == [33] and row(conn, 33)["delete_result"] == "FAILED"
+    done = apply(conn, DeleteResult(32, True, ""), node="legacy-9")
+    assert done.deletes_completed == [32] and row(conn, 32)["state"] == "DELETED"
+    # Once complete, any node's repeat is ignored (the tombstone).
+    again = apply(conn, DeleteResult(32, False, "gone"), node="legacy-1")
+    assert again.ignored == {32: reports.TOMBSTONE} and row(conn, 32)["state"] == "DELETED"
+
+
 def test_a_failing_report_in_a_batch_does_not_lose_the_others(conn, uid):
     add_task(conn, 40, uid, node_id="n1")
     add_task(conn, 41, uid, node_id="n1")

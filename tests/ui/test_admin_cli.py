@@ -23,7 +23,7 @@ from twisted.web.client import HTTPConnectionPool
 
 from tasknet.cli import admin
 from tasknet.cli.demo import free_port
-from tasknet.site.storage import db, tasks, users
+from tasknet.site.storage import create, db, reconcile, usage, users, views
 from tasknet.site.storage.schema import prepare_database
 from tasknet.upstream.testing import running_upstream
 
@@ -54,10 +54,10 @@ def _write(dbpath: str, fn, *args):  # type: ignore[no-untyped-def]
 def _make_unknown(dbpath: str, gid: int, user_name: str = "alice", cost: int = 7) -> str:
     """A task left UNKNOWN after its POST, via the lifecycle's own transactions."""
     user = _read(dbpath, users.get_user, user_name)
-    week = tasks.iso_week()
-    op = _write(dbpath, tasks.reserve, gid, user.id, "", "upstream-token", week)
-    assert _write(dbpath, tasks.begin_submit, gid, op, cost, f"title {gid}", week)
-    assert _write(dbpath, tasks.mark_unknown, gid, op, "submit", "timed out after 30s")
+    week = usage.iso_week()
+    op = _write(dbpath, create.reserve, gid, user.id, "", "upstream-token", week)
+    assert _write(dbpath, create.begin_submit, gid, op, cost, f"title {gid}", week)
+    assert _write(dbpath, create.mark_unknown, gid, op, "submit", "timed out after 30s")
     return op
 
 
@@ -227,16 +227,16 @@ async def test_resolve_submitted_meters_once_and_repeats_harmlessly(dbpath: str)
         )
         assert result.returncode == 0, result.stderr
         assert "SUBMITTED" in result.stdout
-        assert _read(dbpath, tasks.task_view, 5151)["state"] == "SUBMITTED"
-        assert _read(dbpath, tasks.usage, alice.id)["used"] == 7
+        assert _read(dbpath, views.task_view, 5151)["state"] == "SUBMITTED"
+        assert _read(dbpath, usage.usage, alice.id)["used"] == 7
         # The same verdict again answers the same and meters nothing more.
         result = await _run(dbpath, "resolve", "5151", "submitted", upstream=up.base_url)
         assert result.returncode == 0, result.stderr
-        assert _read(dbpath, tasks.usage, alice.id)["used"] == 7
+        assert _read(dbpath, usage.usage, alice.id)["used"] == 7
         # The other verdict on a settled task is a conflict that changes nothing.
         result = await _run(dbpath, "resolve", "5151", "not_submitted", upstream=up.base_url)
         assert result.returncode == 1 and "not UNKNOWN" in result.stderr
-        assert _read(dbpath, tasks.task_view, 5151)["state"] == "SUBMITTED"
+        assert _read(dbpath, views.task_view, 5151)["state"] == "SUBMITTED"
         assert up.stats()["posts"] == {"5151": 1}  # resolving never POSTs
     audit = (
         sqlite3.connect(dbpath)
@@ -261,9 +261,9 @@ async def test_resolve_not_submitted_frees_the_gid_even_without_the_upstream(dbp
     )
     assert result.returncode == 0, result.stderr
     assert "gid is free" in result.stdout
-    assert _read(dbpath, tasks.task_view, 6161) is None
-    assert _read(dbpath, tasks.usage, alice.id)["used"] == 0
-    assert _read(dbpath, tasks.unknown_operations) == []
+    assert _read(dbpath, views.task_view, 6161) is None
+    assert _read(dbpath, usage.usage, alice.id)["used"] == 0
+    assert _read(dbpath, reconcile.unknown_operations) == []
 
 
 @pytest_twisted.ensureDeferred

@@ -11,10 +11,10 @@ once).
 
 What is sent:
 
-* ``DOWNLOAD`` for a task the eligibility rule (:func:`tasks.is_dispatchable`)
-  allows and that is not yet ``COMPLETED`` at the site.  A completed task is
-  not resent on every login; any other repeat is a no-op at the node (same
-  operationId).
+* ``DOWNLOAD`` for a task the eligibility rule
+  (:func:`~tasknet.site.storage.eligibility.is_dispatchable`) allows and
+  that is not yet ``COMPLETED`` at the site.  A completed task is not resent
+  on every login; any other repeat is a no-op at the node (same operationId).
 * ``DELETE`` for a ``DELETE_PENDING`` task assigned to the node, unless its
   last attempt failed (删除失败: a user's retry resends it).  A pending
   delete of a task with no known node (a pre-migration row that shows a node
@@ -41,7 +41,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from tasknet.protocol.messages import ACTION_DELETE, ACTION_DOWNLOAD
-from tasknet.site.storage import tasks
+from tasknet.site.storage.eligibility import DISPATCHABLE_SQL, is_dispatchable
+from tasknet.site.storage.generation import backfill_legacy
 from tasknet.status import NodeCode, OperationState
 
 PAGE_SIZE = 500
@@ -86,7 +87,7 @@ _UNASSIGNED_PAGE_SQL = (
     _COLUMNS
     + f"""
 WHERE g.node_id IS NULL AND g.gid > ?
-  AND {tasks.DISPATCHABLE_SQL}
+  AND {DISPATCHABLE_SQL}
   AND (g.status IS NULL OR g.status <> {_COMPLETED})
 ORDER BY g.gid LIMIT ?
 """
@@ -94,7 +95,7 @@ ORDER BY g.gid LIMIT ?
 
 
 def _download_ok(row: sqlite3.Row) -> bool:
-    return row["status"] != _COMPLETED and tasks.is_dispatchable(row)
+    return row["status"] != _COMPLETED and is_dispatchable(row)
 
 
 def _delete_ok(row: sqlite3.Row) -> bool:
@@ -107,6 +108,22 @@ def _delete_ok(row: sqlite3.Row) -> bool:
 
 def _url(row: sqlite3.Row) -> str:
     return str(row["url"] or row["archive_url"] or "")
+
+
+def _download_generation(cursor: sqlite3.Cursor, row: sqlite3.Row, unmarked: list[int]) -> str:
+    """The operationId a DOWNLOAD of ``row`` carries: a pre-migration row
+    gets its generation now (born dispatched); a row not yet marked
+    dispatched is added to ``unmarked``, for the caller to mark."""
+    if row["state"] is None:
+        return backfill_legacy(cursor, row["gid"])
+    if not row["dispatched"]:
+        unmarked.append(row["gid"])
+    return str(row["operation_id"])
+
+
+def _next_after(rows: Sequence[sqlite3.Row], limit: int) -> int | None:
+    """Where the next page starts: the last gid of a full page, else None."""
+    return int(rows[-1]["gid"]) if len(rows) == limit else None
 
 
 def _command(node_id: str | None, row: sqlite3.Row, operation_id: str | None = None) -> Command:
@@ -145,20 +162,14 @@ def claim_node_page(
     the decision and the marks commit together (see the module doc)."""
     rows = cursor.execute(_NODE_PAGE_SQL, (node_id, after_gid, limit)).fetchall()
     commands = []
-    unmarked = []
+    unmarked: list[int] = []
     for row in rows:
         if _delete_ok(row):
             commands.append(_command(node_id, row))
         elif _download_ok(row):
-            op = row["operation_id"]
-            if row["state"] is None:
-                op = tasks.backfill_legacy(cursor, row["gid"])
-            elif not row["dispatched"]:
-                unmarked.append(row["gid"])
-            commands.append(_command(node_id, row, op))
+            commands.append(_command(node_id, row, _download_generation(cursor, row, unmarked)))
     _mark_dispatched(cursor, unmarked)
-    last = rows[-1]["gid"] if len(rows) == limit else None
-    return Page(commands, last)
+    return Page(commands, _next_after(rows, limit))
 
 
 _PENDING_DELETES_SQL = (
@@ -182,8 +193,7 @@ def pending_deletes_page(
         _PENDING_DELETES_SQL, (after_gid, json.dumps(list(node_ids)), limit)
     ).fetchall()
     commands = [_command(row["node_id"], row) for row in rows if _delete_ok(row)]
-    last = rows[-1]["gid"] if len(rows) == limit else None
-    return Page(commands, last)
+    return Page(commands, _next_after(rows, limit))
 
 
 def _mark_dispatched(cursor: sqlite3.Cursor, gids: Sequence[int]) -> None:
@@ -195,18 +205,26 @@ def _mark_dispatched(cursor: sqlite3.Cursor, gids: Sequence[int]) -> None:
         )
 
 
-def node_loads(cursor: sqlite3.Cursor, node_ids: Sequence[str]) -> dict[str, int]:
-    """Tasks assigned to each node and not yet completed (its load)."""
-    loads = dict.fromkeys(node_ids, 0)
+def _count_by_node(
+    cursor: sqlite3.Cursor, node_ids: Sequence[str], *, open_only: bool
+) -> dict[str, int]:
+    """Tasks assigned to each of ``node_ids`` (0 for a node with none);
+    ``open_only``: only those not yet completed."""
+    counts = dict.fromkeys(node_ids, 0)
     rows = cursor.execute(
         "SELECT node_id, COUNT(*) FROM gallery"
         " WHERE node_id IN (SELECT value FROM json_each(?))"
-        " AND (status IS NULL OR status <> 4) GROUP BY node_id",  # 4: NodeCode.COMPLETED
-        (json.dumps(list(node_ids)),),
+        " AND (? = 0 OR status IS NULL OR status <> ?) GROUP BY node_id",
+        (json.dumps(list(node_ids)), int(open_only), _COMPLETED),
     )
     for node_id, count in rows:
-        loads[node_id] = count
-    return loads
+        counts[node_id] = count
+    return counts
+
+
+def node_loads(cursor: sqlite3.Cursor, node_ids: Sequence[str]) -> dict[str, int]:
+    """Tasks assigned to each node and not yet completed (its load)."""
+    return _count_by_node(cursor, node_ids, open_only=True)
 
 
 def _assign(
@@ -230,7 +248,7 @@ def _assign(
         load, node_id = heapq.heappop(heap)
         op = row["operation_id"]
         if row["state"] is None:
-            op = tasks.backfill_legacy(cursor, row["gid"])
+            op = backfill_legacy(cursor, row["gid"])
         assignments.append((node_id, row["gid"]))
         commands.append(_command(node_id, row, op))
         heapq.heappush(heap, (load + 1, node_id))
@@ -255,8 +273,7 @@ def claim_unassigned_page(
     previous page's ``loads`` on to the next page (counted once per pass)."""
     rows = cursor.execute(_UNASSIGNED_PAGE_SQL, (after_gid, limit)).fetchall()
     commands, loads = _assign(cursor, [r for r in rows if _download_ok(r)], node_ids, loads)
-    last = rows[-1]["gid"] if len(rows) == limit else None
-    return Page(commands, last, loads)
+    return Page(commands, _next_after(rows, limit), loads)
 
 
 def claim_task(cursor: sqlite3.Cursor, gid: int, node_ids: Sequence[str]) -> Command | None:
@@ -278,12 +295,10 @@ def claim_task(cursor: sqlite3.Cursor, gid: int, node_ids: Sequence[str]) -> Com
             return _command(row["node_id"], row)
         if not _download_ok(row):
             return None
-        op = row["operation_id"]
-        if row["state"] is None:
-            op = tasks.backfill_legacy(cursor, row["gid"])
-        elif not row["dispatched"]:
-            _mark_dispatched(cursor, [gid])
-        return _command(row["node_id"], row, op)
+        unmarked: list[int] = []
+        command = _command(row["node_id"], row, _download_generation(cursor, row, unmarked))
+        _mark_dispatched(cursor, unmarked)
+        return command
     if not _download_ok(row):
         return None
     commands, _ = _assign(cursor, [row], node_ids)
@@ -293,12 +308,4 @@ def claim_task(cursor: sqlite3.Cursor, gid: int, node_ids: Sequence[str]) -> Com
 def assigned_counts(cursor: sqlite3.Cursor, node_ids: Sequence[str]) -> dict[str, int]:
     """Tasks assigned to each node (all of them, completed included), for
     ``/api/admin/nodes``."""
-    counts = dict.fromkeys(node_ids, 0)
-    rows = cursor.execute(
-        "SELECT node_id, COUNT(*) FROM gallery"
-        " WHERE node_id IN (SELECT value FROM json_each(?)) GROUP BY node_id",
-        (json.dumps(list(node_ids)),),
-    )
-    for node_id, count in rows:
-        counts[node_id] = count
-    return counts
+    return _count_by_node(cursor, node_ids, open_only=False)

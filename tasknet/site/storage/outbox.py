@@ -5,6 +5,9 @@ in the same transaction as the change, so a notification exists exactly when
 the change was committed.  The outbox executor (``tasknet.site.notify``)
 delivers rows after commit, off the commit path; its read side is
 ``tasknet.site.storage.delivery``.
+
+Payloads are the task views of :mod:`tasknet.site.storage.views`, which
+imports nothing of this module.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ import sqlite3
 from collections.abc import Sequence
 from typing import Any
 
-from tasknet.site.storage import tasks
+from tasknet.site.storage.views import gone_view, task_views_and_owners
 
 _INSERT_SQL = "INSERT INTO notification_outbox (gid, user_id, payload) VALUES (?, ?, ?)"
 
@@ -27,7 +30,7 @@ def _outbox_row(
 ) -> tuple[int, int | None, str]:
     view, owner = found if found is not None else (None, None)
     if view is None:
-        view = tasks.gone_view(gid)
+        view = gone_view(gid)
     if owner is None:
         owner = user_id
     return gid, owner, _ENCODER.encode({"type": "task", "task": view})
@@ -39,10 +42,10 @@ def enqueue_task_change(cursor: sqlite3.Cursor, gid: int, *, user_id: int | None
 
     Call it after the change, inside the transaction that made it.  When the
     task's rows are already gone (released, resolved "not submitted"), the view
-    is :func:`tasks.gone_view` (``status`` null: clients drop the task) and
+    is :func:`~tasknet.site.storage.views.gone_view` (``status`` null: clients drop the task) and
     ``user_id`` names the owner who should hear of it.
     """
-    found = tasks.task_views_and_owners(cursor, (gid,)).get(gid)
+    found = task_views_and_owners(cursor, (gid,)).get(gid)
     cursor.execute(_INSERT_SQL, _outbox_row(gid, found, user_id))
     return int(cursor.lastrowid or 0)
 
@@ -57,6 +60,6 @@ def enqueue_task_changes(cursor: sqlite3.Cursor, gids: Sequence[int]) -> int:
     """
     if not gids:
         return 0
-    found = tasks.task_views_and_owners(cursor, gids)
+    found = task_views_and_owners(cursor, gids)
     cursor.executemany(_INSERT_SQL, [_outbox_row(gid, found.get(gid), None) for gid in gids])
     return len(gids)

@@ -22,17 +22,20 @@ otherwise                                 ``applied`` (status, progress, revisio
 ========================================  =========================================
 
 A gallery row without ``task_operation`` (a pre-migration row) first gets one
-generation (:func:`tasks.backfill_legacy`): the report's operationId when it
-carries one, else a fresh one.  Its status is not changed by the backfill;
-the entry is then judged by the rules above.  A backfilled generation is
-marked ``legacy = 1`` and, unlike a v2 generation, accepts entries without an
-operationId (its node may have received it as a legacy ``DownloadPost``).
+generation (:func:`~tasknet.site.storage.generation.backfill_legacy`): the
+report's operationId when it carries one, else a fresh one.  Its status is
+not changed by the backfill; the entry is then judged by the rules above.
+A backfilled generation is marked ``legacy = 1`` and, unlike a v2
+generation, accepts entries without an operationId (its node may have
+received it as a legacy ``DownloadPost``).
 
 A legacy ``StatusReport`` has no reportId, revision or operationIds: an entry
 applies when the reporting node is the task's assigned node and the task is
 ``SUBMITTED`` (or a legacy row, backfilled as above).  A legacy
 ``DeleteResult`` cannot carry a delete id: it stands for the task's *current*
-delete id, and only the assigned node may give it.
+delete id, and only the assigned node may give it; a task with no recorded
+node (a pre-migration row: its DELETE went to every connected node) takes
+the first matching confirmation from any node.
 """
 
 from __future__ import annotations
@@ -51,7 +54,9 @@ from tasknet.protocol.messages import (
     TaskEntry,
     TaskReport,
 )
-from tasknet.site.storage import outbox, tasks
+from tasknet.site.storage import outbox
+from tasknet.site.storage.delete import complete_delete, mark_delete_failed
+from tasknet.site.storage.generation import backfill_legacy
 from tasknet.status import OperationState
 
 # Why an entry was dropped; the values appear in logs and tests.
@@ -242,7 +247,7 @@ def _judge_entries(
         current = row["operation_id"]
         legacy = bool(row["legacy"])
         if state is None:
-            current = tasks.backfill_legacy(cursor, gid, _unused_id(cursor, sent))
+            current = backfill_legacy(cursor, gid, _unused_id(cursor, sent))
             state, legacy = _SUBMITTED, True
             outcome.backfilled.append(gid)
         if state == _DELETED:
@@ -333,7 +338,7 @@ def apply_status_report(
             continue
         state = row["state"]
         if state is None:
-            tasks.backfill_legacy(cursor, gid)
+            backfill_legacy(cursor, gid)
             outcome.backfilled.append(gid)
             state = _SUBMITTED
         if state == _SUBMITTED:
@@ -350,27 +355,23 @@ def apply_delete_result(
     cursor: sqlite3.Cursor, node_id: str, result: DeleteResult
 ) -> ReportOutcome:
     """Apply a legacy ``DeleteResult``: it confirms (or fails) the task's
-    current delete id, and only from the assigned node."""
+    current delete id, from the assigned node, or from any node when the
+    task has no recorded node (``gallery.node_id IS NULL``)."""
     outcome = ReportOutcome(LEGACY)
     row = cursor.execute(
-        "SELECT o.state, o.delete_operation_id, g.node_id FROM task_operation AS o"
+        "SELECT o.delete_operation_id, g.node_id FROM task_operation AS o"
         " LEFT JOIN gallery AS g ON g.gid = o.gid WHERE o.gid = ?",
         (result.gid,),
     ).fetchone()
-    if row is None:
-        outcome.ignored[result.gid] = UNKNOWN_GID
-        return outcome
-    if row["state"] == _DELETED:
-        outcome.ignored[result.gid] = TOMBSTONE
-        return outcome
-    if row["node_id"] != node_id:
+    if row is not None and row["node_id"] is not None and row["node_id"] != node_id:
         outcome.dropped[result.gid] = NOT_OWNER
         return outcome
+    # Unknown gids and tombstones are judged by _apply_delete, as for v2.
     _apply_delete(
         cursor,
         outcome,
         result.gid,
-        row["delete_operation_id"] or "",
+        (row["delete_operation_id"] if row is not None else None) or "",
         failed=not result.success,
         reason=result.reason,
         gid_is_tombstone=False,
@@ -408,12 +409,12 @@ def _apply_delete(
         return
     # The lifecycle functions enqueue their own notification when they act.
     if failed:
-        if tasks.mark_delete_failed(cursor, gid, delete_operation_id, reason):
+        if mark_delete_failed(cursor, gid, delete_operation_id, reason):
             outcome.deletes_failed.append(gid)
             outcome.notifications += 1
         else:
             outcome.dropped[gid] = DELETE_ID_MISMATCH
-    elif tasks.complete_delete(cursor, gid, delete_operation_id):
+    elif complete_delete(cursor, gid, delete_operation_id):
         outcome.deletes_completed.append(gid)
         outcome.notifications += 1
     else:

@@ -39,9 +39,11 @@ from werkzeug.exceptions import MethodNotAllowed, NotFound
 
 from tasknet.deferreds import shield
 from tasknet.site import metrics
-from tasknet.site.storage import tasks
-from tasknet.site.storage.tasks import GID_MAX, GID_MIN, TaskError
+from tasknet.site.storage import favorites, reconcile, usage
+from tasknet.site.storage.errors import TaskError
+from tasknet.site.storage.rows import GID_MAX, GID_MIN
 from tasknet.site.storage.users import User
+from tasknet.site.storage.views import count_by_state, list_tasks, visible_task
 from tasknet.site.web.auth import authenticate, require_admin
 from tasknet.site.web.errors import ApiError, write_error, write_json
 
@@ -224,14 +226,14 @@ class SiteApi:
         user = await self._user(request)
         limit = query_int(request, "limit", DEFAULT_PAGE, 1, MAX_PAGE)
         after = query_int(request, "after", 0, 0, GID_MAX)
-        views, following = await self.db.read(tasks.list_tasks, _scope(user), limit, after)
+        views, following = await self.db.read(list_tasks, _scope(user), limit, after)
         return 200, {"tasks": views, "next": following}
 
     @app.route("/api/tasks/<gid>", methods=["GET"])
     @endpoint
     async def get_task(self, request: Request, gid: str) -> Reply:
         user = await self._user(request)
-        view = await self.db.read(tasks.visible_task, parse_gid(gid), _scope(user))
+        view = await self.db.read(visible_task, parse_gid(gid), _scope(user))
         return 200, {"task": view}
 
     @app.route("/api/tasks/<gid>", methods=["DELETE"])
@@ -250,7 +252,7 @@ class SiteApi:
     async def add_favorite(self, request: Request, gid: str) -> Reply:
         user = await self._user(request)
         number = parse_gid(gid)
-        await self.db.write(tasks.add_favorite, user.id, number, user.is_admin)
+        await self.db.write(favorites.add_favorite, user.id, number, user.is_admin)
         return 200, {"gid": number, "favorite": True}
 
     @app.route("/api/favorites/<gid>", methods=["DELETE"])
@@ -258,14 +260,14 @@ class SiteApi:
     async def remove_favorite(self, request: Request, gid: str) -> Reply:
         user = await self._user(request)
         number = parse_gid(gid)
-        await self.db.write(tasks.remove_favorite, user.id, number, user.is_admin)
+        await self.db.write(favorites.remove_favorite, user.id, number, user.is_admin)
         return 200, {"gid": number, "favorite": False}
 
     @app.route("/api/favorites", methods=["GET"])
     @endpoint
     async def list_favorites(self, request: Request) -> Reply:
         user = await self._user(request)
-        return 200, {"tasks": await self.db.read(tasks.list_favorites, user.id)}
+        return 200, {"tasks": await self.db.read(favorites.list_favorites, user.id)}
 
     # usage
 
@@ -273,7 +275,7 @@ class SiteApi:
     @endpoint
     async def usage(self, request: Request) -> Reply:
         user = await self._user(request)
-        return 200, await self.db.read(tasks.usage, user.id)
+        return 200, await self.db.read(usage.usage, user.id)
 
     # admin
 
@@ -291,8 +293,10 @@ class SiteApi:
         number = parse_gid(gid)
         document = json_body(request)
         verdict = string_field(document, "verdict", required=True, limit=32)
-        if verdict not in tasks.VERDICTS:
-            raise ApiError("invalid_request", f"'verdict' must be one of {list(tasks.VERDICTS)}")
+        if verdict not in reconcile.VERDICTS:
+            raise ApiError(
+                "invalid_request", f"'verdict' must be one of {list(reconcile.VERDICTS)}"
+            )
         note = string_field(document, "note", required=False, limit=MAX_NOTE)
         view = await shield(self.lifecycle.resolve(number, verdict, user.name, note))
         return 200, {"task": view}
@@ -322,7 +326,7 @@ class SiteApi:
         return metrics.metrics_resource(self._refresh_metrics)
 
     def _refresh_metrics(self) -> Deferred[None]:
-        return self.db.read(tasks.count_by_state).addCallback(metrics.set_task_counts)
+        return self.db.read(count_by_state).addCallback(metrics.set_task_counts)
 
     @app.route("/api/<path:rest>")
     def api_not_found(self, request: Request, rest: str) -> bytes:

@@ -1,0 +1,236 @@
+"""The create steps of a task, each one transaction (LIFECYCLE.md
+invariants 1–4), and the recovery at start (invariant 10):
+
+``reserve`` -> (prepare) -> ``begin_submit`` -> (POST) -> ``persist_submitted``
+/ ``mark_unknown`` / ``release_refused``; ``release`` gives a reservation
+back; ``recover`` settles what a stopped site left in flight.
+
+Every user-visible change enqueues its notification in the same transaction
+(:func:`tasknet.site.storage.outbox.enqueue_task_change`).
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from tasknet.site import transitions
+from tasknet.site.storage import outbox
+from tasknet.site.storage.errors import TaskError
+from tasknet.site.storage.generation import change_state, new_operation_id, remove_generation, touch
+from tasknet.site.storage.rows import operation_row
+from tasknet.site.storage.usage import in_flight_cost, meter, usage
+from tasknet.status import OperationState
+
+
+def reserve(
+    cursor: sqlite3.Cursor, gid: int, user_id: int, name: str, token: str, week: str
+) -> str:
+    """Invariant 1: write the CREATE intent (``RESERVED``, fresh operationId)
+    and the visible placeholder task row; return the operationId.
+
+    A gid with a live generation or a task row is a :class:`TaskError`
+    ``conflict`` (the unique index on ``gallery(gid)`` is the backstop); a
+    ``DELETED`` tombstone is replaced by the new generation.  The quota is
+    not checked here: the cost is known only after ``prepare``
+    (:func:`begin_submit` checks ``used + in-flight + cost > quota``), and a
+    conflict answers 409 whatever the quota."""
+    op = operation_row(cursor, gid)
+    if op is not None and op["state"] != OperationState.DELETED.value:
+        raise TaskError("conflict", f"gid {gid} already has a task ({op['state']})")
+    operation_id = new_operation_id()
+    if op is None:
+        transitions.check(None, OperationState.RESERVED)
+        cursor.execute(
+            "INSERT INTO task_operation (gid, operation_id, state, user_id, step) "
+            "VALUES (?, ?, ?, ?, 'reserve')",
+            (gid, operation_id, OperationState.RESERVED.value, user_id),
+        )
+    else:
+        # Invariant 6: only an explicit CREATE starts a new generation over a
+        # tombstone; every per-generation column starts afresh.
+        transitions.check(OperationState.DELETED, OperationState.RESERVED)
+        cursor.execute(
+            "UPDATE task_operation SET operation_id = ?, state = ?, user_id = ?, cost = NULL, "
+            "metered = 0, metered_week = NULL, archive_url = NULL, legacy = 0, "
+            "step = 'reserve', error = NULL, unknown_at = NULL, last_revision = NULL, "
+            "dispatched = 0, delete_operation_id = NULL, delete_result = NULL, "
+            "delete_reason = NULL, created_at = strftime('%Y-%m-%dT%H:%M:%fZ', 'now'), "
+            "updated_at = strftime('%Y-%m-%dT%H:%M:%fZ', 'now') "
+            "WHERE gid = ? AND state = ?",
+            (
+                operation_id,
+                OperationState.RESERVED.value,
+                user_id,
+                gid,
+                OperationState.DELETED.value,
+            ),
+        )
+    try:
+        cursor.execute(
+            "INSERT INTO gallery (gid, user_id, name, token) VALUES (?, ?, ?, ?)",
+            (gid, user_id, name, token),
+        )
+    except sqlite3.IntegrityError as e:
+        raise TaskError("conflict", f"gid {gid} already has a task") from e
+    outbox.enqueue_task_change(cursor, gid)
+    return operation_id
+
+
+def release(cursor: sqlite3.Cursor, gid: int, operation_id: str) -> bool:
+    """Release a ``RESERVED`` generation (prepare failed, quota, recovery):
+    its intent and its placeholder row, nothing of any other generation."""
+    return remove_generation(cursor, gid, operation_id, OperationState.RESERVED)
+
+
+def begin_submit(
+    cursor: sqlite3.Cursor, gid: int, operation_id: str, cost: int, title: str, week: str
+) -> bool:
+    """After a successful ``prepare``: the quota check with the now known
+    cost, then ``RESERVED -> SUBMITTING`` (committed before the POST).
+
+    Returns ``False`` when ``used + in-flight + cost > quota``: the generation
+    is released in this same transaction and nothing is POSTed.  Raises
+    ``conflict`` if the generation is no longer ``RESERVED``."""
+    op = operation_row(cursor, gid)
+    if op is None or op["operation_id"] != operation_id:
+        raise TaskError("conflict", f"gid {gid}: the reservation is gone")
+    current = usage(cursor, op["user_id"], week)
+    if current["used"] + in_flight_cost(cursor, op["user_id"]) + cost > current["quota"]:
+        release(cursor, gid, operation_id)
+        return False
+    if not change_state(
+        cursor,
+        gid,
+        operation_id,
+        OperationState.RESERVED,
+        OperationState.SUBMITTING,
+        cost=cost,
+        step="submit",
+    ):
+        raise TaskError("conflict", f"gid {gid} is {op['state']}, not RESERVED")
+    cursor.execute(
+        "UPDATE gallery SET name = CASE WHEN name = '' THEN ? ELSE name END, "
+        "updated_at = strftime('%Y-%m-%dT%H:%M:%fZ', 'now') WHERE gid = ?",
+        (title, gid),
+    )
+    outbox.enqueue_task_change(cursor, gid)
+    return True
+
+
+def persist_submitted(
+    cursor: sqlite3.Cursor, gid: int, operation_id: str, archive_url: str, cost: int, week: str
+) -> bool:
+    """Invariant 4: the POST succeeded; in one transaction the intent becomes
+    ``SUBMITTED`` (``metered=1``), the task row gets URL and cost, and
+    ``weekly_usage`` grows by the cost.
+
+    Guarded by the expected operationId *and* state ``SUBMITTING``: a gid that
+    was deleted, resolved or regenerated meanwhile is left alone (never
+    resurrected), and a repeated persist meters nothing (``False``)."""
+    op = cursor.execute(
+        "SELECT user_id, metered FROM task_operation WHERE gid = ? AND operation_id = ? "
+        "AND state = ?",
+        (gid, operation_id, OperationState.SUBMITTING.value),
+    ).fetchone()
+    if op is None or op["metered"]:
+        return False
+    change_state(
+        cursor,
+        gid,
+        operation_id,
+        OperationState.SUBMITTING,
+        OperationState.SUBMITTED,
+        cost=cost,
+        archive_url=archive_url,
+        metered=1,
+        metered_week=week,
+        step="persist",
+    )
+    cursor.execute(
+        "UPDATE gallery SET url = ?, cost = ?, "
+        "updated_at = strftime('%Y-%m-%dT%H:%M:%fZ', 'now') WHERE gid = ?",
+        (archive_url, cost, gid),
+    )
+    meter(cursor, op["user_id"], week, cost)
+    outbox.enqueue_task_change(cursor, gid)
+    return True
+
+
+def mark_unknown(
+    cursor: sqlite3.Cursor,
+    gid: int,
+    operation_id: str,
+    step: str,
+    error: str,
+    archive_url: str | None = None,
+    cost: int | None = None,
+) -> bool:
+    """Invariant 3: ``SUBMITTING -> UNKNOWN`` (display 提交未知), keeping the
+    operationId, with the step reached and the error as reconciliation
+    evidence.  ``False`` if that generation is not ``SUBMITTING``.
+
+    When the POST did answer (its persist failed), ``archive_url`` and
+    ``cost`` are what it answered: they are kept in their columns, so a
+    "submitted" verdict meters what the upstream charged and dispatches that
+    URL.  Nothing is metered here."""
+    known: dict[str, Any] = {}
+    if archive_url:
+        known["archive_url"] = archive_url
+    if cost is not None:
+        known["cost"] = int(cost)
+    changed = change_state(
+        cursor,
+        gid,
+        operation_id,
+        OperationState.SUBMITTING,
+        OperationState.UNKNOWN,
+        step=step,
+        error=error[:2000],
+        unknown_at=datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
+        **known,
+    )
+    if changed:
+        touch(cursor, gid)
+        outbox.enqueue_task_change(cursor, gid)
+    return changed
+
+
+def release_refused(cursor: sqlite3.Cursor, gid: int, operation_id: str) -> bool:
+    """The upstream definitely refused the POST (nothing charged):
+    ``SUBMITTING -> (removed)``, gid free again."""
+    return remove_generation(cursor, gid, operation_id, OperationState.SUBMITTING)
+
+
+# Recovery at start (invariant 10)
+
+RECOVERY_ERROR = (
+    "the site stopped while this submission was in flight; the POST may or may "
+    "not have reached the upstream"
+)
+
+
+@dataclass(frozen=True)
+class Recovered:
+    unknown: list[int]
+    released: list[int]
+
+
+def recover(cursor: sqlite3.Cursor) -> Recovered:
+    """Every interrupted ``SUBMITTING`` becomes ``UNKNOWN`` (operationId
+    kept, nothing resent, step ``recovery``); every ``RESERVED`` generation
+    is released (its own intent and placeholder only)."""
+    unknown: list[int] = []
+    released: list[int] = []
+    for row in cursor.execute(
+        "SELECT gid, operation_id, state FROM task_operation WHERE state IN (?, ?) ORDER BY gid",
+        (OperationState.SUBMITTING.value, OperationState.RESERVED.value),
+    ).fetchall():
+        if row["state"] == OperationState.SUBMITTING.value:
+            if mark_unknown(cursor, row["gid"], row["operation_id"], "recovery", RECOVERY_ERROR):
+                unknown.append(row["gid"])
+        elif release(cursor, row["gid"], row["operation_id"]):
+            released.append(row["gid"])
+    return Recovered(unknown, released)

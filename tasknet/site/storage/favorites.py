@@ -1,0 +1,40 @@
+"""A user's favorite tasks: mark, unmark, list (views in gid order)."""
+
+from __future__ import annotations
+
+import sqlite3
+from typing import Any
+
+from tasknet.site.storage.errors import TaskError
+from tasknet.site.storage.rows import gallery_row, visible_gallery
+from tasknet.site.storage.views import views_in_order
+
+
+def add_favorite(cursor: sqlite3.Cursor, user_id: int, gid: int, admin: bool = False) -> None:
+    """Mark ``gid`` a favorite of ``user_id`` (idempotent).  Only a task the
+    user may see (an admin sees all); otherwise ``not_found``."""
+    visible_gallery(cursor, gid, None if admin else user_id)
+    cursor.execute("INSERT OR IGNORE INTO favorite (user_id, gid) VALUES (?, ?)", (user_id, gid))
+
+
+def remove_favorite(cursor: sqlite3.Cursor, user_id: int, gid: int, admin: bool = False) -> None:
+    """Unmark (idempotent); ``not_found`` for a task the user may not see."""
+    if gallery_row(cursor, gid) is not None:
+        visible_gallery(cursor, gid, None if admin else user_id)
+    else:
+        existing = cursor.execute(
+            "SELECT 1 FROM favorite WHERE user_id = ? AND gid = ?", (user_id, gid)
+        ).fetchone()
+        if existing is None:
+            raise TaskError("not_found", f"no task {gid}")
+    cursor.execute("DELETE FROM favorite WHERE user_id = ? AND gid = ?", (user_id, gid))
+
+
+def list_favorites(cursor: sqlite3.Cursor, user_id: int) -> list[dict[str, Any]]:
+    """The views of ``user_id``'s favorite tasks, in gid order."""
+    rows = cursor.execute(
+        "SELECT f.gid FROM favorite AS f JOIN gallery AS g ON g.gid = f.gid "
+        "WHERE f.user_id = ? ORDER BY f.gid",
+        (user_id,),
+    ).fetchall()
+    return views_in_order(cursor, (row[0] for row in rows))

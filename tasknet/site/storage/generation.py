@@ -1,0 +1,108 @@
+"""Writing a task's generation (``task_operation``), the primitives every
+lifecycle transaction is made of: a fresh operationId, the guarded state
+change, touching the task row, removing an unsubmitted generation, and
+giving a legacy task row its one generation (:func:`backfill_legacy`).
+
+Every state change is checked against :mod:`tasknet.site.transitions` before
+it is written (the SQLite trigger checks it again).
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import uuid
+from typing import Any
+
+from tasknet.site import transitions
+from tasknet.site.storage import outbox
+from tasknet.site.storage.errors import TaskError
+from tasknet.site.storage.rows import NOW_SQL, gallery_row
+from tasknet.status import OperationState
+
+_TOUCH_SQL = f"UPDATE gallery SET updated_at = {NOW_SQL} WHERE gid = ?"  # noqa: S608
+
+
+def new_operation_id() -> str:
+    """A fresh operationId (also used for delete ids)."""
+    return uuid.uuid4().hex
+
+
+def change_state(
+    cursor: sqlite3.Cursor,
+    gid: int,
+    operation_id: str,
+    old: OperationState,
+    new: OperationState,
+    **columns: Any,
+) -> bool:
+    """Move generation ``operation_id`` of ``gid`` from ``old`` to ``new``
+    (checked against the transition table) and set ``columns``.  ``False``
+    when the row is not in ``old`` under that operationId: nothing written."""
+    transitions.check(old, new)
+    assignments = "".join(f", {name} = ?" for name in columns)  # names are ours, not input
+    cursor.execute(
+        f"UPDATE task_operation SET state = ?, updated_at = {NOW_SQL}{assignments} "  # noqa: S608
+        "WHERE gid = ? AND operation_id = ? AND state = ?",
+        (new.value, *columns.values(), gid, operation_id, old.value),
+    )
+    return cursor.rowcount == 1
+
+
+def touch(cursor: sqlite3.Cursor, gid: int) -> None:
+    """Set the task row's ``updated_at`` to now (its view changed)."""
+    cursor.execute(_TOUCH_SQL, (gid,))
+
+
+def remove_generation(
+    cursor: sqlite3.Cursor, gid: int, operation_id: str, old: OperationState
+) -> bool:
+    """Remove generation ``operation_id`` of ``gid`` (state ``old``) and the
+    task row created for it; favorites of the gid go with it, and the owner
+    is told.  Only that generation's rows: ``False`` and nothing touched when
+    the gid has moved on."""
+    transitions.check(old, None)
+    row = cursor.execute(
+        "SELECT user_id FROM task_operation WHERE gid = ? AND operation_id = ? AND state = ?",
+        (gid, operation_id, old.value),
+    ).fetchone()
+    if row is None:
+        return False
+    cursor.execute(
+        "DELETE FROM task_operation WHERE gid = ? AND operation_id = ? AND state = ?",
+        (gid, operation_id, old.value),
+    )
+    # The gallery row of an unsubmitted generation is the placeholder that
+    # reserve() wrote for it: same gid (unique), same owner.
+    cursor.execute("DELETE FROM gallery WHERE gid = ? AND user_id IS ?", (gid, row["user_id"]))
+    cursor.execute("DELETE FROM favorite WHERE gid = ?", (gid,))
+    outbox.enqueue_task_change(cursor, gid, user_id=row["user_id"])
+    return True
+
+
+def backfill_legacy(cursor: sqlite3.Cursor, gid: int, operation_id: str | None = None) -> str:
+    """Give a legacy task row (no ``task_operation``) its one generation:
+    ``(none) -> SUBMITTED``, ``legacy=1``, existing status untouched.
+
+    ``dispatched`` is 1 when the row shows a node or a node status (the node
+    may hold files).  ``metered`` stays 0: the old site charged it, outside
+    this ledger.  Returns the operationId (``operation_id`` if given)."""
+    row = gallery_row(cursor, gid)
+    if row is None:
+        raise TaskError("not_found", f"no task {gid}")
+    operation_id = operation_id or new_operation_id()
+    transitions.check(None, OperationState.SUBMITTED)
+    dispatched = int(row["node_id"] is not None or row["status"] is not None)
+    cursor.execute(
+        "INSERT INTO task_operation (gid, operation_id, state, user_id, cost, archive_url, "
+        "legacy, step, dispatched) VALUES (?, ?, ?, ?, ?, ?, 1, 'backfill', ?)",
+        (
+            gid,
+            operation_id,
+            OperationState.SUBMITTED.value,
+            row["user_id"],
+            row["cost"],
+            row["url"],
+            dispatched,
+        ),
+    )
+    return operation_id

@@ -1,0 +1,62 @@
+"""Weekly usage and quota: the ISO week of a moment or of a stored
+timestamp, a user's usage this week, the cost of submissions in flight, and
+metering a cost into ``weekly_usage``."""
+
+from __future__ import annotations
+
+import sqlite3
+from datetime import UTC, datetime
+from typing import Any
+
+from tasknet.site.storage.errors import TaskError
+from tasknet.status import OperationState
+
+
+def iso_week(moment: datetime | None = None) -> str:
+    """The ISO week of ``moment`` (default: now, UTC), e.g. ``2026-W49``."""
+    moment = moment or datetime.now(UTC)
+    year, week, _ = moment.isocalendar()
+    return f"{year}-W{week:02d}"
+
+
+def week_of_timestamp(timestamp: str | None) -> str:
+    """The ISO week of one of our stored UTC timestamps (now if unparsable)."""
+    if timestamp:
+        try:
+            return iso_week(datetime.fromisoformat(timestamp.replace("Z", "+00:00")))
+        except ValueError:
+            pass
+    return iso_week()
+
+
+def usage(cursor: sqlite3.Cursor, user_id: int, week: str | None = None) -> dict[str, Any]:
+    """``{"week", "used", "quota"}`` of ``user_id`` for ``week`` (default: this week)."""
+    week = week or iso_week()
+    row = cursor.execute(
+        "SELECT u.quota, COALESCE(w.used, 0) AS used FROM user AS u "
+        "LEFT JOIN weekly_usage AS w ON w.user_id = u.id AND w.week = ? WHERE u.id = ?",
+        (week, user_id),
+    ).fetchone()
+    if row is None:
+        raise TaskError("not_found", f"no user {user_id}")
+    return {"week": week, "used": int(row["used"]), "quota": int(row["quota"])}
+
+
+def in_flight_cost(cursor: sqlite3.Cursor, user_id: int) -> int:
+    """Costs of this user's submissions that passed the quota check and are
+    being POSTed right now: counted so two concurrent creates cannot both
+    squeeze under the quota."""
+    row = cursor.execute(
+        "SELECT COALESCE(SUM(cost), 0) FROM task_operation WHERE user_id = ? AND state = ?",
+        (user_id, OperationState.SUBMITTING.value),
+    ).fetchone()
+    return int(row[0])
+
+
+def meter(cursor: sqlite3.Cursor, user_id: int, week: str, cost: int) -> None:
+    """Add ``cost`` to ``user_id``'s usage of ``week``."""
+    cursor.execute(
+        "INSERT INTO weekly_usage (user_id, week, used) VALUES (?, ?, ?) "
+        "ON CONFLICT (user_id, week) DO UPDATE SET used = used + excluded.used",
+        (user_id, week, cost),
+    )
