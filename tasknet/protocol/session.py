@@ -1,4 +1,4 @@
-"""The interfaces both wire versions sit behind (docs/contracts.md).
+"""The interfaces both wire versions sit behind (docs/architecture.md, "Seams").
 
 Site side: an :class:`INodeSession` per logged-in node connection, reported
 to an :class:`ISiteHandler`.  Node side: an :class:`ISiteLink` reported to an
