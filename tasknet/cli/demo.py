@@ -339,6 +339,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         data_dir, http_port=port, bandwidth=args.bandwidth or None, ready_timeout=args.timeout
     )
     signal.signal(signal.SIGTERM, _on_sigterm)
+    # Ctrl-C must stop the demo even when started from a shell that made
+    # SIGINT ignored for it (a background job of a script inherits SIG_IGN).
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     print(f"starting tasknet demo in {data_dir} ...", flush=True)
     try:
         stack.start()
