@@ -10,6 +10,7 @@ the node link subclass it.
 
 from __future__ import annotations
 
+from abc import abstractmethod
 from typing import Any, ClassVar
 
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
@@ -186,10 +187,10 @@ class PeerProtocol(FrameProtocol, TimeoutMixin):
         """The other end, for log lines."""
         return f"{self.peer_role} at {self._peer()}"
 
+    @abstractmethod
     def beforeLogin(self, message: Message) -> None:
         """A pre-login message other than Heartbeat, Error and Goodbye."""
-        raise NotImplementedError
 
+    @abstractmethod
     def loggedInMessage(self, message: Message) -> None:
         """A message the peer may send on this connection once logged in."""
-        raise NotImplementedError

@@ -9,6 +9,7 @@ in (before buffering any payload), and hands each whole frame to
 
 from __future__ import annotations
 
+from abc import ABCMeta, abstractmethod
 from typing import Any
 
 from twisted.internet.protocol import Protocol
@@ -22,7 +23,7 @@ _unpack_header = HEADER.unpack_from
 _HEADER_SIZE = HEADER.size
 
 
-class FrameProtocol(Protocol):
+class FrameProtocol(Protocol, metaclass=ABCMeta):
     """Incremental frame parser and writer.
 
     Subclasses implement :meth:`frameReceived`.  ``max_payload`` may be set
@@ -61,9 +62,9 @@ class FrameProtocol(Protocol):
             if self.closing:
                 return
 
+    @abstractmethod
     def frameReceived(self, type_: int, payload: bytes) -> None:
         """Called once per complete frame."""
-        raise NotImplementedError
 
     def sendMessage(self, message: Message) -> None:
         """Write ``message`` as one frame (dropped once the connection is closing)."""

@@ -34,7 +34,15 @@ class Recorder(PeerProtocol):
         self.received: list[Message] = []
 
     def messageReceived(self, message: Message) -> None:
+        # Records every decoded message, bypassing the login gate and routing
+        # (tested over TCP in test_connections.py), so the two hooks below
+        # are never reached.
         self.received.append(message)
+
+    def beforeLogin(self, message: Message) -> None:
+        raise AssertionError("unreachable: messageReceived is overridden")
+
+    loggedInMessage = beforeLogin
 
 
 def connected(max_payload: int = 1024) -> tuple[Recorder, StringTransport]:
