@@ -68,7 +68,8 @@ def run(ctx: Context) -> Row:
     rss_mib = memory.get("VmRSS", 0) / 2**20
     dropped = sum(r["dropped"] for r in results)
     errors = [e for r in results for e in r["errors"]]
-    site_sees = len(listed.get("nodes", []))
+    # Connected ones: the list keeps recently seen nodes too ("connected": false).
+    site_sees = sum(1 for n in listed.get("nodes", []) if n.get("connected", True))
     row = Row(
         bench="B5",
         title="connections",

@@ -22,6 +22,9 @@ Commands::
     node-key remove ID
     [--upstream URL] unknown [--json]       UNKNOWN operations with their evidence
     [--upstream URL] resolve GID submitted|not_submitted [--note TEXT]
+    force-delete GID --note TEXT            complete a stuck DELETE_PENDING whose node
+                                            is gone for good (audited; a repeat on the
+                                            tombstone it left prints the same result)
 
 Exit status: 0 done, 1 refused (the message says why; nothing changed),
 2 bad usage.
@@ -43,7 +46,7 @@ from twisted.python.failure import Failure
 
 from tasknet.site.lifecycle import Lifecycle
 from tasknet.site.storage import db as storage_db
-from tasknet.site.storage import errors, reconcile, users
+from tasknet.site.storage import delete, errors, reconcile, users
 from tasknet.site.storage.schema import SchemaError, prepare_database
 from tasknet.site.upstream_client import UpstreamClient
 
@@ -72,6 +75,18 @@ def _gid(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"gid must be positive, got {value}")
     return value
+
+
+#: As the API's limit on a note.
+MAX_NOTE = 2000
+
+
+def _note(text: str) -> str:
+    if not text.strip():
+        raise argparse.ArgumentTypeError("the note must say why")
+    if len(text) > MAX_NOTE:
+        raise argparse.ArgumentTypeError(f"the note is limited to {MAX_NOTE} characters")
+    return text
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -137,6 +152,13 @@ def build_parser() -> argparse.ArgumentParser:
     resolve.add_argument("gid", type=_gid)
     resolve.add_argument("verdict", choices=reconcile.VERDICTS)
     resolve.add_argument("--note", default="", help="why (kept in the audit log)")
+
+    force = commands.add_parser(
+        "force-delete",
+        help="complete a stuck DELETE_PENDING whose node is gone for good (audited)",
+    )
+    force.add_argument("gid", type=_gid)
+    force.add_argument("--note", required=True, type=_note, help="why (kept in the audit log)")
     return parser
 
 
@@ -186,6 +208,8 @@ def run(args: argparse.Namespace, out: TextIO) -> None:
             _user_command(connection, args, out)
         elif args.command == "node-key":
             _node_key_command(connection, args, out)
+        elif args.command == "force-delete":
+            _force_delete_command(connection, args, out)
     finally:
         connection.close()
 
@@ -274,6 +298,24 @@ def _node_key_command(
         if not _write(connection, users.remove_node_key, args.node_id):
             raise AdminError(f"no node key {args.node_id!r}")
         print(f"node {args.node_id} removed", file=out)
+
+
+def _force_delete_command(
+    connection: sqlite3.Connection, args: argparse.Namespace, out: TextIO
+) -> None:
+    forced = _write(connection, delete.force_delete, args.gid, _actor(), args.note)
+    if forced.repeated:
+        print(
+            f"gid {forced.gid}: already force-deleted at {forced.forced_at} by {forced.actor}; "
+            "nothing changed",
+            file=out,
+        )
+        return
+    print(
+        f"gid {forced.gid}: DELETED (forced; node {forced.node or '(none)'} never confirmed "
+        f"delete {forced.delete_operation_id}); audited as {forced.actor}",
+        file=out,
+    )
 
 
 async def _unknown_command(lifecycle: Lifecycle, args: argparse.Namespace, out: TextIO) -> None:

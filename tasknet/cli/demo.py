@@ -63,7 +63,11 @@ def free_port() -> int:
 
 
 def port_is_free(port: int) -> bool:
+    """Whether a server could listen on ``port`` now.  SO_REUSEADDR, as
+    Twisted's listening ports set it: a port whose last connections are in
+    TIME-WAIT (a demo stopped a moment ago) is free for a server."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind((LOOPBACK, port))
         except OSError:
@@ -254,7 +258,9 @@ class DemoStack:
         )
         if reply.status != 200 or not isinstance(reply.body, dict):
             return set()
-        return {str(node.get("id")) for node in reply.body.get("nodes", [])}
+        # The list keeps recently seen nodes too ("connected": false).
+        nodes = reply.body.get("nodes", [])
+        return {str(node.get("id")) for node in nodes if node.get("connected", True)}
 
     def _wait(self, what: str, ready: Callable[[], bool], *watch: Child) -> None:
         deadline = time.monotonic() + self.ready_timeout

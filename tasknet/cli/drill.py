@@ -2,7 +2,7 @@
 
     tasknet-drill [SCENARIO...] [--repeat N] [--report FILE] [--keep] [--quick] [--netns]
 
-With no scenario, all sixteen run.  Exit status: 0 when every run passed,
+With no scenario, all of them run.  Exit status: 0 when every run passed,
 1 when any invariant or expectation FAILed, 2 on a usage error.
 """
 
@@ -29,7 +29,7 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="tasknet-drill",
         description="Fault drills: real upstream, site and node processes, a fault "
-        "injected, invariants D1-D7 checked.",
+        "injected, invariants D1-D8 checked.",
     )
     p.add_argument("scenarios", nargs="*", metavar="SCENARIO", help="e.g. S1 S7 (default: all)")
     p.add_argument("--quick", action="store_true", help=f"the CI set: {' '.join(QUICK)}")

@@ -1,4 +1,5 @@
-"""``tasknet-migrate --db PATH``: back up, then migrate a site database to v2."""
+"""``tasknet-migrate --db PATH``: back up, then migrate a site database to the
+current schema; refused (exit 1) while a site holds the database."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import argparse
 import sqlite3
 import sys
 
+from tasknet.site.storage.lock import DatabaseInUse
 from tasknet.site.storage.migrate import DuplicateGids, migrate
 from tasknet.site.storage.schema import SchemaError
 
@@ -13,8 +15,9 @@ from tasknet.site.storage.schema import SchemaError
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="tasknet-migrate",
-        description="Back the site database up (SQLite online backup), then apply "
-        "migrate_task_operation_v2.sql in one transaction. Running it twice is harmless.",
+        description="Back the site database up (SQLite online backup, mode 0600) before "
+        "changing anything, then apply the schema upgrades in one transaction. Refused while "
+        "a tasknet-site holds the database. Running it twice is harmless.",
     )
     parser.add_argument("--db", required=True, metavar="PATH", help="the site's SQLite database")
     args = parser.parse_args(argv)
@@ -29,6 +32,9 @@ def main(argv: list[str] | None = None) -> int:
         if e.backup:
             print(f"(backup kept at {e.backup}; nothing was changed)", file=sys.stderr)
         return 2
+    except DatabaseInUse as e:
+        print(f"tasknet-migrate: {e}", file=sys.stderr)
+        return 1
     except (SchemaError, sqlite3.Error) as e:
         print(f"tasknet-migrate: {type(e).__name__}: {e}", file=sys.stderr)
         return 1

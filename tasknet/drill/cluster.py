@@ -307,7 +307,9 @@ class Cluster:
             return self._attached_from_log()
         if not reply.ok or not isinstance(reply.body, dict):
             return set()
-        return {str(n.get("id")) for n in reply.body.get("nodes", [])}
+        # The list keeps recently seen nodes too ("connected": false).
+        nodes = reply.body.get("nodes", [])
+        return {str(n.get("id")) for n in nodes if n.get("connected", True)}
 
     def _attached_from_log(self) -> set[str]:
         site = self._site()

@@ -1,4 +1,4 @@
-"""The drill invariants D1–D7 (DRILLS.md), checked on read-only evidence.
+"""The drill invariants D1–D8 (DRILLS.md), checked on read-only evidence.
 
 Each check takes a :class:`World` (the site database, every node database,
 the upstream's stats and journal, the frames the fault proxies saw, the
@@ -51,6 +51,10 @@ class Ledger:
     carried_cost: int = 0
     # gids the scenario expects shown 下载完成 at the end.
     expect_completed: set[int] = field(default_factory=set)
+    # What a hostile node sent for tasks it was not assigned (S17): one dict
+    # per entry, {"node", "gid", "revision", "status", "progress"} or, for a
+    # delete confirmation, {"node", "gid", "revision", "delete_operation_id"}.
+    forged: list[dict[str, Any]] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -59,6 +63,7 @@ class Ledger:
             "deleted": sorted(self.deleted),
             "carried_cost": self.carried_cost,
             "expect_completed": sorted(self.expect_completed),
+            "forged": self.forged,
         }
 
 
@@ -561,6 +566,88 @@ def check_d7(world: World) -> Verdict:
     return f.verdict("{n} notification(s): none lost, none repeated", "no notification")
 
 
+def check_d8(world: World) -> Verdict:
+    """No task was changed by a node it was not assigned to (status,
+    progress, revision, delete).
+
+    Every task's stored revision must come from a report of its own node
+    (the receipts say who sent which revision); and for every entry the
+    scenario forged (``Ledger.forged``) the forged revision is nowhere, a
+    forged status is shown only if the owning node holds the task in that
+    status itself, and a forged delete confirmation completed nothing the
+    owning node still holds."""
+    f = _Failures("D8")
+    ops, galleries = world.site.operations, world.site.galleries
+    senders: dict[int, set[str]] = defaultdict(set)  # revision -> nodes that sent it
+    for receipt in world.site.receipts.values():
+        senders[int(receipt["revision"])].add(str(receipt["node_id"]))
+    for gid, op in sorted(ops.items()):
+        gallery = galleries.get(gid)
+        revision = op.get("last_revision")
+        if gallery is None or revision is None or not gallery.get("node_id"):
+            continue
+        f.checked += 1
+        who = senders.get(int(revision), set())
+        if who and gallery["node_id"] not in who:
+            f.fail(
+                f"gid {gid}: its revision {revision} came from {sorted(who)},"
+                f" not from its node {gallery['node_id']}",
+                gid=gid,
+                gallery=gallery,
+                operation=op,
+            )
+    for forged in world.ledger.forged:
+        gid, node_id = int(forged["gid"]), str(forged["node"])
+        op, gallery = ops.get(gid) or {}, galleries.get(gid)
+        owner = (gallery or {}).get("node_id")
+        f.checked += 1
+        if owner == node_id:
+            f.fail(f"gid {gid}: assigned to the forging node {node_id}", forged=forged)
+            continue
+        if op.get("last_revision") == forged["revision"]:
+            f.fail(
+                f"gid {gid}: stores the revision {forged['revision']} {node_id} forged",
+                forged=forged,
+                operation=op,
+            )
+        owner_task = world.nodes[owner].tasks.get(gid) if owner in world.nodes else None
+        if "status" in forged and gallery is not None:
+            shown = (gallery.get("status"), float(gallery.get("progress") or 0))
+            held = (
+                None
+                if owner_task is None
+                else (owner_task.get("status"), float(owner_task.get("progress") or 0))
+            )
+            if held is None and owner in world.nodes and op.get("operation_id"):
+                # A completion ACKed leaves the node's queue; its archive stays.
+                data = DataDir(world.node_dirs[owner])
+                if world.nodes[owner].holds_archive(gid, str(op["operation_id"]), data):
+                    held = (COMPLETED_CODE, 1.0)
+            if shown == (forged["status"], float(forged["progress"])) and shown != held:
+                f.fail(
+                    f"gid {gid}: shows what {node_id} forged ({shown}), its node"
+                    f" {owner} holds {held}",
+                    forged=forged,
+                    gallery=gallery,
+                    owner_task=owner_task,
+                )
+        if "delete_operation_id" in forged and op.get("state") == "DELETED":
+            for other_id, node in sorted(world.nodes.items()):
+                data = DataDir(world.node_dirs[other_id])
+                task = node.tasks.get(gid)
+                archive = data.archive_path(gid, str(op.get("operation_id"))).name
+                if archive in node.archives or (
+                    task and task.get("operation_id") == op.get("operation_id")
+                ):
+                    f.fail(
+                        f"gid {gid}: DELETED (a delete {node_id} forged?) while"
+                        f" {other_id} still holds it",
+                        forged=forged,
+                        node_task=task,
+                    )
+    return f.verdict("{n} task(s) changed only by their own node", "no revision, no forgery")
+
+
 CHECKS: dict[str, Callable[[World], Verdict]] = {
     "D1": check_d1,
     "D2": check_d2,
@@ -569,6 +656,7 @@ CHECKS: dict[str, Callable[[World], Verdict]] = {
     "D5": check_d5,
     "D6": check_d6,
     "D7": check_d7,
+    "D8": check_d8,
 }
 INVARIANTS = tuple(CHECKS)
 

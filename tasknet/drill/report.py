@@ -105,7 +105,7 @@ def table(results: list[RunResult]) -> str:
     passed = sum(not r.failed for r in results)
     lines.append("")
     lines.append(f"{passed}/{len(results)} run(s) passed; E = the scenario's expected outcome,")
-    lines.append("D1–D7 = DRILLS.md invariants, – = not exercised by the scenario.")
+    lines.append("D1–D8 = DRILLS.md invariants, – = not exercised by the scenario.")
     return "\n".join(lines)
 
 

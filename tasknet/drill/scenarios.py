@@ -1,8 +1,8 @@
-"""Scenarios S1–S16 of DRILLS.md: each injects one fault into real processes.
+"""Scenarios S1–S19 of DRILLS.md: each injects one fault into real processes.
 
 A scenario drives a :class:`Cluster` and records its own expectations (the
 "expected" column of DRILLS.md) through :class:`Expect`; the invariants
-D1–D7 are checked afterwards by the runner on the settled system.  Every wait
+D1–D8 are checked afterwards by the runner on the settled system.  Every wait
 is bounded and says what it was waiting for.
 """
 
@@ -19,10 +19,14 @@ from typing import Any
 
 from tasknet.cli.jsonhttp import Reply
 from tasknet.drill.cluster import Cluster, node_secret
+from tasknet.drill.exhaustion import Swarm, rss_kib
 from tasknet.drill.invariants import FAIL, PASS, Verdict
-from tasknet.drill.peer import send_late_report
-from tasknet.drill.procs import DrillError, wait_for
+from tasknet.drill.peer import ScriptedPeer, send_late_report
+from tasknet.drill.ports import free_port
+from tasknet.drill.procs import DrillError, Proc, wait_for
 from tasknet.drill.proxy import TO_CLIENT, TO_SERVER
+from tasknet.drill.snapshot import read_only
+from tasknet.protocol.messages import DeletedEntry, TaskEntry, TaskReport, TaskReportAck
 from tasknet.upstream.catalog import gallery
 
 COMPLETED = "COMPLETED"
@@ -144,7 +148,7 @@ def report_carries(gid: int, status: int) -> Callable[[Any], bool]:
     return match
 
 
-# -- S1..S16 ------------------------------------------------------------------------
+# -- S1..S19 ------------------------------------------------------------------------
 
 
 def s1_upstream_timeout(c: Cluster, x: Expect, rng: random.Random) -> None:
@@ -599,6 +603,264 @@ def s16_concurrent_creates(c: Cluster, x: Expect, rng: random.Random) -> None:
     completed(c, x, gid)
 
 
+def _forge(host: str, port: int, node_id: str, secret: str, report: TaskReport) -> TaskReportAck:
+    """Log in as ``node_id`` (a valid key), send ``report``, return its ACK."""
+    peer = ScriptedPeer(host, port, node_id, secret)
+    try:
+        peer.login()
+        peer.send(report)
+        while True:
+            ack = peer.expect(TaskReportAck)
+            assert isinstance(ack, TaskReportAck)
+            if ack.report_id == report.report_id:
+                return ack
+    finally:
+        peer.close()
+
+
+FORGED_REVISION = 2**62
+
+
+def _dropped_not_owner(c: Cluster, node_id: str) -> int:
+    with read_only(c.site_db) as conn:
+        row = conn.execute(
+            "SELECT count FROM node_dropped_entry WHERE node_id = ? AND reason = 'not_owner'",
+            (node_id,),
+        ).fetchone()
+    return int(row[0]) if row else 0
+
+
+def s17_hostile_node(c: Cluster, x: Expect, rng: random.Random) -> None:
+    hostile = "n4"
+    small = pick_gid(rng, max_size=150_000)
+    big = pick_gid(rng, min_size=900_000)
+    x.step("start upstream (100 kB/s per response), site, node n1")
+    basic(c, "n1", bandwidth=100_000)
+    x.status(c.create(small), 201, "create the small gid")
+    completed(c, x, small)
+    c.ledger.expect_completed.discard(small)  # deleted below
+    x.status(c.create(big), 201, "create the big gid")
+    wait_for(
+        lambda: (c.task(big) or {}).get("status") == "DOWNLOADING",
+        30,
+        f"gid {big} downloading on n1",
+    )
+    operation = str((c.task(big) or {}).get("operationId"))
+
+    def forge(report_id: str, revision: int, tasks: tuple[TaskEntry, ...], **more: Any) -> None:
+        for entry in tasks:
+            c.ledger.forged.append(
+                {
+                    "node": hostile,
+                    "gid": entry.gid,
+                    "revision": revision,
+                    "status": entry.status,
+                    "progress": entry.progress,
+                }
+            )
+        for deleted in more.get("deleted", ()):
+            c.ledger.forged.append(
+                {
+                    "node": hostile,
+                    "gid": deleted.gid,
+                    "revision": revision,
+                    "delete_operation_id": deleted.operation_id,
+                }
+            )
+        report = TaskReport(
+            report_id,
+            revision,
+            tasks,
+            {e.gid: operation for e in tasks},
+            tuple(more.get("deleted", ())),
+        )
+        ack = c.in_site_namespace(
+            _forge, c.site_host, c.nodes_port, hostile, node_secret(hostile), report
+        )
+        x.equal(ack.result, "APPLIED", f"ACK of the forged report {report_id}")
+
+    x.step(f"{hostile} (valid key) forges progress and completion of n1's gid {big}")
+    forge("forged-progress", FORGED_REVISION, (TaskEntry(big, 3, 0.99),))
+    forge("forged-completion", FORGED_REVISION + 1, (TaskEntry(big, 4, 1.0),))
+    x.equal((c.task(big) or {}).get("status"), "DOWNLOADING", "gid status after the forgery")
+
+    x.step(f"n1 offline; delete gid {small}; {hostile} forges its delete confirmation")
+    node = c.nodes["n1"]
+    node.proc.terminate()
+    x.status(c.delete(small), 202, "delete while n1 is offline")
+    delete_id = str((c.task(small) or {}).get("deleteOperationId"))
+    forge(
+        "forged-delete",
+        FORGED_REVISION + 2,
+        (TaskEntry(big, 4, 1.0),),
+        deleted=(DeletedEntry(small, delete_id, "DELETED", ""),),
+    )
+    x.that(
+        hold(lambda: c.site_state(small) == "DELETE_PENDING", 2.0),
+        f"gid {small} stays DELETE_PENDING after the forged confirmation",
+    )
+    x.that((c.task(big) or {}).get("status") != COMPLETED, f"gid {big} not 下载完成 by the forgery")
+    drops = _dropped_not_owner(c, hostile)
+    x.equal(drops, 4, f"not_owner drops recorded for {hostile}")
+    nodes = (c.api("GET", "/api/admin/nodes").body or {}).get("nodes", [])
+    shown = {n.get("id"): n.get("droppedEntries") for n in nodes}
+    x.equal(
+        (shown.get(hostile) or {}).get("not_owner"),
+        drops,
+        f"/api/admin/nodes droppedEntries of {hostile}",
+        nodes=nodes,
+    )
+
+    x.step("n1 back: its own reports still apply, its delete completes")
+    node.proc.start()
+    completed(c, x, big)
+    c.wait_state(small, ("DELETED",), 60)
+    c.ledger.deleted.add(small)
+    x.equal(c.task(small), None, "task after the owner's confirmed delete")
+
+
+def s18_second_site_on_the_database(c: Cluster, x: Expect, rng: random.Random) -> None:
+    gid = pick_gid(rng)
+    x.step("start upstream, site (upstream timeout 60s), node")
+    basic(c, "n1", upstream_timeout=60)
+    c.upstream_fault("latency", ms=8000)
+    x.step(f"create gid {gid}; the upstream holds its POST 8 s")
+    _, answers = in_background(lambda: c.create(gid, timeout=90))
+    wait_for(lambda: c.site_state(gid) == "SUBMITTING", 15, "SUBMITTING committed")
+    x.step("start a second tasknet-site on the live site's database")
+    second = Proc(
+        "site-2",
+        "tasknet-site",
+        [
+            "--db",
+            str(c.site_db),
+            "--http",
+            f"tcp:{free_port()}:interface=127.0.0.1",
+            "--nodes",
+            f"tcp:{free_port()}:interface={c.site_host}",
+            "--upstream",
+            c.upstream_url,
+            "--upstream-timeout",
+            "1",
+        ],
+        c.root / "site-2",
+    )
+    if c.netns is not None:
+        second.prefix = c.netns.exec_prefix(c.netns.site)
+    second.start()
+    assert second.popen is not None
+    c.helpers.append(second.popen)  # killed at shutdown should it start after all
+    code = second.wait_exit(30)
+    refusal = second.log_text()
+    x.that(code != 0, f"second site exits non-zero (got {code})", log=second.log_tail())
+    x.that("in use by tasknet-site pid" in refusal, "the refusal names the holder", log=refusal)
+    if c.netns is None and c.site is not None:
+        x.that(f"pid {c.site.pid} " in refusal, "the refusal names the live site's pid")
+    x.that("recovery" not in refusal, "the second site ran no recovery", log=refusal)
+    x.equal(c.site_state(gid), "SUBMITTING", "state right after the refusal")
+    wait_for(lambda: bool(answers), 60, "the in-flight create to be answered")
+    x.status(answers[0], 201, "the in-flight create")
+    x.equal(c.site_state(gid), "SUBMITTED", "state of the in-flight create")
+    x.equal(c.posts(gid), 1, "upstream POSTs")
+    completed(c, x, gid)
+
+
+# S19's schedule (PROTOCOL.md "Bounds", INTERFACES.md "Bounds, failures and
+# secrets"): when each kind of hostile client must be gone, with slack.
+S19_LOGIN_DEADLINE = 30.0  # node port: login within 30 s of connecting
+S19_REQUEST_DEADLINE = 30.0  # HTTP: a complete request within 30 s
+S19_WEBSOCKET_DEADLINE = 25.0  # events: ping after 15 s of silence, no pong in 10 s
+S19_SLACK = 5.0
+S19_LATENCY = 1.0
+
+
+def _timed(fn: Callable[[], Reply]) -> tuple[Reply, float]:
+    started = time.monotonic()
+    reply = fn()
+    return reply, time.monotonic() - started
+
+
+def s19_resource_exhaustion(c: Cluster, x: Expect, rng: random.Random) -> None:
+    x.step("start upstream, site, node n1")
+    c.start_upstream()
+    c.start_site(extra=["--default-quota", "1000000"])
+    c.start_node("n1")
+    site = c.site
+    assert site is not None and site.pid is not None
+    gids = distinct_gids(rng, 40, max_size=256 * 1024)
+    x.status(c.create(gids.pop()), 201, "warm-up create")
+    c.healthz()
+    time.sleep(1.0)
+    idle = rss_kib(site.pid)
+    x.step(f"site idle RSS {idle} KiB; unleash the swarm")
+    swarm = Swarm(("127.0.0.1", c.http_port), (c.site_host, c.nodes_port))
+    thread = threading.Thread(target=lambda: c.in_site_namespace(swarm.run), daemon=True)
+    thread.start()
+    if not swarm.ready.wait(60) or swarm.error is not None:
+        swarm.stop()
+        raise DrillError(f"the swarm could not connect: {swarm.error}")
+    peak = idle
+    health: list[tuple[Reply, float]] = []
+    creates: list[tuple[Reply, float]] = []
+    created: list[int] = []
+    deadline = time.monotonic() + S19_LOGIN_DEADLINE + S19_SLACK + 10
+    next_create = 0.0
+    try:
+        while not swarm.all_closed() and time.monotonic() < deadline:
+            peak = max(peak, rss_kib(site.pid))
+            health.append(_timed(c.healthz))
+            if time.monotonic() >= next_create and gids:
+                gid = gids.pop()
+                creates.append(_timed(functools.partial(c.create, gid)))
+                created.append(gid)
+                next_create = time.monotonic() + 3.0
+            time.sleep(0.5)
+    finally:
+        swarm.stop()
+        thread.join(15)
+    peak = max(peak, rss_kib(site.pid))
+    x.step(f"site RSS idle {idle} KiB, peak under attack {peak} KiB ({peak / idle:.2f}x)")
+    x.that(peak < 2 * idle, f"site RSS peak {peak} KiB < 2 x idle {idle} KiB")
+
+    def on_schedule(kind: str, bound: float, status: int | None) -> None:
+        attackers = swarm.of(kind)
+        late = [a.lifetime() for a in attackers if a.open or (a.lifetime() or 0) > bound]
+        lives = [life for a in attackers if (life := a.lifetime()) is not None]
+        if lives:
+            x.step(f"{len(attackers)} {kind}: closed after {min(lives):.1f}-{max(lives):.1f} s")
+        x.that(
+            not late,
+            f"all {len(attackers)} {kind} clients closed within {bound:g} s",
+            late=late[:10],
+        )
+        if status is not None:
+            answers = sorted({a.status for a in attackers}, key=str)
+            x.equal(answers, [status], f"what the {kind} clients were answered")
+
+    on_schedule("node", S19_LOGIN_DEADLINE + S19_SLACK, None)
+    on_schedule("upload", S19_SLACK, 413)
+    on_schedule("slow", S19_REQUEST_DEADLINE + S19_SLACK, 408)
+    on_schedule("websocket", S19_WEBSOCKET_DEADLINE + S19_SLACK, 101)
+    uploaded = max(a.sent for a in swarm.of("upload"))
+    x.that(uploaded < 300 * 1024 * 1024, f"no upload got to send its body ({uploaded} bytes max)")
+    slowest = max(seconds for _, seconds in health)
+    x.step(f"/healthz slowest {slowest:.3f} s over {len(health)} calls")
+    x.that(
+        all(r.status == 200 for r, _ in health) and slowest < S19_LATENCY,
+        f"/healthz answered {len(health)} times under attack, slowest {slowest:.3f} s",
+        failures=[r.brief() for r, _ in health if r.status != 200][:5],
+    )
+    slowest = max((seconds for _, seconds in creates), default=0.0)
+    x.step(f"create slowest {slowest:.3f} s over {len(creates)} calls")
+    x.that(
+        bool(creates) and all(r.status == 201 for r, _ in creates) and slowest < S19_LATENCY,
+        f"{len(creates)} creates under attack answered 201, slowest {slowest:.3f} s",
+        answers=[r.brief() for r, _ in creates if r.status != 201][:5],
+    )
+    for gid in created:
+        completed(c, x, gid)
+
+
 SCENARIOS: dict[str, Scenario] = {
     s.id: s
     for s in (
@@ -620,6 +882,11 @@ SCENARIOS: dict[str, Scenario] = {
         ),
         Scenario("S15", "recovery fails at start", s15_recovery_fails),
         Scenario("S16", "6 concurrent creates of one gid", s16_concurrent_creates),
+        Scenario("S17", "a hostile node forges another node's tasks", s17_hostile_node),
+        Scenario(
+            "S18", "a second site on the live site's database", s18_second_site_on_the_database
+        ),
+        Scenario("S19", "resource exhaustion by hostile clients", s19_resource_exhaustion),
     )
 }
-QUICK = ("S1", "S2", "S4", "S7", "S10", "S12", "S13", "S16")
+QUICK = ("S1", "S2", "S4", "S7", "S10", "S12", "S13", "S16", "S17", "S18")

@@ -23,7 +23,7 @@ from twisted.internet.defer import Deferred, DeferredLock
 from twisted.logger import Logger
 
 from tasknet.node.paths import DataDir
-from tasknet.node.store import DELETED, FAILED, NOT_FOUND, NodeStore
+from tasknet.node.store import DELETED, FAILED, LEGACY_DELETE_ID, NOT_FOUND, NodeStore
 from tasknet.node.worker import Worker
 from tasknet.protocol.messages import (
     ACTION_DELETE,
@@ -36,8 +36,6 @@ from tasknet.protocol.messages import (
 from tasknet.status import NodeCode
 
 log = Logger()
-
-LEGACY_DELETE_ID = ""  # a DeleteGallery carries no delete operation id
 
 
 class BadCommand(ValueError):

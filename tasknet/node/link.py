@@ -6,10 +6,17 @@ arrived first (a site sends it on accept, so a v2 site's Hello always does).
 ``protocol=1`` is a faithful legacy node: it never sends a Hello, ignores
 types it does not know (10–13 included) and closes the connection on an
 unknown field in types 0–9 (the strict reader).
+
+Reconnecting: the ClientService's backoff counts only failed TCP connects and
+starts again after every accepted one, so a node whose login is refused (a
+wrong secret) would redial about every second for ever.  The retry policy
+here also counts each connection that ended before its login succeeded, and
+forgets them at the next successful login.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, cast
 
 from twisted.application.internet import ClientService, backoffPolicy
@@ -18,10 +25,11 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 from zope.interface import implementer
 
-from tasknet.protocol.connection import PeerFactory, PeerProtocol, hello_is_v2
+from tasknet.protocol.connection import LOGIN_TIMEOUT, PeerFactory, PeerProtocol, hello_is_v2
 from tasknet.protocol.messages import (
     LEGACY_TYPES,
     MAX_PAYLOAD,
+    PRE_LOGIN_MAX_PAYLOAD,
     DeleteGallery,
     DownloadPost,
     Goodbye,
@@ -36,7 +44,13 @@ from tasknet.protocol.messages import (
 )
 from tasknet.protocol.session import ISiteLink
 
-__all__ = ["SiteLink", "SiteLinkFactory", "site_client_service"]
+__all__ = [
+    "SiteClientService",
+    "SiteLink",
+    "SiteLinkFactory",
+    "login_backoff",
+    "site_client_service",
+]
 
 log = Logger()
 
@@ -69,7 +83,11 @@ class SiteLink(PeerProtocol):
             self.sendMessage(ProtocolHello())
 
     def connectionLost(self, reason: Failure | None = None) -> None:
+        was_authenticated = self.authenticated
         super().connectionLost(reason)
+        if not was_authenticated:
+            # Refused, or the site never completed the login: back off further.
+            self.factory.failed_logins += 1
         if self._up:
             self._up = False
             log.info(
@@ -112,7 +130,8 @@ class SiteLink(PeerProtocol):
             return
         if self.factory.wire_protocol >= 2 and hello_is_v2(self._site_hello):
             self.protocol_version = 2
-        self.authenticated = True
+        self.loggedIn()
+        self.factory.failed_logins = 0
         self._up = True
         log.info(
             "node {node_id} logged in to the site: protocol {protocol_version}",
@@ -138,7 +157,11 @@ class SiteLink(PeerProtocol):
 
 
 class SiteLinkFactory(PeerFactory):
-    """Builds a :class:`SiteLink` per connection attempt of the ClientService."""
+    """Builds a :class:`SiteLink` per connection attempt of the ClientService.
+
+    ``failed_logins`` counts the connections in a row that ended before their
+    login succeeded (:func:`login_backoff` reads it).
+    """
 
     def __init__(
         self,
@@ -151,15 +174,20 @@ class SiteLinkFactory(PeerFactory):
         max_payload: int = MAX_PAYLOAD,
         heartbeat_interval: float = 15.0,
         idle_timeout: float = 45.0,
+        pre_login_max_payload: int = PRE_LOGIN_MAX_PAYLOAD,
+        login_timeout: float = LOGIN_TIMEOUT,
     ) -> None:
         if protocol not in (1, 2):
             raise ValueError(f"protocol must be 1 or 2, got {protocol!r}")
         super().__init__(
             clock=clock,
             max_payload=max_payload,
+            pre_login_max_payload=pre_login_max_payload,
             heartbeat_interval=heartbeat_interval,
             idle_timeout=idle_timeout,
+            login_timeout=login_timeout,
         )
+        self.failed_logins = 0
         self.node_id = node_id
         self.secret = secret
         self.handler: Any = handler  # an INodeHandler
@@ -167,6 +195,42 @@ class SiteLinkFactory(PeerFactory):
 
     def buildProtocol(self, addr: Any) -> Any:  # Any: Factory's generic typing wants more
         return SiteLink(self)
+
+
+def login_backoff(
+    policy: Callable[[int], float], factory: SiteLinkFactory
+) -> Callable[[int], float]:
+    """``policy`` with each connection that failed to log in counted as a failed attempt.
+
+    ClientService calls the policy with its own count of failed connects in a
+    row, which is 1 again after any accepted connection; after the n-th
+    failed login in a row this gives ``policy(n)``, and failed connects that
+    follow continue from there.
+    """
+
+    def delay(attempt: int) -> float:
+        return policy(attempt + max(factory.failed_logins - 1, 0))
+
+    return delay
+
+
+class SiteClientService(ClientService):
+    """The link's ClientService, with its factory at hand (``link_factory.failed_logins``)."""
+
+    def __init__(
+        self,
+        endpoint: Any,  # an IStreamClientEndpoint
+        factory: SiteLinkFactory,
+        retry_policy: Callable[[int], float],
+        clock: Any,
+    ) -> None:
+        super().__init__(
+            endpoint,
+            cast(Any, factory),
+            retryPolicy=login_backoff(retry_policy, factory),
+            clock=clock,
+        )
+        self.link_factory = factory
 
 
 def site_client_service(
@@ -177,32 +241,38 @@ def site_client_service(
     *,
     protocol: int = 2,
     reactor: Any = None,
+    clock: Any = None,
     max_payload: int = MAX_PAYLOAD,
     heartbeat_interval: float = 15.0,
     idle_timeout: float = 45.0,
-    retry_policy: Any = None,
-) -> ClientService:
+    retry_policy: Callable[[int], float] | None = None,
+) -> SiteClientService:
     """A service that keeps the node connected (and logged in) to the site.
 
     ``endpoint`` is a Twisted client endpoint string (``tcp:host=...:port=...``,
     ``tls:...``, ``unix:path=...``).  ``retry_policy`` defaults to exponential
-    backoff from 0.5 s up to 30 s.
+    backoff from 0.5 s up to 30 s; a connection whose login is refused (or
+    never completes) counts as a failed attempt until a login succeeds
+    (:func:`login_backoff`).  ``clock`` (default: ``reactor``) runs the
+    retry and connection timers.
     """
     if reactor is None:
         from twisted.internet import reactor
+    if clock is None:
+        clock = reactor
     factory = SiteLinkFactory(
         node_id,
         secret,
         handler,
         protocol=protocol,
-        clock=reactor,
+        clock=clock,
         max_payload=max_payload,
         heartbeat_interval=heartbeat_interval,
         idle_timeout=idle_timeout,
     )
-    return ClientService(
+    return SiteClientService(
         clientFromString(reactor, endpoint),
-        cast(Any, factory),
-        retryPolicy=retry_policy or backoffPolicy(initialDelay=0.5, maxDelay=30.0),
-        clock=reactor,
+        factory,
+        retry_policy or backoffPolicy(initialDelay=0.5, maxDelay=30.0),
+        clock,
     )

@@ -81,6 +81,8 @@ class Reporter:
         self.clock: Any = clock
         self.link: SiteLink | None = None
         self.in_flight: PendingReport | None = None
+        #: When the report in flight was taken (or found at start), on ``clock``.
+        self.in_flight_since: float | None = None
         self._dirty = True  # a fresh start reports what it holds
         self._flush_call: DelayedCall | None = None
         self._ack_call: DelayedCall | None = None
@@ -90,6 +92,8 @@ class Reporter:
     async def load(self) -> None:
         """Pick up the report left in flight by the previous run."""
         self.in_flight = await self.store.in_flight_report()
+        if self.in_flight is not None:
+            self.in_flight_since = self.clock.seconds()
 
     def stop(self) -> None:
         self._stopped = True
@@ -143,6 +147,7 @@ class Reporter:
         )
         if self.in_flight is current:
             self.in_flight = None
+            self.in_flight_since = None
         self._cancel(self._ack_call)
         self._ack_call = None
         if self._dirty:
@@ -174,6 +179,7 @@ class Reporter:
         if report is None:
             return
         self.in_flight = report
+        self.in_flight_since = self.clock.seconds()
         self._send_in_flight()
 
     # legacy ---------------------------------------------------------------------

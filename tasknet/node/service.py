@@ -8,12 +8,14 @@ and resume with Range next time), close the store.
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from twisted.application.service import MultiService
 from twisted.internet.defer import Deferred
 from twisted.logger import Logger
 from twisted.python import usage
+from twisted.python.failure import Failure
 from zope.interface import implementer
 
 from tasknet.node.commands import BadCommand, CommandHandler
@@ -23,6 +25,7 @@ from tasknet.node.store import NodeStore
 from tasknet.node.worker import Worker
 from tasknet.protocol.messages import NODE_ID, Message, TaskReportAck
 from tasknet.protocol.session import INodeHandler
+from tasknet.startup import exit_after_stop
 
 log = Logger()
 
@@ -44,13 +47,56 @@ def _positive_float(value: str) -> float:
     return number
 
 
+#: The node's secret from the environment (INTERFACES.md), when neither
+#: --secret nor --secret-file is given.
+SECRET_ENV = "TASKNET_NODE_SECRET"
+
+
+def read_secret_file(path: str) -> str:
+    """The secret in ``path``: its one non-blank line, surrounding
+    whitespace removed.  A clear :class:`usage.UsageError` otherwise (the
+    secret itself is never shown)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            lines = [line.strip() for line in f.read().splitlines() if line.strip()]
+    except (OSError, UnicodeDecodeError) as e:
+        raise usage.UsageError(f"--secret-file {path}: cannot read it: {e}") from e
+    if not lines:
+        raise usage.UsageError(f"--secret-file {path}: the file is empty")
+    if len(lines) > 1:
+        raise usage.UsageError(
+            f"--secret-file {path}: expected the secret alone on one line, found {len(lines)} lines"
+        )
+    return lines[0]
+
+
+def _secret(option: str | None, path: str | None, environment: str | None) -> str:
+    """--secret or --secret-file (not both), else the environment."""
+    if option is not None and path is not None:
+        raise usage.UsageError("give --secret or --secret-file, not both")
+    if path is not None:
+        return read_secret_file(path)
+    if option:
+        return option
+    if option is None and environment:
+        return environment
+    raise usage.UsageError(f"--secret is required (or --secret-file PATH, or {SECRET_ENV})")
+
+
 class Options(usage.Options):
     synopsis = "[options]"
     longdesc = "Storage node: dials the site, downloads, compresses, reports."
     optParameters = [
         ["connect", None, "tcp:127.0.0.1:7100", "the site's node endpoint"],
         ["node-id", None, "node-1", f"node id ({NODE_ID.pattern})"],
-        ["secret", None, None, "shared secret for Login (required)"],
+        [
+            "secret",
+            None,
+            None,
+            "shared secret for Login (visible in ps: prefer --secret-file or "
+            f"the environment variable {SECRET_ENV})",
+        ],
+        ["secret-file", None, None, "file holding the shared secret (one line)"],
         ["data", None, "tasknet-node-data", "node database and archives"],
         ["protocol", None, 2, "2, or 1 to behave exactly as a legacy node", int],
         ["downloads", None, 4, "concurrent downloads", _positive_int("downloads")],
@@ -62,11 +108,16 @@ class Options(usage.Options):
             "resend the in-flight report after this many seconds",
             _positive_float,
         ],
+        [
+            "metrics",
+            None,
+            None,
+            "serve Prometheus metrics on this endpoint (e.g. tcp:9101:interface=127.0.0.1)",
+        ],
     ]
 
     def postOptions(self) -> None:
-        if not self["secret"]:
-            raise usage.UsageError("--secret is required")
+        self["secret"] = _secret(self["secret"], self["secret-file"], os.environ.get(SECRET_ENV))
         if self["protocol"] not in (1, 2):
             raise usage.UsageError(f"--protocol must be 2 or 1, got {self['protocol']}")
         if not NODE_ID.fullmatch(self["node-id"]):
@@ -95,6 +146,7 @@ class NodeService(MultiService):
         download_idle_timeout: float = 30.0,
         debounce: float = 0.3,
         retry_policy: Any = None,
+        metrics: str | None = None,
     ) -> None:
         super().__init__()
         if reactor is None:
@@ -114,6 +166,8 @@ class NodeService(MultiService):
         self.download_idle_timeout = download_idle_timeout
         self.debounce = debounce
         self.retry_policy = retry_policy
+        self.metrics = metrics  # endpoint of the metrics page, if any
+        self.metrics_port: Any = None
         self.store: NodeStore | None = None
         self.worker: Worker | None = None
         self.reporter: Reporter | None = None
@@ -122,16 +176,35 @@ class NodeService(MultiService):
         self.client: Any = None
         self.ready: Deferred[None] = Deferred()
         self._starting: Deferred[None] | None = None
+        # Set by makeService (twistd): a failed start stops the reactor and
+        # the process exits 1.  In-process callers see ``ready`` fail.
+        self.exit_on_failure = False
+        self._undone = False
 
     # service ------------------------------------------------------------------
     def startService(self) -> None:
         super().startService()
         self._starting = Deferred.fromCoroutine(self._start())
-        self._starting.addCallbacks(self.ready.callback, self._start_failed)
+        self._starting.addCallbacks(
+            self.ready.callback, lambda f: Deferred.fromCoroutine(self._start_failed(f))
+        )
 
-    def _start_failed(self, failure: Any) -> None:
+    async def _start_failed(self, failure: Failure) -> None:
+        """Undo what was started (jobs, store), log why and, under twistd,
+        exit non-zero."""
         log.failure("node failed to start", failure)
+        log.critical(
+            "tasknet-node could not start: {why}; undoing the start-up and exiting",
+            why=failure.getErrorMessage(),
+        )
+        try:
+            await self._release()
+        except Exception:
+            log.failure("undoing the failed start-up failed")
+        self._undone = True
         self.ready.errback(failure)
+        if self.exit_on_failure:
+            exit_after_stop(self.reactor, 1)
 
     async def _start(self) -> None:
         from tasknet.node.link import site_client_service
@@ -159,6 +232,8 @@ class NodeService(MultiService):
         self.commands = CommandHandler(store, self.data, worker, reporter.changed)
         await self._recover()
         await worker.resume_all()
+        if self.metrics is not None:  # before dialling: a taken port fails the start
+            await self._serve_metrics(self.metrics)
         log.info(
             "node {node_id} ready (protocol {protocol}, data {data}); dialling {connect}",
             node_id=self.node_id,
@@ -178,6 +253,19 @@ class NodeService(MultiService):
             retry_policy=self.retry_policy,
         )
         self.client.setServiceParent(self)
+
+    async def _serve_metrics(self, endpoint: str) -> None:
+        from twisted.internet.endpoints import serverFromString
+
+        from tasknet.node.metrics import metrics_site, node_registry
+
+        registry = node_registry(
+            lambda: (self.worker, self.reporter, self.link is not None), self.reactor
+        )
+        self.metrics_port = await serverFromString(self.reactor, endpoint).listen(
+            metrics_site(registry)
+        )
+        log.info("metrics on {endpoint}", endpoint=endpoint)
 
     async def _recover(self) -> None:
         """Finish deletes a crash interrupted; remove leftovers of old generations."""
@@ -213,13 +301,24 @@ class NodeService(MultiService):
     async def _stop(self) -> None:
         if self._starting is not None and not self._starting.called:
             await self.ready
+        if self._undone:  # a failed start already released everything
+            if self.running:
+                await MultiService.stopService(self)  # type: ignore[misc]
+            return
         link = self.link
         if link is not None:
             try:
                 link.close("node shutting down")
             except Exception:
                 log.failure("Goodbye failed")
-        await MultiService.stopService(self)  # type: ignore[misc]
+        await self._release()
+
+    async def _release(self) -> None:
+        if self.metrics_port is not None:
+            port, self.metrics_port = self.metrics_port, None
+            await port.stopListening()
+        if self.running:
+            await MultiService.stopService(self)  # type: ignore[misc]
         if self.reporter is not None:
             self.reporter.stop()
         if self.worker is not None:
@@ -269,7 +368,7 @@ class NodeService(MultiService):
 
 
 def makeService(options: Options) -> MultiService:
-    return NodeService(
+    node = NodeService(
         connect=options["connect"],
         node_id=options["node-id"],
         secret=options["secret"],
@@ -278,7 +377,10 @@ def makeService(options: Options) -> MultiService:
         downloads=options["downloads"],
         compressors=options["compressors"],
         ack_timeout=options["ack-timeout"],
+        metrics=options["metrics"],
     )
+    node.exit_on_failure = True
+    return node
 
 
 __all__ = ["NodeService", "Options", "makeService"]

@@ -101,6 +101,7 @@ PRUNE_BATCH = 50
 DELETED = "DELETED"
 NOT_FOUND = "NOT_FOUND"
 FAILED = "FAILED"
+LEGACY_DELETE_ID = ""  # a DeleteGallery carries no delete operation id
 DELETE_RESULTS = (DELETED, NOT_FOUND, FAILED)
 
 _SELECT_TASKS = (
@@ -322,6 +323,10 @@ def _create_report(cursor: sqlite3.Cursor, report_id: str, now_ms: int) -> Pendi
     if existing is not None:
         return existing
     tasks, deletions = _read_snapshot(cursor)
+    # A delete taken on a legacy link has no delete id, and a v2 report may
+    # not carry an empty one (PROTOCOL.md "Bounds"): it stays held until the
+    # site sends its DELETE again over v2 with the id, which replaces it.
+    deletions = [d for d in deletions if d.operation_id != LEGACY_DELETE_ID]
     if not tasks and not deletions:
         return None  # nothing held: a report would tell the site nothing
     previous = _last_revision(cursor)

@@ -73,6 +73,8 @@ class _Job:
         self.ended: list[Deferred[None]] = []
         self.last_write = 0.0
         self.writing = False
+        #: Bytes on disk at the last progress tick of this attempt (None: none yet).
+        self.received: int | None = None
 
     def when_ended(self) -> Deferred[None]:
         d: Deferred[None] = Deferred()
@@ -109,6 +111,8 @@ class Worker:
         self._client = HTTPClient(agent)
         self._jobs: dict[int, _Job] = {}
         self._running = False
+        #: Bytes received from the upstream since the start (node metrics).
+        self.bytes_downloaded = 0
 
     # lifecycle --------------------------------------------------------------
     def start(self) -> None:
@@ -129,6 +133,14 @@ class Worker:
     # jobs ---------------------------------------------------------------------
     def active(self) -> dict[int, str]:
         return {gid: job.operation_id for gid, job in self._jobs.items()}
+
+    def downloading(self) -> int:
+        """Downloads running now (holding a download slot)."""
+        return self._downloads.limit - self._downloads.tokens
+
+    def queued(self) -> tuple[int, int]:
+        """Jobs waiting for a download slot, and for a compression slot."""
+        return len(self._downloads.waiting), len(self._compressors.waiting)
 
     def run(self, gid: int, operation_id: str) -> None:
         """Start the job of ``(gid, operation_id)`` unless it already runs."""
@@ -191,6 +203,7 @@ class Worker:
             attempt = 0
             while True:
                 before = part.stat().st_size if part.exists() else 0
+                job.received = None  # a resumed attempt starts at what is on disk
                 try:
                     await fetch(
                         self._client,
@@ -219,6 +232,9 @@ class Worker:
             self.on_change()
 
     def _progress(self, job: _Job, received: int, total: int | None) -> None:
+        if job.received is not None and received > job.received:
+            self.bytes_downloaded += received - job.received
+        job.received = received
         # Throttled: a progress tick is worth a write at most every 0.5 s.
         now = time.monotonic()
         if job.writing or now - job.last_write < PROGRESS_WRITE_INTERVAL:

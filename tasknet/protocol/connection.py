@@ -4,8 +4,11 @@
 malformed ones with ``Error`` + close, keeps unauthenticated peers to the
 pre-login types, routes messages after login by the same rules on both sides,
 sends a Heartbeat every ``heartbeat_interval`` seconds and drops a connection
-that has sent no frame for ``idle_timeout`` seconds.  The site session and
-the node link subclass it.
+that has sent no frame for ``idle_timeout`` seconds.  Before login a frame may
+carry at most ``pre_login_max_payload`` bytes and the login must complete
+within ``login_timeout`` seconds of connecting, whatever the peer sends
+meanwhile (PROTOCOL.md, "Bounds").  The site session and the node link
+subclass it.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from typing import Any, ClassVar
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.internet.protocol import Factory
 from twisted.internet.task import LoopingCall
+from twisted.logger import Logger
 from twisted.protocols.policies import TimeoutMixin
 from twisted.python.failure import Failure
 
@@ -23,6 +27,7 @@ from tasknet.protocol.frames import FrameProtocol
 from tasknet.protocol.messages import (
     FEATURE_RELIABLE,
     MAX_PAYLOAD,
+    PRE_LOGIN_MAX_PAYLOAD,
     PROTOCOL_VERSION,
     Error,
     Goodbye,
@@ -33,11 +38,14 @@ from tasknet.protocol.messages import (
     UnknownMessageType,
     decode,
 )
+from tasknet.protocol.ratelog import RateLimitedLog
 
-__all__ = ["PRE_LOGIN_TYPES", "PeerFactory", "PeerProtocol", "hello_is_v2"]
+__all__ = ["LOGIN_TIMEOUT", "PRE_LOGIN_TYPES", "PeerFactory", "PeerProtocol", "hello_is_v2"]
 
 #: Types a peer may send before login; anything else is ``unauthenticated``.
 PRE_LOGIN_TYPES = frozenset({0, 1, 2, 3, 8, 9, 10})
+#: Seconds from connecting by which the login must be complete (PROTOCOL.md, "Bounds").
+LOGIN_TIMEOUT = 30.0
 
 
 def hello_is_v2(hello: ProtocolHello | None) -> bool:
@@ -50,23 +58,37 @@ def hello_is_v2(hello: ProtocolHello | None) -> bool:
 
 
 class PeerFactory(Factory):
-    """What each side's factory hands every connection: its clock and limits."""
+    """What each side's factory hands every connection: its clock and limits.
+
+    ``log_interval`` is how often events that a peer can repeat at will (a
+    refused login, a peer that never logs in) are logged per peer; the
+    repeats in between are counted (:class:`RateLimitedLog`).
+    """
 
     def __init__(
         self,
         *,
         clock: IReactorTime | None = None,
         max_payload: int = MAX_PAYLOAD,
+        pre_login_max_payload: int = PRE_LOGIN_MAX_PAYLOAD,
         heartbeat_interval: float = 15.0,
         idle_timeout: float = 45.0,
+        login_timeout: float = LOGIN_TIMEOUT,
+        log_interval: float = 60.0,
     ) -> None:
         if clock is None:
             from twisted.internet import reactor as clock
         # Any: zope interfaces are opaque to mypy without its plugin.
         self.clock: Any = clock
         self.max_payload = max_payload
+        self.pre_login_max_payload = min(pre_login_max_payload, max_payload)
         self.heartbeat_interval = heartbeat_interval
         self.idle_timeout = idle_timeout
+        self.login_timeout = login_timeout
+        # Logged under the namespace of the side (tasknet.site.nodes, tasknet.node.link).
+        self.repeated_log = RateLimitedLog(
+            Logger(namespace=type(self).__module__), self.clock, interval=log_interval
+        )
 
 
 class PeerProtocol(FrameProtocol, TimeoutMixin):
@@ -94,10 +116,14 @@ class PeerProtocol(FrameProtocol, TimeoutMixin):
         super().__init__()
         self.factory = factory
         self.clock: Any = factory.clock
-        self.max_payload = factory.max_payload
+        # An unauthenticated peer gets the small pre-login frame limit; loggedIn() lifts it.
+        self.max_payload = (
+            factory.max_payload if self.authenticated else factory.pre_login_max_payload
+        )
         self.heartbeat_interval = factory.heartbeat_interval
         self.idle_timeout = factory.idle_timeout
         self._heartbeat: LoopingCall | None = None
+        self._login_deadline: Any = None  # an IDelayedCall
 
     # -- liveness
 
@@ -109,6 +135,12 @@ class PeerProtocol(FrameProtocol, TimeoutMixin):
         self._heartbeat = LoopingCall(self._beat)
         self._heartbeat.clock = self.clock
         self._heartbeat.start(self.heartbeat_interval, now=False)
+        if not self.authenticated:
+            # Fixed at connect: no frame before login moves it (the idle timeout
+            # alone would let a heartbeating peer stay unauthenticated forever).
+            self._login_deadline = self.clock.callLater(
+                self.factory.login_timeout, self._loginTimedOut
+            )
 
     def connectionLost(self, reason: Failure | None = None) -> None:
         self.closing = True
@@ -116,6 +148,41 @@ class PeerProtocol(FrameProtocol, TimeoutMixin):
         if self._heartbeat is not None and self._heartbeat.running:
             self._heartbeat.stop()
         self._heartbeat = None
+        self._cancelLoginDeadline()
+
+    def loggedIn(self) -> None:
+        """Login succeeded: the configured frame limit applies and the deadline is off."""
+        self.authenticated = True
+        self.max_payload = self.factory.max_payload
+        self._cancelLoginDeadline()
+
+    def _cancelLoginDeadline(self) -> None:
+        if self._login_deadline is not None and self._login_deadline.active():
+            self._login_deadline.cancel()
+        self._login_deadline = None
+
+    def _loginTimedOut(self) -> None:
+        self._login_deadline = None
+        if self.authenticated or self.closing:
+            return
+        self.factory.repeated_log.emit(
+            ("login timeout", self._peerHost()),
+            "no login from {peer} within {timeout} s of connecting, closing",
+            peer=self.describePeer(),
+            timeout=self.factory.login_timeout,
+        )
+        self.sendMessage(
+            Error("unauthenticated", f"no login within {self.factory.login_timeout:g} s")
+        )
+        self.closeConnection()
+
+    def _peerHost(self) -> str:
+        """The peer's host without its port (which changes on every connection)."""
+        transport: Any = self.transport
+        try:
+            return str(transport.getPeer().host)
+        except Exception:  # not an IP transport (unix:, a test transport)
+            return self._peer()
 
     def _beat(self) -> None:
         self.sendMessage(Heartbeat(int(self.clock.seconds() * 1000)))

@@ -31,10 +31,16 @@ __all__ = [
     "DELETE_NOT_FOUND",
     "ERROR_CODES",
     "FEATURE_RELIABLE",
+    "GID_MAX",
+    "GID_MIN",
     "HEADER",
+    "IDENTIFIER_MAX",
+    "INT63_MAX",
     "LEGACY_TYPES",
     "MAX_PAYLOAD",
+    "NAME_MAX",
     "NODE_ID",
+    "PRE_LOGIN_MAX_PAYLOAD",
     "PROTOCOL_VERSION",
     "DeleteGallery",
     "DeleteResult",
@@ -63,6 +69,8 @@ __all__ = [
 ]
 
 MAX_PAYLOAD = 16 * 1024 * 1024
+#: Before login a peer may send at most this much in one frame (PROTOCOL.md, "Bounds").
+PRE_LOGIN_MAX_PAYLOAD = 64 * 1024
 PROTOCOL_VERSION = 2
 FEATURE_RELIABLE = "reliable-task-v2"
 
@@ -100,9 +108,22 @@ DELETE_FAILED = "FAILED"
 _ACTIONS = frozenset({ACTION_DOWNLOAD, ACTION_DELETE})
 _ACK_RESULTS = frozenset({ACK_APPLIED, ACK_DUPLICATE})
 _DELETE_RESULTS = frozenset({DELETE_DELETED, DELETE_NOT_FOUND, DELETE_FAILED})
-# gids end up in SQLite INTEGER columns: keep them in the signed 64-bit range.
-_INT64_MAX = 2**63 - 1
 _STR_ONLY = frozenset({str})
+
+# PROTOCOL.md "Bounds (both sides)": a received value outside these is
+# bad_message (the connection closes and nothing is committed).
+GID_MIN = 1
+GID_MAX = 2**31 - 1
+#: ``revision`` and ``time``: 0 .. 2^63 - 1 (they fit SQLite's signed INTEGER).
+INT63_MAX = 2**63 - 1
+#: ``reportId`` and ``operationId``: 1 .. 128 characters.
+IDENTIFIER_MAX = 128
+#: ``name``: at most 1,024 characters.
+NAME_MAX = 1024
+_GID_DIGITS_MAX = len(str(GID_MAX))
+# A \uD800-\uDFFF escape: json.loads turns a lone one into a str that
+# neither UTF-8 nor SQLite can take.
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
 
 
 class ProtocolError(Exception):
@@ -380,9 +401,30 @@ def _field(d: dict[str, Any], where: str, key: str, kind: type) -> Any:
 
 def _gid(d: dict[str, Any], where: str) -> int:
     gid = _field(d, where, "gid", int)
-    if not 0 <= gid <= _INT64_MAX:
-        raise _bad(f"{where}.gid out of range: {gid}")
+    if not GID_MIN <= gid <= GID_MAX:
+        raise _bad(f"{where}.gid must be {GID_MIN}..{GID_MAX}, got {gid}")
     return gid
+
+
+def _identifier(d: dict[str, Any], where: str, key: str) -> str:
+    value = _field(d, where, key, str)
+    if not 1 <= len(value) <= IDENTIFIER_MAX:
+        raise _bad(f"{where}.{key} must be 1..{IDENTIFIER_MAX} characters, got {len(value)}")
+    return value
+
+
+def _name(d: dict[str, Any], where: str) -> str:
+    value = _field(d, where, "name", str)
+    if len(value) > NAME_MAX:
+        raise _bad(f"{where}.name must be at most {NAME_MAX} characters, got {len(value)}")
+    return value
+
+
+def _int63(d: dict[str, Any], where: str, key: str) -> int:
+    value = _field(d, where, key, int)
+    if not 0 <= value <= INT63_MAX:
+        raise _bad(f"{where}.{key} must be 0..2^63-1, got {value}")
+    return value
 
 
 def _task_entries(raw: Any, where: str, strict: bool) -> tuple[TaskEntry, ...]:
@@ -399,8 +441,8 @@ def _task_entries(raw: Any, where: str, strict: bool) -> tuple[TaskEntry, ...]:
             p = e["progress"]
         except KeyError as missing:
             raise _bad(f"{where}.galleryTasks entry lacks {missing}") from None
-        if type(g) is not int or not 0 <= g <= _INT64_MAX:
-            raise _bad(f"{where}.galleryTasks gid must be a non-negative int: {g!r}")
+        if type(g) is not int or not GID_MIN <= g <= GID_MAX:
+            raise _bad(f"{where}.galleryTasks gid must be an int {GID_MIN}..{GID_MAX}: {g!r}")
         if type(s) is not int or not 1 <= s <= 4:
             raise _bad(f"{where}.galleryTasks status must be 1..4: {s!r}")
         if type(p) is not float:
@@ -416,11 +458,14 @@ def _task_entries(raw: Any, where: str, strict: bool) -> tuple[TaskEntry, ...]:
 
 
 def _d_identity(d: dict[str, Any], strict: bool) -> Identity:
-    return Identity(_field(d, "Identity", "name", str), _field(d, "Identity", "nonce", str))
+    return Identity(_name(d, "Identity"), _field(d, "Identity", "nonce", str))
 
 
 def _d_login(d: dict[str, Any], strict: bool) -> Login:
-    return Login(_field(d, "Login", "nodeId", str), _field(d, "Login", "signature", str))
+    node_id = _field(d, "Login", "nodeId", str)
+    if NODE_ID.fullmatch(node_id) is None:
+        raise _bad(f"Login.nodeId must match {NODE_ID.pattern}: {node_id!r:.80}")
+    return Login(node_id, _field(d, "Login", "signature", str))
 
 
 def _d_login_result(d: dict[str, Any], strict: bool) -> LoginResult:
@@ -430,13 +475,13 @@ def _d_login_result(d: dict[str, Any], strict: bool) -> LoginResult:
 
 
 def _d_heartbeat(d: dict[str, Any], strict: bool) -> Heartbeat:
-    return Heartbeat(_field(d, "Heartbeat", "time", int))
+    return Heartbeat(_int63(d, "Heartbeat", "time"))
 
 
 def _d_download_post(d: dict[str, Any], strict: bool) -> DownloadPost:
     w = "DownloadPost"
     return DownloadPost(
-        _gid(d, w), _field(d, w, "token", str), _field(d, w, "name", str), _field(d, w, "url", str)
+        _gid(d, w), _field(d, w, "token", str), _name(d, w), _field(d, w, "url", str)
     )
 
 
@@ -475,35 +520,48 @@ def _d_hello(d: dict[str, Any], strict: bool) -> ProtocolHello:
 
 def _d_task_command(d: dict[str, Any], strict: bool) -> TaskCommand:
     w = "TaskCommand"
-    operation_id = _field(d, w, "operationId", str)
+    operation_id = _identifier(d, w, "operationId")
     action = _field(d, w, "action", str)
     if action not in _ACTIONS:
         raise _bad(f"{w}.action must be DOWNLOAD or DELETE, got {action!r}")
-    return TaskCommand(
-        operation_id, action, _gid(d, w), _field(d, w, "name", str), _field(d, w, "url", str)
-    )
+    return TaskCommand(operation_id, action, _gid(d, w), _name(d, w), _field(d, w, "url", str))
+
+
+def _operation_ids(raw: dict[str, Any]) -> dict[int, str]:
+    """``operationIds``: decimal gid keys in bounds, operation id values in bounds."""
+    if not raw:
+        return {}
+    # Checked in bulk (C loops) rather than key by key: this is the hot path.
+    # The length cap comes first: int() of a key of thousands of digits raises.
+    keys = "".join(raw)
+    values = raw.values()
+    if not (
+        keys.isascii()
+        and keys.isdigit()
+        and all(raw)
+        and max(map(len, raw)) <= _GID_DIGITS_MAX
+        and set(map(type, values)) == _STR_ONLY
+    ):
+        raise _bad(f"TaskReport.operationIds must map decimal gids to str: {raw!r:.200}")
+    gids = list(map(int, raw))
+    if min(gids) < GID_MIN or max(gids) > GID_MAX:
+        raise _bad(f"TaskReport.operationIds gids must be {GID_MIN}..{GID_MAX}: {raw!r:.200}")
+    # all(): no empty string, without a second pass over the lengths.
+    if not all(values) or max(map(len, values)) > IDENTIFIER_MAX:
+        raise _bad(
+            f"TaskReport.operationIds values must be 1..{IDENTIFIER_MAX} characters: {raw!r:.200}"
+        )
+    return dict(zip(gids, values, strict=True))
 
 
 def _d_task_report(d: dict[str, Any], strict: bool) -> TaskReport:
     w = "TaskReport"
-    report_id = _field(d, w, "reportId", str)
-    revision = _field(d, w, "revision", int)
-    if revision < 0:
-        raise _bad(f"{w}.revision must be >= 0, got {revision}")
+    report_id = _identifier(d, w, "reportId")
+    revision = _int63(d, w, "revision")
     if "galleryTasks" not in d:
         raise _bad(f"{w}.galleryTasks is missing")
     tasks = _task_entries(d["galleryTasks"], w, strict)
-    raw_ids = _field(d, w, "operationIds", dict)
-    # Checked in bulk (C loops) rather than key by key: this is the hot path.
-    keys = "".join(raw_ids)
-    if (
-        not raw_ids
-        or (keys.isascii() and keys.isdigit() and all(raw_ids))
-        and set(map(type, raw_ids.values())) == _STR_ONLY
-    ):
-        operation_ids = dict(zip(map(int, raw_ids), raw_ids.values(), strict=True))
-    else:
-        raise _bad(f"{w}.operationIds must map decimal gids to str: {raw_ids!r:.200}")
+    operation_ids = _operation_ids(_field(d, w, "operationIds", dict))
     deleted = []
     for e in _field(d, w, "deleted", list):
         if type(e) is not dict:
@@ -514,7 +572,7 @@ def _d_task_report(d: dict[str, Any], strict: bool) -> TaskReport:
         deleted.append(
             DeletedEntry(
                 _gid(e, "TaskReport.deleted"),
-                _field(e, "TaskReport.deleted", "operationId", str),
+                _identifier(e, "TaskReport.deleted", "operationId"),
                 result,
                 _field(e, "TaskReport.deleted", "reason", str),
             )
@@ -524,7 +582,7 @@ def _d_task_report(d: dict[str, Any], strict: bool) -> TaskReport:
 
 def _d_task_report_ack(d: dict[str, Any], strict: bool) -> TaskReportAck:
     w = "TaskReportAck"
-    report_id = _field(d, w, "reportId", str)
+    report_id = _identifier(d, w, "reportId")
     result = _field(d, w, "result", str)
     if result not in _ACK_RESULTS:
         raise _bad(f"{w}.result must be APPLIED or DUPLICATE, got {result!r}")
@@ -569,15 +627,22 @@ def decode(type_: int, payload: bytes, *, strict: bool = False) -> Message:
     ``strict`` is the legacy reader: it knows only types 0–9 (10–13 raise
     :class:`UnknownMessageType`) and rejects an unknown field with
     ``bad_message``.  The tolerant reader (default) ignores unknown fields.
-    Raises :class:`ProtocolError` (``bad_json`` or ``bad_message``).
+    Every field is checked against its type and the bounds of PROTOCOL.md
+    (gid, identifiers, name, revision, time, nodeId).  Raises
+    :class:`ProtocolError` (``bad_json`` or ``bad_message``).
     """
     decoder = _DECODERS.get(type_)
     if decoder is None or (strict and type_ > 9):
         raise UnknownMessageType(type_)
     try:
         # Decode UTF-8 ourselves: json.loads(bytes) would also accept UTF-16/32.
-        d = _loads(payload.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError) as e:
+        text = payload.decode("utf-8")
+        d = _loads(text)
+        # A one-character test first: memchr-fast, and a report rarely has a backslash.
+        if "\\" in text and _SURROGATE_ESCAPE.search(text):
+            # Raises UnicodeEncodeError only if a surrogate escape was unpaired.
+            _dumps(d).encode("utf-8")
+    except (UnicodeError, ValueError) as e:
         raise ProtocolError("bad_json", f"payload is not valid UTF-8 JSON: {e}") from None
     except RecursionError:
         raise ProtocolError("bad_json", "payload nests too deeply") from None
@@ -603,5 +668,7 @@ def sign_login(secret: str, nonce: str, node_id: str) -> str:
 def verify_login(secret: str, nonce: str, node_id: str, signature: str) -> bool:
     """Constant-time check of a Login signature."""
     expected = sign_login(secret, nonce, node_id)
-    # compare_digest on str requires ASCII; a non-ASCII signature is simply wrong.
-    return hmac.compare_digest(expected.encode("ascii"), signature.encode("utf-8"))
+    # Full-length, constant-time comparison of bytes (compare_digest on str
+    # requires ASCII; a non-ASCII signature is simply wrong): a prefix, a
+    # truncation or a longer string never matches.
+    return hmac.compare_digest(expected.encode("ascii"), signature.encode("utf-8", "surrogatepass"))

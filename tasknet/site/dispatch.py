@@ -6,9 +6,9 @@ Dispatch is off until the site enables it after recovery succeeded
 * on a node's login, the node gets every command for the tasks already
   assigned to it (``DOWNLOAD`` for those not yet completed at the site, with
   their own operationId, so a repeat is a no-op at the node; ``DELETE`` for
-  pending deletes, and for pending deletes of tasks with no known node), and
-  every eligible unassigned task is assigned to the least loaded connected
-  node and sent;
+  pending deletes), and every eligible unassigned task is assigned to the
+  least loaded connected node and sent (never a legacy row that waits for a
+  node to claim it: see ``storage/dispatch.py``);
 * when a task becomes ``SUBMITTED`` or ``DELETE_PENDING`` (the lifecycle calls
   :meth:`Dispatcher.task_changed` after the commit), that one task is
   assigned if needed and sent to its node when connected;
@@ -96,9 +96,12 @@ class ConnectedNodes:
         return sorted(self.sessions)
 
     def report_applied(self, session: Session, outcome: ReportOutcome) -> None:
-        """After a committed report: remember the node's latest revision."""
+        """After a committed report: remember the node's latest revision (it
+        goes down only when the report started a new revision epoch)."""
         revision = outcome.revision
-        if revision is not None and revision > self.last_revision.get(session.node_id, -1):
+        if revision is None:
+            return
+        if outcome.new_epoch or revision > self.last_revision.get(session.node_id, -1):
             self.last_revision[session.node_id] = revision
 
 
@@ -224,7 +227,7 @@ class Dispatcher:
                 await self._node_pass(session)
         except Exception:
             log.failure("dispatch pass failed")
-        # Pending deletes of tasks with no known node go to every node.
+        # Pending deletes of tasks a node has just claimed, among others.
         await self._guarded_deletes_pass()
         if not self.enabled:
             return  # stopped meanwhile: schedule nothing more
@@ -286,7 +289,7 @@ class Dispatcher:
 
     async def _deletes_pass(self) -> None:
         """Pending deletes to the connected nodes that have not had them on
-        their current connection (a task with no known node: every node)."""
+        their current connection."""
         after: int | None = 0
         pending: set[str] = set()
         # What was sent before this pass began: only those ids may be
@@ -308,14 +311,11 @@ class Dispatcher:
             sent -= known_before.get(node, set()) - pending
 
     def _send_unsent_delete(self, command: storage.Command) -> None:
-        if command.node_id is None:
-            targets = list(self._nodes.sessions.values())
-        else:
-            session = self._nodes.current(command.node_id)
-            targets = [] if session is None else [session]
-        for session in targets:
-            if command.operation_id not in self._nodes.deletes_sent.get(session.node_id, ()):
-                self._send(session, command)
+        session = self._nodes.current(command.node_id)
+        if session is not None and command.operation_id not in self._nodes.deletes_sent.get(
+            session.node_id, ()
+        ):
+            self._send(session, command)
 
     def _send(self, session: Session, command: storage.Command) -> None:
         send_command(session, command)
@@ -360,11 +360,6 @@ class Dispatcher:
 
     def _send_all(self, commands: list[storage.Command]) -> None:
         for command in commands:
-            if command.node_id is None:
-                # A delete of a task with no known node: every node.
-                for each in list(self._nodes.sessions.values()):
-                    self._send(each, command)
-                continue
             session = self._nodes.current(command.node_id)
             if session is None:
                 # Assigned and marked, its node left meanwhile: resent on its login.

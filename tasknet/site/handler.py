@@ -24,7 +24,7 @@ from tasknet.site.reports import DEFAULT_MAX_BATCH, ReportPipeline
 from tasknet.site.storage.db import Database
 from tasknet.site.storage.dispatch import PAGE_SIZE
 from tasknet.site.web.events import Authenticate, EventHub, events_resource
-from tasknet.site.web.nodes import nodes_view
+from tasknet.site.web.nodes import nodes_view, record_seen
 
 log = Logger()
 
@@ -33,13 +33,22 @@ log = Logger()
 class SiteHandler:
     """Ties node sessions to the report pipeline and the dispatcher."""
 
-    def __init__(self, nodes: ConnectedNodes, reports: ReportPipeline, dispatcher: Dispatcher):
+    def __init__(
+        self,
+        nodes: ConnectedNodes,
+        reports: ReportPipeline,
+        dispatcher: Dispatcher,
+        db: Database | None = None,
+    ):
         self.nodes = nodes
         self.reports = reports
         self.dispatcher = dispatcher
+        self.db = db  # where logins and disconnects are recorded (node_seen)
 
     def node_attached(self, session: Any) -> None:
         self.nodes.attach(session)
+        if self.db is not None:
+            record_seen(self.db, session, connected=True)
         metrics.CONNECTED_NODES.labels(protocol=str(session.protocol_version)).inc()
         self.dispatcher.node_attached(session)
 
@@ -54,7 +63,8 @@ class SiteHandler:
             )
 
     def node_detached(self, session: Any) -> None:
-        self.nodes.detach(session)
+        if self.nodes.detach(session) and self.db is not None:
+            record_seen(self.db, session, connected=False)
         metrics.CONNECTED_NODES.labels(protocol=str(session.protocol_version)).dec()
 
 
@@ -145,7 +155,7 @@ def build_protocol_side(
         assign_delay=dispatch_assign_delay,
         poll_interval=dispatch_poll_interval,
     )
-    handler = SiteHandler(nodes, reports, dispatcher)
+    handler = SiteHandler(nodes, reports, dispatcher, db)
     return ProtocolSide(
         db, nodes, reports, dispatcher, handler, hub, outbox, events_resource(hub, authenticate)
     )

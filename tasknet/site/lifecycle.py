@@ -231,6 +231,7 @@ class Lifecycle:
                 prepared.cost,
                 prepared.title,
                 week,
+                prepared.size,
                 background=False,  # later, nobody would POST: release it instead
             )
         except Unrecorded as e:

@@ -20,6 +20,11 @@ Counters (``.labels(...).inc()``):
     ``STALE``, ``FAILED`` (not committed, not ACKed), ``LEGACY``.
 ``WEBHOOK_FAILURES``  ``tasknet_webhook_failures_total``
     one per failed webhook delivery attempt.
+``DROPPED_ENTRIES``  ``tasknet_report_entries_dropped_total{node,reason}``
+    report entries and deletions dropped (committed, ACKed, nothing
+    changed), by node and reason: ``not_owner``, ``stale``,
+    ``old_generation``, ``missing_operation``, ``delete_id_mismatch``,
+    ``not_delete_pending`` or the task's state (``DELETE_PENDING``, ...).
 
 Histograms (``.observe(seconds)``, or :func:`observe_since`):
 
@@ -37,12 +42,22 @@ Gauges:
 ``OUTBOX_BACKLOG``  ``tasknet_outbox_backlog``
     undelivered notification rows; ``.set(n)``.
 ``TASKS``  ``tasknet_tasks{state}``
-    tasks by ``task_operation.state`` (``LEGACY`` for a row without one);
-    set it with :func:`set_task_counts`, typically from the ``refresh``
-    callable given to :func:`metrics_resource`, which runs before each scrape.
+    tasks by ``task_operation.state`` (``LEGACY`` for a row without one),
+    every state present (zeros included); set it with
+    :func:`set_task_counts`, typically from the ``refresh`` callable given
+    to :func:`metrics_resource`, which runs before each scrape.
+``TASK_STATUSES``  ``tasknet_tasks_by_status{status}``
+    tasks by display status (``DOWNLOADING``, ``COMPLETED``, ...: what
+    ``state`` alone cannot tell apart), every key present.
+
+Counters read from the database (:func:`set_byte_totals`):
+``tasknet_bytes_downloaded_total`` and
+``tasknet_node_bytes_downloaded_total{node}``.
+
+No ``_created`` series are exported.
 
 Helpers: :func:`record_upstream_call`, :func:`observe_since`,
-:func:`set_task_counts`, :func:`render_latest`, :func:`metrics_resource`.
+:func:`set_task_counts`, :func:`set_sampled`, :func:`render_latest`, :func:`metrics_resource`.
 """
 
 from __future__ import annotations
@@ -57,14 +72,24 @@ from prometheus_client import (
     Counter,
     Gauge,
     Histogram,
+    disable_created_metrics,
     generate_latest,
 )
+from prometheus_client.core import CounterMetricFamily
+from prometheus_client.registry import Collector
 from twisted.internet.defer import Deferred, maybeDeferred
 from twisted.logger import Logger
 from twisted.web.resource import IResource, Resource
 from twisted.web.server import NOT_DONE_YET, Request
 
+from tasknet.status import OperationState, TaskStatus
+
 log = Logger()
+
+# ``_created`` series (one per counter and histogram child) only double the
+# page: no dashboard of ours reads them.  prometheus-client's switch is
+# process-wide; the node's metrics turn it off too.
+disable_created_metrics()
 
 REGISTRY = CollectorRegistry(auto_describe=True)
 
@@ -130,11 +155,58 @@ WEBHOOK_FAILURES = Counter(
     "tasknet_webhook_failures", "Failed webhook delivery attempts.", registry=REGISTRY
 )
 TASKS = Gauge("tasknet_tasks", "Tasks by task_operation state.", ["state"], registry=REGISTRY)
+TASK_STATUSES = Gauge(
+    "tasknet_tasks_by_status",
+    "Tasks by display status (DOWNLOADING, COMPLETED, ...).",
+    ["status"],
+    registry=REGISTRY,
+)
+
+
+class _ByteCounters(Collector):
+    """``tasknet_bytes_downloaded_total`` and ``tasknet_node_bytes_downloaded_total
+    {node}``: bytes downloaded, as the applied reports tell (progress × size).
+    The totals live in the database (``node_bytes``, written with each report),
+    so they survive restarts and count only what committed; each scrape
+    shows the totals read by its refresh (:func:`set_byte_totals`)."""
+
+    def __init__(self) -> None:
+        self.totals: dict[str, int] = {}
+
+    def collect(self) -> Any:
+        total = CounterMetricFamily(
+            "tasknet_bytes_downloaded", "Bytes downloaded by the nodes, from applied reports."
+        )
+        total.add_metric([], float(sum(self.totals.values())))
+        yield total
+        by_node = CounterMetricFamily(
+            "tasknet_node_bytes_downloaded",
+            "Bytes downloaded per node, from applied reports.",
+            labels=["node"],
+        )
+        for node, n in sorted(self.totals.items()):
+            by_node.add_metric([node], float(n))
+        yield by_node
+
+
+BYTES = _ByteCounters()
+REGISTRY.register(BYTES)
+DROPPED_ENTRIES = Counter(
+    "tasknet_report_entries_dropped",
+    "Report entries and deletions dropped, by node and reason.",
+    ["node", "reason"],
+    registry=REGISTRY,
+)
 
 # Show both protocol series from the first scrape, so a dashboard sees 0
 # rather than "no data" before the first node connects.
 for _protocol in ("1", "2"):
     CONNECTED_NODES.labels(protocol=_protocol)
+# Likewise every task state and display status, at 0 until counted.
+for _state in ("LEGACY", *(state.value for state in OperationState)):
+    TASKS.labels(state=_state)
+for _status in TaskStatus:
+    TASK_STATUSES.labels(status=_status.value)
 
 _task_states_seen: set[str] = set()
 
@@ -150,6 +222,24 @@ def observe_since(histogram: Any, started: float) -> float:
     elapsed = time.monotonic() - started
     histogram.observe(elapsed)
     return elapsed
+
+
+def set_task_status_counts(counts: Mapping[str, int]) -> None:
+    """Set ``tasknet_tasks_by_status`` (give every display key, zeros included)."""
+    for status, n in counts.items():
+        TASK_STATUSES.labels(status=status).set(n)
+
+
+def set_byte_totals(totals: Mapping[str, int]) -> None:
+    """Bytes downloaded per node since the database was created."""
+    BYTES.totals = dict(totals)
+
+
+def set_sampled(sample: Mapping[str, Mapping[str, int]]) -> None:
+    """Apply what ``tasknet.site.storage.stats.metrics_sample`` read."""
+    set_task_counts(sample["states"])
+    set_task_status_counts(sample["statuses"])
+    set_byte_totals(sample["nodeBytes"])
 
 
 def set_task_counts(counts: Mapping[str, int]) -> None:

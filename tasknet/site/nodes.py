@@ -18,12 +18,12 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 from zope.interface import implementer
 
-from tasknet.protocol.connection import PeerFactory, PeerProtocol, hello_is_v2
+from tasknet.protocol.connection import LOGIN_TIMEOUT, PeerFactory, PeerProtocol, hello_is_v2
 from tasknet.protocol.messages import (
     ACTION_DELETE,
     ACTION_DOWNLOAD,
     MAX_PAYLOAD,
-    NODE_ID,
+    PRE_LOGIN_MAX_PAYLOAD,
     DeleteGallery,
     DeleteResult,
     DownloadPost,
@@ -102,10 +102,7 @@ class NodeSession(PeerProtocol):
             self.sendError("protocol_violation", f"{type(message).__name__} from a node")
 
     def _login(self, login: Login) -> None:
-        node_id = login.node_id
-        if NODE_ID.fullmatch(node_id) is None:
-            self._refuse(node_id, "invalid nodeId")
-            return
+        node_id = login.node_id  # matches NODE_ID: the decoder refuses any other
         # Looked up in factory.node_keys at each Login, so a change to that
         # mapping applies from the next Login.  The site service fills it from
         # --node-key and the node_key table, refreshed every few seconds.
@@ -121,7 +118,7 @@ class NodeSession(PeerProtocol):
             assert self._hello is not None
             self.protocol_version = 2
             self.features = self._hello.features
-        self.authenticated = True
+        self.loggedIn()
         self.sendMessage(LoginResult(True, ""))
         log.info(
             "node {node_id} logged in from {peer}: protocol {protocol_version}, "
@@ -134,9 +131,12 @@ class NodeSession(PeerProtocol):
         self.factory.attach(self)
 
     def _refuse(self, node_id: str, reason: str) -> None:
-        log.warn(
+        # A node with a wrong secret retries for ever: one line per node and
+        # host per interval, with the count of the refusals in between.
+        self.factory.repeated_log.emit(
+            ("login refused", node_id, self._peerHost()),
             "login refused for node {node_id!r} from {peer}: {reason}",
-            node_id=node_id[:80],
+            node_id=node_id,
             peer=self._peer(),
             reason=reason,
         )
@@ -197,12 +197,18 @@ class NodeListenerFactory(PeerFactory):
         heartbeat_interval: float = 15.0,
         idle_timeout: float = 45.0,
         clock: Any = None,
+        pre_login_max_payload: int = PRE_LOGIN_MAX_PAYLOAD,
+        login_timeout: float = LOGIN_TIMEOUT,
+        log_interval: float = 60.0,
     ) -> None:
         super().__init__(
             clock=clock,
             max_payload=max_payload,
+            pre_login_max_payload=pre_login_max_payload,
             heartbeat_interval=heartbeat_interval,
             idle_timeout=idle_timeout,
+            login_timeout=login_timeout,
+            log_interval=log_interval,
         )
         self.handler: Any = handler  # an ISiteHandler
         self.node_keys = node_keys

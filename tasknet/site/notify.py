@@ -21,10 +21,16 @@ Delivery semantics:
   timeout, retries with exponential backoff up to ``max_attempts``
   (``webhook_state`` ``delivered`` or ``failed``), at most ``concurrency``
   requests at once.  Rows of different tasks may arrive out of order.
+  Backpressure: the sender holds at most ``max_held`` rows in memory
+  (queued, in flight, waiting for a retry); the executor hands it rows from
+  the database, in id order, only while it has room, so a dead webhook with
+  a large backlog costs ``max_held`` rows of memory, not the backlog.
 * Rows left undelivered by a previous run are delivered on :meth:`start`.
 
-Housekeeping: finished rows (WebSocket delivered, webhook delivered, skipped
-or given up) older than ``retention_days`` are deleted every
+Housekeeping: with no webhook configured a row is deleted as soon as it is
+fanned out to the WebSocket clients (nothing else will read it).  With a
+webhook, finished rows (WebSocket delivered, webhook delivered or given up)
+older than ``retention_days`` are deleted every
 ``prune_interval`` seconds (and once at start), ``prune_batch`` rows per
 write transaction, so the table does not grow without limit and no prune
 ever holds the writer the reports need for long.
@@ -32,10 +38,12 @@ ever holds the writer the reports need for long.
 
 from __future__ import annotations
 
+from collections import deque
+from collections.abc import Callable
 from typing import Any, Protocol
 
 import treq
-from twisted.internet.defer import Deferred, DeferredSemaphore, succeed
+from twisted.internet.defer import Deferred, succeed
 from twisted.internet.interfaces import IReactorTime
 from twisted.internet.task import LoopingCall
 from twisted.logger import Logger
@@ -53,6 +61,9 @@ RETENTION_DAYS = 7.0
 #: Seconds between prunes, and rows deleted per transaction.
 PRUNE_INTERVAL = 3600.0
 PRUNE_BATCH = 500
+#: Outbox rows a webhook sender holds in memory at most (queued, in flight,
+#: waiting for a retry); the rest wait in the database (a dead webhook).
+MAX_HELD = 1000
 
 
 class Publisher(Protocol):
@@ -70,7 +81,11 @@ def _reactor() -> IReactorTime:
 
 
 class WebhookSender:
-    """POSTs outbox rows to one URL: bounded concurrency, timeout, retries."""
+    """POSTs outbox rows to one URL: bounded concurrency, timeout, retries,
+    and at most ``max_held`` rows in memory (queued, in flight or waiting
+    for a retry).  The executor hands rows over only while :meth:`room` is
+    positive and reads the rest from the database later; ``on_room()`` is
+    called when a full sender has drained to half, so that it does."""
 
     def __init__(
         self,
@@ -82,24 +97,37 @@ class WebhookSender:
         max_attempts: int = 5,
         backoff: float = 1.0,
         max_backoff: float = 60.0,
+        max_held: int = MAX_HELD,
         clock: IReactorTime | None = None,
     ) -> None:
         if not url.startswith(("http://", "https://")):
             raise ValueError(f"webhook URL must be http:// or https://, got {url!r}")
-        if concurrency < 1 or max_attempts < 1 or timeout <= 0:
-            raise ValueError("webhook concurrency, max_attempts and timeout must be positive")
+        if concurrency < 1 or max_attempts < 1 or timeout <= 0 or max_held < 1:
+            raise ValueError(
+                "webhook concurrency, max_attempts, max_held and timeout must be positive"
+            )
         self.url = url
         self._db = db
         self._timeout = timeout
         self._max_attempts = max_attempts
         self._backoff = backoff
         self._max_backoff = max_backoff
+        self._concurrency = concurrency
+        self.max_held = max_held
         self._clock = clock or _reactor()
-        self._semaphore = DeferredSemaphore(concurrency)
-        self._pool = HTTPConnectionPool(self._clock, persistent=True)  # type: ignore[arg-type]
+        # The pool connects with a reactor; retries are timed on the clock
+        # (a task.Clock in tests, which cannot connect).
+        pool_reactor = self._clock if hasattr(self._clock, "connectTCP") else _reactor()
+        self._pool = HTTPConnectionPool(pool_reactor, persistent=True)
         self._pool.maxPersistentPerHost = concurrency
         #: Row ids handed over and not yet finished (queued, in flight, backing off).
         self.known: set[int] = set()
+        #: The most rows held at once since start (tests, logs).
+        self.peak_held = 0
+        self.on_room: Callable[[], object] = lambda: None
+        self._ready: deque[tuple[delivery.OutboxRow, int]] = deque()
+        self._in_flight = 0
+        self._pumping = False
         self._requests: set[Deferred[Any]] = set()
         self._retries: dict[int, Any] = {}
         self._results: list[delivery.WebhookResult] = []
@@ -107,15 +135,39 @@ class WebhookSender:
         self._stopped = False
         self.delivered = 0
 
-    def enqueue(self, row: delivery.OutboxRow) -> None:
-        if self._stopped or row.id in self.known:
-            return
-        self.known.add(row.id)
-        self._run(row, row.webhook_attempts)
+    def room(self) -> int:
+        """How many more rows may be handed over now."""
+        return 0 if self._stopped else max(0, self.max_held - len(self.known))
 
-    def _run(self, row: delivery.OutboxRow, attempts: int) -> None:
-        d = self._semaphore.run(self._attempt, row, attempts)
-        d.addErrback(lambda f: log.failure("webhook bookkeeping failed", f))
+    def enqueue(self, row: delivery.OutboxRow) -> bool:
+        """Take ``row`` (``False``: stopped, already held, or no room)."""
+        if self._stopped or row.id in self.known or len(self.known) >= self.max_held:
+            return False
+        self.known.add(row.id)
+        self.peak_held = max(self.peak_held, len(self.known))
+        self._ready.append((row, row.webhook_attempts))
+        self._pump()
+        return True
+
+    def _pump(self) -> None:
+        # A loop, not recursion: an attempt that finishes at once (stopped,
+        # refused) calls back in here, and only the outer call starts more.
+        if self._pumping:
+            return
+        self._pumping = True
+        try:
+            while self._ready and self._in_flight < self._concurrency and not self._stopped:
+                row, attempts = self._ready.popleft()
+                self._in_flight += 1
+                d = Deferred.fromCoroutine(self._attempt(row, attempts))
+                d.addErrback(lambda f: log.failure("webhook bookkeeping failed", f))
+                d.addBoth(self._attempt_done)
+        finally:
+            self._pumping = False
+
+    def _attempt_done(self, _: object) -> None:
+        self._in_flight -= 1
+        self._pump()
 
     async def _attempt(self, row: delivery.OutboxRow, attempts: int) -> None:
         if self._stopped:
@@ -166,11 +218,20 @@ class WebhookSender:
 
     def _retry(self, row: delivery.OutboxRow, attempts: int) -> None:
         self._retries.pop(row.id, None)
-        self._run(row, attempts)
+        if not self._stopped:
+            self._ready.append((row, attempts))
+            self._pump()
 
     def _finish(self, result: delivery.WebhookResult) -> None:
         self.known.discard(result.id)
         self._record(result)
+        if len(self.known) == self.max_held // 2:
+            # Drained to half from above (one row finishes at a time): the
+            # executor reads the next pending rows from the database.
+            try:
+                self.on_room()
+            except Exception:
+                log.failure("asking for more webhook rows failed")
 
     def _record(self, result: delivery.WebhookResult) -> None:
         self._results.append(result)
@@ -193,16 +254,19 @@ class WebhookSender:
         return not self.known and not self._results and self._flushing is None
 
     async def stop(self) -> None:
-        """Cancel requests in flight and pending retries (their rows stay
-        ``pending`` and are delivered after the next start), finish writing
-        the outcomes already known, close the connection pool."""
+        """Drop the queued rows, cancel pending retries and requests in
+        flight (their rows stay ``pending`` and are delivered after the next
+        start), finish writing the outcomes already known, close the
+        connection pool.  Leaves no delayed call behind."""
         self._stopped = True
+        self._ready.clear()
         for call in self._retries.values():
             if call.active():
                 call.cancel()
         self._retries.clear()
         for request in list(self._requests):
             request.cancel()
+        self.known.clear()
         if self._flushing is not None:
             await self._flushing
         await self._pool.closeCachedConnections()
@@ -242,8 +306,11 @@ class OutboxExecutor:
         self._clock: Any = clock or _reactor()
         self._publisher = publisher
         self._webhook = webhook
+        if webhook is not None:
+            webhook.on_room = self.wake
         self._page_size = page_size
-        self._after = 0
+        self._after = 0  # rows up to this id are pushed to the WebSocket clients
+        self._webhook_after = 0  # rows up to this id were handed to the webhook
         # Rows were committed while nobody was there to push them to: they
         # need marking, and the marking reads how far they go (last_id).
         self._unread = False
@@ -291,10 +358,11 @@ class OutboxExecutor:
         self._running = Deferred.fromCoroutine(self._drain_loop())
         return self._running
 
+    def _ws_listening(self) -> bool:
+        return self._publisher is not None and self._publisher.listening()
+
     def _nobody_to_deliver_to(self) -> bool:
-        return self._webhook is None and (
-            self._publisher is None or not self._publisher.listening()
-        )
+        return self._webhook is None and not self._ws_listening()
 
     async def _drain_loop(self) -> None:
         try:
@@ -310,21 +378,43 @@ class OutboxExecutor:
 
     async def _drain(self) -> None:
         while not self._stopped:
-            if self._nobody_to_deliver_to():
+            if not self._ws_listening():
                 # Nobody to push to: the rows need marking, not reading.
                 self._unread = True
                 break
-            rows = await self._db.read(delivery.pending_rows, self._after, self._page_size)
+            rows = await self._db.read(delivery.fanout_rows, self._after, self._page_size)
             if not rows:
                 break
             for row in rows:
-                if row.ws_pending and self._publisher is not None:
-                    self.pushed += self._publisher.publish(row.user_id, row.payload)
-                if row.webhook_pending and self._webhook is not None:
-                    self._webhook.enqueue(row)
+                assert self._publisher is not None
+                self.pushed += self._publisher.publish(row.user_id, row.payload)
             self._after = rows[-1].id
+        await self._feed_webhook()
         self._schedule_marks()
-        metrics.OUTBOX_BACKLOG.set(len(self._webhook.known) if self._webhook is not None else 0)
+        webhook = self._webhook
+        if webhook is not None and webhook.room() == 0 and not self._stopped:
+            # Full: more rows wait in the database than the sender holds.
+            metrics.OUTBOX_BACKLOG.set(await self._db.read(delivery.backlog))
+        else:
+            metrics.OUTBOX_BACKLOG.set(len(webhook.known) if webhook is not None else 0)
+
+    async def _feed_webhook(self) -> None:
+        """Hand the webhook sender the next pending rows while it has room:
+        a dead webhook holds ``max_held`` rows, the rest stay in the
+        database and are read here once it drains (its ``on_room`` wakes us,
+        and so does the poll)."""
+        webhook = self._webhook
+        while webhook is not None and not self._stopped:
+            room = min(webhook.room(), self._page_size)
+            if room <= 0:
+                break
+            rows = await self._db.read(delivery.webhook_rows, self._webhook_after, room)
+            for row in rows:
+                webhook.enqueue(row)
+            if rows:
+                self._webhook_after = rows[-1].id
+            if len(rows) < room:
+                break
 
     def _schedule_marks(self) -> None:
         # The marks are written lazily, a few times a second at most: each
@@ -349,7 +439,7 @@ class OutboxExecutor:
         try:
             if self._unread:
                 self._unread = False
-                if self._nobody_to_deliver_to():
+                if not self._ws_listening():
                     # Committed before this read with nobody listening: "drained"
                     # (at-least-once to the clients connected when drained).
                     try:

@@ -16,14 +16,22 @@ it came from.  A report whose own savepoint failed, or any report of a
 transaction that failed, gets no ACK: its node keeps the snapshot and
 redelivers it (and then gets ``DUPLICATE`` if the first one had committed
 after all).  Legacy messages are applied the same way but never ACKed.
+
+Entries the rules drop (another node's task: ``not_owner``, stale, ...) are
+still committed and ACKed; after the commit they are counted in
+``tasknet_report_entries_dropped_total{node,reason}`` and logged through
+:class:`DropLog` (rate-limited on the pipeline's clock).  The pipeline also
+tells storage which report is the first of its session, where a wiped node
+may start a new revision epoch (``storage/reports.py``).
 """
 
 from __future__ import annotations
 
 import sqlite3
 import time
+import weakref
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -40,6 +48,44 @@ from tasknet.site.storage.db import Database
 log = Logger()
 
 DEFAULT_MAX_BATCH = 64
+DROP_LOG_INTERVAL = 60.0
+
+
+class DropLog:
+    """Logs dropped report entries at most once per node and reason every
+    ``interval`` seconds (on ``clock``), with how many were dropped since the
+    last line: a misconfigured or hostile node reporting every second must
+    not flood the log.  ``not_owner`` is a warning, other reasons are info
+    (a task being deleted is still listed by its node for a while)."""
+
+    def __init__(self, clock: Any, interval: float = DROP_LOG_INTERVAL) -> None:
+        self._clock = clock
+        self._interval = interval
+        self._last: dict[tuple[str, str], float] = {}
+        self._pending: dict[tuple[str, str], int] = {}
+        #: Lines written (tests).
+        self.lines = 0
+
+    def note(self, node_id: str, counts: Mapping[str, int]) -> None:
+        now = self._clock.seconds()
+        for reason, n in counts.items():
+            key = (node_id, reason)
+            self._pending[key] = self._pending.get(key, 0) + n
+            last = self._last.get(key)
+            if last is not None and now - last < self._interval:
+                continue
+            self._last[key] = now
+            dropped = self._pending.pop(key)
+            self.lines += 1
+            emit = log.warn if reason == storage.NOT_OWNER else log.info
+            emit(
+                "node {node}: dropped {count} report entr(y/ies) ({reason})"
+                " in the last {interval:.0f} s",
+                node=node_id,
+                count=dropped,
+                reason=reason,
+                interval=self._interval,
+            )
 
 
 @dataclass
@@ -47,6 +93,9 @@ class _Pending:
     session: Session
     message: storage.NodeReport
     arrived: float
+    #: No report of this session has been committed yet (a wiped node's
+    #: first report after login may start a new revision epoch).
+    first: bool = False
     done: Deferred[storage.ReportOutcome | None] = field(default_factory=Deferred)
 
 
@@ -89,9 +138,12 @@ class ReportPipeline:
         self._max_batch = max_batch
         self._max_wait = max_wait
         self._clock = clock
+        self.drop_log = DropLog(clock)
         # Appended on the reactor, taken in the writer thread (deque's append
         # and popleft are atomic).
         self._queue: deque[_Pending] = deque()
+        # Sessions with a committed report (reactor only).
+        self._reported: weakref.WeakSet[Any] = weakref.WeakSet()
         # A write is scheduled that has not taken its batch yet.  Set on the
         # reactor; cleared by that write in the writer thread *before* it
         # takes from the queue, so a report queued after the clear is either
@@ -111,7 +163,12 @@ class ReportPipeline:
         """Queue one report.  The Deferred fires after its transaction ended:
         with the outcome (committed; a v2 report has been ACKed) or ``None``
         (not committed, not ACKed).  It never fails."""
-        pending = _Pending(session, message, time.monotonic())
+        pending = _Pending(
+            session,
+            message,
+            time.monotonic(),
+            first=isinstance(message, TaskReport) and session not in self._reported,
+        )
         self._queue.append(pending)
         self._maybe_schedule()
         return pending.done
@@ -163,7 +220,9 @@ class ReportPipeline:
         taken.started = time.monotonic()
         if not batch:
             return []
-        return storage.apply_batch(cursor, [(p.session.node_id, p.message) for p in batch])
+        return storage.apply_batch(
+            cursor, [(p.session.node_id, p.message) for p in batch], [p.first for p in batch]
+        )
 
     def _committed(
         self,
@@ -189,15 +248,24 @@ class ReportPipeline:
     def _acknowledge(self, pending: _Pending, outcome: storage.ReportOutcome) -> None:
         message = pending.message
         if isinstance(message, TaskReport):
+            self._reported.add(pending.session)
             pending.session.send_ack(message.report_id, outcome.result)
             metrics.observe_since(metrics.ACK_LATENCY, pending.arrived)
         metrics.REPORTS.labels(result=outcome.result).inc()
-        if outcome.dropped:
-            log.debug(
-                "report from {node}: dropped {dropped}",
+        if outcome.drop_counts:
+            node_id = pending.session.node_id
+            for reason, n in outcome.drop_counts.items():
+                metrics.DROPPED_ENTRIES.labels(node=node_id, reason=reason).inc(n)
+            self.drop_log.note(node_id, outcome.drop_counts)
+        if outcome.new_epoch:
+            log.info(
+                "node {node}: revision {revision} went backwards (wiped node?):"
+                " new revision epoch for its tasks",
                 node=pending.session.node_id,
-                dropped=outcome.dropped,
+                revision=outcome.revision,
             )
+        for gid in outcome.claimed:
+            log.info("node {node} claimed legacy task {gid}", node=pending.session.node_id, gid=gid)
         if self._on_applied is not None:
             try:
                 self._on_applied(pending.session, outcome)

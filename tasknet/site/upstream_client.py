@@ -97,6 +97,14 @@ class PrepareResult:
     metadata: dict[str, Any] = field(default_factory=dict)
     error: str = ""
 
+    @property
+    def size(self) -> int | None:
+        """The archive size in bytes, when the upstream gave a sane one."""
+        size = self.metadata.get("size")
+        if isinstance(size, int) and not isinstance(size, bool) and size >= 0:
+            return size
+        return None
+
 
 class UpstreamError(Exception):
     """A read-only call (``audit``) failed; the message says how."""

@@ -8,10 +8,12 @@ from tasknet.cli.drill import main
 from tasknet.drill.scenarios import QUICK, SCENARIOS
 
 
-def test_list_names_all_sixteen_and_marks_the_quick_set(capsys: pytest.CaptureFixture[str]) -> None:
+def test_list_names_every_scenario_and_marks_the_quick_set(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     assert main(["--list"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert [line.split()[0] for line in lines] == [f"S{i}" for i in range(1, 17)]
+    assert [line.split()[0] for line in lines] == [f"S{i}" for i in range(1, 20)]
     assert [line.split()[0] for line in lines if line.endswith("(quick)")] == list(QUICK)
     assert set(QUICK) <= set(SCENARIOS)
 

@@ -1,4 +1,4 @@
-"""D1–D7 on real SQLite files: each check passes on a sound system and FAILs,
+"""D1–D8 on real SQLite files: each check passes on a sound system and FAILs,
 with self-explaining evidence, on the breakage it exists to catch."""
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from tasknet.drill.invariants import (
     check_d5,
     check_d6,
     check_d7,
+    check_d8,
 )
 from tasknet.drill.snapshot import read_node, read_site
 from tasknet.node.paths import DataDir
@@ -152,6 +153,7 @@ def test_a_sound_submitted_task_passes_every_check(site_db: Path, tmp_path: Path
         "D5": PASS,
         "D6": NA,
         "D7": PASS,
+        "D8": NA,
     }
 
 
@@ -297,3 +299,91 @@ def test_d7_fails_when_a_notification_never_reaches_the_webhook(site_db: Path) -
     # Received (twice: at-least-once delivery is allowed): nothing lost.
     got = [{"id": "1", "body": {"task": task}}] * 2
     assert check_d7(world(site_db, webhook=got)).status == PASS
+
+
+FORGED_REVISION = 2**62
+
+
+def _owned_by_n1(db: Path, *, status: int, progress: float, revision: int | None) -> None:
+    submitted(db, status=status)
+    sql(db, "UPDATE gallery SET node_id = 'n1', progress = ? WHERE gid = ?", progress, GID)
+    sql(db, "UPDATE task_operation SET last_revision = ? WHERE gid = ?", revision, GID)
+
+
+def _receipt(db: Path, report_id: str, node_id: str, revision: int) -> None:
+    sql(
+        db,
+        "INSERT INTO report_receipt (report_id, node_id, revision) VALUES (?, ?, ?)",
+        report_id,
+        node_id,
+        revision,
+    )
+
+
+def _node_task(node: Path, status: int, progress: float) -> None:
+    conn = sqlite3.connect(DataDir(node).database)
+    conn.execute("ALTER TABLE task ADD COLUMN progress REAL")
+    conn.execute("INSERT INTO task VALUES (?, ?, ?, ?)", (GID, OP, status, progress))
+    conn.commit()
+    conn.close()
+
+
+def test_d8_passes_when_each_revision_came_from_the_tasks_own_node(site_db: Path) -> None:
+    _owned_by_n1(site_db, status=1, progress=0.5, revision=1000)
+    _receipt(site_db, "r1", "n1", 1000)
+    _receipt(site_db, "h1", "n4", FORGED_REVISION)  # dropped: changed nothing
+    verdict = check_d8(world(site_db))
+    assert verdict.status == PASS, verdict.detail
+
+
+def test_d8_fails_on_a_revision_another_node_sent(site_db: Path) -> None:
+    _owned_by_n1(site_db, status=4, progress=1.0, revision=FORGED_REVISION)
+    _receipt(site_db, "r1", "n1", 1000)
+    _receipt(site_db, "h1", "n4", FORGED_REVISION)
+    verdict = check_d8(world(site_db))
+    assert verdict.status == FAIL
+    assert "came from ['n4'], not from its node n1" in verdict.detail
+
+
+def test_d8_fails_when_a_forged_status_is_shown_that_its_node_does_not_hold(
+    site_db: Path, tmp_path: Path
+) -> None:
+    _owned_by_n1(site_db, status=4, progress=1.0, revision=1000)
+    _receipt(site_db, "r1", "n1", 1000)
+    node = node_dir(tmp_path)
+    _node_task(node, 1, 0.3)  # n1 is still downloading
+    forged = {"node": "n4", "gid": GID, "revision": FORGED_REVISION, "status": 4, "progress": 1.0}
+    verdict = check_d8(world(site_db, node, ledger=Ledger(forged=[forged])))
+    assert verdict.status == FAIL
+    assert "shows what n4 forged" in verdict.detail
+
+
+def test_d8_passes_when_the_owner_itself_completed_what_was_forged(
+    site_db: Path, tmp_path: Path
+) -> None:
+    _owned_by_n1(site_db, status=4, progress=1.0, revision=2000)
+    _receipt(site_db, "r2", "n1", 2000)
+    node = node_dir(tmp_path)
+    DataDir(node).archive_path(GID, OP).write_bytes(b"zip")  # completed and ACKed
+    forged = {"node": "n4", "gid": GID, "revision": FORGED_REVISION, "status": 4, "progress": 1.0}
+    verdict = check_d8(world(site_db, node, ledger=Ledger(forged=[forged])))
+    assert verdict.status == PASS, verdict.detail
+
+
+def test_d8_fails_on_a_forged_delete_that_completed(site_db: Path, tmp_path: Path) -> None:
+    submitted(site_db, status=4)
+    sql(site_db, "UPDATE gallery SET node_id = 'n1' WHERE gid = ?", GID)
+    sql(
+        site_db,
+        "UPDATE task_operation SET state = 'DELETE_PENDING', delete_operation_id = 'd'"
+        " WHERE gid = ?",
+        GID,
+    )
+    sql(site_db, "UPDATE task_operation SET state = 'DELETED' WHERE gid = ?", GID)
+    sql(site_db, "DELETE FROM gallery WHERE gid = ?", GID)
+    node = node_dir(tmp_path)
+    DataDir(node).archive_path(GID, OP).write_bytes(b"zip")  # the file stayed on n1
+    forged = {"node": "n4", "gid": GID, "revision": FORGED_REVISION, "delete_operation_id": "d"}
+    verdict = check_d8(world(site_db, node, ledger=Ledger(forged=[forged])))
+    assert verdict.status == FAIL
+    assert "while n1 still holds it" in verdict.detail

@@ -11,7 +11,7 @@ from tasknet.drill.report import Progress, RunResult, failures, table, to_json
 
 def result(failed: bool) -> RunResult:
     verdicts = [Verdict("E", PASS, "3 expectation(s) met")]
-    verdicts += [Verdict(f"D{i}", PASS, "ok") for i in range(1, 8)]
+    verdicts += [Verdict(f"D{i}", PASS, "ok") for i in range(1, 9)]
     verdicts[3] = Verdict("D3", NA, "nothing completed")
     if failed:
         verdicts[1] = Verdict(
@@ -37,6 +37,7 @@ def test_table_has_one_row_per_run_and_a_cell_per_invariant() -> None:
         "D5",
         "D6",
         "D7",
+        "D8",
         "time",
     ]
     assert lines[2].split() == [
@@ -46,6 +47,7 @@ def test_table_has_one_row_per_run_and_a_cell_per_invariant() -> None:
         "PASS",
         "PASS",
         "–",
+        "PASS",
         "PASS",
         "PASS",
         "PASS",

@@ -10,7 +10,7 @@ import pytest
 import pytest_twisted
 
 from tasknet.node.paths import DataDir
-from tasknet.node.store import FAILED, NOT_FOUND, NodeStore
+from tasknet.node.store import FAILED, LEGACY_DELETE_ID, NOT_FOUND, NodeStore
 
 
 async def open_store(path: Path) -> NodeStore:
@@ -144,3 +144,24 @@ async def test_failed_delete_keeps_the_task_and_a_repeat_runs_again(tmp_path: Pa
             await store.finish_delete(1, "del", "GONE", "")
     finally:
         store.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_legacy_delete_never_enters_a_v2_report_until_the_site_names_it(
+    tmp_path: Path,
+) -> None:
+    """A delete taken on a legacy link has no delete id; a v2 report with an
+    empty id would be refused (PROTOCOL.md "Bounds") and resent forever.  It
+    waits for the site's v2 DELETE, whose id replaces it."""
+    store = await open_store(tmp_path)
+    try:
+        await store.begin_delete(9, LEGACY_DELETE_ID, 1)
+        await store.finish_delete(9, LEGACY_DELETE_ID, NOT_FOUND, "")
+        assert await store.create_report("r-1", 1_000) is None
+        await store.begin_delete(9, "del-9", 2)
+        await store.finish_delete(9, "del-9", NOT_FOUND, "")
+        report = await store.create_report("r-2", 2_000)
+    finally:
+        store.close()
+    assert report is not None
+    assert report.deleted == ((9, "del-9", NOT_FOUND, ""),)

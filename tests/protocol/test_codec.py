@@ -6,12 +6,13 @@ import json
 from typing import Any
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tasknet.protocol.messages import (
     HEADER,
     MAX_PAYLOAD,
+    NODE_ID,
     DeletedEntry,
     DeleteGallery,
     DeleteResult,
@@ -196,9 +197,13 @@ def test_strict_reader_rejects_unknown_fields_in_entries() -> None:
 
 # ---------------------------------------------------------------- property-based
 
+# Values inside PROTOCOL.md's bounds (test_bounds.py covers the outside).
 texts = st.text(max_size=20)
-gids = st.integers(min_value=0, max_value=2**63 - 1)
+ids = st.text(min_size=1, max_size=20)
+gids = st.integers(min_value=1, max_value=2**31 - 1)
 ints = st.integers(min_value=-(2**63), max_value=2**63 - 1)
+times = st.integers(min_value=0, max_value=2**63 - 1)
+node_ids = st.from_regex(NODE_ID, fullmatch=True)
 entries = st.builds(
     TaskEntry,
     gids,
@@ -206,14 +211,14 @@ entries = st.builds(
     st.floats(min_value=0.0, max_value=1.0),
 )
 deleted = st.builds(
-    DeletedEntry, gids, texts, st.sampled_from(["DELETED", "NOT_FOUND", "FAILED"]), texts
+    DeletedEntry, gids, ids, st.sampled_from(["DELETED", "NOT_FOUND", "FAILED"]), texts
 )
 
 MESSAGES: st.SearchStrategy[Message] = st.one_of(
     st.builds(Identity, texts, texts),
-    st.builds(Login, texts, texts),
+    st.builds(Login, node_ids, texts),
     st.builds(LoginResult, st.booleans(), texts),
-    st.builds(Heartbeat, ints),
+    st.builds(Heartbeat, times),
     st.builds(DownloadPost, gids, texts, texts, texts),
     st.builds(DeleteGallery, gids),
     st.builds(StatusReport, st.lists(entries, max_size=5).map(tuple)),
@@ -221,19 +226,20 @@ MESSAGES: st.SearchStrategy[Message] = st.one_of(
     st.builds(Error, texts, texts),
     st.builds(Goodbye, texts),
     st.builds(ProtocolHello, ints, st.lists(texts, max_size=3).map(tuple)),
-    st.builds(TaskCommand, texts, st.sampled_from(["DOWNLOAD", "DELETE"]), gids, texts, texts),
+    st.builds(TaskCommand, ids, st.sampled_from(["DOWNLOAD", "DELETE"]), gids, texts, texts),
     st.builds(
         TaskReport,
-        texts,
-        st.integers(min_value=0, max_value=2**63 - 1),
+        ids,
+        times,
         st.lists(entries, max_size=5).map(tuple),
-        st.dictionaries(gids, texts, max_size=5),
+        st.dictionaries(gids, ids, max_size=5),
         st.lists(deleted, max_size=3).map(tuple),
     ),
-    st.builds(TaskReportAck, texts, st.sampled_from(["APPLIED", "DUPLICATE"])),
+    st.builds(TaskReportAck, ids, st.sampled_from(["APPLIED", "DUPLICATE"])),
 )
 
 
+@settings(deadline=None)  # no wall-clock limit on a shared machine
 @given(MESSAGES)
 def test_round_trip(message: Message) -> None:
     raw = encode(message)

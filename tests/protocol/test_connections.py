@@ -289,8 +289,6 @@ async def test_legacy_node_ignores_v2_types_after_login(harness: Harness) -> Non
     [
         ("node-1", "wrong", "bad signature"),
         ("node-9", "s3cret", "unknown node"),
-        ("bad id!", "s3cret", "invalid nodeId"),
-        ("x" * 65, "s3cret", "invalid nodeId"),
     ],
 )
 @pytest_twisted.ensureDeferred

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransport
@@ -87,6 +87,7 @@ def expected_outcome(data: bytes, max_payload: int) -> tuple[list[Message], str 
     return messages, None
 
 
+@settings(deadline=None)  # no wall-clock limit on a shared machine
 @given(st.lists(MESSAGES, max_size=6), st.lists(st.integers(min_value=0), max_size=10))
 def test_frames_split_or_merged_arbitrarily(messages: list[Message], cuts: list[int]) -> None:
     proto, transport = connected(max_payload=1 << 20)
@@ -96,6 +97,7 @@ def test_frames_split_or_merged_arbitrarily(messages: list[Message], cuts: list[
     proto.connectionLost()
 
 
+@settings(deadline=None)  # no wall-clock limit on a shared machine
 @given(st.binary(max_size=300), st.lists(st.integers(min_value=0), max_size=10))
 def test_arbitrary_bytes_end_in_messages_or_the_right_error(data: bytes, cuts: list[int]) -> None:
     proto, transport = connected(max_payload=64)
@@ -111,6 +113,7 @@ def test_arbitrary_bytes_end_in_messages_or_the_right_error(data: bytes, cuts: l
     proto.connectionLost()
 
 
+@settings(deadline=None)  # no wall-clock limit on a shared machine
 @given(
     st.lists(MESSAGES, min_size=1, max_size=3),
     st.binary(max_size=40),

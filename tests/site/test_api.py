@@ -65,14 +65,18 @@ async def test_create_get_list_and_paginate(tmp_path):
         status, body = await f.site.request("GET", "/api/tasks/3", token=f.alice)
         assert status == 200 and body["task"]["gid"] == 3
         assert body["task"]["cost"] == catalog.gallery(3).cost
-        status, page = await f.site.request("GET", "/api/tasks?limit=2", token=f.alice)
+        status, page = await f.site.request("GET", "/api/tasks?order=gid&limit=2", token=f.alice)
         assert [t["gid"] for t in page["tasks"]] == [3, 5] and page["next"] == 5
-        status, page = await f.site.request("GET", "/api/tasks?limit=2&after=5", token=f.alice)
+        path = "/api/tasks?order=gid&limit=2&after=5"
+        status, page = await f.site.request("GET", path, token=f.alice)
         assert [t["gid"] for t in page["tasks"]] == [9] and page["next"] is None
+        # The default order is newest first (tests/site/test_views_api.py pages it).
+        status, page = await f.site.request("GET", "/api/tasks", token=f.alice)
+        assert [t["gid"] for t in page["tasks"]] == [9, 3, 5]
         # Bob sees none of them; the admin sees all.
         assert (await f.site.request("GET", "/api/tasks", token=f.bob))[1]["tasks"] == []
         admin = await f.site.request("GET", "/api/tasks", token=f.admin)
-        assert [t["gid"] for t in admin[1]["tasks"]] == [3, 5, 9]
+        assert sorted(t["gid"] for t in admin[1]["tasks"]) == [3, 5, 9]
         usage = (await f.site.request("GET", "/api/usage", token=f.alice))[1]
         expected = sum(catalog.gallery(g).cost for g in (3, 5, 9))
         assert usage["used"] == expected and usage["quota"] == 5000
@@ -234,7 +238,7 @@ async def test_database_failure_is_500_and_commits_nothing(tmp_path):
     async def test(f):
         connection = raw(f.path)
         connection.execute(
-            "CREATE TRIGGER outbox_fails BEFORE INSERT ON notification_outbox "
+            "CREATE TRIGGER reserve_fails BEFORE INSERT ON task_operation "
             "BEGIN SELECT RAISE(ABORT, 'simulated failure'); END"
         )
         connection.close()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import glob
+import pathlib
 import sqlite3
 import subprocess
 import sys
@@ -13,6 +14,7 @@ from tasknet.cli.migrate import main as migrate_main
 from tasknet.site import transitions
 from tasknet.site.storage.migrate import DuplicateGids, migrate
 from tasknet.site.storage.schema import (
+    CURRENT_VERSION,
     UnmigratedDatabase,
     load_script,
     prepare_database,
@@ -46,11 +48,28 @@ def legacy_database(path: str, *, duplicate: bool = False) -> None:
     connection.close()
 
 
+def _v1_columns() -> dict[str, str]:
+    memory = sqlite3.connect(":memory:")
+    try:
+        memory.executescript(load_script("schema_v1.sql"))
+        return {
+            table: ", ".join(f'"{r[1]}"' for r in memory.execute(f'PRAGMA table_info("{table}")'))
+            for table in TABLES
+        }
+    finally:
+        memory.close()
+
+
 def dump(path: str) -> dict[str, list[tuple]]:
+    """Every row of the v1 tables, in their v1 columns (later schema versions
+    may only add columns, which start empty)."""
+    columns = _v1_columns()
     connection = sqlite3.connect(path)
     try:
         return {
-            table: connection.execute(f'SELECT * FROM "{table}" ORDER BY rowid').fetchall()
+            table: connection.execute(
+                f'SELECT {columns[table]} FROM "{table}" ORDER BY rowid'
+            ).fetchall()
             for table in TABLES
         }
     finally:
@@ -77,7 +96,7 @@ def test_v1_database_with_data_migrates_and_keeps_every_row(tmp_path):
     assert dump(path) == before
     assert result.rows_before == {"user": 2, "gallery": 50, "favorite": 2, "weekly_usage": 1}
     connection = sqlite3.connect(path)
-    assert schema_version(connection) == 2
+    assert schema_version(connection) == CURRENT_VERSION
     connection.close()
     assert any(line.startswith("backup:") for line in lines)  # progress shown
     assert any(line.startswith("[1/") for line in lines)
@@ -146,7 +165,7 @@ def test_migrate_command_runs_as_a_process(tmp_path):
         timeout=60,
     )
     assert done.returncode == 0, done.stderr
-    assert "migrated to schema v2" in done.stdout
+    assert "migrated to schema v3" in done.stdout
     missing = subprocess.run(
         [sys.executable, "-m", "tasknet.cli.migrate", "--db", str(tmp_path / "none.sqlite")],
         capture_output=True,
@@ -220,3 +239,28 @@ def test_split_statements_respects_trigger_bodies_and_comments():
     assert len(triggers) == 4 and all(s.rstrip().endswith("END;") for s in triggers)
     assert all(sqlite3.complete_statement(s) for s in statements)
     assert split_statements("-- only a comment; with a semicolon\n") == []
+
+
+def test_v2_database_is_upgraded_in_place_by_the_site(tmp_path: pathlib.Path) -> None:
+    """A database at v2 (what the previous release left) gets the additive
+    upgrades at site start, in one transaction, with every row kept."""
+    path = str(tmp_path / "v2.sqlite")
+    legacy_database(path)
+    connection = sqlite3.connect(path)
+    connection.execute("BEGIN")
+    for statement in split_statements(load_script("migrate_task_operation_v2.sql")):
+        connection.execute(statement)
+    connection.commit()
+    assert schema_version(connection) == 2
+    connection.close()
+    before = dump(path)
+
+    assert prepare_database(path) is False
+
+    connection = sqlite3.connect(path)
+    try:
+        assert schema_version(connection) == CURRENT_VERSION
+    finally:
+        connection.close()
+    assert dump(path) == before
+    assert prepare_database(path) is False  # a second start is a no-op

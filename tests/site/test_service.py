@@ -202,6 +202,9 @@ async def test_failed_recovery_accepts_nodes_but_dispatches_nothing(tmp_path):
         "CREATE TRIGGER recovery_fails BEFORE UPDATE OF step ON task_operation "
         "WHEN NEW.step = 'recovery' BEGIN SELECT RAISE(ABORT, 'disk I/O error'); END"
     )
+    # gid 3 is n1's (a node changes only the tasks assigned to it), sent
+    # before the restart; dispatched = 0 stays to show nothing resends it.
+    connection.execute("UPDATE gallery SET node_id = 'n1' WHERE gid = 3")
     connection.close()
     upstream = await start_upstream()
     try:
@@ -221,8 +224,8 @@ async def test_failed_recovery_accepts_nodes_but_dispatches_nothing(tmp_path):
             assert (ack.report_id, ack.result) == ("r1", "APPLIED")
             row = one(path, "SELECT status, progress FROM gallery WHERE gid = 3")
             assert tuple(row) == (1, 0.25)
-            # ... but the SUBMITTED gid 3 (unassigned) was never sent to it:
-            # the login pass had run before the report went out.
+            # ... but the SUBMITTED gid 3 was never (re)sent to it: dispatch
+            # is disabled, so no login pass ran.
             assert node.messages == [ack]
             assert one(path, "SELECT dispatched FROM task_operation WHERE gid = 3")[0] == 0
             await node.disconnect()

@@ -22,13 +22,16 @@ async def test_every_visible_change_is_in_the_outbox_of_its_transaction(tmp_path
     async with lifecycle_env(tmp_path, timeout=0.3) as env:
         await env.lifecycle.create(env.user_id, 1, "t", "")
         pushed = outbox(env.path, 1)
-        assert [p["task"]["state"] for p in pushed] == ["RESERVED", "SUBMITTING", "SUBMITTED"]
+        assert [p["task"]["state"] for p in pushed] == [
+            "SUBMITTING",
+            "SUBMITTED",
+        ]  # a reservation is not announced
         assert all(p["type"] == "task" and p["_user"] == env.user_id for p in pushed)
 
         env.upstream.set_faults([fault("reject")])
         await env.lifecycle.create(env.user_id, 2, "t", "").addErrback(lambda _: None)
         pushed = outbox(env.path, 2)
-        assert [p["task"]["state"] for p in pushed] == ["RESERVED", "SUBMITTING", None]
+        assert [p["task"]["state"] for p in pushed] == ["SUBMITTING", None]
         assert pushed[-1]["task"]["status"] is None and pushed[-1]["_user"] == env.user_id
 
         env.upstream.set_faults([fault("timeout")])
@@ -51,7 +54,7 @@ async def test_outbox_row_rolls_back_with_its_change(tmp_path):
         connection.close()
         await env.lifecycle.create(env.user_id, 1, "t", "")
         states = [p["task"]["state"] for p in outbox(env.path, 1)]
-        assert states == ["RESERVED", "SUBMITTING", "UNKNOWN"]  # no SUBMITTED was ever announced
+        assert states == ["SUBMITTING", "UNKNOWN"]  # no SUBMITTED was ever announced
 
 
 @pytest_twisted.ensureDeferred

@@ -6,7 +6,14 @@ import json
 
 import pytest_twisted
 
-from tasknet.protocol.messages import DeleteGallery, DeleteResult, TaskCommand, TaskReportAck
+from tasknet.protocol.messages import (
+    DeleteGallery,
+    DeleteResult,
+    StatusReport,
+    TaskCommand,
+    TaskEntry,
+    TaskReportAck,
+)
 from tasknet.site.storage import delete, views
 from tests.site_protocol.harness import Site, add_task, add_user, row, wait_until
 
@@ -94,26 +101,33 @@ async def test_legacy_delete_round_trip(site: Site) -> None:
 
 
 @pytest_twisted.ensureDeferred
-async def test_legacy_delete_of_a_task_with_no_known_node_is_confirmed_by_any_node(
+async def test_legacy_delete_of_a_task_with_no_known_node_goes_to_its_claimer(
     site: Site,
 ) -> None:
     conn = site.sql()
     uid, _ = add_user(conn, "alice")
     # A pre-migration row a node reported; the old site never said which.
     add_task(conn, 9, uid, None, status=2)
-    # Deleted while no node is connected (else the row would be assigned).
+    # Deleted while no node is connected.
     started = await _request_delete(site, 9)
     assert not started.completed and started.node is None
     old1 = await site.connect("old-1", v2=False)
     old2 = await site.connect("old-2", v2=False)
-    # Both get the DELETE at login; the one that held the file answers.
-    assert await old1.next(DeleteGallery) == DeleteGallery(9)
+    await site.side.dispatcher.idle()
+    # Neither gets the DELETE: the delete waits for the row's claim.
+    assert old1.messages == [] and old2.messages == []
+    # A DeleteResult from a node that never claimed it changes nothing.
+    old1.sendMessage(DeleteResult(9, True, ""))
+    await wait_until(lambda: site.side.reports.reports_committed == 1)
+    assert row(conn, 9)["state"] == "DELETE_PENDING"
+    # old-2 holds it and says so: its StatusReport claims the row; its next
+    # login pass sends it the DELETE, which it confirms.
+    old2.sendMessage(StatusReport((TaskEntry(9, 4, 1.0),)))
+    await wait_until(lambda: row(conn, 9)["node_id"] == "old-2")
+    await old2.disconnect()
+    old2 = await site.connect("old-2", v2=False)
     assert await old2.next(DeleteGallery) == DeleteGallery(9)
     old2.sendMessage(DeleteResult(9, True, ""))
     await wait_until(lambda: row(conn, 9)["state"] == "DELETED")
     assert conn.execute("SELECT COUNT(*) FROM gallery WHERE gid = 9").fetchone()[0] == 0
-    # The other node's late failure changes nothing on the tombstone.
-    old1.sendMessage(DeleteResult(9, False, "no such file"))
-    await site.side.reports.idle()
-    assert row(conn, 9)["state"] == "DELETED" and row(conn, 9)["delete_result"] is None
     conn.close()

@@ -22,18 +22,27 @@ def _ineligible_world(site: Site, node_id: str) -> dict[int, str]:
     add_task(conn, 4, uid, "DELETED", node_id=node_id)
     add_task(conn, 5, uid, None, url="")  # legacy row never judged submitted
     # Pending, no known node but dispatched (a pre-migration row that showed a
-    # node status): some node may hold its file, so every node gets the DELETE.
+    # node status): some node may hold its file; the DELETE waits for a claim.
     add_task(conn, 6, uid, "DELETE_PENDING")
     add_task(conn, 7, uid, "UNKNOWN", node_id=node_id)
     add_task(conn, 8, uid, "DELETE_PENDING", node_id=node_id)
     add_task(conn, 9, uid, "RESERVED", node_id=node_id)
     add_task(conn, 10, uid, "SUBMITTING", node_id=node_id)
     add_task(conn, 11, uid, None, node_id=node_id, url="")  # legacy, refused
+    # Legacy rows with a node status and no node: some node holds them; they
+    # wait for its claim and are never assigned to another (a second download).
+    add_task(conn, 12, uid, None, status=1)
+    add_task(conn, 13, uid, None, status=2)
+    conn.execute(
+        "INSERT INTO task_operation (gid, operation_id, state, legacy, dispatched)"
+        " VALUES (13, 'op-13', 'SUBMITTED', 1, 1)"
+    )
+    conn.commit()
     add_task(conn, 101, uid, node_id=node_id, status=4)  # completed: not resent
     add_task(conn, 102, uid, None, node_id=node_id, status=1)  # legacy, truly submitted
     add_task(conn, 200, uid)  # SUBMITTED, unassigned: the last command sent
     conn.close()
-    return {6: "DELETE", 8: "DELETE", 102: "DOWNLOAD", 200: "DOWNLOAD"}
+    return {8: "DELETE", 102: "DOWNLOAD", 200: "DOWNLOAD"}
 
 
 @pytest.mark.parametrize("v2", [True, False], ids=["v2", "legacy"])

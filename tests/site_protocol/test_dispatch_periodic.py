@@ -2,9 +2,9 @@
 
 A task resolved by ``tasknet-admin`` (another process: no in-process trigger)
 reaches a connected node through the periodic pass, once.  A pending delete
-of a pre-migration task that shows a node status but no node goes to every
-connected node, once per connection, and the first matching confirmation
-from any node completes it.
+of a pre-migration task that shows a node status but no node goes to no
+node until one claims the row by reporting it; then to that node only, and
+only its confirmation completes it.
 """
 
 from __future__ import annotations
@@ -81,47 +81,47 @@ async def test_pending_delete_reaches_a_connected_node_whose_trigger_was_lost(
 
 
 @pytest_twisted.ensureDeferred
-async def test_delete_of_a_task_with_no_known_node_goes_to_every_node(tmp_path: Path) -> None:
+async def test_delete_of_a_task_with_no_known_node_waits_for_its_claim(tmp_path: Path) -> None:
     site = await Site(tmp_path / "site.sqlite").start(dispatch_poll_interval=POLL)
     try:
         conn = site.sql()
         uid, _ = add_user(conn, "alice")
         # Pre-migration rows a node reported, the old site never said which.
         add_task(conn, 5, uid, None, status=2)
-        add_task(conn, 6, uid, None, status=4, url="")  # no URL: never assigned
-        # Deleted while no node is connected: nothing to assign it to.
+        add_task(conn, 6, uid, None, status=4, url="")  # no URL
         first = await site.db.write(delete.request_delete, 5, None)
         assert not first.completed and first.node is None  # some node may hold it
         await site.side.dispatcher.task_changed(5)
 
-        # Every node gets it at login.
         n1 = await site.connect("n1")
         n2 = await site.connect("n2")
-        delete5 = TaskCommand(first.delete_operation_id, "DELETE", 5, "gallery 5", "")
-        assert await n1.next(TaskCommand) == delete5
-        assert await n2.next(TaskCommand) == delete5
-
-        # Deleted while nodes are connected: sent to each of them at once.
         second = await site.db.write(delete.request_delete, 6, None)
         assert not second.completed and second.node is None
         await site.side.dispatcher.task_changed(6)
-        delete6 = TaskCommand(second.delete_operation_id, "DELETE", 6, "gallery 6", "")
-        assert await n1.next(TaskCommand) == delete6
-        assert await n2.next(TaskCommand) == delete6
 
-        # Nobody gets a pending delete twice on one connection.
+        # Nobody gets a DELETE (nor a DOWNLOAD) of a row no node has claimed.
         await _polls(site, 5)
-        assert [len(n.messages) for n in (n1, n2)] == [2, 2]
+        assert [n.messages for n in (n1, n2)] == [[], []]
         assert row(conn, 5)["state"] == row(conn, 6)["state"] == "DELETE_PENDING"
-        assert row(conn, 5)["node_id"] is None  # not assigned to whoever got it
 
-        # The first matching confirmation, from any node, completes it.
-        n2.report("r1", 1000, [], deleted=[(5, first.delete_operation_id, "NOT_FOUND", "")])
+        # n2 holds gid 5 and reports it: it claims the row, and the next pass
+        # sends it (only it) the DELETE, which it confirms.
+        n2.report("r1", 1000, [(5, 2, 0.5)], {5: row(conn, 5)["operation_id"]})
         assert (await n2.next(TaskReportAck)).result == "APPLIED"
-        n1.report("r2", 1000, [], deleted=[(6, second.delete_operation_id, "DELETED", "")])
+        assert row(conn, 5)["node_id"] == "n2"
+        delete5 = TaskCommand(first.delete_operation_id, "DELETE", 5, "gallery 5", "")
+        assert await n2.next(TaskCommand) == delete5
+        # A confirmation from n1 (it never had it) changes nothing ...
+        n1.report("r2", 1000, [], deleted=[(5, first.delete_operation_id, "NOT_FOUND", "")])
         assert (await n1.next(TaskReportAck)).result == "APPLIED"
-        assert row(conn, 5)["state"] == row(conn, 6)["state"] == "DELETED"
-        assert conn.execute("SELECT COUNT(*) FROM gallery").fetchone()[0] == 0
+        assert row(conn, 5)["state"] == "DELETE_PENDING"
+        # ... the claimer's does.
+        n2.report("r3", 1001, [], deleted=[(5, first.delete_operation_id, "DELETED", "")])
+        assert (await n2.next(TaskReportAck)).result == "APPLIED"
+        assert row(conn, 5)["state"] == "DELETED"
+        await _polls(site, 3)
+        assert n1.messages == [TaskReportAck("r2", "APPLIED")]
+        assert row(conn, 6)["state"] == "DELETE_PENDING"  # still waits (or an operator)
         conn.close()
     finally:
         await site.stop()

@@ -68,7 +68,8 @@ async def test_websocket_pushes_each_change_after_commit_to_its_owner_only(site:
                 == 0
             )
         )
-        assert await site.db.read(delivery.pending_rows, 0, 99) == []
+        assert await site.db.read(delivery.fanout_rows, 0, 99) == []
+        assert await site.db.read(delivery.webhook_rows, 0, 99) == []
     finally:
         for client in clients:
             await client.shut()

@@ -93,8 +93,10 @@ def test_only_old_finished_rows_are_pruned_a_batch_at_a_time(conn: sqlite3.Conne
     assert run_write(conn, delivery.prune_finished, ids[5], found.below, 2) == (0, ids[5])
     assert remaining(conn) == [ids[3], ids[4], *ids[6:]]
     # What is left is still delivered as before.
-    pending = run_write(conn, delivery.pending_rows, 0, 99)
-    assert [(r.id, r.ws_pending, r.webhook_pending) for r in pending] == [
+    fanout = run_write(conn, delivery.fanout_rows, 0, 99)
+    assert [(r.id, r.ws_pending, r.webhook_pending) for r in fanout] == [(ids[3], True, True)]
+    webhook = run_write(conn, delivery.webhook_rows, 0, 99)
+    assert [(r.id, r.ws_pending, r.webhook_pending) for r in webhook] == [
         (ids[3], True, True),
         (ids[4], False, True),
     ]

@@ -41,7 +41,7 @@ def _seed(path: str) -> None:
         uid, _ = add_user(conn, "alice")
         add_task(conn, 1, uid, node_id="n1")
         add_task(conn, 2, uid, node_id="n2", status=1, progress=0.5)
-        add_task(conn, 3, uid, node_id=None)  # unclaimed: the reporter claims it
+        add_task(conn, 3, uid, node_id=None)  # not sent to any node: nobody may report it
         add_task(conn, 4, uid, "DELETED")
         add_task(conn, 5, uid, "DELETE_PENDING", node_id="n1", status=4, progress=1.0)
         add_task(conn, 6, uid, None, node_id="n1", status=1)  # legacy row
@@ -116,7 +116,8 @@ _message = st.one_of(
 _batch = st.lists(st.tuples(st.sampled_from(NODES), _message), min_size=1, max_size=6)
 
 _FRESH_ID = re.compile(r"\b[0-9a-f]{32}\b")
-_TIMES = ("createdAt", "updatedAt")
+# Read off the clock as the report is applied: differ between runs.
+_TIMES = ("createdAt", "updatedAt", "completedAt", "speed", "eta")
 
 
 def _state(path: str) -> dict[str, Any]:
@@ -200,20 +201,21 @@ def test_a_batch_of_independent_reports_runs_together_and_matches(template: Path
         ("n1", TaskReport("r3", 100, (TaskEntry(6, 3, 0.7),), {6: "op-6"}, ())),
         ("n1", TaskReport("r1", 100, (TaskEntry(1, 4, 1.0),), {1: "op-1"}, ())),  # repeat
         ("n1", TaskReport("r4", 200, (TaskEntry(1, 4, 1.0),), {1: "op-1"}, ())),  # same gid
-        ("n2", TaskReport("r5", 150, (TaskEntry(1, 2, 0.7),), {1: "op-1"}, ())),  # stale
+        ("n2", TaskReport("r5", 150, (TaskEntry(1, 2, 0.7),), {1: "op-1"}, ())),  # not n2's
     ]
     alone, together = _copy(template), _copy(template)
     expected = _one_by_one(alone, batch)
     got = _grouped(together, batch)
     assert got == expected
     assert [o.result for o in got] == ["APPLIED"] * 3 + ["DUPLICATE"] + ["APPLIED"] * 2
-    assert got[5].dropped == {1: reports.STALE}
-    assert got[0].changed == [1] and got[1].changed == [2, 3] and got[1].deletes_completed == [9]
+    assert got[5].dropped == {1: reports.NOT_OWNER}
+    assert got[1].dropped == {3: reports.NOT_OWNER}
+    assert got[0].changed == [1] and got[1].changed == [2] and got[1].deletes_completed == [9]
     assert got[2].backfilled == [6] and got[4].changed == [1]
     state = _state(together)
     assert state == _state(alone)
     assert [n["status"] for n in state["outbox"][1]] == ["DOWNLOADING", "COMPLETED"]
-    assert state["gallery"][2] == (3, 1, 0.1, "n2")  # claimed by its reporter
+    assert state["gallery"][2] == (3, None, 0.0, None)  # a v2 row is never claimed
 
 
 def test_a_run_that_fails_is_retried_report_by_report(template: Path) -> None:
@@ -229,7 +231,7 @@ def test_a_run_that_fails_is_retried_report_by_report(template: Path) -> None:
         batch: list[tuple[str, reports.NodeReport]] = [
             ("n1", TaskReport("a", 100, (TaskEntry(1, 1, 0.2),), {1: "op-1"}, ())),
             ("n2", TaskReport("bad", 100, (TaskEntry(2, 1, 0.123),), {2: "op-2"}, ())),
-            ("n1", TaskReport("c", 100, (TaskEntry(3, 1, 0.2),), {3: "op-3"}, ())),
+            ("n1", TaskReport("c", 101, (TaskEntry(6, 1, 0.2),), {}, ())),
         ]
         results = dbmod.run_write(conn, reports.apply_batch, batch)
     finally:
@@ -241,5 +243,5 @@ def test_a_run_that_fails_is_retried_report_by_report(template: Path) -> None:
     ]
     state = _state(path)
     assert [r[0] for r in state["receipts"]] == ["a", "c"]
-    assert set(state["outbox"]) == {1, 3}
+    assert set(state["outbox"]) == {1, 6}
     assert state["gallery"][1] == (2, 1, 0.5, "n2")  # untouched

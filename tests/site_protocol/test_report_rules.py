@@ -118,13 +118,18 @@ def test_stale_or_equal_revision_is_dropped(conn, uid):
     assert outbox_count(conn, 6) == 1
 
 
-def test_unchanged_entry_advances_revision_without_notification(conn, uid):
+def test_unchanged_entry_writes_nothing_and_the_node_mark_keeps_the_rule(conn, uid):
     add_task(conn, 7, uid, node_id="n1")
     apply(conn, report("r1", 100, [(7, 4, 1.0)], {7: "op-7"}))
     out = apply(conn, report("r2", 200, [(7, 4, 1.0)], {7: "op-7"}))
     assert out.applied == [7] and out.changed == []
-    assert row(conn, 7)["last_revision"] == 200
+    # Unchanged: its revision is not rewritten (issue 12: write only what changed) ...
+    assert row(conn, 7)["last_revision"] == 100
     assert outbox_count(conn, 7) == 1
+    # ... and the revision rule still holds: 150 is below the node's mark (200).
+    older = apply(conn, report("r3", 150, [(7, 1, 0.1)], {7: "op-7"}))
+    assert older.dropped == {7: reports.STALE}
+    assert (row(conn, 7)["status"], row(conn, 7)["last_revision"]) == (4, 100)
 
 
 def test_duplicate_report_changes_nothing(conn, uid):
@@ -250,15 +255,30 @@ def test_legacy_delete_result_uses_the_current_delete_id_from_the_owner(conn, ui
     assert failed.deletes_failed == [31] and row(conn, 31)["delete_result"] == "FAILED"
 
 
-def test_legacy_delete_result_for_a_task_with_no_node_is_taken_from_any_node(conn, uid):
-    # Pre-migration rows whose node is unknown: the DELETE went to every node.
+def test_delete_of_a_task_with_no_node_waits_for_the_claim(conn, uid):
+    # A pre-migration row whose node is unknown: no node's confirmation
+    # completes (or fails) its delete until one claims the row.
     add_task(conn, 32, uid, "DELETE_PENDING", status=2)
-    add_task(conn, 33, uid, "DELETE_PENDING", status=2)
-    assert row(conn, 32)["node_id"] is None
-    failed = apply(conn, DeleteResult(33, False, "busy"), node="legacy-7")
-    assert failed.deletes_failed == [33] and row(conn, 33)["delete_result"] == "FAILED"
+    conn.execute("UPDATE task_operation SET legacy = 1 WHERE gid = 32")
+    before = row(conn, 32)
+    assert before["node_id"] is None
+    failed = apply(conn, DeleteResult(32, False, "busy"), node="legacy-7")
     done = apply(conn, DeleteResult(32, True, ""), node="legacy-9")
-    assert done.deletes_completed == [32] and row(conn, 32)["state"] == "DELETED"
+    v2 = apply(conn, report("r1", 100, [], deleted=[(32, "del-32", "DELETED", "")]), node="n1")
+    for out in (failed, done, v2):
+        assert out.dropped == {32: reports.NOT_OWNER}
+    assert row(conn, 32) == before
+    # The node that holds it reports it: it claims the row (the entry itself
+    # is dropped: the task is being deleted) ...
+    claim = apply(conn, StatusReport((TaskEntry(32, 4, 1.0),)), node="legacy-9")
+    assert claim.claimed == [32] and claim.dropped == {32: "DELETE_PENDING"}
+    assert row(conn, 32)["node_id"] == "legacy-9"
+    # ... and from then on only its confirmation completes the delete.
+    assert apply(conn, DeleteResult(32, True, ""), node="legacy-7").dropped == {
+        32: reports.NOT_OWNER
+    }
+    assert apply(conn, DeleteResult(32, True, ""), node="legacy-9").deletes_completed == [32]
+    assert row(conn, 32)["state"] == "DELETED"
     # Once complete, any node's repeat is ignored (the tombstone).
     again = apply(conn, DeleteResult(32, False, "gone"), node="legacy-1")
     assert again.ignored == {32: reports.TOMBSTONE} and row(conn, 32)["state"] == "DELETED"
@@ -274,11 +294,11 @@ def test_a_failing_report_in_a_batch_does_not_lose_the_others(conn, uid):
         "CREATE TRIGGER refuse_0123 BEFORE UPDATE ON gallery WHEN NEW.progress = 0.123"
         " BEGIN SELECT RAISE(ABORT, 'injected failure'); END"
     )
-    bad = report("bad", 100, [(42, 1, 0.123)], {42: "op-42"})
+    bad = report("bad", 101, [(42, 1, 0.123)], {42: "op-42"})
     batch = [
         ("n1", report("a", 100, [(40, 1, 0.1)], {40: "op-40"})),
         ("n1", bad),
-        ("n1", report("b", 101, [(41, 1, 0.1)], {41: "op-41"})),
+        ("n1", report("b", 102, [(41, 1, 0.1)], {41: "op-41"})),
     ]
     results = dbmod.run_write(conn, reports.apply_batch, batch)
     assert isinstance(results[1], reports.ReportFailure)

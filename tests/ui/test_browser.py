@@ -11,9 +11,7 @@ Screenshots go to a temp dir whose path the test prints (or to
 
 from __future__ import annotations
 
-import os
 import signal
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,59 +20,15 @@ import pytest
 
 from tasknet.cli.demo import DEMO_TOKEN, DemoStack, NodeSpec
 from tasknet.cli.jsonhttp import request
-from tasknet.upstream.catalog import gallery
+from tests.ui.conftest import CHROMIUM, CHROMIUM_ARGS
+from tests.ui.conftest import gid_with_size as _gid_with_size
+from tests.ui.conftest import require_browser as _require_browser
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
 # Slow enough that progress is visible between reports, fast enough for CI.
 BANDWIDTH = 200_000
 WAIT_MS = 60_000
-
-
-def _require_browser() -> Any:
-    """Playwright's sync API, or a skip (a failure under TASKNET_REQUIRE_BROWSER=1)."""
-    required = os.environ.get("TASKNET_REQUIRE_BROWSER") == "1"
-    reason = None
-    if not (os.path.exists(CHROMIUM) and os.access(CHROMIUM, os.X_OK)):
-        reason = f"{CHROMIUM} is missing (apt-get install chromium)"
-    try:
-        from playwright import sync_api
-    except ImportError:
-        reason = "playwright is not installed (pip install -e '.[test]')"
-    if reason is not None:
-        if required:
-            pytest.fail(f"TASKNET_REQUIRE_BROWSER=1 but {reason}")
-        pytest.skip(reason)
-    return sync_api
-
-
-def _gid_with_size(low: int, high: int, start: int) -> int:
-    """A gid whose archive size is in [low, high] bytes (the catalog is deterministic)."""
-    gid = start
-    while not low <= gallery(gid).size <= high:
-        gid += 1
-    return gid
-
-
-@pytest.fixture
-def screenshots() -> Path:
-    # Outside pytest's tmp dirs, which are rotated away after a few runs.
-    chosen = os.environ.get("TASKNET_SCREENSHOTS")
-    target = Path(chosen) if chosen else Path(tempfile.mkdtemp(prefix="tasknet-screenshots-"))
-    target.mkdir(parents=True, exist_ok=True)
-    print(f"\nscreenshots: {target}")
-    return target
 
 
 @pytest.fixture
@@ -129,7 +83,8 @@ def test_browser_flow(stack: DemoStack, screenshots: Path) -> None:
     with sync_api.sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         try:
-            page = browser.new_page(viewport={"width": 1280, "height": 900})
+            # A Chinese browser: the UI follows navigator.languages.
+            page = browser.new_page(viewport={"width": 1280, "height": 900}, locale="zh-CN")
             page.on(
                 "console", lambda m: console_errors.append(m.text) if m.type == "error" else None
             )
@@ -149,9 +104,21 @@ def test_browser_flow(stack: DemoStack, screenshots: Path) -> None:
             page.keyboard.press("Enter")
             expect(page.locator("#app")).to_be_visible()
             expect(page.locator("#live")).to_have_attribute("data-state", "online", timeout=WAIT_MS)
-            assert page.evaluate("localStorage.getItem('tasknet.token')") == DEMO_TOKEN
+            # The token lives in an HttpOnly cookie, out of the page's reach,
+            # and a reload finds the session again.
+            assert page.evaluate("localStorage.getItem('tasknet.token')") is None
+            assert DEMO_TOKEN not in page.evaluate(
+                "document.cookie + JSON.stringify(localStorage) + JSON.stringify(sessionStorage)"
+            )
+            (session,) = [c for c in page.context.cookies() if c["name"] == "tasknet_session"]
+            assert session["httpOnly"] and session["sameSite"] == "Strict", session
+            page.reload()
+            expect(page.locator("#app")).to_be_visible()
+            expect(page.locator("#live")).to_have_attribute("data-state", "online", timeout=WAIT_MS)
+            page.click("#nav-admin")
             expect(page.locator("#admin-section")).to_be_visible()
             expect(page.locator('#nodes-body tr[data-node="node-1"]')).to_contain_text("v2")
+            page.click("#nav-tasks")
             page.evaluate(_WATCH_JS)
 
             # --- create, and watch it reach 下载完成 live ------------------------
@@ -220,9 +187,11 @@ def test_browser_flow(stack: DemoStack, screenshots: Path) -> None:
             )
             unknown_row = page.locator(f'#task-list > li[data-gid="{unknown_gid}"]')
             expect(unknown_row.locator('[data-role="status"]')).to_have_text("提交未知")
+            page.click("#nav-admin")
             item = page.locator(f'#unknown-list > li[data-gid="{unknown_gid}"]')
             expect(item).to_be_visible(timeout=WAIT_MS)
-            expect(item.locator("dl.evidence")).to_contain_text("submit")
+            expect(item.locator("dl.evidence")).to_contain_text("提交到上游")  # the step, localized
+            expect(item.locator('[data-role="audit-count"]')).to_have_text("1")
             item.scroll_into_view_if_needed()
             page.screenshot(path=str(screenshots / "desktop-unknown.png"), full_page=True)
             # The timeout fault counts the POST: the upstream did act.
@@ -233,6 +202,7 @@ def test_browser_flow(stack: DemoStack, screenshots: Path) -> None:
             page.fill("#confirm-note", "upstream audit shows one submission")
             page.click("#confirm-ok")
             expect(item).to_have_count(0, timeout=WAIT_MS)
+            page.click("#nav-tasks")
             expect(unknown_row.locator('[data-role="status"]')).not_to_have_text(
                 "提交未知", timeout=WAIT_MS
             )

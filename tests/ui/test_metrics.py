@@ -28,6 +28,9 @@ EXPECTED_FAMILIES = {
     "tasknet_connected_nodes": "gauge",
     "tasknet_outbox_backlog": "gauge",
     "tasknet_webhook_failures": "counter",
+    "tasknet_tasks_by_status": "gauge",
+    "tasknet_bytes_downloaded": "counter",
+    "tasknet_node_bytes_downloaded": "counter",
 }
 
 
@@ -119,3 +122,37 @@ def test_failed_refresh_still_serves_the_counters() -> Any:
     response, body = yield _scrape(refresh)
     assert response.code == 200
     assert "tasknet_creates_total" in body
+
+
+@pytest_twisted.inlineCallbacks
+def test_no_created_series_and_every_state_and_status_from_the_first_scrape() -> Any:
+    metrics.CREATES.labels(outcome="created").inc()
+    metrics.UPSTREAM_LATENCY.labels(call="prepare").observe(0.01)
+    _, body = yield _scrape()
+    assert "_created" not in body
+    for state in ("LEGACY", "RESERVED", "SUBMITTING", "SUBMITTED", "UNKNOWN"):
+        _sample(body, "tasknet_tasks", state=state)
+    for state in ("DELETE_PENDING", "DELETED"):
+        _sample(body, "tasknet_tasks", state=state)
+    for status in ("SUBMITTED", "DOWNLOADING", "COMPLETED", "SUBMIT_UNKNOWN", "DELETE_FAILED"):
+        _sample(body, "tasknet_tasks_by_status", status=status)
+
+
+@pytest_twisted.inlineCallbacks
+def test_sampled_statuses_and_byte_counters() -> Any:
+    def refresh() -> None:
+        metrics.set_sampled(
+            {
+                "states": {"SUBMITTED": 3},
+                "statuses": {"DOWNLOADING": 1, "COMPLETED": 2},
+                "nodeBytes": {"n1": 1000, "n2": 24},
+            }
+        )
+
+    _, body = yield _scrape(refresh)
+    assert _sample(body, "tasknet_tasks_by_status", status="DOWNLOADING") == 1
+    assert _sample(body, "tasknet_tasks_by_status", status="COMPLETED") == 2
+    assert _sample(body, "tasknet_bytes_downloaded_total") == 1024
+    assert _sample(body, "tasknet_node_bytes_downloaded_total", node="n2") == 24
+    families = _families(body)
+    assert families["tasknet_node_bytes_downloaded"].type == "counter"

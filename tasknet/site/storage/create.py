@@ -29,7 +29,7 @@ def reserve(
     cursor: sqlite3.Cursor, gid: int, user_id: int, name: str, token: str, week: str
 ) -> str:
     """Invariant 1: write the CREATE intent (``RESERVED``, fresh operationId)
-    and the visible placeholder task row; return the operationId.
+    and the placeholder task row; return the operationId.
 
     A gid with a live generation or a task row is a :class:`TaskError`
     ``conflict`` (the unique index on ``gallery(gid)`` is the backstop); a
@@ -54,7 +54,7 @@ def reserve(
         transitions.check(OperationState.DELETED, OperationState.RESERVED)
         cursor.execute(
             "UPDATE task_operation SET operation_id = ?, state = ?, user_id = ?, cost = NULL, "
-            "metered = 0, metered_week = NULL, archive_url = NULL, legacy = 0, "
+            "metered = 0, metered_week = NULL, quota_week = NULL, archive_url = NULL, legacy = 0, "
             "step = 'reserve', error = NULL, unknown_at = NULL, last_revision = NULL, "
             "dispatched = 0, delete_operation_id = NULL, delete_result = NULL, "
             "delete_reason = NULL, created_at = strftime('%Y-%m-%dT%H:%M:%fZ', 'now'), "
@@ -75,7 +75,10 @@ def reserve(
         )
     except sqlite3.IntegrityError as e:
         raise TaskError("conflict", f"gid {gid} already has a task") from e
-    outbox.enqueue_task_change(cursor, gid)
+    # The placeholder is not announced: its creator is waiting on the HTTP
+    # answer, and a create refused before SUBMITTING (quota, prepare, a
+    # retry loop) must leave no notification behind (INTERFACES.md, growth).
+    # Others first hear of the task at SUBMITTING.
     return operation_id
 
 
@@ -86,13 +89,23 @@ def release(cursor: sqlite3.Cursor, gid: int, operation_id: str) -> bool:
 
 
 def begin_submit(
-    cursor: sqlite3.Cursor, gid: int, operation_id: str, cost: int, title: str, week: str
+    cursor: sqlite3.Cursor,
+    gid: int,
+    operation_id: str,
+    cost: int,
+    title: str,
+    week: str,
+    size: int | None = None,
 ) -> bool:
     """After a successful ``prepare``: the quota check with the now known
     cost, then ``RESERVED -> SUBMITTING`` (committed before the POST).
 
-    Returns ``False`` when ``used + in-flight + cost > quota``: the generation
-    is released in this same transaction and nothing is POSTed.  Raises
+    Returns ``False`` when ``used + in-flight + cost > quota`` (in-flight: see
+    :func:`~tasknet.site.storage.usage.in_flight_cost`, which counts every
+    unmetered ``UNKNOWN``): the generation is released in this same
+    transaction and nothing is POSTed.  ``week`` is stored as the
+    generation's ``quota_week``: whenever it is metered (persist, or a
+    "submitted" verdict), it is metered into that week.  Raises
     ``conflict`` if the generation is no longer ``RESERVED``."""
     op = operation_row(cursor, gid)
     if op is None or op["operation_id"] != operation_id:
@@ -108,13 +121,15 @@ def begin_submit(
         OperationState.RESERVED,
         OperationState.SUBMITTING,
         cost=cost,
+        quota_week=week,
         step="submit",
     ):
         raise TaskError("conflict", f"gid {gid} is {op['state']}, not RESERVED")
+    # ``size`` (bytes, from prepare) gives the task view its bytes and ETA.
     cursor.execute(
-        "UPDATE gallery SET name = CASE WHEN name = '' THEN ? ELSE name END, "
+        "UPDATE gallery SET name = CASE WHEN name = '' THEN ? ELSE name END, size = ?, "
         "updated_at = strftime('%Y-%m-%dT%H:%M:%fZ', 'now') WHERE gid = ?",
-        (title, gid),
+        (title, size, gid),
     )
     outbox.enqueue_task_change(cursor, gid)
     return True

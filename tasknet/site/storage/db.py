@@ -43,6 +43,7 @@ commits a transaction on its own, only the statements above do.
 
 from __future__ import annotations
 
+import os
 import sqlite3
 from collections import deque
 from collections.abc import Callable
@@ -92,9 +93,30 @@ def configure_connection(connection: sqlite3.Connection) -> None:
         connection.execute(pragma)
 
 
+#: The database and its backups hold node secrets and users' upstream tokens.
+PRIVATE_MODE = 0o600
+
+
+def create_private(path: str) -> None:
+    """Create ``path`` empty with mode 0600 if it does not exist, so SQLite
+    opens it rather than creating it with the umask's mode.  SQLite gives the
+    ``-wal`` and ``-shm`` files the mode of the database file, so they are
+    0600 too.  An existing file is left as it is (``":memory:"`` and URIs are
+    not files)."""
+    if path == ":memory:" or path.startswith("file:"):
+        return
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, PRIVATE_MODE)
+    except FileExistsError:
+        return
+    os.close(fd)
+
+
 def connect(path: str) -> sqlite3.Connection:
     """A plain configured connection (autocommit mode), for tools and tests
-    that work outside the reactor (``tasknet-migrate``, ``tasknet-admin``)."""
+    that work outside the reactor (``tasknet-migrate``, ``tasknet-admin``);
+    a new database file is created 0600."""
+    create_private(path)
     connection = sqlite3.connect(path, isolation_level=None, timeout=BUSY_TIMEOUT_MS / 1000)
     configure_connection(connection)
     return connection
@@ -237,6 +259,7 @@ class Database:
         self.path = path
         self.max_batch = max_batch
         self._busy_timeout_ms = busy_timeout_ms
+        create_private(path)
         self._writer = self._pool(path, query_only=False)
         self._reader = self._pool(path, query_only=True)
         # Appended on the reactor, taken in the writer thread (deque's

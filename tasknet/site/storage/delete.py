@@ -2,7 +2,8 @@
 ``request_delete`` (``SUBMITTED -> DELETE_PENDING`` with a stable delete id,
 or done at once for a task no node ever got), then the node's answer:
 ``complete_delete`` (the ``DELETED`` tombstone) or ``mark_delete_failed``
-(删除失败, retried with the same id).
+(删除失败, retried with the same id).  An operator may end a pending delete
+whose node is gone for good: ``force_delete`` (audited, idempotent).
 """
 
 from __future__ import annotations
@@ -34,8 +35,11 @@ def request_delete(cursor: sqlite3.Cursor, gid: int, user_id: int | None) -> Del
 
     ``SUBMITTED -> DELETE_PENDING`` with a fresh stable delete id; a retry of
     a pending or failed delete reuses it (and clears the 删除失败 mark).  A
-    task never dispatched to any node completes at once.  ``RESERVED``,
-    ``SUBMITTING`` and ``UNKNOWN`` answer ``conflict``."""
+    task never dispatched to any node completes at once.  A legacy row that
+    shows a node status but no recorded node stays pending (``node`` None):
+    its DELETE waits until a node claims the row by reporting it (PROTOCOL.md
+    "Ownership"), or for an operator.  ``RESERVED``, ``SUBMITTING`` and
+    ``UNKNOWN`` answer ``conflict``."""
     gallery = visible_gallery(cursor, gid, user_id)
     op = operation_row(cursor, gid)
     if op is None:
@@ -121,3 +125,100 @@ def mark_delete_failed(
     touch(cursor, gid)
     outbox.enqueue_task_change(cursor, gid)
     return True
+
+
+@dataclass(frozen=True)
+class ForcedDelete:
+    """What :func:`force_delete` recorded (``repeated``: this call found the
+    tombstone an earlier force left and changed nothing)."""
+
+    gid: int
+    operation_id: str
+    delete_operation_id: str
+    node: str | None
+    actor: str
+    note: str
+    forced_at: str
+    repeated: bool
+
+    def view(self) -> dict[str, object]:
+        return {
+            "gid": self.gid,
+            "state": OperationState.DELETED.value,
+            "forced": {
+                "actor": self.actor,
+                "note": self.note,
+                "at": self.forced_at,
+                "node": self.node,
+                "deleteOperationId": self.delete_operation_id,
+            },
+        }
+
+
+def _forced(cursor: sqlite3.Cursor, gid: int, operation_id: str) -> sqlite3.Row | None:
+    row: sqlite3.Row | None = cursor.execute(
+        "SELECT * FROM force_delete_audit WHERE gid = ? AND operation_id = ? "
+        "ORDER BY id DESC LIMIT 1",
+        (gid, operation_id),
+    ).fetchone()
+    return row
+
+
+def force_delete(cursor: sqlite3.Cursor, gid: int, actor: str, note: str) -> ForcedDelete:
+    """Complete a stuck ``DELETE_PENDING`` whose node is gone for good, on an
+    operator's word: an audit row (actor, note, the node and the delete id
+    it never confirmed), then the ``DELETED`` tombstone exactly as a
+    confirmation makes it (:func:`complete_delete`), so a late confirmation
+    or report from that node is ignored like any for a tombstone.
+
+    Idempotent: on the tombstone a force left, the same result again
+    (``repeated``), nothing changed.  A tombstone the node's own
+    confirmation made, or any other state, is a ``conflict``; an unknown gid
+    ``not_found``."""
+    op = operation_row(cursor, gid)
+    if op is None:
+        if cursor.execute("SELECT 1 FROM gallery WHERE gid = ?", (gid,)).fetchone() is None:
+            raise TaskError("not_found", f"no task {gid}")
+        raise TaskError("conflict", f"gid {gid} is not DELETE_PENDING: nothing to force")
+    state = OperationState(op["state"])
+    if state is OperationState.DELETED:
+        earlier = _forced(cursor, gid, op["operation_id"])
+        if earlier is None:
+            raise TaskError(
+                "conflict", f"gid {gid} is already deleted (its node confirmed): nothing to force"
+            )
+        return ForcedDelete(
+            gid,
+            earlier["operation_id"],
+            earlier["delete_operation_id"],
+            earlier["node_id"],
+            earlier["actor"],
+            earlier["note"],
+            earlier["forced_at"],
+            repeated=True,
+        )
+    if state is not OperationState.DELETE_PENDING:
+        raise TaskError(
+            "conflict", f"gid {gid} is {state.value}, not DELETE_PENDING: nothing to force"
+        )
+    gallery = cursor.execute("SELECT node_id FROM gallery WHERE gid = ?", (gid,)).fetchone()
+    node = gallery["node_id"] if gallery is not None else None
+    cursor.execute(
+        "INSERT INTO force_delete_audit "
+        "(gid, operation_id, delete_operation_id, node_id, actor, note) VALUES (?, ?, ?, ?, ?, ?)",
+        (gid, op["operation_id"], op["delete_operation_id"], node, actor, note),
+    )
+    completed = complete_delete(cursor, gid, op["delete_operation_id"])
+    assert completed, "a DELETE_PENDING row always completes with its own delete id"
+    row = _forced(cursor, gid, op["operation_id"])
+    assert row is not None
+    return ForcedDelete(
+        gid,
+        op["operation_id"],
+        op["delete_operation_id"],
+        node,
+        actor,
+        note,
+        row["forced_at"],
+        repeated=False,
+    )

@@ -42,17 +42,37 @@ class WebhookResult:
     error: str | None
 
 
-def pending_rows(cursor: sqlite3.Cursor, after_id: int, limit: int) -> list[OutboxRow]:
-    """Rows after ``after_id`` (id order) that still need a WebSocket
-    fan-out or a webhook delivery."""
-    rows = cursor.execute(
-        "SELECT id, gid, user_id, payload, ws_delivered_at IS NULL, webhook_state = 'pending',"
-        " webhook_attempts FROM notification_outbox"
-        " WHERE id > ? AND (ws_delivered_at IS NULL OR webhook_state = 'pending')"
-        " ORDER BY id LIMIT ?",
+_ROW_SQL = (
+    "SELECT id, gid, user_id, payload, ws_delivered_at IS NULL, webhook_state = 'pending',"
+    " webhook_attempts FROM notification_outbox"
+)
+
+
+def _rows(cursor: sqlite3.Cursor, sql: str, args: tuple[int, int]) -> list[OutboxRow]:
+    return [
+        OutboxRow(r[0], r[1], r[2], r[3], bool(r[4]), bool(r[5]), r[6])
+        for r in cursor.execute(sql, args)
+    ]
+
+
+def fanout_rows(cursor: sqlite3.Cursor, after_id: int, limit: int) -> list[OutboxRow]:
+    """Rows after ``after_id`` (id order) not yet pushed to WebSocket clients."""
+    return _rows(
+        cursor,
+        _ROW_SQL + " WHERE id > ? AND ws_delivered_at IS NULL ORDER BY id LIMIT ?",
         (after_id, limit),
     )
-    return [OutboxRow(r[0], r[1], r[2], r[3], bool(r[4]), bool(r[5]), r[6]) for r in rows]
+
+
+def webhook_rows(cursor: sqlite3.Cursor, after_id: int, limit: int) -> list[OutboxRow]:
+    """Rows after ``after_id`` (id order) whose webhook delivery is pending:
+    the webhook sender holds a bounded number of rows and reads the next
+    ones from here when it has room."""
+    return _rows(
+        cursor,
+        _ROW_SQL + " WHERE id > ? AND webhook_state = 'pending' ORDER BY id LIMIT ?",
+        (after_id, limit),
+    )
 
 
 def last_id(cursor: sqlite3.Cursor) -> int:
@@ -64,21 +84,27 @@ def last_id(cursor: sqlite3.Cursor) -> int:
 def mark_range_fanned_out(
     cursor: sqlite3.Cursor, after_id: int, upto_id: int, *, skip_webhook: bool
 ) -> None:
-    """Mark the rows ``after_id < id <= upto_id`` as pushed to the connected
-    WebSocket clients, and, when no ``--webhook`` is configured
-    (``skip_webhook``), their webhook as ``skipped``.  A range, not an id
-    list: the executor hands rows over in id order."""
+    """The rows ``after_id < id <= upto_id`` were pushed to the connected
+    WebSocket clients.  A range, not an id list: the executor hands rows over
+    in id order.
+
+    With no ``--webhook`` configured (``skip_webhook``) nothing else will
+    ever read them, so they are deleted: a site without a webhook keeps only
+    the rows it has not fanned out yet (a refused create leaves nothing
+    behind).  With a webhook they are marked ``ws_delivered_at`` and stay
+    until their webhook delivery is finished and the retention has passed."""
+    if skip_webhook:
+        # Rows a previous run with a webhook left pending go too: this run
+        # has nowhere to send them (they used to be marked "skipped").
+        cursor.execute(
+            "DELETE FROM notification_outbox WHERE id > ? AND id <= ?", (after_id, upto_id)
+        )
+        return
     cursor.execute(
         "UPDATE notification_outbox SET ws_delivered_at = strftime('%Y-%m-%dT%H:%M:%fZ','now')"
         " WHERE id > ? AND id <= ? AND ws_delivered_at IS NULL",
         (after_id, upto_id),
     )
-    if skip_webhook:
-        cursor.execute(
-            "UPDATE notification_outbox SET webhook_state = 'skipped'"
-            " WHERE id > ? AND id <= ? AND webhook_state = 'pending'",
-            (after_id, upto_id),
-        )
 
 
 def record_webhook_results(cursor: sqlite3.Cursor, results: Sequence[WebhookResult]) -> None:

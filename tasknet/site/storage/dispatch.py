@@ -18,9 +18,13 @@ What is sent:
 * ``DELETE`` for a ``DELETE_PENDING`` task assigned to the node, unless its
   last attempt failed (删除失败: a user's retry resends it).  A pending
   delete of a task with no known node (a pre-migration row that shows a node
-  status but never recorded which node: some node may hold its file) is a
-  command for *every* connected node (``Command.node_id`` is ``None``); the
-  first matching confirmation from any node completes it.
+  status but never recorded which node) is sent to no one: it waits until a
+  node claims the row by reporting it (then it is that node's delete), or
+  for an operator (PROTOCOL.md "Ownership").
+
+Such a legacy row (:func:`~tasknet.site.storage.eligibility.awaits_claim`)
+is never assigned here either: some node holds it, and sending it to the
+least loaded one would start a second download.
 
 Every function that decides what to send runs inside a write transaction
 (:meth:`Database.write`), and the dispatcher sends the commands it returns on
@@ -41,7 +45,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from tasknet.protocol.messages import ACTION_DELETE, ACTION_DOWNLOAD
-from tasknet.site.storage.eligibility import DISPATCHABLE_SQL, is_dispatchable
+from tasknet.site.storage.eligibility import (
+    AWAITS_CLAIM_SQL,
+    DISPATCHABLE_SQL,
+    awaits_claim,
+    is_dispatchable,
+)
 from tasknet.site.storage.generation import backfill_legacy
 from tasknet.status import NodeCode, OperationState
 
@@ -51,11 +60,9 @@ PAGE_SIZE = 500
 @dataclass(frozen=True, slots=True)
 class Command:
     """One command for one node; ``operation_id`` is the generation's id for
-    ``DOWNLOAD`` and the stable delete id for ``DELETE``.  ``node_id`` is
-    ``None`` only for a ``DELETE`` of a task with no known node: it goes to
-    every connected node."""
+    ``DOWNLOAD`` and the stable delete id for ``DELETE``."""
 
-    node_id: str | None
+    node_id: str
     action: str
     gid: int
     operation_id: str
@@ -87,7 +94,7 @@ _UNASSIGNED_PAGE_SQL = (
     _COLUMNS
     + f"""
 WHERE g.node_id IS NULL AND g.gid > ?
-  AND {DISPATCHABLE_SQL}
+  AND {DISPATCHABLE_SQL} AND NOT {AWAITS_CLAIM_SQL}
   AND (g.status IS NULL OR g.status <> {_COMPLETED})
 ORDER BY g.gid LIMIT ?
 """
@@ -126,7 +133,7 @@ def _next_after(rows: Sequence[sqlite3.Row], limit: int) -> int | None:
     return int(rows[-1]["gid"]) if len(rows) == limit else None
 
 
-def _command(node_id: str | None, row: sqlite3.Row, operation_id: str | None = None) -> Command:
+def _command(node_id: str, row: sqlite3.Row, operation_id: str | None = None) -> Command:
     if row["state"] == OperationState.DELETE_PENDING.value:
         return Command(
             node_id, ACTION_DELETE, row["gid"], row["delete_operation_id"], "", row["name"], ""
@@ -177,7 +184,7 @@ _PENDING_DELETES_SQL = (
     + """
 WHERE o.state = 'DELETE_PENDING' AND o.gid > ?
   AND o.delete_result IS NULL AND o.delete_operation_id IS NOT NULL
-  AND (g.node_id IS NULL OR g.node_id IN (SELECT value FROM json_each(?)))
+  AND g.node_id IN (SELECT value FROM json_each(?))
 ORDER BY o.gid LIMIT ?
 """
 )
@@ -187,8 +194,8 @@ def pending_deletes_page(
     cursor: sqlite3.Cursor, node_ids: Sequence[str], after_gid: int, limit: int = PAGE_SIZE
 ) -> Page:
     """A write (decided under the write lock, like every command): the next
-    page of pending deletes for the connected ``node_ids``, and of those with
-    no known node (``Command.node_id`` ``None``: for every connected node)."""
+    page of pending deletes for the connected ``node_ids`` (a task with no
+    known node waits for a claim: it is in no page)."""
     rows = cursor.execute(
         _PENDING_DELETES_SQL, (after_gid, json.dumps(list(node_ids)), limit)
     ).fetchall()
@@ -280,16 +287,11 @@ def claim_task(cursor: sqlite3.Cursor, gid: int, node_ids: Sequence[str]) -> Com
     """The command for one task that just became ``SUBMITTED`` (or
     ``DELETE_PENDING``): assigned to the least loaded of ``node_ids`` when
     unassigned, else to its sticky node (whether connected or not: the caller
-    sends only to a connected one).  A pending delete of a task with no known
-    node is for every connected node (``node_id`` ``None``).  ``None`` when
-    nothing is to be sent."""
+    sends only to a connected one).  ``None`` when nothing is to be sent, as
+    for a legacy row waiting for a claim (its download and its delete)."""
     row = cursor.execute(_COLUMNS + " WHERE g.gid = ?", (gid,)).fetchone()
-    if row is None:
+    if row is None or awaits_claim(row):
         return None
-    if row["node_id"] is None and _delete_ok(row):
-        # request_delete completes at once what no node can hold; a pending
-        # one without a node is a pre-migration row some node may hold.
-        return _command(None, row)
     if row["node_id"] is not None:
         if _delete_ok(row):
             return _command(row["node_id"], row)
@@ -300,6 +302,8 @@ def claim_task(cursor: sqlite3.Cursor, gid: int, node_ids: Sequence[str]) -> Com
         _mark_dispatched(cursor, unmarked)
         return command
     if not _download_ok(row):
+        # Also a pending delete without a node (request_delete completes at
+        # once what no node can hold): it waits for a claim or an operator.
         return None
     commands, _ = _assign(cursor, [row], node_ids)
     return commands[0] if commands else None

@@ -1,7 +1,9 @@
 """Which tasks may be sent to a node (LIFECYCLE.md invariant 9): the rule
 for one row (:func:`is_dispatchable`), the same rule as SQL
-(:data:`DISPATCHABLE_SQL`), and the verdict resolver for a legacy row
-(:func:`legacy_truly_submitted`).  Pure functions of a row; no queries.
+(:data:`DISPATCHABLE_SQL`), the verdict resolver for a legacy row
+(:func:`legacy_truly_submitted`), and which legacy rows wait for a node to
+claim them (:func:`awaits_claim`, PROTOCOL.md "Ownership").  Pure functions
+of a row; no queries.
 """
 
 from __future__ import annotations
@@ -20,6 +22,26 @@ from tasknet.status import OperationState
 # waits, shown 已提交, rather than being sent as a command no node can act on.
 # (For a legacy row, a URL is also what legacy_truly_submitted accepts.)
 DISPATCHABLE_SQL = "(g.url <> '' AND (o.state = 'SUBMITTED' OR o.gid IS NULL))"
+
+
+# A legacy row (no generation, or a backfilled one) that shows a node status
+# but no recorded node: some node holds (part of) it.  It belongs to the
+# first node that reports it (storage/reports.py claims it there) and is
+# never assigned by the dispatcher, which would start a second download.
+AWAITS_CLAIM_SQL = (
+    "(g.node_id IS NULL AND g.status IS NOT NULL AND (o.gid IS NULL OR o.legacy = 1))"
+)
+
+
+def awaits_claim(row: Mapping[str, Any] | sqlite3.Row) -> bool:
+    """:data:`AWAITS_CLAIM_SQL` for one row with the keys ``node_id``,
+    ``status`` (of ``gallery``), ``state`` and ``legacy`` (of
+    ``task_operation``; None without one)."""
+    return (
+        row["node_id"] is None
+        and row["status"] is not None
+        and (row["state"] is None or bool(row["legacy"]))
+    )
 
 
 def legacy_truly_submitted(row: Mapping[str, Any] | sqlite3.Row) -> bool:

@@ -58,8 +58,9 @@ def remove_generation(
 ) -> bool:
     """Remove generation ``operation_id`` of ``gid`` (state ``old``) and the
     task row created for it; favorites of the gid go with it, and the owner
-    is told.  Only that generation's rows: ``False`` and nothing touched when
-    the gid has moved on."""
+    is told (unless it was only ``RESERVED``, which nobody was told of).
+    Only that generation's rows: ``False`` and nothing touched when the gid
+    has moved on."""
     transitions.check(old, None)
     row = cursor.execute(
         "SELECT user_id FROM task_operation WHERE gid = ? AND operation_id = ? AND state = ?",
@@ -75,7 +76,8 @@ def remove_generation(
     # reserve() wrote for it: same gid (unique), same owner.
     cursor.execute("DELETE FROM gallery WHERE gid = ? AND user_id IS ?", (gid, row["user_id"]))
     cursor.execute("DELETE FROM favorite WHERE gid = ?", (gid,))
-    outbox.enqueue_task_change(cursor, gid, user_id=row["user_id"])
+    if old is not OperationState.RESERVED:  # a reservation was never announced
+        outbox.enqueue_task_change(cursor, gid, user_id=row["user_id"])
     return True
 
 

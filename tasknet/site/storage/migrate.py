@@ -1,7 +1,12 @@
 """The v2 migration wrapper (LIFECYCLE.md, "Deployment and migration").
 
+0. Take the database's instance lock (:mod:`tasknet.site.storage.lock`):
+   refused, naming the holder, while a site runs on it.
 1. Back the database up with SQLite's online backup API to
-   ``PATH.bak-<UTC timestamp>`` (a consistent copy even while a site runs).
+   ``PATH.bak-<UTC timestamp>`` (mode 0600) before anything changes: the
+   connection that reads the version and takes the backup sets no
+   ``journal_mode`` (that PRAGMA would switch an old database to WAL, a
+   change to the file); the site's PRAGMAs are applied only after the backup.
 2. Refuse if ``gallery`` holds duplicate gids: list each (gid, count, row
    ids) and stop.  Nothing is ever deleted: which row is right is a human's
    decision.
@@ -20,16 +25,17 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from tasknet.site.storage.db import connect
+from tasknet.site.storage import lock
+from tasknet.site.storage.db import BUSY_TIMEOUT_MS, configure_connection, create_private
 from tasknet.site.storage.schema import (
     CURRENT_VERSION,
     V1_SCRIPT,
-    V2_SCRIPT,
     SchemaError,
     apply_statements,
     load_script,
     schema_version,
     split_statements,
+    upgrade_statements,
 )
 
 Progress = Callable[[str], None]
@@ -89,6 +95,7 @@ def backup_path(path: str) -> str:
 def backup(connection: sqlite3.Connection, path: str, progress: Progress) -> str:
     """Copy the database with the online backup API; returns the copy's path."""
     target_path = backup_path(path)
+    create_private(target_path)
     target = sqlite3.connect(target_path)
     try:
 
@@ -109,32 +116,53 @@ def _row_counts(connection: sqlite3.Connection) -> dict[str, int]:
     return counts
 
 
+def _open_unchanged(path: str) -> sqlite3.Connection:
+    """A connection whose opening changes nothing in the file (only
+    ``busy_timeout``, a per-connection setting)."""
+    connection = sqlite3.connect(path, isolation_level=None, timeout=BUSY_TIMEOUT_MS / 1000)
+    connection.row_factory = sqlite3.Row
+    connection.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
+    return connection
+
+
 def migrate(path: str, progress: Progress = print) -> MigrationResult:
-    """Migrate the database at ``path`` to v2 (see the module docstring)."""
+    """Migrate the database at ``path`` to the current schema (see the
+    module docstring); raises :class:`~tasknet.site.storage.lock.DatabaseInUse`
+    while a site holds the database."""
     if not os.path.exists(path):
         raise SchemaError(f"no database at {path!r}")
-    connection = connect(path)
+    held = lock.acquire(path, role="tasknet-migrate")
+    try:
+        return _migrate_locked(path, progress)
+    finally:
+        held.release()
+
+
+def _migrate_locked(path: str, progress: Progress) -> MigrationResult:
+    connection = _open_unchanged(path)
     try:
         version = schema_version(connection)
         if version is not None and version >= CURRENT_VERSION:
             progress(f"{path}: already migrated (schema v{version}); nothing to do")
             return MigrationResult(already_migrated=True)
-        statements = split_statements(load_script(V2_SCRIPT))
+        statements = upgrade_statements(version or 1)
         if version is None:
-            progress(f"{path}: empty database; creating the v1 baseline and v2")
+            progress(f"{path}: empty database; creating the v1 baseline and upgrading it")
             statements = split_statements(load_script(V1_SCRIPT)) + statements
             counts: dict[str, int] = {}
         else:
             counts = _row_counts(connection)
             progress(
-                f"{path}: legacy schema, "
+                f"{path}: schema v{version}, "
                 + ", ".join(f"{n} {table} rows" for table, n in counts.items())
             )
         saved = backup(connection, path, progress)
-        if version is not None:
+        if version == 1:
             duplicates = find_duplicates(connection)
             if duplicates:
                 raise DuplicateGids(duplicates, saved)
+        # The backup is taken: from here on the site's PRAGMAs (WAL and all).
+        configure_connection(connection)
         cursor = connection.cursor()
         cursor.execute("BEGIN IMMEDIATE")
         try:

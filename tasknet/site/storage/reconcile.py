@@ -67,8 +67,10 @@ def resolve_unknown(
 ) -> dict[str, Any] | None:
     """Reconcile an ``UNKNOWN`` operation; never POSTs.
 
-    ``submitted``: ``UNKNOWN -> SUBMITTED``, metered exactly once (in the
-    week it went UNKNOWN) with the stored cost (the POST's answer when it
+    ``submitted``: ``UNKNOWN -> SUBMITTED``, metered exactly once (into the
+    week its create's quota check counted it against, ``quota_week``; for a
+    generation from before that column, the week it was created) with the
+    stored cost (the POST's answer when it
     was known), dispatchable from now on if an archive URL is known (the
     stored one, else ``archive_url`` from the upstream's audit); returns the
     task view.
@@ -113,7 +115,7 @@ def resolve_unknown(
     # dispatched (DISPATCHABLE_SQL needs a URL), and step says so.
     url = op["archive_url"] or archive_url or ""
     cost = int(op["cost"] or 0)
-    week = op["metered_week"] or week_of_timestamp(op["unknown_at"])
+    week = op["metered_week"] or op["quota_week"] or week_of_timestamp(op["created_at"])
     metered = bool(op["metered"])
     change_state(
         cursor,

@@ -12,7 +12,10 @@ Rules for a ``galleryTasks`` entry, in order (the first that matches wins):
 the site has …                            outcome
 ========================================  =========================================
 no row for the gid                        ``ignored`` (``unknown``)
-a ``DELETED`` tombstone                   ``ignored`` (``tombstone``), forever
+a ``DELETED`` tombstone (with or          ``ignored`` (``tombstone``), forever
+without a leftover gallery row)
+another node assigned (``node_id``), or   ``dropped`` (``not_owner``): nothing
+no node and not a claimable legacy row    written, not even a backfill
 ``DELETE_PENDING`` / ``RESERVED`` /       ``dropped`` (the state's name)
 ``SUBMITTING`` / ``UNKNOWN``
 a v2 generation, no operationId sent      ``dropped`` (``missing_operation``)
@@ -20,6 +23,23 @@ another operationId than the current      ``dropped`` (``old_generation``)
 ``revision`` ≤ the task's last revision   ``dropped`` (``stale``)
 otherwise                                 ``applied`` (status, progress, revision)
 ========================================  =========================================
+
+Ownership (PROTOCOL.md "Ownership"): a node may change only tasks assigned
+to it (``gallery.node_id``).  A legacy row with a node status but no recorded
+node (*claimable*: no generation or a backfilled one, ``status`` set,
+``node_id`` NULL) is claimed by the first node that reports it, in the same
+transaction, whatever then happens to the entry.  Every drop is counted per
+node and reason in ``node_dropped_entry`` (same transaction).
+
+Revision epochs: ``node_revision`` keeps, per node, the highest revision of a
+fresh report recorded from it.  A fresh v2 report at or below it means the
+node's revisions went backwards (wiped data, clock behind): it starts a new
+epoch, in which the tasks assigned to that node forget their
+``last_revision`` before its entries are judged.  A task's ``last_revision``
+above its owner's high-water mark was not written by its owner (a forged
+report applied before ownership was checked) and never makes the owner's
+entry stale.  Only a changed entry writes its revision (an unchanged one
+needs none: the owner's revisions only grow within an epoch).
 
 A gallery row without ``task_operation`` (a pre-migration row) first gets one
 generation (:func:`~tasknet.site.storage.generation.backfill_legacy`): the
@@ -30,18 +50,19 @@ generation, accepts entries without an operationId (its node may have
 received it as a legacy ``DownloadPost``).
 
 A legacy ``StatusReport`` has no reportId, revision or operationIds: an entry
-applies when the reporting node is the task's assigned node and the task is
-``SUBMITTED`` (or a legacy row, backfilled as above).  A legacy
-``DeleteResult`` cannot carry a delete id: it stands for the task's *current*
-delete id, and only the assigned node may give it; a task with no recorded
-node (a pre-migration row: its DELETE went to every connected node) takes
-the first matching confirmation from any node.
+applies when the reporting node owns the task (or claims it, as above) and
+the task is ``SUBMITTED`` (or a legacy row, backfilled as above).  A
+``deleted`` entry or a legacy ``DeleteResult`` is taken only from the task's
+assigned node; a legacy ``DeleteResult`` cannot carry a delete id and stands
+for the task's *current* one.  A pending delete of a row with no recorded
+node waits for a claim (or an operator).
 """
 
 from __future__ import annotations
 
 import json
 import sqlite3
+from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
@@ -54,8 +75,9 @@ from tasknet.protocol.messages import (
     TaskEntry,
     TaskReport,
 )
-from tasknet.site.storage import outbox
+from tasknet.site.storage import outbox, throughput
 from tasknet.site.storage.delete import complete_delete, mark_delete_failed
+from tasknet.site.storage.eligibility import awaits_claim
 from tasknet.site.storage.generation import backfill_legacy
 from tasknet.status import OperationState
 
@@ -101,10 +123,20 @@ class ReportOutcome:
     changed: list[int] = field(default_factory=list)
     ignored: dict[int, str] = field(default_factory=dict)
     dropped: dict[int, str] = field(default_factory=dict)
+    #: Every drop by reason (an entry and a deletion of one gid count twice).
+    drop_counts: Counter[str] = field(default_factory=Counter)
     backfilled: list[int] = field(default_factory=list)
+    #: Legacy rows this report claimed for its node.
+    claimed: list[int] = field(default_factory=list)
+    #: This report started a new revision epoch for its node.
+    new_epoch: bool = False
     deletes_completed: list[int] = field(default_factory=list)
     deletes_failed: list[int] = field(default_factory=list)
     notifications: int = 0
+
+    def drop(self, gid: int, reason: str) -> None:
+        self.dropped[gid] = reason
+        self.drop_counts[reason] += 1
 
 
 LEGACY = "LEGACY"
@@ -148,6 +180,20 @@ def _unused_id(cursor: sqlite3.Cursor, operation_id: str | None) -> str | None:
     return None if taken else operation_id
 
 
+def _owner_check(outcome: ReportOutcome, node_id: str, row: sqlite3.Row) -> str | None:
+    """``None`` when ``node_id`` may report ``row``'s task, else the drop
+    reason (recorded in ``outcome``).  A claimable row is claimed here (the
+    caller writes the claim)."""
+    owner = row["node_id"]
+    if owner == node_id:
+        return None
+    if owner is None and awaits_claim(row):
+        outcome.claimed.append(row["gid"])
+        return None
+    outcome.drop(row["gid"], NOT_OWNER)
+    return NOT_OWNER
+
+
 _RECORDED_SQL = (
     "SELECT report_id FROM report_receipt WHERE report_id IN (SELECT value FROM json_each(?))"
 )
@@ -156,24 +202,100 @@ _UPDATE_TASK_SQL = (
     "UPDATE gallery SET status = ?, progress = ?,"
     " updated_at = strftime('%Y-%m-%dT%H:%M:%fZ', 'now') WHERE gid = ?"
 )
-# A task without a node yet is claimed by the node reporting it.  Separate
-# from the statement above: naming node_id in SET costs an index update
-# (gallery_node) on every row, even when the value stays.
-_UPDATE_UNCLAIMED_TASK_SQL = (
-    "UPDATE gallery SET status = ?, progress = ?, node_id = COALESCE(node_id, ?),"
-    " updated_at = strftime('%Y-%m-%dT%H:%M:%fZ', 'now') WHERE gid = ?"
-)
-# One row per report: its revision and its applied gids as a JSON array.
+# A claim names node_id in its own statement: naming it in the one above
+# would cost an index update (gallery_node) on every row, even when it stays.
+_CLAIM_SQL = "UPDATE gallery SET node_id = ? WHERE gid = ? AND node_id IS NULL"
+# One row per report: its revision and its changed gids as a JSON array.
 _UPDATE_REVISION_SQL = (
     "UPDATE task_operation SET last_revision = ?,"
     " updated_at = strftime('%Y-%m-%dT%H:%M:%fZ', 'now')"
     " WHERE gid IN (SELECT value FROM json_each(?))"
+)
+_HIGHS_SQL = (
+    "SELECT node_id, high_revision FROM node_revision"
+    " WHERE node_id IN (SELECT value FROM json_each(?))"
+)
+_HIGH_SQL = (
+    "INSERT INTO node_revision (node_id, high_revision) VALUES (?, ?)"
+    " ON CONFLICT (node_id) DO UPDATE"
+    " SET high_revision = MAX(high_revision, excluded.high_revision)"
+)
+_NEW_EPOCH_SQL = (
+    "UPDATE node_revision SET high_revision = ?, epoch = epoch + 1,"
+    " epoch_started_at = strftime('%Y-%m-%dT%H:%M:%fZ', 'now') WHERE node_id = ?"
+)
+_FORGET_REVISIONS_SQL = (
+    "UPDATE task_operation SET last_revision = NULL WHERE last_revision IS NOT NULL"
+    " AND gid IN (SELECT gid FROM gallery WHERE node_id = ?)"
+)
+_COUNT_DROPS_SQL = (
+    "INSERT INTO node_dropped_entry (node_id, reason, count) VALUES (?, ?, ?)"
+    " ON CONFLICT (node_id, reason) DO UPDATE SET count = count + excluded.count,"
+    " last_at = strftime('%Y-%m-%dT%H:%M:%fZ', 'now')"
 )
 
 
 def _recorded(cursor: sqlite3.Cursor, report_ids: Sequence[str]) -> set[str]:
     """Which of ``report_ids`` are already recorded (their reports are duplicates)."""
     return {row[0] for row in cursor.execute(_RECORDED_SQL, (json.dumps(list(report_ids)),))}
+
+
+def _start_epochs(
+    cursor: sqlite3.Cursor,
+    fresh: Sequence[tuple[str, TaskReport]],
+    firsts: Sequence[bool],
+    outcomes: list[ReportOutcome],
+) -> dict[str, int | None]:
+    """Move each reporting node's high-water mark; a node's first report
+    after login whose revision is at or below it starts a new epoch (see
+    the module doc).  Returns the mark each report is judged against:
+    the node's mark before it, ``None`` when there is none (a node never
+    recorded) or the report started an epoch.  The caller passes at most one
+    report per node."""
+    nodes = [node_id for node_id, _ in fresh]
+    highs: dict[str, int | None] = dict.fromkeys(nodes)
+    for row in cursor.execute(_HIGHS_SQL, (json.dumps(nodes),)):
+        highs[row["node_id"]] = row["high_revision"]
+    raised = []
+    for (node_id, report), first, outcome in zip(fresh, firsts, outcomes, strict=True):
+        high = highs[node_id]
+        if first and high is not None and report.revision <= high:
+            cursor.execute(_NEW_EPOCH_SQL, (report.revision, node_id))
+            cursor.execute(_FORGET_REVISIONS_SQL, (node_id,))
+            outcome.new_epoch = True
+            highs[node_id] = None
+        else:
+            raised.append((node_id, report.revision))
+    if raised:
+        cursor.executemany(_HIGH_SQL, raised)
+    return highs
+
+
+def count_drops(cursor: sqlite3.Cursor, node_id: str, outcome: ReportOutcome) -> None:
+    """Add ``outcome``'s drops to the node's persisted counts."""
+    if outcome.drop_counts:
+        cursor.executemany(
+            _COUNT_DROPS_SQL, [(node_id, r, n) for r, n in sorted(outcome.drop_counts.items())]
+        )
+
+
+def dropped_entries_by_node(
+    cursor: sqlite3.Cursor, node_ids: Sequence[str] | None = None
+) -> dict[str, dict[str, int]]:
+    """Dropped report entries per node and reason (``/api/admin/nodes``),
+    for ``node_ids`` (every node when ``None``)."""
+    if node_ids is None:
+        rows = cursor.execute("SELECT node_id, reason, count FROM node_dropped_entry")
+    else:
+        rows = cursor.execute(
+            "SELECT node_id, reason, count FROM node_dropped_entry"
+            " WHERE node_id IN (SELECT value FROM json_each(?))",
+            (json.dumps(list(node_ids)),),
+        )
+    found: dict[str, dict[str, int]] = {}
+    for node_id, reason, count in rows:
+        found.setdefault(node_id, {})[reason] = count
+    return found
 
 
 class _Changes:
@@ -183,7 +305,7 @@ class _Changes:
 
     def __init__(self) -> None:
         self.tasks: list[tuple[int, float, int]] = []
-        self.unclaimed: list[tuple[int, float, str, int]] = []
+        self.claims: list[tuple[str, int]] = []
         self.revisions: list[tuple[int, str]] = []
         self.announce: list[int] = []
 
@@ -195,8 +317,10 @@ class _Changes:
         rows: dict[int, sqlite3.Row],
         revision: int | None,
     ) -> None:
-        """Gather the applied entries of ``outcome.applied``; the visible
-        changes among them will be announced."""
+        """Gather ``outcome``'s claims and the applied entries of
+        ``outcome.applied``; the visible changes among them will be
+        announced, and only they write the report's revision."""
+        self.claims.extend((node_id, g) for g in outcome.claimed)
         if not outcome.applied:
             return
         changed = [
@@ -207,21 +331,18 @@ class _Changes:
         ]
         for g in changed:
             entry = entries[g]
-            if rows[g]["node_id"] is None:
-                self.unclaimed.append((entry.status, entry.progress, node_id, g))
-            else:
-                self.tasks.append((entry.status, entry.progress, g))
-        if revision is not None:
-            self.revisions.append((revision, _json_ids(outcome.applied)))
+            self.tasks.append((entry.status, entry.progress, g))
+        if revision is not None and changed:
+            self.revisions.append((revision, _json_ids(changed)))
         self.announce.extend(changed)
         outcome.changed.extend(changed)
         outcome.notifications += len(changed)
 
     def write(self, cursor: sqlite3.Cursor) -> None:
+        if self.claims:
+            cursor.executemany(_CLAIM_SQL, self.claims)
         if self.tasks:
             cursor.executemany(_UPDATE_TASK_SQL, self.tasks)
-        if self.unclaimed:
-            cursor.executemany(_UPDATE_UNCLAIMED_TASK_SQL, self.unclaimed)
         if self.revisions:
             cursor.executemany(_UPDATE_REVISION_SQL, self.revisions)
         outbox.enqueue_task_changes(cursor, self.announce)
@@ -230,38 +351,57 @@ class _Changes:
 def _judge_entries(
     cursor: sqlite3.Cursor,
     outcome: ReportOutcome,
+    node_id: str,
     report: TaskReport,
     entries: dict[int, TaskEntry],
     rows: dict[int, sqlite3.Row],
     tombstones: set[int],
+    high: int | None,
 ) -> None:
-    """Sort the ``galleryTasks`` entries of one v2 report by the module rules
-    into ``outcome`` (backfilling a legacy row's generation on the way)."""
+    """Sort the ``galleryTasks`` entries of one v2 report from ``node_id`` by
+    the module rules into ``outcome`` (backfilling a legacy row's generation
+    on the way).  ``high``: the node's revision mark this report is judged
+    against (see :func:`_start_epochs`)."""
     for gid in entries:
         row = rows.get(gid)
         if row is None:
             outcome.ignored[gid] = TOMBSTONE if gid in tombstones else UNKNOWN_GID
             continue
-        sent = report.operation_ids.get(gid)
         state = row["state"]
+        if state == _DELETED:
+            outcome.ignored[gid] = TOMBSTONE
+            continue
+        if _owner_check(outcome, node_id, row) is not None:
+            continue
+        sent = report.operation_ids.get(gid)
         current = row["operation_id"]
         legacy = bool(row["legacy"])
         if state is None:
             current = backfill_legacy(cursor, gid, _unused_id(cursor, sent))
             state, legacy = _SUBMITTED, True
             outcome.backfilled.append(gid)
-        if state == _DELETED:
-            outcome.ignored[gid] = TOMBSTONE
-        elif state in _NOT_REPORTABLE:
-            outcome.dropped[gid] = state
+        if state in _NOT_REPORTABLE:
+            outcome.drop(gid, state)
         elif sent is None and not legacy:
-            outcome.dropped[gid] = MISSING_OPERATION
+            outcome.drop(gid, MISSING_OPERATION)
         elif sent is not None and sent != current:
-            outcome.dropped[gid] = OLD_GENERATION
-        elif row["last_revision"] is not None and report.revision <= row["last_revision"]:
-            outcome.dropped[gid] = STALE
+            outcome.drop(gid, OLD_GENERATION)
+        elif _stale(report.revision, row["last_revision"], high):
+            outcome.drop(gid, STALE)
         else:
             outcome.applied.append(gid)
+
+
+def _stale(revision: int, last: int | None, high: int | None) -> bool:
+    """The revision rule.  With a mark for the node, a revision at or below
+    it is stale for every task the node owns: each task's last revision is
+    at most the mark (only its owner writes it), so this is the per-task
+    rule and more -- it also covers an unchanged entry whose revision was
+    not written, and it ignores a revision some other node once forged onto
+    the task.  Without a mark (nothing recorded from the node), per task."""
+    if high is not None:
+        return revision <= high
+    return last is not None and revision <= last
 
 
 def _report_gids(report: TaskReport) -> set[int]:
@@ -269,20 +409,31 @@ def _report_gids(report: TaskReport) -> set[int]:
 
 
 def _apply_task_reports(
-    cursor: sqlite3.Cursor, reports: Sequence[tuple[str, TaskReport]]
+    cursor: sqlite3.Cursor,
+    reports: Sequence[tuple[str, TaskReport]],
+    firsts: Sequence[bool] | None = None,
 ) -> list[ReportOutcome]:
     """Apply v2 reports with a few set-at-a-time statements for all of them,
     with exactly the effect of applying them one after the other.
 
     That holds because the caller passes reports with distinct reportIds
-    that share no gid: no report can see another's receipt or task change,
-    so reading every row first and writing every change last is the same as
-    taking them in turn.  The outbox rows keep report order.
+    and nodes that share no gid: no report can see another's receipt, epoch
+    or task change, so reading every row first and writing every change
+    last is the same as taking them in turn.  The outbox rows keep report
+    order.  ``firsts[i]``: report ``i`` is the first of its node's session
+    (it may start a revision epoch).
     """
     recorded = _recorded(cursor, [report.report_id for _, report in reports])
+    if firsts is None:
+        firsts = [False] * len(reports)
     fresh = [(node_id, r) for node_id, r in reports if r.report_id not in recorded]
+    fresh_firsts = [
+        first for (_, r), first in zip(reports, firsts, strict=True) if r.report_id not in recorded
+    ]
     if fresh:
         cursor.executemany(_RECEIPT_SQL, [(r.report_id, n, r.revision) for n, r in fresh])
+    outcomes = [ReportOutcome(ACK_APPLIED, r.revision) for _, r in fresh]
+    highs = _start_epochs(cursor, fresh, fresh_firsts, outcomes) if fresh else {}
     # A snapshot lists a gid once; should it repeat one, the last entry wins.
     entries = [{e.gid: e for e in r.gallery_tasks} for _, r in fresh]
     gids: set[int] = set()
@@ -293,38 +444,45 @@ def _apply_task_reports(
     tombstones = _tombstones(cursor, gids - rows.keys()) if len(rows) < len(gids) else set()
     changes = _Changes()
     applied: dict[str, ReportOutcome] = {}
-    for (node_id, report), mine in zip(fresh, entries, strict=True):
-        outcome = ReportOutcome(ACK_APPLIED, report.revision)
-        _judge_entries(cursor, outcome, report, mine, rows, tombstones)
+    for (node_id, report), mine, outcome in zip(fresh, entries, outcomes, strict=True):
+        _judge_entries(cursor, outcome, node_id, report, mine, rows, tombstones, highs.get(node_id))
         changes.add(outcome, node_id, mine, rows, report.revision)
+        throughput.record_report(cursor, node_id, outcome.applied, mine, rows)
         applied[report.report_id] = outcome
     changes.write(cursor)
-    for _, report in fresh:
+    for node_id, report in fresh:
+        outcome = applied[report.report_id]
         for deleted in report.deleted:
             _apply_delete(
                 cursor,
-                applied[report.report_id],
+                outcome,
+                node_id,
                 deleted.gid,
                 deleted.operation_id,
                 failed=deleted.result == DELETE_FAILED,
                 reason=deleted.reason,
                 gid_is_tombstone=deleted.gid in tombstones,
             )
+        count_drops(cursor, node_id, outcome)
     return [
         applied.get(report.report_id) or ReportOutcome(ACK_DUPLICATE, report.revision)
         for _, report in reports
     ]
 
 
-def apply_task_report(cursor: sqlite3.Cursor, node_id: str, report: TaskReport) -> ReportOutcome:
-    """Apply one v2 ``TaskReport`` from ``node_id`` (see the module rules)."""
-    return _apply_task_reports(cursor, [(node_id, report)])[0]
+def apply_task_report(
+    cursor: sqlite3.Cursor, node_id: str, report: TaskReport, first_after_login: bool = False
+) -> ReportOutcome:
+    """Apply one v2 ``TaskReport`` from ``node_id`` (see the module rules);
+    ``first_after_login``: the first report of the node's connection."""
+    return _apply_task_reports(cursor, [(node_id, report)], [first_after_login])[0]
 
 
 def apply_status_report(
     cursor: sqlite3.Cursor, node_id: str, report: StatusReport
 ) -> ReportOutcome:
-    """Apply a legacy ``StatusReport`` by node ownership."""
+    """Apply a legacy ``StatusReport`` by node ownership (a claimable legacy
+    row is claimed by the reporting node)."""
     outcome = ReportOutcome(LEGACY)
     entries = {e.gid: e for e in report.gallery_tasks}
     rows = _task_rows(cursor, entries)
@@ -333,10 +491,12 @@ def apply_status_report(
         if row is None:
             outcome.ignored[gid] = UNKNOWN_GID
             continue
-        if row["node_id"] != node_id:
-            outcome.dropped[gid] = NOT_OWNER
-            continue
         state = row["state"]
+        if state == _DELETED:
+            outcome.ignored[gid] = TOMBSTONE
+            continue
+        if _owner_check(outcome, node_id, row) is not None:
+            continue
         if state is None:
             backfill_legacy(cursor, gid)
             outcome.backfilled.append(gid)
@@ -344,10 +504,12 @@ def apply_status_report(
         if state == _SUBMITTED:
             outcome.applied.append(gid)
         else:
-            outcome.dropped[gid] = state
+            outcome.drop(gid, state)
     changes = _Changes()
     changes.add(outcome, node_id, entries, rows, None)
+    throughput.record_report(cursor, node_id, outcome.applied, entries, rows)
     changes.write(cursor)
+    count_drops(cursor, node_id, outcome)
     return outcome
 
 
@@ -355,33 +517,30 @@ def apply_delete_result(
     cursor: sqlite3.Cursor, node_id: str, result: DeleteResult
 ) -> ReportOutcome:
     """Apply a legacy ``DeleteResult``: it confirms (or fails) the task's
-    current delete id, from the assigned node, or from any node when the
-    task has no recorded node (``gallery.node_id IS NULL``)."""
+    current delete id, from the task's assigned node only."""
     outcome = ReportOutcome(LEGACY)
     row = cursor.execute(
-        "SELECT o.delete_operation_id, g.node_id FROM task_operation AS o"
-        " LEFT JOIN gallery AS g ON g.gid = o.gid WHERE o.gid = ?",
-        (result.gid,),
+        "SELECT delete_operation_id FROM task_operation WHERE gid = ?", (result.gid,)
     ).fetchone()
-    if row is not None and row["node_id"] is not None and row["node_id"] != node_id:
-        outcome.dropped[result.gid] = NOT_OWNER
-        return outcome
-    # Unknown gids and tombstones are judged by _apply_delete, as for v2.
+    # Unknown gids, tombstones and ownership are judged by _apply_delete, as for v2.
     _apply_delete(
         cursor,
         outcome,
+        node_id,
         result.gid,
         (row["delete_operation_id"] if row is not None else None) or "",
         failed=not result.success,
         reason=result.reason,
         gid_is_tombstone=False,
     )
+    count_drops(cursor, node_id, outcome)
     return outcome
 
 
 def _apply_delete(
     cursor: sqlite3.Cursor,
     outcome: ReportOutcome,
+    node_id: str,
     gid: int,
     delete_operation_id: str,
     *,
@@ -389,10 +548,13 @@ def _apply_delete(
     reason: str,
     gid_is_tombstone: bool,
 ) -> None:
-    """One delete confirmation: complete (``DELETED``/``NOT_FOUND``) or mark
-    failed (``FAILED``), only with the task's own delete id."""
+    """One delete confirmation from ``node_id``: complete (``DELETED``/
+    ``NOT_FOUND``) or mark failed (``FAILED``), only from the task's assigned
+    node and only with the task's own delete id."""
     row = cursor.execute(
-        "SELECT state, delete_operation_id FROM task_operation WHERE gid = ?", (gid,)
+        "SELECT o.state, o.delete_operation_id, g.node_id FROM task_operation AS o"
+        " LEFT JOIN gallery AS g ON g.gid = o.gid WHERE o.gid = ?",
+        (gid,),
     ).fetchone()
     if row is None:
         outcome.ignored[gid] = UNKNOWN_GID
@@ -401,11 +563,16 @@ def _apply_delete(
         # Already complete: the node's repeat is answered by the ACK alone.
         outcome.ignored[gid] = TOMBSTONE
         return
+    if row["node_id"] != node_id:
+        # Another node's task, or one with no recorded node: its delete waits
+        # for a claim (or an operator).
+        outcome.drop(gid, NOT_OWNER)
+        return
     if row["state"] != _DELETE_PENDING:
-        outcome.dropped[gid] = NOT_DELETE_PENDING
+        outcome.drop(gid, NOT_DELETE_PENDING)
         return
     if not delete_operation_id or row["delete_operation_id"] != delete_operation_id:
-        outcome.dropped[gid] = DELETE_ID_MISMATCH
+        outcome.drop(gid, DELETE_ID_MISMATCH)
         return
     # The lifecycle functions enqueue their own notification when they act.
     if failed:
@@ -413,18 +580,21 @@ def _apply_delete(
             outcome.deletes_failed.append(gid)
             outcome.notifications += 1
         else:
-            outcome.dropped[gid] = DELETE_ID_MISMATCH
+            outcome.drop(gid, DELETE_ID_MISMATCH)
     elif complete_delete(cursor, gid, delete_operation_id):
         outcome.deletes_completed.append(gid)
         outcome.notifications += 1
     else:
-        outcome.dropped[gid] = DELETE_ID_MISMATCH
+        outcome.drop(gid, DELETE_ID_MISMATCH)
 
 
-def apply_report(cursor: sqlite3.Cursor, node_id: str, message: NodeReport) -> ReportOutcome:
-    """Apply any node report message (v2 or legacy)."""
+def apply_report(
+    cursor: sqlite3.Cursor, node_id: str, message: NodeReport, first_after_login: bool = False
+) -> ReportOutcome:
+    """Apply any node report message (v2 or legacy); ``first_after_login``
+    (v2 only): the first report of the node's connection."""
     if isinstance(message, TaskReport):
-        return apply_task_report(cursor, node_id, message)
+        return apply_task_report(cursor, node_id, message, first_after_login)
     if isinstance(message, StatusReport):
         return apply_status_report(cursor, node_id, message)
     if isinstance(message, DeleteResult):
@@ -440,29 +610,35 @@ class ReportFailure:
 
 
 def apply_batch(
-    cursor: sqlite3.Cursor, reports: Sequence[tuple[str, NodeReport]]
+    cursor: sqlite3.Cursor,
+    reports: Sequence[tuple[str, NodeReport]],
+    first_after_login: Sequence[bool] | None = None,
 ) -> list[ReportOutcome | ReportFailure]:
     """Apply several ``(node_id, report)`` in this one transaction (group
     commit), with the effect of applying them in order, each alone.
 
     A report that raises is rolled back alone and comes back as a
     :class:`ReportFailure` (its node gets no ACK and redelivers); the others
-    commit with the transaction.  Runs of v2 reports that share no gid and no
-    reportId (the usual batch: one report per node) are applied together,
+    commit with the transaction.  Runs of v2 reports that share no gid, no
+    reportId and no node (the usual batch: one report per node) are applied together,
     with one statement per kind of write for the whole run
     (:func:`_apply_task_reports`) under one savepoint; should the run fail,
     it is rolled back and its reports applied one by one under a savepoint
-    each, so only the failing one is lost.
+    each, so only the failing one is lost.  ``first_after_login[i]``: report
+    ``i`` is the first of its node's connection (it may start a revision
+    epoch); none is when not given.
     """
+    firsts = list(first_after_login) if first_after_login is not None else [False] * len(reports)
     results: list[ReportOutcome | ReportFailure] = []
     start = 0
     while start < len(reports):
         run = _independent_run(reports, start)
         if len(run) > 1:
-            results.extend(_apply_run(cursor, run))
+            results.extend(_apply_run(cursor, run, firsts[start : start + len(run)]))
             start += len(run)
         else:
-            results.append(_apply_one(cursor, *reports[start]))
+            node_id, message = reports[start]
+            results.append(_apply_one(cursor, node_id, message, firsts[start]))
             start += 1
     return results
 
@@ -471,43 +647,57 @@ def _independent_run(
     reports: Sequence[tuple[str, NodeReport]], start: int
 ) -> list[tuple[str, TaskReport]]:
     """The longest run of ``TaskReport`` s from ``start`` with distinct
-    reportIds and no gid in two of them."""
+    reportIds, distinct nodes (a node's epoch is decided report by report)
+    and no gid in two of them."""
     run: list[tuple[str, TaskReport]] = []
     report_ids: set[str] = set()
+    nodes: set[str] = set()
     gids: set[int] = set()
     for node_id, message in reports[start:]:
-        if not isinstance(message, TaskReport) or message.report_id in report_ids:
+        if (
+            not isinstance(message, TaskReport)
+            or message.report_id in report_ids
+            or node_id in nodes
+        ):
             break
         mine = _report_gids(message)
         if not gids.isdisjoint(mine):
             break
         report_ids.add(message.report_id)
+        nodes.add(node_id)
         gids |= mine
         run.append((node_id, message))
     return run
 
 
 def _apply_run(
-    cursor: sqlite3.Cursor, run: Sequence[tuple[str, TaskReport]]
+    cursor: sqlite3.Cursor, run: Sequence[tuple[str, TaskReport]], firsts: Sequence[bool]
 ) -> list[ReportOutcome | ReportFailure]:
     cursor.execute("SAVEPOINT reports")
     try:
-        outcomes: list[ReportOutcome | ReportFailure] = list(_apply_task_reports(cursor, run))
+        outcomes: list[ReportOutcome | ReportFailure] = list(
+            _apply_task_reports(cursor, run, firsts)
+        )
     except Exception:
         cursor.execute("ROLLBACK TO SAVEPOINT reports")
         cursor.execute("RELEASE SAVEPOINT reports")
-        return [_apply_one(cursor, node_id, message) for node_id, message in run]
+        return [
+            _apply_one(cursor, node_id, message, first)
+            for (node_id, message), first in zip(run, firsts, strict=True)
+        ]
     cursor.execute("RELEASE SAVEPOINT reports")
     return outcomes
 
 
 def _apply_one(
-    cursor: sqlite3.Cursor, node_id: str, message: NodeReport
+    cursor: sqlite3.Cursor, node_id: str, message: NodeReport, first_after_login: bool = False
 ) -> ReportOutcome | ReportFailure:
     """One report under its own savepoint: on error it alone is rolled back."""
     cursor.execute("SAVEPOINT report")
     try:
-        result: ReportOutcome | ReportFailure = apply_report(cursor, node_id, message)
+        result: ReportOutcome | ReportFailure = apply_report(
+            cursor, node_id, message, first_after_login
+        )
     except Exception as e:
         cursor.execute("ROLLBACK TO SAVEPOINT report")
         result = ReportFailure(f"{type(e).__name__}: {e}")

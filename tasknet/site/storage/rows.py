@@ -13,7 +13,7 @@ from tasknet.site.storage.errors import TaskError
 
 #: The gids a task may have (INTERFACES.md).
 GID_MIN = 1
-GID_MAX = 2**31
+GID_MAX = 2**31 - 1  # the wire bound (PROTOCOL.md "Bounds"): every task must be dispatchable
 
 #: Our stored timestamp format, "now", as a SQL expression.
 NOW_SQL = "strftime('%Y-%m-%dT%H:%M:%fZ', 'now')"

@@ -16,7 +16,14 @@ from tasknet.site.storage.db import connect
 
 V1_SCRIPT = "schema_v1.sql"
 V2_SCRIPT = "migrate_task_operation_v2.sql"
-CURRENT_VERSION = 2
+V3_SCRIPT = "migrate_v3.sql"
+CURRENT_VERSION = 3
+
+# Scripts that take a database from the version before them to their own.
+# v3 is additive (new tables and columns only), so the site applies it by
+# itself at start; v2 rewrites tables and stays an operator's decision.
+UPGRADES = {2: V2_SCRIPT, 3: V3_SCRIPT}
+AUTOMATIC_FROM = 2
 
 Progress = Callable[[str], None]
 
@@ -98,16 +105,25 @@ def apply_statements(
     return len(statements)
 
 
+def upgrade_statements(version: int) -> list[str]:
+    """The statements that take a database at ``version`` to the current one."""
+    statements: list[str] = []
+    for target in range(version + 1, CURRENT_VERSION + 1):
+        statements += split_statements(load_script(UPGRADES[target]))
+    return statements
+
+
 def create_fresh(cursor: sqlite3.Cursor) -> None:
-    """Body of the fresh-install transaction: v1 baseline, then v2."""
+    """Body of the fresh-install transaction: v1 baseline, then every upgrade."""
     apply_statements(cursor, split_statements(load_script(V1_SCRIPT)))
-    apply_statements(cursor, split_statements(load_script(V2_SCRIPT)))
+    apply_statements(cursor, upgrade_statements(1))
 
 
 def prepare_database(path: str) -> bool:
     """Make ``path`` ready for the site: initialise it if empty (returns
-    ``True``: a fresh database), accept it if migrated (``False``), and raise
-    :class:`UnmigratedDatabase` otherwise, changing nothing."""
+    ``True``: a fresh database), accept it if migrated (``False``), applying
+    the additive upgrades past v2 in the same transaction, and raise
+    :class:`UnmigratedDatabase` for a legacy (v1) database, changing nothing."""
     connection = connect(path)
     try:
         cursor = connection.cursor()
@@ -120,8 +136,10 @@ def prepare_database(path: str) -> bool:
                 create_fresh(cursor)
                 cursor.execute("COMMIT")
                 return True
-            if version < CURRENT_VERSION:
+            if version < AUTOMATIC_FROM:
                 raise UnmigratedDatabase(path)
+            if version < CURRENT_VERSION:
+                apply_statements(cursor, upgrade_statements(version))
             cursor.execute("COMMIT")
             return False
         finally:

@@ -43,12 +43,15 @@ def usage(cursor: sqlite3.Cursor, user_id: int, week: str | None = None) -> dict
 
 
 def in_flight_cost(cursor: sqlite3.Cursor, user_id: int) -> int:
-    """Costs of this user's submissions that passed the quota check and are
-    being POSTed right now: counted so two concurrent creates cannot both
-    squeeze under the quota."""
+    """Costs of this user's operations that passed a quota check and are not
+    metered: the submissions being POSTed right now (two concurrent creates
+    cannot both squeeze under the quota) and every unmetered ``UNKNOWN``,
+    whatever its week (the upstream may have charged it; until an operator
+    resolves it, it counts as spent)."""
     row = cursor.execute(
-        "SELECT COALESCE(SUM(cost), 0) FROM task_operation WHERE user_id = ? AND state = ?",
-        (user_id, OperationState.SUBMITTING.value),
+        "SELECT COALESCE(SUM(cost), 0) FROM task_operation"
+        " WHERE user_id = ? AND state IN (?, ?) AND metered = 0",
+        (user_id, OperationState.SUBMITTING.value, OperationState.UNKNOWN.value),
     ).fetchone()
     return int(row[0])
 

@@ -1,8 +1,11 @@
 """The task object of INTERFACES.md (API, WebSocket, webhook), built from
 the rows by one function, and the read-only queries that return it:
 :func:`task_view`, :func:`task_views_and_owners`, :func:`gone_view`,
-:func:`visible_task`, :func:`list_tasks`, :func:`views_in_order` and
-:func:`count_by_state` (metrics).
+:func:`visible_task`, :func:`list_tasks` (filter, search, keyset pages:
+:class:`TaskQuery`), :func:`views_in_order`, :func:`count_by_status` (the
+counts of ``/api/tasks/counts`` and metrics) and :func:`count_by_state`
+(metrics).  The throughput fields (``bytesDone``, ``speed``, ``eta``) are
+computed by :mod:`tasknet.site.storage.throughput` from the row.
 
 Nothing here writes, and nothing here imports the outbox: the outbox builds
 its payloads from these views.
@@ -12,12 +15,17 @@ from __future__ import annotations
 
 import functools
 import json
+import re
 import sqlite3
+import time
 from collections.abc import Iterable
+from dataclasses import dataclass
+from enum import StrEnum
 from typing import Any
 
+from tasknet.site.storage import throughput
 from tasknet.site.storage.rows import visible_gallery
-from tasknet.status import OperationState, display_status
+from tasknet.status import NodeCode, OperationState, TaskStatus, display_status
 
 # One statement builds the view rows of any set of gids: the task row (joined
 # with its generation, if any) or, when the task row is gone, the bare
@@ -28,13 +36,16 @@ from tasknet.status import OperationState, display_status
 _VIEWS_SQL = """
 SELECT g.gid, g.name, g.user_id AS owner, g.status AS node_code, g.progress, g.node_id,
        COALESCE(o.cost, g.cost) AS cost, g.created_at, g.updated_at,
-       o.state, o.operation_id, o.delete_operation_id, o.delete_result, 1 AS has_row
+       o.state, o.operation_id, o.delete_operation_id, o.delete_result, 1 AS has_row,
+       u.name AS owner_name, g.size, g.completed_at, g.speed, g.moved_at
 FROM gallery AS g LEFT JOIN task_operation AS o ON o.gid = g.gid
+     LEFT JOIN user AS u ON u.id = g.user_id
 WHERE g.gid {match}
 UNION ALL
 SELECT o.gid, '', o.user_id, NULL, 0, NULL,
        o.cost, o.created_at, o.updated_at,
-       o.state, o.operation_id, o.delete_operation_id, o.delete_result, 0
+       o.state, o.operation_id, o.delete_operation_id, o.delete_result, 0,
+       (SELECT name FROM user WHERE id = o.user_id), NULL, NULL, NULL, NULL
 FROM task_operation AS o
 WHERE o.gid {match} AND NOT EXISTS (SELECT 1 FROM gallery AS g WHERE g.gid = o.gid)
 """
@@ -59,6 +70,12 @@ def gone_view(gid: int, state: str | None = None, **known: Any) -> dict[str, Any
         "cost": None,
         "createdAt": None,
         "updatedAt": None,
+        "owner": None,
+        "size": None,
+        "bytesDone": None,
+        "speed": None,
+        "eta": None,
+        "completedAt": None,
     }
     view.update(known)
     return view
@@ -84,8 +101,12 @@ def _view_of_row(row: sqlite3.Row) -> dict[str, Any] | None:
             cost=row["cost"],
             createdAt=row["created_at"],
             updatedAt=row["updated_at"],
+            owner=row["owner_name"],
         )
     status = _display_status(row["state"], row["node_code"], row["delete_result"] == "FAILED")
+    size = row["size"]
+    done = throughput.bytes_done(row["node_code"], float(row["progress"]), size)
+    speed = throughput.visible_speed(row["node_code"], row["speed"], row["moved_at"], time.time())
     return {
         "gid": row["gid"],
         "name": row["name"],
@@ -99,6 +120,12 @@ def _view_of_row(row: sqlite3.Row) -> dict[str, Any] | None:
         "cost": row["cost"],
         "createdAt": row["created_at"],
         "updatedAt": row["updated_at"],
+        "owner": row["owner_name"],
+        "size": size,
+        "bytesDone": done,
+        "speed": speed,
+        "eta": throughput.eta(size, done, speed),
+        "completedAt": row["completed_at"],
     }
 
 
@@ -145,25 +172,146 @@ def visible_task(cursor: sqlite3.Cursor, gid: int, user_id: int | None) -> dict[
     return view
 
 
+class Order(StrEnum):
+    """Orders of ``GET /api/tasks`` (``newest`` is the default)."""
+
+    NEWEST = "newest"
+    OLDEST = "oldest"
+    GID = "gid"
+
+
+# The key of a row's (state, node code, delete failed) triple, in SQL and in
+# Python alike, so a display-status filter is "key IN (the keys of the wanted
+# statuses)": the keys come from display_status itself, not a second mapping.
+_STATUS_KEY_SQL = (
+    "(COALESCE(o.state, '') || '|' || COALESCE(g.status, 0) || '|'"
+    " || (o.delete_result IS 'FAILED'))"
+)
+
+
+def _status_key(state: str | None, node_code: int | None, failed: bool) -> str:
+    return f"{state or ''}|{node_code or 0}|{int(failed)}"
+
+
+def _status_keys() -> dict[TaskStatus, list[str]]:
+    keys: dict[TaskStatus, list[str]] = {status: [] for status in TaskStatus}
+    states = [None, *(s.value for s in OperationState if s is not OperationState.DELETED)]
+    for state in states:
+        for code in (None, *(int(c) for c in NodeCode)):
+            for failed in (False, True):
+                status = display_status(state, code, failed)
+                keys[status].append(_status_key(state, code, failed))
+    return keys
+
+
+STATUS_KEYS = _status_keys()
+
+# ``createdAt~gid``.  The time is taken as stored (rows from before v2 may
+# spell it their own way): it is only ever a parameter, compared as text.
+_CURSOR = re.compile(r"([^~\x00-\x1f]{1,64})~([0-9]{1,10})")
+
+
+@dataclass(frozen=True)
+class TaskQuery:
+    """One page request of ``GET /api/tasks``.
+
+    ``statuses`` empty means every status; ``text`` empty means no search:
+    else a task matches when its name contains it (ASCII case-insensitive)
+    or its gid in decimal starts with it.  ``after`` is the ``next`` of the
+    previous page: for ``newest``/``oldest`` the text ``createdAt~gid`` of
+    its last task (keyset pagination, so tasks created meanwhile do not shift
+    later pages), for ``gid`` the last gid.
+    """
+
+    user_id: int | None
+    limit: int
+    order: Order = Order.NEWEST
+    statuses: frozenset[TaskStatus] = frozenset()
+    text: str = ""
+    after: str | int | None = None
+
+
+def parse_cursor(order: Order, text: str) -> str | int:
+    """The ``after`` of ``order`` from its query text; ``ValueError`` if malformed."""
+    if order is Order.GID:
+        if not re.fullmatch(r"[0-9]{1,10}", text):
+            raise ValueError("for order=gid, 'after' is a gid")
+        return int(text)
+    if _CURSOR.fullmatch(text) is None:
+        raise ValueError("'after' must be the 'next' of the previous page")
+    return text
+
+
+def _filters(
+    query_user: int | None, statuses: frozenset[TaskStatus], text: str
+) -> tuple[list[str], list[Any]]:
+    where: list[str] = []
+    params: list[Any] = []
+    if query_user is not None:
+        where.append("g.user_id = ?")
+        params.append(query_user)
+    if statuses:
+        keys = [key for status in statuses for key in STATUS_KEYS[status]]
+        where.append(f"{_STATUS_KEY_SQL} IN (SELECT value FROM json_each(?))")  # noqa: S608
+        params.append(json.dumps(keys))
+    if text:
+        pattern = text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+        where.append("(g.name LIKE ? ESCAPE '\\' OR CAST(g.gid AS TEXT) LIKE ? ESCAPE '\\')")
+        params += [f"%{pattern}%", f"{pattern}%"]
+    return where, params
+
+
 def list_tasks(
-    cursor: sqlite3.Cursor, user_id: int | None, limit: int, after: int
-) -> tuple[list[dict[str, Any]], int | None]:
-    """Tasks with ``gid > after`` in gid order, at most ``limit``; the second
-    item is the ``after`` of the next page (None on the last page).
-    ``user_id`` None lists everyone's (admin)."""
-    if user_id is None:
-        rows = cursor.execute(
-            "SELECT gid FROM gallery WHERE gid > ? ORDER BY gid LIMIT ?", (after, limit + 1)
-        ).fetchall()
+    cursor: sqlite3.Cursor, query: TaskQuery
+) -> tuple[list[dict[str, Any]], str | int | None]:
+    """One page of tasks of ``query``; the second item is the ``after`` of
+    the next page (None on the last page).  ``user_id`` None lists
+    everyone's (admin)."""
+    where, params = _filters(query.user_id, query.statuses, query.text)
+    if query.order is Order.GID:
+        if query.after is not None:
+            where.append("g.gid > ?")
+            params.append(query.after)
+        order = "g.gid"
     else:
-        rows = cursor.execute(
-            "SELECT gid FROM gallery WHERE user_id = ? AND gid > ? ORDER BY gid LIMIT ?",
-            (user_id, after, limit + 1),
-        ).fetchall()
-    gids = [row[0] for row in rows]
-    more = len(gids) > limit
-    gids = gids[:limit]
-    return views_in_order(cursor, gids), (gids[-1] if more and gids else None)
+        descending = query.order is Order.NEWEST
+        if query.after is not None:
+            created, _, gid = str(query.after).rpartition("~")
+            where.append(f"(g.created_at, g.gid) {'<' if descending else '>'} (?, ?)")
+            params += [created, int(gid)]
+        order = "g.created_at DESC, g.gid DESC" if descending else "g.created_at, g.gid"
+    sql = (
+        "SELECT g.gid, g.created_at FROM gallery AS g"  # noqa: S608 (constant text, parameters)
+        " LEFT JOIN task_operation AS o ON o.gid = g.gid"
+        f"{' WHERE ' + ' AND '.join(where) if where else ''}"
+        f" ORDER BY {order} LIMIT ?"
+    )
+    rows = cursor.execute(sql, (*params, query.limit + 1)).fetchall()
+    more = len(rows) > query.limit
+    rows = rows[: query.limit]
+    following: str | int | None = None
+    if more and rows:
+        last = rows[-1]
+        following = last["gid"] if query.order is Order.GID else f"{last[1]}~{last[0]}"
+    return views_in_order(cursor, [row[0] for row in rows]), following
+
+
+def count_by_status(cursor: sqlite3.Cursor, user_id: int | None, text: str = "") -> dict[str, int]:
+    """Tasks by display status, every key present (zeros included); ``user_id``
+    None counts everyone's, ``text`` as the search of :class:`TaskQuery`."""
+    where, params = _filters(user_id, frozenset(), text)
+    counts = {status.value: 0 for status in TaskStatus}
+    for row in cursor.execute(
+        "SELECT o.state, g.status, o.delete_result IS 'FAILED', COUNT(*)"  # noqa: S608
+        " FROM gallery AS g"
+        " LEFT JOIN task_operation AS o ON o.gid = g.gid"
+        f"{' WHERE ' + ' AND '.join(where) if where else ''}"
+        " GROUP BY 1, 2, 3",
+        params,
+    ).fetchall():
+        status = _display_status(row[0], row[1], bool(row[2]))
+        counts[status.value] += int(row[3])
+    return counts
 
 
 def count_by_state(cursor: sqlite3.Cursor) -> dict[str, int]:
@@ -176,4 +324,6 @@ def count_by_state(cursor: sqlite3.Cursor) -> dict[str, int]:
         counts[row[0]] = int(row[1])
     row = cursor.execute("SELECT COUNT(*) FROM task_operation WHERE state = 'DELETED'").fetchone()
     counts["DELETED"] = int(row[0])
+    for state in ("LEGACY", *(s.value for s in OperationState)):
+        counts.setdefault(state, 0)
     return counts

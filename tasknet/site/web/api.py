@@ -15,6 +15,9 @@ Decisions the spec leaves open:
 * Favorites: ``PUT``/``DELETE /api/favorites/{gid}`` answer
   ``{"gid": g, "favorite": true|false}`` (idempotent), ``GET /api/favorites``
   answers ``{"tasks": [...]}``.
+* ``GET /api/tasks`` (filter, search, order, keyset cursor),
+  ``/api/tasks/counts`` and ``/api/stats`` read their parameters with
+  ``web/task_queries.py``, which lists the decisions made for them.
 * ``/api/events`` and ``/api/admin/nodes`` are served by the resources the
   reports/notify wiring puts in the :class:`Site`; while a slot is empty they
   answer ``503 unavailable``.
@@ -24,6 +27,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import re
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -34,18 +38,29 @@ from twisted.internet.defer import CancelledError, Deferred, maybeDeferred
 from twisted.logger import Logger
 from twisted.web.resource import IResource
 from twisted.web.server import Request
-from twisted.web.static import File
 from werkzeug.exceptions import MethodNotAllowed, NotFound
 
 from tasknet.deferreds import shield
 from tasknet.site import metrics
-from tasknet.site.storage import favorites, reconcile, usage
+from tasknet.site.storage import delete, favorites, reconcile, stats, usage
 from tasknet.site.storage.errors import TaskError
 from tasknet.site.storage.rows import GID_MAX, GID_MIN
 from tasknet.site.storage.users import User
-from tasknet.site.storage.views import count_by_state, list_tasks, visible_task
-from tasknet.site.web.auth import authenticate, require_admin
+from tasknet.site.storage.views import count_by_status, list_tasks, visible_task
+from tasknet.site.web.auth import (
+    authenticate,
+    check_origin,
+    clear_session_cookie,
+    cookie_safe,
+    request_credentials,
+    require_admin,
+    same_origin,
+    set_session_cookie,
+    user_for_token,
+)
 from tasknet.site.web.errors import ApiError, write_error, write_json
+from tasknet.site.web.http import StaticFiles
+from tasknet.site.web.task_queries import search_text, stats_window, task_query
 
 if TYPE_CHECKING:
     from tasknet.site.service import Site
@@ -53,11 +68,10 @@ if TYPE_CHECKING:
 log = Logger()
 
 MAX_BODY = 1024 * 1024
+MAX_JSON_DEPTH = 64
 MAX_TOKEN = 512
 MAX_NAME = 256
 MAX_NOTE = 2000
-DEFAULT_PAGE = 50
-MAX_PAGE = 500
 STATIC_DIR = Path(__file__).parent / "static"
 
 _GID_TEXT = re.compile(r"[0-9]{1,10}")
@@ -75,6 +89,7 @@ def _create_outcome(status: int, code: str | None) -> str:
         "conflict": "conflict",
         "upstream_rejected": "rejected",
         "quota_exceeded": "quota_exceeded",
+        "rate_limited": "rate_limited",
         "upstream_unavailable": "upstream_unavailable",
         "invalid_request": "invalid",
         "payload_too_large": "invalid",
@@ -122,20 +137,46 @@ def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not valid JSON")
 
 
+def _check_json(value: Any, depth: int = 1) -> None:
+    """``400`` for JSON nested deeper than :data:`MAX_JSON_DEPTH` or holding
+    a string that is not Unicode text (a lone surrogate escape such as
+    ``"\\ud800"``: SQLite and every encoder would fail on it later)."""
+    if depth > MAX_JSON_DEPTH:
+        raise ApiError("invalid_request", f"JSON nested deeper than {MAX_JSON_DEPTH} levels")
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            raise ApiError("invalid_request", "a JSON string holds a lone surrogate") from None
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            _check_json(key, depth)
+            _check_json(item, depth + 1)
+    elif isinstance(value, list):
+        for item in value:
+            _check_json(item, depth + 1)
+
+
 def json_body(request: Request) -> dict[str, Any]:
-    """The request body as a JSON object (``413`` over :data:`MAX_BODY`)."""
-    length = request.getHeader("content-length")
-    if length is not None and length.isdigit() and int(length) > MAX_BODY:
-        raise ApiError("payload_too_large", f"the body is limited to {MAX_BODY} bytes")
+    """The request body as a JSON object.  The HTTP layer (``web.http``)
+    already refused a body over ``--max-body`` with ``413``, before reading
+    it; this re-checks for a resource served without that layer."""
+    limit = getattr(getattr(request, "site", None), "max_body", MAX_BODY)
     assert request.content is not None
     request.content.seek(0)
-    raw = request.content.read(MAX_BODY + 1)
-    if len(raw) > MAX_BODY:
-        raise ApiError("payload_too_large", f"the body is limited to {MAX_BODY} bytes")
+    raw = request.content.read(limit + 1)
+    if len(raw) > limit:
+        raise ApiError("payload_too_large", f"the body is limited to {limit} bytes")
     try:
         document = json.loads(raw.decode("utf-8"), parse_constant=_reject_constant)
     except (UnicodeDecodeError, ValueError) as e:
         raise ApiError("invalid_request", f"the body is not valid JSON: {e}") from e
+    except RecursionError:
+        # The C decoder gives up on very deep nesting; the bound is lower.
+        raise ApiError(
+            "invalid_request", f"JSON nested deeper than {MAX_JSON_DEPTH} levels"
+        ) from None
+    _check_json(document)
     if not isinstance(document, dict):
         raise ApiError("invalid_request", "the body must be a JSON object")
     return document
@@ -158,14 +199,8 @@ def string_field(
     return value
 
 
-def query_int(request: Request, name: str, default: int, low: int, high: int) -> int:
-    values = request.args.get(name.encode("ascii"))
-    if not values:
-        return default
-    text = values[0].decode("ascii", "replace")
-    if not re.fullmatch(r"[0-9]{1,12}", text) or not low <= int(text) <= high:
-        raise ApiError("invalid_request", f"{name!r} must be an integer in {low}..{high}")
-    return int(text)
+def _me(user: User) -> dict[str, Any]:
+    return {"name": user.name, "admin": user.is_admin}
 
 
 def _scope(user: User) -> int | None:
@@ -183,6 +218,9 @@ class SiteApi:
         self.site = site
         self.db = site.db
         self.lifecycle = site.lifecycle
+        from twisted.internet import reactor
+
+        self.clock: Any = reactor  # an IReactorTime; tests may replace it
 
     async def _user(self, request: Request) -> User:
         return await authenticate(self.db, request)
@@ -209,6 +247,13 @@ class SiteApi:
     @endpoint
     async def _create_task(self, request: Request) -> Reply:
         user = await self._user(request)
+        # Per-user rate limit (tasknet.site.ratelimit) before anything is
+        # read or written: a refused create leaves no trace.
+        limiter = self.site.create_limiter
+        wait = limiter.take(user.id) if limiter is not None else 0.0
+        if wait > 0:
+            request.setHeader(b"Retry-After", str(max(1, math.ceil(wait))).encode("ascii"))
+            raise ApiError("rate_limited", f"too many creates: retry in {wait:.2f} s")
         document = json_body(request)
         if "gid" not in document:
             raise ApiError("invalid_request", "'gid' is required")
@@ -224,10 +269,24 @@ class SiteApi:
     @endpoint
     async def list_tasks(self, request: Request) -> Reply:
         user = await self._user(request)
-        limit = query_int(request, "limit", DEFAULT_PAGE, 1, MAX_PAGE)
-        after = query_int(request, "after", 0, 0, GID_MAX)
-        views, following = await self.db.read(list_tasks, _scope(user), limit, after)
+        query = task_query(request, _scope(user))
+        views, following = await self.db.read(list_tasks, query)
         return 200, {"tasks": views, "next": following}
+
+    @app.route("/api/tasks/counts", methods=["GET"])
+    @endpoint
+    async def task_counts(self, request: Request) -> Reply:
+        user = await self._user(request)
+        counts = await self.db.read(count_by_status, _scope(user), search_text(request))
+        return 200, {"counts": counts, "total": sum(counts.values())}
+
+    @app.route("/api/stats", methods=["GET"])
+    @endpoint
+    async def stats(self, request: Request) -> Reply:
+        user = await self._user(request)
+        window = stats_window(request)
+        now = self.clock.seconds()
+        return 200, await self.db.read(stats.stats, user.id, _scope(user), window, now)
 
     @app.route("/api/tasks/<gid>", methods=["GET"])
     @endpoint
@@ -269,6 +328,32 @@ class SiteApi:
         user = await self._user(request)
         return 200, {"tasks": await self.db.read(favorites.list_favorites, user.id)}
 
+    # the web UI's session: the token goes into an HttpOnly cookie
+
+    @app.route("/api/session", methods=["POST"])
+    @endpoint
+    async def sign_in(self, request: Request) -> Reply:
+        check_origin(request)
+        document = json_body(request)
+        token = string_field(document, "token", required=True, limit=MAX_TOKEN)
+        user = await user_for_token(self.db, token)
+        if user is None or not cookie_safe(token):
+            raise ApiError("unauthorized", "unknown token")
+        set_session_cookie(request, token)
+        return 200, {"user": _me(user)}
+
+    @app.route("/api/session", methods=["DELETE"])
+    @endpoint
+    async def sign_out(self, request: Request) -> Reply:
+        check_origin(request)
+        clear_session_cookie(request)
+        return 200, {"user": None}
+
+    @app.route("/api/me", methods=["GET"])
+    @endpoint
+    async def me(self, request: Request) -> Reply:
+        return 200, {"user": _me(await self._user(request))}
+
     # usage
 
     @app.route("/api/usage", methods=["GET"])
@@ -301,6 +386,20 @@ class SiteApi:
         view = await shield(self.lifecycle.resolve(number, verdict, user.name, note))
         return 200, {"task": view}
 
+    @app.route("/api/admin/tasks/<gid>/force-delete", methods=["POST"])
+    @endpoint
+    async def force_delete(self, request: Request, gid: str) -> Reply:
+        """Complete a stuck DELETE_PENDING (its node is gone for good);
+        audited; a repeat on the tombstone it left answers the same."""
+        user = await self._user(request)
+        require_admin(user)
+        number = parse_gid(gid)
+        note = string_field(json_body(request), "note", required=True, limit=MAX_NOTE)
+        forced = await shield(self.db.write(delete.force_delete, number, user.name, note))
+        if not forced.repeated:
+            self.site.wake_outbox()
+        return 200, forced.view()
+
     @app.route("/api/admin/nodes", methods=["GET"])
     @endpoint
     async def nodes(self, request: Request) -> Reply:
@@ -310,9 +409,19 @@ class SiteApi:
         return 200, {"nodes": await maybeDeferred(self.site.nodes_view)}
 
     @app.route("/api/events")
-    def events(self, request: Request) -> IResource | bytes:
+    async def events(self, request: Request) -> IResource | bytes:
         if self.site.events_resource is None:
             return write_error(request, "unavailable", "live events are not wired into this site")
+        # Refused here, an opening handshake gets the error envelope and the
+        # security headers (autobahn checks the token again as it accepts).
+        try:
+            credentials = request_credentials(request, allow_query=True)
+            if credentials is not None and credentials.source == "cookie":
+                if not same_origin(request):
+                    raise ApiError("forbidden", "this request came from another origin")
+            await authenticate(self.db, request, allow_query=True)
+        except ApiError as e:
+            return write_error(request, e.code, e.message)
         return self.site.events_resource
 
     # health, metrics, UI
@@ -326,7 +435,7 @@ class SiteApi:
         return metrics.metrics_resource(self._refresh_metrics)
 
     def _refresh_metrics(self) -> Deferred[None]:
-        return self.db.read(count_by_state).addCallback(metrics.set_task_counts)
+        return self.db.read(stats.metrics_sample).addCallback(metrics.set_sampled)
 
     @app.route("/api/<path:rest>")
     def api_not_found(self, request: Request, rest: str) -> bytes:
@@ -334,7 +443,7 @@ class SiteApi:
 
     @app.route("/", branch=True, methods=["GET", "HEAD"])
     def ui(self, request: Request) -> IResource:
-        return cast(IResource, File(str(STATIC_DIR)))
+        return cast(IResource, StaticFiles(str(STATIC_DIR)))
 
     @app.handle_errors(NotFound)
     def not_found(self, request: Request, failure: Any) -> bytes:

@@ -14,10 +14,12 @@ STATUS: dict[str, int] = {
     "forbidden": 403,
     "not_found": 404,
     "method_not_allowed": 405,
+    "request_timeout": 408,  # no complete request in time (web.http)
     "conflict": 409,
     "payload_too_large": 413,
     "upstream_rejected": 422,
     "quota_exceeded": 429,
+    "rate_limited": 429,  # per-user create rate (tasknet.site.ratelimit), with Retry-After
     "internal": 500,
     "upstream_unavailable": 502,
     "unavailable": 503,  # a part of the site that is not running (yet)

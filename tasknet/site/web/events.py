@@ -1,12 +1,30 @@
 """``GET /api/events``: the WebSocket that pushes task changes after commit.
 
-A client authenticates with its API token as ``?token=`` (browsers cannot set
-an ``Authorization`` header on a WebSocket).  It receives
-``{"type": "task", "task": {...}}`` text messages for its own tasks; an admin
-receives every task's.  Pushes come from the outbox executor
-(:mod:`tasknet.site.notify`) through :class:`EventHub`, only for committed
-changes: at-least-once to the clients connected at delivery time, no replay
-of older rows (a client loads the current state over HTTP first).
+A client authenticates with its API token: the web UI's session cookie
+(``tasknet_session``, sent by the browser with the opening handshake), an
+``Authorization: Bearer`` header, or ``?token=`` (browsers cannot set a
+header on a WebSocket).  It receives ``{"type": "task", "task": {...}}`` text
+messages for its own tasks; an admin receives every task's.  Pushes come from
+the outbox executor (:mod:`tasknet.site.notify`) through :class:`EventHub`,
+only for committed changes: at-least-once to the clients connected at
+delivery time, no replay of older rows (a client loads the current state over
+HTTP first).
+
+Bounds (INTERFACES.md, "Bounds, failures and secrets"):
+
+* A socket stays open only while its token is valid: every
+  :data:`TOKEN_CHECK_INTERVAL` seconds (on the factory's clock) the tokens
+  behind the open sockets are looked up again, so a token rotated or revoked
+  by ``tasknet-admin`` in another process closes that user's sockets (code
+  4001) within 5 s: at most one interval, plus autobahn's 1 s closing
+  handshake timeout for a client that does not answer.
+* A client that does not read has a bounded send buffer: once the socket's
+  buffer is full (the transport paused its producer), what the site would
+  queue on top is counted, and past :data:`SEND_BUFFER_LIMIT` bytes the
+  connection is aborted.  A client that does not read (or is gone without a
+  FIN) is also found by autobahn's ping: one every :data:`PING_INTERVAL`
+  seconds of silence, and no pong within :data:`PING_TIMEOUT` closes it, so
+  even a socket that is sent nothing does not stay forever.
 """
 
 from __future__ import annotations
@@ -18,9 +36,23 @@ from autobahn.twisted.resource import WebSocketResource
 from autobahn.twisted.websocket import WebSocketServerFactory, WebSocketServerProtocol
 from autobahn.websocket.types import ConnectionDeny, ConnectionRequest
 from twisted.internet.defer import Deferred
+from twisted.internet.interfaces import IPushProducer
+from twisted.internet.task import LoopingCall
 from twisted.logger import Logger
+from zope.interface import implementer
+
+from tasknet.site.web.http import SECURITY_HEADERS
 
 log = Logger()
+
+SEND_BUFFER_LIMIT = 1024 * 1024
+PING_INTERVAL = 15.0
+PING_TIMEOUT = 10.0
+TOKEN_CHECK_INTERVAL = 2.5
+CLOSE_TOKEN_INVALID = 4001
+SESSION_COOKIE = "tasknet_session"
+
+_HANDSHAKE_HEADERS = {name.decode(): value.decode() for name, value in SECURITY_HEADERS}
 
 
 class Viewer(Protocol):
@@ -33,39 +65,110 @@ class Viewer(Protocol):
 Authenticate = Callable[[str], Deferred[Any]]
 
 
+def handshake_token(request: ConnectionRequest) -> str:
+    """The token of an opening handshake, in the order ``web.auth`` reads
+    it: a bearer ``Authorization`` header, else the session cookie, else
+    ``?token=``; ``""`` if none."""
+    headers = request.headers
+    authorization = str(headers.get("authorization", "")).strip()
+    if authorization:
+        scheme, _, value = authorization.partition(" ")
+        return value.strip() if scheme.lower() == "bearer" else ""
+    for part in str(headers.get("cookie", "")).split(";"):
+        name, _, cookie = part.strip().partition("=")
+        if name == SESSION_COOKIE and cookie:
+            return cookie
+    tokens = request.params.get("token") or [""]
+    return str(tokens[0])
+
+
+@implementer(IPushProducer)
+class _SendBufferWatch:
+    """The transport's producer for one socket: it says when the socket's
+    buffer is full (paused) and when it drained (resumed)."""
+
+    def __init__(self, client: EventsProtocol) -> None:
+        self.client = client
+
+    def pauseProducing(self) -> None:
+        self.client.send_paused = True
+
+    def resumeProducing(self) -> None:
+        self.client.send_paused = False
+        self.client.queued_while_paused = 0
+
+    def stopProducing(self) -> None:
+        pass
+
+
 class EventsProtocol(WebSocketServerProtocol):
     """One authenticated WebSocket client."""
 
     factory: EventsFactory
     viewer: Viewer | None = None
+    token: str = ""
+    send_paused = False
+    queued_while_paused = 0
 
-    def onConnect(self, request: ConnectionRequest) -> Deferred[None]:  # type: ignore[override]
-        tokens = request.params.get("token") or [""]
-        token = tokens[0]
+    def onConnect(self, request: ConnectionRequest) -> Deferred[Any]:  # type: ignore[override]
+        token = handshake_token(request)
         if not token:
-            raise ConnectionDeny(401, "token required: /api/events?token=...")
+            raise ConnectionDeny(401, "token required: /api/events?token=... or a session")
         d = self.factory.authenticate(token)
 
-        def decided(viewer: Viewer | None) -> None:
+        def decided(viewer: Viewer | None) -> tuple[None, dict[str, str]]:
             if viewer is None:
                 raise ConnectionDeny(401, "invalid token")
             self.viewer = viewer
+            self.token = token
+            return None, dict(_HANDSHAKE_HEADERS)
 
         d.addCallback(decided)
         return d
 
     def onOpen(self) -> None:
-        self.factory.hub.add(self)
+        # Until now the HTTP channel was the transport's producer; from here
+        # on this socket's own backlog is watched.
+        transport: Any = self.transport
+        transport.unregisterProducer()
+        transport.registerProducer(_SendBufferWatch(self), True)
+        self.factory.opened(self)
 
     def onMessage(self, payload: bytes, isBinary: bool) -> None:
         pass  # a client has nothing to say; pushes go one way
 
     def onClose(self, wasClean: bool, code: int | None, reason: str | None) -> None:
-        self.factory.hub.discard(self)
+        self.factory.closed(self)
+
+    def sendData(self, data: bytes, sync: bool = False, chopsize: int | None = None) -> None:
+        if self.send_paused:
+            self.queued_while_paused += len(data)
+            if self.queued_while_paused > self.factory.send_buffer_limit:
+                log.warn(
+                    "closing WebSocket {peer}: it does not read ({n} bytes waiting)",
+                    peer=self.peer,
+                    n=self.queued_while_paused,
+                )
+                self.factory.hub.discard(self)
+                self.dropConnection(abort=True)
+                return
+        super().sendData(data, sync, chopsize)
 
     def wants(self, user_id: int | None) -> bool:
         viewer = self.viewer
         return viewer is not None and (viewer.is_admin or viewer.id == user_id)
+
+    def token_checked(self, viewer: Viewer | None) -> None:
+        """The token was looked up again: close the socket unless it still
+        names the same user (whose admin flag may have changed)."""
+        if self.viewer is None:
+            return
+        if viewer is not None and viewer.id == self.viewer.id:
+            self.viewer = viewer
+            return
+        self.factory.hub.discard(self)  # no push from now on
+        self.viewer = None
+        self.sendClose(code=CLOSE_TOKEN_INVALID, reason="token no longer valid")
 
 
 class EventHub:
@@ -103,13 +206,72 @@ class EventHub:
 class EventsFactory(WebSocketServerFactory):
     protocol = EventsProtocol  # type: ignore[assignment]
 
-    def __init__(self, hub: EventHub, authenticate: Authenticate) -> None:
+    def __init__(
+        self,
+        hub: EventHub,
+        authenticate: Authenticate,
+        *,
+        clock: Any = None,
+        token_check_interval: float = TOKEN_CHECK_INTERVAL,
+        send_buffer_limit: int = SEND_BUFFER_LIMIT,
+    ) -> None:
         super().__init__()
+        self.setProtocolOptions(autoPingInterval=PING_INTERVAL, autoPingTimeout=PING_TIMEOUT)
+        if clock is None:
+            from twisted.internet import reactor as clock
         self.hub = hub
         self.authenticate = authenticate
+        self.clock = clock
+        self.token_check_interval = token_check_interval
+        self.send_buffer_limit = send_buffer_limit
+        self.open_clients: set[EventsProtocol] = set()
+        self._token_loop: LoopingCall | None = None
+
+    def opened(self, client: EventsProtocol) -> None:
+        self.open_clients.add(client)
+        self.hub.add(client)
+        if self._token_loop is None:
+            # Runs only while sockets are open (a site at rest has no timer).
+            self._token_loop = LoopingCall(self.check_tokens)
+            self._token_loop.clock = self.clock
+            self._token_loop.start(self.token_check_interval, now=False)
+
+    def closed(self, client: EventsProtocol) -> None:
+        self.open_clients.discard(client)
+        self.hub.discard(client)
+        if not self.open_clients and self._token_loop is not None:
+            if self._token_loop.running:
+                self._token_loop.stop()
+            self._token_loop = None
+
+    def check_tokens(self) -> Deferred[None]:
+        return Deferred.fromCoroutine(self._check_tokens())
+
+    async def _check_tokens(self) -> None:
+        by_token: dict[str, list[EventsProtocol]] = {}
+        for client in self.open_clients:
+            if client.viewer is not None:
+                by_token.setdefault(client.token, []).append(client)
+        for token, clients in by_token.items():
+            try:
+                viewer = await self.authenticate(token)
+            except Exception:
+                # A database hiccup is no reason to drop everyone; next round.
+                log.failure("re-checking a WebSocket token failed")
+                continue
+            for client in clients:
+                client.token_checked(viewer)
 
 
-def events_resource(hub: EventHub, authenticate: Authenticate) -> WebSocketResource:
+class EventsResource(WebSocketResource):
+    """``/api/events``; ``factory`` is public (tests set its clock)."""
+
+    def __init__(self, factory: EventsFactory) -> None:
+        super().__init__(factory)
+        self.factory = factory
+
+
+def events_resource(hub: EventHub, authenticate: Authenticate) -> EventsResource:
     """The resource to mount at ``/api/events``.  ``authenticate(token)``
     fires with the viewer (``.id``, ``.is_admin``) or ``None``."""
-    return WebSocketResource(EventsFactory(hub, authenticate))
+    return EventsResource(EventsFactory(hub, authenticate))

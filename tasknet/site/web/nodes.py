@@ -1,41 +1,93 @@
-"""``GET /api/admin/nodes``: the connected nodes (admin only).
+"""``GET /api/admin/nodes``: the nodes, connected or seen lately (admin only).
 
 The API module (``web/api.py``) checks the caller is an admin and answers
-``{"nodes": <what nodes_view gives>}`` (``site.nodes_view()``): a list of
-``{"id", "protocol", "features", "lastRevision", "assigned", "connectedAt"}``
-sorted by id.  ``assigned`` counts every task assigned to
-the node (completed ones included); ``lastRevision`` is the revision of the
-last report from the node committed since the site started (``null`` before
-one); ``connectedAt`` is ISO 8601 UTC.
+``{"nodes": <what nodes_view gives>}`` (``site.nodes_view()``): connected
+nodes first, then the ones seen in the last 7 days (``"connected": false``),
+each sorted by id, each
+``{"id", "connected", "protocol", "features", "lastRevision", "assigned",
+"activeTasks", "connectedAt", "lastSeenAt", "lastReportAt", "bytesPerSecond",
+"droppedEntries"}``:
+
+* ``assigned`` counts every task assigned to the node, completed included;
+  ``activeTasks`` only those not completed (what a person means by
+  "assigned");
+* ``lastRevision`` is the revision of the last report from the node
+  committed since the site started (``null`` before one, and for a
+  disconnected node): an internal counter, not for display;
+* ``bytesPerSecond`` is the sum of the ``speed`` of its moving tasks;
+* ``lastSeenAt``/``lastReportAt``/``connectedAt`` are ISO 8601 UTC, from the
+  ``node_seen`` table (``connectedAt`` null while disconnected);
+* ``droppedEntries`` is ``{reason: count}`` of report entries and
+  deletions the site dropped from the node (``not_owner``, ``stale``, ...;
+  ``node_dropped_entry``, kept across restarts).
+
+:func:`record_seen` keeps ``node_seen`` current on login and disconnect.
 """
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+import json
 from typing import Any
 
+from twisted.internet.defer import Deferred
+from twisted.logger import Logger
+
 from tasknet.site.dispatch import ConnectedNodes
-from tasknet.site.storage import dispatch as storage
+from tasknet.site.storage import reports, stats, throughput
 from tasknet.site.storage.db import Database
 
-
-def _iso(seconds: float) -> str:
-    moment = datetime.fromtimestamp(seconds, UTC)
-    return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{moment.microsecond // 1000:03d}Z"
+log = Logger()
 
 
-async def nodes_view(db: Database, nodes: ConnectedNodes) -> list[dict[str, Any]]:
-    """The connected nodes, as ``/api/admin/nodes`` lists them."""
-    sessions = [nodes.sessions[node_id] for node_id in nodes.ids()]
-    counts = await db.read(storage.assigned_counts, [s.node_id for s in sessions])
-    return [
-        {
-            "id": s.node_id,
-            "protocol": s.protocol_version,
-            "features": list(s.features),
-            "lastRevision": nodes.last_revision.get(s.node_id),
-            "assigned": counts.get(s.node_id, 0),
-            "connectedAt": _iso(s.connected_at),
-        }
-        for s in sessions
-    ]
+async def nodes_view(
+    db: Database, nodes: ConnectedNodes, clock: Any = None
+) -> list[dict[str, Any]]:
+    """The nodes, as ``/api/admin/nodes`` lists them."""
+    if clock is None:
+        from twisted.internet import reactor as clock
+    now = clock.seconds()
+    sessions = {node_id: nodes.sessions[node_id] for node_id in nodes.ids()}
+    activity = await db.read(stats.node_activity, list(sessions), now)
+    dropped = await db.read(reports.dropped_entries_by_node, list(activity))
+    listed = []
+    for node_id, known in activity.items():
+        session = sessions.get(node_id)
+        seen = known["seen"]
+        connected = session is not None
+        listed.append(
+            {
+                "id": node_id,
+                "connected": connected,
+                "protocol": session.protocol_version if session else seen["protocol"],
+                "features": list(session.features) if session else json.loads(seen["features"]),
+                "lastRevision": nodes.last_revision.get(node_id) if connected else None,
+                "assigned": known["assigned"],
+                "activeTasks": known["activeTasks"],
+                "connectedAt": throughput.iso(session.connected_at) if session else None,
+                "lastSeenAt": (
+                    throughput.iso(now) if connected or seen is None else seen["last_seen_at"]
+                ),
+                "lastReportAt": seen["last_report_at"] if seen is not None else None,
+                "bytesPerSecond": round(known["bytesPerSecond"], 1),
+                "droppedEntries": dropped.get(node_id, {}),
+            }
+        )
+    listed.sort(key=lambda node: (not node["connected"], node["id"]))
+    return listed
+
+
+def record_seen(db: Database, session: Any, connected: bool) -> Deferred[None]:
+    """Record in ``node_seen`` that ``session``'s node logged in or went away
+    (best effort: a failure is logged; the node panel is only less current)."""
+    d = db.write(
+        throughput.record_node_seen,
+        session.node_id,
+        session.protocol_version,
+        tuple(session.features),
+        connected,
+    )
+
+    def failed(failure: Any) -> None:
+        log.failure("recording node {node} as seen failed", failure, node=session.node_id)
+
+    return d.addErrback(failed)

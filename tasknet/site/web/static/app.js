@@ -9,7 +9,9 @@
   "use strict";
 
   var LABELS = window.TASKNET_STATUS_LABELS;
-  var TOKEN_KEY = "tasknet.token";
+  // Where an older version kept the API token; cleared at start (the token
+  // now lives only in the site's HttpOnly session cookie).
+  var OLD_TOKEN_KEY = "tasknet.token";
   var LANG_KEY = "tasknet.lang";
   var PAGE_SIZE = 50;
 
@@ -19,10 +21,43 @@
       signInTitle: "登录", tokenLabel: "API 令牌", signIn: "登录",
       tokenHint: "令牌由管理员用 tasknet-admin 生成；演示环境的令牌是 demo。",
       tokenMissing: "请输入令牌。", tokenRejected: "令牌无效，请检查后重试。",
-      cannotReach: "无法连接到站点，请稍后再试。",
+      cannotReach: "站点无法访问：请检查网络连接后再试。",
       usageTitle: "本周用量", usageText: "{week}：已用 {used} / 额度 {quota}（剩余 {left}）",
       createTitle: "新建任务", upstreamToken: "上游令牌", nameOptional: "名称（可选）", create: "创建",
       creating: "正在提交……",
+      navLabel: "页面", navCharts: "图表",
+      creatingPhase: "正在提交到上游…… {n} 秒",
+      creatingSlow: "上游答复很慢。站点最多等到它的超时时间；仍没有明确答复时，任务会标为“提交未知”，不会重复提交或扣费。",
+      createConflictOwn: "你已经有 gid {gid} 的任务了（{status}），没有重复提交。",
+      createConflictAdmin: "gid {gid} 已经有任务了（{status}，所有者 {owner}），没有重复提交。",
+      createConflictOther: "gid {gid} 已被另一位用户占用：一个 gid 只能有一个任务。请换一个 gid。",
+      filterStatus: "按状态筛选", tabAll: "全部", tabActive: "进行中", tabCompleted: "已完成", tabAttention: "需处理",
+      search: "搜索", searchHint: "名称或 gid", order: "排序",
+      orderNewest: "最新在前", orderOldest: "最早在前", orderGid: "按 gid",
+      staleBanner: "实时连接已断开：进度和速度可能已过时。", staleMark: "已过时", noMatch: "没有符合条件的任务。",
+      size: "大小", downloaded: "已下载", speed: "速度", eta: "剩余时间", owner: "所有者", completedAt: "完成于",
+      bytesOf: "{done} / {size}",
+      chartsTitle: "图表", chartsHint: "每分钟一个点。", chartsWindow: "时间范围",
+      window15m: "最近 15 分钟", window1h: "最近 1 小时", window6h: "最近 6 小时", window24h: "最近 24 小时",
+      option15m: "最近 15 分钟", option1h: "最近 1 小时", option6h: "最近 6 小时", option24h: "最近 24 小时",
+      chartThroughput: "下载速度", chartNodes: "各节点下载量", chartUsage: "每周用量与额度",
+      chartThroughputLabel: "{window}的下载速度：共 {bytes}，峰值 {peak}，完成 {completed} 个任务。",
+      chartNodesEmpty: "{window}没有节点下载。", chartNodesLabel: "{window}各节点的下载量：{list}。",
+      chartUsageLabel: "最近 8 周的用量，本周已用 {used} / 额度 {quota}。", quotaLine: "额度 {quota}",
+      nodeState: "状态", activeTasks: "进行中的任务", nodeSpeed: "速度", lastReport: "上次报告",
+      droppedEntries: "丢弃的报告", connectedSince: "连接 / 最后在线",
+      connected: "已连接", disconnected: "已断开", connectedAgo: "连接于 {ago}", lastSeen: "最后在线 {ago}",
+      none: "无", never: "从未",
+      dropStale: "过时", dropOldGeneration: "旧的任务代", dropDuplicate: "重复", dropUnknownTask: "未知任务",
+      evArchiveUrl: "下载地址", evArchiveUrlSource: "地址来源", evWarning: "注意",
+      stepReserve: "预留", stepSubmit: "提交到上游", stepPersist: "记录上游的答复", stepRecovery: "重启后恢复",
+      sourceSubmit: "来自提交的答复", sourceAudit: "来自上游审计", sourceNone: "没有",
+      noArchiveUrl: "不知道下载地址（提交的答复和上游审计里都没有）：判为“已提交”会计费，但无法派发给节点。",
+      errTimeout: "上游在超时时间内没有答复", errConnection: "连接在收到答复之前断开",
+      errServer: "上游返回了服务器错误", errOther: "上游的答复无法确认", errDetail: "技术细节",
+      auditCount: "次提交记录在上游的审计里", auditCountOne: "次提交记录在上游的审计里", auditZero: "次提交：上游没有这个 gid 的提交记录", auditLast: "最近一次：{at}",
+      auditMissing: "无法取得上游审计",
+      actionLabel: "{action}：gid {gid}", actionLabelNamed: "{action}：gid {gid}（{name}）",
       gidInvalid: "gid 必须是 1 到 2147483647 之间的整数。", upstreamTokenMissing: "请填写上游令牌。",
       created: "已创建任务 {gid}：上游已接受，正在等待节点下载。",
       createdUnknown: "任务 {gid} 的提交结果未知：上游没有给出明确答复。系统不会自动重试，也不会重复扣费；管理员核对后会处理。",
@@ -42,7 +77,6 @@
       unknownTitle: "提交未知的操作", noUnknown: "没有需要核对的操作。",
       unknownHint: "上游没有给出明确答复。请根据证据（特别是上游的审计记录）判断它是否真的提交了；两个结论都不会再次请求上游。",
       evStep: "步骤", evAt: "时间", evError: "错误", evAudit: "上游审计", evOperation: "操作 ID",
-      auditUnavailable: "无法取得上游审计：{error}",
       wasSubmitted: "确实已提交", wasNotSubmitted: "没有提交",
       resolveSubmittedTitle: "确认“已提交”？", resolveNotSubmittedTitle: "确认“没有提交”？",
       resolveSubmittedText: "gid {gid} 将按已提交处理：计入用量一次，并派发给节点下载。",
@@ -51,7 +85,7 @@
       resolved: "gid {gid} 已处理：{verdict}。", resolveConflict: "gid {gid} 已经不是“提交未知”状态，没有改动。",
       resolveFailed: "处理失败（HTTP {code}）：{message}",
       verdictSubmitted: "已提交", verdictNotSubmitted: "没有提交",
-      nodesTitle: "已连接的节点", noNodes: "没有节点在线。", nodeId: "节点", protocol: "协议",
+      nodesTitle: "节点", noNodes: "最近 7 天没有节点连接过。", nodeId: "节点", protocol: "协议",
       queue: "已分配任务", revision: "修订号", connectedAt: "连接时间", legacy: "旧版 v1", v2: "v2",
       liveOn: "实时更新中", liveOff: "实时连接断开，正在重连……", loadFailed: "加载失败（HTTP {code}）：{message}",
       signedInAs: "已登录"
@@ -61,10 +95,43 @@
       signInTitle: "Sign in", tokenLabel: "API token", signIn: "Sign in",
       tokenHint: "An admin makes tokens with tasknet-admin; the demo token is demo.",
       tokenMissing: "Enter a token.", tokenRejected: "That token was not accepted. Check it and try again.",
-      cannotReach: "Cannot reach the site. Try again later.",
+      cannotReach: "The site is not reachable. Check your connection and try again.",
       usageTitle: "This week's usage", usageText: "{week}: used {used} of {quota} ({left} left)",
       createTitle: "New task", upstreamToken: "Upstream token", nameOptional: "Name (optional)", create: "Create",
       creating: "Submitting…",
+      navLabel: "Sections", navCharts: "Charts",
+      creatingPhase: "Submitting to upstream… {n}",
+      creatingSlow: "The upstream is slow to answer. The site waits up to its timeout; without a clear answer by then the task is marked “Submission unknown”, and it is never resubmitted or charged twice.",
+      createConflictOwn: "You already have a task for gid {gid} ({status}). Nothing was resubmitted.",
+      createConflictAdmin: "gid {gid} already has a task ({status}, owner {owner}). Nothing was resubmitted.",
+      createConflictOther: "gid {gid} is taken by another user: a gid can have only one task. Try another gid.",
+      filterStatus: "Filter by status", tabAll: "All", tabActive: "In progress", tabCompleted: "Completed", tabAttention: "Needs attention",
+      search: "Search", searchHint: "Name or gid", order: "Order",
+      orderNewest: "Newest first", orderOldest: "Oldest first", orderGid: "By gid",
+      staleBanner: "Live updates are disconnected: progress and speed below may be out of date.", staleMark: "stale", noMatch: "No task matches.",
+      size: "Size", downloaded: "Downloaded", speed: "Speed", eta: "Time left", owner: "Owner", completedAt: "Completed",
+      bytesOf: "{done} of {size}",
+      chartsTitle: "Charts", chartsHint: "One point per minute.", chartsWindow: "Period",
+      window15m: "last 15 minutes", window1h: "last hour", window6h: "last 6 hours", window24h: "last 24 hours",
+      option15m: "Last 15 minutes", option1h: "Last hour", option6h: "Last 6 hours", option24h: "Last 24 hours",
+      chartThroughput: "Download speed", chartNodes: "Downloaded per node", chartUsage: "Weekly usage against quota",
+      chartThroughputLabel: "Download speed in the {window}: {bytes} in all, peak {peak}, {completed} tasks completed.",
+      chartNodesEmpty: "No node downloaded anything in the {window}.", chartNodesLabel: "Downloaded per node in the {window}: {list}.",
+      chartUsageLabel: "Usage over the last 8 weeks; this week {used} of {quota}.", quotaLine: "quota {quota}",
+      nodeState: "State", activeTasks: "Active tasks", nodeSpeed: "Speed", lastReport: "Last report",
+      droppedEntries: "Dropped reports", connectedSince: "Connected / last seen",
+      connected: "Connected", disconnected: "Disconnected", connectedAgo: "connected {ago}", lastSeen: "last seen {ago}",
+      none: "none", never: "never",
+      dropStale: "stale", dropOldGeneration: "old generation", dropDuplicate: "duplicate", dropUnknownTask: "unknown task",
+      evArchiveUrl: "Archive URL", evArchiveUrlSource: "URL from", evWarning: "Note",
+      stepReserve: "reserve", stepSubmit: "submit to upstream", stepPersist: "record the upstream's answer", stepRecovery: "recovery after a restart",
+      sourceSubmit: "the submit answer", sourceAudit: "the upstream's audit", sourceNone: "none",
+      noArchiveUrl: "No archive URL is known (neither from the submit answer nor from the upstream's audit): “submitted” would charge the task but no node can download it.",
+      errTimeout: "the upstream did not answer within the timeout", errConnection: "the connection closed before an answer",
+      errServer: "the upstream answered with a server error", errOther: "the upstream's answer could not be confirmed", errDetail: "Technical detail",
+      auditCount: "submissions recorded by the upstream", auditCountOne: "submission recorded by the upstream", auditZero: "submissions: the upstream has no record of this gid", auditLast: "last: {at}",
+      auditMissing: "Upstream audit unavailable",
+      actionLabel: "{action}: gid {gid}", actionLabelNamed: "{action}: gid {gid} ({name})",
       gidInvalid: "gid must be a whole number from 1 to 2147483647.", upstreamTokenMissing: "Enter the upstream token.",
       created: "Task {gid} created: the upstream accepted it; waiting for a node to download it.",
       createdUnknown: "Task {gid}: the submission outcome is unknown (the upstream gave no clear answer). It will not be retried or charged twice; an admin will reconcile it.",
@@ -84,7 +151,6 @@
       unknownTitle: "Operations with unknown outcome", noUnknown: "Nothing to reconcile.",
       unknownHint: "The upstream gave no clear answer. Judge from the evidence (above all the upstream's audit record) whether it was really submitted; neither verdict calls the upstream again.",
       evStep: "Step", evAt: "Time", evError: "Error", evAudit: "Upstream audit", evOperation: "Operation ID",
-      auditUnavailable: "Upstream audit unavailable: {error}",
       wasSubmitted: "It was submitted", wasNotSubmitted: "It was not submitted",
       resolveSubmittedTitle: "Mark as submitted?", resolveNotSubmittedTitle: "Mark as not submitted?",
       resolveSubmittedText: "gid {gid} will count as submitted: metered once and dispatched to a node.",
@@ -93,7 +159,7 @@
       resolved: "gid {gid} resolved: {verdict}.", resolveConflict: "gid {gid} is no longer unknown; nothing changed.",
       resolveFailed: "Resolve failed (HTTP {code}): {message}",
       verdictSubmitted: "submitted", verdictNotSubmitted: "not submitted",
-      nodesTitle: "Connected nodes", noNodes: "No node is connected.", nodeId: "Node", protocol: "Protocol",
+      nodesTitle: "Nodes", noNodes: "No node was connected in the last 7 days.", nodeId: "Node", protocol: "Protocol",
       queue: "Assigned", revision: "Revision", connectedAt: "Connected", legacy: "legacy v1", v2: "v2",
       liveOn: "Live", liveOff: "Live updates disconnected; reconnecting…", loadFailed: "Loading failed (HTTP {code}): {message}",
       signedInAs: "Signed in"
@@ -101,12 +167,28 @@
   };
 
   var state = {
-    token: null,
+    signedIn: false,       // the session cookie (HttpOnly: never read here) was accepted
     lang: "zh",
     tasks: new Map(),      // gid -> task object as the API sends it
     order: [],             // gids, newest first, as listed
     favorites: new Set(),
     next: null,
+    // The list's view: a status tab, a search text and an order (kept in the URL hash).
+    view: "tasks",
+    filter: "all",
+    query: "",
+    orderBy: "newest",
+    listSeq: 0,            // answers of superseded list requests are dropped
+    counts: null,
+    countsTimer: null,
+    // gid -> operationId of a task this page saw go away: a late push of that
+    // same generation must not bring the row back.
+    gone: new Map(),
+    noticeTimer: null,
+    createTimer: null,
+    chartsTimer: null,
+    stats: null,
+    nodes: [],
     isAdmin: false,
     socket: null,
     backoff: 500,
@@ -150,26 +232,37 @@
     return node;
   }
 
-  function formatTime(value) {
-    if (value === null || value === undefined || value === "") { return ""; }
-    var date;
-    if (typeof value === "number") { date = new Date(value > 1e12 ? value : value * 1000); }
-    else { date = new Date(value); }
-    if (isNaN(date.getTime())) { return String(value); }
-    return date.toLocaleString(state.lang === "zh" ? "zh-CN" : "en-GB");
-  }
+  var F = window.TasknetFormat;
 
+  function formatTime(value) { return F.date(value, state.lang); }
+
+  // A notice lasts until the next action (see init) or a few seconds.
   function notify(text, isError) {
     var box = $("notice");
     box.textContent = text || "";
     box.classList.toggle("error", !!isError);
+    if (state.noticeTimer) { clearTimeout(state.noticeTimer); state.noticeTimer = null; }
+    if (text) {
+      state.noticeTimer = setTimeout(function () { state.noticeTimer = null; notify(""); }, isError ? 12000 : 6000);
+    }
+  }
+
+  // "Delete: gid 207 (name)": every per-task button is told apart by its gid.
+  function actionLabel(action, task) {
+    return task.name ? t("actionLabelNamed", { action: action, gid: task.gid, name: task.name })
+      : t("actionLabel", { action: action, gid: task.gid });
+  }
+
+  // Status 0 is a fetch that never got an answer: the site is not reachable.
+  function failureText(key, result) {
+    if (result.status === 0) { return t("cannotReach"); }
+    return t(key, { code: result.status, message: errorMessage(result) });
   }
 
   // ---- HTTP ---------------------------------------------------------------
 
   function api(method, path, body) {
     var headers = { "Accept": "application/json" };
-    if (state.token) { headers["Authorization"] = "Bearer " + state.token; }
     var init = { method: method, headers: headers };
     if (body !== undefined) {
       headers["Content-Type"] = "application/json";
@@ -202,19 +295,30 @@
     $("sign-out").hidden = !signedIn;
   }
 
+  // The token goes to the site once; the site keeps it in an HttpOnly,
+  // SameSite=Strict cookie that every later call and the WebSocket carry.
   function signIn(token) {
-    state.token = token;
-    return api("GET", "/api/usage").then(function (result) {
-      if (result.status === 401) {
-        state.token = null;
-        localStorage.removeItem(TOKEN_KEY);
-        return { ok: false, message: t("tokenRejected") };
-      }
+    return api("POST", "/api/session", { token: token }).then(function (result) {
+      if (result.status === 401) { return { ok: false, message: t("tokenRejected") }; }
       if (!result.ok) {
-        state.token = null;
         return { ok: false, message: result.status === 0 ? t("cannotReach") : t("loadFailed", { code: result.status, message: errorMessage(result) }) };
       }
-      localStorage.setItem(TOKEN_KEY, token);
+      return resumeSession();
+    });
+  }
+
+  // Signed in when the cookie is accepted (after sign-in, or a reload).
+  function resumeSession() {
+    return api("GET", "/api/usage").then(function (result) {
+      if (result.status === 401) {
+        state.signedIn = false;
+        return { ok: false, unauthorized: true, message: t("tokenRejected") };
+      }
+      if (!result.ok) {
+        state.signedIn = false;
+        return { ok: false, message: result.status === 0 ? t("cannotReach") : t("loadFailed", { code: result.status, message: errorMessage(result) }) };
+      }
+      state.signedIn = true;
       showSignedIn(true);
       renderUsage(result.data);
       startSession();
@@ -224,8 +328,8 @@
 
   function signOut() {
     stopSession();
-    state.token = null;
-    localStorage.removeItem(TOKEN_KEY);
+    state.signedIn = false;
+    api("DELETE", "/api/session");  // clears the cookie
     state.tasks.clear();
     state.order = [];
     state.favorites.clear();
@@ -282,16 +386,41 @@
 
   // ---- tasks --------------------------------------------------------------
 
+  // The status tabs: each is a set of display keys (GET /api/tasks?status=).
+  var FILTERS = {
+    all: null,
+    active: ["SUBMITTING", "SUBMITTED", "DOWNLOADING", "WAITING_COMPRESSION", "COMPRESSING"],
+    completed: ["COMPLETED"],
+    attention: ["SUBMIT_UNKNOWN", "DELETE_PENDING", "DELETE_FAILED"]
+  };
+  var ORDERS = ["newest", "oldest", "gid"];
+
   function taskName(task) { return task.name || ("gid " + task.gid); }
 
-  function isGone(task) { return task && task.state === "DELETED"; }
+  // A view with no status (released, resolved "not submitted") or a DELETED
+  // tombstone: the task is gone and its row must go too.
+  function isGone(task) { return task && (task.state === "DELETED" || !task.status); }
+
+  function listPath(append) {
+    var params = [];
+    var keys = FILTERS[state.filter];
+    if (keys) { params.push("status=" + keys.join(",")); }
+    if (state.query) { params.push("q=" + encodeURIComponent(state.query)); }
+    params.push("order=" + state.orderBy);
+    // A refresh keeps as many rows as were loaded, so the page does not shrink under the reader.
+    var limit = append ? PAGE_SIZE : Math.min(500, Math.max(PAGE_SIZE, state.order.length));
+    params.push("limit=" + limit);
+    if (append && state.next !== null && state.next !== undefined) { params.push("after=" + encodeURIComponent(state.next)); }
+    return "/api/tasks?" + params.join("&");
+  }
 
   function loadTasks(append) {
-    var path = "/api/tasks?limit=" + PAGE_SIZE;
-    if (append && state.next !== null && state.next !== undefined) { path += "&after=" + encodeURIComponent(state.next); }
-    return api("GET", path).then(function (result) {
+    var seq = ++state.listSeq;
+    if (!append) { loadCounts(); }
+    return api("GET", listPath(append)).then(function (result) {
+      if (seq !== state.listSeq) { return; }
       if (result.status === 401) { signOut(); return; }
-      if (!result.ok) { notify(t("loadFailed", { code: result.status, message: errorMessage(result) }), true); return; }
+      if (!result.ok) { notify(failureText("loadFailed", result), true); return; }
       var tasks = (result.data && result.data.tasks) || [];
       if (!append) { state.tasks.clear(); state.order = []; }
       tasks.forEach(function (task) {
@@ -304,23 +433,74 @@
     });
   }
 
+  // Does a task that is not on the page belong at the top of what is shown?
+  function matchesView(task) {
+    var keys = FILTERS[state.filter];
+    if (keys && keys.indexOf(task.status) === -1) { return false; }
+    if (!state.query) { return true; }
+    var q = state.query.toLowerCase();
+    return String(task.gid).indexOf(q) === 0 || String(task.name || "").toLowerCase().indexOf(q) !== -1;
+  }
+
+  // The list's order, as the API sorts it: (createdAt, gid) newest or
+  // oldest first, or gid.  Negative when a comes before b.
+  function compareTasks(a, b) {
+    if (state.orderBy === "gid") { return a.gid - b.gid; }
+    var ka = String(a.createdAt || ""), kb = String(b.createdAt || "");
+    var c = ka < kb ? -1 : ka > kb ? 1 : a.gid - b.gid;
+    return state.orderBy === "oldest" ? c : -c;
+  }
+
+  // Where a task that is new to the page goes: its place in the order among
+  // the loaded rows (a task created now is the top row of newest first).  A
+  // task that sorts after the last loaded row belongs to a later page and is
+  // not shown until that page is loaded, so rows never jump.
+  function insertAt(task) {
+    if (!matchesView(task)) { return -1; }
+    var hasMore = state.next !== null && state.next !== undefined;
+    for (var i = 0; i < state.order.length; i++) {
+      if (compareTasks(task, state.tasks.get(state.order[i])) < 0) { return i; }
+    }
+    return hasMore ? -1 : state.order.length;
+  }
+
   function upsertTask(task) {
     if (!task || task.gid === undefined) { return; }
-    if (isGone(task)) { removeTask(task.gid); return; }
-    if (!state.tasks.has(task.gid)) { state.order.unshift(task.gid); }
-    state.tasks.set(task.gid, task);
+    var gone = state.gone.get(task.gid);
+    if (gone !== undefined && gone !== null && gone === task.operationId) { return; }  // a late push of a removed task
+    if (isGone(task)) { removeTask(task.gid, { quiet: !state.tasks.has(task.gid), operationId: task.operationId }); return; }
+    state.gone.delete(task.gid);
+    var previous = state.tasks.get(task.gid);
+    if (!previous || previous.status !== task.status) { scheduleCounts(); }
     var row = document.querySelector('#task-list > li[data-gid="' + task.gid + '"]');
+    if (!previous) {
+      var at = insertAt(task);
+      if (at < 0) { return; }
+      state.order.splice(at, 0, task.gid);
+    }
+    state.tasks.set(task.gid, task);
     var fresh = renderTask(task);
     var updates = row ? Number(row.getAttribute("data-live-updates") || 0) : 0;
     fresh.setAttribute("data-live-updates", String(updates));
     if (row) { keepFocus(row, fresh); row.replaceWith(fresh); }
-    else { $("task-list").prepend(fresh); }
-    $("tasks-empty").hidden = state.order.length > 0;
+    else {
+      var list = $("task-list");
+      var index = state.order.indexOf(task.gid);
+      var after = index + 1 < state.order.length ? list.querySelector('li[data-gid="' + state.order[index + 1] + '"]') : null;
+      list.insertBefore(fresh, after);
+    }
+    showEmpty();
     schedulePendingPoll();
     return fresh;
   }
 
-  function removeTask(gid) {
+  // options.quiet: no "deleted" notice (e.g. resolved "not submitted");
+  // options.operationId: the generation that is gone (late pushes of it are ignored).
+  function removeTask(gid, options) {
+    options = options || {};
+    var known = state.tasks.get(gid);
+    var operationId = options.operationId !== undefined ? options.operationId : (known ? known.operationId : null);
+    if (operationId) { state.gone.set(gid, operationId); }
     var wasKnown = state.tasks.delete(gid);
     state.order = state.order.filter(function (g) { return g !== gid; });
     state.favorites.delete(gid);
@@ -330,8 +510,18 @@
       row.remove();
       if (hadFocus) { $("tasks-title").setAttribute("tabindex", "-1"); $("tasks-title").focus(); }
     }
-    if (wasKnown) { notify(t("deleted", { gid: gid })); loadUsage(); }
-    $("tasks-empty").hidden = state.order.length > 0;
+    if (wasKnown) {
+      if (!options.quiet) { notify(t("deleted", { gid: gid })); }
+      loadUsage();
+      scheduleCounts();
+    }
+    showEmpty();
+  }
+
+  function showEmpty() {
+    var empty = $("tasks-empty");
+    empty.hidden = state.order.length > 0;
+    empty.textContent = state.filter === "all" && !state.query ? t("noTasks") : t("noMatch");
   }
 
   // Re-rendering a row must not throw keyboard focus away.
@@ -349,9 +539,13 @@
     var list = $("task-list");
     list.textContent = "";
     state.order.forEach(function (gid) { list.appendChild(renderTask(state.tasks.get(gid))); });
-    $("tasks-empty").hidden = state.order.length > 0;
+    showEmpty();
     $("tasks-more").hidden = state.next === null || state.next === undefined;
     schedulePendingPoll();
+  }
+
+  function fact(label, value, role, wide) {
+    return el("div", { className: wide ? "fact fact-wide" : "fact" }, [el("dt", { text: label }), el("dd", { text: value, "data-role": role })]);
   }
 
   function renderTask(task) {
@@ -361,31 +555,44 @@
     var favorite = state.favorites.has(task.gid);
     var titleId = "task-title-" + task.gid;
 
+    var fill = el("div", { className: "bar-fill" });
+    fill.style.width = percent + "%";  // CSSOM, allowed under the CSP (a style="" attribute is not)
     var bar = el("div", {
       className: "bar", role: "progressbar", "aria-valuemin": 0, "aria-valuemax": 100,
       "aria-valuenow": percent, "aria-labelledby": titleId, "data-progress": percent
-    }, [el("div", { className: "bar-fill", style: "width:" + percent + "%" })]);
+    }, [fill]);
 
+    var favoriteText = favorite ? t("unfavorite") : t("favorite");
     var actions = el("div", { className: "task-actions" }, [
       el("button", {
         type: "button", className: "star", "data-action": "favorite", "aria-pressed": favorite ? "true" : "false",
-        "aria-label": (favorite ? t("unfavorite") : t("favorite")) + " " + taskName(task), title: favorite ? t("unfavorite") : t("favorite"),
-        text: favorite ? "★" : "☆"
+        "aria-label": actionLabel(favoriteText, task), title: favoriteText, text: favorite ? "★" : "☆"
       })
     ]);
     if (canDelete(task)) {
+      var deleteText = task.status === "DELETE_FAILED" ? t("retryDelete") : t("delete");
       actions.appendChild(el("button", {
         type: "button", className: "danger", "data-action": "delete",
-        "aria-label": (task.status === "DELETE_FAILED" ? t("retryDelete") : t("delete")) + " " + taskName(task),
-        text: task.status === "DELETE_FAILED" ? t("retryDelete") : t("delete")
+        "aria-label": actionLabel(deleteText, task), text: deleteText
       }));
     }
 
-    var meta = [];
-    meta.push("gid " + task.gid);
-    if (task.node) { meta.push(t("node") + " " + task.node); }
-    if (task.cost !== null && task.cost !== undefined) { meta.push(t("cost") + " " + task.cost); }
-    if (task.createdAt) { meta.push(t("created_at") + " " + formatTime(task.createdAt)); }
+    var facts = [fact("gid", String(task.gid), "gid")];
+    var size = typeof task.size === "number" ? task.size : null;
+    if (task.status === "DOWNLOADING" && size !== null) {
+      facts.push(fact(t("downloaded"), t("bytesOf", { done: F.bytes(task.bytesDone || 0, state.lang), size: F.bytes(size, state.lang) }), "bytes"));
+    } else {
+      facts.push(fact(t("size"), size === null ? "—" : F.bytes(size, state.lang), "bytes"));
+    }
+    if (task.status === "DOWNLOADING") {
+      facts.push(fact(t("speed"), F.speed(task.speed, state.lang), "speed"));
+      facts.push(fact(t("eta"), task.eta === null || task.eta === undefined ? "—" : F.eta(task.eta, state.lang), "eta"));
+    }
+    if (state.isAdmin) { facts.push(fact(t("owner"), task.owner || "—", "owner")); }
+    if (task.node) { facts.push(fact(t("node"), task.node, "node")); }
+    if (task.cost !== null && task.cost !== undefined) { facts.push(fact(t("cost"), String(task.cost), "cost")); }
+    if (task.completedAt) { facts.push(fact(t("completedAt"), formatTime(task.completedAt), "completed", true)); }
+    else if (task.createdAt) { facts.push(fact(t("created_at"), formatTime(task.createdAt), "created", true)); }
 
     return el("li", { className: "task", "data-gid": task.gid, "data-status": task.status || "" }, [
       el("div", { className: "task-head" }, [
@@ -393,9 +600,10 @@
         el("span", { className: "status status-" + String(task.status || "").toLowerCase(), "data-role": "status", text: label })
       ]),
       el("div", { className: "progress-row" }, [
-        bar, el("span", { className: "percent", "aria-hidden": "true", text: percent + "%" })
+        bar, el("span", { className: "percent", "aria-hidden": "true", text: percent + "%" }),
+        el("span", { className: "stale-mark", "data-i18n": "staleMark", text: t("staleMark") })
       ]),
-      el("div", { className: "task-foot" }, [el("p", { className: "meta", text: meta.join(" · ") }), actions])
+      el("div", { className: "task-foot" }, [el("dl", { className: "facts" }, facts), actions])
     ]);
   }
 
@@ -403,6 +611,89 @@
     // SUBMITTING and SUBMIT_UNKNOWN wait for the lifecycle or an admin;
     // DELETE_PENDING already waits for the node.
     return ["SUBMITTING", "SUBMIT_UNKNOWN", "DELETE_PENDING"].indexOf(task.status) === -1;
+  }
+
+  // ---- counts and the list's view ----------------------------------------------
+
+  function loadCounts() {
+    var path = "/api/tasks/counts" + (state.query ? "?q=" + encodeURIComponent(state.query) : "");
+    return api("GET", path).then(function (result) {
+      if (!result.ok || !result.data || !result.data.counts) { return; }
+      state.counts = result.data.counts;
+      renderCounts();
+    });
+  }
+
+  // Pushes change counts; ask again at most once a second.
+  function scheduleCounts() {
+    if (state.countsTimer) { return; }
+    state.countsTimer = setTimeout(function () { state.countsTimer = null; loadCounts(); }, 1000);
+  }
+
+  function renderCounts() {
+    var counts = state.counts || {};
+    Object.keys(FILTERS).forEach(function (name) {
+      var keys = FILTERS[name] || Object.keys(counts);
+      var n = keys.reduce(function (sum, key) { return sum + (Number(counts[key]) || 0); }, 0);
+      var node = document.querySelector('#status-tabs [data-count="' + name + '"]');
+      if (node) { node.textContent = state.counts ? String(n) : ""; }
+    });
+  }
+
+  function renderListControls() {
+    document.querySelectorAll("#status-tabs button[data-filter]").forEach(function (button) {
+      button.setAttribute("aria-pressed", button.getAttribute("data-filter") === state.filter ? "true" : "false");
+    });
+    $("task-order").value = state.orderBy;
+  }
+
+  // The view lives in the hash (#tasks?status=active&q=x&order=oldest), so a
+  // reload or a shared link shows the same list in the same order.
+  function readHash() {
+    var hash = location.hash.replace(/^#/, "");
+    var parts = hash.split("?");
+    var view = parts[0] || "tasks";
+    state.view = ["tasks", "charts", "admin"].indexOf(view) === -1 ? "tasks" : view;
+    var params = new URLSearchParams(parts[1] || "");
+    state.filter = FILTERS.hasOwnProperty(params.get("status")) ? params.get("status") : "all";
+    state.query = (params.get("q") || "").trim().slice(0, 256);
+    state.orderBy = ORDERS.indexOf(params.get("order")) === -1 ? "newest" : params.get("order");
+  }
+
+  function writeHash() {
+    var params = new URLSearchParams();
+    if (state.filter !== "all") { params.set("status", state.filter); }
+    if (state.query) { params.set("q", state.query); }
+    if (state.orderBy !== "newest") { params.set("order", state.orderBy); }
+    var text = params.toString();
+    var hash = "#" + state.view + (state.view === "tasks" && text ? "?" + text : "");
+    if (location.hash !== hash) { history.replaceState(null, "", hash); }
+  }
+
+  // The search box is the source of the query (a search still being typed
+  // applies with a tab click too).
+  function changeList(change) {
+    change();
+    state.query = $("task-search").value.trim().slice(0, 256);
+    writeHash();
+    renderListControls();
+    state.next = null;
+    state.order = [];
+    loadTasks(false);
+  }
+
+  function showView(view) {
+    if (view === "admin" && !state.isAdmin) { view = "tasks"; }
+    state.view = view;
+    document.querySelectorAll("[data-view-panel]").forEach(function (panel) {
+      panel.hidden = panel.getAttribute("data-view-panel") !== view;
+    });
+    document.querySelectorAll("#nav a[data-view]").forEach(function (link) {
+      if (link.getAttribute("data-view") === view) { link.setAttribute("aria-current", "page"); }
+      else { link.removeAttribute("aria-current"); }
+    });
+    if (view === "charts" && state.signedIn) { loadCharts(); }
+    if (view === "admin" && state.isAdmin) { loadNodes(); loadUnknown(); }
   }
 
   // While a delete waits for the node, ask now and then whether it finished,
@@ -431,7 +722,100 @@
     });
   }
 
+  // ---- charts -------------------------------------------------------------------
+
+  function loadCharts() {
+    if (state.chartsTimer) { clearTimeout(state.chartsTimer); state.chartsTimer = null; }
+    return api("GET", "/api/stats?window=" + chartWindow()).then(function (result) {
+      // Redraw every 10 s while the charts are shown.
+      if (state.view === "charts" && state.signedIn) {
+        state.chartsTimer = setTimeout(function () { state.chartsTimer = null; loadCharts(); }, 10000);
+      }
+      if (!result.ok) { notify(failureText("loadFailed", result), true); return; }
+      state.stats = result.data;
+      renderCharts();
+    });
+  }
+
+  var WINDOWS = { "900": "window15m", "3600": "window1h", "21600": "window6h", "86400": "window24h" };
+
+  function chartWindow() {
+    var value = $("charts-window").value;
+    return WINDOWS[value] ? value : "3600";
+  }
+
+  function weekLabel(week) {
+    var match = /^(\d{4})-W(\d{2})$/.exec(week || "");
+    if (!match) { return String(week); }
+    return state.lang === "zh" ? "第 " + Number(match[2]) + " 周" : "W" + Number(match[2]);
+  }
+
+  function renderCharts() {
+    var stats = state.stats;
+    if (!stats || state.view !== "charts") { return; }
+    var lang = state.lang;
+    var seconds = stats.bucketSeconds || 60;
+    var buckets = stats.buckets || [];
+    var points = buckets.map(function (b) { return { t: F.toDate(b.start), v: (Number(b.bytes) || 0) / seconds }; });
+    var total = buckets.reduce(function (sum, b) { return sum + (Number(b.bytes) || 0); }, 0);
+    var completed = buckets.reduce(function (sum, b) { return sum + (Number(b.completed) || 0); }, 0);
+    var peak = points.reduce(function (m, p) { return Math.max(m, p.v); }, 0);
+    var period = t(WINDOWS[String(stats.window)] || "window1h");
+    var label = t("chartThroughputLabel", { window: period, bytes: F.bytes(total, lang), peak: F.speed(peak, lang), completed: completed });
+    window.TasknetCharts.area($("chart-throughput"), {
+      points: points, label: label,
+      format: function (v) { return v > 0 ? F.speed(v, lang) : "0"; },
+      time: function (d) { return F.time(d, lang); }
+    });
+    $("chart-throughput-summary").textContent = label;
+
+    var perNode = (stats.nodes || []).map(function (id) {
+      return { label: id, value: buckets.reduce(function (sum, b) { return sum + (Number((b.byNode || {})[id]) || 0); }, 0) };
+    });
+    var nodesBox = $("chart-nodes");
+    if (perNode.length) {
+      var nodesLabel = t("chartNodesLabel", { window: period, list: perNode.map(function (n) { return n.label + " " + F.bytes(n.value, lang); }).join(", ") });
+      window.TasknetCharts.bars(nodesBox, { items: perNode, label: nodesLabel, format: function (v) { return F.bytes(v, lang); } });
+      $("chart-nodes-summary").textContent = nodesLabel;
+    } else {
+      nodesBox.textContent = "";
+      $("chart-nodes-summary").textContent = t("chartNodesEmpty", { window: period });
+    }
+
+    var usage = stats.usage || { weeks: [], quota: 0 };
+    var weeks = usage.weeks || [];
+    var current = weeks.length ? weeks[weeks.length - 1] : { used: 0 };
+    var usageLabel = t("chartUsageLabel", { used: current.used, quota: usage.quota });
+    window.TasknetCharts.quota($("chart-usage"), {
+      weeks: weeks, quota: Number(usage.quota) || 0, label: usageLabel,
+      weekLabel: weekLabel, quotaLabel: t("quotaLine", { quota: usage.quota })
+    });
+    $("chart-usage-summary").textContent = usageLabel;
+  }
+
   // ---- create -------------------------------------------------------------
+
+  // While the POST is out, say what is happening and for how long: a slow
+  // upstream can hold it for the whole --upstream-timeout.
+  function showCreating(started) {
+    var seconds = Math.floor((Date.now() - started) / 1000);
+    var result = $("create-result");
+    result.textContent = t("creatingPhase", { n: F.duration(seconds, state.lang) });
+    if (seconds >= 3) { result.appendChild(el("span", { className: "slow", text: t("creatingSlow") })); }
+  }
+
+  function stopCreating() {
+    if (state.createTimer) { clearInterval(state.createTimer); state.createTimer = null; }
+  }
+
+  function clearCreateResult() {
+    var result = $("create-result");
+    if (state.createTimer) { return; }  // still submitting: that message stays
+    result.textContent = "";
+    result.classList.remove("error", "ok", "warn");
+    result.removeAttribute("data-outcome");
+    result.removeAttribute("data-gid");
+  }
 
   function onCreate(event) {
     event.preventDefault();
@@ -439,7 +823,7 @@
     var token = $("create-token").value.trim();
     var name = $("create-name").value.trim();
     var result = $("create-result");
-    result.classList.remove("error", "ok", "warn");
+    clearCreateResult();
     if (!/^[0-9]+$/.test(gidText) || Number(gidText) < 1 || Number(gidText) > 2147483647) {
       result.textContent = t("gidInvalid"); result.classList.add("error"); $("create-gid").focus(); return;
     }
@@ -451,15 +835,30 @@
     if (name) { body.name = name; }
     var button = $("create-submit");
     button.disabled = true;
-    result.textContent = t("creating");
+    var started = Date.now();
+    result.setAttribute("data-outcome", "pending");
+    showCreating(started);
+    state.createTimer = setInterval(function () { showCreating(started); }, 1000);
     api("POST", "/api/tasks", body).then(function (response) {
+      if (response.status === 409) { return explainConflict(gid).then(function (key) { return [response, key]; }); }
+      return [response, null];
+    }).then(function (pair) {
+      var response = pair[0], conflict = pair[1];
+      stopCreating();
       button.disabled = false;
       var params = { gid: gid, message: errorMessage(response), code: response.status };
       var outcome = createOutcome(response.status);
-      result.textContent = t(outcome.key, params);
+      if (conflict) { outcome = { key: conflict.key, tone: "warn" }; params.status = conflict.status; params.owner = conflict.owner; }
+      result.textContent = response.status === 0 ? t("cannotReach") : t(outcome.key, params);
       result.classList.add(outcome.tone);
       result.setAttribute("data-outcome", String(response.status));
       result.setAttribute("data-gid", String(gid));
+      if (conflict && conflict.key === "createConflictOther") {
+        result.setAttribute("data-conflict", "other");
+        $("create-gid").focus(); $("create-gid").select();
+      } else {
+        result.removeAttribute("data-conflict");
+      }
       if (response.data && response.data.task) { upsertTask(response.data.task); }
       if (response.status === 201 || response.status === 202) {
         $("create-gid").value = ""; $("create-name").value = "";
@@ -467,6 +866,19 @@
         if (state.isAdmin && response.status === 202) { loadUnknown(); }
       }
       if (response.status === 401) { signOut(); notify(t("createUnauthorized"), true); }
+    });
+  }
+
+  // A 409 says the gid has a task; whose?  The caller sees its own (an admin
+  // sees all); another user's task answers 404 like a missing one.
+  function explainConflict(gid) {
+    return api("GET", "/api/tasks/" + gid).then(function (result) {
+      var task = result.ok && result.data && result.data.task;
+      if (!task) { return { key: "createConflictOther" }; }
+      upsertTask(task);
+      var status = statusLabel(task);
+      if (state.isAdmin && task.owner) { return { key: "createConflictAdmin", status: status, owner: task.owner }; }
+      return { key: "createConflictOwn", status: status };
     });
   }
 
@@ -504,7 +916,7 @@
   function toggleFavorite(gid) {
     var on = !state.favorites.has(gid);
     api(on ? "PUT" : "DELETE", "/api/favorites/" + gid).then(function (result) {
-      if (!result.ok) { notify(t("favoriteFailed", { code: result.status, message: errorMessage(result) }), true); return; }
+      if (!result.ok) { notify(failureText("favoriteFailed", result), true); return; }
       if (on) { state.favorites.add(gid); } else { state.favorites.delete(gid); }
       var task = state.tasks.get(gid);
       if (task) { upsertTask(task); }
@@ -548,7 +960,7 @@
           return;
         }
         if (result.status === 404) { removeTask(gid); return; }
-        notify(t("deleteFailed", { code: result.status, message: errorMessage(result) }), true);
+        notify(failureText("deleteFailed", result), true);
       });
     });
   }
@@ -563,16 +975,22 @@
 
   // ---- live events ------------------------------------------------------------
 
+  // While the socket is down, rows carry a stale mark (see style.css): their
+  // bars and speeds are only as fresh as the last push.
   function setLive(on) {
     var live = $("live");
     live.setAttribute("data-state", on ? "online" : "offline");
-    live.textContent = state.token ? (on ? t("liveOn") : t("liveOff")) : "";
+    live.textContent = state.signedIn ? (on ? t("liveOn") : t("liveOff")) : "";
+    var stale = !on && !!state.signedIn;
+    $("task-list").toggleAttribute("data-stale", stale);
+    $("tasks-stale").hidden = !stale;
   }
 
   function connectEvents() {
-    if (!state.token) { return; }
+    if (!state.signedIn) { return; }
     var scheme = location.protocol === "https:" ? "wss://" : "ws://";
-    var socket = new WebSocket(scheme + location.host + "/api/events?token=" + encodeURIComponent(state.token));
+    // The browser sends the session cookie with the handshake.
+    var socket = new WebSocket(scheme + location.host + "/api/events");
     state.socket = socket;
     socket.onopen = function () {
       state.backoff = 500;
@@ -592,9 +1010,11 @@
         scheduleNodesRefresh();
       }
     };
-    socket.onclose = function () {
+    socket.onclose = function (event) {
       if (state.socket !== socket) { return; }
       state.socket = null;
+      // 4001: the site closed it because the token was rotated or revoked.
+      if (event.code === 4001) { signOut(); notify(t("createUnauthorized"), true); return; }
       setLive(false);
       // Reconnect with exponential backoff (0.5 s doubling, capped at 15 s, jittered).
       var delay = state.backoff * (0.8 + Math.random() * 0.4);
@@ -607,9 +1027,11 @@
 
   function detectAdmin() {
     return api("GET", "/api/admin/unknown").then(function (result) {
+      var wasAdmin = state.isAdmin;
       state.isAdmin = result.ok;
-      $("admin-section").hidden = !result.ok;
       $("nav-admin").hidden = !result.ok;
+      if (state.isAdmin !== wasAdmin) { renderTaskList(); }  // the owner column
+      showView(state.view);
       if (!result.ok) { return; }
       renderUnknown(result.data);
       loadNodes();
@@ -622,32 +1044,70 @@
   function loadUnknown() {
     return api("GET", "/api/admin/unknown").then(function (result) {
       if (result.ok) { renderUnknown(result.data); }
-      else { notify(t("loadFailed", { code: result.status, message: errorMessage(result) }), true); }
+      else { notify(failureText("loadFailed", result), true); }
     });
   }
 
-  var EVIDENCE_LABELS = {
-    step: "evStep", at: "evAt", time: "evAt", unknownAt: "evAt", error: "evError",
-    audit: "evAudit", upstream: "evAudit", upstreamAudit: "evAudit", operationId: "evOperation"
-  };
+  var STEPS = { reserve: "stepReserve", submit: "stepSubmit", persist: "stepPersist", recovery: "stepRecovery" };
+  var SOURCES = { submit: "sourceSubmit", audit: "sourceAudit" };
 
-  function evidenceValue(key, value) {
-    if (value === null || value === undefined) { return "—"; }
-    // The site's audit answer: {"available": true, "audit": {...}} or
-    // {"available": false, "error": "..."}; show the answer itself.
-    if (value && typeof value === "object" && "available" in value) {
-      if (!value.available) { return t("auditUnavailable", { error: value.error || "" }); }
-      value = value.audit || {};
+  // The stored error is the site's technical text (English); the reader gets
+  // what it means in their language, the text itself under "Technical detail".
+  function errorMeaning(text) {
+    if (/timed? ?out|timeout/i.test(text)) { return t("errTimeout"); }
+    if (/connection|closed|lost|refused|reset|never ?received|dropped/i.test(text)) { return t("errConnection"); }
+    if (/HTTP 5\d\d/.test(text)) { return t("errServer"); }
+    return t("errOther");
+  }
+
+  function technical(text) {
+    return el("details", { className: "technical" }, [
+      el("summary", { text: t("errDetail") }), el("code", { lang: "en", text: text })
+    ]);
+  }
+
+  // The upstream's audit, the strongest evidence: its submission count, big.
+  function auditBlock(upstream) {
+    if (!upstream || !upstream.available) {
+      return el("div", { className: "audit audit-missing", "data-role": "audit" }, [
+        el("p", { className: "audit-count", text: t("auditMissing") }),
+        upstream && upstream.error ? technical(upstream.error) : null
+      ]);
     }
-    if ((key === "at" || key === "time" || /At$/.test(key)) && (typeof value === "number" || typeof value === "string")) { return formatTime(value); }
-    if (typeof value === "object") {
-      return Object.keys(value).map(function (k) {
-        var v = value[k];
-        if (/At$/.test(k) && v) { v = formatTime(v); }
-        return k + ": " + (typeof v === "object" && v !== null ? JSON.stringify(v) : v);
-      }).join(", ");
+    var audit = upstream.audit || {};
+    var n = Number(audit.submissions) || 0;
+    var children = [el("p", { className: "audit-count" }, [
+      el("strong", { className: "audit-number", "data-role": "audit-count", text: String(n) }),
+      el("span", { text: " " + (n === 0 ? t("auditZero") : n === 1 ? t("auditCountOne") : t("auditCount")) })
+    ])];
+    if (audit.lastAt) { children.push(el("p", { className: "audit-last", text: t("auditLast", { at: formatTime(audit.lastAt) }) })); }
+    return el("div", { className: "audit " + (n > 0 ? "audit-yes" : "audit-no"), "data-role": "audit", "data-submissions": n }, children);
+  }
+
+  function evidenceRows(task) {
+    var evidence = task.evidence || {};
+    var rows = [];
+    function add(labelKey, value, extra) {
+      rows.push(el("dt", { text: t(labelKey) }));
+      rows.push(el("dd", { text: value }, extra ? [extra] : []));
     }
-    return String(value);
+    if (evidence.step) { add("evStep", STEPS[evidence.step] ? t(STEPS[evidence.step]) : evidence.step); }
+    if (evidence.unknownAt) { add("evAt", formatTime(evidence.unknownAt)); }
+    if (evidence.error) { add("evError", errorMeaning(evidence.error), technical(evidence.error)); }
+    if ("archiveUrlSource" in evidence || evidence.archiveUrl) {
+      add("evArchiveUrlSource", SOURCES[evidence.archiveUrlSource] ? t(SOURCES[evidence.archiveUrlSource]) : t("sourceNone"));
+    }
+    if (evidence.archiveUrl) {
+      rows.push(el("dt", { text: t("evArchiveUrl") }));
+      rows.push(el("dd", {}, [el("code", { lang: "en", text: evidence.archiveUrl })]));
+    }
+    if (evidence.warning) { add("evWarning", t("noArchiveUrl")); }
+    var operationId = evidence.operationId || task.operationId;
+    if (operationId) {
+      rows.push(el("dt", { text: t("evOperation") }));
+      rows.push(el("dd", {}, [el("code", { text: operationId })]));
+    }
+    return rows;
   }
 
   function renderUnknown(data) {
@@ -656,22 +1116,15 @@
     var tasks = (data && data.tasks) || [];
     $("unknown-empty").hidden = tasks.length > 0;
     tasks.forEach(function (task) {
-      var evidence = task.evidence || {};
-      var rows = [];
-      Object.keys(evidence).forEach(function (key) {
-        rows.push(el("dt", { text: EVIDENCE_LABELS[key] ? t(EVIDENCE_LABELS[key]) : key }));
-        rows.push(el("dd", { text: evidenceValue(key, evidence[key]) }));
-      });
-      if (task.operationId && !("operationId" in evidence)) {
-        rows.push(el("dt", { text: t("evOperation") }));
-        rows.push(el("dd", { text: task.operationId }));
-      }
       list.appendChild(el("li", { className: "unknown-item", "data-gid": task.gid }, [
         el("h3", { text: taskName(task) + " · gid " + task.gid }),
-        el("dl", { className: "evidence" }, rows),
+        auditBlock((task.evidence || {}).upstream),
+        el("dl", { className: "evidence" }, evidenceRows(task)),
         el("div", { className: "task-actions" }, [
-          el("button", { type: "button", "data-verdict": "submitted", className: "primary", text: t("wasSubmitted") }),
-          el("button", { type: "button", "data-verdict": "not_submitted", text: t("wasNotSubmitted") })
+          el("button", { type: "button", "data-verdict": "submitted", className: "primary", text: t("wasSubmitted"),
+            "aria-label": t("actionLabel", { action: t("wasSubmitted"), gid: task.gid }) }),
+          el("button", { type: "button", "data-verdict": "not_submitted", text: t("wasNotSubmitted"),
+            "aria-label": t("actionLabel", { action: t("wasNotSubmitted"), gid: task.gid }) })
         ])
       ]));
     });
@@ -696,17 +1149,15 @@
           notify(t("resolved", { gid: gid, verdict: t(submitted ? "verdictSubmitted" : "verdictNotSubmitted") }));
           // The create form's "outcome unknown" message about this gid is settled now.
           var createResult = $("create-result");
-          if (createResult.getAttribute("data-gid") === String(gid)) {
-            createResult.textContent = "";
-            createResult.removeAttribute("data-outcome");
-            createResult.removeAttribute("data-gid");
-          }
-          if (result.data && result.data.task) { upsertTask(result.data.task); } else { removeTask(gid); }
+          if (createResult.getAttribute("data-gid") === String(gid)) { clearCreateResult(); }
+          // "Not submitted" removes the task: its row goes, and a late push
+          // of that generation (still UNKNOWN, or the gone view) is ignored.
+          if (result.data && result.data.task) { upsertTask(result.data.task); } else { removeTask(gid, { quiet: true }); }
           loadUsage();
         } else if (result.status === 409) {
           notify(t("resolveConflict", { gid: gid }), true);
         } else {
-          notify(t("resolveFailed", { code: result.status, message: errorMessage(result) }), true);
+          notify(failureText("resolveFailed", result), true);
         }
         loadUnknown();
       });
@@ -723,22 +1174,62 @@
     return api("GET", "/api/admin/nodes").then(function (result) {
       if (!result.ok) { return; }
       var nodes = (result.data && result.data.nodes) || [];
-      if (!Array.isArray(nodes)) { nodes = nodes.nodes || []; }
-      var body = $("nodes-body");
-      body.textContent = "";
-      nodes.forEach(function (node) {
-        var features = (node.features || []).join(", ");
-        body.appendChild(el("tr", { "data-node": node.id }, [
-          el("th", { scope: "row", text: node.id }),
-          el("td", { text: (node.protocol === 1 ? t("legacy") : t("v2")) + (features ? " (" + features + ")" : "") }),
-          el("td", { text: node.assigned === undefined || node.assigned === null ? "—" : String(node.assigned) }),
-          el("td", { text: node.lastRevision === undefined || node.lastRevision === null ? "—" : String(node.lastRevision) }),
-          el("td", { text: formatTime(node.connectedAt) })
-        ]));
-      });
-      $("nodes-table").hidden = nodes.length === 0;
-      $("nodes-empty").hidden = nodes.length > 0;
+      state.nodes = Array.isArray(nodes) ? nodes : [];
+      renderNodes();
     });
+  }
+
+  var DROP_REASONS = { stale: "dropStale", old_generation: "dropOldGeneration", duplicate: "dropDuplicate", unknown_task: "dropUnknownTask" };
+
+  function droppedText(dropped) {
+    var reasons = Object.keys(dropped || {}).filter(function (k) { return Number(dropped[k]) > 0; });
+    if (!reasons.length) { return "0"; }
+    var total = reasons.reduce(function (sum, k) { return sum + Number(dropped[k]); }, 0);
+    return total + " (" + reasons.map(function (k) {
+      return (DROP_REASONS[k] ? t(DROP_REASONS[k]) : k) + " " + dropped[k];
+    }).join(", ") + ")";
+  }
+
+  // A cell with a relative time ("3 s ago") the ticker keeps current.
+  function agoCell(label, value, template) {
+    var cell = el("td", { "data-label": label });
+    if (!value) { cell.textContent = t("never"); return cell; }
+    cell.setAttribute("data-ago", value);
+    if (template) { cell.setAttribute("data-ago-template", template); }
+    cell.setAttribute("title", formatTime(value));
+    cell.textContent = agoText(cell);
+    return cell;
+  }
+
+  function agoText(cell) {
+    var ago = F.ago(cell.getAttribute("data-ago"), state.lang);
+    var template = cell.getAttribute("data-ago-template");
+    return template ? t(template, { ago: ago }) : ago;
+  }
+
+  function tickAgo() {
+    document.querySelectorAll("[data-ago]").forEach(function (cell) { cell.textContent = agoText(cell); });
+  }
+
+  function renderNodes() {
+    var nodes = state.nodes;
+    var body = $("nodes-body");
+    body.textContent = "";
+    nodes.forEach(function (node) {
+      var connected = node.connected !== false;
+      var protocol = node.protocol === 1 ? t("legacy") : node.protocol === 2 ? t("v2") : "";
+      body.appendChild(el("tr", { "data-node": node.id, "data-connected": connected ? "true" : "false", className: connected ? "" : "disconnected" }, [
+        el("th", { scope: "row", text: node.id }),
+        el("td", { "data-label": t("nodeState"), "data-role": "state", text: (connected ? t("connected") : t("disconnected")) + (protocol ? " · " + protocol : "") }),
+        el("td", { "data-label": t("activeTasks"), "data-role": "active", text: node.activeTasks === undefined || node.activeTasks === null ? "—" : String(node.activeTasks) }),
+        el("td", { "data-label": t("nodeSpeed"), "data-role": "speed", text: F.speed(node.bytesPerSecond, state.lang) }),
+        agoCell(t("lastReport"), node.lastReportAt),
+        el("td", { "data-label": t("droppedEntries"), "data-role": "dropped", text: droppedText(node.droppedEntries) }),
+        connected ? agoCell(t("connectedSince"), node.connectedAt, "connectedAgo") : agoCell(t("connectedSince"), node.lastSeenAt, "lastSeen")
+      ]));
+    });
+    $("nodes-table").hidden = nodes.length === 0;
+    $("nodes-empty").hidden = nodes.length > 0;
   }
 
   // ---- language -----------------------------------------------------------------
@@ -746,25 +1237,86 @@
   function applyLanguage() {
     document.documentElement.lang = state.lang === "zh" ? "zh-CN" : "en";
     document.querySelectorAll("[data-i18n]").forEach(function (node) { node.textContent = t(node.getAttribute("data-i18n")); });
+    document.querySelectorAll("[data-i18n-placeholder]").forEach(function (node) { node.placeholder = t(node.getAttribute("data-i18n-placeholder")); });
+    document.querySelectorAll("[data-i18n-label]").forEach(function (node) { node.setAttribute("aria-label", t(node.getAttribute("data-i18n-label"))); });
     var toggle = $("lang-toggle");
     // The toggle names the language it switches to, in that language.
     toggle.textContent = state.lang === "zh" ? "English" : "中文";
     toggle.setAttribute("lang", state.lang === "zh" ? "en" : "zh-CN");
     toggle.setAttribute("aria-label", state.lang === "zh" ? "Switch to English" : "切换到中文");
     if (state.usage) { renderUsage(state.usage); }
-    if (state.token) {
+    if (state.signedIn) {
       renderTaskList();
       setLive(state.socket !== null && state.socket.readyState === WebSocket.OPEN);
-      if (state.isAdmin) { loadUnknown(); loadNodes(); }
+      renderCounts();
+      renderCharts();
+      if (state.isAdmin) { loadUnknown(); renderNodes(); }
     }
+  }
+
+  // The browser's language by default (navigator.languages, in order):
+  // Chinese for a Chinese browser, otherwise English.
+  function browserLanguage() {
+    var list = (navigator.languages && navigator.languages.length) ? navigator.languages : [navigator.language || ""];
+    for (var i = 0; i < list.length; i++) {
+      if (/^zh\b/i.test(list[i])) { return "zh"; }
+      if (/^en\b/i.test(list[i])) { return "en"; }
+    }
+    return "en";
+  }
+
+  function listenForViews() {
+    readHash();
+    $("task-search").value = state.query;
+    renderListControls();
+    showView(state.view);
+    window.addEventListener("hashchange", function () {
+      var before = [state.filter, state.query, state.orderBy].join("|");
+      readHash();
+      $("task-search").value = state.query;
+      showView(state.view);
+      if ([state.filter, state.query, state.orderBy].join("|") !== before && state.signedIn) {
+        changeList(function () {});
+      }
+    });
+    $("status-tabs").addEventListener("click", function (event) {
+      var button = event.target.closest("button[data-filter]");
+      if (!button) { return; }
+      changeList(function () { state.filter = button.getAttribute("data-filter"); });
+    });
+    var searchTimer = null;
+    $("task-search").addEventListener("input", function () {
+      if (searchTimer) { clearTimeout(searchTimer); }
+      searchTimer = setTimeout(function () {
+        searchTimer = null;
+        if ($("task-search").value.trim().slice(0, 256) !== state.query) { changeList(function () {}); }
+      }, 300);
+    });
+    $("task-order").addEventListener("change", function () {
+      changeList(function () { state.orderBy = $("task-order").value; });
+    });
+    $("charts-refresh").addEventListener("click", loadCharts);
+    $("charts-window").addEventListener("change", loadCharts);
+    // Notices last until the next action.
+    ["click", "submit"].forEach(function (type) {
+      $("app").addEventListener(type, function () { notify(""); }, true);
+    });
+    ["create-gid", "create-token", "create-name"].forEach(function (id) { $(id).addEventListener("input", clearCreateResult); });
+    var resizeTimer = null;
+    window.addEventListener("resize", function () {
+      if (resizeTimer) { clearTimeout(resizeTimer); }
+      resizeTimer = setTimeout(function () { resizeTimer = null; renderCharts(); }, 150);
+    });
+    setInterval(tickAgo, 1000);
   }
 
   // ---- start ----------------------------------------------------------------------
 
   function init() {
     var savedLang = localStorage.getItem(LANG_KEY);
-    state.lang = savedLang === "en" ? "en" : "zh";
+    state.lang = savedLang === "en" || savedLang === "zh" ? savedLang : browserLanguage();
     applyLanguage();
+    listenForViews();
 
     $("lang-toggle").addEventListener("click", function () {
       state.lang = state.lang === "zh" ? "en" : "zh";
@@ -790,15 +1342,20 @@
     $("unknown-list").addEventListener("click", onUnknownClick);
     $("unknown-refresh").addEventListener("click", loadUnknown);
     $("nodes-refresh").addEventListener("click", loadNodes);
+    $("nav").addEventListener("click", function (event) {
+      var link = event.target.closest("a[data-view]");
+      if (!link) { return; }
+      event.preventDefault();
+      showView(link.getAttribute("data-view"));
+      writeHash();
+    });
 
-    var saved = localStorage.getItem(TOKEN_KEY);
-    if (saved) {
-      signIn(saved).then(function (outcome) {
-        if (!outcome.ok) { showSignedIn(false); $("sign-in-error").textContent = outcome.message; }
-      });
-    } else {
-      showSignedIn(false);
-    }
+    localStorage.removeItem(OLD_TOKEN_KEY);
+    showSignedIn(false);
+    resumeSession().then(function (outcome) {
+      // No (valid) session cookie is simply "not signed in".
+      if (!outcome.ok && !outcome.unauthorized) { $("sign-in-error").textContent = outcome.message; }
+    });
   }
 
   init();

@@ -1,0 +1,111 @@
+"""Prometheus metrics of a storage node (``tasknet-node --metrics ENDPOINT``).
+
+Each node has its own ``CollectorRegistry`` (several nodes in one test
+process never collide); every value is read from the running worker and
+reporter at scrape time, so nothing has to be kept in step:
+
+``tasknet_node_bytes_downloaded_total``
+    bytes received from the upstream since the node started.
+``tasknet_node_active_downloads``
+    downloads running now (holding one of the ``--downloads`` slots).
+``tasknet_node_queue_length{stage}``
+    jobs waiting for a slot: ``stage`` is ``download`` or ``compression``.
+``tasknet_node_report_in_flight_age_seconds``
+    how long the report in flight has waited for its ACK (0 when none is in
+    flight): a site that stops ACKing shows as a growing age.
+``tasknet_node_connected``
+    1 while logged in to the site, else 0.
+
+No ``_created`` series are exported.  The page is served at ``/metrics``
+(and ``/``) of the endpoint, without authentication: bind it to loopback or
+a private interface.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any, cast
+
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    disable_created_metrics,
+    generate_latest,
+)
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+from twisted.web.resource import IResource, Resource
+from twisted.web.server import Request, Site
+
+# Process-wide switch of prometheus-client (the site's metrics set it too).
+disable_created_metrics()
+
+
+class NodeCollector(Collector):
+    """Reads the node's numbers at each scrape.  ``source()`` gives the
+    current worker and reporter (``None`` before they exist, e.g. while the
+    node is starting: then every value is 0)."""
+
+    def __init__(self, source: Callable[[], tuple[Any, Any, bool]], clock: Any) -> None:
+        self._source = source
+        self._clock = clock
+
+    def collect(self) -> Iterator[Metric]:
+        worker, reporter, connected = self._source()
+        downloaded = worker.bytes_downloaded if worker is not None else 0
+        active = worker.downloading() if worker is not None else 0
+        waiting_download, waiting_compression = worker.queued() if worker is not None else (0, 0)
+        since = reporter.in_flight_since if reporter is not None else None
+        age = max(0.0, self._clock.seconds() - since) if since is not None else 0.0
+
+        counter = CounterMetricFamily(
+            "tasknet_node_bytes_downloaded", "Bytes received from the upstream since start."
+        )
+        counter.add_metric([], float(downloaded))
+        yield counter
+        yield GaugeMetricFamily(
+            "tasknet_node_active_downloads", "Downloads running now.", value=float(active)
+        )
+        queue = GaugeMetricFamily(
+            "tasknet_node_queue_length", "Jobs waiting for a slot, by stage.", labels=["stage"]
+        )
+        queue.add_metric(["download"], float(waiting_download))
+        queue.add_metric(["compression"], float(waiting_compression))
+        yield queue
+        yield GaugeMetricFamily(
+            "tasknet_node_report_in_flight_age_seconds",
+            "Seconds the report in flight has waited for its ACK (0: none in flight).",
+            value=age,
+        )
+        yield GaugeMetricFamily(
+            "tasknet_node_connected", "1 while logged in to the site.", value=float(connected)
+        )
+
+
+def node_registry(source: Callable[[], tuple[Any, Any, bool]], clock: Any) -> CollectorRegistry:
+    """A registry holding only the node's metrics."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(NodeCollector(source, clock))
+    return registry
+
+
+class _MetricsPage(Resource):
+    isLeaf = True
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        super().__init__()
+        self._registry = registry
+
+    def render_GET(self, request: Request) -> bytes:
+        request.setHeader(b"Content-Type", CONTENT_TYPE_LATEST.encode("ascii"))
+        request.setHeader(b"Cache-Control", b"no-store")
+        return generate_latest(self._registry)
+
+
+def metrics_site(registry: CollectorRegistry) -> Site:
+    """The HTTP site serving ``registry`` at ``/metrics`` and ``/``."""
+    page = cast(IResource, _MetricsPage(registry))
+    root = Resource()
+    root.putChild(b"metrics", page)
+    root.putChild(b"", page)
+    return Site(cast(IResource, root))

@@ -1,0 +1,71 @@
+"""Log lines that a peer can repeat at will, at most once per interval per key.
+
+A node with a wrong secret, or a peer that connects and never logs in, can
+make the same event happen every second forever.  :class:`RateLimitedLog`
+logs the first event of a key, drops (and counts) the ones that follow within
+``interval`` seconds, and logs the first event after the interval with the
+count of those it dropped (field ``repeats``; the text says "N more since the
+last line").  So a steady flood is one line per interval per key.
+
+No timers: the clock is only read, so nothing is left scheduled when the
+listener stops.  At most ``max_keys`` keys are tracked (expired ones are
+forgotten first); past that, events share one overflow key, so a flood of
+distinct keys costs bounded memory.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+from typing import Any
+
+from twisted.logger import Logger, LogLevel
+
+__all__ = ["OVERFLOW_KEY", "RateLimitedLog"]
+
+#: The key under which events are counted once ``max_keys`` keys are tracked.
+OVERFLOW_KEY = ("(other keys)",)
+
+
+class RateLimitedLog:
+    """One log line per key per ``interval`` seconds, with the count of those dropped."""
+
+    def __init__(
+        self,
+        log: Logger,
+        clock: Any,  # IReactorTime (Any: zope interfaces are opaque to mypy)
+        *,
+        interval: float = 60.0,
+        level: LogLevel = LogLevel.warn,
+        max_keys: int = 1000,
+    ) -> None:
+        self.log = log
+        self.clock = clock
+        self.interval = interval
+        self.level = level
+        self.max_keys = max_keys
+        #: key -> [time of the last line logged, events dropped since]
+        self._windows: dict[Hashable, list[float]] = {}
+
+    def emit(self, key: Hashable, format: str, **fields: Any) -> None:
+        """Log ``format`` unless ``key`` was logged less than ``interval`` seconds ago."""
+        now = self.clock.seconds()
+        windows = self._windows
+        if key not in windows and len(windows) >= self.max_keys:
+            self._forget_expired(now)
+            if len(windows) >= self.max_keys:
+                key = OVERFLOW_KEY
+        window = windows.get(key)
+        if window is not None and now - window[0] < self.interval:
+            window[1] += 1
+            return
+        repeats = int(window[1]) if window is not None else 0
+        windows[key] = [now, 0]
+        if repeats:
+            format += " ({repeats} more since the last line)"
+        self.log.emit(self.level, format, repeats=repeats, **fields)
+
+    def _forget_expired(self, now: float) -> None:
+        # A key whose interval is over and that dropped nothing has nothing to
+        # report; one that did loses its count (the price of the bound).
+        for key in [k for k, (logged, _) in self._windows.items() if now - logged >= self.interval]:
+            del self._windows[key]

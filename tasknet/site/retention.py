@@ -1,0 +1,128 @@
+"""Housekeeping on a schedule: prunes node report receipts and audit rows
+(reconciliation verdicts, forced deletes) past their retention
+(docs/operations.md "Retention and limits"; the SQL is
+:mod:`tasknet.site.storage.retention`).  The outbox prunes itself
+(:class:`tasknet.site.notify.OutboxExecutor`).
+
+Runs every ``interval`` seconds on the site's clock (and once at start),
+``batch`` rows per write transaction; a prune still running when the next
+is due is not started twice, and :meth:`Housekeeping.stop` waits for it.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from twisted.internet.defer import Deferred
+from twisted.internet.interfaces import IReactorTime
+from twisted.internet.task import LoopingCall
+from twisted.logger import Logger
+
+from tasknet.site.storage import retention
+from tasknet.site.storage.db import Database
+
+log = Logger()
+
+#: A receipt is kept this long (and each node's newest for ever): far past
+#: any ACK timeout or reconnect, so a redelivery is answered DUPLICATE.
+RECEIPT_RETENTION_DAYS = 7.0
+#: Who resolved an UNKNOWN or forced a delete, and why, is kept a year.
+AUDIT_RETENTION_DAYS = 365.0
+INTERVAL = 3600.0
+BATCH = 2000
+
+
+def stored_timestamp(seconds: float) -> str:
+    """``seconds`` (Unix time) in the format the database stores ``now`` in."""
+    moment = datetime.fromtimestamp(seconds, UTC)
+    return f"{moment:%Y-%m-%dT%H:%M:%S}.{moment.microsecond // 1000:03d}Z"
+
+
+class Housekeeping:
+    """The periodic prune of receipts and audit rows over ``db``."""
+
+    def __init__(
+        self,
+        db: Database,
+        *,
+        clock: IReactorTime | None = None,
+        receipt_retention_days: float = RECEIPT_RETENTION_DAYS,
+        audit_retention_days: float = AUDIT_RETENTION_DAYS,
+        interval: float = INTERVAL,
+        batch: int = BATCH,
+    ) -> None:
+        if receipt_retention_days < 0 or audit_retention_days < 0 or batch < 1 or interval <= 0:
+            raise ValueError("retentions must be >= 0, the interval > 0 and the batch >= 1")
+        if clock is None:
+            from twisted.internet import reactor as clock
+        self._db = db
+        self._clock: Any = clock
+        self._receipt_seconds = receipt_retention_days * 86400.0
+        self._audit_seconds = audit_retention_days * 86400.0
+        self._interval = interval
+        self._batch = batch
+        self._loop: LoopingCall | None = None
+        self._running: Deferred[None] | None = None
+        self._stopped = False
+        #: Rows pruned since start, by table, and passes finished (tests, logs).
+        self.pruned = {"report_receipt": 0, "audit": 0}
+        self.runs = 0
+
+    def start(self) -> None:
+        self._stopped = False
+        if self._loop is None:
+            self._loop = LoopingCall(self._in_background)
+            self._loop.clock = self._clock
+            self._loop.start(self._interval, now=True)
+
+    def _in_background(self) -> None:
+        # Not returned to the LoopingCall: a failed or slow prune must not stop it.
+        if self._running is None and not self._stopped:
+            self._running = Deferred.fromCoroutine(self.prune())
+            self._running.addErrback(lambda f: log.failure("housekeeping prune failed", f))
+            self._running.addBoth(self._done)
+
+    def _done(self, result: object) -> None:
+        self._running = None
+
+    async def prune(self) -> None:
+        """One pass: receipts, then audit rows, each in batches."""
+        now = self._clock.seconds()
+        receipts = await self._prune_receipts(stored_timestamp(now - self._receipt_seconds))
+        audit = 0
+        cutoff = stored_timestamp(now - self._audit_seconds)
+        while not self._stopped:
+            deleted = await self._db.write(retention.prune_audit, cutoff, self._batch)
+            audit += deleted
+            if deleted < self._batch:
+                break
+        self.pruned["report_receipt"] += receipts
+        self.pruned["audit"] += audit
+        self.runs += 1
+        if receipts or audit:
+            log.info(
+                "housekeeping: pruned {receipts} report receipt(s), {audit} audit row(s)",
+                receipts=receipts,
+                audit=audit,
+            )
+
+    async def _prune_receipts(self, cutoff: str) -> int:
+        found = await self._db.read(retention.prunable_receipts, cutoff)
+        if not found.keep:
+            return 0  # no receipt is old: no write transaction at all
+        total, after = 0, 0
+        while not self._stopped and after < found.below:
+            deleted, after = await self._db.write(
+                retention.prune_receipts, after, found.below, found.keep, self._batch
+            )
+            total += deleted
+        return total
+
+    async def stop(self) -> None:
+        self._stopped = True
+        if self._loop is not None and self._loop.running:
+            self._loop.stop()
+        self._loop = None
+        if self._running is not None:
+            await self._running

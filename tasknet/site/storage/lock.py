@@ -1,0 +1,128 @@
+"""One site per SQLite database (INTERFACES.md, "Bounds, failures and secrets").
+
+A site holds an exclusive ``flock`` on the sidecar file ``<database>.lock``
+for its whole life.  The lock is the kernel's: it goes with the process, so a
+SIGKILLed site never leaves a stale lock behind, and the file itself (kept,
+never unlinked: unlinking would let two processes lock two different inodes)
+only names the holder (pid, host, since when) for the refusal message.
+
+The lock is advisory: ``tasknet-admin`` does not take it (it works beside a
+running site, through SQLite's own locking); ``tasknet-site`` and
+``tasknet-migrate`` do, so neither starts on a database a site is using.
+The sidecar is named after the database's real path, so two spellings of one
+file (relative, absolute, a symlink) share one lock.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import socket
+import time
+from dataclasses import dataclass
+
+from tasknet.site.storage.schema import SchemaError
+
+LOCK_SUFFIX = ".lock"
+
+
+def lock_path(database: str) -> str:
+    """The sidecar lock file of ``database``."""
+    return os.path.realpath(database) + LOCK_SUFFIX
+
+
+@dataclass(frozen=True)
+class Holder:
+    """Who holds a database, as its lock file says (fields may be missing
+    when the holder has not written them yet)."""
+
+    pid: int | None
+    host: str | None
+    since: str | None
+    role: str | None
+
+    def describe(self) -> str:
+        return (
+            f"{self.role or 'a process'} pid {self.pid if self.pid is not None else '?'} "
+            f"on host {self.host or '?'} since {self.since or '?'}"
+        )
+
+
+class DatabaseInUse(SchemaError):
+    """Another process holds the database's lock; nothing was changed."""
+
+    def __init__(self, database: str, holder: Holder) -> None:
+        super().__init__(
+            f"database {database!r} is in use by {holder.describe()} "
+            f"(lock file {lock_path(database)}); nothing was changed. Stop that "
+            "process first: one site per SQLite database."
+        )
+        self.database = database
+        self.holder = holder
+
+
+def _read_holder(fd: int) -> Holder:
+    os.lseek(fd, 0, os.SEEK_SET)
+    raw = os.read(fd, 4096)
+    try:
+        document = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError):
+        document = {}
+    if not isinstance(document, dict):
+        document = {}
+    pid = document.get("pid")
+    return Holder(
+        pid=pid if isinstance(pid, int) else None,
+        host=str(document["host"]) if "host" in document else None,
+        since=str(document["since"]) if "since" in document else None,
+        role=str(document["role"]) if "role" in document else None,
+    )
+
+
+class InstanceLock:
+    """The held lock of one database; :meth:`release` (idempotent) lets it go."""
+
+    def __init__(self, database: str, fd: int, holder: Holder) -> None:
+        self.database = database
+        self.path = lock_path(database)
+        self.holder = holder
+        self._fd: int | None = fd
+
+    @property
+    def held(self) -> bool:
+        return self._fd is not None
+
+    def release(self) -> None:
+        fd, self._fd = self._fd, None
+        if fd is None:
+            return
+        try:
+            os.ftruncate(fd, 0)  # the holder named in it is gone
+        finally:
+            os.close(fd)  # closing the last descriptor drops the flock
+
+
+def acquire(database: str, role: str = "tasknet-site") -> InstanceLock:
+    """Take the exclusive lock of ``database`` without waiting; raise
+    :class:`DatabaseInUse` naming the holder if another process has it."""
+    path = lock_path(database)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = _read_holder(fd)
+        os.close(fd)
+        raise DatabaseInUse(database, holder) from None
+    except BaseException:
+        os.close(fd)
+        raise
+    holder = Holder(
+        pid=os.getpid(),
+        host=socket.gethostname(),
+        since=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        role=role,
+    )
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, json.dumps(holder.__dict__).encode("utf-8") + b"\n", 0)
+    return InstanceLock(database, fd, holder)

@@ -1,0 +1,93 @@
+"""Pruning the tables that grow with traffic (docs/operations.md "Retention
+and limits"): node report receipts and audit rows (reconciliation verdicts,
+forced deletes).  The
+outbox has its own (:mod:`tasknet.site.storage.delivery`).
+
+Each function is the body of one transaction; the housekeeping job
+(:mod:`tasknet.site.retention`) runs them in small batches on the site's
+clock, so a prune never holds the writer the reports need for long.
+
+Receipts (``report_receipt``) answer a node's redelivery ``DUPLICATE``.  A
+node redelivers only its one in-flight report, and only until it gets the
+ACK, so a receipt is needed while its report may still be in flight.  A
+receipt may go once it is older than the retention **and** is not its node's
+newest: the newest receipt of every node is kept whatever its age (a node
+that was away for months and comes back with its last report unACKed is
+still answered ``DUPLICATE``); an older one stands for a report the node has
+since been ACKed for, since a node sends its next report only after the
+ACK of the previous one.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class PrunableReceipts:
+    """Receipts received before the cutoff lie below rowid ``below``;
+    ``keep`` are the newest of each node among them (never pruned here)."""
+
+    below: int
+    keep: frozenset[int]
+
+
+def prunable_receipts(cursor: sqlite3.Cursor, cutoff: str) -> PrunableReceipts:
+    """Where the receipts received before ``cutoff`` (a stored-format UTC
+    timestamp) lie.  Rowids grow in insert order, so every receipt before
+    the first young one is old; the scan reads only the old ones."""
+    below = cursor.execute(
+        "SELECT COALESCE((SELECT rowid FROM report_receipt WHERE received_at >= ?"
+        " ORDER BY rowid LIMIT 1), (SELECT COALESCE(MAX(rowid), 0) + 1 FROM report_receipt))",
+        (cutoff,),
+    ).fetchone()[0]
+    # The newest old receipt of each node.  For a node with younger
+    # receipts this keeps one row past the retention (until those age):
+    # at most one per node, and it spares a scan of the young receipts.
+    keep = cursor.execute(
+        "SELECT MAX(rowid) FROM report_receipt WHERE rowid < ? GROUP BY node_id", (below,)
+    ).fetchall()
+    return PrunableReceipts(int(below), frozenset(int(r[0]) for r in keep))
+
+
+def prune_receipts(
+    cursor: sqlite3.Cursor, after: int, below: int, keep: frozenset[int], limit: int
+) -> tuple[int, int]:
+    """Delete up to ``limit`` receipts with ``after < rowid < below`` that
+    are not in ``keep``, oldest first.  Returns (deleted, the rowid to
+    continue after; ``below`` when the range is done)."""
+    rowids = [
+        int(r[0])
+        for r in cursor.execute(
+            "SELECT rowid FROM report_receipt WHERE rowid > ? AND rowid < ? ORDER BY rowid LIMIT ?",
+            (after, below, limit),
+        )
+    ]
+    if not rowids:
+        return 0, below
+    doomed = [(rowid,) for rowid in rowids if rowid not in keep]
+    cursor.executemany("DELETE FROM report_receipt WHERE rowid = ?", doomed)
+    return len(doomed), rowids[-1] if len(rowids) == limit else below
+
+
+#: The audit tables and the column saying when each row was written.
+AUDIT_TABLES = (("reconciliation_audit", "resolved_at"), ("force_delete_audit", "forced_at"))
+
+
+def prune_audit(cursor: sqlite3.Cursor, cutoff: str, limit: int) -> int:
+    """Delete up to ``limit`` audit rows (reconciliation verdicts, forced
+    deletes) written before ``cutoff``, oldest first, table by table;
+    returns how many."""
+    deleted = 0
+    for table, written_at in AUDIT_TABLES:
+        if deleted >= limit:
+            break
+        # Table and column names are ours (AUDIT_TABLES), never input.
+        cursor.execute(
+            f"DELETE FROM {table} WHERE id IN (SELECT id FROM {table}"  # noqa: S608
+            f" WHERE {written_at} < ? ORDER BY id LIMIT ?)",
+            (cutoff, limit - deleted),
+        )
+        deleted += int(cursor.rowcount)
+    return deleted

@@ -1,0 +1,222 @@
+"""Throughput samples from applied node reports, and when nodes were seen.
+
+Reports carry a progress fraction per task, not bytes (PROTOCOL.md), so a
+task's downloaded bytes are ``round(progress × size)`` while it downloads and
+its whole ``size`` once it is past the download (the size comes from the
+upstream's ``prepare``).  Each applied report is a sample, timed by the
+site's clock when it is applied:
+
+* the task's speed is an exponentially weighted moving average of the bytes/s
+  between successive samples, weighted by time (``α = 1 − e^(−Δt/τ)``,
+  τ = :data:`SMOOTHING_SECONDS`), so irregular report spacing does not skew
+  it; it starts with the second sample of a download and is cleared when the
+  task leaves ``DOWNLOADING``;
+* the bytes gained are added to the minute buckets of ``throughput_minute``
+  (by node and owner, for ``/api/stats``) and to ``node_bytes`` (the site's
+  byte counters), in the report's own transaction, so a report that rolls
+  back counts nothing;
+* the first ``COMPLETED`` sets ``gallery.completed_at`` and counts one
+  completion in its minute.
+
+:func:`record_report` is called once per applied report from
+``tasknet/site/storage/reports.py``; :func:`record_node_seen` when a node
+logs in or goes away.  Every function takes the cursor of the caller's
+transaction and ``now`` (unix seconds) for tests.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sqlite3
+import time
+from collections.abc import Iterable, Mapping
+from datetime import UTC, datetime
+from typing import Any, Protocol
+
+from tasknet.status import NodeCode
+
+SMOOTHING_SECONDS = 10.0
+#: A task whose progress has not moved for this long shows ``speed: null``.
+STALL_SECONDS = 15.0
+#: Minute buckets kept (a little over the largest ``/api/stats`` window).
+KEEP_MINUTES = 25 * 60
+
+DOWNLOADING = _DOWNLOADING = int(NodeCode.DOWNLOADING)
+COMPLETED = _COMPLETED = int(NodeCode.COMPLETED)
+
+
+class Entry(Protocol):
+    """What is read of a report entry (``tasknet.protocol.messages.TaskEntry``)."""
+
+    @property
+    def status(self) -> int: ...
+
+    @property
+    def progress(self) -> float: ...
+
+
+def iso(seconds: float) -> str:
+    """Unix seconds as the ISO 8601 UTC text the API uses (milliseconds)."""
+    moment = datetime.fromtimestamp(seconds, UTC)
+    return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{moment.microsecond // 1000:03d}Z"
+
+
+def bytes_done(status: int | None, progress: float, size: int | None) -> int | None:
+    """The downloaded bytes of a task, as far as a progress fraction tells."""
+    if size is None:
+        return None
+    if status is None or status == 0:
+        return 0
+    if status == _DOWNLOADING:
+        return min(size, max(0, round(progress * size)))
+    return size
+
+
+def visible_speed(
+    status: int | None, speed: float | None, moved_at: float | None, now: float
+) -> float | None:
+    """The speed a view shows: ``None`` unless the task is downloading and
+    its progress moved in the last :data:`STALL_SECONDS`."""
+    if status != _DOWNLOADING or speed is None or moved_at is None:
+        return None
+    if now - moved_at > STALL_SECONDS:
+        return None
+    return speed
+
+
+def eta(size: int | None, done: int | None, speed: float | None) -> int | None:
+    """Seconds left at ``speed``, rounded up; ``None`` when unknown."""
+    if size is None or done is None or not speed or speed <= 0:
+        return None
+    return math.ceil(max(0, size - done) / speed)
+
+
+_SAMPLE_ROWS_SQL = """
+SELECT gid, user_id, size, speed, sampled_at, moved_at FROM gallery
+WHERE gid IN (SELECT value FROM json_each(?))
+"""
+_SAMPLE_SQL = (
+    "UPDATE gallery SET speed = ?, sampled_at = ?, moved_at = ?,"
+    " completed_at = COALESCE(completed_at, ?) WHERE gid = ?"
+)
+_MINUTE_SQL = """
+INSERT INTO throughput_minute (minute, node_id, user_id, bytes, completed) VALUES (?, ?, ?, ?, ?)
+ON CONFLICT (minute, node_id, user_id) DO UPDATE SET
+    bytes = bytes + excluded.bytes, completed = completed + excluded.completed
+"""
+_NODE_BYTES_SQL = """
+INSERT INTO node_bytes (node_id, bytes) VALUES (?, ?)
+ON CONFLICT (node_id) DO UPDATE SET bytes = bytes + excluded.bytes
+"""
+_REPORTED_SQL = """
+INSERT INTO node_seen (node_id, last_seen_at, last_report_at) VALUES (?1, ?2, ?2)
+ON CONFLICT (node_id) DO UPDATE SET last_seen_at = ?2, last_report_at = ?2
+"""
+
+# Per database file would be exact; per process is enough to prune about
+# once a minute (pruning is idempotent).
+_last_pruned_minute = -1
+
+
+def record_report(
+    cursor: sqlite3.Cursor,
+    node_id: str,
+    applied: Iterable[int],
+    entries: Mapping[int, Entry],
+    before: Mapping[int, Any],
+    now: float | None = None,
+) -> None:
+    """Sample the applied entries of one report from ``node_id``.
+
+    ``entries`` are the report's entries by gid, ``before`` the task rows as
+    they were before the report (``status`` and ``progress``).  Only tasks
+    that are downloading or whose status changed are sampled: a snapshot
+    repeats every finished task, and those cost nothing here.
+    """
+    global _last_pruned_minute
+    now = time.time() if now is None else now
+    stamp = iso(now)
+    cursor.execute(_REPORTED_SQL, (node_id, stamp))
+    sampled = [
+        g
+        for g in applied
+        if entries[g].status == _DOWNLOADING or entries[g].status != before[g]["status"]
+    ]
+    if not sampled:
+        return
+    minute = int(now // 60)
+    updates = []
+    per_user: dict[int, list[int]] = {}
+    for row in cursor.execute(_SAMPLE_ROWS_SQL, (json.dumps(sampled),)).fetchall():
+        gid = row["gid"]
+        old_status = before[gid]["status"]
+        new = entries[gid]
+        old_bytes = bytes_done(old_status, float(before[gid]["progress"]), row["size"]) or 0
+        new_bytes = bytes_done(new.status, new.progress, row["size"]) or 0
+        gained = max(0, new_bytes - old_bytes)
+        completed = new.status == _COMPLETED and old_status != _COMPLETED
+        speed, sampled_at, moved_at = _next_sample(
+            row, old_status == _DOWNLOADING, new.status == _DOWNLOADING, gained, now
+        )
+        updates.append((speed, sampled_at, moved_at, stamp if completed else None, gid))
+        totals = per_user.setdefault(row["user_id"], [0, 0])
+        totals[0] += gained
+        totals[1] += int(completed)
+    cursor.executemany(_SAMPLE_SQL, updates)
+    gained_total = 0
+    for user_id, (gained, completed) in per_user.items():
+        if gained or completed:
+            cursor.execute(_MINUTE_SQL, (minute, node_id, user_id, gained, completed))
+        gained_total += gained
+    if gained_total:
+        cursor.execute(_NODE_BYTES_SQL, (node_id, gained_total))
+    if minute != _last_pruned_minute:
+        cursor.execute("DELETE FROM throughput_minute WHERE minute < ?", (minute - KEEP_MINUTES,))
+        _last_pruned_minute = minute
+
+
+def _next_sample(
+    row: sqlite3.Row, was_downloading: bool, downloading: bool, gained: int, now: float
+) -> tuple[float | None, float | None, float | None]:
+    """``(speed, sampled_at, moved_at)`` after one sample."""
+    if not downloading:
+        return None, None, None
+    if not was_downloading or row["sampled_at"] is None:
+        # The first sample of a download: a start time, no rate yet.
+        return None, now, now if gained else None
+    elapsed = now - float(row["sampled_at"])
+    if elapsed <= 0:
+        return row["speed"], row["sampled_at"], now if gained else row["moved_at"]
+    rate = gained / elapsed
+    previous = row["speed"]
+    if previous is None:
+        speed = rate
+    else:
+        weight = 1.0 - math.exp(-elapsed / SMOOTHING_SECONDS)
+        speed = previous + weight * (rate - previous)
+    return speed, now, now if gained else row["moved_at"]
+
+
+def record_node_seen(
+    cursor: sqlite3.Cursor,
+    node_id: str,
+    protocol: int | None,
+    features: Iterable[str],
+    connected: bool,
+    now: float | None = None,
+) -> None:
+    """A node logged in (``connected``) or went away."""
+    stamp = iso(time.time() if now is None else now)
+    cursor.execute(
+        "INSERT INTO node_seen (node_id, protocol, features, connected_at, last_seen_at)"
+        " VALUES (?1, ?2, ?3, ?4, ?5)"
+        " ON CONFLICT (node_id) DO UPDATE SET protocol = ?2, features = ?3,"
+        " connected_at = ?4, last_seen_at = ?5",
+        (node_id, protocol, json.dumps(list(features)), stamp if connected else None, stamp),
+    )
+
+
+def node_byte_totals(cursor: sqlite3.Cursor) -> dict[str, int]:
+    """Bytes downloaded per node since the database was created (metrics)."""
+    return {row[0]: int(row[1]) for row in cursor.execute("SELECT node_id, bytes FROM node_bytes")}

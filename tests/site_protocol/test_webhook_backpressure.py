@@ -1,0 +1,143 @@
+"""Webhook backpressure (INTERFACES.md "Growth"): a webhook that is down
+holds a bounded number of outbox rows in memory, the rest are re-read from
+the database when there is room, and the site stops cleanly.
+
+Real SQLite file with the site schema, the real outbox executor and webhook
+sender, real loopback TCP: a port nothing listens on (the webhook is down)
+and a real HTTP receiver.
+"""
+
+from __future__ import annotations
+
+import socket
+import tracemalloc
+from pathlib import Path
+
+import pytest_twisted
+from twisted.internet import reactor
+from twisted.logger import globalLogPublisher
+
+from tasknet.site.notify import OutboxExecutor, WebhookSender
+from tasknet.site.storage.db import connect, open_pool
+from tasknet.site.storage.schema import prepare_database
+from tests.site_protocol.harness import WebhookReceiver, listen_http, wait_until
+
+PAYLOAD = '{"type":"task","task":{"gid":%d,"name":"%s"}}'
+
+
+def database_with_pending_rows(tmp_path: Path, count: int, payload_bytes: int = 1024) -> str:
+    path = str(tmp_path / "site.sqlite")
+    prepare_database(path)
+    conn = connect(path)
+    filler = "x" * payload_bytes
+    with conn:
+        conn.executemany(
+            "INSERT INTO notification_outbox (gid, user_id, payload, ws_delivered_at)"
+            " VALUES (?, NULL, ?, strftime('%Y-%m-%dT%H:%M:%fZ', 'now'))",
+            [(gid, PAYLOAD % (gid, filler)) for gid in range(1, count + 1)],
+        )
+    conn.close()
+    return path
+
+
+def count(path: str, where: str) -> int:
+    conn = connect(path)
+    try:
+        return int(
+            conn.execute(f"SELECT COUNT(*) FROM notification_outbox WHERE {where}").fetchone()[0]
+        )  # noqa: S608
+    finally:
+        conn.close()
+
+
+def dead_port() -> int:
+    """A loopback port with nothing listening: connections are refused."""
+    probe = socket.socket()
+    probe.bind(("127.0.0.1", 0))
+    port = int(probe.getsockname()[1])
+    probe.close()
+    return port
+
+
+def our_delayed_calls(sender: WebhookSender) -> list[object]:
+    return [
+        c
+        for c in reactor.getDelayedCalls()  # type: ignore[attr-defined]
+        if getattr(c.func, "__self__", None) is sender
+    ]
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_dead_webhook_with_20000_pending_rows_holds_a_bounded_number(tmp_path):
+    rows, held = 20_000, 100
+    path = database_with_pending_rows(tmp_path, rows)
+    db = open_pool(path)
+    failures: list[dict] = []
+
+    def observe(event: dict) -> None:
+        if event.get("log_failure") is not None or event.get("log_level").name == "critical":
+            failures.append(event)
+
+    sender = WebhookSender(
+        f"http://127.0.0.1:{dead_port()}/hook",
+        db,
+        concurrency=10,  # a refused connect takes the client ~0.25 s
+        timeout=2.0,
+        max_attempts=5,
+        backoff=3600.0,  # every row tried once, then waiting for its retry
+        max_held=held,
+    )
+    executor = OutboxExecutor(db, None, sender, poll_interval=0.05, prune_interval=None)
+    globalLogPublisher.addObserver(observe)
+    tracemalloc.start()
+    try:
+        baseline = tracemalloc.take_snapshot()
+        await executor.start()
+        # Every held row has been tried once and waits for its retry.
+        await wait_until(lambda: count(path, "webhook_attempts = 1") == held, timeout=30)
+        for _ in range(10):  # polls keep coming: still no more than `held` rows taken
+            await executor.wake()
+        assert len(sender.known) == held and sender.peak_held == held
+        assert len(our_delayed_calls(sender)) == held
+        assert count(path, "webhook_state = 'pending'") == rows
+        assert count(path, "webhook_attempts = 0") == rows - held
+        grown = sum(
+            s.size_diff for s in tracemalloc.take_snapshot().compare_to(baseline, "filename")
+        )
+        # Holding the whole backlog would take its payloads alone: over 20 MiB.
+        assert grown < rows * 1024 / 4, grown
+    finally:
+        tracemalloc.stop()
+        await executor.stop()
+        globalLogPublisher.removeObserver(observe)
+        db.close()
+    assert failures == []  # no RecursionError, nothing else logged as a failure
+    assert our_delayed_calls(sender) == []
+    assert sender.known == set()
+    # Nothing was given up on: every row is still pending for the next start.
+    assert count(path, "webhook_state = 'pending'") == rows
+
+
+@pytest_twisted.ensureDeferred
+async def test_rows_beyond_the_bound_are_read_from_the_database_when_there_is_room(tmp_path):
+    rows, held = 1_500, 40
+    path = database_with_pending_rows(tmp_path, rows, payload_bytes=16)
+    receiver = WebhookReceiver()
+    http = await listen_http(receiver)
+    db = open_pool(path)
+    sender = WebhookSender(
+        f"http://127.0.0.1:{http.getHost().port}/hook", db, concurrency=4, max_held=held
+    )
+    # No poll: only the sender's "room again" call brings the next rows in.
+    executor = OutboxExecutor(db, None, sender, poll_interval=None, prune_interval=None)
+    try:
+        await executor.start()
+        await wait_until(lambda: count(path, "webhook_state = 'delivered'") == rows, timeout=60)
+        assert sender.peak_held == held
+        delivered = [int(h["X-Tasknet-Notification"]) for h in receiver.headers]
+        assert sorted(delivered) == list(range(1, rows + 1))
+        assert len(delivered) == rows  # each once
+    finally:
+        await executor.stop()
+        await http.stopListening()
+        db.close()

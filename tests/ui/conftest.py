@@ -1,0 +1,65 @@
+"""What the browser tests share: Debian's Chromium, the skip/fail rule when
+it is missing, a deterministic choice of gids by archive size, and where
+screenshots go."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tasknet.upstream.catalog import gallery
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+
+
+def require_browser() -> Any:
+    """Playwright's sync API, or a skip (a failure under TASKNET_REQUIRE_BROWSER=1)."""
+    required = os.environ.get("TASKNET_REQUIRE_BROWSER") == "1"
+    reason = None
+    if not (os.path.exists(CHROMIUM) and os.access(CHROMIUM, os.X_OK)):
+        reason = f"{CHROMIUM} is missing (apt-get install chromium)"
+    try:
+        from playwright import sync_api
+    except ImportError:
+        reason = "playwright is not installed (pip install -e '.[test]')"
+    if reason is not None:
+        if required:
+            pytest.fail(f"TASKNET_REQUIRE_BROWSER=1 but {reason}")
+        pytest.skip(reason)
+    return sync_api
+
+
+def gid_with_size(low: int, high: int, start: int) -> int:
+    """A gid whose archive size is in [low, high] bytes (the catalog is deterministic)."""
+    gid = start
+    while not low <= gallery(gid).size <= high:
+        gid += 1
+    return gid
+
+
+def screenshot_dir() -> Path:
+    # Outside pytest's tmp dirs, which are rotated away after a few runs.
+    chosen = os.environ.get("TASKNET_SCREENSHOTS")
+    target = Path(chosen) if chosen else Path(tempfile.mkdtemp(prefix="tasknet-screenshots-"))
+    target.mkdir(parents=True, exist_ok=True)
+    print(f"\nscreenshots: {target}")
+    return target
+
+
+@pytest.fixture
+def screenshots() -> Path:
+    return screenshot_dir()
