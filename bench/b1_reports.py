@@ -22,11 +22,12 @@ from bench import plan
 from bench.harness import Context, Row, percentile
 from bench.load import LoadFleet
 from bench.loadnode import write_tasks
-from bench.procs import BenchError, free_port
+from bench.procs import BenchError
 from bench.profile import Recorder, format_summary
 from bench.seed import seed_site
 from bench.services import start_site
 from bench.sqlite_baseline import connect, journal_mode_of, synchronous_of
+from tasknet.process import free_port
 
 TARGET_RATIO = 1.5
 # Of each snapshot's K tasks, this many are downloading (progress moves every

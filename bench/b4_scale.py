@@ -16,9 +16,10 @@ import time
 
 from bench.harness import Context, Row
 from bench.load import LoadFleet
-from bench.procs import BenchError, free_port
+from bench.procs import BenchError
 from bench.seed import seed_site
 from bench.services import require_dispatch, spawn_site, wait_site
+from tasknet.process import free_port
 
 TARGET_SECONDS = 10.0
 TARGET_RSS_MIB = 300.0

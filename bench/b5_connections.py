@@ -15,9 +15,10 @@ import time
 
 from bench.harness import Context, Row
 from bench.load import LoadFleet
-from bench.procs import BenchError, free_port
+from bench.procs import BenchError
 from bench.seed import seed_site
 from bench.services import http_json, start_site
+from tasknet.process import free_port
 
 TARGET_CPU_PERCENT = 20.0
 

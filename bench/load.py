@@ -24,7 +24,7 @@ class LoadProcess:
         self.reader.start()
 
     def _read(self) -> None:
-        stdout = self.proc.popen.stdout
+        stdout = self.proc.stdout
         assert stdout is not None
         for line in stdout:
             try:
@@ -59,7 +59,7 @@ class LoadProcess:
                 self.changed.wait(min(left, 0.5))
 
     def command(self, line: str) -> None:
-        stdin = self.proc.popen.stdin
+        stdin = self.proc.stdin
         if stdin is not None and self.proc.alive:
             stdin.write(line.encode() + b"\n")
             stdin.flush()

@@ -11,15 +11,13 @@ from __future__ import annotations
 import ctypes
 import os
 import signal
-import socket
-import subprocess
-import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
-LOOPBACK = "127.0.0.1"
+from tasknet.process import Child, port_open, twistd_command
+
 POLL = 0.05
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
@@ -44,31 +42,9 @@ class BenchError(Exception):
     """A benchmark could not proceed (a process died, a wait timed out)."""
 
 
-def free_port() -> int:
-    """A loopback TCP port that was free a moment ago (our children bind it next)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((LOOPBACK, 0))
-        return int(sock.getsockname()[1])
-
-
-def port_open(port: int) -> bool:
-    try:
-        with socket.create_connection((LOOPBACK, port), timeout=0.2):
-            return True
-    except OSError:
-        return False
-
-
-def twistd_command() -> list[str]:
-    """The twistd of the running interpreter's environment."""
-    sibling = Path(sys.executable).with_name("twistd")
-    if sibling.exists():
-        return [str(sibling)]
-    return [sys.executable, "-c", "from twisted.scripts.twistd import run; run()"]
-
-
-class Proc:
-    """A child process with its output in a log file (or a pipe for load nodes)."""
+class Proc(Child):
+    """A child process (started at once) with its output in a log file (or a
+    pipe for load nodes), and what ``/proc`` says about it."""
 
     def __init__(
         self,
@@ -79,44 +55,30 @@ class Proc:
         cwd: Path,
         pipe_stdio: bool = False,
     ) -> None:
-        self.name = name
-        self.argv = list(argv)
-        self.log_path = log_path
-        self._log: IO[bytes] = open(log_path, "wb")  # noqa: SIM115 (closed in stop)
         env = dict(os.environ)
         # The bench runs from a checkout: make sure children import this tree.
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
-        env.setdefault("PYTHONUNBUFFERED", "1")
-        self.popen = subprocess.Popen(
-            self.argv,
+        super().__init__(
+            name,
+            argv,
+            log_path,
             cwd=cwd,
             env=env,
-            stdin=subprocess.PIPE if pipe_stdio else subprocess.DEVNULL,
-            stdout=subprocess.PIPE if pipe_stdio else self._log,
-            stderr=self._log,
-            start_new_session=True,  # a Ctrl-C of the bench reaches us, not the children
+            pipe_stdio=pipe_stdio,
             preexec_fn=_die_with_parent,
         )
+        log_path.write_bytes(b"")  # a fresh log per process
+        self.start()
         self.started_at = time.time()
 
     @property
     def pid(self) -> int:
+        assert self.popen is not None  # started in __init__
         return self.popen.pid
-
-    @property
-    def alive(self) -> bool:
-        return self.popen.poll() is None
-
-    def log_tail(self, lines: int = 25) -> str:
-        try:
-            text = self.log_path.read_text(errors="replace")
-        except OSError:
-            return "(no log)"
-        return "\n".join(text.splitlines()[-lines:])
 
     def died(self, what: str) -> BenchError:
         return BenchError(
-            f"{self.name} exited (code {self.popen.returncode}) while {what}; "
+            f"{self.name} exited (code {self.returncode}) while {what}; "
             f"log {self.log_path}:\n{self.log_tail()}"
         )
 
@@ -152,10 +114,7 @@ class Proc:
     # ------------------------------------------------------------ lifetime
 
     def log_has(self, marker: str) -> bool:
-        try:
-            return marker in self.log_path.read_text(errors="replace")
-        except OSError:
-            return False
+        return marker in self.log_text()
 
     def wait_until(
         self, check: Callable[[], bool], timeout: float, what: str, *, fatal: str | None = None
@@ -176,21 +135,6 @@ class Proc:
 
     def wait_port(self, port: int, timeout: float = 30.0) -> None:
         self.wait_until(lambda: port_open(port), timeout, f"port {port}")
-
-    def stop(self, timeout: float = 10.0) -> int | None:
-        """SIGTERM (twistd shuts down cleanly), SIGKILL if it does not exit in time."""
-        if self.alive:
-            self.popen.send_signal(signal.SIGTERM)
-            try:
-                self.popen.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.popen.kill()
-                self.popen.wait(timeout)
-        for stream in (self.popen.stdin, self.popen.stdout):
-            if stream is not None:
-                stream.close()
-        self._log.close()
-        return self.popen.returncode
 
     def __enter__(self) -> Proc:
         return self

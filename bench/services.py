@@ -7,8 +7,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench.procs import BenchError, Proc, free_port, twistd
+from bench.procs import BenchError, Proc, twistd
 from tasknet.cli import jsonhttp
+from tasknet.process import free_port
 
 LOOPBACK_URL = "http://127.0.0.1"
 # What twistd logs when another process took the port we picked.

@@ -9,8 +9,6 @@ Choosing the output:
 * under ``twistd``: pass ``--logger tasknet.logging.observer`` (see
   :func:`twistd_logger_args`); :func:`observer` writes JSON lines to stdout
   when the environment has ``TASKNET_LOG_JSON=1``, readable text otherwise.
-* in a plain program (``tasknet-demo``, ``tasknet-admin``):
-  :func:`start_logging` does the same through ``globalLogBeginner``.
 
 A JSON line is one object: ``time`` (ISO 8601, UTC), ``level``,
 ``namespace``, ``message`` (the formatted text), ``failure`` (traceback
@@ -25,16 +23,14 @@ import os
 import sys
 from collections.abc import Mapping
 from datetime import UTC, datetime
-from typing import IO, Any, cast
+from typing import IO, Any
 
 from twisted.logger import (
     FilteringLogObserver,
-    ILogFilterPredicate,
     ILogObserver,
     LogLevel,
     LogLevelFilterPredicate,
     formatEvent,
-    globalLogBeginner,
     textFileLogObserver,
 )
 from zope.interface import provider
@@ -95,16 +91,8 @@ def observer(stream: IO[str] | None = None, level: LogLevel = LogLevel.info) -> 
     This is the factory for ``twistd --logger tasknet.logging.observer``.
     """
     out = sys.stdout if stream is None else stream
-    inner = json_observer(out) if json_requested() else cast(ILogObserver, textFileLogObserver(out))
-    # zope interfaces are invisible to mypy (no plugin): the casts say what
-    # the classes declare with @implementer.
-    predicate = cast(ILogFilterPredicate, LogLevelFilterPredicate(defaultLogLevel=level))
-    return cast(ILogObserver, FilteringLogObserver(inner, [predicate]))
-
-
-def start_logging(stream: IO[str] | None = None, level: LogLevel = LogLevel.info) -> None:
-    """Begin logging in a plain (non-twistd) program with :func:`observer`."""
-    globalLogBeginner.beginLoggingTo([observer(stream, level)], redirectStandardIO=False)
+    inner = json_observer(out) if json_requested() else textFileLogObserver(out)
+    return FilteringLogObserver(inner, [LogLevelFilterPredicate(defaultLogLevel=level)])
 
 
 def twistd_logger_args() -> list[str]:

@@ -44,6 +44,7 @@ from typing import Any, TextIO, TypeVar
 from twisted.internet.defer import Deferred
 from twisted.python.failure import Failure
 
+from tasknet.clock import default_reactor
 from tasknet.site.lifecycle import Lifecycle
 from tasknet.site.storage import db as storage_db
 from tasknet.site.storage import delete, errors, reconcile, users
@@ -108,7 +109,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="seconds to wait for the upstream's audit answer",
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    _add_user_commands(commands)
+    _add_node_key_commands(commands)
+    _add_reconcile_commands(commands)
+    return parser
 
+
+def _add_user_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     user = commands.add_parser("user", help="users, quotas and API tokens")
     user_commands = user.add_subparsers(dest="action", required=True, metavar="ACTION")
     add = user_commands.add_parser("add", help="create a user; prints its API token")
@@ -132,6 +139,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     token.add_argument("name")
 
+
+def _add_node_key_commands(
+    commands: argparse._SubParsersAction[argparse.ArgumentParser],
+) -> None:
     node_key = commands.add_parser("node-key", help="nodes allowed to log in")
     key_commands = node_key.add_subparsers(dest="action", required=True, metavar="ACTION")
     key_add = key_commands.add_parser("add", help="allow a node (replaces its secret)")
@@ -142,6 +153,11 @@ def build_parser() -> argparse.ArgumentParser:
     key_remove = key_commands.add_parser("remove", help="stop allowing a node")
     key_remove.add_argument("node_id", metavar="ID")
 
+
+def _add_reconcile_commands(
+    commands: argparse._SubParsersAction[argparse.ArgumentParser],
+) -> None:
+    """``unknown``, ``resolve`` and ``force-delete``: the operator's settling tools."""
     unknown = commands.add_parser("unknown", help="list UNKNOWN operations with their evidence")
     unknown.add_argument("--json", action="store_true", help="machine-readable output")
 
@@ -159,7 +175,6 @@ def build_parser() -> argparse.ArgumentParser:
     )
     force.add_argument("gid", type=_gid)
     force.add_argument("--note", required=True, type=_note, help="why (kept in the audit log)")
-    return parser
 
 
 def _check_database(path: str) -> None:
@@ -216,9 +231,7 @@ def run(args: argparse.Namespace, out: TextIO) -> None:
 
 def _run_with_lifecycle(args: argparse.Namespace, out: TextIO) -> None:
     """Run ``unknown``/``resolve`` on a reactor, with the site's Lifecycle."""
-    from twisted.internet import reactor as _reactor
-
-    reactor: Any = _reactor  # the global reactor: its methods are not on an interface type
+    reactor: Any = default_reactor()
 
     async def body() -> None:
         database = storage_db.open_pool(args.db)
@@ -357,7 +370,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except AdminError as error:
         print(f"tasknet-admin: {error}", file=sys.stderr)
         return 1
-    except sqlite3.OperationalError as error:  # e.g. locked past busy_timeout
+    # e.g. locked past busy_timeout (sqlite3 from the tools, classified from the pool)
+    except (sqlite3.OperationalError, errors.DatabaseError) as error:
         print(f"tasknet-admin: database error, nothing changed: {error}", file=sys.stderr)
         return 1
     return 0

@@ -14,11 +14,8 @@ browser test) start the same stack with it.
 from __future__ import annotations
 
 import argparse
-import os
 import shutil
 import signal
-import socket
-import subprocess
 import sys
 import tempfile
 import time
@@ -30,8 +27,8 @@ from typing import Any
 
 from tasknet.cli.jsonhttp import request
 from tasknet.logging import twistd_logger_args
+from tasknet.process import LOOPBACK, Child, free_port, port_is_free, twistd_command
 
-LOOPBACK = "127.0.0.1"
 DEMO_TOKEN = "demo"
 STOP_TIMEOUT = 15.0
 # One readiness probe; the waits around it have their own, longer deadline.
@@ -53,92 +50,6 @@ DEFAULT_NODES = (
     NodeSpec("node-1", 2, "demo-secret-node-1"),
     NodeSpec("node-2", 1, "demo-secret-node-2"),
 )
-
-
-def free_port() -> int:
-    """A loopback TCP port that was free a moment ago."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((LOOPBACK, 0))
-        return int(sock.getsockname()[1])
-
-
-def port_is_free(port: int) -> bool:
-    """Whether a server could listen on ``port`` now.  SO_REUSEADDR, as
-    Twisted's listening ports set it: a port whose last connections are in
-    TIME-WAIT (a demo stopped a moment ago) is free for a server."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind((LOOPBACK, port))
-        except OSError:
-            return False
-        return True
-
-
-def twistd_path() -> str:
-    """The ``twistd`` of this interpreter's environment (the venv we run in)."""
-    sibling = Path(sys.executable).with_name("twistd")
-    if sibling.exists():
-        return str(sibling)
-    found = shutil.which("twistd")
-    if found is None:
-        raise DemoError("twistd not found next to the Python interpreter or on PATH")
-    return found
-
-
-@dataclass
-class Child:
-    """One ``twistd -n`` child; its output goes to ``log_path``."""
-
-    name: str
-    argv: list[str]
-    cwd: Path
-    log_path: Path
-    popen: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        self.cwd.mkdir(parents=True, exist_ok=True)
-        env = dict(os.environ, PYTHONUNBUFFERED="1")
-        with self.log_path.open("ab") as log:
-            # A session of its own: a terminal Ctrl-C reaches only the demo,
-            # which then stops the children in order.
-            self.popen = subprocess.Popen(
-                self.argv,
-                cwd=self.cwd,
-                env=env,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-
-    @property
-    def alive(self) -> bool:
-        return self.popen is not None and self.popen.poll() is None
-
-    @property
-    def pid(self) -> int | None:
-        return None if self.popen is None else self.popen.pid
-
-    def stop(self, timeout: float = STOP_TIMEOUT) -> int | None:
-        """SIGTERM, wait, then SIGKILL; the exit code."""
-        if self.popen is None:
-            return None
-        if self.popen.poll() is None:
-            self.popen.terminate()
-            try:
-                self.popen.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.popen.kill()
-                self.popen.wait()
-        return self.popen.returncode
-
-    def log_tail(self, lines: int = 25) -> str:
-        try:
-            text = self.log_path.read_text(encoding="utf-8", errors="replace")
-        except OSError:
-            return "(no log)"
-        return "\n".join(text.splitlines()[-lines:])
 
 
 @dataclass
@@ -170,10 +81,10 @@ class DemoStack:
         raise KeyError(name)
 
     def _twistd(self, name: str, plugin: str, args: list[str]) -> Child:
-        argv = [twistd_path(), "-n", "--pidfile=", *twistd_logger_args(), plugin, *args]
+        argv = [*twistd_command(), "-n", "--pidfile=", *twistd_logger_args(), plugin, *args]
         logs = self.data_dir / "logs"
         logs.mkdir(parents=True, exist_ok=True)
-        child = Child(name, argv, self.data_dir / name, logs / f"{name}.log")
+        child = Child(name, argv, logs / f"{name}.log", cwd=self.data_dir / name)
         self.children.append(child)
         child.start()
         return child
@@ -267,7 +178,7 @@ class DemoStack:
         while not ready():
             for child in watch:
                 if not child.alive:
-                    code = child.popen.returncode if child.popen else None
+                    code = child.returncode
                     raise DemoError(
                         f"{child.name} exited (code {code}) while waiting for {what}; "
                         f"its log ({child.log_path}) ends with:\n{child.log_tail()}"
@@ -282,7 +193,7 @@ class DemoStack:
     def stop(self) -> None:
         """Stop nodes first, then the site, then the upstream."""
         for child in reversed(self.children):
-            child.stop()
+            child.stop(STOP_TIMEOUT)
 
     def __enter__(self) -> DemoStack:
         self.start()

@@ -20,7 +20,7 @@ from pathlib import Path
 from tasknet.drill import reactor_thread
 from tasknet.drill.netns import Netns, NetnsError
 from tasknet.drill.netns import available as netns_available
-from tasknet.drill.report import Progress, failures, table, to_json
+from tasknet.drill.report import Progress, RunResult, failures, table, to_json
 from tasknet.drill.runner import run_all
 from tasknet.drill.scenarios import QUICK, SCENARIOS
 
@@ -54,28 +54,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         for s in SCENARIOS.values():
             print(f"{s.id:<4} {s.title}{'  (quick)' if s.id in QUICK else ''}")
         return 0
-    names = [n.upper() for n in args.scenarios]
-    if args.quick:
-        names += [n for n in QUICK if n not in names]
-    unknown = [n for n in names if n not in SCENARIOS]
-    if unknown:
-        parser.error(f"unknown scenario(s) {', '.join(unknown)}; known: {', '.join(SCENARIOS)}")
+    names = _chosen_names(parser, args)
     if args.repeat < 1:
         parser.error("--repeat must be >= 1")
-    netns: Netns | None = None
-    if args.netns:
-        why_not = netns_available()
-        if why_not:
-            print(f"--netns skipped: {why_not}; running on loopback")
-        else:
-            netns = Netns()
-            try:
-                netns.create()
-                print(f"--netns: site in namespace {netns.site}, nodes in {netns.nodes} (veth)")
-            except NetnsError as err:
-                netns.destroy()
-                netns = None
-                print(f"--netns skipped: {err}; running on loopback")
+    netns = _netns_or_loopback() if args.netns else None
     chosen = [SCENARIOS[n] for n in (names or list(SCENARIOS))]
     seed = args.seed if args.seed is not None else random.randrange(1 << 30)
     root = args.root or Path(tempfile.mkdtemp(prefix="tasknet-drill-"))
@@ -91,12 +73,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         reactor_thread.stop()
         if netns is not None:
             netns.destroy()
-    print()
-    print(table(results))
-    evidence = failures(results)
-    if evidence:
-        print()
-        print(evidence)
+    _print_results(results)
     if args.report:
         report = to_json(results, started, sys.argv if argv is None else list(argv))
         report["seed"] = seed
@@ -110,6 +87,43 @@ def main(argv: Sequence[str] | None = None) -> int:
         except OSError:
             pass
     return 1 if any(r.failed for r in results) else 0
+
+
+def _chosen_names(parser: argparse.ArgumentParser, args: argparse.Namespace) -> list[str]:
+    """The scenario ids asked for (``--quick`` adds the CI set); exits on an unknown one."""
+    names = [n.upper() for n in args.scenarios]
+    if args.quick:
+        names += [n for n in QUICK if n not in names]
+    unknown = [n for n in names if n not in SCENARIOS]
+    if unknown:
+        parser.error(f"unknown scenario(s) {', '.join(unknown)}; known: {', '.join(SCENARIOS)}")
+    return names
+
+
+def _netns_or_loopback() -> Netns | None:
+    """The drill's network namespaces, or None (run on loopback) when they cannot be made."""
+    why_not = netns_available()
+    if why_not:
+        print(f"--netns skipped: {why_not}; running on loopback")
+        return None
+    netns = Netns()
+    try:
+        netns.create()
+    except NetnsError as err:
+        netns.destroy()
+        print(f"--netns skipped: {err}; running on loopback")
+        return None
+    print(f"--netns: site in namespace {netns.site}, nodes in {netns.nodes} (veth)")
+    return netns
+
+
+def _print_results(results: list[RunResult]) -> None:
+    print()
+    print(table(results))
+    evidence = failures(results)
+    if evidence:
+        print()
+        print(evidence)
 
 
 if __name__ == "__main__":

@@ -23,11 +23,11 @@ from tasknet.cli.jsonhttp import Reply, request
 from tasknet.drill import reactor_thread
 from tasknet.drill.invariants import Ledger, World
 from tasknet.drill.netns import SITE_ADDR, Netns
-from tasknet.drill.ports import free_port
 from tasknet.drill.procs import DrillError, Proc, address_in_use, wait_for
 from tasknet.drill.proxy import FaultProxy
 from tasknet.drill.snapshot import read_node, read_site
 from tasknet.drill.webhook import WebhookSink
+from tasknet.process import free_port
 
 ADMIN_TOKEN = "demo"  # created by `tasknet-site --demo` on a fresh database
 NODE_IDS = ("n1", "n2", "n3", "n4")
@@ -303,28 +303,11 @@ class Cluster:
     def connected_nodes(self) -> set[str]:
         """Node ids logged in at the site (``/api/admin/nodes``)."""
         reply = self.api("GET", "/api/admin/nodes", timeout=3)
-        if reply.status == 503:  # the nodes view is not wired (yet): read the site's log
-            return self._attached_from_log()
         if not reply.ok or not isinstance(reply.body, dict):
             return set()
         # The list keeps recently seen nodes too ("connected": false).
         nodes = reply.body.get("nodes", [])
         return {str(n.get("id")) for n in nodes if n.get("connected", True)}
-
-    def _attached_from_log(self) -> set[str]:
-        site = self._site()
-        if not site.log.exists():
-            return set()
-        text = site.log.read_text(errors="replace")
-        current = text.rsplit("starting up.", 1)[-1]  # this process's lines only
-        attached: set[str] = set()
-        for line in current.splitlines():
-            for node_id in NODE_IDS:
-                if f"node {node_id} attached" in line:
-                    attached.add(node_id)
-                elif f"node {node_id} detached" in line:
-                    attached.discard(node_id)
-        return attached
 
     def site_state(self, gid: int) -> str | None:
         """The ``task_operation.state`` straight from the database (read-only)."""

@@ -120,13 +120,6 @@ def _journal_of(world: World, gid: int) -> list[dict[str, Any]]:
     return [e for e in world.journal if int(e.get("gid", -1)) == gid]
 
 
-def _op_id(archive_name: str) -> tuple[int, str] | None:
-    """(gid, digest) of an archive file name ``{gid}-{digest}.zip``."""
-    stem = archive_name.removesuffix(".zip")
-    gid, _, digest = stem.partition("-")
-    return (int(gid), digest) if gid.isdigit() and digest else None
-
-
 def check_d1(world: World) -> Verdict:
     """Upstream POSTs per (gid, generation) ≤ 1."""
     f = _Failures("D1")
@@ -418,55 +411,13 @@ def check_d6(world: World) -> Verdict:
     """Every report ACKed exactly when committed; none lost; duplicates ACKed DUPLICATE."""
     f = _Failures("D6")
     receipts = world.site.receipts
-    reports: dict[str, list[dict[str, Any]]] = defaultdict(list)
-    acks: dict[str, list[dict[str, Any]]] = defaultdict(list)
-    for frame in world.frames:
-        payload = frame.get("payload") or {}
-        rid = payload.get("reportId")
-        if frame["type"] == TYPE_TASK_REPORT and frame["direction"] == "to_server" and rid:
-            reports[rid].append(frame)
-        elif frame["type"] == TYPE_TASK_REPORT_ACK and frame["direction"] == "to_client" and rid:
-            acks[rid].append(frame)
-
-    def brief(frames: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        return [
-            {k: fr.get(k) for k in ("node", "seq", "link", "action", "at")}
-            | {"result": (fr.get("payload") or {}).get("result")}
-            for fr in frames
-        ]
-
+    reports, acks = _reports_and_acks(world)
     for rid, sent in sorted(reports.items()):
         f.checked += 1
-        receipt = receipts.get(rid)
-        if receipt is None:
-            f.fail(
-                f"report {rid} sent by {sent[0]['node']} was never committed (lost)",
-                report_id=rid,
-                sent=brief(sent),
-                acks=brief(acks.get(rid, [])),
-            )
-            continue
-        revision = (sent[0].get("payload") or {}).get("revision")
-        if revision is not None and receipt["revision"] != revision:
-            f.fail(
-                f"report {rid}: receipt revision {receipt['revision']} != sent {revision}",
-                receipt=receipt,
-                sent=brief(sent),
-            )
-        results = [(a.get("payload") or {}).get("result") for a in acks.get(rid, [])]
-        if results.count("APPLIED") > 1:
-            f.fail(
-                f"report {rid} ACKed APPLIED {results.count('APPLIED')} times",
-                report_id=rid,
-                acks=brief(acks[rid]),
-            )
-        if "APPLIED" in results and results.index("APPLIED") != 0:
-            f.fail(f"report {rid}: APPLIED after a DUPLICATE", report_id=rid, acks=brief(acks[rid]))
-        if not acks.get(rid):
-            f.fail(f"report {rid} committed but never ACKed", report_id=rid, sent=brief(sent))
+        _check_report(f, rid, sent, receipts.get(rid), acks.get(rid, []))
     for rid, got in sorted(acks.items()):
         if rid not in receipts:
-            f.fail(f"ACK for report {rid} without a committed receipt", acks=brief(got))
+            f.fail(f"ACK for report {rid} without a committed receipt", acks=_brief(got))
     for node_id, node in sorted(world.nodes.items()):
         if node.in_flight is not None:
             f.checked += 1
@@ -476,9 +427,69 @@ def check_d6(world: World) -> Verdict:
                 node=node_id,
                 in_flight=node.in_flight,
                 receipt=receipts.get(rid),
-                acks=brief(acks.get(rid, [])),
+                acks=_brief(acks.get(rid, [])),
             )
     return f.verdict("{n} report(s): each committed once and ACKed after commit", "no v2 report")
+
+
+def _reports_and_acks(
+    world: World,
+) -> tuple[dict[str, list[dict[str, Any]]], dict[str, list[dict[str, Any]]]]:
+    """The v2 reports sent and the ACKs answered, by report id."""
+    reports: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    acks: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for frame in world.frames:
+        payload = frame.get("payload") or {}
+        rid = payload.get("reportId")
+        if frame["type"] == TYPE_TASK_REPORT and frame["direction"] == "to_server" and rid:
+            reports[rid].append(frame)
+        elif frame["type"] == TYPE_TASK_REPORT_ACK and frame["direction"] == "to_client" and rid:
+            acks[rid].append(frame)
+    return reports, acks
+
+
+def _brief(frames: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [
+        {k: fr.get(k) for k in ("node", "seq", "link", "action", "at")}
+        | {"result": (fr.get("payload") or {}).get("result")}
+        for fr in frames
+    ]
+
+
+def _check_report(
+    f: _Failures,
+    rid: str,
+    sent: list[dict[str, Any]],
+    receipt: dict[str, Any] | None,
+    acks: list[dict[str, Any]],
+) -> None:
+    """One report: committed, with the revision sent, ACKed APPLIED at most once and first."""
+    if receipt is None:
+        f.fail(
+            f"report {rid} sent by {sent[0]['node']} was never committed (lost)",
+            report_id=rid,
+            sent=_brief(sent),
+            acks=_brief(acks),
+        )
+        return
+    revision = (sent[0].get("payload") or {}).get("revision")
+    if revision is not None and receipt["revision"] != revision:
+        f.fail(
+            f"report {rid}: receipt revision {receipt['revision']} != sent {revision}",
+            receipt=receipt,
+            sent=_brief(sent),
+        )
+    results = [(a.get("payload") or {}).get("result") for a in acks]
+    if results.count("APPLIED") > 1:
+        f.fail(
+            f"report {rid} ACKed APPLIED {results.count('APPLIED')} times",
+            report_id=rid,
+            acks=_brief(acks),
+        )
+    if "APPLIED" in results and results.index("APPLIED") != 0:
+        f.fail(f"report {rid}: APPLIED after a DUPLICATE", report_id=rid, acks=_brief(acks))
+    if not acks:
+        f.fail(f"report {rid} committed but never ACKed", report_id=rid, sent=_brief(sent))
 
 
 _VOLATILE = ("updatedAt", "createdAt")
@@ -499,29 +510,42 @@ def check_d7(world: World) -> Verdict:
     for row in world.site.outbox:
         by_gid[row["gid"]].append(row)
     for gid, rows in sorted(by_gid.items()):
-        previous_row: dict[str, Any] | None = None
-        previous_task: dict[str, Any] | None = None
-        completed: Counter[str] = Counter()
-        for row in rows:
-            f.checked += 1
-            task = {k: v for k, v in _task_of(row).items() if k not in _VOLATILE}
-            if previous_row is not None and task == previous_task:
-                f.fail(
-                    f"gid {gid}: notification {row['id']} repeats {previous_row['id']}",
-                    gid=gid,
-                    first=previous_row,
-                    repeat=row,
-                )
-            previous_row, previous_task = row, task
-            if task.get("status") == "COMPLETED":
-                completed[str(task.get("operationId"))] += 1
-        for operation_id, count in completed.items():
-            if count > 1:
-                f.fail(
-                    f"gid {gid}: {count} 下载完成 notifications for operation {operation_id}",
-                    gid=gid,
-                    rows=[r for r in rows if _task_of(r).get("status") == "COMPLETED"],
-                )
+        _check_no_repeats(f, gid, rows)
+    _check_announced(f, world, by_gid)
+    if world.webhook is not None:
+        _check_webhook_received(f, world, world.webhook)
+    return f.verdict("{n} notification(s): none lost, none repeated", "no notification")
+
+
+def _check_no_repeats(f: _Failures, gid: int, rows: list[dict[str, Any]]) -> None:
+    """No notification of ``gid`` repeats the one before; one 下载完成 per generation."""
+    previous_row: dict[str, Any] | None = None
+    previous_task: dict[str, Any] | None = None
+    completed: Counter[str] = Counter()
+    for row in rows:
+        f.checked += 1
+        task = {k: v for k, v in _task_of(row).items() if k not in _VOLATILE}
+        if previous_row is not None and task == previous_task:
+            f.fail(
+                f"gid {gid}: notification {row['id']} repeats {previous_row['id']}",
+                gid=gid,
+                first=previous_row,
+                repeat=row,
+            )
+        previous_row, previous_task = row, task
+        if task.get("status") == "COMPLETED":
+            completed[str(task.get("operationId"))] += 1
+    for operation_id, count in completed.items():
+        if count > 1:
+            f.fail(
+                f"gid {gid}: {count} 下载完成 notifications for operation {operation_id}",
+                gid=gid,
+                rows=[r for r in rows if _task_of(r).get("status") == "COMPLETED"],
+            )
+
+
+def _check_announced(f: _Failures, world: World, by_gid: dict[int, list[dict[str, Any]]]) -> None:
+    """Every task shown 下载完成, DELETED or UNKNOWN has a notification saying so."""
 
     def announced(gid: int, key: str, value: Any, operation_id: Any = None) -> bool:
         return any(
@@ -551,19 +575,20 @@ def check_d7(world: World) -> Verdict:
                     operation=op,
                     outbox=by_gid.get(gid, []),
                 )
-    if world.webhook is not None:
-        # Delivery is at least once (a crash between POST and bookkeeping
-        # resends), so a repeat at the receiver is allowed; a gap is not.
-        received = Counter(str(w.get("id")) for w in world.webhook if isinstance(w, dict))
-        for row in world.site.outbox:
-            if str(row["id"]) not in received:
-                f.fail(
-                    f"notification {row['id']} (gid {row['gid']}) never reached the webhook"
-                    f" (outbox says {row.get('webhook_state')})",
-                    row=row,
-                    received_ids=sorted(received, key=lambda i: int(i) if i.isdigit() else -1),
-                )
-    return f.verdict("{n} notification(s): none lost, none repeated", "no notification")
+
+
+def _check_webhook_received(f: _Failures, world: World, webhook: list[Any]) -> None:
+    # Delivery is at least once (a crash between POST and bookkeeping
+    # resends), so a repeat at the receiver is allowed; a gap is not.
+    received = Counter(str(w.get("id")) for w in webhook if isinstance(w, dict))
+    for row in world.site.outbox:
+        if str(row["id"]) not in received:
+            f.fail(
+                f"notification {row['id']} (gid {row['gid']}) never reached the webhook"
+                f" (outbox says {row.get('webhook_state')})",
+                row=row,
+                received_ids=sorted(received, key=lambda i: int(i) if i.isdigit() else -1),
+            )
 
 
 def check_d8(world: World) -> Verdict:
@@ -577,12 +602,35 @@ def check_d8(world: World) -> Verdict:
     status itself, and a forged delete confirmation completed nothing the
     owning node still holds."""
     f = _Failures("D8")
-    ops, galleries = world.site.operations, world.site.galleries
+    _check_revisions_from_owner(f, world)
+    for forged in world.ledger.forged:
+        gid, node_id = int(forged["gid"]), str(forged["node"])
+        op, gallery = world.site.operations.get(gid) or {}, world.site.galleries.get(gid)
+        owner = (gallery or {}).get("node_id")
+        f.checked += 1
+        if owner == node_id:
+            f.fail(f"gid {gid}: assigned to the forging node {node_id}", forged=forged)
+            continue
+        if op.get("last_revision") == forged["revision"]:
+            f.fail(
+                f"gid {gid}: stores the revision {forged['revision']} {node_id} forged",
+                forged=forged,
+                operation=op,
+            )
+        if "status" in forged and gallery is not None:
+            _check_forged_status(f, world, forged, op, gallery, owner)
+        if "delete_operation_id" in forged and op.get("state") == "DELETED":
+            _check_forged_delete(f, world, forged, op)
+    return f.verdict("{n} task(s) changed only by their own node", "no revision, no forgery")
+
+
+def _check_revisions_from_owner(f: _Failures, world: World) -> None:
+    """Each stored revision was sent by the task's own node (per the receipts)."""
     senders: dict[int, set[str]] = defaultdict(set)  # revision -> nodes that sent it
     for receipt in world.site.receipts.values():
         senders[int(receipt["revision"])].add(str(receipt["node_id"]))
-    for gid, op in sorted(ops.items()):
-        gallery = galleries.get(gid)
+    for gid, op in sorted(world.site.operations.items()):
+        gallery = world.site.galleries.get(gid)
         revision = op.get("last_revision")
         if gallery is None or revision is None or not gallery.get("node_id"):
             continue
@@ -596,56 +644,56 @@ def check_d8(world: World) -> Verdict:
                 gallery=gallery,
                 operation=op,
             )
-    for forged in world.ledger.forged:
-        gid, node_id = int(forged["gid"]), str(forged["node"])
-        op, gallery = ops.get(gid) or {}, galleries.get(gid)
-        owner = (gallery or {}).get("node_id")
-        f.checked += 1
-        if owner == node_id:
-            f.fail(f"gid {gid}: assigned to the forging node {node_id}", forged=forged)
-            continue
-        if op.get("last_revision") == forged["revision"]:
+
+
+def _check_forged_status(
+    f: _Failures,
+    world: World,
+    forged: dict[str, Any],
+    op: dict[str, Any],
+    gallery: dict[str, Any],
+    owner: Any,
+) -> None:
+    """A forged status is shown only if the owning node holds the task so itself."""
+    gid, node_id = int(forged["gid"]), str(forged["node"])
+    owner_task = world.nodes[owner].tasks.get(gid) if owner in world.nodes else None
+    shown = (gallery.get("status"), float(gallery.get("progress") or 0))
+    held = (
+        None
+        if owner_task is None
+        else (owner_task.get("status"), float(owner_task.get("progress") or 0))
+    )
+    if held is None and owner in world.nodes and op.get("operation_id"):
+        # A completion ACKed leaves the node's queue; its archive stays.
+        data = DataDir(world.node_dirs[owner])
+        if world.nodes[owner].holds_archive(gid, str(op["operation_id"]), data):
+            held = (COMPLETED_CODE, 1.0)
+    if shown == (forged["status"], float(forged["progress"])) and shown != held:
+        f.fail(
+            f"gid {gid}: shows what {node_id} forged ({shown}), its node {owner} holds {held}",
+            forged=forged,
+            gallery=gallery,
+            owner_task=owner_task,
+        )
+
+
+def _check_forged_delete(
+    f: _Failures, world: World, forged: dict[str, Any], op: dict[str, Any]
+) -> None:
+    """A task DELETED after a forged confirmation is held by no node."""
+    gid, node_id = int(forged["gid"]), str(forged["node"])
+    for other_id, node in sorted(world.nodes.items()):
+        data = DataDir(world.node_dirs[other_id])
+        task = node.tasks.get(gid)
+        archive = data.archive_path(gid, str(op.get("operation_id"))).name
+        if archive in node.archives or (
+            task and task.get("operation_id") == op.get("operation_id")
+        ):
             f.fail(
-                f"gid {gid}: stores the revision {forged['revision']} {node_id} forged",
+                f"gid {gid}: DELETED (a delete {node_id} forged?) while {other_id} still holds it",
                 forged=forged,
-                operation=op,
+                node_task=task,
             )
-        owner_task = world.nodes[owner].tasks.get(gid) if owner in world.nodes else None
-        if "status" in forged and gallery is not None:
-            shown = (gallery.get("status"), float(gallery.get("progress") or 0))
-            held = (
-                None
-                if owner_task is None
-                else (owner_task.get("status"), float(owner_task.get("progress") or 0))
-            )
-            if held is None and owner in world.nodes and op.get("operation_id"):
-                # A completion ACKed leaves the node's queue; its archive stays.
-                data = DataDir(world.node_dirs[owner])
-                if world.nodes[owner].holds_archive(gid, str(op["operation_id"]), data):
-                    held = (COMPLETED_CODE, 1.0)
-            if shown == (forged["status"], float(forged["progress"])) and shown != held:
-                f.fail(
-                    f"gid {gid}: shows what {node_id} forged ({shown}), its node"
-                    f" {owner} holds {held}",
-                    forged=forged,
-                    gallery=gallery,
-                    owner_task=owner_task,
-                )
-        if "delete_operation_id" in forged and op.get("state") == "DELETED":
-            for other_id, node in sorted(world.nodes.items()):
-                data = DataDir(world.node_dirs[other_id])
-                task = node.tasks.get(gid)
-                archive = data.archive_path(gid, str(op.get("operation_id"))).name
-                if archive in node.archives or (
-                    task and task.get("operation_id") == op.get("operation_id")
-                ):
-                    f.fail(
-                        f"gid {gid}: DELETED (a delete {node_id} forged?) while"
-                        f" {other_id} still holds it",
-                        forged=forged,
-                        node_task=task,
-                    )
-    return f.verdict("{n} task(s) changed only by their own node", "no revision, no forgery")
 
 
 CHECKS: dict[str, Callable[[World], Verdict]] = {

@@ -1,4 +1,5 @@
-"""Real processes for drills: start, wait until ready, kill, restart, collect logs.
+"""Real processes for drills: start, wait until ready, kill, collect logs
+(each on a :class:`tasknet.process.Child`).
 
 Every role runs as ``<venv>/bin/twistd -n --pidfile= --logfile=<dir>/twistd.log
 <plugin> ...`` in its own directory.  Waiting is always polling with a bound
@@ -8,14 +9,13 @@ with the tail of its log instead of waiting for the timeout.
 
 from __future__ import annotations
 
-import os
-import shutil
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+
+from tasknet.process import Child, twistd_command
 
 POLL = 0.1
 
@@ -33,17 +33,6 @@ class ProcessDied(DrillError):
             f"{proc.name} exited (code {proc.returncode}) while waiting for {what}; "
             f"last log lines:\n{proc.log_tail()}"
         )
-
-
-def twistd_command() -> list[str]:
-    """The twistd of the running interpreter's environment."""
-    sibling = Path(sys.executable).with_name("twistd")
-    if sibling.exists():
-        return [str(sibling)]
-    shutil_twistd = shutil.which("twistd")
-    if shutil_twistd:
-        return [shutil_twistd]
-    return [sys.executable, "-c", "from twisted.scripts.twistd import run; run()"]
 
 
 def wait_for(
@@ -81,7 +70,7 @@ class Proc:
         self.dir.mkdir(parents=True, exist_ok=True)
         self.log = self.dir / "twistd.log"
         self.console = self.dir / "console.log"
-        self.popen: subprocess.Popen[bytes] | None = None
+        self.child: Child | None = None
         self.starts = 0
         self.prefix: list[str] = []  # e.g. ["ip", "netns", "exec", "ns"]
 
@@ -100,65 +89,50 @@ class Proc:
         if self.alive:
             raise DrillError(f"{self.name} is already running (pid {self.pid})")
         self.starts += 1
-        with self.console.open("ab") as console:
-            console.write(f"--- start #{self.starts}: {' '.join(self.command())}\n".encode())
-            console.flush()
-            self.popen = subprocess.Popen(
-                self.command(),
-                cwd=self.dir,
-                stdin=subprocess.DEVNULL,
-                stdout=console,
-                stderr=subprocess.STDOUT,
-                env={**os.environ, "PYTHONUNBUFFERED": "1"},
-                start_new_session=True,  # a Ctrl-C on the drill does not hit children first
-            )
+        command = self.command()
+        self.child = Child(self.name, command, self.console, cwd=self.dir)
+        self.child.start(banner=f"--- start #{self.starts}: {' '.join(command)}\n")
+
+    @property
+    def popen(self) -> subprocess.Popen[bytes] | None:
+        return None if self.child is None else self.child.popen
 
     @property
     def pid(self) -> int | None:
-        return self.popen.pid if self.popen is not None else None
+        return None if self.child is None else self.child.pid
 
     @property
     def alive(self) -> bool:
-        return self.popen is not None and self.popen.poll() is None
+        return self.child is not None and self.child.alive
 
     @property
     def returncode(self) -> int | None:
-        return None if self.popen is None else self.popen.poll()
+        return None if self.child is None else self.child.returncode
 
     def kill(self) -> None:
         """SIGKILL: no shutdown code runs (the crash the drills are about)."""
-        self._signal(signal.SIGKILL)
+        if self.child is not None:
+            self.child.signal(signal.SIGKILL)
         self.wait_exit(10)
 
     def terminate(self, timeout: float = 10.0) -> None:
         """SIGTERM and wait; SIGKILL if it will not go."""
         if not self.alive:
             return
-        self._signal(signal.SIGTERM)
+        if self.child is not None:
+            self.child.signal(signal.SIGTERM)
         try:
             self.wait_exit(timeout)
         except DrillError:
             self.kill()
 
-    def restart(self) -> None:
-        if self.alive:
-            self.terminate()
-        self.start()
-
     def wait_exit(self, timeout: float) -> int:
-        if self.popen is None:
+        if self.child is None:
             return 0
         try:
-            return self.popen.wait(timeout)
+            return self.child.wait(timeout)
         except subprocess.TimeoutExpired as exc:
             raise DrillError(f"{self.name} (pid {self.pid}) alive after {timeout}s") from exc
-
-    def _signal(self, sig: int) -> None:
-        if self.popen is not None and self.popen.poll() is None:
-            try:
-                self.popen.send_signal(sig)
-            except ProcessLookupError:  # exited between poll and kill
-                pass
 
     def log_text(self) -> str:
         parts = []
@@ -166,9 +140,6 @@ class Proc:
             if path.exists():
                 parts.append(path.read_text(errors="replace"))
         return "\n".join(parts)
-
-    def log_contains(self, needle: str) -> bool:
-        return needle in self.log_text()
 
     def log_tail(self, lines: int = 25) -> str:
         return "\n".join(self.log_text().splitlines()[-lines:])

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import struct
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -39,21 +38,42 @@ from twisted.internet.endpoints import TCP4ClientEndpoint, connectProtocol
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
+from tasknet.clock import default_reactor
+from tasknet.protocol.messages import (
+    HEADER,
+    DeleteGallery,
+    DeleteResult,
+    DownloadPost,
+    StatusReport,
+    TaskCommand,
+    TaskReport,
+    TaskReportAck,
+)
+
 TO_SERVER = "to_server"  # client -> target: node -> site
 TO_CLIENT = "to_client"  # target -> client: site -> node
 DIRECTIONS = (TO_SERVER, TO_CLIENT)
 
-HEADER = struct.Struct(">BI")
-
 # Message types worth keeping with their payload: commands, reports, ACKs.
-DEFAULT_CAPTURE = frozenset({4, 5, 6, 7, 11, 12, 13})
+DEFAULT_CAPTURE = frozenset(
+    cls.TYPE
+    for cls in (
+        DownloadPost,
+        DeleteGallery,
+        StatusReport,
+        DeleteResult,
+        TaskCommand,
+        TaskReport,
+        TaskReportAck,
+    )
+)
 MAX_RECORDS = 20_000
 
 _log = Logger()
 
 
 def _t(side: protocol.Protocol) -> Any:
-    """The side's transport, typed Any (zope interfaces are opaque to mypy)."""
+    """The side's transport, typed Any: a TCP transport, with more than ITransport declares."""
     return side.transport
 
 
@@ -319,11 +339,8 @@ class FaultProxy:
         reactor: Any = None,
         capture: frozenset[int] = DEFAULT_CAPTURE,
     ) -> None:
-        if reactor is None:
-            from twisted.internet import reactor as default_reactor
-
-            reactor = default_reactor
-        # Typed Any: zope interfaces are opaque to mypy without the zope plugin.
+        reactor = default_reactor(reactor)
+        # Typed Any: the reactor provides many interfaces at once (TCP, time).
         self.reactor: Any = reactor
         self.clock: Any = reactor
         self.target_host = target_host

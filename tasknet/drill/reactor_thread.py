@@ -16,7 +16,7 @@ from twisted.internet.threads import blockingCallFromThread
 
 T = TypeVar("T")
 
-reactor: Any = _reactor  # typed Any: zope interfaces are opaque to mypy
+reactor: Any = _reactor  # Any: it provides many reactor interfaces at once
 _thread: threading.Thread | None = None
 
 

@@ -22,10 +22,10 @@ from tasknet.drill.cluster import Cluster, node_secret
 from tasknet.drill.exhaustion import Swarm, rss_kib
 from tasknet.drill.invariants import FAIL, PASS, Verdict
 from tasknet.drill.peer import ScriptedPeer, send_late_report
-from tasknet.drill.ports import free_port
 from tasknet.drill.procs import DrillError, Proc, wait_for
 from tasknet.drill.proxy import TO_CLIENT, TO_SERVER
 from tasknet.drill.snapshot import read_only
+from tasknet.process import free_port
 from tasknet.protocol.messages import DeletedEntry, TaskEntry, TaskReport, TaskReportAck
 from tasknet.upstream.catalog import gallery
 
@@ -630,6 +630,46 @@ def _dropped_not_owner(c: Cluster, node_id: str) -> int:
     return int(row[0]) if row else 0
 
 
+def _forge_and_record(
+    c: Cluster,
+    x: Expect,
+    hostile: str,
+    operation: str,
+    report_id: str,
+    revision: int,
+    tasks: tuple[TaskEntry, ...],
+    deleted: tuple[DeletedEntry, ...] = (),
+) -> None:
+    """Send a forged report as ``hostile``, noted in the ledger for D8 first."""
+
+    def note(gid: int, **forged: Any) -> None:
+        c.ledger.forged.append({"node": hostile, "gid": gid, "revision": revision, **forged})
+
+    for entry in tasks:
+        note(entry.gid, status=entry.status, progress=entry.progress)
+    for gone in deleted:
+        note(gone.gid, delete_operation_id=gone.operation_id)
+    report = TaskReport(report_id, revision, tasks, {e.gid: operation for e in tasks}, deleted)
+    ack = c.in_site_namespace(
+        _forge, c.site_host, c.nodes_port, hostile, node_secret(hostile), report
+    )
+    x.equal(ack.result, "APPLIED", f"ACK of the forged report {report_id}")
+
+
+def _expect_not_owner_drops(c: Cluster, x: Expect, node_id: str, expected: int) -> None:
+    """The site counted ``expected`` not_owner drops, and /api/admin/nodes shows them."""
+    drops = _dropped_not_owner(c, node_id)
+    x.equal(drops, expected, f"not_owner drops recorded for {node_id}")
+    nodes = (c.api("GET", "/api/admin/nodes").body or {}).get("nodes", [])
+    shown = {n.get("id"): n.get("droppedEntries") for n in nodes}
+    x.equal(
+        (shown.get(node_id) or {}).get("not_owner"),
+        drops,
+        f"/api/admin/nodes droppedEntries of {node_id}",
+        nodes=nodes,
+    )
+
+
 def s17_hostile_node(c: Cluster, x: Expect, rng: random.Random) -> None:
     hostile = "n4"
     small = pick_gid(rng, max_size=150_000)
@@ -647,37 +687,13 @@ def s17_hostile_node(c: Cluster, x: Expect, rng: random.Random) -> None:
     )
     operation = str((c.task(big) or {}).get("operationId"))
 
-    def forge(report_id: str, revision: int, tasks: tuple[TaskEntry, ...], **more: Any) -> None:
-        for entry in tasks:
-            c.ledger.forged.append(
-                {
-                    "node": hostile,
-                    "gid": entry.gid,
-                    "revision": revision,
-                    "status": entry.status,
-                    "progress": entry.progress,
-                }
-            )
-        for deleted in more.get("deleted", ()):
-            c.ledger.forged.append(
-                {
-                    "node": hostile,
-                    "gid": deleted.gid,
-                    "revision": revision,
-                    "delete_operation_id": deleted.operation_id,
-                }
-            )
-        report = TaskReport(
-            report_id,
-            revision,
-            tasks,
-            {e.gid: operation for e in tasks},
-            tuple(more.get("deleted", ())),
-        )
-        ack = c.in_site_namespace(
-            _forge, c.site_host, c.nodes_port, hostile, node_secret(hostile), report
-        )
-        x.equal(ack.result, "APPLIED", f"ACK of the forged report {report_id}")
+    def forge(
+        report_id: str,
+        revision: int,
+        tasks: tuple[TaskEntry, ...],
+        deleted: tuple[DeletedEntry, ...] = (),
+    ) -> None:
+        _forge_and_record(c, x, hostile, operation, report_id, revision, tasks, deleted)
 
     x.step(f"{hostile} (valid key) forges progress and completion of n1's gid {big}")
     forge("forged-progress", FORGED_REVISION, (TaskEntry(big, 3, 0.99),))
@@ -700,16 +716,7 @@ def s17_hostile_node(c: Cluster, x: Expect, rng: random.Random) -> None:
         f"gid {small} stays DELETE_PENDING after the forged confirmation",
     )
     x.that((c.task(big) or {}).get("status") != COMPLETED, f"gid {big} not 下载完成 by the forgery")
-    drops = _dropped_not_owner(c, hostile)
-    x.equal(drops, 4, f"not_owner drops recorded for {hostile}")
-    nodes = (c.api("GET", "/api/admin/nodes").body or {}).get("nodes", [])
-    shown = {n.get("id"): n.get("droppedEntries") for n in nodes}
-    x.equal(
-        (shown.get(hostile) or {}).get("not_owner"),
-        drops,
-        f"/api/admin/nodes droppedEntries of {hostile}",
-        nodes=nodes,
-    )
+    _expect_not_owner_drops(c, x, hostile, 4)
 
     x.step("n1 back: its own reports still apply, its delete completes")
     node.proc.start()
@@ -780,6 +787,48 @@ def _timed(fn: Callable[[], Reply]) -> tuple[Reply, float]:
     return reply, time.monotonic() - started
 
 
+def _probe_under_attack(
+    c: Cluster, swarm: Swarm, pid: int, idle: int, gids: list[int]
+) -> tuple[int, list[tuple[Reply, float]], list[tuple[Reply, float]], list[int]]:
+    """While the swarm lasts: the site's peak RSS, /healthz every 0.5 s and a
+    create every 3 s, each timed; returns (peak, health, creates, created gids)."""
+    peak = idle
+    health: list[tuple[Reply, float]] = []
+    creates: list[tuple[Reply, float]] = []
+    created: list[int] = []
+    deadline = time.monotonic() + S19_LOGIN_DEADLINE + S19_SLACK + 10
+    next_create = 0.0
+    while not swarm.all_closed() and time.monotonic() < deadline:
+        peak = max(peak, rss_kib(pid))
+        health.append(_timed(c.healthz))
+        if time.monotonic() >= next_create and gids:
+            gid = gids.pop()
+            creates.append(_timed(functools.partial(c.create, gid)))
+            created.append(gid)
+            next_create = time.monotonic() + 3.0
+        time.sleep(0.5)
+    return peak, health, creates, created
+
+
+def _expect_closed_on_schedule(
+    x: Expect, swarm: Swarm, kind: str, bound: float, status: int | None
+) -> None:
+    """Every ``kind`` attacker was closed within ``bound`` s, answered ``status``."""
+    attackers = swarm.of(kind)
+    late = [a.lifetime() for a in attackers if a.open or (a.lifetime() or 0) > bound]
+    lives = [life for a in attackers if (life := a.lifetime()) is not None]
+    if lives:
+        x.step(f"{len(attackers)} {kind}: closed after {min(lives):.1f}-{max(lives):.1f} s")
+    x.that(
+        not late,
+        f"all {len(attackers)} {kind} clients closed within {bound:g} s",
+        late=late[:10],
+    )
+    if status is not None:
+        answers = sorted({a.status for a in attackers}, key=str)
+        x.equal(answers, [status], f"what the {kind} clients were answered")
+
+
 def s19_resource_exhaustion(c: Cluster, x: Expect, rng: random.Random) -> None:
     x.step("start upstream, site, node n1")
     c.start_upstream()
@@ -799,48 +848,18 @@ def s19_resource_exhaustion(c: Cluster, x: Expect, rng: random.Random) -> None:
     if not swarm.ready.wait(60) or swarm.error is not None:
         swarm.stop()
         raise DrillError(f"the swarm could not connect: {swarm.error}")
-    peak = idle
-    health: list[tuple[Reply, float]] = []
-    creates: list[tuple[Reply, float]] = []
-    created: list[int] = []
-    deadline = time.monotonic() + S19_LOGIN_DEADLINE + S19_SLACK + 10
-    next_create = 0.0
     try:
-        while not swarm.all_closed() and time.monotonic() < deadline:
-            peak = max(peak, rss_kib(site.pid))
-            health.append(_timed(c.healthz))
-            if time.monotonic() >= next_create and gids:
-                gid = gids.pop()
-                creates.append(_timed(functools.partial(c.create, gid)))
-                created.append(gid)
-                next_create = time.monotonic() + 3.0
-            time.sleep(0.5)
+        peak, health, creates, created = _probe_under_attack(c, swarm, site.pid, idle, gids)
     finally:
         swarm.stop()
         thread.join(15)
     peak = max(peak, rss_kib(site.pid))
     x.step(f"site RSS idle {idle} KiB, peak under attack {peak} KiB ({peak / idle:.2f}x)")
     x.that(peak < 2 * idle, f"site RSS peak {peak} KiB < 2 x idle {idle} KiB")
-
-    def on_schedule(kind: str, bound: float, status: int | None) -> None:
-        attackers = swarm.of(kind)
-        late = [a.lifetime() for a in attackers if a.open or (a.lifetime() or 0) > bound]
-        lives = [life for a in attackers if (life := a.lifetime()) is not None]
-        if lives:
-            x.step(f"{len(attackers)} {kind}: closed after {min(lives):.1f}-{max(lives):.1f} s")
-        x.that(
-            not late,
-            f"all {len(attackers)} {kind} clients closed within {bound:g} s",
-            late=late[:10],
-        )
-        if status is not None:
-            answers = sorted({a.status for a in attackers}, key=str)
-            x.equal(answers, [status], f"what the {kind} clients were answered")
-
-    on_schedule("node", S19_LOGIN_DEADLINE + S19_SLACK, None)
-    on_schedule("upload", S19_SLACK, 413)
-    on_schedule("slow", S19_REQUEST_DEADLINE + S19_SLACK, 408)
-    on_schedule("websocket", S19_WEBSOCKET_DEADLINE + S19_SLACK, 101)
+    _expect_closed_on_schedule(x, swarm, "node", S19_LOGIN_DEADLINE + S19_SLACK, None)
+    _expect_closed_on_schedule(x, swarm, "upload", S19_SLACK, 413)
+    _expect_closed_on_schedule(x, swarm, "slow", S19_REQUEST_DEADLINE + S19_SLACK, 408)
+    _expect_closed_on_schedule(x, swarm, "websocket", S19_WEBSOCKET_DEADLINE + S19_SLACK, 101)
     uploaded = max(a.sent for a in swarm.of("upload"))
     x.that(uploaded < 300 * 1024 * 1024, f"no upload got to send its body ({uploaded} bytes max)")
     slowest = max(seconds for _, seconds in health)

@@ -183,32 +183,58 @@ async def fetch(
         raise
     except Exception as exc:
         raise DownloadError(f"GET {url}: {exc}") from exc
+    if response.code == 416 and offset:
+        return await _already_whole(response, part, offset, on_progress)
+    offset, total = await _body_range(response, part, offset, url)
+    size = await _append_body(response, part, offset, total, clock, on_progress, idle_timeout)
+    if total is not None and size != total:
+        if size > total:
+            _truncate(part)
+        raise DownloadError(f"short body: have {size} of {total} bytes")
+    return size
 
-    total: int | None
+
+async def _already_whole(
+    response: Any, part: Path, offset: int, on_progress: ProgressCallback
+) -> int:
+    """A 416 to ``bytes=offset-``: ``part`` is whole if the server says its
+    length is ``offset``; otherwise start again from byte 0."""
+    await _discard(response)
+    match = _UNSATISFIED_RANGE.match(_header(response, b"content-range") or "")
+    if match is not None and int(match.group(1)) == offset:
+        on_progress(offset, offset)
+        return offset
+    _truncate(part)
+    raise RangeIgnored(f"range bytes={offset}- not satisfiable: starting again")
+
+
+async def _body_range(response: Any, part: Path, offset: int, url: str) -> tuple[int, int | None]:
+    """Where the body starts in ``part`` and the whole length (None if the
+    server did not say), from a 200 or 206 answer; else raise."""
     if response.code == 206 and offset:
         match = _CONTENT_RANGE.match(_header(response, b"content-range") or "")
         if match is None or int(match.group(1)) != offset:
             await _discard(response)
             _truncate(part)
             raise RangeIgnored(f"asked bytes={offset}-, got Content-Range {match and match[0]!r}")
-        total = None if match.group(3) == "*" else int(match.group(3))
-    elif response.code == 200 or (response.code == 206 and not offset):
-        if offset:
-            # The server ignored Range: start again from byte 0.
-            offset = 0
-        total = None if response.length is UNKNOWN_LENGTH else int(response.length)
-    elif response.code == 416 and offset:
-        await _discard(response)
-        match = _UNSATISFIED_RANGE.match(_header(response, b"content-range") or "")
-        if match is not None and int(match.group(1)) == offset:
-            on_progress(offset, offset)
-            return offset  # the file was already whole
-        _truncate(part)
-        raise RangeIgnored(f"range bytes={offset}- not satisfiable: starting again")
-    else:
-        await _discard(response)
-        raise DownloadError(f"GET {url}: HTTP {response.code}")
+        return offset, None if match.group(3) == "*" else int(match.group(3))
+    if response.code == 200 or (response.code == 206 and not offset):
+        # With an offset, the server ignored Range: start again from byte 0.
+        return 0, None if response.length is UNKNOWN_LENGTH else int(response.length)
+    await _discard(response)
+    raise DownloadError(f"GET {url}: HTTP {response.code}")
 
+
+async def _append_body(
+    response: Any,
+    part: Path,
+    offset: int,
+    total: int | None,
+    clock: Any,
+    on_progress: ProgressCallback,
+    idle_timeout: float,
+) -> int:
+    """Write the body to ``part`` from ``offset`` and fsync it; its new size."""
     try:
         file = open(part, "ab" if offset else "wb")  # noqa: SIM115 (closed below)
     except OSError as exc:
@@ -218,17 +244,13 @@ async def fetch(
         on_progress(offset, total)
         sink = _FileSink(file, part, offset, lambda n: on_progress(n, total), clock, idle_timeout)
         response.deliverBody(sink)
-        size = await sink.finished
+        size: int = await sink.finished
         file.flush()
         os.fsync(file.fileno())
     except OSError as exc:
         raise storage_error(exc, part) or DownloadError(str(exc)) from exc
     finally:
         file.close()
-    if total is not None and size != total:
-        if size > total:
-            _truncate(part)
-        raise DownloadError(f"short body: have {size} of {total} bytes")
     return size
 
 

@@ -17,14 +17,16 @@ forgets them at the next successful login.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, cast
+from typing import Any
 
 from twisted.application.internet import ClientService, backoffPolicy
 from twisted.internet.endpoints import clientFromString
+from twisted.internet.interfaces import IReactorTime, IStreamClientEndpoint
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 from zope.interface import implementer
 
+from tasknet.clock import default_reactor
 from tasknet.protocol.connection import LOGIN_TIMEOUT, PeerFactory, PeerProtocol, hello_is_v2
 from tasknet.protocol.messages import (
     LEGACY_TYPES,
@@ -42,7 +44,7 @@ from tasknet.protocol.messages import (
     TaskReportAck,
     sign_login,
 )
-from tasknet.protocol.session import ISiteLink
+from tasknet.protocol.session import INodeHandler, ISiteLink
 
 __all__ = [
     "SiteClientService",
@@ -167,10 +169,10 @@ class SiteLinkFactory(PeerFactory):
         self,
         node_id: str,
         secret: str,
-        handler: Any,  # an INodeHandler (Any: mypy cannot see zope's @implementer)
+        handler: INodeHandler,
         *,
         protocol: int = 2,
-        clock: Any,
+        clock: IReactorTime,
         max_payload: int = MAX_PAYLOAD,
         heartbeat_interval: float = 15.0,
         idle_timeout: float = 45.0,
@@ -190,7 +192,7 @@ class SiteLinkFactory(PeerFactory):
         self.failed_logins = 0
         self.node_id = node_id
         self.secret = secret
-        self.handler: Any = handler  # an INodeHandler
+        self.handler = handler
         self.wire_protocol = protocol  # not .protocol: Factory uses that name
 
     def buildProtocol(self, addr: Any) -> Any:  # Any: Factory's generic typing wants more
@@ -219,14 +221,14 @@ class SiteClientService(ClientService):
 
     def __init__(
         self,
-        endpoint: Any,  # an IStreamClientEndpoint
+        endpoint: IStreamClientEndpoint,
         factory: SiteLinkFactory,
         retry_policy: Callable[[int], float],
-        clock: Any,
+        clock: IReactorTime,
     ) -> None:
         super().__init__(
             endpoint,
-            cast(Any, factory),
+            factory,
             retryPolicy=login_backoff(retry_policy, factory),
             clock=clock,
         )
@@ -237,7 +239,7 @@ def site_client_service(
     endpoint: str,
     node_id: str,
     secret: str,
-    handler: Any,  # an INodeHandler (Any: mypy cannot see zope's @implementer)
+    handler: INodeHandler,
     *,
     protocol: int = 2,
     reactor: Any = None,
@@ -256,8 +258,7 @@ def site_client_service(
     (:func:`login_backoff`).  ``clock`` (default: ``reactor``) runs the
     retry and connection timers.
     """
-    if reactor is None:
-        from twisted.internet import reactor
+    reactor = default_reactor(reactor)
     if clock is None:
         clock = reactor
     factory = SiteLinkFactory(

@@ -15,41 +15,30 @@ ACK or not (docs/protocol.md, "The legacy boundary").
 
 from __future__ import annotations
 
-import time
 import uuid
-from typing import Any, Protocol
 
-from twisted.internet.base import DelayedCall
 from twisted.internet.defer import Deferred
+from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.logger import Logger
-from twisted.python.failure import Failure
 
+from tasknet.clock import default_reactor
+from tasknet.coalesce import CoalescingRunner
 from tasknet.node.store import FAILED, NodeStore, PendingReport
 from tasknet.protocol.messages import (
     DeletedEntry,
     DeleteResult,
-    Message,
     StatusReport,
     TaskEntry,
     TaskReport,
     TaskReportAck,
 )
+from tasknet.protocol.session import ISiteLink
 from tasknet.status import NodeCode
 
 log = Logger()
 
 DEBOUNCE = 0.3  # seconds: progress ticks of many tasks coalesce into one snapshot
 RETRY_AFTER_ERROR = 1.0
-
-
-class SiteLink(Protocol):
-    """What the node needs of ``tasknet.node.link.SiteLink``."""
-
-    protocol_version: int
-
-    def send(self, message: Message) -> None: ...
-
-    def close(self, reason: str) -> None: ...
 
 
 def to_message(report: PendingReport) -> TaskReport:
@@ -70,23 +59,22 @@ class Reporter:
         legacy_node: bool,
         ack_timeout: float = 10.0,
         debounce: float = DEBOUNCE,
-        clock: Any = None,
+        clock: IReactorTime | None = None,
     ) -> None:
-        if clock is None:
-            from twisted.internet import reactor as clock
         self.store = store
         self.legacy_node = legacy_node
         self.ack_timeout = ack_timeout
         self.debounce = debounce
-        self.clock: Any = clock
-        self.link: SiteLink | None = None
+        self.clock: IReactorTime = default_reactor(clock)
+        self.link: ISiteLink | None = None
         self.in_flight: PendingReport | None = None
         #: When the report in flight was taken (or found at start), on ``clock``.
         self.in_flight_since: float | None = None
         self._dirty = True  # a fresh start reports what it holds
-        self._flush_call: DelayedCall | None = None
-        self._ack_call: DelayedCall | None = None
-        self._flushing = False
+        self._flush_call: IDelayedCall | None = None
+        self._ack_call: IDelayedCall | None = None
+        # A flush asked for while one runs runs once more after it.
+        self._flusher = CoalescingRunner(self._flush_once)
         self._stopped = False
 
     async def load(self) -> None:
@@ -102,13 +90,17 @@ class Reporter:
         self._cancel(self._ack_call)
         self._flush_call = self._ack_call = None
 
+    def idle(self) -> Deferred[None]:
+        """Fires once no flush is running (shutdown, tests)."""
+        return self._flusher.idle()
+
     @property
     def legacy(self) -> bool:
         link = self.link
         return self.legacy_node or (link is not None and link.protocol_version == 1)
 
     # events -----------------------------------------------------------------
-    def link_up(self, link: SiteLink) -> None:
+    def link_up(self, link: ISiteLink) -> None:
         self.link = link
         if self.legacy:
             self.changed()
@@ -117,7 +109,7 @@ class Reporter:
         else:
             self.changed()
 
-    def link_down(self, link: SiteLink) -> None:
+    def link_down(self, link: ISiteLink) -> None:
         if link is self.link:
             self.link = None
             self._cancel(self._ack_call)
@@ -175,7 +167,7 @@ class Reporter:
         if self.in_flight is not None or not self._dirty:
             return
         self._dirty = False
-        report = await self.store.create_report(uuid.uuid4().hex, int(time.time() * 1000))
+        report = await self.store.create_report(uuid.uuid4().hex, int(self.clock.seconds() * 1000))
         if report is None:
             return
         self.in_flight = report
@@ -211,25 +203,23 @@ class Reporter:
 
     def _flush(self) -> None:
         self._flush_call = None
-        if self._flushing or self.link is None or self._stopped:
+        if self.link is None or self._stopped:
             return
-        self._flushing = True
-        work = self._legacy_flush() if self.legacy else self._snapshot()
-        d = Deferred.fromCoroutine(work)
-        d.addErrback(self._flush_failed)
-        d.addBoth(self._flushed)
+        self._flusher.run().addCallback(self._flushed)
 
-    def _flush_failed(self, failure: Failure) -> None:
-        log.failure("report failed; retrying", failure)
-        self._dirty = True
-        self._schedule(RETRY_AFTER_ERROR)
+    async def _flush_once(self) -> None:
+        try:
+            await (self._legacy_flush() if self.legacy else self._snapshot())
+        except Exception:
+            log.failure("report failed; retrying")
+            self._dirty = True
+            self._schedule(RETRY_AFTER_ERROR)
 
-    def _flushed(self, _result: Any) -> None:
-        self._flushing = False
+    def _flushed(self, _result: object) -> None:
         if self._dirty and (self.legacy or self.in_flight is None):
             self._schedule(self.debounce)
 
     @staticmethod
-    def _cancel(call: DelayedCall | None) -> None:
+    def _cancel(call: IDelayedCall | None) -> None:
         if call is not None and call.active():
             call.cancel()

@@ -18,13 +18,14 @@ from twisted.python import usage
 from twisted.python.failure import Failure
 from zope.interface import implementer
 
+from tasknet.clock import default_reactor
 from tasknet.node.commands import BadCommand, CommandHandler
 from tasknet.node.paths import DataDir
-from tasknet.node.reporter import Reporter, SiteLink
+from tasknet.node.reporter import Reporter
 from tasknet.node.store import NodeStore
 from tasknet.node.worker import Worker
 from tasknet.protocol.messages import NODE_ID, Message, TaskReportAck
-from tasknet.protocol.session import INodeHandler
+from tasknet.protocol.session import INodeHandler, ISiteLink
 from tasknet.startup import exit_after_stop
 
 log = Logger()
@@ -149,9 +150,7 @@ class NodeService(MultiService):
         metrics: str | None = None,
     ) -> None:
         super().__init__()
-        if reactor is None:
-            from twisted.internet import reactor
-        self.reactor = reactor
+        self.reactor = default_reactor(reactor)
         self.connect = connect
         self.node_id = node_id
         self.secret = secret
@@ -172,7 +171,7 @@ class NodeService(MultiService):
         self.worker: Worker | None = None
         self.reporter: Reporter | None = None
         self.commands: CommandHandler | None = None
-        self.link: SiteLink | None = None
+        self.link: ISiteLink | None = None
         self.client: Any = None
         self.ready: Deferred[None] = Deferred()
         self._starting: Deferred[None] | None = None
@@ -241,12 +240,11 @@ class NodeService(MultiService):
             data=str(self.data.root),
             connect=self.connect,
         )
-        handler: Any = self  # Any: zope interfaces are opaque to mypy
         self.client = site_client_service(
             self.connect,
             self.node_id,
             self.secret,
-            handler,
+            self,
             protocol=self.protocol,
             reactor=self.reactor,
             idle_timeout=self.link_idle_timeout,
@@ -327,7 +325,7 @@ class NodeService(MultiService):
             self.store.close()
 
     # INodeHandler -----------------------------------------------------------------
-    def link_up(self, link: SiteLink) -> None:
+    def link_up(self, link: ISiteLink) -> None:
         self.link = link
         log.info(
             "logged in to the site: protocol {version} in force",
@@ -336,14 +334,14 @@ class NodeService(MultiService):
         if self.reporter is not None:
             self.reporter.link_up(link)
 
-    def link_down(self, link: SiteLink) -> None:
+    def link_down(self, link: ISiteLink) -> None:
         if self.link is link:
             self.link = None
         log.info("link to the site down")
         if self.reporter is not None:
             self.reporter.link_down(link)
 
-    def message_received(self, link: SiteLink, message: Message) -> None:
+    def message_received(self, link: ISiteLink, message: Message) -> None:
         if isinstance(message, TaskReportAck):
             if self.reporter is not None:
                 self.reporter.ack_received(message).addErrback(

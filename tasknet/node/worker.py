@@ -17,12 +17,12 @@ from __future__ import annotations
 
 import random
 import threading
-import time
 from collections.abc import Callable
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
 from treq.client import HTTPClient
+from twisted.application.internet import backoffPolicy
 from twisted.internet.defer import (
     CancelledError,
     Deferred,
@@ -37,6 +37,7 @@ from twisted.python.failure import Failure
 from twisted.python.threadpool import ThreadPool
 from twisted.web.client import Agent, HTTPConnectionPool
 
+from tasknet.clock import default_reactor
 from tasknet.deferreds import shield
 from tasknet.node.compress import CompressionAborted, build_archive
 from tasknet.node.download import DownloadError, StorageError, fetch, storage_error
@@ -52,9 +53,14 @@ BACKOFF_CAP = 30.0
 
 
 def backoff(attempt: int, base: float = BACKOFF_BASE, cap: float = BACKOFF_CAP) -> float:
-    """Exponential backoff with jitter: about base·2^attempt, at most ``cap``."""
-    delay: float = min(cap, base * (2**attempt))
-    return delay * random.uniform(0.5, 1.0)
+    """Twisted's backoffPolicy doubling from ``base`` up to ``cap``, scaled by
+    a random 0.5-1 so that jobs failing together do not retry together."""
+    policy = backoffPolicy(initialDelay=base, maxDelay=cap, factor=2.0, jitter=_no_jitter)
+    return policy(attempt) * random.uniform(0.5, 1.0)
+
+
+def _no_jitter() -> float:
+    return 0.0
 
 
 def member_name(task: TaskRow) -> str:
@@ -71,7 +77,7 @@ class _Job:
         self.thread: Deferred[Any] | None = None
         self.deferred: Deferred[None] | None = None
         self.ended: list[Deferred[None]] = []
-        self.last_write = 0.0
+        self.last_write = -PROGRESS_WRITE_INTERVAL  # the first tick is written
         self.writing = False
         #: Bytes on disk at the last progress tick of this attempt (None: none yet).
         self.received: int | None = None
@@ -96,11 +102,10 @@ class Worker:
         clock: Any = None,
         idle_timeout: float = 30.0,
     ) -> None:
-        if clock is None:
-            from twisted.internet import reactor as clock
         self.store = store
         self.data = data
         self.on_change = on_change
+        clock = default_reactor(clock)
         self.clock: Any = clock
         self.idle_timeout = idle_timeout
         self._downloads = DeferredSemaphore(downloads)
@@ -236,7 +241,7 @@ class Worker:
             self.bytes_downloaded += received - job.received
         job.received = received
         # Throttled: a progress tick is worth a write at most every 0.5 s.
-        now = time.monotonic()
+        now = self.clock.seconds()
         if job.writing or now - job.last_write < PROGRESS_WRITE_INTERVAL:
             return
         job.last_write = now

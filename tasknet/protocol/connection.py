@@ -23,11 +23,13 @@ from twisted.logger import Logger
 from twisted.protocols.policies import TimeoutMixin
 from twisted.python.failure import Failure
 
+from tasknet.clock import default_reactor
 from tasknet.protocol.frames import FrameProtocol
 from tasknet.protocol.messages import (
     FEATURE_RELIABLE,
     MAX_PAYLOAD,
     PRE_LOGIN_MAX_PAYLOAD,
+    PRE_LOGIN_TYPES,
     PROTOCOL_VERSION,
     Error,
     Goodbye,
@@ -42,8 +44,6 @@ from tasknet.protocol.ratelog import RateLimitedLog
 
 __all__ = ["LOGIN_TIMEOUT", "PRE_LOGIN_TYPES", "PeerFactory", "PeerProtocol", "hello_is_v2"]
 
-#: Types a peer may send before login; anything else is ``unauthenticated``.
-PRE_LOGIN_TYPES = frozenset({0, 1, 2, 3, 8, 9, 10})
 #: Seconds from connecting by which the login must be complete (PROTOCOL.md, "Bounds").
 LOGIN_TIMEOUT = 30.0
 
@@ -76,16 +76,13 @@ class PeerFactory(Factory):
         login_timeout: float = LOGIN_TIMEOUT,
         log_interval: float = 60.0,
     ) -> None:
-        if clock is None:
-            from twisted.internet import reactor as clock
-        # Any: zope interfaces are opaque to mypy without its plugin.
-        self.clock: Any = clock
+        self.clock: IReactorTime = default_reactor(clock)
         self.max_payload = max_payload
         self.pre_login_max_payload = min(pre_login_max_payload, max_payload)
         self.heartbeat_interval = heartbeat_interval
         self.idle_timeout = idle_timeout
         self.login_timeout = login_timeout
-        # Logged under the namespace of the side (tasknet.site.nodes, tasknet.node.link).
+        # Logged under the namespace of the side (tasknet.site.node_listener, tasknet.node.link).
         self.repeated_log = RateLimitedLog(
             Logger(namespace=type(self).__module__), self.clock, interval=log_interval
         )
@@ -115,7 +112,7 @@ class PeerProtocol(FrameProtocol, TimeoutMixin):
     def __init__(self, factory: PeerFactory) -> None:
         super().__init__()
         self.factory = factory
-        self.clock: Any = factory.clock
+        self.clock: IReactorTime = factory.clock
         # An unauthenticated peer gets the small pre-login frame limit; loggedIn() lifts it.
         self.max_payload = (
             factory.max_payload if self.authenticated else factory.pre_login_max_payload

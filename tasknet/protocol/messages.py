@@ -5,9 +5,12 @@ payload is a compact JSON object with camelCase names in the order the spec
 lists them.  :func:`encode` gives a whole frame, :func:`decode` turns one
 frame's payload back into a message and checks every field's type.
 
-Speed matters (BENCH.md B3): every type has its own hand-written encoder and
-decoder instead of a generic reflective one, and the list entries of reports
-are named tuples built without going through a Python ``__init__``.
+Speed matters (BENCH.md B3): both directions run on orjson (a C JSON library)
+with the standard library's ``json`` as the reference it must agree with byte
+for byte: the writer falls back to the reference whenever orjson would spell
+something differently, and the reader hands every payload orjson or a field
+check refuses to the reference reader, so each error is the reference's.  The
+list entries of reports are named tuples built without a Python ``__init__``.
 """
 
 from __future__ import annotations
@@ -15,11 +18,15 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import math
 import re
 import struct
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from operator import itemgetter
 from typing import Any, ClassVar, NamedTuple
+
+import orjson
 
 __all__ = [
     "ACTION_DELETE",
@@ -37,10 +44,12 @@ __all__ = [
     "IDENTIFIER_MAX",
     "INT63_MAX",
     "LEGACY_TYPES",
+    "MESSAGE_TYPES",
     "MAX_PAYLOAD",
     "NAME_MAX",
     "NODE_ID",
     "PRE_LOGIN_MAX_PAYLOAD",
+    "PRE_LOGIN_TYPES",
     "PROTOCOL_VERSION",
     "DeleteGallery",
     "DeleteResult",
@@ -80,9 +89,6 @@ NODE_ID = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 
 #: ``[type: u8][length: u32 big-endian]``
 HEADER = struct.Struct(">BI")
-
-#: The frozen legacy types; a strict (legacy) reader knows only these.
-LEGACY_TYPES = frozenset(range(10))
 
 ERROR_CODES = frozenset(
     {
@@ -291,8 +297,15 @@ Message = (
 
 # ---------------------------------------------------------------- encoding
 
+#: The reference writer (PROTOCOL.md's compact JSON); orjson must match it byte for byte.
 _dumps = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
 _pack_header = HEADER.pack
+_fast_dumps = orjson.dumps
+_INT_KEYS = orjson.OPT_NON_STR_KEYS  # operationIds: int gids written as decimal strings
+_progress = itemgetter(2)
+_FLOAT_ONLY = frozenset({float})
+#: Below this orjson and repr() spell a float differently ("0.00001" vs "1e-05").
+_FAST_FLOAT_MIN = 1e-4
 
 
 def _entries_json(tasks: tuple[TaskEntry, ...]) -> str:
@@ -315,6 +328,56 @@ def _task_report_json(m: TaskReport) -> str:
         f'"galleryTasks":[{_entries_json(m.gallery_tasks)}],'
         f'"operationIds":{ids_json},"deleted":{deleted}}}'
     )
+
+
+def _fast_floats(tasks: tuple[TaskEntry, ...]) -> bool:
+    """Whether orjson writes every ``progress`` exactly as repr() (the reference) does.
+
+    That holds for floats of 1e-4 and more, and zero (measured over every
+    decade of doubles, see test_codec); ints (written as 1.0 by the reference)
+    and NaN/inf take the reference path.  C loops only: this is the hot path.
+    """
+    ps = list(map(_progress, tasks))
+    if set(map(type, ps)) - _FLOAT_ONLY:
+        return False
+    smallest = min(filter(None, ps), default=1.0)  # filter(None): zeros are fine
+    return _FAST_FLOAT_MIN <= smallest and max(ps, default=0.0) <= 1.0 and math.isfinite(sum(ps))
+
+
+def _entry_objects(tasks: tuple[TaskEntry, ...]) -> list[dict[str, Any]]:
+    return [{"gid": g, "status": s, "progress": p} for g, s, p in tasks]
+
+
+def _task_report_fast(m: TaskReport) -> bytes:
+    ids = m.operation_ids
+    return _fast_dumps(
+        {
+            "reportId": m.report_id,
+            "revision": m.revision,
+            "galleryTasks": _entry_objects(m.gallery_tasks),
+            "operationIds": ids if type(ids) is dict else dict(ids),
+            "deleted": [
+                {"gid": g, "operationId": o, "result": r, "reason": why}
+                for g, o, r, why in m.deleted
+            ],
+        },
+        option=_INT_KEYS,
+    )
+
+
+def _fast_payload(message: Message) -> bytes:
+    """orjson's bytes for ``message``; TypeError where only the reference writer can."""
+    t = message.TYPE
+    if t == 12:
+        if _fast_floats(message.gallery_tasks):  # type: ignore[union-attr]
+            return _task_report_fast(message)  # type: ignore[arg-type]
+        return _task_report_json(message).encode("utf-8")  # type: ignore[arg-type]
+    if t == 6:
+        tasks = message.gallery_tasks  # type: ignore[union-attr]
+        if _fast_floats(tasks):
+            return _fast_dumps({"galleryTasks": _entry_objects(tasks)})
+        return f'{{"galleryTasks":[{_entries_json(tasks)}]}}'.encode()
+    return _fast_dumps(_wire(message))
 
 
 def _wire(message: Message) -> dict[str, Any]:
@@ -365,12 +428,18 @@ def _json(message: Message) -> str:
 
 def encode_payload(message: Message) -> bytes:
     """The compact JSON payload of ``message`` (no header)."""
-    return _json(message).encode("utf-8")
+    try:
+        return _fast_payload(message)
+    except TypeError:
+        # orjson.JSONEncodeError (a TypeError): an int beyond 64 bits, which the
+        # reference writes, or a lone surrogate, for which the reference raises
+        # UnicodeEncodeError as it always did.
+        return _json(message).encode("utf-8")
 
 
 def encode(message: Message) -> bytes:
     """The whole frame of ``message``: 5-byte header then compact JSON."""
-    payload = _json(message).encode("utf-8")
+    payload = encode_payload(message)
     return _pack_header(message.TYPE, len(payload)) + payload
 
 
@@ -447,7 +516,9 @@ def _task_entries(raw: Any, where: str, strict: bool) -> tuple[TaskEntry, ...]:
             raise _bad(f"{where}.galleryTasks status must be 1..4: {s!r}")
         if type(p) is not float:
             if type(p) is not int:
-                raise _bad(f"{where}.galleryTasks progress must be a number: {p!r}")
+                raise _bad(f"{where}.galleryTasks progress must be a number: {p!r:.40}")
+            if not 0 <= p <= 1:  # before float(): float(10**400) raises OverflowError
+                raise _bad(f"{where}.galleryTasks progress must be 0.0..1.0: {p!r:.40}")
             p = float(p)
         if not 0.0 <= p <= 1.0:
             raise _bad(f"{where}.galleryTasks progress must be 0.0..1.0: {p!r}")
@@ -589,36 +660,58 @@ def _d_task_report_ack(d: dict[str, Any], strict: bool) -> TaskReportAck:
     return TaskReportAck(report_id, result)
 
 
-_DECODERS: dict[int, Callable[[dict[str, Any], bool], Message]] = {
-    0: _d_identity,
-    1: _d_login,
-    2: _d_login_result,
-    3: _d_heartbeat,
-    4: _d_download_post,
-    5: _d_delete_gallery,
-    6: _d_status_report,
-    7: _d_delete_result,
-    8: _d_error,
-    9: _d_goodbye,
-    10: _d_hello,
-    11: _d_task_command,
-    12: _d_task_report,
-    13: _d_task_report_ack,
+class MessageType(NamedTuple):
+    """One row of the table of message types (PROTOCOL.md, "Message types")."""
+
+    cls: type[Message]
+    decode: Callable[[dict[str, Any], bool], Message]
+    #: A frozen legacy type's wire field names (the strict reader refuses
+    #: any other); ``None`` for a v2-only type.
+    legacy_fields: frozenset[str] | None
+    #: May arrive before login.
+    pre_login: bool
+
+
+def _legacy(*fields: str) -> frozenset[str]:
+    return frozenset(fields)
+
+
+#: The message types keyed by their type number (each class's ``TYPE``);
+#: the decoders, the legacy reader's fields and types, and the types allowed
+#: before login are all read from here.
+MESSAGE_TYPES: dict[int, MessageType] = {
+    row.cls.TYPE: row
+    for row in (
+        MessageType(Identity, _d_identity, _legacy("name", "nonce"), True),
+        MessageType(Login, _d_login, _legacy("nodeId", "signature"), True),
+        MessageType(LoginResult, _d_login_result, _legacy("accepted", "reason"), True),
+        MessageType(Heartbeat, _d_heartbeat, _legacy("time"), True),
+        MessageType(DownloadPost, _d_download_post, _legacy("gid", "token", "name", "url"), False),
+        MessageType(DeleteGallery, _d_delete_gallery, _legacy("gid"), False),
+        MessageType(StatusReport, _d_status_report, _legacy("galleryTasks"), False),
+        MessageType(DeleteResult, _d_delete_result, _legacy("gid", "success", "reason"), False),
+        MessageType(Error, _d_error, _legacy("code", "message"), True),
+        MessageType(Goodbye, _d_goodbye, _legacy("reason"), True),
+        MessageType(ProtocolHello, _d_hello, None, True),
+        MessageType(TaskCommand, _d_task_command, None, False),
+        MessageType(TaskReport, _d_task_report, None, False),
+        MessageType(TaskReportAck, _d_task_report_ack, None, False),
+    )
 }
 
+_DECODERS: dict[int, Callable[[dict[str, Any], bool], Message]] = {
+    number: row.decode for number, row in MESSAGE_TYPES.items()
+}
 #: Wire field names of the legacy types, for the strict reader.
 _LEGACY_FIELDS: dict[int, frozenset[str]] = {
-    0: frozenset({"name", "nonce"}),
-    1: frozenset({"nodeId", "signature"}),
-    2: frozenset({"accepted", "reason"}),
-    3: frozenset({"time"}),
-    4: frozenset({"gid", "token", "name", "url"}),
-    5: frozenset({"gid"}),
-    6: frozenset({"galleryTasks"}),
-    7: frozenset({"gid", "success", "reason"}),
-    8: frozenset({"code", "message"}),
-    9: frozenset({"reason"}),
+    number: row.legacy_fields
+    for number, row in MESSAGE_TYPES.items()
+    if row.legacy_fields is not None
 }
+#: The frozen legacy types; a strict (legacy) reader knows only these.
+LEGACY_TYPES = frozenset(_LEGACY_FIELDS)
+#: Types a peer may send before login; anything else is ``unauthenticated``.
+PRE_LOGIN_TYPES = frozenset(number for number, row in MESSAGE_TYPES.items() if row.pre_login)
 
 
 def decode(type_: int, payload: bytes, *, strict: bool = False) -> Message:
@@ -634,6 +727,31 @@ def decode(type_: int, payload: bytes, *, strict: bool = False) -> Message:
     decoder = _DECODERS.get(type_)
     if decoder is None or (strict and type_ > 9):
         raise UnknownMessageType(type_)
+    # Fast path (orjson) for what it accepts and the field checks pass; every
+    # refusal is decided again by the reference reader, so codes and messages
+    # are exactly its own: orjson reads integers beyond 64 bits as floats,
+    # refuses lone surrogates and deep nesting itself, and words errors its way.
+    try:
+        d = _fast_loads(payload)
+    except _FastDecodeError:
+        pass
+    else:
+        if type(d) is dict and not (strict and d.keys() - _LEGACY_FIELDS[type_]):
+            try:
+                return decoder(d, strict)
+            except ProtocolError:
+                pass
+    return _decode_reference(decoder, type_, payload, strict)
+
+
+_fast_loads = orjson.loads
+_FastDecodeError = orjson.JSONDecodeError
+
+
+def _decode_reference(
+    decoder: Callable[[dict[str, Any], bool], Message], type_: int, payload: bytes, strict: bool
+) -> Message:
+    """The reference reader (``json`` of the standard library): every error's source."""
     try:
         # Decode UTF-8 ourselves: json.loads(bytes) would also accept UTF-16/32.
         text = payload.decode("utf-8")

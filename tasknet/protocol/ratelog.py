@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Hashable
 from typing import Any
 
+from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger, LogLevel
 
 __all__ = ["OVERFLOW_KEY", "RateLimitedLog"]
@@ -32,7 +33,7 @@ class RateLimitedLog:
     def __init__(
         self,
         log: Logger,
-        clock: Any,  # IReactorTime (Any: zope interfaces are opaque to mypy)
+        clock: IReactorTime,
         *,
         interval: float = 60.0,
         level: LogLevel = LogLevel.warn,

@@ -4,11 +4,17 @@ Site side: an :class:`INodeSession` per logged-in node connection, reported
 to an :class:`ISiteHandler`.  Node side: an :class:`ISiteLink` reported to an
 :class:`INodeHandler`.  Lifecycle code asks ``protocol_version`` only to pick
 a message type; everything else is the same for legacy and v2 connections.
+
+These are the only types of the four roles: classes declare them with
+``@implementer`` and code is annotated with them (mypy checks both through
+the ``mypy-zope`` plugin).  Attributes are typed in their descriptions.
 """
 
 from __future__ import annotations
 
 from zope.interface import Attribute, Interface
+
+from tasknet.protocol.messages import Message
 
 __all__ = ["INodeHandler", "INodeSession", "ISiteHandler", "ISiteLink"]
 
@@ -40,7 +46,7 @@ class ISiteHandler(Interface):
     def node_attached(session: INodeSession) -> None:
         """A node logged in (after LoginResult{accepted} was sent)."""
 
-    def message_received(session: INodeSession, message: object) -> None:
+    def message_received(session: INodeSession, message: Message) -> None:
         """A post-login message other than Heartbeat/Hello/Goodbye/Error."""
 
     def node_detached(session: INodeSession) -> None:
@@ -52,7 +58,7 @@ class ISiteLink(Interface):
 
     protocol_version = Attribute("int: 2 only if the site's Hello came before LoginResult")
 
-    def send(message: object) -> None:
+    def send(message: Message) -> None:
         """Send a message; a v2 type (10-13) on a legacy link raises ValueError."""
 
     def close(reason: str) -> None:
@@ -65,7 +71,7 @@ class INodeHandler(Interface):
     def link_up(link: ISiteLink) -> None:
         """LoginResult{accepted} arrived."""
 
-    def message_received(link: ISiteLink, message: object) -> None:
+    def message_received(link: ISiteLink, message: Message) -> None:
         """A post-login message other than Heartbeat/Hello/Goodbye/Error."""
 
     def link_down(link: ISiteLink) -> None:

@@ -1,7 +1,7 @@
 """Sending commands to nodes (LIFECYCLE.md invariants 5, 9 and 10).
 
-Dispatch is off until the site enables it after recovery succeeded
-(:meth:`Dispatcher.enable`).  Then:
+:class:`Dispatcher` is a service: off until the site starts it, once
+recovery succeeded (``startService``).  Then:
 
 * on a node's login, the node gets every command for the tasks already
   assigned to it (``DOWNLOAD`` for those not yet completed at the site, with
@@ -12,11 +12,12 @@ Dispatch is off until the site enables it after recovery succeeded
 * when a task becomes ``SUBMITTED`` or ``DELETE_PENDING`` (the lifecycle calls
   :meth:`Dispatcher.task_changed` after the commit), that one task is
   assigned if needed and sent to its node when connected;
-* every ``poll_interval`` seconds a pass catches what no in-process trigger
-  announced (a task resolved by ``tasknet-admin`` in another process, a
-  trigger whose write failed): unassigned eligible tasks are assigned and
-  sent, and pending deletes go to connected nodes that have not had them on
-  their current connection.  Nothing else is resent: resending is for logins.
+* every ``poll_interval`` seconds (a ``TimerService`` child) a pass
+  catches what no in-process trigger announced (a task resolved by
+  ``tasknet-admin`` in another process, a trigger whose write failed):
+  unassigned eligible tasks are assigned and sent, and pending deletes go
+  to connected nodes that have not had them on their current connection.
+  Nothing else is resent: resending is for logins.
 
 Only what :mod:`tasknet.site.storage.dispatch` returns is ever sent: the
 eligibility rule lives there (and in ``storage.eligibility.is_dispatchable``).
@@ -29,83 +30,25 @@ sets go a page (one transaction) at a time; between pages the reactor runs.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any, Protocol
+from typing import Any
 
+from twisted.application.internet import TimerService
+from twisted.application.service import MultiService
 from twisted.internet.defer import Deferred, gatherResults, succeed
-from twisted.internet.task import LoopingCall
 from twisted.logger import Logger
 
+from tasknet.clock import default_reactor
+from tasknet.coalesce import CoalescingRunner
 from tasknet.protocol.messages import ACTION_DELETE
+from tasknet.protocol.session import INodeSession
+from tasknet.site.connected_nodes import ConnectedNodes
 from tasknet.site.storage import dispatch as storage
 from tasknet.site.storage.db import Database
-from tasknet.site.storage.reports import ReportOutcome
 
 log = Logger()
 
 
-class Session(Protocol):
-    """What the site uses of a ``tasknet.protocol.session.Session``
-    (a typing view of the zope interface, which mypy cannot check)."""
-
-    node_id: str
-    protocol_version: int
-    features: tuple[str, ...]
-    connected_at: float
-
-    def send_download(
-        self, operation_id: str, gid: int, token: str, name: str, url: str
-    ) -> None: ...
-
-    def send_delete(self, delete_operation_id: str, gid: int, name: str) -> None: ...
-
-    def send_ack(self, report_id: str, result: str) -> None: ...
-
-    def close(self, reason: str) -> None: ...
-
-
-class ConnectedNodes:
-    """The logged-in node sessions by node id (newest wins), and what the
-    site knows of each node (last applied report revision)."""
-
-    def __init__(self) -> None:
-        self.sessions: dict[str, Session] = {}
-        self.last_revision: dict[str, int] = {}
-        #: Delete ids sent on each node's current session (so the periodic
-        #: pass sends a pending delete once per connection, not every time).
-        self.deletes_sent: dict[str, set[str]] = {}
-
-    def attach(self, session: Session) -> None:
-        self.sessions[session.node_id] = session
-        self.deletes_sent[session.node_id] = set()
-
-    def detach(self, session: Session) -> bool:
-        """Forget ``session`` if it is still the node's current one."""
-        if self.sessions.get(session.node_id) is session:
-            del self.sessions[session.node_id]
-            self.deletes_sent.pop(session.node_id, None)
-            return True
-        return False
-
-    def current(self, node_id: str) -> Session | None:
-        return self.sessions.get(node_id)
-
-    def is_current(self, session: Session) -> bool:
-        return self.sessions.get(session.node_id) is session
-
-    def ids(self) -> list[str]:
-        return sorted(self.sessions)
-
-    def report_applied(self, session: Session, outcome: ReportOutcome) -> None:
-        """After a committed report: remember the node's latest revision (it
-        goes down only when the report started a new revision epoch)."""
-        revision = outcome.revision
-        if revision is None:
-            return
-        if outcome.new_epoch or revision > self.last_revision.get(session.node_id, -1):
-            self.last_revision[session.node_id] = revision
-
-
-def send_command(session: Session, command: storage.Command) -> None:
+def send_command(session: INodeSession, command: storage.Command) -> None:
     """One command on one session (the session picks the wire message)."""
     if command.action == ACTION_DELETE:
         session.send_delete(command.operation_id, command.gid, command.name)
@@ -115,8 +58,9 @@ def send_command(session: Session, command: storage.Command) -> None:
         )
 
 
-class Dispatcher:
-    """Assigns eligible tasks to connected nodes and sends their commands."""
+class Dispatcher(MultiService):
+    """Assigns eligible tasks to connected nodes and sends their commands;
+    running (started) means dispatch is on."""
 
     def __init__(
         self,
@@ -134,20 +78,24 @@ class Dispatcher:
             raise ValueError(f"assign_delay must be >= 0, got {assign_delay}")
         if poll_interval is not None and poll_interval <= 0:
             raise ValueError(f"poll_interval must be > 0 or None, got {poll_interval}")
-        if clock is None:
-            from twisted.internet import reactor as clock
-        self._clock = clock
-        self._poll_interval = poll_interval
-        self._poll: LoopingCall | None = None
+        super().__init__()
+        self._clock = default_reactor(clock)
+        if poll_interval is not None:
+            poll = TimerService(poll_interval, self._poll_tick)
+            poll.clock = self._clock
+            poll.setServiceParent(self)
         self._polling = False
         self._assign_delay = assign_delay
         self._assign_call: Any = None
         self._db = db
         self._nodes = nodes
+        #: Delete ids sent on each node's current session (so the periodic
+        #: pass sends a pending delete once per connection, not every time).
+        self._deletes_sent: dict[str, set[str]] = {}
         self._page_size = page_size
         self.enabled = False
-        self._unassigned_running = False
-        self._unassigned_again = False
+        # One unassigned pass at a time; a request during a pass runs one more after it.
+        self._unassigned = CoalescingRunner(self._assign_all)
         self._running: set[Deferred[None]] = set()
         #: Commands sent since start, periodic passes completed (tests, logs).
         self.sent = 0
@@ -171,23 +119,20 @@ class Dispatcher:
 
     # -- triggers
 
-    def enable(self) -> Deferred[None]:
-        """Turn dispatch on (recovery succeeded), catch up with every node
-        already connected, and start the periodic pass."""
+    def startService(self) -> None:
+        """Turn dispatch on (recovery succeeded): catch up with every node
+        already connected (:meth:`idle` fires when done), then poll."""
+        # The poll timer calls its first tick as it starts, while dispatch is
+        # still off, so that tick does nothing: the catch-up below is that pass.
+        super().startService()
         self.enabled = True
         log.info("dispatch enabled")
-        if self._poll_interval is not None and self._poll is None:
-            self._poll = LoopingCall(self._poll_tick)
-            self._poll.clock = self._clock
-            self._poll.start(self._poll_interval, now=False)
-        return self._track(
-            Deferred.fromCoroutine(self._catch_up(list(self._nodes.sessions.values())))
-        )
+        self._track(Deferred.fromCoroutine(self._catch_up(list(self._nodes.values()))))
 
     def _poll_tick(self) -> None:
-        # Not returned to the LoopingCall (a failure would stop it); a tick
+        # Not returned to the timer (a failure would stop it); a tick
         # while the previous pass still runs is skipped.
-        if not self.enabled or self._polling or not self._nodes.sessions:
+        if not self.enabled or self._polling or not self._nodes:
             return
         self._polling = True
 
@@ -201,16 +146,23 @@ class Dispatcher:
         await self._guarded_unassigned_pass()
         await self._guarded_deletes_pass()
 
-    def node_attached(self, session: Session) -> Deferred[None]:
+    def node_attached(self, session: INodeSession) -> Deferred[None]:
         """A node logged in: resend its tasks, then hand out unassigned ones."""
+        self._deletes_sent[session.node_id] = set()  # a new connection has had none
         if not self.enabled:
             return succeed(None)
         return self._track(Deferred.fromCoroutine(self._catch_up([session])))
 
+    def node_detached(self, session: INodeSession) -> None:
+        """A node's session went: forget the deletes sent on it, unless a
+        newer session of the node has already taken its place."""
+        if session.node_id not in self._nodes:
+            self._deletes_sent.pop(session.node_id, None)
+
     def task_changed(self, gid: int) -> Deferred[None]:
         """``gid`` became ``SUBMITTED`` or ``DELETE_PENDING`` (committed):
         send its command if it has (or can get) a connected node."""
-        if not self.enabled or not self._nodes.sessions:
+        if not self.enabled or not self._nodes:
             # Nobody to send to: not even a write.  The catch-up pass of the
             # next node to log in reads this (committed) task and assigns
             # or resends it then.
@@ -221,7 +173,7 @@ class Dispatcher:
 
     # -- passes
 
-    async def _catch_up(self, sessions: Iterable[Session]) -> None:
+    async def _catch_up(self, sessions: Iterable[INodeSession]) -> None:
         try:
             for session in sessions:
                 await self._node_pass(session)
@@ -246,7 +198,7 @@ class Dispatcher:
 
     async def _guarded_unassigned_pass(self) -> None:
         try:
-            await self._unassigned_pass()
+            await self._unassigned.run()
         except Exception:
             log.failure("assigning unassigned tasks failed")
 
@@ -256,19 +208,17 @@ class Dispatcher:
         except Exception:
             log.failure("sending pending deletes failed")
 
-    def stop(self) -> Deferred[None]:
+    def stopService(self) -> Deferred[None]:
         """Stop scheduling passes; fires when the running ones are done."""
         self.enabled = False
         if self._assign_call is not None and self._assign_call.active():
             self._assign_call.cancel()
         self._assign_call = None
-        if self._poll is not None:
-            if self._poll.running:
-                self._poll.stop()
-            self._poll = None
-        return self.idle()
+        # Never started (recovery failed): no timer to stop.
+        stopped: Deferred[Any] = super().stopService() if self.running else succeed(None)
+        return stopped.addCallback(lambda _: self.idle())
 
-    async def _node_pass(self, session: Session) -> None:
+    async def _node_pass(self, session: INodeSession) -> None:
         after = 0
         sent = 0
         while self._nodes.is_current(session):
@@ -294,9 +244,9 @@ class Dispatcher:
         pending: set[str] = set()
         # What was sent before this pass began: only those ids may be
         # forgotten at its end (one sent meanwhile may be newer than our pages).
-        known_before = {node: set(ids) for node, ids in self._nodes.deletes_sent.items()}
+        known_before = {node: set(ids) for node, ids in self._deletes_sent.items()}
         while after is not None:
-            if not self._nodes.sessions:
+            if not self._nodes:
                 return
             page = await self._db.write(
                 storage.pending_deletes_page, self._nodes.ids(), after, self._page_size
@@ -307,36 +257,21 @@ class Dispatcher:
             after = page.last_gid
         # A whole pass: forget ids no longer pending (completed), so the sets
         # stay small.
-        for node, sent in self._nodes.deletes_sent.items():
+        for node, sent in self._deletes_sent.items():
             sent -= known_before.get(node, set()) - pending
 
     def _send_unsent_delete(self, command: storage.Command) -> None:
-        session = self._nodes.current(command.node_id)
-        if session is not None and command.operation_id not in self._nodes.deletes_sent.get(
+        session = self._nodes.get(command.node_id)
+        if session is not None and command.operation_id not in self._deletes_sent.get(
             session.node_id, ()
         ):
             self._send(session, command)
 
-    def _send(self, session: Session, command: storage.Command) -> None:
+    def _send(self, session: INodeSession, command: storage.Command) -> None:
         send_command(session, command)
         self.sent += 1
         if command.action == ACTION_DELETE:
-            self._nodes.deletes_sent.setdefault(session.node_id, set()).add(command.operation_id)
-
-    async def _unassigned_pass(self) -> None:
-        # One pass at a time; a request during a pass runs one more after it.
-        if self._unassigned_running:
-            self._unassigned_again = True
-            return
-        self._unassigned_running = True
-        try:
-            again = True
-            while again:
-                self._unassigned_again = False
-                await self._assign_all()
-                again = self._unassigned_again
-        finally:
-            self._unassigned_running = False
+            self._deletes_sent.setdefault(session.node_id, set()).add(command.operation_id)
 
     async def _assign_all(self) -> None:
         after = 0
@@ -360,7 +295,7 @@ class Dispatcher:
 
     def _send_all(self, commands: list[storage.Command]) -> None:
         for command in commands:
-            session = self._nodes.current(command.node_id)
+            session = self._nodes.get(command.node_id)
             if session is None:
                 # Assigned and marked, its node left meanwhile: resent on its login.
                 continue

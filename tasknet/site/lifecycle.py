@@ -11,7 +11,9 @@ create:  reserve ─▶ prepare (GET) ─▶ quota + SUBMITTING ─▶ submit (P
 
 Nothing here retries a POST.  What the chain does retry are its own local
 writes that settle an outcome (``release``, ``begin_submit``,
-``release_refused``, ``mark_unknown``) when the database is busy or locked:
+``release_refused``, ``mark_unknown``) when the database is busy or locked
+(the database layer's classified ``DatabaseBusy``; the retry itself is the
+layer's ``Database.write_retrying``):
 each acts only on the expected operationId in the expected state, so a
 repeat can never change another generation or call the upstream.  They are
 retried with backoff for ``record_retry_for`` seconds while the client waits
@@ -25,22 +27,26 @@ crash (or a stop) before that leaves ``RESERVED``/``SUBMITTING`` for
 
 from __future__ import annotations
 
-import sqlite3
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from twisted.application.internet import backoffPolicy
 from twisted.internet.defer import CancelledError, Deferred
 from twisted.internet.task import deferLater
 from twisted.logger import Logger
 
+from tasknet.clock import default_reactor
 from tasknet.site.storage import create, delete, reconcile, usage, views
 from tasknet.site.storage.create import Recovered
-from tasknet.site.storage.db import Database
-from tasknet.site.storage.errors import TaskError
+from tasknet.site.storage.db import Database, Retry
+from tasknet.site.storage.errors import DatabaseBusy, TaskError
 from tasknet.site.upstream_client import (
     Outcome,
     PrepareOutcome,
+    PrepareResult,
+    SubmitResult,
     UpstreamClient,
     UpstreamError,
 )
@@ -108,8 +114,7 @@ class Lifecycle:
     ) -> None:
         if record_retry_for < 0 or retry_initial <= 0 or retry_max <= 0 or settle_interval <= 0:
             raise ValueError("retry timings must be positive")
-        if clock is None:
-            from twisted.internet import reactor as clock
+        clock = default_reactor(clock)
         self.db = db
         self.upstream = upstream
         self.upstream_timeout = upstream_timeout
@@ -123,45 +128,46 @@ class Lifecycle:
         #: Outcome writes still being retried in the background.
         self._settling: set[Deferred[None]] = set()
 
-    async def _write(self, fn: Callable[..., T], *args: Any) -> T:
-        result = await self.db.write(fn, *args)
+    def _woken(self) -> None:
         try:
             self.on_commit()
         except Exception:
             log.failure("outbox wake-up failed (delivery resumes on its next poll)")
+
+    async def _write(self, fn: Callable[..., T], *args: Any) -> T:
+        result = await self.db.write(fn, *args)
+        self._woken()
         return result
 
     async def _record(
         self, what: str, fn: Callable[..., T], *args: Any, background: bool = True
     ) -> T:
-        """A local write that settles an outcome, retried with backoff while
-        the database is busy or locked (``OperationalError``), for at most
+        """A local write that settles an outcome, retried by the database
+        with backoff while it is busy (:class:`DatabaseBusy`), for at most
         ``record_retry_for`` seconds; then :class:`Unrecorded` is raised and,
         if ``background``, the write goes on being retried in the background
         (:meth:`_settle_later`).  Any other error is raised at once (a retry
         would not help)."""
-        deadline = self._clock.seconds() + self.record_retry_for
-        delay = self.retry_initial
-        while True:
-            try:
-                return await self._write(fn, *args)
-            except sqlite3.OperationalError as e:
-                if self._clock.seconds() + delay > deadline:
-                    log.error(
-                        "{what}: still failing after {seconds}s ({error}){then}",
-                        what=what,
-                        seconds=self.record_retry_for,
-                        error=e,
-                        then=f"; retrying it every {self.settle_interval}s in the background"
-                        if background
-                        else "",
-                    )
-                    if background:
-                        self._settle_later(what, fn, *args)
-                    raise Unrecorded(f"{what}: {e}") from e
-                log.warn("{what}: {error}; retrying in {delay}s", what=what, error=e, delay=delay)
-                await deferLater(self._clock, delay, lambda: None)
-                delay = min(delay * 2, self.retry_max)
+        backoff = backoffPolicy(self.retry_initial, self.retry_max, factor=2.0, jitter=lambda: 0.0)
+        try:
+            result = await self.db.write_retrying(
+                Retry(what, self.record_retry_for, backoff), fn, *args
+            )
+        except DatabaseBusy as e:
+            log.error(
+                "{what}: still failing after {seconds}s ({error}){then}",
+                what=what,
+                seconds=self.record_retry_for,
+                error=e,
+                then=f"; retrying it every {self.settle_interval}s in the background"
+                if background
+                else "",
+            )
+            if background:
+                self._settle_later(what, fn, *args)
+            raise Unrecorded(f"{what}: {e}") from e
+        self._woken()
+        return result
 
     def _settle_later(self, what: str, fn: Callable[..., Any], *args: Any) -> None:
         d = Deferred.fromCoroutine(self._settle(what, fn, *args))
@@ -169,24 +175,20 @@ class Lifecycle:
         d.addBoth(lambda _: self._settling.discard(d))
 
     async def _settle(self, what: str, fn: Callable[..., Any], *args: Any) -> None:
-        while True:
-            try:
-                await deferLater(self._clock, self.settle_interval, lambda: None)
-            except CancelledError:
-                log.warn("{what}: not recorded before the stop; recovery at start does", what=what)
-                return
-            try:
-                await self._write(fn, *args)
-            except sqlite3.OperationalError as e:
-                log.warn("{what}: still failing ({error})", what=what, error=e)
-                continue
-            except CancelledError:
-                return  # stopped while writing: the write lands or recovery does it
-            except Exception:
-                log.failure("{what} failed; recovery at the next start settles it", what=what)
-                return
-            log.info("{what}: recorded at last", what=what)
+        """Every ``settle_interval`` seconds until it lands (or the stop)."""
+        every = Retry(f"{what} (background)", math.inf, lambda _: self.settle_interval)
+        try:
+            await deferLater(self._clock, self.settle_interval, lambda: None)
+            await self.db.write_retrying(every, fn, *args)
+        except CancelledError:
+            # Stopped while waiting (or while writing: the write lands or not).
+            log.warn("{what}: not recorded before the stop; recovery at start does", what=what)
             return
+        except Exception:
+            log.failure("{what} failed; recovery at the next start settles it", what=what)
+            return
+        self._woken()
+        log.info("{what}: recorded at last", what=what)
 
     @property
     def settling(self) -> int:
@@ -217,11 +219,29 @@ class Lifecycle:
         # 1. The intent and its placeholder row, durable before anything upstream.
         operation_id = await self._write(create.reserve, gid, user_id, name, token, week)
         # 2. Read-only prepare: learn the cost; nothing is charged.
+        prepared = await self._prepare(gid, token, operation_id)
+        # 3. Quota with the known cost, then SUBMITTING, committed before the POST.
+        await self._begin_submit(gid, operation_id, prepared, week)
+        # 4. The one POST.
+        submitted = await self._submit(gid, token, operation_id)
+        if submitted.outcome is Outcome.AMBIGUOUS:
+            await self._mark_unknown(gid, operation_id, "submit", submitted.error)
+            return await self._answer(gid)
+        # 5. Task row + weekly usage in one transaction, guarded by the generation.
+        return await self._persist(gid, operation_id, submitted, week)
+
+    async def _prepare(self, gid: int, token: str, operation_id: str) -> PrepareResult:
+        """The read-only GET; on any refusal the reservation is released."""
         prepared = await self.upstream.prepare(gid, token, self.upstream_timeout)
         if prepared.outcome is not PrepareOutcome.OK:
             await self._release(gid, operation_id)
             raise _prepare_error(gid, prepared.outcome, prepared.error)
-        # 3. Quota with the known cost, then SUBMITTING, committed before the POST.
+        return prepared
+
+    async def _begin_submit(
+        self, gid: int, operation_id: str, prepared: PrepareResult, week: str
+    ) -> None:
+        """Quota check and SUBMITTING in one transaction, committed before the POST."""
         try:
             started = await self._record(
                 f"SUBMITTING of gid {gid}",
@@ -245,7 +265,9 @@ class Lifecycle:
                 "quota_exceeded",
                 f"gid {gid} costs {prepared.cost}: that would exceed this week's quota",
             )
-        # 4. The one POST.
+
+    async def _submit(self, gid: int, token: str, operation_id: str) -> SubmitResult:
+        """The one POST; a refusal releases the generation and is raised."""
         submitted = await self.upstream.submit(gid, token, self.upstream_timeout)
         if submitted.outcome is Outcome.REFUSED:
             try:
@@ -257,13 +279,15 @@ class Lifecycle:
             raise TaskError(
                 "upstream_rejected", f"the upstream refused gid {gid}: {submitted.error}"
             )
-        if submitted.outcome is Outcome.AMBIGUOUS:
-            await self._mark_unknown(gid, operation_id, "submit", submitted.error)
-            return await self._answer(gid)
-        # 5. Task row + weekly usage in one transaction, guarded by the generation.
+        return submitted
+
+    async def _persist(
+        self, gid: int, operation_id: str, submitted: SubmitResult, week: str
+    ) -> Created:
+        """Record an accepted POST; if that fails the task is UNKNOWN, never lost."""
         try:
             view = await self._write(
-                _persist_and_view,
+                create.persist_and_view,
                 gid,
                 operation_id,
                 submitted.archive_url,
@@ -442,15 +466,6 @@ def _archive_url_evidence(evidence: dict[str, Any]) -> None:
         evidence["archiveUrl"] = None
         evidence["archiveUrlSource"] = None
         evidence["warning"] = NO_ARCHIVE_URL
-
-
-def _persist_and_view(
-    cursor: sqlite3.Cursor, gid: int, operation_id: str, archive_url: str, cost: int, week: str
-) -> dict[str, Any] | None:
-    """:func:`create.persist_submitted` and the task view it leaves, in one
-    transaction: the answer of a create needs no read after the commit."""
-    create.persist_submitted(cursor, gid, operation_id, archive_url, cost, week)
-    return views.task_view(cursor, gid)
 
 
 def _prepare_error(gid: int, outcome: PrepareOutcome, error: str) -> TaskError:

@@ -62,7 +62,6 @@ Helpers: :func:`record_upstream_call`, :func:`observe_since`,
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Mapping
 from typing import Any, cast
 
@@ -217,9 +216,10 @@ def record_upstream_call(call: str, outcome: str, seconds: float) -> None:
     UPSTREAM_LATENCY.labels(call=call).observe(seconds)
 
 
-def observe_since(histogram: Any, started: float) -> float:
-    """Observe ``time.monotonic() - started`` on ``histogram`` (or a labelled child); return it."""
-    elapsed = time.monotonic() - started
+def observe_since(histogram: Any, started: float, now: float) -> float:
+    """Observe ``now - started`` (both on the caller's clock) on ``histogram``
+    (or a labelled child); return it."""
+    elapsed = now - started
     histogram.observe(elapsed)
     return elapsed
 

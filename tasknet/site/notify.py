@@ -25,13 +25,15 @@ Delivery semantics:
   (queued, in flight, waiting for a retry); the executor hands it rows from
   the database, in id order, only while it has room, so a dead webhook with
   a large backlog costs ``max_held`` rows of memory, not the backlog.
-* Rows left undelivered by a previous run are delivered on :meth:`start`.
+* Rows left undelivered by a previous run are delivered once the executor
+  (a service) starts.
 
 Housekeeping: with no webhook configured a row is deleted as soon as it is
 fanned out to the WebSocket clients (nothing else will read it).  With a
 webhook, finished rows (WebSocket delivered, webhook delivered or given up)
 older than ``retention_days`` are deleted every
-``prune_interval`` seconds (and once at start), ``prune_batch`` rows per
+``prune_interval`` seconds (and once at start; a ``TimerService`` child, as
+is the ``poll_interval`` poll), ``prune_batch`` rows per
 write transaction, so the table does not grow without limit and no prune
 ever holds the writer the reports need for long.
 """
@@ -43,13 +45,16 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 import treq
+from twisted.application.internet import TimerService, backoffPolicy
+from twisted.application.service import MultiService
 from twisted.internet.defer import Deferred, succeed
 from twisted.internet.interfaces import IReactorTime
-from twisted.internet.task import LoopingCall
 from twisted.logger import Logger
 from twisted.web.client import HTTPConnectionPool
 from twisted.web.http_headers import Headers
 
+from tasknet.clock import default_reactor
+from tasknet.coalesce import CoalescingRunner
 from tasknet.site import metrics
 from tasknet.site.storage import delivery
 from tasknet.site.storage.db import Database
@@ -72,12 +77,6 @@ class Publisher(Protocol):
     def publish(self, user_id: int | None, payload: str) -> int: ...
 
     def listening(self) -> bool: ...
-
-
-def _reactor() -> IReactorTime:
-    from twisted.internet import reactor
-
-    return reactor  # type: ignore[return-value]
 
 
 class WebhookSender:
@@ -110,14 +109,13 @@ class WebhookSender:
         self._db = db
         self._timeout = timeout
         self._max_attempts = max_attempts
-        self._backoff = backoff
-        self._max_backoff = max_backoff
+        self._retry_delay = backoffPolicy(backoff, max_backoff, factor=2.0, jitter=lambda: 0.0)
         self._concurrency = concurrency
         self.max_held = max_held
-        self._clock = clock or _reactor()
+        self._clock = default_reactor(clock)
         # The pool connects with a reactor; retries are timed on the clock
         # (a task.Clock in tests, which cannot connect).
-        pool_reactor = self._clock if hasattr(self._clock, "connectTCP") else _reactor()
+        pool_reactor = self._clock if hasattr(self._clock, "connectTCP") else default_reactor()
         self._pool = HTTPConnectionPool(pool_reactor, persistent=True)
         self._pool.maxPersistentPerHost = concurrency
         #: Row ids handed over and not yet finished (queued, in flight, backing off).
@@ -131,7 +129,7 @@ class WebhookSender:
         self._requests: set[Deferred[Any]] = set()
         self._retries: dict[int, Any] = {}
         self._results: list[delivery.WebhookResult] = []
-        self._flushing: Deferred[None] | None = None
+        self._writer = CoalescingRunner(self._write_results)
         self._stopped = False
         self.delivered = 0
 
@@ -212,7 +210,7 @@ class WebhookSender:
             )
             self._finish(delivery.WebhookResult(row.id, delivery.WEBHOOK_FAILED, attempts, error))
             return
-        delay = min(self._backoff * 2 ** (attempts - 1), self._max_backoff)
+        delay = self._retry_delay(attempts - 1)
         self._record(delivery.WebhookResult(row.id, delivery.WEBHOOK_PENDING, attempts, error))
         self._retries[row.id] = self._clock.callLater(delay, self._retry, row, attempts)
 
@@ -235,23 +233,20 @@ class WebhookSender:
 
     def _record(self, result: delivery.WebhookResult) -> None:
         self._results.append(result)
-        if self._flushing is None:
-            self._flushing = Deferred.fromCoroutine(self._flush())
+        self._writer.run()
 
-    async def _flush(self) -> None:
+    async def _write_results(self) -> None:
         # Outcomes that arrive while one write is running go into the next.
+        batch, self._results = self._results, []
+        if not batch:
+            return
         try:
-            while self._results:
-                batch, self._results = self._results, []
-                try:
-                    await self._db.write(delivery.record_webhook_results, batch)
-                except Exception:
-                    log.failure("recording {n} webhook result(s) failed", n=len(batch))
-        finally:
-            self._flushing = None
+            await self._db.write(delivery.record_webhook_results, batch)
+        except Exception:
+            log.failure("recording {n} webhook result(s) failed", n=len(batch))
 
     def idle(self) -> bool:
-        return not self.known and not self._results and self._flushing is None
+        return not self.known and not self._results and not self._writer.running
 
     async def stop(self) -> None:
         """Drop the queued rows, cancel pending retries and requests in
@@ -267,13 +262,16 @@ class WebhookSender:
         for request in list(self._requests):
             request.cancel()
         self.known.clear()
-        if self._flushing is not None:
-            await self._flushing
+        await self._writer.idle()
         await self._pool.closeCachedConnections()
 
 
-class OutboxExecutor:
-    """Drains the outbox after commits: WebSocket fan-out and webhook."""
+class OutboxExecutor(MultiService):
+    """Drains the outbox after commits: WebSocket fan-out and webhook.
+
+    A service: its ``TimerService`` children poll (rows written by another
+    process, the admin CLI, have no in-process commit to wake us) and
+    prune; :meth:`stopService` also finishes the drain and the marks."""
 
     def __init__(
         self,
@@ -291,19 +289,26 @@ class OutboxExecutor:
     ) -> None:
         if retention_days < 0 or prune_batch < 1:
             raise ValueError("outbox retention_days must be >= 0 and prune_batch >= 1")
+        super().__init__()
         self._db = db
         self._retention_seconds = retention_days * 86400.0
-        self._prune_interval = prune_interval
         self._prune_batch = prune_batch
-        self._prune_loop: LoopingCall | None = None
         self._pruning: Deferred[int] | None = None
         self._mark_interval = mark_interval
         self._marked = 0  # rows up to this id are marked in the database
         self._mark_call: Any = None
         self._marking: Deferred[None] | None = None
-        self._poll_interval = poll_interval
-        self._poll: LoopingCall | None = None
-        self._clock: Any = clock or _reactor()
+        self._clock: Any = default_reactor(clock)
+        # Each timer's first call comes as it starts: the first poll delivers
+        # what a previous run left, the first prune runs at start.
+        for interval, call in (
+            (poll_interval, self.wake),
+            (prune_interval, self._prune_in_background),
+        ):
+            if interval:
+                timer = TimerService(interval, call)
+                timer.clock = self._clock
+                timer.setServiceParent(self)
         self._publisher = publisher
         self._webhook = webhook
         if webhook is not None:
@@ -314,49 +319,35 @@ class OutboxExecutor:
         # Rows were committed while nobody was there to push them to: they
         # need marking, and the marking reads how far they go (last_id).
         self._unread = False
-        self._running: Deferred[None] | None = None
-        self._again = False
+        self._drainer = CoalescingRunner(self._drain_logged)
         self._stopped = False
         #: Rows pushed to WebSocket clients since start (tests, logs).
         self.pushed = 0
 
-    def start(self) -> Deferred[None]:
-        """Deliver what a previous run left undelivered, then also poll every
-        ``poll_interval`` seconds: rows written by another process (the
-        admin CLI) have no in-process commit to wake us."""
+    def startService(self) -> None:
+        """Start polling and pruning (the first poll delivers what a previous
+        run left undelivered; ``wake()`` fires when that drain is done)."""
         self._stopped = False
         self._db.read(delivery.backlog).addCallbacks(
             metrics.OUTBOX_BACKLOG.set,
             lambda f: log.failure("reading the outbox backlog failed", f),
         )
-        if self._poll_interval and self._poll is None:
-            self._poll = self._every(self._poll_interval, self.wake, now=False)
-        if self._prune_interval and self._prune_loop is None:
-            self._prune_loop = self._every(self._prune_interval, self._prune_in_background)
-        return self.wake()
-
-    def _every(self, interval: float, fn: Any, *, now: bool = True) -> LoopingCall:
-        loop = LoopingCall(fn)
-        loop.clock = self._clock
-        loop.start(interval, now=now)
-        return loop
+        super().startService()
 
     def wake(self, _notifications: int = 0) -> Deferred[None]:
         """New rows were committed: drain soon (coalesced; never blocks).
         The Deferred fires when the drain that covers them is done."""
         if self._stopped:
             return succeed(None)
-        if self._running is not None:
-            self._again = True
-            return self._running
+        if self._drainer.running:
+            return self._drainer.run()
         if self._nobody_to_deliver_to():
             # No read per wake (a create wakes us three times): the marking,
             # at most every mark_interval, reads the watermark once.
             self._unread = True
             self._schedule_marks()
             return succeed(None)
-        self._running = Deferred.fromCoroutine(self._drain_loop())
-        return self._running
+        return self._drainer.run()
 
     def _ws_listening(self) -> bool:
         return self._publisher is not None and self._publisher.listening()
@@ -364,17 +355,11 @@ class OutboxExecutor:
     def _nobody_to_deliver_to(self) -> bool:
         return self._webhook is None and not self._ws_listening()
 
-    async def _drain_loop(self) -> None:
+    async def _drain_logged(self) -> None:
         try:
-            again = True
-            while again and not self._stopped:
-                self._again = False
-                await self._drain()
-                again = self._again
+            await self._drain()
         except Exception:
             log.failure("outbox drain failed; retried on the next wake")
-        finally:
-            self._running = None
 
     async def _drain(self) -> None:
         while not self._stopped:
@@ -464,7 +449,7 @@ class OutboxExecutor:
             self._marking = None
 
     def _prune_in_background(self) -> None:
-        # Not returned to the LoopingCall: a slow prune must not stop it,
+        # Not returned to the timer: a slow prune must not stop it,
         # and one already running is not started twice.
         if self._pruning is None and not self._stopped:
             self._pruning = Deferred.fromCoroutine(self.prune())
@@ -495,18 +480,17 @@ class OutboxExecutor:
             log.info("pruned {n} delivered notification(s) from the outbox", n=total)
         return total
 
-    async def stop(self) -> None:
-        """Stop draining and pruning; cancel webhook work (undelivered rows
-        stay in the outbox for the next start)."""
+    def stopService(self) -> Deferred[None]:
+        """Stop polling, draining and pruning; cancel webhook work
+        (undelivered rows stay in the outbox for the next start)."""
         self._stopped = True
-        for loop in (self._poll, self._prune_loop):
-            if loop is not None and loop.running:
-                loop.stop()
-        self._poll = self._prune_loop = None
+        timers: Deferred[Any] = super().stopService() if self.running else succeed(None)
+        return timers.addCallback(lambda _: Deferred.fromCoroutine(self._finish()))
+
+    async def _finish(self) -> None:
         if self._pruning is not None:
             await self._pruning
-        if self._running is not None:
-            await self._running
+        await self._drainer.idle()
         if self._mark_call is not None and self._mark_call.active():
             self._mark_call.cancel()
         self._mark_call = None

@@ -4,9 +4,10 @@
 :mod:`tasknet.site.storage.retention`).  The outbox prunes itself
 (:class:`tasknet.site.notify.OutboxExecutor`).
 
-Runs every ``interval`` seconds on the site's clock (and once at start),
-``batch`` rows per write transaction; a prune still running when the next
-is due is not started twice, and :meth:`Housekeeping.stop` waits for it.
+A service: runs every ``interval`` seconds on the site's clock (and once
+at start; a ``TimerService`` child), ``batch`` rows per write transaction; a
+prune still running when the next is due is not started twice, and
+:meth:`Housekeeping.stopService` waits for it.
 """
 
 from __future__ import annotations
@@ -14,11 +15,13 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-from twisted.internet.defer import Deferred
+from twisted.application.internet import TimerService
+from twisted.application.service import MultiService
+from twisted.internet.defer import Deferred, succeed
 from twisted.internet.interfaces import IReactorTime
-from twisted.internet.task import LoopingCall
 from twisted.logger import Logger
 
+from tasknet.clock import default_reactor
 from tasknet.site.storage import retention
 from tasknet.site.storage.db import Database
 
@@ -39,7 +42,7 @@ def stored_timestamp(seconds: float) -> str:
     return f"{moment:%Y-%m-%dT%H:%M:%S}.{moment.microsecond // 1000:03d}Z"
 
 
-class Housekeeping:
+class Housekeeping(MultiService):
     """The periodic prune of receipts and audit rows over ``db``."""
 
     def __init__(
@@ -54,30 +57,27 @@ class Housekeeping:
     ) -> None:
         if receipt_retention_days < 0 or audit_retention_days < 0 or batch < 1 or interval <= 0:
             raise ValueError("retentions must be >= 0, the interval > 0 and the batch >= 1")
-        if clock is None:
-            from twisted.internet import reactor as clock
+        super().__init__()
         self._db = db
-        self._clock: Any = clock
+        self._clock: Any = default_reactor(clock)
+        timer = TimerService(interval, self._in_background)
+        timer.clock = self._clock
+        timer.setServiceParent(self)
         self._receipt_seconds = receipt_retention_days * 86400.0
         self._audit_seconds = audit_retention_days * 86400.0
-        self._interval = interval
         self._batch = batch
-        self._loop: LoopingCall | None = None
         self._running: Deferred[None] | None = None
         self._stopped = False
         #: Rows pruned since start, by table, and passes finished (tests, logs).
         self.pruned = {"report_receipt": 0, "audit": 0}
         self.runs = 0
 
-    def start(self) -> None:
+    def startService(self) -> None:
         self._stopped = False
-        if self._loop is None:
-            self._loop = LoopingCall(self._in_background)
-            self._loop.clock = self._clock
-            self._loop.start(self._interval, now=True)
+        super().startService()
 
     def _in_background(self) -> None:
-        # Not returned to the LoopingCall: a failed or slow prune must not stop it.
+        # Not returned to the timer: a failed or slow prune must not stop it.
         if self._running is None and not self._stopped:
             self._running = Deferred.fromCoroutine(self.prune())
             self._running.addErrback(lambda f: log.failure("housekeeping prune failed", f))
@@ -119,10 +119,8 @@ class Housekeeping:
             total += deleted
         return total
 
-    async def stop(self) -> None:
+    def stopService(self) -> Deferred[None]:
+        """Stop the timer; fires once a prune under way has stopped."""
         self._stopped = True
-        if self._loop is not None and self._loop.running:
-            self._loop.stop()
-        self._loop = None
-        if self._running is not None:
-            await self._running
+        timer: Deferred[Any] = super().stopService() if self.running else succeed(None)
+        return timer.addCallback(lambda _: self._running)

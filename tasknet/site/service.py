@@ -1,20 +1,21 @@
-"""``twistd -n tasknet-site``: options, the :class:`Site` object and the
-startup order of LIFECYCLE.md invariant 10.
-
-In :func:`makeService` (synchronous, before the reactor runs): take the
-database's instance lock (:mod:`tasknet.site.storage.lock`; held by another
-site: refused before anything is read or recovered, exit 1), open the
-database and initialise or verify the schema (an unmigrated legacy database is
-refused with the command to run), create the ``--demo`` user on a fresh
-database, bind the report handler, dispatcher and outbox (the wiring block).
+"""``twistd -n tasknet-site``: the command-line :class:`Options` and the
+running site, :class:`SiteService`, which starts and stops the parts the
+composition root (:mod:`tasknet.site.root`) built, in the order of
+LIFECYCLE.md invariant 10.
 
 In :meth:`SiteService.startService` (a Deferred chain, ``service.ready``):
-recovery → node listener → dispatch enabled only if recovery succeeded →
-HTTP.  If recovery fails, nodes still connect and reports are still applied,
-but nothing is dispatched; ``/healthz`` and the log say so.  While running,
-node keys are re-read from the ``node_key`` table every
-``NODE_KEYS_REFRESH`` seconds (``tasknet-admin node-key`` changes apply
-without a restart).
+node keys read → recovery → housekeeping and outbox started (the outbox
+delivers what the last run left) → node listener → dispatch started only if
+recovery succeeded → HTTP.  If recovery fails, nodes still connect and
+reports are still applied, but nothing is dispatched; ``/healthz`` and the
+log say so.  While running, node keys are re-read from the ``node_key``
+table every ``node_keys_refresh`` seconds (``tasknet-admin node-key``
+changes apply without a restart).
+
+The parts are children of the service (``namedServices``: ``node-keys``,
+``housekeeping``, ``outbox``, ``dispatch``), each a Twisted service with its
+timers as ``TimerService`` children; the site starts each at its step
+above rather than all at once.
 
 A start that fails (a port taken, ...) is undone (the stop below, lock
 released) and, under twistd, the process exits 1 (:mod:`tasknet.startup`).
@@ -26,30 +27,32 @@ the node connections closed (so a node never redelivers what was committed).
 
 from __future__ import annotations
 
-import os
-import sys
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from twisted.application import service
+from twisted.application.internet import TimerService
 from twisted.internet.defer import Deferred, maybeDeferred
 from twisted.internet.endpoints import serverFromString
-from twisted.internet.task import LoopingCall
 from twisted.logger import Logger
 from twisted.python import usage
 from twisted.python.failure import Failure
-from twisted.web.resource import IResource
 
 from tasknet.site import ratelimit
+from tasknet.site.connected_nodes import ConnectedNodes
+from tasknet.site.dispatch import Dispatcher
 from tasknet.site.lifecycle import Lifecycle
-from tasknet.site.storage import lock as instance_lock
+from tasknet.site.node_listener import NodeListenerFactory
+from tasknet.site.notify import OutboxExecutor
+from tasknet.site.reports import ReportPipeline
+from tasknet.site.retention import Housekeeping
 from tasknet.site.storage import users
-from tasknet.site.storage.db import PRIVATE_MODE, Database, connect, open_pool, run_write
+from tasknet.site.storage.db import Database
 from tasknet.site.storage.lock import InstanceLock
-from tasknet.site.storage.schema import SchemaError, prepare_database
 from tasknet.site.upstream_client import UpstreamClient
+from tasknet.site.web.events import EventHub
 from tasknet.site.web.http import DEFAULT_MAX_BODY, BoundedSite
+from tasknet.site.web.interfaces import WebDependencies
 from tasknet.startup import exit_after_stop
 
 log = Logger()
@@ -165,86 +168,134 @@ def read_node_key_file(path: str) -> dict[str, str]:
 
 
 @dataclass
-class Site:
-    """Everything one running site holds.  The slots after ``node_factory``
-    are filled by the reports/dispatch/notify wiring."""
+class Health:
+    """What ``/healthz`` answers; the service sets it as the start goes."""
 
-    db: Database
-    lifecycle: Lifecycle
-    upstream: UpstreamClient
-    node_keys: dict[str, str]  # in force: the node_key table joined by --node-key
-    name: str
-    default_quota: int
-    option_node_keys: dict[str, str] = field(default_factory=dict)  # --node-key (win)
-    webhook: str | None = None
-    max_body: int = DEFAULT_MAX_BODY  # --max-body, enforced by web.http
-    create_limiter: Any = None  # ratelimit.CreateRateLimiter (--create-rate), or None
-    recovery_state: str = "pending"  # "pending" / "done" / "failed"
+    recovery: str = "pending"  # "pending" / "done" / "failed"
     dispatch_enabled: bool = False
-    node_factory: Any = None  # tasknet.site.nodes.NodeListenerFactory
-    # --- slots the reports/dispatch/notify wiring fills ---
-    handler: Any = None  # ISiteHandler
-    dispatcher: Any = None  # .enable() -> Deferred, called once recovery succeeded
-    outbox: Any = None  # .wake() after each commit that enqueued notifications
-    events_resource: IResource | None = None  # /api/events
-    nodes_view: Callable[[], Any] | None = None  # /api/admin/nodes: list or Deferred[list]
-    # Called (in order) after recovery, before the node listener starts, and
-    # at stop before the database closes; each may return a Deferred.
-    on_start: list[Callable[[], Any]] = field(default_factory=list)
-    on_stop: list[Callable[[], Any]] = field(default_factory=list)
-    # The database's instance lock (storage.lock), held until the site stops.
-    instance_lock: InstanceLock | None = None
 
-    async def refresh_node_keys(self) -> None:
-        """Re-read the ``node_key`` table; ``--node-key`` options win.  The
-        new mapping replaces the old one in one assignment, so a removed key
-        stops working at the next Login (connected nodes stay connected)."""
-        keys = {**await self.db.read(users.node_keys), **self.option_node_keys}
-        self.node_keys = keys
-        if self.node_factory is not None:
-            self.node_factory.node_keys = keys
-
-    def wake_outbox(self) -> None:
-        if self.outbox is not None:
-            self.outbox.wake()
-
-    def health(self) -> dict[str, str]:
+    def document(self) -> dict[str, str]:
         return {
-            "recovery": self.recovery_state,
+            "recovery": self.recovery,
             "dispatch": "enabled" if self.dispatch_enabled else "disabled",
         }
 
 
-class SiteService(service.MultiService):
-    """Starts the site in the order of invariant 10; ``ready`` fires when
-    HTTP is listening (children services, if any, start first)."""
+class NodeKeys:
+    """The node keys in force: the ``node_key`` table joined by
+    ``--node-key`` (the options win), handed to the node listener."""
 
     def __init__(
-        self, site: Site, http_endpoint: str, nodes_endpoint: str, reactor: Any = None
+        self, db: Database, listener: NodeListenerFactory, option_keys: dict[str, str]
+    ) -> None:
+        self._db = db
+        self._listener = listener
+        self._option_keys = dict(option_keys)
+
+    async def refresh(self) -> None:
+        """Re-read the table.  The new mapping replaces the old one in one
+        assignment, so a removed key stops working at the next Login
+        (connected nodes stay connected)."""
+        self._listener.node_keys = {**await self._db.read(users.node_keys), **self._option_keys}
+
+    def refresh_logged(self) -> Deferred[None]:
+        d = Deferred.fromCoroutine(self.refresh())
+        # Logged, not returned as a failure: that would stop the timer.
+        return d.addErrback(lambda f: log.failure("re-reading node keys failed", f))
+
+
+@dataclass(frozen=True)
+class NodeSide:
+    """What node connections reach: one registry of connected nodes, the
+    report pipeline, the dispatcher, the outbox and its event hub, and the
+    listener (built by :func:`tasknet.site.root.build_node_side`)."""
+
+    nodes: ConnectedNodes
+    reports: ReportPipeline
+    dispatcher: Dispatcher
+    outbox: OutboxExecutor
+    hub: EventHub
+    listener: NodeListenerFactory
+
+    async def stop(self) -> None:
+        """Shut the node side down (call it after the node listener stopped
+        accepting): stop dispatching, finish the reports in flight while
+        their connections are still open (their ACKs go out, so no node
+        redelivers what is already committed), then close the node
+        connections, finish what arrived meanwhile, stop delivery and close
+        the WebSocket clients."""
+        await self.dispatcher.stopService()
+        await self.reports.idle()
+        await self.listener.close_all("site stopping")
+        await self.reports.idle()
+        await self.outbox.stopService()
+        self.hub.close_all()
+
+
+@dataclass(frozen=True)
+class SiteParts:
+    """Everything one running site holds, each part built complete by the
+    composition root (:func:`tasknet.site.root.build_site`)."""
+
+    db: Database
+    upstream: UpstreamClient
+    lifecycle: Lifecycle
+    node_side: NodeSide
+    node_keys: NodeKeys
+    housekeeping: Housekeeping
+    #: What the web layer was given, and the HTTP port's factory (the web
+    #: resource behind ``--max-body``).
+    web: WebDependencies
+    http: BoundedSite
+    health: Health
+    #: The database's instance lock (storage.lock), held until the site stops.
+    instance_lock: InstanceLock | None
+
+
+class SiteService(service.MultiService):
+    """Starts the site in the order of invariant 10; ``ready`` fires when
+    HTTP is listening."""
+
+    def __init__(
+        self,
+        parts: SiteParts,
+        *,
+        http_endpoint: str,
+        nodes_endpoint: str,
+        reactor: Any,
+        node_keys_refresh: float = NODE_KEYS_REFRESH,
+        exit_on_failure: bool = False,
     ) -> None:
         super().__init__()
-        if reactor is None:
-            from twisted.internet import reactor as default_reactor
-
-            reactor = default_reactor
-        self.site = site
+        self.parts = parts
         self._reactor = reactor
         self._http_endpoint = http_endpoint
         self._nodes_endpoint = nodes_endpoint
-        # Any: zope interfaces are opaque to mypy (IListeningPort when set).
+        # Any: the IListeningPort of each listener, once listening.
         self.http_port: Any = None
         self.nodes_port: Any = None
         self.ready: Deferred[None] = Deferred()
-        self.node_keys_refresh = NODE_KEYS_REFRESH
-        self._keys_loop: LoopingCall | None = None
-        # Set by makeService (twistd): a failed start stops the reactor and
-        # the process exits 1.  In-process callers see ``ready`` fail.
-        self.exit_on_failure = False
+        keys_timer = TimerService(node_keys_refresh, parts.node_keys.refresh_logged)
+        keys_timer.clock = reactor
+        # Children in the order they start; each is started at its step.
+        self._keys_timer = keys_timer
+        for name, child in (
+            ("node-keys", keys_timer),
+            ("housekeeping", parts.housekeeping),
+            ("outbox", parts.node_side.outbox),
+            ("dispatch", parts.node_side.dispatcher),
+        ):
+            child.setName(name)
+            child.setServiceParent(self)
+        # Under twistd (makeService) a failed start stops the reactor and the
+        # process exits 1.  In-process callers see ``ready`` fail.
+        self.exit_on_failure = exit_on_failure
         self._stopping: Deferred[None] | None = None
         self._stop_waiters: list[Deferred[None]] | None = []
 
     def startService(self) -> None:
-        super().startService()
+        # Not MultiService's: the children start one by one in _start.
+        service.Service.startService(self)
         d = Deferred.fromCoroutine(self._start())
         d.addErrback(lambda failure: Deferred.fromCoroutine(self._start_failed(failure)))
         d.chainDeferred(self.ready)
@@ -266,46 +317,39 @@ class SiteService(service.MultiService):
         return failure
 
     async def _start(self) -> None:
-        site = self.site
-        from tasknet.site.web.api import make_web_resource
-
+        parts = self.parts
+        health = parts.health
+        node_side = parts.node_side
         # Node keys from the database join --node-key (options win), and are
-        # re-read while running.
-        await site.refresh_node_keys()
-        self._keys_loop = LoopingCall(self._refresh_node_keys)
-        self._keys_loop.clock = self._reactor
-        self._keys_loop.start(self.node_keys_refresh, now=False)
+        # re-read while running (the timer's first run repeats this read).
+        await parts.node_keys.refresh()
+        self._keys_timer.startService()
         try:
-            await site.lifecycle.recover()
-            site.recovery_state = "done"
+            await parts.lifecycle.recover()
+            health.recovery = "done"
         except Exception:
-            site.recovery_state = "failed"
+            health.recovery = "failed"
             log.failure(
                 "RECOVERY FAILED: nodes may connect and reports are applied, "
                 "but NOTHING WILL BE DISPATCHED until a restart recovers"
             )
-        for hook in site.on_start:
-            await maybeDeferred(hook)
+        parts.housekeeping.startService()
+        node_side.outbox.startService()
+        await node_side.outbox.wake()  # what the last run left undelivered
         self.nodes_port = await serverFromString(self._reactor, self._nodes_endpoint).listen(
-            site.node_factory
+            node_side.listener
         )
         log.info("node listener on {address}", address=self.nodes_port.getHost())
-        if site.recovery_state == "done":
-            site.dispatch_enabled = True
-            if site.dispatcher is not None:
-                await maybeDeferred(site.dispatcher.enable)
-            log.info("dispatch enabled")
+        if health.recovery == "done":
+            health.dispatch_enabled = True
+            node_side.dispatcher.startService()
+            await node_side.dispatcher.idle()  # caught up with the nodes already connected
         else:
             log.warn("dispatch disabled: recovery failed (see /healthz)")
         self.http_port = await serverFromString(self._reactor, self._http_endpoint).listen(
-            BoundedSite(make_web_resource(site), max_body=site.max_body, reactor=self._reactor)
+            parts.http
         )
         log.info("HTTP on {address}", address=self.http_port.getHost())
-
-    def _refresh_node_keys(self) -> Deferred[None]:
-        d = Deferred.fromCoroutine(self.site.refresh_node_keys())
-        # Logged, not returned as a failure: that would stop the loop.
-        return d.addErrback(lambda f: log.failure("re-reading node keys failed", f))
 
     def stopService(self) -> Deferred[None]:
         """Stop once: a second call (twistd's shutdown after a failed start
@@ -331,152 +375,21 @@ class SiteService(service.MultiService):
             log.failure("stopping the site failed", result)
 
     async def _stop(self) -> None:
-        site = self.site
-        if self._keys_loop is not None and self._keys_loop.running:
-            self._keys_loop.stop()
-        site.lifecycle.stop()
+        parts = self.parts
+        if self._keys_timer.running:
+            await self._keys_timer.stopService()
+        parts.lifecycle.stop()
         for port in (self.http_port, self.nodes_port):
             if port is not None:
                 await maybeDeferred(port.stopListening)
-        # The stop hooks close the node connections themselves once the
-        # reports in flight are ACKed (see build_service); this catches any
-        # connection left (a site without the protocol side wired).
-        for hook in site.on_stop:
-            try:
-                await maybeDeferred(hook)
-            except Exception:
-                log.failure("a stop hook failed")
-        if site.node_factory is not None and hasattr(site.node_factory, "close_all"):
-            await maybeDeferred(site.node_factory.close_all, "site stopping")
-        if self.running:
-            await super().stopService()
-        await site.upstream.close()
-        site.db.close()
-        if site.instance_lock is not None:
-            site.instance_lock.release()
-
-
-def _private(path: str) -> None:
-    """Tighten an existing database (and its -wal/-shm) to 0600: they hold
-    node secrets and users' upstream tokens."""
-    for name in (path, path + "-wal", path + "-shm"):
+        # Reports in flight are ACKed before the node connections close.
         try:
-            mode = os.stat(name).st_mode & 0o777
-        except FileNotFoundError:
-            continue
-        if mode & ~PRIVATE_MODE:
-            os.chmod(name, PRIVATE_MODE)
-            log.warn("{name} was mode {mode:o}; now 0600", name=name, mode=mode)
-
-
-def _default_reactor() -> Any:
-    from twisted.internet import reactor
-
-    return reactor
-
-
-def build_site(options: Options, reactor: Any = None) -> Site:
-    """Take the database's instance lock, open the database (initialised or
-    verified) and build the Site with its lifecycle; raises
-    :class:`SchemaError` for an unusable database, and
-    :class:`~tasknet.site.storage.lock.DatabaseInUse` (before touching the
-    database) while another site holds it."""
-    path = options["db"]
-    held = instance_lock.acquire(path, role="tasknet-site")
-    try:
-        site = _open_site(options, path, reactor)
-    except BaseException:
-        held.release()
-        raise
-    site.instance_lock = held
-    return site
-
-
-def _open_site(options: Options, path: str, reactor: Any) -> Site:
-    _private(path)
-    fresh = prepare_database(path)
-    connection = connect(path)
-    try:
-        # tasknet-admin gives new users this quota while this setting stands.
-        run_write(connection, users.set_default_quota, options["default-quota"])
-        if fresh and options["demo"]:
-            run_write(
-                connection,
-                lambda cursor: users.create_user(
-                    cursor, "demo", admin=True, quota=options["default-quota"], token="demo"
-                ),
-            )
-            log.info("fresh database: created admin user 'demo' with token 'demo'")
-    finally:
-        connection.close()
-    db = open_pool(path)
-    upstream = UpstreamClient(options["upstream"], reactor=reactor)
-    lifecycle = Lifecycle(db, upstream, upstream_timeout=options["upstream-timeout"])
-    site = Site(
-        db=db,
-        lifecycle=lifecycle,
-        upstream=upstream,
-        node_keys=dict(options["node-keys"]),
-        name=options["name"],
-        default_quota=options["default-quota"],
-        option_node_keys=dict(options["node-keys"]),
-        webhook=options["webhook"],
-        max_body=options["max-body"],
-    )
-    if options["create-rate"] > 0:
-        site.create_limiter = ratelimit.CreateRateLimiter(
-            options["create-rate"], options["create-burst"], reactor or _default_reactor()
-        )
-    lifecycle.on_commit = site.wake_outbox
-    return site
-
-
-def build_service(options: Options, reactor: Any = None) -> SiteService:
-    """The whole site, wired, not yet started (raises :class:`SchemaError`)."""
-    site = build_site(options, reactor)
-    site_service = SiteService(site, options["http"], options["nodes"], reactor)
-
-    # Reports, dispatch and notifications: the protocol side of the site.
-    from tasknet.site.handler import build_protocol_side
-
-    side = build_protocol_side(
-        site.db,
-        lambda token: site.db.read(users.user_by_token, token),
-        webhook_url=site.webhook,
-    )
-    site.handler = side.handler
-    site.dispatcher = side.dispatcher
-    site.outbox = side.outbox
-    site.events_resource = side.events_resource
-    site.nodes_view = side.nodes_view
-    site.lifecycle.on_task_changed = side.dispatcher.task_changed
-    site.on_start.append(side.start)  # delivers what the last run left undelivered
-
-    def close_nodes() -> Any:
-        return site.node_factory.close_all("site stopping")
-
-    # Reports in flight are ACKed before the node connections close.
-    site.on_stop.append(lambda: side.stop(close_nodes=close_nodes))
-
-    # Receipts and audit rows past their retention, pruned on the site's clock.
-    from tasknet.site.retention import Housekeeping
-
-    housekeeping = Housekeeping(site.db, clock=reactor or _default_reactor())
-    site.on_start.append(housekeeping.start)
-    site.on_stop.append(housekeeping.stop)
-
-    from tasknet.site.nodes import NodeListenerFactory
-
-    site.node_factory = NodeListenerFactory(site.handler, site.node_keys, site.name)
-    return site_service
-
-
-def makeService(options: Options) -> SiteService:
-    try:
-        site_service = build_service(options)
-        site_service.exit_on_failure = True
-        return site_service
-    except SchemaError as e:
-        # A clean message (and exit status 1), not a traceback.
-        print(f"tasknet-site: {e}", file=sys.stderr)
-        raise SystemExit(1) from e
+            await parts.node_side.stop()
+        except Exception:
+            log.failure("stopping the node side failed")
+        await parts.housekeeping.stopService()
+        service.Service.stopService(self)
+        await parts.upstream.close()
+        parts.db.close()
+        if parts.instance_lock is not None:
+            parts.instance_lock.release()

@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import enum
 import json
-import time
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlencode
@@ -60,6 +59,7 @@ from twisted.web.http_headers import Headers
 from twisted.web.iweb import IAgentEndpointFactory, IBodyProducer
 from zope.interface import implementer
 
+from tasknet.clock import default_reactor
 from tasknet.site import metrics
 
 MAX_BODY = 1024 * 1024  # no sane answer of ours is larger
@@ -257,10 +257,7 @@ class UpstreamClient:
         persistent: bool = True,
         max_idle_connections: int = MAX_IDLE_CONNECTIONS,
     ) -> None:
-        if reactor is None:
-            from twisted.internet import reactor as default_reactor
-
-            reactor = default_reactor
+        reactor = default_reactor(reactor)
         self.base_url = base_url.rstrip("/")
         # Parsed and IDNA-encoded once, not per request.
         self._base = EncodedURL.from_text(self.base_url).to_uri().to_text().encode("ascii")
@@ -318,7 +315,7 @@ class UpstreamClient:
     ) -> Deferred[PrepareResult]:
         """Read-only metadata lookup (``GET /api/galleries/{gid}?token=``): the
         title and the cost, before anything is charged."""
-        started = time.monotonic()
+        started = self._reactor.seconds()
         d = self._exchange(
             b"GET",
             self._url(gid, query={"token": token}),
@@ -355,7 +352,7 @@ class UpstreamClient:
                 PrepareOutcome.REFUSED: "refused",
                 PrepareOutcome.UNAVAILABLE: "error",
             }[result.outcome]
-            metrics.record_upstream_call("prepare", outcome, time.monotonic() - started)
+            metrics.record_upstream_call("prepare", outcome, self._reactor.seconds() - started)
             return result
 
         return d.addCallbacks(answered, failed).addCallback(count)
@@ -363,7 +360,7 @@ class UpstreamClient:
     def submit(self, gid: int, token: str, timeout: float) -> Deferred[SubmitResult]:
         """The archive POST (not idempotent: call it once per generation),
         classified as ``OK`` / ``REFUSED`` / ``AMBIGUOUS``.  Never fails."""
-        started = time.monotonic()
+        started = self._reactor.seconds()
         d = self._exchange(
             b"POST",
             self._url(gid, "/archive"),
@@ -402,7 +399,9 @@ class UpstreamClient:
             return SubmitResult(Outcome.AMBIGUOUS, error=_describe(failure))
 
         def count(result: SubmitResult) -> SubmitResult:
-            metrics.record_upstream_call("submit", result.outcome.value, time.monotonic() - started)
+            metrics.record_upstream_call(
+                "submit", result.outcome.value, self._reactor.seconds() - started
+            )
             return result
 
         return d.addCallbacks(answered, failed).addCallback(count)
@@ -410,7 +409,7 @@ class UpstreamClient:
     def audit(self, gid: int, timeout: float | None = None) -> Deferred[dict[str, Any]]:
         """The upstream's read-only record of archive POSTs for ``gid``
         (``GET /api/galleries/{gid}/archive``); fails with :class:`UpstreamError`."""
-        started = time.monotonic()
+        started = self._reactor.seconds()
         d = self._exchange(
             b"GET",
             self._url(gid, "/archive"),
@@ -420,15 +419,15 @@ class UpstreamClient:
         def answered(answer: _Answer) -> dict[str, Any]:
             document = _json(answer.body)
             if answer.status == 200 and isinstance(document, dict):
-                metrics.record_upstream_call("audit", "ok", time.monotonic() - started)
+                metrics.record_upstream_call("audit", "ok", self._reactor.seconds() - started)
                 return document
-            metrics.record_upstream_call("audit", "error", time.monotonic() - started)
+            metrics.record_upstream_call("audit", "error", self._reactor.seconds() - started)
             raise UpstreamError(_error_text(answer.status, document, answer.body))
 
         def failed(failure: Failure) -> dict[str, Any]:
             if failure.check(UpstreamError):
                 failure.raiseException()
-            metrics.record_upstream_call("audit", "error", time.monotonic() - started)
+            metrics.record_upstream_call("audit", "error", self._reactor.seconds() - started)
             raise UpstreamError(_describe(failure))
 
         return d.addCallback(answered).addErrback(failed)

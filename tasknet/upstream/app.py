@@ -20,17 +20,19 @@ import json
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from klein import Klein
-from twisted.internet import reactor as default_reactor
 from twisted.internet.defer import Deferred, succeed
+from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 from twisted.python.failure import Failure
+from twisted.web.iweb import IRequest
 from twisted.web.resource import Resource
 from twisted.web.server import NOT_DONE_YET, Request, Site
 from werkzeug.exceptions import MethodNotAllowed, NotFound
 
+from tasknet.clock import default_reactor
 from tasknet.upstream import catalog
 from tasknet.upstream.faults import FaultRule, FaultRuleError, FaultTable, parse_rules
 from tasknet.upstream.journal import Journal
@@ -40,7 +42,6 @@ from tasknet.upstream.streaming import (
     BodyStreamer,
     ByteRangeError,
     BytesSource,
-    Clock,
     parse_range,
 )
 from tasknet.upstream.tracking import ConnectionTracker
@@ -107,12 +108,12 @@ class UpstreamApp:
         bandwidth: float | None = None,
         *,
         seed: int = 0,
-        clock: Clock | None = None,
+        clock: IReactorTime | None = None,
     ) -> None:
         if bandwidth is not None and bandwidth <= 0:
             raise ValueError(f"bandwidth must be > 0 bytes/s, got {bandwidth!r}")
         self.bandwidth = bandwidth
-        self.clock: Clock = clock if clock is not None else default_reactor  # type: ignore[assignment]
+        self.clock: IReactorTime = default_reactor(clock)
         self.journal = Journal()
         self.faults = FaultTable(seed)
         self._hung: set[Request] = set()
@@ -256,16 +257,20 @@ class UpstreamApp:
         self.reset()
         return self._send(request, Reply.json(200, {"reset": True}))
 
+    # klein types an error handler's request as IRequest; it is always a server Request.
     @router.handle_errors(NotFound)
-    def not_found(self, request: Request, failure: Failure) -> Any:
+    def not_found(self, request: IRequest, failure: Failure) -> Any:
         path = request.path.decode("utf-8", "replace")
-        return self._send(request, Reply.error(404, "not_found", f"no route for {path}"))
+        return self._send(
+            cast(Request, request), Reply.error(404, "not_found", f"no route for {path}")
+        )
 
     @router.handle_errors(MethodNotAllowed)
-    def method_not_allowed(self, request: Request, failure: Failure) -> Any:
+    def method_not_allowed(self, request: IRequest, failure: Failure) -> Any:
         method = request.method.decode("ascii", "replace")
         return self._send(
-            request, Reply.error(405, "method_not_allowed", f"{method} is not allowed here")
+            cast(Request, request),
+            Reply.error(405, "method_not_allowed", f"{method} is not allowed here"),
         )
 
     # -- request pipeline ----------------------------------------------------------
@@ -344,7 +349,7 @@ class UpstreamApp:
         return Deferred()  # cancelled by klein once the connection is gone
 
 
-def _sleep(clock: Clock, seconds: float) -> Deferred[None]:
+def _sleep(clock: IReactorTime, seconds: float) -> Deferred[None]:
     """Fires after ``seconds``; cancelling it (klein does, on disconnect) cancels the timer."""
     delayed: Deferred[None] = Deferred(lambda _: call.cancel())
     call = clock.callLater(seconds, delayed.callback, None)

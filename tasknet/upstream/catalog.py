@@ -99,7 +99,3 @@ def archive_slice(gid: int, start: int, end: int) -> bytes:
 def archive_bytes(gid: int) -> bytes:
     """The whole archive of ``gid``: what a correct download must end up with."""
     return archive_slice(gid, 0, gallery(gid).size)
-
-
-def archive_sha256(gid: int) -> str:
-    return hashlib.sha256(archive_bytes(gid)).hexdigest()

@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import socket
 import struct
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from twisted.internet.defer import Deferred
-from twisted.internet.interfaces import IPushProducer
+from twisted.internet.interfaces import IPushProducer, IReactorTime
 from twisted.python.failure import Failure
 from twisted.web.server import Request
 from zope.interface import implementer
@@ -28,14 +27,6 @@ THROTTLE_TICK = 0.05
 # Unthrottled, write at most this many chunks per reactor turn, so one big
 # download never starves the other connections.
 CHUNKS_PER_TURN = 4
-
-
-class Clock(Protocol):
-    """The part of IReactorTime used here (a reactor or twisted.internet.task.Clock)."""
-
-    def seconds(self) -> float: ...
-
-    def callLater(self, delay: float, f: Callable[..., Any], /, *args: Any, **kw: Any) -> Any: ...
 
 
 class BodySource(Protocol):
@@ -121,7 +112,7 @@ class BodyStreamer:
         self,
         request: Request,
         source: BodySource,
-        clock: Clock,
+        clock: IReactorTime,  # a reactor or twisted.internet.task.Clock
         *,
         rate: float | None = None,
         cut_after: int | None = None,

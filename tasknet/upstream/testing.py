@@ -46,6 +46,7 @@ from typing import Any
 from twisted.internet.defer import Deferred
 from twisted.internet.endpoints import serverFromString
 
+from tasknet.clock import default_reactor
 from tasknet.upstream.app import UpstreamApp
 
 LOOPBACK_ANY_PORT = "tcp:0:interface=127.0.0.1"
@@ -96,9 +97,7 @@ def start_upstream(
     endpoint: str = LOOPBACK_ANY_PORT,
 ) -> Deferred[RunningUpstream]:
     """Listen on ``endpoint`` (default: a free loopback port) with a fresh app."""
-    if reactor is None:
-        from twisted.internet import reactor
-    return Deferred.fromCoroutine(_start(reactor, bandwidth, seed, endpoint))
+    return Deferred.fromCoroutine(_start(default_reactor(reactor), bandwidth, seed, endpoint))
 
 
 async def _start(

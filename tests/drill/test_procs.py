@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from tasknet.cli.jsonhttp import request
-from tasknet.drill.ports import free_port, port_open
 from tasknet.drill.procs import DrillError, Proc, ProcessDied, wait_for
+from tasknet.process import free_port, port_open
 
 pytestmark = pytest.mark.slow
 

@@ -43,7 +43,7 @@ class Peer(protocol.Protocol):
         self._t.abortConnection()
 
     @property
-    def _t(self) -> Any:  # zope interfaces are opaque to mypy
+    def _t(self) -> Any:  # a TCP transport: more than ITransport declares
         return self.transport
 
     def types(self) -> list[int]:
@@ -242,7 +242,7 @@ async def test_disconnect_all_resets_both_sides(rig: Rig) -> None:
 
 @pytest_twisted.ensureDeferred
 async def test_target_down_closes_the_client() -> None:
-    from tasknet.drill.ports import free_port
+    from tasknet.process import free_port
 
     proxy = FaultProxy("127.0.0.1", free_port())
     proxy.start()

@@ -93,7 +93,7 @@ async def test_refused_logins_back_off_exponentially_then_reset_after_a_login(
     assert setup.factory.failed_logins == 0
 
     # A drop after a good login retries after the first delay again, not 64 s.
-    setup.listener.factory.sessions["node-1"].close("site restarting")
+    setup.listener.factory.nodes["node-1"].close("site restarting")
     await eventually(lambda: setup.node.kinds() == ["up", "down"])
     await eventually(lambda: len(setup.clock.getDelayedCalls()) == 1)
     assert setup.retry_delay() == 1.0

@@ -54,7 +54,7 @@ async def test_the_nodes_delete_report_settles_the_delete_on_the_site(
         endpoint = f"tcp:127.0.0.1:{site.port.getHost().port}"
         node = await start_node(endpoint, tmp_path / "node", secret=secret_of(NODE))
         try:
-            await eventually(lambda: NODE in site.factory.sessions, what="login")
+            await eventually(lambda: NODE in site.factory.nodes, what="login")
             await site.side.dispatcher.idle()
             delete_id = await request_delete(site, GID)
             await eventually(lambda: row(conn, GID)["state"] == "DELETED", what="tombstone")

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from twisted.application.internet import ClientService
 from twisted.internet import reactor
 from twisted.internet.defer import Deferred
 from twisted.internet.endpoints import TCP4ClientEndpoint, TCP4ServerEndpoint
@@ -18,6 +19,7 @@ from twisted.internet.task import deferLater
 from twisted.python.failure import Failure
 from zope.interface import implementer
 
+from tasknet.node.link import site_client_service
 from tasknet.protocol.messages import (
     HEADER,
     Identity,
@@ -25,13 +27,16 @@ from tasknet.protocol.messages import (
     LoginResult,
     Message,
     ProtocolError,
+    ProtocolHello,
     UnknownMessageType,
     decode,
     encode,
+    sign_login,
     verify_login,
 )
 from tasknet.protocol.session import INodeHandler, INodeSession, ISiteHandler, ISiteLink
-from tasknet.site.nodes import NodeListenerFactory
+from tasknet.site.connected_nodes import ConnectedNodes
+from tasknet.site.node_listener import NodeListenerFactory
 
 SITE_KEYS = {"node-1": "s3cret", "node-2": "other-secret"}
 
@@ -195,5 +200,73 @@ class Listener:
             await eventually(lambda: not connections)
 
 
-def site_factory(handler: Any, **kwargs: Any) -> NodeListenerFactory:
-    return NodeListenerFactory(handler, dict(SITE_KEYS), "site-main", **kwargs)
+def site_factory(handler: ISiteHandler, **kwargs: Any) -> NodeListenerFactory:
+    return NodeListenerFactory(handler, ConnectedNodes(), dict(SITE_KEYS), "site-main", **kwargs)
+
+
+FAST_RETRY = {"retry_policy": lambda attempt: 0.02}
+
+
+class Harness:
+    """Listeners, node services and raw peers of one test, all cleaned up."""
+
+    def __init__(self) -> None:
+        self.listeners: list[Listener] = []
+        self.services: list[ClientService] = []
+        self.peers: list[RawPeer] = []
+
+    async def site(self, handler: SiteRecorder | None = None, **kwargs: Any) -> tuple[Any, int]:
+        listener = Listener(site_factory(handler or SiteRecorder(), **kwargs))
+        self.listeners.append(listener)
+        return listener.factory, await listener.start()
+
+    async def legacy_site(self, after_login: Any = lambda peer: None) -> tuple[Any, int]:
+        doubles: list[LegacySiteDouble] = []
+
+        def build() -> LegacySiteDouble:
+            double = LegacySiteDouble(dict(SITE_KEYS), after_login)
+            doubles.append(double)
+            self.peers.append(double)
+            return double
+
+        listener = Listener(Factory.forProtocol(build))
+        self.listeners.append(listener)
+        port = await listener.start()
+        return doubles, port
+
+    def node(
+        self, port: int, handler: NodeRecorder, node_id: str = "node-1", **kwargs: Any
+    ) -> ClientService:
+        kwargs = {**FAST_RETRY, **kwargs}
+        service = site_client_service(
+            f"tcp:host=127.0.0.1:port={port}", node_id, SITE_KEYS[node_id], handler, **kwargs
+        )
+        service.startService()
+        self.services.append(service)
+        return service
+
+    async def raw(self, port: int) -> RawPeer:
+        peer = await connect_raw(port)
+        self.peers.append(peer)
+        return peer
+
+    async def close(self) -> None:
+        for service in self.services:
+            if service.running:
+                await service.stopService()
+        for peer in self.peers:
+            if not peer.is_closed and peer.transport is not None:
+                peer.transport.abortConnection()
+                await peer.closed
+        for listener in self.listeners:
+            await listener.stop()
+
+
+async def login_raw(peer: RawPeer, node_id: str = "node-1", *, hello: bool = False) -> None:
+    await eventually(lambda: peer.of_type(Identity))
+    nonce = peer.of_type(Identity)[0].nonce
+    if hello:
+        peer.send(ProtocolHello())
+    peer.send(Login(node_id, sign_login(SITE_KEYS[node_id], nonce, node_id)))
+    await eventually(lambda: peer.of_type(LoginResult))
+    assert peer.of_type(LoginResult)[0] == LoginResult(True, "")

@@ -370,7 +370,8 @@ def hostile_frames(draw: st.DrawFn) -> tuple[int, bytes]:
         parent: Any = obj
         for step in path[:-1]:
             parent = parent[step]
-        if path[-2:-1] == ("operationIds",) and draw(st.booleans()):
+        # (A parent may be a list by now: an earlier round replaced operationIds.)
+        if path[-2:-1] == ("operationIds",) and type(parent) is dict and draw(st.booleans()):
             parent[draw(boundary_texts)] = parent.pop(path[-1])  # the key instead of the value
             continue
         current = parent[path[-1]] if path else obj

@@ -10,8 +10,6 @@ nothing is committed, and the node's next honest report applies.
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -20,15 +18,6 @@ from twisted.internet import reactor
 
 from tasknet.protocol.messages import HEADER, Error, StatusReport, TaskReportAck, decode
 from tests.site_protocol.harness import TIMEOUT, ScriptedNode, Site, add_task, add_user, row
-
-
-@pytest_twisted.async_yield_fixture
-async def site(tmp_path: Path) -> AsyncIterator[Site]:
-    s = await Site(tmp_path / "site.sqlite").start()
-    try:
-        yield s
-    finally:
-        await s.stop()
 
 
 def send_raw(node: ScriptedNode, type_: int, obj: dict[str, Any]) -> None:

@@ -251,3 +251,114 @@ def test_round_trip(message: Message) -> None:
     assert raw[5:] == json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode()
     if type_ <= 9:
         assert decode(type_, raw[5:], strict=True) == message
+
+
+# ---------------------------------------------------------------- orjson against the reference
+
+# The codec runs on orjson; the standard library's json is the reference it
+# must agree with. These compare the two directly (messages._decode_reference
+# and messages._json are the reference reader and writer).
+from tasknet.protocol import messages as _codec  # noqa: E402
+from tests.protocol.test_bounds import hostile_frames, json_values  # noqa: E402
+
+
+def reference_verdict(type_: int, raw: bytes, strict: bool) -> Any:
+    decoder = _codec._DECODERS[type_]
+    try:
+        return _codec._decode_reference(decoder, type_, raw, strict)
+    except ProtocolError as e:
+        return (e.code, e.message)
+
+
+def verdict(type_: int, raw: bytes, strict: bool) -> Any:
+    try:
+        return decode(type_, raw, strict=strict)
+    except ProtocolError as e:
+        return (e.code, e.message)
+
+
+@settings(max_examples=500, deadline=None)
+@given(hostile_frames(), st.booleans())
+def test_fast_reader_agrees_with_the_reference_reader(
+    frame: tuple[int, bytes], strict: bool
+) -> None:
+    type_, raw = frame
+    if strict and type_ > 9:
+        strict = False
+    assert verdict(type_, raw, strict) == reference_verdict(type_, raw, strict)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(0, 13), json_values, st.booleans())
+def test_fast_reader_agrees_on_any_json_document(type_: int, value: Any, ascii: bool) -> None:
+    try:
+        raw = json.dumps(value, ensure_ascii=ascii).encode("utf-8")
+    except UnicodeEncodeError:
+        raw = json.dumps(value).encode("utf-8")
+    assert verdict(type_, raw, False) == reference_verdict(type_, raw, False)
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        # Beyond 64 bits orjson reads an int as a float; the verdict is still the reference's.
+        b'{"reportId":"r","revision":18446744073709551616,"galleryTasks":[],'
+        b'"operationIds":{},"deleted":[]}',
+        b'{"reportId":"r","revision":-9223372036854775809,"galleryTasks":[],'
+        b'"operationIds":{},"deleted":[]}',
+        b'{"reportId":"r","revision":1,"galleryTasks":[{"gid":1,"status":1,"progress":'
+        + b"1" * 400
+        + b'}],"operationIds":{},"deleted":[]}',
+        b'{"reportId":"r","revision":1e400,"galleryTasks":[],"operationIds":{},"deleted":[]}',
+        b'{"reportId":"\\ud800","revision":1,"galleryTasks":[],"operationIds":{},"deleted":[]}',
+        b'{"reportId":"r","revision":1,"x":' + b"[" * 2000 + b"]" * 2000 + b"}",
+        b'\xef\xbb\xbf{"reportId":"r"}',
+        b'{"reportId":"r","revision":NaN}',
+    ],
+    ids=["u64+1", "i64-1", "400-digit-progress", "1e400", "surrogate", "deep", "bom", "nan"],
+)
+def test_refusals_are_the_reference_readers(raw: bytes) -> None:
+    fast = verdict(12, raw, False)
+    assert fast == reference_verdict(12, raw, False)
+    assert fast[0] in {"bad_json", "bad_message"}
+
+
+def test_an_int_progress_too_large_for_a_float_is_bad_message() -> None:
+    # float(10**400) raises OverflowError: the bound is checked on the int first.
+    payload = b'{"galleryTasks":[{"gid":1,"status":1,"progress":1' + b"0" * 400 + b"}]}"
+    with pytest.raises(ProtocolError) as info:
+        decode(6, payload)
+    assert info.value.code == "bad_message"
+
+
+def test_a_huge_protocol_version_is_read_as_the_int_it_is() -> None:
+    # orjson alone would give a float (and so bad_message); the reference gives the int.
+    m = decode(10, b'{"protocolVersion":' + str(2**70).encode() + b',"features":[]}')
+    assert m == ProtocolHello(2**70, ())
+
+
+@pytest.mark.parametrize(
+    "progress", [0.0, -0.0, 1.0, 1e-4, 9.99e-5, 1e-5, 1.5e-5, 5e-324, 0.1, 1 / 3, 1, 0]
+)
+def test_writer_spells_progress_as_the_reference_does(progress: float) -> None:
+    for m in (
+        StatusReport((TaskEntry(1, 1, progress), TaskEntry(2, 2, 0.5))),
+        TaskReport("r", 1, (TaskEntry(1, 1, 0.5), TaskEntry(2, 1, progress)), {1: "o"}, ()),
+    ):
+        assert encode_payload(m) == _codec._json(m).encode("utf-8")
+
+
+@settings(deadline=None)
+@given(MESSAGES)
+def test_fast_writer_gives_the_reference_writers_bytes(message: Message) -> None:
+    assert encode_payload(message) == _codec._json(message).encode("utf-8")
+
+
+def test_writer_falls_back_to_the_reference_where_orjson_cannot() -> None:
+    # orjson refuses ints beyond 64 bits; the reference writes them.
+    assert encode_payload(ProtocolHello(2**70, ())) == (
+        b'{"protocolVersion":' + str(2**70).encode() + b',"features":[]}'
+    )
+    # A lone surrogate is still UnicodeEncodeError, as with the reference writer alone.
+    with pytest.raises(UnicodeEncodeError):
+        encode(Error("internal", "\ud800"))

@@ -2,17 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from typing import Any, cast
 
 import pytest
 import pytest_twisted
-from twisted.application.internet import ClientService
 from twisted.internet import reactor
 from twisted.internet.endpoints import TCP4ClientEndpoint
 from twisted.internet.task import Clock
 
-from tasknet.node.link import SiteLinkFactory, site_client_service
+from tasknet.node.link import SiteLinkFactory
 from tasknet.protocol.messages import (
     HEADER,
     DeleteGallery,
@@ -33,93 +31,16 @@ from tasknet.protocol.messages import (
 )
 from tests.protocol.peers import (
     SITE_KEYS,
-    LegacySiteDouble,
+    Harness,
     Listener,
     NodeRecorder,
     RawPeer,
     SiteRecorder,
-    connect_raw,
     eventually,
+    login_raw,
     site_factory,
 )
 from tests.protocol.vectors import VECTORS, case_id, frame
-
-FAST_RETRY = {"retry_policy": lambda attempt: 0.02}
-
-
-class Harness:
-    """Listeners, node services and raw peers of one test, all cleaned up."""
-
-    def __init__(self) -> None:
-        self.listeners: list[Listener] = []
-        self.services: list[ClientService] = []
-        self.peers: list[RawPeer] = []
-
-    async def site(self, handler: SiteRecorder | None = None, **kwargs: Any) -> tuple[Any, int]:
-        listener = Listener(site_factory(handler or SiteRecorder(), **kwargs))
-        self.listeners.append(listener)
-        return listener.factory, await listener.start()
-
-    async def legacy_site(self, after_login: Any = lambda peer: None) -> tuple[Any, int]:
-        from twisted.internet.protocol import Factory
-
-        doubles: list[LegacySiteDouble] = []
-
-        def build() -> LegacySiteDouble:
-            double = LegacySiteDouble(dict(SITE_KEYS), after_login)
-            doubles.append(double)
-            self.peers.append(double)
-            return double
-
-        listener = Listener(Factory.forProtocol(build))
-        self.listeners.append(listener)
-        port = await listener.start()
-        return doubles, port
-
-    def node(
-        self, port: int, handler: NodeRecorder, node_id: str = "node-1", **kwargs: Any
-    ) -> ClientService:
-        kwargs = {**FAST_RETRY, **kwargs}
-        service = site_client_service(
-            f"tcp:host=127.0.0.1:port={port}", node_id, SITE_KEYS[node_id], handler, **kwargs
-        )
-        service.startService()
-        self.services.append(service)
-        return service
-
-    async def raw(self, port: int) -> RawPeer:
-        peer = await connect_raw(port)
-        self.peers.append(peer)
-        return peer
-
-    async def close(self) -> None:
-        for service in self.services:
-            if service.running:
-                await service.stopService()
-        for peer in self.peers:
-            if not peer.is_closed and peer.transport is not None:
-                peer.transport.abortConnection()
-                await peer.closed
-        for listener in self.listeners:
-            await listener.stop()
-
-
-@pytest_twisted.async_yield_fixture
-async def harness() -> AsyncIterator[Harness]:
-    h = Harness()
-    yield h
-    await h.close()
-
-
-async def login_raw(peer: RawPeer, node_id: str = "node-1", *, hello: bool = False) -> None:
-    await eventually(lambda: peer.of_type(Identity))
-    nonce = peer.of_type(Identity)[0].nonce
-    if hello:
-        peer.send(ProtocolHello())
-    peer.send(Login(node_id, sign_login(SITE_KEYS[node_id], nonce, node_id)))
-    await eventually(lambda: peer.of_type(LoginResult))
-    assert peer.of_type(LoginResult)[0] == LoginResult(True, "")
-
 
 # ---------------------------------------------------------------- negotiation matrix
 
@@ -130,8 +51,8 @@ async def test_v2_site_and_v2_node_speak_v2(harness: Harness) -> None:
     factory, port = await harness.site(site_handler)
     node = NodeRecorder()
     harness.node(port, node)
-    await eventually(lambda: node.kinds() == ["up"] and "node-1" in factory.sessions)
-    session = factory.sessions["node-1"]
+    await eventually(lambda: node.kinds() == ["up"] and "node-1" in factory.nodes)
+    session = factory.nodes["node-1"]
     assert (session.protocol_version, session.features) == (2, ("reliable-task-v2",))
     assert node.link.protocol_version == 2
     assert site_handler.kinds() == ["attached"]
@@ -158,8 +79,8 @@ async def test_v2_site_and_legacy_node_fall_back_to_legacy(harness: Harness) -> 
     factory, port = await harness.site(site_handler)
     node = NodeRecorder()
     harness.node(port, node, protocol=1)
-    await eventually(lambda: node.kinds() == ["up"] and "node-1" in factory.sessions)
-    session = factory.sessions["node-1"]
+    await eventually(lambda: node.kinds() == ["up"] and "node-1" in factory.nodes)
+    session = factory.nodes["node-1"]
     assert (session.protocol_version, session.features) == (1, ())
     assert node.link.protocol_version == 1
 
@@ -184,7 +105,7 @@ async def test_v2_site_sends_a_legacy_node_nothing_of_v2_after_login(harness: Ha
     factory, port = await harness.site(heartbeat_interval=0.02)
     peer = await harness.raw(port)  # a legacy node: Login without a Hello
     await login_raw(peer)
-    session = factory.sessions["node-1"]
+    session = factory.nodes["node-1"]
     session.send_download("op-1", 7, "tok", "n", "u")
     session.send_delete("del-1", 7, "n")
     session.send_ack("r-1", "APPLIED")
@@ -304,7 +225,7 @@ async def test_login_refused_then_closed(
     peer.send(Login(node_id, sign_login(secret, nonce, node_id)))
     await peer.closed
     assert peer.of_type(LoginResult) == [LoginResult(False, reason)]
-    assert site_handler.events == [] and factory.sessions == {}
+    assert site_handler.events == [] and factory.nodes == {}
 
 
 @pytest_twisted.ensureDeferred
@@ -345,7 +266,7 @@ async def test_node_keys_are_read_at_each_login(harness: Harness) -> None:
     assert old.of_type(LoginResult) == [LoginResult(False, "bad signature")]
     new = await login_with(port, harness, "node-1", "rotated")
     assert new.of_type(LoginResult) == [LoginResult(True, "")]
-    assert sorted(factory.sessions) == ["node-1", "node-3"]
+    assert sorted(factory.nodes) == ["node-1", "node-3"]
 
 
 @pytest.mark.parametrize(
@@ -497,7 +418,7 @@ async def test_heartbeats_flow_and_a_silent_peer_is_dropped_after_45_s(harness: 
     factory, port = await harness.site(site_handler, clock=clock)
     peer = await harness.raw(port)
     await login_raw(peer, hello=True)  # at clock time 0
-    session = factory.sessions["node-1"]
+    session = factory.nodes["node-1"]
     clock.advance(10)
     peer.send(Heartbeat(10_000))  # our last frame, at 10 s
     await eventually(lambda: idle_deadline(clock) == 55)
@@ -510,7 +431,7 @@ async def test_heartbeats_flow_and_a_silent_peer_is_dropped_after_45_s(harness: 
     assert session.closing
     await peer.closed
     assert site_handler.kinds() == ["attached", "detached"]
-    assert factory.sessions == {}
+    assert factory.nodes == {}
 
 
 @pytest_twisted.ensureDeferred
@@ -523,7 +444,7 @@ async def test_heartbeating_node_stays_connected_past_the_idle_timeout(harness: 
     link: Any = await endpoint.connect(cast(Any, link_factory))
     try:
         await eventually(lambda: node.kinds() == ["up"])
-        session = factory.sessions["node-1"]
+        session = factory.nodes["node-1"]
         for _ in range(7):  # 105 s: more than two idle timeouts
             site_clock.advance(15)
             node_clock.advance(15)
@@ -535,7 +456,7 @@ async def test_heartbeating_node_stays_connected_past_the_idle_timeout(harness: 
                 )
             )
             assert not session.closing and not link.closing
-        assert node.kinds() == ["up"] and factory.sessions["node-1"] is session
+        assert node.kinds() == ["up"] and factory.nodes["node-1"] is session
     finally:
         link.transport.abortConnection()
         await eventually(lambda: node.kinds() == ["up", "down"] and not factory.connections)
@@ -559,10 +480,10 @@ async def test_newest_connection_wins(harness: Harness) -> None:
     factory, port = await harness.site(site_handler)
     old = await harness.raw(port)
     await login_raw(old, hello=True)
-    old_session = factory.sessions["node-1"]
+    old_session = factory.nodes["node-1"]
     new = await harness.raw(port)
     await login_raw(new)
-    new_session = factory.sessions["node-1"]
+    new_session = factory.nodes["node-1"]
     assert new_session is not old_session
     await old.closed
     assert old.of_type(Goodbye) == [Goodbye("replaced by a newer connection")]
@@ -571,7 +492,7 @@ async def test_newest_connection_wins(harness: Harness) -> None:
         ("detached", old_session),
         ("attached", new_session),
     ]
-    assert factory.sessions == {"node-1": new_session}
+    assert factory.nodes == {"node-1": new_session}
     assert (old_session.protocol_version, new_session.protocol_version) == (2, 1)
     # The new session still works; closing it detaches it exactly once.
     new.send(StatusReport(()))
@@ -581,7 +502,7 @@ async def test_newest_connection_wins(harness: Harness) -> None:
     await eventually(lambda: site_handler.kinds()[-1] == "detached")
     assert site_handler.kinds() == ["attached", "detached", "attached", "message", "detached"]
     assert new.of_type(Goodbye) == [Goodbye("bye")]
-    assert factory.sessions == {}
+    assert factory.nodes == {}
 
 
 @pytest_twisted.ensureDeferred
@@ -614,7 +535,7 @@ async def test_node_reconnects_after_the_site_listener_restarts(harness: Harness
     await restarted.start(port)
     await eventually(lambda: node.kinds() == ["up", "down", "up"])
     assert again.kinds() == ["attached"]
-    assert restarted.factory.sessions["node-1"].protocol_version == 2
+    assert restarted.factory.nodes["node-1"].protocol_version == 2
 
 
 @pytest_twisted.ensureDeferred
@@ -628,7 +549,7 @@ async def test_close_all_says_goodbye_and_fires_when_every_connection_is_gone(
     await login_raw(peers[1], "node-2")
     await eventually(lambda: len(factory.connections) == 3)
     await factory.close_all("site stopping")
-    assert factory.connections == set() and factory.sessions == {}
+    assert factory.connections == set() and factory.nodes == {}
     for peer in peers:
         await peer.closed
         assert peer.of_type(Goodbye) == [Goodbye("site stopping")]

@@ -9,7 +9,7 @@ Session timers run on a ``task.Clock`` (the bytes go over real TCP), so the
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -32,14 +32,15 @@ from tasknet.protocol.messages import (
 )
 from tests.protocol.peers import (
     SITE_KEYS,
+    Harness,
     LegacySiteDouble,
     Listener,
     NodeRecorder,
     RawPeer,
     SiteRecorder,
     eventually,
+    login_raw,
 )
-from tests.protocol.test_connections import Harness, login_raw
 
 KIB = 1024
 
@@ -47,13 +48,6 @@ KIB = 1024
 async def closed(peer: RawPeer, timeout: float = 5.0) -> None:
     """Wait for ``peer``'s connection to close (fails, rather than hangs, if it stays)."""
     await peer.closed.addTimeout(timeout, reactor)
-
-
-@pytest_twisted.async_yield_fixture
-async def harness() -> AsyncIterator[Harness]:
-    h = Harness()
-    yield h
-    await h.close()
 
 
 def padded_heartbeat(payload_size: int) -> bytes:
@@ -179,7 +173,7 @@ async def test_a_login_just_before_the_deadline_is_kept_past_it(harness: Harness
         clock.advance(15)
         peer.send(Heartbeat(int(clock.seconds() * 1000)))
         await eventually(lambda: len(peer.of_type(Heartbeat)) >= 1)
-    assert "node-1" in factory.sessions and not peer.is_closed
+    assert "node-1" in factory.nodes and not peer.is_closed
     assert not peer.of_type(Error)
 
 
@@ -267,7 +261,7 @@ async def test_a_signature_that_is_not_exactly_right_is_refused(
     peer.send(Login("node-1", signature))
     await closed(peer)
     assert peer.of_type(LoginResult) == [LoginResult(False, "bad signature")]
-    assert site_handler.events == [] and factory.sessions == {}
+    assert site_handler.events == [] and factory.nodes == {}
 
 
 @pytest_twisted.ensureDeferred
@@ -276,7 +270,7 @@ async def test_the_exact_signature_is_accepted(harness: Harness) -> None:
     factory, port = await harness.site()
     peer = await harness.raw(port)
     await login_raw(peer)
-    assert "node-1" in factory.sessions
+    assert "node-1" in factory.nodes
 
 
 @pytest.mark.parametrize("node_id", ["bad id!", "x" * 65, ""], ids=repr)
@@ -299,7 +293,7 @@ def refusal_lines(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [
         e
         for e in events
-        if e.get("log_namespace") == "tasknet.site.nodes"
+        if e.get("log_namespace") == "tasknet.site.node_listener"
         and "login refused" in e.get("log_format", "")
     ]
 

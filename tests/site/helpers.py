@@ -18,7 +18,8 @@ from twisted.internet.task import deferLater
 from twisted.web.client import HTTPConnectionPool
 
 from tasknet.site.lifecycle import Lifecycle
-from tasknet.site.service import Options, SiteService, build_service
+from tasknet.site.root import Tuning, build_site
+from tasknet.site.service import Options, SiteParts, SiteService
 from tasknet.site.storage import users
 from tasknet.site.storage.db import Database, connect, open_pool, run_write
 from tasknet.site.storage.schema import prepare_database
@@ -107,6 +108,37 @@ async def lifecycle_env(
         await upstream.stop()
 
 
+def fail_usage_writes(path: str, message: str = "simulated disk failure") -> None:
+    """Make every later ``weekly_usage`` insert fail (a real SQLite error, from
+    trigger ``usage_fails``): the persist transaction of a create then fails."""
+    connection = raw(path)
+    connection.execute(
+        "CREATE TRIGGER usage_fails BEFORE INSERT ON weekly_usage "
+        f"BEGIN SELECT RAISE(ABORT, '{message}'); END"
+    )
+    connection.close()
+
+
+class SiteWithUsers:
+    """A running site with its upstream, the demo admin and two users, alice and bob."""
+
+    def __init__(self, site: RunningSite, path: str, upstream: RunningUpstream) -> None:
+        self.site = site
+        self.path = path
+        self.upstream = upstream
+        self.admin = "demo"
+        _, self.alice = add_user(path, "alice")
+        _, self.bob = add_user(path, "bob")
+
+
+def assert_error(answer: tuple[int, Any], status: int, code: str) -> None:
+    """``answer`` is ``status`` with the error envelope of ``code`` and a message."""
+    got_status, document = answer
+    assert got_status == status, document
+    assert document["error"]["code"] == code, document
+    assert isinstance(document["error"]["message"], str) and document["error"]["message"]
+
+
 def site_options(path: str, upstream_url: str, *extra: str) -> Options:
     options = Options()
     options.parseOptions(
@@ -134,8 +166,8 @@ class RunningSite:
     pool: HTTPConnectionPool
 
     @property
-    def site(self) -> Any:
-        return self.service.site
+    def site(self) -> SiteParts:
+        return self.service.parts
 
     async def request(
         self,
@@ -165,11 +197,9 @@ class RunningSite:
 
 
 @asynccontextmanager
-async def running_site(options: Options, configure: Any = None) -> AsyncIterator[RunningSite]:
-    """The real site service, started; ``configure(service)`` runs first."""
-    service = build_service(options)
-    if configure is not None:
-        configure(service)
+async def running_site(options: Options, tuning: Tuning = Tuning()) -> AsyncIterator[RunningSite]:
+    """The real site, built by the composition root and started."""
+    service = build_site(options, tuning=tuning)
     service.startService()
     pool = HTTPConnectionPool(reactor, persistent=False)
     try:

@@ -4,7 +4,9 @@ a request that never completes)."""
 
 from __future__ import annotations
 
+import base64
 import json
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -148,3 +150,25 @@ def request_bytes(
     ):
         lines.append(b"Content-Length: %d" % len(body))
     return b"\r\n".join(lines) + b"\r\n\r\n" + body
+
+
+def websocket_upgrade(token: str, *, close: bool = True) -> bytes:
+    """The WebSocket opening handshake for ``/api/events?token=...``, with a
+    fresh key; ``close`` as for :func:`request_bytes`."""
+    key = base64.b64encode(os.urandom(16)).decode()
+    headers: dict[str, bytes | str] = {
+        "Upgrade": "websocket",
+        "Connection": "Upgrade",
+        "Sec-WebSocket-Key": key,
+        "Sec-WebSocket-Version": "13",
+    }
+    return request_bytes("GET", f"/api/events?token={token}", headers, close=close)
+
+
+async def open_websocket(port: int, token: str) -> tuple[RawClient, Answer]:
+    """A raw client whose WebSocket handshake was answered 101, and that answer."""
+    client = await connect(port)
+    client.send(websocket_upgrade(token, close=False))
+    answer = await client.response()
+    assert answer.status == 101
+    return client, answer

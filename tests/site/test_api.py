@@ -9,7 +9,9 @@ from twisted.internet.defer import Deferred, DeferredList
 from tasknet.upstream import catalog
 from tasknet.upstream.testing import start_upstream
 from tests.site.helpers import (
+    SiteWithUsers,
     add_user,
+    assert_error,
     fault,
     one,
     raw,
@@ -23,31 +25,12 @@ async def _site(tmp_path, upstream, *extra):
     return path, running_site(site_options(path, upstream.base_url, *extra))
 
 
-def _error(answer, status, code):
-    got_status, document = answer
-    assert got_status == status, document
-    assert document["error"]["code"] == code, document
-    assert isinstance(document["error"]["message"], str) and document["error"]["message"]
-
-
-class Fixture:
-    """A running site with an admin, two users and the upstream."""
-
-    def __init__(self, site, path, upstream):
-        self.site = site
-        self.path = path
-        self.upstream = upstream
-        self.admin = "demo"
-        _, self.alice = add_user(path, "alice")
-        _, self.bob = add_user(path, "bob")
-
-
 async def with_fixture(tmp_path, test, *extra):
     upstream = await start_upstream()
     path = str(tmp_path / "site.sqlite")
     try:
         async with running_site(site_options(path, upstream.base_url, "--demo", *extra)) as site:
-            await test(Fixture(site, path, upstream))
+            await test(SiteWithUsers(site, path, upstream))
     finally:
         await upstream.stop()
 
@@ -107,16 +90,16 @@ async def test_invalid_requests_answer_400_and_change_nothing(tmp_path):
         ]
         for data in bad_bodies:
             answer = await f.site.request("POST", "/api/tasks", token=f.alice, data=data)
-            _error(answer, 400, "invalid_request")
+            assert_error(answer, 400, "invalid_request")
         for path in ("/api/tasks/abc", "/api/tasks/0", "/api/tasks/99999999999"):
-            _error(await f.site.request("GET", path, token=f.alice), 400, "invalid_request")
+            assert_error(await f.site.request("GET", path, token=f.alice), 400, "invalid_request")
         for query in ("limit=0", "limit=501", "limit=x", "after=-1"):
             answer = await f.site.request("GET", f"/api/tasks?{query}", token=f.alice)
-            _error(answer, 400, "invalid_request")
+            assert_error(answer, 400, "invalid_request")
         answer = await f.site.request(
             "POST", "/api/admin/tasks/5/resolve", token=f.admin, body={"verdict": "maybe"}
         )
-        _error(answer, 400, "invalid_request")
+        assert_error(answer, 400, "invalid_request")
         assert one(f.path, "SELECT COUNT(*) FROM gallery")[0] == 0
         assert one(f.path, "SELECT COUNT(*) FROM task_operation")[0] == 0
         assert f.upstream.stats()["requests"] == 0
@@ -127,20 +110,24 @@ async def test_invalid_requests_answer_400_and_change_nothing(tmp_path):
 @pytest_twisted.ensureDeferred
 async def test_auth_errors_401_and_403(tmp_path):
     async def test(f):
-        _error(await f.site.request("GET", "/api/tasks"), 401, "unauthorized")
-        _error(await f.site.request("GET", "/api/tasks", token="wrong"), 401, "unauthorized")
+        assert_error(await f.site.request("GET", "/api/tasks"), 401, "unauthorized")
+        assert_error(await f.site.request("GET", "/api/tasks", token="wrong"), 401, "unauthorized")
         answer = await f.site.request(
             "GET", "/api/tasks", headers={"Authorization": ["Basic YTpi"]}
         )
-        _error(answer, 401, "unauthorized")
+        assert_error(answer, 401, "unauthorized")
         answer = await f.site.request("POST", "/api/tasks", body={"gid": 1, "token": "t"})
-        _error(answer, 401, "unauthorized")
-        _error(await f.site.request("GET", "/api/admin/unknown", token=f.alice), 403, "forbidden")
+        assert_error(answer, 401, "unauthorized")
+        assert_error(
+            await f.site.request("GET", "/api/admin/unknown", token=f.alice), 403, "forbidden"
+        )
         answer = await f.site.request(
             "POST", "/api/admin/tasks/1/resolve", token=f.alice, body={"verdict": "submitted"}
         )
-        _error(answer, 403, "forbidden")
-        _error(await f.site.request("GET", "/api/admin/nodes", token=f.alice), 403, "forbidden")
+        assert_error(answer, 403, "forbidden")
+        assert_error(
+            await f.site.request("GET", "/api/admin/nodes", token=f.alice), 403, "forbidden"
+        )
         assert f.upstream.stats()["requests"] == 0
 
     await with_fixture(tmp_path, test)
@@ -161,7 +148,7 @@ async def test_user_cannot_read_delete_or_favorite_another_users_task(tmp_path):
             ("DELETE", "/api/favorites/11"),
         ):
             answer = await f.site.request(method, path, token=f.bob)
-            _error(answer, 404, "not_found")
+            assert_error(answer, 404, "not_found")
             # Exactly what a gid nobody has looks like: existence is not leaked.
             missing = await f.site.request(method, path.replace("11", "12"), token=f.bob)
             assert missing[1]["error"]["code"] == answer[1]["error"]["code"]
@@ -186,33 +173,35 @@ async def test_conflict_409_quota_429_rejected_422_unavailable_502_missing_404(t
         create = {"gid": 21, "token": "t"}
         assert (await f.site.request("POST", "/api/tasks", token=f.alice, body=create))[0] == 201
         answer = await f.site.request("POST", "/api/tasks", token=f.bob, body=create)
-        _error(answer, 409, "conflict")
+        assert_error(answer, 409, "conflict")
 
         _, poor = add_user(f.path, "poor", quota=0)
         answer = await f.site.request(
             "POST", "/api/tasks", token=poor, body={"gid": 22, "token": "t"}
         )
-        _error(answer, 429, "quota_exceeded")
+        assert_error(answer, 429, "quota_exceeded")
 
         f.upstream.set_faults([fault("reject", status=403)])
         answer = await f.site.request(
             "POST", "/api/tasks", token=f.alice, body={"gid": 23, "token": "t"}
         )
-        _error(answer, 422, "upstream_rejected")
+        assert_error(answer, 422, "upstream_rejected")
 
         f.upstream.set_faults([fault("timeout", "GET", "/api/galleries/24")])
         answer = await f.site.request(
             "POST", "/api/tasks", token=f.alice, body={"gid": 24, "token": "t"}
         )
-        _error(answer, 502, "upstream_unavailable")
+        assert_error(answer, 502, "upstream_unavailable")
 
         f.upstream.set_faults([fault("missing", "GET", "/api/galleries/25")])
         answer = await f.site.request(
             "POST", "/api/tasks", token=f.alice, body={"gid": 25, "token": "t"}
         )
-        _error(answer, 404, "not_found")
+        assert_error(answer, 404, "not_found")
 
-        _error(await f.site.request("GET", "/api/nothing-here", token=f.alice), 404, "not_found")
+        assert_error(
+            await f.site.request("GET", "/api/nothing-here", token=f.alice), 404, "not_found"
+        )
         for gid in (22, 23, 24, 25):
             assert one(f.path, "SELECT COUNT(*) FROM gallery WHERE gid = ?", gid)[0] == 0
             assert one(f.path, "SELECT COUNT(*) FROM task_operation WHERE gid = ?", gid)[0] == 0
@@ -227,7 +216,7 @@ async def test_body_over_the_limit_is_413(tmp_path):
     async def test(f):
         big = b'{"gid": 1, "token": "' + b"x" * (1024 * 1024) + b'"}'
         answer = await f.site.request("POST", "/api/tasks", token=f.alice, data=big)
-        _error(answer, 413, "payload_too_large")
+        assert_error(answer, 413, "payload_too_large")
         assert one(f.path, "SELECT COUNT(*) FROM gallery")[0] == 0
 
     await with_fixture(tmp_path, test)
@@ -245,7 +234,7 @@ async def test_database_failure_is_500_and_commits_nothing(tmp_path):
         answer = await f.site.request(
             "POST", "/api/tasks", token=f.alice, body={"gid": 31, "token": "t"}
         )
-        _error(answer, 500, "internal")
+        assert_error(answer, 500, "internal")
         assert "simulated" not in answer[1]["error"]["message"]  # internals stay in the log
         assert one(f.path, "SELECT COUNT(*) FROM gallery")[0] == 0
         assert one(f.path, "SELECT COUNT(*) FROM task_operation")[0] == 0
@@ -286,14 +275,16 @@ async def test_unknown_listed_with_evidence_and_resolved_over_http(tmp_path):
         )
         assert status == 202 and body["task"]["status"] == "SUBMIT_UNKNOWN"
         f.upstream.clear_faults()
-        _error(
+        assert_error(
             await f.site.request(
                 "POST", "/api/tasks", token=f.alice, body={"gid": 51, "token": "t"}
             ),
             409,
             "conflict",
         )
-        _error(await f.site.request("DELETE", "/api/tasks/51", token=f.alice), 409, "conflict")
+        assert_error(
+            await f.site.request("DELETE", "/api/tasks/51", token=f.alice), 409, "conflict"
+        )
         status, listed = await f.site.request("GET", "/api/admin/unknown", token=f.admin)
         assert status == 200 and [t["gid"] for t in listed["tasks"]] == [51]
         evidence = listed["tasks"][0]["evidence"]
@@ -309,14 +300,14 @@ async def test_unknown_listed_with_evidence_and_resolved_over_http(tmp_path):
         other = await f.site.request(
             "POST", resolve, token=f.admin, body={"verdict": "not_submitted"}
         )
-        _error(other, 409, "conflict")
+        assert_error(other, 409, "conflict")
         audit = one(f.path, "SELECT actor, note, evidence FROM reconciliation_audit WHERE gid = 51")
         assert audit["actor"] == "demo" and audit["note"] == "audit: 1"
         assert '"submissions": 1' in audit["evidence"]
         usage = (await f.site.request("GET", "/api/usage", token=f.alice))[1]
         assert usage["used"] == catalog.gallery(51).cost
         assert f.upstream.stats()["postAttempts"] == {"51": 1}
-        _error(
+        assert_error(
             await f.site.request(
                 "POST", "/api/admin/tasks/52/resolve", token=f.admin, body={"verdict": "submitted"}
             ),
@@ -338,7 +329,7 @@ async def test_delete_over_http_at_once_or_pending(tmp_path):
             200,
             {"deleted": 61},
         )
-        _error(await f.site.request("GET", "/api/tasks/61", token=f.alice), 404, "not_found")
+        assert_error(await f.site.request("GET", "/api/tasks/61", token=f.alice), 404, "not_found")
         connection = raw(f.path)
         connection.execute("UPDATE gallery SET node_id = 'node-1' WHERE gid = 62")
         connection.close()
@@ -350,7 +341,7 @@ async def test_delete_over_http_at_once_or_pending(tmp_path):
         answer = await f.site.request(
             "POST", "/api/tasks", token=f.alice, body={"gid": 62, "token": "t"}
         )
-        _error(answer, 409, "conflict")
+        assert_error(answer, 409, "conflict")
         status, body = await f.site.request(
             "POST", "/api/tasks", token=f.alice, body={"gid": 61, "token": "t"}
         )
@@ -374,7 +365,9 @@ async def test_health_metrics_ui_and_admin_nodes(tmp_path):
             200,
             {"nodes": []},
         )
-        _error(await f.site.request("GET", "/api/admin/nodes", token=f.alice), 403, "forbidden")
+        assert_error(
+            await f.site.request("GET", "/api/admin/nodes", token=f.alice), 403, "forbidden"
+        )
 
     await with_fixture(tmp_path, test)
 

@@ -4,7 +4,6 @@ and a client that does not read is cut off past its send buffer."""
 
 from __future__ import annotations
 
-import base64
 import json
 import os
 import sys
@@ -20,8 +19,7 @@ from tasknet.site.storage.db import connect, run_write
 from tasknet.site.web.events import CLOSE_TOKEN_INVALID, SEND_BUFFER_LIMIT, TOKEN_CHECK_INTERVAL
 from tasknet.upstream.testing import start_upstream
 from tests.site.helpers import add_user, running_site, site_options, wait_for
-from tests.site.rawhttp import connect as raw_connect
-from tests.site.rawhttp import request_bytes
+from tests.site.rawhttp import open_websocket
 from tests.site_protocol.harness import events_client
 
 ADMIN = str(Path(sys.executable).parent / "tasknet-admin")
@@ -38,7 +36,7 @@ async def _with_site(tmp_path, test):
 
 
 def _factory(site):
-    return site.site.events_resource.factory
+    return site.site.web.events.factory
 
 
 def _rotate(path: str, name: str) -> str:
@@ -112,23 +110,7 @@ async def test_tasknet_admin_rotating_a_token_in_another_process_closes_the_sock
 async def _silent_client(port: int, token: str):
     """A WebSocket client over raw TCP that completes the handshake, then
     never reads again."""
-    client = await raw_connect(port)
-    key = base64.b64encode(os.urandom(16)).decode()
-    client.send(
-        request_bytes(
-            "GET",
-            f"/api/events?token={token}",
-            {
-                "Upgrade": "websocket",
-                "Connection": "Upgrade",
-                "Sec-WebSocket-Key": key,
-                "Sec-WebSocket-Version": "13",
-            },
-            close=False,
-        )
-    )
-    answer = await client.response()
-    assert answer.status == 101
+    client, _ = await open_websocket(port, token)
     client.transport.pauseProducing()  # stop reading from the socket
     return client
 

@@ -22,10 +22,11 @@ import pytest
 import pytest_twisted
 from twisted.internet import reactor
 from twisted.internet.defer import Deferred, DeferredList
+from twisted.internet.task import Clock, deferLater
 
 from tasknet.site.storage import create, usage
-from tasknet.site.storage.db import Database, TransactionLost, connect, open_pool
-from tasknet.site.storage.errors import TaskError
+from tasknet.site.storage.db import Database, Retry, connect, open_pool
+from tasknet.site.storage.errors import DatabaseBusy, DatabaseFailed, TaskError, TransactionLost
 from tasknet.site.storage.schema import prepare_database
 from tests.site.helpers import add_user
 
@@ -99,6 +100,15 @@ def committed_items(path: str) -> list[str]:
         connection.close()
 
 
+async def wait_for(predicate: Callable[[], bool], timeout: float = 5.0) -> None:
+    """Poll ``predicate()`` (the writer thread works in real time)."""
+    for _ in range(int(timeout / 0.01)):
+        if predicate():
+            return
+        await deferLater(reactor, 0.01, lambda: None)
+    raise AssertionError(f"condition not met within {timeout}s")
+
+
 def count(statements: list[str], statement: str) -> int:
     return sum(1 for s in statements if s.strip().upper() == statement)
 
@@ -117,8 +127,9 @@ async def test_a_lone_write_is_a_plain_transaction(tmp_path):
             "INSERT INTO item (name, n) VALUES ('a', 0)",
             "COMMIT",
         ]
-        with pytest.raises(sqlite3.IntegrityError):
+        with pytest.raises(DatabaseFailed, match="UNIQUE") as failed:
             await db.write(insert("a"))
+        assert isinstance(failed.value.__cause__, sqlite3.IntegrityError)
         assert statements[-1] == "ROLLBACK"
         assert (db.writes, db.transactions) == (2, 2)  # the trace setter, "a"
     assert committed_items(path) == ["a"]
@@ -184,9 +195,9 @@ async def test_a_failing_write_rolls_back_alone(tmp_path):
         results = await settle(writes)
         assert count(statements, "COMMIT") == 2
     assert [ok for ok, _ in results] == [True, False, True, False, False, True]
-    assert results[1][1].check(sqlite3.IntegrityError)
+    assert results[1][1].check(DatabaseFailed)
     assert "UNIQUE" in results[1][1].getErrorMessage()
-    assert results[3][1].check(sqlite3.IntegrityError)
+    assert results[3][1].check(DatabaseFailed)
     assert "CHECK" in results[3][1].getErrorMessage()
     assert results[4][1].check(ValueError)
     assert committed_items(path) == ["a", "b", "c"]
@@ -245,7 +256,7 @@ async def test_a_failed_commit_fails_every_write_of_its_batch(tmp_path):
         assert statements[-1] == "ROLLBACK"
         assert not [ok for ok, _ in results if ok]
         for index in (0, 1, 3, 4):
-            assert results[index][1].check(sqlite3.IntegrityError)
+            assert results[index][1].check(DatabaseFailed)
             assert "FOREIGN KEY" in results[index][1].getErrorMessage()
         assert "UNIQUE" in results[2][1].getErrorMessage()
         # Nothing of the batch is committed, and the writer still works.
@@ -284,7 +295,7 @@ async def test_a_locked_database_fails_every_write_of_the_batch_unrun(tmp_path):
         assert ran == []
         for ok, failure in results:
             assert not ok
-            assert failure.check(sqlite3.OperationalError)
+            assert failure.check(DatabaseBusy)  # classified: retry the transaction
             assert "locked" in failure.getErrorMessage()
         # Six writes, at most two attempts at the lock (a lone first one,
         # then the rest together), each waiting busy_timeout once.
@@ -320,7 +331,7 @@ async def test_a_transaction_ended_early_fails_only_what_it_carried(tmp_path):
     assert [ok for ok, _ in results] == [False, False, True, True]
     assert results[0][1].check(TransactionLost)
     assert "disk I/O error (simulated)" in results[0][1].getErrorMessage()
-    assert results[1][1].check(sqlite3.OperationalError)
+    assert results[1][1].check(DatabaseFailed)
     assert committed_items(path) == ["b", "c"]
 
 
@@ -356,9 +367,203 @@ async def test_concurrent_reservations_share_commits_and_the_loser_fails_alone(t
     assert [r["operation_id"] for r in reserved] == [value for _, value in results[:-1]]
 
 
+# -- coalesced writes: items of one batch function ---------------------------
+
+
+class InsertAll:
+    """A batch function: inserts every name it is given (one result each),
+    recording the items of each call."""
+
+    def __init__(self) -> None:
+        self.calls: list[list[str]] = []
+
+    def __call__(self, cursor: sqlite3.Cursor, names: list[str]) -> list[str]:
+        self.calls.append(list(names))
+        for name in names:
+            if name == "end-it":
+                cursor.execute("ROLLBACK")
+                raise sqlite3.OperationalError("disk I/O error (simulated)")
+            n = -1 if name.startswith("bad") else 0
+            cursor.execute("INSERT INTO item (name, n) VALUES (?, ?)", (name, n))
+        return [name.upper() for name in names]
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_lone_item_is_a_plain_transaction(tmp_path):
+    path = scratch_database(tmp_path)
+    insert_all = InsertAll()
+    async with opened(path) as (db, statements):
+        committed = await db.write_coalesced(insert_all, "a")
+        assert statements == [
+            "BEGIN IMMEDIATE",
+            "INSERT INTO item (name, n) VALUES ('a', 0)",
+            "COMMIT",
+        ]
+    assert (committed.value, committed.transaction) == ("A", 2)  # after the trace setter's
+    assert committed.seconds >= 0
+    assert insert_all.calls == [["a"]]
+
+
+@pytest_twisted.ensureDeferred
+async def test_queued_items_of_one_function_are_one_call_under_one_savepoint(tmp_path):
+    path = scratch_database(tmp_path)
+    insert_all, other = InsertAll(), InsertAll()
+    async with opened(path) as (db, statements):
+        held = HeldWriter(db)
+        await held.started()
+        writes: list[Deferred[Any]] = [db.write_coalesced(insert_all, "item-0")]
+        writes.append(db.write(insert("plain-1")))
+        writes += [db.write_coalesced(insert_all, f"item-{i}") for i in range(1, 5)]
+        writes.append(db.write_coalesced(other, "other"))
+        writes.append(db.write(insert("plain-2")))
+        held.release()
+        await held.done
+        results = await settle(writes)
+        assert all(ok for ok, _ in results)
+        # Each function called once, with its items in queue order.
+        assert insert_all.calls == [[f"item-{i}" for i in range(5)]]
+        assert other.calls == [["other"]]
+        # The held write's transaction, then one for everything; a savepoint
+        # per unit: insert_all's items, plain-1, other's, plain-2.
+        assert count(statements, "COMMIT") == 2
+        assert count(statements, "SAVEPOINT DATABASE_WRITE") == 4
+        inserted = [s for s in statements if s.startswith("INSERT")]
+        assert [s.split("'")[1] for s in inserted] == [
+            *(f"item-{i}" for i in range(5)),
+            "plain-1",
+            "other",
+            "plain-2",
+        ]
+    answers = [value for _, value in results]
+    assert [a.value for a in answers[:1] + answers[2:7]] == [f"ITEM-{i}" for i in range(5)] + [
+        "OTHER"
+    ]
+    assert answers[1] == "plain-1" and answers[7] == "plain-2"
+    assert {a.transaction for a in answers[:1] + answers[2:7]} == {3}
+    assert committed_items(path) == sorted(
+        [f"item-{i}" for i in range(5)] + ["other", "plain-1", "plain-2"]
+    )
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_failing_item_fails_alone_the_others_run_one_by_one(tmp_path):
+    path = scratch_database(tmp_path)
+    insert_all = InsertAll()
+    names = ["a", "bad-1", "b", "a", "c"]  # a CHECK failure and a UNIQUE loser
+    async with opened(path) as (db, statements):
+        held = HeldWriter(db)
+        await held.started()
+        writes = [db.write_coalesced(insert_all, name) for name in names]
+        writes.append(db.write(insert("plain")))
+        held.release()
+        await held.done
+        results = await settle(writes)
+        assert count(statements, "COMMIT") == 2  # still one transaction
+        # The batch call (rolled back to its savepoint), then one call per item.
+        assert insert_all.calls == [names] + [[n] for n in names]
+    assert [ok for ok, _ in results] == [True, False, True, False, True, True]
+    assert results[1][1].check(DatabaseFailed) and "CHECK" in results[1][1].getErrorMessage()
+    assert results[3][1].check(DatabaseFailed) and "UNIQUE" in results[3][1].getErrorMessage()
+    assert [results[i][1].value for i in (0, 2, 4)] == ["A", "B", "C"]
+    assert committed_items(path) == ["a", "b", "c", "plain"]
+
+
+@pytest_twisted.ensureDeferred
+async def test_items_of_a_call_that_ended_the_transaction_run_again_one_by_one(tmp_path):
+    """The batch call ends the transaction (as SQLite does on a full disk):
+    the plain write before it lost its changes; the items cannot be told
+    apart yet, so each runs again alone in the next transaction: the guilty
+    one fails with its own error, the one before it in that transaction is
+    lost with it (retryable), the one after it commits in a third."""
+    path = scratch_database(tmp_path)
+    insert_all = InsertAll()
+    async with opened(path) as (db, statements):
+        held = HeldWriter(db)
+        await held.started()
+        writes: list[Deferred[Any]] = [db.write(insert("before"))]
+        writes += [db.write_coalesced(insert_all, name) for name in ("x", "end-it", "y")]
+        held.release()
+        await held.done
+        results = await settle(writes)
+        assert count(statements, "COMMIT") == 2  # the held write's, and y's alone
+    assert [ok for ok, _ in results] == [False, False, False, True]
+    for lost in (0, 1):
+        assert results[lost][1].check(TransactionLost) and results[lost][1].check(DatabaseBusy)
+    assert results[2][1].check(DatabaseFailed)
+    assert "disk I/O error (simulated)" in results[2][1].getErrorMessage()
+    assert insert_all.calls == [["x", "end-it", "y"], ["x"], ["end-it"], ["y"]]
+    assert results[3][1].value == "Y"
+    assert committed_items(path) == ["y"]
+
+
+# -- retries of a whole transaction -------------------------------------------
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_busy_write_is_retried_on_the_clock_until_it_lands(tmp_path):
+    path = scratch_database(tmp_path)
+    clock = Clock()
+    tried: list[float] = []
+
+    def attempt(cursor: sqlite3.Cursor) -> str:
+        return insert("late")(cursor)
+
+    async with opened(path, busy_timeout_ms=20, clock=clock) as (db, statements):
+        locker = sqlite3.connect(path, isolation_level=None)
+        locker.execute("BEGIN EXCLUSIVE")
+        try:
+            retry = Retry("test write", 10.0, lambda n: [0.5, 1.0][min(n, 1)])
+            done = db.write_retrying(retry, attempt)
+            for delay in (0.5, 1.0, 1.0):
+                # The attempt failed on the real lock: the next one waits on the clock.
+                await wait_for(lambda: len(clock.getDelayedCalls()) == 1)
+                [call] = clock.getDelayedCalls()
+                tried.append(round(call.getTime() - clock.seconds(), 6))
+                assert not done.called
+                if delay == 1.0 and len(tried) == 3:
+                    locker.execute("ROLLBACK")
+                clock.advance(delay)
+            assert await done == "late"
+        finally:
+            if locker.in_transaction:
+                locker.execute("ROLLBACK")
+            locker.close()
+        assert count(statements, "BEGIN IMMEDIATE") == 4
+    assert tried == [0.5, 1.0, 1.0]
+    assert committed_items(path) == ["late"]
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_write_busy_past_its_window_fails_busy_and_other_errors_are_not_retried(tmp_path):
+    path = scratch_database(tmp_path)
+    clock = Clock()
+    async with opened(path, busy_timeout_ms=20, clock=clock) as (db, statements):
+        locker = sqlite3.connect(path, isolation_level=None)
+        locker.execute("BEGIN EXCLUSIVE")
+        try:
+            done = db.write_retrying(Retry("test write", 1.0, lambda _: 0.4), insert("x"))
+            for _ in range(2):  # attempts at 0, 0.4, 0.8; 1.2 would be past the window
+                await wait_for(lambda: len(clock.getDelayedCalls()) == 1)
+                clock.advance(0.4)
+            with pytest.raises(DatabaseBusy, match="locked"):
+                await done
+        finally:
+            locker.execute("ROLLBACK")
+            locker.close()
+        assert count(statements, "BEGIN IMMEDIATE") <= 3
+        statements.clear()
+        await db.write(insert("a"))
+        with pytest.raises(DatabaseFailed, match="UNIQUE"):
+            await db.write_retrying(Retry("again", 10.0, lambda _: 0.4), insert("a"))
+        assert clock.getDelayedCalls() == []
+        assert count(statements, "BEGIN IMMEDIATE") == 2  # "a", and the one failed attempt
+
+
 def test_bad_options_are_refused(tmp_path):
     path = str(tmp_path / "x.sqlite")
     with pytest.raises(ValueError, match="max_batch"):
         Database(path, max_batch=0)
     with pytest.raises(ValueError, match="busy_timeout_ms"):
         Database(path, busy_timeout_ms=-1)
+    with pytest.raises(ValueError, match="within"):
+        Retry("x", -1.0, lambda _: 1.0)

@@ -16,10 +16,19 @@ from twisted.internet.defer import DeferredList
 from tasknet.site.lifecycle import Lifecycle
 from tasknet.site.storage import create, delete, eligibility, favorites, generation, usage, views
 from tasknet.site.storage.db import open_pool
-from tasknet.site.storage.errors import TaskError
+from tasknet.site.storage.errors import DatabaseFailed, TaskError
 from tasknet.site.transitions import IllegalTransition
 from tasknet.status import OperationState
-from tests.site.helpers import dispatch_row, fault, lifecycle_env, one, query, raw, wait_for
+from tests.site.helpers import (
+    dispatch_row,
+    fail_usage_writes,
+    fault,
+    lifecycle_env,
+    one,
+    query,
+    raw,
+    wait_for,
+)
 
 GID = 4242
 
@@ -202,13 +211,8 @@ async def test_restart_recovery_submitting_to_unknown_reserved_released_no_rewri
 @pytest_twisted.ensureDeferred
 async def test_quota_write_failure_rolls_back_to_reconcilable_submit_unknown(tmp_path):
     async with lifecycle_env(tmp_path) as env:
-        connection = raw(env.path)
         # A real failure of the weekly_usage write inside the persist transaction.
-        connection.execute(
-            "CREATE TRIGGER usage_fails BEFORE INSERT ON weekly_usage "
-            "BEGIN SELECT RAISE(ABORT, 'simulated disk failure'); END"
-        )
-        connection.close()
+        fail_usage_writes(env.path)
         created = await env.lifecycle.create(env.user_id, GID, "tok", "")
         assert created.status == 202
         assert created.task["state"] == "UNKNOWN" and created.task["statusText"] == "提交未知"
@@ -472,12 +476,13 @@ async def test_tombstone_only_replaced_by_explicit_create_with_new_operation_id(
                     c, GID, first, OperationState.DELETED, OperationState.SUBMITTED
                 )
             )
-        with pytest.raises(sqlite3.IntegrityError):  # the trigger, for raw SQL
+        with pytest.raises(DatabaseFailed) as refused:  # the trigger, for raw SQL
             await env.db.write(
                 lambda c: c.execute(
                     "UPDATE task_operation SET state = 'SUBMITTED' WHERE gid = ?", (GID,)
                 )
             )
+        assert isinstance(refused.value.__cause__, sqlite3.IntegrityError)
         assert op_row(env.path)["state"] == "DELETED"
         second = await submitted_task(env)
         assert second != first
@@ -542,11 +547,8 @@ def test_week_helpers():
 @pytest_twisted.ensureDeferred
 async def test_persist_and_unknown_both_failing_are_settled_by_recovery(tmp_path):
     async with lifecycle_env(tmp_path) as env:
+        fail_usage_writes(env.path, "disk failure")
         connection = raw(env.path)
-        connection.execute(
-            "CREATE TRIGGER usage_fails BEFORE INSERT ON weekly_usage "
-            "BEGIN SELECT RAISE(ABORT, 'disk failure'); END"
-        )
         connection.execute(
             "CREATE TRIGGER unknown_fails BEFORE UPDATE OF state ON task_operation "
             "WHEN NEW.state = 'UNKNOWN' BEGIN SELECT RAISE(ABORT, 'disk failure'); END"

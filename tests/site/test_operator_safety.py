@@ -19,7 +19,8 @@ from twisted.python import usage
 
 from tasknet.cli import admin
 from tasknet.cli.migrate import main as migrate_main
-from tasknet.site.service import Options, build_service, read_node_key_file
+from tasknet.site.root import build_site
+from tasknet.site.service import Options, read_node_key_file
 from tasknet.site.storage import create, lock
 from tasknet.site.storage import usage as usage_weeks
 from tasknet.site.storage.db import connect, run_write
@@ -160,7 +161,7 @@ async def test_failed_start_in_process_releases_listener_database_and_lock(
                 "tcp:0:interface=127.0.0.1",
             ]
         )
-        service = build_service(options)
+        service = build_site(options)
         service.startService()
         with pytest.raises(Exception, match="Address already in use"):
             await service.ready

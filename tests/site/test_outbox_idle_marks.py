@@ -69,7 +69,8 @@ async def test_rows_nobody_listens_to_are_marked_with_one_watermark_read(tmp_pat
     try:
         await reserve_some(db, user_id, range(1, 6))
         await db.read(lambda cursor: cursor.connection.set_trace_callback(reads.append))
-        await executor.start()
+        executor.startService()
+        await executor.wake()
         for _ in range(10):
             await executor.wake()
         assert unmarked(path) == 5
@@ -78,7 +79,7 @@ async def test_rows_nobody_listens_to_are_marked_with_one_watermark_read(tmp_pat
         # No webhook configured: nothing else needs them, so they are gone.
         assert query(path, "SELECT COUNT(*) FROM notification_outbox")[0][0] == 0
     finally:
-        await executor.stop()
+        await executor.stopService()
         db.close()
 
 
@@ -89,7 +90,8 @@ async def test_a_client_connecting_before_the_marking_gets_the_rows_pushed(tmp_p
     publisher = RecordingPublisher()
     executor = OutboxExecutor(db, publisher, poll_interval=None, mark_interval=0.05)
     try:
-        await executor.start()
+        executor.startService()
+        await executor.wake()
         await reserve_some(db, user_id, range(1, 4))
         await executor.wake()  # nobody yet: left for the marking
         publisher.connected = True
@@ -97,5 +99,5 @@ async def test_a_client_connecting_before_the_marking_gets_the_rows_pushed(tmp_p
         await wait_for(lambda: unmarked(path) == 0)
         assert len(publisher.pushed) == 3
     finally:
-        await executor.stop()
+        await executor.stopService()
         db.close()

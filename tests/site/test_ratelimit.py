@@ -122,7 +122,7 @@ async def test_a_create_rate_of_zero_means_no_limit(tmp_path):
     options = site_options(path, upstream.base_url, "--create-rate", "0", "--create-burst", "1")
     try:
         async with running_site(options) as site:
-            assert site.site.create_limiter is None
+            assert site.site.web.create_limiter is None
             _, alice = add_user(path, "alice", quota=10**6)
             for gid in (21, 22, 23):
                 status, _ = await site.request(

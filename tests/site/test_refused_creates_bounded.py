@@ -59,7 +59,8 @@ async def test_10000_refused_creates_leave_the_database_within_a_bounded_size(tm
         bob, _ = add_user(env.path, "bob", quota=10**9)
         executor = OutboxExecutor(env.db, None, None, poll_interval=None, prune_interval=None)
         env.lifecycle.on_commit = executor.wake
-        await executor.start()
+        executor.startService()
+        await executor.wake()
         # bob's POSTs are refused by the upstream (422, nothing charged);
         # alice has no quota left (429).
         env.upstream.set_faults([fault("reject")])
@@ -76,7 +77,7 @@ async def test_10000_refused_creates_leave_the_database_within_a_bounded_size(tm
             await wait_for(lambda: traces(env.path) == 0, timeout=10)
             after_10000 = files_size(env.path)
         finally:
-            await executor.stop()
+            await executor.stopService()
         print(f"database (main, wal) after 1,000: {after_1000}, after 10,000: {after_10000}")
         # The main file is about as large after 10,000 as after 1,000: freed
         # pages are reused; what it holds at most is the rows of one marking

@@ -4,8 +4,6 @@ written before a request is routed, and the WebSocket handshake."""
 
 from __future__ import annotations
 
-import base64
-import os
 from html.parser import HTMLParser
 
 import pytest_twisted
@@ -14,7 +12,7 @@ from tasknet.site.web.api import STATIC_DIR
 from tasknet.site.web.http import CONTENT_SECURITY_POLICY
 from tasknet.upstream.testing import start_upstream
 from tests.site.helpers import add_user, running_site, site_options
-from tests.site.rawhttp import connect, exchange, request_bytes
+from tests.site.rawhttp import exchange, open_websocket, request_bytes, websocket_upgrade
 
 EXPECTED = {
     "content-security-policy": CONTENT_SECURITY_POLICY,
@@ -78,40 +76,12 @@ async def test_every_kind_of_answer_carries_the_headers(tmp_path):
                 _assert_headers(answer, what)
 
             # The WebSocket opening handshake (101) too.
-            key = base64.b64encode(os.urandom(16)).decode()
-            client = await connect(port)
-            client.send(
-                request_bytes(
-                    "GET",
-                    f"/api/events?token={token}",
-                    {
-                        "Upgrade": "websocket",
-                        "Connection": "Upgrade",
-                        "Sec-WebSocket-Key": key,
-                        "Sec-WebSocket-Version": "13",
-                    },
-                    close=False,
-                )
-            )
-            answer = await client.response()
-            assert answer.status == 101
+            client, answer = await open_websocket(port, token)
             _assert_headers(answer, "WebSocket 101")
             client.abort()
             await client.closed
             # A refused handshake is the JSON envelope, with the headers.
-            answer, _ = await exchange(
-                port,
-                request_bytes(
-                    "GET",
-                    "/api/events?token=wrong",
-                    {
-                        "Upgrade": "websocket",
-                        "Connection": "Upgrade",
-                        "Sec-WebSocket-Key": key,
-                        "Sec-WebSocket-Version": "13",
-                    },
-                ),
-            )
+            answer, _ = await exchange(port, websocket_upgrade("wrong"))
             assert answer.status == 401
             assert answer.json()["error"]["code"] == "unauthorized"
             _assert_headers(answer, "WebSocket 401")

@@ -21,7 +21,7 @@ from zope.interface import implementer
 from tasknet.node.link import site_client_service
 from tasknet.protocol.messages import TaskReportAck
 from tasknet.protocol.session import INodeHandler
-from tasknet.site.service import build_service, makeService
+from tasknet.site.root import Tuning, build_site, makeService
 from tasknet.site.storage import create, usage, users
 from tasknet.site.storage.db import connect, run_read, run_write
 from tasknet.site.storage.schema import load_script, prepare_database
@@ -131,7 +131,7 @@ async def test_start_runs_recovery_before_enabling_dispatch(tmp_path):
     nodes_port = _free_port()
     options = site_options(path, upstream.base_url)
     options["nodes"] = f"tcp:{nodes_port}:interface=127.0.0.1"
-    service = build_service(options)
+    service = build_site(options)
     # Another process holds the write lock: recovery waits for it.
     lock = raw(path)
     lock.execute("BEGIN EXCLUSIVE")
@@ -140,9 +140,9 @@ async def test_start_runs_recovery_before_enabling_dispatch(tmp_path):
         # While recovery is held: no node port, no HTTP, dispatch off.
         for _ in range(5):
             assert _refused(nodes_port)
-            assert service.site.recovery_state == "pending"
+            assert service.parts.health.recovery == "pending"
             assert service.nodes_port is None and service.http_port is None
-            assert not service.site.dispatch_enabled
+            assert not service.parts.health.dispatch_enabled
             await settle_for(0.05)
         lock.execute("ROLLBACK")
         await service.ready
@@ -214,6 +214,9 @@ async def test_failed_recovery_accepts_nodes_but_dispatches_nothing(tmp_path):
                 200,
                 {"recovery": "failed", "dispatch": "disabled"},
             )
+            # The dispatcher service was never started; the outbox was.
+            assert not site.service.getServiceNamed("dispatch").running
+            assert site.service.getServiceNamed("outbox").running
             assert one(path, "SELECT state FROM task_operation WHERE gid = 1")[0] == "SUBMITTING"
             assert one(path, "SELECT state FROM task_operation WHERE gid = 2")[0] == "RESERVED"
             # A real node logs in: accepted, and its report is applied and ACKed ...
@@ -337,11 +340,15 @@ async def test_make_service_with_full_wiring_starts_serves_and_stops_cleanly(tmp
         )
         body = json.loads(await treq.content(response))
         assert response.code == 201 and body["task"]["state"] == "SUBMITTED"
-        assert service.site.dispatch_enabled
+        assert service.parts.health.dispatch_enabled
+        # Every timed part is a running child service of the site.
+        assert sorted(service.namedServices) == ["dispatch", "housekeeping", "node-keys", "outbox"]
+        assert all(child.running for child in service)
     finally:
         await service.stopService()
         await pool.closeCachedConnections()
         await upstream.stop()
+    assert not any(child.running for child in service)
     assert upstream.stats()["posts"] == {"99": 1}
 
 
@@ -368,21 +375,18 @@ async def test_node_keys_added_or_removed_by_the_admin_apply_without_a_restart(t
     path = str(tmp_path / "site.sqlite")
     upstream = await start_upstream()
 
-    def fast_refresh(service) -> None:
-        service.node_keys_refresh = 0.05
-
     try:
         # n2's key on the command line wins over the table's.
         options = site_options(path, upstream.base_url, "--node-key", f"n2:{secret_of('n2')}")
-        async with running_site(options, fast_refresh) as site:
+        async with running_site(options, Tuning(node_keys_refresh=0.05)) as site:
             connection = connect(path)
             try:
                 run_write(connection, users.add_node_key, "n7", secret_of("n7"))
                 run_write(connection, users.add_node_key, "n2", "not-the-option")
             finally:
                 connection.close()
-            await wait_for(lambda: "n7" in site.site.node_factory.node_keys)
-            assert site.site.node_factory.node_keys["n2"] == secret_of("n2")
+            await wait_for(lambda: "n7" in site.site.node_side.listener.node_keys)
+            assert site.site.node_side.listener.node_keys["n2"] == secret_of("n2")
             node = await _scripted_node(site.service, "n7")
             assert await node.logged_in is True
             await node.disconnect()
@@ -392,7 +396,7 @@ async def test_node_keys_added_or_removed_by_the_admin_apply_without_a_restart(t
                 assert run_write(connection, users.remove_node_key, "n7")
             finally:
                 connection.close()
-            await wait_for(lambda: "n7" not in site.site.node_factory.node_keys)
+            await wait_for(lambda: "n7" not in site.site.node_side.listener.node_keys)
             refused = await _scripted_node(site.service, "n7")
             assert await refused.logged_in is False
             await refused.lost
@@ -407,14 +411,14 @@ async def test_stop_acks_committed_reports_before_closing_node_connections(tmp_p
     path = str(tmp_path / "site.sqlite")
     upstream = await start_upstream()
     options = site_options(path, upstream.base_url, "--node-key", f"n1:{secret_of('n1')}")
-    service = build_service(options)
+    service = build_site(options)
     service.startService()
     stopped = None
     try:
         await service.ready
         node = await _scripted_node(service, "n1")
         assert await node.logged_in
-        db = service.site.db
+        db = service.parts.db
         # Hold the writer so the report is received but not yet committed
         # when the stop begins.
         running, release = threading.Event(), threading.Event()

@@ -10,12 +10,11 @@ import pytest
 import pytest_twisted
 from autobahn.twisted.websocket import WebSocketClientFactory
 from twisted.internet import reactor
-from twisted.internet.endpoints import TCP4ClientEndpoint
 
 from tasknet.upstream.testing import start_upstream
 from tests.site.helpers import add_user, one, running_site, site_options
 from tests.site.rawhttp import exchange, request_bytes
-from tests.site_protocol.harness import TIMEOUT, EventsClient
+from tests.site_protocol.harness import TIMEOUT, EventsClient, events_client
 
 
 async def _with_site(tmp_path, test):
@@ -139,22 +138,10 @@ async def test_cookie_calls_from_another_origin_are_refused_and_change_nothing(t
     await _with_site(tmp_path, test)
 
 
-async def _events_with_headers(port: int, headers: dict[str, str]) -> EventsClient:
-    factory = WebSocketClientFactory(f"ws://127.0.0.1:{port}/api/events", headers=headers)
-    factory.protocol = EventsClient
-    client = await TCP4ClientEndpoint(reactor, "127.0.0.1", port).connect(factory)
-    try:
-        await client.opened.addTimeout(TIMEOUT, reactor)
-    except Exception:
-        await client.closed
-        raise
-    return client
-
-
 @pytest_twisted.ensureDeferred
 async def test_the_websocket_authenticates_from_the_cookie(tmp_path):
     async def test(site, path, token, port):
-        client = await _events_with_headers(port, {"Cookie": f"tasknet_session={token}"})
+        client = await events_client(port, headers={"Cookie": f"tasknet_session={token}"})
         try:
             answer, _ = await exchange(
                 port,
@@ -172,21 +159,22 @@ async def test_the_websocket_authenticates_from_the_cookie(tmp_path):
             await client.shut()
 
         with pytest.raises(ConnectionError):
-            await _events_with_headers(port, {"Cookie": "tasknet_session=forged"})
+            await events_client(port, headers={"Cookie": "tasknet_session=forged"})
         # A bearer header works for a program; it wins over a cookie.
-        client = await _events_with_headers(
-            port, {"Authorization": f"Bearer {token}", "Cookie": "tasknet_session=forged"}
+        client = await events_client(
+            port, headers={"Authorization": f"Bearer {token}", "Cookie": "tasknet_session=forged"}
         )
         await client.shut()
         with pytest.raises(ConnectionError):
-            await _events_with_headers(
-                port, {"Authorization": "Bearer forged", "Cookie": f"tasknet_session={token}"}
+            await events_client(
+                port,
+                headers={"Authorization": "Bearer forged", "Cookie": f"tasknet_session={token}"},
             )
         # A cookie-authenticated handshake from another origin is refused.
         with pytest.raises(ConnectionError):
-            await _events_with_headers(
+            await events_client(
                 port,
-                {"Cookie": f"tasknet_session={token}", "Origin": "http://evil.example"},
+                headers={"Cookie": f"tasknet_session={token}", "Origin": "http://evil.example"},
             )
 
     await _with_site(tmp_path, test)
@@ -221,9 +209,12 @@ def _self_signed_pem() -> bytes:
     ) + certificate.public_bytes(serialization.Encoding.PEM)
 
 
-def _https_sign_in(port: int, token: str) -> tuple[int, list[str]]:
-    """POST /api/session over TLS with the stdlib (blocking; run in a thread).
-    The certificate is a throwaway: only the cookie's flags are under test."""
+def _https_post(
+    port: int, path: str, body: bytes, headers: dict[str, str]
+) -> tuple[int, list[str]]:
+    """POST over TLS with the stdlib (blocking; run in a thread): the status
+    and the Set-Cookie headers.  The certificate is a throwaway: only the
+    cookie's flags are under test."""
     import http.client
     import ssl
 
@@ -232,9 +223,7 @@ def _https_sign_in(port: int, token: str) -> tuple[int, list[str]]:
     context.verify_mode = ssl.CERT_NONE
     connection = http.client.HTTPSConnection("127.0.0.1", port, context=context, timeout=10)
     try:
-        connection.request(
-            "POST", "/api/session", _json({"token": token}), {"Content-Type": "application/json"}
-        )
+        connection.request("POST", path, body, {"Content-Type": "application/json", **headers})
         response = connection.getresponse()
         response.read()
         return response.status, response.headers.get_all("Set-Cookie") or []
@@ -242,26 +231,15 @@ def _https_sign_in(port: int, token: str) -> tuple[int, list[str]]:
         connection.close()
 
 
-def _https_create(port: int, token: str, gid: int) -> tuple[None, int]:
-    import http.client
-    import ssl
+def _https_sign_in(port: int, token: str) -> tuple[int, list[str]]:
+    return _https_post(port, "/api/session", _json({"token": token}), {})
 
-    context = ssl.create_default_context()
-    context.check_hostname = False
-    context.verify_mode = ssl.CERT_NONE
-    connection = http.client.HTTPSConnection("127.0.0.1", port, context=context, timeout=10)
-    try:
-        connection.request(
-            "POST",
-            "/api/tasks",
-            _json({"gid": gid, "token": "t"}),
-            {"Content-Type": "application/json", "Authorization": f"Bearer {token}"},
-        )
-        response = connection.getresponse()
-        response.read()
-        return None, response.status
-    finally:
-        connection.close()
+
+def _https_create(port: int, token: str, gid: int) -> tuple[None, int]:
+    status, _ = _https_post(
+        port, "/api/tasks", _json({"gid": gid, "token": "t"}), {"Authorization": f"Bearer {token}"}
+    )
+    return None, status
 
 
 async def _events_over_tls(port: int, token: str) -> EventsClient:

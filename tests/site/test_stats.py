@@ -228,3 +228,90 @@ def test_minute_buckets_older_than_the_retention_are_pruned(conn: sqlite3.Connec
     assert minutes == [int(later // 60)]
     # The byte counters are never pruned.
     assert run_read(conn, throughput.node_byte_totals) == {"n1": 200_000}
+
+
+def test_a_download_that_did_not_move_writes_no_sample(conn: sqlite3.Connection) -> None:
+    # Write only what changed (BENCH B1): a snapshot repeats every queued and
+    # stalled download; those entries write no throughput sample.
+    uid, _ = add_user(conn, "alice")
+    _task(conn, 1, uid)
+    _task(conn, 2, uid)
+    _sample(conn, "n1", 2, 1, 0.0, T0)  # queued: its status is new, so one sample
+    queued = tuple(_row(conn, 2))
+    _sample(conn, "n1", 2, 1, 0.0, T0 + 5)  # still queued: nothing written
+    assert tuple(_row(conn, 2)) == queued
+    _sample(conn, "n1", 1, 1, 0.0, T0)
+    _sample(conn, "n1", 1, 1, 0.1, T0 + 1)  # 100 kB in 1 s
+    moved = tuple(_row(conn, 1))
+    assert moved[0] == pytest.approx(100_000) and moved[1] == T0 + 1
+    _sample(conn, "n1", 1, 1, 0.1, T0 + 2)  # the next snapshot: it did not move
+    assert tuple(_row(conn, 1)) == moved
+    # Its next movement is averaged over the whole time since the last sample.
+    _sample(conn, "n1", 1, 1, 0.2, T0 + 3)  # 100 kB over 2 s
+    weight = 1 - math.exp(-2 / throughput.SMOOTHING_SECONDS)
+    assert _row(conn, 1)["speed"] == pytest.approx(100_000 + weight * (50_000 - 100_000))
+    assert _row(conn, 1)["sampled_at"] == T0 + 3
+
+
+def test_recording_reports_together_equals_one_after_the_other(tmp_path: Path) -> None:
+    # Group commit records a run's throughput with one set of statements; the
+    # tables must end as if each report had been recorded alone.
+    def world(name: str) -> sqlite3.Connection:
+        path = str(tmp_path / f"{name}.sqlite")
+        prepare_database(path)
+        c = connect(path)
+        alice, _ = add_user(c, "alice")
+        bob, _ = add_user(c, "bob")
+        for gid, owner, node in [
+            (1, alice, "n1"),
+            (2, bob, "n1"),
+            (3, alice, "n2"),
+            (4, bob, "n2"),
+        ]:
+            _task(c, gid, owner, node)
+        return c
+
+    steps = [  # (now, [(node, {gid: (status, progress)})])
+        (T0, [("n1", {1: (1, 0.0), 2: (1, 0.0)}), ("n2", {3: (1, 0.0), 4: (1, 0.5)})]),
+        (T0 + 2, [("n1", {1: (1, 0.3), 2: (1, 0.0)}), ("n2", {3: (1, 0.1), 4: (4, 1.0)})]),
+        (T0 + 70, [("n1", {1: (4, 1.0), 2: (1, 0.2)}), ("n2", {3: (1, 0.1), 4: (4, 1.0)})]),
+    ]
+    together, alone = world("together"), world("alone")
+    for now, batch in steps:
+        run_write(together, _record_step, batch, now, True)
+        run_write(alone, _record_step, batch, now, False)
+    for query in (
+        "SELECT gid, status, progress, speed, sampled_at, moved_at, completed_at FROM gallery",
+        "SELECT minute, node_id, user_id, bytes, completed FROM throughput_minute",
+        "SELECT node_id, bytes FROM node_bytes",
+        "SELECT node_id, last_seen_at, last_report_at FROM node_seen",
+    ):
+        got = sorted(map(tuple, together.execute(query)))
+        assert got == sorted(map(tuple, alone.execute(query))), query
+        assert got, query  # the scenario writes every table
+    together.close()
+    alone.close()
+
+
+def _record_step(
+    c: sqlite3.Cursor,
+    batch: list[tuple[str, dict[int, tuple[int, float]]]],
+    now: float,
+    at_once: bool,
+) -> None:
+    """One batch of reports' throughput, recorded at once or report by report, then applied."""
+    before = {r["gid"]: r for r in c.execute("SELECT gid, status, progress FROM gallery")}
+    items = [
+        (node, list(tasks), {g: TaskEntry(g, *v) for g, v in tasks.items()}, before)
+        for node, tasks in batch
+    ]
+    if at_once:
+        throughput.record_reports(c, items, now)
+    else:
+        for node, applied, entries, rows in items:
+            throughput.record_report(c, node, applied, entries, rows, now)
+    for _, tasks in batch:
+        c.executemany(
+            "UPDATE gallery SET status = ?, progress = ? WHERE gid = ?",
+            [(status, progress, g) for g, (status, progress) in tasks.items()],
+        )

@@ -18,25 +18,21 @@ from tasknet.protocol.messages import TaskCommand, TaskReportAck
 from tasknet.status import TaskStatus
 from tasknet.upstream import catalog
 from tasknet.upstream.testing import start_upstream
-from tests.site.helpers import add_user, one, running_site, site_options
+from tests.site.helpers import (
+    SiteWithUsers,
+    assert_error,
+    one,
+    running_site,
+    site_options,
+)
 from tests.site_protocol.harness import TIMEOUT, ScriptedNode, secret_of
 
 
-def _error(answer: tuple[int, Any], status: int, code: str) -> None:
-    got, document = answer
-    assert got == status, document
-    assert document["error"]["code"] == code, document
-    assert document["error"]["message"]
+class Fixture(SiteWithUsers):
+    """A :class:`SiteWithUsers` that also connects scripted nodes."""
 
-
-class Fixture:
     def __init__(self, site: Any, path: str, upstream: Any) -> None:
-        self.site = site
-        self.path = path
-        self.upstream = upstream
-        self.admin = "demo"
-        _, self.alice = add_user(path, "alice")
-        _, self.bob = add_user(path, "bob")
+        super().__init__(site, path, upstream)
         self.nodes: list[ScriptedNode] = []
 
     async def get(self, path: str, token: str | None = None) -> tuple[int, Any]:
@@ -207,13 +203,13 @@ async def test_bad_view_parameters_answer_400(tmp_path: Any) -> None:
             "q=%01",
             "q=%ff",
         ):
-            _error(await f.get(f"/api/tasks?{query}"), 400, "invalid_request")
-        _error(await f.get(f"/api/tasks/counts?q={'x' * 257}"), 400, "invalid_request")
+            assert_error(await f.get(f"/api/tasks?{query}"), 400, "invalid_request")
+        assert_error(await f.get(f"/api/tasks/counts?q={'x' * 257}"), 400, "invalid_request")
         for window in ("59", "86401", "x", "-60", "3600.5"):
-            _error(await f.get(f"/api/stats?window={window}"), 400, "invalid_request")
-        _error(await f.get("/api/tasks/counts", "nobody"), 401, "unauthorized")
-        _error(await f.get("/api/stats", "nobody"), 401, "unauthorized")
-        _error(await f.get("/api/admin/nodes"), 403, "forbidden")
+            assert_error(await f.get(f"/api/stats?window={window}"), 400, "invalid_request")
+        assert_error(await f.get("/api/tasks/counts", "nobody"), 401, "unauthorized")
+        assert_error(await f.get("/api/stats", "nobody"), 401, "unauthorized")
+        assert_error(await f.get("/api/admin/nodes"), 403, "forbidden")
 
     await with_fixture(tmp_path, test)
 

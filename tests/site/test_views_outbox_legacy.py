@@ -7,7 +7,15 @@ import json
 import pytest_twisted
 
 from tasknet.site.storage import eligibility, views
-from tests.site.helpers import dispatch_row, fault, lifecycle_env, one, query, raw
+from tests.site.helpers import (
+    dispatch_row,
+    fail_usage_writes,
+    fault,
+    lifecycle_env,
+    one,
+    query,
+    raw,
+)
 
 
 def outbox(path: str, gid: int) -> list[dict]:
@@ -46,12 +54,7 @@ async def test_every_visible_change_is_in_the_outbox_of_its_transaction(tmp_path
 @pytest_twisted.ensureDeferred
 async def test_outbox_row_rolls_back_with_its_change(tmp_path):
     async with lifecycle_env(tmp_path) as env:
-        connection = raw(env.path)
-        connection.execute(
-            "CREATE TRIGGER usage_fails BEFORE INSERT ON weekly_usage "
-            "BEGIN SELECT RAISE(ABORT, 'x'); END"
-        )
-        connection.close()
+        fail_usage_writes(env.path)
         await env.lifecycle.create(env.user_id, 1, "t", "")
         states = [p["task"]["state"] for p in outbox(env.path, 1)]
         assert states == ["SUBMITTING", "UNKNOWN"]  # no SUBMITTED was ever announced

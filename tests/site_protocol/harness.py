@@ -32,11 +32,13 @@ from tasknet.protocol.messages import (
     decode,
     sign_login,
 )
-from tasknet.site.handler import ProtocolSide, build_protocol_side
-from tasknet.site.nodes import NodeListenerFactory
+from tasknet.site.node_listener import NodeListenerFactory
+from tasknet.site.root import Tuning, build_node_side
+from tasknet.site.service import NodeSide
 from tasknet.site.storage import db as dbmod
 from tasknet.site.storage import users
 from tasknet.site.storage.schema import prepare_database
+from tasknet.site.web.events import events_resource
 
 TIMEOUT = 5.0
 
@@ -138,29 +140,45 @@ async def wait_until(
 
 
 class Site:
-    """The protocol side over a real database file and a real node listener."""
+    """The site's node side, as the composition root builds it
+    (``root.build_node_side``), over a real database file, with its real
+    node listener on a loopback port; no upstream, lifecycle or HTTP."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
         self.db: dbmod.Database
-        self.side: ProtocolSide
-        self.factory: NodeListenerFactory
+        self.side: NodeSide
         self.port: Any = None
         self.nodes: list[ScriptedNode] = []
 
-    async def start(self, *, dispatch: bool = True, **options: Any) -> Site:
+    @property
+    def factory(self) -> NodeListenerFactory:
+        return self.side.listener
+
+    async def start(
+        self, *, dispatch: bool = True, webhook_url: str | None = None, **tuning: Any
+    ) -> Site:
+        """Start in the site's order: outbox, node listener, dispatch
+        (``dispatch=False``: not started, as after a failed recovery).
+        ``tuning``: :class:`~tasknet.site.root.Tuning` fields."""
         prepare_database(str(self.path))
         self.db = dbmod.open_pool(str(self.path))
-        self.side = build_protocol_side(
+        self.side = build_node_side(
             self.db,
-            lambda token: self.db.read(users.user_by_token, token),
-            **({"outbox_poll_interval": None, "dispatch_assign_delay": 0.0} | options),
+            reactor,
+            node_keys=NodeKeys(),
+            site_name="test-site",
+            webhook_url=webhook_url,
+            tuning=Tuning(
+                **({"outbox_poll_interval": None, "dispatch_assign_delay": 0.0} | tuning)
+            ),
         )
-        await self.side.start()
-        self.factory = NodeListenerFactory(self.side.handler, NodeKeys(), "test-site")
+        self.side.outbox.startService()
+        await self.side.outbox.wake()
         self.port = await TCP4ServerEndpoint(reactor, 0, interface="127.0.0.1").listen(self.factory)
         if dispatch:
-            await self.side.dispatcher.enable()
+            self.side.dispatcher.startService()
+            await self.side.dispatcher.idle()
         return self
 
     async def connect(self, node_id: str, *, v2: bool = True) -> ScriptedNode:
@@ -177,13 +195,17 @@ class Site:
         if self.port is not None:
             await self.port.stopListening()
             self.port = None
-        self.factory.close_all("test over")
         await self.side.stop()
         self.db.close()
 
     def sql(self) -> sqlite3.Connection:
         """A plain connection to the same file (reads and test setup)."""
         return dbmod.connect(str(self.path))
+
+    async def dispatch_passes(self, count: int) -> None:
+        """Wait until ``count`` more periodic dispatch passes have completed."""
+        target = self.side.dispatcher.polls + count
+        await wait_until(lambda: self.side.dispatcher.polls >= target)
 
 
 # ------------------------------------------------------------------ fixtures data
@@ -318,11 +340,13 @@ async def listen_http(resource: Resource) -> Any:
     return await TCP4ServerEndpoint(reactor, 0, interface="127.0.0.1").listen(server.Site(resource))
 
 
-def events_root(side: ProtocolSide) -> Resource:
+def events_root(site: Site) -> Resource:
+    """``/api/events`` over the site's event hub, as the root mounts it."""
     root: Any = Resource()
     api: Any = Resource()
     root.putChild(b"api", api)
-    api.putChild(b"events", side.events_resource)
+    authenticate = lambda token: site.db.read(users.user_by_token, token)  # noqa: E731
+    api.putChild(b"events", events_resource(site.side.hub, authenticate, clock=reactor))
     return root
 
 
@@ -359,8 +383,12 @@ class EventsClient(WebSocketClientProtocol):
         await self.closed
 
 
-async def events_client(port: int, token: str) -> EventsClient:
-    factory = WebSocketClientFactory(f"ws://127.0.0.1:{port}/api/events?token={token}")
+async def events_client(
+    port: int, token: str | None = None, headers: dict[str, str] | None = None
+) -> EventsClient:
+    """An open /api/events socket, authenticated by ``?token=`` or by ``headers``."""
+    query = f"?token={token}" if token is not None else ""
+    factory = WebSocketClientFactory(f"ws://127.0.0.1:{port}/api/events{query}", headers=headers)
     factory.protocol = EventsClient
     endpoint = TCP4ClientEndpoint(reactor, "127.0.0.1", port)
     client = await endpoint.connect(factory)  # type: ignore[arg-type]

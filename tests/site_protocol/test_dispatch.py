@@ -145,7 +145,8 @@ async def test_nothing_is_dispatched_until_enabled(tmp_path: Path) -> None:
         await site.side.dispatcher.idle()
         assert node.messages == [] and row(conn, 1)["node_id"] is None
         # Recovery succeeded after all: enabling catches up with connected nodes.
-        await site.side.dispatcher.enable()
+        site.side.dispatcher.startService()
+        await site.side.dispatcher.idle()
         assert (await node.next(TaskCommand)).gid == 1
         conn.close()
     finally:

@@ -16,15 +16,9 @@ import pytest_twisted
 from tasknet.protocol.messages import TaskCommand, TaskReportAck
 from tasknet.site.storage import db as dbmod
 from tasknet.site.storage import delete, reconcile
-from tests.site_protocol.harness import Site, add_task, add_user, row, wait_until
+from tests.site_protocol.harness import Site, add_task, add_user, row
 
 POLL = 0.05
-
-
-async def _polls(site: Site, count: int) -> None:
-    """Wait until ``count`` more periodic passes have completed."""
-    target = site.side.dispatcher.polls + count
-    await wait_until(lambda: site.side.dispatcher.polls >= target)
 
 
 @pytest_twisted.ensureDeferred
@@ -35,7 +29,7 @@ async def test_task_resolved_by_another_process_is_dispatched_once(tmp_path: Pat
         uid, _ = add_user(conn, "alice")
         add_task(conn, 3, uid, "UNKNOWN", url="")
         node = await site.connect("n1")
-        await _polls(site, 2)
+        await site.dispatch_passes(2)
         assert node.messages == []  # UNKNOWN: never sent
 
         # tasknet-admin resolves it on its own connection: the site hears nothing.
@@ -50,7 +44,7 @@ async def test_task_resolved_by_another_process_is_dispatched_once(tmp_path: Pat
         assert command == TaskCommand("op-3", "DOWNLOAD", 3, "gallery 3", "http://u/3")
         assert row(conn, 3)["node_id"] == "n1" and row(conn, 3)["dispatched"] == 1
         # Later passes resend nothing (resending is for logins).
-        await _polls(site, 5)
+        await site.dispatch_passes(5)
         assert len(node.messages) == 1
         conn.close()
     finally:
@@ -73,7 +67,7 @@ async def test_pending_delete_reaches_a_connected_node_whose_trigger_was_lost(
         started = await site.db.write(delete.request_delete, 4, None)
         command = await node.next(TaskCommand)
         assert command == TaskCommand(started.delete_operation_id, "DELETE", 4, "gallery 4", "")
-        await _polls(site, 5)
+        await site.dispatch_passes(5)
         assert len(node.messages) == 1
         conn.close()
     finally:
@@ -100,7 +94,7 @@ async def test_delete_of_a_task_with_no_known_node_waits_for_its_claim(tmp_path:
         await site.side.dispatcher.task_changed(6)
 
         # Nobody gets a DELETE (nor a DOWNLOAD) of a row no node has claimed.
-        await _polls(site, 5)
+        await site.dispatch_passes(5)
         assert [n.messages for n in (n1, n2)] == [[], []]
         assert row(conn, 5)["state"] == row(conn, 6)["state"] == "DELETE_PENDING"
 
@@ -119,7 +113,7 @@ async def test_delete_of_a_task_with_no_known_node_waits_for_its_claim(tmp_path:
         n2.report("r3", 1001, [], deleted=[(5, first.delete_operation_id, "DELETED", "")])
         assert (await n2.next(TaskReportAck)).result == "APPLIED"
         assert row(conn, 5)["state"] == "DELETED"
-        await _polls(site, 3)
+        await site.dispatch_passes(3)
         assert n1.messages == [TaskReportAck("r2", "APPLIED")]
         assert row(conn, 6)["state"] == "DELETE_PENDING"  # still waits (or an operator)
         conn.close()

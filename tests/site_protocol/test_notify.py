@@ -32,7 +32,7 @@ async def test_websocket_pushes_each_change_after_commit_to_its_owner_only(site:
     _, admin_token = add_user(conn, "root", admin=True)
     add_task(conn, 1, alice, node_id="n1")
     add_task(conn, 2, bob, node_id="n1")
-    http = await listen_http(events_root(site.side))
+    http = await listen_http(events_root(site))
     port = http.getHost().port
     clients = []
     try:
@@ -79,7 +79,7 @@ async def test_websocket_pushes_each_change_after_commit_to_its_owner_only(site:
 
 @pytest_twisted.ensureDeferred
 async def test_websocket_refuses_a_missing_or_wrong_token(site: Site) -> None:
-    http = await listen_http(events_root(site.side))
+    http = await listen_http(events_root(site))
     try:
         for token in ("", "not-a-token"):
             with pytest.raises(ConnectionError, match="401"):
@@ -98,7 +98,7 @@ async def test_rows_committed_before_a_crash_are_delivered_after_restart(tmp_pat
         uid, _ = add_user(conn, "alice")
         add_task(conn, 1, uid, node_id="n1")
         # The executor dies before it delivers anything (a crash after commit).
-        await first.side.outbox.stop()
+        await first.side.outbox.stopService()
         node = await first.connect("n1")
         node.report("r1", 1000, [(1, 4, 1.0)], {1: "op-1"})
         assert (await node.next(TaskReportAck)).result == "APPLIED"

@@ -131,7 +131,8 @@ async def test_executor_prunes_at_start_then_every_interval(
         clock=clock,  # type: ignore[arg-type]  # task.Clock provides IReactorTime
     )
     try:
-        await executor.start()
+        executor.startService()
+        await executor.wake()
         await wait_until(lambda: remaining(conn) == young)  # pruned at start
         # Nothing old left: a prune reads, and writes nothing.
         writes = db.transactions
@@ -141,7 +142,7 @@ async def test_executor_prunes_at_start_then_every_interval(
         clock.advance(60)
         await wait_until(lambda: remaining(conn) == [])  # pruned by the next round
     finally:
-        await executor.stop()
+        await executor.stopService()
         db.close()
 
 
@@ -161,7 +162,7 @@ async def test_a_prune_deletes_in_transactions_of_prune_batch_rows(
         # watermark of a running executor stays valid.
         assert add_rows(conn, 1) == [old[-1] + 1]
     finally:
-        await executor.stop()
+        await executor.stopService()
         db.close()
 
 

@@ -27,7 +27,7 @@ from tasknet.site.reports import DropLog
 from tasknet.site.storage import db as dbmod
 from tasknet.site.storage import reports
 from tasknet.site.storage.schema import load_script, prepare_database, split_statements
-from tasknet.site.web.nodes import nodes_view
+from tasknet.site.web.admin_nodes import nodes_view
 from tests.site_protocol.harness import ScriptedNode, Site, add_task, add_user, row, wait_until
 
 FAR_FUTURE = 2**62
@@ -206,7 +206,7 @@ async def test_a_wiped_node_whose_clock_is_behind_starts_a_new_epoch(site: Site)
     node.report("fresh-2", 1_000_001, [(1, 4, 1.0), (2, 2, 0.7)], {1: "op-1", 2: "op-2"})
     assert await node.next(TaskReportAck) == TaskReportAck("fresh-2", "APPLIED")
     assert (row(conn, 1)["status"], row(conn, 2)["status"]) == (4, 2)
-    assert site.side.nodes.last_revision["n1"] == 1_000_001
+    assert site.side.nodes.last_revision("n1") == 1_000_001
     conn.close()
 
 

@@ -57,7 +57,7 @@ async def test_old_receipts_go_each_nodes_newest_stays_and_redelivery_is_duplica
     clock.advance(time.time())
     housekeeping = Housekeeping(site.db, clock=clock, batch=2)
     try:
-        housekeeping.start()  # runs once at start
+        housekeeping.startService()  # runs once at start
         await wait_until(lambda: housekeeping.pruned["report_receipt"] == 6)
         # a4 is n1's newest old receipt: kept while a5 is young (so at most
         # one receipt per node outlives the retention).
@@ -76,7 +76,7 @@ async def test_old_receipts_go_each_nodes_newest_stays_and_redelivery_is_duplica
         n1.report("a5", 2000, [(1, 1, 0.9)], {1: "op-1"})
         assert (await n1.next(TaskReportAck)).result == "DUPLICATE"
     finally:
-        await housekeeping.stop()
+        await housekeeping.stopService()
     assert not clock.getDelayedCalls()
     conn.close()
 
@@ -105,13 +105,13 @@ async def test_audit_rows_older_than_a_year_are_pruned_a_batch_at_a_time(site: S
     clock.advance(time.time())
     housekeeping = Housekeeping(site.db, clock=clock, batch=1)
     try:
-        housekeeping.start()
+        housekeeping.startService()
         await wait_until(lambda: housekeeping.pruned["audit"] == 3)
         left = [r[0] for r in conn.execute("SELECT gid FROM reconciliation_audit ORDER BY gid")]
         assert left == [3, 4]
         assert [r[0] for r in conn.execute("SELECT gid FROM force_delete_audit")] == [6]
     finally:
-        await housekeeping.stop()
+        await housekeeping.stopService()
     conn.close()
 
 

@@ -1,6 +1,9 @@
-"""Group commit changes nothing but the number of commits: a batch applied by
-``apply_batch`` (set-at-a-time runs, savepoints) leaves exactly the state,
-outcomes and notifications of the same reports applied one per transaction.
+"""Group commit changes nothing but the number of commits: a batch of reports
+queued together, run by the database layer's group commit
+(``db.run_coalesced``: the writer's own code, one call of
+``reports.apply_reports`` with its set-at-a-time runs, the savepoint
+fallback) leaves exactly the state, outcomes and notifications of the same
+reports applied one per transaction.
 Real SQLite files; generated batches mix every rule (duplicates, repeated
 gids, stale revisions, old generations, legacy rows and messages, deletes)."""
 
@@ -15,8 +18,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
+from twisted.python.failure import Failure
 
 from tasknet.protocol.messages import (
     DeletedEntry,
@@ -162,10 +166,14 @@ def _one_by_one(path: str, batch: list[tuple[str, reports.NodeReport]]) -> list[
         conn.close()
 
 
+def _queued(batch: list[tuple[str, reports.NodeReport]]) -> list[reports.QueuedReport]:
+    return [reports.QueuedReport(node, m) for node, m in batch]
+
+
 def _grouped(path: str, batch: list[tuple[str, reports.NodeReport]]) -> list[Any]:
     conn = dbmod.connect(path)
     try:
-        return dbmod.run_write(conn, reports.apply_batch, batch)
+        return dbmod.run_coalesced(conn, reports.apply_reports, _queued(batch))
     finally:
         conn.close()
 
@@ -219,8 +227,9 @@ def test_a_batch_of_independent_reports_runs_together_and_matches(template: Path
 
 
 def test_a_run_that_fails_is_retried_report_by_report(template: Path) -> None:
-    """A failure inside a set-at-a-time run rolls the run back and applies
-    its reports one by one: only the failing report is lost."""
+    """A failure inside the batch call rolls it back to its savepoint and
+    the database layer applies its reports one by one, a savepoint each:
+    only the failing report is lost."""
     path = _copy(template)
     conn = dbmod.connect(path)
     try:
@@ -233,15 +242,92 @@ def test_a_run_that_fails_is_retried_report_by_report(template: Path) -> None:
             ("n2", TaskReport("bad", 100, (TaskEntry(2, 1, 0.123),), {2: "op-2"}, ())),
             ("n1", TaskReport("c", 101, (TaskEntry(6, 1, 0.2),), {}, ())),
         ]
-        results = dbmod.run_write(conn, reports.apply_batch, batch)
+        results = dbmod.run_coalesced(conn, reports.apply_reports, _queued(batch))
     finally:
         conn.close()
     assert [type(r).__name__ for r in results] == [
         "ReportOutcome",
-        "ReportFailure",
+        "Failure",
         "ReportOutcome",
     ]
+    assert "injected failure" in results[1].getErrorMessage()
     state = _state(path)
     assert [r[0] for r in state["receipts"]] == ["a", "c"]
     assert set(state["outbox"]) == {1, 6}
     assert state["gallery"][1] == (2, 1, 0.5, "n2")  # untouched
+
+
+_POISON = 0.123  # the progress the injected trigger refuses
+
+
+@pytest.fixture(scope="module")
+def poisoned_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The seeded database with a trigger that fails any report writing
+    progress 0.123 (a real SQLite error inside the report's statements)."""
+    path = tmp_path_factory.mktemp("poisoned") / "template.sqlite"
+    _seed(str(path))
+    conn = dbmod.connect(str(path))
+    try:
+        conn.execute(
+            "CREATE TRIGGER refuse_poison BEFORE UPDATE ON gallery"
+            f" WHEN NEW.progress = {_POISON}"
+            " BEGIN SELECT RAISE(ABORT, 'injected failure'); END"
+        )
+    finally:
+        conn.close()
+    return path
+
+
+def _poisoned(report: reports.NodeReport, gid: int) -> reports.NodeReport:
+    if isinstance(report, TaskReport):
+        return TaskReport(
+            report.report_id,
+            report.revision,
+            (*report.gallery_tasks, TaskEntry(gid, 1, _POISON)),
+            {**report.operation_ids, gid: f"op-{gid}"},
+            report.deleted,
+        )
+    if isinstance(report, StatusReport):
+        return StatusReport((*report.gallery_tasks, TaskEntry(gid, 1, _POISON)))
+    return report
+
+
+def _one_by_one_or_failed(path: str, batch: list[tuple[str, reports.NodeReport]]) -> list[Any]:
+    conn = dbmod.connect(path)
+    results: list[Any] = []
+    try:
+        for node, message in batch:
+            try:
+                results.append(dbmod.run_write(conn, reports.apply_report, node, message))
+            except sqlite3.IntegrityError as e:
+                assert "injected failure" in str(e)
+                results.append("failed")
+    finally:
+        conn.close()
+    return results
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(batch=_batch, data=st.data())
+def test_a_batch_with_failing_reports_equals_them_one_per_transaction(
+    poisoned_template: Path, batch: list[tuple[str, reports.NodeReport]], data: st.DataObject
+) -> None:
+    """Some reports fail (the trigger): the batch call fails, the database
+    layer applies its reports one by one, and exactly the reports that fail
+    alone fail; the rest commit as if each had its own transaction."""
+    poison = data.draw(st.sets(st.integers(0, len(batch) - 1)))
+    batch = [
+        (node, _poisoned(m, data.draw(st.sampled_from([1, 2, 6])))) if i in poison else (node, m)
+        for i, (node, m) in enumerate(batch)
+    ]
+    alone, together = _copy(poisoned_template), _copy(poisoned_template)
+    expected = _one_by_one_or_failed(alone, batch)
+    event(
+        f"failing reports: {min(expected.count('failed'), 2)}{'+' * (expected.count('failed') > 2)}"
+    )
+    got = [
+        "failed" if isinstance(r, Failure) and "injected failure" in r.getErrorMessage() else r
+        for r in _grouped(together, batch)
+    ]
+    assert got == expected
+    assert _state(together) == _state(alone)

@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from twisted.python.failure import Failure
 
 from tasknet.protocol.messages import (
     DeletedEntry,
@@ -300,12 +301,13 @@ def test_a_failing_report_in_a_batch_does_not_lose_the_others(conn, uid):
         ("n1", bad),
         ("n1", report("b", 102, [(41, 1, 0.1)], {41: "op-41"})),
     ]
-    results = dbmod.run_write(conn, reports.apply_batch, batch)
-    assert isinstance(results[1], reports.ReportFailure)
+    queued = [reports.QueuedReport(node, m) for node, m in batch]
+    results = dbmod.run_coalesced(conn, reports.apply_reports, queued)
+    assert isinstance(results[1], Failure)
     assert [type(r) for r in (results[0], results[2])] == [reports.ReportOutcome] * 2
     receipts = {r[0] for r in conn.execute("SELECT report_id FROM report_receipt")}
     assert receipts == {"a", "b"}  # the failed one rolled back to its savepoint
-    assert "injected failure" in results[1].error
+    assert "injected failure" in results[1].getErrorMessage()
     assert row(conn, 40)["status"] == 1 and row(conn, 41)["status"] == 1
     assert row(conn, 42)["status"] is None and outbox_count(conn, 42) == 0
 

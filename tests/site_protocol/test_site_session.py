@@ -15,7 +15,7 @@ from twisted.web.client import HTTPConnectionPool
 from twisted.web.http_headers import Headers
 
 from tasknet.protocol.messages import TaskCommand, TaskReportAck
-from tasknet.site import service
+from tasknet.site import root
 from tasknet.upstream.testing import running_upstream
 from tests.site_protocol.harness import ScriptedNode, events_client, secret_of, wait_until
 
@@ -35,7 +35,7 @@ async def _json(pool: HTTPConnectionPool, method: str, url: str, **kw: Any) -> t
 async def test_session_through_the_whole_site(tmp_path: Path) -> None:
     pool = HTTPConnectionPool(reactor, persistent=False)
     async with running_upstream() as upstream:
-        options = service.Options()
+        options = root.Options()
         options.parseOptions(
             [
                 "--db", str(tmp_path / "site.sqlite"),
@@ -46,7 +46,7 @@ async def test_session_through_the_whole_site(tmp_path: Path) -> None:
                 "--demo",
             ]
         )  # fmt: skip
-        site_service = service.makeService(options)
+        site_service = root.makeService(options)
         site_service.startService()
         await site_service.ready
         http = f"http://127.0.0.1:{site_service.http_port.getHost().port}"

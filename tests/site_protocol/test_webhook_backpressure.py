@@ -92,7 +92,8 @@ async def test_a_dead_webhook_with_20000_pending_rows_holds_a_bounded_number(tmp
     tracemalloc.start()
     try:
         baseline = tracemalloc.take_snapshot()
-        await executor.start()
+        executor.startService()
+        await executor.wake()
         # Every held row has been tried once and waits for its retry.
         await wait_until(lambda: count(path, "webhook_attempts = 1") == held, timeout=30)
         for _ in range(10):  # polls keep coming: still no more than `held` rows taken
@@ -108,7 +109,7 @@ async def test_a_dead_webhook_with_20000_pending_rows_holds_a_bounded_number(tmp
         assert grown < rows * 1024 / 4, grown
     finally:
         tracemalloc.stop()
-        await executor.stop()
+        await executor.stopService()
         globalLogPublisher.removeObserver(observe)
         db.close()
     assert failures == []  # no RecursionError, nothing else logged as a failure
@@ -131,13 +132,14 @@ async def test_rows_beyond_the_bound_are_read_from_the_database_when_there_is_ro
     # No poll: only the sender's "room again" call brings the next rows in.
     executor = OutboxExecutor(db, None, sender, poll_interval=None, prune_interval=None)
     try:
-        await executor.start()
+        executor.startService()
+        await executor.wake()
         await wait_until(lambda: count(path, "webhook_state = 'delivered'") == rows, timeout=60)
         assert sender.peak_held == held
         delivered = [int(h["X-Tasknet-Notification"]) for h in receiver.headers]
         assert sorted(delivered) == list(range(1, rows + 1))
         assert len(delivered) == rows  # each once
     finally:
-        await executor.stop()
+        await executor.stopService()
         await http.stopListening()
         db.close()

@@ -5,12 +5,16 @@ screenshots go."""
 from __future__ import annotations
 
 import os
+import signal
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tasknet.cli.demo import DemoStack
 from tasknet.upstream.catalog import gallery
 
 CHROMIUM = "/usr/bin/chromium"
@@ -41,6 +45,23 @@ def require_browser() -> Any:
             pytest.fail(f"TASKNET_REQUIRE_BROWSER=1 but {reason}")
         pytest.skip(reason)
     return sync_api
+
+
+@contextmanager
+def demo_running(demo: DemoStack) -> Iterator[DemoStack]:
+    """``demo`` started, then stopped; a child that did not stop cleanly has
+    its log tail printed."""
+    demo.start()
+    try:
+        yield demo
+    finally:
+        demo.stop()
+        for child in demo.children:
+            # twistd re-raises the SIGTERM it shut down on: -SIGTERM is a clean stop.
+            if child.popen is not None and child.popen.returncode not in (0, -signal.SIGTERM, None):
+                print(
+                    f"{child.name} exited {child.popen.returncode}; log tail:\n{child.log_tail()}"
+                )
 
 
 def gid_with_size(low: int, high: int, start: int) -> int:

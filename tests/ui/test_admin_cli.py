@@ -22,7 +22,7 @@ from twisted.internet.threads import deferToThread
 from twisted.web.client import HTTPConnectionPool
 
 from tasknet.cli import admin
-from tasknet.cli.demo import free_port
+from tasknet.process import free_port
 from tasknet.site.storage import create, db, reconcile, usage, users, views
 from tasknet.site.storage.schema import prepare_database
 from tasknet.upstream.testing import running_upstream

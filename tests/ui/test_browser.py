@@ -11,7 +11,6 @@ Screenshots go to a temp dir whose path the test prints (or to
 
 from __future__ import annotations
 
-import signal
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,7 +19,7 @@ import pytest
 
 from tasknet.cli.demo import DEMO_TOKEN, DemoStack, NodeSpec
 from tasknet.cli.jsonhttp import request
-from tests.ui.conftest import CHROMIUM, CHROMIUM_ARGS
+from tests.ui.conftest import CHROMIUM, CHROMIUM_ARGS, demo_running
 from tests.ui.conftest import gid_with_size as _gid_with_size
 from tests.ui.conftest import require_browser as _require_browser
 
@@ -41,17 +40,8 @@ def stack(tmp_path: Path) -> Iterator[DemoStack]:
         upstream_timeout=2.0,
         ready_timeout=90.0,
     )
-    demo.start()
-    try:
+    with demo_running(demo):
         yield demo
-    finally:
-        demo.stop()
-        for child in demo.children:
-            # twistd re-raises the SIGTERM it shut down on: -SIGTERM is a clean stop.
-            if child.popen is not None and child.popen.returncode not in (0, -signal.SIGTERM, None):
-                print(
-                    f"{child.name} exited {child.popen.returncode}; log tail:\n{child.log_tail()}"
-                )
 
 
 # Records every status each task row takes, including ones that last a

@@ -13,7 +13,6 @@ Screenshots go to ``$TASKNET_SCREENSHOTS`` (default: a new temp dir).
 from __future__ import annotations
 
 import re
-import signal
 import subprocess
 import sys
 import time
@@ -29,6 +28,7 @@ from tasknet.cli.jsonhttp import Reply, request
 from tests.ui.conftest import (
     CHROMIUM,
     CHROMIUM_ARGS,
+    demo_running,
     gid_with_size,
     require_browser,
     screenshot_dir,
@@ -82,14 +82,8 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DemoStack]:
         upstream_timeout=UPSTREAM_TIMEOUT,
         ready_timeout=90.0,
     )
-    demo.start()
-    try:
+    with demo_running(demo):
         yield demo
-    finally:
-        demo.stop()
-        for child in demo.children:
-            if child.popen is not None and child.popen.returncode not in (0, -signal.SIGTERM, None):
-                print(f"{child.name} exited {child.popen.returncode}:\n{child.log_tail()}")
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,7 @@ from twisted.application.service import ServiceMaker
 
 tasknetSite = ServiceMaker(
     "tasknet main site",
-    "tasknet.site.service",
+    "tasknet.site.root",
     "Main site: HTTP API, web UI, WebSocket, node listener, SQLite.",
     "tasknet-site",
 )

@@ -17,7 +17,8 @@ from datetime import UTC, datetime
 from typing import Any
 
 from tasknet.site import transitions
-from tasknet.site.storage import outbox
+from tasknet.site.storage import outbox, views
+from tasknet.site.storage.dialect import NOW_SQL
 from tasknet.site.storage.errors import TaskError
 from tasknet.site.storage.generation import change_state, new_operation_id, remove_generation, touch
 from tasknet.site.storage.rows import operation_row
@@ -53,12 +54,12 @@ def reserve(
         # tombstone; every per-generation column starts afresh.
         transitions.check(OperationState.DELETED, OperationState.RESERVED)
         cursor.execute(
-            "UPDATE task_operation SET operation_id = ?, state = ?, user_id = ?, cost = NULL, "
+            "UPDATE task_operation SET operation_id = ?, state = ?, user_id = ?, cost = NULL, "  # noqa: S608
             "metered = 0, metered_week = NULL, quota_week = NULL, archive_url = NULL, legacy = 0, "
             "step = 'reserve', error = NULL, unknown_at = NULL, last_revision = NULL, "
             "dispatched = 0, delete_operation_id = NULL, delete_result = NULL, "
-            "delete_reason = NULL, created_at = strftime('%Y-%m-%dT%H:%M:%fZ', 'now'), "
-            "updated_at = strftime('%Y-%m-%dT%H:%M:%fZ', 'now') "
+            f"delete_reason = NULL, created_at = {NOW_SQL}, "
+            f"updated_at = {NOW_SQL} "
             "WHERE gid = ? AND state = ?",
             (
                 operation_id,
@@ -127,8 +128,8 @@ def begin_submit(
         raise TaskError("conflict", f"gid {gid} is {op['state']}, not RESERVED")
     # ``size`` (bytes, from prepare) gives the task view its bytes and ETA.
     cursor.execute(
-        "UPDATE gallery SET name = CASE WHEN name = '' THEN ? ELSE name END, size = ?, "
-        "updated_at = strftime('%Y-%m-%dT%H:%M:%fZ', 'now') WHERE gid = ?",
+        "UPDATE gallery SET name = CASE WHEN name = '' THEN ? ELSE name END, size = ?, "  # noqa: S608
+        f"updated_at = {NOW_SQL} WHERE gid = ?",
         (title, size, gid),
     )
     outbox.enqueue_task_change(cursor, gid)
@@ -165,8 +166,8 @@ def persist_submitted(
         step="persist",
     )
     cursor.execute(
-        "UPDATE gallery SET url = ?, cost = ?, "
-        "updated_at = strftime('%Y-%m-%dT%H:%M:%fZ', 'now') WHERE gid = ?",
+        "UPDATE gallery SET url = ?, cost = ?, "  # noqa: S608
+        f"updated_at = {NOW_SQL} WHERE gid = ?",
         (archive_url, cost, gid),
     )
     meter(cursor, op["user_id"], week, cost)
@@ -249,3 +250,12 @@ def recover(cursor: sqlite3.Cursor) -> Recovered:
         elif release(cursor, row["gid"], row["operation_id"]):
             released.append(row["gid"])
     return Recovered(unknown, released)
+
+
+def persist_and_view(
+    cursor: sqlite3.Cursor, gid: int, operation_id: str, archive_url: str, cost: int, week: str
+) -> dict[str, Any] | None:
+    """:func:`persist_submitted` and the task view it leaves, in one
+    transaction: the answer of a create needs no read after the commit."""
+    persist_submitted(cursor, gid, operation_id, archive_url, cost, week)
+    return views.task_view(cursor, gid)

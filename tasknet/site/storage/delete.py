@@ -12,6 +12,7 @@ import sqlite3
 from dataclasses import dataclass
 
 from tasknet.site.storage import outbox
+from tasknet.site.storage.dialect import NOW_SQL
 from tasknet.site.storage.errors import TaskError
 from tasknet.site.storage.generation import backfill_legacy, change_state, new_operation_id, touch
 from tasknet.site.storage.rows import operation_row, visible_gallery
@@ -50,8 +51,8 @@ def request_delete(cursor: sqlite3.Cursor, gid: int, user_id: int | None) -> Del
     if state is OperationState.DELETE_PENDING:
         delete_id = op["delete_operation_id"]
         cursor.execute(
-            "UPDATE task_operation SET delete_result = NULL, delete_reason = NULL, "
-            "updated_at = strftime('%Y-%m-%dT%H:%M:%fZ', 'now') WHERE gid = ?",
+            "UPDATE task_operation SET delete_result = NULL, delete_reason = NULL, "  # noqa: S608
+            f"updated_at = {NOW_SQL} WHERE gid = ?",
             (gid,),
         )
     elif state is OperationState.SUBMITTED:
@@ -115,8 +116,8 @@ def mark_delete_failed(
     """The node could not delete: show 删除失败, keep row, intent and delete
     id (a retry reuses it).  ``False`` if the id does not match."""
     cursor.execute(
-        "UPDATE task_operation SET delete_result = 'FAILED', delete_reason = ?, "
-        "updated_at = strftime('%Y-%m-%dT%H:%M:%fZ', 'now') "
+        "UPDATE task_operation SET delete_result = 'FAILED', delete_reason = ?, "  # noqa: S608
+        f"updated_at = {NOW_SQL} "
         "WHERE gid = ? AND state = ? AND delete_operation_id = ?",
         (reason[:2000], gid, OperationState.DELETE_PENDING.value, delete_operation_id),
     )

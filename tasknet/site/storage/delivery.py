@@ -14,6 +14,8 @@ import sqlite3
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from tasknet.site.storage.dialect import NOW_OFFSET_SQL, NOW_SQL, offset
+
 WEBHOOK_PENDING = "pending"
 WEBHOOK_DELIVERED = "delivered"
 WEBHOOK_SKIPPED = "skipped"
@@ -101,7 +103,7 @@ def mark_range_fanned_out(
         )
         return
     cursor.execute(
-        "UPDATE notification_outbox SET ws_delivered_at = strftime('%Y-%m-%dT%H:%M:%fZ','now')"
+        f"UPDATE notification_outbox SET ws_delivered_at = {NOW_SQL}"  # noqa: S608
         " WHERE id > ? AND id <= ? AND ws_delivered_at IS NULL",
         (after_id, upto_id),
     )
@@ -143,10 +145,10 @@ def prunable(cursor: sqlite3.Cursor, retention_seconds: float) -> Prunable:
     scan reads only the old rows, in id order, and no index is needed.
     """
     below = cursor.execute(
-        "SELECT COALESCE((SELECT id FROM notification_outbox"
-        "  WHERE created_at >= strftime('%Y-%m-%dT%H:%M:%fZ', 'now', ?) ORDER BY id LIMIT 1),"
+        "SELECT COALESCE((SELECT id FROM notification_outbox"  # noqa: S608
+        f"  WHERE created_at >= {NOW_OFFSET_SQL} ORDER BY id LIMIT 1),"
         " (SELECT COALESCE(MAX(id), 0) + 1 FROM notification_outbox))",
-        (f"-{retention_seconds:.3f} seconds",),
+        (offset(-retention_seconds),),
     ).fetchone()[0]
     first = cursor.execute(
         "SELECT MIN(id) FROM notification_outbox"

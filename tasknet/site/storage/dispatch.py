@@ -39,12 +39,12 @@ drill D5).
 from __future__ import annotations
 
 import heapq
-import json
 import sqlite3
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from tasknet.protocol.messages import ACTION_DELETE, ACTION_DOWNLOAD
+from tasknet.site.storage.dialect import IN_ARRAY_SQL, NOW_SQL, array
 from tasknet.site.storage.eligibility import (
     AWAITS_CLAIM_SQL,
     DISPATCHABLE_SQL,
@@ -181,10 +181,10 @@ def claim_node_page(
 
 _PENDING_DELETES_SQL = (
     _COLUMNS  # noqa: S608 (constant text; every value is a parameter)
-    + """
+    + f"""
 WHERE o.state = 'DELETE_PENDING' AND o.gid > ?
   AND o.delete_result IS NULL AND o.delete_operation_id IS NOT NULL
-  AND g.node_id IN (SELECT value FROM json_each(?))
+  AND g.node_id {IN_ARRAY_SQL}
 ORDER BY o.gid LIMIT ?
 """
 )
@@ -196,9 +196,7 @@ def pending_deletes_page(
     """A write (decided under the write lock, like every command): the next
     page of pending deletes for the connected ``node_ids`` (a task with no
     known node waits for a claim: it is in no page)."""
-    rows = cursor.execute(
-        _PENDING_DELETES_SQL, (after_gid, json.dumps(list(node_ids)), limit)
-    ).fetchall()
+    rows = cursor.execute(_PENDING_DELETES_SQL, (after_gid, array(node_ids), limit)).fetchall()
     commands = [_command(row["node_id"], row) for row in rows if _delete_ok(row)]
     return Page(commands, _next_after(rows, limit))
 
@@ -206,9 +204,9 @@ def pending_deletes_page(
 def _mark_dispatched(cursor: sqlite3.Cursor, gids: Sequence[int]) -> None:
     if gids:
         cursor.execute(
-            "UPDATE task_operation SET dispatched = 1"
-            " WHERE gid IN (SELECT value FROM json_each(?))",
-            (json.dumps(list(gids)),),
+            "UPDATE task_operation SET dispatched = 1"  # noqa: S608
+            f" WHERE gid {IN_ARRAY_SQL}",
+            (array(gids),),
         )
 
 
@@ -219,10 +217,10 @@ def _count_by_node(
     ``open_only``: only those not yet completed."""
     counts = dict.fromkeys(node_ids, 0)
     rows = cursor.execute(
-        "SELECT node_id, COUNT(*) FROM gallery"
-        " WHERE node_id IN (SELECT value FROM json_each(?))"
+        "SELECT node_id, COUNT(*) FROM gallery"  # noqa: S608
+        f" WHERE node_id {IN_ARRAY_SQL}"
         " AND (? = 0 OR status IS NULL OR status <> ?) GROUP BY node_id",
-        (json.dumps(list(node_ids)), int(open_only), _COMPLETED),
+        (array(node_ids), int(open_only), _COMPLETED),
     )
     for node_id, count in rows:
         counts[node_id] = count
@@ -260,7 +258,7 @@ def _assign(
         commands.append(_command(node_id, row, op))
         heapq.heappush(heap, (load + 1, node_id))
     cursor.executemany(
-        "UPDATE gallery SET node_id = ?, updated_at = strftime('%Y-%m-%dT%H:%M:%fZ', 'now')"
+        f"UPDATE gallery SET node_id = ?, updated_at = {NOW_SQL}"  # noqa: S608
         " WHERE gid = ? AND node_id IS NULL",
         assignments,
     )
@@ -307,9 +305,3 @@ def claim_task(cursor: sqlite3.Cursor, gid: int, node_ids: Sequence[str]) -> Com
         return None
     commands, _ = _assign(cursor, [row], node_ids)
     return commands[0] if commands else None
-
-
-def assigned_counts(cursor: sqlite3.Cursor, node_ids: Sequence[str]) -> dict[str, int]:
-    """Tasks assigned to each node (all of them, completed included), for
-    ``/api/admin/nodes``."""
-    return _count_by_node(cursor, node_ids, open_only=False)

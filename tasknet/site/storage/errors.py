@@ -1,4 +1,6 @@
-"""The business refusal every task transaction raises: :class:`TaskError`."""
+"""The errors that leave storage: the business refusal every task transaction
+raises (:class:`TaskError`) and the classified database errors
+(:class:`DatabaseBusy`, :class:`DatabaseFailed`)."""
 
 from __future__ import annotations
 
@@ -13,3 +15,27 @@ class TaskError(Exception):
         super().__init__(message)
         self.code = code
         self.message = message
+
+
+class DatabaseError(Exception):
+    """A database error as the layers above storage see it: classified, so
+    they never import the database driver (``sqlite3``, later ``psycopg``)."""
+
+
+class DatabaseBusy(DatabaseError):
+    """Busy, retry the transaction: the database's lock was not granted in
+    time (another process holds it), or the transaction was lost to another
+    write's error.  Nothing of the transaction was committed, and running
+    the whole transaction again may succeed (``Database.write_retrying``)."""
+
+
+class DatabaseFailed(DatabaseError):
+    """Failed: a constraint, an I/O error, a broken file... Nothing of the
+    transaction was committed, and running it again would not help."""
+
+
+class TransactionLost(DatabaseBusy):
+    """A write's changes were lost before the commit: the transaction it
+    shared was rolled back as a whole (by SQLite, after another write's
+    error such as a full disk, or by another write's function).  The write
+    itself did not fail: running it again may succeed."""

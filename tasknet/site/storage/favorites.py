@@ -5,16 +5,19 @@ from __future__ import annotations
 import sqlite3
 from typing import Any
 
+from tasknet.site.storage.dialect import insert_ignore
 from tasknet.site.storage.errors import TaskError
 from tasknet.site.storage.rows import gallery_row, visible_gallery
 from tasknet.site.storage.views import views_in_order
+
+_ADD_SQL = insert_ignore("favorite", ("user_id", "gid"))
 
 
 def add_favorite(cursor: sqlite3.Cursor, user_id: int, gid: int, admin: bool = False) -> None:
     """Mark ``gid`` a favorite of ``user_id`` (idempotent).  Only a task the
     user may see (an admin sees all); otherwise ``not_found``."""
     visible_gallery(cursor, gid, None if admin else user_id)
-    cursor.execute("INSERT OR IGNORE INTO favorite (user_id, gid) VALUES (?, ?)", (user_id, gid))
+    cursor.execute(_ADD_SQL, (user_id, gid))
 
 
 def remove_favorite(cursor: sqlite3.Cursor, user_id: int, gid: int, admin: bool = False) -> None:

@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from tasknet.site.storage import outbox
+from tasknet.site.storage.dialect import NOW_SQL
 from tasknet.site.storage.errors import TaskError
 from tasknet.site.storage.generation import change_state, remove_generation
 from tasknet.site.storage.rows import gallery_row, operation_row
@@ -83,18 +84,42 @@ def resolve_unknown(
         raise TaskError("invalid_request", f"verdict must be one of {VERDICTS}")
     op = operation_row(cursor, gid)
     if op is None or op["state"] != OperationState.UNKNOWN.value:
-        last = _last_verdict(cursor, gid)
-        same = last is not None and last["verdict"] == verdict
-        if last is not None and same and verdict == "submitted" and op is not None:
-            if op["operation_id"] == last["operation_id"]:
-                return task_view(cursor, gid)
-        if same and verdict == "not_submitted" and op is None and gallery_row(cursor, gid) is None:
-            return None
-        if op is None and gallery_row(cursor, gid) is None:
-            raise TaskError("not_found", f"no task {gid}")
-        state = op["state"] if op is not None else "legacy"
-        raise TaskError("conflict", f"gid {gid} is {state}, not UNKNOWN: nothing to resolve")
-    operation_id = op["operation_id"]
+        _require_same_settlement(cursor, gid, verdict, op)
+        return task_view(cursor, gid) if verdict == "submitted" else None
+    _audit(cursor, gid, op["operation_id"], verdict, actor, note, evidence)
+    if verdict == "not_submitted":
+        remove_generation(cursor, gid, op["operation_id"], OperationState.UNKNOWN)
+        return None
+    return _settle_submitted(cursor, gid, op, archive_url)
+
+
+def _require_same_settlement(
+    cursor: sqlite3.Cursor, gid: int, verdict: str, op: sqlite3.Row | None
+) -> None:
+    """Pass if ``verdict`` repeats the one that settled this generation
+    (the caller answers as before); else ``not_found`` or ``conflict``."""
+    last = _last_verdict(cursor, gid)
+    same = last is not None and last["verdict"] == verdict
+    if last is not None and same and verdict == "submitted" and op is not None:
+        if op["operation_id"] == last["operation_id"]:
+            return
+    if same and verdict == "not_submitted" and op is None and gallery_row(cursor, gid) is None:
+        return
+    if op is None and gallery_row(cursor, gid) is None:
+        raise TaskError("not_found", f"no task {gid}")
+    state = op["state"] if op is not None else "legacy"
+    raise TaskError("conflict", f"gid {gid} is {state}, not UNKNOWN: nothing to resolve")
+
+
+def _audit(
+    cursor: sqlite3.Cursor,
+    gid: int,
+    operation_id: str,
+    verdict: str,
+    actor: str,
+    note: str,
+    evidence: Mapping[str, Any] | None,
+) -> None:
     cursor.execute(
         "INSERT INTO reconciliation_audit (gid, operation_id, verdict, actor, note, evidence) "
         "VALUES (?, ?, ?, ?, ?, ?)",
@@ -107,9 +132,13 @@ def resolve_unknown(
             json.dumps(evidence, ensure_ascii=False) if evidence is not None else None,
         ),
     )
-    if verdict == "not_submitted":
-        remove_generation(cursor, gid, operation_id, OperationState.UNKNOWN)
-        return None
+
+
+def _settle_submitted(
+    cursor: sqlite3.Cursor, gid: int, op: sqlite3.Row, archive_url: str | None
+) -> dict[str, Any] | None:
+    """``UNKNOWN -> SUBMITTED``, metered once, and the task view."""
+    operation_id = op["operation_id"]
     # The POST's own answer (stored by mark_unknown) is the better witness
     # than the audit's; without either the task is metered but never
     # dispatched (DISPATCHABLE_SQL needs a URL), and step says so.
@@ -131,8 +160,8 @@ def resolve_unknown(
     if not metered:
         meter(cursor, op["user_id"], week, cost)
     cursor.execute(
-        "UPDATE gallery SET cost = ?, url = CASE WHEN ? <> '' THEN ? ELSE url END, "
-        "updated_at = strftime('%Y-%m-%dT%H:%M:%fZ', 'now') WHERE gid = ?",
+        "UPDATE gallery SET cost = ?, url = CASE WHEN ? <> '' THEN ? ELSE url END, "  # noqa: S608
+        f"updated_at = {NOW_SQL} WHERE gid = ?",
         (cost, url, url, gid),
     )
     outbox.enqueue_task_change(cursor, gid)

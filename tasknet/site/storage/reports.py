@@ -2,9 +2,9 @@
 
 Each ``apply_*`` function is the body of (a piece of) one write transaction:
 the receipt, every task change, every delete completion and the outbox rows
-announcing them are written together or not at all.  :func:`apply_batch` runs
-several reports in one transaction (group commit) with a savepoint each, so
-one failing report rolls back alone and the others still commit.
+announcing them are written together or not at all.  :func:`apply_reports` applies
+several reports in one transaction (group commit, run by the database layer,
+which isolates a failing report under a savepoint of its own).
 
 Rules for a ``galleryTasks`` entry, in order (the first that matches wins):
 
@@ -60,11 +60,11 @@ node waits for a claim (or an operator).
 
 from __future__ import annotations
 
-import json
 import sqlite3
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import cast
 
 from tasknet.protocol.messages import (
     ACK_APPLIED,
@@ -77,6 +77,7 @@ from tasknet.protocol.messages import (
 )
 from tasknet.site.storage import outbox, throughput
 from tasknet.site.storage.delete import complete_delete, mark_delete_failed
+from tasknet.site.storage.dialect import IN_ARRAY_SQL, NOW_SQL, array, greatest
 from tasknet.site.storage.eligibility import awaits_claim
 from tasknet.site.storage.generation import backfill_legacy
 from tasknet.status import OperationState
@@ -143,17 +144,17 @@ LEGACY = "LEGACY"
 
 
 def _json_ids(gids: Iterable[int]) -> str:
-    # One JSON array parameter instead of one "?" per gid: no variable limit,
+    # One array parameter instead of one "?" per gid: no variable limit,
     # one statement whatever the snapshot size.
-    return json.dumps(list(gids))
+    return array(gids)
 
 
-_ROWS_SQL = """
+_ROWS_SQL = f"""
 SELECT g.gid, g.status, g.progress, g.node_id,
        o.operation_id, o.state, o.last_revision, o.legacy
 FROM gallery AS g LEFT JOIN task_operation AS o ON o.gid = g.gid
-WHERE g.gid IN (SELECT value FROM json_each(?))
-"""
+WHERE g.gid {IN_ARRAY_SQL}
+"""  # noqa: S608
 
 
 def _task_rows(cursor: sqlite3.Cursor, gids: Iterable[int]) -> dict[int, sqlite3.Row]:
@@ -162,8 +163,8 @@ def _task_rows(cursor: sqlite3.Cursor, gids: Iterable[int]) -> dict[int, sqlite3
 
 def _tombstones(cursor: sqlite3.Cursor, gids: Iterable[int]) -> set[int]:
     rows = cursor.execute(
-        "SELECT gid FROM task_operation WHERE state = 'DELETED'"
-        " AND gid IN (SELECT value FROM json_each(?))",
+        "SELECT gid FROM task_operation WHERE state = 'DELETED'"  # noqa: S608
+        f" AND gid {IN_ARRAY_SQL}",
         (_json_ids(gids),),
     )
     return {row[0] for row in rows}
@@ -194,50 +195,48 @@ def _owner_check(outcome: ReportOutcome, node_id: str, row: sqlite3.Row) -> str 
     return NOT_OWNER
 
 
-_RECORDED_SQL = (
-    "SELECT report_id FROM report_receipt WHERE report_id IN (SELECT value FROM json_each(?))"
-)
+_RECORDED_SQL = f"SELECT report_id FROM report_receipt WHERE report_id {IN_ARRAY_SQL}"  # noqa: S608
 _RECEIPT_SQL = "INSERT INTO report_receipt (report_id, node_id, revision) VALUES (?, ?, ?)"
 _UPDATE_TASK_SQL = (
-    "UPDATE gallery SET status = ?, progress = ?,"
-    " updated_at = strftime('%Y-%m-%dT%H:%M:%fZ', 'now') WHERE gid = ?"
+    "UPDATE gallery SET status = ?, progress = ?,"  # noqa: S608
+    f" updated_at = {NOW_SQL} WHERE gid = ?"
 )
 # A claim names node_id in its own statement: naming it in the one above
 # would cost an index update (gallery_node) on every row, even when it stays.
 _CLAIM_SQL = "UPDATE gallery SET node_id = ? WHERE gid = ? AND node_id IS NULL"
 # One row per report: its revision and its changed gids as a JSON array.
 _UPDATE_REVISION_SQL = (
-    "UPDATE task_operation SET last_revision = ?,"
-    " updated_at = strftime('%Y-%m-%dT%H:%M:%fZ', 'now')"
-    " WHERE gid IN (SELECT value FROM json_each(?))"
+    "UPDATE task_operation SET last_revision = ?,"  # noqa: S608
+    f" updated_at = {NOW_SQL}"
+    f" WHERE gid {IN_ARRAY_SQL}"
 )
 _HIGHS_SQL = (
-    "SELECT node_id, high_revision FROM node_revision"
-    " WHERE node_id IN (SELECT value FROM json_each(?))"
+    "SELECT node_id, high_revision FROM node_revision"  # noqa: S608
+    f" WHERE node_id {IN_ARRAY_SQL}"
 )
 _HIGH_SQL = (
-    "INSERT INTO node_revision (node_id, high_revision) VALUES (?, ?)"
+    "INSERT INTO node_revision (node_id, high_revision) VALUES (?, ?)"  # noqa: S608
     " ON CONFLICT (node_id) DO UPDATE"
-    " SET high_revision = MAX(high_revision, excluded.high_revision)"
+    f" SET high_revision = {greatest('high_revision', 'excluded.high_revision')}"
 )
 _NEW_EPOCH_SQL = (
-    "UPDATE node_revision SET high_revision = ?, epoch = epoch + 1,"
-    " epoch_started_at = strftime('%Y-%m-%dT%H:%M:%fZ', 'now') WHERE node_id = ?"
+    "UPDATE node_revision SET high_revision = ?, epoch = epoch + 1,"  # noqa: S608
+    f" epoch_started_at = {NOW_SQL} WHERE node_id = ?"
 )
 _FORGET_REVISIONS_SQL = (
     "UPDATE task_operation SET last_revision = NULL WHERE last_revision IS NOT NULL"
     " AND gid IN (SELECT gid FROM gallery WHERE node_id = ?)"
 )
 _COUNT_DROPS_SQL = (
-    "INSERT INTO node_dropped_entry (node_id, reason, count) VALUES (?, ?, ?)"
+    "INSERT INTO node_dropped_entry (node_id, reason, count) VALUES (?, ?, ?)"  # noqa: S608
     " ON CONFLICT (node_id, reason) DO UPDATE SET count = count + excluded.count,"
-    " last_at = strftime('%Y-%m-%dT%H:%M:%fZ', 'now')"
+    f" last_at = {NOW_SQL}"
 )
 
 
 def _recorded(cursor: sqlite3.Cursor, report_ids: Sequence[str]) -> set[str]:
     """Which of ``report_ids`` are already recorded (their reports are duplicates)."""
-    return {row[0] for row in cursor.execute(_RECORDED_SQL, (json.dumps(list(report_ids)),))}
+    return {row[0] for row in cursor.execute(_RECORDED_SQL, (array(report_ids),))}
 
 
 def _start_epochs(
@@ -254,7 +253,7 @@ def _start_epochs(
     report per node."""
     nodes = [node_id for node_id, _ in fresh]
     highs: dict[str, int | None] = dict.fromkeys(nodes)
-    for row in cursor.execute(_HIGHS_SQL, (json.dumps(nodes),)):
+    for row in cursor.execute(_HIGHS_SQL, (array(nodes),)):
         highs[row["node_id"]] = row["high_revision"]
     raised = []
     for (node_id, report), first, outcome in zip(fresh, firsts, outcomes, strict=True):
@@ -264,7 +263,9 @@ def _start_epochs(
             cursor.execute(_FORGET_REVISIONS_SQL, (node_id,))
             outcome.new_epoch = True
             highs[node_id] = None
-        else:
+        elif high is None or report.revision > high:
+            # Only a mark that moves is written (a repeat at or below it
+            # would rewrite the row unchanged).
             raised.append((node_id, report.revision))
     if raised:
         cursor.executemany(_HIGH_SQL, raised)
@@ -288,9 +289,9 @@ def dropped_entries_by_node(
         rows = cursor.execute("SELECT node_id, reason, count FROM node_dropped_entry")
     else:
         rows = cursor.execute(
-            "SELECT node_id, reason, count FROM node_dropped_entry"
-            " WHERE node_id IN (SELECT value FROM json_each(?))",
-            (json.dumps(list(node_ids)),),
+            "SELECT node_id, reason, count FROM node_dropped_entry"  # noqa: S608
+            f" WHERE node_id {IN_ARRAY_SQL}",
+            (array(node_ids),),
         )
     found: dict[str, dict[str, int]] = {}
     for node_id, reason, count in rows:
@@ -444,11 +445,14 @@ def _apply_task_reports(
     tombstones = _tombstones(cursor, gids - rows.keys()) if len(rows) < len(gids) else set()
     changes = _Changes()
     applied: dict[str, ReportOutcome] = {}
+    samples = []
     for (node_id, report), mine, outcome in zip(fresh, entries, outcomes, strict=True):
         _judge_entries(cursor, outcome, node_id, report, mine, rows, tombstones, highs.get(node_id))
         changes.add(outcome, node_id, mine, rows, report.revision)
-        throughput.record_report(cursor, node_id, outcome.applied, mine, rows)
+        samples.append((node_id, outcome.applied, mine, rows))
         applied[report.report_id] = outcome
+    # One set of throughput statements for the whole run (no gid is in two reports).
+    throughput.record_reports(cursor, samples)
     changes.write(cursor)
     for node_id, report in fresh:
         outcome = applied[report.report_id]
@@ -603,103 +607,72 @@ def apply_report(
 
 
 @dataclass(frozen=True)
-class ReportFailure:
-    """A report of a batch that was rolled back to its savepoint."""
+class QueuedReport:
+    """One report as the pipeline queues it: from ``node_id``;
+    ``first_after_login`` (v2 only): the first report of the node's
+    connection (it may start a revision epoch)."""
 
-    error: str
+    node_id: str
+    message: NodeReport
+    first_after_login: bool = False
 
 
-def apply_batch(
-    cursor: sqlite3.Cursor,
-    reports: Sequence[tuple[str, NodeReport]],
-    first_after_login: Sequence[bool] | None = None,
-) -> list[ReportOutcome | ReportFailure]:
-    """Apply several ``(node_id, report)`` in this one transaction (group
-    commit), with the effect of applying them in order, each alone.
+def apply_reports(cursor: sqlite3.Cursor, reports: Sequence[QueuedReport]) -> list[ReportOutcome]:
+    """Apply several reports in this one transaction, with the effect of
+    applying them in order, each alone (one outcome each): the batch
+    function of the report pipeline's coalesced writes
+    (``Database.write_coalesced``).
 
-    A report that raises is rolled back alone and comes back as a
-    :class:`ReportFailure` (its node gets no ACK and redelivers); the others
-    commit with the transaction.  Runs of v2 reports that share no gid, no
-    reportId and no node (the usual batch: one report per node) are applied together,
-    with one statement per kind of write for the whole run
-    (:func:`_apply_task_reports`) under one savepoint; should the run fail,
-    it is rolled back and its reports applied one by one under a savepoint
-    each, so only the failing one is lost.  ``first_after_login[i]``: report
-    ``i`` is the first of its node's connection (it may start a revision
-    epoch); none is when not given.
+    Runs of v2 reports that share no gid, no reportId and no node (the usual
+    batch: one report per node) are applied together, with one statement per
+    kind of write for the whole run (:func:`_apply_task_reports`); the rest
+    one by one.  Should any report raise, the whole call raises: the
+    database layer then rolls it back and applies each report alone under a
+    savepoint of its own, so only the failing one is lost.
     """
-    firsts = list(first_after_login) if first_after_login is not None else [False] * len(reports)
-    results: list[ReportOutcome | ReportFailure] = []
+    outcomes: list[ReportOutcome] = []
     start = 0
     while start < len(reports):
         run = _independent_run(reports, start)
         if len(run) > 1:
-            results.extend(_apply_run(cursor, run, firsts[start : start + len(run)]))
+            outcomes.extend(
+                _apply_task_reports(
+                    cursor,
+                    [(r.node_id, cast(TaskReport, r.message)) for r in run],
+                    [r.first_after_login for r in run],
+                )
+            )
             start += len(run)
         else:
-            node_id, message = reports[start]
-            results.append(_apply_one(cursor, node_id, message, firsts[start]))
+            report = reports[start]
+            outcomes.append(
+                apply_report(cursor, report.node_id, report.message, report.first_after_login)
+            )
             start += 1
-    return results
+    return outcomes
 
 
-def _independent_run(
-    reports: Sequence[tuple[str, NodeReport]], start: int
-) -> list[tuple[str, TaskReport]]:
+def _independent_run(reports: Sequence[QueuedReport], start: int) -> list[QueuedReport]:
     """The longest run of ``TaskReport`` s from ``start`` with distinct
     reportIds, distinct nodes (a node's epoch is decided report by report)
     and no gid in two of them."""
-    run: list[tuple[str, TaskReport]] = []
+    run: list[QueuedReport] = []
     report_ids: set[str] = set()
     nodes: set[str] = set()
     gids: set[int] = set()
-    for node_id, message in reports[start:]:
+    for report in reports[start:]:
+        message = report.message
         if (
             not isinstance(message, TaskReport)
             or message.report_id in report_ids
-            or node_id in nodes
+            or report.node_id in nodes
         ):
             break
         mine = _report_gids(message)
         if not gids.isdisjoint(mine):
             break
         report_ids.add(message.report_id)
-        nodes.add(node_id)
+        nodes.add(report.node_id)
         gids |= mine
-        run.append((node_id, message))
+        run.append(report)
     return run
-
-
-def _apply_run(
-    cursor: sqlite3.Cursor, run: Sequence[tuple[str, TaskReport]], firsts: Sequence[bool]
-) -> list[ReportOutcome | ReportFailure]:
-    cursor.execute("SAVEPOINT reports")
-    try:
-        outcomes: list[ReportOutcome | ReportFailure] = list(
-            _apply_task_reports(cursor, run, firsts)
-        )
-    except Exception:
-        cursor.execute("ROLLBACK TO SAVEPOINT reports")
-        cursor.execute("RELEASE SAVEPOINT reports")
-        return [
-            _apply_one(cursor, node_id, message, first)
-            for (node_id, message), first in zip(run, firsts, strict=True)
-        ]
-    cursor.execute("RELEASE SAVEPOINT reports")
-    return outcomes
-
-
-def _apply_one(
-    cursor: sqlite3.Cursor, node_id: str, message: NodeReport, first_after_login: bool = False
-) -> ReportOutcome | ReportFailure:
-    """One report under its own savepoint: on error it alone is rolled back."""
-    cursor.execute("SAVEPOINT report")
-    try:
-        result: ReportOutcome | ReportFailure = apply_report(
-            cursor, node_id, message, first_after_login
-        )
-    except Exception as e:
-        cursor.execute("ROLLBACK TO SAVEPOINT report")
-        result = ReportFailure(f"{type(e).__name__}: {e}")
-    cursor.execute("RELEASE SAVEPOINT report")
-    return result

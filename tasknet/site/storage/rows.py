@@ -1,6 +1,6 @@
-"""Reading one task's rows: the gid range, the SQL timestamp, the
-``gallery`` and ``task_operation`` row of a gid, and the owner check that
-makes another user's task look missing.
+"""Reading one task's rows: the gid range, the ``gallery`` and
+``task_operation`` row of a gid, and the owner check that makes another
+user's task look missing (the SQL timestamp is ``dialect.NOW_SQL``).
 
 Read-only helpers shared by every task module; nothing here writes.
 """
@@ -14,9 +14,6 @@ from tasknet.site.storage.errors import TaskError
 #: The gids a task may have (INTERFACES.md).
 GID_MIN = 1
 GID_MAX = 2**31 - 1  # the wire bound (PROTOCOL.md "Bounds"): every task must be dispatchable
-
-#: Our stored timestamp format, "now", as a SQL expression.
-NOW_SQL = "strftime('%Y-%m-%dT%H:%M:%fZ', 'now')"
 
 
 def operation_row(cursor: sqlite3.Cursor, gid: int) -> sqlite3.Row | None:

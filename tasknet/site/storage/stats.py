@@ -10,12 +10,12 @@ buckets cover every user.
 
 from __future__ import annotations
 
-import json
 import sqlite3
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from tasknet.site.storage import throughput, views
+from tasknet.site.storage.dialect import IN_ARRAY_SQL, array
 from tasknet.site.storage.usage import iso_week
 
 BUCKET_SECONDS = 60
@@ -39,9 +39,9 @@ def weekly_usage(cursor: sqlite3.Cursor, user_id: int, weeks: list[str]) -> dict
     quota = cursor.execute("SELECT quota FROM user WHERE id = ?", (user_id,)).fetchone()
     used = dict.fromkeys(weeks, 0)
     for row in cursor.execute(
-        "SELECT week, used FROM weekly_usage WHERE user_id = ?"
-        " AND week IN (SELECT value FROM json_each(?))",
-        (user_id, json.dumps(weeks)),
+        "SELECT week, used FROM weekly_usage WHERE user_id = ?"  # noqa: S608
+        f" AND week {IN_ARRAY_SQL}",
+        (user_id, array(weeks)),
     ):
         used[row[0]] = int(row[1])
     return {
@@ -112,9 +112,9 @@ def node_activity(
     seen = {
         row["node_id"]: row
         for row in cursor.execute(
-            "SELECT * FROM node_seen WHERE last_seen_at >= ?"
-            " OR node_id IN (SELECT value FROM json_each(?))",
-            (since, json.dumps(connected)),
+            "SELECT * FROM node_seen WHERE last_seen_at >= ?"  # noqa: S608
+            f" OR node_id {IN_ARRAY_SQL}",
+            (since, array(connected)),
         )
     }
     ids = sorted(set(connected) | set(seen))
@@ -123,16 +123,16 @@ def node_activity(
         for node_id in ids
     }
     for node_id, assigned, active in cursor.execute(
-        "SELECT node_id, COUNT(*), SUM(status IS NOT ?) FROM gallery"
-        " WHERE node_id IN (SELECT value FROM json_each(?)) GROUP BY node_id",
-        (throughput.COMPLETED, json.dumps(ids)),
+        "SELECT node_id, COUNT(*), SUM(status IS NOT ?) FROM gallery"  # noqa: S608
+        f" WHERE node_id {IN_ARRAY_SQL} GROUP BY node_id",
+        (throughput.COMPLETED, array(ids)),
     ):
         nodes[node_id]["assigned"] = int(assigned)
         nodes[node_id]["activeTasks"] = int(active)
     for node_id, status, speed, moved_at in cursor.execute(
-        "SELECT node_id, status, speed, moved_at FROM gallery"
-        " WHERE node_id IN (SELECT value FROM json_each(?)) AND status = ?",
-        (json.dumps(ids), throughput.DOWNLOADING),
+        "SELECT node_id, status, speed, moved_at FROM gallery"  # noqa: S608
+        f" WHERE node_id {IN_ARRAY_SQL} AND status = ?",
+        (array(ids), throughput.DOWNLOADING),
     ):
         speed = throughput.visible_speed(status, speed, moved_at, now)
         nodes[node_id]["bytesPerSecond"] += speed or 0.0

@@ -30,10 +30,11 @@ import json
 import math
 import sqlite3
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
+from tasknet.site.storage.dialect import IN_ARRAY_SQL, array
 from tasknet.status import NodeCode
 
 SMOOTHING_SECONDS = 10.0
@@ -92,10 +93,10 @@ def eta(size: int | None, done: int | None, speed: float | None) -> int | None:
     return math.ceil(max(0, size - done) / speed)
 
 
-_SAMPLE_ROWS_SQL = """
+_SAMPLE_ROWS_SQL = f"""
 SELECT gid, user_id, size, speed, sampled_at, moved_at FROM gallery
-WHERE gid IN (SELECT value FROM json_each(?))
-"""
+WHERE gid {IN_ARRAY_SQL}
+"""  # noqa: S608
 _SAMPLE_SQL = (
     "UPDATE gallery SET speed = ?, sampled_at = ?, moved_at = ?,"
     " completed_at = COALESCE(completed_at, ?) WHERE gid = ?"
@@ -131,28 +132,50 @@ def record_report(
 
     ``entries`` are the report's entries by gid, ``before`` the task rows as
     they were before the report (``status`` and ``progress``).  Only tasks
-    that are downloading or whose status changed are sampled: a snapshot
-    repeats every finished task, and those cost nothing here.
+    whose status changed, or that are downloading and whose progress moved,
+    are sampled: a snapshot repeats every finished task and every queued
+    download that has not moved, and those write nothing (BENCH B1: most
+    entries of a snapshot).  A stalled download keeps its last sample; views
+    hide its speed once it has not moved for :data:`STALL_SECONDS`, and its
+    next movement is averaged over the whole time since that sample.
     """
+    record_reports(cursor, [(node_id, applied, entries, before)], now)
+
+
+def record_reports(
+    cursor: sqlite3.Cursor,
+    reports: Sequence[tuple[str, Iterable[int], Mapping[int, Entry], Mapping[int, Any]]],
+    now: float | None = None,
+) -> None:
+    """:func:`record_report` for several ``(node_id, applied, entries,
+    before)`` at once, with one statement per kind of write for all of them
+    (group commit: the batch's reports share them).  The same as recording
+    them one after the other, provided no gid is in two of them (as in a run
+    of :func:`~tasknet.site.storage.reports.apply_batch`): the sums per
+    minute, node and user add up the same either way."""
     global _last_pruned_minute
     now = time.time() if now is None else now
     stamp = iso(now)
-    cursor.execute(_REPORTED_SQL, (node_id, stamp))
-    sampled = [
-        g
-        for g in applied
-        if entries[g].status == _DOWNLOADING or entries[g].status != before[g]["status"]
-    ]
+    cursor.executemany(_REPORTED_SQL, [(node_id, stamp) for node_id, *_ in reports])
+    sampled: dict[int, tuple[str, Entry, Any]] = {}
+    for node_id, applied, entries, before in reports:
+        for g in applied:
+            new, old = entries[g], before[g]
+            if new.status != old["status"] or (
+                new.status == _DOWNLOADING and new.progress != float(old["progress"])
+            ):
+                sampled[g] = (node_id, new, old)
     if not sampled:
         return
     minute = int(now // 60)
     updates = []
-    per_user: dict[int, list[int]] = {}
-    for row in cursor.execute(_SAMPLE_ROWS_SQL, (json.dumps(sampled),)).fetchall():
+    per_user: dict[tuple[str, int], list[int]] = {}
+    per_node: dict[str, int] = {}
+    for row in cursor.execute(_SAMPLE_ROWS_SQL, (array(list(sampled)),)).fetchall():
         gid = row["gid"]
-        old_status = before[gid]["status"]
-        new = entries[gid]
-        old_bytes = bytes_done(old_status, float(before[gid]["progress"]), row["size"]) or 0
+        node_id, new, old = sampled[gid]
+        old_status = old["status"]
+        old_bytes = bytes_done(old_status, float(old["progress"]), row["size"]) or 0
         new_bytes = bytes_done(new.status, new.progress, row["size"]) or 0
         gained = max(0, new_bytes - old_bytes)
         completed = new.status == _COMPLETED and old_status != _COMPLETED
@@ -160,17 +183,21 @@ def record_report(
             row, old_status == _DOWNLOADING, new.status == _DOWNLOADING, gained, now
         )
         updates.append((speed, sampled_at, moved_at, stamp if completed else None, gid))
-        totals = per_user.setdefault(row["user_id"], [0, 0])
+        totals = per_user.setdefault((node_id, row["user_id"]), [0, 0])
         totals[0] += gained
         totals[1] += int(completed)
+        per_node[node_id] = per_node.get(node_id, 0) + gained
     cursor.executemany(_SAMPLE_SQL, updates)
-    gained_total = 0
-    for user_id, (gained, completed) in per_user.items():
-        if gained or completed:
-            cursor.execute(_MINUTE_SQL, (minute, node_id, user_id, gained, completed))
-        gained_total += gained
-    if gained_total:
-        cursor.execute(_NODE_BYTES_SQL, (node_id, gained_total))
+    minutes = [
+        (minute, node_id, user_id, gained, completed)
+        for (node_id, user_id), (gained, completed) in per_user.items()
+        if gained or completed
+    ]
+    if minutes:
+        cursor.executemany(_MINUTE_SQL, minutes)
+    node_bytes = [(node_id, gained) for node_id, gained in per_node.items() if gained]
+    if node_bytes:
+        cursor.executemany(_NODE_BYTES_SQL, node_bytes)
     if minute != _last_pruned_minute:
         cursor.execute("DELETE FROM throughput_minute WHERE minute < ?", (minute - KEEP_MINUTES,))
         _last_pruned_minute = minute

@@ -87,11 +87,6 @@ def get_user(cursor: sqlite3.Cursor, name: str) -> User | None:
     return None if row is None else _user(row)
 
 
-def user_by_id(cursor: sqlite3.Cursor, user_id: int) -> User | None:
-    row = cursor.execute("SELECT * FROM user WHERE id = ?", (user_id,)).fetchone()
-    return None if row is None else _user(row)
-
-
 def user_by_token(cursor: sqlite3.Cursor, token: str) -> User | None:
     """The user whose API token is ``token``, or None."""
     row = cursor.execute("SELECT * FROM user WHERE token_hash = ?", (hash_token(token),)).fetchone()

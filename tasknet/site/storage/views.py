@@ -14,7 +14,6 @@ its payloads from these views.
 from __future__ import annotations
 
 import functools
-import json
 import re
 import sqlite3
 import time
@@ -24,6 +23,7 @@ from enum import StrEnum
 from typing import Any
 
 from tasknet.site.storage import throughput
+from tasknet.site.storage.dialect import IN_ARRAY_SQL, array
 from tasknet.site.storage.rows import visible_gallery
 from tasknet.status import NodeCode, OperationState, TaskStatus, display_status
 
@@ -50,7 +50,7 @@ FROM task_operation AS o
 WHERE o.gid {match} AND NOT EXISTS (SELECT 1 FROM gallery AS g WHERE g.gid = o.gid)
 """
 _VIEW_ONE_SQL = _VIEWS_SQL.format(match="= ?1")
-_VIEW_MANY_SQL = _VIEWS_SQL.format(match="IN (SELECT value FROM json_each(?1))")
+_VIEW_MANY_SQL = _VIEWS_SQL.format(match=IN_ARRAY_SQL.replace("?", "?1"))
 
 
 def gone_view(gid: int, state: str | None = None, **known: Any) -> dict[str, Any]:
@@ -150,7 +150,7 @@ def task_views_and_owners(
     if len(wanted) == 1:
         rows = cursor.execute(_VIEW_ONE_SQL, (wanted[0],))
     else:
-        rows = cursor.execute(_VIEW_MANY_SQL, (json.dumps(wanted),))
+        rows = cursor.execute(_VIEW_MANY_SQL, (array(wanted),))
     return {row["gid"]: (_view_of_row(row), row["owner"]) for row in rows}
 
 
@@ -252,8 +252,8 @@ def _filters(
         params.append(query_user)
     if statuses:
         keys = [key for status in statuses for key in STATUS_KEYS[status]]
-        where.append(f"{_STATUS_KEY_SQL} IN (SELECT value FROM json_each(?))")  # noqa: S608
-        params.append(json.dumps(keys))
+        where.append(f"{_STATUS_KEY_SQL} {IN_ARRAY_SQL}")  # noqa: S608
+        params.append(array(keys))
     if text:
         pattern = text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
         where.append("(g.name LIKE ? ESCAPE '\\' OR CAST(g.gid AS TEXT) LIKE ? ESCAPE '\\')")

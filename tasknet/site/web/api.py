@@ -18,9 +18,10 @@ Decisions the spec leaves open:
 * ``GET /api/tasks`` (filter, search, order, keyset cursor),
   ``/api/tasks/counts`` and ``/api/stats`` read their parameters with
   ``web/task_queries.py``, which lists the decisions made for them.
-* ``/api/events`` and ``/api/admin/nodes`` are served by the resources the
-  reports/notify wiring puts in the :class:`Site`; while a slot is empty they
-  answer ``503 unavailable``.
+* The API's collaborators (the lifecycle, the database, ``/api/events``,
+  the admin node view, health, the create limiter, the clock) come in one
+  :class:`~tasknet.site.web.interfaces.WebDependencies`, complete when the
+  composition root builds it: no route ever answers "not wired".
 """
 
 from __future__ import annotations
@@ -31,11 +32,13 @@ import math
 import re
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, cast
 
 from klein import Klein
-from twisted.internet.defer import CancelledError, Deferred, maybeDeferred
+from twisted.internet.defer import CancelledError, Deferred
 from twisted.logger import Logger
+from twisted.python.failure import Failure
+from twisted.web.iweb import IRequest
 from twisted.web.resource import IResource
 from twisted.web.server import Request
 from werkzeug.exceptions import MethodNotAllowed, NotFound
@@ -60,10 +63,8 @@ from tasknet.site.web.auth import (
 )
 from tasknet.site.web.errors import ApiError, write_error, write_json
 from tasknet.site.web.http import StaticFiles
+from tasknet.site.web.interfaces import WebDependencies
 from tasknet.site.web.task_queries import search_text, stats_window, task_query
-
-if TYPE_CHECKING:
-    from tasknet.site.service import Site
 
 log = Logger()
 
@@ -214,13 +215,11 @@ def _scope(user: User) -> int | None:
 class SiteApi:
     app = Klein()
 
-    def __init__(self, site: Site) -> None:
-        self.site = site
-        self.db = site.db
-        self.lifecycle = site.lifecycle
-        from twisted.internet import reactor
-
-        self.clock: Any = reactor  # an IReactorTime; tests may replace it
+    def __init__(self, deps: WebDependencies) -> None:
+        self.deps = deps
+        self.db = deps.db
+        self.lifecycle = deps.lifecycle
+        self.clock = deps.clock
 
     async def _user(self, request: Request) -> User:
         return await authenticate(self.db, request)
@@ -249,7 +248,7 @@ class SiteApi:
         user = await self._user(request)
         # Per-user rate limit (tasknet.site.ratelimit) before anything is
         # read or written: a refused create leaves no trace.
-        limiter = self.site.create_limiter
+        limiter = self.deps.create_limiter
         wait = limiter.take(user.id) if limiter is not None else 0.0
         if wait > 0:
             request.setHeader(b"Retry-After", str(max(1, math.ceil(wait))).encode("ascii"))
@@ -397,21 +396,17 @@ class SiteApi:
         note = string_field(json_body(request), "note", required=True, limit=MAX_NOTE)
         forced = await shield(self.db.write(delete.force_delete, number, user.name, note))
         if not forced.repeated:
-            self.site.wake_outbox()
+            self.deps.wake_outbox()
         return 200, forced.view()
 
     @app.route("/api/admin/nodes", methods=["GET"])
     @endpoint
     async def nodes(self, request: Request) -> Reply:
         require_admin(await self._user(request))
-        if self.site.nodes_view is None:
-            raise ApiError("unavailable", "the node view is not wired into this site")
-        return 200, {"nodes": await maybeDeferred(self.site.nodes_view)}
+        return 200, {"nodes": await self.deps.admin_nodes()}
 
     @app.route("/api/events")
     async def events(self, request: Request) -> IResource | bytes:
-        if self.site.events_resource is None:
-            return write_error(request, "unavailable", "live events are not wired into this site")
         # Refused here, an opening handshake gets the error envelope and the
         # security headers (autobahn checks the token again as it accepts).
         try:
@@ -422,13 +417,13 @@ class SiteApi:
             await authenticate(self.db, request, allow_query=True)
         except ApiError as e:
             return write_error(request, e.code, e.message)
-        return self.site.events_resource
+        return self.deps.events
 
     # health, metrics, UI
 
     @app.route("/healthz", methods=["GET"])
     def healthz(self, request: Request) -> bytes:
-        return write_json(request, 200, self.site.health())
+        return write_json(request, 200, self.deps.health())
 
     @app.route("/metrics", methods=["GET"])
     def metrics_page(self, request: Request) -> IResource:
@@ -446,16 +441,16 @@ class SiteApi:
         return cast(IResource, StaticFiles(str(STATIC_DIR)))
 
     @app.handle_errors(NotFound)
-    def not_found(self, request: Request, failure: Any) -> bytes:
+    def not_found(self, request: IRequest, failure: Failure) -> bytes:
         return write_error(request, "not_found", "no such resource")
 
     @app.handle_errors(MethodNotAllowed)
-    def method_not_allowed(self, request: Request, failure: Any) -> bytes:
+    def method_not_allowed(self, request: IRequest, failure: Failure) -> bytes:
         return write_error(
             request, "method_not_allowed", f"{request.method.decode()} is not allowed here"
         )
 
 
-def make_web_resource(site: Site) -> IResource:
+def make_web_resource(deps: WebDependencies) -> IResource:
     """The root resource of the site's HTTP port."""
-    return cast(IResource, SiteApi(site).app.resource())
+    return cast(IResource, SiteApi(deps).app.resource())

@@ -79,12 +79,6 @@ def request_credentials(request: Request, *, allow_query: bool = False) -> Crede
     return None
 
 
-def request_token(request: Request, *, allow_query: bool = False) -> str | None:
-    """The token the request carries, or None."""
-    credentials = request_credentials(request, allow_query=allow_query)
-    return None if credentials is None else credentials.token
-
-
 def same_origin(request: Request) -> bool:
     """True unless an ``Origin`` header names another host than ``Host``."""
     origin = request.requestHeaders.getRawHeaders(b"origin")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from twisted.web.server import Request
+from twisted.web.iweb import IRequest
 
 STATUS: dict[str, int] = {
     "invalid_request": 400,
@@ -22,7 +22,6 @@ STATUS: dict[str, int] = {
     "rate_limited": 429,  # per-user create rate (tasknet.site.ratelimit), with Retry-After
     "internal": 500,
     "upstream_unavailable": 502,
-    "unavailable": 503,  # a part of the site that is not running (yet)
 }
 
 
@@ -45,7 +44,7 @@ def json_bytes(document: Any) -> bytes:
     return json.dumps(document, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
 
 
-def write_json(request: Request, status: int, document: Any) -> bytes:
+def write_json(request: IRequest, status: int, document: Any) -> bytes:
     """Set status and JSON headers; return the body to write."""
     request.setResponseCode(status)
     request.setHeader(b"Content-Type", b"application/json; charset=utf-8")
@@ -53,7 +52,7 @@ def write_json(request: Request, status: int, document: Any) -> bytes:
     return json_bytes(document)
 
 
-def write_error(request: Request, code: str, message: str) -> bytes:
+def write_error(request: IRequest, code: str, message: str) -> bytes:
     if code == "unauthorized":
         request.setHeader(b"WWW-Authenticate", b'Bearer realm="tasknet"')
     return write_json(request, STATUS[code], {"error": {"code": code, "message": message}})

@@ -41,6 +41,7 @@ from twisted.internet.task import LoopingCall
 from twisted.logger import Logger
 from zope.interface import implementer
 
+from tasknet.clock import default_reactor
 from tasknet.site.web.http import SECURITY_HEADERS
 
 log = Logger()
@@ -217,11 +218,9 @@ class EventsFactory(WebSocketServerFactory):
     ) -> None:
         super().__init__()
         self.setProtocolOptions(autoPingInterval=PING_INTERVAL, autoPingTimeout=PING_TIMEOUT)
-        if clock is None:
-            from twisted.internet import reactor as clock
         self.hub = hub
         self.authenticate = authenticate
-        self.clock = clock
+        self.clock = default_reactor(clock)
         self.token_check_interval = token_check_interval
         self.send_buffer_limit = send_buffer_limit
         self.open_clients: set[EventsProtocol] = set()
@@ -271,7 +270,8 @@ class EventsResource(WebSocketResource):
         self.factory = factory
 
 
-def events_resource(hub: EventHub, authenticate: Authenticate) -> EventsResource:
+def events_resource(hub: EventHub, authenticate: Authenticate, *, clock: Any) -> EventsResource:
     """The resource to mount at ``/api/events``.  ``authenticate(token)``
-    fires with the viewer (``.id``, ``.is_admin``) or ``None``."""
-    return EventsResource(EventsFactory(hub, authenticate))
+    fires with the viewer (``.id``, ``.is_admin``) or ``None``; token
+    re-checks run on ``clock``."""
+    return EventsResource(EventsFactory(hub, authenticate, clock=clock))

@@ -27,9 +27,10 @@ body would lose the ``413`` it was sent.
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import Any, cast
 from urllib.parse import unquote_to_bytes
 
+from twisted.internet.interfaces import IConsumer, IDelayedCall
 from twisted.logger import Logger
 from twisted.web import http, server
 from twisted.web.resource import IResource, Resource
@@ -130,9 +131,8 @@ class BoundedChannel(http.HTTPChannel):
 
     site: BoundedSite
     refused = False
-    # Any: zope interfaces are opaque to mypy (IDelayedCall when set).
-    _deadline: Any = None
-    _linger: Any = None
+    _deadline: IDelayedCall | None = None
+    _linger: IDelayedCall | None = None
 
     @property
     def max_body(self) -> int:
@@ -214,7 +214,9 @@ class BoundedChannel(http.HTTPChannel):
         self.refused = True
         self._cancel_deadline()
         self.setTimeout(None)
-        self._networkProducer.unregisterProducer()
+        # Typed IPushProducer by Twisted, it is the transport (or Twisted's
+        # stand-in for one), which is also the consumer it registered with.
+        cast(IConsumer, self._networkProducer).unregisterProducer()
         transport: Any = self.transport
         transport.write(error_response(status, code, message))
         lose_write = getattr(transport, "loseWriteConnection", None)

@@ -3,8 +3,9 @@
 On accept the site sends ``Identity`` (fresh nonce) and ``ProtocolHello`` at
 once.  At ``Login`` it checks the HMAC signature against the node's key and
 decides the wire version without a timer: v2 only if the node's Hello came
-first.  A logged-in session is handed to the :class:`ISiteHandler`; a newer
-connection for the same node replaces it (newest wins).
+first.  A logged-in session goes into the site's :class:`ConnectedNodes`
+(where a newer connection for the same node replaces the older one: newest
+wins) and is handed to the :class:`ISiteHandler`.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from twisted.internet.defer import Deferred
+from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 from zope.interface import implementer
@@ -39,7 +41,8 @@ from tasknet.protocol.messages import (
     TaskReportAck,
     verify_login,
 )
-from tasknet.protocol.session import INodeSession
+from tasknet.protocol.session import INodeSession, ISiteHandler
+from tasknet.site.connected_nodes import ConnectedNodes
 
 __all__ = ["NodeListenerFactory", "NodeSession"]
 
@@ -63,8 +66,6 @@ class NodeSession(PeerProtocol):
         self.features: tuple[str, ...] = ()
         self.connected_at = 0.0
         self._hello: ProtocolHello | None = None
-        self._attached = False
-        self._detached = False
 
     # -- connection
 
@@ -76,7 +77,7 @@ class NodeSession(PeerProtocol):
 
     def connectionLost(self, reason: Failure | None = None) -> None:
         super().connectionLost(reason)
-        if self._attached:
+        if self.authenticated:
             log.info(
                 "node {node_id} disconnected: {reason}",
                 node_id=self.node_id,
@@ -90,7 +91,7 @@ class NodeSession(PeerProtocol):
         return f"node {self.node_id or '?'} at {self._peer()}"
 
     def loggedInMessage(self, message: Message) -> None:
-        if not self._detached:  # once replaced by a newer connection, nothing goes up
+        if self.factory.nodes.is_current(self):  # once replaced, nothing goes up
             self.factory.handler.message_received(self, message)
 
     def beforeLogin(self, message: Message) -> None:
@@ -175,28 +176,29 @@ class NodeSession(PeerProtocol):
     def __repr__(self) -> str:
         return (
             f"<NodeSession {self.node_id or '?'} v{self.protocol_version} "
-            f"{'attached' if self._attached and not self._detached else 'not attached'}>"
+            f"{'attached' if self.factory.nodes.is_current(self) else 'not attached'}>"
         )
 
 
 class NodeListenerFactory(PeerFactory):
     """Builds a :class:`NodeSession` per accepted node connection.
 
-    ``sessions`` maps node id to the node's current (newest) logged-in session.
+    Logged-in sessions go into ``nodes``, the site's one registry of them.
     ``node_keys`` (node id → secret) is consulted at every Login and never
     copied: mutate it, or assign a new mapping, to change who may log in.
     """
 
     def __init__(
         self,
-        handler: Any,  # an ISiteHandler (Any: mypy cannot see zope's @implementer)
+        handler: ISiteHandler,
+        nodes: ConnectedNodes,
         node_keys: Mapping[str, str],
         site_name: str,
         *,
         max_payload: int = MAX_PAYLOAD,
         heartbeat_interval: float = 15.0,
         idle_timeout: float = 45.0,
-        clock: Any = None,
+        clock: IReactorTime | None = None,
         pre_login_max_payload: int = PRE_LOGIN_MAX_PAYLOAD,
         login_timeout: float = LOGIN_TIMEOUT,
         log_interval: float = 60.0,
@@ -210,10 +212,10 @@ class NodeListenerFactory(PeerFactory):
             login_timeout=login_timeout,
             log_interval=log_interval,
         )
-        self.handler: Any = handler  # an ISiteHandler
+        self.handler = handler
+        self.nodes = nodes
         self.node_keys = node_keys
         self.site_name = site_name
-        self.sessions: dict[str, NodeSession] = {}
         self.connections: set[NodeSession] = set()
         self._all_closed: list[Deferred[None]] = []
 
@@ -223,35 +225,30 @@ class NodeListenerFactory(PeerFactory):
         return session
 
     def attach(self, session: NodeSession) -> None:
-        old = self.sessions.get(session.node_id)
-        if old is not None and old is not session:
+        """``session`` logged in: it becomes its node's current one."""
+        replaced = self.nodes.attach(session)
+        if replaced is not None:
             log.info(
                 "node {node_id} reconnected: the newer connection replaces the older one",
                 node_id=session.node_id,
             )
-            # Detach first, so the handler sees the old session go before the
-            # new one comes, and nothing the old one sends still goes up.
-            self._detach(old)
-            old.close("replaced by a newer connection")
-        self.sessions[session.node_id] = session
-        session._attached = True
+            # The handler sees the old session go before the new one comes;
+            # nothing the old one still sends goes up (it is no longer current).
+            self._node_detached(replaced)
+            replaced.close("replaced by a newer connection")
         self.handler.node_attached(session)
 
     def detach(self, session: NodeSession) -> None:
         """The connection is gone; idempotent."""
         self.connections.discard(session)
-        self._detach(session)
+        if self.nodes.detach(session):
+            self._node_detached(session)
         if not self.connections and self._all_closed:
             waiters, self._all_closed = self._all_closed, []
             for done in waiters:
                 done.callback(None)
 
-    def _detach(self, session: NodeSession) -> None:
-        if not session._attached or session._detached:
-            return
-        session._detached = True
-        if self.sessions.get(session.node_id) is session:
-            del self.sessions[session.node_id]
+    def _node_detached(self, session: INodeSession) -> None:
         try:
             self.handler.node_detached(session)
         except Exception:

@@ -21,7 +21,8 @@ each sorted by id, each
   deletions the site dropped from the node (``not_owner``, ``stale``, ...;
   ``node_dropped_entry``, kept across restarts).
 
-:func:`record_seen` keeps ``node_seen`` current on login and disconnect.
+``node_seen`` is kept current on login and disconnect by
+``session_handler.record_seen``.
 """
 
 from __future__ import annotations
@@ -29,24 +30,20 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from twisted.internet.defer import Deferred
-from twisted.logger import Logger
+from twisted.internet.interfaces import IReactorTime
 
-from tasknet.site.dispatch import ConnectedNodes
+from tasknet.clock import default_reactor
+from tasknet.site.connected_nodes import ConnectedNodes
 from tasknet.site.storage import reports, stats, throughput
 from tasknet.site.storage.db import Database
 
-log = Logger()
-
 
 async def nodes_view(
-    db: Database, nodes: ConnectedNodes, clock: Any = None
+    db: Database, nodes: ConnectedNodes, clock: IReactorTime | None = None
 ) -> list[dict[str, Any]]:
     """The nodes, as ``/api/admin/nodes`` lists them."""
-    if clock is None:
-        from twisted.internet import reactor as clock
-    now = clock.seconds()
-    sessions = {node_id: nodes.sessions[node_id] for node_id in nodes.ids()}
+    now = default_reactor(clock).seconds()
+    sessions = {node_id: nodes[node_id] for node_id in nodes.ids()}
     activity = await db.read(stats.node_activity, list(sessions), now)
     dropped = await db.read(reports.dropped_entries_by_node, list(activity))
     listed = []
@@ -60,7 +57,7 @@ async def nodes_view(
                 "connected": connected,
                 "protocol": session.protocol_version if session else seen["protocol"],
                 "features": list(session.features) if session else json.loads(seen["features"]),
-                "lastRevision": nodes.last_revision.get(node_id) if connected else None,
+                "lastRevision": nodes.last_revision(node_id) if connected else None,
                 "assigned": known["assigned"],
                 "activeTasks": known["activeTasks"],
                 "connectedAt": throughput.iso(session.connected_at) if session else None,
@@ -74,20 +71,3 @@ async def nodes_view(
         )
     listed.sort(key=lambda node: (not node["connected"], node["id"]))
     return listed
-
-
-def record_seen(db: Database, session: Any, connected: bool) -> Deferred[None]:
-    """Record in ``node_seen`` that ``session``'s node logged in or went away
-    (best effort: a failure is logged; the node panel is only less current)."""
-    d = db.write(
-        throughput.record_node_seen,
-        session.node_id,
-        session.protocol_version,
-        tuple(session.features),
-        connected,
-    )
-
-    def failed(failure: Any) -> None:
-        log.failure("recording node {node} as seen failed", failure, node=session.node_id)
-
-    return d.addErrback(failed)

@@ -1,0 +1,291 @@
+"""The composition root: the one place that knows how the site's parts connect.
+
+:func:`build_site` turns the command-line :class:`Options` into a complete,
+not yet started :class:`~tasknet.site.service.SiteService`, building each
+part once, in dependency order, and handing it its collaborators and the
+site's clock (the reactor) as constructor arguments:
+
+1. storage: the database's instance lock (held by another site: refused
+   before anything is read or recovered), the schema initialised or verified
+   (an unmigrated legacy database is refused with the command to run), the
+   ``--demo`` user on a fresh database, then the connection pool;
+2. the upstream client;
+3. the node side (:func:`build_node_side`): the one registry of connected
+   nodes, the outbox executor (WebSocket hub, webhook), the report
+   pipeline, the dispatcher, the session handler and the node listener;
+4. the lifecycle, told of commits (outbox) and of tasks to send (dispatcher);
+5. housekeeping, the node keys;
+6. the web layer, given its own :class:`~tasknet.site.web.interfaces.WebDependencies`.
+
+Nothing is filled in later and no layer imports this module
+(``lint-imports``: the ``site-layers`` contract in ``setup.cfg``).
+:func:`makeService` is the twistd entry (``twistd -n tasknet-site``).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from twisted.internet.defer import Deferred
+from twisted.logger import Logger
+
+from tasknet.clock import default_reactor
+from tasknet.site import ratelimit
+from tasknet.site.connected_nodes import ConnectedNodes
+from tasknet.site.dispatch import Dispatcher
+from tasknet.site.lifecycle import Lifecycle
+from tasknet.site.node_listener import NodeListenerFactory
+from tasknet.site.notify import OutboxExecutor, WebhookSender
+from tasknet.site.reports import ReportPipeline
+from tasknet.site.retention import Housekeeping
+from tasknet.site.service import (
+    NODE_KEYS_REFRESH,
+    Health,
+    NodeKeys,
+    NodeSide,
+    Options,
+    SiteParts,
+    SiteService,
+)
+from tasknet.site.session_handler import SiteHandler
+from tasknet.site.storage import lock as instance_lock
+from tasknet.site.storage import users
+from tasknet.site.storage.db import PRIVATE_MODE, Database, connect, open_pool, run_write
+from tasknet.site.storage.dispatch import PAGE_SIZE
+from tasknet.site.storage.lock import InstanceLock
+from tasknet.site.storage.schema import SchemaError, prepare_database
+from tasknet.site.upstream_client import UpstreamClient
+from tasknet.site.web.admin_nodes import nodes_view
+from tasknet.site.web.api import make_web_resource
+from tasknet.site.web.events import EventHub, events_resource
+from tasknet.site.web.http import BoundedSite
+from tasknet.site.web.interfaces import WebDependencies
+
+__all__ = ["Options", "Tuning", "build_node_side", "build_site", "makeService"]
+
+log = Logger()
+
+
+@dataclass(frozen=True)
+class Tuning:
+    """The site's internal timings and sizes: not command-line options; the
+    defaults are production's, tests pass shorter ones."""
+
+    dispatch_page_size: int = PAGE_SIZE
+    #: After a login, wait this long before handing out unassigned tasks, so
+    #: nodes reconnecting after a restart share them (see dispatch.py).
+    dispatch_assign_delay: float = 0.5
+    dispatch_poll_interval: float | None = 5.0
+    outbox_poll_interval: float | None = 5.0
+    webhook_timeout: float = 10.0
+    webhook_concurrency: int = 4
+    webhook_max_attempts: int = 5
+    webhook_backoff: float = 1.0
+    node_keys_refresh: float = NODE_KEYS_REFRESH
+
+
+def build_site(
+    options: Options,
+    reactor: Any = None,
+    *,
+    tuning: Tuning = Tuning(),
+    exit_on_failure: bool = False,
+) -> SiteService:
+    """The whole site, built from ``options`` on ``reactor`` (default: the
+    global one), not yet started.  Raises :class:`SchemaError` for an
+    unusable database, and :class:`~tasknet.site.storage.lock.DatabaseInUse`
+    (before touching the database) while another site holds it."""
+    reactor = default_reactor(reactor)
+    path = options["db"]
+    held = instance_lock.acquire(path, role="tasknet-site")
+    try:
+        db = _open_database(options, path, reactor)
+    except BaseException:
+        held.release()
+        raise
+    try:
+        return _assemble(options, reactor, db, held, tuning, exit_on_failure)
+    except BaseException:
+        db.close()
+        held.release()
+        raise
+
+
+def _assemble(
+    options: Options,
+    reactor: Any,
+    db: Database,
+    held: InstanceLock,
+    tuning: Tuning,
+    exit_on_failure: bool,
+) -> SiteService:
+    upstream = UpstreamClient(options["upstream"], reactor=reactor)
+    node_side = build_node_side(
+        db,
+        reactor,
+        node_keys=dict(options["node-keys"]),
+        site_name=options["name"],
+        webhook_url=options["webhook"],
+        tuning=tuning,
+    )
+    outbox, dispatcher = node_side.outbox, node_side.dispatcher
+
+    def wake_outbox() -> None:
+        outbox.wake()
+
+    lifecycle = Lifecycle(
+        db,
+        upstream,
+        upstream_timeout=options["upstream-timeout"],
+        on_commit=wake_outbox,
+        on_task_changed=dispatcher.task_changed,
+        clock=reactor,
+    )
+    health = Health()
+    web = _web_dependencies(options, reactor, db, lifecycle, node_side, health, wake_outbox)
+    parts = SiteParts(
+        db=db,
+        upstream=upstream,
+        lifecycle=lifecycle,
+        node_side=node_side,
+        node_keys=NodeKeys(db, node_side.listener, options["node-keys"]),
+        # Receipts and audit rows past their retention, pruned on the site's clock.
+        housekeeping=Housekeeping(db, clock=reactor),
+        web=web,
+        http=BoundedSite(make_web_resource(web), max_body=options["max-body"], reactor=reactor),
+        health=health,
+        instance_lock=held,
+    )
+    return SiteService(
+        parts,
+        http_endpoint=options["http"],
+        nodes_endpoint=options["nodes"],
+        reactor=reactor,
+        node_keys_refresh=tuning.node_keys_refresh,
+        exit_on_failure=exit_on_failure,
+    )
+
+
+def _web_dependencies(
+    options: Options,
+    reactor: Any,
+    db: Database,
+    lifecycle: Lifecycle,
+    node_side: NodeSide,
+    health: Health,
+    wake_outbox: Callable[[], None],
+) -> WebDependencies:
+    """What the web layer is given: its collaborators, never the service."""
+    create_limiter = (
+        ratelimit.CreateRateLimiter(options["create-rate"], options["create-burst"], reactor)
+        if options["create-rate"] > 0
+        else None
+    )
+
+    def admin_nodes() -> Deferred[list[dict[str, Any]]]:
+        return Deferred.fromCoroutine(nodes_view(db, node_side.nodes, reactor))
+
+    return WebDependencies(
+        db=db,
+        lifecycle=lifecycle,
+        events=events_resource(
+            node_side.hub, lambda token: db.read(users.user_by_token, token), clock=reactor
+        ),
+        admin_nodes=admin_nodes,
+        health=health.document,
+        wake_outbox=wake_outbox,
+        create_limiter=create_limiter,
+        clock=reactor,
+    )
+
+
+def build_node_side(
+    db: Database,
+    clock: Any,
+    *,
+    node_keys: dict[str, str],
+    site_name: str,
+    webhook_url: str | None = None,
+    tuning: Tuning = Tuning(),
+) -> NodeSide:
+    """The parts node connections reach, over ``db`` on ``clock`` (a
+    reactor: the webhook sender connects on it).  ``node_keys`` (node id →
+    secret) is who may log in until :class:`NodeKeys` refreshes it."""
+    nodes = ConnectedNodes()
+    hub = EventHub()
+    webhook = None
+    if webhook_url:
+        webhook = WebhookSender(
+            webhook_url,
+            db,
+            concurrency=tuning.webhook_concurrency,
+            timeout=tuning.webhook_timeout,
+            max_attempts=tuning.webhook_max_attempts,
+            backoff=tuning.webhook_backoff,
+            clock=clock,
+        )
+    outbox = OutboxExecutor(
+        db, hub, webhook, poll_interval=tuning.outbox_poll_interval, clock=clock
+    )
+    reports = ReportPipeline(
+        db, on_committed=outbox.wake, on_applied=nodes.report_applied, clock=clock
+    )
+    dispatcher = Dispatcher(
+        db,
+        nodes,
+        page_size=tuning.dispatch_page_size,
+        assign_delay=tuning.dispatch_assign_delay,
+        poll_interval=tuning.dispatch_poll_interval,
+        clock=clock,
+    )
+    handler = SiteHandler(reports, dispatcher, db)
+    listener = NodeListenerFactory(handler, nodes, node_keys, site_name, clock=clock)
+    return NodeSide(nodes, reports, dispatcher, outbox, hub, listener)
+
+
+def _private(path: str) -> None:
+    """Tighten an existing database (and its -wal/-shm) to 0600: they hold
+    node secrets and users' upstream tokens."""
+    for name in (path, path + "-wal", path + "-shm"):
+        try:
+            mode = os.stat(name).st_mode & 0o777
+        except FileNotFoundError:
+            continue
+        if mode & ~PRIVATE_MODE:
+            os.chmod(name, PRIVATE_MODE)
+            log.warn("{name} was mode {mode:o}; now 0600", name=name, mode=mode)
+
+
+def _open_database(options: Options, path: str, reactor: Any) -> Database:
+    """Initialise or verify the schema, apply ``--default-quota`` and
+    ``--demo``, and open the pool."""
+    _private(path)
+    fresh = prepare_database(path)
+    connection = connect(path)
+    try:
+        # tasknet-admin gives new users this quota while this setting stands.
+        run_write(connection, users.set_default_quota, options["default-quota"])
+        if fresh and options["demo"]:
+            run_write(
+                connection,
+                lambda cursor: users.create_user(
+                    cursor, "demo", admin=True, quota=options["default-quota"], token="demo"
+                ),
+            )
+            log.info("fresh database: created admin user 'demo' with token 'demo'")
+    finally:
+        connection.close()
+    return open_pool(path, clock=reactor)
+
+
+def makeService(options: Options) -> SiteService:
+    try:
+        return build_site(options, exit_on_failure=True)
+    except SchemaError as e:
+        # A clean message (and exit status 1), not a traceback.
+        print(f"tasknet-site: {e}", file=sys.stderr)
+        raise SystemExit(1) from e

@@ -1,0 +1,75 @@
+"""The site's :class:`ISiteHandler`: node sessions in, dispatch and reports out.
+
+Reports of every kind go to the :class:`ReportPipeline` (apply, commit, ACK);
+logins and disconnects go to the :class:`Dispatcher` (resend, assign) and
+into ``node_seen`` (:func:`record_seen`).  Which session is a node's current
+one is the listener's business (``connected_nodes.py``): this handler hears
+of a session only while it is current.  Which wire a session speaks never
+matters here: the session picks the message type.
+"""
+
+from __future__ import annotations
+
+from twisted.internet.defer import Deferred
+from twisted.logger import Logger
+from twisted.python.failure import Failure
+from zope.interface import implementer
+
+from tasknet.protocol.messages import DeleteResult, StatusReport, TaskReport
+from tasknet.protocol.session import INodeSession, ISiteHandler
+from tasknet.site import metrics
+from tasknet.site.dispatch import Dispatcher
+from tasknet.site.reports import ReportPipeline
+from tasknet.site.storage import throughput
+from tasknet.site.storage.db import Database
+
+__all__ = ["SiteHandler", "record_seen"]
+
+log = Logger()
+
+
+@implementer(ISiteHandler)
+class SiteHandler:
+    """Ties node sessions to the report pipeline and the dispatcher."""
+
+    def __init__(self, reports: ReportPipeline, dispatcher: Dispatcher, db: Database) -> None:
+        self.reports = reports
+        self.dispatcher = dispatcher
+        self.db = db  # where logins and disconnects are recorded (node_seen)
+
+    def node_attached(self, session: INodeSession) -> None:
+        record_seen(self.db, session, connected=True)
+        metrics.CONNECTED_NODES.labels(protocol=str(session.protocol_version)).inc()
+        self.dispatcher.node_attached(session)
+
+    def message_received(self, session: INodeSession, message: object) -> None:
+        if isinstance(message, TaskReport | StatusReport | DeleteResult):
+            self.reports.submit(session, message)
+        else:
+            log.warn(
+                "node {node}: unexpected {type}; ignored",
+                node=session.node_id,
+                type=type(message).__name__,
+            )
+
+    def node_detached(self, session: INodeSession) -> None:
+        record_seen(self.db, session, connected=False)
+        metrics.CONNECTED_NODES.labels(protocol=str(session.protocol_version)).dec()
+        self.dispatcher.node_detached(session)
+
+
+def record_seen(db: Database, session: INodeSession, connected: bool) -> Deferred[None]:
+    """Record in ``node_seen`` that ``session``'s node logged in or went away
+    (best effort: a failure is logged; the node panel is only less current)."""
+    d = db.write(
+        throughput.record_node_seen,
+        session.node_id,
+        session.protocol_version,
+        tuple(session.features),
+        connected,
+    )
+
+    def failed(failure: Failure) -> None:
+        log.failure("recording node {node} as seen failed", failure, node=session.node_id)
+
+    return d.addErrback(failed)

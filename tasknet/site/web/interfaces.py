@@ -1,0 +1,47 @@
+"""What the web layer needs of the rest of the site, and nothing more.
+
+The composition root (:mod:`tasknet.site.root`) builds one
+:class:`WebDependencies` from the parts it has already built and hands it to
+:func:`tasknet.site.web.api.make_web_resource`.  The web layer therefore never
+imports the module that builds it (``root``) nor the running service
+(``service``): it sees the lifecycle and the database through their own
+types, and everything else (the WebSocket resource, the admin node view,
+health, the outbox) as the objects or callables below, each given when the
+dependencies are made, so none of them is ever missing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from twisted.internet.defer import Deferred
+from twisted.internet.interfaces import IReactorTime
+from twisted.web.resource import IResource
+
+from tasknet.site.lifecycle import Lifecycle
+from tasknet.site.ratelimit import CreateRateLimiter
+from tasknet.site.storage.db import Database
+
+
+@dataclass(frozen=True)
+class WebDependencies:
+    """The collaborators of the site's HTTP API (``web/api.py``)."""
+
+    #: Reads and the small writes the API makes itself (favorites, force-delete).
+    db: Database
+    #: create / delete / resolve / the UNKNOWN list.
+    lifecycle: Lifecycle
+    #: ``/api/events``: the WebSocket resource over the site's event hub.
+    events: IResource
+    #: ``/api/admin/nodes``: fires with the node list (``web/admin_nodes.py`` format).
+    admin_nodes: Callable[[], Deferred[list[dict[str, Any]]]]
+    #: ``/healthz``: ``{"recovery": ..., "dispatch": ...}`` as it stands now.
+    health: Callable[[], dict[str, str]]
+    #: Called after a commit the API made itself that enqueued notifications.
+    wake_outbox: Callable[[], object]
+    #: ``--create-rate``: the per-user create limiter, or ``None`` (no limit).
+    create_limiter: CreateRateLimiter | None
+    #: The site's clock (``/api/stats`` windows end "now" on it).
+    clock: IReactorTime

@@ -1,0 +1,124 @@
+"""The composition root (``tasknet.site.root``): one function builds the
+whole site, every part complete and on the site's clock, with its timed
+parts as services under the site's MultiService.  Built over a real SQLite
+file; nothing is started on the real reactor (the site runs on a
+``task.Clock``), so nothing listens and no time passes."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest_twisted
+from twisted.application.internet import TimerService
+from twisted.application.service import IServiceCollection, MultiService
+from twisted.internet.task import Clock
+
+from tasknet.site.dispatch import Dispatcher
+from tasknet.site.notify import OutboxExecutor
+from tasknet.site.retention import Housekeeping
+from tasknet.site.root import Tuning, build_site
+from tasknet.site.service import SiteService
+from tests.site.helpers import site_options
+
+
+def _tree(service: Any) -> Iterator[Any]:
+    """``service`` and every service under it."""
+    yield service
+    if IServiceCollection.providedBy(service):
+        for child in service:
+            yield from _tree(child)
+
+
+def _build(tmp_path: Path, clock: Clock, *extra: str, tuning: Tuning = Tuning()) -> SiteService:
+    options = site_options(str(tmp_path / "site.sqlite"), "http://127.0.0.1:9", *extra)
+    return build_site(options, clock, tuning=tuning)
+
+
+@pytest_twisted.ensureDeferred
+async def test_every_part_and_every_timer_runs_on_the_sites_clock(tmp_path: Path) -> None:
+    clock = Clock()
+    site = _build(tmp_path, clock, "--create-rate", "5", "--webhook", "http://127.0.0.1:9/hook")
+    try:
+        parts = site.parts
+        side = parts.node_side
+        clocks = {
+            "lifecycle": parts.lifecycle._clock,
+            "database": parts.db._clock,
+            "reports": side.reports._clock,
+            "dispatcher": side.dispatcher._clock,
+            "outbox": side.outbox._clock,
+            "node listener": side.listener.clock,
+            "housekeeping": parts.housekeeping._clock,
+            "web": parts.web.clock,
+            "events": parts.web.events.factory.clock,  # type: ignore[attr-defined]
+            "create limiter": parts.web.create_limiter._clock,  # type: ignore[union-attr]
+        }
+        assert {name: c for name, c in clocks.items() if c is not clock} == {}
+        timers = [s for s in _tree(site) if isinstance(s, TimerService)]
+        # node keys; the dispatcher's poll; the outbox's poll and prune; housekeeping.
+        assert len(timers) == 5
+        assert [t for t in timers if t.clock is not clock] == []
+    finally:
+        await site.stopService()  # never started: stops cleanly all the same
+    assert clock.getDelayedCalls() == []
+
+
+@pytest_twisted.ensureDeferred
+async def test_the_timed_parts_are_named_children_of_the_site(tmp_path: Path) -> None:
+    tuning = Tuning(dispatch_poll_interval=2.0, outbox_poll_interval=3.0, node_keys_refresh=4.0)
+    site = _build(tmp_path, Clock(), tuning=tuning)
+    try:
+        side = site.parts.node_side
+        named = {name: site.getServiceNamed(name) for name in site.namedServices}
+        assert named == {
+            "node-keys": named["node-keys"],
+            "housekeeping": site.parts.housekeeping,
+            "outbox": side.outbox,
+            "dispatch": side.dispatcher,
+        }
+        assert isinstance(named["node-keys"], TimerService) and named["node-keys"].step == 4.0
+        for part in (side.dispatcher, side.outbox, site.parts.housekeeping):
+            assert isinstance(part, MultiService)
+        assert isinstance(side.dispatcher, Dispatcher)
+        assert [t.step for t in side.dispatcher] == [2.0]
+        assert isinstance(side.outbox, OutboxExecutor)
+        assert sorted(t.step for t in side.outbox) == [3.0, 3600.0]  # poll, prune
+        assert isinstance(site.parts.housekeeping, Housekeeping)
+        assert [t.step for t in site.parts.housekeeping] == [3600.0]
+        # One registry of connected nodes, shared by the listener and the dispatcher.
+        assert side.listener.nodes is side.nodes and side.dispatcher._nodes is side.nodes
+        assert not site.running and not any(s.running for s in _tree(site))
+    finally:
+        await site.stopService()
+
+
+@pytest_twisted.ensureDeferred
+async def test_no_poll_interval_means_no_timer(tmp_path: Path) -> None:
+    tuning = Tuning(dispatch_poll_interval=None, outbox_poll_interval=None)
+    site = _build(tmp_path, Clock(), tuning=tuning)
+    try:
+        assert list(site.parts.node_side.dispatcher) == []
+        assert [t.step for t in site.parts.node_side.outbox] == [3600.0]  # the prune only
+    finally:
+        await site.stopService()
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_second_build_on_the_same_database_is_refused_until_the_first_stops(
+    tmp_path: Path,
+) -> None:
+    from tasknet.site.storage.lock import DatabaseInUse
+
+    first = _build(tmp_path, Clock())
+    try:
+        try:
+            _build(tmp_path, Clock())
+        except DatabaseInUse:
+            pass
+        else:
+            raise AssertionError("a second site was built on a database in use")
+    finally:
+        await first.stopService()
+    await _build(tmp_path, Clock()).stopService()  # the lock went with the first

@@ -1,0 +1,306 @@
+"""The site's timers on ``task.Clock``: the lifecycle's outcome-write retries
+(the 30 s window, then the background settle), the outbox executor's poll
+and the webhook's retry backoff.  Real SQLite files, the real mock upstream
+and a real loopback HTTP webhook receiver; only time is simulated (the
+loopback tests in test_outcome_recording.py and site_protocol/test_notify.py
+stay as the integration tests of the same paths)."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+import pytest
+import pytest_twisted
+from twisted.internet import reactor
+from twisted.internet.task import Clock
+from twisted.web.resource import Resource
+from twisted.web.server import Request, Site
+from zope.interface import implementer
+
+from tasknet.protocol.session import INodeSession
+from tasknet.site.connected_nodes import ConnectedNodes
+from tasknet.site.dispatch import Dispatcher
+from tasknet.site.lifecycle import Lifecycle
+from tasknet.site.notify import OutboxExecutor, WebhookSender
+from tasknet.site.storage import delivery, outbox
+from tasknet.site.storage.db import Database, connect, open_pool, run_write
+from tasknet.site.storage.errors import TaskError
+from tasknet.site.storage.schema import prepare_database
+from tests.site.helpers import fault, lifecycle_env, one, raw, wait_for
+from tests.site_protocol.harness import add_task, add_user
+
+GID = 4242
+
+
+def next_wait(clock: Clock, func: Any = None) -> float | None:
+    """The delay of the one timer pending on ``clock`` (of ``func``, if
+    given; None: none)."""
+    calls = [c for c in clock.getDelayedCalls() if func is None or c.func == func]
+    if not calls:
+        return None
+    assert len(calls) == 1, [(c.func, c.getTime() - clock.seconds()) for c in calls]
+    [call] = calls
+    return round(call.getTime() - clock.seconds(), 6)
+
+
+def doubling(initial: float, maximum: float, window: float) -> list[float]:
+    """The waits of a retry doubling from ``initial`` to ``maximum`` that
+    stops once the next wait would pass ``window`` (written out, not derived
+    from the code under test)."""
+    waits: list[float] = []
+    elapsed, delay = 0.0, initial
+    while elapsed + delay <= window:
+        waits.append(round(delay, 6))
+        elapsed += delay
+        delay = min(delay * 2, maximum)
+    return waits
+
+
+def test_the_expected_retry_waits_are_the_documented_ones() -> None:
+    # 0.1, 0.2, 0.4, 0.8, 1.6, then 2 s each: 29.1 s of waiting in a 30 s window.
+    waits = doubling(0.1, 2.0, 30.0)
+    assert waits[:6] == [0.1, 0.2, 0.4, 0.8, 1.6, 2.0]
+    assert len(waits) == 18 and round(sum(waits), 6) == 29.1
+
+
+@pytest_twisted.ensureDeferred
+async def test_outcome_writes_retry_for_the_window_then_settle_in_the_background(
+    tmp_path: Path,
+) -> None:
+    clock = Clock()
+    async with lifecycle_env(tmp_path, timeout=3.0) as env:
+        # The database retries a busy write on its clock; the lifecycle sets the window.
+        db = Database(env.path, busy_timeout_ms=10, clock=clock)
+        lifecycle = Lifecycle(
+            db,
+            env.client,
+            upstream_timeout=3.0,
+            record_retry_for=30.0,
+            retry_initial=0.1,
+            retry_max=2.0,
+            settle_interval=5.0,
+            clock=clock,
+        )
+        try:
+            # The prepare is held: lock the database before SUBMITTING is written.
+            env.upstream.set_faults([fault("latency", "GET", f"/api/galleries/{GID}", ms=300)])
+            created = lifecycle.create(env.user_id, GID, "tok", "")
+            await wait_for(lambda: env.upstream.app.journal.requests >= 1)
+            lock = raw(env.path)
+            lock.execute("BEGIN EXCLUSIVE")
+            waits: list[float] = []
+            try:
+                while not created.called:
+                    await wait_for(lambda: created.called or next_wait(clock) is not None)
+                    wait = next_wait(clock)
+                    if wait is None or created.called:
+                        break
+                    waits.append(wait)
+                    clock.advance(wait)
+                with pytest.raises(TaskError) as refused:
+                    await created
+                # SUBMITTING, then the release: each retried for its own 30 s.
+                expected = doubling(0.1, 2.0, 30.0)
+                assert waits == expected + expected
+                assert round(clock.seconds(), 6) == round(2 * sum(expected), 6)
+                assert refused.value.code == "internal"
+                assert "nothing was submitted" in refused.value.message
+                # The release goes on in the background, every settle_interval.
+                assert lifecycle.settling == 1
+                assert next_wait(clock) == 5.0
+                clock.advance(5.0)
+                await wait_for(lambda: next_wait(clock) is not None)
+                assert lifecycle.settling == 1, "still locked: still settling"
+            finally:
+                lock.execute("ROLLBACK")
+                lock.close()
+            clock.advance(5.0)
+            await wait_for(lambda: lifecycle.settling == 0)
+            assert one(env.path, "SELECT COUNT(*) FROM gallery")[0] == 0
+            assert env.upstream.stats()["postAttempts"] == {}
+        finally:
+            lifecycle.stop()
+            db.close()
+    assert clock.getDelayedCalls() == []
+
+
+class Published:
+    """A WebSocket hub that records what it is given."""
+
+    def __init__(self) -> None:
+        self.payloads: list[str] = []
+
+    def publish(self, user_id: int | None, payload: str) -> int:
+        self.payloads.append(payload)
+        return 1
+
+    def listening(self) -> bool:
+        return True
+
+
+@pytest.fixture
+def site_db(tmp_path: Path) -> str:
+    path = str(tmp_path / "site.sqlite")
+    prepare_database(path)
+    return path
+
+
+def enqueue(path: str, gid: int) -> int:
+    """A row committed by another process (the admin CLI): no wake-up."""
+    connection = connect(path)
+    try:
+        return int(run_write(connection, outbox.enqueue_task_change, gid))
+    finally:
+        connection.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_the_outbox_poll_delivers_rows_from_another_process_every_interval(
+    site_db: str,
+) -> None:
+    clock = Clock()
+    db = open_pool(site_db)
+    hub = Published()
+    executor = OutboxExecutor(db, hub, poll_interval=5.0, prune_interval=None, clock=clock)
+    try:
+        executor.startService()  # its first poll runs now: nothing to deliver
+        await executor.wake()
+        assert hub.payloads == []
+        enqueue(site_db, 1)
+        clock.advance(4.99)
+        assert hub.payloads == [], "no poll before 5 s"
+        clock.advance(0.01)
+        await wait_for(lambda: len(hub.payloads) == 1)
+        enqueue(site_db, 2)
+        clock.advance(5.0)
+        await wait_for(lambda: len(hub.payloads) == 2)
+        assert executor.pushed == 2
+    finally:
+        await executor.stopService()
+        db.close()
+    assert clock.getDelayedCalls() == []
+
+
+class FlakyReceiver(Resource):
+    """A webhook receiver answering 503 to its first ``failures`` POSTs."""
+
+    isLeaf = True
+
+    def __init__(self, failures: int) -> None:
+        super().__init__()
+        self.failures = failures
+        self.posts = 0
+
+    def render_POST(self, request: Request) -> bytes:
+        self.posts += 1
+        if self.posts <= self.failures:
+            request.setResponseCode(503)
+        return b"ok"
+
+
+def webhook_state(path: str, row_id: int) -> sqlite3.Row:
+    return one(
+        path, "SELECT webhook_state, webhook_attempts FROM notification_outbox WHERE id = ?", row_id
+    )
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_failing_webhook_is_retried_after_a_doubling_delay(site_db: str) -> None:
+    receiver = FlakyReceiver(failures=2)
+    port: Any = reactor.listenTCP(0, Site(receiver), interface="127.0.0.1")  # type: ignore[attr-defined]
+    clock = Clock()
+    db = open_pool(site_db)
+    webhook = WebhookSender(
+        f"http://127.0.0.1:{port.getHost().port}/hook", db, backoff=1.0, clock=clock
+    )
+    executor = OutboxExecutor(
+        db, None, webhook, poll_interval=None, prune_interval=None, clock=clock
+    )
+    try:
+        row_id = enqueue(site_db, 1)
+        executor.startService()
+        executor.wake()
+
+        # The webhook's retry timer (the executor also marks rows on this clock).
+        def retry_wait() -> float | None:
+            return next_wait(clock, webhook._retry)
+
+        await wait_for(lambda: receiver.posts == 1 and retry_wait() is not None)
+        assert retry_wait() == 1.0, "first retry after the backoff"
+        clock.advance(0.99)
+        assert receiver.posts == 1
+        clock.advance(0.01)
+        await wait_for(lambda: receiver.posts == 2 and retry_wait() is not None)
+        assert retry_wait() == 2.0, "then twice as long"
+        clock.advance(2.0)
+        await wait_for(lambda: webhook.delivered == 1 and webhook.idle())
+        assert receiver.posts == 3
+        row = webhook_state(site_db, row_id)
+        assert (row[0], row[1]) == (delivery.WEBHOOK_DELIVERED, 3)
+    finally:
+        await executor.stopService()  # stops the webhook sender too
+        db.close()
+        await port.stopListening()
+    assert clock.getDelayedCalls() == []
+
+
+@implementer(INodeSession)
+class RecordingSession:
+    """A logged-in v2 node connection that records the commands sent to it."""
+
+    protocol_version = 2
+    features: tuple[str, ...] = ()
+
+    def __init__(self, node_id: str) -> None:
+        self.node_id = node_id
+        self.connected_at = 0.0
+        self.downloads: list[tuple[str, int]] = []
+
+    def send_download(self, operation_id: str, gid: int, token: str, name: str, url: str) -> None:
+        self.downloads.append((operation_id, gid))
+
+    def send_delete(self, delete_operation_id: str, gid: int, name: str) -> None:
+        raise AssertionError("no delete expected")
+
+    def send_ack(self, report_id: str, result: str) -> None:
+        raise AssertionError("no ACK expected")
+
+    def close(self, reason: str) -> None:
+        pass
+
+
+@pytest_twisted.ensureDeferred
+async def test_the_dispatchers_periodic_pass_assigns_tasks_written_elsewhere(
+    site_db: str,
+) -> None:
+    clock = Clock()
+    db = open_pool(site_db)
+    nodes = ConnectedNodes()
+    session = RecordingSession("n1")
+    nodes.attach(session)
+    dispatcher = Dispatcher(db, nodes, poll_interval=5.0, clock=clock)
+    connection = connect(site_db)
+    try:
+        dispatcher.startService()
+        await dispatcher.idle()  # the catch-up pass: nothing to send yet
+        assert session.downloads == [] and dispatcher.polls == 0
+        # Committed by another process: no task_changed, only the poll sees it.
+        user_id, _ = add_user(connection, "alice")
+        add_task(connection, 31, user_id, "SUBMITTED", dispatched=0)
+        clock.advance(4.99)
+        await dispatcher.idle()
+        assert session.downloads == [], "no pass before the poll interval"
+        clock.advance(0.01)
+        await dispatcher.idle()
+        assert session.downloads == [("op-31", 31)]
+        assert dispatcher.polls == 1
+        clock.advance(5.0)
+        await dispatcher.idle()
+        assert dispatcher.polls == 2 and session.downloads == [("op-31", 31)], "sent once"
+    finally:
+        await dispatcher.stopService()
+        connection.close()
+        db.close()
+    assert clock.getDelayedCalls() == []
