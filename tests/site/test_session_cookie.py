@@ -15,6 +15,7 @@ from tasknet.upstream.testing import start_upstream
 from tests.site.helpers import add_user, one, running_site, site_options
 from tests.site.rawhttp import exchange, request_bytes
 from tests.site_protocol.harness import TIMEOUT, EventsClient, events_client
+from tests.tls_certs import make_ca, make_site_cert
 
 
 async def _with_site(tmp_path, test):
@@ -180,35 +181,6 @@ async def test_the_websocket_authenticates_from_the_cookie(tmp_path):
     await _with_site(tmp_path, test)
 
 
-def _self_signed_pem() -> bytes:
-    """A throwaway key and self-signed certificate, PEM, in one file."""
-    import datetime
-
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import NameOID
-
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")])
-    now = datetime.datetime.now(datetime.UTC)
-    certificate = (
-        x509.CertificateBuilder()
-        .subject_name(name)
-        .issuer_name(name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(hours=1))
-        .sign(key, hashes.SHA256())
-    )
-    return key.private_bytes(
-        serialization.Encoding.PEM,
-        serialization.PrivateFormat.PKCS8,
-        serialization.NoEncryption(),
-    ) + certificate.public_bytes(serialization.Encoding.PEM)
-
-
 def _https_post(
     port: int, path: str, body: bytes, headers: dict[str, str]
 ) -> tuple[int, list[str]]:
@@ -260,12 +232,12 @@ async def _events_over_tls(port: int, token: str) -> EventsClient:
 async def test_over_tls_the_cookie_is_also_secure(tmp_path):
     from twisted.internet.threads import deferToThread
 
-    pem = tmp_path / "site.pem"
-    pem.write_bytes(_self_signed_pem())
+    ca, ca_key = make_ca(tmp_path / "ca", "throwaway CA")
+    key, cert = make_site_cert(tmp_path, ca, ca_key)
     upstream = await start_upstream()
     path = str(tmp_path / "site.sqlite")
     options = site_options(path, upstream.base_url)
-    options["http"] = f"ssl:0:interface=127.0.0.1:privateKey={pem}:certKey={pem}"
+    options["http"] = f"ssl:0:interface=127.0.0.1:privateKey={key}:certKey={cert}"
     try:
         async with running_site(options) as site:
             _, token = add_user(path, "alice")
