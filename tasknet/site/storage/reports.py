@@ -151,7 +151,8 @@ def _json_ids(gids: Iterable[int]) -> str:
 
 _ROWS_SQL = f"""
 SELECT g.gid, g.status, g.progress, g.node_id,
-       o.operation_id, o.state, o.last_revision, o.legacy
+       o.operation_id, o.state, o.last_revision, o.legacy,
+       g.user_id, g.size, g.speed, g.sampled_at, g.moved_at
 FROM gallery AS g LEFT JOIN task_operation AS o ON o.gid = g.gid
 WHERE g.gid {IN_ARRAY_SQL}
 """  # noqa: S608
@@ -200,6 +201,12 @@ _RECEIPT_SQL = "INSERT INTO report_receipt (report_id, node_id, revision) VALUES
 _UPDATE_TASK_SQL = (
     "UPDATE gallery SET status = ?, progress = ?,"  # noqa: S608
     f" updated_at = {NOW_SQL} WHERE gid = ?"
+)
+# A change that is also a throughput sample writes both in one statement.
+_UPDATE_SAMPLED_TASK_SQL = (
+    "UPDATE gallery SET status = ?, progress = ?,"  # noqa: S608
+    f" updated_at = {NOW_SQL}, speed = ?, sampled_at = ?, moved_at = ?,"
+    " completed_at = COALESCE(completed_at, ?) WHERE gid = ?"
 )
 # A claim names node_id in its own statement: naming it in the one above
 # would cost an index update (gallery_node) on every row, even when it stays.
@@ -339,11 +346,19 @@ class _Changes:
         outcome.changed.extend(changed)
         outcome.notifications += len(changed)
 
-    def write(self, cursor: sqlite3.Cursor) -> None:
+    def write(self, cursor: sqlite3.Cursor, samples: dict[int, throughput.Sample]) -> None:
+        """Write the gathered changes, each changed task with its throughput
+        sample (``samples``, by gid) in the same statement."""
         if self.claims:
             cursor.executemany(_CLAIM_SQL, self.claims)
-        if self.tasks:
-            cursor.executemany(_UPDATE_TASK_SQL, self.tasks)
+        if samples:
+            plain = [t for t in self.tasks if t[2] not in samples]
+            sampled = [(st, pr, *samples[g], g) for st, pr, g in self.tasks if g in samples]
+            cursor.executemany(_UPDATE_SAMPLED_TASK_SQL, sampled)
+        else:
+            plain = self.tasks
+        if plain:
+            cursor.executemany(_UPDATE_TASK_SQL, plain)
         if self.revisions:
             cursor.executemany(_UPDATE_REVISION_SQL, self.revisions)
         outbox.enqueue_task_changes(cursor, self.announce)
@@ -452,8 +467,7 @@ def _apply_task_reports(
         samples.append((node_id, outcome.applied, mine, rows))
         applied[report.report_id] = outcome
     # One set of throughput statements for the whole run (no gid is in two reports).
-    throughput.record_reports(cursor, samples)
-    changes.write(cursor)
+    changes.write(cursor, throughput.sample_reports(cursor, samples, rows))
     for node_id, report in fresh:
         outcome = applied[report.report_id]
         for deleted in report.deleted:
@@ -511,8 +525,9 @@ def apply_status_report(
             outcome.drop(gid, state)
     changes = _Changes()
     changes.add(outcome, node_id, entries, rows, None)
-    throughput.record_report(cursor, node_id, outcome.applied, entries, rows)
-    changes.write(cursor)
+    changes.write(
+        cursor, throughput.sample_reports(cursor, [(node_id, outcome.applied, entries, rows)], rows)
+    )
     count_drops(cursor, node_id, outcome)
     return outcome
 

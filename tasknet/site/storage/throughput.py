@@ -151,12 +151,26 @@ def record_reports(
     before)`` at once, with one statement per kind of write for all of them
     (group commit: the batch's reports share them).  The same as recording
     them one after the other, provided no gid is in two of them (as in a run
-    of :func:`~tasknet.site.storage.reports.apply_batch`): the sums per
+    of :func:`~tasknet.site.storage.reports.apply_reports`): the sums per
     minute, node and user add up the same either way."""
-    global _last_pruned_minute
-    now = time.time() if now is None else now
-    stamp = iso(now)
-    cursor.executemany(_REPORTED_SQL, [(node_id, stamp) for node_id, *_ in reports])
+    sampled = _sampled(reports)
+    rows: dict[int, Any] = {}
+    if sampled:
+        rows = {row["gid"]: row for row in cursor.execute(_SAMPLE_ROWS_SQL, (array(sampled),))}
+    samples = sample_reports(cursor, reports, rows, now)
+    if samples:
+        cursor.executemany(_SAMPLE_SQL, [(*sample, gid) for gid, sample in samples.items()])
+
+
+#: A task's new ``(speed, sampled_at, moved_at, completed_at)``, the last
+#: ``None`` unless this sample completed it (``completed_at`` is set once).
+Sample = tuple[float | None, float | None, float | None, str | None]
+
+
+def _sampled(
+    reports: Sequence[tuple[str, Iterable[int], Mapping[int, Entry], Mapping[int, Any]]],
+) -> dict[int, tuple[str, Entry, Any]]:
+    """The applied entries that are samples (see :func:`record_report`)."""
     sampled: dict[int, tuple[str, Entry, Any]] = {}
     for node_id, applied, entries, before in reports:
         for g in applied:
@@ -165,15 +179,34 @@ def record_reports(
                 new.status == _DOWNLOADING and new.progress != float(old["progress"])
             ):
                 sampled[g] = (node_id, new, old)
+    return sampled
+
+
+def sample_reports(
+    cursor: sqlite3.Cursor,
+    reports: Sequence[tuple[str, Iterable[int], Mapping[int, Entry], Mapping[int, Any]]],
+    rows: Mapping[int, Any],
+    now: float | None = None,
+) -> dict[int, Sample]:
+    """:func:`record_reports` but for the tasks' own sample columns, which it
+    returns by gid for the caller to write with its own ``UPDATE`` of each
+    row (the report path: one statement per changed task, not two).  ``rows``
+    are the sampled tasks' rows before the reports (``gid``, ``user_id``,
+    ``size``, ``speed``, ``sampled_at``, ``moved_at``); every other write
+    (node seen, minute buckets, node bytes) is done here."""
+    global _last_pruned_minute
+    now = time.time() if now is None else now
+    stamp = iso(now)
+    cursor.executemany(_REPORTED_SQL, [(node_id, stamp) for node_id, *_ in reports])
+    sampled = _sampled(reports)
     if not sampled:
-        return
+        return {}
     minute = int(now // 60)
-    updates = []
+    samples: dict[int, Sample] = {}
     per_user: dict[tuple[str, int], list[int]] = {}
     per_node: dict[str, int] = {}
-    for row in cursor.execute(_SAMPLE_ROWS_SQL, (array(list(sampled)),)).fetchall():
-        gid = row["gid"]
-        node_id, new, old = sampled[gid]
+    for gid, (node_id, new, old) in sampled.items():
+        row = rows[gid]
         old_status = old["status"]
         old_bytes = bytes_done(old_status, float(old["progress"]), row["size"]) or 0
         new_bytes = bytes_done(new.status, new.progress, row["size"]) or 0
@@ -182,12 +215,11 @@ def record_reports(
         speed, sampled_at, moved_at = _next_sample(
             row, old_status == _DOWNLOADING, new.status == _DOWNLOADING, gained, now
         )
-        updates.append((speed, sampled_at, moved_at, stamp if completed else None, gid))
+        samples[gid] = (speed, sampled_at, moved_at, stamp if completed else None)
         totals = per_user.setdefault((node_id, row["user_id"]), [0, 0])
         totals[0] += gained
         totals[1] += int(completed)
         per_node[node_id] = per_node.get(node_id, 0) + gained
-    cursor.executemany(_SAMPLE_SQL, updates)
     minutes = [
         (minute, node_id, user_id, gained, completed)
         for (node_id, user_id), (gained, completed) in per_user.items()
@@ -201,6 +233,7 @@ def record_reports(
     if minute != _last_pruned_minute:
         cursor.execute("DELETE FROM throughput_minute WHERE minute < ?", (minute - KEEP_MINUTES,))
         _last_pruned_minute = minute
+    return samples
 
 
 def _next_sample(
