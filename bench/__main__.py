@@ -1,14 +1,19 @@
-"""``python -m bench [B1 ...|all] [--quick] [--workdir DIR] [--keep]``.
+"""``python -m bench [B1 ...|all] [--db sqlite|postgres|both] [--quick] [--workdir DIR] [--keep]``.
 
 Runs the chosen benchmarks one after another (never in parallel: they would
 measure each other), prints the table and writes ``bench/results.json``.
 Exit status 0 when every chosen benchmark ran (whether or not it met its
 target), 1 when one of them failed to run.
+
+``--db`` (default ``both``) chooses the backends of B1 and B2: ``B1`` on
+SQLite, ``B1-pg`` on a throwaway PostgreSQL server; B7 runs on PostgreSQL
+only (left out by ``--db sqlite``); B3-B6 do not depend on it.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib
 import shutil
 import sys
@@ -18,7 +23,9 @@ import traceback
 from pathlib import Path
 
 from bench.harness import (
+    POSTGRES,
     RESULTS_PATH,
+    SQLITE,
     Context,
     Row,
     format_notes,
@@ -35,7 +42,20 @@ BENCHMARKS: dict[str, tuple[str, str, str]] = {
     "B4": ("bench.b4_scale", "scale", "< 10 s, RSS < 300 MB, flat"),
     "B5": ("bench.b5_connections", "connections", "CPU < 20%, no drops"),
     "B6": ("bench.b6_download", "download", ">= 0.8x"),
+    "B7": ("bench.b7_sites", "sites", ">= 1.3x"),
 }
+#: Benchmarks with a site database under them that run on either backend.
+EITHER_BACKEND = frozenset({"B1", "B2"})
+#: Benchmarks that need PostgreSQL.
+POSTGRES_ONLY = frozenset({"B7"})
+#: --db value -> the backends it runs B1 and B2 on.
+DB_CHOICES = {"sqlite": (SQLITE,), "postgres": (POSTGRES,), "both": (SQLITE, POSTGRES)}
+
+
+def _backends(bench_id: str, db: str) -> tuple[str, ...]:
+    if bench_id in EITHER_BACKEND:
+        return DB_CHOICES[db]
+    return (POSTGRES,) if bench_id in POSTGRES_ONLY else (SQLITE,)
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -43,8 +63,15 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument(
         "benchmarks",
         nargs="*",
-        metavar="B1..B6|all",
+        metavar="B1..B7|all",
         help="benchmarks to run (default: all)",
+    )
+    parser.add_argument(
+        "--db",
+        choices=sorted(DB_CHOICES),
+        default="both",
+        help="backends for B1 and B2 (default both: SQLite rows B1/B2, PostgreSQL rows "
+        "B1-pg/B2-pg on a throwaway server); B7 needs PostgreSQL, sqlite leaves it out",
     )
     parser.add_argument("--quick", action="store_true", help="tiny sizes: proves they still run")
     parser.add_argument(
@@ -56,20 +83,28 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--keep", action="store_true", help="keep the work directory afterwards")
     parser.add_argument("--results", type=Path, default=RESULTS_PATH, help="JSON output file")
     args = parser.parse_args(argv)
-    chosen = [b.upper() for b in args.benchmarks] or ["ALL"]
-    if "ALL" in chosen:
-        chosen = list(BENCHMARKS)
+    named = [b.upper() for b in args.benchmarks] or ["ALL"]
+    everything = "ALL" in named
+    chosen = list(BENCHMARKS) if everything else named
     unknown = [b for b in chosen if b not in BENCHMARKS]
     if unknown:
         parser.error(
             f"unknown benchmark(s) {', '.join(unknown)}; choose from {', '.join(BENCHMARKS)} or all"
         )
     args.chosen = list(dict.fromkeys(chosen))
+    if args.db == "sqlite":
+        explicit = [b for b in args.chosen if b in POSTGRES_ONLY and not everything]
+        if explicit:
+            parser.error(f"{', '.join(explicit)} runs on PostgreSQL only, not with --db sqlite")
+        args.chosen = [b for b in args.chosen if b not in POSTGRES_ONLY]
+    args.plan = [(b, backend) for b in args.chosen for backend in _backends(b, args.db)]
     return args
 
 
 def run_one(bench_id: str, ctx: Context) -> Row:
     module_name, title, target = BENCHMARKS[bench_id]
+    if ctx.on_postgres and bench_id in EITHER_BACKEND:
+        bench_id, title = f"{bench_id}-pg", f"{title} (PostgreSQL)"
     started = time.monotonic()
     try:
         module = importlib.import_module(module_name)
@@ -99,21 +134,26 @@ def main(argv: list[str] | None = None) -> int:
     size = "quick" if args.quick else "full"
     print(
         f"tasknet bench ({size}): nproc={machine['nproc']} python={machine['python']} "
-        f"sqlite={machine['sqlite']} twisted={machine['twisted']} "
-        f"synchronous={machine['synchronous']} workdir={workdir} ({machine['workdir_filesystem']})",
+        f"sqlite={machine['sqlite']} postgresql={machine['postgresql']} "
+        f"twisted={machine['twisted']} synchronous={machine['synchronous']} "
+        f"workdir={workdir} ({machine['workdir_filesystem']})",
         flush=True,
     )
     rows: list[Row] = []
     try:
-        for bench_id in args.chosen:
-            print(f"== {bench_id} {BENCHMARKS[bench_id][1]} ...", flush=True)
-            row = run_one(bench_id, ctx)
+        for bench_id, backend in args.plan:
+            on = " (PostgreSQL)" if backend == POSTGRES and bench_id in EITHER_BACKEND else ""
+            print(f"== {bench_id} {BENCHMARKS[bench_id][1]}{on} ...", flush=True)
+            row = run_one(bench_id, dataclasses.replace(ctx, backend=backend))
             rows.append(row)
             status = "error" if row.error else f"{row.seconds:.1f}s"
-            print(f"   {bench_id} done ({status})", flush=True)
+            print(f"   {row.bench} done ({status})", flush=True)
+            if ctx.pg.server is not None:
+                machine["postgresql_server"] = ctx.pg.facts()
             # Write after every row, so an interrupted full run keeps what it measured.
             write_results(args.results, rows, machine, args.quick, started)
     finally:
+        ctx.pg.stop()
         if args.workdir is None and not args.keep:
             shutil.rmtree(workdir, ignore_errors=True)
     print()

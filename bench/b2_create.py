@@ -8,6 +8,11 @@ Baseline: the same three write transactions per create (the site's own
 ``storage.create.reserve`` / ``begin_submit`` / ``persist_submitted`` on a
 raw ``sqlite3`` connection with the site's PRAGMAs) plus one loopback POST to
 the same upstream with ``http.client``, one create after another, no framework.
+
+Both backends (``Context.backend``): the row ``B2`` on SQLite files, ``B2-pg``
+on the run's throwaway PostgreSQL server (``synchronous_commit=on``), the
+baseline then ``storage.db.connect`` + ``run_write`` on psycopg, one
+committed transaction per step as on SQLite.
 """
 
 from __future__ import annotations
@@ -21,12 +26,13 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from bench.b1_reports import row_id
 from bench.harness import Context, Row, percentile
+from bench.pg_baseline import cpu_delta
 from bench.procs import REPO_ROOT, BenchError
 from bench.profile import Recorder, format_summary
 from bench.seed import seed_site
 from bench.services import start_site, start_upstream
-from bench.sqlite_baseline import connect
 
 TARGET_RATIO = 0.5
 TARGET_P99_MS = 50.0
@@ -36,9 +42,9 @@ BASELINE_GIDS = range(30_000_001, 30_100_000)
 PROFILE_GIDS = range(50_000_001, 50_100_000)
 
 
-def run_baseline(db: Path, upstream_url: str, user_id: int, gids: list[int]) -> dict[str, Any]:
+def run_baseline(db: str, upstream_url: str, user_id: int, gids: list[int]) -> dict[str, Any]:
     from tasknet.site.storage import create, usage
-    from tasknet.site.storage.db import run_write
+    from tasknet.site.storage.db import connect, run_write
 
     connection = connect(db)
     parts = urlsplit(upstream_url)
@@ -87,11 +93,12 @@ def run_clients(site_url: str, token: str, gids: list[int], log: Path) -> dict[s
 
 
 def run(ctx: Context) -> Row:
-    directory = ctx.scratch("b2")
+    directory = ctx.scratch(row_id(ctx, "b2").lower())
     creates = 64 if ctx.quick else 2000
+    pg = ctx.pg if ctx.on_postgres else None
     upstream = start_upstream(directory)
     try:
-        base_db = directory / "baseline.sqlite"
+        base_db = ctx.database(directory, "baseline")
         base_seed = seed_site(base_db)
         # Half the baseline before the site, half after; the faster half
         # counts (fsync times drift on a shared disk; never flatter the site).
@@ -100,15 +107,17 @@ def run(ctx: Context) -> Row:
             base_db, upstream.base_url, base_seed.user_id, list(BASELINE_GIDS[:half])
         )
 
-        site_db = directory / "site.sqlite"
+        site_db = ctx.database(directory, "site")
         seeded = seed_site(site_db)
         site = start_site(directory, site_db, upstream_url=upstream.base_url)
         try:
             cpu0 = site.proc.cpu_seconds()
+            pg0 = pg.cpu_seconds() if pg is not None else {}
             ours = run_clients(
                 site.http_url, seeded.token, list(SITE_GIDS[:creates]), directory / "createload.log"
             )
             site_cpu = (site.proc.cpu_seconds() - cpu0) / ours["seconds"]
+            server_cpu = cpu_delta(pg0, pg.cpu_seconds()) / ours["seconds"] if pg else None
             profile_lines: list[str] = []
             if ctx.profile:
                 # A second load on other gids, sampled: sampling slows the site,
@@ -138,14 +147,15 @@ def run(ctx: Context) -> Row:
 
     latencies = ours["latencies_ms"]
     rate = creates / ours["seconds"]
+    raw = "raw PostgreSQL (psycopg, synchronous_commit=on)" if pg else "raw sqlite3"
     row = Row(
-        bench="B2",
-        title="create",
+        bench=row_id(ctx, "B2"),
+        title="create" + (" (PostgreSQL)" if pg else ""),
         unit="creates/s",
         figure=rate,
         baseline=base["rate"],
         baseline_label=(
-            "raw sqlite3: reserve, begin_submit, persist_submitted transactions "
+            f"{raw}: reserve, begin_submit, persist_submitted transactions "
             "+ one loopback POST per create, sequential; faster of two halves, before "
             "and after the site"
         ),
@@ -154,11 +164,12 @@ def run(ctx: Context) -> Row:
         target=f">= {TARGET_RATIO}x, p99 < {TARGET_P99_MS:.0f} ms",
     )
     row.met = (row.ratio or 0) >= TARGET_RATIO and (row.p99_ms or 1e9) < TARGET_P99_MS
+    server = f", PostgreSQL server {100 * server_cpu:.0f}%" if server_cpu is not None else ""
     row.notes.append(
         f"{creates} creates, {CLIENTS} concurrent clients; site CPU {100 * site_cpu:.0f}% of one "
-        f"core; baseline {base_before['rate']:.0f} before / {base_after['rate']:.0f} after, "
-        f"p50/p99 {percentile(base_latencies, 50):.1f}/{percentile(base_latencies, 99):.1f} ms "
-        "per create"
+        f"core{server}; baseline {base_before['rate']:.0f} before / "
+        f"{base_after['rate']:.0f} after, p50/p99 {percentile(base_latencies, 50):.1f}/"
+        f"{percentile(base_latencies, 99):.1f} ms per create"
     )
     row.notes.append(
         f"closed loop: {CLIENTS} clients / {rate:.0f} creates/s = "
@@ -167,9 +178,11 @@ def run(ctx: Context) -> Row:
     )
     row.notes.extend(profile_lines)
     row.details = {
+        "backend": ctx.backend,
         "creates": creates,
         "clients": CLIENTS,
         "site_cpu_fraction": site_cpu,
+        "postgres_cpu_fraction": server_cpu,
         "baseline_before_rate": base_before["rate"],
         "baseline_after_rate": base_after["rate"],
         "baseline_p50_ms": percentile(base_latencies, 50),

@@ -12,25 +12,57 @@ import time
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from bench.pg_baseline import BenchPostgres
 
 RESULTS_PATH = Path(__file__).with_name("results.json")
+
+SQLITE = "sqlite"
+POSTGRES = "postgresql"
+
+
+def _no_postgres_yet() -> BenchPostgres:
+    from bench.pg_baseline import BenchPostgres
+
+    return BenchPostgres()
 
 
 @dataclass
 class Context:
-    """How a benchmark should run: size (``quick``), where to put its files, and
-    whether to sample the site with py-spy while it is under load (``profile``)."""
+    """How a benchmark should run: size (``quick``), where to put its files,
+    whether to sample the site with py-spy while it is under load
+    (``profile``), and the site's database backend (``backend``: B1 and B2
+    run on either; ``pg`` is the run's one PostgreSQL server, shared by the
+    contexts of one run and started when first needed)."""
 
     quick: bool
     workdir: Path
     profile: bool = False
+    backend: str = SQLITE
+    pg: BenchPostgres = field(default_factory=_no_postgres_yet)
+
+    @property
+    def on_postgres(self) -> bool:
+        return self.backend == POSTGRES
 
     def scratch(self, name: str) -> Path:
         """A fresh directory for one benchmark's databases, logs and files."""
         path = self.workdir / name
         path.mkdir(parents=True, exist_ok=True)
         return path
+
+    def database(self, directory: Path, name: str) -> str:
+        """A fresh database target of this context's backend: the SQLite file
+        ``directory/name.sqlite`` (removed first if a kept work directory has
+        it) or a new PostgreSQL database's URL."""
+        if self.on_postgres:
+            return self.pg.database(name)
+        path = directory / f"{name}.sqlite"
+        for suffix in ("", "-wal", "-shm"):
+            Path(f"{path}{suffix}").unlink(missing_ok=True)
+        return str(path)
 
 
 @dataclass
@@ -98,7 +130,7 @@ def _versions() -> dict[str, str]:
     }
 
 
-def _filesystem_of(path: Path) -> str:
+def filesystem_of(path: Path) -> str:
     """The mount type holding ``path`` (fsync cost depends on it)."""
     best, fstype = "", "unknown"
     try:
@@ -125,6 +157,7 @@ def _cpu_model() -> str:
 
 def machine_facts(workdir: Path) -> dict[str, Any]:
     """What a reader needs to compare two result files."""
+    from bench.pg_baseline import server_version
     from bench.sqlite_baseline import site_synchronous
 
     facts: dict[str, Any] = {
@@ -133,8 +166,11 @@ def machine_facts(workdir: Path) -> dict[str, Any]:
         "cpu": _cpu_model(),
         "platform": platform.platform(),
         "loadavg_at_start": list(os.getloadavg()),
-        "workdir_filesystem": _filesystem_of(workdir),
+        "workdir_filesystem": filesystem_of(workdir),
         "synchronous": site_synchronous(workdir / "synchronous-probe.sqlite"),
+        # The binaries' version; what the server runs with is added as
+        # "postgresql_server" once a benchmark has started it.
+        "postgresql": server_version() or "not installed",
     }
     facts.update(_versions())
     return facts

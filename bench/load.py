@@ -6,6 +6,7 @@ import json
 import sys
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -69,13 +70,18 @@ class LoadProcess:
 
 
 class LoadFleet:
-    """Several load processes sharing one measured window."""
+    """Several load processes sharing one measured window.
+
+    ``port`` is the site's node port; with ``ports`` (several sites) process
+    ``n`` connects to ``ports[n % len(ports)]``, so ``processes`` equal to
+    the number of sites splits the nodes evenly between them."""
 
     def __init__(
         self,
         directory: Path,
         *,
-        port: int,
+        port: int = 0,
+        ports: Sequence[int] = (),
         nodes: int,
         processes: int,
         mode: str,
@@ -85,12 +91,13 @@ class LoadFleet:
         retry_for: float = 0.0,
     ) -> None:
         self.processes: list[LoadProcess] = []
+        ports = tuple(ports) or (port,)
         per, extra = divmod(nodes, processes)
         first = 0
         for n in range(processes):
             count = per + (1 if n < extra else 0)
             args = [
-                f"--port={port}",
+                f"--port={ports[n % len(ports)]}",
                 f"--first={first}",
                 f"--count={count}",
                 f"--mode={mode}",

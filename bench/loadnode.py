@@ -6,7 +6,9 @@ Each connection behaves like the real node on the wire: on ``Identity`` it
 sends ``ProtocolHello`` then ``Login`` (HMAC of the site's nonce), heartbeats
 every ``--heartbeat`` seconds, and in ``reports`` mode sends snapshot
 ``TaskReport`` s of the tasks ``--tasks`` gives it, one in flight, the next only after the
-ACK of the previous one (as ``tasknet.node.reporter`` does).  It does no
+ACK of the previous one, the same report again when no ACK came within
+``--ack-timeout`` (as ``tasknet.node.reporter`` does: the site answers a report
+whose transaction failed with no ACK at all).  It does no
 downloading: the site is what is measured.
 
 Control is by lines on stdin and JSON lines on stdout, so a parent can drive
@@ -75,6 +77,7 @@ class Fleet:
         self.window_start = 0.0
         self.window_end = 0.0
         self.acks = {m.ACK_APPLIED: 0, m.ACK_DUPLICATE: 0}
+        self.resent = 0
         self.latencies_ms: list[float] = []
         self.commands = 0
         self.command_gids: set[int] = set()
@@ -127,6 +130,7 @@ class Fleet:
         self.window_start = time.monotonic()
         self.window_end = 0.0
         self.acks = dict.fromkeys(self.acks, 0)
+        self.resent = 0
         self.latencies_ms = []
 
     def snapshot(self) -> None:
@@ -184,6 +188,7 @@ class Fleet:
             else 0.0,
             "applied": self.acks[m.ACK_APPLIED],
             "duplicate": self.acks[m.ACK_DUPLICATE],
+            "resent": self.resent,
             "latencies_ms": [round(x, 3) for x in self.latencies_ms],
             "commands": self.commands,
             "distinct_gids": len(self.command_gids),
@@ -208,6 +213,8 @@ class LoadNode(protocol.Protocol):
         self.seq = 0
         self.revision = 0
         self.in_flight: str | None = None
+        self.in_flight_report: m.TaskReport | None = None
+        self.ack_call: Any = None
         self.commands = 0
         self.sent_at = 0.0
         held = fleet.tasks.get(index, [])
@@ -293,14 +300,35 @@ class LoadNode(protocol.Protocol):
             deleted=(),
         )
         self.in_flight = report_id
+        self.in_flight_report = report
         self.sent_at = time.monotonic()
-        self.send(report)
+        self.send_in_flight()
+
+    def send_in_flight(self) -> None:
+        if self.in_flight_report is None or not self.connected:
+            return
+        self.send(self.in_flight_report)
+        self.cancel_ack_timer()
+        self.ack_call = REACTOR.callLater(self.args.ack_timeout, self.ack_timed_out)
+
+    def ack_timed_out(self) -> None:
+        self.ack_call = None
+        if self.in_flight_report is not None and self.fleet.running:
+            self.fleet.resent += 1
+            self.send_in_flight()
+
+    def cancel_ack_timer(self) -> None:
+        if self.ack_call is not None and self.ack_call.active():
+            self.ack_call.cancel()
+        self.ack_call = None
 
     def ack(self, message: m.TaskReportAck) -> None:
         if message.report_id != self.in_flight:
             self.fleet.errors.append(f"{self.node_id}: ACK for {message.report_id}, not in flight")
             return
         self.in_flight = None
+        self.in_flight_report = None
+        self.cancel_ack_timer()
         if self.fleet.running:
             self.fleet.acks[message.result] += 1
             self.fleet.latencies_ms.append((time.monotonic() - self.sent_at) * 1000)
@@ -309,6 +337,7 @@ class LoadNode(protocol.Protocol):
     def connectionLost(self, reason: Failure = protocol.connectionDone) -> None:
         if self.heartbeat is not None and self.heartbeat.running:
             self.heartbeat.stop()
+        self.cancel_ack_timer()
         if not self.settled:
             self.settled = True
             self.fleet.login_settled(self.node_id, False, f"closed before login: {reason.value}")
@@ -400,6 +429,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     )
     p.add_argument("--retry-for", type=float, default=0.0, help="retry refused connects this long")
     p.add_argument("--heartbeat", type=float, default=15.0, help="seconds between heartbeats")
+    p.add_argument(
+        "--ack-timeout",
+        type=float,
+        default=10.0,
+        help="resend the report in flight after this many seconds without its ACK (the node's)",
+    )
     args = p.parse_args(argv)
     if args.mode == "reports" and not args.tasks:
         p.error("--mode reports needs --tasks")

@@ -8,17 +8,24 @@ the ``node_key`` table (``users.add_node_key``), so 1,000 nodes need no
 1,000 ``--node-key`` options.  The outbox rows the seeding wrote are marked
 delivered (``delivery.mark_range_fanned_out``, webhook skipped): otherwise the
 site would start by delivering 100,000 old notifications, which is not what any
-benchmark measures.
+benchmark measures.  The database is a SQLite file or a PostgreSQL URL
+(a fresh database: ``prepare_database`` creates the schema on it).
 """
 
 from __future__ import annotations
 
-import sqlite3
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from bench import plan
+
+if TYPE_CHECKING:
+    from tasknet.site.storage.db import Connection
+
+# Either backend's cursor (the storage functions are annotated with sqlite3's).
+Cursor = Any
 
 CHUNK = 2000
 BENCH_USER = "bench"
@@ -33,19 +40,20 @@ class Seeded:
     operation_ids: dict[int, str] = field(default_factory=dict)
 
 
-def _connect(db: Path) -> sqlite3.Connection:
-    from tasknet.site.storage.db import connect
+def _connect(db: Path | str) -> Connection:
+    from tasknet.site.storage.db import connect, is_postgres
     from tasknet.site.storage.schema import prepare_database
 
-    # Always a fresh file: a kept --workdir must not carry a previous run's rows.
-    for suffix in ("", "-wal", "-shm"):
-        Path(f"{db}{suffix}").unlink(missing_ok=True)
+    if not is_postgres(str(db)):
+        # Always a fresh file: a kept --workdir must not carry a previous run's rows.
+        for suffix in ("", "-wal", "-shm"):
+            Path(f"{db}{suffix}").unlink(missing_ok=True)
     prepare_database(str(db))
     return connect(str(db))
 
 
 def _create_tasks(
-    cursor: sqlite3.Cursor, user_id: int, items: Sequence[tuple[int, str | None]], archive_base: str
+    cursor: Cursor, user_id: int, items: Sequence[tuple[int, str | None]], archive_base: str
 ) -> dict[int, str]:
     from tasknet.site.storage import create, dispatch, usage
 
@@ -63,7 +71,7 @@ def _create_tasks(
     return created
 
 
-def _mark_outbox_delivered(cursor: sqlite3.Cursor) -> None:
+def _mark_outbox_delivered(cursor: Cursor) -> None:
     from tasknet.site.storage import delivery
 
     # Every row so far is the seeding's own: one range covers them all.
@@ -71,7 +79,7 @@ def _mark_outbox_delivered(cursor: sqlite3.Cursor) -> None:
 
 
 def seed_site(
-    db: Path,
+    db: Path | str,
     *,
     node_count: int = 0,
     assigned: Mapping[int, Iterable[int]] | None = None,
@@ -95,7 +103,7 @@ def seed_site(
             connection, lambda c: users.create_user(c, BENCH_USER, admin=True, quota=BENCH_QUOTA)
         )
 
-        def keys(cursor: sqlite3.Cursor) -> None:
+        def keys(cursor: Cursor) -> None:
             for i in range(node_count):
                 users.add_node_key(cursor, plan.node_id(i), plan.SECRET)
 

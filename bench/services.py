@@ -56,13 +56,15 @@ class Site:
 
 def spawn_site(
     directory: Path,
-    db: Path,
+    db: Path | str,
     *,
     upstream_url: str,
     extra_args: Sequence[str] = (),
+    name: str = "site",
 ) -> Site:
-    """``twistd -n tasknet-site`` on the database ``db``, both ports on
-    loopback; returns at once (see :func:`wait_site`)."""
+    """``twistd -n tasknet-site`` on the database ``db`` (a SQLite file or a
+    PostgreSQL URL), both ports on loopback, logging to ``directory/name.log``;
+    returns at once (see :func:`wait_site`)."""
     http_port, nodes_port = free_port(), free_port()
     args = [
         f"--db={db}",
@@ -71,7 +73,7 @@ def spawn_site(
         f"--upstream={upstream_url}",
         *extra_args,
     ]
-    proc = twistd("site", "tasknet-site", args, directory)
+    proc = twistd(name, "tasknet-site", args, directory)
     return Site(proc, f"{LOOPBACK_URL}:{http_port}", nodes_port, proc.started_at)
 
 
@@ -90,16 +92,19 @@ def wait_site(site: Site, timeout: float = 60.0) -> None:
 
 def start_site(
     directory: Path,
-    db: Path,
+    db: Path | str,
     *,
     upstream_url: str,
     extra_args: Sequence[str] = (),
     timeout: float = 60.0,
+    name: str = "site",
 ) -> Site:
     """:func:`spawn_site` then :func:`wait_site`; once more with fresh ports if
     another process took a port between :func:`free_port` and the bind."""
     for attempt in (1, 2):
-        site = spawn_site(directory, db, upstream_url=upstream_url, extra_args=extra_args)
+        site = spawn_site(
+            directory, db, upstream_url=upstream_url, extra_args=extra_args, name=name
+        )
         try:
             wait_site(site, timeout)
             return site

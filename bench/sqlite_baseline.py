@@ -18,7 +18,9 @@ def connect(path: Path) -> sqlite3.Connection:
     """A raw connection configured exactly like each of the site's."""
     from tasknet.site.storage.db import connect as site_connect
 
-    return site_connect(str(path))
+    connection = site_connect(str(path))
+    assert isinstance(connection, sqlite3.Connection)  # a file path: always SQLite
+    return connection
 
 
 def synchronous_of(connection: sqlite3.Connection) -> str:

@@ -1,8 +1,10 @@
-"""``tasknet-admin --db PATH ...``: users, tokens, node keys, UNKNOWN reconciliation.
+"""``tasknet-admin --db PATH|URL ...``: users, tokens, node keys, UNKNOWN reconciliation.
 
 User and node-key commands are one transaction each, run with the storage
 functions the HTTP API uses (:mod:`tasknet.site.storage.users`) on a plain
-SQLite connection with the site's PRAGMAs.  ``unknown`` and ``resolve`` go
+connection of the site's database: a SQLite file with the site's PRAGMAs,
+or a ``postgresql://`` URL (several sites may share that database; the
+command works beside them).  ``unknown`` and ``resolve`` go
 through :class:`tasknet.site.lifecycle.Lifecycle` exactly as
 ``GET /api/admin/unknown`` and ``POST /api/admin/tasks/{gid}/resolve`` do:
 the evidence includes the upstream's read-only audit answer (``--upstream``;
@@ -95,7 +97,10 @@ def build_parser() -> argparse.ArgumentParser:
         prog="tasknet-admin", description="Administer a tasknet site database."
     )
     parser.add_argument(
-        "--db", required=True, help="the site's SQLite database (as given to tasknet-site --db)"
+        "--db",
+        required=True,
+        help="the site's database: a SQLite file or a postgresql:// URL (as given to "
+        "tasknet-site --db)",
     )
     parser.add_argument(
         "--upstream",
@@ -178,7 +183,7 @@ def _add_reconcile_commands(
 
 
 def _check_database(path: str) -> None:
-    if not Path(path).is_file():
+    if not storage_db.is_postgres(path) and not Path(path).is_file():
         raise AdminError(
             f"no database at {path!r} (start tasknet-site --db {path} once to create it)"
         )
@@ -186,18 +191,20 @@ def _check_database(path: str) -> None:
         prepare_database(path)
     except SchemaError as error:
         raise AdminError(str(error)) from error
-    except sqlite3.DatabaseError as error:
-        raise AdminError(f"cannot use {path!r}: {error}") from error
+    except Exception as error:
+        if not isinstance(storage_db.classify(error), errors.DatabaseError):
+            raise
+        raise AdminError(f"cannot use {storage_db.describe(path)!r}: {error}") from error
 
 
-def _write(connection: sqlite3.Connection, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+def _write(connection: storage_db.Connection, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     try:
         return storage_db.run_write(connection, lambda cursor: fn(cursor, *args, **kwargs))
     except (users.UserError, errors.TaskError) as error:
         raise AdminError(str(error)) from error
 
 
-def _read(connection: sqlite3.Connection, fn: Callable[..., T], *args: Any) -> T:
+def _read(connection: storage_db.Connection, fn: Callable[..., T], *args: Any) -> T:
     return storage_db.run_read(connection, fn, *args)
 
 
@@ -266,7 +273,7 @@ def _run_with_lifecycle(args: argparse.Namespace, out: TextIO) -> None:
         result.raiseException()
 
 
-def _user_command(connection: sqlite3.Connection, args: argparse.Namespace, out: TextIO) -> None:
+def _user_command(connection: storage_db.Connection, args: argparse.Namespace, out: TextIO) -> None:
     if args.action == "add":
         quota = args.quota if args.quota is not None else _read(connection, users.default_quota)
         user, token = _write(
@@ -297,7 +304,7 @@ def _user_command(connection: sqlite3.Connection, args: argparse.Namespace, out:
 
 
 def _node_key_command(
-    connection: sqlite3.Connection, args: argparse.Namespace, out: TextIO
+    connection: storage_db.Connection, args: argparse.Namespace, out: TextIO
 ) -> None:
     if args.action == "add":
         secret = _write(connection, users.add_node_key, args.node_id, args.secret)
@@ -314,7 +321,7 @@ def _node_key_command(
 
 
 def _force_delete_command(
-    connection: sqlite3.Connection, args: argparse.Namespace, out: TextIO
+    connection: storage_db.Connection, args: argparse.Namespace, out: TextIO
 ) -> None:
     forced = _write(connection, delete.force_delete, args.gid, _actor(), args.note)
     if forced.repeated:
@@ -370,8 +377,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     except AdminError as error:
         print(f"tasknet-admin: {error}", file=sys.stderr)
         return 1
-    # e.g. locked past busy_timeout (sqlite3 from the tools, classified from the pool)
-    except (sqlite3.OperationalError, errors.DatabaseError) as error:
+    except Exception as error:
+        # e.g. locked past busy_timeout: the driver's error from the tools,
+        # classified from the pool; a bug still ends in a traceback.
+        classified = storage_db.classify(error)
+        if not isinstance(classified, errors.DatabaseError):
+            raise
+        if isinstance(error, sqlite3.Error) and not isinstance(error, sqlite3.OperationalError):
+            raise  # as before: only "locked"/"busy"-like driver errors are refusals
         print(f"tasknet-admin: database error, nothing changed: {error}", file=sys.stderr)
         return 1
     return 0

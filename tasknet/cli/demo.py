@@ -6,6 +6,12 @@ node ``node-2``) on free loopback ports, waits until they are ready, prints
 the URL and the demo token, and stops them all (nodes first, upstream last)
 on Ctrl-C or SIGTERM.
 
+``--postgres``: a throwaway PostgreSQL server (``tasknet.drill.pgserver``)
+in the data directory and two sites on one database of it (``site-1``,
+``site-2``: own ``--name``, HTTP and node ports), each node given both sites
+with ``--connect`` (node-1 site-1 first, node-2 site-2 first), so each site
+holds one node and each site's node list shows both; the server stops last.
+
 :class:`DemoStack` is plain synchronous code (subprocess + blocking HTTP, no
 reactor), so tests that must not run a reactor in-process (the Playwright
 browser test) start the same stack with it.
@@ -14,6 +20,7 @@ browser test) start the same stack with it.
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import signal
 import sys
@@ -26,10 +33,13 @@ from types import FrameType, TracebackType
 from typing import Any
 
 from tasknet.cli.jsonhttp import request
+from tasknet.drill.pgserver import PostgresFailed, PostgresNotInstalled, ThrowawayPostgres
 from tasknet.logging import twistd_logger_args
 from tasknet.process import LOOPBACK, Child, free_port, port_is_free, twistd_command
 
 DEMO_TOKEN = "demo"
+#: The database the ``--postgres`` demo's sites share.
+POSTGRES_DATABASE = "tasknet"
 STOP_TIMEOUT = 15.0
 # One readiness probe; the waits around it have their own, longer deadline.
 PROBE_TIMEOUT = 5.0
@@ -53,8 +63,29 @@ DEFAULT_NODES = (
 
 
 @dataclass
+class SiteSpec:
+    """One site process of the stack: its ``--name``, ports and directory."""
+
+    name: str
+    http_port: int
+    nodes_port: int = 0
+
+    @property
+    def url(self) -> str:
+        return f"http://{LOOPBACK}:{self.http_port}/"
+
+    @property
+    def nodes_endpoint(self) -> str:
+        return f"tcp:{LOOPBACK}:{self.nodes_port}"
+
+
+@dataclass
 class DemoStack:
-    """Upstream, site and nodes as real processes under ``data_dir``."""
+    """Upstream, site(s) and nodes as real processes under ``data_dir``.
+
+    ``postgres``: two sites on one throwaway PostgreSQL database instead of
+    one site on a SQLite file; ``second_http_port`` is the second site's
+    (0: a free one)."""
 
     data_dir: Path
     http_port: int = 0
@@ -62,13 +93,23 @@ class DemoStack:
     nodes: Sequence[NodeSpec] = DEFAULT_NODES
     upstream_timeout: float | None = None
     ready_timeout: float = 60.0
+    postgres: bool = False
+    second_http_port: int = 0
     children: list[Child] = field(default_factory=list)
+    sites: list[SiteSpec] = field(default_factory=list)
     upstream_port: int = 0
     nodes_port: int = 0
+    server: ThrowawayPostgres | None = None
+    database_url: str | None = None
 
     @property
     def url(self) -> str:
+        """The (first) site's URL."""
         return f"http://{LOOPBACK}:{self.http_port}/"
+
+    @property
+    def urls(self) -> list[str]:
+        return [site.url for site in self.sites]
 
     @property
     def upstream_url(self) -> str:
@@ -96,15 +137,54 @@ class DemoStack:
             self.http_port = free_port()
         self.upstream_port = free_port()
         self.nodes_port = free_port()
+        self.sites = [SiteSpec("site-1" if self.postgres else "", self.http_port, self.nodes_port)]
+        if self.postgres:
+            self.sites.append(SiteSpec("site-2", self.second_http_port or free_port(), free_port()))
         try:
+            if self.postgres:
+                self._start_postgres()
             self._start_upstream()
-            self._start_site()
-            for spec in self.nodes:
-                self._start_node(spec)
+            for site in self.sites:
+                self._spawn_site(site)
+            for site in self.sites:
+                self._wait_site(site)
+            for n, spec in enumerate(self.nodes):
+                self._start_node(spec, self.connect_order(n))
             self._wait_nodes()
         except BaseException:
             self.stop()
             raise
+
+    def _start_postgres(self) -> None:
+        if os.geteuid() == 0:
+            # The server then runs as the postgres user: it must be able to
+            # pass through the data directory (not list it).
+            self.data_dir.chmod(self.data_dir.stat().st_mode | 0o111)
+        server = ThrowawayPostgres(base_dir=str(self.data_dir / "postgres"))
+        try:
+            server.start()
+        except (PostgresNotInstalled, PostgresFailed) as error:
+            raise DemoError(f"--postgres: {error}") from error
+        self.server = server
+        self.database_url = server.create_database(POSTGRES_DATABASE)
+
+    def _wait_site(self, site: SiteSpec) -> None:
+        self._wait(
+            f"{site.name or 'the site'}'s /healthz",
+            lambda: self.health(site.url) is not None,
+            self.child(self._site_child_name(site)),
+        )
+
+    def connect_order(self, index: int) -> list[str]:
+        """Node ``index`` dials the sites starting with site ``index``, so
+        the nodes spread over the sites and each lists every site."""
+        endpoints = [site.nodes_endpoint for site in self.sites]
+        start = index % len(endpoints)
+        return endpoints[start:] + endpoints[:start]
+
+    @staticmethod
+    def _site_child_name(site: SiteSpec) -> str:
+        return site.name or "site"
 
     def _start_upstream(self) -> None:
         args = ["--http", f"tcp:{self.upstream_port}:interface={LOOPBACK}"]
@@ -117,29 +197,34 @@ class DemoStack:
             upstream,
         )
 
-    def _start_site(self) -> None:
+    def _spawn_site(self, site: SiteSpec) -> None:
+        name = self._site_child_name(site)
+        if self.database_url is not None:
+            database = self.database_url
+        else:
+            database = str(self.data_dir / name / "tasknet-site.sqlite")
         args = [
             "--db",
-            str(self.data_dir / "site" / "tasknet-site.sqlite"),
+            database,
             "--http",
-            f"tcp:{self.http_port}:interface={LOOPBACK}",
+            f"tcp:{site.http_port}:interface={LOOPBACK}",
             "--nodes",
-            f"tcp:{self.nodes_port}:interface={LOOPBACK}",
+            f"tcp:{site.nodes_port}:interface={LOOPBACK}",
             "--upstream",
             self.upstream_url,
             "--demo",
         ]
+        if site.name:
+            args += ["--name", site.name]
         for spec in self.nodes:
             args += ["--node-key", f"{spec.node_id}:{spec.secret}"]
         if self.upstream_timeout is not None:
             args += ["--upstream-timeout", str(self.upstream_timeout)]
-        site = self._twistd("site", "tasknet-site", args)
-        self._wait("the site's /healthz", lambda: self.health() is not None, site)
+        self._twistd(name, "tasknet-site", args)
 
-    def _start_node(self, spec: NodeSpec) -> None:
+    def _start_node(self, spec: NodeSpec, endpoints: Sequence[str]) -> None:
         args = [
-            "--connect",
-            f"tcp:{LOOPBACK}:{self.nodes_port}",
+            *(arg for endpoint in endpoints for arg in ("--connect", endpoint)),
             "--node-id",
             spec.node_id,
             "--secret",
@@ -155,17 +240,18 @@ class DemoStack:
         wanted = {spec.node_id for spec in self.nodes}
         self._wait(
             f"nodes {', '.join(sorted(wanted))} to log in",
-            lambda: wanted <= self.connected_nodes(),
+            lambda: all(wanted <= self.connected_nodes(site.url) for site in self.sites),
             *self.children,
         )
 
-    def health(self) -> dict[str, Any] | None:
-        reply = request("GET", f"{self.url}healthz", timeout=PROBE_TIMEOUT)
+    def health(self, url: str | None = None) -> dict[str, Any] | None:
+        reply = request("GET", f"{url or self.url}healthz", timeout=PROBE_TIMEOUT)
         return reply.body if reply.status == 200 and isinstance(reply.body, dict) else None
 
-    def connected_nodes(self) -> set[str]:
+    def connected_nodes(self, url: str | None = None) -> set[str]:
+        """The nodes a site lists as connected (on PostgreSQL: to any site)."""
         reply = request(
-            "GET", f"{self.url}api/admin/nodes", token=DEMO_TOKEN, timeout=PROBE_TIMEOUT
+            "GET", f"{url or self.url}api/admin/nodes", token=DEMO_TOKEN, timeout=PROBE_TIMEOUT
         )
         if reply.status != 200 or not isinstance(reply.body, dict):
             return set()
@@ -190,10 +276,17 @@ class DemoStack:
     def dead_children(self) -> list[Child]:
         return [child for child in self.children if not child.alive]
 
+    def server_died(self) -> bool:
+        return self.server is not None and not self.server.running
+
     def stop(self) -> None:
-        """Stop nodes first, then the site, then the upstream."""
+        """Stop nodes first, then the sites, then the upstream, then the
+        PostgreSQL server (which removes its directory)."""
         for child in reversed(self.children):
             child.stop(STOP_TIMEOUT)
+        server, self.server = self.server, None
+        if server is not None:
+            server.stop()
 
     def __enter__(self) -> DemoStack:
         self.start()
@@ -222,6 +315,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         description="Run the mock upstream, a site and two nodes (v2 and legacy) on loopback.",
     )
     parser.add_argument(
+        "--postgres",
+        action="store_true",
+        help="two sites on one throwaway PostgreSQL database (started in the data directory,"
+        " which the postgres user must be able to reach when run as root), each node"
+        " connected with both; the second site's port is --port + 1 when that is free",
+    )
+    parser.add_argument(
         "--data",
         type=Path,
         help="directory for databases and logs (default: a new temp dir, removed on exit)",
@@ -244,6 +344,36 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     return args
 
 
+def _banner(stack: DemoStack) -> str:
+    if not stack.postgres:
+        nodes = ", ".join(f"{n.node_id} (protocol {n.protocol})" for n in stack.nodes)
+        lines = [
+            "tasknet demo is ready",
+            f"  URL: {stack.url}",
+            f"  token: {DEMO_TOKEN}",
+            f"  upstream: {stack.upstream_url}",
+            f"  nodes: {nodes}",
+        ]
+    else:
+        order = {spec.node_id: stack.connect_order(n) for n, spec in enumerate(stack.nodes)}
+        by_endpoint = {site.nodes_endpoint: site.name for site in stack.sites}
+        nodes = ", ".join(
+            f"{n.node_id} (protocol {n.protocol}; "
+            f"{' then '.join(by_endpoint[e] for e in order[n.node_id])})"
+            for n in stack.nodes
+        )
+        lines = [
+            "tasknet demo is ready: two sites on one PostgreSQL database",
+            *(f"  URL: {site.url}  ({site.name})" for site in stack.sites),
+            f"  token: {DEMO_TOKEN}",
+            f"  database: {stack.database_url}",
+            f"  upstream: {stack.upstream_url}",
+            f"  nodes: {nodes}",
+        ]
+    lines += [f"  logs: {stack.data_dir / 'logs'}", "Press Ctrl-C to stop."]
+    return "\n".join(lines)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     temp = args.data is None
@@ -252,8 +382,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     if port and not port_is_free(port):
         print(f"port {port} is busy; using a free port instead", file=sys.stderr)
         port = 0
+    second_port = 0
+    if args.postgres and port and port < 65535 and port_is_free(port + 1):
+        second_port = port + 1
     stack = DemoStack(
-        data_dir, http_port=port, bandwidth=args.bandwidth or None, ready_timeout=args.timeout
+        data_dir,
+        http_port=port,
+        bandwidth=args.bandwidth or None,
+        ready_timeout=args.timeout,
+        postgres=args.postgres,
+        second_http_port=second_port,
     )
     signal.signal(signal.SIGTERM, _on_sigterm)
     # Ctrl-C must stop the demo even when started from a shell that made
@@ -262,18 +400,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"starting tasknet demo in {data_dir} ...", flush=True)
     try:
         stack.start()
-        nodes = ", ".join(f"{n.node_id} (protocol {n.protocol})" for n in stack.nodes)
-        print(
-            "tasknet demo is ready\n"
-            f"  URL: {stack.url}\n"
-            f"  token: {DEMO_TOKEN}\n"
-            f"  upstream: {stack.upstream_url}\n"
-            f"  nodes: {nodes}\n"
-            f"  logs: {data_dir / 'logs'}\n"
-            "Press Ctrl-C to stop.",
-            flush=True,
-        )
+        print(_banner(stack), flush=True)
         while True:
+            if stack.server_died():
+                print("the PostgreSQL server exited unexpectedly", file=sys.stderr)
+                return 1
             dead = stack.dead_children()
             if dead:
                 for child in dead:

@@ -1,21 +1,25 @@
-"""One drill's system under test: upstream, site, nodes, fault proxies, webhook.
+"""One drill's system under test: upstream, site(s), nodes, fault proxies, webhook.
 
 Everything is a real process on loopback ports in a directory of its own
-under the drill's root.  Each node dials the site through its own
-:class:`FaultProxy` (run on the drill's reactor thread), so a fault can hit
-one node's link without touching the others.  All calls here are blocking and
-bounded.
+under the drill's root.  The sites share one database: a SQLite file (one
+site; a second one is refused) or a PostgreSQL database (several sites,
+SCALE.md), given as :class:`SiteDatabase`.  Each node dials its sites (one
+``--connect`` per site, in the order the scenario chooses) through a
+:class:`FaultProxy` per (node, site) (run on the drill's reactor thread), so
+a fault can hit one link of one node without touching the others.  All
+calls here are blocking and bounded.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import sqlite3
 import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -25,15 +29,19 @@ from tasknet.drill.invariants import Ledger, World
 from tasknet.drill.netns import SITE_ADDR, Netns
 from tasknet.drill.procs import DrillError, Proc, address_in_use, wait_for
 from tasknet.drill.proxy import FaultProxy
-from tasknet.drill.snapshot import read_node, read_site
+from tasknet.drill.snapshot import read_node, read_site, site_rows
 from tasknet.drill.webhook import WebhookSink
 from tasknet.process import free_port
+from tasknet.site.storage.db import POSTGRESQL, SQLITE, backend_of
 
 ADMIN_TOKEN = "demo"  # created by `tasknet-site --demo` on a fresh database
 NODE_IDS = ("n1", "n2", "n3", "n4")
 START_TIMEOUT = 30.0
 ARCHIVE_POST = "/api/galleries/*/archive"
 START_ATTEMPTS = 3
+#: The --name of the first site a scenario starts (the one every call
+#: without ``site=`` talks to).
+PRIMARY = "drill-site"
 
 
 def node_secret(node_id: str) -> str:
@@ -41,38 +49,116 @@ def node_secret(node_id: str) -> str:
 
 
 @dataclass
+class SiteDatabase:
+    """The database the sites of one run share.
+
+    ``target``: the sites' ``--db`` (a SQLite path or a PostgreSQL URL).
+    ``admin``: runs one SQL statement on that database with more rights
+    than the sites have (PostgreSQL; S15 takes the sites' privileges away),
+    None when there is no such role."""
+
+    target: str
+    admin: Callable[[str], None] | None = None
+    #: The role the sites connect as (PostgreSQL), for GRANT/REVOKE.
+    role: str | None = None
+
+    @property
+    def backend(self) -> str:
+        return backend_of(self.target)
+
+
+@dataclass
+class Site:
+    """One ``tasknet-site`` process of the run (restartable on its ports)."""
+
+    name: str  # its --name
+    proc: Proc
+    http_port: int
+    nodes_port: int
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.http_port}"
+
+    @property
+    def alive(self) -> bool:
+        return self.proc.alive
+
+
+@dataclass
 class Node:
     id: str
     proc: Proc
-    proxy: FaultProxy
+    # site --name -> the proxy this node dials that site through, in dialling order.
+    proxies: dict[str, FaultProxy]
     data: Path
     protocol: int
+    sites: tuple[str, ...] = field(default=())
 
-    def call(self, method: str | Callable[..., Any], *args: Any) -> Any:
-        """Run a proxy method (by name: delay, drop, cut_after, blackhole, heal...) or
-        any function on the reactor thread, where the proxy lives."""
-        fn = getattr(self.proxy, method) if isinstance(method, str) else method
+    @property
+    def proxy(self) -> FaultProxy:
+        """The proxy to the node's first site."""
+        return self.proxies[self.sites[0]]
+
+    def call(self, method: str | Callable[..., Any], *args: Any, site: str | None = None) -> Any:
+        """Run a proxy method (by name: delay, drop, cut_after, blackhole,
+        forsake, heal...) of the proxy to ``site`` (default: the first), or
+        any function, on the reactor thread, where the proxies live."""
+        if isinstance(method, str):
+            fn = getattr(self.proxies[site or self.sites[0]], method)
+        else:
+            fn = method
         return reactor_thread.call(fn, *args)
+
+    def open_links(self) -> dict[str, int]:
+        """site --name -> connections open through its proxy."""
+        return reactor_thread.call(lambda: {s: p.open_links() for s, p in self.proxies.items()})
+
+    def linked_site(self) -> str | None:
+        """The one site this node has an open connection to (None: none, or several)."""
+        linked = [s for s, n in self.open_links().items() if n]
+        return linked[0] if len(linked) == 1 else None
 
 
 class Cluster:
-    def __init__(self, root: Path, netns: Netns | None = None) -> None:
+    def __init__(
+        self, root: Path, netns: Netns | None = None, database: SiteDatabase | None = None
+    ) -> None:
         self.root = root
         self.netns = netns
         # Where the upstream and the node listener bind: loopback, or the site
         # namespace's veth address so that nodes in the other namespace reach them.
         self.site_host = SITE_ADDR if netns else "127.0.0.1"
         self.root.mkdir(parents=True, exist_ok=True)
+        self.database = database or SiteDatabase(str(self.root / "site" / "site.sqlite"))
         self.upstream: Proc | None = None
         self.upstream_port = 0
-        self.site: Proc | None = None
-        self.http_port = 0
-        self.nodes_port = 0
-        self.site_db = self.root / "site" / "site.sqlite"
+        self.sites: dict[str, Site] = {}
         self.nodes: dict[str, Node] = {}
         self.webhook: WebhookSink | None = None
         self.ledger = Ledger()
         self.helpers: list[subprocess.Popen[bytes]] = []
+
+    # -- the database -----------------------------------------------------------
+
+    @property
+    def db(self) -> str:
+        """The sites' ``--db`` (a SQLite path or a PostgreSQL URL)."""
+        return self.database.target
+
+    @property
+    def backend(self) -> str:
+        return self.database.backend
+
+    @property
+    def site_db(self) -> Path:
+        """The SQLite file (SQLite only: a scenario's file-level fault)."""
+        if self.backend != SQLITE:
+            raise DrillError(f"the site database is {self.backend}, not a SQLite file")
+        return Path(self.db)
+
+    def db_exists(self) -> bool:
+        return self.backend == POSTGRESQL or Path(self.db).exists()
 
     # -- processes -----------------------------------------------------------
 
@@ -109,32 +195,40 @@ class Cluster:
 
     def start_site(
         self,
+        name: str | None = None,
         *,
         upstream_timeout: float = 3.0,
         webhook: bool = True,
         extra: Iterable[str] = (),
-    ) -> None:
-        """Start the site on a fresh database (keys for n1..n4, admin token ``demo``)."""
+    ) -> Site:
+        """Start a site on the run's database (keys for n1..n4, admin token
+        ``demo``): the first is :data:`PRIMARY`, a later one (PostgreSQL:
+        several sites on one database) has ports and ``--name`` of its own."""
+        name = name or (PRIMARY if not self.sites else f"drill-site-{len(self.sites) + 1}")
+        if name in self.sites:
+            raise DrillError(f"site {name} was already started")
         if self.webhook is None and webhook:
             if self.netns is not None:  # the receiver must live where the site is
                 self.webhook = self.netns.in_site(lambda: WebhookSink().start())
             else:
                 self.webhook = WebhookSink().start()
+        # The first site keeps the directory (and log name) "site".
+        directory = "site" if not self.sites else name
         for attempt in range(START_ATTEMPTS):
-            self.http_port, self.nodes_port = free_port(), free_port()
+            http_port, nodes_port = free_port(), free_port()
             args = [
                 "--db",
-                str(self.site_db),
+                self.db,
                 "--http",
-                f"tcp:{self.http_port}:interface=127.0.0.1",
+                f"tcp:{http_port}:interface=127.0.0.1",
                 "--nodes",
-                f"tcp:{self.nodes_port}:interface={self.site_host}",
+                f"tcp:{nodes_port}:interface={self.site_host}",
                 "--upstream",
                 self.upstream_url,
                 "--upstream-timeout",
                 str(upstream_timeout),
                 "--name",
-                "drill-site",
+                name,
                 "--demo",
                 *extra,
             ]
@@ -142,25 +236,75 @@ class Cluster:
                 args += ["--node-key", f"{node_id}:{node_secret(node_id)}"]
             if self.webhook is not None:
                 args += ["--webhook", self.webhook.url]
-            self.site = self._proc("site", "tasknet-site", args, site_side=True)
+            proc = self._proc(directory, "tasknet-site", args, site_side=True)
+            site = Site(name, proc, http_port, nodes_port)
+            self.sites[name] = site
             try:
-                self._start(self.site, lambda: self.healthz().status == 200, "/healthz")
-                return
+                self._start(proc, functools.partial(self._healthy, name), "/healthz")
+                return site
             except DrillError:
-                if attempt + 1 < START_ATTEMPTS and address_in_use(self.site):
+                if attempt + 1 < START_ATTEMPTS and address_in_use(site.proc):
+                    del self.sites[name]
                     continue
                 raise
+        raise DrillError(f"site {name} did not start")  # pragma: no cover - loop returns/raises
 
-    def restart_site(self, *, kill: bool = True, wait_ready: bool = True) -> None:
-        """SIGKILL (or SIGTERM) the site and start it again on the same ports and database."""
-        site = self._site()
+    def _healthy(self, name: str) -> bool:
+        return self.healthz(name).status == 200
+
+    def _site_named(self, name: str | None) -> Site:
+        if name is None:
+            if PRIMARY in self.sites:
+                return self.sites[PRIMARY]
+            if not self.sites:
+                raise DrillError("the site was never started")
+            return next(iter(self.sites.values()))
+        try:
+            return self.sites[name]
+        except KeyError:
+            raise DrillError(f"no site {name} (started: {', '.join(self.sites)})") from None
+
+    def restart_site(
+        self, *, kill: bool = True, wait_ready: bool = True, name: str | None = None
+    ) -> None:
+        """SIGKILL (or SIGTERM) a site and start it again on the same ports and database."""
+        self.stop_site(name, kill=kill)
+        self.resume_site(name, wait_ready=wait_ready)
+
+    def stop_site(self, name: str | None = None, *, kill: bool = True) -> Site:
+        """SIGKILL (or SIGTERM) one site (default: the primary)."""
+        site = self._site_named(name)
         if kill:
-            site.kill()
+            site.proc.kill()
         else:
-            site.terminate()
-        site.start()
+            site.proc.terminate()
+        return site
+
+    def resume_site(self, name: str | None = None, *, wait_ready: bool = True) -> Site:
+        """Start a stopped site again, on its ports and the same database."""
+        site = self._site_named(name)
+        site.proc.start()
         if wait_ready:
-            site.wait_ready(lambda: self.healthz().status == 200, START_TIMEOUT, "/healthz")
+            site.proc.wait_ready(
+                lambda: self.healthz(site.name).status == 200, START_TIMEOUT, "/healthz"
+            )
+        return site
+
+    def live_sites(self) -> list[Site]:
+        return [s for s in self.sites.values() if s.alive]
+
+    @property
+    def site(self) -> Proc | None:
+        """The primary site's process (None before it is started)."""
+        return self._site_named(None).proc if self.sites else None
+
+    @property
+    def http_port(self) -> int:
+        return self._site_named(None).http_port if self.sites else 0
+
+    @property
+    def nodes_port(self) -> int:
+        return self._site_named(None).nodes_port if self.sites else 0
 
     def start_node(
         self,
@@ -170,15 +314,26 @@ class Cluster:
         ack_timeout: float = 1.0,
         downloads: int = 4,
         wait: bool = True,
+        sites: Iterable[str] | None = None,
     ) -> Node:
+        """Start a node dialling ``sites`` in that order (default: the
+        primary), each through a fault proxy of its own."""
         if node_id not in NODE_IDS:
             raise DrillError(f"node id must be one of {NODE_IDS}")
-        proxy = FaultProxy(self.site_host, self.nodes_port, reactor=reactor_thread.reactor)
-        reactor_thread.call(proxy.start)
+        order = tuple(sites) if sites is not None else (self._site_named(None).name,)
+        if not order or len(set(order)) != len(order):
+            raise DrillError(f"sites to dial must be distinct and at least one: {order}")
+        proxies: dict[str, FaultProxy] = {}
+        for site_name in order:
+            site = self._site_named(site_name)
+            proxy = FaultProxy(self.site_host, site.nodes_port, reactor=reactor_thread.reactor)
+            reactor_thread.call(proxy.start)
+            proxies[site_name] = proxy
         data = self.root / node_id / "data"
-        args = [
-            "--connect",
-            f"tcp:127.0.0.1:{proxy.port}",
+        args: list[str] = []
+        for proxy in proxies.values():
+            args += ["--connect", f"tcp:127.0.0.1:{proxy.port}"]
+        args += [
             "--node-id",
             node_id,
             "--secret",
@@ -193,26 +348,29 @@ class Cluster:
             str(ack_timeout),
         ]
         proc = self._proc(node_id, "tasknet-node", args, site_side=False)
-        node = Node(node_id, proc, proxy, data, protocol)
+        node = Node(node_id, proc, proxies, data, protocol, order)
         self.nodes[node_id] = node
         proc.start()
         if wait:
             self.wait_connected(node_id)
         return node
 
-    def wait_connected(self, *node_ids: str, timeout: float = START_TIMEOUT) -> None:
-        procs = [self.nodes[n].proc for n in node_ids] + [self._site()]
-        wait_for(
-            lambda: set(node_ids) <= self.connected_nodes(),
-            timeout,
-            f"node(s) {', '.join(node_ids)} logged in at the site",
-            procs=procs,
-        )
+    def wait_connected(
+        self, *node_ids: str, timeout: float = START_TIMEOUT, site: str | None = None
+    ) -> None:
+        """Wait until the nodes are logged in (at ``site``, when given;
+        anywhere otherwise)."""
+        procs = [self.nodes[n].proc for n in node_ids] + [s.proc for s in self.live_sites()]
+
+        def ready() -> bool:
+            held = self.holders()
+            return all(n in held and (site is None or held[n] == site) for n in node_ids)
+
+        where = f"at {site}" if site else "at the site"
+        wait_for(ready, timeout, f"node(s) {', '.join(node_ids)} logged in {where}", procs=procs)
 
     def _site(self) -> Proc:
-        if self.site is None:
-            raise DrillError("the site was never started")
-        return self.site
+        return self._site_named(None).proc
 
     # -- upstream ---------------------------------------------------------------
 
@@ -258,13 +416,22 @@ class Cluster:
 
     @property
     def site_url(self) -> str:
-        return f"http://127.0.0.1:{self.http_port}"
+        return self._site_named(None).url
 
-    def api(self, method: str, path: str, body: Any = None, timeout: float = 30) -> Reply:
-        return self._request(method, self.site_url + path, body, token=ADMIN_TOKEN, timeout=timeout)
+    def api(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        timeout: float = 30,
+        site: str | None = None,
+    ) -> Reply:
+        """A request as the admin to ``site`` (default: the primary)."""
+        url = self._site_named(site).url + path
+        return self._request(method, url, body, token=ADMIN_TOKEN, timeout=timeout)
 
-    def healthz(self) -> Reply:
-        return self._request("GET", self.site_url + "/healthz", timeout=2)
+    def healthz(self, site: str | None = None) -> Reply:
+        return self._request("GET", self._site_named(site).url + "/healthz", timeout=2)
 
     def in_site_namespace(self, fn: Callable[..., Any], *args: Any) -> Any:
         """Run ``fn`` where the site's addresses are reachable (a namespace thread)."""
@@ -280,19 +447,19 @@ class Cluster:
         if self.netns is not None:
             self.netns.heal()
 
-    def create(self, gid: int, timeout: float = 30) -> Reply:
-        return self.api("POST", "/api/tasks", {"gid": gid, "token": "drill"}, timeout=timeout)
+    def create(self, gid: int, timeout: float = 30, site: str | None = None) -> Reply:
+        return self.api("POST", "/api/tasks", {"gid": gid, "token": "drill"}, timeout, site)
 
-    def task(self, gid: int) -> dict[str, Any] | None:
-        reply = self.api("GET", f"/api/tasks/{gid}")
+    def task(self, gid: int, site: str | None = None) -> dict[str, Any] | None:
+        reply = self.api("GET", f"/api/tasks/{gid}", site=site)
         if reply.status == 404:
             return None
         if not reply.ok:
             raise DrillError(f"GET /api/tasks/{gid}: {reply.brief()}")
         return dict(reply.body["task"])
 
-    def delete(self, gid: int) -> Reply:
-        reply = self.api("DELETE", f"/api/tasks/{gid}")
+    def delete(self, gid: int, site: str | None = None) -> Reply:
+        reply = self.api("DELETE", f"/api/tasks/{gid}", site=site)
         if reply.ok:
             self.ledger.delete_answered_at.setdefault(gid, time.time())
         return reply
@@ -300,24 +467,62 @@ class Cluster:
     def resolve(self, gid: int, verdict: str) -> Reply:
         return self.api("POST", f"/api/admin/tasks/{gid}/resolve", {"verdict": verdict})
 
-    def connected_nodes(self) -> set[str]:
-        """Node ids logged in at the site (``/api/admin/nodes``)."""
-        reply = self.api("GET", "/api/admin/nodes", timeout=3)
+    def node_listing(self, site: str | None = None) -> list[dict[str, Any]] | None:
+        """The ``nodes`` of ``/api/admin/nodes`` at ``site`` (None: no answer)."""
+        reply = self.api("GET", "/api/admin/nodes", timeout=3, site=site)
         if not reply.ok or not isinstance(reply.body, dict):
-            return set()
+            return None
+        return list(reply.body.get("nodes", []))
+
+    def holders(self, site: str | None = None) -> dict[str, str | None]:
+        """Connected node id -> the ``--name`` of the site holding it, as
+        ``site`` (default: the primary, or else any live site) lists them."""
+        asked = site
+        if asked is None:
+            live = self.live_sites()
+            primary = self.sites.get(PRIMARY)
+            if primary is not None and primary.alive:
+                asked = PRIMARY
+            elif live:
+                asked = live[0].name
+            else:
+                return {}
+        nodes = self.node_listing(asked) or []
         # The list keeps recently seen nodes too ("connected": false).
-        nodes = reply.body.get("nodes", [])
-        return {str(n.get("id")) for n in nodes if n.get("connected", True)}
+        return {str(n.get("id")): n.get("site") for n in nodes if n.get("connected", True)}
+
+    def connected_nodes(self, site: str | None = None) -> set[str]:
+        """Node ids logged in at any site of the database (``/api/admin/nodes``)."""
+        return set(self.holders(site))
+
+    def holder_of(self, node_id: str, site: str | None = None) -> str | None:
+        """The ``--name`` of the site holding ``node_id`` (None: not connected)."""
+        return self.holders(site).get(node_id)
 
     def site_state(self, gid: int) -> str | None:
         """The ``task_operation.state`` straight from the database (read-only)."""
-        op = read_site(self.site_db).operations.get(gid)
-        return None if op is None else str(op["state"])
+        rows = site_rows(self.db, "SELECT state FROM task_operation WHERE gid = ?", (gid,))
+        return str(rows[0]["state"]) if rows else None
 
     def completed_gids(self, gids: Iterable[int]) -> set[int]:
         """Those of ``gids`` the site's database shows 下载完成 (one read-only look)."""
-        galleries = read_site(self.site_db).galleries
-        return {g for g in gids if (galleries.get(g) or {}).get("status") == 4}
+        rows = site_rows(self.db, "SELECT gid FROM gallery WHERE status = 4")
+        done = {int(r["gid"]) for r in rows}
+        return {g for g in gids if g in done}
+
+    def instances(self) -> list[dict[str, Any]]:
+        """The ``site_instance`` rows, oldest first (schema v4)."""
+        return site_rows(self.db, "SELECT * FROM site_instance ORDER BY id")
+
+    def instance_of(self, name: str | None = None) -> int | None:
+        """The instance id of the running process of site ``name``."""
+        site = self._site_named(name)
+        mine = [r for r in self.instances() if r["name"] == site.name and r["pid"] == site.proc.pid]
+        return int(mine[-1]["id"]) if mine else None
+
+    def reaps(self) -> list[dict[str, Any]]:
+        """The ``instance_reap`` rows (the D9 evidence), in order."""
+        return site_rows(self.db, "SELECT * FROM instance_reap ORDER BY id")
 
     def wait_state(self, gid: int, states: Iterable[str], timeout: float) -> str | None:
         wanted = set(states)
@@ -333,11 +538,11 @@ class Cluster:
             raise DrillError(f"{err} (last state {seen[0]})") from None
         return seen[0]
 
-    def wait_status(self, gid: int, status: str, timeout: float) -> None:
+    def wait_status(self, gid: int, status: str, timeout: float, site: str | None = None) -> None:
         last: list[Any] = [None]
 
         def check() -> bool:
-            body = self.api("GET", f"/api/tasks/{gid}", timeout=3).body
+            body = self.api("GET", f"/api/tasks/{gid}", timeout=3, site=site).body
             last[0] = body
             task = body.get("task") if isinstance(body, dict) else None
             return isinstance(task, dict) and task.get("status") == status
@@ -357,14 +562,25 @@ class Cluster:
     SABOTAGE = "drill_sabotage_recovery"
 
     def sabotage_recovery(self, on: bool) -> None:
-        """Install (or remove) a trigger that makes any write to UNKNOWN abort.
+        """Make the start's recovery fail (S15), or repair it.
 
-        Recovery's first write (``SUBMITTING`` -> ``UNKNOWN``) then fails, which
-        is the "recovery made to fail" of S15.  Only done while the site is
-        stopped: the drill never writes to a database a live site is using.
-        """
-        if self.site is not None and self.site.alive:
-            raise DrillError("refusing to edit the site database while the site runs")
+        SQLite: a trigger that makes any write to UNKNOWN abort (recovery's
+        first write is ``SUBMITTING`` -> ``UNKNOWN``).  PostgreSQL: the
+        sites' role loses (or gets back) its UPDATE privilege on
+        ``task_operation``.  Only done while every site is stopped: the drill
+        never changes a database a live site is using."""
+        if any(s.alive for s in self.sites.values()):
+            raise DrillError("refusing to edit the site database while a site runs")
+        if self.backend == POSTGRESQL:
+            if self.database.admin is None or self.database.role is None:
+                raise DrillError("no administrative role to take the sites' privileges away")
+            verb = (
+                "REVOKE UPDATE ON task_operation FROM"
+                if on
+                else "GRANT UPDATE ON task_operation TO"
+            )
+            self.database.admin(f'{verb} "{self.database.role}"')
+            return
         conn = sqlite3.connect(self.site_db, timeout=10)
         try:
             if on:
@@ -382,7 +598,9 @@ class Cluster:
     # -- the database-lock helper (S6) -----------------------------------------------
 
     def lock_site_db(self, seconds: float) -> subprocess.Popen[bytes]:
-        """Start ``tasknet.drill.dblock`` on the site database; return once it holds the lock."""
+        """Start ``tasknet.drill.dblock`` on the site database (SQLite: the
+        write lock; PostgreSQL: a conflicting table lock from another
+        session); return once it holds the lock."""
         ready = self.root / f"dblock-{len(self.helpers)}.ready"
         helper = subprocess.Popen(
             [
@@ -390,7 +608,7 @@ class Cluster:
                 "-m",
                 "tasknet.drill.dblock",
                 "--db",
-                str(self.site_db),
+                self.db,
                 "--seconds",
                 str(seconds),
                 "--ready-file",
@@ -412,13 +630,30 @@ class Cluster:
 
     # -- evidence ---------------------------------------------------------------------
 
+    def site_runs(self) -> list[dict[str, Any]]:
+        """Every run of every site process: {"site", "pid", "started", "ended", "how"}."""
+        runs = []
+        for site in self.sites.values():
+            site.proc.alive  # noqa: B018 - notes the end of a run that exited by itself
+            runs += [{"site": site.name, **run.to_json()} for run in site.proc.runs]
+        return sorted(runs, key=lambda r: r["started"])
+
     def observe(self) -> World:
         frames: list[dict[str, Any]] = []
+        links: dict[str, dict[str, int]] = {}
         for node in self.nodes.values():
-            records = reactor_thread.call(lambda p=node.proxy: [r.to_json() for r in p.records])
-            frames += [{**r, "node": node.id} for r in records]
+            for site_name, proxy in node.proxies.items():
+                records = reactor_thread.call(lambda p=proxy: [r.to_json() for r in p.records])
+                frames += [{**r, "node": node.id, "site": site_name} for r in records]
+            links[node.id] = node.open_links()
+        listings: dict[str, list[dict[str, Any]]] = {}
+        for site in self.live_sites():
+            listed = self.node_listing(site.name)
+            if listed is not None:
+                listings[site.name] = listed
+        self.ledger.site_runs = self.site_runs()
         return World(
-            site=read_site(self.site_db),
+            site=read_site(self.db),
             nodes={n.id: read_node(n.id, n.data) for n in self.nodes.values()},
             node_dirs={n.id: n.data for n in self.nodes.values()},
             upstream_stats=self.upstream_stats(),
@@ -426,13 +661,23 @@ class Cluster:
             frames=frames,
             webhook=self.webhook.bodies() if self.webhook is not None else None,
             ledger=self.ledger,
+            site_listings=listings,
+            node_links=links,
+            live_nodes={n.id for n in self.nodes.values() if n.proc.alive},
         )
 
     def proxy_stats(self) -> dict[str, Any]:
-        return {n.id: reactor_thread.call(n.proxy.stats) for n in self.nodes.values()}
+        """The proxies' counters: by node id, or ``node->site`` for a node with several."""
+        stats: dict[str, Any] = {}
+        for node in self.nodes.values():
+            for site_name, proxy in node.proxies.items():
+                key = node.id if len(node.proxies) == 1 else f"{node.id}->{site_name}"
+                stats[key] = reactor_thread.call(proxy.stats)
+        return stats
 
     def logs(self) -> dict[str, str]:
-        procs = [p for p in (self.upstream, self.site) if p is not None]
+        procs = [p for p in (self.upstream,) if p is not None]
+        procs += [s.proc for s in self.sites.values()]
         procs += [n.proc for n in self.nodes.values()]
         return {p.name: str(p.log) for p in procs}
 
@@ -447,12 +692,13 @@ class Cluster:
                 helper.stderr.close()
         for node in self.nodes.values():
             node.proc.terminate(5)
-        if self.site is not None:
-            self.site.terminate(5)
+        for site in self.sites.values():
+            site.proc.terminate(5)
         if self.upstream is not None:
             self.upstream.terminate(5)
         for node in self.nodes.values():
-            reactor_thread.call(node.proxy.stop)
+            for proxy in node.proxies.values():
+                reactor_thread.call(proxy.stop)
         if self.webhook is not None:
             self.webhook.stop()
             self.webhook = None

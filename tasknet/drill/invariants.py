@@ -1,8 +1,10 @@
-"""The drill invariants D1–D8 (DRILLS.md), checked on read-only evidence.
+"""The drill invariants D1–D10 (DRILLS.md), checked on read-only evidence.
 
 Each check takes a :class:`World` (the site database, every node database,
 the upstream's stats and journal, the frames the fault proxies saw, the
-webhook deliveries, and the scenario's :class:`Ledger` of what it did) and
+webhook deliveries, what each live site lists at ``/api/admin/nodes``, the
+connections each proxy holds open, and the scenario's :class:`Ledger` of
+what it did, including when each site process ran) and
 returns a :class:`Verdict`: ``PASS``, ``FAIL`` with self-explaining evidence
 (the gid, the rows, the journal entries, the frames), or ``N/A`` when the
 scenario never exercised the invariant (so a green cell always means
@@ -12,9 +14,11 @@ scenario never exercised the invariant (so a green cell always means
 from __future__ import annotations
 
 import json
+import time
 from collections import Counter, defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +38,11 @@ TYPE_DELETE_GALLERY = 5
 TYPE_TASK_COMMAND = 11
 TYPE_TASK_REPORT = 12
 TYPE_TASK_REPORT_ACK = 13
+
+#: SCALE.md 2: a live site reaps a dead instance within this many seconds
+#: (counted from when some other site could first do it).
+REAP_BOUND = 30.0
+IN_FLIGHT = ("RESERVED", "SUBMITTING")
 
 
 @dataclass
@@ -55,6 +64,11 @@ class Ledger:
     # per entry, {"node", "gid", "revision", "status", "progress"} or, for a
     # delete confirmation, {"node", "gid", "revision", "delete_operation_id"}.
     forged: list[dict[str, Any]] = field(default_factory=list)
+    # Every run of every site process (filled when the evidence is gathered):
+    # {"site": --name, "pid", "started", "ended", "how"}, wall-clock seconds;
+    # "ended" is when the drill signalled it (or first saw it gone).  D9 and
+    # D10 match site_instance rows to these by (name, pid).
+    site_runs: list[dict[str, Any]] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -64,6 +78,7 @@ class Ledger:
             "carried_cost": self.carried_cost,
             "expect_completed": sorted(self.expect_completed),
             "forged": self.forged,
+            "site_runs": self.site_runs,
         }
 
 
@@ -77,6 +92,13 @@ class World:
     frames: list[dict[str, Any]]  # proxy FrameRecord.to_json() plus "node"
     webhook: list[Any] | None  # {"id", "body"} the webhook receiver got; None: not used
     ledger: Ledger
+    # site --name -> the "nodes" of its /api/admin/nodes (live sites only).
+    site_listings: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    # node id -> site --name -> connections open through that site's proxy.
+    node_links: dict[str, dict[str, int]] = field(default_factory=dict)
+    # Nodes whose process runs (None: every node in ``nodes``).
+    live_nodes: set[str] | None = None
+    observed_at: float = field(default_factory=time.time)
 
 
 @dataclass
@@ -106,14 +128,16 @@ class _Failures:
     def fail(self, what: str, **evidence: Any) -> None:
         self.items.append({"what": what, **evidence})
 
-    def verdict(self, passed: str, na: str = "") -> Verdict:
+    def verdict(self, passed: str, na: str = "", info: list[Any] | None = None) -> Verdict:
+        """FAIL with the failures, else N/A or PASS (``info``: evidence kept
+        with a PASS too, e.g. what was reaped and when)."""
         if self.items:
             first = self.items[0]["what"]
             more = f" (+{len(self.items) - 1} more)" if len(self.items) > 1 else ""
             return Verdict(self.invariant, FAIL, first + more, self.items)
         if self.checked == 0 and na:
             return Verdict(self.invariant, NA, na)
-        return Verdict(self.invariant, PASS, passed.format(n=self.checked))
+        return Verdict(self.invariant, PASS, passed.format(n=self.checked), list(info or []))
 
 
 def _journal_of(world: World, gid: int) -> list[dict[str, Any]]:
@@ -352,7 +376,12 @@ def _command_sequences(world: World) -> dict[str, list[dict[str, Any]]]:
             {"gid": c["gid"], "action": c["action"], "operation_id": c["operation_id"]}
             for c in node.commands
         ]
-    for frame in sorted(world.frames, key=lambda fr: (fr["node"], fr["seq"])):
+    # One stream per node across its proxies (one per site): the proxies run
+    # on one reactor thread, so their timestamps order the frames.
+    order = sorted(
+        world.frames, key=lambda fr: (fr["node"], fr["at"], fr.get("site", ""), fr["seq"])
+    )
+    for frame in order:
         if frame["direction"] != "to_client" or frame["action"] != "forwarded":
             continue
         payload = frame.get("payload") or {}
@@ -450,7 +479,7 @@ def _reports_and_acks(
 
 def _brief(frames: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [
-        {k: fr.get(k) for k in ("node", "seq", "link", "action", "at")}
+        {k: fr.get(k) for k in ("node", "site", "seq", "link", "action", "at")}
         | {"result": (fr.get("payload") or {}).get("result")}
         for fr in frames
     ]
@@ -696,6 +725,299 @@ def _check_forged_delete(
             )
 
 
+# -- D9, D10: several sites on one database --------------------------------------------
+
+
+def db_time(text: Any) -> float | None:
+    """A timestamp the site database wrote (ISO 8601 UTC, as NOW_SQL writes
+    it) as wall-clock seconds; None when absent or unreadable."""
+    if not text:
+        return None
+    try:
+        return datetime.fromisoformat(str(text).replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
+
+
+def _run_of(world: World, instance: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The site process run behind a ``site_instance`` row: same --name and
+    pid, the latest one started before the row was (pids may be reused)."""
+    if instance is None:
+        return None
+    started = db_time(instance.get("started_at"))
+    runs = [
+        r
+        for r in world.ledger.site_runs
+        if r.get("pid") == instance.get("pid") and r.get("site") == instance.get("name")
+    ]
+    if started is not None:
+        runs = [r for r in runs if r["started"] <= started + 1.0] or runs
+    return max(runs, key=lambda r: r["started"]) if runs else None
+
+
+def _alive_at(run: dict[str, Any], moment: float) -> bool:
+    """Whether the run's process was alive at ``moment`` (it was until the
+    drill signalled it; a row it wrote proves it had started)."""
+    return run["ended"] is None or moment < run["ended"]
+
+
+def _reap_deadline(world: World, run: dict[str, Any]) -> float | None:
+    """When a dead run's submissions must be settled by: 30 s after it
+    died, or after another site process was first alive to do it (a single
+    site restarted later settles them at its start).  None while it runs,
+    or when no other site ever ran after it."""
+    end = run.get("ended")
+    if end is None:
+        return None
+    could: list[float] = []
+    for other in world.ledger.site_runs:
+        if other is run:
+            continue
+        if other["started"] <= end and (other["ended"] is None or other["ended"] > end):
+            could.append(end)
+        elif other["started"] > end:
+            could.append(other["started"])
+    return min(could) + REAP_BOUND if could else None
+
+
+def _who(instance_id: Any, world: World) -> str:
+    row = world.site.instances.get(instance_id)
+    if row is None:
+        return f"instance {instance_id}"
+    return f"instance {instance_id} ({row.get('name')}, pid {row.get('pid')})"
+
+
+def check_d9(world: World) -> Verdict:
+    """No live site's SUBMITTING/RESERVED was settled by another site; a
+    dead site's were, within 30 s.
+
+    Evidence: ``instance_reap`` (one row per generation settled for a gone
+    instance: whose, by whom, when, from which state), ``site_instance``
+    (which instance is which process; reaped or ended), the in-flight
+    operations' ``instance_id``, and the drill's record of when each site
+    process ran (:attr:`Ledger.site_runs`)."""
+    f = _Failures("D9")
+    if "site_instance" not in world.site.tables:
+        return Verdict("D9", NA, "no instance records (schema before v4)")
+    instances = world.site.instances
+    settled: list[dict[str, Any]] = []
+    for reap in world.site.reaps:
+        gone = reap.get("instance_id")
+        if gone is None:
+            continue  # a generation written before v4: no instance to judge
+        f.checked += 1
+        settled.append(_settled_entry(world, reap))
+        run = _run_of(world, instances.get(gone))
+        reaped_at = db_time(reap.get("reaped_at"))
+        what = f"gid {reap['gid']}: {reap['from_state']} of {_who(gone, world)}"
+        if run is None or reaped_at is None:
+            f.fail(f"{what} settled, but that instance is no site run of the drill", reap=reap)
+            continue
+        if _alive_at(run, reaped_at):
+            f.fail(
+                f"{what} settled by {_who(reap['reaped_by'], world)} while its site was alive",
+                reap=reap,
+                run=run,
+                instance=instances.get(gone),
+            )
+        deadline = _reap_deadline(world, run)
+        if deadline is not None and reaped_at > deadline:
+            f.fail(
+                f"{what} settled {reaped_at - run['ended']:.1f} s after its site died"
+                f" (bound: {REAP_BOUND:.0f} s once a site could)",
+                reap=reap,
+                run=run,
+            )
+    _check_dead_instances_settled(f, world)
+    f.checked += _recoveries_beside_live_instances(world)
+    return f.verdict(
+        "{n} check(s): only dead instances' submissions settled, each in time",
+        "no site instance died or started beside another",
+        settled,
+    )
+
+
+def _recoveries_beside_live_instances(world: World) -> int:
+    """How many times an instance started (and ran its recovery) while
+    another was alive: each a chance to settle a live site's generations,
+    which the reap rows above would show."""
+    starts = [db_time(row.get("started_at")) for row in world.site.instances.values()]
+    count = 0
+    for row in world.site.instances.values():
+        run = _run_of(world, row)
+        if run is None:
+            continue
+        mine = db_time(row.get("started_at"))
+        count += sum(
+            1
+            for start in starts
+            if start is not None
+            and start != mine
+            and start > run["started"]
+            and _alive_at(run, start)
+        )
+    return count
+
+
+def _settled_entry(world: World, reap: dict[str, Any]) -> dict[str, Any]:
+    """One line of D9's evidence: what was settled, whose, by whom, when."""
+    gone = world.site.instances.get(reap["instance_id"]) or {}
+    by = world.site.instances.get(reap["reaped_by"]) or {}
+    run = _run_of(world, gone or None)
+    reaped_at = db_time(reap.get("reaped_at"))
+    died = run.get("ended") if run else None
+    return {
+        "what": "settled",
+        "gid": reap.get("gid"),
+        "operation_id": reap.get("operation_id"),
+        "from_state": reap.get("from_state"),
+        "outcome": reap.get("outcome"),
+        "instance": reap.get("instance_id"),
+        "instance_site": gone.get("name"),
+        "reaped_by": reap.get("reaped_by"),
+        "reaped_by_site": by.get("name"),
+        "reaped_at": reap.get("reaped_at"),
+        "seconds_after_death": (
+            round(reaped_at - died, 3) if reaped_at is not None and died is not None else None
+        ),
+    }
+
+
+def _check_dead_instances_settled(f: _Failures, world: World) -> None:
+    """Every instance whose process died: once reaped (or ended), none of
+    its generations in flight; past its deadline, reaped (or ended)."""
+    in_flight: dict[Any, list[dict[str, Any]]] = defaultdict(list)
+    for op in world.site.operations.values():
+        if op.get("state") in IN_FLIGHT and op.get("instance_id") is not None:
+            in_flight[op["instance_id"]].append(op)
+    for instance_id, row in sorted(world.site.instances.items()):
+        run = _run_of(world, row)
+        if run is None or run.get("ended") is None:
+            continue
+        closed = row.get("ended_at") is not None or row.get("reaped_at") is not None
+        deadline = _reap_deadline(world, run)
+        due = deadline is not None and world.observed_at >= deadline
+        if not closed and not due:
+            continue  # nobody could settle it yet, or not yet due
+        f.checked += 1
+        left = in_flight.get(instance_id, [])
+        if left:
+            f.fail(
+                f"{_who(instance_id, world)} died at {run['ended']:.3f}; {len(left)}"
+                f" generation(s) still {sorted({o['state'] for o in left})}"
+                + (" after it was reaped" if closed else " past the bound"),
+                instance=row,
+                run=run,
+                operations=left,
+            )
+        if not closed:
+            f.fail(
+                f"{_who(instance_id, world)} died at {run['ended']:.3f} and was not reaped"
+                f" within {REAP_BOUND:.0f} s",
+                instance=row,
+                run=run,
+            )
+
+
+def check_d10(world: World) -> Verdict:
+    """At rest every connected node is held by exactly one site, and no
+    task is assigned to two nodes.
+
+    Evidence: ``node_session`` (the holder of each node), each live site's
+    ``/api/admin/nodes`` (every node once, with its holder), the connections
+    each node's proxies hold open, the holder's instance, and every node's
+    tasks and received DOWNLOADs against the site's assignment."""
+    f = _Failures("D10")
+    for site, listed in sorted(world.site_listings.items()):
+        counts = Counter(str(n.get("id")) for n in listed)
+        for node_id, count in sorted(counts.items()):
+            if count > 1:
+                f.fail(f"{site} lists {node_id} {count} times", site=site, nodes=listed)
+    live = world.live_nodes if world.live_nodes is not None else set(world.nodes)
+    for node_id in sorted(live):
+        f.checked += 1
+        _check_held_once(f, world, node_id)
+    _check_one_node_per_task(f, world)
+    return f.verdict(
+        "{n} check(s): each node held by one site, each task on one node", "no node, no task"
+    )
+
+
+def _check_held_once(f: _Failures, world: World, node_id: str) -> None:
+    session = world.site.node_sessions.get(node_id)
+    holder = session.get("site_name") if session and session.get("connected_at") else None
+    evidence: dict[str, Any] = {
+        "node": node_id,
+        "node_session": session,
+        "listings": {
+            site: [n for n in listed if str(n.get("id")) == node_id]
+            for site, listed in world.site_listings.items()
+        },
+        "open_links": world.node_links.get(node_id),
+    }
+    if "node_session" in world.site.tables and holder is None:
+        f.fail(f"{node_id} runs, but no site holds it (node_session)", **evidence)
+    for site, entries in sorted(evidence["listings"].items()):
+        shown = [n.get("site") for n in entries if n.get("connected")]
+        if len(shown) != 1 or (holder is not None and shown[0] != holder):
+            f.fail(
+                f"{site} shows {node_id} held by {shown or 'no site'}, node_session says {holder}",
+                **evidence,
+            )
+    links = {s: k for s, k in (world.node_links.get(node_id) or {}).items() if k}
+    if node_id in world.node_links and (
+        sum(links.values()) != 1 or (holder is not None and holder not in links)
+    ):
+        f.fail(
+            f"{node_id} has {sum(links.values())} open connection(s) ({links}),"
+            f" held by {holder}: expected one, to its holder",
+            **evidence,
+        )
+    if session and holder is not None and session.get("instance_id") is not None:
+        instance = world.site.instances.get(session["instance_id"])
+        run = _run_of(world, instance)
+        if instance is not None and (run is None or not _alive_at(run, world.observed_at)):
+            f.fail(
+                f"{node_id} held by {_who(session['instance_id'], world)}, which is not running",
+                run=run,
+                **evidence,
+            )
+
+
+def _check_one_node_per_task(f: _Failures, world: World) -> None:
+    """Each current generation is on (was sent to) one node: the one it is assigned to."""
+    held: dict[tuple[int, str], set[str]] = defaultdict(set)
+    for node_id, node in world.nodes.items():
+        for gid, task in node.tasks.items():
+            if task.get("operation_id"):
+                held[(gid, str(task["operation_id"]))].add(node_id)
+        for cmd in node.commands:
+            if cmd.get("action") == "DOWNLOAD" and cmd.get("operation_id"):
+                held[(cmd["gid"], str(cmd["operation_id"]))].add(node_id)
+    for gid, op in sorted(world.site.operations.items()):
+        if op.get("state") not in ("SUBMITTED", "DELETE_PENDING"):
+            continue
+        nodes = held.get((gid, str(op.get("operation_id"))), set())
+        if not nodes:
+            continue
+        f.checked += 1
+        assigned = (world.site.galleries.get(gid) or {}).get("node_id")
+        if len(nodes) > 1:
+            f.fail(
+                f"gid {gid}: operation {op['operation_id']} on {len(nodes)} nodes"
+                f" ({', '.join(sorted(nodes))})",
+                gid=gid,
+                operation=op,
+                assigned=assigned,
+            )
+        elif assigned is not None and assigned not in nodes:
+            f.fail(
+                f"gid {gid}: on {', '.join(sorted(nodes))} but assigned to {assigned}",
+                gid=gid,
+                operation=op,
+            )
+
+
 CHECKS: dict[str, Callable[[World], Verdict]] = {
     "D1": check_d1,
     "D2": check_d2,
@@ -705,6 +1027,8 @@ CHECKS: dict[str, Callable[[World], Verdict]] = {
     "D6": check_d6,
     "D7": check_d7,
     "D8": check_d8,
+    "D9": check_d9,
+    "D10": check_d10,
 }
 INVARIANTS = tuple(CHECKS)
 

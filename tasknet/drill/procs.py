@@ -13,7 +13,9 @@ import signal
 import subprocess
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from tasknet.process import Child, twistd_command
 
@@ -59,6 +61,23 @@ def wait_for(
         time.sleep(interval)
 
 
+@dataclass
+class Run:
+    """One run of a :class:`Proc`: its pid and wall-clock lifetime (evidence
+    for D9: was a site alive when another settled its submissions?).
+    ``ended`` is when the drill sent the signal that ended it (the process
+    was alive until at least then), or, for a process that exited by itself,
+    the first moment the drill saw it gone (an upper bound)."""
+
+    pid: int | None
+    started: float
+    ended: float | None = None
+    how: str | None = None  # "SIGKILL" | "SIGTERM" | "exited"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"pid": self.pid, "started": self.started, "ended": self.ended, "how": self.how}
+
+
 class Proc:
     """One twistd process of a tasknet role, restartable with the same arguments."""
 
@@ -73,6 +92,7 @@ class Proc:
         self.child: Child | None = None
         self.starts = 0
         self.prefix: list[str] = []  # e.g. ["ip", "netns", "exec", "ns"]
+        self.runs: list[Run] = []
 
     def command(self) -> list[str]:
         return [
@@ -91,7 +111,9 @@ class Proc:
         self.starts += 1
         command = self.command()
         self.child = Child(self.name, command, self.console, cwd=self.dir)
+        started = time.time()
         self.child.start(banner=f"--- start #{self.starts}: {' '.join(command)}\n")
+        self.runs.append(Run(self.child.pid, started))
 
     @property
     def popen(self) -> subprocess.Popen[bytes] | None:
@@ -103,7 +125,16 @@ class Proc:
 
     @property
     def alive(self) -> bool:
-        return self.child is not None and self.child.alive
+        alive = self.child is not None and self.child.alive
+        if not alive:
+            self._ended("exited")
+        return alive
+
+    def _ended(self, how: str) -> None:
+        """Note the end of the current run (the first note wins)."""
+        if self.runs and self.runs[-1].ended is None:
+            self.runs[-1].ended = time.time()
+            self.runs[-1].how = how
 
     @property
     def returncode(self) -> int | None:
@@ -112,6 +143,8 @@ class Proc:
     def kill(self) -> None:
         """SIGKILL: no shutdown code runs (the crash the drills are about)."""
         if self.child is not None:
+            if self.child.alive:
+                self._ended("SIGKILL")
             self.child.signal(signal.SIGKILL)
         self.wait_exit(10)
 
@@ -120,6 +153,7 @@ class Proc:
         if not self.alive:
             return
         if self.child is not None:
+            self._ended("SIGTERM")
             self.child.signal(signal.SIGTERM)
         try:
             self.wait_exit(timeout)

@@ -12,6 +12,10 @@ faults on the real protocol rather than mocks:
   the start of the next frame of ``msg_type`` when given), then cut the
   connection: the receiver gets a truncated stream and a close;
 * ``blackhole()``: accept and read, forward nothing either way (a partition);
+* ``forsake()``: close the client's (node's) side of every relayed connection
+  and keep the target's (site's) side open and silent, as when the node's
+  host vanished: the node dials again (its next site), while the site still
+  holds a connection that leads nowhere until it closes it itself;
 * ``heal()``: back to plain pass-through.  Connections that lost bytes while
   black-holed are aborted on heal: their framing can no longer be trusted
   (the peers will reconnect, as they would after a real partition timeout).
@@ -175,11 +179,15 @@ class _Link:
         self.tainted = False  # lost bytes in a black hole
         self.closed = False
         self.connecting: defer.Deferred[Any] | None = None
+        self.forsaken_at: float | None = None  # forsake(): the client side is gone
 
     # -- input -------------------------------------------------------------
 
     def receive(self, direction: str, data: bytes) -> None:
         if self.closed:
+            return
+        if self.forsaken_at is not None:
+            self.proxy.forsaken_bytes[direction] += len(data)
             return
         if direction == TO_SERVER and self.server is None:
             self.early.append(data)
@@ -261,8 +269,27 @@ class _Link:
             if side is not None and side.transport is not None:
                 _t(side).abortConnection()
 
-    def side_lost(self) -> None:
+    @property
+    def open(self) -> bool:
+        """The target's side is connected and the link not closed."""
+        return not self.closed and self.server is not None and self.server.transport is not None
+
+    def forsake(self) -> bool:
+        """Close the client side only; the target side stays open, silent."""
+        if not self.open or self.forsaken_at is not None:
+            return False
+        self.forsaken_at = time.time()
+        self._cancel_timers()
+        if self.client is not None and self.client.transport is not None:
+            _t(self.client).loseConnection()
+        return True
+
+    def side_lost(self, client_side: bool) -> None:
         """Either side went away: close the other one (after flushing what it has)."""
+        if self.forsaken_at is not None:
+            if client_side:
+                return  # forsaken: the target's side stays open until the target closes it
+            self.proxy.forsaken_closed.append(round(time.time() - self.forsaken_at, 3))
         self._cancel_timers()
         self.closed = True
         if self.connecting is not None:
@@ -290,7 +317,7 @@ class _ServerSide(protocol.Protocol):
         self.link.receive(TO_CLIENT, data)
 
     def connectionLost(self, reason: Failure = protocol.connectionDone) -> None:
-        self.link.side_lost()
+        self.link.side_lost(client_side=False)
 
 
 class _ClientSide(protocol.Protocol):
@@ -318,7 +345,7 @@ class _ClientSide(protocol.Protocol):
         self.link.receive(TO_SERVER, data)
 
     def connectionLost(self, reason: Failure = protocol.connectionDone) -> None:
-        self.link.side_lost()
+        self.link.side_lost(client_side=True)
 
 
 class _ProxyFactory(protocol.ServerFactory):
@@ -359,6 +386,10 @@ class FaultProxy:
         self.connections = 0
         self.cuts_done = 0
         self.target_failures = 0
+        self.forsaken = 0
+        self.forsaken_bytes: Counter[str] = Counter()
+        # Seconds from each forsake() until the target closed its side.
+        self.forsaken_closed: list[float] = []
 
     # -- lifecycle ---------------------------------------------------------
 
@@ -442,6 +473,17 @@ class FaultProxy:
             if link.tainted:
                 link.abort()
 
+    def forsake(self) -> int:
+        """Forsake every open relayed connection (see the module doc): the
+        client sees a close, the target nothing.  How many were forsaken."""
+        count = sum(link.forsake() for link in list(self.links.values()))
+        self.forsaken += count
+        return count
+
+    def open_links(self) -> int:
+        """Relayed connections whose target side is open (forsaken ones too)."""
+        return sum(1 for link in self.links.values() if link.open)
+
     def disconnect_all(self) -> None:
         """Abort every relayed connection now (both sides see a reset)."""
         for link in list(self.links.values()):
@@ -523,10 +565,13 @@ class FaultProxy:
             "port": self.port,
             "target": f"{self.target_host}:{self.target_port}",
             "connections": self.connections,
-            "open_links": len(self.links),
+            "open_links": self.open_links(),
             "forwarded": flat(self.counts),
             "dropped": flat(self.dropped),
             "cuts": self.cuts_done,
             "blackholed_bytes": dict(self.blackholed_bytes),
             "target_failures": self.target_failures,
+            "forsaken": self.forsaken,
+            "forsaken_bytes": dict(self.forsaken_bytes),
+            "forsaken_closed_after": list(self.forsaken_closed),
         }

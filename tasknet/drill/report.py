@@ -26,6 +26,7 @@ class RunResult:
     verdicts: list[Verdict]
     seconds: float
     directory: str | None = None
+    database: str | None = None  # the site database of a kept run
     logs: dict[str, str] = field(default_factory=dict)
     proxies: dict[str, Any] = field(default_factory=dict)
     ledger: dict[str, Any] = field(default_factory=dict)
@@ -49,6 +50,7 @@ class RunResult:
             "seconds": round(self.seconds, 2),
             "verdicts": {v.invariant: v.to_json() for v in self.verdicts},
             "directory": self.directory,
+            "database": self.database,
             "logs": self.logs,
             "proxies": self.proxies,
             "ledger": self.ledger,
@@ -105,7 +107,8 @@ def table(results: list[RunResult]) -> str:
     passed = sum(not r.failed for r in results)
     lines.append("")
     lines.append(f"{passed}/{len(results)} run(s) passed; E = the scenario's expected outcome,")
-    lines.append("D1–D8 = DRILLS.md invariants, – = not exercised by the scenario.")
+    span = f"{INVARIANTS[0]}–{INVARIANTS[-1]}"
+    lines.append(f"{span} = DRILLS.md invariants, – = not exercised by the scenario.")
     return "\n".join(lines)
 
 
@@ -130,6 +133,8 @@ def failures(results: list[RunResult]) -> str:
                 out.append(f"  ... {len(v.evidence) - 3} more")
         if r.failed and r.directory:
             out.append(f"  logs and databases of {r.scenario} run {r.run}: {r.directory}")
+        if r.failed and r.database and "://" in r.database:  # SQLite's is in the directory
+            out.append(f"  site database of {r.scenario} run {r.run}: {r.database}")
     return "\n".join(out)
 
 

@@ -1,4 +1,5 @@
-"""Run scenarios: fresh cluster per run, fault, settle, evidence, verdicts."""
+"""Run scenarios: fresh cluster (and site database) per run, fault, settle,
+evidence, verdicts."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from pathlib import Path
 
 from tasknet.drill import reactor_thread
 from tasknet.drill.cluster import Cluster
+from tasknet.drill.databases import Databases, SqliteFiles, run_database_name
 from tasknet.drill.invariants import FAIL, INVARIANTS, Verdict, check_all
 from tasknet.drill.netns import Netns
 from tasknet.drill.procs import DrillError, wait_for
@@ -23,16 +25,19 @@ COMPLETED_CODE = 4
 def _settled(cluster: Cluster, pending: list[str]) -> bool:
     """The system has converged: nothing unacknowledged, completions shown, outbox drained."""
     pending.clear()
-    site_alive = cluster.site is not None and cluster.site.alive
+    site_alive = bool(cluster.live_sites())
     if site_alive:
         connected = cluster.connected_nodes()
         for node in cluster.nodes.values():
             if node.proc.alive and node.id not in connected:
                 pending.append(f"{node.id} not connected")
-    site = read_site(cluster.site_db) if cluster.site_db.exists() else None
+    site = read_site(cluster.db) if cluster.db_exists() else None
     for node in cluster.nodes.values():
         if not node.proc.alive:
             continue
+        links = node.open_links()
+        if site_alive and sum(links.values()) > 1:
+            pending.append(f"{node.id} has connections open to several sites {links}")
         snap = read_node(node.id, node.data)
         if snap.in_flight is not None:
             pending.append(f"{node.id} report {snap.in_flight['report_id']} unacknowledged")
@@ -73,12 +78,24 @@ def run_one(
     progress: Progress,
     seed: int,
     netns: Netns | None = None,
+    databases: Databases | None = None,
 ) -> RunResult:
     directory = root / f"{scenario.id}-{run}"
-    cluster = Cluster(directory, netns)
+    databases = databases or SqliteFiles()
     x = Expect(progress.update)
     progress.begin(f"{scenario.id}#{run}")
     started = time.monotonic()
+    try:
+        database = databases.new(run_database_name(scenario.id, run), directory)
+    except Exception as err:  # noqa: BLE001 - this run fails, the session goes on
+        x.crashed(DrillError(f"could not create the run's site database: {err}"))
+        missing = [Verdict(d, FAIL, "not run: no site database") for d in INVARIANTS]
+        result = RunResult(
+            scenario.id, scenario.title, run, [x.verdict(), *missing], time.monotonic() - started
+        )
+        progress.end(result)
+        return result
+    cluster = Cluster(directory, netns, database)
     rng = random.Random(f"{seed}:{scenario.id}:{run}")
     verdicts: list[Verdict] = []
     proxies: dict[str, object] = {}
@@ -89,7 +106,7 @@ def run_one(
             x.crashed(err)
             if not isinstance(err, DrillError):
                 x.failures[-1]["traceback"] = traceback.format_exc()
-        if cluster.site is not None:
+        if cluster.sites:
             settle(cluster, scenario.settle, x)
         x.step("checking invariants")
         try:
@@ -117,8 +134,14 @@ def run_one(
         ledger=cluster.ledger.to_json(),
     )
     # Keep what a post-mortem needs: everything with --keep, failed runs always.
-    if keep or result.failed:
+    kept = keep or result.failed
+    try:
+        databases.release(database, keep=kept)
+    except Exception as err:  # noqa: BLE001 - cleanup only; the verdicts stand
+        progress.update(f"could not drop the run's database: {err}")
+    if kept:
         result.directory = str(directory)
+        result.database = database.target
     else:
         shutil.rmtree(directory, ignore_errors=True)
         result.logs = {}
@@ -135,6 +158,7 @@ def run_all(
     progress: Progress,
     seed: int,
     netns: Netns | None = None,
+    databases: Databases | None = None,
 ) -> list[RunResult]:
     # The reactor thread enters the nodes' namespace once: the namespaces
     # (created by the caller) must live for the whole session.
@@ -143,6 +167,15 @@ def run_all(
     for run in range(1, repeat + 1):
         for scenario in scenarios:
             results.append(
-                run_one(scenario, run, root, keep=keep, progress=progress, seed=seed, netns=netns)
+                run_one(
+                    scenario,
+                    run,
+                    root,
+                    keep=keep,
+                    progress=progress,
+                    seed=seed,
+                    netns=netns,
+                    databases=databases,
+                )
             )
     return results

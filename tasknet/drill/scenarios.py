@@ -1,9 +1,13 @@
-"""Scenarios S1–S19 of DRILLS.md: each injects one fault into real processes.
+"""Scenarios S1–S22 of DRILLS.md: each injects one fault into real processes.
 
 A scenario drives a :class:`Cluster` and records its own expectations (the
 "expected" column of DRILLS.md) through :class:`Expect`; the invariants
-D1–D8 are checked afterwards by the runner on the settled system.  Every wait
-is bounded and says what it was waiting for.
+D1–D10 are checked afterwards by the runner on the settled system.  Every
+wait is bounded and says what it was waiting for.
+
+S1–S19 run on either database (S6, S15 and S18 fault the database in the
+backend's own way); S20–S22, several sites on one database, only on
+PostgreSQL.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ import functools
 import random
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -24,9 +29,10 @@ from tasknet.drill.invariants import FAIL, PASS, Verdict
 from tasknet.drill.peer import ScriptedPeer, send_late_report
 from tasknet.drill.procs import DrillError, Proc, wait_for
 from tasknet.drill.proxy import TO_CLIENT, TO_SERVER
-from tasknet.drill.snapshot import read_only
+from tasknet.drill.snapshot import site_rows
 from tasknet.process import free_port
 from tasknet.protocol.messages import DeletedEntry, TaskEntry, TaskReport, TaskReportAck
+from tasknet.site.storage.db import POSTGRESQL, SQLITE
 from tasknet.upstream.catalog import gallery
 
 COMPLETED = "COMPLETED"
@@ -82,6 +88,7 @@ class Scenario:
     title: str
     run: Callable[[Cluster, Expect, random.Random], None]
     settle: float = 30.0  # bound on the final settling wait
+    backends: tuple[str, ...] = (SQLITE, POSTGRESQL)  # the databases it runs on
 
 
 def pick_gid(rng: random.Random, *, min_size: int = 0, max_size: int = 1 << 40) -> int:
@@ -136,6 +143,14 @@ def completed(c: Cluster, x: Expect, gid: int, timeout: float = DOWNLOAD_TIMEOUT
 def expect_usage(c: Cluster, x: Expect, expected: int, what: str) -> None:
     reply = c.api("GET", "/api/usage")
     x.equal((reply.body or {}).get("used") if reply.ok else reply.brief(), expected, what)
+
+
+def health_of(c: Cluster, site: str | None = None) -> Any:
+    """``/healthz``'s recovery and dispatch (it also names the site and backend)."""
+    body = c.healthz(site).body
+    if not isinstance(body, dict):
+        return body
+    return {k: body.get(k) for k in ("recovery", "dispatch")}
 
 
 def report_carries(gid: int, status: int) -> Callable[[Any], bool]:
@@ -230,8 +245,7 @@ def s4_site_killed_while_submitting(c: Cluster, x: Expect, rng: random.Random) -
     x.that(hold(lambda: c.posts(gid) == 1, 2.0), "no POST resent after restart")
     x.status(c.create(gid), 409, "create again after recovery")
     x.equal(c.posts(gid), 1, "upstream POSTs at the end")
-    health = c.healthz()
-    x.equal(health.body, {"recovery": "done", "dispatch": "enabled"}, "/healthz after recovery")
+    x.equal(health_of(c), {"recovery": "done", "dispatch": "enabled"}, "/healthz after recovery")
 
 
 def s5_site_killed_with_reserved(c: Cluster, x: Expect, rng: random.Random) -> None:
@@ -562,7 +576,7 @@ def s15_recovery_fails(c: Cluster, x: Expect, rng: random.Random) -> None:
     c.sabotage_recovery(True)
     site.start()
     site.wait_ready(lambda: c.healthz().status == 200, 40, "/healthz after a failed recovery")
-    x.equal(c.healthz().body, {"recovery": "failed", "dispatch": "disabled"}, "/healthz says so")
+    x.equal(health_of(c), {"recovery": "failed", "dispatch": "disabled"}, "/healthz says so")
     log = site.log_text().rsplit("starting up.", 1)[-1].lower()
     x.that("recovery" in log and "fail" in log, "the log says recovery failed")
     x.step("a node connects: accepted, but nothing dispatched")
@@ -576,7 +590,7 @@ def s15_recovery_fails(c: Cluster, x: Expect, rng: random.Random) -> None:
     c.sabotage_recovery(False)
     site.start()
     site.wait_ready(lambda: c.healthz().status == 200, 40, "/healthz after repair")
-    x.equal(c.healthz().body, {"recovery": "done", "dispatch": "enabled"}, "/healthz after")
+    x.equal(health_of(c), {"recovery": "done", "dispatch": "enabled"}, "/healthz after")
     x.equal(c.site_state(interrupted), "UNKNOWN", "the interrupted submission after recovery")
     x.equal(c.posts(interrupted), 1, "upstream POSTs of the interrupted submission")
     completed(c, x, ready)
@@ -622,12 +636,12 @@ FORGED_REVISION = 2**62
 
 
 def _dropped_not_owner(c: Cluster, node_id: str) -> int:
-    with read_only(c.site_db) as conn:
-        row = conn.execute(
-            "SELECT count FROM node_dropped_entry WHERE node_id = ? AND reason = 'not_owner'",
-            (node_id,),
-        ).fetchone()
-    return int(row[0]) if row else 0
+    rows = site_rows(
+        c.db,
+        "SELECT count FROM node_dropped_entry WHERE node_id = ? AND reason = 'not_owner'",
+        (node_id,),
+    )
+    return int(rows[0]["count"]) if rows else 0
 
 
 def _forge_and_record(
@@ -734,6 +748,9 @@ def s18_second_site_on_the_database(c: Cluster, x: Expect, rng: random.Random) -
     x.step(f"create gid {gid}; the upstream holds its POST 8 s")
     _, answers = in_background(lambda: c.create(gid, timeout=90))
     wait_for(lambda: c.site_state(gid) == "SUBMITTING", 15, "SUBMITTING committed")
+    if c.backend == POSTGRESQL:
+        _s18_second_site_joins(c, x, gid, answers)
+        return
     x.step("start a second tasknet-site on the live site's database")
     second = Proc(
         "site-2",
@@ -765,6 +782,24 @@ def s18_second_site_on_the_database(c: Cluster, x: Expect, rng: random.Random) -
         x.that(f"pid {c.site.pid} " in refusal, "the refusal names the live site's pid")
     x.that("recovery" not in refusal, "the second site ran no recovery", log=refusal)
     x.equal(c.site_state(gid), "SUBMITTING", "state right after the refusal")
+    wait_for(lambda: bool(answers), 60, "the in-flight create to be answered")
+    x.status(answers[0], 201, "the in-flight create")
+    x.equal(c.site_state(gid), "SUBMITTED", "state of the in-flight create")
+    x.equal(c.posts(gid), 1, "upstream POSTs")
+    completed(c, x, gid)
+
+
+def _s18_second_site_joins(c: Cluster, x: Expect, gid: int, answers: list[Reply]) -> None:
+    """S18 on PostgreSQL: several sites may share the database, so the
+    second one starts; its recovery must leave the live site's in-flight
+    submission alone (D9), which still ends SUBMITTED."""
+    x.step("start a second tasknet-site on the live site's database (PostgreSQL: it joins)")
+    second = c.start_site("drill-site-2", upstream_timeout=1)
+    x.equal(health_of(c, second.name), {"recovery": "done", "dispatch": "enabled"}, "its /healthz")
+    x.equal(c.site_state(gid), "SUBMITTING", "state right after the second site's recovery")
+    mine = c.instance_of(second.name)
+    settled = [r for r in c.reaps() if r["gid"] == gid]
+    x.equal(settled, [], f"reaps of the live site's gid {gid} (second site is instance {mine})")
     wait_for(lambda: bool(answers), 60, "the in-flight create to be answered")
     x.status(answers[0], 201, "the in-flight create")
     x.equal(c.site_state(gid), "SUBMITTED", "state of the in-flight create")
@@ -880,6 +915,286 @@ def s19_resource_exhaustion(c: Cluster, x: Expect, rng: random.Random) -> None:
         completed(c, x, gid)
 
 
+# -- S20..S22: several sites on one PostgreSQL database ------------------------------
+
+#: SCALE.md 2: a dead instance's interrupted submissions are UNKNOWN within this.
+REAP_BOUND = 30.0
+FAILOVER_TIMEOUT = 30.0
+
+
+def two_sites(
+    c: Cluster, *, upstream_timeout: float = 3.0, bandwidth: int = 0, extra: tuple[str, ...] = ()
+) -> tuple[str, str]:
+    """Upstream and two sites on the run's database; their --names."""
+    c.start_upstream(bandwidth=bandwidth or None)
+    first = c.start_site(upstream_timeout=upstream_timeout, extra=extra)
+    second = c.start_site(upstream_timeout=upstream_timeout, extra=extra)
+    return first.name, second.name
+
+
+def downloading(c: Cluster, node_id: str, gids: list[int]) -> bool:
+    """``node_id`` holds every one of ``gids`` and has bytes of at least one."""
+    snap = c.node_snapshot(node_id)
+    partial = any(p.stat().st_size > 0 for p in (c.nodes[node_id].data / "partial").glob("*"))
+    return set(gids) <= set(snap.tasks) and (partial or bool(snap.archives))
+
+
+def _expect_reaped(
+    c: Cluster, x: Expect, gid: int, gone: int | None, reaper: int | None
+) -> list[dict[str, Any]]:
+    """The D9 evidence of ``gid``: one reap row, SUBMITTING -> UNKNOWN, of
+    instance ``gone`` by instance ``reaper``."""
+    rows = [r for r in c.reaps() if r["gid"] == gid]
+    x.equal(
+        [(r["instance_id"], r["reaped_by"], r["from_state"], r["outcome"]) for r in rows],
+        [(gone, reaper, "SUBMITTING", "UNKNOWN")],
+        f"instance_reap rows of gid {gid} (whose, by whom, from, to)",
+        rows=rows,
+    )
+    return rows
+
+
+def s20_site_killed_among_two(c: Cluster, x: Expect, rng: random.Random) -> None:
+    x.step("start upstream (100 kB/s per response), two sites on one PostgreSQL database")
+    live, victim = two_sites(c, upstream_timeout=60, bandwidth=100_000)
+    x.step(f"n1 dials {victim} first, then {live}; three downloads on it")
+    c.start_node("n1", sites=(victim, live), wait=False)
+    c.wait_connected("n1", site=victim)
+    gids = distinct_gids(rng, 4, min_size=700_000, max_size=1_100_000)
+    held, gids = gids[0], gids[1:]
+    for gid in gids:
+        x.status(c.create(gid, site=victim), 201, f"create {gid} through {victim}")
+        c.ledger.expect_completed.add(gid)
+    wait_for(lambda: downloading(c, "n1", gids), 30, "n1 downloading the three")
+    x.step(f"n2 dials {live} first, then {victim}")
+    c.start_node("n2", sites=(live, victim))
+    c.upstream_fault("timeout")  # the next archive POST is held, never answered
+    x.step(f"create gid {held} through {victim}; the upstream holds its POST")
+    in_background(lambda: c.create(held, timeout=90, site=victim))
+    wait_for(
+        lambda: c.site_state(held) == "SUBMITTING" and c.posts(held) == 1,
+        15,
+        f"gid {held} SUBMITTING and its POST at the upstream",
+    )
+    gone, reaper = c.instance_of(victim), c.instance_of(live)
+    busy = [g for g in gids if g not in c.completed_gids(gids)]
+    x.that(bool(busy), f"n1 still downloading at the kill ({len(busy)} of 3 not done)")
+    x.step(f"SIGKILL {victim} (instance {gone}) with the POST in flight")
+    killed_at = time.time()
+    c.stop_site(victim, kill=True)
+    c.wait_state(held, ("UNKNOWN",), REAP_BOUND + 5)
+    took = time.time() - killed_at
+    x.that(took <= REAP_BOUND, f"gid {held} UNKNOWN {took:.1f} s after the kill (bound 30 s)")
+    _expect_reaped(c, x, held, gone, reaper)
+    x.step(f"{victim} reaped by {live} (instance {reaper}); n1 fails over")
+    x.equal(c.posts(held), 1, "upstream POSTs of the held gid")
+    c.wait_connected("n1", site=live, timeout=FAILOVER_TIMEOUT)
+    for gid in gids:
+        completed(c, x, gid)
+    x.step(f"restart {victim}: it changes nothing")
+    states = {g: c.site_state(g) for g in (held, *gids)}
+    reaped = c.reaps()
+    c.resume_site(victim)
+    x.that(
+        hold(lambda: c.site_state(held) == "UNKNOWN" and c.posts(held) == 1, 3.0),
+        f"gid {held} stays UNKNOWN with one POST after {victim} restarted",
+    )
+    x.equal({g: c.site_state(g) for g in states}, states, "states after the restart")
+    x.equal(c.reaps(), reaped, f"reaps after {victim} restarted (none new)")
+    x.status(c.create(held, site=victim), 409, f"create {held} again through {victim}")
+    x.equal(c.posts(held), 1, "upstream POSTs at the end")
+
+
+def _flap(c: Cluster, x: Expect, node_id: str, how: str, rng: random.Random) -> str:
+    """Break ``node_id``'s current link ``how`` and wait until it is held by
+    its other site; that site's name."""
+    node = c.nodes[node_id]
+    wait_for(lambda: node.linked_site() is not None, 15, f"{node_id} linked to one site")
+    linked = node.linked_site()
+    assert linked is not None
+    other = next(s for s in node.sites if s != linked)
+    x.step(f"{how} n1's link to {linked}")
+    if how == "cut mid-report":
+        node.call("cut_after", 20, TO_SERVER, 12, site=linked)
+        try:
+            wait_for(lambda: node.open_links()[linked] == 0, 10, "a report to cut")
+        except DrillError:
+            node.call("disconnect_all", site=linked)  # no report came: reset it instead
+    elif how == "forsake":
+        node.call("forsake", site=linked)
+    else:
+        node.call("disconnect_all", site=linked)
+    c.wait_connected(node_id, site=other, timeout=FAILOVER_TIMEOUT)
+    if how == "forsake":  # the older connection, still open at linked, is closed there
+        wait_for(
+            lambda: node.open_links()[linked] == 0,
+            15,
+            f"{linked} to close its older connection of {node_id} (newest wins)",
+        )
+        closed = node.call(lambda: list(node.proxies[linked].forsaken_closed))
+        x.step(f"{linked} closed its older connection {closed[-1]:.2f} s after {node_id} left it")
+    time.sleep(rng.uniform(0.2, 0.8))
+    return other
+
+
+def s21_node_flaps_between_sites(c: Cluster, x: Expect, rng: random.Random) -> None:
+    x.step("start upstream (60 kB/s per response), two sites, n1 dialling both")
+    first, second = two_sites(c, bandwidth=60_000)
+    node = c.start_node("n1", sites=(first, second), wait=False)
+    c.wait_connected("n1", site=first)
+    gids = distinct_gids(rng, 6, min_size=300_000, max_size=600_000)
+    for gid in gids[:3]:
+        x.status(c.create(gid, site=rng.choice((first, second))), 201, f"create {gid}")
+    wait_for(lambda: downloading(c, "n1", gids[:3]), 30, "n1 downloading")
+    # Forsaken twice at each site: the newest connection wins in both directions.
+    hows = ("forsake", "cut mid-report", "forsake", "forsake", "reset", "forsake")
+    for index, how in enumerate(hows):
+        if index < 3:  # new work arrives while the link flaps
+            gid = gids[3 + index]
+            x.status(c.create(gid, site=rng.choice((first, second))), 201, f"create {gid}")
+        _flap(c, x, "n1", how, rng)
+    for gid in gids:
+        completed(c, x, gid)
+    x.step("one holder, one download per archive")
+    listings = {s: c.holder_of("n1", site=s) for s in (first, second)}
+    x.that(
+        len(set(listings.values())) == 1 and None not in listings.values(),
+        f"both sites name one holder of n1 ({listings})",
+    )
+    gets = c.upstream_stats().get("fileGets", {})
+    ranged = c.upstream_stats().get("rangedGets", {})
+    again = {k: v for k, v in gets.items() if v - ranged.get(k, 0) > 1}
+    x.that(not again, "no archive fetched from scratch twice", file_gets=gets, ranged=ranged)
+    downloads: dict[int, int] = {}
+    for cmd in c.node_snapshot("n1").commands:
+        if cmd["action"] == "DOWNLOAD":
+            downloads[cmd["gid"]] = downloads.get(cmd["gid"], 0) + 1
+    x.step(f"DOWNLOAD commands per gid at n1 (resent at each login): {downloads}")
+    flapped = node.call(lambda: sum(p.connections for p in node.proxies.values()))
+    x.that(flapped >= len(hows) + 1, f"n1 made {flapped} connections across the two sites")
+
+
+def _create_split(
+    c: Cluster, gid_of: Callable[[int], int], sites: tuple[str, str], count: int
+) -> list[tuple[int, str, Reply]]:
+    """``count`` creates at once, alternating between the two sites; (gid, site, answer)."""
+    barrier = threading.Barrier(count)
+
+    def create(index: int) -> tuple[int, str, Reply]:
+        gid, site = gid_of(index), sites[index % 2]
+        barrier.wait(10)
+        return gid, site, c.create(gid, site=site)
+
+    with ThreadPoolExecutor(count) as pool:
+        return list(pool.map(create, range(count)))
+
+
+def _sent_to_nodes(c: Cluster, gid: int, action: str) -> list[str]:
+    """Where ``action`` (DOWNLOAD / DELETE) for ``gid`` reached a node (its
+    database, or a proxy forwarding it)."""
+    found = []
+    for node in c.nodes.values():
+        found += [
+            f"{node.id} database"
+            for cmd in c.node_snapshot(node.id).commands
+            if cmd["gid"] == gid and cmd["action"] == action
+        ]
+        for site, proxy in node.proxies.items():
+            frames = node.call(lambda p=proxy: p.frames(11, TO_CLIENT))
+            found += [
+                f"{node.id} via {site}"
+                for r in frames
+                if r.action == "forwarded"
+                and isinstance(r.payload, dict)
+                and r.payload.get("gid") == gid
+                and r.payload.get("action") == action
+            ]
+    return found
+
+
+def _deletes_racing_dispatch(
+    c: Cluster, x: Expect, rng: random.Random, a: str, b: str, doomed: list[int]
+) -> None:
+    """Deletes through ``a`` racing dispatches by ``b`` (the only site n1
+    dials): the first two right after their create, while ``b`` is woken to
+    dispatch them; the rest created while n1 is away and deleted, one every
+    0.3 s, while n1 starts and logs in at ``b`` (which then dispatches what
+    is not deleted yet).  Whoever wins, a delete that committed first means
+    no DOWNLOAD ever, one that came second a DOWNLOAD then a DELETE."""
+    node = c.nodes["n1"]
+    for gid in doomed[:2]:
+        x.status(c.create(gid, site=a), 201, f"create {gid} through {a}")
+        time.sleep(rng.choice((0.0, 0.005, 0.02)))
+        reply = c.delete(gid, site=a)
+        x.that(reply.status in (200, 202), f"delete {gid} through {a}: {reply.brief()}")
+    node.proc.terminate()
+    for gid in doomed[2:]:
+        x.status(c.create(gid, site=a), 201, f"create {gid} through {a} (n1 away)")
+    node.proc.start()
+    for gid in doomed[2:]:
+        reply = c.delete(gid, site=a)
+        x.that(reply.status in (200, 202), f"delete {gid} through {a}: {reply.brief()}")
+        time.sleep(0.3)
+    c.wait_connected("n1", site=b)
+    outcomes: Counter[str] = Counter()
+    for gid in doomed:
+        c.wait_state(gid, ("DELETED",), 60)
+        c.ledger.deleted.add(gid)
+        downloads, deletes = _sent_to_nodes(c, gid, "DOWNLOAD"), _sent_to_nodes(c, gid, "DELETE")
+        outcomes["dispatch first" if downloads else "delete first"] += 1
+        x.that(
+            bool(deletes) or not downloads,
+            f"gid {gid}: deleted with no DELETE sent, so no DOWNLOAD may have been sent",
+            downloads=downloads,
+        )
+    x.step(f"{len(doomed)} races: {dict(outcomes)}")
+
+
+def s22_races_across_sites(c: Cluster, x: Expect, rng: random.Random) -> None:
+    one = pick_gid(rng, max_size=300_000)
+    doomed = distinct_gids(rng, 8, max_size=300_000)
+    rivals = distinct_gids(rng, 8, max_size=300_000)
+    rivals = [g for g in rivals if g != one and g not in doomed]
+    costs = {g: gallery(g).cost for g in (one, *doomed, *rivals)}
+    budget = sum(sorted(costs[g] for g in rivals)[:3])
+    quota = costs[one] + sum(costs[g] for g in doomed) + budget
+    x.step(f"start upstream, two sites (quota {quota}); n1 dials only the second")
+    a, b = two_sites(c, extra=("--default-quota", str(quota)))
+    c.start_node("n1", sites=(b,))
+    c.upstream_fault("latency", times=None, ms=300)
+
+    x.step(f"6 concurrent creates of gid {one}, 3 through each site")
+    answers = _create_split(c, lambda _: one, (a, b), 6)
+    statuses = sorted(r.status for _, _, r in answers)
+    x.equal(statuses, [201, 409, 409, 409, 409, 409], "answers to 6 creates of one gid")
+    x.equal(c.posts(one), 1, "upstream POSTs of that gid")
+    completed(c, x, one)
+
+    x.step(f"deletes through {a} racing dispatches by {b}")
+    _deletes_racing_dispatch(c, x, rng, a, b, doomed)
+
+    x.step(f"{len(rivals)} concurrent creates of one user, split over both sites (budget {budget})")
+    spent = int((c.api("GET", "/api/usage").body or {}).get("used", 0))
+    answers = _create_split(c, lambda i: rivals[i], (a, b), len(rivals))
+    accepted = [g for g, _, r in answers if r.status in (201, 202)]
+    refused = [g for g, _, r in answers if r.status == 429]
+    x.equal(len(accepted) + len(refused), len(rivals), "every create accepted or refused (429)")
+    x.that(bool(accepted) and bool(refused), f"{len(accepted)} accepted, {len(refused)} refused")
+    x.that(
+        sum(costs[g] for g in accepted) <= quota - spent,
+        f"accepted costs {sum(costs[g] for g in accepted)} within the {quota - spent} left",
+        accepted={g: costs[g] for g in accepted},
+    )
+    for site in (a, b):
+        usage = c.api("GET", "/api/usage", site=site).body or {}
+        x.that(
+            int(usage.get("used", 0)) <= int(usage.get("quota", 0)),
+            f"usage at {site} within quota ({usage})",
+        )
+    for gid in accepted:
+        completed(c, x, gid)
+
+
 SCENARIOS: dict[str, Scenario] = {
     s.id: s
     for s in (
@@ -906,6 +1221,26 @@ SCENARIOS: dict[str, Scenario] = {
             "S18", "a second site on the live site's database", s18_second_site_on_the_database
         ),
         Scenario("S19", "resource exhaustion by hostile clients", s19_resource_exhaustion),
+        Scenario(
+            "S20",
+            "one of two sites SIGKILLed with a POST in flight",
+            s20_site_killed_among_two,
+            backends=(POSTGRESQL,),
+        ),
+        Scenario(
+            "S21",
+            "a node's connection flaps between two sites",
+            s21_node_flaps_between_sites,
+            backends=(POSTGRESQL,),
+        ),
+        Scenario(
+            "S22",
+            "creates, quota and delete racing across two sites",
+            s22_races_across_sites,
+            backends=(POSTGRESQL,),
+        ),
     )
 }
 QUICK = ("S1", "S2", "S4", "S7", "S10", "S12", "S13", "S16", "S17", "S18")
+#: What CI runs with --db postgres (several sites: the S20 crash).
+QUICK_POSTGRES = ("S20",)

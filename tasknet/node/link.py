@@ -12,16 +12,27 @@ starts again after every accepted one, so a node whose login is refused (a
 wrong secret) would redial about every second for ever.  The retry policy
 here also counts each connection that ended before its login succeeded, and
 forgets them at the next successful login.
+
+Several sites (``--connect`` repeated): a :class:`RotatingEndpoint` under
+the one ClientService dials them in turn, one endpoint per attempt, so every
+failed connect, refused or unfinished login and lost link moves the node to
+the next site, with the same backoff between attempts.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from twisted.application.internet import ClientService, backoffPolicy
+from twisted.internet.defer import CancelledError, Deferred
 from twisted.internet.endpoints import clientFromString
-from twisted.internet.interfaces import IReactorTime, IStreamClientEndpoint
+from twisted.internet.interfaces import (
+    IProtocol,
+    IProtocolFactory,
+    IReactorTime,
+    IStreamClientEndpoint,
+)
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 from zope.interface import implementer
@@ -47,11 +58,13 @@ from tasknet.protocol.messages import (
 from tasknet.protocol.session import INodeHandler, ISiteLink
 
 __all__ = [
+    "RotatingEndpoint",
     "SiteClientService",
     "SiteLink",
     "SiteLinkFactory",
     "login_backoff",
     "site_client_service",
+    "site_endpoints",
 ]
 
 log = Logger()
@@ -73,6 +86,7 @@ class SiteLink(PeerProtocol):
         self.strict = factory.wire_protocol == 1
         self.node_id = factory.node_id
         self._site_hello: ProtocolHello | None = None
+        self._site_name = ""  # from Identity: says which site, when the node lists several
         self._logged_in = False
         self._up = False
 
@@ -109,6 +123,7 @@ class SiteLink(PeerProtocol):
                 self.sendError("protocol_violation", "a second Identity")
                 return
             self._logged_in = True
+            self._site_name = message.name
             signature = sign_login(self.factory.secret, message.nonce, self.node_id)
             self.sendMessage(Login(self.node_id, signature))
         elif type(message) is ProtocolHello:
@@ -124,7 +139,9 @@ class SiteLink(PeerProtocol):
             return
         if not result.accepted:
             log.error(
-                "the site refused node {node_id}: {reason}",
+                "the site {site} at {peer} refused node {node_id}: {reason}",
+                site=self._site_name,
+                peer=self._peer(),
                 node_id=self.node_id,
                 reason=result.reason,
             )
@@ -136,8 +153,10 @@ class SiteLink(PeerProtocol):
         self.factory.failed_logins = 0
         self._up = True
         log.info(
-            "node {node_id} logged in to the site: protocol {protocol_version}",
+            "node {node_id} logged in to the site {site} at {peer}: protocol {protocol_version}",
             node_id=self.node_id,
+            site=self._site_name,
+            peer=self._peer(),
             protocol_version=self.protocol_version,
             features=list(self._site_hello.features) if self._site_hello else [],
         )
@@ -216,27 +235,106 @@ def login_backoff(
     return delay
 
 
+@implementer(IStreamClientEndpoint)
+class RotatingEndpoint:
+    """The site's endpoints (``--connect``, in the order given), one per
+    connection attempt, round and round.
+
+    ClientService makes a new attempt only once the previous one has failed
+    or its connection has ended, so taking the next endpoint at every attempt
+    is exactly the failover rule: a failed connect, a login refused or never
+    completed, and a lost link all move the node to the next site.  A site
+    that just dropped the node may be dying, so it is dialled again only
+    after the others have had their turn; a node never sticks to a failing
+    endpoint, and while its link is up it stays where it is (no moving
+    back).  The delay before each attempt is ClientService's, from
+    :func:`login_backoff`: one backoff across all the endpoints, forgotten
+    at the next successful login.  With one endpoint every attempt dials it,
+    as before several were allowed.
+    """
+
+    def __init__(self, endpoints: Sequence[tuple[str, IStreamClientEndpoint]]) -> None:
+        if not endpoints:
+            raise ValueError("at least one site endpoint is needed")
+        #: (endpoint string, endpoint) in dialling order.
+        self.endpoints = tuple(endpoints)
+        self._next = 0
+        #: The endpoint string of the latest attempt (None before the first).
+        self.dialled: str | None = None
+
+    @property
+    def upcoming(self) -> str:
+        """The endpoint string the next attempt dials."""
+        return self.endpoints[self._next][0]
+
+    def connect(self, protocolFactory: IProtocolFactory) -> Deferred[IProtocol]:
+        description, endpoint = self.endpoints[self._next]
+        self._next = (self._next + 1) % len(self.endpoints)
+        self.dialled = description
+        connecting: Deferred[IProtocol] = endpoint.connect(protocolFactory)
+        connecting.addErrback(self._failed, description)
+        return connecting
+
+    def _failed(self, failure: Failure, description: str) -> Failure:
+        if not failure.check(CancelledError):  # cancelled: the service is stopping
+            log.warn(
+                "cannot connect to the site at {endpoint}: {why}",
+                endpoint=description,
+                why=failure.getErrorMessage(),
+            )
+        return failure
+
+    def __repr__(self) -> str:
+        # ClientService logs "Scheduling retry N to connect {endpoint} in D
+        # seconds" with this: name the endpoint that retry will dial.
+        return self.upcoming
+
+
+def site_endpoints(reactor: Any, descriptions: str | Sequence[str]) -> RotatingEndpoint:
+    """The endpoint strings parsed, in order, behind one :class:`RotatingEndpoint`.
+
+    Each is any Twisted client endpoint string (``tcp:``, ``tls:`` with
+    ``trustRoots=``, ``unix:``).  A string that cannot be parsed is a
+    :class:`ValueError` naming it, raised before anything is dialled.
+    """
+    if isinstance(descriptions, str):
+        descriptions = (descriptions,)
+    parsed: list[tuple[str, IStreamClientEndpoint]] = []
+    for description in descriptions:
+        try:
+            endpoint = clientFromString(reactor, description)
+        except Exception as exc:  # parsers raise anything: TypeError, ValueError, OSError...
+            raise ValueError(
+                f"--connect {description!r} is not a usable client endpoint: "
+                f"{str(exc) or type(exc).__name__}"
+            ) from exc
+        parsed.append((description, endpoint))
+    return RotatingEndpoint(parsed)
+
+
 class SiteClientService(ClientService):
-    """The link's ClientService, with its factory at hand (``link_factory.failed_logins``)."""
+    """The link's ClientService, with its factory (``link_factory.failed_logins``)
+    and its endpoints (``site_endpoints.dialled``) at hand."""
 
     def __init__(
         self,
-        endpoint: IStreamClientEndpoint,
+        endpoints: RotatingEndpoint,
         factory: SiteLinkFactory,
         retry_policy: Callable[[int], float],
         clock: IReactorTime,
     ) -> None:
         super().__init__(
-            endpoint,
+            endpoints,
             factory,
             retryPolicy=login_backoff(retry_policy, factory),
             clock=clock,
         )
         self.link_factory = factory
+        self.site_endpoints = endpoints
 
 
 def site_client_service(
-    endpoint: str,
+    endpoint: str | Sequence[str],
     node_id: str,
     secret: str,
     handler: INodeHandler,
@@ -252,7 +350,9 @@ def site_client_service(
     """A service that keeps the node connected (and logged in) to the site.
 
     ``endpoint`` is a Twisted client endpoint string (``tcp:host=...:port=...``,
-    ``tls:...``, ``unix:path=...``).  ``retry_policy`` defaults to exponential
+    ``tls:...``, ``unix:path=...``), or several: the sites are dialled in
+    turn (:class:`RotatingEndpoint`); a bad string is a :class:`ValueError`
+    here, before anything is dialled.  ``retry_policy`` defaults to exponential
     backoff from 0.5 s up to 30 s; a connection whose login is refused (or
     never completes) counts as a failed attempt until a login succeeds
     (:func:`login_backoff`).  ``clock`` (default: ``reactor``) runs the
@@ -261,6 +361,7 @@ def site_client_service(
     reactor = default_reactor(reactor)
     if clock is None:
         clock = reactor
+    endpoints = site_endpoints(reactor, endpoint)
     factory = SiteLinkFactory(
         node_id,
         secret,
@@ -272,7 +373,7 @@ def site_client_service(
         idle_timeout=idle_timeout,
     )
     return SiteClientService(
-        clientFromString(reactor, endpoint),
+        endpoints,
         factory,
         retry_policy or backoffPolicy(initialDelay=0.5, maxDelay=30.0),
         clock,

@@ -1,7 +1,8 @@
 """``twistd -n tasknet-node``: options and the node service.
 
-Start order: open the store → pick up the report left in flight → finish
-deletes interrupted by a crash → resume unfinished work → dial the site.
+Start order: parse the site endpoints → open the store → pick up the report
+left in flight → finish deletes interrupted by a crash → resume unfinished
+work → dial the site (each ``--connect`` in turn, link.RotatingEndpoint).
 Stop order: Goodbye to the site, hang up, stop the jobs (``.part`` files stay
 and resume with Range next time), close the store.
 """
@@ -9,6 +10,7 @@ and resume with Range next time), close the store.
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from typing import Any
 
 from twisted.application.service import MultiService
@@ -52,6 +54,25 @@ def _positive_float(value: str) -> float:
 #: --secret nor --secret-file is given.
 SECRET_ENV = "TASKNET_NODE_SECRET"
 
+#: The site endpoint dialled when no --connect is given.
+DEFAULT_CONNECT = "tcp:127.0.0.1:7100"
+
+
+def site_endpoint_list(endpoints: Sequence[str]) -> tuple[str, ...]:
+    """The --connect values in order, or the default when none was given.
+    An empty or repeated endpoint is a clear :class:`usage.UsageError`."""
+    if not endpoints:
+        return (DEFAULT_CONNECT,)
+    seen: set[str] = set()
+    for endpoint in endpoints:
+        if not endpoint.strip():
+            raise usage.UsageError("--connect needs an endpoint, e.g. tcp:site.example:7100")
+        if endpoint in seen:
+            # Listed twice, that site would get two turns in a row: surely a slip.
+            raise usage.UsageError(f"--connect {endpoint} is given twice")
+        seen.add(endpoint)
+    return tuple(endpoints)
+
 
 def read_secret_file(path: str) -> str:
     """The secret in ``path``: its one non-blank line, surrounding
@@ -88,7 +109,6 @@ class Options(usage.Options):
     synopsis = "[options]"
     longdesc = "Storage node: dials the site, downloads, compresses, reports."
     optParameters = [
-        ["connect", None, "tcp:127.0.0.1:7100", "the site's node endpoint"],
         ["node-id", None, "node-1", f"node id ({NODE_ID.pattern})"],
         [
             "secret",
@@ -117,7 +137,22 @@ class Options(usage.Options):
         ],
     ]
 
+    def __init__(self) -> None:
+        super().__init__()
+        self["connect"] = []
+
+    def opt_connect(self, endpoint: str) -> None:
+        self["connect"].append(endpoint)
+
+    # The --help text (usage.Options prints an opt_ method's docstring as is).
+    opt_connect.__doc__ = (
+        "a site's node endpoint (a Twisted client endpoint string); repeat it for "
+        "several sites, dialled in turn, moving to the next on failure "
+        f"[default: {DEFAULT_CONNECT}]"
+    )
+
     def postOptions(self) -> None:
+        self["connect"] = site_endpoint_list(self["connect"])
         self["secret"] = _secret(self["secret"], self["secret-file"], os.environ.get(SECRET_ENV))
         if self["protocol"] not in (1, 2):
             raise usage.UsageError(f"--protocol must be 2 or 1, got {self['protocol']}")
@@ -134,7 +169,7 @@ class NodeService(MultiService):
     def __init__(
         self,
         *,
-        connect: str,
+        connect: str | Sequence[str],
         node_id: str,
         secret: str,
         data: str,
@@ -151,7 +186,10 @@ class NodeService(MultiService):
     ) -> None:
         super().__init__()
         self.reactor = default_reactor(reactor)
-        self.connect = connect
+        # The sites' endpoints in dialling order (link.RotatingEndpoint).
+        self.connect: tuple[str, ...] = (connect,) if isinstance(connect, str) else tuple(connect)
+        if not self.connect:
+            raise ValueError("connect: at least one site endpoint is needed")
         self.node_id = node_id
         self.secret = secret
         self.protocol = protocol
@@ -208,6 +246,18 @@ class NodeService(MultiService):
     async def _start(self) -> None:
         from tasknet.node.link import site_client_service
 
+        # Built first, started last: a bad --connect fails the start before
+        # the store is opened or any job resumed.
+        client = site_client_service(
+            self.connect,
+            self.node_id,
+            self.secret,
+            self,
+            protocol=self.protocol,
+            reactor=self.reactor,
+            idle_timeout=self.link_idle_timeout,
+            retry_policy=self.retry_policy,
+        )
         store = self.store = NodeStore(self.data)
         await store.create_schema()
         reporter = self.reporter = Reporter(
@@ -238,19 +288,10 @@ class NodeService(MultiService):
             node_id=self.node_id,
             protocol=self.protocol,
             data=str(self.data.root),
-            connect=self.connect,
+            connect=", ".join(self.connect),
         )
-        self.client = site_client_service(
-            self.connect,
-            self.node_id,
-            self.secret,
-            self,
-            protocol=self.protocol,
-            reactor=self.reactor,
-            idle_timeout=self.link_idle_timeout,
-            retry_policy=self.retry_policy,
-        )
-        self.client.setServiceParent(self)
+        self.client = client
+        client.setServiceParent(self)
 
     async def _serve_metrics(self, endpoint: str) -> None:
         from twisted.internet.endpoints import serverFromString

@@ -18,6 +18,13 @@ recovery succeeded (``startService``).  Then:
   unassigned eligible tasks are assigned and sent, and pending deletes go
   to connected nodes that have not had them on their current connection.
   Nothing else is resent: resending is for logins.
+* several sites on one PostgreSQL database (``wakeups``): a task changed
+  through this site is announced on ``tasknet_dispatch`` (payload: its gid)
+  after the commit, and a site that hears of one elsewhere handles it as
+  its own :meth:`Dispatcher.task_changed` would (the site holding the
+  task's node sends the command at once); after the wake-ups were cut off
+  it runs the periodic pass at once.  A lost notification costs one
+  ``poll_interval``.
 
 Only what :mod:`tasknet.site.storage.dispatch` returns is ever sent: the
 eligibility rule lives there (and in ``storage.eligibility.is_dispatchable``).
@@ -43,6 +50,7 @@ from tasknet.protocol.messages import ACTION_DELETE
 from tasknet.protocol.session import INodeSession
 from tasknet.site.connected_nodes import ConnectedNodes
 from tasknet.site.storage import dispatch as storage
+from tasknet.site.storage import listen
 from tasknet.site.storage.db import Database
 
 log = Logger()
@@ -71,6 +79,7 @@ class Dispatcher(MultiService):
         assign_delay: float = 0.0,
         poll_interval: float | None = 5.0,
         clock: Any = None,
+        wakeups: listen.Wakeups | None = None,
     ) -> None:
         if page_size < 1:
             raise ValueError(f"page_size must be >= 1, got {page_size}")
@@ -100,6 +109,10 @@ class Dispatcher(MultiService):
         #: Commands sent since start, periodic passes completed (tests, logs).
         self.sent = 0
         self.polls = 0
+        self._wakeups: listen.Wakeups = wakeups if wakeups is not None else listen.NoWakeups()
+        self._subscription: listen.Subscription | None = None
+        #: Tasks announced by another site and handled here (tests, logs).
+        self.hints = 0
 
     def _track(self, d: Deferred[None]) -> Deferred[None]:
         if not d.called:
@@ -126,6 +139,8 @@ class Dispatcher(MultiService):
         # still off, so that tick does nothing: the catch-up below is that pass.
         super().startService()
         self.enabled = True
+        if self._subscription is None:
+            self._subscription = self._wakeups.subscribe(listen.DISPATCH, self._hinted)
         log.info("dispatch enabled")
         self._track(Deferred.fromCoroutine(self._catch_up(list(self._nodes.values()))))
 
@@ -161,7 +176,26 @@ class Dispatcher(MultiService):
 
     def task_changed(self, gid: int) -> Deferred[None]:
         """``gid`` became ``SUBMITTED`` or ``DELETE_PENDING`` (committed):
-        send its command if it has (or can get) a connected node."""
+        send its command if it has (or can get) a connected node, and tell
+        the other sites (its node may be connected to one of them)."""
+        self._wakeups.notify(listen.DISPATCH, str(gid))
+        return self._task_changed(gid)
+
+    def _hinted(self, channel: str, payload: str | None) -> None:
+        """Another site changed a task (or the wake-ups were cut off)."""
+        if payload is None:
+            self._poll_tick()
+        elif payload.isdigit():
+            self.hints += 1
+            self._task_changed(int(payload))
+        else:
+            log.warn(
+                "ignoring a malformed {channel} payload {payload!r}",
+                channel=channel,
+                payload=payload,
+            )
+
+    def _task_changed(self, gid: int) -> Deferred[None]:
         if not self.enabled or not self._nodes:
             # Nobody to send to: not even a write.  The catch-up pass of the
             # next node to log in reads this (committed) task and assigns
@@ -211,6 +245,11 @@ class Dispatcher(MultiService):
     def stopService(self) -> Deferred[None]:
         """Stop scheduling passes; fires when the running ones are done."""
         self.enabled = False
+        subscription, self._subscription = self._subscription, None
+        if subscription is not None:
+            subscription.cancel().addErrback(
+                lambda f: log.failure("stopping the dispatch wake-ups failed", f)
+            )
         if self._assign_call is not None and self._assign_call.active():
             self._assign_call.cancel()
         self._assign_call = None

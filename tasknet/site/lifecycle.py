@@ -23,6 +23,15 @@ saying the outcome is being recorded, and the write keeps being retried in
 the background every ``settle_interval`` seconds until it lands.  Only a
 crash (or a stop) before that leaves ``RESERVED``/``SUBMITTING`` for
 :meth:`Lifecycle.recover` at the next start.
+
+Several sites on one database (SCALE.md 2): the lifecycle of a site instance
+holds its lease (:mod:`tasknet.site.storage.lease`).  Its reservations and
+SUBMITTINGs record the instance, recovery settles only what gone instances
+left (:meth:`Lifecycle.recover` at start: earlier runs and other instances
+whose lease the database lets us take; :meth:`Lifecycle.reap_gone` while
+running, a pass every few seconds from :mod:`tasknet.site.instances`), and
+once the lease is lost every write is refused
+(:class:`~tasknet.site.storage.instances.LeaseLost`).
 """
 
 from __future__ import annotations
@@ -38,10 +47,12 @@ from twisted.internet.task import deferLater
 from twisted.logger import Logger
 
 from tasknet.clock import default_reactor
-from tasknet.site.storage import create, delete, reconcile, usage, views
+from tasknet.site.storage import create, delete, instances, reconcile, usage, views
 from tasknet.site.storage.create import Recovered
 from tasknet.site.storage.db import Database, Retry
 from tasknet.site.storage.errors import DatabaseBusy, TaskError
+from tasknet.site.storage.instances import Reaped
+from tasknet.site.storage.lease import Lease
 from tasknet.site.upstream_client import (
     Outcome,
     PrepareOutcome,
@@ -96,7 +107,10 @@ class Lifecycle:
     ``on_task_changed(gid)`` after each commit that made ``gid`` something to
     send to a node: ``SUBMITTED`` (create, resolve) or ``DELETE_PENDING``
     (the site wires it to the dispatcher's ``task_changed``).  Both default
-    to doing nothing; their errors are logged, never raised."""
+    to doing nothing; their errors are logged, never raised.
+
+    ``lease``: the site instance's lease (None: a lifecycle of no instance,
+    alone on its database: tools and tests)."""
 
     def __init__(
         self,
@@ -110,6 +124,7 @@ class Lifecycle:
         retry_initial: float = 0.1,
         retry_max: float = 2.0,
         settle_interval: float = 5.0,
+        lease: Lease | None = None,
         clock: Any = None,
     ) -> None:
         if record_retry_for < 0 or retry_initial <= 0 or retry_max <= 0 or settle_interval <= 0:
@@ -125,6 +140,8 @@ class Lifecycle:
         self.retry_max = retry_max
         self.settle_interval = settle_interval
         self._clock = clock
+        self.lease = lease
+        self._instance_id = None if lease is None else lease.instance_id
         #: Outcome writes still being retried in the background.
         self._settling: set[Deferred[None]] = set()
 
@@ -134,7 +151,12 @@ class Lifecycle:
         except Exception:
             log.failure("outbox wake-up failed (delivery resumes on its next poll)")
 
+    def _refuse_if_fenced(self) -> None:
+        if self.lease is not None:
+            self.lease.refuse_if_lost()
+
     async def _write(self, fn: Callable[..., T], *args: Any) -> T:
+        self._refuse_if_fenced()
         result = await self.db.write(fn, *args)
         self._woken()
         return result
@@ -148,6 +170,7 @@ class Lifecycle:
         if ``background``, the write goes on being retried in the background
         (:meth:`_settle_later`).  Any other error is raised at once (a retry
         would not help)."""
+        self._refuse_if_fenced()
         backoff = backoffPolicy(self.retry_initial, self.retry_max, factor=2.0, jitter=lambda: 0.0)
         try:
             result = await self.db.write_retrying(
@@ -217,7 +240,9 @@ class Lifecycle:
     async def _create(self, user_id: int, gid: int, token: str, name: str) -> Created:
         week = usage.iso_week()
         # 1. The intent and its placeholder row, durable before anything upstream.
-        operation_id = await self._write(create.reserve, gid, user_id, name, token, week)
+        operation_id = await self._write(
+            create.reserve, gid, user_id, name, token, week, self._instance_id
+        )
         # 2. Read-only prepare: learn the cost; nothing is charged.
         prepared = await self._prepare(gid, token, operation_id)
         # 3. Quota with the known cost, then SUBMITTING, committed before the POST.
@@ -252,6 +277,7 @@ class Lifecycle:
                 prepared.title,
                 week,
                 prepared.size,
+                self._instance_id,
                 background=False,  # later, nobody would POST: release it instead
             )
         except Unrecorded as e:
@@ -384,12 +410,27 @@ class Lifecycle:
     # -- recovery --------------------------------------------------------------
 
     def recover(self) -> Deferred[Recovered]:
-        """Invariant 10's recovery, one transaction: interrupted submissions
-        become ``UNKNOWN``, reservations are released."""
+        """Invariant 10's recovery at start: interrupted submissions become
+        ``UNKNOWN``, reservations are released, of every run that is gone.
+
+        Without a lease: everything in flight, in one transaction (a site
+        alone on its database).  With one: the generations of each instance
+        whose lease the database lets us take (earlier runs, gone sites;
+        on SQLite the flock says every other instance is gone), each in a
+        transaction of its own with its evidence (:meth:`reap_gone`), and
+        those that no instance recorded; never a live instance's."""
         return Deferred.fromCoroutine(self._recover())
 
     async def _recover(self) -> Recovered:
-        recovered = await self._write(create.recover)
+        if self.lease is None:
+            recovered = await self._write(create.recover)
+        else:
+            reaped = await self._reap_gone(unrecorded=True)
+            recovered = Recovered(
+                [gid for r in reaped for gid in r.recovered.unknown],
+                [gid for r in reaped for gid in r.recovered.released],
+                [op for r in reaped for op in r.recovered.operations],
+            )
         log.info(
             "recovery: {unknown} interrupted submission(s) now UNKNOWN {gids}, "
             "{released} reservation(s) released",
@@ -398,6 +439,56 @@ class Lifecycle:
             released=len(recovered.released),
         )
         return recovered
+
+    def reap_gone(self) -> Deferred[list[Reaped]]:
+        """One reaping pass while running (SCALE.md 2): every other instance
+        that is registered open or owns a generation in flight is judged by
+        its lease; each one found gone is reaped (its row marked, its
+        ``SUBMITTING`` now ``UNKNOWN``, its ``RESERVED`` released, the
+        evidence in ``instance_reap``).  A live instance's generations are
+        never touched.  Two sites reaping at once are harmless: taking the
+        gone instance's lock is what allows its reap, and only one session
+        at a time can hold it."""
+        return Deferred.fromCoroutine(self._reap_gone(unrecorded=False))
+
+    async def _reap_gone(self, *, unrecorded: bool) -> list[Reaped]:
+        lease = self.lease
+        if lease is None:
+            return []
+        me = lease.instance_id
+        reaped: list[Reaped] = []
+        for suspect in await self.db.read(instances.suspects, me, unrecorded=unrecorded):
+            if suspect is None:
+                reaped.append(await self._reap(None, me))
+                continue
+            if not await lease.judge(suspect):
+                continue  # alive, or being reaped by another site right now
+            try:
+                reaped.append(await self._reap(suspect, me))
+            finally:
+                await lease.forget(suspect)
+        return reaped
+
+    async def _reap(self, gone: int | None, me: int) -> Reaped:
+        result = await self._write(instances.reap, gone, me)
+        if result.marked or result.settled or result.nodes or result.claims:
+            log.warn(
+                "site instance {me} ({name}) reaped {whose}: {unknown} submission(s) now "
+                "UNKNOWN {gids}, {released} reservation(s) released {released_gids}, "
+                "node(s) {nodes} released, {claims} webhook claim(s) given back",
+                me=me,
+                name=self.lease.name if self.lease is not None else "",
+                whose="generations of no instance"
+                if gone is None
+                else f"site instance {gone} ({result.who}; its lease is gone)",
+                unknown=len(result.recovered.unknown),
+                gids=result.recovered.unknown,
+                released=len(result.recovered.released),
+                released_gids=result.recovered.released,
+                nodes=result.nodes,
+                claims=result.claims,
+            )
+        return result
 
     # -- reconciliation ----------------------------------------------------------
 

@@ -6,6 +6,19 @@ decides the wire version without a timer: v2 only if the node's Hello came
 first.  A logged-in session goes into the site's :class:`ConnectedNodes`
 (where a newer connection for the same node replaces the older one: newest
 wins) and is handed to the :class:`ISiteHandler`.
+
+With a :class:`NodeOwnership` (every site the composition root builds)
+each attached session also takes its node in the database (one write,
+queued before anything the login makes the dispatcher write, so on one
+site's writer nothing about the node is decided before it), and gets its
+:class:`Holding` when that commits: the take that commits last wins, across
+every site of the database (SCALE.md 5).  The node is answered at once, as
+on a site of its own; its reports wait for the take (``NodeOwnership.confirm``).
+A session whose node another connection took -- at this site (the registry)
+or at another (the ownership's notification or check) -- gets
+``Goodbye{"replaced by a newer connection"}`` and is closed; one whose take
+failed (the database busy or down) gets ``Goodbye{"site busy, try again"}``.
+A session that went gives its node back (only if it still held it).
 """
 
 from __future__ import annotations
@@ -42,7 +55,8 @@ from tasknet.protocol.messages import (
     verify_login,
 )
 from tasknet.protocol.session import INodeSession, ISiteHandler
-from tasknet.site.connected_nodes import ConnectedNodes
+from tasknet.site.connected_nodes import ConnectedNodes, NodeOwnership
+from tasknet.site.storage.node_sessions import Holding
 
 __all__ = ["NodeListenerFactory", "NodeSession"]
 
@@ -66,6 +80,12 @@ class NodeSession(PeerProtocol):
         self.features: tuple[str, ...] = ()
         self.connected_at = 0.0
         self._hello: ProtocolHello | None = None
+        #: Its login's hold on the node (``None`` until taken, or without
+        #: an ownership).
+        self.holding: Holding | None = None
+        #: Closed because a connection at another site took the node (its
+        #: node is still connected: nothing to record as gone).
+        self.moved = False
 
     # -- connection
 
@@ -124,7 +144,7 @@ class NodeSession(PeerProtocol):
         log.info(
             "node {node_id} logged in from {peer}: protocol {protocol_version}, "
             "features {features}",
-            node_id=node_id,
+            node_id=self.node_id,
             peer=self._peer(),
             protocol_version=self.protocol_version,
             features=list(self.features),
@@ -195,6 +215,7 @@ class NodeListenerFactory(PeerFactory):
         node_keys: Mapping[str, str],
         site_name: str,
         *,
+        ownership: NodeOwnership | None = None,
         max_payload: int = MAX_PAYLOAD,
         heartbeat_interval: float = 15.0,
         idle_timeout: float = 45.0,
@@ -216,13 +237,60 @@ class NodeListenerFactory(PeerFactory):
         self.nodes = nodes
         self.node_keys = node_keys
         self.site_name = site_name
+        self.ownership = ownership
         self.connections: set[NodeSession] = set()
         self._all_closed: list[Deferred[None]] = []
+
+    def startFactory(self) -> None:
+        """Listening: watch for this site's nodes being taken elsewhere."""
+        super().startFactory()
+        if self.ownership is not None:
+            self.ownership.start(self._taken_elsewhere)
+
+    def stopFactory(self) -> None:
+        """No longer listening (site stop): stop watching."""
+        if self.ownership is not None:
+            stopped = self.ownership.stop()
+            stopped.addErrback(lambda f: log.failure("stopping the ownership watch failed", f))
+        super().stopFactory()
 
     def buildProtocol(self, addr: Any) -> Any:  # Any: Factory's generic typing wants more
         session = NodeSession(self)
         self.connections.add(session)
         return session
+
+    def _take(self, session: NodeSession) -> None:
+        """Take ``session``'s node in the database (see the module doc)."""
+        assert self.ownership is not None
+        d = self.ownership.take(session)
+        d.addCallbacks(
+            self._taken, self._take_failed, callbackArgs=(session,), errbackArgs=(session,)
+        )
+        d.addErrback(
+            lambda f: log.failure("taking the node of {session!r} failed", f, session=session)
+        )
+
+    def _taken(self, holding: Holding, session: NodeSession) -> None:
+        session.holding = holding  # what its disconnect gives back
+
+    def _take_failed(self, failure: Failure, session: NodeSession) -> None:
+        log.warn(
+            "node {node_id}: taking it in the database failed ({why}); closing its connection",
+            node_id=session.node_id,
+            why=failure.getErrorMessage(),
+        )
+        if self.nodes.detach(session):
+            self._node_detached(session)
+        session.close("site busy, try again")
+
+    def _taken_elsewhere(self, session: INodeSession) -> None:
+        """The ownership found ``session``'s node held by a newer connection
+        (another site's login, whose take committed after this one's)."""
+        if isinstance(session, NodeSession):
+            session.moved = True
+        if self.nodes.detach(session):
+            self._node_detached(session)
+        session.close("replaced by a newer connection")
 
     def attach(self, session: NodeSession) -> None:
         """``session`` logged in: it becomes its node's current one."""
@@ -236,6 +304,8 @@ class NodeListenerFactory(PeerFactory):
             # nothing the old one still sends goes up (it is no longer current).
             self._node_detached(replaced)
             replaced.close("replaced by a newer connection")
+        if self.ownership is not None:
+            self._take(session)  # queued before the writes of node_attached
         self.handler.node_attached(session)
 
     def detach(self, session: NodeSession) -> None:
@@ -243,6 +313,8 @@ class NodeListenerFactory(PeerFactory):
         self.connections.discard(session)
         if self.nodes.detach(session):
             self._node_detached(session)
+            if self.ownership is not None and session.holding is not None and not session.moved:
+                self.ownership.release(session.holding)
         if not self.connections and self._all_closed:
             waiters, self._all_closed = self._all_closed, []
             for done in waiters:

@@ -28,6 +28,24 @@ Delivery semantics:
 * Rows left undelivered by a previous run are delivered once the executor
   (a service) starts.
 
+Several sites on one PostgreSQL database (*shared* mode: a PostgreSQL
+database and an ``instance_id``; SCALE.md 6, ``storage/delivery.py``):
+
+* every site tails every row for its own WebSocket clients, from the newest
+  row at its start, by id (the outbox lock makes ids visible in id order, so
+  the tail never passes a row that may still commit); its marks record how
+  far it read (``outbox_reader``), and a row is marked (or, without a
+  webhook, deleted) only once every open instance has read it;
+* webhook rows are claimed with a lease (``FOR UPDATE SKIP LOCKED``), renewed
+  every third of ``webhook_lease`` while held and given back at a clean stop:
+  each row is delivered by one site (at-least-once across a crash, whose
+  claims another site takes over once the lease ran out or the reaper freed
+  them).  The sender's in-memory set only keeps one site from holding a row
+  twice; the claim is what keeps two sites apart;
+* ``wakeups`` carries ``tasknet_outbox`` (sent at the commit of every
+  transaction that wrote rows, whichever process wrote them): each site
+  drains at once instead of at its next poll; the poll stays the safety net.
+
 Housekeeping: with no webhook configured a row is deleted as soon as it is
 fanned out to the WebSocket clients (nothing else will read it).  With a
 webhook, finished rows (WebSocket delivered, webhook delivered or given up)
@@ -40,8 +58,9 @@ ever holds the writer the reports need for long.
 
 from __future__ import annotations
 
+import math
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
 import treq
@@ -56,7 +75,7 @@ from twisted.web.http_headers import Headers
 from tasknet.clock import default_reactor
 from tasknet.coalesce import CoalescingRunner
 from tasknet.site import metrics
-from tasknet.site.storage import delivery
+from tasknet.site.storage import delivery, listen
 from tasknet.site.storage.db import Database
 
 log = Logger()
@@ -245,6 +264,20 @@ class WebhookSender:
         except Exception:
             log.failure("recording {n} webhook result(s) failed", n=len(batch))
 
+    def drop(self, ids: Iterable[int]) -> None:
+        """Forget rows another site now holds (our claim on them lapsed):
+        not queued, not retried.  A request already in flight still lands
+        (its outcome is recorded only while the row is pending)."""
+        gone = set(ids) & self.known
+        if not gone:
+            return
+        self.known -= gone
+        self._ready = deque(item for item in self._ready if item[0].id not in gone)
+        for row_id in gone:
+            call = self._retries.pop(row_id, None)
+            if call is not None and call.active():
+                call.cancel()
+
     def idle(self) -> bool:
         return not self.known and not self._results and not self._writer.running
 
@@ -286,11 +319,23 @@ class OutboxExecutor(MultiService):
         prune_interval: float | None = PRUNE_INTERVAL,
         prune_batch: int = PRUNE_BATCH,
         clock: IReactorTime | None = None,
+        instance_id: int | None = None,
+        wakeups: listen.Wakeups | None = None,
+        webhook_lease: float = delivery.WEBHOOK_LEASE,
     ) -> None:
         if retention_days < 0 or prune_batch < 1:
             raise ValueError("outbox retention_days must be >= 0 and prune_batch >= 1")
+        if webhook_lease <= 0:
+            raise ValueError(f"webhook_lease must be > 0, got {webhook_lease}")
         super().__init__()
         self._db = db
+        #: Several sites may share the database (see the module doc).
+        self.shared = db.backend == "postgresql" and instance_id is not None
+        self._instance_id = instance_id
+        self._wakeups: listen.Wakeups = wakeups if wakeups is not None else listen.NoWakeups()
+        self._subscription: listen.Subscription | None = None
+        self._webhook_lease = webhook_lease
+        self._joined = False  # shared: this instance's tail is registered
         self._retention_seconds = retention_days * 86400.0
         self._prune_batch = prune_batch
         self._pruning: Deferred[int] | None = None
@@ -300,9 +345,17 @@ class OutboxExecutor(MultiService):
         self._marking: Deferred[None] | None = None
         self._clock: Any = default_reactor(clock)
         # Each timer's first call comes as it starts: the first poll delivers
-        # what a previous run left, the first prune runs at start.
+        # what a previous run left, the first prune runs at start.  Shared
+        # mode with a webhook: the poll also renews the claims, every third
+        # of the lease (ticking that often if the poll is slower, or off).
+        self._poll_interval = poll_interval
+        self._renew_every = webhook_lease / 3 if self.shared and webhook is not None else None
+        self._renewed_at = -math.inf
+        tick = poll_interval
+        if self._renew_every is not None:
+            tick = min(poll_interval or math.inf, self._renew_every)
         for interval, call in (
-            (poll_interval, self.wake),
+            (tick, self._tick),
             (prune_interval, self._prune_in_background),
         ):
             if interval:
@@ -332,7 +385,22 @@ class OutboxExecutor(MultiService):
             metrics.OUTBOX_BACKLOG.set,
             lambda f: log.failure("reading the outbox backlog failed", f),
         )
+        if self._subscription is None:
+            self._subscription = self._wakeups.subscribe(listen.OUTBOX, self._notified)
         super().startService()
+
+    def _notified(self, channel: str, payload: str | None) -> None:
+        # Rows were committed somewhere (or notifications were lost: drain
+        # anyway, it is one read).
+        self.wake()
+
+    async def _join(self) -> None:
+        """Shared mode: register this instance's tail, from the newest row."""
+        if self.shared and not self._joined:
+            assert self._instance_id is not None
+            start = await self._db.write(delivery.join_readers, self._instance_id)
+            self._after = self._marked = max(self._after, start)
+            self._joined = True
 
     def wake(self, _notifications: int = 0) -> Deferred[None]:
         """New rows were committed: drain soon (coalesced; never blocks).
@@ -362,12 +430,14 @@ class OutboxExecutor(MultiService):
             log.failure("outbox drain failed; retried on the next wake")
 
     async def _drain(self) -> None:
+        await self._join()
+        fanout = delivery.rows_after if self.shared else delivery.fanout_rows
         while not self._stopped:
             if not self._ws_listening():
                 # Nobody to push to: the rows need marking, not reading.
                 self._unread = True
                 break
-            rows = await self._db.read(delivery.fanout_rows, self._after, self._page_size)
+            rows = await self._db.read(fanout, self._after, self._page_size)
             if not rows:
                 break
             for row in rows:
@@ -393,13 +463,60 @@ class OutboxExecutor(MultiService):
             room = min(webhook.room(), self._page_size)
             if room <= 0:
                 break
-            rows = await self._db.read(delivery.webhook_rows, self._webhook_after, room)
+            if self.shared:
+                rows = await self._claim_webhook_rows(room)
+            else:
+                rows = await self._db.read(delivery.webhook_rows, self._webhook_after, room)
             for row in rows:
                 webhook.enqueue(row)
             if rows:
                 self._webhook_after = rows[-1].id
             if len(rows) < room:
                 break
+
+    async def _claim_webhook_rows(self, room: int) -> list[delivery.OutboxRow]:
+        # A read first: most wakes find nothing claimable (another site has
+        # them, or there is none), and a read costs no write transaction.
+        assert self._instance_id is not None
+        if not await self._db.read(delivery.claimable_webhook_rows):
+            return []
+        return await self._db.write(
+            delivery.claim_webhook_rows, self._instance_id, room, self._webhook_lease
+        )
+
+    def _tick(self) -> Deferred[None] | None:
+        renew_every = self._renew_every
+        if renew_every is not None and self._clock.seconds() - self._renewed_at >= renew_every:
+            self._renewed_at = self._clock.seconds()
+            self._renew_in_background()
+        # The poll's drain is returned to the timer, as before: the next poll
+        # waits for it (it never fails: the drain logs its own errors).
+        return self.wake() if self._poll_interval else None
+
+    def _renew_in_background(self) -> None:
+        # Not returned to the timer: a failed renewal must not stop it.
+        if self._webhook is not None and self._webhook.known and not self._stopped:
+            d = Deferred.fromCoroutine(self._renew())
+            d.addErrback(lambda f: log.failure("renewing the webhook claims failed", f))
+
+    async def _renew(self) -> None:
+        """Shared mode: extend the lease of every row the sender holds; the
+        rows whose claim lapsed (another site took them) are dropped."""
+        webhook = self._webhook
+        assert webhook is not None and self._instance_id is not None
+        lost = await self._db.write(
+            delivery.renew_webhook_claims,
+            self._instance_id,
+            sorted(webhook.known),
+            self._webhook_lease,
+        )
+        if lost:
+            log.warn(
+                "webhook: the claims on {n} notification(s) lapsed and another site took"
+                " them; dropping them here",
+                n=len(lost),
+            )
+            webhook.drop(lost)
 
     def _schedule_marks(self) -> None:
         # The marks are written lazily, a few times a second at most: each
@@ -422,6 +539,11 @@ class OutboxExecutor(MultiService):
 
     async def _write_marks(self) -> None:
         try:
+            try:
+                await self._join()
+            except Exception:
+                log.failure("registering this site's outbox tail failed")
+                return  # nothing marked: the next wake or poll retries
             if self._unread:
                 self._unread = False
                 if not self._ws_listening():
@@ -438,9 +560,21 @@ class OutboxExecutor(MultiService):
             while self._after > self._marked:
                 lo, hi = self._marked, self._after
                 try:
-                    await self._db.write(
-                        delivery.mark_range_fanned_out, lo, hi, skip_webhook=self._webhook is None
-                    )
+                    if self.shared:
+                        assert self._instance_id is not None
+                        await self._db.write(
+                            delivery.mark_read,
+                            self._instance_id,
+                            hi,
+                            skip_webhook=self._webhook is None,
+                        )
+                    else:
+                        await self._db.write(
+                            delivery.mark_range_fanned_out,
+                            lo,
+                            hi,
+                            skip_webhook=self._webhook is None,
+                        )
                 except Exception:
                     log.failure("marking outbox rows {lo}..{hi} failed", lo=lo + 1, hi=hi)
                     return  # left unmarked: pushed again after a restart
@@ -485,6 +619,9 @@ class OutboxExecutor(MultiService):
         (undelivered rows stay in the outbox for the next start)."""
         self._stopped = True
         timers: Deferred[Any] = super().stopService() if self.running else succeed(None)
+        subscription, self._subscription = self._subscription, None
+        if subscription is not None:
+            timers.addCallback(lambda _: subscription.cancel())
         return timers.addCallback(lambda _: Deferred.fromCoroutine(self._finish()))
 
     async def _finish(self) -> None:
@@ -499,3 +636,17 @@ class OutboxExecutor(MultiService):
         await self._flush_marks()
         if self._webhook is not None:
             await self._webhook.stop()
+        if self.shared and self._joined:
+            await self._leave()
+
+    async def _leave(self) -> None:
+        """Shared mode, a clean stop: give back the webhook claims and stop
+        holding the others' marks back."""
+        assert self._instance_id is not None
+        try:
+            if self._webhook is not None:
+                await self._db.write(delivery.release_webhook_claims, self._instance_id)
+            await self._db.write(delivery.leave_readers, self._instance_id)
+        except Exception:
+            log.failure("leaving the outbox readers failed (the reaper frees them)")
+        self._joined = False

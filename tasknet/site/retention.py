@@ -8,6 +8,10 @@ A service: runs every ``interval`` seconds on the site's clock (and once
 at start; a ``TimerService`` child), ``batch`` rows per write transaction; a
 prune still running when the next is due is not started twice, and
 :meth:`Housekeeping.stopService` waits for it.
+
+Sites sharing a database prune one at a time (SCALE.md 7): a prune
+transaction that finds another site's under way does nothing, and the pass
+ends there (that site is doing the work; the next pass looks again).
 """
 
 from __future__ import annotations
@@ -68,9 +72,12 @@ class Housekeeping(MultiService):
         self._batch = batch
         self._running: Deferred[None] | None = None
         self._stopped = False
-        #: Rows pruned since start, by table, and passes finished (tests, logs).
+        #: Rows pruned since start, by table, passes finished, and passes cut
+        #: short because another site was pruning (tests, logs).
         self.pruned = {"report_receipt": 0, "audit": 0}
         self.runs = 0
+        self.yielded = 0
+        self._other_site_pruning = False
 
     def startService(self) -> None:
         self._stopped = False
@@ -87,19 +94,20 @@ class Housekeeping(MultiService):
         self._running = None
 
     async def prune(self) -> None:
-        """One pass: receipts, then audit rows, each in batches."""
+        """One pass: receipts, then audit rows, each in batches; cut short
+        when another site is pruning (that site does the rest)."""
         now = self._clock.seconds()
+        self._other_site_pruning = False
         receipts = await self._prune_receipts(stored_timestamp(now - self._receipt_seconds))
         audit = 0
-        cutoff = stored_timestamp(now - self._audit_seconds)
-        while not self._stopped:
-            deleted = await self._db.write(retention.prune_audit, cutoff, self._batch)
-            audit += deleted
-            if deleted < self._batch:
-                break
+        if not self._other_site_pruning:
+            audit = await self._prune_audit(stored_timestamp(now - self._audit_seconds))
         self.pruned["report_receipt"] += receipts
         self.pruned["audit"] += audit
         self.runs += 1
+        if self._other_site_pruning:
+            self.yielded += 1
+            log.info("housekeeping: another site is pruning now; this pass stops here")
         if receipts or audit:
             log.info(
                 "housekeeping: pruned {receipts} report receipt(s), {audit} audit row(s)",
@@ -113,10 +121,26 @@ class Housekeeping(MultiService):
             return 0  # no receipt is old: no write transaction at all
         total, after = 0, 0
         while not self._stopped and after < found.below:
-            deleted, after = await self._db.write(
+            batch = await self._db.write(
                 retention.prune_receipts, after, found.below, found.keep, self._batch
             )
+            if batch is None:
+                self._other_site_pruning = True
+                break
+            deleted, after = batch
             total += deleted
+        return total
+
+    async def _prune_audit(self, cutoff: str) -> int:
+        total = 0
+        while not self._stopped:
+            deleted = await self._db.write(retention.prune_audit, cutoff, self._batch)
+            if deleted is None:
+                self._other_site_pruning = True
+                break
+            total += deleted
+            if deleted < self._batch:
+                break
         return total
 
     def stopService(self) -> Deferred[None]:

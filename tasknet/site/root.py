@@ -5,15 +5,20 @@ not yet started :class:`~tasknet.site.service.SiteService`, building each
 part once, in dependency order, and handing it its collaborators and the
 site's clock (the reactor) as constructor arguments:
 
-1. storage: the database's instance lock (held by another site: refused
-   before anything is read or recovered), the schema initialised or verified
-   (an unmigrated legacy database is refused with the command to run), the
-   ``--demo`` user on a fresh database, then the connection pool;
+1. storage: on SQLite the database's instance lock (held by another site:
+   refused before anything is read or recovered), the schema initialised or
+   verified (an unmigrated legacy database is refused with the command to
+   run), the ``--demo`` user on a fresh database, the connection pool, then
+   the site instance registered with its lease (:mod:`.storage.lease`: the
+   flock on SQLite, an advisory lock on a session of its own on
+   PostgreSQL), all before recovery;
 2. the upstream client;
 3. the node side (:func:`build_node_side`): the one registry of connected
    nodes, the outbox executor (WebSocket hub, webhook), the report
    pipeline, the dispatcher, the session handler and the node listener;
-4. the lifecycle, told of commits (outbox) and of tasks to send (dispatcher);
+4. the lifecycle, told of commits (outbox) and of tasks to send
+   (dispatcher), holding the instance's lease; the instance service (lease
+   checks, heartbeat, reaping of gone instances: :mod:`.instances`);
 5. housekeeping, the node keys;
 6. the web layer, given its own :class:`~tasknet.site.web.interfaces.WebDependencies`.
 
@@ -35,8 +40,11 @@ from twisted.logger import Logger
 
 from tasknet.clock import default_reactor
 from tasknet.site import ratelimit
-from tasknet.site.connected_nodes import ConnectedNodes
+from tasknet.site.connected_nodes import CHECK_INTERVAL as NODE_CHECK_INTERVAL
+from tasknet.site.connected_nodes import ConnectedNodes, NodeOwnership
 from tasknet.site.dispatch import Dispatcher
+from tasknet.site.instances import INTERVAL as INSTANCE_INTERVAL
+from tasknet.site.instances import InstanceService
 from tasknet.site.lifecycle import Lifecycle
 from tasknet.site.node_listener import NodeListenerFactory
 from tasknet.site.notify import OutboxExecutor, WebhookSender
@@ -54,9 +62,20 @@ from tasknet.site.service import (
 from tasknet.site.session_handler import SiteHandler
 from tasknet.site.storage import lock as instance_lock
 from tasknet.site.storage import users
-from tasknet.site.storage.db import PRIVATE_MODE, Database, connect, open_pool, run_write
+from tasknet.site.storage.db import (
+    PRIVATE_MODE,
+    Database,
+    classify,
+    connect,
+    describe,
+    is_postgres,
+    open_pool,
+    run_write,
+)
 from tasknet.site.storage.dispatch import PAGE_SIZE
-from tasknet.site.storage.lock import InstanceLock
+from tasknet.site.storage.errors import DatabaseError
+from tasknet.site.storage.lease import Lease, take_lease
+from tasknet.site.storage.listen import Wakeups, open_wakeups
 from tasknet.site.storage.schema import SchemaError, prepare_database
 from tasknet.site.upstream_client import UpstreamClient
 from tasknet.site.web.admin_nodes import nodes_view
@@ -86,6 +105,11 @@ class Tuning:
     webhook_max_attempts: int = 5
     webhook_backoff: float = 1.0
     node_keys_refresh: float = NODE_KEYS_REFRESH
+    #: How often a site checks that its node connections still hold their
+    #: nodes (the safety net under the tasknet_node_taken notification).
+    node_check_interval: float | None = NODE_CHECK_INTERVAL
+    #: Lease check, heartbeat and reaping of gone instances (PostgreSQL).
+    instance_interval: float = INSTANCE_INTERVAL
 
 
 def build_site(
@@ -98,20 +122,27 @@ def build_site(
     """The whole site, built from ``options`` on ``reactor`` (default: the
     global one), not yet started.  Raises :class:`SchemaError` for an
     unusable database, and :class:`~tasknet.site.storage.lock.DatabaseInUse`
-    (before touching the database) while another site holds it."""
+    (before touching the database) while another site holds a SQLite file."""
     reactor = default_reactor(reactor)
     path = options["db"]
-    held = instance_lock.acquire(path, role="tasknet-site")
+    # Several sites may share a PostgreSQL database; a SQLite file has one.
+    held = None if is_postgres(path) else instance_lock.acquire(path, role="tasknet-site")
     try:
         db = _open_database(options, path, reactor)
+        try:
+            lease = take_lease(path, options["name"], flock=held, clock=reactor)
+        except BaseException:
+            db.close()
+            raise
     except BaseException:
-        held.release()
+        if held is not None:
+            held.release()
         raise
     try:
-        return _assemble(options, reactor, db, held, tuning, exit_on_failure)
+        return _assemble(options, reactor, db, lease, tuning, exit_on_failure)
     except BaseException:
         db.close()
-        held.release()
+        lease.release()
         raise
 
 
@@ -119,7 +150,7 @@ def _assemble(
     options: Options,
     reactor: Any,
     db: Database,
-    held: InstanceLock,
+    lease: Lease,
     tuning: Tuning,
     exit_on_failure: bool,
 ) -> SiteService:
@@ -131,6 +162,7 @@ def _assemble(
         site_name=options["name"],
         webhook_url=options["webhook"],
         tuning=tuning,
+        instance_id=lease.instance_id,
     )
     outbox, dispatcher = node_side.outbox, node_side.dispatcher
 
@@ -143,9 +175,13 @@ def _assemble(
         upstream_timeout=options["upstream-timeout"],
         on_commit=wake_outbox,
         on_task_changed=dispatcher.task_changed,
+        lease=lease,
         clock=reactor,
     )
-    health = Health()
+    instance = InstanceService(
+        lease, db, lifecycle.reap_gone, interval=tuning.instance_interval, clock=reactor
+    )
+    health = Health(site=options["name"], backend=db.backend)
     web = _web_dependencies(options, reactor, db, lifecycle, node_side, health, wake_outbox)
     parts = SiteParts(
         db=db,
@@ -158,7 +194,7 @@ def _assemble(
         web=web,
         http=BoundedSite(make_web_resource(web), max_body=options["max-body"], reactor=reactor),
         health=health,
-        instance_lock=held,
+        instance=instance,
     )
     return SiteService(
         parts,
@@ -211,11 +247,28 @@ def build_node_side(
     site_name: str,
     webhook_url: str | None = None,
     tuning: Tuning = Tuning(),
+    instance_id: int | None = None,
+    wakeups: Wakeups | None = None,
 ) -> NodeSide:
     """The parts node connections reach, over ``db`` on ``clock`` (a
     reactor: the webhook sender connects on it).  ``node_keys`` (node id →
-    secret) is who may log in until :class:`NodeKeys` refreshes it."""
-    nodes = ConnectedNodes()
+    secret) is who may log in until :class:`NodeKeys` refreshes it.
+
+    ``instance_id`` (this site's instance) and ``wakeups`` (default: a
+    LISTEN connection of its own on PostgreSQL, nothing on SQLite) make it
+    one of several sites on the database: node ownership, the outbox tail
+    and webhook claims per instance, wake-ups between sites."""
+    if wakeups is None:
+        # callFromThread needs a real reactor; a test clock gets the global one.
+        wakeups = open_wakeups(
+            db.target,
+            clock if hasattr(clock, "callFromThread") else None,
+            site_name=site_name,
+        )
+    nodes = ConnectedNodes(site_name, instance_id)
+    ownership = NodeOwnership(
+        db, nodes, wakeups=wakeups, check_interval=tuning.node_check_interval, clock=clock
+    )
     hub = EventHub()
     webhook = None
     if webhook_url:
@@ -229,7 +282,13 @@ def build_node_side(
             clock=clock,
         )
     outbox = OutboxExecutor(
-        db, hub, webhook, poll_interval=tuning.outbox_poll_interval, clock=clock
+        db,
+        hub,
+        webhook,
+        poll_interval=tuning.outbox_poll_interval,
+        clock=clock,
+        instance_id=instance_id,
+        wakeups=wakeups,
     )
     reports = ReportPipeline(
         db, on_committed=outbox.wake, on_applied=nodes.report_applied, clock=clock
@@ -241,9 +300,12 @@ def build_node_side(
         assign_delay=tuning.dispatch_assign_delay,
         poll_interval=tuning.dispatch_poll_interval,
         clock=clock,
+        wakeups=wakeups,
     )
-    handler = SiteHandler(reports, dispatcher, db)
-    listener = NodeListenerFactory(handler, nodes, node_keys, site_name, clock=clock)
+    handler = SiteHandler(reports, dispatcher, db, ownership)
+    listener = NodeListenerFactory(
+        handler, nodes, node_keys, site_name, ownership=ownership, clock=clock
+    )
     return NodeSide(nodes, reports, dispatcher, outbox, hub, listener)
 
 
@@ -288,4 +350,15 @@ def makeService(options: Options) -> SiteService:
     except SchemaError as e:
         # A clean message (and exit status 1), not a traceback.
         print(f"tasknet-site: {e}", file=sys.stderr)
+        raise SystemExit(1) from e
+    except Exception as e:
+        # The database cannot be reached or used (refused, no such database,
+        # no rights): the same clean message, not the driver's traceback.
+        classified = classify(e)
+        if not isinstance(classified, DatabaseError):
+            raise
+        print(
+            f"tasknet-site could not start: database {describe(options['db'])}: {classified}",
+            file=sys.stderr,
+        )
         raise SystemExit(1) from e

@@ -19,6 +19,8 @@ above rather than all at once.
 
 A start that fails (a port taken, ...) is undone (the stop below, lock
 released) and, under twistd, the process exits 1 (:mod:`tasknet.startup`).
+So does a site whose instance lost its lease (:mod:`tasknet.site.instances`:
+fenced, it writes nothing more).
 
 Stop: both listeners stop accepting, dispatch stops, the reports in flight
 are committed and ACKed on their still-open connections, and only then are
@@ -27,6 +29,7 @@ the node connections closed (so a node never redelivers what was committed).
 
 from __future__ import annotations
 
+import socket
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,6 +44,7 @@ from twisted.python.failure import Failure
 from tasknet.site import ratelimit
 from tasknet.site.connected_nodes import ConnectedNodes
 from tasknet.site.dispatch import Dispatcher
+from tasknet.site.instances import InstanceService
 from tasknet.site.lifecycle import Lifecycle
 from tasknet.site.node_listener import NodeListenerFactory
 from tasknet.site.notify import OutboxExecutor
@@ -48,7 +52,6 @@ from tasknet.site.reports import ReportPipeline
 from tasknet.site.retention import Housekeeping
 from tasknet.site.storage import users
 from tasknet.site.storage.db import Database
-from tasknet.site.storage.lock import InstanceLock
 from tasknet.site.upstream_client import UpstreamClient
 from tasknet.site.web.events import EventHub
 from tasknet.site.web.http import DEFAULT_MAX_BODY, BoundedSite
@@ -63,7 +66,13 @@ NODE_KEYS_REFRESH = 5.0
 
 class Options(usage.Options):
     optParameters = [
-        ["db", None, "tasknet-site.sqlite", "SQLite database (created on first start)."],
+        [
+            "db",
+            None,
+            "tasknet-site.sqlite",
+            "SQLite database file (created on first start), or a postgresql:// URL "
+            "(several sites may share one; the schema is created on an empty database).",
+        ],
         ["http", None, "tcp:8080:interface=127.0.0.1", "HTTP API, UI, WebSocket, /metrics."],
         ["nodes", None, "tcp:7100:interface=127.0.0.1", "Where storage nodes connect."],
         ["upstream", None, "http://127.0.0.1:7200", "Upstream base URL."],
@@ -75,7 +84,13 @@ class Options(usage.Options):
             float,
         ],
         ["webhook", None, None, "POST a JSON notification per user-visible change."],
-        ["name", None, "tasknet-site", "Site name sent in Identity."],
+        [
+            "name",
+            None,
+            None,
+            "This site's name: sent in Identity, the site of a node in /api/admin/nodes, "
+            "in /healthz and in the instance table (default: HOST:HTTP-PORT).",
+        ],
         [
             "default-quota",
             None,
@@ -138,6 +153,19 @@ class Options(usage.Options):
         webhook = self["webhook"]
         if webhook is not None and not webhook.startswith(("http://", "https://")):
             raise usage.UsageError("--webhook must be an http:// or https:// URL")
+        if self["name"] is None:
+            self["name"] = default_site_name(self["http"])
+        elif not self["name"].strip() or len(self["name"]) > 200:
+            raise usage.UsageError("--name must be 1 to 200 characters")
+
+
+def default_site_name(http_endpoint: str) -> str:
+    """``HOST:PORT`` of this machine and the HTTP endpoint's port (the
+    host alone when the endpoint names no port)."""
+    host = socket.gethostname()
+    parts = http_endpoint.split(":")
+    port = next((p for p in parts[1:] if p.isdigit()), None)
+    return f"{host}:{port}" if port else host
 
 
 def read_node_key_file(path: str) -> dict[str, str]:
@@ -171,11 +199,16 @@ def read_node_key_file(path: str) -> dict[str, str]:
 class Health:
     """What ``/healthz`` answers; the service sets it as the start goes."""
 
+    #: The site's ``--name`` and its database's backend (sqlite / postgresql).
+    site: str = ""
+    backend: str = "sqlite"
     recovery: str = "pending"  # "pending" / "done" / "failed"
     dispatch_enabled: bool = False
 
     def document(self) -> dict[str, str]:
         return {
+            "site": self.site,
+            "backend": self.backend,
             "recovery": self.recovery,
             "dispatch": "enabled" if self.dispatch_enabled else "disabled",
         }
@@ -248,8 +281,9 @@ class SiteParts:
     web: WebDependencies
     http: BoundedSite
     health: Health
-    #: The database's instance lock (storage.lock), held until the site stops.
-    instance_lock: InstanceLock | None
+    #: This site as an instance on its database: its lease (taken by the
+    #: root, released when the site stops), lease checks, reaping.
+    instance: InstanceService
 
 
 class SiteService(service.MultiService):
@@ -280,6 +314,7 @@ class SiteService(service.MultiService):
         # Children in the order they start; each is started at its step.
         self._keys_timer = keys_timer
         for name, child in (
+            ("instance", parts.instance),
             ("node-keys", keys_timer),
             ("housekeeping", parts.housekeeping),
             ("outbox", parts.node_side.outbox),
@@ -292,6 +327,16 @@ class SiteService(service.MultiService):
         self.exit_on_failure = exit_on_failure
         self._stopping: Deferred[None] | None = None
         self._stop_waiters: list[Deferred[None]] | None = []
+        parts.instance.fenced.addCallback(self._fenced)
+
+    def _fenced(self, reason: str) -> None:
+        """The lease is lost: the lifecycle already refuses to write; stop
+        the site and, under twistd, exit 1."""
+        log.critical("tasknet-site lost its lease ({reason}): stopping", reason=reason)
+        if self.exit_on_failure:
+            exit_after_stop(self._reactor, 1)  # twistd stops the site on the way out
+        else:
+            self.stopService()
 
     def startService(self) -> None:
         # Not MultiService's: the children start one by one in _start.
@@ -333,6 +378,8 @@ class SiteService(service.MultiService):
                 "RECOVERY FAILED: nodes may connect and reports are applied, "
                 "but NOTHING WILL BE DISPATCHED until a restart recovers"
             )
+        # Lease checks, heartbeat and reaping of gone instances (PostgreSQL).
+        parts.instance.startService()
         parts.housekeeping.startService()
         node_side.outbox.startService()
         await node_side.outbox.wake()  # what the last run left undelivered
@@ -378,6 +425,8 @@ class SiteService(service.MultiService):
         parts = self.parts
         if self._keys_timer.running:
             await self._keys_timer.stopService()
+        if parts.instance.running:
+            await parts.instance.stopService()
         parts.lifecycle.stop()
         for port in (self.http_port, self.nodes_port):
             if port is not None:
@@ -391,5 +440,5 @@ class SiteService(service.MultiService):
         service.Service.stopService(self)
         await parts.upstream.close()
         parts.db.close()
-        if parts.instance_lock is not None:
-            parts.instance_lock.release()
+        # The instance's last write (ended), then its lease goes.
+        parts.instance.lease.release()

@@ -6,6 +6,16 @@ into ``node_seen`` (:func:`record_seen`).  Which session is a node's current
 one is the listener's business (``connected_nodes.py``): this handler hears
 of a session only while it is current.  Which wire a session speaks never
 matters here: the session picks the message type.
+
+Several sites (SCALE.md 5): a report is applied only by the site holding
+its node.  With an ownership, each report is first confirmed
+(:meth:`NodeOwnership.confirm <tasknet.site.connected_nodes.NodeOwnership.confirm>`:
+on PostgreSQL one read shared by the reports that arrive together; nothing
+on SQLite), in arrival order; a report on a session that no longer holds its
+node is not applied, and the session is closed (``Goodbye{"replaced by a
+newer connection"}``: the node sends the report again on its newer
+connection).  A session closed because another site took its node is not
+recorded as gone in ``node_seen`` (its node is still connected).
 """
 
 from __future__ import annotations
@@ -18,6 +28,7 @@ from zope.interface import implementer
 from tasknet.protocol.messages import DeleteResult, StatusReport, TaskReport
 from tasknet.protocol.session import INodeSession, ISiteHandler
 from tasknet.site import metrics
+from tasknet.site.connected_nodes import NodeOwnership
 from tasknet.site.dispatch import Dispatcher
 from tasknet.site.reports import ReportPipeline
 from tasknet.site.storage import throughput
@@ -32,10 +43,19 @@ log = Logger()
 class SiteHandler:
     """Ties node sessions to the report pipeline and the dispatcher."""
 
-    def __init__(self, reports: ReportPipeline, dispatcher: Dispatcher, db: Database) -> None:
+    def __init__(
+        self,
+        reports: ReportPipeline,
+        dispatcher: Dispatcher,
+        db: Database,
+        ownership: NodeOwnership | None = None,
+    ) -> None:
         self.reports = reports
         self.dispatcher = dispatcher
         self.db = db  # where logins and disconnects are recorded (node_seen)
+        self.ownership = ownership
+        #: Reports not applied because their session no longer held its node.
+        self.refused_reports = 0
 
     def node_attached(self, session: INodeSession) -> None:
         record_seen(self.db, session, connected=True)
@@ -44,7 +64,12 @@ class SiteHandler:
 
     def message_received(self, session: INodeSession, message: object) -> None:
         if isinstance(message, TaskReport | StatusReport | DeleteResult):
-            self.reports.submit(session, message)
+            if self.ownership is None:
+                self.reports.submit(session, message)
+                return
+            confirmed = self.ownership.confirm(session)
+            confirmed.addCallback(self._confirmed, session, message)
+            confirmed.addErrback(lambda f: log.failure("handling a report failed", f))
         else:
             log.warn(
                 "node {node}: unexpected {type}; ignored",
@@ -52,8 +77,25 @@ class SiteHandler:
                 type=type(message).__name__,
             )
 
+    def _confirmed(
+        self, held: bool, session: INodeSession, message: TaskReport | StatusReport | DeleteResult
+    ) -> None:
+        if held:
+            self.reports.submit(session, message)
+            return
+        self.refused_reports += 1
+        log.info(
+            "node {node}: {type} on a connection that no longer holds the node; not applied,"
+            " closing it",
+            node=session.node_id,
+            type=type(message).__name__,
+        )
+        session.close("replaced by a newer connection")
+
     def node_detached(self, session: INodeSession) -> None:
-        record_seen(self.db, session, connected=False)
+        if not getattr(session, "moved", False):
+            # Moved to another site: still connected, nothing to record.
+            record_seen(self.db, session, connected=False)
         metrics.CONNECTED_NODES.labels(protocol=str(session.protocol_version)).dec()
         self.dispatcher.node_detached(session)
 

@@ -1,13 +1,17 @@
 """``python -m bench --quick`` still runs every benchmark end to end.
 
 A smoke test only: it starts the real processes at tiny sizes and checks that
-six rows come out, in the table and in the JSON file, with the machine facts.
-It asserts nothing about speed (CI machines are shared and noisy).
+every row comes out (B1-B7, with B1 and B2 on both backends), in the table
+and in the JSON file, with the machine facts.  Without PostgreSQL installed
+it runs ``--db sqlite`` (six rows), unless ``TASKNET_REQUIRE_POSTGRES=1``
+makes that an error, as the suite's backend fixtures do.  It asserts
+nothing about speed (CI machines are shared and noisy).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -15,13 +19,28 @@ from pathlib import Path
 
 import pytest
 
+from tasknet.drill.pgserver import INSTALL_HINT, installed
+
 REPO = Path(__file__).resolve().parents[2]
-IDS = ["B1", "B2", "B3", "B4", "B5", "B6"]
+SQLITE_IDS = ["B1", "B2", "B3", "B4", "B5", "B6"]
+ALL_IDS = ["B1", "B1-pg", "B2", "B2-pg", "B3", "B4", "B5", "B6", "B7"]
+# The rows with a same-run baseline.
+WITH_BASELINE = ("B1", "B1-pg", "B2", "B2-pg", "B3", "B6", "B7")
+
+
+def _with_postgres() -> bool:
+    if installed():
+        return True
+    if os.environ.get("TASKNET_REQUIRE_POSTGRES") == "1":
+        pytest.fail(f"TASKNET_REQUIRE_POSTGRES=1 but PostgreSQL is not installed: {INSTALL_HINT}")
+    return False
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(300)
-def test_quick_run_prints_six_rows_and_writes_results(tmp_path: Path) -> None:
+@pytest.mark.timeout(420)
+def test_quick_run_prints_every_row_and_writes_results(tmp_path: Path) -> None:
+    postgres = _with_postgres()
+    ids = ALL_IDS if postgres else SQLITE_IDS
     results = tmp_path / "results.json"
     done = subprocess.run(
         [
@@ -30,33 +49,45 @@ def test_quick_run_prints_six_rows_and_writes_results(tmp_path: Path) -> None:
             "bench",
             "all",
             "--quick",
+            f"--db={'both' if postgres else 'sqlite'}",
             f"--workdir={tmp_path / 'work'}",
             f"--results={results}",
         ],
         cwd=REPO,
         capture_output=True,
         text=True,
-        timeout=280,
+        timeout=400,
     )
     assert done.returncode == 0, f"stdout:\n{done.stdout}\nstderr:\n{done.stderr[-4000:]}"
 
-    table_rows = [line for line in done.stdout.splitlines() if re.match(r"^B[1-6]  ", line)]
-    assert [line.split()[0] for line in table_rows] == IDS
+    table_rows = [line for line in done.stdout.splitlines() if re.match(r"^B[1-7](-pg)?  ", line)]
+    assert [line.split()[0] for line in table_rows] == ids
     assert not any("ERROR" in line for line in table_rows)
 
     document = json.loads(results.read_text())
     assert document["quick"] is True
-    assert [row["bench"] for row in document["rows"]] == IDS
+    assert [row["bench"] for row in document["rows"]] == ids
     for row in document["rows"]:
         assert row["error"] is None
         assert row["figure"] is not None and row["figure"] > 0
-    for bench_id in ("B1", "B2", "B3", "B6"):  # the rows with a same-run baseline
-        row = next(r for r in document["rows"] if r["bench"] == bench_id)
-        assert row["baseline"] > 0 and row["ratio"] > 0
+    for bench_id in WITH_BASELINE:
+        if bench_id in ids:
+            row = next(r for r in document["rows"] if r["bench"] == bench_id)
+            assert row["baseline"] > 0 and row["ratio"] > 0
     machine = document["machine"]
-    for key in ("nproc", "python", "sqlite", "twisted", "synchronous"):
+    for key in ("nproc", "python", "sqlite", "twisted", "synchronous", "postgresql"):
         assert machine[key], key
     assert machine["synchronous"].startswith("FULL")
+    if postgres:
+        assert machine["postgresql_server"]["synchronous_commit"] == "on"
+        b7 = next(r for r in document["rows"] if r["bench"] == "B7")
+        windows = b7["details"]["windows"]
+        assert set(windows) == {"one-before", "two", "one-after"}
+        # Per-process CPU: both sites in the two-site window, and the server.
+        assert {"bench-site-a", "bench-site-b", "postgres"} <= set(
+            windows["two"]["cpu_fraction_by_process"]
+        )
+        assert b7["details"]["nodes_per_site_two_sites"] == {"bench-site-a": 2, "bench-site-b": 2}
 
 
 def test_unknown_benchmark_is_refused_with_the_valid_names() -> None:
@@ -65,7 +96,19 @@ def test_unknown_benchmark_is_refused_with_the_valid_names() -> None:
     )
     assert done.returncode == 2
     assert "unknown benchmark(s) B9" in done.stderr
-    assert "B1, B2, B3, B4, B5, B6" in done.stderr
+    assert "B1, B2, B3, B4, B5, B6, B7" in done.stderr
+
+
+def test_b7_is_refused_on_sqlite() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "bench", "b7", "--db", "sqlite"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2
+    assert "B7 runs on PostgreSQL only" in done.stderr
 
 
 def test_single_codec_run_writes_one_row(tmp_path: Path) -> None:

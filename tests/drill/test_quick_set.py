@@ -1,18 +1,25 @@
 """The CI drill: `tasknet-drill --quick` against real processes.
 
-It runs the quick set (S1 S2 S4 S7 S10 S12 S13 S16 S17 S18) as a subprocess and
-requires every run to pass.  It always runs: a part it drives that went
-missing must fail CI, not skip it.
+It runs the quick set (S1 S2 S4 S7 S10 S12 S13 S16 S17 S18) on SQLite, then
+`--quick --db postgres` (S20: one of two sites on a throwaway PostgreSQL
+SIGKILLed mid-POST), each as a subprocess, and requires every run to pass.
+They always run: a part they drive that went missing must fail CI, not skip
+it (without PostgreSQL installed the second is skipped, unless
+TASKNET_REQUIRE_POSTGRES=1, as CI sets, makes that a failure).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from tasknet.drill.pgserver import INSTALL_HINT, installed
+from tasknet.drill.scenarios import QUICK_POSTGRES
 
 pytestmark = pytest.mark.slow
 
@@ -50,3 +57,40 @@ def test_quick_drill_set_passes(tmp_path: Path) -> None:
         "S18",
     ]
     assert proc.returncode == 0 and data["passed"], proc.stdout[-6000:]
+
+
+@pytest.mark.timeout(200)
+def test_quick_drill_set_on_postgresql_passes(tmp_path: Path) -> None:
+    if not installed():
+        if os.environ.get("TASKNET_REQUIRE_POSTGRES") == "1":
+            pytest.fail(
+                f"TASKNET_REQUIRE_POSTGRES=1 but PostgreSQL is not installed: {INSTALL_HINT}"
+            )
+        pytest.skip(f"PostgreSQL is not installed ({INSTALL_HINT})")
+    report = tmp_path / "drill.json"
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tasknet.cli.drill",
+            "--quick",
+            "--db",
+            "postgres",
+            "--report",
+            str(report),
+            "--root",
+            str(tmp_path / "runs"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=190,
+    )
+    assert report.exists(), proc.stdout + proc.stderr
+    data = json.loads(report.read_text())
+    assert data["db"] == "postgresql"
+    assert [r["scenario"] for r in data["runs"]] == list(QUICK_POSTGRES) == ["S20"]
+    assert proc.returncode == 0 and data["passed"], proc.stdout[-6000:]
+    # S20 is the crash of one site of two: D9 was exercised, not skipped.
+    s20 = data["runs"][0]
+    assert s20["verdicts"]["D9"]["status"] == "PASS", s20["verdicts"]["D9"]
+    assert [e["from_state"] for e in s20["verdicts"]["D9"]["evidence"]] == ["SUBMITTING"]

@@ -11,7 +11,7 @@ from tasknet.drill.report import Progress, RunResult, failures, table, to_json
 
 def result(failed: bool) -> RunResult:
     verdicts = [Verdict("E", PASS, "3 expectation(s) met")]
-    verdicts += [Verdict(f"D{i}", PASS, "ok") for i in range(1, 9)]
+    verdicts += [Verdict(f"D{i}", PASS, "ok") for i in range(1, 11)]
     verdicts[3] = Verdict("D3", NA, "nothing completed")
     if failed:
         verdicts[1] = Verdict(
@@ -38,6 +38,8 @@ def test_table_has_one_row_per_run_and_a_cell_per_invariant() -> None:
         "D6",
         "D7",
         "D8",
+        "D9",
+        "D10",
         "time",
     ]
     assert lines[2].split() == [
@@ -52,10 +54,13 @@ def test_table_has_one_row_per_run_and_a_cell_per_invariant() -> None:
         "PASS",
         "PASS",
         "PASS",
+        "PASS",
+        "PASS",
         "4.2s",
     ]
     assert lines[3].split()[3] == "FAIL"
     assert "1/2 run(s) passed" in text
+    assert "D1–D10 = DRILLS.md invariants" in text
 
 
 def test_failures_carry_the_evidence_and_the_directory() -> None:
@@ -64,6 +69,15 @@ def test_failures_carry_the_evidence_and_the_directory() -> None:
     assert text.startswith("FAIL S1 run 1 D1: gid 77: 2 upstream POSTs for 1 generation(s)")
     assert '"gid": 77' in text and '"seq": 2' in text
     assert "logs and databases of S1 run 1: /tmp/x/S1-1" in text
+
+
+def test_a_failed_run_on_postgresql_names_its_kept_database() -> None:
+    failed = result(True)
+    failed.database = "postgresql://tasknet_drill@127.0.0.1:5/drill_s1_1_ab12cd34"
+    assert f"site database of S1 run 1: {failed.database}" in failures([failed])
+    assert to_json([failed], 1.0, [])["runs"][0]["database"] == failed.database
+    failed.database = "/tmp/x/S1-1/site/site.sqlite"  # in the directory already named
+    assert "site database of" not in failures([failed])
 
 
 def test_json_report_round_trips() -> None:

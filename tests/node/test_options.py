@@ -22,7 +22,7 @@ def parse(*argv: str) -> Options:
 
 def test_defaults_follow_interfaces_md() -> None:
     options = parse("--secret", "x")
-    assert options["connect"] == "tcp:127.0.0.1:7100"
+    assert options["connect"] == ("tcp:127.0.0.1:7100",)
     assert options["node-id"] == "node-1"
     assert options["data"] == "tasknet-node-data"
     assert (options["protocol"], options["downloads"], options["compressors"]) == (2, 4, 1)
@@ -50,7 +50,7 @@ def test_make_service_takes_every_option(tmp_path: object) -> None:
     )
     service = makeService(options)
     assert isinstance(service, NodeService)
-    assert (service.connect, service.node_id, service.protocol) == ("tcp:127.0.0.1:9", "n.2", 1)
+    assert (service.connect, service.node_id, service.protocol) == (("tcp:127.0.0.1:9",), "n.2", 1)
     assert (service.downloads, service.compressors, service.ack_timeout) == (2, 3, 0.5)
 
 

@@ -24,8 +24,8 @@ NODE = "node-t"  # the node id harness.start_node uses
 
 
 @pytest_twisted.async_yield_fixture
-async def site_and_upstream(tmp_path: Path) -> AsyncIterator[tuple[Site, RunningUpstream]]:
-    site = await Site(tmp_path / "site.sqlite").start()
+async def site_and_upstream(db_target: str) -> AsyncIterator[tuple[Site, RunningUpstream]]:
+    site = await Site(db_target).start()
     up = await start_upstream()
     try:
         yield site, up

@@ -1,14 +1,13 @@
-"""Shared helpers of the site lifecycle tests: real SQLite files, the real
-mock upstream on loopback, the real site service over HTTP."""
+"""Shared helpers of the site lifecycle tests: real databases (a SQLite file
+or a PostgreSQL database, ``db_target``), the real mock upstream on loopback,
+the real site service over HTTP."""
 
 from __future__ import annotations
 
 import json
-import sqlite3
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import treq
@@ -21,10 +20,11 @@ from tasknet.site.lifecycle import Lifecycle
 from tasknet.site.root import Tuning, build_site
 from tasknet.site.service import Options, SiteParts, SiteService
 from tasknet.site.storage import users
-from tasknet.site.storage.db import Database, connect, open_pool, run_write
+from tasknet.site.storage.db import Connection, Cursor, Database, connect, open_pool, run_write
 from tasknet.site.storage.schema import prepare_database
 from tasknet.site.upstream_client import UpstreamClient
 from tasknet.upstream.testing import RunningUpstream, start_upstream
+from tests.backends import add_failing_trigger
 
 POST_ARCHIVE = "/api/galleries/*/archive"
 
@@ -33,10 +33,10 @@ def fault(kind: str, method: str = "POST", path: str = POST_ARCHIVE, **params: A
     return {"method": method, "path": path, "fault": kind, "params": params, "times": None}
 
 
-def dispatch_row(cursor: sqlite3.Cursor, gid: int) -> sqlite3.Row | None:
+def dispatch_row(cursor: Cursor, gid: int) -> Any:
     """The joined row dispatch judges ``gid`` by: every key
     ``eligibility.is_dispatchable`` reads, plus the command's columns."""
-    row: sqlite3.Row | None = cursor.execute(
+    row: Any = cursor.execute(
         "SELECT g.gid, g.name, g.token, g.url, g.status, g.node_id, g.user_id, "
         "o.state, o.operation_id, o.legacy, o.dispatched "
         "FROM gallery AS g LEFT JOIN task_operation AS o ON o.gid = g.gid WHERE g.gid = ?",
@@ -45,12 +45,13 @@ def dispatch_row(cursor: sqlite3.Cursor, gid: int) -> sqlite3.Row | None:
     return row
 
 
-def raw(path: str) -> sqlite3.Connection:
-    """A plain connection for checking the database from the test."""
+def raw(path: str) -> Connection:
+    """A plain connection for checking the database from the test (``path``:
+    a SQLite file or a PostgreSQL URL, as everywhere here)."""
     return connect(path)
 
 
-def query(path: str, sql: str, *args: Any) -> list[sqlite3.Row]:
+def query(path: str, sql: str, *args: Any) -> list[Any]:
     connection = raw(path)
     try:
         return connection.execute(sql, args).fetchall()
@@ -91,9 +92,10 @@ class Env:
 
 @asynccontextmanager
 async def lifecycle_env(
-    tmp_path: Path, *, timeout: float = 0.5, quota: int = 5000
+    target: str, *, timeout: float = 0.5, quota: int = 5000
 ) -> AsyncIterator[Env]:
-    path = str(tmp_path / "site.sqlite")
+    """``target``: an empty database (``db_target``), prepared here."""
+    path = target
     prepare_database(path)
     user_id, _ = add_user(path, "alice", quota=quota)
     upstream = await start_upstream()
@@ -109,14 +111,9 @@ async def lifecycle_env(
 
 
 def fail_usage_writes(path: str, message: str = "simulated disk failure") -> None:
-    """Make every later ``weekly_usage`` insert fail (a real SQLite error, from
-    trigger ``usage_fails``): the persist transaction of a create then fails."""
-    connection = raw(path)
-    connection.execute(
-        "CREATE TRIGGER usage_fails BEFORE INSERT ON weekly_usage "
-        f"BEGIN SELECT RAISE(ABORT, '{message}'); END"
-    )
-    connection.close()
+    """Make every later ``weekly_usage`` insert fail (a real database error,
+    from trigger ``usage_fails``): the persist transaction of a create then fails."""
+    add_failing_trigger(path, "usage_fails", "weekly_usage", message)
 
 
 class SiteWithUsers:

@@ -3,11 +3,14 @@ every error code, ownership, and the lifecycle seen through the API."""
 
 from __future__ import annotations
 
+import socket
+
 import pytest_twisted
 from twisted.internet.defer import Deferred, DeferredList
 
 from tasknet.upstream import catalog
 from tasknet.upstream.testing import start_upstream
+from tests.backends import add_failing_trigger, backend_of
 from tests.site.helpers import (
     SiteWithUsers,
     add_user,
@@ -20,14 +23,14 @@ from tests.site.helpers import (
 )
 
 
-async def _site(tmp_path, upstream, *extra):
-    path = str(tmp_path / "site.sqlite")
+async def _site(target, upstream, *extra):
+    path = target
     return path, running_site(site_options(path, upstream.base_url, *extra))
 
 
-async def with_fixture(tmp_path, test, *extra):
+async def with_fixture(target, test, *extra):
     upstream = await start_upstream()
-    path = str(tmp_path / "site.sqlite")
+    path = target
     try:
         async with running_site(site_options(path, upstream.base_url, "--demo", *extra)) as site:
             await test(SiteWithUsers(site, path, upstream))
@@ -36,7 +39,7 @@ async def with_fixture(tmp_path, test, *extra):
 
 
 @pytest_twisted.ensureDeferred
-async def test_create_get_list_and_paginate(tmp_path):
+async def test_create_get_list_and_paginate(db_target):
     async def test(f):
         for gid in (5, 3, 9):
             status, body = await f.site.request(
@@ -65,11 +68,11 @@ async def test_create_get_list_and_paginate(tmp_path):
         assert usage["used"] == expected and usage["quota"] == 5000
         assert usage["week"].count("-W") == 1
 
-    await with_fixture(tmp_path, test)
+    await with_fixture(db_target, test)
 
 
 @pytest_twisted.ensureDeferred
-async def test_invalid_requests_answer_400_and_change_nothing(tmp_path):
+async def test_invalid_requests_answer_400_and_change_nothing(db_target):
     async def test(f):
         bad_bodies = [
             b"not json",
@@ -104,11 +107,11 @@ async def test_invalid_requests_answer_400_and_change_nothing(tmp_path):
         assert one(f.path, "SELECT COUNT(*) FROM task_operation")[0] == 0
         assert f.upstream.stats()["requests"] == 0
 
-    await with_fixture(tmp_path, test)
+    await with_fixture(db_target, test)
 
 
 @pytest_twisted.ensureDeferred
-async def test_auth_errors_401_and_403(tmp_path):
+async def test_auth_errors_401_and_403(db_target):
     async def test(f):
         assert_error(await f.site.request("GET", "/api/tasks"), 401, "unauthorized")
         assert_error(await f.site.request("GET", "/api/tasks", token="wrong"), 401, "unauthorized")
@@ -130,11 +133,11 @@ async def test_auth_errors_401_and_403(tmp_path):
         )
         assert f.upstream.stats()["requests"] == 0
 
-    await with_fixture(tmp_path, test)
+    await with_fixture(db_target, test)
 
 
 @pytest_twisted.ensureDeferred
-async def test_user_cannot_read_delete_or_favorite_another_users_task(tmp_path):
+async def test_user_cannot_read_delete_or_favorite_another_users_task(db_target):
     async def test(f):
         assert (
             await f.site.request(
@@ -164,11 +167,11 @@ async def test_user_cannot_read_delete_or_favorite_another_users_task(tmp_path):
         assert (await f.site.request("DELETE", "/api/favorites/11", token=f.alice))[0] == 200
         assert (await f.site.request("GET", "/api/favorites", token=f.alice))[1]["tasks"] == []
 
-    await with_fixture(tmp_path, test)
+    await with_fixture(db_target, test)
 
 
 @pytest_twisted.ensureDeferred
-async def test_conflict_409_quota_429_rejected_422_unavailable_502_missing_404(tmp_path):
+async def test_conflict_409_quota_429_rejected_422_unavailable_502_missing_404(db_target):
     async def test(f):
         create = {"gid": 21, "token": "t"}
         assert (await f.site.request("POST", "/api/tasks", token=f.alice, body=create))[0] == 201
@@ -208,29 +211,24 @@ async def test_conflict_409_quota_429_rejected_422_unavailable_502_missing_404(t
         assert f.upstream.stats()["postAttempts"] == {"21": 1, "23": 1}  # 23 refused
         assert f.upstream.stats()["posts"] == {"21": 1}
 
-    await with_fixture(tmp_path, test)
+    await with_fixture(db_target, test)
 
 
 @pytest_twisted.ensureDeferred
-async def test_body_over_the_limit_is_413(tmp_path):
+async def test_body_over_the_limit_is_413(db_target):
     async def test(f):
         big = b'{"gid": 1, "token": "' + b"x" * (1024 * 1024) + b'"}'
         answer = await f.site.request("POST", "/api/tasks", token=f.alice, data=big)
         assert_error(answer, 413, "payload_too_large")
         assert one(f.path, "SELECT COUNT(*) FROM gallery")[0] == 0
 
-    await with_fixture(tmp_path, test)
+    await with_fixture(db_target, test)
 
 
 @pytest_twisted.ensureDeferred
-async def test_database_failure_is_500_and_commits_nothing(tmp_path):
+async def test_database_failure_is_500_and_commits_nothing(db_target):
     async def test(f):
-        connection = raw(f.path)
-        connection.execute(
-            "CREATE TRIGGER reserve_fails BEFORE INSERT ON task_operation "
-            "BEGIN SELECT RAISE(ABORT, 'simulated failure'); END"
-        )
-        connection.close()
+        add_failing_trigger(f.path, "reserve_fails", "task_operation", "simulated failure")
         answer = await f.site.request(
             "POST", "/api/tasks", token=f.alice, body={"gid": 31, "token": "t"}
         )
@@ -240,11 +238,11 @@ async def test_database_failure_is_500_and_commits_nothing(tmp_path):
         assert one(f.path, "SELECT COUNT(*) FROM task_operation")[0] == 0
         assert f.upstream.stats()["requests"] == 0
 
-    await with_fixture(tmp_path, test)
+    await with_fixture(db_target, test)
 
 
 @pytest_twisted.ensureDeferred
-async def test_six_concurrent_creates_of_one_gid_over_http_post_once_one_row(tmp_path):
+async def test_six_concurrent_creates_of_one_gid_over_http_post_once_one_row(db_target):
     async def test(f):
         f.upstream.set_faults([fault("latency", ms=100)])
         results = await DeferredList(
@@ -263,11 +261,11 @@ async def test_six_concurrent_creates_of_one_gid_over_http_post_once_one_row(tmp
         assert f.upstream.stats()["posts"] == {"41": 1}
         assert one(f.path, "SELECT COUNT(*) FROM gallery WHERE gid = 41")[0] == 1
 
-    await with_fixture(tmp_path, test)
+    await with_fixture(db_target, test)
 
 
 @pytest_twisted.ensureDeferred
-async def test_unknown_listed_with_evidence_and_resolved_over_http(tmp_path):
+async def test_unknown_listed_with_evidence_and_resolved_over_http(db_target):
     async def test(f):
         f.upstream.set_faults([fault("commit_then_drop")])
         status, body = await f.site.request(
@@ -315,11 +313,11 @@ async def test_unknown_listed_with_evidence_and_resolved_over_http(tmp_path):
             "not_found",
         )
 
-    await with_fixture(tmp_path, test)
+    await with_fixture(db_target, test)
 
 
 @pytest_twisted.ensureDeferred
-async def test_delete_over_http_at_once_or_pending(tmp_path):
+async def test_delete_over_http_at_once_or_pending(db_target):
     async def test(f):
         for gid in (61, 62):
             await f.site.request(
@@ -347,16 +345,22 @@ async def test_delete_over_http_at_once_or_pending(tmp_path):
         )
         assert status == 201
 
-    await with_fixture(tmp_path, test)
+    await with_fixture(db_target, test)
 
 
 @pytest_twisted.ensureDeferred
-async def test_health_metrics_ui_and_admin_nodes(tmp_path):
+async def test_health_metrics_ui_and_admin_nodes(db_target):
     async def test(f):
         assert await f.site.request("GET", "/healthz") == (
             200,
-            {"recovery": "done", "dispatch": "enabled"},
+            {
+                "site": f.site.site.health.site,
+                "backend": backend_of(db_target),
+                "recovery": "done",
+                "dispatch": "enabled",
+            },
         )
+        assert f.site.site.health.site == f"{socket.gethostname()}:0"  # --name's default
         status, page = await f.site.request("GET", "/metrics")
         assert status == 200 and b"tasknet_creates_total" in page
         status, index = await f.site.request("GET", "/")
@@ -369,11 +373,11 @@ async def test_health_metrics_ui_and_admin_nodes(tmp_path):
             await f.site.request("GET", "/api/admin/nodes", token=f.alice), 403, "forbidden"
         )
 
-    await with_fixture(tmp_path, test)
+    await with_fixture(db_target, test)
 
 
 @pytest_twisted.ensureDeferred
-async def test_client_hanging_up_does_not_cut_the_create_chain(tmp_path):
+async def test_client_hanging_up_does_not_cut_the_create_chain(db_target):
     import json as _json
 
     import treq
@@ -396,4 +400,4 @@ async def test_client_hanging_up_does_not_cut_the_create_chain(tmp_path):
         )
         assert f.upstream.stats()["posts"] == {"71": 1}
 
-    await with_fixture(tmp_path, test)
+    await with_fixture(db_target, test)

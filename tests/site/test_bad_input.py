@@ -13,9 +13,9 @@ from tests.site.helpers import add_user, one, running_site, site_options
 from tests.site.rawhttp import exchange, request_bytes
 
 
-async def _with_site(tmp_path, test):
+async def _with_site(target, test):
     upstream = await start_upstream()
-    path = str(tmp_path / "site.sqlite")
+    path = target
     try:
         async with running_site(site_options(path, upstream.base_url, "--demo")) as site:
             _, token = add_user(path, "alice")
@@ -41,7 +41,7 @@ def _create(token: str, body: bytes) -> bytes:
 
 
 @pytest_twisted.ensureDeferred
-async def test_bad_json_strings_and_nesting_are_400(tmp_path):
+async def test_bad_json_strings_and_nesting_are_400(db_target):
     async def test(site, path, token, port):
         cases = {
             # A lone surrogate escape: valid JSON syntax, not Unicode text.
@@ -71,11 +71,11 @@ async def test_bad_json_strings_and_nesting_are_400(tmp_path):
         )
         assert answer.status == 201, answer.body
 
-    await _with_site(tmp_path, test)
+    await _with_site(db_target, test)
 
 
 @pytest_twisted.ensureDeferred
-async def test_lone_surrogate_in_an_admin_note_is_400(tmp_path):
+async def test_lone_surrogate_in_an_admin_note_is_400(db_target):
     async def test(site, path, token, port):
         answer, _ = await exchange(
             port,
@@ -88,11 +88,11 @@ async def test_lone_surrogate_in_an_admin_note_is_400(tmp_path):
         )
         _assert_error(answer, 400, "invalid_request")
 
-    await _with_site(tmp_path, test)
+    await _with_site(db_target, test)
 
 
 @pytest_twisted.ensureDeferred
-async def test_a_non_utf8_authorization_header_is_401(tmp_path):
+async def test_a_non_utf8_authorization_header_is_401(db_target):
     async def test(site, path, token, port):
         for path_ in ("/api/tasks", "/api/me", "/api/events"):
             answer, _ = await exchange(
@@ -104,11 +104,11 @@ async def test_a_non_utf8_authorization_header_is_401(tmp_path):
         )
         _assert_error(answer, 401, "unauthorized")
 
-    await _with_site(tmp_path, test)
+    await _with_site(db_target, test)
 
 
 @pytest_twisted.ensureDeferred
-async def test_nul_and_control_characters_in_a_path_are_404(tmp_path):
+async def test_nul_and_control_characters_in_a_path_are_404(db_target):
     async def test(site, path, token, port):
         for target in (
             b"/%00",
@@ -127,11 +127,11 @@ async def test_nul_and_control_characters_in_a_path_are_404(tmp_path):
             assert answer.status == 404, (target, answer.status, answer.body[:200])
             _assert_error(answer, 404, "not_found")
 
-    await _with_site(tmp_path, test)
+    await _with_site(db_target, test)
 
 
 @pytest_twisted.ensureDeferred
-async def test_other_odd_paths_and_malformed_requests_are_4xx_with_the_envelope(tmp_path):
+async def test_other_odd_paths_and_malformed_requests_are_4xx_with_the_envelope(db_target):
     async def test(site, path, token, port):
         for target in (b"/%ff", b"/api/tasks/%ff", b"/api/%c3%28", b"/..%2f..%2fetc%2fpasswd"):
             answer, _ = await exchange(
@@ -149,4 +149,4 @@ async def test_other_odd_paths_and_malformed_requests_are_4xx_with_the_envelope(
             _assert_error(answer, 400, "invalid_request")
             await client.closed
 
-    await _with_site(tmp_path, test)
+    await _with_site(db_target, test)

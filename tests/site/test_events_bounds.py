@@ -25,9 +25,9 @@ from tests.site_protocol.harness import events_client
 ADMIN = str(Path(sys.executable).parent / "tasknet-admin")
 
 
-async def _with_site(tmp_path, test):
+async def _with_site(target, test):
     upstream = await start_upstream()
-    path = str(tmp_path / "site.sqlite")
+    path = target
     try:
         async with running_site(site_options(path, upstream.base_url)) as site:
             await test(site, path, site.service.http_port.getHost().port)
@@ -48,7 +48,7 @@ def _rotate(path: str, name: str) -> str:
 
 
 @pytest_twisted.ensureDeferred
-async def test_a_rotated_token_closes_its_sockets_at_the_next_check_on_the_clock(tmp_path):
+async def test_a_rotated_token_closes_its_sockets_at_the_next_check_on_the_clock(db_target):
     async def test(site, path, port):
         clock = Clock()
         _factory(site).clock = clock
@@ -81,11 +81,11 @@ async def test_a_rotated_token_closes_its_sockets_at_the_next_check_on_the_clock
         # The last socket gone, the factory holds no timer.
         assert _factory(site)._token_loop is None
 
-    await _with_site(tmp_path, test)
+    await _with_site(db_target, test)
 
 
 @pytest_twisted.ensureDeferred
-async def test_tasknet_admin_rotating_a_token_in_another_process_closes_the_socket(tmp_path):
+async def test_tasknet_admin_rotating_a_token_in_another_process_closes_the_socket(db_target):
     async def test(site, path, port):
         _, alice = add_user(path, "alice")
         socket = await events_client(port, alice)
@@ -104,7 +104,7 @@ async def test_tasknet_admin_rotating_a_token_in_another_process_closes_the_sock
         finally:
             await socket.shut()
 
-    await _with_site(tmp_path, test)
+    await _with_site(db_target, test)
 
 
 async def _silent_client(port: int, token: str):
@@ -116,7 +116,7 @@ async def _silent_client(port: int, token: str):
 
 
 @pytest_twisted.ensureDeferred
-async def test_a_websocket_client_that_does_not_read_is_cut_off(tmp_path):
+async def test_a_websocket_client_that_does_not_read_is_cut_off(db_target):
     async def test(site, path, port):
         user_id, token = add_user(path, "alice")
         factory = _factory(site)
@@ -140,7 +140,7 @@ async def test_a_websocket_client_that_does_not_read_is_cut_off(tmp_path):
         await silent.closed.addTimeout(5, reactor)
         await reader.shut()
 
-    await _with_site(tmp_path, test)
+    await _with_site(db_target, test)
 
 
 def test_the_factory_pings_silent_clients_by_default():
@@ -152,7 +152,7 @@ def test_the_factory_pings_silent_clients_by_default():
 
 
 @pytest_twisted.ensureDeferred
-async def test_a_client_that_never_answers_a_ping_is_closed(tmp_path):
+async def test_a_client_that_never_answers_a_ping_is_closed(db_target):
     async def test(site, path, port):
         _, token = add_user(path, "alice")
         factory = _factory(site)
@@ -163,4 +163,4 @@ async def test_a_client_that_never_answers_a_ping_is_closed(tmp_path):
         silent.transport.resumeProducing()
         await silent.closed.addTimeout(5, reactor)
 
-    await _with_site(tmp_path, test)
+    await _with_site(db_target, test)

@@ -4,8 +4,6 @@ TCP, and ``tasknet-admin force-delete`` on the same kind of file."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import pytest_twisted
 from twisted.internet import reactor
@@ -67,9 +65,9 @@ def _audits(path: str, gid: int) -> list[tuple]:
 
 @pytest_twisted.ensureDeferred
 async def test_api_force_delete_tombstones_audits_and_ignores_the_late_confirmation(
-    tmp_path: Path,
+    db_target: str,
 ) -> None:
-    path = str(tmp_path / "site.sqlite")
+    path = db_target
     prepare_database(path)
     alice, alice_token = add_user(path, "alice")
     _, root_token = add_user(path, "root", admin=True)
@@ -133,8 +131,8 @@ async def test_api_force_delete_tombstones_audits_and_ignores_the_late_confirmat
         await upstream.stop()
 
 
-def test_a_tombstone_the_node_confirmed_is_a_conflict_not_a_force(tmp_path: Path) -> None:
-    path = str(tmp_path / "site.sqlite")
+def test_a_tombstone_the_node_confirmed_is_a_conflict_not_a_force(db_target: str) -> None:
+    path = db_target
     prepare_database(path)
     alice, _ = add_user(path, "alice")
     delete_id = _stuck(path, 5, alice)
@@ -155,8 +153,8 @@ def _cli(path: str, capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int
     return code, captured.out, captured.err
 
 
-def test_admin_force_delete(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    path = str(tmp_path / "site.sqlite")
+def test_admin_force_delete(db_target: str, capsys: pytest.CaptureFixture[str]) -> None:
+    path = db_target
     prepare_database(path)
     alice, _ = add_user(path, "alice")
     delete_id = _stuck(path, 3, alice, node="gone")

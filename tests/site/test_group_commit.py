@@ -7,6 +7,12 @@ witness of how many transactions ran; a second, plain connection is the
 witness of what was committed when.  To make batches deterministic, a first
 write holds the writer thread (it waits on an event) while the test queues
 the writes that must share the next transaction.
+
+SQLite only: the witness is SQLite's own statement trace (with the bound
+values expanded) and the faults are SQLite's (``BEGIN EXCLUSIVE`` from
+another connection, a transaction SQLite ended itself).  The same group
+commit on PostgreSQL, with its retries of serialization failures, is tested
+through the site (every ``db_target`` test) and by the backend's own tests.
 """
 
 from __future__ import annotations

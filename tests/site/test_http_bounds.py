@@ -23,9 +23,9 @@ from tests.site.helpers import add_user, one, running_site, site_options
 from tests.site.rawhttp import connect, exchange, request_bytes
 
 
-async def _with_site(tmp_path, test, *extra):
+async def _with_site(target, test, *extra):
     upstream = await start_upstream()
-    path = str(tmp_path / "site.sqlite")
+    path = target
     try:
         async with running_site(site_options(path, upstream.base_url, *extra)) as site:
             _, token = add_user(path, "alice")
@@ -43,7 +43,7 @@ def _assert_error(answer, status, code):
 
 
 @pytest_twisted.ensureDeferred
-async def test_a_300_mb_content_length_is_refused_with_413_before_the_body_and_auth(tmp_path):
+async def test_a_300_mb_content_length_is_refused_with_413_before_the_body_and_auth(db_target):
     async def test(site, path, token, port):
         head = request_bytes(
             "POST",
@@ -59,11 +59,11 @@ async def test_a_300_mb_content_length_is_refused_with_413_before_the_body_and_a
         await client.closed  # the site closed the connection
         assert one(path, "SELECT COUNT(*) FROM gallery")[0] == 0
 
-    await _with_site(tmp_path, test)
+    await _with_site(db_target, test)
 
 
 @pytest_twisted.ensureDeferred
-async def test_max_body_option_is_the_exact_limit(tmp_path):
+async def test_max_body_option_is_the_exact_limit(db_target):
     async def test(site, path, token, port):
         body = b"{" + b" " * 1998 + b"}"  # 2000 bytes: allowed, then judged
         answer, _ = await exchange(
@@ -78,11 +78,11 @@ async def test_max_body_option_is_the_exact_limit(tmp_path):
         assert "2000 bytes" in answer.json()["error"]["message"]
         await client.closed
 
-    await _with_site(tmp_path, test, "--max-body", "2000")
+    await _with_site(db_target, test, "--max-body", "2000")
 
 
 @pytest_twisted.ensureDeferred
-async def test_a_chunked_body_is_cut_off_at_the_running_total(tmp_path):
+async def test_a_chunked_body_is_cut_off_at_the_running_total(db_target):
     async def test(site, path, token, port):
         head = request_bytes(
             "POST",
@@ -114,11 +114,11 @@ async def test_a_chunked_body_is_cut_off_at_the_running_total(tmp_path):
         assert answer.status == 201, answer.body
         assert answer.json()["task"]["gid"] == 8
 
-    await _with_site(tmp_path, test, "--max-body", "2000")
+    await _with_site(db_target, test, "--max-body", "2000")
 
 
 @pytest_twisted.ensureDeferred
-async def test_a_client_still_sending_a_large_body_gets_the_413(tmp_path):
+async def test_a_client_still_sending_a_large_body_gets_the_413(db_target):
     """treq streams a 5 MiB body; the site answers early, keeps reading and
     dropping for a moment (lingering close), so the client reads the 413
     instead of a connection reset."""
@@ -138,7 +138,7 @@ async def test_a_client_still_sending_a_large_body_gets_the_413(tmp_path):
         assert response.code == 413
         assert document["error"]["code"] == "payload_too_large"
 
-    await _with_site(tmp_path, test)
+    await _with_site(db_target, test)
 
 
 # -- timers on task.Clock ---------------------------------------------------------

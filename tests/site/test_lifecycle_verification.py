@@ -1,6 +1,7 @@
 """The design note's 验证 list, one test per case, each named after it.
 
-Real SQLite files (tmp_path) with the real schema, trigger and unique index;
+Real databases (``db_target``: a SQLite file, a PostgreSQL database) with
+the real schema, trigger and unique index;
 the real mock upstream over loopback HTTP; the upstream's own journal is the
 witness of what was POSTed.
 """
@@ -19,6 +20,7 @@ from tasknet.site.storage.db import open_pool
 from tasknet.site.storage.errors import DatabaseFailed, TaskError
 from tasknet.site.transitions import IllegalTransition
 from tasknet.status import OperationState
+from tests.backends import INTEGRITY_ERRORS, add_failing_trigger, drop_failing_trigger
 from tests.site.helpers import (
     dispatch_row,
     fail_usage_writes,
@@ -65,8 +67,8 @@ def mark_dispatched(path: str, gid: int, node: str = "node-1") -> None:
 
 
 @pytest_twisted.ensureDeferred
-async def test_intent_and_placeholder_row_before_upstream_post(tmp_path):
-    async with lifecycle_env(tmp_path, timeout=3.0) as env:
+async def test_intent_and_placeholder_row_before_upstream_post(db_target):
+    async with lifecycle_env(db_target, timeout=3.0) as env:
         # Hold the read-only prepare GET at the upstream: the intent and the
         # placeholder must already be committed while it is pending.
         env.upstream.set_faults([fault("latency", "GET", f"/api/galleries/{GID}", ms=400)])
@@ -85,8 +87,8 @@ async def test_intent_and_placeholder_row_before_upstream_post(tmp_path):
 
 
 @pytest_twisted.ensureDeferred
-async def test_submitting_committed_before_submit(tmp_path):
-    async with lifecycle_env(tmp_path, timeout=3.0) as env:
+async def test_submitting_committed_before_submit(db_target):
+    async with lifecycle_env(db_target, timeout=3.0) as env:
         # The POST arrives and is held (latency) before the upstream acts:
         # the database must already say SUBMITTING, and nothing is charged yet.
         env.upstream.set_faults([fault("latency", ms=400)])
@@ -106,8 +108,8 @@ async def test_submitting_committed_before_submit(tmp_path):
 
 
 @pytest_twisted.ensureDeferred
-async def test_six_concurrent_creates_of_one_gid_post_once_and_at_most_one_row(tmp_path):
-    async with lifecycle_env(tmp_path, timeout=3.0) as env:
+async def test_six_concurrent_creates_of_one_gid_post_once_and_at_most_one_row(db_target):
+    async with lifecycle_env(db_target, timeout=3.0) as env:
         results = await DeferredList(
             [env.lifecycle.create(env.user_id, GID, "tok", "") for _ in range(6)],
             consumeErrors=True,
@@ -123,10 +125,10 @@ async def test_six_concurrent_creates_of_one_gid_post_once_and_at_most_one_row(t
 
 
 @pytest_twisted.ensureDeferred
-async def test_six_concurrent_creates_from_two_database_handles_post_once(tmp_path):
-    # Two pools on one file (as two site processes would be): the unique index
-    # and BEGIN IMMEDIATE, not our single writer thread, decide the winner.
-    async with lifecycle_env(tmp_path, timeout=3.0) as env:
+async def test_six_concurrent_creates_from_two_database_handles_post_once(db_target):
+    # Two pools on one database (as two site processes would be): the unique
+    # index and the write transactions, not our single writer thread, decide.
+    async with lifecycle_env(db_target, timeout=3.0) as env:
         second_db = open_pool(env.path)
         second = Lifecycle(second_db, env.client, upstream_timeout=3.0)
         try:
@@ -146,8 +148,8 @@ async def test_six_concurrent_creates_from_two_database_handles_post_once(tmp_pa
 
 
 @pytest_twisted.ensureDeferred
-async def test_upstream_timeout_becomes_unknown_and_second_click_makes_no_post(tmp_path):
-    async with lifecycle_env(tmp_path, timeout=0.3) as env:
+async def test_upstream_timeout_becomes_unknown_and_second_click_makes_no_post(db_target):
+    async with lifecycle_env(db_target, timeout=0.3) as env:
         env.upstream.set_faults([fault("timeout")])
         created = await env.lifecycle.create(env.user_id, GID, "tok", "")
         assert created.status == 202
@@ -171,9 +173,9 @@ async def test_upstream_timeout_becomes_unknown_and_second_click_makes_no_post(t
 
 @pytest_twisted.ensureDeferred
 async def test_restart_recovery_submitting_to_unknown_reserved_released_no_rewrite_no_resend(
-    tmp_path,
+    db_target,
 ):
-    async with lifecycle_env(tmp_path) as env:
+    async with lifecycle_env(db_target) as env:
         week = usage.iso_week()
         # The state a crash leaves: one create stopped after SUBMITTING was
         # committed, another right after its reservation.
@@ -209,8 +211,8 @@ async def test_restart_recovery_submitting_to_unknown_reserved_released_no_rewri
 
 
 @pytest_twisted.ensureDeferred
-async def test_quota_write_failure_rolls_back_to_reconcilable_submit_unknown(tmp_path):
-    async with lifecycle_env(tmp_path) as env:
+async def test_quota_write_failure_rolls_back_to_reconcilable_submit_unknown(db_target):
+    async with lifecycle_env(db_target) as env:
         # A real failure of the weekly_usage write inside the persist transaction.
         fail_usage_writes(env.path)
         created = await env.lifecycle.create(env.user_id, GID, "tok", "")
@@ -223,9 +225,7 @@ async def test_quota_write_failure_rolls_back_to_reconcilable_submit_unknown(tmp
         assert used(env.path, env.user_id) == 0
         assert env.posts(GID) == 1
 
-        connection = raw(env.path)
-        connection.execute("DROP TRIGGER usage_fails")
-        connection.close()
+        drop_failing_trigger(env.path, "usage_fails", "weekly_usage")
         listed = await env.lifecycle.unknown_with_evidence()
         assert [v["gid"] for v in listed] == [GID]
         assert listed[0]["evidence"]["upstream"]["audit"]["submissions"] == 1
@@ -236,8 +236,8 @@ async def test_quota_write_failure_rolls_back_to_reconcilable_submit_unknown(tmp
 
 
 @pytest_twisted.ensureDeferred
-async def test_repeated_persist_does_not_meter_twice(tmp_path):
-    async with lifecycle_env(tmp_path) as env:
+async def test_repeated_persist_does_not_meter_twice(db_target):
+    async with lifecycle_env(db_target) as env:
         operation_id = await submitted_task(env)
         cost = op_row(env.path)["cost"]
         again = await env.db.write(
@@ -251,8 +251,8 @@ async def test_repeated_persist_does_not_meter_twice(tmp_path):
 
 
 @pytest_twisted.ensureDeferred
-async def test_redispatch_and_retries_reuse_the_same_operation_id(tmp_path):
-    async with lifecycle_env(tmp_path) as env:
+async def test_redispatch_and_retries_reuse_the_same_operation_id(db_target):
+    async with lifecycle_env(db_target) as env:
         operation_id = await submitted_task(env)
         for _ in range(3):  # what dispatch reads on every (re)send
             row = await env.db.read(dispatch_row, GID)
@@ -273,8 +273,8 @@ async def test_redispatch_and_retries_reuse_the_same_operation_id(tmp_path):
 
 
 @pytest_twisted.ensureDeferred
-async def test_rejected_tasks_never_dispatched_nor_downgraded_to_legacy_commands(tmp_path):
-    async with lifecycle_env(tmp_path, timeout=0.3) as env:
+async def test_rejected_tasks_never_dispatched_nor_downgraded_to_legacy_commands(db_target):
+    async with lifecycle_env(db_target, timeout=0.3) as env:
         week = usage.iso_week()
         await env.db.write(create.reserve, 1, env.user_id, "", "t", week)  # RESERVED
         op2 = await env.db.write(create.reserve, 2, env.user_id, "", "t", week)
@@ -338,9 +338,9 @@ async def test_rejected_tasks_never_dispatched_nor_downgraded_to_legacy_commands
 
 @pytest_twisted.ensureDeferred
 async def test_delete_failure_keeps_row_and_intent_retry_reuses_id_success_clears_favorites(
-    tmp_path,
+    db_target,
 ):
-    async with lifecycle_env(tmp_path) as env:
+    async with lifecycle_env(db_target) as env:
         operation_id = await submitted_task(env)
         await env.db.write(favorites.add_favorite, env.user_id, GID)
         mark_dispatched(env.path, GID)
@@ -371,8 +371,8 @@ async def test_delete_failure_keeps_row_and_intent_retry_reuses_id_success_clear
 
 
 @pytest_twisted.ensureDeferred
-async def test_mismatched_delete_operation_id_never_completes_the_delete(tmp_path):
-    async with lifecycle_env(tmp_path) as env:
+async def test_mismatched_delete_operation_id_never_completes_the_delete(db_target):
+    async with lifecycle_env(db_target) as env:
         operation_id = await submitted_task(env)
         mark_dispatched(env.path, GID)
         started = await env.lifecycle.delete(env.user_id, GID)
@@ -388,8 +388,8 @@ async def test_mismatched_delete_operation_id_never_completes_the_delete(tmp_pat
 
 
 @pytest_twisted.ensureDeferred
-async def test_reserved_and_submitting_tasks_refuse_delete(tmp_path):
-    async with lifecycle_env(tmp_path, timeout=0.3) as env:
+async def test_reserved_and_submitting_tasks_refuse_delete(db_target):
+    async with lifecycle_env(db_target, timeout=0.3) as env:
         week = usage.iso_week()
         await env.db.write(create.reserve, 1, env.user_id, "", "t", week)
         op2 = await env.db.write(create.reserve, 2, env.user_id, "", "t", week)
@@ -405,8 +405,8 @@ async def test_reserved_and_submitting_tasks_refuse_delete(tmp_path):
 
 
 @pytest_twisted.ensureDeferred
-async def test_release_clears_only_the_matching_generation(tmp_path):
-    async with lifecycle_env(tmp_path) as env:
+async def test_release_clears_only_the_matching_generation(db_target):
+    async with lifecycle_env(db_target) as env:
         week = usage.iso_week()
         mine = await env.db.write(create.reserve, 1, env.user_id, "", "t", week)
         other = await env.db.write(create.reserve, 2, env.user_id, "", "t", week)
@@ -429,8 +429,8 @@ async def test_release_clears_only_the_matching_generation(tmp_path):
 
 
 @pytest_twisted.ensureDeferred
-async def test_persist_matches_expected_operation_id_and_never_resurrects_deleted_gid(tmp_path):
-    async with lifecycle_env(tmp_path) as env:
+async def test_persist_matches_expected_operation_id_and_never_resurrects_deleted_gid(db_target):
+    async with lifecycle_env(db_target) as env:
         week = usage.iso_week()
         old = await env.db.write(create.reserve, GID, env.user_id, "", "t", week)
         await env.db.write(create.begin_submit, GID, old, 3, "", week)
@@ -460,8 +460,8 @@ async def test_persist_matches_expected_operation_id_and_never_resurrects_delete
 
 
 @pytest_twisted.ensureDeferred
-async def test_tombstone_only_replaced_by_explicit_create_with_new_operation_id(tmp_path):
-    async with lifecycle_env(tmp_path) as env:
+async def test_tombstone_only_replaced_by_explicit_create_with_new_operation_id(db_target):
+    async with lifecycle_env(db_target) as env:
         first = await submitted_task(env)
         await env.lifecycle.delete(env.user_id, GID)
         assert op_row(env.path)["state"] == "DELETED"
@@ -482,7 +482,7 @@ async def test_tombstone_only_replaced_by_explicit_create_with_new_operation_id(
                     "UPDATE task_operation SET state = 'SUBMITTED' WHERE gid = ?", (GID,)
                 )
             )
-        assert isinstance(refused.value.__cause__, sqlite3.IntegrityError)
+        assert isinstance(refused.value.__cause__, INTEGRITY_ERRORS)
         assert op_row(env.path)["state"] == "DELETED"
         second = await submitted_task(env)
         assert second != first
@@ -491,9 +491,9 @@ async def test_tombstone_only_replaced_by_explicit_create_with_new_operation_id(
 
 
 @pytest_twisted.ensureDeferred
-async def test_transition_check_runs_before_the_trigger(tmp_path):
+async def test_transition_check_runs_before_the_trigger(db_target):
     # Both layers refuse: the Python table before writing, the trigger after.
-    async with lifecycle_env(tmp_path) as env:
+    async with lifecycle_env(db_target) as env:
         operation_id = await submitted_task(env)
         with pytest.raises(IllegalTransition):
             await env.db.write(
@@ -509,8 +509,8 @@ async def test_transition_check_runs_before_the_trigger(tmp_path):
 
 
 @pytest_twisted.ensureDeferred
-async def test_quota_is_checked_with_the_known_cost_before_submitting(tmp_path):
-    async with lifecycle_env(tmp_path, quota=1) as env:
+async def test_quota_is_checked_with_the_known_cost_before_submitting(db_target):
+    async with lifecycle_env(db_target, quota=1) as env:
         from tasknet.upstream import catalog
 
         gid = next(g for g in range(1, 500) if catalog.gallery(g).cost > 1)
@@ -522,11 +522,11 @@ async def test_quota_is_checked_with_the_known_cost_before_submitting(tmp_path):
 
 
 @pytest_twisted.ensureDeferred
-async def test_concurrent_creates_of_different_gids_cannot_overshoot_the_quota(tmp_path):
+async def test_concurrent_creates_of_different_gids_cannot_overshoot_the_quota(db_target):
     from tasknet.upstream import catalog
 
     gids = [g for g in range(1, 2000) if catalog.gallery(g).cost == 10][:3]
-    async with lifecycle_env(tmp_path, quota=25, timeout=3.0) as env:
+    async with lifecycle_env(db_target, quota=25, timeout=3.0) as env:
         env.upstream.set_faults([fault("latency", ms=200)])
         results = await DeferredList(
             [env.lifecycle.create(env.user_id, g, "t", "") for g in gids], consumeErrors=True
@@ -545,15 +545,17 @@ def test_week_helpers():
 
 
 @pytest_twisted.ensureDeferred
-async def test_persist_and_unknown_both_failing_are_settled_by_recovery(tmp_path):
-    async with lifecycle_env(tmp_path) as env:
+async def test_persist_and_unknown_both_failing_are_settled_by_recovery(db_target):
+    async with lifecycle_env(db_target) as env:
         fail_usage_writes(env.path, "disk failure")
-        connection = raw(env.path)
-        connection.execute(
-            "CREATE TRIGGER unknown_fails BEFORE UPDATE OF state ON task_operation "
-            "WHEN NEW.state = 'UNKNOWN' BEGIN SELECT RAISE(ABORT, 'disk failure'); END"
+        add_failing_trigger(
+            env.path,
+            "unknown_fails",
+            "task_operation",
+            "disk failure",
+            event="UPDATE OF state",
+            when="NEW.state = 'UNKNOWN'",
         )
-        connection.close()
         with pytest.raises(TaskError) as refused:
             await env.lifecycle.create(env.user_id, GID, "tok", "")
         # Honest answer: not a success, and not a 202 (which means UNKNOWN
@@ -563,9 +565,7 @@ async def test_persist_and_unknown_both_failing_are_settled_by_recovery(tmp_path
         assert "recovery" in refused.value.message and "unknown" in refused.value.message
         assert op_row(env.path)["state"] == "SUBMITTING"
         operation_id = op_row(env.path)["operation_id"]
-        connection = raw(env.path)
-        connection.execute("DROP TRIGGER unknown_fails")
-        connection.close()
+        drop_failing_trigger(env.path, "unknown_fails", "task_operation")
         recovered = await env.lifecycle.recover()  # what the next start does
         assert recovered.unknown == [GID]
         op = op_row(env.path)
@@ -575,10 +575,10 @@ async def test_persist_and_unknown_both_failing_are_settled_by_recovery(tmp_path
 
 
 @pytest_twisted.ensureDeferred
-async def test_used_up_quota_still_answers_conflict_for_an_existing_gid(tmp_path):
+async def test_used_up_quota_still_answers_conflict_for_an_existing_gid(db_target):
     # The quota is checked after prepare, with the cost: a gid that already
     # has a task is a 409 whatever the quota, and nothing is asked upstream.
-    async with lifecycle_env(tmp_path, quota=0) as env:
+    async with lifecycle_env(db_target, quota=0) as env:
         from tests.site.helpers import add_user
 
         rich, _ = add_user(env.path, "rich", quota=5000)
@@ -591,12 +591,12 @@ async def test_used_up_quota_still_answers_conflict_for_an_existing_gid(tmp_path
         assert env.upstream.app.journal.requests == requests
 
 
-def test_a_cost_zero_gallery_fits_a_quota_exactly_used_up(tmp_path):
+def test_a_cost_zero_gallery_fits_a_quota_exactly_used_up(db_target):
     from tasknet.site.storage.db import connect, run_write
     from tasknet.site.storage.schema import prepare_database
     from tests.site.helpers import add_user
 
-    path = str(tmp_path / "q.sqlite")
+    path = db_target
     prepare_database(path)
     user_id, _ = add_user(path, "alice", quota=3)
     week = usage.iso_week()

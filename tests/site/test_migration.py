@@ -165,7 +165,7 @@ def test_migrate_command_runs_as_a_process(tmp_path):
         timeout=60,
     )
     assert done.returncode == 0, done.stderr
-    assert "migrated to schema v3" in done.stdout
+    assert f"migrated to schema v{CURRENT_VERSION}" in done.stdout
     missing = subprocess.run(
         [sys.executable, "-m", "tasknet.cli.migrate", "--db", str(tmp_path / "none.sqlite")],
         capture_output=True,

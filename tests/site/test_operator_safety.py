@@ -1,6 +1,11 @@
 """One site per SQLite database, start-up failure, secrets on disk and in
 ``ps`` (INTERFACES.md, "Bounds, failures and secrets"): real twistd
-processes, real SQLite files, real ports."""
+processes, real SQLite files, real ports.
+
+SQLite only, by nature: the one-site lock is a flock on ``PATH.lock`` (on
+PostgreSQL several sites share one database, SCALE.md), the modes are those
+of the database file and its ``-wal``/``-shm``, and the v1 migration is
+SQLite's."""
 
 from __future__ import annotations
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import sqlite3
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
@@ -16,8 +15,8 @@ from tests.site_protocol.harness import add_task, add_user
 
 
 @pytest.fixture
-def conn(tmp_path: Path) -> Iterator[sqlite3.Connection]:
-    path = str(tmp_path / "site.sqlite")
+def conn(db_target: str) -> Iterator[sqlite3.Connection]:
+    path = db_target
     prepare_database(path)
     connection = connect(path)
     yield connection

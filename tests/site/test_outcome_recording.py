@@ -1,9 +1,10 @@
 """Recording a create's outcome while the database is locked by another
 process (drill S6), and what a "submitted" verdict takes from it.
 
-The lock is a real ``BEGIN EXCLUSIVE`` on a second connection to the same
-file; the site's writer waits its (short) busy_timeout and fails, exactly as
-past the real 5 s one.
+The lock is real, held by a second connection to the same database
+(``tests.backends.WriteLock``: SQLite's ``BEGIN EXCLUSIVE``, PostgreSQL's
+``LOCK TABLE … IN EXCLUSIVE MODE``); the site's writer waits its (short)
+busy timeout and fails, exactly as past the real 5 s one.
 """
 
 from __future__ import annotations
@@ -11,7 +12,6 @@ from __future__ import annotations
 import sqlite3
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -22,6 +22,7 @@ from tasknet.site.lifecycle import NO_ARCHIVE_URL, Lifecycle
 from tasknet.site.storage import create, eligibility, reconcile, usage
 from tasknet.site.storage.db import Database, run_write
 from tasknet.site.storage.errors import TaskError
+from tests.backends import WriteLock
 from tests.site.helpers import Env, fault, lifecycle_env, one, raw, wait_for
 
 GID = 777
@@ -33,10 +34,10 @@ def op_row(path: str, gid: int = GID) -> sqlite3.Row:
 
 
 @asynccontextmanager
-async def locked_env(tmp_path: Path, *, record_retry_for: float) -> AsyncIterator[Env]:
+async def locked_env(target: str, *, record_retry_for: float) -> AsyncIterator[Env]:
     """A lifecycle whose writer gives up on a lock after 50 ms, with quick
     retries; stopped (background retries cancelled) at the end."""
-    async with lifecycle_env(tmp_path, timeout=3.0) as env:
+    async with lifecycle_env(target, timeout=3.0) as env:
         db = Database(env.path, busy_timeout_ms=50)
         env.lifecycle = Lifecycle(
             db,
@@ -52,18 +53,6 @@ async def locked_env(tmp_path: Path, *, record_retry_for: float) -> AsyncIterato
         finally:
             env.lifecycle.stop()
             db.close()
-
-
-class Lock:
-    """An exclusive lock on the site database, held by another connection."""
-
-    def __init__(self, path: str) -> None:
-        self.connection = raw(path)
-        self.connection.execute("BEGIN EXCLUSIVE")
-
-    def release(self) -> None:
-        self.connection.execute("ROLLBACK")
-        self.connection.close()
 
 
 class Logged:
@@ -83,19 +72,19 @@ class Logged:
         return any(text in str(e.get("log_format", "")) for e in self.events)
 
 
-async def _lock_during_persist(env: Env) -> tuple[Any, Lock]:
+async def _lock_during_persist(env: Env) -> tuple[Any, WriteLock]:
     """Start a create whose POST the upstream holds; lock the database once
     SUBMITTING is committed, so the persist of the POST's answer fails."""
     env.upstream.set_faults([fault("latency", ms=300)])
     created = env.lifecycle.create(env.user_id, GID, "tok", "")
     await wait_for(lambda: env.upstream.app.journal.post_attempts[GID] == 1)
     assert op_row(env.path)["state"] == "SUBMITTING"
-    return created, Lock(env.path)
+    return created, WriteLock(env.path).acquire()
 
 
 @pytest_twisted.ensureDeferred
-async def test_lock_past_busy_timeout_during_persist_answers_202_unknown(tmp_path):
-    async with locked_env(tmp_path, record_retry_for=10.0) as env:
+async def test_lock_past_busy_timeout_during_persist_answers_202_unknown(db_target):
+    async with locked_env(db_target, record_retry_for=10.0) as env:
         with Logged() as logged:
             created, lock = await _lock_during_persist(env)
             try:
@@ -117,8 +106,8 @@ async def test_lock_past_busy_timeout_during_persist_answers_202_unknown(tmp_pat
 
 
 @pytest_twisted.ensureDeferred
-async def test_lock_outlasting_the_retries_answers_500_and_records_unknown_later(tmp_path):
-    async with locked_env(tmp_path, record_retry_for=0.3) as env:
+async def test_lock_outlasting_the_retries_answers_500_and_records_unknown_later(db_target):
+    async with locked_env(db_target, record_retry_for=0.3) as env:
         created, lock = await _lock_during_persist(env)
         try:
             with pytest.raises(TaskError) as refused:
@@ -137,12 +126,12 @@ async def test_lock_outlasting_the_retries_answers_500_and_records_unknown_later
 
 
 @pytest_twisted.ensureDeferred
-async def test_lock_before_submitting_posts_nothing_and_releases_the_gid(tmp_path):
-    async with locked_env(tmp_path, record_retry_for=0.3) as env:
+async def test_lock_before_submitting_posts_nothing_and_releases_the_gid(db_target):
+    async with locked_env(db_target, record_retry_for=0.3) as env:
         env.upstream.set_faults([fault("latency", "GET", f"/api/galleries/{GID}", ms=300)])
         created = env.lifecycle.create(env.user_id, GID, "tok", "")
         await wait_for(lambda: env.upstream.app.journal.requests >= 1)  # prepare pending
-        lock = Lock(env.path)
+        lock = WriteLock(env.path).acquire()
         try:
             with pytest.raises(TaskError) as refused:
                 await created
@@ -158,8 +147,8 @@ async def test_lock_before_submitting_posts_nothing_and_releases_the_gid(tmp_pat
 
 
 @pytest_twisted.ensureDeferred
-async def test_stop_leaves_an_unrecorded_outcome_to_recovery(tmp_path):
-    async with locked_env(tmp_path, record_retry_for=0.3) as env:
+async def test_stop_leaves_an_unrecorded_outcome_to_recovery(db_target):
+    async with locked_env(db_target, record_retry_for=0.3) as env:
         created, lock = await _lock_during_persist(env)
         try:
             with pytest.raises(TaskError):
@@ -186,8 +175,8 @@ def _unknown_with_answer(path: str, user_id: int, url: str | None, cost: int | N
 
 
 @pytest_twisted.ensureDeferred
-async def test_resolve_submitted_meters_and_dispatches_what_the_post_answered(tmp_path):
-    async with lifecycle_env(tmp_path) as env:
+async def test_resolve_submitted_meters_and_dispatches_what_the_post_answered(db_target):
+    async with lifecycle_env(db_target) as env:
         _unknown_with_answer(env.path, env.user_id, "http://up/files/777-1.bin", 7)
         # The audit names another file: the POST's own answer wins.
         env.upstream.set_faults([fault("error", "GET", AUDIT, status=503, charged=False)])
@@ -215,8 +204,8 @@ async def test_resolve_submitted_meters_and_dispatches_what_the_post_answered(tm
 
 
 @pytest_twisted.ensureDeferred
-async def test_resolve_submitted_takes_the_audit_url_when_the_post_never_answered(tmp_path):
-    async with lifecycle_env(tmp_path) as env:
+async def test_resolve_submitted_takes_the_audit_url_when_the_post_never_answered(db_target):
+    async with lifecycle_env(db_target) as env:
         env.upstream.set_faults([fault("commit_then_drop")])
         created = await env.lifecycle.create(env.user_id, GID, "tok", "")
         assert created.status == 202
@@ -227,8 +216,8 @@ async def test_resolve_submitted_takes_the_audit_url_when_the_post_never_answere
 
 
 @pytest_twisted.ensureDeferred
-async def test_resolve_submitted_without_any_url_says_so_and_is_not_dispatchable(tmp_path):
-    async with lifecycle_env(tmp_path) as env:
+async def test_resolve_submitted_without_any_url_says_so_and_is_not_dispatchable(db_target):
+    async with lifecycle_env(db_target) as env:
         _unknown_with_answer(env.path, env.user_id, None, None)
         env.upstream.set_faults([fault("error", "GET", AUDIT, status=503, charged=False)])
         listed = await env.lifecycle.unknown_with_evidence()

@@ -29,8 +29,8 @@ async def costs(env, gids) -> dict[int, int]:
 
 
 @pytest_twisted.ensureDeferred
-async def test_creates_that_time_out_cannot_pile_charges_past_the_quota(tmp_path):
-    async with lifecycle_env(tmp_path, timeout=0.3, quota=0) as env:
+async def test_creates_that_time_out_cannot_pile_charges_past_the_quota(db_target):
+    async with lifecycle_env(db_target, timeout=0.3, quota=0) as env:
         cost = await costs(env, GIDS)
         # Room for about three of them, whatever the mock's costs are.
         quota = sum(sorted(cost.values())[:3]) + 1
@@ -63,8 +63,8 @@ async def test_creates_that_time_out_cannot_pile_charges_past_the_quota(tmp_path
         assert (await env.lifecycle.create(env.user_id, cheapest, "tok", "")).status == 201
 
 
-def test_the_check_counts_unknown_of_any_week_and_releases_over_quota(tmp_path):
-    path = str(tmp_path / "site.sqlite")
+def test_the_check_counts_unknown_of_any_week_and_releases_over_quota(db_target):
+    path = db_target
     prepare_database(path)
     user_id, _ = add_user(path, "bob", quota=100)
     conn = connect(path)
@@ -82,8 +82,8 @@ def test_the_check_counts_unknown_of_any_week_and_releases_over_quota(tmp_path):
     conn.close()
 
 
-def test_a_submitted_verdict_meters_into_the_week_the_create_was_checked_against(tmp_path):
-    path = str(tmp_path / "site.sqlite")
+def test_a_submitted_verdict_meters_into_the_week_the_create_was_checked_against(db_target):
+    path = db_target
     prepare_database(path)
     user_id, _ = add_user(path, "carol", quota=1000)
     conn = connect(path)

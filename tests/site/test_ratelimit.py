@@ -72,9 +72,9 @@ def test_defaults_stay_clear_of_the_create_benchmark():
 
 
 @pytest_twisted.ensureDeferred
-async def test_over_http_the_limit_answers_429_with_retry_after_and_writes_nothing(tmp_path):
+async def test_over_http_the_limit_answers_429_with_retry_after_and_writes_nothing(db_target):
     upstream = await start_upstream()
-    path = str(tmp_path / "site.sqlite")
+    path = db_target
     options = site_options(path, upstream.base_url, "--create-rate", "0.1", "--create-burst", "2")
     try:
         async with running_site(options) as site:
@@ -116,9 +116,9 @@ async def test_over_http_the_limit_answers_429_with_retry_after_and_writes_nothi
 
 
 @pytest_twisted.ensureDeferred
-async def test_a_create_rate_of_zero_means_no_limit(tmp_path):
+async def test_a_create_rate_of_zero_means_no_limit(db_target):
     upstream = await start_upstream()
-    path = str(tmp_path / "site.sqlite")
+    path = db_target
     options = site_options(path, upstream.base_url, "--create-rate", "0", "--create-burst", "1")
     try:
         async with running_site(options) as site:

@@ -31,15 +31,15 @@ def _tree(service: Any) -> Iterator[Any]:
             yield from _tree(child)
 
 
-def _build(tmp_path: Path, clock: Clock, *extra: str, tuning: Tuning = Tuning()) -> SiteService:
-    options = site_options(str(tmp_path / "site.sqlite"), "http://127.0.0.1:9", *extra)
+def _build(target: str, clock: Clock, *extra: str, tuning: Tuning = Tuning()) -> SiteService:
+    options = site_options(target, "http://127.0.0.1:9", *extra)
     return build_site(options, clock, tuning=tuning)
 
 
 @pytest_twisted.ensureDeferred
-async def test_every_part_and_every_timer_runs_on_the_sites_clock(tmp_path: Path) -> None:
+async def test_every_part_and_every_timer_runs_on_the_sites_clock(db_target: str) -> None:
     clock = Clock()
-    site = _build(tmp_path, clock, "--create-rate", "5", "--webhook", "http://127.0.0.1:9/hook")
+    site = _build(db_target, clock, "--create-rate", "5", "--webhook", "http://127.0.0.1:9/hook")
     try:
         parts = site.parts
         side = parts.node_side
@@ -54,11 +54,15 @@ async def test_every_part_and_every_timer_runs_on_the_sites_clock(tmp_path: Path
             "web": parts.web.clock,
             "events": parts.web.events.factory.clock,  # type: ignore[attr-defined]
             "create limiter": parts.web.create_limiter._clock,  # type: ignore[union-attr]
+            "instance": parts.instance._clock,
         }
         assert {name: c for name, c in clocks.items() if c is not clock} == {}
         timers = [s for s in _tree(site) if isinstance(s, TimerService)]
         # node keys; the dispatcher's poll; the outbox's poll and prune; housekeeping.
-        assert len(timers) == 5
+        others = [t for t in timers if t.parent is not parts.instance]
+        assert len(others) == 5
+        # On PostgreSQL the instance's lease check, heartbeat and reaping; none on SQLite.
+        assert len(timers) - len(others) == (1 if parts.instance.lease.shared else 0)
         assert [t for t in timers if t.clock is not clock] == []
     finally:
         await site.stopService()  # never started: stops cleanly all the same
@@ -66,13 +70,14 @@ async def test_every_part_and_every_timer_runs_on_the_sites_clock(tmp_path: Path
 
 
 @pytest_twisted.ensureDeferred
-async def test_the_timed_parts_are_named_children_of_the_site(tmp_path: Path) -> None:
+async def test_the_timed_parts_are_named_children_of_the_site(db_target: str) -> None:
     tuning = Tuning(dispatch_poll_interval=2.0, outbox_poll_interval=3.0, node_keys_refresh=4.0)
-    site = _build(tmp_path, Clock(), tuning=tuning)
+    site = _build(db_target, Clock(), tuning=tuning)
     try:
         side = site.parts.node_side
         named = {name: site.getServiceNamed(name) for name in site.namedServices}
         assert named == {
+            "instance": site.parts.instance,
             "node-keys": named["node-keys"],
             "housekeeping": site.parts.housekeeping,
             "outbox": side.outbox,
@@ -95,9 +100,9 @@ async def test_the_timed_parts_are_named_children_of_the_site(tmp_path: Path) ->
 
 
 @pytest_twisted.ensureDeferred
-async def test_no_poll_interval_means_no_timer(tmp_path: Path) -> None:
+async def test_no_poll_interval_means_no_timer(db_target: str) -> None:
     tuning = Tuning(dispatch_poll_interval=None, outbox_poll_interval=None)
-    site = _build(tmp_path, Clock(), tuning=tuning)
+    site = _build(db_target, Clock(), tuning=tuning)
     try:
         assert list(site.parts.node_side.dispatcher) == []
         assert [t.step for t in site.parts.node_side.outbox] == [3600.0]  # the prune only
@@ -109,16 +114,19 @@ async def test_no_poll_interval_means_no_timer(tmp_path: Path) -> None:
 async def test_a_second_build_on_the_same_database_is_refused_until_the_first_stops(
     tmp_path: Path,
 ) -> None:
+    # SQLite only: one site per SQLite file (the flock on PATH.lock); on
+    # PostgreSQL several sites share a database by design (SCALE.md).
     from tasknet.site.storage.lock import DatabaseInUse
 
-    first = _build(tmp_path, Clock())
+    path = str(tmp_path / "site.sqlite")
+    first = _build(path, Clock())
     try:
         try:
-            _build(tmp_path, Clock())
+            _build(path, Clock())
         except DatabaseInUse:
             pass
         else:
             raise AssertionError("a second site was built on a database in use")
     finally:
         await first.stopService()
-    await _build(tmp_path, Clock()).stopService()  # the lock went with the first
+    await _build(path, Clock()).stopService()  # the lock went with the first

@@ -40,9 +40,9 @@ def _assert_headers(answer, what):
 
 
 @pytest_twisted.ensureDeferred
-async def test_every_kind_of_answer_carries_the_headers(tmp_path):
+async def test_every_kind_of_answer_carries_the_headers(db_target):
     upstream = await start_upstream()
-    path = str(tmp_path / "site.sqlite")
+    path = db_target
     try:
         async with running_site(
             site_options(path, upstream.base_url, "--demo", "--max-body", "100")

@@ -26,6 +26,7 @@ from tasknet.site.storage import create, usage, users
 from tasknet.site.storage.db import connect, run_read, run_write
 from tasknet.site.storage.schema import load_script, prepare_database
 from tasknet.upstream.testing import start_upstream
+from tests.backends import WriteLock, add_failing_trigger, backend_of
 from tests.site.helpers import (
     add_user,
     one,
@@ -39,6 +40,7 @@ from tests.site_protocol.harness import ScriptedNode, secret_of
 
 
 def test_unmigrated_database_is_refused_naming_the_command(tmp_path, capsys):
+    # SQLite only: a legacy (v1) database is SQLite's; PostgreSQL starts at v4.
     path = str(tmp_path / "legacy.sqlite")
     connection = sqlite3.connect(path)
     connection.executescript(load_script("schema_v1.sql"))
@@ -75,14 +77,14 @@ def test_options_validate_node_keys_and_numbers():
 
 
 @pytest_twisted.ensureDeferred
-async def test_demo_user_only_on_a_fresh_database(tmp_path):
+async def test_demo_user_only_on_a_fresh_database(new_db_target):
     upstream = await start_upstream()
     try:
-        fresh = str(tmp_path / "fresh.sqlite")
+        fresh = new_db_target("fresh")
         async with running_site(site_options(fresh, upstream.base_url, "--demo")) as site:
             status, body = await site.request("GET", "/api/admin/unknown", token="demo")
             assert (status, body) == (200, {"tasks": []})
-        existing = str(tmp_path / "existing.sqlite")
+        existing = new_db_target("existing")
         prepare_database(existing)
         async with running_site(site_options(existing, upstream.base_url, "--demo")) as site:
             status, _ = await site.request("GET", "/api/tasks", token="demo")
@@ -122,8 +124,8 @@ def _refused(port: int) -> bool:
 
 
 @pytest_twisted.ensureDeferred
-async def test_start_runs_recovery_before_enabling_dispatch(tmp_path):
-    path = str(tmp_path / "site.sqlite")
+async def test_start_runs_recovery_before_enabling_dispatch(db_target):
+    path = db_target
     _, op1, _ = _interrupted_state(path)
     upstream = await start_upstream()
     events: list[dict] = []
@@ -133,8 +135,7 @@ async def test_start_runs_recovery_before_enabling_dispatch(tmp_path):
     options["nodes"] = f"tcp:{nodes_port}:interface=127.0.0.1"
     service = build_site(options)
     # Another process holds the write lock: recovery waits for it.
-    lock = raw(path)
-    lock.execute("BEGIN EXCLUSIVE")
+    lock = WriteLock(path).acquire()
     try:
         service.startService()
         # While recovery is held: no node port, no HTTP, dispatch off.
@@ -144,7 +145,7 @@ async def test_start_runs_recovery_before_enabling_dispatch(tmp_path):
             assert service.nodes_port is None and service.http_port is None
             assert not service.parts.health.dispatch_enabled
             await settle_for(0.05)
-        lock.execute("ROLLBACK")
+        lock.release()
         await service.ready
         assert not _refused(nodes_port)
         pool = HTTPConnectionPool(reactor, persistent=False)
@@ -153,6 +154,8 @@ async def test_start_runs_recovery_before_enabling_dispatch(tmp_path):
                 f"http://127.0.0.1:{service.http_port.getHost().port}/healthz", pool=pool
             )
             assert json.loads(await treq.content(response)) == {
+                "site": options["name"],
+                "backend": backend_of(db_target),
                 "recovery": "done",
                 "dispatch": "enabled",
             }
@@ -173,9 +176,7 @@ async def test_start_runs_recovery_before_enabling_dispatch(tmp_path):
         assert upstream.stats()["requests"] == 0  # nothing resent
     finally:
         globalLogPublisher.removeObserver(events.append)
-        if lock.in_transaction:
-            lock.execute("ROLLBACK")
-        lock.close()
+        lock.release()
         await service.stopService()
         await upstream.stop()
 
@@ -192,16 +193,20 @@ async def _scripted_node(service, node_id: str) -> ScriptedNode:
 
 
 @pytest_twisted.ensureDeferred
-async def test_failed_recovery_accepts_nodes_but_dispatches_nothing(tmp_path):
-    path = str(tmp_path / "site.sqlite")
+async def test_failed_recovery_accepts_nodes_but_dispatches_nothing(db_target):
+    path = db_target
     _interrupted_state(path)
     op3 = one(path, "SELECT operation_id FROM task_operation WHERE gid = 3")[0]
-    connection = raw(path)
     # The recovery transaction really fails (and rolls back as a whole).
-    connection.execute(
-        "CREATE TRIGGER recovery_fails BEFORE UPDATE OF step ON task_operation "
-        "WHEN NEW.step = 'recovery' BEGIN SELECT RAISE(ABORT, 'disk I/O error'); END"
+    add_failing_trigger(
+        path,
+        "recovery_fails",
+        "task_operation",
+        "disk I/O error",
+        event="UPDATE OF step",
+        when="NEW.step = 'recovery'",
     )
+    connection = raw(path)
     # gid 3 is n1's (a node changes only the tasks assigned to it), sent
     # before the restart; dispatched = 0 stays to show nothing resends it.
     connection.execute("UPDATE gallery SET node_id = 'n1' WHERE gid = 3")
@@ -212,7 +217,12 @@ async def test_failed_recovery_accepts_nodes_but_dispatches_nothing(tmp_path):
         async with running_site(options) as site:
             assert await site.request("GET", "/healthz") == (
                 200,
-                {"recovery": "failed", "dispatch": "disabled"},
+                {
+                    "site": options["name"],
+                    "backend": backend_of(path),
+                    "recovery": "failed",
+                    "dispatch": "disabled",
+                },
             )
             # The dispatcher service was never started; the outbox was.
             assert not site.service.getServiceNamed("dispatch").running
@@ -254,8 +264,8 @@ class _Node:
 
 @pytest.mark.parametrize("protocol", [1, 2])
 @pytest_twisted.ensureDeferred
-async def test_node_attach_and_detach_logged_with_negotiated_protocol(tmp_path, protocol):
-    path = str(tmp_path / "site.sqlite")
+async def test_node_attach_and_detach_logged_with_negotiated_protocol(db_target, protocol):
+    path = db_target
     upstream = await start_upstream()
     events: list[dict] = []
     globalLogPublisher.addObserver(events.append)
@@ -292,8 +302,8 @@ async def test_node_attach_and_detach_logged_with_negotiated_protocol(tmp_path, 
         await upstream.stop()
 
 
-def test_user_functions_for_the_admin_cli(tmp_path):
-    path = str(tmp_path / "u.sqlite")
+def test_user_functions_for_the_admin_cli(db_target):
+    path = db_target
     prepare_database(path)
     connection = connect(path)
     try:
@@ -318,13 +328,13 @@ def test_user_functions_for_the_admin_cli(tmp_path):
 
 
 @pytest_twisted.ensureDeferred
-async def test_make_service_with_full_wiring_starts_serves_and_stops_cleanly(tmp_path):
+async def test_make_service_with_full_wiring_starts_serves_and_stops_cleanly(db_target):
     import json
 
     import treq
     from twisted.web.client import HTTPConnectionPool
 
-    path = str(tmp_path / "site.sqlite")
+    path = db_target
     upstream = await start_upstream()
     pool = HTTPConnectionPool(reactor, persistent=False)
     service = makeService(site_options(path, upstream.base_url, "--demo"))
@@ -342,7 +352,13 @@ async def test_make_service_with_full_wiring_starts_serves_and_stops_cleanly(tmp
         assert response.code == 201 and body["task"]["state"] == "SUBMITTED"
         assert service.parts.health.dispatch_enabled
         # Every timed part is a running child service of the site.
-        assert sorted(service.namedServices) == ["dispatch", "housekeeping", "node-keys", "outbox"]
+        assert sorted(service.namedServices) == [
+            "dispatch",
+            "housekeeping",
+            "instance",
+            "node-keys",
+            "outbox",
+        ]
         assert all(child.running for child in service)
     finally:
         await service.stopService()
@@ -353,10 +369,10 @@ async def test_make_service_with_full_wiring_starts_serves_and_stops_cleanly(tmp
 
 
 @pytest_twisted.ensureDeferred
-async def test_default_quota_is_what_the_admin_gives_new_users(tmp_path):
+async def test_default_quota_is_what_the_admin_gives_new_users(db_target):
     from tasknet.cli.admin import main as admin
 
-    path = str(tmp_path / "site.sqlite")
+    path = db_target
     prepare_database(path)
     assert admin(["--db", path, "user", "add", "early"]) == 0  # no site started yet
     upstream = await start_upstream()
@@ -371,8 +387,8 @@ async def test_default_quota_is_what_the_admin_gives_new_users(tmp_path):
 
 
 @pytest_twisted.ensureDeferred
-async def test_node_keys_added_or_removed_by_the_admin_apply_without_a_restart(tmp_path):
-    path = str(tmp_path / "site.sqlite")
+async def test_node_keys_added_or_removed_by_the_admin_apply_without_a_restart(db_target):
+    path = db_target
     upstream = await start_upstream()
 
     try:
@@ -405,10 +421,10 @@ async def test_node_keys_added_or_removed_by_the_admin_apply_without_a_restart(t
 
 
 @pytest_twisted.ensureDeferred
-async def test_stop_acks_committed_reports_before_closing_node_connections(tmp_path):
+async def test_stop_acks_committed_reports_before_closing_node_connections(db_target):
     import threading
 
-    path = str(tmp_path / "site.sqlite")
+    path = db_target
     upstream = await start_upstream()
     options = site_options(path, upstream.base_url, "--node-key", f"n1:{secret_of('n1')}")
     service = build_site(options)

@@ -18,9 +18,9 @@ from tests.site_protocol.harness import TIMEOUT, EventsClient, events_client
 from tests.tls_certs import make_ca, make_site_cert
 
 
-async def _with_site(tmp_path, test):
+async def _with_site(target, test):
     upstream = await start_upstream()
-    path = str(tmp_path / "site.sqlite")
+    path = target
     try:
         async with running_site(site_options(path, upstream.base_url)) as site:
             _, token = add_user(path, "alice")
@@ -47,7 +47,7 @@ async def _sign_in(port: int, token: str, **headers: str):
 
 
 @pytest_twisted.ensureDeferred
-async def test_sign_in_sets_an_httponly_strict_cookie_and_only_for_a_valid_token(tmp_path):
+async def test_sign_in_sets_an_httponly_strict_cookie_and_only_for_a_valid_token(db_target):
     async def test(site, path, token, port):
         answer = await _sign_in(port, "not-a-token")
         assert answer.status == 401
@@ -81,11 +81,11 @@ async def test_sign_in_sets_an_httponly_strict_cookie_and_only_for_a_valid_token
         assert cleared.startswith("tasknet_session=;")
         assert "Max-Age=0" in cleared and "HttpOnly" in cleared
 
-    await _with_site(tmp_path, test)
+    await _with_site(db_target, test)
 
 
 @pytest_twisted.ensureDeferred
-async def test_cookie_calls_from_another_origin_are_refused_and_change_nothing(tmp_path):
+async def test_cookie_calls_from_another_origin_are_refused_and_change_nothing(db_target):
     async def test(site, path, token, port):
         host = f"127.0.0.1:{port}"
         cookie = f"tasknet_session={token}"
@@ -136,11 +136,11 @@ async def test_cookie_calls_from_another_origin_are_refused_and_change_nothing(t
         )
         assert answer.status == 403 and "set-cookie" not in answer.headers
 
-    await _with_site(tmp_path, test)
+    await _with_site(db_target, test)
 
 
 @pytest_twisted.ensureDeferred
-async def test_the_websocket_authenticates_from_the_cookie(tmp_path):
+async def test_the_websocket_authenticates_from_the_cookie(db_target):
     async def test(site, path, token, port):
         client = await events_client(port, headers={"Cookie": f"tasknet_session={token}"})
         try:
@@ -178,7 +178,7 @@ async def test_the_websocket_authenticates_from_the_cookie(tmp_path):
                 headers={"Cookie": f"tasknet_session={token}", "Origin": "http://evil.example"},
             )
 
-    await _with_site(tmp_path, test)
+    await _with_site(db_target, test)
 
 
 def _https_post(

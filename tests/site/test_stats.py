@@ -6,7 +6,6 @@ from __future__ import annotations
 import math
 import sqlite3
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -16,6 +15,7 @@ from tasknet.site.storage import reports, stats, throughput, views
 from tasknet.site.storage.db import connect, run_read, run_write
 from tasknet.site.storage.schema import prepare_database
 from tasknet.site.storage.usage import meter
+from tests.backends import NewTarget
 from tests.site_protocol.harness import add_task, add_user
 
 SIZE = 1_000_000
@@ -24,10 +24,9 @@ MINUTE0 = (int(T0) // 60) * 60.0  # the start of T0's minute bucket
 
 
 @pytest.fixture
-def conn(tmp_path: Path) -> sqlite3.Connection:
-    path = str(tmp_path / "site.sqlite")
-    prepare_database(path)
-    connection = connect(path)
+def conn(db_target: str) -> sqlite3.Connection:
+    prepare_database(db_target)
+    connection = connect(db_target)
     yield connection
     connection.close()
 
@@ -253,11 +252,13 @@ def test_a_download_that_did_not_move_writes_no_sample(conn: sqlite3.Connection)
     assert _row(conn, 1)["sampled_at"] == T0 + 3
 
 
-def test_recording_reports_together_equals_one_after_the_other(tmp_path: Path) -> None:
+def test_recording_reports_together_equals_one_after_the_other(
+    new_db_target: NewTarget,
+) -> None:
     # Group commit records a run's throughput with one set of statements; the
     # tables must end as if each report had been recorded alone.
     def world(name: str) -> sqlite3.Connection:
-        path = str(tmp_path / f"{name}.sqlite")
+        path = new_db_target(name)
         prepare_database(path)
         c = connect(path)
         alice, _ = add_user(c, "alice")

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import sqlite3
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -34,8 +33,8 @@ def _owner(cursor: sqlite3.Cursor, gid: int) -> int | None:
 
 
 @pytest.fixture
-def conn(tmp_path: Path) -> Iterator[sqlite3.Connection]:
-    path = str(tmp_path / "site.sqlite")
+def conn(db_target: str) -> Iterator[sqlite3.Connection]:
+    path = db_target
     prepare_database(path)
     connection = dbmod.connect(path)
     yield connection

@@ -8,7 +8,6 @@ stay as the integration tests of the same paths)."""
 from __future__ import annotations
 
 import sqlite3
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -28,7 +27,8 @@ from tasknet.site.storage import delivery, outbox
 from tasknet.site.storage.db import Database, connect, open_pool, run_write
 from tasknet.site.storage.errors import TaskError
 from tasknet.site.storage.schema import prepare_database
-from tests.site.helpers import fault, lifecycle_env, one, raw, wait_for
+from tests.backends import WriteLock
+from tests.site.helpers import fault, lifecycle_env, one, wait_for
 from tests.site_protocol.harness import add_task, add_user
 
 GID = 4242
@@ -67,10 +67,10 @@ def test_the_expected_retry_waits_are_the_documented_ones() -> None:
 
 @pytest_twisted.ensureDeferred
 async def test_outcome_writes_retry_for_the_window_then_settle_in_the_background(
-    tmp_path: Path,
+    db_target: str,
 ) -> None:
     clock = Clock()
-    async with lifecycle_env(tmp_path, timeout=3.0) as env:
+    async with lifecycle_env(db_target, timeout=3.0) as env:
         # The database retries a busy write on its clock; the lifecycle sets the window.
         db = Database(env.path, busy_timeout_ms=10, clock=clock)
         lifecycle = Lifecycle(
@@ -88,8 +88,7 @@ async def test_outcome_writes_retry_for_the_window_then_settle_in_the_background
             env.upstream.set_faults([fault("latency", "GET", f"/api/galleries/{GID}", ms=300)])
             created = lifecycle.create(env.user_id, GID, "tok", "")
             await wait_for(lambda: env.upstream.app.journal.requests >= 1)
-            lock = raw(env.path)
-            lock.execute("BEGIN EXCLUSIVE")
+            lock = WriteLock(env.path).acquire()
             waits: list[float] = []
             try:
                 while not created.called:
@@ -114,8 +113,7 @@ async def test_outcome_writes_retry_for_the_window_then_settle_in_the_background
                 await wait_for(lambda: next_wait(clock) is not None)
                 assert lifecycle.settling == 1, "still locked: still settling"
             finally:
-                lock.execute("ROLLBACK")
-                lock.close()
+                lock.release()
             clock.advance(5.0)
             await wait_for(lambda: lifecycle.settling == 0)
             assert one(env.path, "SELECT COUNT(*) FROM gallery")[0] == 0
@@ -141,8 +139,8 @@ class Published:
 
 
 @pytest.fixture
-def site_db(tmp_path: Path) -> str:
-    path = str(tmp_path / "site.sqlite")
+def site_db(db_target: str) -> str:
+    path = db_target
     prepare_database(path)
     return path
 

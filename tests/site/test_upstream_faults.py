@@ -41,8 +41,10 @@ POST_FAULTS = [
 
 @pytest.mark.parametrize(("kind", "params", "expected", "status", "applied"), POST_FAULTS)
 @pytest_twisted.ensureDeferred
-async def test_post_fault_gives_documented_state(tmp_path, kind, params, expected, status, applied):
-    async with lifecycle_env(tmp_path, timeout=0.4) as env:
+async def test_post_fault_gives_documented_state(
+    db_target, kind, params, expected, status, applied
+):
+    async with lifecycle_env(db_target, timeout=0.4) as env:
         env.upstream.set_faults([fault(kind, **params)])
         created = await env.lifecycle.create(env.user_id, GID, "tok", "")
         assert (created.status, created.task["state"]) == (status, expected)
@@ -64,8 +66,8 @@ async def test_post_fault_gives_documented_state(tmp_path, kind, params, expecte
     [("reject", {"status": 403}, "upstream_rejected"), ("missing", {}, "upstream_rejected")],
 )
 @pytest_twisted.ensureDeferred
-async def test_post_definite_refusal_releases_and_charges_nothing(tmp_path, kind, params, code):
-    async with lifecycle_env(tmp_path) as env:
+async def test_post_definite_refusal_releases_and_charges_nothing(db_target, kind, params, code):
+    async with lifecycle_env(db_target) as env:
         env.upstream.set_faults([fault(kind, **params)])
         with pytest.raises(TaskError) as refused:
             await env.lifecycle.create(env.user_id, GID, "tok", "")
@@ -89,8 +91,10 @@ async def test_post_definite_refusal_releases_and_charges_nothing(tmp_path, kind
     ],
 )
 @pytest_twisted.ensureDeferred
-async def test_prepare_fault_releases_the_reservation_and_never_posts(tmp_path, kind, params, code):
-    async with lifecycle_env(tmp_path, timeout=0.4) as env:
+async def test_prepare_fault_releases_the_reservation_and_never_posts(
+    db_target, kind, params, code
+):
+    async with lifecycle_env(db_target, timeout=0.4) as env:
         env.upstream.set_faults([fault(kind, "GET", PREPARE, **params)])
         with pytest.raises(TaskError) as refused:
             await env.lifecycle.create(env.user_id, GID, "tok", "")
@@ -100,16 +104,16 @@ async def test_prepare_fault_releases_the_reservation_and_never_posts(tmp_path, 
 
 
 @pytest_twisted.ensureDeferred
-async def test_prepare_latency_within_the_deadline_still_submits(tmp_path):
-    async with lifecycle_env(tmp_path, timeout=1.0) as env:
+async def test_prepare_latency_within_the_deadline_still_submits(db_target):
+    async with lifecycle_env(db_target, timeout=1.0) as env:
         env.upstream.set_faults([fault("latency", "GET", PREPARE, ms=50)])
         assert (await env.lifecycle.create(env.user_id, GID, "tok", "")).status == 201
         assert env.posts(GID) == 1
 
 
 @pytest_twisted.ensureDeferred
-async def test_commit_then_drop_resolved_submitted_is_metered_once(tmp_path):
-    async with lifecycle_env(tmp_path, timeout=0.4) as env:
+async def test_commit_then_drop_resolved_submitted_is_metered_once(db_target):
+    async with lifecycle_env(db_target, timeout=0.4) as env:
         env.upstream.set_faults([fault("commit_then_drop")])
         await env.lifecycle.create(env.user_id, GID, "tok", "")
         env.upstream.clear_faults()
@@ -128,8 +132,8 @@ async def test_commit_then_drop_resolved_submitted_is_metered_once(tmp_path):
 
 
 @pytest_twisted.ensureDeferred
-async def test_drop_before_resolved_not_submitted_frees_the_gid(tmp_path):
-    async with lifecycle_env(tmp_path, timeout=0.4) as env:
+async def test_drop_before_resolved_not_submitted_frees_the_gid(db_target):
+    async with lifecycle_env(db_target, timeout=0.4) as env:
         env.upstream.set_faults([fault("drop_before")])
         await env.lifecycle.create(env.user_id, GID, "tok", "")
         env.upstream.clear_faults()
@@ -142,8 +146,8 @@ async def test_drop_before_resolved_not_submitted_frees_the_gid(tmp_path):
 
 
 @pytest_twisted.ensureDeferred
-async def test_unknown_evidence_says_when_the_audit_is_unavailable(tmp_path):
-    async with lifecycle_env(tmp_path, timeout=0.3) as env:
+async def test_unknown_evidence_says_when_the_audit_is_unavailable(db_target):
+    async with lifecycle_env(db_target, timeout=0.3) as env:
         env.upstream.set_faults(
             [fault("timeout"), fault("error", "GET", f"/api/galleries/{GID}/archive", status=500)]
         )
@@ -154,10 +158,10 @@ async def test_unknown_evidence_says_when_the_audit_is_unavailable(tmp_path):
 
 
 @pytest_twisted.ensureDeferred
-async def test_submit_after_the_upstream_closed_its_idle_connections_succeeds(tmp_path):
+async def test_submit_after_the_upstream_closed_its_idle_connections_succeeds(db_target):
     from tasknet.site.upstream_client import Outcome, PrepareOutcome, UpstreamClient
 
-    async with lifecycle_env(tmp_path) as env:
+    async with lifecycle_env(db_target) as env:
         client = UpstreamClient(env.upstream.base_url)  # persistent, as the site's
         try:
             prepared = await client.prepare(GID, "tok")

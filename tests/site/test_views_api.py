@@ -57,9 +57,9 @@ class Fixture(SiteWithUsers):
         return node
 
 
-async def with_fixture(tmp_path: Any, test: Any) -> None:
+async def with_fixture(target: str, test: Any) -> None:
     upstream = await start_upstream()
-    path = str(tmp_path / "site.sqlite")
+    path = target
     keys = [f"--node-key=n{i}:{secret_of(f'n{i}')}" for i in (1, 2)]
     try:
         async with running_site(site_options(path, upstream.base_url, "--demo", *keys)) as site:
@@ -91,7 +91,7 @@ async def _all_pages(f: Fixture, query: str, limit: int = 2) -> list[int]:
 
 
 @pytest_twisted.ensureDeferred
-async def test_task_object_has_owner_size_and_progress_fields(tmp_path: Any) -> None:
+async def test_task_object_has_owner_size_and_progress_fields(db_target: str) -> None:
     async def test(f: Fixture) -> None:
         task = await f.create(101)
         assert task["owner"] == "alice"
@@ -101,11 +101,11 @@ async def test_task_object_has_owner_size_and_progress_fields(tmp_path: Any) -> 
         status, body = await f.get("/api/tasks/101", f.admin)
         assert status == 200 and body["task"]["owner"] == "alice"
 
-    await with_fixture(tmp_path, test)
+    await with_fixture(db_target, test)
 
 
 @pytest_twisted.ensureDeferred
-async def test_newest_first_and_cursor_stable_while_tasks_are_added(tmp_path: Any) -> None:
+async def test_newest_first_and_cursor_stable_while_tasks_are_added(db_target: str) -> None:
     async def test(f: Fixture) -> None:
         for gid in (30, 10, 50, 20, 40):
             await f.create(gid)
@@ -132,11 +132,11 @@ async def test_newest_first_and_cursor_stable_while_tasks_are_added(tmp_path: An
         await f.create(70, f.bob)
         assert _gids((await f.get("/api/tasks?limit=3", f.admin))[1]) == [70, 60, 5]
 
-    await with_fixture(tmp_path, test)
+    await with_fixture(db_target, test)
 
 
 @pytest_twisted.ensureDeferred
-async def test_status_filter_search_and_counts(tmp_path: Any) -> None:
+async def test_status_filter_search_and_counts(db_target: str) -> None:
     async def test(f: Fixture) -> None:
         node = await f.connect("n1")
         await f.create(201, name="Holiday pictures")
@@ -180,11 +180,11 @@ async def test_status_filter_search_and_counts(tmp_path: Any) -> None:
         _, body = await f.get("/api/tasks/counts", f.bob)
         assert body["total"] == 0 and all(n == 0 for n in body["counts"].values())
 
-    await with_fixture(tmp_path, test)
+    await with_fixture(db_target, test)
 
 
 @pytest_twisted.ensureDeferred
-async def test_bad_view_parameters_answer_400(tmp_path: Any) -> None:
+async def test_bad_view_parameters_answer_400(db_target: str) -> None:
     async def test(f: Fixture) -> None:
         await f.create(7)
         for query in (
@@ -211,11 +211,11 @@ async def test_bad_view_parameters_answer_400(tmp_path: Any) -> None:
         assert_error(await f.get("/api/stats", "nobody"), 401, "unauthorized")
         assert_error(await f.get("/api/admin/nodes"), 403, "forbidden")
 
-    await with_fixture(tmp_path, test)
+    await with_fixture(db_target, test)
 
 
 @pytest_twisted.ensureDeferred
-async def test_progress_gives_speed_eta_stats_and_node_activity(tmp_path: Any) -> None:
+async def test_progress_gives_speed_eta_stats_and_node_activity(db_target: str) -> None:
     async def test(f: Fixture) -> None:
         node = await f.connect("n1")
         await f.create(301)
@@ -300,4 +300,4 @@ async def test_progress_gives_speed_eta_stats_and_node_activity(tmp_path: Any) -
         assert entry["activeTasks"] == 1
         assert one(f.path, "SELECT COUNT(*) FROM node_seen")[0] == 1
 
-    await with_fixture(tmp_path, test)
+    await with_fixture(db_target, test)

@@ -26,8 +26,8 @@ def outbox(path: str, gid: int) -> list[dict]:
 
 
 @pytest_twisted.ensureDeferred
-async def test_every_visible_change_is_in_the_outbox_of_its_transaction(tmp_path):
-    async with lifecycle_env(tmp_path, timeout=0.3) as env:
+async def test_every_visible_change_is_in_the_outbox_of_its_transaction(db_target):
+    async with lifecycle_env(db_target, timeout=0.3) as env:
         await env.lifecycle.create(env.user_id, 1, "t", "")
         pushed = outbox(env.path, 1)
         assert [p["task"]["state"] for p in pushed] == [
@@ -52,8 +52,8 @@ async def test_every_visible_change_is_in_the_outbox_of_its_transaction(tmp_path
 
 
 @pytest_twisted.ensureDeferred
-async def test_outbox_row_rolls_back_with_its_change(tmp_path):
-    async with lifecycle_env(tmp_path) as env:
+async def test_outbox_row_rolls_back_with_its_change(db_target):
+    async with lifecycle_env(db_target) as env:
         fail_usage_writes(env.path)
         await env.lifecycle.create(env.user_id, 1, "t", "")
         states = [p["task"]["state"] for p in outbox(env.path, 1)]
@@ -61,8 +61,8 @@ async def test_outbox_row_rolls_back_with_its_change(tmp_path):
 
 
 @pytest_twisted.ensureDeferred
-async def test_legacy_rows_view_eligibility_and_delete(tmp_path):
-    async with lifecycle_env(tmp_path) as env:
+async def test_legacy_rows_view_eligibility_and_delete(db_target):
+    async with lifecycle_env(db_target) as env:
         connection = raw(env.path)
         connection.execute(
             "INSERT INTO gallery (gid, user_id, name, url, status, progress, node_id, cost) "

@@ -1,7 +1,6 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from pathlib import Path
 
 import pytest_twisted
 
@@ -9,8 +8,8 @@ from tests.site_protocol.harness import Site
 
 
 @pytest_twisted.async_yield_fixture
-async def site(tmp_path: Path) -> AsyncIterator[Site]:
-    s = await Site(tmp_path / "site.sqlite").start()
+async def site(db_target: str) -> AsyncIterator[Site]:
+    s = await Site(db_target).start()
     try:
         yield s
     finally:

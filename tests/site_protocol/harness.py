@@ -4,7 +4,6 @@ listener and a scripted node peer speaking the wire protocol over real TCP."""
 from __future__ import annotations
 
 import json
-import sqlite3
 from collections import defaultdict
 from collections.abc import Callable
 from pathlib import Path
@@ -141,11 +140,12 @@ async def wait_until(
 
 class Site:
     """The site's node side, as the composition root builds it
-    (``root.build_node_side``), over a real database file, with its real
-    node listener on a loopback port; no upstream, lifecycle or HTTP."""
+    (``root.build_node_side``), over a real database (a SQLite file or a
+    PostgreSQL URL: ``db_target``), with its real node listener on a
+    loopback port; no upstream, lifecycle or HTTP."""
 
-    def __init__(self, path: Path) -> None:
-        self.path = path
+    def __init__(self, target: str | Path) -> None:
+        self.path = str(target)
         self.db: dbmod.Database
         self.side: NodeSide
         self.port: Any = None
@@ -161,8 +161,8 @@ class Site:
         """Start in the site's order: outbox, node listener, dispatch
         (``dispatch=False``: not started, as after a failed recovery).
         ``tuning``: :class:`~tasknet.site.root.Tuning` fields."""
-        prepare_database(str(self.path))
-        self.db = dbmod.open_pool(str(self.path))
+        prepare_database(self.path)
+        self.db = dbmod.open_pool(self.path)
         self.side = build_node_side(
             self.db,
             reactor,
@@ -198,9 +198,9 @@ class Site:
         await self.side.stop()
         self.db.close()
 
-    def sql(self) -> sqlite3.Connection:
-        """A plain connection to the same file (reads and test setup)."""
-        return dbmod.connect(str(self.path))
+    def sql(self) -> dbmod.Connection:
+        """A plain connection to the same database (reads and test setup)."""
+        return dbmod.connect(self.path)
 
     async def dispatch_passes(self, count: int) -> None:
         """Wait until ``count`` more periodic dispatch passes have completed."""
@@ -211,13 +211,13 @@ class Site:
 # ------------------------------------------------------------------ fixtures data
 
 
-def add_user(conn: sqlite3.Connection, name: str, *, admin: bool = False) -> tuple[int, str]:
+def add_user(conn: dbmod.Connection, name: str, *, admin: bool = False) -> tuple[int, str]:
     user, token = dbmod.run_write(conn, lambda c: users.create_user(c, name, admin=admin))
     return user.id, token
 
 
 def add_task(
-    conn: sqlite3.Connection,
+    conn: dbmod.Connection,
     gid: int,
     user_id: int,
     state: str | None = "SUBMITTED",
@@ -234,7 +234,7 @@ def add_task(
     op = f"op-{gid}"
     delete_op = f"del-{gid}"
 
-    def body(c: sqlite3.Cursor) -> None:
+    def body(c: dbmod.Cursor) -> None:
         c.execute(
             "INSERT INTO gallery (gid, user_id, name, token, url, status, progress, node_id, cost)"
             " VALUES (?, ?, ?, 'tok', ?, ?, ?, ?, 10)",
@@ -267,7 +267,7 @@ def add_task(
     return {"operation_id": op if state else None, "delete_operation_id": delete_op}
 
 
-def row(conn: sqlite3.Connection, gid: int) -> Any:
+def row(conn: dbmod.Connection, gid: int) -> Any:
     """The joined task row of ``gid`` as a dict, or None."""
     r = conn.execute(
         "SELECT g.status, g.progress, g.node_id, o.state, o.operation_id, o.last_revision,"
@@ -281,7 +281,7 @@ def row(conn: sqlite3.Connection, gid: int) -> Any:
     return None if r is None else dict(r)
 
 
-def outbox_count(conn: sqlite3.Connection, gid: int | None = None) -> int:
+def outbox_count(conn: dbmod.Connection, gid: int | None = None) -> int:
     if gid is None:
         return int(conn.execute("SELECT COUNT(*) FROM notification_outbox").fetchone()[0])
     return int(

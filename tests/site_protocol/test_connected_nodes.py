@@ -6,8 +6,6 @@ holds and ``/api/admin/nodes`` lists it: all over real TCP, one registry.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest_twisted
 
 from tasknet.protocol.messages import Goodbye, TaskCommand
@@ -26,9 +24,9 @@ async def _connected(site: Site) -> dict[str, bool]:
 
 @pytest_twisted.ensureDeferred
 async def test_a_reconnect_replaces_the_session_for_dispatch_and_the_admin_view(
-    tmp_path: Path,
+    db_target: str,
 ) -> None:
-    site = await Site(tmp_path / "site.sqlite").start(dispatch_poll_interval=POLL)
+    site = await Site(db_target).start(dispatch_poll_interval=POLL)
     try:
         conn = site.sql()
         uid, _ = add_user(conn, "alice")
@@ -66,10 +64,10 @@ async def test_a_reconnect_replaces_the_session_for_dispatch_and_the_admin_view(
 
 @pytest_twisted.ensureDeferred
 async def test_the_registry_is_newest_wins_and_detaches_only_the_current(
-    tmp_path: Path,
+    db_target: str,
 ) -> None:
     """The registry's own rules, on the real sessions of two connections."""
-    site = await Site(tmp_path / "site.sqlite").start()
+    site = await Site(db_target).start()
     try:
         await site.connect("n1")
         old = site.side.nodes["n1"]

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import pytest_twisted
 
@@ -134,8 +132,8 @@ async def test_task_changed_for_an_ineligible_task_sends_nothing(site: Site) -> 
 
 
 @pytest_twisted.ensureDeferred
-async def test_nothing_is_dispatched_until_enabled(tmp_path: Path) -> None:
-    site = await Site(tmp_path / "site.sqlite").start(dispatch=False)
+async def test_nothing_is_dispatched_until_enabled(db_target: str) -> None:
+    site = await Site(db_target).start(dispatch=False)
     try:
         conn = site.sql()
         uid, _ = add_user(conn, "alice")
@@ -154,13 +152,13 @@ async def test_nothing_is_dispatched_until_enabled(tmp_path: Path) -> None:
 
 
 @pytest_twisted.ensureDeferred
-async def test_large_sets_are_streamed_in_pages(tmp_path: Path) -> None:
-    site = await Site(tmp_path / "site.sqlite").start(dispatch_page_size=100)
+async def test_large_sets_are_streamed_in_pages(db_target: str) -> None:
+    site = await Site(db_target).start(dispatch_page_size=100)
     try:
         conn = site.sql()
         uid, _ = add_user(conn, "alice")
         rows = [(gid, uid, f"g{gid}", "n1") for gid in range(1, 1051)]
-        conn.execute("BEGIN")
+        conn.execute("BEGIN IMMEDIATE")  # one write transaction, either backend
         conn.executemany(
             "INSERT INTO gallery (gid, user_id, name, token, url, node_id)"
             " VALUES (?, ?, ?, 'tok', 'http://u/f', ?)",

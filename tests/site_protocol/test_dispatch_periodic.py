@@ -9,8 +9,6 @@ only its confirmation completes it.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest_twisted
 
 from tasknet.protocol.messages import TaskCommand, TaskReportAck
@@ -22,8 +20,8 @@ POLL = 0.05
 
 
 @pytest_twisted.ensureDeferred
-async def test_task_resolved_by_another_process_is_dispatched_once(tmp_path: Path) -> None:
-    site = await Site(tmp_path / "site.sqlite").start(dispatch_poll_interval=POLL)
+async def test_task_resolved_by_another_process_is_dispatched_once(db_target: str) -> None:
+    site = await Site(db_target).start(dispatch_poll_interval=POLL)
     try:
         conn = site.sql()
         uid, _ = add_user(conn, "alice")
@@ -33,7 +31,7 @@ async def test_task_resolved_by_another_process_is_dispatched_once(tmp_path: Pat
         assert node.messages == []  # UNKNOWN: never sent
 
         # tasknet-admin resolves it on its own connection: the site hears nothing.
-        other = dbmod.connect(str(site.path))
+        other = dbmod.connect(site.path)
         dbmod.run_write(
             other,
             lambda c: reconcile.resolve_unknown(c, 3, "submitted", "admin", "", None, "http://u/3"),
@@ -53,9 +51,9 @@ async def test_task_resolved_by_another_process_is_dispatched_once(tmp_path: Pat
 
 @pytest_twisted.ensureDeferred
 async def test_pending_delete_reaches_a_connected_node_whose_trigger_was_lost(
-    tmp_path: Path,
+    db_target: str,
 ) -> None:
-    site = await Site(tmp_path / "site.sqlite").start(dispatch_poll_interval=POLL)
+    site = await Site(db_target).start(dispatch_poll_interval=POLL)
     try:
         conn = site.sql()
         uid, _ = add_user(conn, "alice")
@@ -75,8 +73,8 @@ async def test_pending_delete_reaches_a_connected_node_whose_trigger_was_lost(
 
 
 @pytest_twisted.ensureDeferred
-async def test_delete_of_a_task_with_no_known_node_waits_for_its_claim(tmp_path: Path) -> None:
-    site = await Site(tmp_path / "site.sqlite").start(dispatch_poll_interval=POLL)
+async def test_delete_of_a_task_with_no_known_node_waits_for_its_claim(db_target: str) -> None:
+    site = await Site(db_target).start(dispatch_poll_interval=POLL)
     try:
         conn = site.sql()
         uid, _ = add_user(conn, "alice")

@@ -4,13 +4,13 @@ delivery after a restart (LIFECYCLE.md invariant 8)."""
 from __future__ import annotations
 
 import time
-from pathlib import Path
 
 import pytest
 import pytest_twisted
 
 from tasknet.protocol.messages import TaskReportAck
 from tasknet.site.storage import delivery
+from tests.backends import NewTarget
 from tests.site_protocol.harness import (
     Site,
     WebhookReceiver,
@@ -90,8 +90,8 @@ async def test_websocket_refuses_a_missing_or_wrong_token(site: Site) -> None:
 
 
 @pytest_twisted.ensureDeferred
-async def test_rows_committed_before_a_crash_are_delivered_after_restart(tmp_path: Path) -> None:
-    path = tmp_path / "site.sqlite"
+async def test_rows_committed_before_a_crash_are_delivered_after_restart(db_target: str) -> None:
+    path = db_target
     first = await Site(path).start()
     try:
         conn = first.sql()
@@ -145,9 +145,9 @@ async def _ack_latencies(site: Site, gids: list[int]) -> list[float]:
 
 
 @pytest_twisted.ensureDeferred
-async def test_a_slow_webhook_does_not_delay_acks(tmp_path: Path) -> None:
+async def test_a_slow_webhook_does_not_delay_acks(new_db_target: NewTarget) -> None:
     gids = list(range(1, 9))
-    baseline_site = await Site(tmp_path / "a.sqlite").start()
+    baseline_site = await Site(new_db_target("a")).start()
     try:
         conn = baseline_site.sql()
         uid, _ = add_user(conn, "alice")
@@ -160,7 +160,7 @@ async def test_a_slow_webhook_does_not_delay_acks(tmp_path: Path) -> None:
 
     receiver = WebhookReceiver(delay=10.0)
     http = await listen_http(receiver)
-    slow_site = Site(tmp_path / "b.sqlite")
+    slow_site = Site(new_db_target("b"))
     try:
         await slow_site.start(
             webhook_url=f"http://127.0.0.1:{http.getHost().port}/hook", webhook_concurrency=2
@@ -189,10 +189,10 @@ async def test_a_slow_webhook_does_not_delay_acks(tmp_path: Path) -> None:
 
 
 @pytest_twisted.ensureDeferred
-async def test_webhook_retries_with_backoff_then_gives_up(tmp_path: Path) -> None:
+async def test_webhook_retries_with_backoff_then_gives_up(db_target: str) -> None:
     receiver = WebhookReceiver(statuses=[500, 503, 200, 500, 500, 500])
     http = await listen_http(receiver)
-    site = Site(tmp_path / "site.sqlite")
+    site = Site(db_target)
     try:
         await site.start(
             webhook_url=f"http://127.0.0.1:{http.getHost().port}/hook",

@@ -1,7 +1,7 @@
 """Outbox housekeeping: finished notifications older than the retention are
 pruned in small batches; unfinished or young ones never are.
 
-Real SQLite files with the site schema.  Rows are written by the outbox's own
+A real database (either backend) with the site schema.  Rows are written by the outbox's own
 ``enqueue_task_change`` and marked by the delivery functions the executor
 uses; only their age is set by hand (``created_at`` moved into the past).
 """
@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import sqlite3
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 import pytest_twisted
 from twisted.internet.task import Clock
 
 from tasknet.site.notify import OutboxExecutor
-from tasknet.site.storage import delivery, outbox
+from tasknet.site.storage import delivery, dialect, outbox
 from tasknet.site.storage.db import connect, open_pool, run_write
 from tasknet.site.storage.schema import prepare_database
 from tests.site_protocol.harness import wait_until
@@ -26,10 +25,9 @@ WEEK = 7.0
 
 
 @pytest.fixture
-def path(tmp_path: Path) -> str:
-    db = str(tmp_path / "site.sqlite")
-    prepare_database(db)
-    return db
+def path(db_target: str) -> str:
+    prepare_database(db_target)
+    return db_target
 
 
 @pytest.fixture
@@ -45,9 +43,8 @@ def add_rows(conn: sqlite3.Connection, count: int) -> list[int]:
 
 def age(conn: sqlite3.Connection, ids: list[int], days: float) -> None:
     conn.executemany(
-        "UPDATE notification_outbox"
-        " SET created_at = strftime('%Y-%m-%dT%H:%M:%fZ', 'now', ?) WHERE id = ?",
-        [(f"-{days} days", i) for i in ids],
+        f"UPDATE notification_outbox SET created_at = {dialect.NOW_OFFSET_SQL} WHERE id = ?",
+        [(dialect.offset(-days * 86400), i) for i in ids],
     )
 
 

@@ -295,7 +295,8 @@ def test_upgrading_a_v2_database_seeds_each_nodes_mark_from_its_receipts(tmp_pat
     """A v2 database where a forged far-future revision was applied to n1's
     task (before ownership was checked): after the automatic v3 upgrade the
     marks come from the receipts, so n1's next report applies and n4's
-    forged mark stays n4's."""
+    forged mark stays n4's.  SQLite only: upgrades from v2 are SQLite's (a
+    PostgreSQL database starts at the current schema)."""
     path = str(tmp_path / "v2.sqlite")
     conn = dbmod.connect(path)
     for name in ("schema_v1.sql", "migrate_task_operation_v2.sql"):

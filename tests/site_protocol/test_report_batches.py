@@ -4,17 +4,18 @@ queued together, run by the database layer's group commit
 ``reports.apply_reports`` with its set-at-a-time runs, the savepoint
 fallback) leaves exactly the state, outcomes and notifications of the same
 reports applied one per transaction.
-Real SQLite files; generated batches mix every rule (duplicates, repeated
-gids, stale revisions, old generations, legacy rows and messages, deletes)."""
+Real databases (SQLite files, PostgreSQL databases: copies of one seeded
+template); generated batches mix every rule (duplicates, repeated gids,
+stale revisions, old generations, legacy rows and messages, deletes).  A copy
+of a PostgreSQL database costs a ``CREATE DATABASE``, so the property runs
+fewer examples there: the statements are the same, the generated variety is
+SQLite's."""
 
 from __future__ import annotations
 
-import itertools
 import json
 import re
-import shutil
-import sqlite3
-from pathlib import Path
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -32,6 +33,7 @@ from tasknet.protocol.messages import (
 from tasknet.site.storage import db as dbmod
 from tasknet.site.storage import reports
 from tasknet.site.storage.schema import prepare_database
+from tests.backends import BACKENDS, INTEGRITY_ERRORS, SeededCopies, add_failing_trigger
 from tests.site_protocol.harness import add_task, add_user
 
 NODES = ("n1", "n2")
@@ -56,20 +58,33 @@ def _seed(path: str) -> None:
         conn.close()
 
 
-@pytest.fixture(scope="module")
-def template(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("batches") / "template.sqlite"
-    _seed(str(path))
-    return path
+#: Examples of a property per backend (see the module's docstring).
+_EXAMPLES = {"sqlite": 1.0, "postgresql": 0.1}
 
 
-_copies = itertools.count()
+def _copies_of(
+    request: pytest.FixtureRequest,
+    tmp_path_factory: pytest.TempPathFactory,
+    name: str,
+    seed: Callable[[str], None],
+) -> Iterator[SeededCopies]:
+    server = request.getfixturevalue("pg_server") if request.param == "postgresql" else None
+    copies = SeededCopies(seed, name=name, directory=tmp_path_factory.mktemp(name), server=server)
+    try:
+        yield copies
+    finally:
+        copies.close()
 
 
-def _copy(template: Path) -> str:
-    target = template.with_name(f"copy-{next(_copies)}.sqlite")
-    shutil.copyfile(template, target)
-    return str(target)
+@pytest.fixture(scope="module", params=BACKENDS)
+def template(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[SeededCopies]:
+    yield from _copies_of(request, tmp_path_factory, "batches", _seed)
+
+
+def _examples(copies: SeededCopies, count: int) -> int:
+    return max(1, round(count * _EXAMPLES[copies.backend]))
 
 
 # Mostly the task's own operationId (so entries apply and runs really write),
@@ -127,7 +142,7 @@ _TIMES = ("createdAt", "updatedAt", "completedAt", "speed", "eta")
 def _state(path: str) -> dict[str, Any]:
     """Everything a report can change, without timestamps; generated
     operationIds (uuid4 hex, different in each run) read as ``<fresh>``."""
-    conn = sqlite3.connect(path)
+    conn = dbmod.connect(path)
     try:
 
         def rows(sql: str) -> list[tuple[Any, ...]]:
@@ -178,19 +193,26 @@ def _grouped(path: str, batch: list[tuple[str, reports.NodeReport]]) -> list[Any
         conn.close()
 
 
-@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(batch=_batch)
-def test_a_batch_equals_its_reports_one_per_transaction(
-    template: Path, batch: list[tuple[str, reports.NodeReport]]
+def test_a_batch_equals_its_reports_one_per_transaction(template: SeededCopies) -> None:
+    @settings(
+        max_examples=_examples(template, 100),
+        deadline=None,
+        suppress_health_check=[HealthCheck.too_slow],
+    )
+    @given(batch=_batch)
+    def check(batch: list[tuple[str, reports.NodeReport]]) -> None:
+        alone, together = template.copy(), template.copy()
+        expected = _one_by_one(alone, batch)
+        got = _grouped(together, batch)
+        assert got == expected
+        assert _state(together) == _state(alone)
+
+    check()
+
+
+def test_a_batch_of_independent_reports_runs_together_and_matches(
+    template: SeededCopies,
 ) -> None:
-    alone, together = _copy(template), _copy(template)
-    expected = _one_by_one(alone, batch)
-    got = _grouped(together, batch)
-    assert got == expected
-    assert _state(together) == _state(alone)
-
-
-def test_a_batch_of_independent_reports_runs_together_and_matches(template: Path) -> None:
     """The usual batch (one report per node, disjoint gids) takes the
     set-at-a-time path; duplicates inside the batch and before it are
     answered DUPLICATE exactly as one by one."""
@@ -211,7 +233,7 @@ def test_a_batch_of_independent_reports_runs_together_and_matches(template: Path
         ("n1", TaskReport("r4", 200, (TaskEntry(1, 4, 1.0),), {1: "op-1"}, ())),  # same gid
         ("n2", TaskReport("r5", 150, (TaskEntry(1, 2, 0.7),), {1: "op-1"}, ())),  # not n2's
     ]
-    alone, together = _copy(template), _copy(template)
+    alone, together = template.copy(), template.copy()
     expected = _one_by_one(alone, batch)
     got = _grouped(together, batch)
     assert got == expected
@@ -226,17 +248,21 @@ def test_a_batch_of_independent_reports_runs_together_and_matches(template: Path
     assert state["gallery"][2] == (3, None, 0.0, None)  # a v2 row is never claimed
 
 
-def test_a_run_that_fails_is_retried_report_by_report(template: Path) -> None:
+def test_a_run_that_fails_is_retried_report_by_report(template: SeededCopies) -> None:
     """A failure inside the batch call rolls it back to its savepoint and
     the database layer applies its reports one by one, a savepoint each:
     only the failing report is lost."""
-    path = _copy(template)
+    path = template.copy()
+    add_failing_trigger(
+        path,
+        "refuse_0123",
+        "gallery",
+        "injected failure",
+        event="UPDATE",
+        when="NEW.progress = 0.123",
+    )
     conn = dbmod.connect(path)
     try:
-        conn.execute(
-            "CREATE TRIGGER refuse_0123 BEFORE UPDATE ON gallery WHEN NEW.progress = 0.123"
-            " BEGIN SELECT RAISE(ABORT, 'injected failure'); END"
-        )
         batch: list[tuple[str, reports.NodeReport]] = [
             ("n1", TaskReport("a", 100, (TaskEntry(1, 1, 0.2),), {1: "op-1"}, ())),
             ("n2", TaskReport("bad", 100, (TaskEntry(2, 1, 0.123),), {2: "op-2"}, ())),
@@ -260,22 +286,25 @@ def test_a_run_that_fails_is_retried_report_by_report(template: Path) -> None:
 _POISON = 0.123  # the progress the injected trigger refuses
 
 
-@pytest.fixture(scope="module")
-def poisoned_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def _seed_poisoned(path: str) -> None:
     """The seeded database with a trigger that fails any report writing
-    progress 0.123 (a real SQLite error inside the report's statements)."""
-    path = tmp_path_factory.mktemp("poisoned") / "template.sqlite"
-    _seed(str(path))
-    conn = dbmod.connect(str(path))
-    try:
-        conn.execute(
-            "CREATE TRIGGER refuse_poison BEFORE UPDATE ON gallery"
-            f" WHEN NEW.progress = {_POISON}"
-            " BEGIN SELECT RAISE(ABORT, 'injected failure'); END"
-        )
-    finally:
-        conn.close()
-    return path
+    progress 0.123 (a real database error inside the report's statements)."""
+    _seed(path)
+    add_failing_trigger(
+        path,
+        "refuse_poison",
+        "gallery",
+        "injected failure",
+        event="UPDATE",
+        when=f"NEW.progress = {_POISON}",
+    )
+
+
+@pytest.fixture(scope="module", params=BACKENDS)
+def poisoned_template(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[SeededCopies]:
+    yield from _copies_of(request, tmp_path_factory, "poisoned", _seed_poisoned)
 
 
 def _poisoned(report: reports.NodeReport, gid: int) -> reports.NodeReport:
@@ -299,7 +328,7 @@ def _one_by_one_or_failed(path: str, batch: list[tuple[str, reports.NodeReport]]
         for node, message in batch:
             try:
                 results.append(dbmod.run_write(conn, reports.apply_report, node, message))
-            except sqlite3.IntegrityError as e:
+            except INTEGRITY_ERRORS as e:
                 assert "injected failure" in str(e)
                 results.append("failed")
     finally:
@@ -307,27 +336,36 @@ def _one_by_one_or_failed(path: str, batch: list[tuple[str, reports.NodeReport]]
     return results
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(batch=_batch, data=st.data())
 def test_a_batch_with_failing_reports_equals_them_one_per_transaction(
-    poisoned_template: Path, batch: list[tuple[str, reports.NodeReport]], data: st.DataObject
+    poisoned_template: SeededCopies,
 ) -> None:
     """Some reports fail (the trigger): the batch call fails, the database
     layer applies its reports one by one, and exactly the reports that fail
     alone fail; the rest commit as if each had its own transaction."""
-    poison = data.draw(st.sets(st.integers(0, len(batch) - 1)))
-    batch = [
-        (node, _poisoned(m, data.draw(st.sampled_from([1, 2, 6])))) if i in poison else (node, m)
-        for i, (node, m) in enumerate(batch)
-    ]
-    alone, together = _copy(poisoned_template), _copy(poisoned_template)
-    expected = _one_by_one_or_failed(alone, batch)
-    event(
-        f"failing reports: {min(expected.count('failed'), 2)}{'+' * (expected.count('failed') > 2)}"
+
+    @settings(
+        max_examples=_examples(poisoned_template, 60),
+        deadline=None,
+        suppress_health_check=[HealthCheck.too_slow],
     )
-    got = [
-        "failed" if isinstance(r, Failure) and "injected failure" in r.getErrorMessage() else r
-        for r in _grouped(together, batch)
-    ]
-    assert got == expected
-    assert _state(together) == _state(alone)
+    @given(batch=_batch, data=st.data())
+    def check(batch: list[tuple[str, reports.NodeReport]], data: st.DataObject) -> None:
+        poison = data.draw(st.sets(st.integers(0, len(batch) - 1)))
+        batch = [
+            (node, _poisoned(m, data.draw(st.sampled_from([1, 2, 6]))))
+            if i in poison
+            else (node, m)
+            for i, (node, m) in enumerate(batch)
+        ]
+        alone, together = poisoned_template.copy(), poisoned_template.copy()
+        expected = _one_by_one_or_failed(alone, batch)
+        failed = expected.count("failed")
+        event(f"failing reports: {min(failed, 2)}{'+' * (failed > 2)}")
+        got = [
+            "failed" if isinstance(r, Failure) and "injected failure" in r.getErrorMessage() else r
+            for r in _grouped(together, batch)
+        ]
+        assert got == expected
+        assert _state(together) == _state(alone)
+
+    check()

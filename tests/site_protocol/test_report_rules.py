@@ -1,11 +1,10 @@
-"""Every report rule of PROTOCOL.md, on a real SQLite file, one real
-transaction per report (storage layer; the wire path is tested elsewhere)."""
+"""Every report rule of PROTOCOL.md, on a real database (either backend),
+one real transaction per report (storage layer; the wire path is tested elsewhere)."""
 
 from __future__ import annotations
 
 import sqlite3
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from twisted.python.failure import Failure
@@ -20,14 +19,19 @@ from tasknet.protocol.messages import (
 from tasknet.site.storage import db as dbmod
 from tasknet.site.storage import reports
 from tasknet.site.storage.schema import prepare_database
+from tests.backends import add_failing_trigger
 from tests.site_protocol.harness import add_task, add_user, outbox_count, row
 
 
 @pytest.fixture
-def conn(tmp_path: Path) -> Iterator[sqlite3.Connection]:
-    path = str(tmp_path / "site.sqlite")
-    prepare_database(path)
-    connection = dbmod.connect(path)
+def target(db_target: str) -> str:
+    prepare_database(db_target)
+    return db_target
+
+
+@pytest.fixture
+def conn(target: str) -> Iterator[sqlite3.Connection]:
+    connection = dbmod.connect(target)
     yield connection
     connection.close()
 
@@ -285,15 +289,19 @@ def test_delete_of_a_task_with_no_node_waits_for_the_claim(conn, uid):
     assert again.ignored == {32: reports.TOMBSTONE} and row(conn, 32)["state"] == "DELETED"
 
 
-def test_a_failing_report_in_a_batch_does_not_lose_the_others(conn, uid):
+def test_a_failing_report_in_a_batch_does_not_lose_the_others(target, conn, uid):
     add_task(conn, 40, uid, node_id="n1")
     add_task(conn, 41, uid, node_id="n1")
     add_task(conn, 42, uid, node_id="n1")
-    # A real SQLite failure inside the second report, after its receipt was
-    # written: a test-only trigger refuses one particular progress value.
-    conn.execute(
-        "CREATE TRIGGER refuse_0123 BEFORE UPDATE ON gallery WHEN NEW.progress = 0.123"
-        " BEGIN SELECT RAISE(ABORT, 'injected failure'); END"
+    # A real database failure inside the second report, after its receipt
+    # was written: a test-only trigger refuses one particular progress value.
+    add_failing_trigger(
+        target,
+        "refuse_0123",
+        "gallery",
+        "injected failure",
+        event="UPDATE",
+        when="NEW.progress = 0.123",
     )
     bad = report("bad", 101, [(42, 1, 0.123)], {42: "op-42"})
     batch = [

@@ -5,7 +5,6 @@ tombstone.  Prints the session log the issue asks for (``pytest -s``)."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Any
 
 import pytest_twisted
@@ -32,13 +31,13 @@ async def _json(pool: HTTPConnectionPool, method: str, url: str, **kw: Any) -> t
 
 
 @pytest_twisted.ensureDeferred
-async def test_session_through_the_whole_site(tmp_path: Path) -> None:
+async def test_session_through_the_whole_site(db_target: str) -> None:
     pool = HTTPConnectionPool(reactor, persistent=False)
     async with running_upstream() as upstream:
         options = root.Options()
         options.parseOptions(
             [
-                "--db", str(tmp_path / "site.sqlite"),
+                "--db", db_target,
                 "--http", "tcp:0:interface=127.0.0.1",
                 "--nodes", "tcp:0:interface=127.0.0.1",
                 "--upstream", upstream.base_url,

@@ -2,7 +2,7 @@
 holds a bounded number of outbox rows in memory, the rest are re-read from
 the database when there is room, and the site stops cleanly.
 
-Real SQLite file with the site schema, the real outbox executor and webhook
+A real database (either backend) with the site schema, the real outbox executor and webhook
 sender, real loopback TCP: a port nothing listens on (the webhook is down)
 and a real HTTP receiver.
 """
@@ -11,31 +11,32 @@ from __future__ import annotations
 
 import socket
 import tracemalloc
-from pathlib import Path
 
 import pytest_twisted
 from twisted.internet import reactor
 from twisted.logger import globalLogPublisher
 
 from tasknet.site.notify import OutboxExecutor, WebhookSender
-from tasknet.site.storage.db import connect, open_pool
+from tasknet.site.storage import dialect
+from tasknet.site.storage.db import connect, open_pool, run_write
 from tasknet.site.storage.schema import prepare_database
 from tests.site_protocol.harness import WebhookReceiver, listen_http, wait_until
 
 PAYLOAD = '{"type":"task","task":{"gid":%d,"name":"%s"}}'
 
 
-def database_with_pending_rows(tmp_path: Path, count: int, payload_bytes: int = 1024) -> str:
-    path = str(tmp_path / "site.sqlite")
+def database_with_pending_rows(path: str, count: int, payload_bytes: int = 1024) -> str:
     prepare_database(path)
     conn = connect(path)
     filler = "x" * payload_bytes
-    with conn:
-        conn.executemany(
+    run_write(
+        conn,
+        lambda c: c.executemany(
             "INSERT INTO notification_outbox (gid, user_id, payload, ws_delivered_at)"
-            " VALUES (?, NULL, ?, strftime('%Y-%m-%dT%H:%M:%fZ', 'now'))",
+            f" VALUES (?, NULL, ?, {dialect.NOW_SQL})",
             [(gid, PAYLOAD % (gid, filler)) for gid in range(1, count + 1)],
-        )
+        ),
+    )
     conn.close()
     return path
 
@@ -68,9 +69,9 @@ def our_delayed_calls(sender: WebhookSender) -> list[object]:
 
 
 @pytest_twisted.ensureDeferred
-async def test_a_dead_webhook_with_20000_pending_rows_holds_a_bounded_number(tmp_path):
+async def test_a_dead_webhook_with_20000_pending_rows_holds_a_bounded_number(db_target):
     rows, held = 20_000, 100
-    path = database_with_pending_rows(tmp_path, rows)
+    path = database_with_pending_rows(db_target, rows)
     db = open_pool(path)
     failures: list[dict] = []
 
@@ -120,9 +121,9 @@ async def test_a_dead_webhook_with_20000_pending_rows_holds_a_bounded_number(tmp
 
 
 @pytest_twisted.ensureDeferred
-async def test_rows_beyond_the_bound_are_read_from_the_database_when_there_is_room(tmp_path):
+async def test_rows_beyond_the_bound_are_read_from_the_database_when_there_is_room(db_target):
     rows, held = 1_500, 40
-    path = database_with_pending_rows(tmp_path, rows, payload_bytes=16)
+    path = database_with_pending_rows(db_target, rows, payload_bytes=16)
     receiver = WebhookReceiver()
     http = await listen_http(receiver)
     db = open_pool(path)

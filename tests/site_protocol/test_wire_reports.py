@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import sqlite3
 import time
 
 import pytest_twisted
 from twisted.internet.defer import gatherResults
 
 from tasknet.protocol.messages import StatusReport, TaskEntry, TaskReportAck
+from tests.backends import busy_timeout_sql, write_lock
 from tests.site_protocol.harness import Site, add_task, add_user, outbox_count, row, wait_until
 
 
@@ -34,17 +34,12 @@ async def test_failed_commit_sends_no_ack_and_redelivery_applies_once(site: Site
     node = await site.connect("n1")
     await site.side.dispatcher.idle()  # its login pass must not meet the lock
     # Shorten the writer's busy wait so the test does not sit out 5 s; the
-    # failure itself is SQLite's real SQLITE_BUSY.
-    await site.db.write(lambda c: c.execute("PRAGMA busy_timeout = 300"))
-    locker = sqlite3.connect(str(site.path), isolation_level=None, timeout=0)
-    locker.execute("BEGIN EXCLUSIVE")
-    try:
+    # failure itself is the database's own (SQLITE_BUSY, a lock timeout).
+    await site.db.write(lambda c: c.execute(busy_timeout_sql(site.path, 300)))
+    with write_lock(site.path):
         node.report("r1", 1000, [(1, 4, 1.0)], {1: "op-1"})
         await wait_until(lambda: site.side.reports.reports_failed == 1)
         assert site.side.reports.transactions == 0
-    finally:
-        locker.execute("ROLLBACK")
-        locker.close()
     assert row(conn, 1)["status"] is None
     assert conn.execute("SELECT COUNT(*) FROM report_receipt").fetchone()[0] == 0
     # The node redelivers the same report unchanged.

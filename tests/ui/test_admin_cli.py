@@ -1,14 +1,14 @@
-"""``tasknet-admin`` against real SQLite files, through its ``main``.
+"""``tasknet-admin`` against real databases (``db_target``: a SQLite file,
+a PostgreSQL database), through its ``main``.
 
 Setup uses the storage functions (as the site would); every check reads the
 database back through them too, so the CLI is tested end to end on a real
-file with real transactions and the v2 triggers.
+database with real transactions and the v2 triggers.
 """
 
 from __future__ import annotations
 
 import json
-import sqlite3
 import subprocess
 import sys
 from contextlib import closing
@@ -29,10 +29,9 @@ from tasknet.upstream.testing import running_upstream
 
 
 @pytest.fixture
-def dbpath(tmp_path: Path) -> str:
-    path = str(tmp_path / "site.sqlite")
-    assert prepare_database(path) is True
-    return path
+def dbpath(db_target: str) -> str:
+    assert prepare_database(db_target) is True
+    return db_target
 
 
 def _cli(dbpath: str, *argv: str, capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
@@ -70,11 +69,8 @@ def test_user_add_prints_a_token_that_is_stored_hashed(
     assert len(token) >= 20
     user = _read(dbpath, users.user_by_token, token)
     assert user is not None and user.name == "alice" and user.is_admin and user.quota == 40
-    raw = (
-        sqlite3.connect(dbpath)
-        .execute("SELECT token_hash FROM user WHERE name='alice'")
-        .fetchone()[0]
-    )
+    with closing(db.connect(dbpath)) as connection:
+        raw = connection.execute("SELECT token_hash FROM user WHERE name='alice'").fetchone()[0]
     assert raw != token and token not in raw
 
 
@@ -137,6 +133,8 @@ def test_bad_usage_exits_2_without_touching_the_database(
 def test_missing_database_is_not_created(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    # SQLite only: a file that is not there (a PostgreSQL database is created
+    # by its server's administrator, never by a typo).
     path = tmp_path / "typo.sqlite"
     code, _, err = _cli(str(path), "user", "list", capsys=capsys)
     assert code == 1 and "no database" in err
@@ -238,11 +236,10 @@ async def test_resolve_submitted_meters_once_and_repeats_harmlessly(dbpath: str)
         assert result.returncode == 1 and "not UNKNOWN" in result.stderr
         assert _read(dbpath, views.task_view, 5151)["state"] == "SUBMITTED"
         assert up.stats()["posts"] == {"5151": 1}  # resolving never POSTs
-    audit = (
-        sqlite3.connect(dbpath)
-        .execute("SELECT verdict, actor, note, evidence FROM reconciliation_audit WHERE gid = 5151")
-        .fetchall()
-    )
+    with closing(db.connect(dbpath)) as connection:
+        audit = connection.execute(
+            "SELECT verdict, actor, note, evidence FROM reconciliation_audit WHERE gid = 5151"
+        ).fetchall()
     assert len(audit) == 1
     verdict, actor, note, evidence = audit[0]
     assert (verdict, note) == ("submitted", "audit: 1 POST")

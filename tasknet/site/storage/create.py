@@ -5,6 +5,11 @@ invariants 1–4), and the recovery at start (invariant 10):
 / ``mark_unknown`` / ``release_refused``; ``release`` gives a reservation
 back; ``recover`` settles what a stopped site left in flight.
 
+``reserve`` and ``begin_submit`` record the site instance that holds the
+submission (``task_operation.instance_id``) and first check that it still
+holds its lease (:func:`tasknet.site.storage.instances.require_open`):
+recovery settles only what gone instances left (SCALE.md 2).
+
 Every user-visible change enqueues its notification in the same transaction
 (:func:`tasknet.site.storage.outbox.enqueue_task_change`).
 """
@@ -12,12 +17,12 @@ Every user-visible change enqueues its notification in the same transaction
 from __future__ import annotations
 
 import sqlite3
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Literal
 
 from tasknet.site import transitions
-from tasknet.site.storage import outbox, views
+from tasknet.site.storage import instances, outbox, views
 from tasknet.site.storage.dialect import NOW_SQL
 from tasknet.site.storage.errors import TaskError
 from tasknet.site.storage.generation import change_state, new_operation_id, remove_generation, touch
@@ -27,7 +32,13 @@ from tasknet.status import OperationState
 
 
 def reserve(
-    cursor: sqlite3.Cursor, gid: int, user_id: int, name: str, token: str, week: str
+    cursor: sqlite3.Cursor,
+    gid: int,
+    user_id: int,
+    name: str,
+    token: str,
+    week: str,
+    instance_id: int | None = None,
 ) -> str:
     """Invariant 1: write the CREATE intent (``RESERVED``, fresh operationId)
     and the placeholder task row; return the operationId.
@@ -37,7 +48,10 @@ def reserve(
     ``DELETED`` tombstone is replaced by the new generation.  The quota is
     not checked here: the cost is known only after ``prepare``
     (:func:`begin_submit` checks ``used + in-flight + cost > quota``), and a
-    conflict answers 409 whatever the quota."""
+    conflict answers 409 whatever the quota.  ``instance_id``: the site
+    instance creating it (None: one that records none, tools and tests)."""
+    if instance_id is not None:
+        instances.require_open(cursor, instance_id)
     op = operation_row(cursor, gid)
     if op is not None and op["state"] != OperationState.DELETED.value:
         raise TaskError("conflict", f"gid {gid} already has a task ({op['state']})")
@@ -45,16 +59,17 @@ def reserve(
     if op is None:
         transitions.check(None, OperationState.RESERVED)
         cursor.execute(
-            "INSERT INTO task_operation (gid, operation_id, state, user_id, step) "
-            "VALUES (?, ?, ?, ?, 'reserve')",
-            (gid, operation_id, OperationState.RESERVED.value, user_id),
+            "INSERT INTO task_operation (gid, operation_id, state, user_id, step, instance_id) "
+            "VALUES (?, ?, ?, ?, 'reserve', ?)",
+            (gid, operation_id, OperationState.RESERVED.value, user_id, instance_id),
         )
     else:
         # Invariant 6: only an explicit CREATE starts a new generation over a
         # tombstone; every per-generation column starts afresh.
         transitions.check(OperationState.DELETED, OperationState.RESERVED)
         cursor.execute(
-            "UPDATE task_operation SET operation_id = ?, state = ?, user_id = ?, cost = NULL, "  # noqa: S608
+            "UPDATE task_operation SET operation_id = ?, state = ?, user_id = ?, instance_id = ?, "  # noqa: S608
+            "cost = NULL, "
             "metered = 0, metered_week = NULL, quota_week = NULL, archive_url = NULL, legacy = 0, "
             "step = 'reserve', error = NULL, unknown_at = NULL, last_revision = NULL, "
             "dispatched = 0, delete_operation_id = NULL, delete_result = NULL, "
@@ -65,17 +80,20 @@ def reserve(
                 operation_id,
                 OperationState.RESERVED.value,
                 user_id,
+                instance_id,
                 gid,
                 OperationState.DELETED.value,
             ),
         )
-    try:
-        cursor.execute(
-            "INSERT INTO gallery (gid, user_id, name, token) VALUES (?, ?, ?, ?)",
-            (gid, user_id, name, token),
-        )
-    except sqlite3.IntegrityError as e:
-        raise TaskError("conflict", f"gid {gid} already has a task") from e
+    # ON CONFLICT, not a caught IntegrityError: on PostgreSQL a failed
+    # statement would abort the whole transaction.
+    cursor.execute(
+        "INSERT INTO gallery (gid, user_id, name, token) VALUES (?, ?, ?, ?)"
+        " ON CONFLICT DO NOTHING",
+        (gid, user_id, name, token),
+    )
+    if cursor.rowcount != 1:
+        raise TaskError("conflict", f"gid {gid} already has a task")
     # The placeholder is not announced: its creator is waiting on the HTTP
     # answer, and a create refused before SUBMITTING (quota, prepare, a
     # retry loop) must leave no notification behind (INTERFACES.md, growth).
@@ -97,6 +115,7 @@ def begin_submit(
     title: str,
     week: str,
     size: int | None = None,
+    instance_id: int | None = None,
 ) -> bool:
     """After a successful ``prepare``: the quota check with the now known
     cost, then ``RESERVED -> SUBMITTING`` (committed before the POST).
@@ -107,7 +126,11 @@ def begin_submit(
     transaction and nothing is POSTed.  ``week`` is stored as the
     generation's ``quota_week``: whenever it is metered (persist, or a
     "submitted" verdict), it is metered into that week.  Raises
-    ``conflict`` if the generation is no longer ``RESERVED``."""
+    ``conflict`` if the generation is no longer ``RESERVED``, and
+    ``LeaseLost`` if ``instance_id`` (the instance about to POST, recorded
+    on the generation) no longer holds its lease."""
+    if instance_id is not None:
+        instances.require_open(cursor, instance_id)
     op = operation_row(cursor, gid)
     if op is None or op["operation_id"] != operation_id:
         raise TaskError("conflict", f"gid {gid}: the reservation is gone")
@@ -124,6 +147,7 @@ def begin_submit(
         cost=cost,
         quota_week=week,
         step="submit",
+        **({} if instance_id is None else {"instance_id": instance_id}),
     ):
         raise TaskError("conflict", f"gid {gid} is {op['state']}, not RESERVED")
     # ``size`` (bytes, from prepare) gives the task view its bytes and ETA.
@@ -229,27 +253,65 @@ RECOVERY_ERROR = (
 
 
 @dataclass(frozen=True)
+class Settled:
+    """One generation recovery settled: left ``from_state``
+    (``SUBMITTING``/``RESERVED``), now ``outcome`` (``UNKNOWN``/``released``)."""
+
+    gid: int
+    operation_id: str
+    from_state: str
+    outcome: str
+
+
+@dataclass(frozen=True)
 class Recovered:
     unknown: list[int]
     released: list[int]
+    operations: list[Settled] = field(default_factory=list)
 
 
-def recover(cursor: sqlite3.Cursor) -> Recovered:
+#: ``recover``'s owner meaning whoever wrote them: a site alone on its
+#: database (SQLite's flock proves every earlier run gone).
+EVERY_INSTANCE: Literal["every"] = "every"
+
+Owner = int | None | Literal["every"]
+
+
+def recover(
+    cursor: sqlite3.Cursor, owner: Owner = EVERY_INSTANCE, *, error: str = RECOVERY_ERROR
+) -> Recovered:
     """Every interrupted ``SUBMITTING`` becomes ``UNKNOWN`` (operationId
-    kept, nothing resent, step ``recovery``); every ``RESERVED`` generation
-    is released (its own intent and placeholder only)."""
+    kept, nothing resent, step ``recovery``, ``error`` as its evidence);
+    every ``RESERVED`` generation is released (its own intent and
+    placeholder only).
+
+    Only the generations of ``owner``: a site instance whose lease is known
+    to be gone (:mod:`tasknet.site.storage.instances`), ``None`` for those
+    no instance recorded, :data:`EVERY_INSTANCE` for all of them.  Never
+    call it for an instance that may be alive."""
     unknown: list[int] = []
     released: list[int] = []
+    settled: list[Settled] = []
+    mine = ""
+    params: tuple[int, ...] = ()
+    if owner is None:
+        mine = " AND instance_id IS NULL"
+    elif isinstance(owner, int):
+        mine, params = " AND instance_id = ?", (owner,)
     for row in cursor.execute(
-        "SELECT gid, operation_id, state FROM task_operation WHERE state IN (?, ?) ORDER BY gid",
-        (OperationState.SUBMITTING.value, OperationState.RESERVED.value),
+        "SELECT gid, operation_id, state FROM task_operation WHERE state IN (?, ?)"  # noqa: S608
+        f"{mine} ORDER BY gid",
+        (OperationState.SUBMITTING.value, OperationState.RESERVED.value, *params),
     ).fetchall():
+        gid, operation_id = row["gid"], row["operation_id"]
         if row["state"] == OperationState.SUBMITTING.value:
-            if mark_unknown(cursor, row["gid"], row["operation_id"], "recovery", RECOVERY_ERROR):
-                unknown.append(row["gid"])
-        elif release(cursor, row["gid"], row["operation_id"]):
-            released.append(row["gid"])
-    return Recovered(unknown, released)
+            if mark_unknown(cursor, gid, operation_id, "recovery", error):
+                unknown.append(gid)
+                settled.append(Settled(gid, operation_id, row["state"], "UNKNOWN"))
+        elif release(cursor, gid, operation_id):
+            released.append(gid)
+            settled.append(Settled(gid, operation_id, row["state"], "released"))
+    return Recovered(unknown, released, settled)
 
 
 def persist_and_view(

@@ -1,5 +1,6 @@
-"""The site database: an adbapi pool over one SQLite file, group commit,
-classified errors and the retries of whole transactions.
+"""The site database: adbapi pools over one SQLite file or one PostgreSQL
+database, group commit, classified errors and the retries of whole
+transactions.
 
 Every transaction of the site is one named function of a cursor
 (``fn(cursor, *args)``), grouped by subject in ``tasknet/site/storage/*.py``,
@@ -66,18 +67,103 @@ clock, up to a deadline).
 Rows are :class:`sqlite3.Row` (index by position or by column name).
 Connections use ``isolation_level=None``: the sqlite3 module never opens or
 commits a transaction on its own, only the statements above do.
+
+Two backends, one API.  ``target`` is a SQLite file path or a
+``postgresql://`` / ``postgres://`` URL (:func:`is_postgres`); everything
+here takes either, and :attr:`Database.backend` says which.  On PostgreSQL
+(:mod:`tasknet.site.storage.postgres`):
+
+* the connections are :class:`~tasknet.site.storage.postgres.PgConnection`
+  (psycopg 3, autocommit, the same SQL translated once per statement text,
+  rows indexable like ``sqlite3.Row``); adbapi loads that module as its
+  DB-API module, so the pools are the same ``ConnectionPool`` objects: one
+  writer connection (group commit works exactly as above), and a reader
+  pool of ``readers`` connections (default one; PostgreSQL can serve more
+  in parallel);
+* a write is ``SERIALIZABLE`` unless its function declares
+  ``READ COMMITTED`` (see "Isolation" below), and a read is ``REPEATABLE
+  READ READ ONLY``.  Several sites write one database, so two writes can
+  conflict: a serialization failure (40001) or a deadlock (40P01),
+  wherever it surfaces (a statement, the ``COMMIT``, or an error a
+  function swallowed), rolls the transaction back and runs it again from
+  scratch, in the writer thread, after a short jittered pause
+  (:data:`CONFLICT_RETRIES` times at most; then :class:`DatabaseBusy`).
+  A group-committed transaction that lost a conflict is run again write by
+  write (each item of a coalesced unit alone), each in a transaction of
+  its own with its own reruns: one conflicting write must not take the
+  other writes of its batch down with it, nor make them conflict again
+  together.  None of their first results is kept.  Only writes not yet
+  committed are ever run again, and a function is never run again after
+  its transaction committed, so no upstream call or Deferred sees the
+  retry (each Deferred still fires only after the commit that carried its
+  write).  :attr:`Database.conflicts` counts the transactions that lost;
+* ``busy_timeout_ms`` is the ``lock_timeout``: a statement that waits that
+  long for a lock fails busy (:class:`DatabaseBusy`), never hangs;
+* a broken connection fails its transaction (:class:`DatabaseFailed`) and
+  is replaced when the next transaction begins.
+
+Isolation (PostgreSQL), decided by measurement (issue 13, BENCH.md B7).
+With every write ``SERIALIZABLE``, two sites applying reports for
+*different* nodes conflicted: two sessions, 1,000 transactions each way,
+saw 40001 in 11 % of batches of 12 reports (9 lost all their reruns)
+and 0.4 % of single reports, and two sites made 0.4-0.5x the reports of
+one.  The cause is SSI's predicate-lock granularity, not a real conflict:
+``= ANY(…)`` over a node's gids is a bitmap heap scan, which locks heap
+*pages*; more than ``max_pred_locks_per_page`` (2) tuples of a page, or
+``max_pred_locks_per_relation`` of a table, are promoted to a page or a
+whole-relation lock (``pg_locks`` during a batch of 12 reports: SIReadLock
+on all of ``gallery``, ``task_operation`` and ``report_receipt``); and
+btree scans lock index *leaf pages*, which hold hundreds of neighbouring
+gids.  Raising the settings and forcing plain index scans brought the
+heap locks down to tuples but left the leaf pages, and the conflicts
+stayed (9-15 % of batches).  So a hot, row-scoped write declares
+``READ COMMITTED`` (:func:`read_committed`) and takes explicit row locks
+instead -- what production systems do for a hot path:
+
+* such a function locks, before it reads them and in a fixed order (by
+  key), the rows it decides from (``SELECT … ORDER BY key``
+  :data:`~tasknet.site.storage.dialect.FOR_UPDATE_SQL`; advisory locks for
+  what has no row), and writes only through statements that hold on the
+  latest row version;
+* every ``SERIALIZABLE`` write that changes what such a function decides
+  from writes (not only reads) one of the rows it locks: it then waits for
+  the lock, and if the locking transaction changed that row it fails 40001
+  and reruns on the new state; if it committed first, the locking read
+  returns after it and sees its result.  Either way the outcome is one of the two serial
+  orders.  (SSI does not see a ``READ COMMITTED`` writer, so this rule, not
+  SSI, is what keeps the two correct; reports.py, "Several sites", checks
+  it for every writer of a reported task);
+* on SQLite nothing changes (one writer, ``BEGIN IMMEDIATE``);
+* a group-committed transaction runs at the strictest isolation any of its
+  writes declared (the row locks are taken all the same), so a
+  ``SERIALIZABLE`` write never runs weaker than it asked.
+
+Reports (:mod:`~tasknet.site.storage.reports`) and the outbox marks
+(:mod:`~tasknet.site.storage.delivery`) are ``READ COMMITTED``; every other
+write stays ``SERIALIZABLE``.  The same two sessions then saw no conflict
+at all; the locks cost about 9 % of a 25-report batch's time in the
+database (1.9 of 21.6 ms, median).
+
+Constraint and trigger violations are the driver's integrity errors on
+both backends (:func:`is_integrity_error` tells them apart; above storage
+they are :class:`DatabaseFailed`, as on SQLite).  On PostgreSQL a failed
+statement aborts its transaction, so storage code never catches one and
+carries on: it writes ``ON CONFLICT DO NOTHING`` and looks at ``rowcount``
+(or puts the statement under a savepoint of its own).
 """
 
 from __future__ import annotations
 
 import math
 import os
+import random
 import sqlite3
+import sys
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Concatenate, Generic, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Any, Concatenate, Generic, ParamSpec, TypeAlias, TypeVar
 
 from twisted.enterprise import adbapi
 from twisted.internet.defer import Deferred
@@ -86,7 +172,11 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from tasknet.clock import default_reactor
+from tasknet.site.storage.dialect import POSTGRES_BEGIN_READ_COMMITTED
 from tasknet.site.storage.errors import DatabaseBusy, DatabaseFailed, TransactionLost
+
+if TYPE_CHECKING:
+    from tasknet.site.storage.postgres import PgConnection, PgCursor
 
 log = Logger()
 
@@ -95,8 +185,37 @@ T = TypeVar("T")
 I = TypeVar("I")  # noqa: E741 -- an item of a coalesced write
 R = TypeVar("R")
 
-#: The cursor every transaction function takes.
-Cursor = sqlite3.Cursor
+#: A connection of either backend (the sqlite3 subset the storage code uses).
+Connection: TypeAlias = "sqlite3.Connection | PgConnection"
+#: The cursor every transaction function takes, of either backend.
+Cursor: TypeAlias = "sqlite3.Cursor | PgCursor"
+
+SQLITE = "sqlite"
+POSTGRESQL = "postgresql"
+_URL_SCHEMES = ("postgresql://", "postgres://")
+
+
+def is_postgres(target: str) -> bool:
+    """Whether ``target`` (a ``--db`` value) names a PostgreSQL database
+    (a ``postgresql://`` or ``postgres://`` URL) rather than a SQLite file."""
+    return target.startswith(_URL_SCHEMES)
+
+
+def backend_of(target: str) -> str:
+    """``"postgresql"`` or ``"sqlite"`` for a ``--db`` value."""
+    return POSTGRESQL if is_postgres(target) else SQLITE
+
+
+def describe(target: str) -> str:
+    """``target`` fit for a log line or a message: a URL without its password."""
+    if not is_postgres(target):
+        return target
+    scheme, _, rest = target.partition("://")
+    credentials, at, host = rest.rpartition("@")
+    if not at or ":" not in credentials:
+        return target
+    return f"{scheme}://{credentials.split(':', 1)[0]}:***@{host}"
+
 
 BUSY_TIMEOUT_MS = 5000
 
@@ -121,23 +240,127 @@ _SAVEPOINT = "database_write"
 # (SQLITE_BUSY past busy_timeout, SQLITE_LOCKED within a connection).
 _BUSY_CODES = frozenset({5, 6})
 
+#: How many times a write transaction that lost a serialization conflict
+#: (PostgreSQL) is run again before it fails :class:`DatabaseBusy`, and the
+#: pause before the first rerun (doubled each time, jittered, capped).
+CONFLICT_RETRIES = 8
+CONFLICT_PAUSE = 0.004
+CONFLICT_PAUSE_MAX = 0.2
+
+#: The isolation a write function may declare (PostgreSQL; on SQLite every
+#: write is the one writer's ``BEGIN IMMEDIATE`` whatever it declares).
+#: Ordered weakest first: a transaction runs at the strictest of its writes'.
+READ_COMMITTED = "read committed"
+SERIALIZABLE = "serializable"
+_STRICTNESS = {READ_COMMITTED: 0, SERIALIZABLE: 1}
+_ISOLATION = "__tasknet_isolation__"
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def read_committed(fn: F) -> F:
+    """Declare that the write function ``fn`` runs at ``READ COMMITTED`` on
+    PostgreSQL (see the module doc, "Isolation"): ``fn`` itself locks, in a
+    fixed order and before it reads them, the rows it decides from
+    (:data:`~tasknet.site.storage.dialect.FOR_UPDATE_SQL`), so that it is
+    correct against every other write."""
+    setattr(fn, _ISOLATION, READ_COMMITTED)
+    return fn
+
+
+def isolation_of(fn: Callable[..., Any]) -> str:
+    """The isolation ``fn`` declared (:data:`SERIALIZABLE` unless it says
+    otherwise)."""
+    return getattr(fn, _ISOLATION, SERIALIZABLE)
+
+
+def _strictest(levels: Iterable[str]) -> str:
+    return max(levels, key=_STRICTNESS.__getitem__, default=SERIALIZABLE)
+
+
+def _begin_sql(connection: Any, isolation: str) -> str:
+    """The ``BEGIN`` of a write at ``isolation`` on ``connection``."""
+    if isolation == READ_COMMITTED and not isinstance(connection, sqlite3.Connection):
+        return POSTGRES_BEGIN_READ_COMMITTED
+    return "BEGIN IMMEDIATE"
+
+
+# SQLSTATEs of a serialization failure and a deadlock (postgres.CONFLICTS,
+# repeated so that the SQLite path never imports the PostgreSQL module).
+_CONFLICTS = frozenset({"40001", "40P01"})
+
+
+def _postgres_module() -> Any:
+    from tasknet.site.storage import postgres
+
+    return postgres
+
+
+def _is_psycopg_error(error: BaseException) -> bool:
+    # psycopg is imported only by the PostgreSQL adapter: without it loaded,
+    # no error can be psycopg's.
+    psycopg = sys.modules.get("psycopg")
+    return psycopg is not None and isinstance(error, psycopg.Error)
+
+
+def is_integrity_error(error: BaseException) -> bool:
+    """The driver's constraint or trigger violation, on either backend."""
+    if isinstance(error, sqlite3.IntegrityError):
+        return True
+    return _is_psycopg_error(error) and bool(_postgres_module().is_integrity_error(error))
+
 
 def classify(error: BaseException | None) -> BaseException | None:
     """The exception a caller above storage sees for ``error``: a driver
     error becomes :class:`DatabaseBusy` or :class:`DatabaseFailed` (same
     message, the driver's exception as ``__cause__``); anything else (a
     :class:`TaskError`, a bug in ``fn``, one already classified) is kept."""
-    if not isinstance(error, sqlite3.Error):
+    if isinstance(error, sqlite3.Error):
+        code = getattr(error, "sqlite_errorcode", None)
+        busy = (code is not None and code & 0xFF in _BUSY_CODES) or (
+            code is None
+            and isinstance(error, sqlite3.OperationalError)
+            and ("locked" in str(error) or "busy" in str(error))
+        )
+    elif error is not None and _is_psycopg_error(error):
+        busy = bool(_postgres_module().is_busy(error))
+    else:
         return error  # not the driver's (a TaskError, a bug in fn, already classified)
-    code = getattr(error, "sqlite_errorcode", None)
-    busy = (code is not None and code & 0xFF in _BUSY_CODES) or (
-        code is None
-        and isinstance(error, sqlite3.OperationalError)
-        and ("locked" in str(error) or "busy" in str(error))
-    )
     classified: Exception = DatabaseBusy(str(error)) if busy else DatabaseFailed(str(error))
     classified.__cause__ = error
     return classified
+
+
+def _is_conflict(error: BaseException, connection: Any) -> bool:
+    """A serialization failure or deadlock (PostgreSQL), raised by a
+    statement or swallowed by ``fn`` and left on its aborted transaction.
+    Ask before rolling back.  Never true on SQLite (no ``sqlstate``)."""
+    if getattr(error, "sqlstate", None) in _CONFLICTS:
+        return True
+    failed_by = getattr(connection, "failed_by", None)
+    return getattr(failed_by, "sqlstate", None) in _CONFLICTS
+
+
+class _Conflict(Exception):
+    """A transaction lost a serialization conflict: run it again."""
+
+    def __init__(self, error: BaseException) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+def _conflict_pause(attempt: int) -> None:
+    """The writer thread's pause before rerun ``attempt`` (1, 2, ...)."""
+    delay = min(CONFLICT_PAUSE_MAX, CONFLICT_PAUSE * 2 ** (attempt - 1))
+    time.sleep(delay * random.uniform(0.5, 1.5))  # noqa: S311 -- jitter, not secrecy
+
+
+def _conflicts_exhausted(error: BaseException) -> DatabaseBusy:
+    busy = DatabaseBusy(
+        f"serialization conflict on every one of {CONFLICT_RETRIES + 1} attempts: {error}"
+    )
+    busy.__cause__ = error
+    return busy
 
 
 def _classified_failure() -> Failure:
@@ -173,26 +396,41 @@ def create_private(path: str) -> None:
     os.close(fd)
 
 
-def connect(path: str) -> sqlite3.Connection:
+def connect(target: str) -> Connection:
     """A plain configured connection (autocommit mode), for tools and tests
-    that work outside the reactor (``tasknet-migrate``, ``tasknet-admin``);
-    a new database file is created 0600."""
+    that work outside the reactor (``tasknet-migrate``, ``tasknet-admin``):
+    a SQLite file (a new one is created 0600) or a PostgreSQL database."""
+    if is_postgres(target):
+        return _postgres_module().connect(target, lock_timeout_ms=BUSY_TIMEOUT_MS)  # type: ignore[no-any-return]
+    return connect_sqlite(target)
+
+
+def connect_sqlite(path: str) -> sqlite3.Connection:
+    """:func:`connect` for a SQLite file (the SQLite-only tools)."""
     create_private(path)
     connection = sqlite3.connect(path, isolation_level=None, timeout=BUSY_TIMEOUT_MS / 1000)
     configure_connection(connection)
     return connection
 
 
-def run_write(connection: sqlite3.Connection, fn: Callable[..., T], *args: Any) -> T:
-    """Run ``fn(cursor, *args)`` in one ``BEGIN IMMEDIATE`` transaction on a
-    plain connection; roll back on any exception (raised as the driver's:
-    tools outside the site classify nothing).  Used by the pool below and by
-    synchronous tools, so both share one definition of "a transaction"."""
+def _write_once(
+    connection: Connection, fn: Callable[..., T], *args: Any, isolation: str | None = None
+) -> T:
+    """One ``BEGIN IMMEDIATE; fn; COMMIT`` (at ``isolation``, else the one
+    ``fn`` declared); raises :class:`_Conflict` for a serialization conflict,
+    anything else as it was raised."""
     cursor = connection.cursor()
-    cursor.execute("BEGIN IMMEDIATE")
+    cursor.execute(_begin_sql(connection, isolation or isolation_of(fn)))
     try:
         result = fn(cursor, *args)
         cursor.execute("COMMIT")
+    except Exception as error:
+        conflict = _is_conflict(error, connection)
+        if connection.in_transaction:
+            connection.execute("ROLLBACK")
+        if conflict:
+            raise _Conflict(error) from error
+        raise
     except BaseException:
         if connection.in_transaction:
             connection.execute("ROLLBACK")
@@ -202,21 +440,45 @@ def run_write(connection: sqlite3.Connection, fn: Callable[..., T], *args: Any) 
     return result
 
 
-def run_read(connection: sqlite3.Connection, fn: Callable[..., T], *args: Any) -> T:
+def run_write(connection: Connection, fn: Callable[..., T], *args: Any) -> T:
+    """Run ``fn(cursor, *args)`` in one ``BEGIN IMMEDIATE`` transaction on a
+    plain connection (at the isolation ``fn`` declared); roll back on any
+    exception (raised as the driver's: tools outside the site classify
+    nothing).  A serialization conflict (PostgreSQL) runs it again, as the
+    writer does (see the module doc).
+    Used by the pool below and by synchronous tools, so both share one
+    definition of "a transaction"."""
+    attempt = 0
+    while True:
+        try:
+            return _write_once(connection, fn, *args)
+        except _Conflict as conflict:
+            attempt += 1
+            if attempt > CONFLICT_RETRIES:
+                raise conflict.error from None
+            _conflict_pause(attempt)
+
+
+def run_read(connection: Connection, fn: Callable[..., T], *args: Any) -> T:
     """Run ``fn(cursor, *args)`` in one read transaction (a consistent snapshot)."""
     cursor = connection.cursor()
     cursor.execute("BEGIN")
     try:
-        return fn(cursor, *args)
+        result = fn(cursor, *args)
+    except BaseException:
+        if connection.in_transaction:
+            connection.execute("ROLLBACK")
+        raise
     finally:
         if connection.in_transaction:
             connection.execute("COMMIT")
         cursor.close()
+    return result
 
 
-def _raw(adbapi_connection: Any) -> sqlite3.Connection:
-    # adbapi hands runWithConnection its own Connection wrapper; the sqlite3
-    # connection is inside (reconnected by adbapi if it ever broke).
+def _raw(adbapi_connection: Any) -> Connection:
+    # adbapi hands runWithConnection its own Connection wrapper; the driver
+    # connection (sqlite3's, or a PgConnection) is inside.
     return adbapi_connection._connection  # type: ignore[no-any-return]
 
 
@@ -249,6 +511,12 @@ class _Write:
     failure: Failure | None = None
     transaction: int = 0
     seconds: float = 0.0
+    #: The isolation its function declared (:func:`isolation_of`).
+    isolation: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.isolation:
+            self.isolation = isolation_of(self.fn)
 
     @property
     def coalesced(self) -> bool:
@@ -259,10 +527,12 @@ _Unit = list[_Write]
 
 
 class _Transactions:
-    """Numbers committed transactions (touched by one thread at a time)."""
+    """Numbers committed transactions and counts the transactions that lost
+    a serialization conflict (touched by one thread at a time)."""
 
     def __init__(self) -> None:
         self.count = 0
+        self.conflicts = 0
 
     def committed(self, writes: Sequence[_Write], started: float) -> None:
         self.count += 1
@@ -288,7 +558,7 @@ def _units(writes: Sequence[_Write]) -> list[_Unit]:
     return units
 
 
-def _call(cursor: sqlite3.Cursor, unit: _Unit) -> None:
+def _call(cursor: Cursor, unit: _Unit) -> None:
     """Run ``unit``'s function, setting each write's result; raises whatever
     it raises (the caller rolls back)."""
     first = unit[0]
@@ -311,30 +581,66 @@ def _fail(writes: Sequence[_Write], failure: Failure) -> None:
             write.failure = failure
 
 
-def _run_alone(connection: sqlite3.Connection, unit: _Unit, transactions: _Transactions) -> None:
-    """A lone write or item: exactly :func:`run_write`."""
+def _run_alone(connection: Connection, unit: _Unit, transactions: _Transactions) -> None:
+    """A lone write or item: exactly :func:`run_write` (its conflicts raised
+    as :class:`_Conflict`, for :func:`_run_retrying` to run it again)."""
     started = time.monotonic()
     try:
-        run_write(connection, lambda cursor: _call(cursor, unit))
+        _write_once(connection, lambda cursor: _call(cursor, unit), isolation=_isolation_of(unit))
+    except _Conflict:
+        raise
     except Exception:
         _fail(unit, _classified_failure())
         return
     transactions.committed(unit, started)
 
 
+def _isolation_of(unit: Sequence[_Write]) -> str:
+    return _strictest(w.isolation for w in unit)
+
+
+def _run_retrying(connection: Connection, unit: _Unit, transactions: _Transactions) -> None:
+    """:func:`_run_alone`, run again after each serialization conflict (at
+    most :data:`CONFLICT_RETRIES` times, then :class:`DatabaseBusy`)."""
+    conflicts = 0
+    while True:
+        try:
+            _run_alone(connection, unit, transactions)
+            return
+        except _Conflict as conflict:
+            for write in unit:
+                write.result, write.failure = None, None
+            transactions.conflicts += 1
+            conflicts += 1
+            if conflicts > CONFLICT_RETRIES:
+                _fail(unit, Failure(_conflicts_exhausted(conflict.error)))
+                return
+            _conflict_pause(conflicts)
+
+
+def _abandon(connection: Connection, error: Exception) -> _Conflict:
+    """Roll back a transaction that lost a serialization conflict."""
+    if connection.in_transaction:
+        connection.execute("ROLLBACK")
+    return _Conflict(error)
+
+
 def _run_together(
-    connection: sqlite3.Connection, units: list[_Unit], transactions: _Transactions
+    connection: Connection, units: list[_Unit], transactions: _Transactions
 ) -> list[_Unit]:
     """Run ``units`` as one transaction, a savepoint each (a failed coalesced
     unit again item by item).  Returns the units not run because the
-    transaction ended early (they get a transaction of their own next)."""
+    transaction ended early (they get a transaction of their own next).
+    A serialization conflict rolls it all back and raises :class:`_Conflict`."""
     cursor = connection.cursor()
     todo = deque(units)
     ran: list[_Write] = []
     started = time.monotonic()
     try:
         try:
-            cursor.execute("BEGIN IMMEDIATE")
+            cursor.execute(
+                _begin_sql(connection, _isolation_of([w for unit in units for w in unit]))
+            )
         except Exception:
             _fail([w for unit in units for w in unit], _classified_failure())
             return []
@@ -345,6 +651,8 @@ def _run_together(
                 try:
                     _call(cursor, unit)
                 except Exception as e:
+                    if _is_conflict(e, connection):
+                        raise _abandon(connection, e) from e
                     failure = _classified_failure()
                     singles = [[w] for w in unit] if len(unit) > 1 else []
                     if not connection.in_transaction:
@@ -363,9 +671,14 @@ def _run_together(
                 cursor.execute(f"RELEASE SAVEPOINT {_SAVEPOINT}")
                 ran.extend(unit)
             cursor.execute("COMMIT")
-        except Exception:
-            # COMMIT failed (e.g. a deferred constraint), or a savepoint
-            # statement did: nothing of the transaction is committed.
+        except _Conflict:
+            raise
+        except Exception as e:
+            # COMMIT failed (e.g. a deferred constraint, a serialization
+            # conflict), or a savepoint statement did: nothing of the
+            # transaction is committed.
+            if _is_conflict(e, connection):
+                raise _abandon(connection, e) from e
             failure = _classified_failure()
             if connection.in_transaction:
                 connection.execute("ROLLBACK")
@@ -385,21 +698,35 @@ def _lost_because(error: Exception) -> str:
 
 
 def _run_batch(
-    connection: sqlite3.Connection, writes: Sequence[_Write], transactions: _Transactions
+    connection: Connection, writes: Sequence[_Write], transactions: _Transactions
 ) -> None:
     """The writer's work for what it took from the queue: one transaction
-    (or more, should one end early).  Touches no Deferred."""
+    (or more, should one end early).  A transaction of several writes that
+    lost a serialization conflict is run again write by write (an item of a
+    coalesced unit alone), each its own transaction with its own reruns, its
+    writes' results and failures forgotten (see the module doc).  Touches
+    no Deferred."""
     units = _units(writes)
     while units:
         if len(units) == 1 and len(units[0]) == 1:
-            _run_alone(connection, units[0], transactions)
+            _run_retrying(connection, units[0], transactions)
             return
-        units = _run_together(connection, units, transactions)
+        try:
+            units = _run_together(connection, units, transactions)
+        except _Conflict:
+            transactions.conflicts += 1
+            again = [w for unit in units for w in unit]
+            for write in again:
+                write.result, write.failure = None, None
+            _conflict_pause(1)
+            for write in again:
+                _run_retrying(connection, [write], transactions)
+            return
 
 
 def run_coalesced(
-    connection: sqlite3.Connection,
-    fn: Callable[[sqlite3.Cursor, list[I]], Sequence[R]],
+    connection: Connection,
+    fn: Callable[[Cursor, list[I]], Sequence[R]],
     items: Sequence[I],
 ) -> list[R | Failure]:
     """Run ``items`` of the batch function ``fn`` exactly as the writer runs
@@ -428,33 +755,53 @@ class Retry:
             raise ValueError(f"within must be >= 0, got {self.within}")
 
 
+#: Reader connections of a PostgreSQL database (SQLite: always one, WAL
+#: readers never wait).  One by default, as on SQLite: a site's reads are
+#: short and its CPU, not the server, is what bounds them; a deployment
+#: with long reports or many API clients may give more (``readers``).
+DEFAULT_READERS = 1
+
+
 class Database:
     """The site's database handle: one writer connection (group commit),
-    one reader connection.  ``clock`` times the retries of
-    :meth:`write_retrying`.
+    one reader connection (PostgreSQL: ``readers`` of them).  ``target`` is
+    a SQLite path or a PostgreSQL URL; ``clock`` times the retries of
+    :meth:`write_retrying`; ``application_name`` names the PostgreSQL
+    sessions (``pg_stat_activity``).
 
     ``writes`` and ``transactions`` count committed writes and the
     transactions that carried them (logs, tests, benchmarks)."""
 
     def __init__(
         self,
-        path: str,
+        target: str,
         *,
         max_batch: int = DEFAULT_MAX_BATCH,
         busy_timeout_ms: int = BUSY_TIMEOUT_MS,
         clock: Any = None,
+        readers: int = DEFAULT_READERS,
+        application_name: str = "tasknet-site",
     ) -> None:
         if max_batch < 1:
             raise ValueError(f"max_batch must be >= 1, got {max_batch}")
         if busy_timeout_ms < 0:
             raise ValueError(f"busy_timeout_ms must be >= 0, got {busy_timeout_ms}")
-        self.path = path
+        if readers < 1:
+            raise ValueError(f"readers must be >= 1, got {readers}")
+        self.target = target
+        #: The same as ``target`` (its name before PostgreSQL).
+        self.path = target
+        self.backend = backend_of(target)
         self.max_batch = max_batch
         self._busy_timeout_ms = busy_timeout_ms
         self._clock = default_reactor(clock)
-        create_private(path)
-        self._writer = self._pool(path, query_only=False)
-        self._reader = self._pool(path, query_only=True)
+        if self.backend == POSTGRESQL:
+            self._writer = self._postgres_pool(target, application_name, readers=0)
+            self._reader = self._postgres_pool(target, application_name, readers=readers)
+        else:
+            create_private(target)
+            self._writer = self._pool(target, query_only=False)
+            self._reader = self._pool(target, query_only=True)
         # Appended on the reactor, taken in the writer thread (deque's
         # append and popleft are atomic).
         self._queue: deque[_Write] = deque()
@@ -468,6 +815,12 @@ class Database:
         self._numbering = _Transactions()
         self.writes = 0
         self.transactions = 0
+
+    @property
+    def conflicts(self) -> int:
+        """Write transactions that lost a serialization conflict (or a
+        deadlock) and were run again (PostgreSQL; logs, tests, benchmarks)."""
+        return self._numbering.conflicts
 
     def _pool(self, path: str, *, query_only: bool) -> adbapi.ConnectionPool:
         busy_timeout_ms = self._busy_timeout_ms
@@ -491,6 +844,23 @@ class Database:
             cp_noisy=False,
         )
 
+    def _postgres_pool(
+        self, target: str, application_name: str, *, readers: int
+    ) -> adbapi.ConnectionPool:
+        """The writer's pool (``readers=0``: one connection) or the readers'
+        (read-only sessions).  adbapi loads the adapter module as its DB-API
+        module and passes these keywords to its ``connect``."""
+        return adbapi.ConnectionPool(
+            "tasknet.site.storage.postgres",
+            target,
+            lock_timeout_ms=self._busy_timeout_ms,
+            read_only=readers > 0,
+            application_name=application_name,
+            cp_min=1,
+            cp_max=max(1, readers),
+            cp_noisy=False,
+        )
+
     def write(
         self, fn: Callable[Concatenate[sqlite3.Cursor, P], T], *args: P.args, **kw: P.kwargs
     ) -> Deferred[T]:
@@ -500,7 +870,9 @@ class Database:
         committed; fails (nothing of ``fn`` committed) if ``fn``, the
         ``BEGIN`` or the ``COMMIT`` raises (classified, see the module doc)."""
         if kw:
-            return self._queued(_Write(lambda cursor: fn(cursor, *args, **kw)))
+            return self._queued(
+                _Write(lambda cursor: fn(cursor, *args, **kw), isolation=isolation_of(fn))
+            )
         return self._queued(_Write(fn, args))
 
     def write_coalesced(
@@ -592,7 +964,8 @@ class Database:
             # retried in a busy loop.
             self._scheduled = False
             batch = [self._queue.popleft() for _ in range(min(self.max_batch, len(self._queue)))]
-        classified = Failure(classify(failure.value)) if failure.check(sqlite3.Error) else failure
+        value = classify(failure.value)
+        classified = failure if value is failure.value else Failure(value)
         for write in batch:
             if not write.done.called:
                 write.done.errback(write.failure or classified)
@@ -617,9 +990,11 @@ class Database:
         """Stop both pools (joins their threads; pending work finishes first)."""
         if self._writer.running and self.transactions:
             log.info(
-                "database: {writes} write(s) committed in {transactions} transaction(s)",
+                "database: {writes} write(s) committed in {transactions} transaction(s),"
+                " {conflicts} lost to a serialization conflict and run again",
                 writes=self.writes,
                 transactions=self.transactions,
+                conflicts=self.conflicts,
             )
         for pool in (self._writer, self._reader):
             if pool.running:
@@ -631,7 +1006,8 @@ def _reraise_classified(failure: Failure) -> Failure:
     return failure if classified is failure.value else Failure(classified)
 
 
-def open_pool(path: str, **options: Any) -> Database:
-    """Open the site database at ``path`` (created if absent); ``options``
-    are :class:`Database`'s keyword arguments."""
-    return Database(path, **options)
+def open_pool(target: str, **options: Any) -> Database:
+    """Open the site database ``target`` (a SQLite file, created if absent,
+    or a PostgreSQL URL); ``options`` are :class:`Database`'s keyword
+    arguments."""
+    return Database(target, **options)

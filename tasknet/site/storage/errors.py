@@ -19,19 +19,25 @@ class TaskError(Exception):
 
 class DatabaseError(Exception):
     """A database error as the layers above storage see it: classified, so
-    they never import the database driver (``sqlite3``, later ``psycopg``)."""
+    they never import the database driver (``sqlite3``, ``psycopg``).  The
+    driver's own error stays its ``__cause__``; inside storage,
+    ``db.is_integrity_error`` tells a constraint or trigger violation on
+    either backend."""
 
 
 class DatabaseBusy(DatabaseError):
     """Busy, retry the transaction: the database's lock was not granted in
-    time (another process holds it), or the transaction was lost to another
-    write's error.  Nothing of the transaction was committed, and running
-    the whole transaction again may succeed (``Database.write_retrying``)."""
+    time (another process holds it), the transaction was lost to another
+    write's error, or (PostgreSQL) it kept losing serialization conflicts
+    after the database layer's own reruns.  Nothing of the transaction was
+    committed, and running the whole transaction again may succeed
+    (``Database.write_retrying``)."""
 
 
 class DatabaseFailed(DatabaseError):
-    """Failed: a constraint, an I/O error, a broken file... Nothing of the
-    transaction was committed, and running it again would not help."""
+    """Failed: a constraint, an I/O error, a broken file or connection...
+    Nothing of the transaction was committed, and running it again would
+    not help."""
 
 
 class TransactionLost(DatabaseBusy):

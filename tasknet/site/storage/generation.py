@@ -75,7 +75,10 @@ def remove_generation(
     )
     # The gallery row of an unsubmitted generation is the placeholder that
     # reserve() wrote for it: same gid (unique), same owner.
-    cursor.execute("DELETE FROM gallery WHERE gid = ? AND user_id IS ?", (gid, row["user_id"]))
+    cursor.execute(
+        "DELETE FROM gallery WHERE gid = ? AND user_id IS NOT DISTINCT FROM ?",
+        (gid, row["user_id"]),
+    )
     cursor.execute("DELETE FROM favorite WHERE gid = ?", (gid,))
     if old is not OperationState.RESERVED:  # a reservation was never announced
         outbox.enqueue_task_change(cursor, gid, user_id=row["user_id"])

@@ -11,6 +11,12 @@ running site, through SQLite's own locking); ``tasknet-site`` and
 ``tasknet-migrate`` do, so neither starts on a database a site is using.
 The sidecar is named after the database's real path, so two spellings of one
 file (relative, absolute, a symlink) share one lock.
+
+On PostgreSQL there is no file and no such lock: several sites share one
+database by design (SCALE.md), and each site instance holds a lease the
+database judges (:mod:`tasknet.site.storage.instances`).  :func:`acquire`
+then returns a lock that holds nothing, so callers need not tell the
+backends apart.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ import socket
 import time
 from dataclasses import dataclass
 
+from tasknet.site.storage.db import is_postgres
 from tasknet.site.storage.schema import SchemaError
 
 LOCK_SUFFIX = ".lock"
@@ -81,19 +88,22 @@ def _read_holder(fd: int) -> Holder:
 
 
 class InstanceLock:
-    """The held lock of one database; :meth:`release` (idempotent) lets it go."""
+    """The held lock of one database; :meth:`release` (idempotent) lets it
+    go.  ``fd`` None: a PostgreSQL database, nothing is locked (the module doc)."""
 
-    def __init__(self, database: str, fd: int, holder: Holder) -> None:
+    def __init__(self, database: str, fd: int | None, holder: Holder) -> None:
         self.database = database
-        self.path = lock_path(database)
+        self.path = None if fd is None else lock_path(database)
         self.holder = holder
         self._fd: int | None = fd
+        self._held = True
 
     @property
     def held(self) -> bool:
-        return self._fd is not None
+        return self._held
 
     def release(self) -> None:
+        self._held = False
         fd, self._fd = self._fd, None
         if fd is None:
             return
@@ -103,9 +113,21 @@ class InstanceLock:
             os.close(fd)  # closing the last descriptor drops the flock
 
 
+def _this_process(role: str) -> Holder:
+    return Holder(
+        pid=os.getpid(),
+        host=socket.gethostname(),
+        since=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        role=role,
+    )
+
+
 def acquire(database: str, role: str = "tasknet-site") -> InstanceLock:
     """Take the exclusive lock of ``database`` without waiting; raise
-    :class:`DatabaseInUse` naming the holder if another process has it."""
+    :class:`DatabaseInUse` naming the holder if another process has it.
+    A PostgreSQL database is shared: nothing to take (the module doc)."""
+    if is_postgres(database):
+        return InstanceLock(database, None, _this_process(role))
     path = lock_path(database)
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
     try:
@@ -117,12 +139,7 @@ def acquire(database: str, role: str = "tasknet-site") -> InstanceLock:
     except BaseException:
         os.close(fd)
         raise
-    holder = Holder(
-        pid=os.getpid(),
-        host=socket.gethostname(),
-        since=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        role=role,
-    )
+    holder = _this_process(role)
     os.ftruncate(fd, 0)
     os.pwrite(fd, json.dumps(holder.__dict__).encode("utf-8") + b"\n", 0)
     return InstanceLock(database, fd, holder)

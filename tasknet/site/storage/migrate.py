@@ -15,6 +15,12 @@
 
 A database already at v2 is left untouched ("already migrated"), without a
 backup.  An empty database gets the v1 baseline and v2 (as the site would).
+
+On PostgreSQL there is no legacy schema to migrate: ``tasknet-migrate --db
+postgresql://…`` creates the schema on an empty database, or applies the
+additive upgrades to an older one, exactly as a starting site would
+(:func:`~tasknet.site.storage.schema.prepare_database`, under its advisory
+lock, beside running sites).  No backup is taken: use ``pg_dump``.
 """
 
 from __future__ import annotations
@@ -26,13 +32,22 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from tasknet.site.storage import lock
-from tasknet.site.storage.db import BUSY_TIMEOUT_MS, configure_connection, create_private
+from tasknet.site.storage.db import (
+    BUSY_TIMEOUT_MS,
+    configure_connection,
+    connect,
+    create_private,
+    describe,
+    is_postgres,
+)
 from tasknet.site.storage.schema import (
     CURRENT_VERSION,
     V1_SCRIPT,
     SchemaError,
     apply_statements,
     load_script,
+    postgres_upgrade_scripts,
+    prepare_database,
     schema_version,
     split_statements,
     upgrade_statements,
@@ -128,7 +143,9 @@ def _open_unchanged(path: str) -> sqlite3.Connection:
 def migrate(path: str, progress: Progress = print) -> MigrationResult:
     """Migrate the database at ``path`` to the current schema (see the
     module docstring); raises :class:`~tasknet.site.storage.lock.DatabaseInUse`
-    while a site holds the database."""
+    while a site holds the database (SQLite)."""
+    if is_postgres(path):
+        return _migrate_postgres(path, progress)
     if not os.path.exists(path):
         raise SchemaError(f"no database at {path!r}")
     held = lock.acquire(path, role="tasknet-migrate")
@@ -136,6 +153,27 @@ def migrate(path: str, progress: Progress = print) -> MigrationResult:
         return _migrate_locked(path, progress)
     finally:
         held.release()
+
+
+def _migrate_postgres(target: str, progress: Progress) -> MigrationResult:
+    """The PostgreSQL schema command (see the module doc)."""
+    name = describe(target)
+    connection = connect(target)
+    try:
+        version = schema_version(connection)
+    finally:
+        connection.close()
+    if version is not None and version >= CURRENT_VERSION:
+        progress(f"{name}: already at schema v{version}; nothing to do")
+        return MigrationResult(already_migrated=True)
+    scripts = postgres_upgrade_scripts(version or 0)
+    for script in scripts:
+        progress(f"{name}: {script}")
+    # The same decision as a starting site's, under the same lock: whoever
+    # gets there first creates or upgrades, the other finds it done.
+    prepare_database(target)
+    progress(f"{name}: at schema v{CURRENT_VERSION}")
+    return MigrationResult(False, None, len(scripts))
 
 
 def _migrate_locked(path: str, progress: Progress) -> MigrationResult:

@@ -56,6 +56,40 @@ the task is ``SUBMITTED`` (or a legacy row, backfilled as above).  A
 assigned node; a legacy ``DeleteResult`` cannot carry a delete id and stands
 for the task's *current* one.  A pending delete of a row with no recorded
 node waits for a claim (or an operator).
+
+Several sites (PostgreSQL).  Every ``apply_*`` function runs at ``READ
+COMMITTED`` (``tasknet.site.storage.db``, "Isolation"), so two sites
+applying reports for different nodes never conflict.  Before it reads
+anything it locks, in this order: each reporting node (a
+transaction-level advisory lock, :data:`REPORT_NODE_CLASS`: receipts,
+revision marks, epochs and drop counts are per node, and one node's
+reports apply one at a time at whichever sites they arrive), then the
+``task_operation`` rows of every gid it names (``FOR UPDATE``, by gid),
+and the ``gallery`` rows of those that have none (legacy rows; unknown
+gids lock nothing).  Its reads then see every transaction that committed
+before its locks, and none that commits before it does may have changed
+them.  That holds because every other writer of a reportable task (the
+rest of the lifecycle is ``SERIALIZABLE``) writes its ``task_operation``
+row first and its ``gallery`` row too: ``request_delete`` (state, then
+``touch``), ``complete_delete`` and ``force_delete`` (state, then the
+gallery row deleted), ``mark_delete_failed`` (the row, then ``touch``),
+reconciliation of ``UNKNOWN`` (state and gallery), dispatch's assignment
+(``node_id``, then ``dispatched``; only unassigned rows, which a report
+does not write); reaping and creating touch ``RESERVED``/``SUBMITTING``
+generations, which a report drops, or a tombstone, which it ignores.  So
+such a writer either committed before the report's locks (the report sees
+it), or waits for them; a report that changed the task (status, progress,
+claim, revision, a delete's end or failure) changed its ``gallery`` row, so the
+writer then fails with a serialization failure and runs again on the
+report's result, and one that changed nothing left it nothing stale to
+read.  A report after a delete request is therefore never applied to the
+task, a delete is never lost, and a force delete and the node's own
+confirmation never both complete.  (A legacy row's first generation is
+the one exception: a report and a lifecycle write that both backfill it
+at once meet on ``task_operation``'s key: one of them fails (a unique
+violation) or runs again (a deadlock), changing nothing; a failed report
+is resent by its node.)  On SQLite the locks are not taken (one writer
+holds the whole database).
 """
 
 from __future__ import annotations
@@ -75,9 +109,10 @@ from tasknet.protocol.messages import (
     TaskEntry,
     TaskReport,
 )
-from tasknet.site.storage import outbox, throughput
+from tasknet.site.storage import listen, outbox, throughput
+from tasknet.site.storage.db import read_committed
 from tasknet.site.storage.delete import complete_delete, mark_delete_failed
-from tasknet.site.storage.dialect import IN_ARRAY_SQL, NOW_SQL, array, greatest
+from tasknet.site.storage.dialect import FOR_UPDATE_SQL, IN_ARRAY_SQL, NOW_SQL, array, greatest
 from tasknet.site.storage.eligibility import awaits_claim
 from tasknet.site.storage.generation import backfill_legacy
 from tasknet.status import OperationState
@@ -224,7 +259,7 @@ _HIGHS_SQL = (
 _HIGH_SQL = (
     "INSERT INTO node_revision (node_id, high_revision) VALUES (?, ?)"  # noqa: S608
     " ON CONFLICT (node_id) DO UPDATE"
-    f" SET high_revision = {greatest('high_revision', 'excluded.high_revision')}"
+    f" SET high_revision = {greatest('node_revision.high_revision', 'excluded.high_revision')}"
 )
 _NEW_EPOCH_SQL = (
     "UPDATE node_revision SET high_revision = ?, epoch = epoch + 1,"  # noqa: S608
@@ -236,7 +271,8 @@ _FORGET_REVISIONS_SQL = (
 )
 _COUNT_DROPS_SQL = (
     "INSERT INTO node_dropped_entry (node_id, reason, count) VALUES (?, ?, ?)"  # noqa: S608
-    " ON CONFLICT (node_id, reason) DO UPDATE SET count = count + excluded.count,"
+    " ON CONFLICT (node_id, reason) DO UPDATE"
+    " SET count = node_dropped_entry.count + excluded.count,"
     f" last_at = {NOW_SQL}"
 )
 
@@ -488,19 +524,29 @@ def _apply_task_reports(
     ]
 
 
+@read_committed
 def apply_task_report(
     cursor: sqlite3.Cursor, node_id: str, report: TaskReport, first_after_login: bool = False
 ) -> ReportOutcome:
     """Apply one v2 ``TaskReport`` from ``node_id`` (see the module rules);
     ``first_after_login``: the first report of the node's connection."""
+    _lock_reported(cursor, [(node_id, report)])
     return _apply_task_reports(cursor, [(node_id, report)], [first_after_login])[0]
 
 
+@read_committed
 def apply_status_report(
     cursor: sqlite3.Cursor, node_id: str, report: StatusReport
 ) -> ReportOutcome:
     """Apply a legacy ``StatusReport`` by node ownership (a claimable legacy
     row is claimed by the reporting node)."""
+    _lock_reported(cursor, [(node_id, report)])
+    return _apply_status_report(cursor, node_id, report)
+
+
+def _apply_status_report(
+    cursor: sqlite3.Cursor, node_id: str, report: StatusReport
+) -> ReportOutcome:
     outcome = ReportOutcome(LEGACY)
     entries = {e.gid: e for e in report.gallery_tasks}
     rows = _task_rows(cursor, entries)
@@ -532,11 +578,19 @@ def apply_status_report(
     return outcome
 
 
+@read_committed
 def apply_delete_result(
     cursor: sqlite3.Cursor, node_id: str, result: DeleteResult
 ) -> ReportOutcome:
     """Apply a legacy ``DeleteResult``: it confirms (or fails) the task's
     current delete id, from the task's assigned node only."""
+    _lock_reported(cursor, [(node_id, result)])
+    return _apply_delete_result(cursor, node_id, result)
+
+
+def _apply_delete_result(
+    cursor: sqlite3.Cursor, node_id: str, result: DeleteResult
+) -> ReportOutcome:
     outcome = ReportOutcome(LEGACY)
     row = cursor.execute(
         "SELECT delete_operation_id FROM task_operation WHERE gid = ?", (result.gid,)
@@ -607,18 +661,82 @@ def _apply_delete(
         outcome.drop(gid, DELETE_ID_MISMATCH)
 
 
+@read_committed
 def apply_report(
     cursor: sqlite3.Cursor, node_id: str, message: NodeReport, first_after_login: bool = False
 ) -> ReportOutcome:
     """Apply any node report message (v2 or legacy); ``first_after_login``
     (v2 only): the first report of the node's connection."""
+    _lock_reported(cursor, [(node_id, message)])
+    return _apply_one(cursor, node_id, message, first_after_login)
+
+
+def _apply_one(
+    cursor: sqlite3.Cursor, node_id: str, message: NodeReport, first_after_login: bool
+) -> ReportOutcome:
+    """:func:`apply_report` once its rows are locked."""
     if isinstance(message, TaskReport):
-        return apply_task_report(cursor, node_id, message, first_after_login)
+        return _apply_task_reports(cursor, [(node_id, message)], [first_after_login])[0]
     if isinstance(message, StatusReport):
-        return apply_status_report(cursor, node_id, message)
+        return _apply_status_report(cursor, node_id, message)
     if isinstance(message, DeleteResult):
-        return apply_delete_result(cursor, node_id, message)
+        return _apply_delete_result(cursor, node_id, message)
     raise TypeError(f"not a node report: {message!r}")
+
+
+# -- row locks (PostgreSQL) ---------------------------------------------------------------
+
+#: The class of the transaction-level advisory lock (two-key form) taken
+#: per reporting node: one node's reports apply one at a time, at whichever
+#: sites they arrive (a node moving between sites).  Next to lease.py's.
+REPORT_NODE_CLASS = 0x7455
+
+_LOCK_NODES_SQL = (
+    "SELECT pg_advisory_xact_lock(?, k) FROM"
+    " (SELECT DISTINCT hashtext(n) AS k FROM unnest(CAST(? AS text[])) AS n ORDER BY k) AS s"
+)
+# Counted, not fetched: a report names hundreds of gids.
+_LOCK_OPERATIONS_SQL = (
+    "SELECT COUNT(*) FROM (SELECT gid FROM task_operation"  # noqa: S608
+    f" WHERE gid {IN_ARRAY_SQL} ORDER BY gid {FOR_UPDATE_SQL}) AS locked"
+)
+_LOCK_LEGACY_TASKS_SQL = (
+    "SELECT gid FROM gallery AS g"  # noqa: S608
+    f" WHERE gid {IN_ARRAY_SQL}"
+    " AND NOT EXISTS (SELECT 1 FROM task_operation AS o WHERE o.gid = g.gid)"
+    f" ORDER BY gid {FOR_UPDATE_SQL}"
+)
+
+
+def _message_gids(message: NodeReport) -> set[int]:
+    if isinstance(message, TaskReport):
+        return _report_gids(message)
+    if isinstance(message, StatusReport):
+        return {e.gid for e in message.gallery_tasks}
+    if isinstance(message, DeleteResult):
+        return {message.gid}
+    raise TypeError(f"not a node report: {message!r}")
+
+
+def _lock_reported(cursor: sqlite3.Cursor, reports: Iterable[tuple[str, NodeReport]]) -> None:
+    """Before anything is read: lock what the reports decide from (see the
+    module doc, "Several sites").  PostgreSQL only: SQLite's one writer
+    holds the whole database."""
+    if not listen.is_postgres_cursor(cursor):
+        return
+    nodes: set[str] = set()
+    gids: set[int] = set()
+    for node_id, message in reports:
+        nodes.add(node_id)
+        gids |= _message_gids(message)
+    cursor.execute(_LOCK_NODES_SQL, (REPORT_NODE_CLASS, sorted(nodes)))
+    if not gids:
+        return
+    ordered = array(sorted(gids))
+    locked = cursor.execute(_LOCK_OPERATIONS_SQL, (ordered,)).fetchone()[0]
+    if locked < len(gids):
+        # Legacy rows (no generation yet): their task row (unknown gids lock nothing).
+        cursor.execute(_LOCK_LEGACY_TASKS_SQL, (ordered,)).fetchall()
 
 
 @dataclass(frozen=True)
@@ -632,6 +750,7 @@ class QueuedReport:
     first_after_login: bool = False
 
 
+@read_committed
 def apply_reports(cursor: sqlite3.Cursor, reports: Sequence[QueuedReport]) -> list[ReportOutcome]:
     """Apply several reports in this one transaction, with the effect of
     applying them in order, each alone (one outcome each): the batch
@@ -645,6 +764,7 @@ def apply_reports(cursor: sqlite3.Cursor, reports: Sequence[QueuedReport]) -> li
     database layer then rolls it back and applies each report alone under a
     savepoint of its own, so only the failing one is lost.
     """
+    _lock_reported(cursor, [(r.node_id, r.message) for r in reports])
     outcomes: list[ReportOutcome] = []
     start = 0
     while start < len(reports):
@@ -661,7 +781,7 @@ def apply_reports(cursor: sqlite3.Cursor, reports: Sequence[QueuedReport]) -> li
         else:
             report = reports[start]
             outcomes.append(
-                apply_report(cursor, report.node_id, report.message, report.first_after_login)
+                _apply_one(cursor, report.node_id, report.message, report.first_after_login)
             )
             start += 1
     return outcomes

@@ -16,12 +16,19 @@ that was away for months and comes back with its last report unACKed is
 still answered ``DUPLICATE``); an older one stands for a report the node has
 since been ACKed for, since a node sends its next report only after the
 ACK of the previous one.
+
+Several sites on one database prune one at a time (SCALE.md 7): each prune
+transaction first takes the once-only lock of the job
+(:func:`tasknet.site.storage.lease.once`); a site that finds it taken skips
+(``None``), and two prunes racing anyway delete each row once.
 """
 
 from __future__ import annotations
 
 import sqlite3
 from dataclasses import dataclass
+
+from tasknet.site.storage.lease import PRUNE_JOB, once
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,10 +60,13 @@ def prunable_receipts(cursor: sqlite3.Cursor, cutoff: str) -> PrunableReceipts:
 
 def prune_receipts(
     cursor: sqlite3.Cursor, after: int, below: int, keep: frozenset[int], limit: int
-) -> tuple[int, int]:
+) -> tuple[int, int] | None:
     """Delete up to ``limit`` receipts with ``after < rowid < below`` that
     are not in ``keep``, oldest first.  Returns (deleted, the rowid to
-    continue after; ``below`` when the range is done)."""
+    continue after; ``below`` when the range is done), or ``None`` when
+    another site is pruning right now (nothing done)."""
+    if not once(cursor, PRUNE_JOB):
+        return None
     rowids = [
         int(r[0])
         for r in cursor.execute(
@@ -75,10 +85,12 @@ def prune_receipts(
 AUDIT_TABLES = (("reconciliation_audit", "resolved_at"), ("force_delete_audit", "forced_at"))
 
 
-def prune_audit(cursor: sqlite3.Cursor, cutoff: str, limit: int) -> int:
+def prune_audit(cursor: sqlite3.Cursor, cutoff: str, limit: int) -> int | None:
     """Delete up to ``limit`` audit rows (reconciliation verdicts, forced
     deletes) written before ``cutoff``, oldest first, table by table;
-    returns how many."""
+    returns how many (``None``: another site is pruning right now)."""
+    if not once(cursor, PRUNE_JOB):
+        return None
     deleted = 0
     for table, written_at in AUDIT_TABLES:
         if deleted >= limit:

@@ -4,6 +4,18 @@ A fresh (empty) database gets the v1 baseline and then the v2 migration, so a
 new install and a migrated old database end up with the same schema.  A
 database that has tables but is not migrated is refused: migrating is an
 operator's decision (``tasknet-migrate --db PATH`` takes a backup first).
+
+PostgreSQL has no legacy: a fresh database gets ``schema_postgres.sql`` (the
+schema at :data:`POSTGRES_BASE_VERSION`, what SQLite has after v1, v2 and
+v3) and then every script of :data:`UPGRADES_POSTGRES` after it, so a fresh
+database and an upgraded one end up alike, as on SQLite.  A script is run
+whole (PL/pgSQL bodies in ``$$`` quotes need no splitting) and records its
+own version in ``schema_version``.  :func:`prepare_database` decides and
+creates under a transaction-level advisory lock (:data:`SCHEMA_LOCK_KEY`)
+in a ``READ COMMITTED`` transaction: sites starting together on an empty
+database wait for each other, and the one that gets the lock second sees
+the tables the first created (its next statement takes a fresh snapshot)
+and creates nothing.
 """
 
 from __future__ import annotations
@@ -12,18 +24,39 @@ import sqlite3
 from collections.abc import Callable, Iterable
 from importlib import resources
 
-from tasknet.site.storage.db import connect
+from tasknet.site.storage.db import (
+    BUSY_TIMEOUT_MS,
+    Connection,
+    connect_sqlite,
+    describe,
+    is_postgres,
+)
 
 V1_SCRIPT = "schema_v1.sql"
 V2_SCRIPT = "migrate_task_operation_v2.sql"
 V3_SCRIPT = "migrate_v3.sql"
-CURRENT_VERSION = 3
+V4_SCRIPT = "migrate_v4.sql"  # several sites: instances, leases, reaping
+V4_POSTGRES_SCRIPT = "migrate_v4_postgres.sql"
+CURRENT_VERSION = 4
 
 # Scripts that take a database from the version before them to their own.
 # v3 is additive (new tables and columns only), so the site applies it by
 # itself at start; v2 rewrites tables and stays an operator's decision.
-UPGRADES = {2: V2_SCRIPT, 3: V3_SCRIPT}
+UPGRADES = {2: V2_SCRIPT, 3: V3_SCRIPT, 4: V4_SCRIPT}
 AUTOMATIC_FROM = 2
+
+#: PostgreSQL: the whole schema at POSTGRES_BASE_VERSION, then the upgrades
+#: past it (the same versions as UPGRADES, in PostgreSQL's spelling).
+POSTGRES_SCRIPT = "schema_postgres.sql"
+POSTGRES_BASE_VERSION = 3
+UPGRADES_POSTGRES = {4: V4_POSTGRES_SCRIPT}
+
+#: The advisory lock (one 64-bit key) under which a PostgreSQL database's
+#: schema is created or upgraded: "tn-schem".
+SCHEMA_LOCK_KEY = int.from_bytes(b"tn-schem", "big")
+# Creating the schema takes well under a second; a site waiting for another
+# to finish it waits this long (past the session's short lock_timeout).
+_SCHEMA_LOCK_TIMEOUT_MS = 60_000
 
 Progress = Callable[[str], None]
 
@@ -68,14 +101,19 @@ def split_statements(script: str) -> list[str]:
     return statements
 
 
-def user_tables(connection: sqlite3.Connection) -> set[str]:
-    rows = connection.execute(
-        "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%'"
-    ).fetchall()
-    return {row[0] for row in rows}
+def user_tables(connection: Connection) -> set[str]:
+    """The tables of the database (PostgreSQL: of the current schema)."""
+    if isinstance(connection, sqlite3.Connection):
+        sql = "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%'"
+    else:
+        sql = (
+            "SELECT table_name FROM information_schema.tables"
+            " WHERE table_schema = current_schema() AND table_type = 'BASE TABLE'"
+        )
+    return {row[0] for row in connection.execute(sql).fetchall()}
 
 
-def schema_version(connection: sqlite3.Connection) -> int | None:
+def schema_version(connection: Connection) -> int | None:
     """``None`` for an empty database, 1 for the legacy schema, else the
     highest ``schema_version`` row."""
     tables = user_tables(connection)
@@ -119,12 +157,59 @@ def create_fresh(cursor: sqlite3.Cursor) -> None:
     apply_statements(cursor, upgrade_statements(1))
 
 
+def postgres_upgrade_scripts(version: int) -> list[str]:
+    """The PostgreSQL scripts that take a database at ``version`` to the
+    current one, in order (a fresh one: ``schema_postgres.sql`` first)."""
+    scripts = [POSTGRES_SCRIPT] if version < POSTGRES_BASE_VERSION else []
+    start = max(version, POSTGRES_BASE_VERSION)
+    return scripts + [UPGRADES_POSTGRES[v] for v in range(start + 1, CURRENT_VERSION + 1)]
+
+
+def _prepare_postgres(target: str) -> bool:
+    """:func:`prepare_database` on PostgreSQL (see the module doc)."""
+    from tasknet.site.storage import postgres  # psycopg only when PostgreSQL is used
+
+    connection = postgres.connect(target, lock_timeout_ms=BUSY_TIMEOUT_MS)
+    try:
+        connection.execute("BEGIN ISOLATION LEVEL READ COMMITTED")
+        try:
+            connection.execute(f"SET LOCAL lock_timeout = {_SCHEMA_LOCK_TIMEOUT_MS}")
+            connection.execute("SELECT pg_advisory_xact_lock(?)", (SCHEMA_LOCK_KEY,))
+            tables = user_tables(connection)
+            if not tables:
+                version = 0
+            elif "schema_version" not in tables:
+                raise SchemaError(
+                    f"database {describe(target)!r} has tables but no tasknet schema "
+                    "(no schema_version table); give the site a database of its own"
+                )
+            else:
+                version = schema_version(connection) or 0
+                if version < POSTGRES_BASE_VERSION:
+                    raise SchemaError(
+                        f"database {describe(target)!r} is at schema v{version}, older than "
+                        f"any tasknet schema on PostgreSQL (v{POSTGRES_BASE_VERSION})"
+                    )
+            for script in postgres_upgrade_scripts(version):
+                connection.run_script(load_script(script))
+            connection.execute("COMMIT")
+            return version == 0
+        finally:
+            if connection.in_transaction:
+                connection.execute("ROLLBACK")
+    finally:
+        connection.close()
+
+
 def prepare_database(path: str) -> bool:
-    """Make ``path`` ready for the site: initialise it if empty (returns
-    ``True``: a fresh database), accept it if migrated (``False``), applying
-    the additive upgrades past v2 in the same transaction, and raise
-    :class:`UnmigratedDatabase` for a legacy (v1) database, changing nothing."""
-    connection = connect(path)
+    """Make ``path`` (a SQLite file or a PostgreSQL URL) ready for the site:
+    initialise it if empty (returns ``True``: a fresh database), accept it
+    if migrated (``False``), applying the additive upgrades past v2 in the
+    same transaction, and raise :class:`UnmigratedDatabase` for a legacy
+    (v1) database, changing nothing."""
+    if is_postgres(path):
+        return _prepare_postgres(path)
+    connection = connect_sqlite(path)
     try:
         cursor = connection.cursor()
         # Decide and create under one write lock, so two sites starting on

@@ -36,7 +36,7 @@ def last_weeks(now: datetime, count: int = USAGE_WEEKS) -> list[str]:
 
 def weekly_usage(cursor: sqlite3.Cursor, user_id: int, weeks: list[str]) -> dict[str, Any]:
     """``{"quota", "weeks": [{"week", "used"}]}`` of ``user_id`` (zeros included)."""
-    quota = cursor.execute("SELECT quota FROM user WHERE id = ?", (user_id,)).fetchone()
+    quota = cursor.execute('SELECT quota FROM "user" WHERE id = ?', (user_id,)).fetchone()
     used = dict.fromkeys(weeks, 0)
     for row in cursor.execute(
         "SELECT week, used FROM weekly_usage WHERE user_id = ?"  # noqa: S608
@@ -123,7 +123,8 @@ def node_activity(
         for node_id in ids
     }
     for node_id, assigned, active in cursor.execute(
-        "SELECT node_id, COUNT(*), SUM(status IS NOT ?) FROM gallery"  # noqa: S608
+        "SELECT node_id, COUNT(*),"  # noqa: S608
+        " SUM(CASE WHEN status IS NOT DISTINCT FROM ? THEN 0 ELSE 1 END) FROM gallery"
         f" WHERE node_id {IN_ARRAY_SQL} GROUP BY node_id",
         (throughput.COMPLETED, array(ids)),
     ):

@@ -104,11 +104,12 @@ _SAMPLE_SQL = (
 _MINUTE_SQL = """
 INSERT INTO throughput_minute (minute, node_id, user_id, bytes, completed) VALUES (?, ?, ?, ?, ?)
 ON CONFLICT (minute, node_id, user_id) DO UPDATE SET
-    bytes = bytes + excluded.bytes, completed = completed + excluded.completed
+    bytes = throughput_minute.bytes + excluded.bytes,
+    completed = throughput_minute.completed + excluded.completed
 """
 _NODE_BYTES_SQL = """
 INSERT INTO node_bytes (node_id, bytes) VALUES (?, ?)
-ON CONFLICT (node_id) DO UPDATE SET bytes = bytes + excluded.bytes
+ON CONFLICT (node_id) DO UPDATE SET bytes = node_bytes.bytes + excluded.bytes
 """
 _REPORTED_SQL = """
 INSERT INTO node_seen (node_id, last_seen_at, last_report_at) VALUES (?1, ?2, ?2)

@@ -33,7 +33,7 @@ def usage(cursor: sqlite3.Cursor, user_id: int, week: str | None = None) -> dict
     """``{"week", "used", "quota"}`` of ``user_id`` for ``week`` (default: this week)."""
     week = week or iso_week()
     row = cursor.execute(
-        "SELECT u.quota, COALESCE(w.used, 0) AS used FROM user AS u "
+        'SELECT u.quota, COALESCE(w.used, 0) AS used FROM "user" AS u '
         "LEFT JOIN weekly_usage AS w ON w.user_id = u.id AND w.week = ? WHERE u.id = ?",
         (week, user_id),
     ).fetchone()
@@ -60,6 +60,6 @@ def meter(cursor: sqlite3.Cursor, user_id: int, week: str, cost: int) -> None:
     """Add ``cost`` to ``user_id``'s usage of ``week``."""
     cursor.execute(
         "INSERT INTO weekly_usage (user_id, week, used) VALUES (?, ?, ?) "
-        "ON CONFLICT (user_id, week) DO UPDATE SET used = used + excluded.used",
+        "ON CONFLICT (user_id, week) DO UPDATE SET used = weekly_usage.used + excluded.used",
         (user_id, week, cost),
     )

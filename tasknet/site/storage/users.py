@@ -70,38 +70,42 @@ def create_user(
     token = token if token is not None else new_token()
     if not token:
         raise UserError("token must not be empty")
-    try:
-        cursor.execute(
-            "INSERT INTO user (name, token_hash, is_admin, quota) VALUES (?, ?, ?, ?)",
-            (name, hash_token(token), int(admin), quota),
-        )
-    except sqlite3.IntegrityError as e:
-        raise UserError(f"user {name!r} already exists (or the token is taken)") from e
+    # ON CONFLICT, not a caught IntegrityError: on PostgreSQL a failed
+    # statement would abort the whole transaction.
+    cursor.execute(
+        'INSERT INTO "user" (name, token_hash, is_admin, quota) VALUES (?, ?, ?, ?)'
+        " ON CONFLICT DO NOTHING",
+        (name, hash_token(token), int(admin), quota),
+    )
+    if cursor.rowcount != 1:
+        raise UserError(f"user {name!r} already exists (or the token is taken)")
     user = get_user(cursor, name)
     assert user is not None
     return user, token
 
 
 def get_user(cursor: sqlite3.Cursor, name: str) -> User | None:
-    row = cursor.execute("SELECT * FROM user WHERE name = ?", (name,)).fetchone()
+    row = cursor.execute('SELECT * FROM "user" WHERE name = ?', (name,)).fetchone()
     return None if row is None else _user(row)
 
 
 def user_by_token(cursor: sqlite3.Cursor, token: str) -> User | None:
     """The user whose API token is ``token``, or None."""
-    row = cursor.execute("SELECT * FROM user WHERE token_hash = ?", (hash_token(token),)).fetchone()
+    row = cursor.execute(
+        'SELECT * FROM "user" WHERE token_hash = ?', (hash_token(token),)
+    ).fetchone()
     return None if row is None else _user(row)
 
 
 def list_users(cursor: sqlite3.Cursor) -> list[User]:
-    return [_user(row) for row in cursor.execute("SELECT * FROM user ORDER BY id").fetchall()]
+    return [_user(row) for row in cursor.execute('SELECT * FROM "user" ORDER BY id').fetchall()]
 
 
 def set_quota(cursor: sqlite3.Cursor, name: str, quota: int) -> User:
     """Set ``name``'s weekly quota (cost units)."""
     if isinstance(quota, bool) or not isinstance(quota, int) or quota < 0:
         raise UserError(f"quota must be a non-negative integer, got {quota!r}")
-    cursor.execute("UPDATE user SET quota = ? WHERE name = ?", (quota, name))
+    cursor.execute('UPDATE "user" SET quota = ? WHERE name = ?', (quota, name))
     if cursor.rowcount != 1:
         raise UserError(f"no user {name!r}")
     user = get_user(cursor, name)
@@ -112,7 +116,7 @@ def set_quota(cursor: sqlite3.Cursor, name: str, quota: int) -> User:
 def rotate_token(cursor: sqlite3.Cursor, name: str) -> str:
     """Give ``name`` a new API token (the old one stops working); returns it."""
     token = new_token()
-    cursor.execute("UPDATE user SET token_hash = ? WHERE name = ?", (hash_token(token), name))
+    cursor.execute('UPDATE "user" SET token_hash = ? WHERE name = ?', (hash_token(token), name))
     if cursor.rowcount != 1:
         raise UserError(f"no user {name!r}")
     return token
@@ -121,11 +125,8 @@ def rotate_token(cursor: sqlite3.Cursor, name: str) -> str:
 # The site's --default-quota -------------------------------------------------------
 
 # A small key/value table of settings the site records for the tools that
-# share its database.  Created here, when first written, rather than by the
-# migration: a database migrated before it existed simply has no setting yet.
-_SETTING_TABLE = (
-    "CREATE TABLE IF NOT EXISTS site_setting (name TEXT PRIMARY KEY, value TEXT NOT NULL)"
-)
+# share its database (schema v4; a database the site has not yet upgraded
+# simply has no setting).
 _DEFAULT_QUOTA_SETTING = "default_quota"
 
 
@@ -134,7 +135,6 @@ def set_default_quota(cursor: sqlite3.Cursor, quota: int) -> None:
     the quota ``tasknet-admin user add`` gives when no ``--quota`` is given."""
     if isinstance(quota, bool) or not isinstance(quota, int) or quota < 0:
         raise UserError(f"default quota must be a non-negative integer, got {quota!r}")
-    cursor.execute(_SETTING_TABLE)
     cursor.execute(
         "INSERT INTO site_setting (name, value) VALUES (?, ?) "
         "ON CONFLICT (name) DO UPDATE SET value = excluded.value",

@@ -39,13 +39,13 @@ SELECT g.gid, g.name, g.user_id AS owner, g.status AS node_code, g.progress, g.n
        o.state, o.operation_id, o.delete_operation_id, o.delete_result, 1 AS has_row,
        u.name AS owner_name, g.size, g.completed_at, g.speed, g.moved_at
 FROM gallery AS g LEFT JOIN task_operation AS o ON o.gid = g.gid
-     LEFT JOIN user AS u ON u.id = g.user_id
+     LEFT JOIN "user" AS u ON u.id = g.user_id
 WHERE g.gid {match}
 UNION ALL
 SELECT o.gid, '', o.user_id, NULL, 0, NULL,
        o.cost, o.created_at, o.updated_at,
        o.state, o.operation_id, o.delete_operation_id, o.delete_result, 0,
-       (SELECT name FROM user WHERE id = o.user_id), NULL, NULL, NULL, NULL
+       (SELECT name FROM "user" WHERE id = o.user_id), NULL, NULL, NULL, NULL
 FROM task_operation AS o
 WHERE o.gid {match} AND NOT EXISTS (SELECT 1 FROM gallery AS g WHERE g.gid = o.gid)
 """
@@ -183,10 +183,8 @@ class Order(StrEnum):
 # The key of a row's (state, node code, delete failed) triple, in SQL and in
 # Python alike, so a display-status filter is "key IN (the keys of the wanted
 # statuses)": the keys come from display_status itself, not a second mapping.
-_STATUS_KEY_SQL = (
-    "(COALESCE(o.state, '') || '|' || COALESCE(g.status, 0) || '|'"
-    " || (o.delete_result IS 'FAILED'))"
-)
+_FAILED_SQL = "(CASE WHEN o.delete_result = 'FAILED' THEN 1 ELSE 0 END)"
+_STATUS_KEY_SQL = f"(COALESCE(o.state, '') || '|' || COALESCE(g.status, 0) || '|' || {_FAILED_SQL})"
 
 
 def _status_key(state: str | None, node_code: int | None, failed: bool) -> str:
@@ -302,7 +300,7 @@ def count_by_status(cursor: sqlite3.Cursor, user_id: int | None, text: str = "")
     where, params = _filters(user_id, frozenset(), text)
     counts = {status.value: 0 for status in TaskStatus}
     for row in cursor.execute(
-        "SELECT o.state, g.status, o.delete_result IS 'FAILED', COUNT(*)"  # noqa: S608
+        f"SELECT o.state, g.status, {_FAILED_SQL}, COUNT(*)"  # noqa: S608
         " FROM gallery AS g"
         " LEFT JOIN task_operation AS o ON o.gid = g.gid"
         f"{' WHERE ' + ' AND '.join(where) if where else ''}"

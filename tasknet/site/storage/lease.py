@@ -1,0 +1,359 @@
+"""The lease of a site instance: how the database judges whether a site
+process is alive (SCALE.md 2), and the once-only lock of periodic work
+(SCALE.md 7).
+
+* PostgreSQL (:class:`PostgresLease`): a connection of its own, never one of
+  the pool's, holds the session-level advisory lock ``(LEASE_CLASS,
+  instance id)`` for the instance's whole life.  The server lets that lock
+  go only when the session ends: the process died (its socket closed), its
+  host or network went away (the server-side TCP keepalives and user
+  timeout set below end such a session within about 15 s), or an operator
+  terminated it.  So another instance that *can* take the lock
+  (:meth:`PostgresLease.judge`) knows its holder is gone: that is the only
+  evidence of death that reaping accepts.  The instance registers its
+  ``site_instance`` row and takes its lock in one transaction on that
+  connection, so the row is never visible without the lock held; ids are
+  never reused, so a key once judged gone stays gone.  The site checks its
+  own lease every few seconds (:meth:`PostgresLease.check`: the same
+  session still holds the lock); once that fails the lease is lost for
+  good: the connection is not reopened (a new session would not hold the
+  lock), and the site must stop writing (fencing,
+  :mod:`tasknet.site.instances`).
+* SQLite (:class:`SqliteLease`): the flock on ``<database>.lock``
+  (:mod:`tasknet.site.storage.lock`) is the lease.  Only one site can hold
+  it, so every other instance in the table is gone, and the lease cannot be
+  lost while the process lives.
+
+The lease connection is used from one thread of its own (psycopg is
+blocking; one connection, one thread at a time); its methods answer
+Deferreds on the reactor.
+
+:func:`once` is the other advisory lock: in a write transaction, whether
+this site is the one doing a periodic job right now
+(``pg_try_advisory_xact_lock``, let go at the end of the transaction; always
+true on SQLite).  A job that loses the race skips that round: the site that
+won does it, and the work is harmless if done twice anyway.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sqlite3
+import threading
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from twisted.internet.defer import Deferred, fail, succeed
+from twisted.internet.threads import deferToThreadPool
+from twisted.logger import Logger
+from twisted.python.threadpool import ThreadPool
+
+from tasknet.clock import default_reactor
+from tasknet.site.storage import instances
+from tasknet.site.storage.db import Cursor, connect, run_write
+from tasknet.site.storage.instances import LeaseLost
+from tasknet.site.storage.listen import is_postgres_cursor
+from tasknet.site.storage.lock import InstanceLock
+
+if TYPE_CHECKING:
+    from tasknet.site.storage import postgres
+
+log = Logger()
+
+T = TypeVar("T")
+
+#: The first key of every instance's lease lock (the second is its id).
+LEASE_CLASS = 0x7453
+#: The first key of the once-only locks of periodic work (the second: a job below).
+ONCE_CLASS = 0x7454
+
+#: Periodic jobs that must run at one site at a time (:func:`once`).
+PRUNE_JOB = 1
+OUTBOX_PRUNE_JOB = 2
+
+# The lease session's server-side TCP settings: a vanished client host is
+# noticed after idle + interval * count seconds of silence (the site talks
+# on it every few seconds), unacknowledged data after the user timeout.
+# Client-side, the same keepalives notice a vanished server.
+_LEASE_SESSION = {
+    "tcp_keepalives_idle": 5,
+    "tcp_keepalives_interval": 2,
+    "tcp_keepalives_count": 3,
+    "tcp_user_timeout": 10000,
+}
+_LEASE_CLIENT = {
+    "keepalives": 1,
+    "keepalives_idle": 5,
+    "keepalives_interval": 2,
+    "keepalives_count": 3,
+    "tcp_user_timeout": 10000,
+    "connect_timeout": 10,
+}
+
+
+def once(cursor: Cursor, job: int) -> bool:
+    """In a write transaction: ``True`` if this site may do periodic
+    ``job`` in it, ``False`` if another site is doing it right now (skip
+    it).  The lock ends with the transaction."""
+    if not is_postgres_cursor(cursor):
+        return True  # one site per SQLite file
+    row = cursor.execute("SELECT pg_try_advisory_xact_lock(?, ?)", (ONCE_CLASS, job)).fetchone()
+    return bool(row[0])
+
+
+def this_host() -> str:
+    return socket.gethostname()
+
+
+class Lease:
+    """The lease of instance :attr:`instance_id` (named :attr:`name`).
+
+    ``shared``: other instances may run beside this one (PostgreSQL), so
+    the lease must be checked and gone instances reaped while running."""
+
+    shared = False
+
+    def __init__(self, instance_id: int, name: str) -> None:
+        self.instance_id = instance_id
+        self.name = name
+        self._lost: str | None = None
+
+    @property
+    def lost(self) -> str | None:
+        """Why the lease is lost (``None`` while it holds)."""
+        return self._lost
+
+    def lose(self, reason: str) -> None:
+        """Note that the lease is lost (the first reason stays)."""
+        if self._lost is None:
+            self._lost = reason
+
+    def refuse_if_lost(self) -> None:
+        """Raise :class:`LeaseLost` once the lease is lost."""
+        if self._lost is not None:
+            raise LeaseLost(
+                f"site instance {self.instance_id} lost its lease ({self._lost}); "
+                "nothing was written"
+            )
+
+    def check(self) -> Deferred[None]:
+        """Fires if the lease still holds; fails with :class:`LeaseLost`."""
+        raise NotImplementedError
+
+    def judge(self, other: int) -> Deferred[bool]:
+        """Whether instance ``other`` is gone (its lease can be taken).
+        When ``True`` this lease holds ``other``'s key until :meth:`forget`,
+        so nobody else reaps it meanwhile."""
+        raise NotImplementedError
+
+    def forget(self, other: int) -> Deferred[None]:
+        """Let go the key of ``other`` taken by :meth:`judge`."""
+        raise NotImplementedError
+
+    def release(self) -> None:
+        """The clean end: mark the instance ended (its last write, while the
+        lease still holds) and let the lease go.  Idempotent."""
+        raise NotImplementedError
+
+
+class SqliteLease(Lease):
+    """The flock of one SQLite database as the lease of its one instance."""
+
+    def __init__(self, flock: InstanceLock, target: str, instance_id: int, name: str) -> None:
+        super().__init__(instance_id, name)
+        self._flock = flock
+        self._target = target
+
+    @classmethod
+    def take(cls, flock: InstanceLock, target: str, name: str) -> SqliteLease:
+        """Register the instance of the site holding ``flock`` (on the
+        prepared database ``target``)."""
+        connection = connect(target)
+        try:
+            instance_id = run_write(
+                connection, instances.register, name, this_host(), os.getpid(), None
+            )
+        finally:
+            connection.close()
+        return cls(flock, target, instance_id, name)
+
+    def check(self) -> Deferred[None]:
+        if self._lost is not None:
+            return fail(LeaseLost(self._lost))
+        return succeed(None)
+
+    def judge(self, other: int) -> Deferred[bool]:
+        # We hold the flock: whoever else is in the table is gone.
+        return succeed(other != self.instance_id)
+
+    def forget(self, other: int) -> Deferred[None]:
+        return succeed(None)
+
+    def release(self) -> None:
+        if not self._flock.held:
+            return
+        try:
+            connection = connect(self._target)
+            try:
+                run_write(connection, instances.end, self.instance_id)
+            finally:
+                connection.close()
+        except Exception:
+            # A crash would leave the row open too; the next start reaps it.
+            log.failure("could not mark site instance {id} ended", id=self.instance_id)
+        finally:
+            self._flock.release()
+
+
+def _lease_target(target: str) -> str:
+    """``target`` with the lease session's keepalive settings (the URL's own
+    ``options`` kept, ours appended)."""
+    # Imported here: a site on SQLite never loads the PostgreSQL driver.
+    from psycopg import conninfo as pg_conninfo
+
+    given = pg_conninfo.conninfo_to_dict(target)
+    session = " ".join(f"-c {name}={value}" for name, value in _LEASE_SESSION.items())
+    options = f"{given['options']} {session}" if given.get("options") else session
+    client = {name: value for name, value in _LEASE_CLIENT.items() if name not in given}
+    return pg_conninfo.make_conninfo(target, options=options, **client)
+
+
+def _register_locked(cursor: sqlite3.Cursor, name: str, host: str, pid: int) -> tuple[int, int]:
+    """The registration of a PostgreSQL instance: its row and its lock in one
+    transaction (a session-level lock outlives the transaction that took
+    it; the row is seen by others only once the lock is held).  Returns
+    (instance id, the lease session's server pid)."""
+    lease_pid = int(cursor.execute("SELECT pg_backend_pid()").fetchone()[0])
+    instance_id = instances.register(cursor, name, host, pid, lease_pid)
+    cursor.execute("SELECT pg_advisory_lock(?, ?)", (LEASE_CLASS, instance_id))
+    return instance_id, lease_pid
+
+
+def _daemon_thread(*args: Any, **kwargs: Any) -> threading.Thread:
+    return threading.Thread(*args, daemon=True, **kwargs)
+
+
+class PostgresLease(Lease):
+    """The advisory lock of one instance on its own PostgreSQL session."""
+
+    shared = True
+
+    def __init__(
+        self,
+        connection: postgres.PgConnection,
+        instance_id: int,
+        lease_pid: int,
+        name: str,
+        *,
+        clock: Any = None,
+    ) -> None:
+        super().__init__(instance_id, name)
+        self._connection = connection
+        #: The server pid of the lease session (``pg_terminate_backend`` ends it).
+        self.lease_pid = lease_pid
+        self._reactor = default_reactor(clock)
+        self._thread = ThreadPool(1, 1, name=f"lease-{instance_id}")
+        # A daemon thread: a process that exits without release() (a crash
+        # in its stop) must not wait for it; its exit ends the session.
+        self._thread.threadFactory = _daemon_thread  # type: ignore[assignment]
+        self._thread.start()
+        self._released = False
+
+    @classmethod
+    def take(cls, target: str, name: str, *, clock: Any = None) -> PostgresLease:
+        """Open the lease session on ``target`` (a prepared database),
+        register the instance and take its lock (blocking: at build time)."""
+        from tasknet.site.storage import postgres  # the driver only when PostgreSQL is used
+
+        connection = postgres.connect(_lease_target(target), application_name="tasknet-site lease")
+        try:
+            instance_id, lease_pid = run_write(
+                connection, _register_locked, name, this_host(), os.getpid()
+            )
+        except BaseException:
+            connection.close()
+            raise
+        log.info(
+            "site instance {id} ({name}) holds its lease (PostgreSQL session pid {pid})",
+            id=instance_id,
+            name=name,
+            pid=lease_pid,
+        )
+        return cls(connection, instance_id, lease_pid, name, clock=clock)
+
+    def _in_thread(self, fn: Callable[[], T]) -> Deferred[T]:
+        def guarded() -> T:
+            if self._lost is not None:
+                raise LeaseLost(self._lost)
+            # A broken connection is never reopened: a new session would
+            # not hold the lock.
+            if self._connection.broken:
+                raise LeaseLost("the lease connection is closed")
+            try:
+                return fn()
+            except LeaseLost:
+                raise
+            except Exception as e:
+                raise LeaseLost(f"the lease connection failed: {type(e).__name__}: {e}") from e
+
+        d = deferToThreadPool(self._reactor, self._thread, guarded)
+        return d.addErrback(self._lost_on_failure)
+
+    def _lost_on_failure(self, failure: Any) -> Any:
+        if failure.check(LeaseLost):
+            self.lose(failure.getErrorMessage())
+        return failure
+
+    def check(self) -> Deferred[None]:
+        def held() -> None:
+            row = self._connection.execute(
+                "SELECT pg_backend_pid() AS pid, (SELECT COUNT(*) FROM pg_locks "
+                "WHERE locktype = 'advisory' AND classid = ? AND objid = ? AND objsubid = 2 "
+                "AND pid = pg_backend_pid() AND granted) AS held",
+                (LEASE_CLASS, self.instance_id),
+            ).fetchone()
+            if int(row["pid"]) != self.lease_pid or not row["held"]:
+                raise LeaseLost("the lease session no longer holds the instance's lock")
+
+        return self._in_thread(held)
+
+    def judge(self, other: int) -> Deferred[bool]:
+        if other == self.instance_id:
+            return succeed(False)  # the lock is re-entrant: never judge ourselves
+
+        def gone() -> bool:
+            row = self._connection.execute(
+                "SELECT pg_try_advisory_lock(?, ?)", (LEASE_CLASS, other)
+            ).fetchone()
+            return bool(row[0])
+
+        return self._in_thread(gone)
+
+    def forget(self, other: int) -> Deferred[None]:
+        def unlock() -> None:
+            self._connection.execute("SELECT pg_advisory_unlock(?, ?)", (LEASE_CLASS, other))
+
+        return self._in_thread(unlock)
+
+    def release(self) -> None:
+        if self._released:
+            return
+        self._released = True
+        self._thread.stop()  # after what it was doing
+        try:
+            if self._lost is None and not self._connection.broken:
+                run_write(self._connection, instances.end, self.instance_id)
+        except Exception:
+            log.failure("could not mark site instance {id} ended", id=self.instance_id)
+        finally:
+            self._connection.close()  # the session, and its lock, end
+
+
+def take_lease(target: str, name: str, *, flock: InstanceLock | None, clock: Any = None) -> Lease:
+    """The lease of a new instance named ``name`` on the prepared database
+    ``target``: on SQLite the site's held ``flock``, on PostgreSQL a lease
+    session of its own."""
+    if flock is not None:
+        return SqliteLease.take(flock, target, name)
+    return PostgresLease.take(target, name, clock=clock)

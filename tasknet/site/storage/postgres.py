@@ -1,0 +1,489 @@
+"""PostgreSQL behind the storage seam: a psycopg 3 connection that looks like
+the part of ``sqlite3`` the storage code uses.
+
+The storage code is written once, for SQLite (``?`` placeholders, the pieces
+of :mod:`tasknet.site.storage.dialect`, ``BEGIN IMMEDIATE`` for a write,
+``BEGIN`` for a read).  This module makes that code run on PostgreSQL:
+
+* :class:`PgConnection` wraps one synchronous psycopg connection in
+  autocommit mode: only the statements the storage code issues open and end
+  transactions.  It has ``execute``, ``executemany``, ``cursor``,
+  ``in_transaction``, ``commit``, ``rollback`` and ``close`` like a
+  ``sqlite3.Connection``; :class:`PgCursor` has ``execute``,
+  ``executemany``, ``fetchone``, ``fetchall``, ``fetchmany``, iteration,
+  ``rowcount`` and ``description`` like a ``sqlite3.Cursor`` (a fetch after
+  a statement without rows answers ``None``/``[]``, as sqlite3's does).
+  There is no ``lastrowid``: write ``INSERT … RETURNING id``.
+* Every statement is translated by :func:`tasknet.site.storage.dialect.translate`
+  once per statement text and cached (:func:`translated`): placeholders,
+  the dialect pieces, the transaction statements (a write is
+  ``SERIALIZABLE``, or ``READ COMMITTED`` where its function declares it,
+  :mod:`tasknet.site.storage.db` "Isolation"; a read ``REPEATABLE READ READ
+  ONLY``), ``PRAGMA`` skipped.  An array parameter (``IN_ARRAY_SQL``) arrives as the JSON text
+  of :func:`~tasknet.site.storage.dialect.array` and is decoded into a list.
+* Rows are :class:`Row`: a tuple indexable by position and by column name
+  (case-insensitive, like ``sqlite3.Row``), with ``keys()``.  ``numeric``
+  results (``SUM`` of a ``BIGINT``) load as ``int`` when whole (as SQLite
+  answers), else ``float``; a Python ``bool`` parameter is sent as 1/0 (the
+  schemas store flags as integers).
+* Session settings, made when a connection opens: ``application_name``
+  (unless the URL names one), TCP keepalives and ``tcp_user_timeout`` (a
+  server or network that vanished fails the connection within about 25 s,
+  idle or not, instead of leaving a thread waiting for ever; the server's
+  own ``tcp_keepalives_*`` settings are what end a dead *site's* sessions
+  and leases, see docs/operations.md), ``connect_timeout``,
+  ``synchronous_commit = on`` (an ACK follows a durable commit, as with
+  SQLite's ``synchronous=FULL``), ``lock_timeout`` (the ``busy_timeout`` of
+  the site: a statement waiting that long for a row or table lock fails
+  with ``lock_not_available``, which is "busy", never a hang), and for a
+  reader ``default_transaction_read_only``.
+* A failed statement aborts a PostgreSQL transaction.  The connection keeps
+  the error that did it (:attr:`PgConnection.failed_by`) until the
+  transaction ends or is rolled back to a savepoint; a ``COMMIT`` of an
+  aborted transaction (a function swallowed the error) rolls back and
+  raises that error instead of reporting success, so a swallowed
+  serialization failure is still retried by the database layer.
+* A connection found broken when a transaction begins is replaced by a new
+  one (the failed transaction itself was already reported as failed), so a
+  pool heals after a server restart or a network cut.
+
+Error classes (:func:`is_conflict`, :func:`is_busy`): serialization failure
+(40001) and deadlock (40P01) are *conflicts*, retried as a whole transaction
+by :mod:`tasknet.site.storage.db`; those and ``lock_not_available`` (55P03),
+``query_canceled`` (57014, a timeout) and ``too_many_connections`` (53300)
+are *busy*; everything else (a broken connection, a constraint, a trigger's
+refusal, a read-only transaction asked to write) is *failed*.
+
+Twisted's adbapi loads this module as its DB-API module (``apilevel``,
+``threadsafety``, :func:`connect`), so the pools of
+:class:`~tasknet.site.storage.db.Database` are ordinary ``ConnectionPool``
+objects; one connection belongs to one thread at a time.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from decimal import Decimal
+from typing import Any, ClassVar
+
+import psycopg
+from psycopg import conninfo as pg_conninfo
+from psycopg.adapt import Dumper, Loader
+from psycopg.pq import TransactionStatus
+
+from tasknet.site.storage.dialect import Translated, translate
+
+# DB-API module attributes (adbapi checks them).
+apilevel = "2.0"
+threadsafety = 2
+paramstyle = "qmark"
+Error = psycopg.Error
+
+#: SQLSTATEs retried as a whole transaction: serialization failure, deadlock.
+CONFLICTS = frozenset({"40001", "40P01"})
+#: SQLSTATEs that mean "busy, retry the transaction".
+BUSY = CONFLICTS | {"55P03", "57014", "53300"}
+
+DEFAULT_APPLICATION_NAME = "tasknet-site"
+DEFAULT_LOCK_TIMEOUT_MS = 5000
+
+# libpq options the site sets unless the URL sets them.  Keepalives: a
+# server that vanished is noticed after idle + interval * count seconds on
+# an idle connection; tcp_user_timeout bounds the wait for data sent.
+_CONNECTION_DEFAULTS = {
+    "connect_timeout": "10",
+    "keepalives": "1",
+    "keepalives_idle": "10",
+    "keepalives_interval": "5",
+    "keepalives_count": "3",
+    "tcp_user_timeout": "25000",
+}
+
+_CACHE_LIMIT = 4096
+_cache: dict[str, Translated] = {}
+
+
+def translated(sql: str) -> Translated:
+    """:func:`~tasknet.site.storage.dialect.translate`, cached by statement text."""
+    found = _cache.get(sql)
+    if found is None:
+        found = translate(sql)
+        if len(_cache) >= _CACHE_LIMIT:
+            _cache.clear()  # statements are mostly constants; a bound all the same
+        _cache[sql] = found
+    return found
+
+
+def is_conflict(error: BaseException | None) -> bool:
+    """A serialization failure or a deadlock: run the whole transaction again."""
+    return getattr(error, "sqlstate", None) in CONFLICTS
+
+
+def is_busy(error: BaseException) -> bool:
+    """A conflict, a lock not granted in time, a timeout, no connection slot."""
+    return getattr(error, "sqlstate", None) in BUSY
+
+
+def is_integrity_error(error: BaseException) -> bool:
+    """A unique, foreign key, check or trigger violation."""
+    return isinstance(error, psycopg.IntegrityError)
+
+
+# -- rows --------------------------------------------------------------------------------
+
+
+class Row(tuple[Any, ...]):
+    """A result row: a tuple, indexable by position and by column name
+    (case-insensitive), with :meth:`keys` (like ``sqlite3.Row``).  One
+    subclass per column list carries the names (:func:`_row_class`)."""
+
+    __slots__ = ()
+    _names: ClassVar[tuple[str, ...]] = ()
+    _index: ClassVar[dict[str, int]] = {}
+
+    def __getitem__(self, key: Any) -> Any:
+        if isinstance(key, str):
+            try:
+                position = self._index[key]
+            except KeyError:
+                try:
+                    position = self._index[key.lower()]
+                except KeyError:
+                    raise IndexError(f"no such column: {key}") from None
+            return tuple.__getitem__(self, position)
+        return tuple.__getitem__(self, key)
+
+    def keys(self) -> list[str]:
+        return list(self._names)
+
+    def __repr__(self) -> str:
+        return f"<Row {dict(zip(self._names, self, strict=False))!r}>"
+
+
+_row_classes: dict[tuple[str, ...], type[Row]] = {}
+
+
+def _row_class(names: tuple[str, ...]) -> type[Row]:
+    found = _row_classes.get(names)
+    if found is None:
+        index: dict[str, int] = {}
+        for position, name in enumerate(names):
+            index.setdefault(name, position)  # the first of two equal names, as sqlite3
+            index.setdefault(name.lower(), position)
+        found = type("Row", (Row,), {"__slots__": (), "_names": names, "_index": index})
+        _row_classes[names] = found
+    return found
+
+
+def _row_factory(cursor: Any) -> Any:
+    description = cursor.description
+    if description is None:
+        return tuple
+    return _row_class(tuple(column.name for column in description))
+
+
+class _NumericLoader(Loader):
+    """``numeric`` as SQLite would answer it: ``int`` when whole, else ``float``."""
+
+    def load(self, data: Any) -> int | float:
+        value = Decimal(bytes(data).decode("ascii"))
+        if value == value.to_integral_value():
+            return int(value)
+        return float(value)
+
+
+class _BoolDumper(Dumper):
+    """A Python ``bool`` parameter as the integer SQLite would store."""
+
+    oid = psycopg.adapters.types["int4"].oid
+
+    def dump(self, obj: Any) -> bytes:
+        return b"1" if obj else b"0"
+
+
+# -- parameters ----------------------------------------------------------------------
+
+
+def _parameters(statement: Translated, parameters: Sequence[Any] | None) -> Sequence[Any] | None:
+    """The parameters psycopg gets for ``statement`` (``None``: none, and
+    the text is not read for ``%``)."""
+    if not statement.count:
+        return None
+    if statement.order is None and not statement.arrays:
+        return parameters
+    values = list(parameters or ())
+    if statement.order is not None:
+        values = [values[i] for i in statement.order]
+    for position in statement.arrays:
+        value = values[position]
+        if isinstance(value, str):
+            values[position] = json.loads(value)
+        else:
+            values[position] = list(value)
+    return values
+
+
+# -- connection and cursor -------------------------------------------------------------
+
+
+class PgCursor:
+    """A cursor of :class:`PgConnection` (the sqlite3 subset, see the module doc)."""
+
+    arraysize = 1
+
+    def __init__(self, connection: PgConnection) -> None:
+        self.connection = connection
+        # The psycopg cursor of the last statement (made when it ran: the
+        # connection may have been replaced since this cursor was made).
+        self._cursor: psycopg.Cursor[Any] | None = None
+
+    def _fresh(self) -> psycopg.Cursor[Any]:
+        self._cursor = self.connection.raw.cursor()
+        return self._cursor
+
+    @property
+    def rowcount(self) -> int:
+        return -1 if self._cursor is None else self._cursor.rowcount
+
+    @property
+    def description(self) -> Any:
+        return None if self._cursor is None else self._cursor.description
+
+    @property
+    def lastrowid(self) -> int:
+        raise psycopg.NotSupportedError(
+            "lastrowid is not available on PostgreSQL: use INSERT ... RETURNING id"
+        )
+
+    def execute(self, sql: str, parameters: Sequence[Any] | None = None) -> PgCursor:
+        self.connection._execute(self, sql, parameters)
+        return self
+
+    def executemany(self, sql: str, seq_of_parameters: Iterable[Sequence[Any]]) -> PgCursor:
+        statement = translated(sql)
+        if statement.kind or statement.sql is None:
+            raise psycopg.ProgrammingError(f"executemany of {sql!r}")
+        self.connection._traced(sql)
+        rows = [_parameters(statement, p) or () for p in seq_of_parameters]
+        if not rows:
+            return self
+        sql = statement.sql
+        self.connection._ready()
+        cursor = self._fresh()
+        self.connection._run(lambda: cursor.executemany(sql, rows))
+        return self
+
+    def _rows(self) -> psycopg.Cursor[Any] | None:
+        """The psycopg cursor if its last statement gave rows."""
+        cursor = self._cursor
+        if cursor is None or cursor.closed or cursor.description is None:
+            return None
+        return cursor
+
+    def fetchone(self) -> Any:
+        cursor = self._rows()
+        return None if cursor is None else cursor.fetchone()
+
+    def fetchall(self) -> list[Any]:
+        cursor = self._rows()
+        return [] if cursor is None else cursor.fetchall()
+
+    def fetchmany(self, size: int | None = None) -> list[Any]:
+        cursor = self._rows()
+        return [] if cursor is None else cursor.fetchmany(self.arraysize if size is None else size)
+
+    def __iter__(self) -> Iterator[Any]:
+        cursor = self._rows()
+        return iter(()) if cursor is None else iter(cursor)
+
+    def close(self) -> None:
+        if self._cursor is not None:
+            self._cursor.close()
+
+
+class PgConnection:
+    """One PostgreSQL session with the sqlite3 subset the storage code uses
+    (see the module doc)."""
+
+    def __init__(
+        self,
+        target: str,
+        *,
+        lock_timeout_ms: int = DEFAULT_LOCK_TIMEOUT_MS,
+        read_only: bool = False,
+        application_name: str = DEFAULT_APPLICATION_NAME,
+    ) -> None:
+        if lock_timeout_ms < 0:
+            raise ValueError(f"lock_timeout_ms must be >= 0, got {lock_timeout_ms}")
+        self.target = target
+        self._lock_timeout_ms = lock_timeout_ms
+        self._read_only = read_only
+        self._application_name = application_name
+        self._failed_by: BaseException | None = None
+        # A transaction this connection began has not ended (even if the
+        # connection broke meanwhile): no silent reconnect under it.
+        self._began = False
+        self._trace: Callable[[str], object] | None = None
+        self.raw = self._open()
+
+    def _open(self) -> psycopg.Connection[Any]:
+        params: dict[str, Any] = dict(_CONNECTION_DEFAULTS)
+        params["application_name"] = self._application_name
+        params.update(pg_conninfo.conninfo_to_dict(self.target))
+        raw: psycopg.Connection[Any] = psycopg.connect(**params, autocommit=True)
+        try:
+            raw.adapters.register_loader("numeric", _NumericLoader)
+            raw.adapters.register_dumper(bool, _BoolDumper)
+            raw.row_factory = _row_factory
+            # 0 would mean "wait for ever" to PostgreSQL, "do not wait" to SQLite.
+            timeout = max(1, int(self._lock_timeout_ms))
+            raw.execute(f"SET lock_timeout = {timeout}")
+            raw.execute("SET synchronous_commit = on")
+            if self._read_only:
+                raw.execute("SET default_transaction_read_only = on")
+        except BaseException:
+            raw.close()
+            raise
+        return raw
+
+    # The sqlite3 subset ------------------------------------------------------------
+
+    @property
+    def in_transaction(self) -> bool:
+        status = self.raw.info.transaction_status
+        return status in (TransactionStatus.INTRANS, TransactionStatus.INERROR)
+
+    @property
+    def failed_by(self) -> BaseException | None:
+        """The error that aborted the open transaction (``None`` when it is not aborted)."""
+        if self.raw.info.transaction_status != TransactionStatus.INERROR:
+            return None
+        return self._failed_by
+
+    def cursor(self) -> PgCursor:
+        return PgCursor(self)
+
+    def execute(self, sql: str, parameters: Sequence[Any] | None = None) -> PgCursor:
+        return self.cursor().execute(sql, parameters)
+
+    def executemany(self, sql: str, seq_of_parameters: Iterable[Sequence[Any]]) -> PgCursor:
+        return self.cursor().executemany(sql, seq_of_parameters)
+
+    def commit(self) -> None:
+        if self.in_transaction:
+            self.execute("COMMIT")
+
+    def rollback(self) -> None:
+        if self.in_transaction:
+            self.execute("ROLLBACK")
+
+    def __enter__(self) -> PgConnection:
+        return self
+
+    def __exit__(self, exc_type: object, *_: object) -> None:
+        """As sqlite3's connection: end an open transaction (commit, or roll
+        back on an exception); the connection stays open."""
+        if self.in_transaction:
+            if exc_type is None:
+                self.commit()
+            else:
+                self.rollback()
+
+    def close(self) -> None:
+        self.raw.close()
+
+    def set_trace_callback(self, callback: Callable[[str], object] | None) -> None:
+        """Call ``callback(sql)`` with the text of every statement run (as
+        the storage code wrote it, before translation), like sqlite3's."""
+        self._trace = callback
+
+    def executescript(self, script: str) -> PgCursor:
+        """Run several statements written for SQLite (no parameters), each
+        as it would run alone, outside any transaction (as sqlite3's)."""
+        if self.in_transaction:
+            self.execute("COMMIT")
+        sql = translate(script).sql  # not cached: a script is run once
+        self._traced(script)
+        self._ready()
+        if sql is not None:
+            text = sql.encode("utf-8")
+            self._run(lambda: self.raw.execute(text))
+        return self.cursor()
+
+    def run_script(self, script: str) -> None:
+        """Run a whole SQL script as it is (no translation, no parameters:
+        several statements, PL/pgSQL bodies), inside the caller's transaction."""
+        self._run(lambda: self.raw.execute(script.encode("utf-8")))
+
+    # Inside ---------------------------------------------------------------------------
+
+    @property
+    def broken(self) -> bool:
+        return self.raw.closed or self.raw.broken
+
+    def _ready(self) -> None:
+        """Before a statement outside ``BEGIN``: a broken connection on which
+        no transaction of ours was open is replaced (nothing was in flight
+        on it); under an open one the statement fails with the connection."""
+        if not self._began and self.broken:
+            self._reopen()
+
+    def _reopen(self) -> None:
+        try:
+            self.raw.close()
+        finally:
+            self.raw = self._open()
+
+    def _run(self, operation: Any) -> Any:
+        try:
+            return operation()
+        except psycopg.Error as error:
+            if self.raw.info.transaction_status == TransactionStatus.INERROR:
+                self._failed_by = error
+            raise
+
+    def _traced(self, sql: str) -> None:
+        if self._trace is not None:
+            self._trace(sql)
+
+    def _execute(self, cursor: PgCursor, text: str, parameters: Sequence[Any] | None) -> None:
+        statement = translated(text)
+        self._traced(text)
+        if statement.sql is None:
+            # A PRAGMA: the session settings are made in _open.  No cursor,
+            # so a fetch finds no rows (not the last statement's).
+            cursor._cursor = None
+            return
+        sql = statement.sql
+        values = _parameters(statement, parameters)
+        if statement.kind == "begin":
+            if self.in_transaction:
+                raise psycopg.ProgrammingError("cannot start a transaction within a transaction")
+            if self.broken:
+                self._reopen()  # what was in flight on it has failed already
+            self._failed_by = None
+            raw = cursor._fresh()
+            self._run(lambda: raw.execute(sql, values))
+            self._began = True
+            return
+        self._ready()
+        raw = cursor._fresh()
+        if statement.kind == "commit" and self.failed_by is not None:
+            # PostgreSQL would answer COMMIT with a silent ROLLBACK.
+            error = self._failed_by
+            self._began = False
+            self._run(lambda: raw.execute("ROLLBACK"))
+            assert error is not None
+            raise error
+        if statement.kind:
+            self._began = False
+        elif sql[:11].upper() == "ROLLBACK TO":
+            self._failed_by = None
+        self._run(lambda: raw.execute(sql, values))
+
+
+def connect(target: str, **options: Any) -> PgConnection:
+    """A :class:`PgConnection` to ``target`` (a ``postgresql://`` URL or a
+    libpq conninfo string); ``options``: its keyword arguments."""
+    return PgConnection(target, **options)
