@@ -5,6 +5,7 @@ the real site service over HTTP."""
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -220,3 +221,24 @@ async def wait_for(predicate: Any, timeout: float = 5.0, interval: float = 0.01)
 
 def settle() -> Deferred[None]:
     return deferLater(reactor, 0, lambda: None)
+
+
+class HeldWriter:
+    """A write whose function blocks the writer thread until released."""
+
+    def __init__(self, db: Database) -> None:
+        self._started: Deferred[None] = Deferred()
+        self._release = threading.Event()
+        self.done = db.write(self._block)
+
+    def _block(self, cursor: Any) -> str:
+        reactor.callFromThread(self._started.callback, None)
+        if not self._release.wait(10):
+            raise RuntimeError("the test never released the writer")
+        return "held"
+
+    async def started(self) -> None:
+        await self._started
+
+    def release(self) -> None:
+        self._release.set()

@@ -18,7 +18,6 @@ through the site (every ``db_target`` test) and by the backend's own tests.
 from __future__ import annotations
 
 import sqlite3
-import threading
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -34,7 +33,7 @@ from tasknet.site.storage import create, usage
 from tasknet.site.storage.db import Database, Retry, connect, open_pool
 from tasknet.site.storage.errors import DatabaseBusy, DatabaseFailed, TaskError, TransactionLost
 from tasknet.site.storage.schema import prepare_database
-from tests.site.helpers import add_user
+from tests.site.helpers import HeldWriter, add_user
 
 SCRATCH_SCHEMA = """
 CREATE TABLE item (name TEXT PRIMARY KEY, n INTEGER NOT NULL DEFAULT 0 CHECK (n >= 0));
@@ -67,27 +66,6 @@ async def opened(path: str, **options: Any) -> AsyncIterator[tuple[Database, lis
         yield db, statements
     finally:
         db.close()
-
-
-class HeldWriter:
-    """A write whose function blocks the writer thread until released."""
-
-    def __init__(self, db: Database) -> None:
-        self._started: Deferred[None] = Deferred()
-        self._release = threading.Event()
-        self.done = db.write(self._block)
-
-    def _block(self, cursor: sqlite3.Cursor) -> str:
-        reactor.callFromThread(self._started.callback, None)
-        if not self._release.wait(10):
-            raise RuntimeError("the test never released the writer")
-        return "held"
-
-    async def started(self) -> None:
-        await self._started
-
-    def release(self) -> None:
-        self._release.set()
 
 
 def insert(name: str, n: int = 0) -> Callable[[sqlite3.Cursor], str]:

@@ -28,7 +28,7 @@ from tasknet.site.storage.db import Database, connect, open_pool, run_write
 from tasknet.site.storage.listen import Listener, NoWakeups, Wakeups
 from tests.site.helpers import query
 from tests.site_protocol.harness import WebhookReceiver, listen_http, wait_until
-from tests.site_protocol.sites import pg_target, register_instance
+from tests.site_protocol.sites import TwoSites, pg_target, register_instance
 
 __all__ = ["pg_target"]
 
@@ -98,10 +98,11 @@ class SiteOutbox:
         self.db.close()
 
 
-class Sites:
+class Sites(TwoSites):
+    """Two sites' outbox executors on one database, and a user of it."""
+
     def __init__(self, target: str) -> None:
-        self.target = target
-        self.started: list[SiteOutbox] = []
+        super().__init__(target)
         conn = connect(target)
         try:
             user, _ = run_write(conn, lambda c: users.create_user(c, "alice"))
@@ -109,14 +110,10 @@ class Sites:
             conn.close()
         self.user_id = user.id
 
-    async def site(self, name: str, **options: Any) -> SiteOutbox:
+    async def site(self, name: str, **options: Any) -> SiteOutbox:  # type: ignore[override]
         site = await SiteOutbox(self.target, name, **options).start()
         self.started.append(site)
         return site
-
-    async def stop(self) -> None:
-        for site in reversed(self.started):
-            await site.stop()
 
 
 @pytest_twisted.async_yield_fixture

@@ -22,8 +22,7 @@ from typing import Any
 import psycopg
 import pytest
 import pytest_twisted
-from twisted.internet import reactor
-from twisted.internet.defer import Deferred, DeferredList
+from twisted.internet.defer import DeferredList
 
 from tasknet.cli.migrate import main as migrate_main
 from tasknet.drill.pgserver import ThrowawayPostgres
@@ -41,6 +40,7 @@ from tasknet.site.storage.schema import (
 )
 from tasknet.status import OperationState
 from tests.backends import backend_of
+from tests.site.helpers import HeldWriter
 
 _names = itertools.count(1)
 
@@ -423,12 +423,6 @@ async def test_a_conflict_in_a_group_commit_reruns_its_writes_one_by_one(pg_url:
     _seed_usage(pg_url, uid)
     db = dbmod.open_pool(pg_url)
     calls: list[str] = []
-    release = threading.Event()
-    started: Deferred[None] = Deferred()
-
-    def hold(cursor: Any) -> None:
-        reactor.callFromThread(started.callback, None)
-        assert release.wait(10)
 
     def named(name: str) -> Callable[[Any], str]:
         def fn(cursor: Any) -> str:
@@ -443,11 +437,11 @@ async def test_a_conflict_in_a_group_commit_reruns_its_writes_one_by_one(pg_url:
         pg_url, uid, attempts, _other_session_adds(pg_url, uid, 5)
     )
     try:
-        held = db.write(hold)
-        await started
+        held = HeldWriter(db)
+        await held.started()
         writes = [db.write(named("a")), db.write(conflicting), db.write(named("b"))]
-        release.set()
-        await held
+        held.release()
+        await held.done
         results = await DeferredList(writes, consumeErrors=True)
         assert results == [(True, "a"), (True, 16), (True, "b")]
         assert calls == ["a", "a", "b"]  # "a" again: each write alone, from scratch
@@ -498,22 +492,15 @@ async def test_group_commit_on_postgresql(pg_url: str) -> None:
     prepared(pg_url)
     uid = user_id(pg_url)
     db = dbmod.open_pool(pg_url)
-    release = threading.Event()
-    started: Deferred[None] = Deferred()
-
-    def hold(cursor: Any) -> None:
-        reactor.callFromThread(started.callback, None)
-        assert release.wait(10)
-
     try:
-        held = db.write(hold)
-        await started
+        held = HeldWriter(db)
+        await held.started()
         reservations = [
             db.write(create.reserve, gid, uid, f"t{gid}", "tok", "2026-W01") for gid in (1, 2, 3)
         ]
         duplicate = db.write(create.reserve, 2, uid, "again", "tok", "2026-W01")
-        release.set()
-        await held
+        held.release()
+        await held.done
         results = await DeferredList([*reservations, duplicate], consumeErrors=True)
         assert [ok for ok, _ in results] == [True, True, True, False]
         assert results[3][1].check(TaskError) and results[3][1].value.code == "conflict"

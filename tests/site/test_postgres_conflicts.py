@@ -27,8 +27,7 @@ from typing import Any
 import psycopg
 import pytest
 import pytest_twisted
-from twisted.internet import reactor
-from twisted.internet.defer import Deferred, DeferredList, gatherResults
+from twisted.internet.defer import DeferredList, gatherResults
 
 from tasknet.drill.pgserver import ThrowawayPostgres
 from tasknet.protocol.messages import (
@@ -44,6 +43,7 @@ from tasknet.site.storage.dialect import POSTGRES_BEGIN_READ_COMMITTED
 from tasknet.site.storage.errors import DatabaseBusy, TaskError
 from tasknet.site.storage.reports import QueuedReport, apply_reports, apply_task_report
 from tasknet.site.storage.schema import prepare_database
+from tests.site.helpers import HeldWriter
 
 _names = itertools.count(1)
 
@@ -138,12 +138,6 @@ async def test_each_write_runs_at_its_declared_isolation(pg_url: str) -> None:
     assert dbmod.isolation_of(apply_task_report) == dbmod.READ_COMMITTED
     assert dbmod.isolation_of(delete.request_delete) == dbmod.SERIALIZABLE
     db = dbmod.open_pool(pg_url)
-    release = threading.Event()
-    started: Deferred[None] = Deferred()
-
-    def hold(cursor: Any) -> None:
-        reactor.callFromThread(started.callback, None)
-        assert release.wait(10)
 
     def keyword_level(cursor: Any, *, unused: int) -> str:
         return _level(cursor)
@@ -154,11 +148,11 @@ async def test_each_write_runs_at_its_declared_isolation(pg_url: str) -> None:
         # Keywords wrap the function: its declaration goes with it.
         assert await db.write(dbmod.read_committed(keyword_level), unused=1) == "read committed"
         # A transaction shared with a SERIALIZABLE write is SERIALIZABLE.
-        held = db.write(hold)
-        await started
+        held = HeldWriter(db)
+        await held.started()
         together = [db.write_coalesced(_levels, 2), db.write(_level)]
-        release.set()
-        await held
+        held.release()
+        await held.done
         first, second = await gatherResults(together)
         assert (first.value, second) == ("serializable", "serializable")
     finally:
@@ -399,23 +393,16 @@ async def test_a_conflicting_write_in_a_batch_takes_no_report_down(
         cursor.execute("UPDATE weekly_usage SET used = used + 1 WHERE user_id = ?", (uid,))
 
     db = dbmod.open_pool(pg_url)
-    release = threading.Event()
-    started: Deferred[None] = Deferred()
-
-    def hold(cursor: Any) -> None:
-        reactor.callFromThread(started.callback, None)
-        assert release.wait(10)
-
     try:
-        held = db.write(hold)
-        await started
+        held = HeldWriter(db)
+        await held.started()
         queued = [
             db.write_coalesced(apply_reports, QueuedReport(NODE.format(n), _report(n, 0)))
             for n in range(nodes)
         ]
         conflicting = db.write(always_conflicting)
-        release.set()
-        await held
+        held.release()
+        await held.done
         results = await DeferredList([*queued, conflicting], consumeErrors=True)
     finally:
         db.close()

@@ -105,7 +105,7 @@ class TwoSites:
 
     def __init__(self, target: str) -> None:
         self.target = target
-        self.started: list[SharedSite] = []
+        self.started: list[Any] = []
 
     async def site(self, name: str, **options: Any) -> SharedSite:
         site = await SharedSite(self.target, name).start(**options)

@@ -41,6 +41,7 @@ import os
 import socket
 import sqlite3
 import threading
+from abc import ABC, abstractmethod
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -106,7 +107,7 @@ def this_host() -> str:
     return socket.gethostname()
 
 
-class Lease:
+class Lease(ABC):
     """The lease of instance :attr:`instance_id` (named :attr:`name`).
 
     ``shared``: other instances may run beside this one (PostgreSQL), so
@@ -137,24 +138,24 @@ class Lease:
                 "nothing was written"
             )
 
+    @abstractmethod
     def check(self) -> Deferred[None]:
         """Fires if the lease still holds; fails with :class:`LeaseLost`."""
-        raise NotImplementedError
 
+    @abstractmethod
     def judge(self, other: int) -> Deferred[bool]:
         """Whether instance ``other`` is gone (its lease can be taken).
         When ``True`` this lease holds ``other``'s key until :meth:`forget`,
         so nobody else reaps it meanwhile."""
-        raise NotImplementedError
 
+    @abstractmethod
     def forget(self, other: int) -> Deferred[None]:
         """Let go the key of ``other`` taken by :meth:`judge`."""
-        raise NotImplementedError
 
+    @abstractmethod
     def release(self) -> None:
         """The clean end: mark the instance ended (its last write, while the
         lease still holds) and let the lease go.  Idempotent."""
-        raise NotImplementedError
 
 
 class SqliteLease(Lease):
