@@ -191,10 +191,13 @@ SELECT g.gid, g.status, g.progress, g.node_id,
 FROM gallery AS g LEFT JOIN task_operation AS o ON o.gid = g.gid
 WHERE g.gid {IN_ARRAY_SQL}
 """  # noqa: S608
+# Where the judging reads a row of _ROWS_SQL by position: every entry of every
+# report is judged, and a name lookup on a sqlite3.Row scans its columns.
+_STATUS, _PROGRESS, _NODE_ID, _OPERATION_ID, _STATE, _LAST_REVISION, _LEGACY = range(1, 8)
 
 
 def _task_rows(cursor: sqlite3.Cursor, gids: Iterable[int]) -> dict[int, sqlite3.Row]:
-    return {row["gid"]: row for row in cursor.execute(_ROWS_SQL, (_json_ids(gids),))}
+    return {row[0]: row for row in cursor.execute(_ROWS_SQL, (_json_ids(gids),))}
 
 
 def _tombstones(cursor: sqlite3.Cursor, gids: Iterable[int]) -> set[int]:
@@ -221,7 +224,7 @@ def _owner_check(outcome: ReportOutcome, node_id: str, row: sqlite3.Row) -> str 
     """``None`` when ``node_id`` may report ``row``'s task, else the drop
     reason (recorded in ``outcome``).  A claimable row is claimed here (the
     caller writes the claim)."""
-    owner = row["node_id"]
+    owner = row[_NODE_ID]
     if owner == node_id:
         return None
     if owner is None and awaits_claim(row):
@@ -367,12 +370,11 @@ class _Changes:
         self.claims.extend((node_id, g) for g in outcome.claimed)
         if not outcome.applied:
             return
-        changed = [
-            g
-            for g in outcome.applied
-            if rows[g]["status"] != entries[g].status
-            or float(rows[g]["progress"]) != entries[g].progress
-        ]
+        changed = []
+        for g in outcome.applied:
+            row, entry = rows[g], entries[g]
+            if row[_STATUS] != entry.status or float(row[_PROGRESS]) != entry.progress:
+                changed.append(g)
         for g in changed:
             entry = entries[g]
             self.tasks.append((entry.status, entry.progress, g))
@@ -414,20 +416,23 @@ def _judge_entries(
     the module rules into ``outcome`` (backfilling a legacy row's generation
     on the way).  ``high``: the node's revision mark this report is judged
     against (see :func:`_start_epochs`)."""
+    revision, operation_ids, applied = report.revision, report.operation_ids, outcome.applied.append
+    # With a mark, staleness is the report's, not the task's (see _stale).
+    stale_report = high is not None and revision <= high
     for gid in entries:
         row = rows.get(gid)
         if row is None:
             outcome.ignored[gid] = TOMBSTONE if gid in tombstones else UNKNOWN_GID
             continue
-        state = row["state"]
+        state = row[_STATE]
         if state == _DELETED:
             outcome.ignored[gid] = TOMBSTONE
             continue
-        if _owner_check(outcome, node_id, row) is not None:
+        if row[_NODE_ID] != node_id and _owner_check(outcome, node_id, row) is not None:
             continue
-        sent = report.operation_ids.get(gid)
-        current = row["operation_id"]
-        legacy = bool(row["legacy"])
+        sent = operation_ids.get(gid)
+        current = row[_OPERATION_ID]
+        legacy = bool(row[_LEGACY])
         if state is None:
             current = backfill_legacy(cursor, gid, _unused_id(cursor, sent))
             state, legacy = _SUBMITTED, True
@@ -438,10 +443,10 @@ def _judge_entries(
             outcome.drop(gid, MISSING_OPERATION)
         elif sent is not None and sent != current:
             outcome.drop(gid, OLD_GENERATION)
-        elif _stale(report.revision, row["last_revision"], high):
+        elif stale_report or (high is None and _stale(revision, row[_LAST_REVISION], None)):
             outcome.drop(gid, STALE)
         else:
-            outcome.applied.append(gid)
+            applied(gid)
 
 
 def _stale(revision: int, last: int | None, high: int | None) -> bool:
@@ -500,7 +505,9 @@ def _apply_task_reports(
     for (node_id, report), mine, outcome in zip(fresh, entries, outcomes, strict=True):
         _judge_entries(cursor, outcome, node_id, report, mine, rows, tombstones, highs.get(node_id))
         changes.add(outcome, node_id, mine, rows, report.revision)
-        samples.append((node_id, outcome.applied, mine, rows))
+        # A sample is a change (status, or a download's progress): only
+        # changed entries need looking at.
+        samples.append((node_id, outcome.changed, mine, rows))
         applied[report.report_id] = outcome
     # One set of throughput statements for the whole run (no gid is in two reports).
     changes.write(cursor, throughput.sample_reports(cursor, samples, rows))
@@ -572,7 +579,7 @@ def _apply_status_report(
     changes = _Changes()
     changes.add(outcome, node_id, entries, rows, None)
     changes.write(
-        cursor, throughput.sample_reports(cursor, [(node_id, outcome.applied, entries, rows)], rows)
+        cursor, throughput.sample_reports(cursor, [(node_id, outcome.changed, entries, rows)], rows)
     )
     count_drops(cursor, node_id, outcome)
     return outcome

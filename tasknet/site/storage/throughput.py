@@ -191,7 +191,9 @@ def sample_reports(
 ) -> dict[int, Sample]:
     """:func:`record_reports` but for the tasks' own sample columns, which it
     returns by gid for the caller to write with its own ``UPDATE`` of each
-    row (the report path: one statement per changed task, not two).  ``rows``
+    row (the report path: one statement per changed task, not two).  The
+    report path passes each report's changed entries, not all its applied
+    ones: a sample is a change, and a snapshot is mostly unchanged.  ``rows``
     are the sampled tasks' rows before the reports (``gid``, ``user_id``,
     ``size``, ``speed``, ``sampled_at``, ``moved_at``); every other write
     (node seen, minute buckets, node bytes) is done here."""

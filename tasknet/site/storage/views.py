@@ -88,44 +88,68 @@ _display_status = functools.lru_cache(maxsize=256)(display_status)
 
 def _view_of_row(row: sqlite3.Row) -> dict[str, Any] | None:
     """The one definition of the task object, from a row of ``_VIEWS_SQL``."""
-    if not row["has_row"]:
+    # Unpacked by position, in the order of _VIEWS_SQL: a view is built for
+    # every change a report applies, and a name lookup on a sqlite3.Row
+    # scans its columns.
+    (
+        gid,
+        name,
+        _owner,
+        node_code,
+        progress,
+        node_id,
+        cost,
+        created_at,
+        updated_at,
+        state,
+        operation_id,
+        delete_operation_id,
+        delete_result,
+        has_row,
+        owner_name,
+        size,
+        completed_at,
+        speed,
+        moved_at,
+    ) = row
+    if not has_row:
         # No task row left: a DELETED tombstone is shown as gone; any other
         # bare generation has no view.
-        if row["state"] != OperationState.DELETED.value:
+        if state != OperationState.DELETED.value:
             return None
         return gone_view(
-            row["gid"],
+            gid,
             "DELETED",
-            operationId=row["operation_id"],
-            deleteOperationId=row["delete_operation_id"],
-            cost=row["cost"],
-            createdAt=row["created_at"],
-            updatedAt=row["updated_at"],
-            owner=row["owner_name"],
+            operationId=operation_id,
+            deleteOperationId=delete_operation_id,
+            cost=cost,
+            createdAt=created_at,
+            updatedAt=updated_at,
+            owner=owner_name,
         )
-    status = _display_status(row["state"], row["node_code"], row["delete_result"] == "FAILED")
-    size = row["size"]
-    done = throughput.bytes_done(row["node_code"], float(row["progress"]), size)
-    speed = throughput.visible_speed(row["node_code"], row["speed"], row["moved_at"], time.time())
+    status = _display_status(state, node_code, delete_result == "FAILED")
+    progress = float(progress)
+    done = throughput.bytes_done(node_code, progress, size)
+    speed = throughput.visible_speed(node_code, speed, moved_at, time.time())
     return {
-        "gid": row["gid"],
-        "name": row["name"],
-        "state": row["state"],
+        "gid": gid,
+        "name": name,
+        "state": state,
         "status": status.value,
         "statusText": status.zh,
-        "progress": float(row["progress"]),
-        "operationId": row["operation_id"],
-        "deleteOperationId": row["delete_operation_id"],
-        "node": row["node_id"],
-        "cost": row["cost"],
-        "createdAt": row["created_at"],
-        "updatedAt": row["updated_at"],
-        "owner": row["owner_name"],
+        "progress": progress,
+        "operationId": operation_id,
+        "deleteOperationId": delete_operation_id,
+        "node": node_id,
+        "cost": cost,
+        "createdAt": created_at,
+        "updatedAt": updated_at,
+        "owner": owner_name,
         "size": size,
         "bytesDone": done,
         "speed": speed,
         "eta": throughput.eta(size, done, speed),
-        "completedAt": row["completed_at"],
+        "completedAt": completed_at,
     }
 
 
@@ -151,7 +175,7 @@ def task_views_and_owners(
         rows = cursor.execute(_VIEW_ONE_SQL, (wanted[0],))
     else:
         rows = cursor.execute(_VIEW_MANY_SQL, (array(wanted),))
-    return {row["gid"]: (_view_of_row(row), row["owner"]) for row in rows}
+    return {row[0]: (_view_of_row(row), row[2]) for row in rows}
 
 
 def views_in_order(cursor: sqlite3.Cursor, gids: Iterable[int]) -> list[dict[str, Any]]:
