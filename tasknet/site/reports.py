@@ -141,6 +141,32 @@ class ReportPipeline:
         answered.addBoth(self._ended)
         return answered
 
+    def submit_when(
+        self,
+        confirmed: Deferred[bool],
+        session: INodeSession,
+        message: storage.NodeReport,
+        *,
+        refused: Callable[[], object],
+    ) -> Deferred[storage.ReportOutcome | None]:
+        """:meth:`submit` once ``confirmed`` fires ``True`` (the report may be
+        applied: its session still holds its node), else call ``refused()``.
+        The report is in flight from now on: :meth:`idle` waits for its
+        confirmation too, so a stop never closes the connection of a report
+        that is still being confirmed (its ACK would never go out)."""
+        self._in_flight += 1
+
+        def decided(held: bool) -> Deferred[storage.ReportOutcome | None] | None:
+            if held:
+                return self.submit(session, message)
+            refused()
+            return None
+
+        answered: Deferred[storage.ReportOutcome | None] = confirmed.addCallback(decided)
+        answered.addErrback(self._bookkeeping_failed)
+        answered.addBoth(self._ended)
+        return answered
+
     def idle(self) -> Deferred[None]:
         """Fires once no report is in flight (for shutdown and tests)."""
         if not self._in_flight:

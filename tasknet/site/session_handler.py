@@ -14,7 +14,9 @@ on PostgreSQL one read shared by the reports that arrive together; nothing
 on SQLite), in arrival order; a report on a session that no longer holds its
 node is not applied, and the session is closed (``Goodbye{"replaced by a
 newer connection"}``: the node sends the report again on its newer
-connection).  A session closed because another site took its node is not
+connection).  A report being confirmed is already in flight in the
+pipeline (:meth:`ReportPipeline.submit_when`): a stopping site waits for
+it before it closes node connections, so its ACK still goes out.  A session closed because another site took its node is not
 recorded as gone in ``node_seen`` (its node is still connected).
 """
 
@@ -67,9 +69,12 @@ class SiteHandler:
             if self.ownership is None:
                 self.reports.submit(session, message)
                 return
-            confirmed = self.ownership.confirm(session)
-            confirmed.addCallback(self._confirmed, session, message)
-            confirmed.addErrback(lambda f: log.failure("handling a report failed", f))
+            self.reports.submit_when(
+                self.ownership.confirm(session),
+                session,
+                message,
+                refused=lambda: self._refused(session, message),
+            )
         else:
             log.warn(
                 "node {node}: unexpected {type}; ignored",
@@ -77,12 +82,9 @@ class SiteHandler:
                 type=type(message).__name__,
             )
 
-    def _confirmed(
-        self, held: bool, session: INodeSession, message: TaskReport | StatusReport | DeleteResult
+    def _refused(
+        self, session: INodeSession, message: TaskReport | StatusReport | DeleteResult
     ) -> None:
-        if held:
-            self.reports.submit(session, message)
-            return
         self.refused_reports += 1
         log.info(
             "node {node}: {type} on a connection that no longer holds the node; not applied,"

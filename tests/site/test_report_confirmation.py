@@ -1,0 +1,96 @@
+"""A report waiting for its ownership confirmation is in flight: the
+pipeline's ``idle()`` (what a stopping site waits for before closing node
+connections) waits for it, and it is applied and ACKed once confirmed, or
+refused without a write."""
+
+from __future__ import annotations
+
+import pytest_twisted
+from twisted.internet.defer import Deferred
+from zope.interface import implementer
+
+from tasknet.protocol.messages import TaskReport
+from tasknet.protocol.session import INodeSession
+from tasknet.site.reports import ReportPipeline
+from tasknet.site.storage.db import open_pool
+from tasknet.site.storage.schema import prepare_database
+from tests.site.helpers import query
+
+
+@implementer(INodeSession)
+class AckRecordingSession:
+    """A logged-in v2 node connection that records its ACKs."""
+
+    protocol_version = 2
+    features: tuple[str, ...] = ()
+
+    def __init__(self, node_id: str) -> None:
+        self.node_id = node_id
+        self.connected_at = 0.0
+        self.acks: list[tuple[str, str]] = []
+
+    def send_download(self, operation_id: str, gid: int, token: str, name: str, url: str) -> None:
+        raise AssertionError("no download expected")
+
+    def send_delete(self, delete_operation_id: str, gid: int, name: str) -> None:
+        raise AssertionError("no delete expected")
+
+    def send_ack(self, report_id: str, result: str) -> None:
+        self.acks.append((report_id, result))
+
+    def close(self, reason: str) -> None:
+        raise AssertionError("no close expected")
+
+
+def _report(report_id: str) -> TaskReport:
+    return TaskReport(report_id, 1000, (), {}, ())
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_report_being_confirmed_keeps_the_pipeline_busy_until_it_is_acked(
+    tmp_path,
+) -> None:
+    path = str(tmp_path / "site.sqlite")
+    prepare_database(path)
+    db = open_pool(path)
+    try:
+        pipeline = ReportPipeline(db)
+        session = AckRecordingSession("n1")
+        confirmed: Deferred[bool] = Deferred()
+        refusals: list[str] = []
+        pipeline.submit_when(
+            confirmed, session, _report("r-1"), refused=lambda: refusals.append("r-1")
+        )
+        idle = pipeline.idle()
+        assert not idle.called  # still being confirmed: a stop must wait
+        confirmed.callback(True)
+        await idle
+        assert session.acks == [("r-1", "APPLIED")]
+        assert refusals == []
+        assert [tuple(r) for r in query(path, "SELECT report_id FROM report_receipt")] == [("r-1",)]
+    finally:
+        db.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_refused_report_is_not_applied_and_ends_the_wait(tmp_path) -> None:
+    path = str(tmp_path / "site.sqlite")
+    prepare_database(path)
+    db = open_pool(path)
+    try:
+        pipeline = ReportPipeline(db)
+        session = AckRecordingSession("n1")
+        confirmed: Deferred[bool] = Deferred()
+        refusals: list[str] = []
+        pipeline.submit_when(
+            confirmed, session, _report("r-2"), refused=lambda: refusals.append("r-2")
+        )
+        idle = pipeline.idle()
+        assert not idle.called
+        confirmed.callback(False)
+        await idle
+        assert refusals == ["r-2"]
+        assert session.acks == []
+        assert query(path, "SELECT report_id FROM report_receipt") == []
+    finally:
+        db.close()
