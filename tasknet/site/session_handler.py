@@ -16,8 +16,9 @@ node is not applied, and the session is closed (``Goodbye{"replaced by a
 newer connection"}``: the node sends the report again on its newer
 connection).  A report being confirmed is already in flight in the
 pipeline (:meth:`ReportPipeline.submit_when`): a stopping site waits for
-it before it closes node connections, so its ACK still goes out.  A session closed because another site took its node is not
-recorded as gone in ``node_seen`` (its node is still connected).
+it before it closes node connections, so its ACK still goes out.  A
+session closed because another site took its node is not recorded as gone
+in ``node_seen`` (its node is still connected).
 """
 
 from __future__ import annotations

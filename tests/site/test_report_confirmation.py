@@ -42,55 +42,46 @@ class AckRecordingSession:
         raise AssertionError("no close expected")
 
 
-def _report(report_id: str) -> TaskReport:
-    return TaskReport(report_id, 1000, (), {}, ())
+async def _confirm(tmp_path, held: bool) -> tuple[AckRecordingSession, list[str], str]:
+    """Submit a report whose confirmation is pending, check that the
+    pipeline is busy until it is decided, decide it (``held``) and wait for
+    idle: the session (its ACKs), the refusals, the database path."""
+    path = str(tmp_path / "site.sqlite")
+    prepare_database(path)
+    db = open_pool(path)
+    try:
+        pipeline = ReportPipeline(db)
+        session = AckRecordingSession("n1")
+        confirmed: Deferred[bool] = Deferred()
+        refusals: list[str] = []
+        report = TaskReport("r-1", 1000, (), {}, ())
+        pipeline.submit_when(confirmed, session, report, refused=lambda: refusals.append("r-1"))
+        idle = pipeline.idle()
+        assert not idle.called  # still being confirmed: a stop must wait
+        confirmed.callback(held)
+        await idle
+    finally:
+        db.close()
+    return session, refusals, path
+
+
+def _receipts(path: str) -> list[str]:
+    return [row[0] for row in query(path, "SELECT report_id FROM report_receipt")]
 
 
 @pytest_twisted.ensureDeferred
 async def test_a_report_being_confirmed_keeps_the_pipeline_busy_until_it_is_acked(
     tmp_path,
 ) -> None:
-    path = str(tmp_path / "site.sqlite")
-    prepare_database(path)
-    db = open_pool(path)
-    try:
-        pipeline = ReportPipeline(db)
-        session = AckRecordingSession("n1")
-        confirmed: Deferred[bool] = Deferred()
-        refusals: list[str] = []
-        pipeline.submit_when(
-            confirmed, session, _report("r-1"), refused=lambda: refusals.append("r-1")
-        )
-        idle = pipeline.idle()
-        assert not idle.called  # still being confirmed: a stop must wait
-        confirmed.callback(True)
-        await idle
-        assert session.acks == [("r-1", "APPLIED")]
-        assert refusals == []
-        assert [tuple(r) for r in query(path, "SELECT report_id FROM report_receipt")] == [("r-1",)]
-    finally:
-        db.close()
+    session, refusals, path = await _confirm(tmp_path, held=True)
+    assert session.acks == [("r-1", "APPLIED")]
+    assert refusals == []
+    assert _receipts(path) == ["r-1"]
 
 
 @pytest_twisted.ensureDeferred
 async def test_a_refused_report_is_not_applied_and_ends_the_wait(tmp_path) -> None:
-    path = str(tmp_path / "site.sqlite")
-    prepare_database(path)
-    db = open_pool(path)
-    try:
-        pipeline = ReportPipeline(db)
-        session = AckRecordingSession("n1")
-        confirmed: Deferred[bool] = Deferred()
-        refusals: list[str] = []
-        pipeline.submit_when(
-            confirmed, session, _report("r-2"), refused=lambda: refusals.append("r-2")
-        )
-        idle = pipeline.idle()
-        assert not idle.called
-        confirmed.callback(False)
-        await idle
-        assert refusals == ["r-2"]
-        assert session.acks == []
-        assert query(path, "SELECT report_id FROM report_receipt") == []
-    finally:
-        db.close()
+    session, refusals, path = await _confirm(tmp_path, held=False)
+    assert refusals == ["r-1"]
+    assert session.acks == []
+    assert _receipts(path) == []

@@ -91,27 +91,9 @@ def _view_of_row(row: sqlite3.Row) -> dict[str, Any] | None:
     # Unpacked by position, in the order of _VIEWS_SQL: a view is built for
     # every change a report applies, and a name lookup on a sqlite3.Row
     # scans its columns.
-    (
-        gid,
-        name,
-        _owner,
-        node_code,
-        progress,
-        node_id,
-        cost,
-        created_at,
-        updated_at,
-        state,
-        operation_id,
-        delete_operation_id,
-        delete_result,
-        has_row,
-        owner_name,
-        size,
-        completed_at,
-        speed,
-        moved_at,
-    ) = row
+    gid, name, _owner, node_code, progress, node_id, cost, created_at = row[:8]
+    updated_at, state, operation_id, delete_operation_id, delete_result, has_row = row[8:14]
+    owner_name, size, completed_at, speed, moved_at = row[14:]
     if not has_row:
         # No task row left: a DELETED tombstone is shown as gone; any other
         # bare generation has no view.
