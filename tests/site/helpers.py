@@ -16,7 +16,9 @@ from twisted.internet import reactor
 from twisted.internet.defer import Deferred
 from twisted.internet.task import deferLater
 from twisted.web.client import HTTPConnectionPool
+from zope.interface import implementer
 
+from tasknet.protocol.session import INodeSession
 from tasknet.site.lifecycle import Lifecycle
 from tasknet.site.root import Tuning, build_site
 from tasknet.site.service import Options, SiteParts, SiteService
@@ -242,3 +244,32 @@ class HeldWriter:
 
     def release(self) -> None:
         self._release.set()
+
+
+@implementer(INodeSession)
+class RecordingSession:
+    """A logged-in v2 node connection that records what the site sends it:
+    downloads, deletes, ACKs and closes."""
+
+    protocol_version = 2
+    features: tuple[str, ...] = ()
+
+    def __init__(self, node_id: str) -> None:
+        self.node_id = node_id
+        self.connected_at = 0.0
+        self.downloads: list[tuple[str, int]] = []
+        self.deletes: list[tuple[str, int]] = []
+        self.acks: list[tuple[str, str]] = []
+        self.closed: list[str] = []
+
+    def send_download(self, operation_id: str, gid: int, token: str, name: str, url: str) -> None:
+        self.downloads.append((operation_id, gid))
+
+    def send_delete(self, delete_operation_id: str, gid: int, name: str) -> None:
+        self.deletes.append((delete_operation_id, gid))
+
+    def send_ack(self, report_id: str, result: str) -> None:
+        self.acks.append((report_id, result))
+
+    def close(self, reason: str) -> None:
+        self.closed.append(reason)

@@ -7,42 +7,15 @@ from __future__ import annotations
 
 import pytest_twisted
 from twisted.internet.defer import Deferred
-from zope.interface import implementer
 
 from tasknet.protocol.messages import TaskReport
-from tasknet.protocol.session import INodeSession
 from tasknet.site.reports import ReportPipeline
 from tasknet.site.storage.db import open_pool
 from tasknet.site.storage.schema import prepare_database
-from tests.site.helpers import query
+from tests.site.helpers import RecordingSession, query
 
 
-@implementer(INodeSession)
-class AckRecordingSession:
-    """A logged-in v2 node connection that records its ACKs."""
-
-    protocol_version = 2
-    features: tuple[str, ...] = ()
-
-    def __init__(self, node_id: str) -> None:
-        self.node_id = node_id
-        self.connected_at = 0.0
-        self.acks: list[tuple[str, str]] = []
-
-    def send_download(self, operation_id: str, gid: int, token: str, name: str, url: str) -> None:
-        raise AssertionError("no download expected")
-
-    def send_delete(self, delete_operation_id: str, gid: int, name: str) -> None:
-        raise AssertionError("no delete expected")
-
-    def send_ack(self, report_id: str, result: str) -> None:
-        self.acks.append((report_id, result))
-
-    def close(self, reason: str) -> None:
-        raise AssertionError("no close expected")
-
-
-async def _confirm(tmp_path, held: bool) -> tuple[AckRecordingSession, list[str], str]:
+async def _confirm(tmp_path, held: bool) -> tuple[RecordingSession, list[str], str]:
     """Submit a report whose confirmation is pending, check that the
     pipeline is busy until it is decided, decide it (``held``) and wait for
     idle: the session (its ACKs), the refusals, the database path."""
@@ -51,7 +24,7 @@ async def _confirm(tmp_path, held: bool) -> tuple[AckRecordingSession, list[str]
     db = open_pool(path)
     try:
         pipeline = ReportPipeline(db)
-        session = AckRecordingSession("n1")
+        session = RecordingSession("n1")
         confirmed: Deferred[bool] = Deferred()
         refusals: list[str] = []
         report = TaskReport("r-1", 1000, (), {}, ())

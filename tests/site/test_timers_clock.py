@@ -16,9 +16,7 @@ from twisted.internet import reactor
 from twisted.internet.task import Clock
 from twisted.web.resource import Resource
 from twisted.web.server import Request, Site
-from zope.interface import implementer
 
-from tasknet.protocol.session import INodeSession
 from tasknet.site.connected_nodes import ConnectedNodes
 from tasknet.site.dispatch import Dispatcher
 from tasknet.site.lifecycle import Lifecycle
@@ -28,7 +26,7 @@ from tasknet.site.storage.db import Database, connect, open_pool, run_write
 from tasknet.site.storage.errors import TaskError
 from tasknet.site.storage.schema import prepare_database
 from tests.backends import WriteLock
-from tests.site.helpers import fault, lifecycle_env, one, wait_for
+from tests.site.helpers import RecordingSession, fault, lifecycle_env, one, wait_for
 from tests.site_protocol.harness import add_task, add_user
 
 GID = 4242
@@ -244,31 +242,6 @@ async def test_a_failing_webhook_is_retried_after_a_doubling_delay(site_db: str)
     assert clock.getDelayedCalls() == []
 
 
-@implementer(INodeSession)
-class RecordingSession:
-    """A logged-in v2 node connection that records the commands sent to it."""
-
-    protocol_version = 2
-    features: tuple[str, ...] = ()
-
-    def __init__(self, node_id: str) -> None:
-        self.node_id = node_id
-        self.connected_at = 0.0
-        self.downloads: list[tuple[str, int]] = []
-
-    def send_download(self, operation_id: str, gid: int, token: str, name: str, url: str) -> None:
-        self.downloads.append((operation_id, gid))
-
-    def send_delete(self, delete_operation_id: str, gid: int, name: str) -> None:
-        raise AssertionError("no delete expected")
-
-    def send_ack(self, report_id: str, result: str) -> None:
-        raise AssertionError("no ACK expected")
-
-    def close(self, reason: str) -> None:
-        pass
-
-
 @pytest_twisted.ensureDeferred
 async def test_the_dispatchers_periodic_pass_assigns_tasks_written_elsewhere(
     site_db: str,
@@ -297,6 +270,7 @@ async def test_the_dispatchers_periodic_pass_assigns_tasks_written_elsewhere(
         clock.advance(5.0)
         await dispatcher.idle()
         assert dispatcher.polls == 2 and session.downloads == [("op-31", 31)], "sent once"
+        assert session.deletes == [] and session.acks == [] and session.closed == []
     finally:
         await dispatcher.stopService()
         connection.close()
