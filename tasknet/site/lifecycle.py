@@ -47,12 +47,12 @@ from twisted.internet.task import deferLater
 from twisted.logger import Logger
 
 from tasknet.clock import default_reactor
-from tasknet.site.storage import create, delete, instances, reconcile, usage, views
+from tasknet.site.storage import create, delete, instances, reaping, reconcile, usage, views
 from tasknet.site.storage.create import Recovered
 from tasknet.site.storage.db import Database, Retry
 from tasknet.site.storage.errors import DatabaseBusy, TaskError
-from tasknet.site.storage.instances import Reaped
 from tasknet.site.storage.lease import Lease
+from tasknet.site.storage.reaping import Reaped
 from tasknet.site.upstream_client import (
     Outcome,
     PrepareOutcome,
@@ -470,7 +470,7 @@ class Lifecycle:
         return reaped
 
     async def _reap(self, gone: int | None, me: int) -> Reaped:
-        result = await self._write(instances.reap, gone, me)
+        result = await self._write(reaping.reap, gone, me)
         if result.marked or result.settled or result.nodes or result.claims:
             log.warn(
                 "site instance {me} ({name}) reaped {whose}: {unknown} submission(s) now "

@@ -17,7 +17,7 @@ import pytest
 from tasknet.drill.invariants import FAIL, NA, PASS, Ledger, World, check_d9, check_d10, db_time
 from tasknet.drill.snapshot import read_node, read_site
 from tasknet.node.paths import DataDir
-from tasknet.site.storage import create, instances, node_sessions, users
+from tasknet.site.storage import create, instances, node_sessions, reaping, users
 from tasknet.site.storage.db import connect, run_write
 from tasknet.site.storage.schema import prepare_database
 
@@ -104,7 +104,7 @@ def test_d9_passes_and_shows_who_reaped_what_when(site: str) -> None:
     operation_id = submitting(site, GID, 2)
     started = time.time() - 20
     killed = time.time() - 0.5
-    write(site, instances.reap, 2, 1)
+    write(site, reaping.reap, 2, 1)
     runs = [run(SITE_A, PID_A, started, None), run(SITE_B, PID_B, started, killed)]
     verdict = check_d9(world(site, runs))
     assert verdict.status == PASS, verdict
@@ -118,7 +118,7 @@ def test_d9_passes_and_shows_who_reaped_what_when(site: str) -> None:
 
 def test_d9_fails_when_a_live_sites_submission_was_settled(site: str) -> None:
     submitting(site, GID, 2)
-    write(site, instances.reap, 2, 1)  # site-b is alive: its lease was never gone
+    write(site, reaping.reap, 2, 1)  # site-b is alive: its lease was never gone
     started = time.time() - 20
     runs = [run(SITE_A, PID_A, started, None), run(SITE_B, PID_B, started, None)]
     verdict = check_d9(world(site, runs))
@@ -132,7 +132,7 @@ def test_d9_fails_when_a_live_sites_submission_was_settled(site: str) -> None:
 
 def test_d9_fails_when_a_dead_sites_submission_was_settled_late(site: str) -> None:
     submitting(site, GID, 2)
-    write(site, instances.reap, 2, 1)
+    write(site, reaping.reap, 2, 1)
     started = time.time() - 200
     killed = time.time() - 100  # site-a ran all along: it had 30 s to do it
     runs = [run(SITE_A, PID_A, started, None), run(SITE_B, PID_B, started, killed)]
@@ -143,7 +143,7 @@ def test_d9_fails_when_a_dead_sites_submission_was_settled_late(site: str) -> No
 
 def test_d9_a_single_site_restarted_later_has_30_s_from_its_start(site: str) -> None:
     submitting(site, GID, 2)
-    write(site, instances.reap, 2, 1)
+    write(site, reaping.reap, 2, 1)
     # site-b died 100 s ago, alone; site-a (its next run, say) started 5 s ago.
     runs = [
         run(SITE_B, PID_B, time.time() - 200, time.time() - 100),
@@ -169,7 +169,7 @@ def test_d9_fails_when_a_dead_instance_is_left_in_flight(site: str) -> None:
 
 def test_d9_fails_for_a_reap_of_an_instance_the_drill_never_ran(site: str) -> None:
     submitting(site, GID, 2)
-    write(site, instances.reap, 2, 1)
+    write(site, reaping.reap, 2, 1)
     verdict = check_d9(world(site, [run(SITE_A, PID_A, time.time() - 20, None)]))
     assert verdict.status == FAIL
     assert "that instance is no site run of the drill" in verdict.detail
@@ -194,7 +194,7 @@ def test_d9_is_not_applicable_while_no_instance_died_or_joined(db_target: str) -
 
 
 def test_db_time_reads_what_the_database_writes(site: str) -> None:
-    write(site, instances.reap, 2, 1)
+    write(site, reaping.reap, 2, 1)
     row = read_site(site).instances[2]
     assert row["reaped_at"] is not None
     assert abs(db_time(row["reaped_at"]) - time.time()) < 60  # type: ignore[operator]

@@ -23,7 +23,7 @@ from twisted.protocols import portforward
 
 from tasknet.site.instances import CHECK_TIMEOUT, INTERVAL, InstanceService
 from tasknet.site.retention import Housekeeping
-from tasknet.site.storage import create, instances, lock
+from tasknet.site.storage import create, instances, lock, reaping
 from tasknet.site.storage import usage as usage_weeks
 from tasknet.site.storage.db import Connection, connect, open_pool, run_read, run_write
 from tasknet.site.storage.instances import LeaseLost
@@ -97,7 +97,7 @@ def test_an_instance_that_lost_its_lease_can_neither_reserve_nor_submit(
     other = run_write(conn, instances.register, "other", "host", 2)
     op = _reserved(conn, 5, user, me)
     assert _op(conn, 5)["instance_id"] == me
-    run_write(conn, instances.reap, me, other)  # judged gone: its RESERVED released
+    run_write(conn, reaping.reap, me, other)  # judged gone: its RESERVED released
     with pytest.raises(LeaseLost, match=f"reaped by instance {other}"):
         _reserved(conn, 6, user, me)
     with pytest.raises(LeaseLost):
@@ -120,7 +120,7 @@ def test_reap_settles_only_the_gone_instances_generations_with_evidence(
     assert run_read(conn, instances.suspects, reaper) == [gone]
     assert run_read(conn, lambda c: instances.suspects(c, reaper, unrecorded=True)) == [gone, None]
 
-    reaped = run_write(conn, instances.reap, gone, reaper)
+    reaped = run_write(conn, reaping.reap, gone, reaper)
     assert reaped.marked and reaped.instance_id == gone
     assert (reaped.who, reaped.nodes, reaped.claims) == ("b on host, pid 2", [], 0)
     assert (reaped.recovered.unknown, reaped.recovered.released) == ([1], [2])
@@ -134,7 +134,7 @@ def test_reap_settles_only_the_gone_instances_generations_with_evidence(
     assert _op(conn, 4)["state"] == "RESERVED"
     row = run_read(conn, instances.instance, gone)
     assert row.reaped_by == reaper and row.reaped_at is not None and not row.open
-    records = run_read(conn, instances.reap_records, gone)
+    records = run_read(conn, reaping.reap_records, gone)
     assert [(r.gid, r.operation_id, r.from_state, r.outcome, r.reaped_by) for r in records] == [
         (1, op1, "SUBMITTING", "UNKNOWN", reaper),
         (2, op2, "RESERVED", "released", reaper),
@@ -142,15 +142,15 @@ def test_reap_settles_only_the_gone_instances_generations_with_evidence(
     assert all(r.instance_id == gone and r.reaped_at for r in records)
 
     # Again: nothing is settled twice, no evidence is added.
-    again = run_write(conn, instances.reap, gone, reaper)
+    again = run_write(conn, reaping.reap, gone, reaper)
     assert not again.marked and again.settled == 0
-    assert run_read(conn, instances.reap_records) == records
+    assert run_read(conn, reaping.reap_records) == records
     assert run_read(conn, instances.suspects, reaper) == []
 
     # What no instance recorded is settled only when asked for (the start).
-    unrecorded = run_write(conn, instances.reap, None, reaper)
+    unrecorded = run_write(conn, reaping.reap, None, reaper)
     assert unrecorded.recovered.released == [4] and not unrecorded.marked
-    [record] = run_read(conn, instances.reap_records, None)[-1:]
+    [record] = run_read(conn, reaping.reap_records, None)[-1:]
     assert (record.instance_id, record.gid, record.operation_id) == (None, 4, op4)
 
 
@@ -163,7 +163,7 @@ def test_an_ended_instance_that_left_a_generation_in_flight_is_a_suspect(
     _reserved(conn, 7, user, ended)  # a release its stop did not record
     run_write(conn, instances.end, ended)
     assert run_read(conn, instances.suspects, me) == [ended]
-    reaped = run_write(conn, instances.reap, ended, me)
+    reaped = run_write(conn, reaping.reap, ended, me)
     assert not reaped.marked and reaped.recovered.released == [7]
 
 
@@ -366,7 +366,7 @@ async def test_the_service_fences_when_the_database_says_it_was_reaped(pg_url: s
         # still answers): the heartbeat is refused, and that fences.
         connection = connect(pg_url)
         try:
-            run_write(connection, instances.reap, lease.instance_id, other.instance_id)
+            run_write(connection, reaping.reap, lease.instance_id, other.instance_id)
         finally:
             connection.close()
         service.startService()

@@ -39,7 +39,7 @@ from twisted.logger import formatEvent, globalLogPublisher
 
 from tasknet.site.instances import INTERVAL, InstanceService
 from tasknet.site.lifecycle import Lifecycle
-from tasknet.site.storage import create, instances
+from tasknet.site.storage import create, instances, reaping
 from tasknet.site.storage import usage as usage_weeks
 from tasknet.site.storage.db import Database, connect, open_pool, run_read, run_write
 from tasknet.site.storage.instances import LeaseLost
@@ -151,10 +151,10 @@ def _states(url: str) -> dict[int, str]:
     return {r["gid"]: r["state"] for r in _rows(url, "SELECT gid, state FROM task_operation")}
 
 
-def _records(url: str) -> list[instances.ReapRecord]:
+def _records(url: str) -> list[reaping.ReapRecord]:
     connection = connect(url)
     try:
-        return run_read(connection, instances.reap_records)
+        return run_read(connection, reaping.reap_records)
     finally:
         connection.close()
 
@@ -300,12 +300,12 @@ async def test_a_reap_and_a_reservation_of_the_reaped_instance_cannot_both_commi
     gone = run_write(setup, instances.register, "b", "host", 2)
     setup.close()
     late = connect(pg_url)  # the reaped site, not knowing yet
-    reaping = connect(pg_url)
+    reaper_connection = connect(pg_url)
     try:
         cursor = late.cursor()
         cursor.execute("BEGIN IMMEDIATE")  # SERIALIZABLE
         create.reserve(cursor, 5, user, "", "t", WEEK, gone)  # saw its row open
-        reaped = run_write(reaping, instances.reap, gone, reaper)  # commits first
+        reaped = run_write(reaper_connection, reaping.reap, gone, reaper)  # commits first
         assert reaped.marked and reaped.settled == 0  # the reservation was not visible
         with pytest.raises(psycopg.errors.SerializationFailure):
             cursor.execute("COMMIT")
@@ -316,7 +316,7 @@ async def test_a_reap_and_a_reservation_of_the_reaped_instance_cannot_both_commi
         assert _states(pg_url) == {}
     finally:
         late.close()
-        reaping.close()
+        reaper_connection.close()
 
 
 @pytest_twisted.ensureDeferred

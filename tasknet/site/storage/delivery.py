@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from tasknet.site.storage import listen
 from tasknet.site.storage.db import read_committed
 from tasknet.site.storage.dialect import IN_ARRAY_SQL, NOW_OFFSET_SQL, NOW_SQL, array, offset
+from tasknet.site.storage.lease import OUTBOX_PRUNE_JOB, once
 
 WEBHOOK_PENDING = "pending"
 WEBHOOK_DELIVERED = "delivered"
@@ -203,9 +204,6 @@ def prune_finished(
     oldest first.  Returns (rows deleted, the id to continue after); on a
     shared database only one site prunes at a time (another one pruning
     right now: nothing done, ``(0, after_id)``)."""
-    # Imported here: lease -> instances -> delivery would be a cycle.
-    from tasknet.site.storage.lease import OUTBOX_PRUNE_JOB, once
-
     if not once(cursor, OUTBOX_PRUNE_JOB):
         return 0, after_id
     ids = cursor.execute(

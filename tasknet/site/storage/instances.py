@@ -1,5 +1,6 @@
-"""Site instances: one ``site_instance`` row per run of a site process, and
-the settling of what a gone instance left in flight (SCALE.md 2, DRILLS.md D9).
+"""Site instances: one ``site_instance`` row per run of a site process
+(SCALE.md 2); the settling of what a gone instance left in flight is
+:mod:`tasknet.site.storage.reaping`.
 
 Whether an instance is alive is never read from these rows: the database
 judges it by the instance's lease (:mod:`tasknet.site.storage.lease`).  The
@@ -23,21 +24,14 @@ Each function is the body of one transaction (``fn(cursor, *args)``).
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Sequence
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
 
-# Modules, not names: create imports this module too (require_open).
-from tasknet.site.storage import create, delivery, node_sessions
 from tasknet.site.storage.dialect import NOW_SQL
 from tasknet.site.storage.errors import DatabaseFailed
 from tasknet.status import OperationState
 
-if TYPE_CHECKING:
-    from tasknet.site.storage.create import Recovered
-
-#: An instance that neither ended nor was reaped.
-_OPEN = "ended_at IS NULL AND reaped_at IS NULL"
+#: An instance that neither ended nor was reaped (a WHERE condition on site_instance).
+OPEN_SQL = "ended_at IS NULL AND reaped_at IS NULL"
 _IN_FLIGHT = (OperationState.SUBMITTING.value, OperationState.RESERVED.value)
 
 
@@ -68,26 +62,6 @@ class Instance:
         return self.ended_at is None and self.reaped_at is None
 
 
-@dataclass(frozen=True)
-class Reaped:
-    """What one reap settled: the gone instance (``None``: generations that
-    no instance recorded, written before v4), whether its row was marked
-    reaped now, and its generations (as :func:`create.recover` answers)."""
-
-    instance_id: int | None
-    marked: bool
-    recovered: Recovered
-    #: Who the gone instance was ("NAME on HOST, pid PID"; None: no instance).
-    who: str | None = None
-    #: The nodes it held, now held by nobody, and its webhook claims given back.
-    nodes: list[str] = field(default_factory=list)
-    claims: int = 0
-
-    @property
-    def settled(self) -> int:
-        return len(self.recovered.unknown) + len(self.recovered.released)
-
-
 def register(
     cursor: sqlite3.Cursor, name: str, host: str, pid: int, lease_pid: int | None = None
 ) -> int:
@@ -104,7 +78,7 @@ def heartbeat(cursor: sqlite3.Cursor, instance_id: int) -> bool:
     ``False`` when its row is no longer open: another instance reaped it
     (its lease was judged gone), so it must stop writing."""
     cursor.execute(
-        f"UPDATE site_instance SET heartbeat_at = {NOW_SQL} WHERE id = ? AND {_OPEN}",  # noqa: S608
+        f"UPDATE site_instance SET heartbeat_at = {NOW_SQL} WHERE id = ? AND {OPEN_SQL}",  # noqa: S608
         (instance_id,),
     )
     return cursor.rowcount == 1
@@ -114,7 +88,7 @@ def end(cursor: sqlite3.Cursor, instance_id: int) -> bool:
     """A clean stop of ``instance_id`` (its last write); ``False`` if it
     was no longer open."""
     cursor.execute(
-        f"UPDATE site_instance SET ended_at = {NOW_SQL} WHERE id = ? AND {_OPEN}",  # noqa: S608
+        f"UPDATE site_instance SET ended_at = {NOW_SQL} WHERE id = ? AND {OPEN_SQL}",  # noqa: S608
         (instance_id,),
     )
     return cursor.rowcount == 1
@@ -141,7 +115,7 @@ def instance(cursor: sqlite3.Cursor, instance_id: int) -> Instance | None:
 
 def list_instances(cursor: sqlite3.Cursor, *, open_only: bool = False) -> list[Instance]:
     """Every instance (or the open ones), oldest first."""
-    where = f" WHERE {_OPEN}" if open_only else ""
+    where = f" WHERE {OPEN_SQL}" if open_only else ""
     return [
         _instance(row)
         for row in cursor.execute(f"SELECT * FROM site_instance{where} ORDER BY id")  # noqa: S608
@@ -171,7 +145,7 @@ def suspects(cursor: sqlite3.Cursor, me: int, *, unrecorded: bool = False) -> li
     of them when a generation in flight has no instance (written before
     v4): the start's recovery settles those."""
     rows = cursor.execute(
-        f"SELECT id FROM site_instance WHERE {_OPEN} AND id <> ? "  # noqa: S608
+        f"SELECT id FROM site_instance WHERE {OPEN_SQL} AND id <> ? "  # noqa: S608
         "UNION SELECT DISTINCT instance_id FROM task_operation "
         "WHERE state IN (?, ?) AND (instance_id IS NULL OR instance_id <> ?)",
         (me, *_IN_FLIGHT, me),
@@ -181,94 +155,3 @@ def suspects(cursor: sqlite3.Cursor, me: int, *, unrecorded: bool = False) -> li
     if unrecorded and any(r[0] is None for r in rows):
         found.append(None)
     return found
-
-
-def reap(cursor: sqlite3.Cursor, gone: int | None, reaper: int) -> Reaped:
-    """Settle what instance ``gone`` left, once its lease was judged gone
-    (the caller holds that proof: the lock of ``gone``, or the SQLite
-    flock), by instance ``reaper``: its row marked reaped, each of its
-    ``SUBMITTING`` generations ``UNKNOWN`` and each ``RESERVED`` one
-    released (:func:`create.recover`), one ``instance_reap`` row per
-    generation settled (the evidence of D9), the nodes it held released
-    (:func:`node_sessions.release_nodes_of`) and its outbox tail and webhook
-    claims given up (:func:`delivery.release_outbox_of`).  ``gone=None``:
-    the generations no instance recorded.  Repeating it settles nothing
-    twice."""
-    marked = False
-    if gone is not None:
-        cursor.execute(
-            f"UPDATE site_instance SET reaped_at = {NOW_SQL}, reaped_by = ? "  # noqa: S608
-            f"WHERE id = ? AND {_OPEN}",
-            (reaper, gone),
-        )
-        marked = cursor.rowcount == 1
-    recovered = create.recover(cursor, gone, error=_reaped_error(gone, reaper))
-    _record(cursor, gone, reaper, recovered)
-    if gone is None:
-        return Reaped(gone, marked, recovered)
-    nodes = node_sessions.release_nodes_of(cursor, gone)
-    claims = delivery.release_outbox_of(cursor, gone)
-    row = instance(cursor, gone)
-    who = None if row is None else f"{row.name} on {row.host}, pid {row.pid}"
-    return Reaped(gone, marked, recovered, who, nodes, claims)
-
-
-def _reaped_error(gone: int | None, reaper: int) -> str:
-    whose = "a site" if gone is None else f"site instance {gone}"
-    return (
-        f"{whose} stopped while this submission was in flight (settled by site instance "
-        f"{reaper}); the POST may or may not have reached the upstream"
-    )
-
-
-def _record(cursor: sqlite3.Cursor, gone: int | None, reaper: int, recovered: Recovered) -> None:
-    rows: Sequence[tuple[object, ...]] = [
-        (gone, reaper, op.gid, op.operation_id, op.from_state, op.outcome)
-        for op in recovered.operations
-    ]
-    if rows:
-        cursor.executemany(
-            "INSERT INTO instance_reap (instance_id, reaped_by, gid, operation_id, from_state, "
-            "outcome) VALUES (?, ?, ?, ?, ?, ?)",
-            rows,
-        )
-
-
-@dataclass(frozen=True)
-class ReapRecord:
-    """One ``instance_reap`` row: generation ``operation_id`` of ``gid``,
-    left ``from_state`` by instance ``instance_id``, settled (``outcome``
-    ``UNKNOWN`` or ``released``) by instance ``reaped_by`` at ``reaped_at``."""
-
-    instance_id: int | None
-    reaped_by: int
-    reaped_at: str
-    gid: int
-    operation_id: str
-    from_state: str
-    outcome: str
-
-
-def reap_records(cursor: sqlite3.Cursor, instance_id: int | None = None) -> list[ReapRecord]:
-    """The D9 evidence: every generation settled for a gone instance (or
-    only ``instance_id``'s), in the order it was settled."""
-    sql = (
-        "SELECT instance_id, reaped_by, reaped_at, gid, operation_id, from_state, outcome "
-        "FROM instance_reap"
-    )
-    params: tuple[object, ...] = ()
-    if instance_id is not None:
-        sql += " WHERE instance_id = ?"
-        params = (instance_id,)
-    return [
-        ReapRecord(
-            None if r["instance_id"] is None else int(r["instance_id"]),
-            int(r["reaped_by"]),
-            r["reaped_at"],
-            int(r["gid"]),
-            r["operation_id"],
-            r["from_state"],
-            r["outcome"],
-        )
-        for r in cursor.execute(sql + " ORDER BY id", params)
-    ]

@@ -1,0 +1,132 @@
+"""Reaping: settling what a gone site instance left in flight (SCALE.md 2,
+DRILLS.md D9), with the evidence in ``instance_reap``.
+
+An instance is judged gone by its lease (:mod:`tasknet.site.storage.lease`);
+its rows are :mod:`tasknet.site.storage.instances`.  Reaping touches what
+the instance held: its generations in flight (:func:`create.recover
+<tasknet.site.storage.create.recover>`), its nodes and its outbox tail and
+webhook claims.  Each function is the body of one transaction
+(``fn(cursor, *args)``).
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from tasknet.site.storage import create, delivery, node_sessions
+from tasknet.site.storage.create import Recovered
+from tasknet.site.storage.dialect import NOW_SQL
+from tasknet.site.storage.instances import OPEN_SQL, instance
+
+
+@dataclass(frozen=True)
+class Reaped:
+    """What one reap settled: the gone instance (``None``: generations that
+    no instance recorded, written before v4), whether its row was marked
+    reaped now, and its generations (as :func:`create.recover` answers)."""
+
+    instance_id: int | None
+    marked: bool
+    recovered: Recovered
+    #: Who the gone instance was ("NAME on HOST, pid PID"; None: no instance).
+    who: str | None = None
+    #: The nodes it held, now held by nobody, and its webhook claims given back.
+    nodes: list[str] = field(default_factory=list)
+    claims: int = 0
+
+    @property
+    def settled(self) -> int:
+        return len(self.recovered.unknown) + len(self.recovered.released)
+
+
+def reap(cursor: sqlite3.Cursor, gone: int | None, reaper: int) -> Reaped:
+    """Settle what instance ``gone`` left, once its lease was judged gone
+    (the caller holds that proof: the lock of ``gone``, or the SQLite
+    flock), by instance ``reaper``: its row marked reaped, each of its
+    ``SUBMITTING`` generations ``UNKNOWN`` and each ``RESERVED`` one
+    released (:func:`create.recover`), one ``instance_reap`` row per
+    generation settled (the evidence of D9), the nodes it held released
+    (:func:`node_sessions.release_nodes_of`) and its outbox tail and webhook
+    claims given up (:func:`delivery.release_outbox_of`).  ``gone=None``:
+    the generations no instance recorded.  Repeating it settles nothing
+    twice."""
+    marked = False
+    if gone is not None:
+        cursor.execute(
+            f"UPDATE site_instance SET reaped_at = {NOW_SQL}, reaped_by = ? "  # noqa: S608
+            f"WHERE id = ? AND {OPEN_SQL}",
+            (reaper, gone),
+        )
+        marked = cursor.rowcount == 1
+    recovered = create.recover(cursor, gone, error=_reaped_error(gone, reaper))
+    _record(cursor, gone, reaper, recovered)
+    if gone is None:
+        return Reaped(gone, marked, recovered)
+    nodes = node_sessions.release_nodes_of(cursor, gone)
+    claims = delivery.release_outbox_of(cursor, gone)
+    row = instance(cursor, gone)
+    who = None if row is None else f"{row.name} on {row.host}, pid {row.pid}"
+    return Reaped(gone, marked, recovered, who, nodes, claims)
+
+
+def _reaped_error(gone: int | None, reaper: int) -> str:
+    whose = "a site" if gone is None else f"site instance {gone}"
+    return (
+        f"{whose} stopped while this submission was in flight (settled by site instance "
+        f"{reaper}); the POST may or may not have reached the upstream"
+    )
+
+
+def _record(cursor: sqlite3.Cursor, gone: int | None, reaper: int, recovered: Recovered) -> None:
+    rows: Sequence[tuple[object, ...]] = [
+        (gone, reaper, op.gid, op.operation_id, op.from_state, op.outcome)
+        for op in recovered.operations
+    ]
+    if rows:
+        cursor.executemany(
+            "INSERT INTO instance_reap (instance_id, reaped_by, gid, operation_id, from_state, "
+            "outcome) VALUES (?, ?, ?, ?, ?, ?)",
+            rows,
+        )
+
+
+@dataclass(frozen=True)
+class ReapRecord:
+    """One ``instance_reap`` row: generation ``operation_id`` of ``gid``,
+    left ``from_state`` by instance ``instance_id``, settled (``outcome``
+    ``UNKNOWN`` or ``released``) by instance ``reaped_by`` at ``reaped_at``."""
+
+    instance_id: int | None
+    reaped_by: int
+    reaped_at: str
+    gid: int
+    operation_id: str
+    from_state: str
+    outcome: str
+
+
+def reap_records(cursor: sqlite3.Cursor, instance_id: int | None = None) -> list[ReapRecord]:
+    """The D9 evidence: every generation settled for a gone instance (or
+    only ``instance_id``'s), in the order it was settled."""
+    sql = (
+        "SELECT instance_id, reaped_by, reaped_at, gid, operation_id, from_state, outcome "
+        "FROM instance_reap"
+    )
+    params: tuple[object, ...] = ()
+    if instance_id is not None:
+        sql += " WHERE instance_id = ?"
+        params = (instance_id,)
+    return [
+        ReapRecord(
+            None if r["instance_id"] is None else int(r["instance_id"]),
+            int(r["reaped_by"]),
+            r["reaped_at"],
+            int(r["gid"]),
+            r["operation_id"],
+            r["from_state"],
+            r["outcome"],
+        )
+        for r in cursor.execute(sql + " ORDER BY id", params)
+    ]
