@@ -69,7 +69,10 @@ def test_quick_run_prints_every_row_and_writes_results(tmp_path: Path) -> None:
     assert [row["bench"] for row in document["rows"]] == ids
     for row in document["rows"]:
         assert row["error"] is None
-        assert row["figure"] is not None and row["figure"] > 0
+        assert row["figure"] is not None
+        # B5 is the CPU share of a site holding idle connections: in a
+        # quick run's 2 s it may use less than one clock tick (0.0).
+        assert row["figure"] >= 0 if row["bench"] == "B5" else row["figure"] > 0
     for bench_id in WITH_BASELINE:
         if bench_id in ids:
             row = next(r for r in document["rows"] if r["bench"] == bench_id)
