@@ -14,6 +14,7 @@ Without PostgreSQL installed the ``postgresql`` half is skipped, unless
 from __future__ import annotations
 
 import os
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -84,6 +85,21 @@ def pg_server() -> Iterator[ThrowawayPostgres]:
         pytest.skip(f"PostgreSQL is not installed ({INSTALL_HINT})")
     with ThrowawayPostgres() as server:
         yield server
+
+
+@pytest.fixture
+def pg_url(pg_server: ThrowawayPostgres) -> Iterator[str]:
+    """A fresh PostgreSQL database with the site's schema, dropped after the
+    test (for the tests that are about PostgreSQL only)."""
+    from tasknet.site.storage.schema import prepare_database
+
+    name = f"pg_{uuid.uuid4().hex[:12]}"
+    url = pg_server.create_database(name)
+    prepare_database(url)
+    try:
+        yield url
+    finally:
+        pg_server.drop_database(name)
 
 
 @pytest.fixture(scope="session")

@@ -22,8 +22,7 @@ from __future__ import annotations
 
 import threading
 import time
-import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,22 +33,10 @@ from tasknet.site.storage import create, delete, dispatch
 from tasknet.site.storage import usage as usage_weeks
 from tasknet.site.storage.db import connect, run_write
 from tasknet.site.storage.errors import TaskError
-from tasknet.site.storage.schema import prepare_database
 from tests.site.helpers import add_user
 from tests.site_protocol.harness import add_task
 
 WEEK = usage_weeks.iso_week()
-
-
-@pytest.fixture
-def pg_url(pg_server: Any) -> Iterator[str]:
-    name = f"races_{uuid.uuid4().hex[:12]}"
-    url = pg_server.create_database(name)
-    prepare_database(url)
-    try:
-        yield url
-    finally:
-        pg_server.drop_database(name)
 
 
 @dataclass

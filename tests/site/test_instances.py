@@ -8,7 +8,6 @@ tests/site/test_reaping.py."""
 from __future__ import annotations
 
 import time
-import uuid
 from collections.abc import Iterator
 from typing import Any
 
@@ -230,17 +229,6 @@ async def test_the_sqlite_lease_is_the_flock_and_judges_every_other_instance_gon
         connection.close()
     assert row.name == "solo" and row.ended_at is not None and row.reaped_at is None
     lock.acquire(path).release()  # the flock went with it
-
-
-@pytest.fixture
-def pg_url(pg_server: Any) -> Iterator[str]:
-    name = f"instances_{uuid.uuid4().hex[:12]}"
-    url = pg_server.create_database(name)
-    prepare_database(url)
-    try:
-        yield url
-    finally:
-        pg_server.drop_database(name)
 
 
 def _terminate(url: str, pid: int) -> None:

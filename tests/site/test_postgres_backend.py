@@ -46,7 +46,7 @@ _names = itertools.count(1)
 
 
 @pytest.fixture
-def pg_url(pg_server: ThrowawayPostgres) -> Iterator[str]:
+def empty_pg_url(pg_server: ThrowawayPostgres) -> Iterator[str]:
     """A fresh empty PostgreSQL database."""
     name = f"backend_{next(_names)}"
     url = pg_server.create_database(name)
@@ -257,12 +257,12 @@ def test_the_transition_trigger_refuses_what_transitions_refuses(db_target: str)
     assert rows == {(name(a), name(b)) for a, b in transitions.ALLOWED}
 
 
-def test_a_lock_held_past_the_timeout_is_busy_not_a_hang(pg_url: str) -> None:
-    prepared(pg_url)
-    uid = user_id(pg_url)
-    _seed_usage(pg_url, uid)
-    holder = psycopg.connect(pg_url)  # a transaction until rollback
-    connection = postgres.connect(pg_url, lock_timeout_ms=100)
+def test_a_lock_held_past_the_timeout_is_busy_not_a_hang(empty_pg_url: str) -> None:
+    prepared(empty_pg_url)
+    uid = user_id(empty_pg_url)
+    _seed_usage(empty_pg_url, uid)
+    holder = psycopg.connect(empty_pg_url)  # a transaction until rollback
+    connection = postgres.connect(empty_pg_url, lock_timeout_ms=100)
     try:
         holder.execute("UPDATE weekly_usage SET used = used WHERE user_id = %s", (uid,))
         with pytest.raises(psycopg.errors.LockNotAvailable) as raised:
@@ -270,7 +270,7 @@ def test_a_lock_held_past_the_timeout_is_busy_not_a_hang(pg_url: str) -> None:
         assert isinstance(dbmod.classify(raised.value), DatabaseBusy)
         holder.rollback()
         dbmod.run_write(connection, usage.meter, uid, "w", 1)
-        assert _used(pg_url, uid) == 11
+        assert _used(empty_pg_url, uid) == 11
     finally:
         holder.close()
         connection.close()
@@ -333,27 +333,31 @@ def _used(target: str, uid: int) -> int:
         connection.close()
 
 
-def test_a_serialization_failure_reruns_the_transaction_and_it_lands(pg_url: str) -> None:
-    prepared(pg_url)
-    uid = user_id(pg_url)
-    _seed_usage(pg_url, uid)
+def test_a_serialization_failure_reruns_the_transaction_and_it_lands(empty_pg_url: str) -> None:
+    prepared(empty_pg_url)
+    uid = user_id(empty_pg_url)
+    _seed_usage(empty_pg_url, uid)
     attempts: list[int] = []
-    fn = _meter_with_interference(pg_url, uid, attempts, _other_session_adds(pg_url, uid, 5))
-    connection = dbmod.connect(pg_url)
+    fn = _meter_with_interference(
+        empty_pg_url, uid, attempts, _other_session_adds(empty_pg_url, uid, 5)
+    )
+    connection = dbmod.connect(empty_pg_url)
     try:
         assert dbmod.run_write(connection, fn) == 16  # read after the other's commit
     finally:
         connection.close()
     assert len(attempts) == 2
-    assert _used(pg_url, uid) == 16  # both changes, none lost
+    assert _used(empty_pg_url, uid) == 16  # both changes, none lost
 
 
-def test_a_swallowed_serialization_failure_is_still_rerun(pg_url: str) -> None:
-    prepared(pg_url)
-    uid = user_id(pg_url)
-    _seed_usage(pg_url, uid)
+def test_a_swallowed_serialization_failure_is_still_rerun(empty_pg_url: str) -> None:
+    prepared(empty_pg_url)
+    uid = user_id(empty_pg_url)
+    _seed_usage(empty_pg_url, uid)
     attempts: list[int] = []
-    inner = _meter_with_interference(pg_url, uid, attempts, _other_session_adds(pg_url, uid, 5))
+    inner = _meter_with_interference(
+        empty_pg_url, uid, attempts, _other_session_adds(empty_pg_url, uid, 5)
+    )
 
     def swallowing(cursor: Any) -> str:
         try:
@@ -362,18 +366,18 @@ def test_a_swallowed_serialization_failure_is_still_rerun(pg_url: str) -> None:
             pass  # a bug: carries on in an aborted transaction
         return "done"
 
-    connection = dbmod.connect(pg_url)
+    connection = dbmod.connect(empty_pg_url)
     try:
         assert dbmod.run_write(connection, swallowing) == "done"
     finally:
         connection.close()
-    assert len(attempts) == 2 and _used(pg_url, uid) == 16
+    assert len(attempts) == 2 and _used(empty_pg_url, uid) == 16
 
 
-def test_a_commit_of_a_transaction_aborted_by_another_error_fails(pg_url: str) -> None:
-    prepared(pg_url)
-    user_id(pg_url)
-    connection = dbmod.connect(pg_url)
+def test_a_commit_of_a_transaction_aborted_by_another_error_fails(empty_pg_url: str) -> None:
+    prepared(empty_pg_url)
+    user_id(empty_pg_url)
+    connection = dbmod.connect(empty_pg_url)
 
     def swallowing(cursor: Any) -> None:
         try:
@@ -400,28 +404,30 @@ def test_a_commit_of_a_transaction_aborted_by_another_error_fails(pg_url: str) -
 
 
 @pytest_twisted.ensureDeferred
-async def test_the_writer_reruns_a_conflicting_transaction(pg_url: str) -> None:
-    prepared(pg_url)
-    uid = user_id(pg_url)
-    _seed_usage(pg_url, uid)
+async def test_the_writer_reruns_a_conflicting_transaction(empty_pg_url: str) -> None:
+    prepared(empty_pg_url)
+    uid = user_id(empty_pg_url)
+    _seed_usage(empty_pg_url, uid)
     attempts: list[int] = []
-    fn = _meter_with_interference(pg_url, uid, attempts, _other_session_adds(pg_url, uid, 5))
-    db = dbmod.open_pool(pg_url)
+    fn = _meter_with_interference(
+        empty_pg_url, uid, attempts, _other_session_adds(empty_pg_url, uid, 5)
+    )
+    db = dbmod.open_pool(empty_pg_url)
     try:
-        assert (db.backend, db.target) == ("postgresql", pg_url)
+        assert (db.backend, db.target) == ("postgresql", empty_pg_url)
         assert await db.write(fn) == 16
         assert (db.writes, db.transactions) == (1, 1)
     finally:
         db.close()
-    assert len(attempts) == 2 and _used(pg_url, uid) == 16
+    assert len(attempts) == 2 and _used(empty_pg_url, uid) == 16
 
 
 @pytest_twisted.ensureDeferred
-async def test_a_conflict_in_a_group_commit_reruns_its_writes_one_by_one(pg_url: str) -> None:
-    prepared(pg_url)
-    uid = user_id(pg_url)
-    _seed_usage(pg_url, uid)
-    db = dbmod.open_pool(pg_url)
+async def test_a_conflict_in_a_group_commit_reruns_its_writes_one_by_one(empty_pg_url: str) -> None:
+    prepared(empty_pg_url)
+    uid = user_id(empty_pg_url)
+    _seed_usage(empty_pg_url, uid)
+    db = dbmod.open_pool(empty_pg_url)
     calls: list[str] = []
 
     def named(name: str) -> Callable[[Any], str]:
@@ -434,7 +440,7 @@ async def test_a_conflict_in_a_group_commit_reruns_its_writes_one_by_one(pg_url:
 
     attempts: list[int] = []
     conflicting = _meter_with_interference(
-        pg_url, uid, attempts, _other_session_adds(pg_url, uid, 5)
+        empty_pg_url, uid, attempts, _other_session_adds(empty_pg_url, uid, 5)
     )
     try:
         held = HeldWriter(db)
@@ -451,7 +457,7 @@ async def test_a_conflict_in_a_group_commit_reruns_its_writes_one_by_one(pg_url:
         assert (db.writes, db.transactions, db.conflicts) == (4, 4, 1)
     finally:
         db.close()
-    connection = dbmod.connect(pg_url)
+    connection = dbmod.connect(empty_pg_url)
     try:
         assert connection.execute("SELECT COUNT(*) FROM node_key").fetchone()[0] == 2
     finally:
@@ -459,13 +465,13 @@ async def test_a_conflict_in_a_group_commit_reruns_its_writes_one_by_one(pg_url:
 
 
 @pytest_twisted.ensureDeferred
-async def test_a_conflict_that_never_ends_fails_busy(pg_url: str, monkeypatch) -> None:
-    prepared(pg_url)
-    uid = user_id(pg_url)
-    _seed_usage(pg_url, uid)
+async def test_a_conflict_that_never_ends_fails_busy(empty_pg_url: str, monkeypatch) -> None:
+    prepared(empty_pg_url)
+    uid = user_id(empty_pg_url)
+    _seed_usage(empty_pg_url, uid)
     monkeypatch.setattr(dbmod, "CONFLICT_RETRIES", 2)
     attempts: list[int] = []
-    interfere = _other_session_adds(pg_url, uid, 1)
+    interfere = _other_session_adds(empty_pg_url, uid, 1)
 
     def always_conflicting(cursor: Any) -> None:
         attempts.append(1)
@@ -473,7 +479,7 @@ async def test_a_conflict_that_never_ends_fails_busy(pg_url: str, monkeypatch) -
         interfere()
         cursor.execute("UPDATE weekly_usage SET used = used + 1 WHERE user_id = ?", (uid,))
 
-    db = dbmod.open_pool(pg_url)
+    db = dbmod.open_pool(empty_pg_url)
     try:
         with pytest.raises(DatabaseBusy, match="serialization") as raised:
             await db.write(always_conflicting)
@@ -481,17 +487,17 @@ async def test_a_conflict_that_never_ends_fails_busy(pg_url: str, monkeypatch) -
         assert len(attempts) == 3
     finally:
         db.close()
-    assert _used(pg_url, uid) == 13  # the other session's three, none of ours
+    assert _used(empty_pg_url, uid) == 13  # the other session's three, none of ours
 
 
 # -- group commit, reads, broken connections ----------------------------------------
 
 
 @pytest_twisted.ensureDeferred
-async def test_group_commit_on_postgresql(pg_url: str) -> None:
-    prepared(pg_url)
-    uid = user_id(pg_url)
-    db = dbmod.open_pool(pg_url)
+async def test_group_commit_on_postgresql(empty_pg_url: str) -> None:
+    prepared(empty_pg_url)
+    uid = user_id(empty_pg_url)
+    db = dbmod.open_pool(empty_pg_url)
     try:
         held = HeldWriter(db)
         await held.started()
@@ -515,14 +521,14 @@ async def test_group_commit_on_postgresql(pg_url: str) -> None:
 
 @pytest_twisted.ensureDeferred
 async def test_a_broken_connection_fails_its_transaction_and_the_next_reconnects(
-    pg_url: str,
+    empty_pg_url: str,
 ) -> None:
-    prepared(pg_url)
-    uid = user_id(pg_url)
-    db = dbmod.open_pool(pg_url)
+    prepared(empty_pg_url)
+    uid = user_id(empty_pg_url)
+    db = dbmod.open_pool(empty_pg_url)
     try:
         pid = await db.write(lambda c: c.execute("SELECT pg_backend_pid()").fetchone()[0])
-        with psycopg.connect(pg_url, autocommit=True) as other:
+        with psycopg.connect(empty_pg_url, autocommit=True) as other:
             other.execute("SELECT pg_terminate_backend(%s)", (pid,))
         with pytest.raises(DatabaseFailed):
             await db.write(usage.meter, uid, "w", 1)
@@ -531,13 +537,13 @@ async def test_a_broken_connection_fails_its_transaction_and_the_next_reconnects
         assert new_pid != pid
     finally:
         db.close()
-    assert _used(pg_url, uid) == 2
+    assert _used(empty_pg_url, uid) == 2
 
 
 # -- schema ------------------------------------------------------------------------
 
 
-def test_sites_starting_together_create_the_schema_once(pg_url: str) -> None:
+def test_sites_starting_together_create_the_schema_once(empty_pg_url: str) -> None:
     results: list[bool] = []
     errors: list[BaseException] = []
     barrier = threading.Barrier(3)
@@ -545,7 +551,7 @@ def test_sites_starting_together_create_the_schema_once(pg_url: str) -> None:
     def start() -> None:
         try:
             barrier.wait(10)
-            results.append(prepare_database(pg_url))
+            results.append(prepare_database(empty_pg_url))
         except BaseException as error:  # reported below
             errors.append(error)
 
@@ -556,7 +562,7 @@ def test_sites_starting_together_create_the_schema_once(pg_url: str) -> None:
         thread.join(60)
     assert not errors
     assert sorted(results) == [False, False, True]
-    connection = dbmod.connect(pg_url)
+    connection = dbmod.connect(empty_pg_url)
     try:
         assert schema_version(connection) == CURRENT_VERSION
         versions = [r[0] for r in connection.execute("SELECT version FROM schema_version")]
@@ -565,12 +571,12 @@ def test_sites_starting_together_create_the_schema_once(pg_url: str) -> None:
         connection.close()
 
 
-def test_a_foreign_database_is_refused_and_left_alone(pg_url: str) -> None:
-    with psycopg.connect(pg_url, autocommit=True) as other:
+def test_a_foreign_database_is_refused_and_left_alone(empty_pg_url: str) -> None:
+    with psycopg.connect(empty_pg_url, autocommit=True) as other:
         other.execute("CREATE TABLE theirs (x int)")
     with pytest.raises(Exception, match="no tasknet schema"):
-        prepare_database(pg_url)
-    with psycopg.connect(pg_url, autocommit=True) as other:
+        prepare_database(empty_pg_url)
+    with psycopg.connect(empty_pg_url, autocommit=True) as other:
         tables = other.execute(
             "SELECT tablename FROM pg_tables WHERE schemaname = 'public'"
         ).fetchall()
@@ -593,18 +599,20 @@ def test_the_backend_of_a_target() -> None:
     assert dbmod.describe("postgresql://u@h/db") == "postgresql://u@h/db"
 
 
-def test_no_instance_lock_is_taken_on_postgresql(pg_url: str) -> None:
-    first = lock.acquire(pg_url)
-    second = lock.acquire(pg_url)  # several sites share one database
+def test_no_instance_lock_is_taken_on_postgresql(empty_pg_url: str) -> None:
+    first = lock.acquire(empty_pg_url)
+    second = lock.acquire(empty_pg_url)  # several sites share one database
     assert first.held and second.held and first.path is None
     first.release()
     assert not first.held
 
 
-def test_migrate_creates_the_schema_on_an_empty_postgresql_database(pg_url: str, capsys) -> None:
-    assert migrate_main(["--db", pg_url]) == 0
+def test_migrate_creates_the_schema_on_an_empty_postgresql_database(
+    empty_pg_url: str, capsys
+) -> None:
+    assert migrate_main(["--db", empty_pg_url]) == 0
     assert f"at schema v{CURRENT_VERSION}" in capsys.readouterr().out
-    assert migrate_main(["--db", pg_url]) == 0
+    assert migrate_main(["--db", empty_pg_url]) == 0
     assert "nothing to do" in capsys.readouterr().out
-    assert migrate_main(["--db", pg_url.rsplit("/", 1)[0] + "/no_such_database"]) == 1
+    assert migrate_main(["--db", empty_pg_url.rsplit("/", 1)[0] + "/no_such_database"]) == 1
     assert "does not exist" in capsys.readouterr().err

@@ -21,7 +21,7 @@ from __future__ import annotations
 import itertools
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import psycopg
@@ -29,7 +29,6 @@ import pytest
 import pytest_twisted
 from twisted.internet.defer import DeferredList, gatherResults
 
-from tasknet.drill.pgserver import ThrowawayPostgres
 from tasknet.protocol.messages import (
     ACK_APPLIED,
     DELETE_DELETED,
@@ -42,22 +41,12 @@ from tasknet.site.storage import delete, reports
 from tasknet.site.storage.dialect import POSTGRES_BEGIN_READ_COMMITTED
 from tasknet.site.storage.errors import DatabaseBusy, TaskError
 from tasknet.site.storage.reports import QueuedReport, apply_reports, apply_task_report
-from tasknet.site.storage.schema import prepare_database
 from tests.site.helpers import HeldWriter
 
 _names = itertools.count(1)
 
 PER_NODE = 20
 NODE = "node-{:02d}"
-
-
-@pytest.fixture
-def pg_url(pg_server: ThrowawayPostgres) -> Iterator[str]:
-    name = f"conflicts_{next(_names)}"
-    url = pg_server.create_database(name)
-    prepare_database(url)
-    yield url
-    pg_server.drop_database(name)
 
 
 def _gids(node: int) -> range:

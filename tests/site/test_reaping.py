@@ -22,8 +22,7 @@ from __future__ import annotations
 
 import os
 import sys
-import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,7 +43,6 @@ from tasknet.site.storage import usage as usage_weeks
 from tasknet.site.storage.db import Database, connect, open_pool, run_read, run_write
 from tasknet.site.storage.instances import LeaseLost
 from tasknet.site.storage.lease import PostgresLease, take_lease
-from tasknet.site.storage.schema import prepare_database
 from tasknet.site.upstream_client import UpstreamClient
 from tasknet.upstream.testing import RunningUpstream, start_upstream
 from tests.site.helpers import add_user, wait_for
@@ -52,17 +50,6 @@ from tests.site.helpers import add_user, wait_for
 WEEK = usage_weeks.iso_week()
 TWISTD = str(Path(sys.executable).with_name("twistd"))
 REPO = str(Path(__file__).resolve().parents[2])
-
-
-@pytest.fixture
-def pg_url(pg_server: Any) -> Iterator[str]:
-    name = f"reaping_{uuid.uuid4().hex[:12]}"
-    url = pg_server.create_database(name)
-    prepare_database(url)
-    try:
-        yield url
-    finally:
-        pg_server.drop_database(name)
 
 
 @pytest_twisted.async_yield_fixture

@@ -416,9 +416,6 @@ def _judge_entries(
     the module rules into ``outcome`` (backfilling a legacy row's generation
     on the way).  ``high``: the node's revision mark this report is judged
     against (see :func:`_start_epochs`)."""
-    revision, operation_ids, applied = report.revision, report.operation_ids, outcome.applied.append
-    # With a mark, staleness is the report's, not the task's (see _stale).
-    stale_report = high is not None and revision <= high
     for gid in entries:
         row = rows.get(gid)
         if row is None:
@@ -428,9 +425,9 @@ def _judge_entries(
         if state == _DELETED:
             outcome.ignored[gid] = TOMBSTONE
             continue
-        if row[_NODE_ID] != node_id and _owner_check(outcome, node_id, row) is not None:
+        if _owner_check(outcome, node_id, row) is not None:
             continue
-        sent = operation_ids.get(gid)
+        sent = report.operation_ids.get(gid)
         current = row[_OPERATION_ID]
         legacy = bool(row[_LEGACY])
         if state is None:
@@ -443,10 +440,10 @@ def _judge_entries(
             outcome.drop(gid, MISSING_OPERATION)
         elif sent is not None and sent != current:
             outcome.drop(gid, OLD_GENERATION)
-        elif stale_report or (high is None and _stale(revision, row[_LAST_REVISION], None)):
+        elif _stale(report.revision, row[_LAST_REVISION], high):
             outcome.drop(gid, STALE)
         else:
-            applied(gid)
+            outcome.applied.append(gid)
 
 
 def _stale(revision: int, last: int | None, high: int | None) -> bool:
