@@ -37,19 +37,21 @@ V2_SCRIPT = "migrate_task_operation_v2.sql"
 V3_SCRIPT = "migrate_v3.sql"
 V4_SCRIPT = "migrate_v4.sql"  # several sites: instances, leases, reaping
 V4_POSTGRES_SCRIPT = "migrate_v4_postgres.sql"
-CURRENT_VERSION = 4
+V5_SCRIPT = "migrate_v5.sql"  # fencing and trust: verdict waits, browser sessions
+V5_POSTGRES_SCRIPT = "migrate_v5_postgres.sql"
+CURRENT_VERSION = 5
 
 # Scripts that take a database from the version before them to their own.
 # v3 is additive (new tables and columns only), so the site applies it by
 # itself at start; v2 rewrites tables and stays an operator's decision.
-UPGRADES = {2: V2_SCRIPT, 3: V3_SCRIPT, 4: V4_SCRIPT}
+UPGRADES = {2: V2_SCRIPT, 3: V3_SCRIPT, 4: V4_SCRIPT, 5: V5_SCRIPT}
 AUTOMATIC_FROM = 2
 
 #: PostgreSQL: the whole schema at POSTGRES_BASE_VERSION, then the upgrades
 #: past it (the same versions as UPGRADES, in PostgreSQL's spelling).
 POSTGRES_SCRIPT = "schema_postgres.sql"
 POSTGRES_BASE_VERSION = 3
-UPGRADES_POSTGRES = {4: V4_POSTGRES_SCRIPT}
+UPGRADES_POSTGRES = {4: V4_POSTGRES_SCRIPT, 5: V5_POSTGRES_SCRIPT}
 
 #: The advisory lock (one 64-bit key) under which a PostgreSQL database's
 #: schema is created or upgraded: "tn-schem".

@@ -1,0 +1,38 @@
+-- Schema v5: fencing and trust (issue 19).  Additive only, like v3 and v4:
+-- the site applies it by itself at start, in one transaction, and
+-- `tasknet-migrate` applies it too.  PostgreSQL's copy is
+-- migrate_v5_postgres.sql: keep the two alike (a test compares the schemas).
+
+-- == fencing (SCALE.md "Fencing" 2) ==
+
+-- An UNKNOWN settled by a reap: the earliest moment a "not_submitted"
+-- verdict may be given (the dead instance's last lease confirmation + the
+-- upstream timeout + the lease timeout; ISO 8601 UTC).  NULL: no wait.
+ALTER TABLE task_operation ADD COLUMN verdict_not_before TEXT;
+-- When the dead instance last confirmed its lease, as the reap found it.
+ALTER TABLE instance_reap ADD COLUMN lease_confirmed_at TEXT;
+-- Each instance's lease timeout and upstream timeout (seconds), so that the
+-- site reaping it computes the verdict's wait with the dead one's figures.
+ALTER TABLE site_instance ADD COLUMN lease_timeout REAL;
+ALTER TABLE site_instance ADD COLUMN upstream_timeout REAL;
+
+-- == browser sessions (INTERFACES.md "Sessions and downloads") ==
+
+-- One row per signed-in browser: the cookie holds a random id, stored here
+-- only as its sha256 (id_hash).  A session ends at sign-out, at its idle or
+-- absolute expiry, when its user's token is rotated or revoked, or by an
+-- admin (tasknet-admin session end).
+CREATE TABLE IF NOT EXISTS web_session (
+    id            INTEGER PRIMARY KEY AUTOINCREMENT,
+    id_hash       TEXT    NOT NULL UNIQUE,
+    user_id       INTEGER NOT NULL REFERENCES "user"(id) ON DELETE CASCADE,
+    created_at    TEXT    NOT NULL DEFAULT (strftime('%Y-%m-%dT%H:%M:%fZ', 'now')),
+    last_seen_at  TEXT    NOT NULL DEFAULT (strftime('%Y-%m-%dT%H:%M:%fZ', 'now')),
+    idle_until    TEXT    NOT NULL,
+    expires_at    TEXT    NOT NULL,
+    ended_at      TEXT,
+    ended_why     TEXT
+);
+CREATE INDEX IF NOT EXISTS web_session_user ON web_session(user_id) WHERE ended_at IS NULL;
+
+INSERT OR IGNORE INTO schema_version (version) VALUES (5);
