@@ -4,45 +4,149 @@ Code logs with ``twisted.logger.Logger`` and keyword fields, e.g.
 ``log.info("report {report_id} applied", report_id=rid, gid=gid)``; every
 field reaches the JSON output, so log events are queryable, not just text.
 
-Choosing the output:
+Choosing the output (docs/operations.md, "Logs"):
 
-* under ``twistd``: pass ``--logger tasknet.logging.observer`` (see
-  :func:`twistd_logger_args`); :func:`observer` writes JSON lines to stdout
-  when the environment has ``TASKNET_LOG_JSON=1``, readable text otherwise.
+* every role's twistd plugin takes ``--log-format text|json`` and
+  ``--log-level debug|info|warn|error`` (:class:`LogOptions`, applied by
+  :func:`use_for_twistd` from the role's ``postOptions``).  twistd's own
+  options cannot be extended, but a plugin's are parsed before twistd builds
+  its logger, so the plugin makes twistd use :func:`observer` (its
+  ``--logger``) writing where twistd would have: stdout under ``-n``, else
+  ``--logfile`` (``twistd.log`` for a daemon), reopened on SIGUSR1 as
+  twistd's own.  twistd's ``--syslog`` or a ``--logger`` of another's is
+  left alone;
+* without the options the environment decides: ``TASKNET_LOG_FORMAT=json``
+  (or the older ``TASKNET_LOG_JSON=1``) and ``TASKNET_LOG_LEVEL=debug``;
+  the default is text at info.  ``--logger tasknet.logging.observer``
+  (:func:`twistd_logger_args`, what the demo and the drills give their
+  children) reads the same.
+
+Routine lines are debug events (HTTP access lines, a report ACKed
+``APPLIED``, the steps of a login): at the default level a log shows state
+changes, warnings and errors.
 
 A JSON line is one object: ``time`` (ISO 8601, UTC), ``level``,
 ``namespace``, ``message`` (the formatted text), ``failure`` (traceback
 text, when the event carries one), then the event's own fields; a value JSON
 cannot encode is written as its ``repr``.
+
+Secrets (INTERFACES.md, "Nothing secret in logs").  Code never logs a token,
+a session id or a password; :func:`redact_secrets` is the net under that
+rule, applied to every line this module writes (the message, the string
+fields, the traceback) and to the site's HTTP access log
+(``tasknet.site.web.http``): the password of a URL (``scheme://user:PW@``)
+and the value of a ``password=``, ``token=``, ``secret=`` or session
+parameter (a query string, libpq's ``key=value`` connection string, a
+cookie) become ``***``.  What a driver says about one particular ``--db``
+target goes through ``tasknet.site.storage.db.redact``, which also removes
+that target's own password wherever it appears (libpq repeats a bad URI's
+pieces in its message).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
+import signal
 import sys
 from collections.abc import Mapping
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import IO, Any
 
 from twisted.logger import (
+    FileLogObserver,
     FilteringLogObserver,
     ILogObserver,
     LogLevel,
     LogLevelFilterPredicate,
     formatEvent,
-    textFileLogObserver,
+    formatEventAsClassicLogText,
 )
 from zope.interface import provider
 
 JSON_ENV = "TASKNET_LOG_JSON"
+FORMAT_ENV = "TASKNET_LOG_FORMAT"
+LEVEL_ENV = "TASKNET_LOG_LEVEL"
 _TRUE = {"1", "true", "yes", "on"}
+#: ``--log-format`` / ``TASKNET_LOG_FORMAT`` values.
+FORMATS = ("text", "json")
+#: ``--log-level`` / ``TASKNET_LOG_LEVEL`` values.
+LEVELS: dict[str, LogLevel] = {
+    "debug": LogLevel.debug,
+    "info": LogLevel.info,
+    "warn": LogLevel.warn,
+    "warning": LogLevel.warn,
+    "error": LogLevel.error,
+    "critical": LogLevel.critical,
+}
+#: What twistd's ``--logger`` names to use :func:`observer`.
+OBSERVER = "tasknet.logging.observer"
+
+
+@dataclass
+class _Chosen:
+    """What the role's options chose (None: the environment decides)."""
+
+    format: str | None = None
+    level: str | None = None
+    #: twistd's log file when :func:`observer` writes it (None: stdout).
+    path: str | None = None
+
+
+_chosen = _Chosen()
+
+#: What replaces a secret.
+REDACTED = "***"
+
+# ``scheme://user:PASSWORD@host``: the password runs to the last ``@`` of
+# the URL (an unescaped ``@`` in a password is still the password's).
+_URL_PASSWORD = re.compile(r"(?i)(\b[a-z][a-z0-9+.\-]*://[^\s/?#@:\"'<>]*:)[^\s\"'<>]*@")
+# ``password=...`` / ``token=...`` / ``tasknet_session=...``, in a query
+# string, a cookie or libpq's ``key=value`` form (quoted or not; libpq also
+# allows spaces around its ``=``, so the password keys do too, the others
+# not: ``token = new_token()`` in a traceback's source line is no secret).
+_SECRET_PARAMETER = re.compile(
+    r"(?i)(\b(?:(?:password|passwd|pwd)\s*=\s*|"
+    r"(?:secret|[a-z_]*token|tasknet_session|session(?:_?id)?)=))"
+    r"('(?:[^'\\]|\\.)*'|[^\s&;,\"'<>]+)"
+)
+
+
+def redact_secrets(text: str) -> str:
+    """``text`` with URL passwords and the values of secret parameters
+    replaced by :data:`REDACTED`."""
+    if "=" not in text and "@" not in text:
+        return text
+    text = _URL_PASSWORD.sub(lambda m: m.group(1) + REDACTED + "@", text)
+    return _SECRET_PARAMETER.sub(lambda m: m.group(1) + REDACTED, text)
 
 
 def json_requested(environ: Mapping[str, str] | None = None) -> bool:
     """Whether ``TASKNET_LOG_JSON`` asks for JSON lines."""
     env = os.environ if environ is None else environ
     return env.get(JSON_ENV, "").strip().lower() in _TRUE
+
+
+def log_format(environ: Mapping[str, str] | None = None) -> str:
+    """``text`` or ``json``: ``--log-format``, else ``TASKNET_LOG_FORMAT``,
+    else ``TASKNET_LOG_JSON``, else text (an unknown value counts as unset)."""
+    if _chosen.format is not None:
+        return _chosen.format
+    env = os.environ if environ is None else environ
+    value = env.get(FORMAT_ENV, "").strip().lower()
+    if value in FORMATS:
+        return value
+    return "json" if json_requested(env) else "text"
+
+
+def log_level(environ: Mapping[str, str] | None = None) -> LogLevel:
+    """The lowest level written: ``--log-level``, else ``TASKNET_LOG_LEVEL``, else info."""
+    if _chosen.level is not None:
+        return LEVELS[_chosen.level]
+    env = os.environ if environ is None else environ
+    return LEVELS.get(env.get(LEVEL_ENV, "").strip().lower(), LogLevel.info)
 
 
 def _jsonable(value: Any) -> Any:
@@ -60,17 +164,18 @@ def event_as_json_line(event: Mapping[str, Any]) -> str:
         "time": datetime.fromtimestamp(event.get("log_time", 0.0), UTC).isoformat(),
         "level": getattr(level, "name", str(level)),
         "namespace": event.get("log_namespace", ""),
-        "message": formatEvent(dict(event)),
+        "message": redact_secrets(formatEvent(dict(event))),
     }
     failure = event.get("log_failure")
     if failure is not None:
-        record["failure"] = failure.getTraceback()
+        record["failure"] = redact_secrets(failure.getTraceback())
     for key, value in event.items():
         # log_* keys are twisted's bookkeeping; legacy twisted.python.log
         # events add "message", "format", "isError", "system", "time" too.
         if key.startswith("log_") or key in record or key in {"format", "isError", "system"}:
             continue
-        record[key] = _jsonable(value)
+        value = _jsonable(value)
+        record[key] = redact_secrets(value) if isinstance(value, str) else value
     return json.dumps(record, ensure_ascii=False, separators=(",", ":")) + "\n"
 
 
@@ -85,20 +190,119 @@ def json_observer(stream: IO[str]) -> ILogObserver:
     return write
 
 
-def observer(stream: IO[str] | None = None, level: LogLevel = LogLevel.info) -> ILogObserver:
-    """The tasknet log observer: JSON lines if requested, else text; ``level`` and above.
+def _redacted_text(event: Mapping[str, Any]) -> str | None:
+    text = formatEventAsClassicLogText(dict(event))
+    return None if text is None else redact_secrets(text)
+
+
+def text_observer(stream: IO[str]) -> ILogObserver:
+    """twisted's classic text lines (as ``textFileLogObserver``), redacted."""
+    return FileLogObserver(stream, _redacted_text)
+
+
+def observer(stream: IO[str] | None = None, level: LogLevel | None = None) -> ILogObserver:
+    """The tasknet log observer: JSON lines or text (:func:`log_format`),
+    ``level`` (default :func:`log_level`) and above, to ``stream`` (default:
+    twistd's log file when :func:`use_for_twistd` chose one, else stdout).
 
     This is the factory for ``twistd --logger tasknet.logging.observer``.
     """
-    out = sys.stdout if stream is None else stream
-    inner = json_observer(out) if json_requested() else textFileLogObserver(out)
-    return FilteringLogObserver(inner, [LogLevelFilterPredicate(defaultLogLevel=level)])
+    out = stream if stream is not None else _destination()
+    inner = json_observer(out) if log_format() == "json" else text_observer(out)
+    wanted = log_level() if level is None else level
+    return FilteringLogObserver(inner, [LogLevelFilterPredicate(defaultLogLevel=wanted)])
+
+
+def _destination() -> IO[str]:
+    if _chosen.path is None:
+        return sys.stdout
+    from twisted.python.logfile import LogFile
+
+    log_file = LogFile.fromFullPath(_chosen.path)
+    # As twistd's own log file: SIGUSR1 rotates it (unless a handler is set).
+    if not signal.getsignal(signal.SIGUSR1):
+
+        def rotate(signum: int, frame: Any) -> None:
+            from twisted.internet import reactor
+
+            reactor.callFromThread(log_file.rotate)  # type: ignore[attr-defined]
+
+        signal.signal(signal.SIGUSR1, rotate)
+    return log_file  # type: ignore[return-value]
+
+
+class LogOptions:
+    """The log options of a role's twistd plugin (mixed into its
+    ``usage.Options``; the role's ``postOptions`` calls :func:`use_for_twistd`)."""
+
+    optParameters: list[list[Any]] = [
+        [
+            "log-format",
+            None,
+            None,
+            "text, or json (one JSON object a line: time, level, namespace, message and "
+            f"the event's fields, for log shippers). Default: ${FORMAT_ENV}, else text.",
+        ],
+        [
+            "log-level",
+            None,
+            None,
+            "The lowest level logged: debug (adds HTTP access lines, report ACKs, login "
+            f"steps), info, warn or error. Default: ${LEVEL_ENV}, else info.",
+        ],
+    ]
+
+
+def use_for_twistd(options: Any) -> None:
+    """Apply :class:`LogOptions` from a role's ``postOptions``.
+
+    Checks the values (``usage.UsageError``), records them for
+    :func:`observer`, and, when the plugin runs under twistd (``options.parent``
+    is twistd's ``ServerOptions``) without ``--syslog`` or a ``--logger`` of
+    its own, makes twistd use :func:`observer`, writing where twistd would
+    have written (the module doc).  Outside twistd (a test parsing the
+    options) nothing but the check and the record happens."""
+    from twisted.python import usage
+
+    fmt = options.get("log-format")
+    level = options.get("log-level")
+    if fmt is not None:
+        fmt = fmt.strip().lower()
+        if fmt not in FORMATS:
+            raise usage.UsageError(f"--log-format must be text or json, got {fmt!r}")
+    if level is not None:
+        level = level.strip().lower()
+        if level not in LEVELS:
+            raise usage.UsageError(f"--log-level must be debug, info, warn or error, got {level!r}")
+    parent = getattr(options, "parent", None)
+    if parent is None:
+        return
+    _chosen.format, _chosen.level = fmt, level
+    logger = parent.get("logger")
+    if parent.get("syslog") or logger not in (None, OBSERVER):
+        if fmt is not None or level is not None:
+            other = "--syslog" if parent.get("syslog") else f"--logger {logger}"
+            raise usage.UsageError(
+                f"--log-format and --log-level choose tasknet's own log lines; twistd's"
+                f" {other} replaces them: give one or the other"
+            )
+        return
+    logfile = parent.get("logfile") or None
+    nodaemon = bool(parent.get("nodaemon"))
+    if logfile == "-":
+        if not nodaemon:
+            raise usage.UsageError("a daemon cannot log to stdout (--logfile -): add -n")
+        logfile = None
+    elif logfile is None and not nodaemon:
+        logfile = "twistd.log"
+    _chosen.path = logfile
+    parent["logger"] = OBSERVER
 
 
 def twistd_logger_args() -> list[str]:
     """``twistd`` arguments that route a child's logs through :func:`observer`.
 
-    The child inherits the environment, so ``TASKNET_LOG_JSON`` decides its
-    format too.
+    The child inherits the environment, so ``TASKNET_LOG_FORMAT`` and
+    ``TASKNET_LOG_LEVEL`` decide its format and level too.
     """
-    return ["--logger", "tasknet.logging.observer"]
+    return ["--logger", OBSERVER]

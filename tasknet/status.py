@@ -89,6 +89,16 @@ _STATE_STATUS: dict[OperationState, TaskStatus] = {
 }
 
 
+def status_words(status: TaskStatus | str | None) -> str:
+    """A status as a person reads it in the tools, in the UI's words, both
+    languages: ``下载完成 / Download complete``; a task that is gone (its
+    ``DELETED`` tombstone, no status) is ``deleted``."""
+    if status is None:
+        return "deleted"
+    label = TaskStatus(status).label
+    return f"{label.zh} / {label.en}"
+
+
 def display_status(
     state: OperationState | str | None,
     node_code: int | None,

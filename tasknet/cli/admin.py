@@ -19,11 +19,26 @@ Commands::
     user list
     user quota NAME N
     user token NAME                         prints a new token; the old one stops working
+                                            and the user's browser sessions end
+    user revoke NAME                        the token stops working, no new one (until
+                                            'user token'); the user's sessions end
+    user disable NAME                       the user's token and sessions stop working
+                                            (its sessions end); its tasks stay
+    user enable NAME                        the token works again (sign in again)
+    user remove NAME                        delete the user; refused while it has a live
+                                            task (anything but a DELETED tombstone)
+    session list [--all]                    browser sessions: ID (a prefix of the stored
+                                            hash), user, created, last seen, expires
+    session end ID|--user NAME              end one session, or all of a user's
     node-key add ID [SECRET]                prints the secret (generated if omitted)
     node-key list [--show-secrets]
     node-key remove ID
     [--upstream URL] unknown [--json]       UNKNOWN operations with their evidence
     [--upstream URL] resolve GID submitted|not_submitted [--note TEXT]
+                                            refused (exit 1, naming the time) while a
+                                            reaped submission's verdict wait runs
+                                            (not_submitted); --note is required when the
+                                            verdict contradicts the upstream's audit
     force-delete GID --note TEXT            complete a stuck DELETE_PENDING whose node
                                             is gone for good (audited; a repeat on the
                                             tombstone it left prints the same result)
@@ -39,6 +54,7 @@ import getpass
 import json
 import sqlite3
 import sys
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TextIO, TypeVar
@@ -46,12 +62,15 @@ from typing import Any, TextIO, TypeVar
 from twisted.internet.defer import Deferred
 from twisted.python.failure import Failure
 
+from tasknet.cli.args import parse
 from tasknet.clock import default_reactor
 from tasknet.site.lifecycle import Lifecycle
 from tasknet.site.storage import db as storage_db
-from tasknet.site.storage import delete, errors, reconcile, users
+from tasknet.site.storage import delete, errors, reconcile, sessions, users
 from tasknet.site.storage.schema import SchemaError, prepare_database
 from tasknet.site.upstream_client import UpstreamClient
+from tasknet.status import status_words
+from tasknet.version import version_line
 
 T = TypeVar("T")
 
@@ -96,6 +115,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="tasknet-admin", description="Administer a tasknet site database."
     )
+    parser.add_argument("--version", action="version", version=version_line("tasknet-admin"))
     parser.add_argument(
         "--db",
         required=True,
@@ -115,6 +135,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _add_user_commands(commands)
+    _add_session_commands(commands)
     _add_node_key_commands(commands)
     _add_reconcile_commands(commands)
     return parser
@@ -140,9 +161,45 @@ def _add_user_commands(commands: argparse._SubParsersAction[argparse.ArgumentPar
     quota.add_argument("name")
     quota.add_argument("quota", type=_positive_int)
     token = user_commands.add_parser(
-        "token", help="issue a new API token (the old one stops working)"
+        "token",
+        help="issue a new API token (the old one stops working, the user's browser sessions end)",
     )
     token.add_argument("name")
+    revoke = user_commands.add_parser(
+        "revoke",
+        help="take the API token away, no new one (the user's browser sessions end); "
+        "'user token' gives a new one",
+    )
+    revoke.add_argument("name")
+    disable = user_commands.add_parser(
+        "disable",
+        help="lock the user out: its token and browser sessions stop working, its tasks stay",
+    )
+    disable.add_argument("name")
+    enable = user_commands.add_parser(
+        "enable", help="let a disabled user in again (the same token; sign in again)"
+    )
+    enable.add_argument("name")
+    remove = user_commands.add_parser(
+        "remove",
+        help="delete the user for good; refused while it has live tasks (delete them first)",
+    )
+    remove.add_argument("name")
+
+
+def _add_session_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    session = commands.add_parser("session", help="browser sessions of the web UI")
+    session_commands = session.add_subparsers(dest="action", required=True, metavar="ACTION")
+    listing = session_commands.add_parser(
+        "list", help="open sessions (ID: a prefix of the stored hash, never the cookie)"
+    )
+    listing.add_argument(
+        "--all", action="store_true", help="also the ended and expired ones still kept"
+    )
+    end = session_commands.add_parser("end", help="end a session, or all of a user's")
+    which = end.add_mutually_exclusive_group(required=True)
+    which.add_argument("id", metavar="ID", nargs="?", help="the ID 'session list' shows")
+    which.add_argument("--user", metavar="NAME", help="end every session of this user")
 
 
 def _add_node_key_commands(
@@ -172,7 +229,12 @@ def _add_reconcile_commands(
     )
     resolve.add_argument("gid", type=_gid)
     resolve.add_argument("verdict", choices=reconcile.VERDICTS)
-    resolve.add_argument("--note", default="", help="why (kept in the audit log)")
+    resolve.add_argument(
+        "--note",
+        default="",
+        help="why (kept in the audit log); required when the verdict contradicts the"
+        " upstream's audit",
+    )
 
     force = commands.add_parser(
         "force-delete",
@@ -184,23 +246,38 @@ def _add_reconcile_commands(
 
 def _check_database(path: str) -> None:
     if not storage_db.is_postgres(path) and not Path(path).is_file():
-        raise AdminError(
-            f"no database at {path!r} (start tasknet-site --db {path} once to create it)"
-        )
+        raise AdminError(_not_a_database(path))
     try:
         prepare_database(path)
     except SchemaError as error:
-        raise AdminError(str(error)) from error
+        raise AdminError(storage_db.redact(str(error), path)) from error
     except Exception as error:
         if not isinstance(storage_db.classify(error), errors.DatabaseError):
             raise
-        raise AdminError(f"cannot use {storage_db.describe(path)!r}: {error}") from error
+        raise AdminError(
+            f"cannot use {storage_db.describe(path)!r}: {storage_db.redact(str(error), path)}"
+        ) from error
+
+
+def _not_a_database(path: str) -> str:
+    """What is wrong with a SQLite ``--db`` that is not a file."""
+    target = Path(path)
+    if target.is_dir():
+        return (
+            f"--db {path} is a directory, not a site database: give the database file"
+            " (the path the site was started with, tasknet-site --db FILE)"
+        )
+    if target.exists():
+        return f"--db {path} is not a regular file"
+    if not target.absolute().parent.is_dir():
+        return f"no database at {path!r}: there is no directory {str(target.absolute().parent)!r}"
+    return f"no database at {path!r} (start tasknet-site --db {path} once to create it)"
 
 
 def _write(connection: storage_db.Connection, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     try:
         return storage_db.run_write(connection, lambda cursor: fn(cursor, *args, **kwargs))
-    except (users.UserError, errors.TaskError) as error:
+    except (users.UserError, sessions.SessionError, errors.TaskError) as error:
         raise AdminError(str(error)) from error
 
 
@@ -228,6 +305,8 @@ def run(args: argparse.Namespace, out: TextIO) -> None:
     try:
         if args.command == "user":
             _user_command(connection, args, out)
+        elif args.command == "session":
+            _session_command(connection, args, out)
         elif args.command == "node-key":
             _node_key_command(connection, args, out)
         elif args.command == "force-delete":
@@ -287,11 +366,15 @@ def _user_command(connection: storage_db.Connection, args: argparse.Namespace, o
         print(token, file=out)
     elif args.action == "list":
         rows = _read(connection, users.list_users)
-        print(f"{'ID':>4}  {'NAME':<24} {'ADMIN':<5} {'QUOTA':>8}  CREATED", file=out)
+        print(
+            f"{'ID':>4}  {'NAME':<24} {'ADMIN':<5} {'QUOTA':>8}  {'CREATED':<24}  STATE",
+            file=out,
+        )
         for user in rows:
+            state = f"disabled since {user.disabled_at}" if user.disabled else "enabled"
             print(
                 f"{user.id:>4}  {user.name:<24} {'yes' if user.is_admin else 'no':<5} "
-                f"{user.quota:>8}  {user.created_at}",
+                f"{user.quota:>8}  {user.created_at:<24}  {state}",
                 file=out,
             )
     elif args.action == "quota":
@@ -299,8 +382,67 @@ def _user_command(connection: storage_db.Connection, args: argparse.Namespace, o
         print(f"user {user.name}: weekly quota {user.quota}", file=out)
     elif args.action == "token":
         token = _write(connection, users.rotate_token, args.name)
-        print(f"new token for {args.name}; the old one no longer works", file=sys.stderr)
+        print(
+            f"new token for {args.name}; the old one and its browser sessions no longer work",
+            file=sys.stderr,
+        )
         print(token, file=out)
+    elif args.action == "revoke":
+        _write(connection, users.revoke_token, args.name)
+        print(
+            f"user {args.name}: token revoked and browser sessions ended "
+            f"('user token {args.name}' gives a new token)",
+            file=out,
+        )
+    elif args.action == "disable":
+        user, ended = _write(connection, users.disable_user, args.name)
+        if ended is None:
+            print(f"user {user.name}: already disabled since {user.disabled_at}", file=out)
+        else:
+            print(
+                f"user {user.name}: disabled; its token and browser sessions no longer work"
+                f" ({ended} session(s) ended), its tasks stay ('user enable {user.name}'"
+                " lets it in again)",
+                file=out,
+            )
+    elif args.action == "enable":
+        user, was_disabled = _write(connection, users.enable_user, args.name)
+        if was_disabled:
+            print(f"user {user.name}: enabled; its token works again", file=out)
+        else:
+            print(f"user {user.name}: already enabled; nothing changed", file=out)
+    elif args.action == "remove":
+        user = _write(connection, users.remove_user, args.name)
+        print(f"user {user.name} (id {user.id}) removed", file=out)
+
+
+def _session_command(
+    connection: storage_db.Connection, args: argparse.Namespace, out: TextIO
+) -> None:
+    # A tool's clock: the expiries compared are the ones the sites wrote.
+    now = time.time()
+    if args.action == "list":
+        rows = _read(
+            connection,
+            lambda cursor: sessions.list_sessions(cursor, now, include_unusable=args.all),
+        )
+        header = f"{'ID':<{sessions.PREFIX_LENGTH}}  {'USER':<16} {'CREATED':<24} "
+        header += f"{'LAST SEEN':<24} {'EXPIRES':<24}"
+        print(header + ("  STATE" if args.all else ""), file=out)
+        for row in rows:
+            line = (
+                f"{row.prefix:<{sessions.PREFIX_LENGTH}}  {row.user:<16} {row.created_at:<24} "
+                f"{row.last_seen_at:<24} {row.ends_at:<24}"
+            )
+            print(line + (f"  {row.state(now)}" if args.all else ""), file=out)
+    elif args.user is not None:
+        count = _write(connection, sessions.end_sessions_of, args.user, f"ended by {_actor()}", now)
+        print(f"user {args.user}: {count} session(s) ended", file=out)
+    else:
+        ended = _write(
+            connection, sessions.end_session_by_prefix, args.id, f"ended by {_actor()}", now
+        )
+        print(f"session {ended.prefix} of {ended.user} ended", file=out)
 
 
 def _node_key_command(
@@ -312,6 +454,12 @@ def _node_key_command(
         print(secret, file=out)
     elif args.action == "list":
         keys = _read(connection, users.node_keys)
+        if not keys:
+            print(
+                "no node keys in this database (keys given to the site with --node-key or"
+                " --node-key-file are not stored here)",
+                file=out,
+            )
         for node_id, secret in keys.items():
             print(f"{node_id}\t{secret if args.show_secrets else _mask(secret)}", file=out)
     elif args.action == "remove":
@@ -357,12 +505,24 @@ async def _unknown_command(lifecycle: Lifecycle, args: argparse.Namespace, out: 
 
 
 async def _resolve_command(lifecycle: Lifecycle, args: argparse.Namespace, out: TextIO) -> None:
-    task = await lifecycle.resolve(args.gid, args.verdict, _actor(), args.note)
+    try:
+        task = await lifecycle.resolve(args.gid, args.verdict, _actor(), args.note)
+    except reconcile.VerdictTooEarly as early:
+        raise AdminError(
+            f"refused, nothing changed: {early.message}; run it again at or after"
+            f" {early.not_before}"
+        ) from early
+    except errors.TaskError as refused:
+        if refused.code == reconcile.NOTE_REQUIRED:
+            raise AdminError(
+                f"refused, nothing changed: {refused.message}: give --note TEXT"
+            ) from refused
+        raise
     if task is None:
         print(f"gid {args.gid}: not submitted; the task was released and the gid is free", file=out)
     else:
         print(
-            f"gid {args.gid}: submitted; now {task['state']} ({task['statusText']}), "
+            f"gid {args.gid}: submitted; now {status_words(task['status'])}, "
             f"cost {task['cost']} metered",
             file=out,
         )
@@ -371,11 +531,11 @@ async def _resolve_command(lifecycle: Lifecycle, args: argparse.Namespace, out: 
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = parse(build_parser(), argv)
     try:
         run(args, sys.stdout)
     except AdminError as error:
-        print(f"tasknet-admin: {error}", file=sys.stderr)
+        print(f"tasknet-admin: {storage_db.redact(str(error), args.db)}", file=sys.stderr)
         return 1
     except Exception as error:
         # e.g. locked past busy_timeout: the driver's error from the tools,
@@ -385,7 +545,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise
         if isinstance(error, sqlite3.Error) and not isinstance(error, sqlite3.OperationalError):
             raise  # as before: only "locked"/"busy"-like driver errors are refusals
-        print(f"tasknet-admin: database error, nothing changed: {error}", file=sys.stderr)
+        print(
+            "tasknet-admin: database error, nothing changed: "
+            f"{storage_db.redact(str(error), args.db)}",
+            file=sys.stderr,
+        )
         return 1
     return 0
 

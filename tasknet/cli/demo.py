@@ -3,14 +3,25 @@
 Starts real ``twistd -n`` children (the mock upstream, a site with ``--demo``
 on an embedded SQLite file, a v2 node ``node-1`` and a legacy ``--protocol 1``
 node ``node-2``) on free loopback ports, waits until they are ready, prints
-the URL and the demo token, and stops them all (nodes first, upstream last)
-on Ctrl-C or SIGTERM.
+the URL, the demo token, the database (for ``tasknet-admin --db``) and where the
+logs are, and stops them all (nodes first, upstream last) on Ctrl-C or
+SIGTERM.
 
 ``--postgres``: a throwaway PostgreSQL server (``tasknet.drill.pgserver``)
 in the data directory and two sites on one database of it (``site-1``,
 ``site-2``: own ``--name``, HTTP and node ports), each node given both sites
 with ``--connect`` (node-1 site-1 first, node-2 site-2 first), so each site
 holds one node and each site's node list shows both; the server stops last.
+
+A child that dies does not end the demo (:class:`Supervisor`): one line
+says which, its exit status and its log, the others keep running (the
+site shows a dead node offline by itself), and nothing is restarted unless
+``--restart-children`` (then with backoff, 1 s doubling to 30 s, saying so).
+
+``--data DIR`` keeps everything across runs, on both backends: the SQLite
+database, the PostgreSQL cluster (``DIR/postgres``, started again as it
+is), the nodes' queues and archives, the logs; nothing under it is deleted.
+Without it a new temporary directory is used and removed at the end.
 
 :class:`DemoStack` is plain synchronous code (subprocess + blocking HTTP, no
 reactor), so tests that must not run a reactor in-process (the Playwright
@@ -20,6 +31,8 @@ browser test) start the same stack with it.
 from __future__ import annotations
 
 import argparse
+import functools
+import json
 import os
 import shutil
 import signal
@@ -36,6 +49,7 @@ from tasknet.cli.jsonhttp import request
 from tasknet.drill.pgserver import PostgresFailed, PostgresNotInstalled, ThrowawayPostgres
 from tasknet.logging import twistd_logger_args
 from tasknet.process import LOOPBACK, Child, free_port, port_is_free, twistd_command
+from tasknet.version import version_line
 
 DEMO_TOKEN = "demo"
 #: The database the ``--postgres`` demo's sites share.
@@ -43,6 +57,11 @@ POSTGRES_DATABASE = "tasknet"
 STOP_TIMEOUT = 15.0
 # One readiness probe; the waits around it have their own, longer deadline.
 PROBE_TIMEOUT = 5.0
+#: ``--restart-children``: the first delay, doubled per death up to the cap;
+#: a child that stayed up this long since its restart starts again at the first.
+RESTART_DELAY = 1.0
+RESTART_DELAY_MAX = 30.0
+RESTART_STABLE = 60.0
 
 
 class DemoError(Exception):
@@ -123,7 +142,7 @@ class DemoStack:
 
     def _twistd(self, name: str, plugin: str, args: list[str]) -> Child:
         argv = [*twistd_command(), "-n", "--pidfile=", *twistd_logger_args(), plugin, *args]
-        logs = self.data_dir / "logs"
+        logs = self.log_dir
         logs.mkdir(parents=True, exist_ok=True)
         child = Child(name, argv, logs / f"{name}.log", cwd=self.data_dir / name)
         self.children.append(child)
@@ -135,7 +154,8 @@ class DemoStack:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         if self.http_port == 0:
             self.http_port = free_port()
-        self.upstream_port = free_port()
+        if not self.upstream_port:
+            self.upstream_port = free_port()
         self.nodes_port = free_port()
         self.sites = [SiteSpec("site-1" if self.postgres else "", self.http_port, self.nodes_port)]
         if self.postgres:
@@ -160,13 +180,36 @@ class DemoStack:
             # The server then runs as the postgres user: it must be able to
             # pass through the data directory (not list it).
             self.data_dir.chmod(self.data_dir.stat().st_mode | 0o111)
-        server = ThrowawayPostgres(base_dir=str(self.data_dir / "postgres"))
+        # The cluster lives in DATA/postgres and outlives the server: a
+        # second run on the same --data starts it again with its database.
+        server = ThrowawayPostgres(directory=str(self.postgres_dir))
         try:
             server.start()
+            self.server = server
+            self.database_url = server.ensure_database(POSTGRES_DATABASE)
         except (PostgresNotInstalled, PostgresFailed) as error:
             raise DemoError(f"--postgres: {error}") from error
-        self.server = server
-        self.database_url = server.create_database(POSTGRES_DATABASE)
+
+    @property
+    def postgres_dir(self) -> Path:
+        return self.data_dir / "postgres"
+
+    @property
+    def sqlite_path(self) -> Path:
+        """The SQLite site's database (without ``postgres``)."""
+        return self.data_dir / "site" / "tasknet-site.sqlite"
+
+    @property
+    def database(self) -> str:
+        """What ``tasknet-admin --db`` needs: the SQLite file, or the
+        PostgreSQL URL (no password: the throwaway server trusts loopback)."""
+        if self.postgres:
+            return self.database_url or f"(PostgreSQL in {self.postgres_dir})"
+        return str(self.sqlite_path)
+
+    @property
+    def log_dir(self) -> Path:
+        return self.data_dir / "logs"
 
     def _wait_site(self, site: SiteSpec) -> None:
         self._wait(
@@ -202,7 +245,7 @@ class DemoStack:
         if self.database_url is not None:
             database = self.database_url
         else:
-            database = str(self.data_dir / name / "tasknet-site.sqlite")
+            database = str(self.sqlite_path)
         args = [
             "--db",
             database,
@@ -281,7 +324,7 @@ class DemoStack:
 
     def stop(self) -> None:
         """Stop nodes first, then the sites, then the upstream, then the
-        PostgreSQL server (which removes its directory)."""
+        PostgreSQL server (its cluster stays in ``DATA/postgres``)."""
         for child in reversed(self.children):
             child.stop(STOP_TIMEOUT)
         server, self.server = self.server, None
@@ -299,6 +342,131 @@ class DemoStack:
         tb: TracebackType | None,
     ) -> None:
         self.stop()
+
+
+def exit_status(code: int | None) -> str:
+    """A child's end in words: ``exit status 1``, ``killed by SIGKILL``."""
+    if code is None:
+        return "no exit status"
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit status {code}"
+
+
+@dataclass
+class _Watch:
+    """What the supervisor knows of one child."""
+
+    #: The pid whose death was reported (a new one is a new death).
+    reported: int | None = None
+    #: Deaths in a row (reset once it has run RESTART_STABLE seconds).
+    deaths: int = 0
+    #: When the pending restart is due (None: none pending).
+    restart_at: float | None = None
+    #: When it was last restarted.
+    restarted_at: float | None = None
+
+
+@dataclass
+class Supervisor:
+    """Watches the demo's children while it runs (:meth:`poll`, twice a
+    second).  A child that died is reported once, in one line (which, its
+    exit status, its log); the others keep running.  With ``restart`` it is
+    started again after a backoff (``RESTART_DELAY`` doubling up to
+    ``RESTART_DELAY_MAX``), each step said.  The PostgreSQL server of
+    ``--postgres`` is watched the same way."""
+
+    stack: DemoStack
+    restart: bool = False
+    say: Callable[[str], None] = lambda line: print(line, file=sys.stderr, flush=True)
+    clock: Callable[[], float] = time.monotonic
+    delay: float = RESTART_DELAY
+    max_delay: float = RESTART_DELAY_MAX
+    stable: float = RESTART_STABLE
+    _watch: dict[str, _Watch] = field(default_factory=dict)
+
+    def poll(self) -> None:
+        now = self.clock()
+        for child in self.stack.children:
+            self._poll_one(
+                child.name,
+                now,
+                child.alive,
+                child.pid,
+                child.returncode,
+                str(child.log_path),
+                functools.partial(self._restart_child, child),
+            )
+        server = self.stack.server
+        if server is not None:
+            self._poll_one(
+                "postgres",
+                now,
+                server.running,
+                server.pid,
+                None,
+                str(self.stack.postgres_dir / "server.log"),
+                self._restart_server,
+            )
+
+    def _poll_one(
+        self,
+        name: str,
+        now: float,
+        alive: bool,
+        pid: int | None,
+        code: int | None,
+        log_path: str,
+        restart: Callable[[], int | None],
+    ) -> None:
+        watch = self._watch.setdefault(name, _Watch())
+        if alive:
+            if watch.restarted_at is not None and now - watch.restarted_at >= self.stable:
+                watch.deaths, watch.restarted_at = 0, None
+            return
+        if watch.reported != pid:
+            watch.reported = pid
+            what = (
+                "the PostgreSQL server exited"
+                if name == "postgres"
+                else f"{name} exited ({exit_status(code)})"
+            )
+            if not self.restart:
+                self.say(
+                    f"tasknet-demo: {what}; the rest keeps running, nothing is restarted"
+                    f" (--restart-children would); its log: {log_path}"
+                )
+                return
+            watch.deaths += 1
+            wait = min(self.delay * 2 ** (watch.deaths - 1), self.max_delay)
+            watch.restart_at = now + wait
+            self.say(
+                f"tasknet-demo: {what}; restarting it in {wait:g} s (restart {watch.deaths});"
+                f" its log: {log_path}"
+            )
+            return
+        if watch.restart_at is not None and now >= watch.restart_at:
+            watch.restart_at = None
+            try:
+                new_pid = restart()
+            except Exception as error:  # the next poll sees it dead again
+                self.say(f"tasknet-demo: restarting {name} failed: {error}")
+                return
+            watch.restarted_at = now
+            self.say(f"tasknet-demo: {name} restarted (pid {new_pid})")
+
+    def _restart_child(self, child: Child) -> int | None:
+        child.start(banner="--- restarted by tasknet-demo --restart-children\n")
+        return child.pid
+
+    def _restart_server(self) -> int | None:
+        server = self.stack.server
+        assert server is not None
+        server.restart()
+        return server.pid
 
 
 class _Stop(Exception):
@@ -324,7 +492,14 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--data",
         type=Path,
-        help="directory for databases and logs (default: a new temp dir, removed on exit)",
+        help="directory for everything (databases, the PostgreSQL cluster, node queues,"
+        " logs), kept across runs and never deleted; default: a new temp dir, removed on exit",
+    )
+    parser.add_argument(
+        "--restart-children",
+        action="store_true",
+        help="restart a child that dies (with backoff, 1 s doubling to 30 s); default:"
+        " say so and keep the others running",
     )
     parser.add_argument(
         "--port", type=int, default=8080, help="web UI port (default 8080; 0 = any free port)"
@@ -336,6 +511,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="upstream archive bandwidth in bytes/s, so progress is visible (0 = unlimited)",
     )
     parser.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for readiness")
+    parser.add_argument("--version", action="version", version=version_line("tasknet-demo"))
     args = parser.parse_args(argv)
     if not 0 <= args.port <= 65535:
         parser.error("--port must be 0..65535")
@@ -344,13 +520,14 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     return args
 
 
-def _banner(stack: DemoStack) -> str:
+def _banner(stack: DemoStack, temporary: bool = False) -> str:
     if not stack.postgres:
         nodes = ", ".join(f"{n.node_id} (protocol {n.protocol})" for n in stack.nodes)
         lines = [
             "tasknet demo is ready",
             f"  URL: {stack.url}",
             f"  token: {DEMO_TOKEN}",
+            f"  database: {stack.database}  (tasknet-admin --db {stack.database} ...)",
             f"  upstream: {stack.upstream_url}",
             f"  nodes: {nodes}",
         ]
@@ -366,12 +543,45 @@ def _banner(stack: DemoStack) -> str:
             "tasknet demo is ready: two sites on one PostgreSQL database",
             *(f"  URL: {site.url}  ({site.name})" for site in stack.sites),
             f"  token: {DEMO_TOKEN}",
-            f"  database: {stack.database_url}",
+            f"  database: {stack.database}  (tasknet-admin --db {stack.database} ...)",
             f"  upstream: {stack.upstream_url}",
             f"  nodes: {nodes}",
         ]
-    lines += [f"  logs: {stack.data_dir / 'logs'}", "Press Ctrl-C to stop."]
+    kept = "removed at the end" if temporary else "kept: start again with the same --data"
+    lines += [
+        f"  logs: {stack.log_dir}",
+        f"  data: {stack.data_dir}  ({kept})",
+        "Press Ctrl-C to stop.",
+    ]
     return "\n".join(lines)
+
+
+#: In a kept data directory: the upstream's port of the last run.  Archive
+#: URLs name it (the site stores the URL the upstream answered), so tasks of
+#: a last run not yet downloaded need the same port on the next one.
+PORTS_FILE = "demo-ports.json"
+
+
+def remembered_upstream_port(data_dir: Path) -> int:
+    """The last run's upstream port if it is free now, else 0 (any)."""
+    try:
+        port = int(json.loads((data_dir / PORTS_FILE).read_text(encoding="utf-8"))["upstream"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return 0
+    if not 0 < port < 65536:
+        return 0
+    if port_is_free(port):
+        return port
+    print(
+        f"tasknet-demo: the upstream's port {port} of the last run is taken: downloads"
+        " of the last run not finished yet will fail until it is free",
+        file=sys.stderr,
+    )
+    return 0
+
+
+def remember_upstream_port(data_dir: Path, port: int) -> None:
+    (data_dir / PORTS_FILE).write_text(json.dumps({"upstream": port}) + "\n", encoding="utf-8")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -392,27 +602,26 @@ def main(argv: Sequence[str] | None = None) -> int:
         ready_timeout=args.timeout,
         postgres=args.postgres,
         second_http_port=second_port,
+        upstream_port=0 if temp else remembered_upstream_port(data_dir),
     )
     signal.signal(signal.SIGTERM, _on_sigterm)
     # Ctrl-C must stop the demo even when started from a shell that made
     # SIGINT ignored for it (a background job of a script inherits SIG_IGN).
     signal.signal(signal.SIGINT, signal.default_int_handler)
-    print(f"starting tasknet demo in {data_dir} ...", flush=True)
+    again = not temp and any(data_dir.iterdir()) if data_dir.is_dir() else False
+    print(
+        f"starting tasknet demo in {data_dir}"
+        f"{' (again: what it holds is kept)' if again else ''} ...",
+        flush=True,
+    )
+    supervisor = Supervisor(stack, restart=args.restart_children)
     try:
         stack.start()
-        print(_banner(stack), flush=True)
+        if not temp:
+            remember_upstream_port(data_dir, stack.upstream_port)
+        print(_banner(stack, temporary=temp), flush=True)
         while True:
-            if stack.server_died():
-                print("the PostgreSQL server exited unexpectedly", file=sys.stderr)
-                return 1
-            dead = stack.dead_children()
-            if dead:
-                for child in dead:
-                    print(
-                        f"{child.name} exited unexpectedly; its log ends with:\n{child.log_tail()}",
-                        file=sys.stderr,
-                    )
-                return 1
+            supervisor.poll()
             time.sleep(0.5)
     except DemoError as error:
         print(f"tasknet-demo: {error}", file=sys.stderr)

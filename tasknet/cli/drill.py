@@ -3,8 +3,8 @@
     tasknet-drill [SCENARIO...] [--db sqlite|postgres|URL] [--repeat N] [--report FILE]
                   [--keep] [--quick] [--netns]
 
-With no scenario, all of the database's run: S1–S19 on SQLite, S1–S22 on
-PostgreSQL (S20–S22, several sites on one database, run only there).
+With no scenario, all of the database's run: S1–S19 on SQLite, S1–S23 on
+PostgreSQL (S20–S23, several sites on one database, run only there).
 Exit status: 0 when every run passed, 1 when any invariant or expectation
 FAILed, 2 on a usage error.
 """
@@ -34,7 +34,8 @@ from tasknet.drill.pgserver import PostgresFailed, PostgresNotInstalled
 from tasknet.drill.report import Progress, RunResult, failures, table, to_json
 from tasknet.drill.runner import run_all
 from tasknet.drill.scenarios import QUICK, QUICK_POSTGRES, SCENARIOS, Scenario
-from tasknet.site.storage.db import POSTGRESQL, SQLITE
+from tasknet.site.storage.db import POSTGRESQL, SQLITE, describe, redact
+from tasknet.version import version_line
 
 
 def _db_option(value: str) -> str:
@@ -81,6 +82,7 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="site and nodes in separate network namespaces joined by veth (root only)",
     )
+    p.add_argument("--version", action="version", version=version_line("tasknet-drill"))
     return p
 
 
@@ -100,7 +102,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     databases = databases_for(args.db, socket=netns is not None)
     why_not = _start(databases)
     if why_not:
-        print(f"tasknet-drill: --db {args.db}: {why_not}", file=sys.stderr)
+        print(
+            f"tasknet-drill: --db {describe(args.db)}: {redact(str(why_not), args.db)}",
+            file=sys.stderr,
+        )
         if netns is not None:
             netns.destroy()
         return 2

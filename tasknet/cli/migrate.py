@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
-from tasknet.site.storage.db import classify, describe
+from tasknet.cli.args import parse
+from tasknet.site.storage.db import classify, describe, is_postgres, redact
 from tasknet.site.storage.errors import DatabaseError
 from tasknet.site.storage.lock import DatabaseInUse
 from tasknet.site.storage.migrate import DuplicateGids, migrate
 from tasknet.site.storage.schema import SchemaError
+from tasknet.version import version_line
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -32,30 +35,64 @@ def main(argv: list[str] | None = None) -> int:
         metavar="PATH|URL",
         help="the site's database: a SQLite file, or a postgresql:// URL",
     )
-    args = parser.parse_args(argv)
+    parser.add_argument("--version", action="version", version=version_line("tasknet-migrate"))
+    args = parse(parser, argv)
 
     def progress(line: str) -> None:
-        print(line, flush=True)
+        print(redact(line, args.db), flush=True)
 
+    def refused(message: str) -> None:
+        # Every line goes through the one redaction helper: no password of
+        # the --db URL, whatever the driver repeated of it.
+        print(f"tasknet-migrate: {redact(message, args.db)}", file=sys.stderr)
+
+    if not is_postgres(args.db):
+        problem = _path_problem(args.db)
+        if problem is not None:
+            refused(problem)
+            return 1
     try:
         migrate(args.db, progress)
     except DuplicateGids as e:
-        print(f"tasknet-migrate: {e}", file=sys.stderr)
+        refused(str(e))
         if e.backup:
             print(f"(backup kept at {e.backup}; nothing was changed)", file=sys.stderr)
         return 2
     except DatabaseInUse as e:
-        print(f"tasknet-migrate: {e}", file=sys.stderr)
+        refused(str(e))
         return 1
     except SchemaError as e:
-        print(f"tasknet-migrate: {type(e).__name__}: {e}", file=sys.stderr)
+        refused(str(e))
+        return 1
+    except OSError as e:
+        # The lock file or the backup cannot be written (no rights, no space).
+        where = f": {e.filename}" if e.filename else ""
+        refused(f"{describe(args.db)}: {e.strerror or e}{where}; nothing was changed")
         return 1
     except Exception as e:
         if not isinstance(classify(e), DatabaseError):
             raise
-        print(f"tasknet-migrate: {describe(args.db)}: {type(e).__name__}: {e}", file=sys.stderr)
+        refused(f"cannot migrate {describe(args.db)}: {e}")
         return 1
     return 0
+
+
+def _path_problem(path: str) -> str | None:
+    """Why a SQLite ``--db`` cannot be migrated (None: it can be tried)."""
+    target = Path(path)
+    if target.is_dir():
+        return (
+            f"--db {path} is a directory, not a database file: give the site's database"
+            " file (the path given to tasknet-site --db)"
+        )
+    if not target.exists():
+        return (
+            f"no database at {path!r}, nothing to migrate (a site started on a new path"
+            " creates its database at the current schema by itself)"
+        )
+    if not target.is_file():
+        return f"--db {path} is not a regular file"
+    return None
 
 
 if __name__ == "__main__":

@@ -8,6 +8,14 @@ SCALE.md), given as :class:`SiteDatabase`.  Each node dials its sites (one
 :class:`FaultProxy` per (node, site) (run on the drill's reactor thread), so
 a fault can hit one link of one node without touching the others.  All
 calls here are blocking and bounded.
+
+A site can be started with extra environment variables (``env=``): the
+site's fault points (:mod:`tasknet.site.fault_points`) are armed that way.
+S23's helpers wait for a site to stop itself at one
+(:meth:`Cluster.wait_paused`), end its lease by hand
+(:meth:`Cluster.end_lease`), log every row the sites write with the session
+that wrote it (:meth:`Cluster.log_writes`), and continue it
+(:meth:`Cluster.continue_site`).
 """
 
 from __future__ import annotations
@@ -18,7 +26,9 @@ import sqlite3
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterable
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,12 +37,21 @@ from tasknet.cli.jsonhttp import Reply, request
 from tasknet.drill import reactor_thread
 from tasknet.drill.invariants import Ledger, World
 from tasknet.drill.netns import SITE_ADDR, Netns
-from tasknet.drill.procs import DrillError, Proc, address_in_use, wait_for
+from tasknet.drill.procs import (
+    DrillError,
+    Proc,
+    TcpConnection,
+    address_in_use,
+    tcp_connections,
+    wait_for,
+)
 from tasknet.drill.proxy import FaultProxy
 from tasknet.drill.snapshot import read_node, read_site, site_rows
 from tasknet.drill.webhook import WebhookSink
 from tasknet.process import free_port
+from tasknet.site.fault_points import PAUSE_BEFORE_POST
 from tasknet.site.storage.db import POSTGRESQL, SQLITE, backend_of
+from tasknet.site.storage.lease import application_name
 
 ADMIN_TOKEN = "demo"  # created by `tasknet-site --demo` on a fresh database
 NODE_IDS = ("n1", "n2", "n3", "n4")
@@ -42,6 +61,9 @@ START_ATTEMPTS = 3
 #: The --name of the first site a scenario starts (the one every call
 #: without ``site=`` talks to).
 PRIMARY = "drill-site"
+#: Where :meth:`Cluster.log_writes` logs the rows the sites write (a schema
+#: of its own: the sites' table listings never see it).
+WRITE_LOG = "drill_audit.write_log"
 
 
 def node_secret(node_id: str) -> str:
@@ -162,8 +184,16 @@ class Cluster:
 
     # -- processes -----------------------------------------------------------
 
-    def _proc(self, name: str, plugin: str, args: list[str], *, site_side: bool) -> Proc:
-        proc = Proc(name, plugin, args, self.root / name)
+    def _proc(
+        self,
+        name: str,
+        plugin: str,
+        args: list[str],
+        *,
+        site_side: bool,
+        env: Mapping[str, str] | None = None,
+    ) -> Proc:
+        proc = Proc(name, plugin, args, self.root / name, env=env)
         if self.netns is not None:
             ns = self.netns.site if site_side else self.netns.nodes
             proc.prefix = self.netns.exec_prefix(ns)
@@ -200,10 +230,12 @@ class Cluster:
         upstream_timeout: float = 3.0,
         webhook: bool = True,
         extra: Iterable[str] = (),
+        env: Mapping[str, str] | None = None,
     ) -> Site:
         """Start a site on the run's database (keys for n1..n4, admin token
         ``demo``): the first is :data:`PRIMARY`, a later one (PostgreSQL:
-        several sites on one database) has ports and ``--name`` of its own."""
+        several sites on one database) has ports and ``--name`` of its own.
+        ``env``: variables added to its environment (a fault point)."""
         name = name or (PRIMARY if not self.sites else f"drill-site-{len(self.sites) + 1}")
         if name in self.sites:
             raise DrillError(f"site {name} was already started")
@@ -236,7 +268,7 @@ class Cluster:
                 args += ["--node-key", f"{node_id}:{node_secret(node_id)}"]
             if self.webhook is not None:
                 args += ["--webhook", self.webhook.url]
-            proc = self._proc(directory, "tasknet-site", args, site_side=True)
+            proc = self._proc(directory, "tasknet-site", args, site_side=True, env=env)
             site = Site(name, proc, http_port, nodes_port)
             self.sites[name] = site
             try:
@@ -280,9 +312,18 @@ class Cluster:
             site.proc.terminate()
         return site
 
-    def resume_site(self, name: str | None = None, *, wait_ready: bool = True) -> Site:
-        """Start a stopped site again, on its ports and the same database."""
+    def resume_site(
+        self,
+        name: str | None = None,
+        *,
+        wait_ready: bool = True,
+        env: Mapping[str, str] | None = None,
+    ) -> Site:
+        """Start a stopped site again, on its ports and the same database
+        (``env``: its extra environment from now on, else the last one)."""
         site = self._site_named(name)
+        if env is not None:
+            site.proc.env = dict(env)
         site.proc.start()
         if wait_ready:
             site.proc.wait_ready(
@@ -464,8 +505,19 @@ class Cluster:
             self.ledger.delete_answered_at.setdefault(gid, time.time())
         return reply
 
-    def resolve(self, gid: int, verdict: str) -> Reply:
-        return self.api("POST", f"/api/admin/tasks/{gid}/resolve", {"verdict": verdict})
+    def resolve(self, gid: int, verdict: str, site: str | None = None) -> Reply:
+        return self.api("POST", f"/api/admin/tasks/{gid}/resolve", {"verdict": verdict}, site=site)
+
+    def resolve_with_headers(
+        self, gid: int, verdict: str, site: str | None = None
+    ) -> tuple[Reply, dict[str, str]]:
+        """:meth:`resolve`, and the answer's headers (lower-case names:
+        ``retry-after`` of a ``verdict_too_early``)."""
+        url = self._site_named(site).url + f"/api/admin/tasks/{gid}/resolve"
+        body = {"verdict": verdict}
+        if self.netns is not None:
+            return self.netns.in_site(_request_with_headers, "POST", url, body)  # type: ignore[no-any-return]
+        return _request_with_headers("POST", url, body)
 
     def node_listing(self, site: str | None = None) -> list[dict[str, Any]] | None:
         """The ``nodes`` of ``/api/admin/nodes`` at ``site`` (None: no answer)."""
@@ -551,6 +603,165 @@ class Cluster:
             wait_for(check, timeout, f"gid {gid} shown {status} at the site")
         except DrillError as err:
             raise DrillError(f"{err} (last answer {json.dumps(last[0])[:300]})") from None
+
+    # -- a site stopped at a fault point, fenced by hand (S23) -------------------------
+
+    def pause_before_post(self, label: str) -> tuple[Path, dict[str, str]]:
+        """Arm the site fault point "pause before the POST"
+        (:data:`~tasknet.site.fault_points.PAUSE_BEFORE_POST`): a fresh
+        marker path under the run's directory and the environment that
+        names it, for :meth:`start_site` or :meth:`resume_site`.  The site
+        stops itself (``SIGSTOP``) the first time a POST's upstream
+        connection is up, having written its pid to the marker."""
+        marker = self.root / f"{label}.paused"
+        if marker.exists():
+            raise DrillError(f"marker {marker} exists already: it would never pause")
+        return marker, {PAUSE_BEFORE_POST: str(marker)}
+
+    def wait_paused(self, name: str, marker: Path, timeout: float) -> int:
+        """Wait until site ``name`` has written its pid to ``marker`` and is
+        stopped; its pid (the process the drill started, or DrillError)."""
+        site = self._site_named(name)
+
+        def paused() -> bool:
+            text = marker.read_text().strip() if marker.exists() else ""
+            return text.isdigit() and site.proc.stopped
+
+        wait_for(paused, timeout, f"{name} to stop itself at its fault point", procs=[site.proc])
+        pid = int(marker.read_text().strip())
+        if pid != site.proc.pid:
+            raise DrillError(f"{marker} names pid {pid}, but {name} runs as {site.proc.pid}")
+        return pid
+
+    def upstream_connections(self, name: str) -> list[TcpConnection]:
+        """The TCP connections site ``name``'s process has established to the upstream."""
+        pid = self._site_named(name).proc.pid
+        if pid is None:
+            return []
+        return [
+            conn
+            for conn in tcp_connections(pid)
+            if conn.remote[1] == self.upstream_port and conn.state == "ESTABLISHED"
+        ]
+
+    def continue_site(self, name: str) -> None:
+        """SIGCONT a site that stopped itself: it resumes where it stopped."""
+        self._site_named(name).proc.cont()
+
+    def instance_row(self, instance_id: int) -> dict[str, Any] | None:
+        rows = site_rows(self.db, "SELECT * FROM site_instance WHERE id = ?", (instance_id,))
+        return rows[0] if rows else None
+
+    def _require_postgres_admin(self, what: str) -> Callable[[str], None]:
+        if self.backend != POSTGRESQL or self.database.admin is None:
+            raise DrillError(f"{what} needs PostgreSQL with an administrative role")
+        return self.database.admin
+
+    def sessions_of(self, instance_id: int) -> list[dict[str, Any]]:
+        """The PostgreSQL sessions of site instance ``instance_id`` (each
+        site names its own ``tasknet-site#ID ROLE``: lease, writer, reader)."""
+        return site_rows(
+            self.db,
+            "SELECT pid, application_name, state FROM pg_stat_activity"
+            " WHERE application_name LIKE ? ORDER BY pid",
+            (application_name(instance_id, "%"),),
+        )
+
+    def end_lease(self, name: str) -> dict[str, Any]:
+        """The documented hand fence of a site's lease (PostgreSQL):
+        ``pg_terminate_backend`` of the session that holds it (the
+        instance's ``site_instance.lease_pid``, named ``tasknet-site#ID
+        lease``), waiting until it is gone; any other site may then judge
+        the instance gone and reap it.  The site's process run is noted
+        fenced from just before (D9).  Returns the evidence: instance,
+        lease pid, the instance's sessions before."""
+        admin = self._require_postgres_admin("ending a lease")
+        site = self._site_named(name)
+        instance = self.instance_of(name)
+        row = None if instance is None else self.instance_row(instance)
+        if instance is None or row is None or row.get("lease_pid") is None:
+            raise DrillError(f"{name} has no open instance with a lease session: {row}")
+        lease_pid = int(row["lease_pid"])
+        sessions = self.sessions_of(instance)
+        lease_name = application_name(instance, "lease")
+        named = [s["pid"] for s in sessions if s["application_name"] == lease_name]
+        if named != [lease_pid]:
+            raise DrillError(
+                f"instance {instance}'s lease session is not pid {lease_pid}: {sessions}"
+            )
+        site.proc.note_fenced()  # from now on another site may take the lease
+        admin(f"SELECT pg_terminate_backend({lease_pid}, 10000)")
+        wait_for(
+            lambda: all(s["pid"] != lease_pid for s in self.sessions_of(instance)),
+            15,
+            f"the lease session (pid {lease_pid}) of instance {instance} to end",
+        )
+        return {"instance": instance, "lease_pid": lease_pid, "sessions": sessions}
+
+    def log_writes(self) -> None:
+        """From now on, log every row written to the site database's tables
+        (and every TRUNCATE) in :data:`WRITE_LOG`, with the session that
+        wrote it (``application_name``, backend pid, transaction id).  The
+        log row is written by a trigger in the writer's own transaction, so
+        it exists exactly when that write committed: the evidence of
+        "nothing a fenced site writes commits" (S23).  PostgreSQL only, with
+        the administrative role; done once the sites have made the schema."""
+        admin = self._require_postgres_admin("logging writes")
+        role = self.database.role
+        statements = [
+            "CREATE SCHEMA drill_audit",
+            f"CREATE TABLE {WRITE_LOG} ("
+            " id BIGSERIAL PRIMARY KEY,"
+            " at TEXT NOT NULL DEFAULT to_char(clock_timestamp() AT TIME ZONE 'UTC',"
+            ' \'YYYY-MM-DD"T"HH24:MI:SS.US"Z"\'),'
+            " application_name TEXT NOT NULL DEFAULT current_setting('application_name'),"
+            " backend_pid INTEGER NOT NULL DEFAULT pg_backend_pid(),"
+            " xid BIGINT NOT NULL DEFAULT txid_current(),"
+            " table_name TEXT NOT NULL,"
+            " op TEXT NOT NULL)",
+            "CREATE FUNCTION drill_audit.log_write() RETURNS trigger LANGUAGE plpgsql"
+            " SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $log$"
+            " BEGIN INSERT INTO drill_audit.write_log (table_name, op)"
+            " VALUES (TG_TABLE_NAME, TG_OP); RETURN NULL; END $log$",
+            "DO $triggers$ DECLARE t text; BEGIN"
+            " FOR t IN SELECT tablename FROM pg_tables WHERE schemaname = current_schema() LOOP"
+            " EXECUTE format('CREATE TRIGGER drill_write_log AFTER INSERT OR UPDATE OR DELETE"
+            " ON %I FOR EACH ROW EXECUTE FUNCTION drill_audit.log_write()', t);"
+            " EXECUTE format('CREATE TRIGGER drill_write_log_truncate AFTER TRUNCATE"
+            " ON %I FOR EACH STATEMENT EXECUTE FUNCTION drill_audit.log_write()', t);"
+            " END LOOP; END $triggers$",
+        ]
+        if role:
+            statements += [
+                f'GRANT USAGE ON SCHEMA drill_audit TO "{role}"',
+                f'GRANT SELECT ON {WRITE_LOG} TO "{role}"',
+            ]
+        for statement in statements:
+            admin(statement)
+
+    def write_mark(self) -> int:
+        """The id of the last row of :data:`WRITE_LOG` (0: none yet)."""
+        rows = site_rows(self.db, f"SELECT COALESCE(MAX(id), 0) AS id FROM {WRITE_LOG}")  # noqa: S608
+        return int(rows[0]["id"])
+
+    def write_counts(self, upto: int) -> dict[str, int]:
+        """How many rows of :data:`WRITE_LOG` up to ``upto`` each session
+        name wrote (the log's own sanity: it sees every site)."""
+        rows = site_rows(
+            self.db,
+            f"SELECT application_name, COUNT(*) AS n FROM {WRITE_LOG}"  # noqa: S608
+            " WHERE id <= ? GROUP BY application_name ORDER BY application_name",
+            (upto,),
+        )
+        return {str(r["application_name"]): int(r["n"]) for r in rows}
+
+    def writes_after(self, mark: int) -> list[dict[str, Any]]:
+        """The rows of :data:`WRITE_LOG` after ``mark``: every committed write since."""
+        return site_rows(
+            self.db,
+            f"SELECT * FROM {WRITE_LOG} WHERE id > ? ORDER BY id",  # noqa: S608
+            (mark,),
+        )
 
     # -- node state ---------------------------------------------------------------
 
@@ -702,3 +913,26 @@ class Cluster:
         if self.webhook is not None:
             self.webhook.stop()
             self.webhook = None
+
+
+def _request_with_headers(
+    method: str, url: str, body: Any = None, *, timeout: float = 30
+) -> tuple[Reply, dict[str, str]]:
+    """One request as the admin, like :func:`tasknet.cli.jsonhttp.request`,
+    with the answer's headers (lower-case names)."""
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), method=method)
+    req.add_header("Content-Type", "application/json")
+    req.add_header("Authorization", f"Bearer {ADMIN_TOKEN}")
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            status, raw, headers = resp.status, resp.read(), resp.headers
+    except urllib.error.HTTPError as err:
+        status, raw, headers = err.code, err.read(), err.headers
+    except OSError as err:
+        return Reply(0, None, "", error=f"{type(err).__name__}: {err}"), {}
+    text = raw.decode("utf-8", errors="replace")
+    try:
+        parsed: Any = json.loads(text) if text else None
+    except ValueError:
+        parsed = None
+    return Reply(status, parsed, text), {k.lower(): v for k, v in headers.items()}

@@ -65,9 +65,12 @@ class Ledger:
     # delete confirmation, {"node", "gid", "revision", "delete_operation_id"}.
     forged: list[dict[str, Any]] = field(default_factory=list)
     # Every run of every site process (filled when the evidence is gathered):
-    # {"site": --name, "pid", "started", "ended", "how"}, wall-clock seconds;
-    # "ended" is when the drill signalled it (or first saw it gone).  D9 and
-    # D10 match site_instance rows to these by (name, pid).
+    # {"site": --name, "pid", "started", "ended", "how", "fenced"}, wall-clock
+    # seconds; "ended" is when the drill signalled it (or first saw it gone),
+    # "fenced" when the drill ended its database lease by hand while it was
+    # stopped (S23; None otherwise): for D9 and D10 a run is gone from the
+    # first of the two (see _end_of).  D9 and D10 match site_instance rows to
+    # these by (name, pid).
     site_runs: list[dict[str, Any]] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
@@ -755,10 +758,21 @@ def _run_of(world: World, instance: dict[str, Any] | None) -> dict[str, Any] | N
     return max(runs, key=lambda r: r["started"]) if runs else None
 
 
+def _end_of(run: dict[str, Any]) -> float | None:
+    """When the run was gone as far as the database can tell: its process
+    ended, or, if earlier, the drill ended its lease by hand while it was
+    stopped (``fenced``, S23: a site paused past its lease is gone for the
+    other sites, and all it may do on waking is stop).  None while it runs."""
+    ends = [t for t in (run.get("ended"), run.get("fenced")) if t is not None]
+    return min(ends) if ends else None
+
+
 def _alive_at(run: dict[str, Any], moment: float) -> bool:
-    """Whether the run's process was alive at ``moment`` (it was until the
-    drill signalled it; a row it wrote proves it had started)."""
-    return run["ended"] is None or moment < run["ended"]
+    """Whether the run's process was alive, holding its lease, at ``moment``
+    (it was until the drill signalled it or ended its lease; a row it wrote
+    proves it had started)."""
+    end = _end_of(run)
+    return end is None or moment < end
 
 
 def _reap_deadline(world: World, run: dict[str, Any]) -> float | None:
@@ -766,14 +780,15 @@ def _reap_deadline(world: World, run: dict[str, Any]) -> float | None:
     died, or after another site process was first alive to do it (a single
     site restarted later settles them at its start).  None while it runs,
     or when no other site ever ran after it."""
-    end = run.get("ended")
+    end = _end_of(run)
     if end is None:
         return None
     could: list[float] = []
     for other in world.ledger.site_runs:
         if other is run:
             continue
-        if other["started"] <= end and (other["ended"] is None or other["ended"] > end):
+        other_end = _end_of(other)
+        if other["started"] <= end and (other_end is None or other_end > end):
             could.append(end)
         elif other["started"] > end:
             could.append(other["started"])
@@ -795,7 +810,9 @@ def check_d9(world: World) -> Verdict:
     instance: whose, by whom, when, from which state), ``site_instance``
     (which instance is which process; reaped or ended), the in-flight
     operations' ``instance_id``, and the drill's record of when each site
-    process ran (:attr:`Ledger.site_runs`)."""
+    process ran (:attr:`Ledger.site_runs`).  A site whose lease the drill
+    ended by hand while it was stopped (S23) counts as dead from then on:
+    reaping it is what must happen, whatever it does when it resumes."""
     f = _Failures("D9")
     if "site_instance" not in world.site.tables:
         return Verdict("D9", NA, "no instance records (schema before v4)")
@@ -820,10 +837,10 @@ def check_d9(world: World) -> Verdict:
                 run=run,
                 instance=instances.get(gone),
             )
-        deadline = _reap_deadline(world, run)
-        if deadline is not None and reaped_at > deadline:
+        deadline, died = _reap_deadline(world, run), _end_of(run)
+        if deadline is not None and died is not None and reaped_at > deadline:
             f.fail(
-                f"{what} settled {reaped_at - run['ended']:.1f} s after its site died"
+                f"{what} settled {reaped_at - died:.1f} s after its site died"
                 f" (bound: {REAP_BOUND:.0f} s once a site could)",
                 reap=reap,
                 run=run,
@@ -865,7 +882,7 @@ def _settled_entry(world: World, reap: dict[str, Any]) -> dict[str, Any]:
     by = world.site.instances.get(reap["reaped_by"]) or {}
     run = _run_of(world, gone or None)
     reaped_at = db_time(reap.get("reaped_at"))
-    died = run.get("ended") if run else None
+    died = _end_of(run) if run else None
     return {
         "what": "settled",
         "gid": reap.get("gid"),
@@ -892,7 +909,8 @@ def _check_dead_instances_settled(f: _Failures, world: World) -> None:
             in_flight[op["instance_id"]].append(op)
     for instance_id, row in sorted(world.site.instances.items()):
         run = _run_of(world, row)
-        if run is None or run.get("ended") is None:
+        died = None if run is None else _end_of(run)
+        if run is None or died is None:
             continue
         closed = row.get("ended_at") is not None or row.get("reaped_at") is not None
         deadline = _reap_deadline(world, run)
@@ -903,7 +921,7 @@ def _check_dead_instances_settled(f: _Failures, world: World) -> None:
         left = in_flight.get(instance_id, [])
         if left:
             f.fail(
-                f"{_who(instance_id, world)} died at {run['ended']:.3f}; {len(left)}"
+                f"{_who(instance_id, world)} died at {died:.3f}; {len(left)}"
                 f" generation(s) still {sorted({o['state'] for o in left})}"
                 + (" after it was reaped" if closed else " past the bound"),
                 instance=row,
@@ -912,7 +930,7 @@ def _check_dead_instances_settled(f: _Failures, world: World) -> None:
             )
         if not closed:
             f.fail(
-                f"{_who(instance_id, world)} died at {run['ended']:.3f} and was not reaped"
+                f"{_who(instance_id, world)} died at {died:.3f} and was not reaped"
                 f" within {REAP_BOUND:.0f} s",
                 instance=row,
                 run=run,

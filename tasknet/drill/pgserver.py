@@ -21,6 +21,11 @@ started it.
 * Databases are created and dropped with ``psql`` (this module needs only
   subprocess; clients use psycopg).
 
+* ``directory=``: a directory of its own that outlives the server (the
+  demo's ``--data DIR``): a cluster already in it is started again as it is
+  (no ``initdb``), :meth:`stop` leaves it, and :meth:`ensure_database`
+  creates a database only if it is not there yet.
+
 Use it as a context manager or call :meth:`start` / :meth:`stop`::
 
     with ThrowawayPostgres() as server:
@@ -64,6 +69,9 @@ DEFAULT_SETTINGS: Mapping[str, str] = {
 # A database name we create: plain lower-case identifiers only, so no quoting
 # question ever reaches psql (63 bytes is PostgreSQL's identifier limit).
 _NAME = re.compile(r"[a-z_][a-z0-9_]{0,62}")
+
+# The start of our settings in postgresql.conf (see _write_settings).
+_SETTINGS_MARK = "\n# tasknet.drill.pgserver\n"
 
 # The server's own tools (Debian: /usr/lib/postgresql/<major>/bin).
 _TOOLS = ("initdb", "postgres", "psql")
@@ -139,6 +147,8 @@ class ThrowawayPostgres:
     reach it, so a directory under /tmp).  ``port``: its TCP port on
     127.0.0.1 (found free when None, retried if taken before the server binds
     it).  ``settings``: extra ``postgresql.conf`` settings (name -> value).
+    ``directory``: use this directory (created if missing) instead of a new
+    temporary one, reuse the cluster in it, and keep it at :meth:`stop`.
 
     Call :meth:`start` from a thread that lives as long as the server: the
     server is stopped when the thread that started it ends."""
@@ -149,8 +159,11 @@ class ThrowawayPostgres:
         port: int | None = None,
         *,
         settings: Mapping[str, object] | None = None,
+        directory: str | None = None,
     ) -> None:
         self.base_dir = base_dir
+        #: The directory given to keep (None: a temporary one, removed at stop).
+        self.kept_directory = None if directory is None else Path(directory).absolute()
         self.requested_port = port
         self.settings = {**DEFAULT_SETTINGS, **{k: str(v) for k, v in (settings or {}).items()}}
         self.port: int | None = None
@@ -158,6 +171,8 @@ class ThrowawayPostgres:
         self.bindir: Path | None = None
         self._child: Child | None = None
         self._as_system_user = os.geteuid() == 0
+        #: Whether the last start found a cluster in the kept directory.
+        self.reused = False
 
     # ------------------------------------------------------------ paths
 
@@ -195,6 +210,11 @@ class ThrowawayPostgres:
         return f"postgresql://{SUPERUSER}@/{dbname}?host={self.socket_dir}&port={self.port}"
 
     @property
+    def pid(self) -> int | None:
+        """The postmaster's pid (the last one started, alive or not)."""
+        return None if self._child is None else self._child.pid
+
+    @property
     def running(self) -> bool:
         return self._child is not None and self._child.alive
 
@@ -210,7 +230,11 @@ class ThrowawayPostgres:
         self.bindir = find_bindir()
         self.directory = self._make_directory()
         try:
-            self._initdb()
+            self.reused = (
+                self.kept_directory is not None and (self.data_dir / "PG_VERSION").is_file()
+            )
+            if not self.reused:
+                self._initdb()
             self._serve()
         except BaseException:
             self.stop()
@@ -220,14 +244,30 @@ class ThrowawayPostgres:
     def stop(self) -> None:
         """Stop the server (fast shutdown: sessions are ended, nothing is
         waited for; immediate, then SIGKILL if it will not go) and remove its
-        directory.  Idempotent."""
+        directory, unless it was given to keep.  Idempotent."""
         child, self._child = self._child, None
         if child is not None:
             _shut_down(child)
         self.port = None
         directory, self.directory = self.directory, None
-        if directory is not None:
+        if directory is not None and self.kept_directory is None:
             shutil.rmtree(directory, ignore_errors=True)
+
+    def restart(self) -> None:
+        """Start the server again, on the same port and cluster, after it
+        exited (the demo's ``--restart-children``).  Raises
+        :class:`PostgresFailed` if it does not come back."""
+        if self.directory is None or self.port is None:
+            raise PostgresFailed("the throwaway PostgreSQL server was never started")
+        child, self._child = self._child, None
+        if child is not None:
+            _shut_down(child)
+        port, self.port = self.port, None
+        requested, self.requested_port = self.requested_port, port
+        try:
+            self._serve()
+        finally:
+            self.requested_port = requested
 
     def __enter__(self) -> ThrowawayPostgres:
         return self.start()
@@ -257,6 +297,16 @@ class ThrowawayPostgres:
         if file_copy:
             statement += " STRATEGY FILE_COPY"
         self.psql(statement)
+        return self.url(name)
+
+    def ensure_database(self, name: str) -> str:
+        """Database ``name``'s URL, creating it (empty) unless it exists."""
+        _check_name(name)
+        # The name passed _check_name: plain lower-case letters, digits and _.
+        query = f"SELECT 1 FROM pg_database WHERE datname = '{name}'"  # noqa: S608
+        found = self.psql(query).strip()
+        if found != "1":
+            self.create_database(name)
         return self.url(name)
 
     def reset_database(self, name: str) -> None:
@@ -315,14 +365,18 @@ class ThrowawayPostgres:
     # ------------------------------------------------------------ internals
 
     def _make_directory(self) -> Path:
-        if self.base_dir is not None:
-            Path(self.base_dir).mkdir(parents=True, exist_ok=True)
-        directory = Path(tempfile.mkdtemp(prefix="tasknet-pg-", dir=self.base_dir))
+        if self.kept_directory is not None:
+            directory = self.kept_directory
+            directory.mkdir(parents=True, exist_ok=True)
+        else:
+            if self.base_dir is not None:
+                Path(self.base_dir).mkdir(parents=True, exist_ok=True)
+            directory = Path(tempfile.mkdtemp(prefix="tasknet-pg-", dir=self.base_dir))
         if self._as_system_user:
             try:
                 shutil.chown(directory, user=SYSTEM_USER, group=SYSTEM_USER)
             except LookupError as e:
-                shutil.rmtree(directory, ignore_errors=True)
+                self._discard(directory)
                 raise PostgresNotInstalled(
                     f"no {SYSTEM_USER!r} system user to run the server as: {INSTALL_HINT}"
                 ) from e
@@ -331,12 +385,18 @@ class ThrowawayPostgres:
                 self._as_user(["test", "-w", str(directory)]), capture_output=True, timeout=30
             )
             if reach.returncode != 0:
-                shutil.rmtree(directory, ignore_errors=True)
+                self._discard(directory)
+                where = "a directory" if self.kept_directory is not None else "a base_dir"
                 raise PostgresFailed(
                     f"the {SYSTEM_USER!r} user cannot reach {directory} (a parent directory is"
-                    " not searchable by it): give a base_dir under /tmp"
+                    f" not searchable by it): give {where} that user can reach, e.g. under /tmp"
                 )
         return directory
+
+    def _discard(self, directory: Path) -> None:
+        """Remove a directory this object made (never a kept one)."""
+        if self.kept_directory is None:
+            shutil.rmtree(directory, ignore_errors=True)
 
     def _as_user(self, argv: Sequence[str]) -> list[str]:
         """``argv`` run as the server's user (unchanged when not root)."""
@@ -389,9 +449,12 @@ class ThrowawayPostgres:
             "unix_socket_directories": str(self.socket_dir),
         }
         lines = [f"{name} = {_quote_setting(value)}" for name, value in settings.items()]
-        # Appended: a later line wins over initdb's own.
-        with (self.data_dir / "postgresql.conf").open("a", encoding="utf-8") as conf:
-            conf.write("\n# tasknet.drill.pgserver\n" + "\n".join(lines) + "\n")
+        # Appended: a later line wins over initdb's own.  A reused cluster
+        # (or a retry on another port) has our block already: replaced.
+        conf = self.data_dir / "postgresql.conf"
+        text = conf.read_text(encoding="utf-8")
+        text = text.split(_SETTINGS_MARK, 1)[0].rstrip("\n") + "\n"
+        conf.write_text(text + _SETTINGS_MARK + "\n".join(lines) + "\n", encoding="utf-8")
 
     def _serve(self) -> None:
         for attempt in range(1, START_ATTEMPTS + 1):
@@ -438,8 +501,11 @@ class ThrowawayPostgres:
                 lines = pid_file.read_text(encoding="utf-8", errors="replace").splitlines()
             except OSError:
                 lines = []
-            if len(lines) >= 8 and lines[7].strip() == "ready":
-                return True
+            # The file must be this postmaster's: one that was killed leaves
+            # its own behind ("ready" too) until the new one takes it over.
+            if len(lines) >= 8 and lines[0].strip() == str(child.pid):
+                if lines[7].strip() == "ready":
+                    return True
             time.sleep(0.02)
         return False
 

@@ -5,14 +5,22 @@ Every role runs as ``<venv>/bin/twistd -n --pidfile= --logfile=<dir>/twistd.log
 <plugin> ...`` in its own directory.  Waiting is always polling with a bound
 and a clear message; a process that dies while we wait is reported at once
 with the tail of its log instead of waiting for the timeout.
+
+A process can also be *stopped* (``SIGSTOP``: by itself at a site fault
+point, S23) and continued (:meth:`Proc.cont`); :meth:`Proc.stopped` reads
+its state from ``/proc``, and :func:`tcp_connections` the TCP connections
+it holds (Linux).
 """
 
 from __future__ import annotations
 
+import os
 import signal
+import socket
+import struct
 import subprocess
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -73,18 +81,39 @@ class Run:
     started: float
     ended: float | None = None
     how: str | None = None  # "SIGKILL" | "SIGTERM" | "exited"
+    #: When the drill ended this run's database lease by hand while the
+    #: process lived on, stopped (S23's fence): from then on the database
+    #: counts the run as gone, whatever the process does when it resumes.
+    fenced: float | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {"pid": self.pid, "started": self.started, "ended": self.ended, "how": self.how}
+        return {
+            "pid": self.pid,
+            "started": self.started,
+            "ended": self.ended,
+            "how": self.how,
+            "fenced": self.fenced,
+        }
 
 
 class Proc:
     """One twistd process of a tasknet role, restartable with the same arguments."""
 
-    def __init__(self, name: str, plugin: str, args: Sequence[str], directory: Path) -> None:
+    def __init__(
+        self,
+        name: str,
+        plugin: str,
+        args: Sequence[str],
+        directory: Path,
+        *,
+        env: Mapping[str, str] | None = None,
+    ) -> None:
         self.name = name
         self.plugin = plugin
         self.args = list(args)
+        #: Variables added to the drill's own environment at each start
+        #: (a site fault point, S23); change it before a restart.
+        self.env: dict[str, str] = dict(env or {})
         self.dir = directory
         self.dir.mkdir(parents=True, exist_ok=True)
         self.log = self.dir / "twistd.log"
@@ -110,9 +139,11 @@ class Proc:
             raise DrillError(f"{self.name} is already running (pid {self.pid})")
         self.starts += 1
         command = self.command()
-        self.child = Child(self.name, command, self.console, cwd=self.dir)
+        env = {**os.environ, **self.env} if self.env else None
+        self.child = Child(self.name, command, self.console, cwd=self.dir, env=env)
         started = time.time()
-        self.child.start(banner=f"--- start #{self.starts}: {' '.join(command)}\n")
+        extra = "".join(f"{k}={v} " for k, v in sorted(self.env.items()))
+        self.child.start(banner=f"--- start #{self.starts}: {extra}{' '.join(command)}\n")
         self.runs.append(Run(self.child.pid, started))
 
     @property
@@ -148,13 +179,30 @@ class Proc:
             self.child.signal(signal.SIGKILL)
         self.wait_exit(10)
 
+    @property
+    def stopped(self) -> bool:
+        """Whether the process is alive and stopped (``SIGSTOP``)."""
+        return self.pid is not None and self.alive and process_state(self.pid) in ("T", "t")
+
+    def cont(self) -> None:
+        """SIGCONT: a stopped process resumes where it stopped."""
+        if self.child is not None:
+            self.child.signal(signal.SIGCONT)
+
+    def note_fenced(self) -> None:
+        """The drill ended this run's database lease (see :attr:`Run.fenced`)."""
+        if self.runs and self.runs[-1].fenced is None:
+            self.runs[-1].fenced = time.time()
+
     def terminate(self, timeout: float = 10.0) -> None:
-        """SIGTERM and wait; SIGKILL if it will not go."""
+        """SIGTERM and wait; SIGKILL if it will not go.  A stopped process
+        is continued too, so that it can act on the SIGTERM."""
         if not self.alive:
             return
         if self.child is not None:
             self._ended("SIGTERM")
             self.child.signal(signal.SIGTERM)
+            self.child.signal(signal.SIGCONT)
         try:
             self.wait_exit(timeout)
         except DrillError:
@@ -186,3 +234,86 @@ def address_in_use(proc: Proc) -> bool:
     """Did the process fail because its port was taken meanwhile?"""
     text = proc.log_text()
     return "Address already in use" in text or "CannotListenError" in text
+
+
+def process_state(pid: int) -> str | None:
+    """The one-letter state of ``pid`` in ``/proc/PID/stat`` (``T``:
+    stopped), None when there is no such process."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    # "pid (comm) S ...": comm may hold spaces and parentheses.
+    return text[text.rfind(")") + 2 :][:1] or None
+
+
+@dataclass(frozen=True)
+class TcpConnection:
+    """One IPv4 TCP socket of a process, from ``/proc/PID/net/tcp``."""
+
+    local: tuple[str, int]
+    remote: tuple[str, int]
+    state: str  # "ESTABLISHED", "LISTEN", ...
+    send_queue: int  # bytes written by the process, not yet acknowledged by the peer
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "local": f"{self.local[0]}:{self.local[1]}",
+            "remote": f"{self.remote[0]}:{self.remote[1]}",
+            "state": self.state,
+            "send_queue": self.send_queue,
+        }
+
+
+_TCP_STATES = {
+    "01": "ESTABLISHED",
+    "02": "SYN_SENT",
+    "03": "SYN_RECV",
+    "04": "FIN_WAIT1",
+    "05": "FIN_WAIT2",
+    "06": "TIME_WAIT",
+    "07": "CLOSE",
+    "08": "CLOSE_WAIT",
+    "09": "LAST_ACK",
+    "0A": "LISTEN",
+    "0B": "CLOSING",
+}
+
+
+def _address(text: str) -> tuple[str, int]:
+    host, port = text.split(":")
+    packed = struct.pack("<I", int(host, 16))  # the kernel's byte order, as hex
+    return socket.inet_ntoa(packed), int(port, 16)
+
+
+def tcp_connections(pid: int) -> list[TcpConnection]:
+    """The IPv4 TCP sockets ``pid`` holds open (its network namespace's
+    ``/proc/PID/net/tcp``, matched to its descriptors by inode); empty
+    when the process is gone."""
+    inodes: set[str] = set()
+    try:
+        for fd in Path(f"/proc/{pid}/fd").iterdir():
+            try:
+                target = os.readlink(fd)
+            except OSError:
+                continue
+            if target.startswith("socket:["):
+                inodes.add(target[len("socket:[") : -1])
+        lines = Path(f"/proc/{pid}/net/tcp").read_text().splitlines()[1:]
+    except OSError:
+        return []
+    found = []
+    for line in lines:
+        fields = line.split()
+        if len(fields) < 10 or fields[9] not in inodes:
+            continue
+        tx_queue = int(fields[4].split(":")[0], 16)
+        found.append(
+            TcpConnection(
+                _address(fields[1]),
+                _address(fields[2]),
+                _TCP_STATES.get(fields[3], fields[3]),
+                tx_queue,
+            )
+        )
+    return found

@@ -1,4 +1,4 @@
-"""Scenarios S1–S22 of DRILLS.md: each injects one fault into real processes.
+"""Scenarios S1–S23 of DRILLS.md: each injects one fault into real processes.
 
 A scenario drives a :class:`Cluster` and records its own expectations (the
 "expected" column of DRILLS.md) through :class:`Expect`; the invariants
@@ -6,7 +6,7 @@ D1–D10 are checked afterwards by the runner on the settled system.  Every
 wait is bounded and says what it was waiting for.
 
 S1–S19 run on either database (S6, S15 and S18 fault the database in the
-backend's own way); S20–S22, several sites on one database, only on
+backend's own way); S20–S23, several sites on one database, only on
 PostgreSQL.
 """
 
@@ -19,7 +19,9 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
 from typing import Any
 
 from tasknet.cli.jsonhttp import Reply
@@ -27,12 +29,13 @@ from tasknet.drill.cluster import Cluster, node_secret
 from tasknet.drill.exhaustion import Swarm, rss_kib
 from tasknet.drill.invariants import FAIL, PASS, Verdict
 from tasknet.drill.peer import ScriptedPeer, send_late_report
-from tasknet.drill.procs import DrillError, Proc, wait_for
+from tasknet.drill.procs import DrillError, Proc, tcp_connections, wait_for
 from tasknet.drill.proxy import TO_CLIENT, TO_SERVER
 from tasknet.drill.snapshot import site_rows
 from tasknet.process import free_port
 from tasknet.protocol.messages import DeletedEntry, TaskEntry, TaskReport, TaskReportAck
 from tasknet.site.storage.db import POSTGRESQL, SQLITE
+from tasknet.site.storage.lease import application_name
 from tasknet.upstream.catalog import gallery
 
 COMPLETED = "COMPLETED"
@@ -915,7 +918,7 @@ def s19_resource_exhaustion(c: Cluster, x: Expect, rng: random.Random) -> None:
         completed(c, x, gid)
 
 
-# -- S20..S22: several sites on one PostgreSQL database ------------------------------
+# -- S20..S23: several sites on one PostgreSQL database ------------------------------
 
 #: SCALE.md 2: a dead instance's interrupted submissions are UNKNOWN within this.
 REAP_BOUND = 30.0
@@ -1195,6 +1198,295 @@ def s22_races_across_sites(c: Cluster, x: Expect, rng: random.Random) -> None:
         completed(c, x, gid)
 
 
+# -- S23: a site stopped mid-POST, fenced by hand, reaped, resumed ----------------------
+
+#: Both sites' --upstream-timeout in S23: the verdict wait after a reap is
+#: the lease timeout (8 s) plus this.
+S23_UPSTREAM_TIMEOUT = 6.0
+#: Bound on a fenced site's exit once it is continued.
+S23_EXIT_TIMEOUT = 30.0
+
+
+@dataclass
+class _Paused:
+    """Site ``site`` stopped at its fault point with gid ``gid``'s POST
+    connection up, its lease ended and reaped by ``reaper``'s site."""
+
+    site: str
+    reaper: str
+    gid: int
+    instance: int
+    reaper_instance: int
+    stopped_at: float  # wall clock: when the drill saw it stopped (it was, since)
+    answers: list[Reply]  # its create's answer, when it comes
+    operation_id: str = ""
+    reap: dict[str, Any] = field(default_factory=dict)  # the instance_reap row
+    row: dict[str, Any] = field(default_factory=dict)  # its site_instance, reaped
+    mark: int = 0  # the write log's last id once the reap was seen
+
+
+def _archive_posts(c: Cluster, gid: int) -> list[dict[str, Any]]:
+    """Every archive POST request for ``gid`` the upstream received (its
+    request log: applied or not)."""
+    path = f"/api/galleries/{gid}/archive"
+    reply = c.up("GET", "/_drill/journal")
+    if not reply.ok:
+        raise DrillError(f"upstream /_drill/journal: {reply.brief()}")
+    return [
+        r for r in reply.body.get("requests", []) if r["method"] == "POST" and r["path"] == path
+    ]
+
+
+def _log_lines(c: Cluster, site: str, *needles: str) -> list[str]:
+    """The lines of ``site``'s logs that contain any of ``needles``."""
+    text = c.sites[site].proc.log_text()
+    return [line.strip() for line in text.splitlines() if any(n in line for n in needles)][:8]
+
+
+def _pause_mid_post(
+    c: Cluster, x: Expect, site: str, reaper: str, gid: int, marker: Path
+) -> _Paused:
+    """Create ``gid`` through ``site`` (armed): it commits SUBMITTING,
+    connects to the upstream and stops itself before the first byte; end
+    its lease by hand and wait until ``reaper`` reaps it."""
+    x.step(f"create gid {gid} through {site}: SUBMITTING, POST connection up, it stops itself")
+    _, answers = in_background(lambda: c.create(gid, timeout=120, site=site))
+    pid = c.wait_paused(site, marker, 20)
+    stopped_at = time.time()
+    instance, reaper_instance = c.instance_of(site), c.instance_of(reaper)
+    if instance is None or reaper_instance is None:
+        raise DrillError(f"no open instance of {site} or {reaper}: {c.instances()}")
+    paused = _Paused(site, reaper, gid, instance, reaper_instance, stopped_at, answers)
+    x.equal(c.site_state(gid), "SUBMITTING", f"gid {gid} while {site} is stopped")
+    ops = site_rows(c.db, "SELECT * FROM task_operation WHERE gid = ?", (gid,))
+    paused.operation_id = str(ops[0]["operation_id"]) if ops else ""
+    x.equal(ops[0]["instance_id"] if ops else None, instance, f"gid {gid}'s instance_id")
+    links = c.upstream_connections(site)
+    x.that(
+        bool(links),
+        f"{site} (pid {pid}, stopped) holds a POST connection to the upstream open",
+        connections=[t.to_json() for t in tcp_connections(pid)],
+    )
+    x.equal(_archive_posts(c, gid), [], f"archive POST requests for gid {gid} (nothing written)")
+    x.step(f"{site} stopped (pid {pid}, {len(links)} upstream connection(s)); end its lease")
+    fenced = c.end_lease(site)
+    x.step(
+        f"lease session pid {fenced['lease_pid']} of instance {instance} ended;"
+        f" waiting for {reaper} (instance {reaper_instance}) to reap it"
+    )
+    c.wait_state(gid, ("UNKNOWN",), REAP_BOUND)
+    took = time.time() - stopped_at
+    rows = _expect_reaped(c, x, gid, instance, reaper_instance)
+    paused.reap = rows[0] if rows else {}
+    paused.row = c.instance_row(instance) or {}
+    x.that(
+        paused.row.get("reaped_by") == reaper_instance,
+        f"instance {instance} marked reaped by {reaper_instance}",
+        instance=paused.row,
+    )
+    x.equal(c.sessions_of(instance), [], f"sessions of instance {instance} once reaped")
+    paused.mark = c.write_mark()
+    mine = application_name(instance, "")
+    counts = c.write_counts(paused.mark)
+    x.that(
+        any(name.startswith(mine) for name in counts),
+        f"the write log saw instance {instance}'s own writes before its reap",
+        writes=counts,
+    )
+    x.step(f"write log up to the reap (id {paused.mark}): {counts}")
+    x.that(c.sites[site].proc.stopped, f"{site} still stopped at the reap")
+    x.step(f"reaped {took:.1f} s after {site} stopped; gid {gid} UNKNOWN")
+    return paused
+
+
+def _resume_fenced(c: Cluster, x: Expect, paused: _Paused, posts: int) -> None:
+    """Continue the stopped, reaped site: it sends nothing, what it writes
+    does not commit, it exits non-zero; the upstream has seen ``posts``
+    archive POSTs for the gid, all from before it resumed."""
+    site, gid = paused.site, paused.gid
+    # At once: a reaper settles a gone instance only once its last lease
+    # confirmation is a lease timeout old, so whenever it resumes its own
+    # clock calls its lease stale and its POST gate refuses.
+    x.step(f"SIGCONT {site}, at once")
+    resumed_at = time.time()
+    c.continue_site(site)
+    proc = c.sites[site].proc
+    try:
+        code: int | None = proc.wait_exit(S23_EXIT_TIMEOUT)
+    except DrillError:
+        code = None
+    proc.alive  # noqa: B018 - notes the end of the run
+    x.that(
+        code is not None and code != 0,
+        f"{site} exits non-zero once continued (exit code {code})",
+        log=proc.log_tail(15),
+    )
+    time.sleep(0.5)  # anything it sent has reached the upstream by now
+    requests = _archive_posts(c, gid)
+    x.equal(len(requests), posts, f"archive POST requests for gid {gid} at the upstream")
+    x.equal(c.posts(gid), posts, f"upstream POSTs applied for gid {gid}")
+    late = [r for r in requests if r["at"] >= resumed_at]
+    x.equal(late, [], f"archive POSTs for gid {gid} after {site} resumed (none from it)")
+    writes = c.writes_after(paused.mark)
+    others = [
+        w
+        for w in writes
+        if not str(w["application_name"]).startswith(application_name(paused.reaper_instance, ""))
+    ]
+    x.equal(
+        others,
+        [],
+        f"writes committed after the reap by any session but {paused.reaper}'s"
+        f" (of {len(writes)} committed)",
+    )
+    tables = Counter(f"{w['table_name']}:{w['op']}" for w in writes)
+    x.step(f"since the reap {len(writes)} row write(s) committed: {dict(tables)}")
+    x.equal(
+        c.instance_row(paused.instance),
+        paused.row,
+        f"instance {paused.instance}'s site_instance row since its reap",
+    )
+    x.equal(
+        [r for r in c.reaps() if r["gid"] == gid],
+        [paused.reap],
+        f"instance_reap rows of gid {gid} since the reap",
+    )
+    answer = paused.answers[0].brief() if paused.answers else "none yet"
+    gate = _log_lines(
+        c, site, f"POST for gid {gid} NOT SENT", f"LEASE LOST for site instance {paused.instance} "
+    )
+    x.step(f"{site} exited {code}; its create's answer: {answer[:160]}")
+    for line in gate:
+        x.step(f"{site} log: {line[:240]}")
+    x.that(
+        any("NOT SENT" in line for line in gate),
+        f"{site}'s log says its POST for gid {gid} was not sent",
+        log=proc.log_tail(30),
+    )
+
+
+def _moment(text: str) -> float:
+    return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+
+
+def _verdict_waits(c: Cluster, x: Expect, paused: _Paused) -> None:
+    """``not_submitted`` through the reaper at once: 409 verdict_too_early
+    with notBefore and Retry-After; still refused just before notBefore;
+    taken once it has passed."""
+    gid, reaper = paused.gid, paused.reaper
+    x.step(f"'not_submitted' for gid {gid} through {reaper} at once")
+    reply, headers = c.resolve_with_headers(gid, "not_submitted", site=reaper)
+    asked_at = time.time()
+    x.status(reply, 409, "the early 'not_submitted'")
+    body = reply.body if isinstance(reply.body, dict) else {}
+    error = body.get("error") or {}
+    x.equal(error.get("code"), "verdict_too_early", "its error code")
+    stored = site_rows(c.db, "SELECT verdict_not_before FROM task_operation WHERE gid = ?", (gid,))
+    stored_at = stored[0]["verdict_not_before"] if stored else None
+    try:
+        not_before = _moment(str(error.get("notBefore")))
+    except ValueError:
+        x.that(
+            False,
+            f"notBefore is an ISO 8601 time: {error.get('notBefore')!r}",
+            answer=reply.brief(),
+        )
+        return
+    x.that(
+        stored_at is not None and abs(_moment(str(stored_at)) - not_before) < 0.01,
+        f"notBefore {error.get('notBefore')} is the stored verdict_not_before {stored_at}",
+    )
+    row = paused.row
+    wait = float(row.get("lease_timeout") or 0) + float(row.get("upstream_timeout") or 0)
+    confirmed_at = _moment(str(paused.reap.get("lease_confirmed_at")))
+    reaped_at = _moment(str(paused.reap.get("reaped_at") or row.get("reaped_at")))
+    x.that(
+        abs(not_before - confirmed_at - wait) < 0.01,
+        f"notBefore is {not_before - confirmed_at:.2f} s after instance {paused.instance}"
+        f" last confirmed its lease (its lease timeout + upstream timeout: {wait:g} s)",
+    )
+    x.that(
+        reaped_at - confirmed_at >= float(row.get("lease_timeout") or 0) - 0.01,
+        f"the reap came {reaped_at - confirmed_at:.2f} s after that confirmation"
+        " (not before the instance's own lease timeout)",
+    )
+    retry_after = headers.get("retry-after", "")
+    x.that(
+        retry_after.isdigit() and abs(int(retry_after) - (not_before - asked_at)) <= 1.5,
+        f"Retry-After {retry_after!r} says when ({not_before - asked_at:.1f} s left)",
+    )
+    x.step(f"refused until {error.get('notBefore')}, Retry-After {retry_after}")
+    if not_before - time.time() > 1.5:  # room to ask once more before it
+        time.sleep(max(0.0, not_before - 1.0 - time.time()))
+        x.status(
+            c.resolve(gid, "not_submitted", site=reaper),
+            409,
+            "'not_submitted' 1 s before notBefore",
+        )
+    time.sleep(max(0.0, not_before + 0.5 - time.time()))
+    x.step(f"'not_submitted' for gid {gid} after notBefore")
+    x.status(c.resolve(gid, "not_submitted", site=reaper), 200, "'not_submitted' after notBefore")
+    x.equal(c.site_state(gid), None, f"gid {gid}'s operation after 'not_submitted' (gid free)")
+
+
+def s23_site_paused_mid_post(c: Cluster, x: Expect, rng: random.Random) -> None:
+    """DRILLS.md S23, both variants in one run, on one database: site A
+    (the second site) stops itself at its fault point with a POST's
+    connection up and nothing written; its lease is ended by hand and the
+    first site, B, reaps it.  (a) A is continued at once, before any
+    verdict: the gid stays ``UNKNOWN`` and the upstream sees no POST for it
+    (nobody re-creates it, so "B's one POST" is none here).  (b) A second
+    run of A, armed again: ``not_submitted`` through B is refused until
+    ``notBefore``, then taken; the user re-creates the gid through B, which
+    POSTs it (the one POST); then A is continued.  Each time nothing A
+    writes after its reap commits (the write log) and A exits non-zero."""
+    gid_a, gid_b = distinct_gids(rng, 2, max_size=300_000)
+    x.step(
+        f"start upstream and two sites (upstream timeout {S23_UPSTREAM_TIMEOUT:g} s);"
+        " A armed to stop before its POST"
+    )
+    c.start_upstream()
+    b = c.start_site(upstream_timeout=S23_UPSTREAM_TIMEOUT).name
+    marker, env = c.pause_before_post("a-run1")
+    a = c.start_site(upstream_timeout=S23_UPSTREAM_TIMEOUT, env=env).name
+    c.log_writes()
+    c.start_node("n1", sites=(b, a), wait=False)
+    c.wait_connected("n1", site=b)
+
+    x.step(f"S23a: A = {a}, B = {b}; A resumes at once after its reap")
+    paused = _pause_mid_post(c, x, a, b, gid_a, marker)
+    _resume_fenced(c, x, paused, posts=0)
+    x.equal(c.site_state(gid_a), "UNKNOWN", f"gid {gid_a} after {a} resumed and exited")
+    ops = site_rows(c.db, "SELECT operation_id FROM task_operation WHERE gid = ?", (gid_a,))
+    x.equal([o["operation_id"] for o in ops], [paused.operation_id], f"gid {gid_a}'s generation")
+
+    x.step(f"S23b: a second run of {a}, armed again")
+    marker, env = c.pause_before_post("a-run2")
+    c.resume_site(a, env=env)
+    paused = _pause_mid_post(c, x, a, b, gid_b, marker)
+    _verdict_waits(c, x, paused)
+    # A second generation of gid_b, but the ledger keeps it at one on
+    # purpose: S23 wants one POST for the gid whatever the generation
+    # count, so D1 holds it to one.
+    x.step(f"the user re-creates gid {gid_b} through {b}")
+    x.status(c.create(gid_b, site=b), 201, f"re-create of gid {gid_b} through {b}")
+    x.equal(c.site_state(gid_b), "SUBMITTED", f"gid {gid_b} after the re-create")
+    x.equal(c.posts(gid_b), 1, f"upstream POSTs of gid {gid_b} ({b}'s, {a} still stopped)")
+    current = site_rows(c.db, "SELECT * FROM task_operation WHERE gid = ?", (gid_b,))
+    x.equal(
+        current[0]["instance_id"] if current else None,
+        paused.reaper_instance,
+        f"the instance of gid {gid_b}'s new generation ({b}'s)",
+    )
+    _resume_fenced(c, x, paused, posts=1)
+    x.equal(
+        site_rows(c.db, "SELECT operation_id, state FROM task_operation WHERE gid = ?", (gid_b,)),
+        [{"operation_id": current[0]["operation_id"], "state": "SUBMITTED"}] if current else [],
+        f"{b}'s generation of gid {gid_b} after {a} resumed",
+    )
+    completed(c, x, gid_b)
+
+
 SCENARIOS: dict[str, Scenario] = {
     s.id: s
     for s in (
@@ -1237,6 +1529,12 @@ SCENARIOS: dict[str, Scenario] = {
             "S22",
             "creates, quota and delete racing across two sites",
             s22_races_across_sites,
+            backends=(POSTGRESQL,),
+        ),
+        Scenario(
+            "S23",
+            "a site stopped mid-POST, fenced, reaped, resumed (both variants)",
+            s23_site_paused_mid_post,
             backends=(POSTGRESQL,),
         ),
     )

@@ -59,8 +59,12 @@ def remove_files(data: DataDir, gid: int) -> tuple[bool, str]:
 def _check_download(gid: int, url: str) -> None:
     if gid <= 0:
         raise BadCommand(f"gid must be positive, got {gid}")
-    if urlsplit(url).scheme not in ("http", "https"):
-        raise BadCommand(f"gid {gid}: url must be http(s), got {url!r}")
+    try:
+        parts = urlsplit(url)
+    except ValueError as exc:  # e.g. an unbalanced [ in the host
+        raise BadCommand(f"gid {gid}: url cannot be parsed: {exc}") from None
+    if parts.scheme.lower() not in ("http", "https") or not parts.netloc:
+        raise BadCommand(f"gid {gid}: url must be http(s)://host/..., got {url[:200]!r}")
 
 
 class CommandHandler:
@@ -90,6 +94,7 @@ class CommandHandler:
                     message.name,
                     message.url,
                     2,
+                    message.size,
                 )
             if message.action == ACTION_DELETE:
                 return self._serialised(
@@ -99,7 +104,7 @@ class CommandHandler:
         if isinstance(message, DownloadPost):
             _check_download(message.gid, message.url)
             return self._serialised(
-                message.gid, self._download, message.gid, None, message.name, message.url, 1
+                message.gid, self._download, message.gid, None, message.name, message.url, 1, 0
             )
         if isinstance(message, DeleteGallery):
             return self._serialised(message.gid, self._delete, message.gid, LEGACY_DELETE_ID, 1)
@@ -117,10 +122,17 @@ class CommandHandler:
         return d.addBoth(release)
 
     async def _download(
-        self, gid: int, operation_id: str | None, name: str, url: str, protocol: int
+        self, gid: int, operation_id: str | None, name: str, url: str, protocol: int, size: int
     ) -> None:
+        # size 0 (unknown, or a legacy DownloadPost): --max-archive-bytes bounds it.
         accepted = await self.store.accept_download(
-            gid, operation_id, name, url, protocol, legacy_operation_id=f"legacy-{uuid.uuid4().hex}"
+            gid,
+            operation_id,
+            name,
+            url,
+            protocol,
+            legacy_operation_id=f"legacy-{uuid.uuid4().hex}",
+            size=size,
         )
         if accepted.kind == "duplicate":
             log.info(

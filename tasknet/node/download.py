@@ -6,6 +6,11 @@ matching ``Content-Range``; a 200 means the server ignored the range, so the
 file restarts from byte 0), and only returns when the file holds the whole
 body, as long as the server said it is.  Anything short or broken raises, and
 the caller retries: the bytes already on disk are kept for the next attempt.
+
+Bounded (PROTOCOL.md "Bounds", INTERFACES.md "Node downloads"): an attempt
+given a :class:`SizeLimit` stops as soon as the body passes it (a declared
+length past it stops it before any byte is read), removes the ``.part`` file
+and raises :class:`TooLarge`: nothing of such a download is kept.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ import errno
 import os
 import re
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
@@ -49,6 +55,9 @@ _UNSATISFIED_RANGE = re.compile(r"^\s*bytes\s+\*/(\d+)\s*$")
 
 ProgressCallback = Callable[[int, int | None], None]
 
+#: ``--max-archive-bytes``: the bound of a download whose size the site did not give.
+DEFAULT_MAX_ARCHIVE_BYTES = 8 * 1024**3
+
 
 class DownloadError(Exception):
     """A failed attempt worth retrying (network, server, short body)."""
@@ -60,6 +69,30 @@ class StorageError(DownloadError):
 
 class RangeIgnored(DownloadError):
     """The server sent another range than asked: the ``.part`` file was reset."""
+
+
+class TooLarge(DownloadError):
+    """The body passed its :class:`SizeLimit`: stopped, and nothing of it kept."""
+
+
+@dataclass(frozen=True)
+class SizeLimit:
+    """How large a task's archive may grow: the site's ``size`` plus 1 %, or
+    ``maximum`` (``--max-archive-bytes``) when the site gave none (0)."""
+
+    expected: int
+    maximum: int = DEFAULT_MAX_ARCHIVE_BYTES
+
+    @property
+    def bytes(self) -> int:
+        return self.expected + self.expected // 100 if self.expected > 0 else self.maximum
+
+    def exceeded(self, seen: int) -> TooLarge:
+        if self.expected > 0:
+            return TooLarge(f"archive larger than expected: {seen:,} > {self.expected:,} bytes")
+        return TooLarge(
+            f"archive larger than --max-archive-bytes: {seen:,} > {self.maximum:,} bytes"
+        )
 
 
 def storage_error(exc: OSError, path: Path) -> StorageError | None:
@@ -79,7 +112,9 @@ class _FileSink(Protocol):
         on_data: Callable[[int], None],
         clock: Any,
         idle_timeout: float,
+        limit: SizeLimit | None = None,
     ) -> None:
+        self.limit = limit
         self.file = file
         self.path = path
         self.written = written
@@ -123,6 +158,11 @@ class _FileSink(Protocol):
     def dataReceived(self, data: bytes) -> None:
         if self._failure is not None or self._cancelled:
             return
+        if self.limit is not None and self.written + len(data) > self.limit.bytes:
+            # Not one byte past the bound is written.
+            self._failure = self.limit.exceeded(self.written + len(data))
+            self._abort()
+            return
         try:
             self.file.write(data)
         except OSError as exc:
@@ -165,17 +205,37 @@ async def fetch(
     on_progress: ProgressCallback,
     *,
     idle_timeout: float = 30.0,
+    limit: SizeLimit | None = None,
 ) -> int:
     """Bring ``part`` to the whole body of ``url``; return its size in bytes.
 
-    Raises :class:`DownloadError` (retry later; the bytes kept are valid) or
-    :class:`StorageError`.  Cancelling the returned coroutine's Deferred
-    aborts the connection.
+    Raises :class:`DownloadError` (retry later; the bytes kept are valid),
+    :class:`StorageError`, or :class:`TooLarge` (past ``limit``: ``part``
+    removed).  Cancelling the returned coroutine's Deferred aborts the
+    connection.
     """
+    try:
+        return await _fetch(client, url, part, clock, on_progress, idle_timeout, limit)
+    except TooLarge:
+        part.unlink(missing_ok=True)
+        raise
+
+
+async def _fetch(
+    client: HTTPClient,
+    url: str,
+    part: Path,
+    clock: Any,
+    on_progress: ProgressCallback,
+    idle_timeout: float,
+    limit: SizeLimit | None,
+) -> int:
     try:
         offset = part.stat().st_size if part.exists() else 0
     except OSError as exc:
         raise storage_error(exc, part) or DownloadError(str(exc)) from exc
+    if limit is not None and offset > limit.bytes:
+        raise limit.exceeded(offset)
     headers = Headers({"Range": [f"bytes={offset}-"]} if offset else {})
     try:
         response: Any = await client.get(url, headers=headers, timeout=idle_timeout)
@@ -186,7 +246,12 @@ async def fetch(
     if response.code == 416 and offset:
         return await _already_whole(response, part, offset, on_progress)
     offset, total = await _body_range(response, part, offset, url)
-    size = await _append_body(response, part, offset, total, clock, on_progress, idle_timeout)
+    if limit is not None and total is not None and total > limit.bytes:
+        _drop(response)  # not read: it may be huge
+        raise limit.exceeded(total)
+    size = await _append_body(
+        response, part, offset, total, clock, on_progress, idle_timeout, limit
+    )
     if total is not None and size != total:
         if size > total:
             _truncate(part)
@@ -233,6 +298,7 @@ async def _append_body(
     clock: Any,
     on_progress: ProgressCallback,
     idle_timeout: float,
+    limit: SizeLimit | None = None,
 ) -> int:
     """Write the body to ``part`` from ``offset`` and fsync it; its new size."""
     try:
@@ -242,7 +308,9 @@ async def _append_body(
         raise storage_error(exc, part) or DownloadError(str(exc)) from exc
     try:
         on_progress(offset, total)
-        sink = _FileSink(file, part, offset, lambda n: on_progress(n, total), clock, idle_timeout)
+        sink = _FileSink(
+            file, part, offset, lambda n: on_progress(n, total), clock, idle_timeout, limit
+        )
         response.deliverBody(sink)
         size: int = await sink.finished
         file.flush()
@@ -252,6 +320,25 @@ async def _append_body(
     finally:
         file.close()
     return size
+
+
+class _Refuse(Protocol):
+    """A body receiver that stops the body at once (the connection is aborted)."""
+
+    def connectionMade(self) -> None:
+        if self.transport is not None:
+            self.transport.stopProducing()  # type: ignore[attr-defined]
+
+    def connectionLost(self, reason: Failure = Failure(ResponseDone())) -> None:  # noqa: B008
+        return None
+
+
+def _drop(response: Any) -> None:
+    """Abandon ``response``'s body without reading it."""
+    try:
+        response.deliverBody(_Refuse())
+    except Exception:  # a body already gone: nothing to stop
+        return
 
 
 async def _discard(response: Any) -> Any:

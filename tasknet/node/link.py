@@ -7,6 +7,20 @@ arrived first (a site sends it on accept, so a v2 site's Hello always does).
 types it does not know (10–13 included) and closes the connection on an
 unknown field in types 0–9 (the strict reader).
 
+Mutual authentication (PROTOCOL.md, "Mutual authentication (v2)"): a v2
+node announces ``site-proof`` in its Hello and, right after an accepted
+``LoginResult`` on a v2 connection, sends ``NodeChallenge`` (a fresh nonce)
+and waits for ``SiteProof``: the HMAC that only a site knowing the node's
+secret can compute.  Until a valid one arrived the link is not up (the
+handler hears nothing, so no command runs and nothing but heartbeats and
+``Goodbye`` is sent); a wrong proof, a command before the proof, or no proof
+within ``proof_timeout`` (10 s, on the factory's clock) is logged and closes
+the connection, which counts as a failed login for the backoff.  A legacy
+site (no Hello by ``LoginResult``) cannot prove itself: the node closes
+after its login unless ``trust_legacy_site`` is set or the connection is a
+verified ``tls:`` one.  ``protocol=1`` (the legacy emulation) does none of
+this, exactly as before.
+
 Reconnecting: the ClientService's backoff counts only failed TCP connects and
 starts again after every accepted one, so a node whose login is refused (a
 wrong secret) would redial about every second for ever.  The retry policy
@@ -21,16 +35,21 @@ the next site, with the same backoff between attempts.
 
 from __future__ import annotations
 
+import ipaddress
+import secrets
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from twisted.application.internet import ClientService, backoffPolicy
 from twisted.internet.defer import CancelledError, Deferred
+from twisted.internet.endpoints import _parse as parse_endpoint  # the parser clientFromString uses
 from twisted.internet.endpoints import clientFromString
 from twisted.internet.interfaces import (
+    IDelayedCall,
     IProtocol,
     IProtocolFactory,
     IReactorTime,
+    ISSLTransport,
     IStreamClientEndpoint,
 )
 from twisted.logger import Logger
@@ -40,34 +59,48 @@ from zope.interface import implementer
 from tasknet.clock import default_reactor
 from tasknet.protocol.connection import LOGIN_TIMEOUT, PeerFactory, PeerProtocol, hello_is_v2
 from tasknet.protocol.messages import (
+    FEATURE_RELIABLE,
+    FEATURE_SITE_PROOF,
     LEGACY_TYPES,
     MAX_PAYLOAD,
     PRE_LOGIN_MAX_PAYLOAD,
     DeleteGallery,
     DownloadPost,
+    Error,
     Goodbye,
     Identity,
     Login,
     LoginResult,
     Message,
+    NodeChallenge,
     ProtocolHello,
+    SiteProof,
     TaskCommand,
     TaskReportAck,
     sign_login,
+    verify_site_proof,
 )
 from tasknet.protocol.session import INodeHandler, ISiteLink
 
 __all__ = [
+    "PROOF_TIMEOUT",
     "RotatingEndpoint",
     "SiteClientService",
     "SiteLink",
     "SiteLinkFactory",
     "login_backoff",
     "site_client_service",
+    "refused_connect",
     "site_endpoints",
+    "unsafe_connect",
 ]
 
 log = Logger()
+
+#: Seconds after an accepted LoginResult by which the site's SiteProof must be in.
+PROOF_TIMEOUT = 10.0
+#: The features a v2 node announces in its Hello.
+NODE_FEATURES = (FEATURE_RELIABLE, FEATURE_SITE_PROOF)
 
 
 @implementer(ISiteLink)
@@ -75,9 +108,10 @@ class SiteLink(PeerProtocol):
     """One connection to the site; an :class:`ISiteLink` once logged in."""
 
     factory: SiteLinkFactory
-    # What the site may send a logged-in node (commands; v2 adds the ACK).
+    # What the site may send a logged-in node (commands; v2 adds the ACK and
+    # the site's proof).
     incoming_legacy = frozenset({DownloadPost.TYPE, DeleteGallery.TYPE})
-    incoming_v2 = frozenset({TaskCommand.TYPE, TaskReportAck.TYPE})
+    incoming_v2 = frozenset({TaskCommand.TYPE, TaskReportAck.TYPE, SiteProof.TYPE})
     peer_role = "site"
 
     def __init__(self, factory: SiteLinkFactory) -> None:
@@ -87,8 +121,12 @@ class SiteLink(PeerProtocol):
         self.node_id = factory.node_id
         self._site_hello: ProtocolHello | None = None
         self._site_name = ""  # from Identity: says which site, when the node lists several
+        self._site_nonce = ""  # from Identity: the site's half of the proof
         self._logged_in = False
         self._up = False
+        #: Our NodeChallenge's nonce while we wait for the site's proof, else "".
+        self._challenge = ""
+        self._proof_deadline: IDelayedCall | None = None
 
     # -- connection
 
@@ -96,13 +134,14 @@ class SiteLink(PeerProtocol):
         super().connectionMade()
         if self.factory.wire_protocol >= 2:
             # Before Login, so the site can decide at Login without a timer.
-            self.sendMessage(ProtocolHello())
+            self.sendMessage(ProtocolHello(features=NODE_FEATURES))
 
     def connectionLost(self, reason: Failure | None = None) -> None:
-        was_authenticated = self.authenticated
         super().connectionLost(reason)
-        if not was_authenticated:
-            # Refused, or the site never completed the login: back off further.
+        self._cancel_proof_deadline()
+        if not self._up:
+            # Refused, the site never completed the login, never proved
+            # itself, or is a legacy site we do not trust: back off further.
             self.factory.failed_logins += 1
         if self._up:
             self._up = False
@@ -115,7 +154,18 @@ class SiteLink(PeerProtocol):
     # -- receiving
 
     def loggedInMessage(self, message: Message) -> None:
-        self.factory.handler.message_received(self, message)
+        if type(message) is SiteProof:
+            self._site_proof(message)
+        elif not self._up:
+            # Logged in but the site has not proved itself: nothing it sends runs.
+            log.error(
+                "the site at {peer} sent {type} before proving itself; closing",
+                peer=self._peer(),
+                type=type(message).__name__,
+            )
+            self.sendError("protocol_violation", f"{type(message).__name__} before SiteProof")
+        else:
+            self.factory.handler.message_received(self, message)
 
     def beforeLogin(self, message: Message) -> None:
         if type(message) is Identity:
@@ -124,6 +174,7 @@ class SiteLink(PeerProtocol):
                 return
             self._logged_in = True
             self._site_name = message.name
+            self._site_nonce = message.nonce
             signature = sign_login(self.factory.secret, message.nonce, self.node_id)
             self.sendMessage(Login(self.node_id, signature))
         elif type(message) is ProtocolHello:
@@ -147,9 +198,36 @@ class SiteLink(PeerProtocol):
             )
             self.closeConnection()
             return
-        if self.factory.wire_protocol >= 2 and hello_is_v2(self._site_hello):
+        if self.factory.wire_protocol < 2:
+            self._link_up()  # the legacy emulation: as a legacy node always did
+        elif hello_is_v2(self._site_hello):
             self.protocol_version = 2
-        self.loggedIn()
+            self.loggedIn()
+            log.debug(
+                "node {node_id}: login accepted by the site {site} at {peer}; asking it to"
+                " prove itself",
+                node_id=self.node_id,
+                site=self._site_name,
+                peer=self._peer(),
+            )
+            self._challenge_site()
+        elif self.factory.trust_legacy_site or self._verified_tls():
+            self._link_up()
+        else:
+            log.error(
+                "the site {site} at {peer} is a legacy site (no Hello before LoginResult):"
+                " it cannot prove itself, so node {node_id} runs none of its commands and"
+                " hangs up; start the node with --trust-legacy-site to work with it, or"
+                " dial it over a verified tls: endpoint",
+                site=self._site_name,
+                peer=self._peer(),
+                node_id=self.node_id,
+            )
+            self.close("a legacy site cannot prove itself to this node")
+
+    def _link_up(self) -> None:
+        if not self.authenticated:
+            self.loggedIn()
         self.factory.failed_logins = 0
         self._up = True
         log.info(
@@ -161,6 +239,60 @@ class SiteLink(PeerProtocol):
             features=list(self._site_hello.features) if self._site_hello else [],
         )
         self.factory.handler.link_up(self)
+
+    def _verified_tls(self) -> bool:
+        """Whether this connection is TLS dialled by a ``tls:`` endpoint (which
+        always verifies the site's chain and host name)."""
+        return ISSLTransport.providedBy(self.transport) and self.factory.dialled_tls()
+
+    # -- the site's proof
+
+    def _challenge_site(self) -> None:
+        self._challenge = secrets.token_hex(16)
+        self.sendMessage(NodeChallenge(self._challenge))
+        self._proof_deadline = self.clock.callLater(
+            self.factory.proof_timeout, self._proof_timed_out
+        )
+
+    def _site_proof(self, proof: SiteProof) -> None:
+        if not self._challenge:
+            self.sendError("protocol_violation", "SiteProof without a NodeChallenge")
+            return
+        challenge, self._challenge = self._challenge, ""
+        self._cancel_proof_deadline()
+        if not verify_site_proof(
+            self.factory.secret, challenge, self._site_nonce, self.node_id, proof.signature
+        ):
+            log.error(
+                "the site {site} at {peer} sent a wrong SiteProof: it does not know node"
+                " {node_id}'s secret (not the site, or the node's secret is wrong); closing",
+                site=self._site_name,
+                peer=self._peer(),
+                node_id=self.node_id,
+            )
+            self.sendError("auth_failed", "wrong SiteProof")
+            return
+        self._link_up()
+
+    def _proof_timed_out(self) -> None:
+        self._proof_deadline = None
+        if self.closing or not self._challenge:
+            return
+        log.error(
+            "no SiteProof from the site {site} at {peer} within {timeout} s; closing",
+            site=self._site_name,
+            peer=self._peer(),
+            timeout=self.factory.proof_timeout,
+        )
+        self.sendMessage(
+            Error("auth_failed", f"no SiteProof within {self.factory.proof_timeout:g} s")
+        )
+        self.closeConnection()
+
+    def _cancel_proof_deadline(self) -> None:
+        if self._proof_deadline is not None and self._proof_deadline.active():
+            self._proof_deadline.cancel()
+        self._proof_deadline = None
 
     # -- ISiteLink
 
@@ -181,7 +313,12 @@ class SiteLinkFactory(PeerFactory):
     """Builds a :class:`SiteLink` per connection attempt of the ClientService.
 
     ``failed_logins`` counts the connections in a row that ended before their
-    login succeeded (:func:`login_backoff` reads it).
+    login succeeded (:func:`login_backoff` reads it), a site's proof
+    included.  ``trust_legacy_site``: work with a site that sends no Hello
+    (it cannot prove itself); ``dialled_tls()`` says whether the current
+    attempt dialled a ``tls:`` endpoint (set by :func:`site_client_service`),
+    which also makes a legacy site acceptable.  ``proof_timeout``: seconds
+    for the site's SiteProof after an accepted LoginResult.
     """
 
     def __init__(
@@ -197,6 +334,8 @@ class SiteLinkFactory(PeerFactory):
         idle_timeout: float = 45.0,
         pre_login_max_payload: int = PRE_LOGIN_MAX_PAYLOAD,
         login_timeout: float = LOGIN_TIMEOUT,
+        trust_legacy_site: bool = False,
+        proof_timeout: float = PROOF_TIMEOUT,
     ) -> None:
         if protocol not in (1, 2):
             raise ValueError(f"protocol must be 1 or 2, got {protocol!r}")
@@ -213,6 +352,9 @@ class SiteLinkFactory(PeerFactory):
         self.secret = secret
         self.handler = handler
         self.wire_protocol = protocol  # not .protocol: Factory uses that name
+        self.trust_legacy_site = trust_legacy_site
+        self.proof_timeout = proof_timeout
+        self.dialled_tls: Callable[[], bool] = lambda: False
 
     def buildProtocol(self, addr: Any) -> Any:  # Any: Factory's generic typing wants more
         return SiteLink(self)
@@ -230,7 +372,10 @@ def login_backoff(
     """
 
     def delay(attempt: int) -> float:
-        return policy(attempt + max(factory.failed_logins - 1, 0))
+        seconds = policy(attempt + max(factory.failed_logins - 1, 0))
+        # Rounded to 0.1 s: ClientService logs it ("... in 3.9 seconds"),
+        # and a jittered delay's sixteen digits say nothing more.
+        return seconds if seconds < 0.1 else round(seconds, 1)
 
     return delay
 
@@ -312,6 +457,49 @@ def site_endpoints(reactor: Any, descriptions: str | Sequence[str]) -> RotatingE
     return RotatingEndpoint(parsed)
 
 
+def _is_loopback(host: str) -> bool:
+    if host.lower() in ("localhost", "localhost."):
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False  # a host name: it may resolve anywhere
+
+
+def unsafe_connect(description: str) -> str | None:
+    """Why ``description`` may not be a ``--connect`` without ``--plaintext``
+    (None when it may).  PROTOCOL.md, "Mutual authentication (v2)": the
+    proof stops a listener that is not the site, not a relay on plain TCP,
+    so a ``tcp:`` link leaves loopback only on purpose; ``ssl:`` never
+    verifies the site's certificate, so it is refused outright (see
+    :func:`refused_connect`)."""
+    kind, _, rest = description.partition(":")
+    if kind.lower() not in ("tcp", "tcp6"):
+        return None
+    try:
+        args, kwargs = parse_endpoint(rest)
+    except Exception:  # clientFromString reports unparseable strings, naming them
+        return None
+    host = str(kwargs.get("host", args[0] if args else ""))
+    if _is_loopback(host):
+        return None
+    return (
+        f"--connect {description}: plain TCP to {host!r}, which is not loopback: anyone"
+        " on the path can read and change the traffic; use"
+        " tls:HOST:PORT:trustRoots=CA_DIR, or give --plaintext if this network is trusted"
+    )
+
+
+def refused_connect(description: str) -> str | None:
+    """Why ``description`` is never a ``--connect`` (None when it may be)."""
+    if description.partition(":")[0].lower() == "ssl":
+        return (
+            f"--connect {description}: ssl: does not verify the site's certificate; use"
+            " tls:HOST:PORT:trustRoots=CA_DIR (chain and host name verified)"
+        )
+    return None
+
+
 class SiteClientService(ClientService):
     """The link's ClientService, with its factory (``link_factory.failed_logins``)
     and its endpoints (``site_endpoints.dialled``) at hand."""
@@ -346,6 +534,8 @@ def site_client_service(
     heartbeat_interval: float = 15.0,
     idle_timeout: float = 45.0,
     retry_policy: Callable[[int], float] | None = None,
+    trust_legacy_site: bool = False,
+    proof_timeout: float = PROOF_TIMEOUT,
 ) -> SiteClientService:
     """A service that keeps the node connected (and logged in) to the site.
 
@@ -356,7 +546,8 @@ def site_client_service(
     backoff from 0.5 s up to 30 s; a connection whose login is refused (or
     never completes) counts as a failed attempt until a login succeeds
     (:func:`login_backoff`).  ``clock`` (default: ``reactor``) runs the
-    retry and connection timers.
+    retry and connection timers, the site's proof deadline included.
+    ``trust_legacy_site``: see :class:`SiteLinkFactory`.
     """
     reactor = default_reactor(reactor)
     if clock is None:
@@ -371,7 +562,11 @@ def site_client_service(
         max_payload=max_payload,
         heartbeat_interval=heartbeat_interval,
         idle_timeout=idle_timeout,
+        trust_legacy_site=trust_legacy_site,
+        proof_timeout=proof_timeout,
     )
+    # One attempt at a time: the endpoint dialled last is the connection's.
+    factory.dialled_tls = lambda: (endpoints.dialled or "").startswith("tls:")
     return SiteClientService(
         endpoints,
         factory,

@@ -17,8 +17,9 @@ reporter at scrape time, so nothing has to be kept in step:
     1 while logged in to the site, else 0.
 
 No ``_created`` series are exported.  The page is served at ``/metrics``
-(and ``/``) of the endpoint, without authentication: bind it to loopback or
-a private interface.
+(and ``/``) of the endpoint, without authentication: ``tcp:PORT`` binds to
+127.0.0.1 (``tcp6:PORT`` to ::1) unless an interface is named
+(:func:`loopback_by_default`).
 """
 
 from __future__ import annotations
@@ -36,6 +37,29 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 from twisted.web.resource import IResource, Resource
 from twisted.web.server import Request, Site
+
+from tasknet.weblog import QuietSite
+
+
+def loopback_by_default(endpoint: str) -> str:
+    """``endpoint`` bound to loopback when it is ``tcp:``/``tcp6:`` without an
+    ``interface=`` (Twisted's default would be every interface); any other
+    endpoint string is returned as it is."""
+    from twisted.internet.endpoints import _parse
+
+    kind, _, rest = endpoint.partition(":")
+    loopback = {"tcp": "127.0.0.1", "tcp6": "\\:\\:1"}.get(kind.lower())
+    if loopback is None:
+        return endpoint
+    try:
+        args, kwargs = _parse(rest)
+    except Exception:  # serverFromString will say what is wrong with it
+        return endpoint
+    # tcp:PORT:BACKLOG:INTERFACE is the positional form; interface= the keyword one.
+    if "interface" in kwargs or len(args) >= 3:
+        return endpoint
+    return f"{endpoint}:interface={loopback}"
+
 
 # Process-wide switch of prometheus-client (the site's metrics set it too).
 disable_created_metrics()
@@ -108,4 +132,5 @@ def metrics_site(registry: CollectorRegistry) -> Site:
     root = Resource()
     root.putChild(b"metrics", page)
     root.putChild(b"", page)
-    return Site(cast(IResource, root))
+    # Scrapes every few seconds: their access lines are debug events.
+    return QuietSite(cast(IResource, root))

@@ -1,10 +1,12 @@
 """Reports to the site: reliable v2 snapshots, or the legacy fire-and-forget.
 
 v2 (PROTOCOL.md, "Reliable reports", node side): a TaskReport is a snapshot of
-every task held; at most one is in flight; it is persisted before it is sent
-and resent unchanged (same reportId and revision) on reconnect and whenever no
-ACK arrives within ``ack_timeout``.  Changes made meanwhile only mark the state
-dirty and go into the next snapshot, taken once the in-flight one is ACKed.
+every task held (an entry says ``queued`` while its task waits for a download
+slot, and carries its last error as ``detail``); at most one is in flight; it
+is persisted before it is sent and resent unchanged (same reportId and
+revision) on reconnect and whenever no ACK arrives within ``ack_timeout``.
+Changes made meanwhile only mark the state dirty and go into the next
+snapshot, taken once the in-flight one is ACKed.
 Completed and deleted entries leave the node in the ACK's own transaction.
 
 Legacy (``--protocol 1``, or a v2 node on a legacy site): a StatusReport of
@@ -16,6 +18,7 @@ ACK or not (docs/protocol.md, "The legacy boundary").
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable, Collection
 
 from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
@@ -25,6 +28,7 @@ from tasknet.clock import default_reactor
 from tasknet.coalesce import CoalescingRunner
 from tasknet.node.store import FAILED, NodeStore, PendingReport
 from tasknet.protocol.messages import (
+    ACK_APPLIED,
     DeletedEntry,
     DeleteResult,
     StatusReport,
@@ -45,7 +49,7 @@ def to_message(report: PendingReport) -> TaskReport:
     return TaskReport(
         report_id=report.report_id,
         revision=report.revision,
-        gallery_tasks=tuple(TaskEntry(g, s, p) for g, s, p in report.gallery_tasks),
+        gallery_tasks=tuple(report.gallery_tasks),
         operation_ids=dict(report.operation_ids),
         deleted=tuple(DeletedEntry(*d) for d in report.deleted),
     )
@@ -60,8 +64,11 @@ class Reporter:
         ack_timeout: float = 10.0,
         debounce: float = DEBOUNCE,
         clock: IReactorTime | None = None,
+        queued: Callable[[], Collection[int]] = frozenset,
     ) -> None:
         self.store = store
+        #: The gids waiting for a download slot now (their entries say ``queued``).
+        self.queued = queued
         self.legacy_node = legacy_node
         self.ack_timeout = ack_timeout
         self.debounce = debounce
@@ -131,7 +138,10 @@ class Reporter:
             return
         if not await self.store.acknowledge(ack.report_id):
             return
-        log.info(
+        # Routine (twice a second while anything moves): debug; a DUPLICATE
+        # (a resend the site had already applied) is worth a line.
+        emit = log.debug if ack.result == ACK_APPLIED else log.info
+        emit(
             "report {report_id} (revision {revision}) ACKed: {result}",
             report_id=ack.report_id,
             revision=current.revision,
@@ -167,7 +177,9 @@ class Reporter:
         if self.in_flight is not None or not self._dirty:
             return
         self._dirty = False
-        report = await self.store.create_report(uuid.uuid4().hex, int(self.clock.seconds() * 1000))
+        report = await self.store.create_report(
+            uuid.uuid4().hex, int(self.clock.seconds() * 1000), frozenset(self.queued())
+        )
         if report is None:
             return
         self.in_flight = report

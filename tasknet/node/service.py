@@ -21,7 +21,9 @@ from twisted.python.failure import Failure
 from zope.interface import implementer
 
 from tasknet.clock import default_reactor
+from tasknet.logging import LogOptions, use_for_twistd
 from tasknet.node.commands import BadCommand, CommandHandler
+from tasknet.node.download import DEFAULT_MAX_ARCHIVE_BYTES
 from tasknet.node.paths import DataDir
 from tasknet.node.reporter import Reporter
 from tasknet.node.store import NodeStore
@@ -29,6 +31,7 @@ from tasknet.node.worker import Worker
 from tasknet.protocol.messages import NODE_ID, Message, TaskReportAck
 from tasknet.protocol.session import INodeHandler, ISiteLink
 from tasknet.startup import exit_after_stop
+from tasknet.version import version_option
 
 log = Logger()
 
@@ -58,19 +61,28 @@ SECRET_ENV = "TASKNET_NODE_SECRET"
 DEFAULT_CONNECT = "tcp:127.0.0.1:7100"
 
 
-def site_endpoint_list(endpoints: Sequence[str]) -> tuple[str, ...]:
+def site_endpoint_list(endpoints: Sequence[str], *, plaintext: bool = False) -> tuple[str, ...]:
     """The --connect values in order, or the default when none was given.
-    An empty or repeated endpoint is a clear :class:`usage.UsageError`."""
+    An empty or repeated endpoint, ``ssl:``, and plain ``tcp:`` to a host
+    that is not loopback without ``plaintext`` (``--plaintext``) are each a
+    clear :class:`usage.UsageError`."""
     if not endpoints:
         return (DEFAULT_CONNECT,)
+    from tasknet.node.link import refused_connect, unsafe_connect
+
     seen: set[str] = set()
     for endpoint in endpoints:
         if not endpoint.strip():
-            raise usage.UsageError("--connect needs an endpoint, e.g. tcp:site.example:7100")
+            raise usage.UsageError(
+                "--connect needs an endpoint, e.g. tls:site.example:7143:trustRoots=/etc/tasknet/ca"
+            )
         if endpoint in seen:
             # Listed twice, that site would get two turns in a row: surely a slip.
             raise usage.UsageError(f"--connect {endpoint} is given twice")
         seen.add(endpoint)
+        complaint = refused_connect(endpoint) or (None if plaintext else unsafe_connect(endpoint))
+        if complaint is not None:
+            raise usage.UsageError(complaint)
     return tuple(endpoints)
 
 
@@ -105,9 +117,30 @@ def _secret(option: str | None, path: str | None, environment: str | None) -> st
     raise usage.UsageError(f"--secret is required (or --secret-file PATH, or {SECRET_ENV})")
 
 
-class Options(usage.Options):
+def _archive_bytes(value: str) -> int:
+    number = int(value)
+    if number < 1:
+        raise ValueError("--max-archive-bytes must be at least 1")
+    return number
+
+
+class Options(LogOptions, usage.Options):
     synopsis = "[options]"
     longdesc = "Storage node: dials the site, downloads, compresses, reports."
+    optFlags = [
+        [
+            "trust-legacy-site",
+            None,
+            "work with a legacy site (no Hello: it cannot prove itself); without it the "
+            "node hangs up on one after login, unless the link is a verified tls: one",
+        ],
+        [
+            "plaintext",
+            None,
+            "allow --connect tcp: to a host that is not loopback (a trusted network only: "
+            "prefer tls:)",
+        ],
+    ]
     optParameters = [
         ["node-id", None, "node-1", f"node id ({NODE_ID.pattern})"],
         [
@@ -130,12 +163,23 @@ class Options(usage.Options):
             _positive_float,
         ],
         [
+            "max-archive-bytes",
+            None,
+            DEFAULT_MAX_ARCHIVE_BYTES,
+            "stop a download past this many bytes when the site gave no size "
+            "(legacy DownloadPost, or size 0)",
+            _archive_bytes,
+        ],
+        [
             "metrics",
             None,
             None,
-            "serve Prometheus metrics on this endpoint (e.g. tcp:9101:interface=127.0.0.1)",
+            "serve Prometheus metrics on this endpoint (tcp:9101 binds to 127.0.0.1; "
+            "name another interface with tcp:9101:interface=ADDRESS)",
         ],
     ]
+
+    opt_version = version_option("tasknet-node")
 
     def __init__(self) -> None:
         super().__init__()
@@ -147,12 +191,14 @@ class Options(usage.Options):
     # The --help text (usage.Options prints an opt_ method's docstring as is).
     opt_connect.__doc__ = (
         "a site's node endpoint (a Twisted client endpoint string); repeat it for "
-        "several sites, dialled in turn, moving to the next on failure "
-        f"[default: {DEFAULT_CONNECT}]"
+        "several sites, dialled in turn, moving to the next on failure; tls: "
+        "(trustRoots=) for any site not on loopback, or tcp: with --plaintext; "
+        f"never ssl: [default: {DEFAULT_CONNECT}]"
     )
 
     def postOptions(self) -> None:
-        self["connect"] = site_endpoint_list(self["connect"])
+        use_for_twistd(self)  # --log-format, --log-level (tasknet/logging.py)
+        self["connect"] = site_endpoint_list(self["connect"], plaintext=bool(self["plaintext"]))
         self["secret"] = _secret(self["secret"], self["secret-file"], os.environ.get(SECRET_ENV))
         if self["protocol"] not in (1, 2):
             raise usage.UsageError(f"--protocol must be 2 or 1, got {self['protocol']}")
@@ -183,6 +229,9 @@ class NodeService(MultiService):
         debounce: float = 0.3,
         retry_policy: Any = None,
         metrics: str | None = None,
+        trust_legacy_site: bool = False,
+        max_archive_bytes: int = DEFAULT_MAX_ARCHIVE_BYTES,
+        proof_timeout: float | None = None,
     ) -> None:
         super().__init__()
         self.reactor = default_reactor(reactor)
@@ -204,6 +253,11 @@ class NodeService(MultiService):
         self.debounce = debounce
         self.retry_policy = retry_policy
         self.metrics = metrics  # endpoint of the metrics page, if any
+        # A legacy site (no Hello) cannot prove itself: only if told to trust one.
+        self.trust_legacy_site = trust_legacy_site
+        # A download without a size from the site stops past this many bytes.
+        self.max_archive_bytes = max_archive_bytes
+        self.proof_timeout = proof_timeout  # None: link.PROOF_TIMEOUT
         self.metrics_port: Any = None
         self.store: NodeStore | None = None
         self.worker: Worker | None = None
@@ -244,7 +298,7 @@ class NodeService(MultiService):
             exit_after_stop(self.reactor, 1)
 
     async def _start(self) -> None:
-        from tasknet.node.link import site_client_service
+        from tasknet.node.link import PROOF_TIMEOUT, site_client_service
 
         # Built first, started last: a bad --connect fails the start before
         # the store is opened or any job resumed.
@@ -257,6 +311,8 @@ class NodeService(MultiService):
             reactor=self.reactor,
             idle_timeout=self.link_idle_timeout,
             retry_policy=self.retry_policy,
+            trust_legacy_site=self.trust_legacy_site,
+            proof_timeout=PROOF_TIMEOUT if self.proof_timeout is None else self.proof_timeout,
         )
         store = self.store = NodeStore(self.data)
         await store.create_schema()
@@ -266,6 +322,7 @@ class NodeService(MultiService):
             ack_timeout=self.ack_timeout,
             debounce=self.debounce,
             clock=self.reactor,
+            queued=lambda: self.worker.waiting() if self.worker is not None else frozenset(),
         )
         await reporter.load()
         worker = self.worker = Worker(
@@ -276,6 +333,7 @@ class NodeService(MultiService):
             compressors=self.compressors,
             clock=self.reactor,
             idle_timeout=self.download_idle_timeout,
+            max_archive_bytes=self.max_archive_bytes,
         )
         worker.start()
         self.commands = CommandHandler(store, self.data, worker, reporter.changed)
@@ -296,11 +354,13 @@ class NodeService(MultiService):
     async def _serve_metrics(self, endpoint: str) -> None:
         from twisted.internet.endpoints import serverFromString
 
-        from tasknet.node.metrics import metrics_site, node_registry
+        from tasknet.node.metrics import loopback_by_default, metrics_site, node_registry
 
         registry = node_registry(
             lambda: (self.worker, self.reporter, self.link is not None), self.reactor
         )
+        # No authentication on that page: tcp:PORT means loopback only.
+        endpoint = loopback_by_default(endpoint)
         self.metrics_port = await serverFromString(self.reactor, endpoint).listen(
             metrics_site(registry)
         )
@@ -368,7 +428,8 @@ class NodeService(MultiService):
     # INodeHandler -----------------------------------------------------------------
     def link_up(self, link: ISiteLink) -> None:
         self.link = link
-        log.info(
+        # The link logged the login itself (one line per login).
+        log.debug(
             "logged in to the site: protocol {version} in force",
             version=link.protocol_version,
         )
@@ -417,6 +478,8 @@ def makeService(options: Options) -> MultiService:
         compressors=options["compressors"],
         ack_timeout=options["ack-timeout"],
         metrics=options["metrics"],
+        trust_legacy_site=bool(options["trust-legacy-site"]),
+        max_archive_bytes=options["max-archive-bytes"],
     )
     node.exit_on_failure = True
     return node

@@ -40,6 +40,7 @@ from twisted.enterprise import adbapi
 from twisted.internet.defer import Deferred
 
 from tasknet.node.paths import DataDir
+from tasknet.protocol.messages import TaskEntry
 from tasknet.status import NodeCode
 
 SCHEMA = """
@@ -53,8 +54,9 @@ CREATE TABLE IF NOT EXISTS task (
     progress     REAL    NOT NULL DEFAULT 0,
     size         INTEGER,                    -- total bytes, once the upstream said
     archive      TEXT,                       -- file name under archives/ once complete
-    error        TEXT,                       -- last error of the current stage (1 or 3)
-    updated_at   REAL    NOT NULL
+    error        TEXT,                       -- last error of the current stage (1 or 3): the detail
+    updated_at   REAL    NOT NULL,
+    expected_size INTEGER NOT NULL DEFAULT 0  -- TaskCommand.size (0: unknown, or legacy)
 );
 CREATE TABLE IF NOT EXISTS deletion (
     gid          INTEGER PRIMARY KEY,
@@ -93,6 +95,13 @@ CREATE TABLE IF NOT EXISTS settled_deletion (
 CREATE INDEX IF NOT EXISTS settled_deletion_by_time ON settled_deletion (settled_at);
 """
 
+#: Columns added after the first release, with their definitions: a database
+#: of an older node gets them at its next start (``create_schema``).
+ADDED_COLUMNS = {"task": [("expected_size", "INTEGER NOT NULL DEFAULT 0")]}
+
+#: A report entry's ``detail`` is at most this long (PROTOCOL.md).
+DETAIL_MAX = 256
+
 #: How long the commands of a settled delete are kept before they are pruned.
 COMMAND_RETENTION_DAYS = 7.0
 #: Settled gids pruned per transaction (the prune rides on ACKs: keep it small).
@@ -104,18 +113,16 @@ FAILED = "FAILED"
 LEGACY_DELETE_ID = ""  # a DeleteGallery carries no delete operation id
 DELETE_RESULTS = (DELETED, NOT_FOUND, FAILED)
 
-_SELECT_TASKS = (
-    "SELECT gid, operation_id, name, url, protocol, status, progress, size, archive, error"
-    " FROM task ORDER BY gid"
+_TASK_COLUMNS = (
+    "gid, operation_id, name, url, protocol, status, progress, size, archive, error, expected_size"
 )
-_SELECT_TASK = (
-    "SELECT gid, operation_id, name, url, protocol, status, progress, size, archive, error"
-    " FROM task WHERE gid = ?"
-)
+_SELECT_TASKS = f"SELECT {_TASK_COLUMNS} FROM task ORDER BY gid"  # noqa: S608 (constant)
+_SELECT_TASK = f"SELECT {_TASK_COLUMNS} FROM task WHERE gid = ?"  # noqa: S608 (constant)
 # Each takes (values..., updated_at, gid, operation_id): a write of a job only
 # lands while its generation is still the task's current one.
+# Bytes arriving again: the last attempt's error no longer describes the task.
 _SET_PROGRESS = (
-    "UPDATE task SET progress = ?, size = ?, updated_at = ?"
+    "UPDATE task SET progress = ?, size = ?, error = NULL, updated_at = ?"
     " WHERE gid = ? AND operation_id = ? AND status = 1"
 )
 _SET_STATUS = (
@@ -141,6 +148,8 @@ class TaskRow:
     size: int | None
     archive: str | None
     error: str | None
+    #: The archive size the site expects (TaskCommand.size); 0: unknown.
+    expected_size: int = 0
 
 
 @dataclass(frozen=True)
@@ -158,14 +167,17 @@ class PendingReport:
 
     report_id: str
     revision: int
-    gallery_tasks: tuple[tuple[int, int, float], ...]
+    gallery_tasks: tuple[TaskEntry, ...]
     operation_ids: dict[int, str]
     deleted: tuple[tuple[int, str, str, str], ...]
 
     def to_json(self) -> str:
         return json.dumps(
             {
-                "galleryTasks": [list(t) for t in self.gallery_tasks],
+                # [gid, status, progress], plus queued and detail when they say something.
+                "galleryTasks": [
+                    list(t) if (t.queued or t.detail) else list(t[:3]) for t in self.gallery_tasks
+                ],
                 "operationIds": {str(k): v for k, v in self.operation_ids.items()},
                 "deleted": [list(d) for d in self.deleted],
             },
@@ -178,10 +190,26 @@ class PendingReport:
         return cls(
             report_id=report_id,
             revision=revision,
-            gallery_tasks=tuple((int(g), int(s), float(p)) for g, s, p in data["galleryTasks"]),
+            # A report persisted by an older node has three-element entries.
+            gallery_tasks=tuple(_entry(*t) for t in data["galleryTasks"]),
             operation_ids={int(k): str(v) for k, v in data["operationIds"].items()},
             deleted=tuple((int(g), str(o), str(r), str(w)) for g, o, r, w in data["deleted"]),
         )
+
+
+def _entry(
+    gid: Any, status: Any, progress: Any, queued: Any = False, detail: Any = ""
+) -> TaskEntry:
+    return TaskEntry(int(gid), int(status), float(progress), bool(queued), str(detail))
+
+
+def report_detail(error: str | None) -> str:
+    """What a report entry says of a task's last error: at most 256 characters
+    and no NUL (the wire refuses one)."""
+    if not error:
+        return ""
+    text = error.replace("\x00", "")
+    return text if len(text) <= DETAIL_MAX else text[: DETAIL_MAX - 1] + "…"
 
 
 @dataclass(frozen=True)
@@ -229,6 +257,7 @@ def _accept_download(
     url: str,
     protocol: int,
     legacy_operation_id: str,
+    size: int,
 ) -> DownloadAccepted:
     current = _get_task(cursor, gid)
     if operation_id is None:
@@ -249,8 +278,9 @@ def _accept_download(
             return DownloadAccepted("duplicate", operation_id)
     cursor.execute(
         "INSERT OR REPLACE INTO task (gid, operation_id, name, url, protocol, status, progress,"
-        " size, archive, error, updated_at) VALUES (?, ?, ?, ?, ?, ?, 0, NULL, NULL, NULL, ?)",
-        (gid, operation_id, name, url, protocol, int(NodeCode.DOWNLOADING), time.time()),
+        " size, archive, error, updated_at, expected_size)"
+        " VALUES (?, ?, ?, ?, ?, ?, 0, NULL, NULL, NULL, ?, ?)",
+        (gid, operation_id, name, url, protocol, int(NodeCode.DOWNLOADING), time.time(), size),
     )
     if current is None:
         return DownloadAccepted("new", operation_id)
@@ -318,7 +348,9 @@ def _last_revision(cursor: sqlite3.Cursor) -> int | None:
     return int(row[0]) if row else None
 
 
-def _create_report(cursor: sqlite3.Cursor, report_id: str, now_ms: int) -> PendingReport | None:
+def _create_report(
+    cursor: sqlite3.Cursor, report_id: str, now_ms: int, queued: frozenset[int]
+) -> PendingReport | None:
     existing = _get_in_flight(cursor)
     if existing is not None:
         return existing
@@ -339,7 +371,7 @@ def _create_report(cursor: sqlite3.Cursor, report_id: str, now_ms: int) -> Pendi
     report = PendingReport(
         report_id=report_id,
         revision=revision,
-        gallery_tasks=tuple((t.gid, t.status, t.progress) for t in tasks),
+        gallery_tasks=tuple(snapshot_entry(t, queued) for t in tasks),
         operation_ids=operation_ids,
         deleted=tuple((d.gid, d.operation_id, d.result or "", d.reason) for d in deletions),
     )
@@ -354,11 +386,19 @@ def _create_report(cursor: sqlite3.Cursor, report_id: str, now_ms: int) -> Pendi
     return report
 
 
+def snapshot_entry(task: TaskRow, queued: frozenset[int] = frozenset()) -> TaskEntry:
+    """A task as a report shows it: ``queued`` while it waits for its first
+    download slot (status 1, nothing received), ``detail`` its last error."""
+    waiting = task.status == NodeCode.DOWNLOADING and task.progress == 0 and task.gid in queued
+    detail = report_detail(task.error) if task.status != NodeCode.COMPLETED else ""
+    return TaskEntry(task.gid, task.status, task.progress, waiting, detail)
+
+
 def _acknowledge(cursor: sqlite3.Cursor, report_id: str) -> bool:
     report = _get_in_flight(cursor)
     if report is None or report.report_id != report_id:
         return False
-    for gid, status, _progress in report.gallery_tasks:
+    for gid, status, *_ in report.gallery_tasks:
         if status == NodeCode.COMPLETED:
             cursor.execute(
                 "DELETE FROM task WHERE gid = ? AND operation_id = ? AND status = ?",
@@ -468,6 +508,11 @@ class NodeStore:
             for statement in SCHEMA.split(";"):
                 if statement.strip():
                     cursor.execute(statement)
+            for table, columns in ADDED_COLUMNS.items():
+                have = {row[1] for row in cursor.execute(f"PRAGMA table_info({table})")}
+                for column, definition in columns:
+                    if column not in have:
+                        cursor.execute(f"ALTER TABLE {table} ADD COLUMN {column} {definition}")
 
         return self._run(create)
 
@@ -483,10 +528,13 @@ class NodeStore:
         url: str,
         protocol: int,
         legacy_operation_id: str = "",
+        *,
+        size: int = 0,
     ) -> Deferred[DownloadAccepted]:
-        """Record a DOWNLOAD and persist the task before any work starts."""
+        """Record a DOWNLOAD and persist the task before any work starts;
+        ``size`` is the archive size the site expects (0: unknown)."""
         return self._run(
-            _accept_download, gid, operation_id, name, url, protocol, legacy_operation_id
+            _accept_download, gid, operation_id, name, url, protocol, legacy_operation_id, size
         )
 
     def begin_delete(self, gid: int, operation_id: str, protocol: int) -> Deferred[DeleteBegun]:
@@ -536,9 +584,12 @@ class NodeStore:
     def in_flight_report(self) -> Deferred[PendingReport | None]:
         return self._run(_get_in_flight)
 
-    def create_report(self, report_id: str, now_ms: int) -> Deferred[PendingReport | None]:
-        """Persist a new snapshot as the in-flight report (the existing one if any)."""
-        return self._run(_create_report, report_id, now_ms)
+    def create_report(
+        self, report_id: str, now_ms: int, queued: frozenset[int] = frozenset()
+    ) -> Deferred[PendingReport | None]:
+        """Persist a new snapshot as the in-flight report (the existing one if
+        any); ``queued``: gids waiting for a download slot."""
+        return self._run(_create_report, report_id, now_ms, frozenset(queued))
 
     def acknowledge(self, report_id: str) -> Deferred[bool]:
         """Forget the in-flight report and the completions/deletions it carried."""

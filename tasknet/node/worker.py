@@ -16,6 +16,7 @@ the disk (the wire has no "failed" node status: see docs/protocol.md, "The legac
 from __future__ import annotations
 
 import random
+import re
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -35,12 +36,20 @@ from twisted.internet.threads import deferToThreadPool
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 from twisted.python.threadpool import ThreadPool
-from twisted.web.client import Agent, HTTPConnectionPool
+from twisted.web.client import Agent
 
 from tasknet.clock import default_reactor
 from tasknet.deferreds import shield
+from tasknet.netclient import DirectEndpoints, quiet_pool
 from tasknet.node.compress import CompressionAborted, build_archive
-from tasknet.node.download import DownloadError, StorageError, fetch, storage_error
+from tasknet.node.download import (
+    DEFAULT_MAX_ARCHIVE_BYTES,
+    DownloadError,
+    SizeLimit,
+    StorageError,
+    fetch,
+    storage_error,
+)
 from tasknet.node.paths import DataDir
 from tasknet.node.store import NodeStore, TaskRow
 from tasknet.status import NodeCode
@@ -63,10 +72,34 @@ def _no_jitter() -> float:
     return 0.0
 
 
+#: Characters never in an archive member's name: path separators and the
+#: control characters (C0, DEL and C1).
+_UNSAFE_NAME = re.compile(r"[/\\\x00-\x1f\x7f-\x9f]")
+#: The longest member name kept, in UTF-8 bytes (a file name's usual limit).
+MEMBER_NAME_MAX = 255
+
+
 def member_name(task: TaskRow) -> str:
-    """The file name inside the archive: the URL's last path segment."""
-    name = unquote(urlsplit(task.url).path.rsplit("/", 1)[-1])
-    return name if name and name not in (".", "..") else f"{task.gid}.bin"
+    """The file name inside the archive: the URL's last path segment,
+    percent-decoded once, when that is a safe single file name (no ``/``,
+    ``\\``, control character, not ``.`` or ``..``, at most 255 bytes);
+    otherwise ``<gid>.bin``.  It is checked after decoding, so ``%2F`` or
+    ``%00`` cannot bring a separator or a control character back."""
+    segment = urlsplit(task.url).path.rsplit("/", 1)[-1]
+    name = unquote(segment, errors="replace").strip()
+    if (
+        not name
+        or name in (".", "..")
+        or _UNSAFE_NAME.search(name)
+        or len(name.encode("utf-8", "surrogatepass")) > MEMBER_NAME_MAX
+    ):
+        return f"{task.gid}.bin"
+    return name
+
+
+def retry_detail(delay: float, error: Exception) -> str:
+    """What a report says of a failed attempt: ``retrying in 8 s: WHY``."""
+    return f"retrying in {round(delay, 1):g} s: {error}"
 
 
 class _Job:
@@ -101,8 +134,11 @@ class Worker:
         compressors: int = 1,
         clock: Any = None,
         idle_timeout: float = 30.0,
+        max_archive_bytes: int = DEFAULT_MAX_ARCHIVE_BYTES,
     ) -> None:
         self.store = store
+        #: The bound of a download whose size the site did not give.
+        self.max_archive_bytes = max_archive_bytes
         self.data = data
         self.on_change = on_change
         clock = default_reactor(clock)
@@ -111,10 +147,14 @@ class Worker:
         self._downloads = DeferredSemaphore(downloads)
         self._compressors = DeferredSemaphore(compressors)
         self._threads = ThreadPool(minthreads=0, maxthreads=compressors, name="tasknet-compress")
-        self._http_pool = HTTPConnectionPool(clock, persistent=False)
-        agent: Any = Agent(clock, pool=self._http_pool)
+        # Quiet (no factory start/stop lines), and an IP literal dialled
+        # straight, never through the resolver thread (tasknet.netclient).
+        self._http_pool = quiet_pool(clock, persistent=False)
+        agent: Any = Agent.usingEndpointFactory(clock, DirectEndpoints(clock), pool=self._http_pool)
         self._client = HTTPClient(agent)
         self._jobs: dict[int, _Job] = {}
+        #: Gids whose job waits for a download slot.
+        self._waiting: set[int] = set()
         self._running = False
         #: Bytes received from the upstream since the start (node metrics).
         self.bytes_downloaded = 0
@@ -146,6 +186,10 @@ class Worker:
     def queued(self) -> tuple[int, int]:
         """Jobs waiting for a download slot, and for a compression slot."""
         return len(self._downloads.waiting), len(self._compressors.waiting)
+
+    def waiting(self) -> frozenset[int]:
+        """The gids whose job waits for a download slot (reports: ``queued``)."""
+        return frozenset(self._waiting)
 
     def run(self, gid: int, operation_id: str) -> None:
         """Start the job of ``(gid, operation_id)`` unless it already runs."""
@@ -202,9 +246,10 @@ class Worker:
 
     # download -------------------------------------------------------------------
     async def _download(self, job: _Job, task: TaskRow) -> None:
-        await self._downloads.acquire()
+        await self._acquire_download_slot(job)
         try:
             part = self.data.part_path(task.gid, task.operation_id)
+            limit = SizeLimit(task.expected_size, self.max_archive_bytes)
             attempt = 0
             while True:
                 before = part.stat().st_size if part.exists() else 0
@@ -217,17 +262,23 @@ class Worker:
                         self.clock,
                         lambda n, total: self._progress(job, n, total),
                         idle_timeout=self.idle_timeout,
+                        limit=limit,
                     )
                     break
                 except CancelledError:
                     raise
                 except Exception as exc:
+                    if job.abort.is_set():
+                        # Cancelled (a delete, the node stopping): what the
+                        # cancel made of the connection is no failed attempt.
+                        raise CancelledError() from exc
                     if not isinstance(exc, DownloadError):
                         log.failure("gid {gid}: unexpected download error", gid=job.gid)
                     after = part.stat().st_size if part.exists() else 0
                     attempt = 0 if after > before else attempt + 1
-                    await self._report_error(job, exc)
-                    await deferLater(self.clock, backoff(attempt), lambda: None)
+                    delay = backoff(attempt)
+                    await self._report_error(job, exc, delay)
+                    await deferLater(self.clock, delay, lambda: None)
         finally:
             self._downloads.release()
         if await self.store.set_status(
@@ -235,6 +286,20 @@ class Worker:
         ):
             log.info("gid {gid}: downloaded, queued for compression", gid=job.gid)
             self.on_change()
+
+    async def _acquire_download_slot(self, job: _Job) -> None:
+        acquiring = self._downloads.acquire()
+        if acquiring.called:
+            await acquiring
+            return
+        # Queued behind the other downloads: reports say so until a slot frees.
+        self._waiting.add(job.gid)
+        self.on_change()
+        try:
+            await acquiring
+        finally:
+            self._waiting.discard(job.gid)
+        self.on_change()
 
     def _progress(self, job: _Job, received: int, total: int | None) -> None:
         if job.received is not None and received > job.received:
@@ -261,12 +326,15 @@ class Worker:
             written, failed
         )
 
-    async def _report_error(self, job: _Job, exc: Exception) -> None:
+    async def _report_error(self, job: _Job, exc: Exception, delay: float) -> None:
+        """Log a failed attempt and keep its reason as the task's ``detail``."""
+        detail = retry_detail(delay, exc)
         if isinstance(exc, StorageError):
-            log.error("gid {gid}: storage error, will retry: {error}", gid=job.gid, error=str(exc))
+            log.error("gid {gid}: storage error: {detail}", gid=job.gid, detail=detail)
         else:
-            log.warn("gid {gid}: attempt failed, will retry: {error}", gid=job.gid, error=str(exc))
-        await self.store.set_error(job.gid, job.operation_id, str(exc))
+            log.warn("gid {gid}: attempt failed: {detail}", gid=job.gid, detail=detail)
+        if await self.store.set_error(job.gid, job.operation_id, detail):
+            self.on_change()
 
     # compression ------------------------------------------------------------------
     async def _compress(self, job: _Job, task: TaskRow) -> None:
@@ -304,9 +372,10 @@ class Worker:
                     error: Exception = storage_error(exc, final) or DownloadError(
                         f"compress: {exc}"
                     )
-                    await self._report_error(job, error)
                     attempt += 1
-                    await deferLater(self.clock, backoff(attempt, base=1.0), lambda: None)
+                    delay = backoff(attempt, base=1.0)
+                    await self._report_error(job, error, delay)
+                    await deferLater(self.clock, delay, lambda: None)
                 finally:
                     job.thread = None
         finally:

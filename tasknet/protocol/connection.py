@@ -65,6 +65,10 @@ class PeerFactory(Factory):
     repeats in between are counted (:class:`RateLimitedLog`).
     """
 
+    # No "Starting factory" / "Stopping factory" lines: the roles log their
+    # own line when they listen or dial.
+    noisy = False
+
     def __init__(
         self,
         *,
@@ -206,7 +210,10 @@ class PeerProtocol(FrameProtocol, TimeoutMixin):
         try:
             message = decode(type_, payload, strict=self.strict)
         except UnknownMessageType:
-            self.log.info(
+            # A v2 peer's Hello before login is what a legacy reader expects
+            # to ignore (negotiation): debug.  Anything else is worth a line.
+            expected = not self.authenticated and type_ == ProtocolHello.TYPE
+            (self.log.debug if expected else self.log.info)(
                 "ignoring a frame of unknown type {type} from {peer}", type=type_, peer=self._peer()
             )
             return

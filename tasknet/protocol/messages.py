@@ -1,4 +1,4 @@
-"""The fourteen message types of the site ⇄ node protocol (PROTOCOL.md).
+"""The sixteen message types of the site ⇄ node protocol (PROTOCOL.md).
 
 Each message is a frozen dataclass with snake_case attributes; on the wire the
 payload is a compact JSON object with camelCase names in the order the spec
@@ -36,8 +36,10 @@ __all__ = [
     "DELETE_DELETED",
     "DELETE_FAILED",
     "DELETE_NOT_FOUND",
+    "DETAIL_MAX",
     "ERROR_CODES",
     "FEATURE_RELIABLE",
+    "FEATURE_SITE_PROOF",
     "GID_MAX",
     "GID_MIN",
     "HEADER",
@@ -62,8 +64,10 @@ __all__ = [
     "Login",
     "LoginResult",
     "Message",
+    "NodeChallenge",
     "ProtocolError",
     "ProtocolHello",
+    "SiteProof",
     "StatusReport",
     "TaskCommand",
     "TaskEntry",
@@ -74,7 +78,9 @@ __all__ = [
     "encode",
     "encode_payload",
     "sign_login",
+    "sign_site_proof",
     "verify_login",
+    "verify_site_proof",
 ]
 
 MAX_PAYLOAD = 16 * 1024 * 1024
@@ -82,6 +88,9 @@ MAX_PAYLOAD = 16 * 1024 * 1024
 PRE_LOGIN_MAX_PAYLOAD = 64 * 1024
 PROTOCOL_VERSION = 2
 FEATURE_RELIABLE = "reliable-task-v2"
+#: A node that announces it wants the site to prove itself (PROTOCOL.md,
+#: "Mutual authentication (v2)"): NodeChallenge after LoginResult, SiteProof back.
+FEATURE_SITE_PROOF = "site-proof"
 
 #: A valid ``Login.nodeId`` (PROTOCOL.md); match with ``NODE_ID.fullmatch``.
 #: The one definition: the site, its node-key table and the node all use it.
@@ -126,7 +135,12 @@ INT63_MAX = 2**63 - 1
 IDENTIFIER_MAX = 128
 #: ``name``: at most 1,024 characters.
 NAME_MAX = 1024
+#: A TaskReport entry's ``detail``: at most 256 characters.
+DETAIL_MAX = 256
 _GID_DIGITS_MAX = len(str(GID_MAX))
+# No string of any message may hold a NUL (PROTOCOL.md "Bounds"); raw control
+# characters are not JSON at all, so a NUL can only arrive as this escape.
+_NUL_ESCAPE = b"\\u0000"
 # A \uD800-\uDFFF escape: json.loads turns a lone one into a str that
 # neither UTF-8 nor SQLite can take.
 _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
@@ -153,11 +167,18 @@ class UnknownMessageType(Exception):
 
 
 class TaskEntry(NamedTuple):
-    """One ``galleryTasks`` entry: node status code 1..4, progress 0.0..1.0."""
+    """One ``galleryTasks`` entry: node status code 1..4, progress 0.0..1.0.
+
+    ``queued`` (held, not started) and ``detail`` (at most 256 characters,
+    what a person should know) are carried by v2 TaskReport entries only,
+    and only when they say something; a legacy StatusReport never has them.
+    """
 
     gid: int
     status: int
     progress: float
+    queued: bool = False
+    detail: str = ""
 
 
 class DeletedEntry(NamedTuple):
@@ -259,6 +280,8 @@ class TaskCommand:
     gid: int
     name: str
     url: str = ""
+    #: Bytes the site expects the archive to have (from ``prepare``); 0 = unknown.
+    size: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -278,6 +301,21 @@ class TaskReportAck:
     result: str
 
 
+# ---------------------------------------------------------------- messages 14-15 (mutual auth)
+
+
+@dataclass(frozen=True, slots=True)
+class NodeChallenge:
+    TYPE: ClassVar[int] = 14
+    nonce: str
+
+
+@dataclass(frozen=True, slots=True)
+class SiteProof:
+    TYPE: ClassVar[int] = 15
+    signature: str
+
+
 Message = (
     Identity
     | Login
@@ -293,6 +331,8 @@ Message = (
     | TaskCommand
     | TaskReport
     | TaskReportAck
+    | NodeChallenge
+    | SiteProof
 )
 
 # ---------------------------------------------------------------- encoding
@@ -313,7 +353,28 @@ def _entries_json(tasks: tuple[TaskEntry, ...]) -> str:
     # spends most of a large report's time on these small objects (BENCH B3).
     # repr(float) is exactly what json uses for floats; float() so that a
     # progress given as int 1 still goes out as 1.0.
-    return ",".join([f'{{"gid":{g},"status":{s},"progress":{float(p)!r}}}' for g, s, p in tasks])
+    return ",".join(
+        [
+            f'{{"gid":{g},"status":{s},"progress":{float(p)!r}}}'
+            if not (q or d)
+            else _entry_json_extra(g, s, p, q, d)
+            for g, s, p, q, d in tasks
+        ]
+    )
+
+
+def _entry_json_extra(g: int, s: int, p: float, q: bool, d: str) -> str:
+    """A v2 entry that says more: ``queued`` only when true, ``detail`` only when not empty."""
+    queued = ',"queued":true' if q else ""
+    detail = f',"detail":{_dumps(d)}' if d else ""
+    return f'{{"gid":{g},"status":{s},"progress":{float(p)!r}{queued}{detail}}}'
+
+
+def _legacy_entries_json(tasks: tuple[TaskEntry, ...]) -> str:
+    """A StatusReport's entries: the three frozen fields, never ``queued``/``detail``."""
+    return ",".join(
+        [f'{{"gid":{g},"status":{s},"progress":{float(p)!r}}}' for g, s, p, _q, _d in tasks]
+    )
 
 
 def _task_report_json(m: TaskReport) -> str:
@@ -345,7 +406,23 @@ def _fast_floats(tasks: tuple[TaskEntry, ...]) -> bool:
 
 
 def _entry_objects(tasks: tuple[TaskEntry, ...]) -> list[dict[str, Any]]:
-    return [{"gid": g, "status": s, "progress": p} for g, s, p in tasks]
+    return [
+        {"gid": g, "status": s, "progress": p} if not (q or d) else _entry_object(g, s, p, q, d)
+        for g, s, p, q, d in tasks
+    ]
+
+
+def _entry_object(g: int, s: int, p: float, q: bool, d: str) -> dict[str, Any]:
+    entry: dict[str, Any] = {"gid": g, "status": s, "progress": p}
+    if q:
+        entry["queued"] = True
+    if d:
+        entry["detail"] = d
+    return entry
+
+
+def _legacy_entry_objects(tasks: tuple[TaskEntry, ...]) -> list[dict[str, Any]]:
+    return [{"gid": g, "status": s, "progress": p} for g, s, p, _q, _d in tasks]
 
 
 def _task_report_fast(m: TaskReport) -> bytes:
@@ -375,8 +452,8 @@ def _fast_payload(message: Message) -> bytes:
     if t == 6:
         tasks = message.gallery_tasks  # type: ignore[union-attr]
         if _fast_floats(tasks):
-            return _fast_dumps({"galleryTasks": _entry_objects(tasks)})
-        return f'{{"galleryTasks":[{_entries_json(tasks)}]}}'.encode()
+            return _fast_dumps({"galleryTasks": _legacy_entry_objects(tasks)})
+        return f'{{"galleryTasks":[{_legacy_entries_json(tasks)}]}}'.encode()
     return _fast_dumps(_wire(message))
 
 
@@ -395,6 +472,7 @@ def _wire(message: Message) -> dict[str, Any]:
             "gid": m.gid,
             "name": m.name,
             "url": m.url,
+            "size": m.size,
         }
     if t == 4:
         return {"gid": m.gid, "token": m.token, "name": m.name, "url": m.url}
@@ -414,6 +492,10 @@ def _wire(message: Message) -> dict[str, Any]:
         return {"reason": m.reason}
     if t == 10:
         return {"protocolVersion": m.protocol_version, "features": list(m.features)}
+    if t == 14:
+        return {"nonce": m.nonce}
+    if t == 15:
+        return {"signature": m.signature}
     raise TypeError(f"not a protocol message: {message!r}")
 
 
@@ -422,7 +504,7 @@ def _json(message: Message) -> str:
     if t == 12:
         return _task_report_json(message)  # type: ignore[arg-type]
     if t == 6:
-        return f'{{"galleryTasks":[{_entries_json(message.gallery_tasks)}]}}'  # type: ignore[union-attr]
+        return f'{{"galleryTasks":[{_legacy_entries_json(message.gallery_tasks)}]}}'  # type: ignore[union-attr]
     return _dumps(_wire(message))
 
 
@@ -496,7 +578,8 @@ def _int63(d: dict[str, Any], where: str, key: str) -> int:
     return value
 
 
-def _task_entries(raw: Any, where: str, strict: bool) -> tuple[TaskEntry, ...]:
+def _task_entries(raw: Any, where: str, strict: bool, v2: bool) -> tuple[TaskEntry, ...]:
+    """``galleryTasks``; ``v2`` (a TaskReport) also reads ``queued`` and ``detail``."""
     if type(raw) is not list:
         raise _bad(f"{where}.galleryTasks must be a list")
     out = []
@@ -522,9 +605,26 @@ def _task_entries(raw: Any, where: str, strict: bool) -> tuple[TaskEntry, ...]:
             p = float(p)
         if not 0.0 <= p <= 1.0:
             raise _bad(f"{where}.galleryTasks progress must be 0.0..1.0: {p!r}")
-        if strict and len(e) != 3:
+        if len(e) == 3:  # the common case: nothing more to read
+            out.append(new(TaskEntry, (g, s, p, False, "")))
+            continue
+        if strict:
             raise _bad(f"{where}.galleryTasks entry has unknown fields: {sorted(e)}")
-        out.append(new(TaskEntry, (g, s, p)))
+        q: Any = False
+        d: Any = ""
+        if v2:
+            q = e.get("queued", False)
+            d = e.get("detail", "")
+            if type(q) is not bool:
+                raise _bad(f"{where}.galleryTasks queued must be a bool: {q!r:.40}")
+            if type(d) is not str:
+                raise _bad(f"{where}.galleryTasks detail must be a str: {d!r:.40}")
+            if len(d) > DETAIL_MAX:
+                raise _bad(
+                    f"{where}.galleryTasks detail must be at most {DETAIL_MAX} characters,"
+                    f" got {len(d)}"
+                )
+        out.append(new(TaskEntry, (g, s, p, q, d)))
     return tuple(out)
 
 
@@ -563,7 +663,7 @@ def _d_delete_gallery(d: dict[str, Any], strict: bool) -> DeleteGallery:
 def _d_status_report(d: dict[str, Any], strict: bool) -> StatusReport:
     if "galleryTasks" not in d:
         raise _bad("StatusReport.galleryTasks is missing")
-    return StatusReport(_task_entries(d["galleryTasks"], "StatusReport", strict))
+    return StatusReport(_task_entries(d["galleryTasks"], "StatusReport", strict, False))
 
 
 def _d_delete_result(d: dict[str, Any], strict: bool) -> DeleteResult:
@@ -595,7 +695,12 @@ def _d_task_command(d: dict[str, Any], strict: bool) -> TaskCommand:
     action = _field(d, w, "action", str)
     if action not in _ACTIONS:
         raise _bad(f"{w}.action must be DOWNLOAD or DELETE, got {action!r}")
-    return TaskCommand(operation_id, action, _gid(d, w), _name(d, w), _field(d, w, "url", str))
+    gid = _gid(d, w)
+    name = _name(d, w)
+    url = _field(d, w, "url", str)
+    # Missing in commands of the previous release: 0, "unknown" (PROTOCOL.md).
+    size = _int63(d, w, "size") if "size" in d else 0
+    return TaskCommand(operation_id, action, gid, name, url, size)
 
 
 def _operation_ids(raw: dict[str, Any]) -> dict[int, str]:
@@ -631,7 +736,7 @@ def _d_task_report(d: dict[str, Any], strict: bool) -> TaskReport:
     revision = _int63(d, w, "revision")
     if "galleryTasks" not in d:
         raise _bad(f"{w}.galleryTasks is missing")
-    tasks = _task_entries(d["galleryTasks"], w, strict)
+    tasks = _task_entries(d["galleryTasks"], w, strict, True)
     operation_ids = _operation_ids(_field(d, w, "operationIds", dict))
     deleted = []
     for e in _field(d, w, "deleted", list):
@@ -658,6 +763,14 @@ def _d_task_report_ack(d: dict[str, Any], strict: bool) -> TaskReportAck:
     if result not in _ACK_RESULTS:
         raise _bad(f"{w}.result must be APPLIED or DUPLICATE, got {result!r}")
     return TaskReportAck(report_id, result)
+
+
+def _d_node_challenge(d: dict[str, Any], strict: bool) -> NodeChallenge:
+    return NodeChallenge(_identifier(d, "NodeChallenge", "nonce"))
+
+
+def _d_site_proof(d: dict[str, Any], strict: bool) -> SiteProof:
+    return SiteProof(_identifier(d, "SiteProof", "signature"))
 
 
 class MessageType(NamedTuple):
@@ -696,6 +809,9 @@ MESSAGE_TYPES: dict[int, MessageType] = {
         MessageType(TaskCommand, _d_task_command, None, False),
         MessageType(TaskReport, _d_task_report, None, False),
         MessageType(TaskReportAck, _d_task_report_ack, None, False),
+        # After LoginResult only: never before login (PROTOCOL.md, mutual authentication).
+        MessageType(NodeChallenge, _d_node_challenge, None, False),
+        MessageType(SiteProof, _d_site_proof, None, False),
     )
 }
 
@@ -717,12 +833,14 @@ PRE_LOGIN_TYPES = frozenset(number for number, row in MESSAGE_TYPES.items() if r
 def decode(type_: int, payload: bytes, *, strict: bool = False) -> Message:
     """Decode one frame's payload.
 
-    ``strict`` is the legacy reader: it knows only types 0–9 (10–13 raise
-    :class:`UnknownMessageType`) and rejects an unknown field with
+    ``strict`` is the legacy reader: it knows only types 0–9 (10 and above
+    raise :class:`UnknownMessageType`) and rejects an unknown field with
     ``bad_message``.  The tolerant reader (default) ignores unknown fields.
     Every field is checked against its type and the bounds of PROTOCOL.md
-    (gid, identifiers, name, revision, time, nodeId).  Raises
-    :class:`ProtocolError` (``bad_json`` or ``bad_message``).
+    (gid, identifiers, name, detail, revision, time, size, nodeId), and no
+    string anywhere in the payload (a key, a value, an unknown field's) may
+    hold a NUL.  Raises :class:`ProtocolError` (``bad_json`` or
+    ``bad_message``).
     """
     decoder = _DECODERS.get(type_)
     if decoder is None or (strict and type_ > 9):
@@ -732,7 +850,8 @@ def decode(type_: int, payload: bytes, *, strict: bool = False) -> Message:
     # are exactly its own: orjson reads integers beyond 64 bits as floats,
     # refuses lone surrogates and deep nesting itself, and words errors its way.
     try:
-        d = _fast_loads(payload)
+        # A NUL escape anywhere: the reference reader decides (rare).
+        d = _fast_loads(payload) if _NUL_ESCAPE not in payload else None
     except _FastDecodeError:
         pass
     else:
@@ -770,7 +889,30 @@ def _decode_reference(
         unknown = d.keys() - _LEGACY_FIELDS[type_]
         if unknown:
             raise _bad(f"unknown field(s) in type {type_}: {sorted(unknown)}")
+    if _NUL_ESCAPE in payload and _holds_nul(d):
+        raise _bad("a string holds a NUL character (\\u0000)")
     return decoder(d, strict)
+
+
+def _holds_nul(value: Any) -> bool:
+    """Whether any string in the decoded JSON ``value`` (keys included) holds a NUL.
+
+    Iterative: a document nested as deep as the JSON reader allows must not
+    raise RecursionError here."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        kind = type(item)
+        if kind is str:
+            if "\x00" in item:
+                return True
+        elif kind is dict:
+            if any("\x00" in key for key in item):
+                return True
+            stack.extend(item.values())
+        elif kind is list:
+            stack.extend(item)
+    return False
 
 
 # ---------------------------------------------------------------- login signature
@@ -789,4 +931,25 @@ def verify_login(secret: str, nonce: str, node_id: str, signature: str) -> bool:
     # Full-length, constant-time comparison of bytes (compare_digest on str
     # requires ASCII; a non-ASCII signature is simply wrong): a prefix, a
     # truncation or a longer string never matches.
+    return hmac.compare_digest(expected.encode("ascii"), signature.encode("utf-8", "surrogatepass"))
+
+
+# ---------------------------------------------------------------- site proof (mutual auth)
+
+
+def sign_site_proof(secret: str, node_nonce: str, site_nonce: str, node_id: str) -> str:
+    """The SiteProof signature: hex HMAC-SHA256 of
+    ``"site:" + node_nonce + ":" + site_nonce + ":" + node_id`` keyed with the
+    node secret (``node_nonce`` from NodeChallenge, ``site_nonce`` from
+    Identity).  The ``site:`` prefix keeps it from ever equalling a Login
+    signature."""
+    message = f"site:{node_nonce}:{site_nonce}:{node_id}"
+    return hmac.new(secret.encode("utf-8"), message.encode("utf-8"), hashlib.sha256).hexdigest()
+
+
+def verify_site_proof(
+    secret: str, node_nonce: str, site_nonce: str, node_id: str, signature: str
+) -> bool:
+    """Constant-time check of a SiteProof signature (as :func:`verify_login`)."""
+    expected = sign_site_proof(secret, node_nonce, site_nonce, node_id)
     return hmac.compare_digest(expected.encode("ascii"), signature.encode("utf-8", "surrogatepass"))

@@ -27,8 +27,11 @@ class INodeSession(Interface):
     features = Attribute("tuple[str, ...]: features of the node's Hello (empty if legacy)")
     connected_at = Attribute("float: Unix seconds at which the connection was accepted")
 
-    def send_download(operation_id: str, gid: int, token: str, name: str, url: str) -> None:
-        """v2: TaskCommand DOWNLOAD; legacy: DownloadPost (no operationId on the wire)."""
+    def send_download(
+        operation_id: str, gid: int, token: str, name: str, url: str, size: int = 0
+    ) -> None:
+        """v2: TaskCommand DOWNLOAD (``size``: the bytes the site expects, 0 if
+        unknown); legacy: DownloadPost (no operationId nor size on the wire)."""
 
     def send_delete(delete_operation_id: str, gid: int, name: str) -> None:
         """v2: TaskCommand DELETE; legacy: DeleteGallery."""
@@ -44,7 +47,8 @@ class ISiteHandler(Interface):
     """What the site does with node sessions (dispatch, reports)."""
 
     def node_attached(session: INodeSession) -> None:
-        """A node logged in (after LoginResult{accepted} was sent)."""
+        """A node logged in (after LoginResult{accepted} was sent, and for a
+        node that asked for it, after the SiteProof was sent)."""
 
     def message_received(session: INodeSession, message: Message) -> None:
         """A post-login message other than Heartbeat/Hello/Goodbye/Error."""
@@ -59,7 +63,7 @@ class ISiteLink(Interface):
     protocol_version = Attribute("int: 2 only if the site's Hello came before LoginResult")
 
     def send(message: Message) -> None:
-        """Send a message; a v2 type (10-13) on a legacy link raises ValueError."""
+        """Send a message; a v2 type (10 and above) on a legacy link raises ValueError."""
 
     def close(reason: str) -> None:
         """Send Goodbye{reason} and close the connection."""
@@ -69,7 +73,8 @@ class INodeHandler(Interface):
     """What the node does with its link to the site."""
 
     def link_up(link: ISiteLink) -> None:
-        """LoginResult{accepted} arrived."""
+        """LoginResult{accepted} arrived and, on a v2 link, a valid SiteProof;
+        on a legacy link, only if the node trusts a legacy site."""
 
     def message_received(link: ISiteLink, message: Message) -> None:
         """A post-login message other than Heartbeat/Hello/Goodbye/Error."""

@@ -62,7 +62,12 @@ def send_command(session: INodeSession, command: storage.Command) -> None:
         session.send_delete(command.operation_id, command.gid, command.name)
     else:
         session.send_download(
-            command.operation_id, command.gid, command.token, command.name, command.url
+            command.operation_id,
+            command.gid,
+            command.token,
+            command.name,
+            command.url,
+            command.size,
         )
 
 
@@ -274,7 +279,10 @@ class Dispatcher(MultiService):
             if page.last_gid is None:
                 break
             after = page.last_gid
-        log.info("resent {n} command(s) to node {node}", n=sent, node=session.node_id)
+        # Part of a login (its line is the listener's): a line only when it resent any.
+        (log.info if sent else log.debug)(
+            "resent {n} command(s) to node {node}", n=sent, node=session.node_id
+        )
 
     async def _deletes_pass(self) -> None:
         """Pending deletes to the connected nodes that have not had them on

@@ -9,12 +9,17 @@ While the site runs, :class:`InstanceService` on a shared database
 (PostgreSQL), on each tick:
 
 1. checks the lease (its connection alive, its lock held), within
-   ``check_timeout`` seconds;
+   ``check_timeout`` seconds; a check that finds it held confirms it from
+   the moment it started (the lease's freshness, SCALE.md "Fencing" 1);
 2. writes the heartbeat, which also asks the database whether another
    instance has reaped this one (its row is then no longer open);
 3. reaps the instances that are gone (``reap``: the lifecycle's
-   :meth:`~tasknet.site.lifecycle.Lifecycle.reap_gone`), so their interrupted
+   :meth:`~tasknet.site.lifecycle.Lifecycle.reap_gone`, which first ends
+   every database session the gone instance left), so their interrupted
    submissions show as ``UNKNOWN`` within seconds, not at their restart.
+
+The service starts before the start's recovery, so a long recovery does not
+let the lease go stale (the lifecycle runs one reaping pass at a time).
 
 Fencing: when 1 or 2 fails the lease is lost: the service stops its timer,
 the lifecycle refuses every further write (:class:`LeaseLost`) and
@@ -42,16 +47,14 @@ from tasknet.site.storage import instances
 from tasknet.site.storage.db import Database
 from tasknet.site.storage.errors import DatabaseError
 from tasknet.site.storage.instances import LeaseLost
-from tasknet.site.storage.lease import Lease
+from tasknet.site.storage.lease import CHECK_INTERVAL, CHECK_TIMEOUT, Lease
 
 log = Logger()
 
 #: Seconds between two ticks: a gone instance is reaped at most this long
-#: after the database ended its lease session (SCALE.md: within 30 s).
-INTERVAL = 3.0
-#: A lease check not answered within this many seconds counts as a lost
-#: lease (a black-holed network answers nothing at all).
-CHECK_TIMEOUT = 5.0
+#: after the database ended its lease session (SCALE.md: within 30 s).  The
+#: lease timeout (storage.lease.LEASE_TIMEOUT) is this plus CHECK_TIMEOUT.
+INTERVAL = CHECK_INTERVAL
 
 
 class InstanceService(MultiService):

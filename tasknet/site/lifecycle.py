@@ -9,6 +9,14 @@ create:  reserve ─▶ prepare (GET) ─▶ quota + SUBMITTING ─▶ submit (P
                        ▼                      ▼                 │ ambiguous: UNKNOWN
                       404/422/502            429                ▼ persist failed: UNKNOWN
 
+The POST is fenced (SCALE.md "Fencing" 1): once its connection is up and
+before its first byte, the upstream client asks :meth:`Lifecycle._post_gate`
+whether this instance's lease is still fresh and its ``SUBMITTING`` commit
+less than the upstream timeout old; if not, nothing is sent, the client is
+told so (``503 unavailable``) and the generation is released when this site
+can still write (it knows it sent nothing), else left ``SUBMITTING`` for a
+reap or the next start to make ``UNKNOWN``.
+
 Nothing here retries a POST.  What the chain does retry are its own local
 writes that settle an outcome (``release``, ``begin_submit``,
 ``release_refused``, ``mark_unknown``) when the database is busy or locked
@@ -37,12 +45,13 @@ once the lease is lost every write is refused
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from twisted.application.internet import backoffPolicy
-from twisted.internet.defer import CancelledError, Deferred
+from twisted.internet.defer import CancelledError, Deferred, DeferredLock
 from twisted.internet.task import deferLater
 from twisted.logger import Logger
 
@@ -50,7 +59,9 @@ from tasknet.clock import default_reactor
 from tasknet.site.storage import create, delete, instances, reaping, reconcile, usage, views
 from tasknet.site.storage.create import Recovered
 from tasknet.site.storage.db import Database, Retry
-from tasknet.site.storage.errors import DatabaseBusy, TaskError
+from tasknet.site.storage.errors import CommitUnknown, DatabaseBusy, TaskError
+from tasknet.site.storage.generation import new_operation_id
+from tasknet.site.storage.instances import LeaseLost
 from tasknet.site.storage.lease import Lease
 from tasknet.site.storage.reaping import Reaped
 from tasknet.site.upstream_client import (
@@ -126,6 +137,8 @@ class Lifecycle:
         settle_interval: float = 5.0,
         lease: Lease | None = None,
         clock: Any = None,
+        monotonic: Callable[[], float] | None = None,
+        before_post_gate: Callable[[], object] | None = None,
     ) -> None:
         if record_retry_for < 0 or retry_initial <= 0 or retry_max <= 0 or settle_interval <= 0:
             raise ValueError("retry timings must be positive")
@@ -144,6 +157,14 @@ class Lifecycle:
         self._instance_id = None if lease is None else lease.instance_id
         #: Outcome writes still being retried in the background.
         self._settling: set[Deferred[None]] = set()
+        # The clock the POST gate measures on: the lease's own monotonic one.
+        self._monotonic: Callable[[], float] = (
+            lease.now if lease is not None else (monotonic or time.monotonic)
+        )
+        # A drill's fault point (tasknet.site.fault_points), or a test's pause.
+        self._before_post_gate = before_post_gate
+        # One reaping pass at a time (the start's recovery and the ticks).
+        self._reaping = DeferredLock()
 
     def _woken(self) -> None:
         try:
@@ -155,9 +176,9 @@ class Lifecycle:
         if self.lease is not None:
             self.lease.refuse_if_lost()
 
-    async def _write(self, fn: Callable[..., T], *args: Any) -> T:
+    async def _write(self, fn: Callable[..., T], *args: Any, **kw: Any) -> T:
         self._refuse_if_fenced()
-        result = await self.db.write(fn, *args)
+        result = await self.db.write(fn, *args, **kw)
         self._woken()
         return result
 
@@ -240,20 +261,32 @@ class Lifecycle:
     async def _create(self, user_id: int, gid: int, token: str, name: str) -> Created:
         week = usage.iso_week()
         # 1. The intent and its placeholder row, durable before anything upstream.
-        operation_id = await self._write(
-            create.reserve, gid, user_id, name, token, week, self._instance_id
-        )
+        operation_id = await self._reserve(gid, user_id, name, token, week)
         # 2. Read-only prepare: learn the cost; nothing is charged.
         prepared = await self._prepare(gid, token, operation_id)
         # 3. Quota with the known cost, then SUBMITTING, committed before the POST.
         await self._begin_submit(gid, operation_id, prepared, week)
-        # 4. The one POST.
-        submitted = await self._submit(gid, token, operation_id)
+        submitting_at = self._monotonic()
+        # 4. The one POST, sent only while the lease is fresh.
+        submitted = await self._submit(gid, token, operation_id, submitting_at)
         if submitted.outcome is Outcome.AMBIGUOUS:
             await self._mark_unknown(gid, operation_id, "submit", submitted.error)
             return await self._answer(gid)
         # 5. Task row + weekly usage in one transaction, guarded by the generation.
         return await self._persist(gid, operation_id, submitted, week)
+
+    async def _reserve(self, gid: int, user_id: int, name: str, token: str, week: str) -> str:
+        """The reservation, under an operationId chosen here: should its
+        COMMIT's answer be lost, the reservation that may exist is released
+        in the background (nothing was sent for it)."""
+        operation_id = new_operation_id()
+        try:
+            return await self._write(
+                create.reserve, gid, user_id, name, token, week, self._instance_id, operation_id
+            )
+        except CommitUnknown:
+            self._settle_later(f"release of gid {gid}", create.release_unsent, gid, operation_id)
+            raise
 
     async def _prepare(self, gid: int, token: str, operation_id: str) -> PrepareResult:
         """The read-only GET; on any refusal the reservation is released."""
@@ -281,8 +314,9 @@ class Lifecycle:
                 background=False,  # later, nobody would POST: release it instead
             )
         except Unrecorded as e:
-            # Never SUBMITTING: nothing was or will be POSTed.
-            await self._release(gid, operation_id)
+            # Perhaps SUBMITTING after all (a COMMIT whose answer was lost),
+            # but nothing was or will be POSTed: give it back either way.
+            await self._release_unsent(gid, operation_id)
             raise TaskError(
                 "internal", f"the database is busy; nothing was submitted for gid {gid}"
             ) from e
@@ -292,9 +326,48 @@ class Lifecycle:
                 f"gid {gid} costs {prepared.cost}: that would exceed this week's quota",
             )
 
-    async def _submit(self, gid: int, token: str, operation_id: str) -> SubmitResult:
-        """The one POST; a refusal releases the generation and is raised."""
-        submitted = await self.upstream.submit(gid, token, self.upstream_timeout)
+    def _post_gate(self, submitting_at: float) -> str | None:
+        """SCALE.md "Fencing" 1, asked once the POST's connection is up and
+        before its first byte: why it must not be sent, or ``None``."""
+        if self._before_post_gate is not None:
+            self._before_post_gate()
+        if self.lease is not None:
+            if self.lease.lost is not None:
+                return f"this site lost its lease ({self.lease.lost})"
+            age = self.lease.stale_for()
+            if age is not None:
+                return (
+                    f"this site last confirmed its lease {age:.1f} s ago "
+                    f"(lease timeout {self.lease.timeout:g} s)"
+                )
+        since = self._monotonic() - submitting_at
+        if since >= self.upstream_timeout:
+            return (
+                f"{since:.1f} s passed since SUBMITTING was committed "
+                f"(upstream timeout {self.upstream_timeout:g} s)"
+            )
+        return None
+
+    async def _submit(
+        self, gid: int, token: str, operation_id: str, submitting_at: float
+    ) -> SubmitResult:
+        """The one POST; a refusal releases the generation and is raised, and
+        so does a POST its gate stopped (nothing sent)."""
+        submitted = await self.upstream.submit(
+            gid, token, self.upstream_timeout, gate=lambda: self._post_gate(submitting_at)
+        )
+        if submitted.outcome is Outcome.NOT_SENT:
+            log.critical(
+                "POST for gid {gid} NOT SENT: {why}; nothing reached the upstream",
+                gid=gid,
+                why=submitted.error,
+            )
+            await self._release_unsent(gid, operation_id)
+            raise TaskError(
+                "unavailable",
+                f"nothing was submitted for gid {gid}: {submitted.error}; try again "
+                "(through another site if this one stays unavailable)",
+            )
         if submitted.outcome is Outcome.REFUSED:
             try:
                 await self._record(
@@ -333,6 +406,20 @@ class Lifecycle:
             )
             return await self._answer(gid)
         return self._created(gid, view)
+
+    async def _release_unsent(self, gid: int, operation_id: str) -> None:
+        """Give back a generation this site sent nothing for (``RESERVED``
+        or ``SUBMITTING``), in the background if it cannot be recorded now.
+        A site that lost its lease writes nothing: a reap (or its next
+        start) makes that generation ``UNKNOWN``, evidence "0 POSTs"."""
+        try:
+            await self._record(
+                f"release of unsent gid {gid}", create.release_unsent, gid, operation_id
+            )
+        except Unrecorded:
+            pass
+        except LeaseLost as e:
+            log.warn("gid {gid} left for the reaper: {e}", gid=gid, e=e)
 
     async def _release(self, gid: int, operation_id: str) -> None:
         """Release a reservation (nothing POSTed).  If that cannot be recorded
@@ -455,22 +542,49 @@ class Lifecycle:
         lease = self.lease
         if lease is None:
             return []
-        me = lease.instance_id
-        reaped: list[Reaped] = []
-        for suspect in await self.db.read(instances.suspects, me, unrecorded=unrecorded):
-            if suspect is None:
-                reaped.append(await self._reap(None, me))
-                continue
-            if not await lease.judge(suspect):
-                continue  # alive, or being reaped by another site right now
-            try:
-                reaped.append(await self._reap(suspect, me))
-            finally:
-                await lease.forget(suspect)
-        return reaped
+        await self._reaping.acquire()
+        try:
+            me = lease.instance_id
+            reaped: list[Reaped] = []
+            for suspect in await self.db.read(instances.suspects, me, unrecorded=unrecorded):
+                if suspect is None:
+                    reaped.append(await self._reap(None, me))
+                    continue
+                if not await lease.judge(suspect):
+                    continue  # alive, or being reaped by another site right now
+                try:
+                    if lease.shared and not await self.db.read(
+                        instances.surely_stale, suspect, lease.timeout
+                    ):
+                        # Gone, or only paused: not before its own clock must
+                        # call its lease stale, so it can start nothing after
+                        # its reap.  A later pass reaps it.
+                        log.info(
+                            "site instance {id} is gone; reaping it once its lease timeout "
+                            "has passed",
+                            id=suspect,
+                        )
+                        continue
+                    # A paused instance may hold a transaction (and its row
+                    # locks) open: end its sessions, or the reap would wait.
+                    ended = await lease.end_sessions_of(suspect)
+                    if ended:
+                        log.warn(
+                            "ended {n} database session(s) of gone site instance {id}",
+                            n=ended,
+                            id=suspect,
+                        )
+                    reaped.append(await self._reap(suspect, me))
+                finally:
+                    await lease.forget(suspect)
+            return reaped
+        finally:
+            self._reaping.release()
 
     async def _reap(self, gone: int | None, me: int) -> Reaped:
-        result = await self._write(reaping.reap, gone, me)
+        # A shared database: the gone instance may have been paused, not dead.
+        wait = (self.lease.timeout, self.upstream_timeout) if self.lease.shared else None  # type: ignore[union-attr]
+        result = await self._write(reaping.reap, gone, me, verdict_wait=wait)
         if result.marked or result.settled or result.nodes or result.claims:
             log.warn(
                 "site instance {me} ({name}) reaped {whose}: {unknown} submission(s) now "
@@ -494,14 +608,19 @@ class Lifecycle:
 
     def unknown_with_evidence(self) -> Deferred[list[dict[str, Any]]]:
         """Every ``UNKNOWN`` task with its evidence, including the upstream's
-        read-only audit answer fetched now (or why it could not be)."""
+        read-only audit answer fetched now (or why it could not be), the
+        verdict wait (``notBefore``, ``verdictWaitSeconds``) and, by verdict,
+        what the audit says against it (``contradictions``: such a verdict
+        needs a note)."""
         return Deferred.fromCoroutine(self._unknown_with_evidence())
 
     async def _unknown_with_evidence(self) -> list[dict[str, Any]]:
         listed = await self.db.read(reconcile.unknown_operations)
         for view in listed:
-            view["evidence"]["upstream"] = await self._audit(view["gid"])
-            _archive_url_evidence(view["evidence"])
+            evidence = view["evidence"]
+            evidence["upstream"] = await self._audit(view["gid"])
+            _archive_url_evidence(evidence)
+            evidence["contradictions"] = reconcile.contradictions(view["gid"], evidence)
         return listed
 
     async def _audit(self, gid: int) -> dict[str, Any]:
@@ -514,8 +633,11 @@ class Lifecycle:
         self, gid: int, verdict: str, actor: str, note: str = ""
     ) -> Deferred[dict[str, Any] | None]:
         """Reconcile an ``UNKNOWN`` gid; never POSTs.  The evidence shown to
-        the actor (stored step/error and a fresh audit answer) goes into the
-        audit row."""
+        the actor (stored step/error, the verdict wait and a fresh audit
+        answer) goes into the audit row.  Refused (``TaskError``, nothing
+        changed): ``not_submitted`` before the verdict wait ends
+        (:class:`~tasknet.site.storage.reconcile.VerdictTooEarly`), and a
+        verdict the audit contradicts without a ``note`` (``note_required``)."""
         return Deferred.fromCoroutine(self._resolve(gid, verdict, actor, note))
 
     async def _resolve(

@@ -22,7 +22,7 @@ Counters (``.labels(...).inc()``):
     one per failed webhook delivery attempt.
 ``DROPPED_ENTRIES``  ``tasknet_report_entries_dropped_total{node,reason}``
     report entries and deletions dropped (committed, ACKed, nothing
-    changed), by node and reason: ``not_owner``, ``stale``,
+    changed), by node and reason: ``not_owner``, ``stale``, ``regressed``,
     ``old_generation``, ``missing_operation``, ``delete_id_mismatch``,
     ``not_delete_pending`` or the task's state (``DELETE_PENDING``, ...).
 
@@ -50,14 +50,44 @@ Gauges:
     tasks by display status (``DOWNLOADING``, ``COMPLETED``, ...: what
     ``state`` alone cannot tell apart), every key present.
 
+``DATABASE_UP``  ``tasknet_database_up``
+    1 when the database answered this scrape (``/healthz`` says
+    ``"database": "ok"`` and the sample read succeeded), else 0: the sampled
+    values are then the last good ones.
+``DISPATCH_ENABLED``  ``tasknet_dispatch_enabled``
+    what ``/healthz`` says, as a number: 1 while the site dispatches, 0 when
+    its start-up recovery failed.  Both set with :func:`set_health` at each
+    scrape.
+
 Counters read from the database (:func:`set_byte_totals`):
 ``tasknet_bytes_downloaded_total`` and
 ``tasknet_node_bytes_downloaded_total{node}``.
 
+Gauges read from the database at each scrape (:func:`set_sampled`; a
+series exists only for what the last sample holds):
+
+``tasknet_user_quota{user}`` and ``tasknet_user_quota_used{user}``
+    the weekly quota of each user with any use this week, and that use as
+    the quota check counts it: metered this week, plus submissions in
+    flight, plus every unmetered ``UNKNOWN``.
+``tasknet_node_unfinished_tasks{node}`` and
+``tasknet_node_last_report_timestamp_seconds{node}``
+    each node holding tasks that are not completed: how many, and when its
+    last report was applied (before any report: when it was last seen).
+``tasknet_site_instances{status}``
+    the ``site_instance`` rows (one per run of a site on this database) by
+    ``status``: ``open`` (running, or gone and not reaped yet), ``ended``
+    (stopped cleanly) and ``reaped`` (fenced or died, then settled by a
+    site).  Rows are never deleted, so ``reaped`` only grows.
+
 No ``_created`` series are exported.
 
 Helpers: :func:`record_upstream_call`, :func:`observe_since`,
-:func:`set_task_counts`, :func:`set_sampled`, :func:`render_latest`, :func:`metrics_resource`.
+:func:`set_task_counts`, :func:`set_sampled`, :func:`set_health`,
+:func:`render_latest`, :func:`metrics_resource`.
+
+``deploy/prometheus/tasknet-rules.yml`` alerts on these names
+(docs/operations.md, "Alerts"): renaming one breaks them.
 """
 
 from __future__ import annotations
@@ -74,7 +104,7 @@ from prometheus_client import (
     disable_created_metrics,
     generate_latest,
 )
-from prometheus_client.core import CounterMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 from twisted.internet.defer import Deferred, maybeDeferred
 from twisted.logger import Logger
@@ -197,6 +227,72 @@ DROPPED_ENTRIES = Counter(
     registry=REGISTRY,
 )
 
+DATABASE_UP = Gauge(
+    "tasknet_database_up",
+    "1 if the database answered the read made for this scrape, 0 if it failed.",
+    registry=REGISTRY,
+)
+DISPATCH_ENABLED = Gauge(
+    "tasknet_dispatch_enabled",
+    "1 while the site dispatches (/healthz); 0: its start-up recovery failed.",
+    registry=REGISTRY,
+)
+
+
+class _SampledGauges(Collector):
+    """Per-user quota use, per-node unfinished tasks and last report, and the
+    site instances by status, as the last database sample read them
+    (:func:`set_sampled`): a user or node missing from it has no series, and
+    nothing at all is shown before the first sample."""
+
+    def __init__(self) -> None:
+        self.quota: dict[str, tuple[int, int]] = {}  # user: (used, quota)
+        self.nodes: dict[str, tuple[int, float | None]] = {}  # node: (unfinished, last report)
+        self.instances: dict[str, int] | None = None
+
+    def collect(self) -> Any:
+        quota = GaugeMetricFamily(
+            "tasknet_user_quota", "Weekly quota of a user with use this week.", labels=["user"]
+        )
+        used = GaugeMetricFamily(
+            "tasknet_user_quota_used",
+            "Quota used this week: metered, in flight and unmetered UNKNOWN.",
+            labels=["user"],
+        )
+        for user, (spent, limit) in sorted(self.quota.items()):
+            quota.add_metric([user], float(limit))
+            used.add_metric([user], float(spent))
+        yield quota
+        yield used
+        unfinished = GaugeMetricFamily(
+            "tasknet_node_unfinished_tasks",
+            "Tasks a node holds that are not completed.",
+            labels=["node"],
+        )
+        last_report = GaugeMetricFamily(
+            "tasknet_node_last_report_timestamp_seconds",
+            "When the last report of a node holding unfinished tasks was applied.",
+            labels=["node"],
+        )
+        for node, (count, reported) in sorted(self.nodes.items()):
+            unfinished.add_metric([node], float(count))
+            if reported is not None:
+                last_report.add_metric([node], reported)
+        yield unfinished
+        yield last_report
+        instances = GaugeMetricFamily(
+            "tasknet_site_instances",
+            "Site instances on this database by status (open, ended, reaped).",
+            labels=["status"],
+        )
+        for status, n in sorted((self.instances or {}).items()):
+            instances.add_metric([status], float(n))
+        yield instances
+
+
+SAMPLED = _SampledGauges()
+REGISTRY.register(SAMPLED)
+
 # Show both protocol series from the first scrape, so a dashboard sees 0
 # rather than "no data" before the first node connects.
 for _protocol in ("1", "2"):
@@ -235,11 +331,36 @@ def set_byte_totals(totals: Mapping[str, int]) -> None:
     BYTES.totals = dict(totals)
 
 
-def set_sampled(sample: Mapping[str, Mapping[str, int]]) -> None:
-    """Apply what ``tasknet.site.storage.stats.metrics_sample`` read."""
+def set_sampled(sample: Mapping[str, Any]) -> None:
+    """Apply what ``tasknet.site.storage.stats.metrics_sample`` read (the
+    keys after ``nodeBytes`` are optional)."""
     set_task_counts(sample["states"])
     set_task_status_counts(sample["statuses"])
     set_byte_totals(sample["nodeBytes"])
+    if "quota" in sample:
+        SAMPLED.quota = {
+            user: (int(used), int(quota)) for user, (used, quota) in sample["quota"].items()
+        }
+    if "nodes" in sample:
+        SAMPLED.nodes = {
+            node: (int(count), None if reported is None else float(reported))
+            for node, (count, reported) in sample["nodes"].items()
+        }
+    if "instances" in sample:
+        SAMPLED.instances = {status: int(n) for status, n in sample["instances"].items()}
+
+
+_health_database_ok = True
+
+
+def set_health(document: Mapping[str, str]) -> bool:
+    """Mirror the ``/healthz`` document (``dispatch``, ``database``) in the
+    gauges; whether the database answered (then read the sample)."""
+    global _health_database_ok
+    DISPATCH_ENABLED.set(1 if document.get("dispatch") == "enabled" else 0)
+    _health_database_ok = document.get("database", "ok") == "ok"
+    DATABASE_UP.set(1 if _health_database_ok else 0)
+    return _health_database_ok
 
 
 def set_task_counts(counts: Mapping[str, int]) -> None:
@@ -272,9 +393,10 @@ class MetricsResource(Resource):
 
         def failed(failure: Any) -> None:
             # A failed refresh must not hide the counters: serve stale gauges.
+            DATABASE_UP.set(0)
             log.failure("metrics refresh failed; serving the last sampled gauges", failure)
 
-        d.addErrback(failed)
+        d.addCallbacks(lambda _: DATABASE_UP.set(1 if _health_database_ok else 0), failed)
         d.addCallback(lambda _: self._finish(request))
         return NOT_DONE_YET
 

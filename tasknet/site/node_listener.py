@@ -7,6 +7,15 @@ first.  A logged-in session goes into the site's :class:`ConnectedNodes`
 (where a newer connection for the same node replaces the older one: newest
 wins) and is handed to the :class:`ISiteHandler`.
 
+Mutual authentication (PROTOCOL.md): a v2 node whose Hello announces
+``site-proof`` sends ``NodeChallenge`` right after its accepted
+``LoginResult``; its session is attached (registry, ownership, handler:
+the dispatcher does not know it yet, so no command can go to it) only once
+the site has answered with ``SiteProof``.  Anything else such a node sends
+first, or no challenge within ``login_timeout`` of the LoginResult, closes
+the connection.  A node without ``site-proof`` (the previous release) is
+attached at login, as before, and gets no proof.
+
 With a :class:`NodeOwnership` (every site the composition root builds)
 each attached session also takes its node in the database (one write,
 queued before anything the login makes the dispatcher write, so on one
@@ -23,6 +32,7 @@ A session that went gives its node back (only if it still held it).
 
 from __future__ import annotations
 
+import itertools
 import secrets
 from collections.abc import Mapping
 from typing import Any
@@ -37,6 +47,8 @@ from tasknet.protocol.connection import LOGIN_TIMEOUT, PeerFactory, PeerProtocol
 from tasknet.protocol.messages import (
     ACTION_DELETE,
     ACTION_DOWNLOAD,
+    FEATURE_SITE_PROOF,
+    INT63_MAX,
     MAX_PAYLOAD,
     PRE_LOGIN_MAX_PAYLOAD,
     DeleteGallery,
@@ -47,11 +59,14 @@ from tasknet.protocol.messages import (
     Login,
     LoginResult,
     Message,
+    NodeChallenge,
     ProtocolHello,
+    SiteProof,
     StatusReport,
     TaskCommand,
     TaskReport,
     TaskReportAck,
+    sign_site_proof,
     verify_login,
 )
 from tasknet.protocol.session import INodeSession, ISiteHandler
@@ -63,14 +78,25 @@ __all__ = ["NodeListenerFactory", "NodeSession"]
 log = Logger()
 
 
+def _wire_text(value: str) -> str:
+    """A name for the wire: no NUL (a node refuses a frame holding one)."""
+    return value.replace("\x00", "") if "\x00" in value else value
+
+
+def _wire_url(value: str) -> str:
+    """A URL for the wire: a NUL percent-encoded, as it would be in a URL."""
+    return value.replace("\x00", "%00") if "\x00" in value else value
+
+
 @implementer(INodeSession)
 class NodeSession(PeerProtocol):
     """One node connection; an :class:`INodeSession` once logged in."""
 
     factory: NodeListenerFactory
-    # What a node may send the site once logged in (reports; v2 adds TaskReport).
+    # What a node may send the site once logged in (reports; v2 adds TaskReport,
+    # and the challenge of a node that wants the site to prove itself).
     incoming_legacy = frozenset({StatusReport.TYPE, DeleteResult.TYPE})
-    incoming_v2 = frozenset({TaskReport.TYPE})
+    incoming_v2 = frozenset({TaskReport.TYPE, NodeChallenge.TYPE})
     peer_role = "node"
 
     def __init__(self, factory: NodeListenerFactory) -> None:
@@ -86,6 +112,15 @@ class NodeSession(PeerProtocol):
         #: Closed because a connection at another site took the node (its
         #: node is still connected: nothing to record as gone).
         self.moved = False
+        #: The node's secret, kept from its Login for the SiteProof.
+        self._secret = ""
+        #: Logged in with ``site-proof``, NodeChallenge not yet answered: not attached.
+        self.awaiting_challenge = False
+        #: The factory's number of this connection's accepted Login.
+        self.login_number = 0
+        #: Whether a SiteProof was sent on this connection.
+        self.proved = False
+        self._challenge_deadline: Any = None  # an IDelayedCall
 
     # -- connection
 
@@ -97,6 +132,7 @@ class NodeSession(PeerProtocol):
 
     def connectionLost(self, reason: Failure | None = None) -> None:
         super().connectionLost(reason)
+        self._cancel_challenge_deadline()
         if self.authenticated:
             log.info(
                 "node {node_id} disconnected: {reason}",
@@ -111,8 +147,62 @@ class NodeSession(PeerProtocol):
         return f"node {self.node_id or '?'} at {self._peer()}"
 
     def loggedInMessage(self, message: Message) -> None:
-        if self.factory.nodes.is_current(self):  # once replaced, nothing goes up
+        if type(message) is NodeChallenge:
+            self._challenge(message)
+        elif self.awaiting_challenge:
+            self.sendError(
+                "protocol_violation",
+                f"{type(message).__name__} before NodeChallenge (the node announced site-proof)",
+            )
+        elif self.factory.nodes.is_current(self):  # once replaced, nothing goes up
             self.factory.handler.message_received(self, message)
+
+    def _challenge(self, challenge: NodeChallenge) -> None:
+        """Prove this site to the node: the HMAC only a holder of its secret can make."""
+        if self.proved:
+            self.sendError("protocol_violation", "a second NodeChallenge")
+            return
+        self.proved = True
+        self.sendMessage(
+            SiteProof(sign_site_proof(self._secret, challenge.nonce, self.nonce, self.node_id))
+        )
+        if not self.awaiting_challenge:
+            # A node that did not announce site-proof: answered all the same
+            # (harmless), but it was attached at login as before.
+            log.info(
+                "node {node_id} sent a NodeChallenge without announcing site-proof; answered",
+                node_id=self.node_id,
+            )
+            return
+        self.awaiting_challenge = False
+        self._cancel_challenge_deadline()
+        log.debug("node {node_id}: SiteProof sent", node_id=self.node_id)
+        if self.factory.superseded(self.node_id, self.login_number):
+            # A newer connection of this node logged in meanwhile: it wins.
+            self.close("replaced by a newer connection")
+            return
+        self.factory.attach(self)
+
+    def _challenge_timed_out(self) -> None:
+        self._challenge_deadline = None
+        if not self.awaiting_challenge or self.closing:
+            return
+        self.factory.repeated_log.emit(
+            ("no challenge", self.node_id, self._peerHost()),
+            "node {node_id} at {peer} announced site-proof but sent no NodeChallenge"
+            " within {timeout} s of its login; closing",
+            node_id=self.node_id,
+            peer=self._peer(),
+            timeout=self.factory.login_timeout,
+        )
+        self.sendError(
+            "protocol_violation", f"no NodeChallenge within {self.factory.login_timeout:g} s"
+        )
+
+    def _cancel_challenge_deadline(self) -> None:
+        if self._challenge_deadline is not None and self._challenge_deadline.active():
+            self._challenge_deadline.cancel()
+        self._challenge_deadline = None
 
     def beforeLogin(self, message: Message) -> None:
         if type(message) is ProtocolHello:
@@ -135,11 +225,13 @@ class NodeSession(PeerProtocol):
             self._refuse(node_id, "bad signature")
             return
         self.node_id = node_id
+        self._secret = secret
         if hello_is_v2(self._hello):
             assert self._hello is not None
             self.protocol_version = 2
             self.features = self._hello.features
         self.loggedIn()
+        self.login_number = self.factory.logged_in(node_id)
         self.sendMessage(LoginResult(True, ""))
         log.info(
             "node {node_id} logged in from {peer}: protocol {protocol_version}, "
@@ -149,6 +241,13 @@ class NodeSession(PeerProtocol):
             protocol_version=self.protocol_version,
             features=list(self.features),
         )
+        if self.protocol_version >= 2 and FEATURE_SITE_PROOF in self.features:
+            # Attached (so sent commands) only once its challenge is answered.
+            self.awaiting_challenge = True
+            self._challenge_deadline = self.clock.callLater(
+                self.factory.login_timeout, self._challenge_timed_out
+            )
+            return
         self.factory.attach(self)
 
     def _refuse(self, node_id: str, reason: str) -> None:
@@ -166,15 +265,21 @@ class NodeSession(PeerProtocol):
 
     # -- INodeSession
 
-    def send_download(self, operation_id: str, gid: int, token: str, name: str, url: str) -> None:
+    def send_download(
+        self, operation_id: str, gid: int, token: str, name: str, url: str, size: int = 0
+    ) -> None:
+        name, url = _wire_text(name), _wire_url(url)
         if self.protocol_version >= 2:
-            self.sendMessage(TaskCommand(operation_id, ACTION_DOWNLOAD, gid, name, url))
+            size = size if 0 <= size <= INT63_MAX else 0  # out of bounds: unknown
+            self.sendMessage(TaskCommand(operation_id, ACTION_DOWNLOAD, gid, name, url, size))
         else:
-            self.sendMessage(DownloadPost(gid, token, name, url))
+            self.sendMessage(DownloadPost(gid, _wire_text(token), name, url))
 
     def send_delete(self, delete_operation_id: str, gid: int, name: str) -> None:
         if self.protocol_version >= 2:
-            self.sendMessage(TaskCommand(delete_operation_id, ACTION_DELETE, gid, name, ""))
+            self.sendMessage(
+                TaskCommand(delete_operation_id, ACTION_DELETE, gid, _wire_text(name), "", 0)
+            )
         else:
             self.sendMessage(DeleteGallery(gid))
 
@@ -240,6 +345,21 @@ class NodeListenerFactory(PeerFactory):
         self.ownership = ownership
         self.connections: set[NodeSession] = set()
         self._all_closed: list[Deferred[None]] = []
+        # Per node id, the number of its latest accepted Login: a connection
+        # still waiting for its challenge when a newer one logs in is not
+        # attached later (newest wins by login, whatever order proofs end in).
+        self._logins = itertools.count(1)
+        self._latest_login: dict[str, int] = {}
+
+    def logged_in(self, node_id: str) -> int:
+        """Number an accepted Login of ``node_id`` (the newest is highest)."""
+        number = next(self._logins)
+        self._latest_login[node_id] = number
+        return number
+
+    def superseded(self, node_id: str, login: int) -> bool:
+        """Whether a newer Login of ``node_id`` was accepted since ``login``."""
+        return self._latest_login.get(node_id, login) > login
 
     def startFactory(self) -> None:
         """Listening: watch for this site's nodes being taken elsewhere."""

@@ -69,11 +69,12 @@ from twisted.application.service import MultiService
 from twisted.internet.defer import Deferred, succeed
 from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
-from twisted.web.client import HTTPConnectionPool
+from twisted.web.client import Agent
 from twisted.web.http_headers import Headers
 
 from tasknet.clock import default_reactor
 from tasknet.coalesce import CoalescingRunner
+from tasknet.netclient import DirectEndpoints, quiet_pool
 from tasknet.site import metrics
 from tasknet.site.storage import delivery, listen
 from tasknet.site.storage.db import Database
@@ -135,8 +136,11 @@ class WebhookSender:
         # The pool connects with a reactor; retries are timed on the clock
         # (a task.Clock in tests, which cannot connect).
         pool_reactor = self._clock if hasattr(self._clock, "connectTCP") else default_reactor()
-        self._pool = HTTPConnectionPool(pool_reactor, persistent=True)
+        self._pool = quiet_pool(pool_reactor, persistent=True)
         self._pool.maxPersistentPerHost = concurrency
+        self._agent = Agent.usingEndpointFactory(
+            pool_reactor, DirectEndpoints(pool_reactor), pool=self._pool
+        )
         #: Row ids handed over and not yet finished (queued, in flight, backing off).
         self.known: set[int] = set()
         #: The most rows held at once since start (tests, logs).
@@ -200,7 +204,7 @@ class WebhookSender:
                     "X-Tasknet-Notification": [str(row.id)],
                 }
             ),
-            pool=self._pool,
+            agent=self._agent,
             timeout=self._timeout,
         )
         self._requests.add(request)

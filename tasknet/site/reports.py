@@ -15,7 +15,8 @@ gets no ACK: its node keeps the snapshot and redelivers it (and then gets
 ``DUPLICATE`` if the first one had committed after all).  Legacy messages
 are applied the same way but never ACKed.
 
-Entries the rules drop (another node's task: ``not_owner``, stale, ...) are
+Entries the rules drop (another node's task: ``not_owner``, stale, a
+completed task moved backwards: ``regressed``, ...) are
 still committed and ACKed; after the commit they are counted in
 ``tasknet_report_entries_dropped_total{node,reason}`` and logged through
 :class:`DropLog` (rate-limited on the pipeline's clock).  The pipeline also
@@ -43,14 +44,17 @@ from tasknet.site.storage.db import Committed, Database
 log = Logger()
 
 DROP_LOG_INTERVAL = 60.0
+#: Drops that say a node misbehaves (the rest happen in ordinary races).
+_WARN_REASONS = frozenset({storage.NOT_OWNER, storage.REGRESSED})
 
 
 class DropLog:
     """Logs dropped report entries at most once per node and reason every
     ``interval`` seconds (on ``clock``), with how many were dropped since the
     last line: a misconfigured or hostile node reporting every second must
-    not flood the log.  ``not_owner`` is a warning, other reasons are info
-    (a task being deleted is still listed by its node for a while)."""
+    not flood the log.  ``not_owner`` and ``regressed`` (a node moving its
+    own completed task backwards) are warnings, other reasons are info (a
+    task being deleted is still listed by its node for a while)."""
 
     def __init__(self, clock: Any, interval: float = DROP_LOG_INTERVAL) -> None:
         self._clock = clock
@@ -71,7 +75,7 @@ class DropLog:
             self._last[key] = now
             dropped = self._pending.pop(key)
             self.lines += 1
-            emit = log.warn if reason == storage.NOT_OWNER else log.info
+            emit = log.warn if reason in _WARN_REASONS else log.info
             emit(
                 "node {node}: dropped {count} report entr(y/ies) ({reason})"
                 " in the last {interval:.0f} s",

@@ -31,15 +31,16 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 
 from twisted.internet.defer import Deferred
 from twisted.logger import Logger
 
 from tasknet.clock import default_reactor
-from tasknet.site import ratelimit
+from tasknet.site import fault_points, ratelimit
 from tasknet.site.connected_nodes import CHECK_INTERVAL as NODE_CHECK_INTERVAL
 from tasknet.site.connected_nodes import ConnectedNodes, NodeOwnership
 from tasknet.site.dispatch import Dispatcher
@@ -70,19 +71,22 @@ from tasknet.site.storage.db import (
     describe,
     is_postgres,
     open_pool,
+    redact,
     run_write,
 )
 from tasknet.site.storage.dispatch import PAGE_SIZE
 from tasknet.site.storage.errors import DatabaseError
-from tasknet.site.storage.lease import Lease, take_lease
+from tasknet.site.storage.lease import Lease, application_name, take_lease
 from tasknet.site.storage.listen import Wakeups, open_wakeups
 from tasknet.site.storage.schema import SchemaError, prepare_database
 from tasknet.site.upstream_client import UpstreamClient
 from tasknet.site.web.admin_nodes import nodes_view
 from tasknet.site.web.api import make_web_resource
+from tasknet.site.web.auth import Authenticator, SessionSettings, parse_public_url
 from tasknet.site.web.events import EventHub, events_resource
 from tasknet.site.web.http import BoundedSite
 from tasknet.site.web.interfaces import WebDependencies
+from tasknet.startup import keep_files_private
 
 __all__ = ["Options", "Tuning", "build_node_side", "build_site", "makeService"]
 
@@ -110,6 +114,8 @@ class Tuning:
     node_check_interval: float | None = NODE_CHECK_INTERVAL
     #: Lease check, heartbeat and reaping of gone instances (PostgreSQL).
     instance_interval: float = INSTANCE_INTERVAL
+    #: Called just before the POST gate (a drill's fault point, a test's pause).
+    before_post_gate: Callable[[], object] | None = None
 
 
 def build_site(
@@ -118,9 +124,11 @@ def build_site(
     *,
     tuning: Tuning = Tuning(),
     exit_on_failure: bool = False,
+    monotonic: Callable[[], float] = time.monotonic,
 ) -> SiteService:
     """The whole site, built from ``options`` on ``reactor`` (default: the
-    global one), not yet started.  Raises :class:`SchemaError` for an
+    global one), not yet started; ``monotonic`` is the clock its lease's
+    freshness is judged on.  Raises :class:`SchemaError` for an
     unusable database, and :class:`~tasknet.site.storage.lock.DatabaseInUse`
     (before touching the database) while another site holds a SQLite file."""
     reactor = default_reactor(reactor)
@@ -128,11 +136,27 @@ def build_site(
     # Several sites may share a PostgreSQL database; a SQLite file has one.
     held = None if is_postgres(path) else instance_lock.acquire(path, role="tasknet-site")
     try:
-        db = _open_database(options, path, reactor)
+        _prepare_database(options, path)
+        lease = take_lease(
+            path,
+            options["name"],
+            flock=held,
+            clock=reactor,
+            upstream_timeout=options["upstream-timeout"],
+            monotonic=monotonic,
+        )
         try:
-            lease = take_lease(path, options["name"], flock=held, clock=reactor)
+            # Every write passes the lease's fence; the sessions carry the
+            # instance's name, so a reaper can end them.
+            db = open_pool(
+                path,
+                clock=reactor,
+                fence=lease,
+                application_name=application_name(lease.instance_id, "writer"),
+                reader_application_name=application_name(lease.instance_id, "reader"),
+            )
         except BaseException:
-            db.close()
+            lease.release()
             raise
     except BaseException:
         if held is not None:
@@ -177,6 +201,7 @@ def _assemble(
         on_task_changed=dispatcher.task_changed,
         lease=lease,
         clock=reactor,
+        before_post_gate=tuning.before_post_gate,
     )
     instance = InstanceService(
         lease, db, lifecycle.reap_gone, interval=tuning.instance_interval, clock=reactor
@@ -192,7 +217,12 @@ def _assemble(
         # Receipts and audit rows past their retention, pruned on the site's clock.
         housekeeping=Housekeeping(db, clock=reactor),
         web=web,
-        http=BoundedSite(make_web_resource(web), max_body=options["max-body"], reactor=reactor),
+        http=BoundedSite(
+            make_web_resource(web),
+            max_body=options["max-body"],
+            reactor=reactor,
+            access_log=options.get("access-log"),
+        ),
         health=health,
         instance=instance,
     )
@@ -225,17 +255,33 @@ def _web_dependencies(
     def admin_nodes() -> Deferred[list[dict[str, Any]]]:
         return Deferred.fromCoroutine(nodes_view(db, node_side.nodes, reactor))
 
+    authenticator = Authenticator(db, reactor, session_settings(options))
     return WebDependencies(
         db=db,
         lifecycle=lifecycle,
         events=events_resource(
-            node_side.hub, lambda token: db.read(users.user_by_token, token), clock=reactor
+            node_side.hub,
+            authenticator.token_user,
+            sessions=authenticator.session_user,
+            clock=reactor,
         ),
         admin_nodes=admin_nodes,
-        health=health.document,
+        health=lambda: Deferred.fromCoroutine(health.probe(db.ping, reactor)),
         wake_outbox=wake_outbox,
         create_limiter=create_limiter,
         clock=reactor,
+        auth=authenticator,
+    )
+
+
+def session_settings(options: Options) -> SessionSettings:
+    """The browser sessions' options (``web/auth.py``)."""
+    public_url = options["public-url"]
+    return SessionSettings(
+        idle=options["session-idle"],
+        max_age=options["session-max-age"],
+        cookie_secure=bool(options["cookie-secure"]),
+        public_origin=None if public_url is None else parse_public_url(public_url),
     )
 
 
@@ -322,9 +368,9 @@ def _private(path: str) -> None:
             log.warn("{name} was mode {mode:o}; now 0600", name=name, mode=mode)
 
 
-def _open_database(options: Options, path: str, reactor: Any) -> Database:
+def _prepare_database(options: Options, path: str) -> None:
     """Initialise or verify the schema, apply ``--default-quota`` and
-    ``--demo``, and open the pool."""
+    ``--demo``."""
     _private(path)
     fresh = prepare_database(path)
     connection = connect(path)
@@ -338,27 +384,130 @@ def _open_database(options: Options, path: str, reactor: Any) -> Database:
                     cursor, "demo", admin=True, quota=options["default-quota"], token="demo"
                 ),
             )
-            log.info("fresh database: created admin user 'demo' with token 'demo'")
+            log.info("fresh database: created the admin user 'demo' (--demo's documented token)")
     finally:
         connection.close()
-    return open_pool(path, clock=reactor)
+
+
+def sqlite_path_problem(path: str) -> str | None:
+    """Why ``path`` cannot be a site's SQLite database (None: it can).  The
+    site creates the database file on its first start, never a directory."""
+    target = os.path.abspath(path)
+    if os.path.isdir(target):
+        return (
+            f"--db {path} is a directory, not a database file: name a file in it, e.g."
+            f" --db {os.path.join(path, 'site.sqlite')} (created on the first start)"
+        )
+    parent = os.path.dirname(target)
+    if not os.path.isdir(parent):
+        return (
+            f"--db {path}: there is no directory {parent}; create it first (the site"
+            " creates the database file, not its directory)"
+        )
+    if os.path.lexists(target) and not os.path.isfile(target):
+        return f"--db {path} is not a regular file"
+    return None
+
+
+class NewDatabaseFiles:
+    """The SQLite files a start is about to create (the database, its
+    journal files and its lock file), so that a start that fails leaves none
+    of them behind (a port taken, a bad option found late): nothing is
+    removed unless the database file itself did not exist before this start.
+
+    :meth:`remove` takes the database's lock again first (a site that
+    started on the same new path meanwhile keeps everything) and unlinks
+    the lock file while holding it, so no other process can be holding a lock on the
+    file that goes."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.names: list[str] = []
+        if is_postgres(path) or os.path.lexists(path):
+            return
+        candidates = [path + suffix for suffix in ("", "-wal", "-shm", "-journal")]
+        candidates.append(instance_lock.lock_path(path))
+        self.names = [name for name in candidates if not os.path.lexists(name)]
+
+    def remove(self) -> list[str]:
+        """Remove what this start created; the names removed."""
+        if not self.names:
+            return []
+        try:
+            held = instance_lock.acquire(self.path, role="tasknet-site")
+        except (SchemaError, OSError):  # in use by another process now: keep it all
+            return []
+        removed = []
+        try:
+            for name in self.names:
+                try:
+                    os.unlink(name)
+                except FileNotFoundError:
+                    continue
+                removed.append(name)
+        finally:
+            held.release()
+        self.names = []
+        return removed
+
+
+def _refuse(message: str, cause: BaseException | None = None) -> NoReturn:
+    """The one clear line of a start refused before anything ran; exit 1."""
+    print(message, file=sys.stderr)
+    raise SystemExit(1) from cause
 
 
 def makeService(options: Options) -> SiteService:
+    # Every file the site creates, twistd's --logfile included, is 0600
+    # (INTERFACES.md, "Nothing secret in logs").
+    keep_files_private("tasknet-site")
+    path = options["db"]
+    if not is_postgres(path):
+        problem = sqlite_path_problem(path)
+        if problem is not None:
+            _refuse(f"tasknet-site could not start: {problem}")
+    created = NewDatabaseFiles(path)
     try:
-        return build_site(options, exit_on_failure=True)
+        tuning = Tuning(before_post_gate=fault_points.pause_before_post(os.environ))
+        site = build_site(options, tuning=tuning, exit_on_failure=True)
     except SchemaError as e:
+        created.remove()
         # A clean message (and exit status 1), not a traceback.
-        print(f"tasknet-site: {e}", file=sys.stderr)
-        raise SystemExit(1) from e
+        _refuse(f"tasknet-site: {redact(str(e), path)}", e)
+    except OSError as e:
+        created.remove()
+        # The lock file or the database cannot be created or opened (no
+        # rights, a read-only file system).
+        where = f": {e.filename}" if e.filename else ""
+        _refuse(
+            f"tasknet-site could not start: database {describe(path)}: {e.strerror or e}{where}",
+            e,
+        )
     except Exception as e:
+        created.remove()
         # The database cannot be reached or used (refused, no such database,
         # no rights): the same clean message, not the driver's traceback.
         classified = classify(e)
         if not isinstance(classified, DatabaseError):
             raise
-        print(
-            f"tasknet-site could not start: database {describe(options['db'])}: {classified}",
-            file=sys.stderr,
+        _refuse(
+            f"tasknet-site could not start: database {describe(path)}: "
+            f"{redact(str(classified), path)}",
+            e,
         )
-        raise SystemExit(1) from e
+    except BaseException:
+        created.remove()
+        raise
+
+    def start_failed(failure: Any) -> None:
+        # The site logged why and has closed its database and lock; exit 1
+        # follows.  A database this start created goes too.
+        removed = created.remove()
+        if removed:
+            log.info(
+                "removed {names}: created by this start, which failed",
+                names=", ".join(removed),
+            )
+
+    site.ready.addErrback(start_failed)
+    return site

@@ -30,6 +30,7 @@ the node connections closed (so a node never redelivers what was committed).
 from __future__ import annotations
 
 import socket
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,10 +38,12 @@ from twisted.application import service
 from twisted.application.internet import TimerService
 from twisted.internet.defer import Deferred, maybeDeferred
 from twisted.internet.endpoints import serverFromString
+from twisted.internet.error import CannotListenError
 from twisted.logger import Logger
 from twisted.python import usage
 from twisted.python.failure import Failure
 
+from tasknet.logging import LogOptions, use_for_twistd
 from tasknet.site import ratelimit
 from tasknet.site.connected_nodes import ConnectedNodes
 from tasknet.site.dispatch import Dispatcher
@@ -52,11 +55,14 @@ from tasknet.site.reports import ReportPipeline
 from tasknet.site.retention import Housekeeping
 from tasknet.site.storage import users
 from tasknet.site.storage.db import Database
+from tasknet.site.storage.throughput import iso
 from tasknet.site.upstream_client import UpstreamClient
+from tasknet.site.web import auth
 from tasknet.site.web.events import EventHub
 from tasknet.site.web.http import DEFAULT_MAX_BODY, BoundedSite
 from tasknet.site.web.interfaces import WebDependencies
 from tasknet.startup import exit_after_stop
+from tasknet.version import version_option
 
 log = Logger()
 
@@ -64,7 +70,7 @@ log = Logger()
 NODE_KEYS_REFRESH = 5.0
 
 
-class Options(usage.Options):
+class Options(LogOptions, usage.Options):
     optParameters = [
         [
             "db",
@@ -84,6 +90,13 @@ class Options(usage.Options):
             float,
         ],
         ["webhook", None, None, "POST a JSON notification per user-visible change."],
+        [
+            "access-log",
+            None,
+            None,
+            "Write the HTTP access log (combined format, secrets redacted) to this file; "
+            "without it access lines are debug events, not in the main log at info.",
+        ],
         [
             "name",
             None,
@@ -116,10 +129,39 @@ class Options(usage.Options):
             float,
         ],
         ["create-burst", None, ratelimit.DEFAULT_BURST, "Creates one user may make at once.", int],
+        [
+            "public-url",
+            None,
+            None,
+            "The site's URL as browsers see it (http(s)://HOST[:PORT]), behind a proxy: "
+            "the origin cookie-authenticated writes must come from (default: the request's "
+            "Host, https over TLS); an https URL also marks the cookie Secure.",
+        ],
+        [
+            "session-idle",
+            None,
+            auth.DEFAULT_SESSION_IDLE,
+            "Seconds a browser session stays signed in without being used.",
+            float,
+        ],
+        [
+            "session-max-age",
+            None,
+            auth.DEFAULT_SESSION_MAX_AGE,
+            "Seconds a browser session stays signed in at most, used or not.",
+            float,
+        ],
     ]
     optFlags = [
         ["demo", None, "On a fresh database, create the admin user 'demo' with token 'demo'."],
+        [
+            "cookie-secure",
+            None,
+            "Mark the session cookie Secure on plain HTTP too (a TLS-terminating proxy in front).",
+        ],
     ]
+
+    opt_version = version_option("tasknet-site")
 
     def __init__(self) -> None:
         super().__init__()
@@ -140,6 +182,7 @@ class Options(usage.Options):
         self["node-keys"].update(read_node_key_file(path))
 
     def postOptions(self) -> None:
+        use_for_twistd(self)  # --log-format, --log-level (tasknet/logging.py)
         if not self["upstream-timeout"] > 0:
             raise usage.UsageError("--upstream-timeout must be > 0")
         if self["default-quota"] < 0:
@@ -153,6 +196,13 @@ class Options(usage.Options):
         webhook = self["webhook"]
         if webhook is not None and not webhook.startswith(("http://", "https://")):
             raise usage.UsageError("--webhook must be an http:// or https:// URL")
+        if not self["session-idle"] > 0 or not self["session-max-age"] > 0:
+            raise usage.UsageError("--session-idle and --session-max-age must be > 0")
+        if self["public-url"] is not None:
+            try:
+                auth.parse_public_url(self["public-url"])
+            except ValueError as e:
+                raise usage.UsageError(str(e)) from None
         if self["name"] is None:
             self["name"] = default_site_name(self["http"])
         elif not self["name"].strip() or len(self["name"]) > 200:
@@ -204,6 +254,13 @@ class Health:
     backend: str = "sqlite"
     recovery: str = "pending"  # "pending" / "done" / "failed"
     dispatch_enabled: bool = False
+    #: When the database last stopped answering (ISO 8601 UTC), ``None``
+    #: while it answers (SCALE.md "Fencing" 4: ``/healthz`` is 503 then).
+    database_failing_since: str | None = None
+
+    @property
+    def database_ok(self) -> bool:
+        return self.database_failing_since is None
 
     def document(self) -> dict[str, str]:
         return {
@@ -211,7 +268,30 @@ class Health:
             "backend": self.backend,
             "recovery": self.recovery,
             "dispatch": "enabled" if self.dispatch_enabled else "disabled",
+            "database": "ok"
+            if self.database_failing_since is None
+            else f"failing since {self.database_failing_since}",
         }
+
+    async def probe(
+        self, ping: Callable[[], Deferred[None]], clock: Any, *, timeout: float = 2.0
+    ) -> dict[str, str]:
+        """Ask the database for an answer within ``timeout`` seconds (on
+        ``clock``), note whether it answered, and return :meth:`document`."""
+        try:
+            await ping().addTimeout(timeout, clock)
+        except Exception as e:
+            if self.database_failing_since is None:
+                self.database_failing_since = iso(clock.seconds())
+                log.error("the database does not answer: {e}", e=e)
+        else:
+            if self.database_failing_since is not None:
+                log.info(
+                    "the database answers again (failing since {since})",
+                    since=self.database_failing_since,
+                )
+            self.database_failing_since = None
+        return self.document()
 
 
 class NodeKeys:
@@ -348,10 +428,12 @@ class SiteService(service.MultiService):
     async def _start_failed(self, failure: Failure) -> Failure:
         """Undo what was started (listeners, loops, database, lock), log why
         and, under twistd, exit non-zero."""
-        log.failure("the site could not start", failure)
+        if not failure.check(CannotListenError):
+            # A port taken or not allowed says all in its one line below.
+            log.failure("the site could not start", failure)
         log.critical(
             "tasknet-site could not start: {why}; undoing the start-up and exiting",
-            why=failure.getErrorMessage(),
+            why=failure.getErrorMessage().rstrip("."),
         )
         try:
             await self.stopService()
@@ -369,6 +451,10 @@ class SiteService(service.MultiService):
         # re-read while running (the timer's first run repeats this read).
         await parts.node_keys.refresh()
         self._keys_timer.startService()
+        # Lease checks, heartbeat and reaping of gone instances (PostgreSQL),
+        # from before recovery: a long recovery must not let the lease go
+        # stale (the lifecycle runs one reaping pass at a time).
+        parts.instance.startService()
         try:
             await parts.lifecycle.recover()
             health.recovery = "done"
@@ -378,8 +464,6 @@ class SiteService(service.MultiService):
                 "RECOVERY FAILED: nodes may connect and reports are applied, "
                 "but NOTHING WILL BE DISPATCHED until a restart recovers"
             )
-        # Lease checks, heartbeat and reaping of gone instances (PostgreSQL).
-        parts.instance.startService()
         parts.housekeeping.startService()
         node_side.outbox.startService()
         await node_side.outbox.wake()  # what the last run left undelivered

@@ -37,20 +37,20 @@ from __future__ import annotations
 
 import enum
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlencode
 
 from hyperlink import EncodedURL
 from twisted.internet.defer import CancelledError, Deferred, TimeoutError, gatherResults, succeed
-from twisted.internet.endpoints import HostnameEndpoint, wrapClientTLS
+from twisted.internet.endpoints import wrapClientTLS
 from twisted.internet.protocol import Protocol
 from twisted.python.failure import Failure
 from twisted.web.client import (
     URI,
     Agent,
     BrowserLikePolicyForHTTPS,
-    HTTPConnectionPool,
     ResponseDone,
 )
 from twisted.web.error import SchemeNotSupported
@@ -60,6 +60,7 @@ from twisted.web.iweb import IAgentEndpointFactory, IBodyProducer
 from zope.interface import implementer
 
 from tasknet.clock import default_reactor
+from tasknet.netclient import quiet_pool, tcp_endpoint
 from tasknet.site import metrics
 
 MAX_BODY = 1024 * 1024  # no sane answer of ours is larger
@@ -71,6 +72,18 @@ class Outcome(enum.Enum):
     OK = "ok"
     REFUSED = "refused"
     AMBIGUOUS = "ambiguous"
+    #: The POST gate closed before the first byte: nothing was sent.
+    NOT_SENT = "not_sent"
+
+
+class NotSent(Exception):
+    """The POST's gate refused it once its connection was up: not one byte
+    of the request was written (the message says why)."""
+
+
+#: Asked once the POST's connection is up, just before its first byte is
+#: written: ``None`` lets it go, a reason stops it (SCALE.md "Fencing" 1).
+PostGate = Callable[[], "str | None"]
 
 
 @dataclass(frozen=True)
@@ -193,13 +206,57 @@ class _CachedEndpoints:
         if endpoint is None:
             if uri.scheme not in (b"http", b"https"):
                 raise SchemeNotSupported(f"unsupported scheme: {uri.scheme!r}")
-            tcp: Any = HostnameEndpoint(self._reactor, uri.host, uri.port)
+            # An IP literal is dialled straight (no resolver thread, no
+            # "DNS lookup failed" while the reactor stops): tasknet.netclient.
+            tcp: Any = tcp_endpoint(self._reactor, uri.host, uri.port)
             if uri.scheme == b"https":
                 endpoint = wrapClientTLS(self._tls.creatorForNetloc(uri.host, uri.port), tcp)
             else:
                 endpoint = tcp
             self._endpoints[key] = endpoint
         return endpoint
+
+
+@implementer(IAgentEndpointFactory)
+class _GatedEndpoints:
+    """``endpoints``, each connection asked ``gate`` the moment it is up,
+    before the agent writes the request on it (the agent writes in a
+    callback chained after this one, so nothing runs between the two but
+    these few instructions): a refusal aborts the connection unwritten."""
+
+    def __init__(self, endpoints: IAgentEndpointFactory, gate: PostGate) -> None:
+        self._endpoints = endpoints
+        self._gate = gate
+
+    def endpointForURI(self, uri: URI) -> Any:  # an IStreamClientEndpoint
+        return _GatedEndpoint(self._endpoints.endpointForURI(uri), self._gate)
+
+
+class _GatedEndpoint:
+    def __init__(self, endpoint: Any, gate: PostGate) -> None:
+        self._endpoint = endpoint
+        self._gate = gate
+
+    def connect(self, factory: Any) -> Deferred[Any]:
+        def gated(protocol: Any) -> Any:
+            refusal = self._gate()
+            if refusal is not None:
+                protocol.transport.abortConnection()
+                raise NotSent(refusal)
+            return protocol
+
+        d: Deferred[Any] = self._endpoint.connect(factory)
+        return d.addCallback(gated)
+
+
+def _not_sent(failure: Failure) -> NotSent | None:
+    """The :class:`NotSent` inside ``failure`` (the agent may wrap it)."""
+    if failure.check(NotSent):
+        return failure.value  # type: ignore[return-value]
+    for reason in getattr(failure.value, "reasons", None) or ():
+        if isinstance(reason, Failure) and reason.check(NotSent):
+            return reason.value  # type: ignore[return-value]
+    return None
 
 
 def _read_body(response: Any) -> Deferred[_Answer]:
@@ -264,16 +321,17 @@ class UpstreamClient:
         self.prepare_timeout = prepare_timeout
         self.audit_timeout = audit_timeout
         self._reactor = reactor
-        self._pool = HTTPConnectionPool(reactor, persistent=persistent)
+        self._pool = quiet_pool(reactor, persistent=persistent)
         self._pool.retryAutomatically = False  # a POST is never retried behind our back
         # Twisted keeps 2 idle connections per host by default: with more
         # creates in flight than that, most calls paid a fresh TCP connection
         # (a resolver thread round trip, connect, close) on the reactor.
         self._pool.maxPersistentPerHost = max_idle_connections
         endpoints = _CachedEndpoints(reactor)
+        self._endpoints = endpoints
         self._agent = Agent.usingEndpointFactory(reactor, endpoints, pool=self._pool)
         # The POST's own: never a pooled (possibly stale) connection.
-        self._fresh_pool = HTTPConnectionPool(reactor, persistent=False)
+        self._fresh_pool = quiet_pool(reactor, persistent=False)
         self._fresh_pool.retryAutomatically = False
         self._fresh_agent = Agent.usingEndpointFactory(reactor, endpoints, pool=self._fresh_pool)
 
@@ -289,11 +347,18 @@ class UpstreamClient:
         body: bytes | None = None,
         *,
         fresh: bool = False,
+        gate: PostGate | None = None,
     ) -> Deferred[_Answer]:
         """One request and its whole body, cancelled (connection aborted) at
-        ``timeout``; on a new connection of its own if ``fresh``."""
+        ``timeout``; on a new connection of its own if ``fresh`` (or if a
+        ``gate`` is to be asked on it before its first byte)."""
         producer: Any = _Bytes(body) if body is not None else None  # an IBodyProducer
-        agent = self._fresh_agent if fresh else self._agent
+        if gate is not None:
+            agent = Agent.usingEndpointFactory(
+                self._reactor, _GatedEndpoints(self._endpoints, gate), pool=self._fresh_pool
+            )
+        else:
+            agent = self._fresh_agent if fresh else self._agent
         d: Deferred[Any] = agent.request(
             method, url, Headers(_JSON_HEADERS) if body is not None else None, producer
         )
@@ -303,7 +368,7 @@ class UpstreamClient:
         def finished(result: Any) -> Any:
             if deadline.active():
                 deadline.cancel()
-            elif isinstance(result, Failure):
+            elif isinstance(result, Failure) and _not_sent(result) is None:
                 # Cancelled by the deadline (whatever wrapper the agent put on it).
                 return Failure(TimeoutError(f"no complete answer within {timeout:g}s (timeout)"))
             return result
@@ -357,9 +422,13 @@ class UpstreamClient:
 
         return d.addCallbacks(answered, failed).addCallback(count)
 
-    def submit(self, gid: int, token: str, timeout: float) -> Deferred[SubmitResult]:
+    def submit(
+        self, gid: int, token: str, timeout: float, *, gate: PostGate | None = None
+    ) -> Deferred[SubmitResult]:
         """The archive POST (not idempotent: call it once per generation),
-        classified as ``OK`` / ``REFUSED`` / ``AMBIGUOUS``.  Never fails."""
+        classified as ``OK`` / ``REFUSED`` / ``AMBIGUOUS``, or ``NOT_SENT``
+        when ``gate``, asked once the connection is up and before the first
+        byte, refused it.  Never fails."""
         started = self._reactor.seconds()
         d = self._exchange(
             b"POST",
@@ -367,6 +436,7 @@ class UpstreamClient:
             timeout,
             body=json.dumps({"token": token}).encode("utf-8"),
             fresh=True,
+            gate=gate,
         )
 
         def answered(answer: _Answer) -> SubmitResult:
@@ -396,6 +466,9 @@ class UpstreamClient:
             return SubmitResult(Outcome.AMBIGUOUS, status=answer.status, error=error)
 
         def failed(failure: Failure) -> SubmitResult:
+            refused = _not_sent(failure)
+            if refused is not None:
+                return SubmitResult(Outcome.NOT_SENT, error=str(refused))
             return SubmitResult(Outcome.AMBIGUOUS, error=_describe(failure))
 
         def count(result: SubmitResult) -> SubmitResult:

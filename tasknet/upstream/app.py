@@ -29,7 +29,7 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 from twisted.web.iweb import IRequest
 from twisted.web.resource import Resource
-from twisted.web.server import NOT_DONE_YET, Request, Site
+from twisted.web.server import NOT_DONE_YET, Request
 from werkzeug.exceptions import MethodNotAllowed, NotFound
 
 from tasknet.clock import default_reactor
@@ -45,6 +45,7 @@ from tasknet.upstream.streaming import (
     parse_range,
 )
 from tasknet.upstream.tracking import ConnectionTracker
+from tasknet.weblog import QuietSite
 
 log = Logger()
 
@@ -127,7 +128,8 @@ class UpstreamApp:
     def site(self) -> ConnectionTracker:
         """A protocol factory serving this app that tracks its connections."""
         if self._tracker is None:
-            self._tracker = ConnectionTracker(Site(self.resource()))
+            # Access lines at debug (the mock's log shows faults, not every GET).
+            self._tracker = ConnectionTracker(QuietSite(self.resource()))
         return self._tracker
 
     def close_connections(self) -> Deferred[None]:

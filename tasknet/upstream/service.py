@@ -11,7 +11,9 @@ from twisted.internet.interfaces import IProtocolFactory
 from twisted.logger import Logger
 from twisted.python import usage
 
+from tasknet.logging import LogOptions, use_for_twistd
 from tasknet.upstream.app import UpstreamApp
+from tasknet.version import version_option
 
 log = Logger()
 
@@ -25,7 +27,7 @@ def _positive_float(text: str) -> float:
     return value
 
 
-class Options(usage.Options):
+class Options(LogOptions, usage.Options):
     synopsis = "[--http ENDPOINT] [--bandwidth BYTES_PER_S] [--seed N]"
     longdesc = "Mock non-idempotent archive upstream with fault injection (/_drill/*)."
     optParameters = [
@@ -34,7 +36,10 @@ class Options(usage.Options):
         ["seed", None, 0, "seed of the fault-probability random source", int],
     ]
 
+    opt_version = version_option("tasknet-upstream")
+
     def postOptions(self) -> None:
+        use_for_twistd(self)  # --log-format, --log-level (tasknet/logging.py)
         if self["bandwidth"] is not None:
             try:
                 self["bandwidth"] = _positive_float(self["bandwidth"])

@@ -14,6 +14,8 @@ from twisted.protocols.policies import ProtocolWrapper, WrappingFactory
 
 
 class ConnectionTracker(WrappingFactory):
+    noisy = False  # no "Starting factory" line: the service logs where it listens
+
     def __init__(self, wrapped: Any) -> None:
         super().__init__(wrapped)
         self._idle_waiters: list[Deferred[None]] = []

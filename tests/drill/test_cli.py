@@ -24,7 +24,7 @@ from tasknet.drill.scenarios import QUICK, QUICK_POSTGRES, SCENARIOS
 from tasknet.process import free_port
 from tasknet.site.storage.db import POSTGRESQL, SQLITE
 
-MULTI_SITE = ("S20", "S21", "S22")
+MULTI_SITE = ("S20", "S21", "S22", "S23")
 
 
 def test_list_names_every_scenario_and_marks_the_quick_sets(
@@ -32,7 +32,7 @@ def test_list_names_every_scenario_and_marks_the_quick_sets(
 ) -> None:
     assert main(["--list"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert [line.split()[0] for line in lines] == [f"S{i}" for i in range(1, 23)]
+    assert [line.split()[0] for line in lines] == [f"S{i}" for i in range(1, 24)]
     assert [line.split()[0] for line in lines if line.endswith("(quick)")] == list(QUICK)
     assert [line.split()[0] for line in lines if "postgres only" in line] == list(MULTI_SITE)
     assert [line.split()[0] for line in lines if "quick with --db postgres" in line] == list(
@@ -52,6 +52,7 @@ def test_list_names_every_scenario_and_marks_the_quick_sets(
         (["--db", "postgresql:///nohost"], "the URL names no server (host)"),
         (["S20"], "S20 run(s) only with --db postgres"),
         (["--db", "sqlite", "S1", "s21", "S22"], "S21, S22 run(s) only with --db postgres"),
+        (["S23"], "S23 run(s) only with --db postgres"),
     ],
 )
 def test_bad_arguments_exit_2_with_a_clear_error(
@@ -118,13 +119,14 @@ def test_the_default_set_is_the_databases_own() -> None:
     sqlite_set, db = _choose([])
     assert db == SQLITE_CHOICE and sqlite_set == [f"S{i}" for i in range(1, 20)]
     postgres_set, db = _choose(["--db", "postgres"])
-    assert db == POSTGRES_CHOICE and postgres_set == [f"S{i}" for i in range(1, 23)]
+    assert db == POSTGRES_CHOICE and postgres_set == [f"S{i}" for i in range(1, 24)]
 
 
 def test_quick_is_the_ci_set_of_the_database() -> None:
     assert _choose(["--quick"])[0] == list(QUICK)
     assert _choose(["--quick", "--db", "postgres"])[0] == list(QUICK_POSTGRES)
     assert _choose(["--db", "postgres", "s1", "S20"])[0] == ["S1", "S20"]
+    assert _choose(["--db", "postgres", "s23"])[0] == ["S23"]
 
 
 def test_an_unreachable_server_is_a_usage_error_before_any_run(

@@ -130,6 +130,27 @@ def test_d9_fails_when_a_live_sites_submission_was_settled(site: str) -> None:
     assert verdict.evidence[0]["reap"]["reaped_by"] == 1
 
 
+def test_d9_a_stopped_site_whose_lease_was_ended_counts_as_gone(site: str) -> None:
+    """S23: site-b's process lives on, stopped, after the drill ended its
+    lease by hand; reaping it from then on is right, before it is not."""
+    submitting(site, GID, 2)
+    started = time.time() - 20
+    fenced = run(SITE_B, PID_B, started, None)
+    fenced["fenced"] = time.time() - 1.0
+    write(site, reaping.reap, 2, 1)
+    verdict = check_d9(world(site, [run(SITE_A, PID_A, started, None), fenced]))
+    assert verdict.status == PASS, verdict
+    [entry] = verdict.evidence
+    assert 0.5 < entry["seconds_after_death"] < 30
+    # It resumed and exited later: the lease's end still counts as its death.
+    fenced["ended"], fenced["how"] = time.time() + 5, "exited"
+    assert check_d9(world(site, [run(SITE_A, PID_A, started, None), fenced])).status == PASS
+    # Reaped before the drill ended its lease: a live site's submission settled.
+    fenced["fenced"] = time.time() + 2
+    verdict = check_d9(world(site, [run(SITE_A, PID_A, started, None), fenced]))
+    assert verdict.status == FAIL and "while its site was alive" in verdict.detail
+
+
 def test_d9_fails_when_a_dead_sites_submission_was_settled_late(site: str) -> None:
     submitting(site, GID, 2)
     write(site, reaping.reap, 2, 1)

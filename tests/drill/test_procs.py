@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import signal
+import socket
 import sqlite3
 import subprocess
 import sys
@@ -11,7 +14,14 @@ from pathlib import Path
 import pytest
 
 from tasknet.cli.jsonhttp import request
-from tasknet.drill.procs import DrillError, Proc, ProcessDied, wait_for
+from tasknet.drill.procs import (
+    DrillError,
+    Proc,
+    ProcessDied,
+    process_state,
+    tcp_connections,
+    wait_for,
+)
 from tasknet.process import free_port, port_open
 
 pytestmark = pytest.mark.slow
@@ -56,6 +66,51 @@ def test_a_process_that_dies_is_reported_with_its_log(tmp_path: Path) -> None:
     with pytest.raises(ProcessDied, match="bandwidth"):
         proc.wait_ready(lambda: request("GET", url + "/_drill/stats").ok, 30, "HTTP")
     assert not proc.alive
+
+
+def test_extra_environment_stop_continue_and_tcp_sockets(tmp_path: Path) -> None:
+    """S23's process helpers: an extra variable reaches the process (and
+    its start banner), a SIGSTOP shows as ``stopped`` until ``cont()``,
+    ``tcp_connections`` finds its listening port and a client's
+    connection, and SIGTERM ends even a stopped process."""
+    proc, url = upstream(tmp_path)
+    proc.env = {"TASKNET_DRILL_TEST_VARIABLE": "42"}
+    proc.start()
+    try:
+        proc.wait_ready(lambda: request("GET", url + "/_drill/stats").ok, 30, "HTTP")
+        assert proc.pid is not None
+        environ = Path(f"/proc/{proc.pid}/environ").read_bytes().split(b"\0")
+        assert b"TASKNET_DRILL_TEST_VARIABLE=42" in environ
+        assert "TASKNET_DRILL_TEST_VARIABLE=42 " in proc.log_text()
+        port = int(url.rsplit(":", 1)[1])
+        sockets = tcp_connections(proc.pid)
+        assert any(t.local[1] == port and t.state == "LISTEN" for t in sockets), sockets
+        with socket.create_connection(("127.0.0.1", port)) as client:
+            ours = client.getsockname()[1]
+            wait_for(
+                lambda: any(
+                    t.remote[1] == ours and t.state == "ESTABLISHED"
+                    for t in tcp_connections(proc.pid or 0)
+                ),
+                10,
+                "the upstream's end of our connection",
+            )
+        assert process_state(proc.pid) in ("S", "R")
+        os.kill(proc.pid, signal.SIGSTOP)
+        wait_for(lambda: proc.stopped, 10, "the upstream to stop")
+        assert request("GET", url + "/_drill/stats", timeout=0.5).status == 0
+        proc.cont()
+        wait_for(lambda: not proc.stopped, 10, "the upstream to continue")
+        assert request("GET", url + "/_drill/stats").ok
+        os.kill(proc.pid, signal.SIGSTOP)
+        wait_for(lambda: proc.stopped, 10, "the upstream to stop again")
+        started = time.monotonic()
+        proc.terminate(10)  # SIGTERM, then SIGCONT so that it can act on it
+        assert not proc.alive and time.monotonic() - started < 9
+        assert proc.runs[-1].how == "SIGTERM" and proc.runs[-1].fenced is None
+    finally:
+        proc.terminate()
+    assert process_state(2**22 + 1) is None and tcp_connections(2**22 + 1) == []
 
 
 def test_wait_for_times_out_with_a_clear_message() -> None:

@@ -2,7 +2,9 @@
 
 It speaks the wire with the project's codec but none of the site's logic:
 on accept it sends Identity (and ProtocolHello unless ``legacy``), checks the
-Login signature, answers LoginResult, records every frame the node sends, and
+Login signature, answers LoginResult, answers a NodeChallenge with the
+SiteProof (``proof="good"``; ``"wrong"`` sends a wrong one, ``"none"`` none:
+a listener that is not the site), records every frame the node sends, and
 ACKs TaskReports automatically unless told to withhold them.
 """
 
@@ -19,6 +21,7 @@ from twisted.internet.protocol import Factory, Protocol
 from twisted.internet.task import deferLater
 
 from tasknet.protocol.messages import (
+    FEATURE_SITE_PROOF,
     HEADER,
     DeleteGallery,
     DownloadPost,
@@ -26,12 +29,15 @@ from tasknet.protocol.messages import (
     Login,
     LoginResult,
     Message,
+    NodeChallenge,
     ProtocolHello,
+    SiteProof,
     TaskCommand,
     TaskReport,
     TaskReportAck,
     decode,
     encode,
+    sign_site_proof,
     verify_login,
 )
 
@@ -56,6 +62,8 @@ class SiteConnection(Protocol):
         self.buffer = b""
         self.logged_in = False
         self.nonce = secrets.token_hex(16)
+        self.node_id = ""
+        self.node_features: tuple[str, ...] = ()
         self.closed: Deferred[None] = Deferred()
 
     @property
@@ -89,15 +97,38 @@ class SiteConnection(Protocol):
         site.frame_types.append(type_)
         message = decode(type_, payload)
         site.received.append(message)
-        if isinstance(message, Login):
-            ok = verify_login(site.secret, self.nonce, message.node_id, message.signature)
+        if isinstance(message, ProtocolHello):
+            self.node_features = message.features
+        elif isinstance(message, Login):
+            # A listener that is not the site cannot check the signature: it says yes.
+            ok = site.accept_any or verify_login(
+                site.secret, self.nonce, message.node_id, message.signature
+            )
+            self.node_id = message.node_id
             self.send(LoginResult(ok, "" if ok else "bad signature"))
-            self.logged_in = ok
-            if ok:
-                site.logins += 1
+            site.accepted_logins += int(ok)
+            # A node that asked for a proof is logged in (commands may go)
+            # only once the proof has gone out.
+            if ok and (site.legacy or FEATURE_SITE_PROOF not in self.node_features):
+                self._logged_in()
+        elif isinstance(message, NodeChallenge):
+            site.challenges += 1
+            if site.proof == "good":
+                proof = sign_site_proof(site.secret, message.nonce, self.nonce, self.node_id)
+                self.send(SiteProof(proof))
+                self._logged_in()
+            elif site.proof == "wrong":
+                wrong = sign_site_proof("not the secret", message.nonce, self.nonce, self.node_id)
+                self.send(SiteProof(wrong))
         elif isinstance(message, TaskReport) and site.auto_ack:
             self.send(TaskReportAck(message.report_id, "APPLIED"))
             site.acked.append(message.report_id)
+
+    def _logged_in(self) -> None:
+        self.logged_in = True
+        self.factory.logins += 1
+        if self.factory.on_login is not None:
+            self.factory.on_login(self)
 
     def connectionLost(self, reason: Any = None) -> None:
         if self in self.factory.connections:
@@ -108,10 +139,28 @@ class SiteConnection(Protocol):
 class ScriptedSite(Factory):
     protocol = SiteConnection  # type: ignore[assignment]
 
-    def __init__(self, secret: str, *, legacy: bool = False, auto_ack: bool = True) -> None:
+    def __init__(
+        self,
+        secret: str,
+        *,
+        legacy: bool = False,
+        auto_ack: bool = True,
+        proof: str = "good",
+        accept_any: bool = False,
+        on_login: Callable[[SiteConnection], None] | None = None,
+    ) -> None:
+        assert proof in ("good", "wrong", "none")
         self.secret = secret
         self.legacy = legacy
         self.auto_ack = auto_ack
+        self.proof = proof
+        self.accept_any = accept_any
+        #: Called once a connection is logged in (commands sent at once, in
+        #: the LoginResult's own write when no proof was asked for).
+        self.on_login = on_login
+        self.challenges = 0
+        #: LoginResult{true} sent (``logins``: and, to a node that asked, the proof).
+        self.accepted_logins = 0
         self.name = "scripted-site"
         self.connections: list[SiteConnection] = []
         self.received: list[Message] = []
@@ -164,8 +213,12 @@ class ScriptedSite(Factory):
         assert live, "no node logged in"
         return live[-1]
 
-    def download(self, operation_id: str, gid: int, url: str, name: str = "") -> None:
-        self.current().send(TaskCommand(operation_id, "DOWNLOAD", gid, name or f"g{gid}", url))
+    def download(
+        self, operation_id: str, gid: int, url: str, name: str = "", size: int = 0
+    ) -> None:
+        self.current().send(
+            TaskCommand(operation_id, "DOWNLOAD", gid, name or f"g{gid}", url, size)
+        )
 
     def delete(self, operation_id: str, gid: int) -> None:
         self.current().send(TaskCommand(operation_id, "DELETE", gid, f"g{gid}", ""))

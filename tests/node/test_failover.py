@@ -35,9 +35,12 @@ from tasknet.protocol.messages import (
     Identity,
     Login,
     LoginResult,
+    NodeChallenge,
     ProtocolHello,
+    SiteProof,
     decode,
     encode,
+    sign_site_proof,
     verify_login,
 )
 from tests.node.harness import SECRET, quick_retry
@@ -103,9 +106,18 @@ class Dialler:
         assert verify_login(SECRET, "nonce", login.node_id, login.signature)
         self.protocol.dataReceived(encode(LoginResult(accepted, "" if accepted else "bad key")))
 
+    def prove(self) -> None:
+        """Answer the node's NodeChallenge with the site's proof."""
+        assert self.transport is not None
+        [challenge] = [m for m in frames(self.transport.value()) if isinstance(m, NodeChallenge)]
+        proof = sign_site_proof(SECRET, challenge.nonce, "nonce", "node-1")
+        self.protocol.dataReceived(encode(SiteProof(proof)))
+
     def log_in(self, site: str) -> None:
         self.accept(site)
         self.answer_login(True)
+        assert self.node.link is None  # not before the site proved itself
+        self.prove()
         assert self.node.link is not None
 
     def refuse_login(self, site: str) -> None:

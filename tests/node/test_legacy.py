@@ -62,7 +62,7 @@ async def test_legacy_node_closes_on_an_unknown_field(tmp_path: Path) -> None:
 async def test_v2_node_on_a_legacy_site_uses_legacy_messages_only(tmp_path: Path) -> None:
     data = tmp_path / "node"
     async with running(tmp_path, legacy_site=True) as (site, up):
-        async with logged_in_node(site, data):
+        async with logged_in_node(site, data, trust_legacy_site=True):
             site.legacy_download(GID, up.file_url(GID))
             await eventually(lambda: status_sent(site, GID, 4), what="status 4")
             site.legacy_delete(GID + 1)

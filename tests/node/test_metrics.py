@@ -19,7 +19,7 @@ from twisted.web.client import HTTPConnectionPool
 from twisted.web.resource import Resource
 from twisted.web.server import Site
 
-from tasknet.node.metrics import node_registry
+from tasknet.node.metrics import loopback_by_default, node_registry
 from tasknet.node.paths import DataDir
 from tasknet.node.reporter import Reporter
 from tasknet.node.service import Options
@@ -174,3 +174,27 @@ async def test_in_flight_age_is_measured_on_the_node_clock(tmp_path: Path) -> No
         empty.stop()
     finally:
         store.close()
+
+
+@pytest.mark.parametrize(
+    ("endpoint", "bound"),
+    [
+        ("tcp:9101", "tcp:9101:interface=127.0.0.1"),
+        ("tcp:port=9101", "tcp:port=9101:interface=127.0.0.1"),
+        ("tcp6:9101", "tcp6:9101:interface=\\:\\:1"),
+        ("tcp:9101:interface=0.0.0.0", "tcp:9101:interface=0.0.0.0"),  # named: as given
+        ("tcp:9101:50:10.0.0.1", "tcp:9101:50:10.0.0.1"),  # the positional interface
+        ("unix:/run/tasknet/metrics", "unix:/run/tasknet/metrics"),
+    ],
+)
+def test_a_metrics_endpoint_without_an_interface_is_loopback(endpoint: str, bound: str) -> None:
+    assert loopback_by_default(endpoint) == bound
+
+
+@pytest_twisted.ensureDeferred
+async def test_metrics_on_tcp_port_bind_to_loopback_only(tmp_path: Path) -> None:
+    async with running(tmp_path) as (site, _up):
+        async with logged_in_node(site, tmp_path / "node", metrics="tcp:0") as node:
+            assert node.metrics_port.getHost().host == "127.0.0.1"
+            samples = await scrape(node)
+            assert value(samples, "tasknet_node_connected") == 1

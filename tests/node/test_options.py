@@ -88,3 +88,64 @@ async def test_a_silent_site_is_dropped_after_the_link_idle_timeout(tmp_path: Pa
         # Dropped for silence, redialled, logged in again.
         async with logged_in_node(site, tmp_path / "node", link_idle_timeout=0.2, logins=2):
             assert site.logins >= 2
+
+
+@pytest.mark.parametrize(
+    "endpoint",
+    [
+        "tcp:site.example:7100",
+        "tcp:host=site.example:port=7100",
+        "tcp:10.0.0.5:7100",
+        "tcp:192.168.1.2:7100",
+        "tcp6:host=2001\\:db8\\:\\:1:port=7100",
+        "TCP:site.example:7100",
+    ],
+)
+def test_plain_tcp_off_loopback_needs_plaintext(endpoint: str) -> None:
+    with pytest.raises(usage.UsageError, match="not loopback.*tls:.*--plaintext"):
+        parse("--secret", "x", "--connect", endpoint)
+    assert parse("--secret", "x", "--plaintext", "--connect", endpoint)["connect"] == (endpoint,)
+
+
+@pytest.mark.parametrize(
+    "endpoint",
+    [
+        "tcp:127.0.0.1:7100",
+        "tcp:host=127.0.0.2:port=7100",
+        "tcp:localhost:7100",
+        "tcp6:host=\\:\\:1:port=7100",
+        "unix:path=/run/tasknet/site.sock",
+        "tls:site.example:7143:trustRoots=/etc/tasknet/ca",
+    ],
+)
+def test_loopback_unix_and_tls_need_no_plaintext(endpoint: str) -> None:
+    assert parse("--secret", "x", "--connect", endpoint)["connect"] == (endpoint,)
+
+
+def test_ssl_is_refused_for_connect_naming_tls() -> None:
+    for argv in ((), ("--plaintext",)):
+        with pytest.raises(usage.UsageError, match="ssl: does not verify.*use tls:"):
+            parse("--secret", "x", *argv, "--connect", "ssl:site.example:7143")
+        with pytest.raises(usage.UsageError, match="use tls:"):
+            parse("--secret", "x", *argv, "--connect", "SSL:127.0.0.1:7143")
+
+
+def test_trust_legacy_site_and_max_archive_bytes_reach_the_service(tmp_path: Path) -> None:
+    options = parse("--secret", "x", "--data", str(tmp_path))
+    service = makeService(options)
+    assert isinstance(service, NodeService)
+    assert (service.trust_legacy_site, service.max_archive_bytes) == (False, 8 * 1024**3)
+    options = parse(
+        "--secret",
+        "x",
+        "--data",
+        str(tmp_path),
+        "--trust-legacy-site",
+        "--max-archive-bytes",
+        "1000",
+    )
+    service = makeService(options)
+    assert isinstance(service, NodeService)
+    assert (service.trust_legacy_site, service.max_archive_bytes) == (True, 1000)
+    with pytest.raises(usage.UsageError, match="max-archive-bytes"):
+        parse("--secret", "x", "--max-archive-bytes", "0")

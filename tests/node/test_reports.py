@@ -134,3 +134,29 @@ async def test_node_restarted_mid_download_resumes_with_range(tmp_path: Path) ->
     [archive] = (data / "archives").iterdir()
     with zipfile.ZipFile(archive) as zf:
         assert zf.read(f"{GID}-1.bin") == catalog.archive_bytes(GID)
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_task_waiting_for_a_download_slot_is_reported_queued(tmp_path: Path) -> None:
+    first, second = GID, GID + 1
+    async with running(tmp_path) as (site, up):
+        # One slot, held by a slow first download.
+        up.set_faults(file_fault("slow_body", bytes_per_s=600_000, times=1))
+        async with logged_in_node(site, tmp_path / "node", downloads=1):
+            site.download("op-1", first, up.file_url(first))
+            await eventually(lambda: up.stats()["fileGets"], what="the first GET")
+            site.download("op-2", second, up.file_url(second))
+
+            def entry(gid: int, **want: object) -> bool:
+                return any(
+                    e.gid == gid and all(getattr(e, k) == v for k, v in want.items())
+                    for r in site.reports()
+                    for e in r.gallery_tasks
+                )
+
+            await eventually(lambda: entry(second, queued=True, status=1, progress=0.0))
+            assert not entry(first, queued=True)  # it holds the slot
+            await eventually(lambda: entry(second, status=4), what="the second done")
+    # Once it had its slot it was no longer queued.
+    last = [e for r in site.reports() for e in r.gallery_tasks if e.gid == second][-1]
+    assert not last.queued

@@ -10,7 +10,15 @@ import pytest
 import pytest_twisted
 
 from tasknet.node.paths import DataDir
-from tasknet.node.store import FAILED, LEGACY_DELETE_ID, NOT_FOUND, NodeStore
+from tasknet.node.store import (
+    FAILED,
+    LEGACY_DELETE_ID,
+    NOT_FOUND,
+    NodeStore,
+    PendingReport,
+    report_detail,
+)
+from tasknet.protocol.messages import TaskEntry
 
 
 async def open_store(path: Path) -> NodeStore:
@@ -97,7 +105,7 @@ async def test_in_flight_report_survives_reopen_unchanged(tmp_path: Path) -> Non
         store.close()
     assert again == sent
     assert sent is not None
-    assert sent.gallery_tasks == ((1, 4, 1.0), (2, 1, 0.1 + 0.2))
+    assert sent.gallery_tasks == (TaskEntry(1, 4, 1.0), TaskEntry(2, 1, 0.1 + 0.2))
     assert sent.operation_ids == {1: "op-1", 2: "op-2", 3: "del-3"}
     assert sent.deleted == ((3, "del-3", NOT_FOUND, "nothing here"),)
 
@@ -165,3 +173,66 @@ async def test_a_legacy_delete_never_enters_a_v2_report_until_the_site_names_it(
         store.close()
     assert report is not None
     assert report.deleted == ((9, "del-9", NOT_FOUND, ""),)
+
+
+@pytest_twisted.ensureDeferred
+async def test_entries_say_queued_and_detail_and_survive_reopen(tmp_path: Path) -> None:
+    store = await open_store(tmp_path)
+    await store.accept_download(1, "op-1", "n", "http://x/1", 2, size=1000)
+    await store.accept_download(2, "op-2", "n", "http://x/2", 2)
+    await store.set_error(2, "op-2", "retrying in 8 s: connection refused")
+    await store.accept_download(3, "op-3", "n", "http://x/3", 2)
+    await store.set_progress(3, "op-3", 0.5, 10)
+    # 3 had bytes: not "queued" even while it waits for a slot again.
+    sent = await store.create_report("rep", 1, frozenset({1, 3}))
+    store.close()
+    store = await open_store(tmp_path)
+    try:
+        again = await store.in_flight_report()
+        [one, *_] = await store.tasks()
+    finally:
+        store.close()
+    assert sent is not None and again == sent
+    assert sent.gallery_tasks == (
+        TaskEntry(1, 1, 0.0, True, ""),
+        TaskEntry(2, 1, 0.0, False, "retrying in 8 s: connection refused"),
+        TaskEntry(3, 1, 0.5, False, ""),
+    )
+    assert one.expected_size == 1000
+
+
+def test_a_report_persisted_by_an_older_node_still_loads() -> None:
+    body = '{"galleryTasks":[[7,1,0.25]],"operationIds":{"7":"op"},"deleted":[]}'
+    report = PendingReport.from_row("r", 5, body)
+    assert report.gallery_tasks == (TaskEntry(7, 1, 0.25),)
+    assert PendingReport.from_row("r", 5, report.to_json()) == report
+
+
+def test_a_detail_is_cut_to_256_characters_and_holds_no_nul() -> None:
+    assert report_detail(None) == "" and report_detail("") == ""
+    assert report_detail("a\x00b") == "ab"
+    long = report_detail("x" * 1000)
+    assert len(long) == 256 and long.endswith("…")
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_database_of_an_older_node_gets_the_new_column(tmp_path: Path) -> None:
+    data = DataDir(tmp_path)
+    data.create()
+    with sqlite3.connect(data.database) as db:  # the task table of the previous release
+        db.execute(
+            "CREATE TABLE task (gid INTEGER PRIMARY KEY, operation_id TEXT NOT NULL,"
+            " name TEXT NOT NULL, url TEXT NOT NULL, protocol INTEGER NOT NULL,"
+            " status INTEGER NOT NULL, progress REAL NOT NULL DEFAULT 0, size INTEGER,"
+            " archive TEXT, error TEXT, updated_at REAL NOT NULL)"
+        )
+        db.execute(
+            "INSERT INTO task VALUES (9, 'op', 'n', 'http://x/9', 2, 1, 0, NULL, NULL, NULL, 0)"
+        )
+    db.close()
+    store = await open_store(tmp_path)
+    try:
+        [task] = await store.tasks()
+    finally:
+        store.close()
+    assert (task.gid, task.expected_size) == (9, 0)

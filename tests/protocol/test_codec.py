@@ -24,8 +24,10 @@ from tasknet.protocol.messages import (
     Login,
     LoginResult,
     Message,
+    NodeChallenge,
     ProtocolError,
     ProtocolHello,
+    SiteProof,
     StatusReport,
     TaskCommand,
     TaskEntry,
@@ -36,7 +38,9 @@ from tasknet.protocol.messages import (
     encode,
     encode_payload,
     sign_login,
+    sign_site_proof,
     verify_login,
+    verify_site_proof,
 )
 from tests.protocol.vectors import VECTORS, case_id, frame
 
@@ -57,6 +61,8 @@ CLASSES = {
         TaskCommand,
         TaskReport,
         TaskReportAck,
+        NodeChallenge,
+        SiteProof,
     )
 }
 
@@ -66,7 +72,21 @@ def test_max_payload_matches_the_spec() -> None:
 
 
 def test_every_type_has_a_vector() -> None:
-    assert {c["type"] for c in VECTORS["valid"]} == set(range(14))
+    assert {c["type"] for c in VECTORS["valid"]} == set(range(16)) == set(CLASSES)
+
+
+def test_every_section_of_the_vectors_is_tested() -> None:
+    # A section added to the spec's file must get a test here first.
+    assert set(VECTORS) == {
+        "about",
+        "login_example",
+        "max_payload",
+        "valid",
+        "invalid",
+        "legacy_strict",
+        "tolerant",
+    }
+    assert all(VECTORS[k] for k in ("valid", "invalid", "legacy_strict", "tolerant"))
 
 
 @pytest.mark.parametrize("case", VECTORS["valid"], ids=case_id)
@@ -106,6 +126,58 @@ def test_invalid_vector_payload_is_rejected_with_its_code(case: dict[str, Any]) 
     assert info.value.code == case["error"]
 
 
+@pytest.mark.parametrize("case", VECTORS["tolerant"], ids=case_id)
+def test_tolerant_vector_of_the_previous_release_decodes_to_its_fields(
+    case: dict[str, Any],
+) -> None:
+    raw = frame(case)
+    type_, length = HEADER.unpack_from(raw)
+    assert type_ == case["type"] and length == len(raw) - 5
+    message = decode(type_, raw[5:])
+    assert type(message) is CLASSES[type_]
+    # What it decodes to, written back: the fields the spec says (size 0 added).
+    assert json.loads(encode_payload(message)) == case["decoded"]
+
+
+def test_a_command_of_the_previous_release_has_size_0() -> None:
+    [case] = [c for c in VECTORS["tolerant"] if c["type"] == TaskCommand.TYPE]
+    message = decode(11, frame(case)[5:])
+    assert isinstance(message, TaskCommand) and message.size == 0
+
+
+def test_the_new_v2_fields_decode_to_typed_attributes() -> None:
+    valid = {(c["name"], json.dumps(c["fields"])): c for c in VECTORS["valid"]}
+    commands = [decode(11, frame(c)[5:]) for (n, _), c in valid.items() if n == "TaskCommand"]
+    assert [(c.action, c.size) for c in commands] == [("DOWNLOAD", 632255), ("DELETE", 0)]
+    [r3] = [
+        decode(12, frame(c)[5:])
+        for c in VECTORS["valid"]
+        if c["fields"].get("reportId") == "r-0003"
+    ]
+    assert isinstance(r3, TaskReport)
+    assert r3.gallery_tasks == (
+        TaskEntry(2203, 1, 0.0, True, ""),
+        TaskEntry(2204, 1, 0.42, False, "retrying in 8 s: connection refused"),
+    )
+
+
+def test_queued_and_detail_are_written_only_when_they_say_something() -> None:
+    report = TaskReport("r", 1, (TaskEntry(1, 1, 0.5, False, ""),), {}, ())
+    assert b"queued" not in encode(report) and b"detail" not in encode(report)
+    said = TaskReport("r", 1, (TaskEntry(1, 1, 0.0, True, "why"),), {}, ())
+    assert b'"progress":0.0,"queued":true,"detail":"why"}' in encode(said)
+    # Never on a legacy StatusReport: its frames stay byte for byte as they were.
+    legacy = StatusReport((TaskEntry(1, 1, 0.0, True, "why"),))
+    assert encode_payload(legacy) == b'{"galleryTasks":[{"gid":1,"status":1,"progress":0.0}]}'
+
+
+def test_legacy_frames_are_unchanged_byte_for_byte() -> None:
+    for case in VECTORS["valid"]:
+        if case["type"] <= 9:
+            raw = frame(case)
+            assert encode(decode(raw[0], raw[5:], strict=True)) == raw
+
+
 @pytest.mark.parametrize("case", VECTORS["legacy_strict"], ids=case_id)
 def test_legacy_strict_vector_is_tolerated_but_rejected_by_the_strict_reader(
     case: dict[str, Any],
@@ -124,6 +196,23 @@ def test_login_example_signature() -> None:
     assert not verify_login("other", ex["nonce"], ex["nodeId"], ex["signature"])
     assert not verify_login(ex["secret"], ex["nonce"], "node-2", ex["signature"])
     assert not verify_login(ex["secret"], ex["nonce"], ex["nodeId"], "é" * 64)
+
+
+def test_site_proof_example_signature() -> None:
+    ex = VECTORS["login_example"]
+    proof = sign_site_proof(ex["secret"], ex["nodeNonce"], ex["nonce"], ex["nodeId"])
+    assert proof == ex["siteProof"]
+    [vector] = [c for c in VECTORS["valid"] if c["name"] == "SiteProof"]
+    assert vector["fields"]["signature"] == proof
+    assert verify_site_proof(ex["secret"], ex["nodeNonce"], ex["nonce"], ex["nodeId"], proof)
+    assert not verify_site_proof("other", ex["nodeNonce"], ex["nonce"], ex["nodeId"], proof)
+    # The nonces in the other order, another node, the Login's signature: all wrong.
+    assert not verify_site_proof(ex["secret"], ex["nonce"], ex["nodeNonce"], ex["nodeId"], proof)
+    assert not verify_site_proof(ex["secret"], ex["nodeNonce"], ex["nonce"], "node-2", proof)
+    assert not verify_site_proof(
+        ex["secret"], ex["nodeNonce"], ex["nonce"], ex["nodeId"], ex["signature"]
+    )
+    assert not verify_site_proof(ex["secret"], ex["nodeNonce"], ex["nonce"], ex["nodeId"], "")
 
 
 @pytest.mark.parametrize(
@@ -181,11 +270,11 @@ def test_tolerant_reader_ignores_unknown_fields_and_order() -> None:
 
 
 def test_strict_reader_treats_v2_types_as_unknown() -> None:
-    for type_ in (10, 11, 12, 13):
+    for type_ in (10, 11, 12, 13, 14, 15):
         with pytest.raises(UnknownMessageType):
             decode(type_, b"{}", strict=True)
     with pytest.raises(UnknownMessageType):
-        decode(14, b"{}")
+        decode(16, b"{}")
 
 
 def test_strict_reader_rejects_unknown_fields_in_entries() -> None:
@@ -197,19 +286,33 @@ def test_strict_reader_rejects_unknown_fields_in_entries() -> None:
 
 # ---------------------------------------------------------------- property-based
 
-# Values inside PROTOCOL.md's bounds (test_bounds.py covers the outside).
-texts = st.text(max_size=20)
-ids = st.text(min_size=1, max_size=20)
+# Values inside PROTOCOL.md's bounds (test_bounds.py covers the outside):
+# any character but NUL, which no string may hold.
+chars = st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00")
+texts = st.text(chars, max_size=20)
+ids = st.text(chars, min_size=1, max_size=20)
 gids = st.integers(min_value=1, max_value=2**31 - 1)
 ints = st.integers(min_value=-(2**63), max_value=2**63 - 1)
 times = st.integers(min_value=0, max_value=2**63 - 1)
 node_ids = st.from_regex(NODE_ID, fullmatch=True)
+# Legacy entries (StatusReport): queued and detail are never on its wire.
 entries = st.builds(
     TaskEntry,
     gids,
     st.integers(min_value=1, max_value=4),
     st.floats(min_value=0.0, max_value=1.0),
+    st.just(False),
+    st.just(""),
 )
+v2_entries = st.builds(
+    TaskEntry,
+    gids,
+    st.integers(min_value=1, max_value=4),
+    st.floats(min_value=0.0, max_value=1.0),
+    st.booleans(),
+    st.text(chars, max_size=256),
+)
+sizes = st.integers(min_value=0, max_value=2**63 - 1)
 deleted = st.builds(
     DeletedEntry, gids, ids, st.sampled_from(["DELETED", "NOT_FOUND", "FAILED"]), texts
 )
@@ -226,16 +329,18 @@ MESSAGES: st.SearchStrategy[Message] = st.one_of(
     st.builds(Error, texts, texts),
     st.builds(Goodbye, texts),
     st.builds(ProtocolHello, ints, st.lists(texts, max_size=3).map(tuple)),
-    st.builds(TaskCommand, ids, st.sampled_from(["DOWNLOAD", "DELETE"]), gids, texts, texts),
+    st.builds(TaskCommand, ids, st.sampled_from(["DOWNLOAD", "DELETE"]), gids, texts, texts, sizes),
     st.builds(
         TaskReport,
         ids,
         times,
-        st.lists(entries, max_size=5).map(tuple),
+        st.lists(st.one_of(entries, v2_entries), max_size=5).map(tuple),
         st.dictionaries(gids, ids, max_size=5),
         st.lists(deleted, max_size=3).map(tuple),
     ),
     st.builds(TaskReportAck, ids, st.sampled_from(["APPLIED", "DUPLICATE"])),
+    st.builds(NodeChallenge, ids),
+    st.builds(SiteProof, ids),
 )
 
 
@@ -251,6 +356,46 @@ def test_round_trip(message: Message) -> None:
     assert raw[5:] == json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode()
     if type_ <= 9:
         assert decode(type_, raw[5:], strict=True) == message
+
+
+def _with_a_nul(value: Any, where: int) -> tuple[Any, int]:
+    """``value`` (a message's JSON object) with a NUL put into its
+    ``where``-th string (keys included, counting from 0); the count left."""
+    if isinstance(value, str):
+        if where != 0:
+            return value, where - 1
+        middle = len(value) // 2
+        return value[:middle] + "\x00" + value[middle:], -1
+    if isinstance(value, list):
+        out = []
+        for item in value:
+            item, where = _with_a_nul(item, where)
+            out.append(item)
+        return out, where
+    if isinstance(value, dict):
+        obj = {}
+        for key, item in value.items():
+            key, where = _with_a_nul(key, where)
+            item, where = _with_a_nul(item, where)
+            obj[key] = item
+        return obj, where
+    return value, where
+
+
+@settings(deadline=None)
+@given(MESSAGES, st.integers(min_value=0, max_value=40), st.booleans())
+def test_a_nul_anywhere_in_a_valid_message_is_bad_message(
+    message: Message, where: int, ascii: bool
+) -> None:
+    obj = json.loads(encode_payload(message))
+    poisoned, left = _with_a_nul(obj, where)
+    if left >= 0:
+        return  # fewer strings than that in this message
+    raw = json.dumps(poisoned, ensure_ascii=ascii).encode("utf-8", "surrogatepass")
+    for strict in (False, True) if message.TYPE <= 9 else (False,):
+        with pytest.raises(ProtocolError) as info:
+            decode(message.TYPE, raw, strict=strict)
+        assert info.value.code == "bad_message", (raw, info.value)
 
 
 # ---------------------------------------------------------------- orjson against the reference
@@ -289,7 +434,7 @@ def test_fast_reader_agrees_with_the_reference_reader(
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.integers(0, 13), json_values, st.booleans())
+@given(st.integers(0, 15), json_values, st.booleans())
 def test_fast_reader_agrees_on_any_json_document(type_: int, value: Any, ascii: bool) -> None:
     try:
         raw = json.dumps(value, ensure_ascii=ascii).encode("utf-8")

@@ -53,16 +53,20 @@ async def test_v2_site_and_v2_node_speak_v2(harness: Harness) -> None:
     harness.node(port, node)
     await eventually(lambda: node.kinds() == ["up"] and "node-1" in factory.nodes)
     session = factory.nodes["node-1"]
-    assert (session.protocol_version, session.features) == (2, ("reliable-task-v2",))
+    assert (session.protocol_version, session.features) == (
+        2,
+        ("reliable-task-v2", "site-proof"),
+    )
+    assert session.proved  # the node asked, the site proved itself
     assert node.link.protocol_version == 2
     assert site_handler.kinds() == ["attached"]
 
-    session.send_download("op-1", 7, "tok", "name", "http://127.0.0.1/f")
+    session.send_download("op-1", 7, "tok", "name", "http://127.0.0.1/f", 632255)
     session.send_delete("del-1", 8, "other")
     await eventually(lambda: len(node.messages()) == 2)
     assert node.messages() == [
-        TaskCommand("op-1", "DOWNLOAD", 7, "name", "http://127.0.0.1/f"),
-        TaskCommand("del-1", "DELETE", 8, "other", ""),
+        TaskCommand("op-1", "DOWNLOAD", 7, "name", "http://127.0.0.1/f", 632255),
+        TaskCommand("del-1", "DELETE", 8, "other", "", 0),
     ]
     report = TaskReport("r-1", 5, (TaskEntry(7, 1, 0.5),), {7: "op-1"}, ())
     node.link.send(report)
@@ -130,7 +134,7 @@ async def test_legacy_site_and_v2_node_use_legacy_messages(harness: Harness) -> 
 
     doubles, port = await harness.legacy_site(commands)
     node = NodeRecorder()
-    harness.node(port, node)
+    harness.node(port, node, trust_legacy_site=True)
     await eventually(lambda: node.kinds()[:2] == ["up", "message"])
     link = node.events[0][1]
     assert link.protocol_version == 1
@@ -146,7 +150,7 @@ async def test_legacy_site_and_v2_node_use_legacy_messages(harness: Harness) -> 
 async def test_legacy_site_and_v2_node_link_refuses_v2_messages(harness: Harness) -> None:
     doubles, port = await harness.legacy_site()
     node = NodeRecorder()
-    harness.node(port, node)
+    harness.node(port, node, trust_legacy_site=True)
     await eventually(lambda: node.kinds() == ["up"])
     with pytest.raises(ValueError):
         node.link.send(TaskReport("r", 1, (), {}, ()))
@@ -182,7 +186,7 @@ async def test_legacy_strict_vector_closes_a_legacy_node_but_not_a_v2_one(
     assert [e.code for e in errors] == ["bad_message"]
     await harness.services.pop().stopService()
 
-    harness.node(port, tolerant, protocol=2)
+    harness.node(port, tolerant, protocol=2, trust_legacy_site=True)
     await eventually(lambda: tolerant.kinds() == ["up", "message"])
     assert tolerant.messages()[0].TYPE == frame(case)[0]
 
@@ -347,7 +351,7 @@ async def test_node_ignores_a_late_hello_and_refuses_a_node_message_from_the_sit
 
     doubles, port = await harness.legacy_site(after_login)
     node = NodeRecorder()
-    harness.node(port, node)
+    harness.node(port, node, trust_legacy_site=True)
     await eventually(lambda: doubles and doubles[0].of_type(Error))
     assert doubles[0].of_type(Error) == [
         Error("protocol_violation", "StatusReport is not a site message on a protocol 1 connection")
@@ -466,7 +470,7 @@ async def test_heartbeating_node_stays_connected_past_the_idle_timeout(harness: 
 async def test_node_drops_a_silent_site_and_reconnects(harness: Harness) -> None:
     doubles, port = await harness.legacy_site()  # never heartbeats
     node = NodeRecorder()
-    harness.node(port, node, heartbeat_interval=10, idle_timeout=0.2)
+    harness.node(port, node, heartbeat_interval=10, idle_timeout=0.2, trust_legacy_site=True)
     await eventually(lambda: node.kinds()[:3] == ["up", "down", "up"])
     assert len(doubles) >= 2
 

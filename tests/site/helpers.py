@@ -262,7 +262,9 @@ class RecordingSession:
         self.acks: list[tuple[str, str]] = []
         self.closed: list[str] = []
 
-    def send_download(self, operation_id: str, gid: int, token: str, name: str, url: str) -> None:
+    def send_download(
+        self, operation_id: str, gid: int, token: str, name: str, url: str, size: int = 0
+    ) -> None:
         self.downloads.append((operation_id, gid))
 
     def send_delete(self, delete_operation_id: str, gid: int, name: str) -> None:
@@ -273,3 +275,20 @@ class RecordingSession:
 
     def close(self, reason: str) -> None:
         self.closed.append(reason)
+
+
+def lease_timeout_passed(target: str, instance_id: int, *, seconds: float = 9.0) -> None:
+    """Date gone instance ``instance_id``'s last lease confirmation
+    ``seconds`` back (past the 8 s lease timeout): the wait a reaper owes a
+    gone instance before it settles what it left (SCALE.md "Fencing"),
+    without sitting it out in a test."""
+    from tasknet.site.storage.dialect import NOW_OFFSET_SQL, offset
+
+    connection = raw(target)
+    try:
+        connection.execute(
+            f"UPDATE instance_lease SET confirmed_at = {NOW_OFFSET_SQL} WHERE instance_id = ?",  # noqa: S608
+            (offset(-seconds), instance_id),
+        )
+    finally:
+        connection.close()

@@ -358,6 +358,7 @@ async def test_health_metrics_ui_and_admin_nodes(db_target):
                 "backend": backend_of(db_target),
                 "recovery": "done",
                 "dispatch": "enabled",
+                "database": "ok",
             },
         )
         assert f.site.site.health.site == f"{socket.gethostname()}:0"  # --name's default

@@ -75,6 +75,57 @@ async def test_bad_json_strings_and_nesting_are_400(db_target):
 
 
 @pytest_twisted.ensureDeferred
+async def test_a_nul_in_any_json_string_is_400_and_stores_nothing(db_target):
+    """INTERFACES.md "NUL": on PostgreSQL a NUL reached the database (its
+    text cannot hold one) and the create answered 500; on either backend it
+    is now refused before anything is read or written."""
+
+    async def test(site, path, token, port):
+        creates = {
+            "in the name": b'{"gid": 5, "token": "t", "name": "a\\u0000b"}',
+            "in the upstream token": b'{"gid": 5, "token": "t\\u0000"}',
+            "alone": b'{"gid": 5, "token": "t", "name": "\\u0000"}',
+            "in a key": b'{"gid": 5, "token": "t", "na\\u0000me": "x"}',
+            "in a nested list": b'{"gid": 5, "token": "t", "x": [["\\u0000"]]}',
+        }
+        for name, body in creates.items():
+            answer, _ = await exchange(port, _create(token, body))
+            _assert_error(answer, 400, "invalid_request")
+            assert "NUL" in answer.json()["error"]["message"], name
+        admin = {"Authorization": "Bearer demo", "Content-Type": "application/json"}
+        others = {
+            "sign-in token": (
+                "/api/session",
+                {"Origin": "http://127.0.0.1", "Content-Type": "application/json"},
+                b'{"token": "demo\\u0000"}',
+            ),
+            "resolve note": (
+                "/api/admin/tasks/5/resolve",
+                admin,
+                b'{"verdict": "submitted", "note": "\\u0000"}',
+            ),
+            "force-delete note": (
+                "/api/admin/tasks/5/force-delete",
+                admin,
+                b'{"note": "x\\u0000"}',
+            ),
+        }
+        for name, (target, headers, body) in others.items():
+            answer, _ = await exchange(port, request_bytes("POST", target, headers, body))
+            _assert_error(answer, 400, "invalid_request")
+            assert "set-cookie" not in answer.headers, name
+        for table in ("gallery", "task_operation", "web_session", "weekly_usage"):
+            assert one(path, f"SELECT COUNT(*) FROM {table}")[0] == 0, table
+        # The same bodies without the NUL are fine.
+        answer, _ = await exchange(
+            port, _create(token, b'{"gid": 5, "token": "t", "name": "a\\u0001b"}')
+        )
+        assert answer.status == 201, answer.body
+
+    await _with_site(db_target, test)
+
+
+@pytest_twisted.ensureDeferred
 async def test_lone_surrogate_in_an_admin_note_is_400(db_target):
     async def test(site, path, token, port):
         answer, _ = await exchange(

@@ -29,7 +29,12 @@ from tasknet.drill.pgserver import ThrowawayPostgres
 from tasknet.site import transitions
 from tasknet.site.storage import create, dialect, lock, postgres, usage, users
 from tasknet.site.storage import db as dbmod
-from tasknet.site.storage.errors import DatabaseBusy, DatabaseFailed, TaskError
+from tasknet.site.storage.errors import (
+    DatabaseBusy,
+    DatabaseFailed,
+    DatabaseUnavailable,
+    TaskError,
+)
 from tasknet.site.storage.schema import (
     CURRENT_VERSION,
     POSTGRES_BASE_VERSION,
@@ -520,21 +525,48 @@ async def test_group_commit_on_postgresql(empty_pg_url: str) -> None:
 
 
 @pytest_twisted.ensureDeferred
-async def test_a_broken_connection_fails_its_transaction_and_the_next_reconnects(
+async def test_a_broken_connection_is_replaced_and_its_transaction_run_again_once(
     empty_pg_url: str,
 ) -> None:
+    # SCALE.md "Fencing" 4: the transaction that met the dead connection is
+    # run again whole on a fresh one (it had not committed), exactly once.
     prepared(empty_pg_url)
     uid = user_id(empty_pg_url)
     db = dbmod.open_pool(empty_pg_url)
     try:
         pid = await db.write(lambda c: c.execute("SELECT pg_backend_pid()").fetchone()[0])
         with psycopg.connect(empty_pg_url, autocommit=True) as other:
-            other.execute("SELECT pg_terminate_backend(%s)", (pid,))
-        with pytest.raises(DatabaseFailed):
-            await db.write(usage.meter, uid, "w", 1)
+            other.execute("SELECT pg_terminate_backend(%s, 5000)", (pid,))
+        await db.write(usage.meter, uid, "w", 1)
+        assert db.reconnects == 1
         await db.write(usage.meter, uid, "w", 2)
         new_pid = await db.write(lambda c: c.execute("SELECT pg_backend_pid()").fetchone()[0])
         assert new_pid != pid
+    finally:
+        db.close()
+    assert _used(empty_pg_url, uid) == 3
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_database_that_stays_unreachable_fails_writes_as_unavailable(
+    empty_pg_url: str,
+) -> None:
+    prepared(empty_pg_url)
+    uid = user_id(empty_pg_url)
+    database = empty_pg_url.rsplit("/", 1)[1].split("?")[0]
+    admin_url = empty_pg_url.replace(f"/{database}", "/postgres", 1)
+    db = dbmod.open_pool(empty_pg_url)
+    try:
+        pid = await db.write(lambda c: c.execute("SELECT pg_backend_pid()").fetchone()[0])
+        with psycopg.connect(admin_url, autocommit=True) as other:
+            other.execute(f'ALTER DATABASE "{database}" ALLOW_CONNECTIONS false')
+            other.execute("SELECT pg_terminate_backend(%s, 5000)", (pid,))
+            try:
+                with pytest.raises(DatabaseUnavailable):  # busy: retry later
+                    await db.write(usage.meter, uid, "w", 1)
+            finally:
+                other.execute(f'ALTER DATABASE "{database}" ALLOW_CONNECTIONS true')
+        await db.write(usage.meter, uid, "w", 2)
     finally:
         db.close()
     assert _used(empty_pg_url, uid) == 2

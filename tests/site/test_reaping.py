@@ -45,7 +45,7 @@ from tasknet.site.storage.instances import LeaseLost
 from tasknet.site.storage.lease import PostgresLease, take_lease
 from tasknet.site.upstream_client import UpstreamClient
 from tasknet.upstream.testing import RunningUpstream, start_upstream
-from tests.site.helpers import add_user, wait_for
+from tests.site.helpers import add_user, lease_timeout_passed, wait_for
 
 WEEK = usage_weeks.iso_week()
 TWISTD = str(Path(sys.executable).with_name("twistd"))
@@ -199,6 +199,7 @@ async def test_a_gone_site_is_reaped_on_the_next_tick_with_evidence_and_a_restar
             _terminate(pg_url, lease_b.lease_pid)  # an operator, or a lost host's keepalives
         else:
             lease_b._connection.close()  # what a SIGKILL does to the lease socket
+        lease_timeout_passed(pg_url, b)
         events: list[dict[str, Any]] = []
         globalLogPublisher.addObserver(events.append)
         try:
@@ -265,6 +266,7 @@ async def test_two_reapers_never_both_settle_one_instance(
             while not await a.lease.judge(b):
                 assert reactor.seconds() < deadline, "b's session never ended"
                 await deferLater(reactor, 0.05, lambda: None)
+            lease_timeout_passed(pg_url, b)
             # a has judged b gone and holds b's key: c cannot take it, so c
             # leaves b alone, whatever it would have decided.
             assert await c.lifecycle.reap_gone() == []

@@ -158,6 +158,7 @@ async def test_start_runs_recovery_before_enabling_dispatch(db_target):
                 "backend": backend_of(db_target),
                 "recovery": "done",
                 "dispatch": "enabled",
+                "database": "ok",
             }
         finally:
             await pool.closeCachedConnections()
@@ -222,6 +223,7 @@ async def test_failed_recovery_accepts_nodes_but_dispatches_nothing(db_target):
                     "backend": backend_of(path),
                     "recovery": "failed",
                     "dispatch": "disabled",
+                    "database": "ok",
                 },
             )
             # The dispatcher service was never started; the outbox was.

@@ -20,16 +20,21 @@ from twisted.web.server import NOT_DONE_YET, Request
 
 from tasknet.protocol.frames import FrameProtocol
 from tasknet.protocol.messages import (
+    FEATURE_RELIABLE,
+    FEATURE_SITE_PROOF,
     DeletedEntry,
     Heartbeat,
     Identity,
     Login,
     LoginResult,
+    NodeChallenge,
     ProtocolHello,
+    SiteProof,
     TaskEntry,
     TaskReport,
     decode,
     sign_login,
+    verify_site_proof,
 )
 from tasknet.site.node_listener import NodeListenerFactory
 from tasknet.site.root import Tuning, build_node_side
@@ -55,12 +60,16 @@ class NodeKeys(dict[str, str]):
 
 class ScriptedNode(FrameProtocol):
     """A node peer driven by the test: logs in (v2 or legacy), records
-    every frame, and queues decoded messages by type."""
+    every frame, and queues decoded messages by type.  ``site_proof``: its
+    Hello asks the site to prove itself; the test sends the challenge
+    (:meth:`challenge`), and the SiteProof is queued like any message."""
 
-    def __init__(self, node_id: str, *, v2: bool = True) -> None:
+    def __init__(self, node_id: str, *, v2: bool = True, site_proof: bool = False) -> None:
         super().__init__()
         self.node_id = node_id
         self.v2 = v2
+        self.site_proof = site_proof
+        self.site_nonce = ""
         self.frames: list[tuple[int, bytes]] = []
         self.messages: list[Any] = []
         self.queues: dict[type, DeferredQueue[Any]] = defaultdict(DeferredQueue)
@@ -74,8 +83,10 @@ class ScriptedNode(FrameProtocol):
         # A legacy node reads strictly: an unknown field raises here.
         message = decode(type_, payload, strict=not self.v2)
         if isinstance(message, Identity):
+            self.site_nonce = message.nonce
             if self.v2:
-                self.sendMessage(ProtocolHello())
+                features = (FEATURE_RELIABLE, FEATURE_SITE_PROOF) if self.site_proof else None
+                self.sendMessage(ProtocolHello(features=features) if features else ProtocolHello())
             self.sendMessage(
                 Login(
                     self.node_id, sign_login(secret_of(self.node_id), message.nonce, self.node_id)
@@ -93,6 +104,16 @@ class ScriptedNode(FrameProtocol):
         self.closing = True
         if not self.lost.called:
             self.lost.callback(None)
+
+    def challenge(self, nonce: str = "ffeeddccbbaa99887766554433221100") -> Deferred[bool]:
+        """Send NodeChallenge; fires with whether the SiteProof that comes back is right."""
+        self.sendMessage(NodeChallenge(nonce))
+
+        def check(proof: SiteProof) -> bool:
+            secret = secret_of(self.node_id)
+            return verify_site_proof(secret, nonce, self.site_nonce, self.node_id, proof.signature)
+
+        return self.next(SiteProof).addCallback(check)
 
     def next(self, cls: type, timeout: float = TIMEOUT) -> Deferred[Any]:
         """The next message of type ``cls`` (fails after ``timeout``)."""
@@ -181,8 +202,10 @@ class Site:
             await self.side.dispatcher.idle()
         return self
 
-    async def connect(self, node_id: str, *, v2: bool = True) -> ScriptedNode:
-        node = ScriptedNode(node_id, v2=v2)
+    async def connect(
+        self, node_id: str, *, v2: bool = True, site_proof: bool = False
+    ) -> ScriptedNode:
+        node = ScriptedNode(node_id, v2=v2, site_proof=site_proof)
         endpoint = TCP4ClientEndpoint(reactor, "127.0.0.1", self.port.getHost().port)
         await connectProtocol(endpoint, node)
         assert await node.logged_in.addTimeout(TIMEOUT, reactor)

@@ -221,7 +221,8 @@ async def test_a_revision_forged_onto_a_task_does_not_make_its_owner_stale(site:
     node.report("a", 1000, [(1, 1, 0.1)], {1: "op-1"})
     assert (await node.next(TaskReportAck)).result == "APPLIED"
     conn.execute("UPDATE task_operation SET last_revision = ? WHERE gid = 1", (FAR_FUTURE,))
-    conn.execute("UPDATE gallery SET status = 4, progress = 1.0 WHERE gid = 1")
+    # (Not COMPLETED: a completed task is never moved back, whoever wrote it.)
+    conn.execute("UPDATE gallery SET status = 3, progress = 1.0 WHERE gid = 1")
     conn.commit()
     node.report("b", 2000, [(1, 1, 0.3)], {1: "op-1"})
     assert (await node.next(TaskReportAck)).result == "APPLIED"
@@ -303,7 +304,7 @@ def test_upgrading_a_v2_database_seeds_each_nodes_mark_from_its_receipts(tmp_pat
         for statement in split_statements(load_script(name)):
             conn.execute(statement)
     uid, _ = add_user(conn, "alice")
-    add_task(conn, 1, uid, node_id="n1", status=4, progress=1.0)
+    add_task(conn, 1, uid, node_id="n1", status=3, progress=1.0)
     conn.execute("UPDATE task_operation SET last_revision = ? WHERE gid = 1", (FAR_FUTURE,))
     conn.executemany(
         "INSERT INTO report_receipt (report_id, node_id, revision) VALUES (?, ?, ?)",

@@ -37,7 +37,7 @@ from tests.backends import BACKENDS, INTEGRITY_ERRORS, SeededCopies, add_failing
 from tests.site_protocol.harness import add_task, add_user
 
 NODES = ("n1", "n2")
-GIDS = range(1, 11)  # 10 is never seeded: an unknown gid
+GIDS = range(1, 12)  # 10 is never seeded: an unknown gid
 
 
 def _seed(path: str) -> None:
@@ -54,6 +54,9 @@ def _seed(path: str) -> None:
         add_task(conn, 7, uid, None)  # legacy row, never dispatched
         add_task(conn, 8, uid, "UNKNOWN")
         add_task(conn, 9, uid, "DELETE_PENDING", node_id="n2", status=4, progress=1.0)
+        # COMPLETED: an entry of its node with a lower status is dropped (regressed).
+        add_task(conn, 11, uid, node_id="n1", status=4, progress=1.0)
+        conn.execute("UPDATE gallery SET size = 1000")
     finally:
         conn.close()
 
@@ -167,6 +170,13 @@ def _state(path: str) -> dict[str, Any]:
                 " FROM task_operation ORDER BY gid"
             ),
             "receipts": rows("SELECT report_id, node_id, revision FROM report_receipt ORDER BY 1"),
+            "drops": rows("SELECT node_id, reason, count FROM node_dropped_entry ORDER BY 1, 2"),
+            "bytes": rows("SELECT node_id, bytes FROM node_bytes ORDER BY 1"),
+            # Summed over the minutes: a batch and its reports may fall in two.
+            "throughput": rows(
+                "SELECT node_id, user_id, SUM(bytes), SUM(completed) FROM throughput_minute"
+                " GROUP BY node_id, user_id ORDER BY 1, 2"
+            ),
             "outbox": outbox,
         }
     finally:
@@ -204,6 +214,8 @@ def test_a_batch_equals_its_reports_one_per_transaction(template: SeededCopies) 
         alone, together = template.copy(), template.copy()
         expected = _one_by_one(alone, batch)
         got = _grouped(together, batch)
+        regressed = any(reports.REGRESSED in o.drop_counts for o in expected)
+        event(f"regressed entries: {regressed}")
         assert got == expected
         assert _state(together) == _state(alone)
 

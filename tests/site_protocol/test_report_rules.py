@@ -4,6 +4,7 @@ one real transaction per report (storage layer; the wire path is tested elsewher
 from __future__ import annotations
 
 import sqlite3
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -17,7 +18,7 @@ from tasknet.protocol.messages import (
     TaskReport,
 )
 from tasknet.site.storage import db as dbmod
-from tasknet.site.storage import reports
+from tasknet.site.storage import reports, stats, throughput
 from tasknet.site.storage.schema import prepare_database
 from tests.backends import add_failing_trigger
 from tests.site_protocol.harness import add_task, add_user, outbox_count, row
@@ -328,3 +329,127 @@ def test_backfill_never_takes_an_operation_id_another_gid_has(conn, uid):
     assert out.dropped == {51: reports.OLD_GENERATION}
     r = row(conn, 51)
     assert r["operation_id"] not in (None, "op-50") and r["status"] == 1
+
+
+# -- one completion per generation (PROTOCOL.md "Bounds", last bullet) -------------------
+
+SIZE = 1_000_000
+
+
+def _with_size(conn: sqlite3.Connection, gid: int) -> None:
+    dbmod.run_write(
+        conn, lambda c: c.execute("UPDATE gallery SET size = ? WHERE gid = ?", (SIZE, gid))
+    )
+
+
+def _completed_at(conn: sqlite3.Connection, gid: int) -> str | None:
+    return conn.execute("SELECT completed_at FROM gallery WHERE gid = ?", (gid,)).fetchone()[0]
+
+
+def _counted(conn: sqlite3.Connection, node: str = "n1") -> dict[str, int]:
+    """What the site counted: ``/api/stats``'s completions and bytes (the
+    last hour, every user), the node's byte counter and its regressed drops."""
+    answer = dbmod.run_read(conn, stats.stats, 0, None, 3600, time.time())
+    drops = dbmod.run_read(conn, reports.dropped_entries_by_node, [node]).get(node, {})
+    return {
+        "completed": sum(b["completed"] for b in answer["buckets"]),
+        "bytes": sum(b["bytes"] for b in answer["buckets"]),
+        "nodeBytes": dbmod.run_read(conn, throughput.node_byte_totals).get(node, 0),
+        "regressed": drops.get(reports.REGRESSED, 0),
+    }
+
+
+def test_rolling_a_completed_task_back_counts_its_completion_once(conn, uid):
+    add_task(conn, 60, uid, node_id="n1")
+    _with_size(conn, 60)
+    apply(conn, report("r0", 100, [(60, 1, 0.5)], {60: "op-60"}))
+    done = apply(conn, report("r1", 101, [(60, 4, 1.0)], {60: "op-60"}))
+    assert done.changed == [60]
+    first = row(conn, 60)
+    completed_at = _completed_at(conn, 60)
+    assert completed_at is not None
+    notified = outbox_count(conn, 60)
+    revision = 102
+    for n in range(5):
+        back = apply(conn, report(f"back-{n}", revision, [(60, 1, 0.1)], {60: "op-60"}))
+        again = apply(conn, report(f"again-{n}", revision + 1, [(60, 4, 1.0)], {60: "op-60"}))
+        revision += 2
+        # Dropped and ACKed like not_owner: the report is recorded, the task is not changed.
+        assert back.result == "APPLIED" and back.dropped == {60: reports.REGRESSED}
+        assert back.changed == [] and back.notifications == 0
+        assert again.applied == [60] and again.changed == []
+    after = row(conn, 60)
+    assert (after["status"], after["progress"]) == (4, 1.0)
+    assert _completed_at(conn, 60) == completed_at
+    assert after["last_revision"] == first["last_revision"] == 101
+    assert outbox_count(conn, 60) == notified
+    assert _counted(conn) == {"completed": 1, "bytes": SIZE, "nodeBytes": SIZE, "regressed": 5}
+    receipts = conn.execute("SELECT COUNT(*) FROM report_receipt").fetchone()[0]
+    assert receipts == 12
+
+
+def test_a_legacy_status_report_cannot_roll_a_completed_task_back(conn, uid):
+    add_task(conn, 61, uid, node_id="legacy-1", status=1, progress=0.5)
+    _with_size(conn, 61)
+    apply(conn, StatusReport((TaskEntry(61, 4, 1.0),)), node="legacy-1")
+    for _ in range(3):
+        back = apply(conn, StatusReport((TaskEntry(61, 2, 0.0),)), node="legacy-1")
+        assert back.dropped == {61: reports.REGRESSED}
+        apply(conn, StatusReport((TaskEntry(61, 4, 1.0),)), node="legacy-1")
+    assert row(conn, 61)["status"] == 4
+    counted = _counted(conn, "legacy-1")
+    assert counted["completed"] == 1 and counted["regressed"] == 3
+    # Bytes from where the seeded row was (half) to the end, once.
+    assert counted["bytes"] == counted["nodeBytes"] == SIZE // 2
+
+
+def test_another_generations_entry_is_old_generation_not_regressed(conn, uid):
+    """The rule is per generation: an entry naming another operationId is
+    judged by the generation rule first (old_generation)."""
+    add_task(conn, 62, uid, node_id="n1")
+    apply(conn, report("r1", 100, [(62, 4, 1.0)], {62: "op-62"}))
+    old = apply(conn, report("r2", 101, [(62, 1, 0.2)], {62: "op-older"}))
+    stale = apply(conn, report("r3", 100, [(62, 1, 0.2)], {62: "op-62"}))
+    assert old.dropped == {62: reports.OLD_GENERATION}
+    assert stale.dropped == {62: reports.STALE}
+    assert row(conn, 62)["status"] == 4
+
+
+def test_regressed_entries_in_one_group_commit_equal_one_per_transaction(target, uid):
+    """The batch path (``apply_reports``, one run of independent reports)
+    drops the same entries as one transaction per report."""
+
+    def seeded(path: str) -> None:
+        c = dbmod.connect(path)
+        try:
+            for gid, node in ((70, "n1"), (71, "n2"), (72, "n3")):
+                add_task(c, gid, uid, node_id=node, status=4, progress=1.0)
+                _with_size(c, gid)
+        finally:
+            c.close()
+
+    seeded(target)
+    batch = [
+        ("n1", report("a", 100, [(70, 1, 0.3)], {70: "op-70"})),
+        ("n2", report("b", 100, [(71, 4, 1.0)], {71: "op-71"})),
+        ("n3", StatusReport((TaskEntry(72, 3, 0.9),))),
+        ("n1", report("c", 101, [(70, 2, 0.0)], {70: "op-70"})),
+    ]
+    conn = dbmod.connect(target)
+    try:
+        got = dbmod.run_coalesced(
+            conn, reports.apply_reports, [reports.QueuedReport(n, m) for n, m in batch]
+        )
+        assert [o.dropped for o in got] == [
+            {70: reports.REGRESSED},
+            {},
+            {72: reports.REGRESSED},
+            {70: reports.REGRESSED},
+        ]
+        assert got[1].applied == [71] and got[1].changed == []
+        assert [row(conn, g)["status"] for g in (70, 71, 72)] == [4, 4, 4]
+        drops = dbmod.run_read(conn, reports.dropped_entries_by_node, None)
+        assert drops == {"n1": {reports.REGRESSED: 2}, "n3": {reports.REGRESSED: 1}}
+        assert dbmod.run_read(conn, throughput.node_byte_totals) == {}
+    finally:
+        conn.close()

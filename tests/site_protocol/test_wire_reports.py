@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import time
 
+import pytest
 import pytest_twisted
 from twisted.internet.defer import gatherResults
 
 from tasknet.protocol.messages import StatusReport, TaskEntry, TaskReportAck
+from tasknet.site.storage.db import is_postgres
 from tests.backends import busy_timeout_sql, write_lock
 from tests.site_protocol.harness import Site, add_task, add_user, outbox_count, row, wait_until
 
@@ -114,4 +116,31 @@ async def test_group_commit_shares_transactions_and_acks_every_report(site: Site
     assert done == total
     assert conn.execute("SELECT COUNT(*) FROM report_receipt").fetchone()[0] == total
     print(f"{total} reports in {transactions} transactions, {time.monotonic() - started:.3f} s")
+    conn.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_report_after_the_writer_session_ended_on_the_server_is_applied_once(
+    site: Site,
+) -> None:
+    # SCALE.md "Fencing" 4: a dead pool connection is replaced and the
+    # transaction run again whole; the node gets its ACK on the first delivery.
+    if not is_postgres(site.path):
+        pytest.skip("PostgreSQL only: a server ending a session")
+    conn = site.sql()
+    uid, _ = add_user(conn, "alice")
+    add_task(conn, 1, uid, node_id="n1")
+    node = await site.connect("n1")
+    await site.side.dispatcher.idle()
+    ended = conn.execute(
+        "SELECT pg_terminate_backend(pid, 5000) FROM pg_stat_activity "
+        "WHERE application_name = 'tasknet-site' AND pid <> pg_backend_pid()"
+    ).fetchall()
+    assert ended
+    node.report("r1", 1000, [(1, 4, 1.0)], {1: "op-1"})
+    ack = await node.next(TaskReportAck)
+    assert ack == TaskReportAck("r1", "APPLIED")
+    assert row(conn, 1)["status"] == 4
+    assert site.db.reconnects >= 1
+    assert site.side.reports.reports_failed == 0
     conn.close()

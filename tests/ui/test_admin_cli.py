@@ -11,8 +11,10 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from contextlib import closing
 from pathlib import Path
+from typing import Any
 
 import pytest
 import pytest_twisted
@@ -23,9 +25,10 @@ from twisted.web.client import HTTPConnectionPool
 
 from tasknet.cli import admin
 from tasknet.process import free_port
-from tasknet.site.storage import create, db, reconcile, usage, users, views
+from tasknet.site.storage import create, db, reconcile, sessions, throughput, usage, users, views
 from tasknet.site.storage.schema import prepare_database
 from tasknet.upstream.testing import running_upstream
+from tests.site_protocol.harness import add_task
 
 
 @pytest.fixture
@@ -224,7 +227,9 @@ async def test_resolve_submitted_meters_once_and_repeats_harmlessly(dbpath: str)
             dbpath, "resolve", "5151", "submitted", "--note", "audit: 1 POST", upstream=up.base_url
         )
         assert result.returncode == 0, result.stderr
-        assert "SUBMITTED" in result.stdout
+        # The UI's words for the task, not the operation's state name.
+        assert "now 已提交 / Submitted" in result.stdout, result.stdout
+        assert "SUBMITTED" not in result.stdout
         assert _read(dbpath, views.task_view, 5151)["state"] == "SUBMITTED"
         assert _read(dbpath, usage.usage, alice.id)["used"] == 7
         # The same verdict again answers the same and meters nothing more.
@@ -233,7 +238,8 @@ async def test_resolve_submitted_meters_once_and_repeats_harmlessly(dbpath: str)
         assert _read(dbpath, usage.usage, alice.id)["used"] == 7
         # The other verdict on a settled task is a conflict that changes nothing.
         result = await _run(dbpath, "resolve", "5151", "not_submitted", upstream=up.base_url)
-        assert result.returncode == 1 and "not UNKNOWN" in result.stderr
+        assert result.returncode == 1, result.stderr
+        assert "gid 5151 is 已提交 / Submitted, not 提交未知 / Submission unknown" in result.stderr
         assert _read(dbpath, views.task_view, 5151)["state"] == "SUBMITTED"
         assert up.stats()["posts"] == {"5151": 1}  # resolving never POSTs
     with closing(db.connect(dbpath)) as connection:
@@ -280,3 +286,216 @@ def test_console_script_is_installed(dbpath: str) -> None:
     )
     assert result.returncode == 0, result.stderr
     assert _read(dbpath, users.user_by_token, result.stdout.strip()).name == "dave"
+
+
+def _set_wait(dbpath: str, gid: int, not_before: str) -> None:
+    """``verdict_not_before`` as a reap writes it."""
+    _write(
+        dbpath,
+        lambda c: c.execute(
+            "UPDATE task_operation SET verdict_not_before = ? WHERE gid = ?", (not_before, gid)
+        ),
+    )
+
+
+@pytest_twisted.ensureDeferred
+async def test_resolve_not_submitted_during_the_verdict_wait_exits_1_naming_the_time(
+    dbpath: str,
+) -> None:
+    _write(dbpath, users.create_user, "alice")
+    _make_unknown(dbpath, 7171)
+    ahead = throughput.iso(time.time() + 3600)
+    _set_wait(dbpath, 7171, ahead)
+    async with running_upstream() as up:  # the audit: no POST, no contradiction
+        result = await _run(dbpath, "resolve", "7171", "not_submitted", upstream=up.base_url)
+        assert result.returncode == 1, result.stdout
+        assert ahead in result.stderr and "nothing changed" in result.stderr
+        assert _read(dbpath, views.task_view, 7171)["state"] == "UNKNOWN"
+        listed = await _run(dbpath, "unknown", "--json", upstream=up.base_url)
+        evidence = json.loads(listed.stdout)["tasks"][0]["evidence"]
+        assert evidence["notBefore"] == ahead and evidence["verdictWaitSeconds"] > 3000
+        # Once the wait is over, the same command is taken.
+        _set_wait(dbpath, 7171, throughput.iso(time.time() - 1))
+        result = await _run(dbpath, "resolve", "7171", "not_submitted", upstream=up.base_url)
+        assert result.returncode == 0, result.stderr
+        assert _read(dbpath, views.task_view, 7171) is None
+
+
+@pytest_twisted.ensureDeferred
+async def test_resolve_submitted_is_allowed_during_the_verdict_wait(dbpath: str) -> None:
+    _write(dbpath, users.create_user, "alice")
+    _make_unknown(dbpath, 7272)
+    _set_wait(dbpath, 7272, throughput.iso(time.time() + 3600))
+    async with running_upstream() as up:
+        await _post_archive(up.base_url, 7272)
+        result = await _run(dbpath, "resolve", "7272", "submitted", upstream=up.base_url)
+        assert result.returncode == 0, result.stderr
+        assert _read(dbpath, views.task_view, 7272)["state"] == "SUBMITTED"
+
+
+@pytest_twisted.ensureDeferred
+async def test_resolve_against_the_audit_requires_a_note(dbpath: str) -> None:
+    _write(dbpath, users.create_user, "alice")
+    _make_unknown(dbpath, 7373)
+    async with running_upstream() as up:
+        await _post_archive(up.base_url, 7373)  # the audit: 1 POST
+        result = await _run(dbpath, "resolve", "7373", "not_submitted", upstream=up.base_url)
+        assert result.returncode == 1
+        assert "--note" in result.stderr and "1 archive POST(s)" in result.stderr
+        assert _read(dbpath, views.task_view, 7373)["state"] == "UNKNOWN"
+        result = await _run(
+            dbpath,
+            "resolve",
+            "7373",
+            "not_submitted",
+            "--note",
+            "a test POST by hand, not this task's",
+            upstream=up.base_url,
+        )
+        assert result.returncode == 0, result.stderr
+    with closing(db.connect(dbpath)) as connection:
+        note, evidence = connection.execute(
+            "SELECT note, evidence FROM reconciliation_audit WHERE gid = 7373"
+        ).fetchone()
+    assert note == "a test POST by hand, not this task's"
+    assert json.loads(evidence)["contradicts"] is True
+
+
+# -- user disable | enable | remove (issue 21, item 8) ------------------------------------
+
+
+def _session(dbpath: str, name: str) -> str:
+    """A browser session of ``name``, as ``POST /api/session`` makes one."""
+    user = _read(dbpath, users.get_user, name)
+    session_id = sessions.new_session_id()
+    _write(
+        dbpath,
+        sessions.start_session,
+        user.id,
+        sessions.hash_session_id(session_id),
+        time.time(),
+        3600.0,
+        86400.0,
+    )
+    return session_id
+
+
+def _session_user(dbpath: str, session_id: str):  # type: ignore[no-untyped-def]
+    return _read(dbpath, users.user_by_session, sessions.hash_session_id(session_id), time.time())
+
+
+def test_user_disable_locks_the_user_out_and_enable_lets_it_in(
+    dbpath: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _, token = _write(dbpath, users.create_user, "alice")
+    with closing(db.connect(dbpath)) as connection:
+        add_task(connection, 4101, _read(dbpath, users.get_user, "alice").id)
+    session_id = _session(dbpath, "alice")
+
+    code, out, err = _cli(dbpath, "user", "disable", "alice", capsys=capsys)
+    assert code == 0, err
+    assert out.startswith("user alice: disabled; its token and browser sessions no longer work")
+    assert "1 session(s) ended" in out and "its tasks stay" in out
+    assert _read(dbpath, users.user_by_token, token) is None
+    assert _session_user(dbpath, session_id) is None
+    assert _read(dbpath, views.task_view, 4101) is not None  # the task stays
+    code, out, _ = _cli(dbpath, "user", "list", capsys=capsys)
+    assert code == 0 and "disabled since 20" in out
+    code, out, _ = _cli(dbpath, "user", "disable", "alice", capsys=capsys)
+    assert code == 0 and "already disabled since" in out
+
+    code, out, _ = _cli(dbpath, "user", "enable", "alice", capsys=capsys)
+    assert code == 0 and out.strip() == "user alice: enabled; its token works again"
+    assert _read(dbpath, users.user_by_token, token).name == "alice"
+    assert _session_user(dbpath, session_id) is None  # ended sessions stay ended
+    code, out, _ = _cli(dbpath, "user", "enable", "alice", capsys=capsys)
+    assert code == 0 and "already enabled; nothing changed" in out
+    code, out, _ = _cli(dbpath, "user", "list", capsys=capsys)
+    assert "disabled since" not in out and "enabled" in out
+
+
+def test_user_remove_is_refused_while_the_user_has_live_tasks(
+    dbpath: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    alice, _ = _write(dbpath, users.create_user, "alice")
+    with closing(db.connect(dbpath)) as connection:
+        add_task(connection, 4201, alice.id)  # SUBMITTED: live
+        add_task(connection, 4202, alice.id, "DELETED")  # a tombstone: not live
+        add_task(connection, 4203, alice.id, "UNKNOWN")  # live
+    code, out, err = _cli(dbpath, "user", "remove", "alice", capsys=capsys)
+    assert code == 1 and out == ""
+    assert "user 'alice' has 2 live task(s): delete them first" in err
+    assert "nothing changed" in err
+    assert _read(dbpath, users.get_user, "alice") is not None
+
+    def settle(cursor: Any) -> None:
+        cursor.execute("DELETE FROM gallery WHERE gid IN (4201, 4203)")
+        cursor.execute(
+            "UPDATE task_operation SET state = 'DELETE_PENDING', delete_operation_id = 'd1'"
+            " WHERE gid = 4201"
+        )
+        cursor.execute("UPDATE task_operation SET state = 'DELETED' WHERE gid = 4201")
+
+    _write(dbpath, settle)
+    # 4203 still UNKNOWN (its task row gone): a live operation, still refused.
+    code, _, err = _cli(dbpath, "user", "remove", "alice", capsys=capsys)
+    assert code == 1 and "1 live task(s)" in err
+    _write(dbpath, reconcile.resolve_unknown, 4203, "not_submitted", "test", "gone", None)
+
+    _write(dbpath, users.create_user, "bob")
+    session_id = _session(dbpath, "alice")
+    code, out, err = _cli(dbpath, "user", "remove", "alice", capsys=capsys)
+    assert code == 0, err
+    assert out.strip() == f"user alice (id {alice.id}) removed"
+    assert _read(dbpath, users.get_user, "alice") is None
+    assert _session_user(dbpath, session_id) is None
+    # The tombstones stay (owned by nobody), so their gids stay settled.
+    assert _read(dbpath, views.task_view, 4202)["state"] == "DELETED"
+    assert [u.name for u in _read(dbpath, users.list_users)] == ["bob"]
+    code, _, err = _cli(dbpath, "user", "remove", "alice", capsys=capsys)
+    assert code == 1 and "no user 'alice'" in err
+
+
+def test_node_key_list_says_when_there_are_none(
+    dbpath: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, _ = _cli(dbpath, "node-key", "list", capsys=capsys)
+    assert code == 0
+    assert out.startswith("no node keys in this database")
+
+
+def test_an_unknown_flag_is_named(capsys: pytest.CaptureFixture[str]) -> None:
+    for argv in (["--bogus"], ["--db", "x.sqlite", "user", "list", "--bogus=1"]):
+        with pytest.raises(SystemExit) as exit_info:
+            admin.main(argv)
+        assert exit_info.value.code == 2
+        err = capsys.readouterr().err
+        assert "tasknet-admin: error: unrecognized arguments: --bogus" in err, err
+        assert "required" not in err
+    # A known option's prefix is still an option (argparse allows it) and a
+    # negative number a value: neither is called unknown.
+    with pytest.raises(SystemExit):
+        admin.main(["--db", "x.sqlite", "user", "quota", "alice", "-3"])
+    assert "unrecognized" not in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        admin.main(["--d"])
+    assert "unrecognized" not in capsys.readouterr().err
+
+
+def test_a_directory_is_not_called_a_missing_database(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, err = _cli(str(tmp_path), "user", "list", capsys=capsys)
+    assert code == 1 and out == ""
+    assert err.strip() == (
+        f"tasknet-admin: --db {tmp_path} is a directory, not a site database: give the"
+        " database file (the path the site was started with, tasknet-site --db FILE)"
+    )
+    assert "start tasknet-site" not in err
+    missing = tmp_path / "no" / "such" / "site.sqlite"
+    code, _, err = _cli(str(missing), "user", "list", capsys=capsys)
+    assert code == 1
+    assert err.strip() == (
+        f"tasknet-admin: no database at {str(missing)!r}: there is no directory"
+        f" {str(missing.parent)!r}"
+    )

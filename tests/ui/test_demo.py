@@ -15,6 +15,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -95,5 +96,195 @@ def test_demo_starts_everything_and_stops_on_sigint(tmp_path: Path) -> None:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+        for pid in _processes_under(data):
+            os.kill(pid, signal.SIGKILL)
+
+
+# -- issue 21, item 1: a child's death, --data kept across runs ---------------------
+
+
+class RunningDemo:
+    """``tasknet-demo`` as a subprocess, its output read line by line."""
+
+    def __init__(self, *argv: str) -> None:
+        demo = Path(sys.executable).with_name("tasknet-demo")
+        self.proc = subprocess.Popen(
+            [str(demo), "--port", "0", "--timeout", str(READY_TIMEOUT), *argv],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        self.lines: queue.Queue[str] = queue.Queue()
+        self.output: list[str] = []
+        threading.Thread(target=_reader, args=(self.proc.stdout, self.lines), daemon=True).start()
+
+    def next_line(self, timeout: float) -> str:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                line = self.lines.get(timeout=0.5)
+            except queue.Empty:
+                assert self.proc.poll() is None or not self.lines.empty(), self.text
+                continue
+            self.output.append(line)
+            return line
+        raise AssertionError("the demo printed nothing more in time; output:\n" + self.text)
+
+    def wait_for(self, needle: str, timeout: float = READY_TIMEOUT + 15) -> str:
+        deadline = time.monotonic() + timeout
+        while True:
+            line = self.next_line(max(deadline - time.monotonic(), 0.1))
+            if needle in line:
+                return line
+
+    def banner(self) -> str:
+        start = len(self.output)
+        self.wait_for("Press Ctrl-C")
+        return "".join(self.output[start:])
+
+    @property
+    def text(self) -> str:
+        return "".join(self.output)
+
+    @property
+    def url(self) -> str:
+        match = re.search(r"URL: (http://127\.0\.0\.1:\d+/)", self.text)
+        assert match, self.text
+        return match.group(1)
+
+    def stop(self, sig: int = signal.SIGINT) -> int:
+        self.proc.send_signal(sig)
+        code = self.proc.wait(timeout=60)
+        rest = self.proc.stdout.read() if self.proc.stdout else ""
+        while not self.lines.empty():
+            self.output.append(self.lines.get())
+        self.output.append(rest)
+        return code
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def _nodes(url: str) -> dict[str, bool]:
+    reply = request("GET", url + "api/admin/nodes", token=DEMO_TOKEN)
+    assert reply.status == 200, reply.brief()
+    return {node["id"]: node["connected"] for node in reply.body["nodes"]}
+
+
+def _wait(predicate: Any, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.2)
+
+
+def test_the_demo_survives_a_killed_node_and_shows_it_offline(tmp_path: Path) -> None:
+    data = tmp_path / "demo-data"
+    demo = RunningDemo("--data", str(data))
+    try:
+        banner = demo.banner()
+        database = data / "site" / "tasknet-site.sqlite"
+        assert f"database: {database}  (tasknet-admin --db {database} ...)" in banner
+        assert f"logs: {data / 'logs'}" in banner
+        assert f"data: {data}  (kept: start again with the same --data)" in banner
+        url = demo.url
+        assert _nodes(url) == {"node-1": True, "node-2": True}
+        [node1] = _processes_under(data / "node-1")
+
+        os.kill(node1, signal.SIGTERM)
+        line = demo.wait_for("node-1 exited", timeout=30)
+        assert line.strip() == (
+            "tasknet-demo: node-1 exited (killed by SIGTERM); the rest keeps running, nothing"
+            f" is restarted (--restart-children would); its log: {data / 'logs' / 'node-1.log'}"
+        ), line
+        # The demo still serves, and its site shows the node offline by itself.
+        _wait(lambda: _nodes(url).get("node-1") is False, 15, "node-1 connected: false")
+        assert _nodes(url)["node-2"] is True
+        health = request("GET", url + "healthz")
+        assert health.status == 200 and health.body["recovery"] == "done", health.brief()
+        time.sleep(2)
+        assert demo.proc.poll() is None, demo.text
+        assert _processes_under(data / "node-1") == []  # nothing restarted it
+        assert len(_processes_under(data)) == 3  # upstream, site, node-2
+
+        # One line per node login, and no routine noise at info (issue 21, item 9).
+        logs = data / "logs"
+        site_log = (logs / "site.log").read_text()
+        assert site_log.count("logged in from") == 2, site_log
+        for noise in ("SiteProof sent", "resent 0", "Starting factory", '"GET /healthz'):
+            assert noise not in site_log, noise
+        node1_log = (logs / "node-1.log").read_text()
+        assert node1_log.count("logged in to the site") == 1, node1_log
+        assert "DNS lookup failed" not in node1_log and "Starting factory" not in node1_log
+        assert "unknown type 10" not in (logs / "node-2.log").read_text()
+
+        assert demo.stop() == 0, demo.text
+        assert database.is_file()  # --data: nothing deleted
+        assert _processes_under(data) == []
+    finally:
+        demo.kill()
+        for pid in _processes_under(data):
+            os.kill(pid, signal.SIGKILL)
+
+
+GID = 5151
+
+
+def _completed(url: str, gid: int) -> bool:
+    reply = request("GET", f"{url}api/tasks/{gid}", token=DEMO_TOKEN)
+    assert reply.status == 200, reply.brief()
+    return reply.body["task"]["status"] == "COMPLETED"
+
+
+def create_and_complete(url: str, gid: int) -> None:
+    created = request(
+        "POST", url + "api/tasks", {"gid": gid, "token": "upstream-token"}, token=DEMO_TOKEN
+    )
+    assert created.status in (200, 201), created.brief()
+    _wait(lambda: _completed(url, gid), 60, f"gid {gid} completed")
+
+
+def test_data_is_kept_across_two_runs(tmp_path: Path) -> None:
+    data = tmp_path / "kept"
+    first = RunningDemo("--data", str(data), "--bandwidth", "0")
+    try:
+        first.banner()
+        create_and_complete(first.url, GID)
+        assert first.stop() == 0, first.text
+    finally:
+        first.kill()
+    assert (data / "site" / "tasknet-site.sqlite").is_file()
+    assert (data / "logs" / "site.log").is_file()
+
+    second = RunningDemo("--data", str(data), "--bandwidth", "0")
+    try:
+        assert "(again: what it holds is kept)" in second.next_line(30)
+        second.banner()
+        assert _completed(second.url, GID), "the task of the first run is kept"
+        create_and_complete(second.url, GID + 1)
+        assert second.stop() == 0, second.text
+    finally:
+        second.kill()
+        for pid in _processes_under(data):
+            os.kill(pid, signal.SIGKILL)
+    assert (data / "site" / "tasknet-site.sqlite").is_file()
+
+
+def test_restart_children_brings_a_killed_node_back(tmp_path: Path) -> None:
+    data = tmp_path / "restart"
+    demo = RunningDemo("--data", str(data), "--restart-children")
+    try:
+        demo.banner()
+        [node2] = _processes_under(data / "node-2")
+        os.kill(node2, signal.SIGKILL)
+        line = demo.wait_for("node-2 exited", timeout=30)
+        assert "node-2 exited (killed by SIGKILL); restarting it in 1 s (restart 1)" in line
+        assert demo.wait_for("node-2 restarted (pid", timeout=30)
+        _wait(lambda: _nodes(demo.url) == {"node-1": True, "node-2": True}, 30, "node-2 back")
+        assert demo.stop() == 0, demo.text
+    finally:
+        demo.kill()
         for pid in _processes_under(data):
             os.kill(pid, signal.SIGKILL)

@@ -1,7 +1,8 @@
 """``tasknet-demo --postgres`` as a real subprocess: a throwaway PostgreSQL
 server, two sites on one database of it, two nodes each given both sites; a
 task created through one site completes as seen through the other; SIGTERM
-stops every process (the server included) and removes the temp directory.
+stops every process (the server included) and removes the temp directory;
+with ``--data DIR`` the cluster is kept and reused by the next run.
 
 Skipped without PostgreSQL installed (an error under
 ``TASKNET_REQUIRE_POSTGRES=1``, as the suite's backend fixtures).
@@ -12,9 +13,11 @@ from __future__ import annotations
 import os
 import queue
 import re
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -24,7 +27,7 @@ import pytest
 from tasknet.cli.demo import DEMO_TOKEN
 from tasknet.cli.jsonhttp import request
 from tasknet.drill.pgserver import INSTALL_HINT, installed
-from tests.ui.test_demo import _processes_under, _reader
+from tests.ui.test_demo import RunningDemo, _processes_under, _reader, create_and_complete
 
 pytestmark = pytest.mark.slow
 
@@ -138,3 +141,44 @@ def test_postgres_demo_runs_two_sites_and_stops_on_sigterm() -> None:
         if data is not None:
             for pid in _processes_under(data):
                 os.kill(pid, signal.SIGKILL)
+
+
+def test_postgres_demo_keeps_its_database_across_two_runs() -> None:
+    """``--postgres --data DIR``: the cluster lives in DIR/postgres and is
+    started again as it is; a task created in the first run is there in the
+    second; nothing under DIR is deleted on SIGTERM."""
+    # Under /tmp, reachable by the postgres user the server runs as under root
+    # (pytest's own temporary directories are not).
+    base = Path(tempfile.mkdtemp(prefix="tasknet-demo-pg-"))
+    base.chmod(0o711)
+    try:
+        _two_runs(base / "kept")
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def _two_runs(data: Path) -> None:
+    first = RunningDemo("--postgres", "--data", str(data), "--bandwidth", "0")
+    try:
+        banner = first.banner()
+        assert re.search(r"database: postgresql://postgres@127\.0\.0\.1:\d+/tasknet  ", banner)
+        create_and_complete(first.url, GID)
+        assert first.stop(signal.SIGTERM) == 0, first.text
+    finally:
+        first.kill()
+    assert (data / "postgres" / "data" / "PG_VERSION").is_file(), "the cluster is kept"
+    assert _processes_under(data) == []
+
+    second = RunningDemo("--postgres", "--data", str(data), "--bandwidth", "0")
+    try:
+        second.banner()
+        urls = re.findall(r"URL: (http://127\.0\.0\.1:\d+/)", second.text)
+        for url in urls:  # both sites see the first run's task
+            task = _wait_completed(url, GID)
+            assert task["gid"] == GID
+        assert second.stop(signal.SIGTERM) == 0, second.text
+    finally:
+        second.kill()
+        for pid in _processes_under(data):
+            os.kill(pid, signal.SIGKILL)
+    assert (data / "postgres" / "data" / "PG_VERSION").is_file()

@@ -12,11 +12,14 @@ Screenshots go to ``$TASKNET_SCREENSHOTS`` (default: a new temp dir).
 
 from __future__ import annotations
 
+import json
 import re
+import sqlite3
 import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
+from contextlib import closing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,6 +28,7 @@ import pytest
 
 from tasknet.cli.demo import DEMO_TOKEN, DemoStack, NodeSpec
 from tasknet.cli.jsonhttp import Reply, request
+from tasknet.site.storage.throughput import iso
 from tests.ui.conftest import (
     CHROMIUM,
     CHROMIUM_ARGS,
@@ -575,6 +579,110 @@ def test_not_submitted_leaves_no_ghost_row(
     assert page.evaluate("window.__noReload") is True
 
 
+def _set_verdict_wait(stack: DemoStack, gid: int, seconds: float) -> str:
+    """Give ``gid``'s UNKNOWN a verdict wait ending ``seconds`` from now, as a
+    reap records it (the site's SQLite file, written beside the running site)."""
+    not_before = iso(time.time() + seconds)
+    db = stack.data_dir / "site" / "tasknet-site.sqlite"
+    with closing(sqlite3.connect(db, timeout=30)) as connection:
+        connection.execute(
+            "UPDATE task_operation SET verdict_not_before = ? WHERE gid = ?", (not_before, gid)
+        )
+        connection.commit()
+    return not_before
+
+
+def _audit_row(stack: DemoStack, gid: int) -> tuple[str, dict[str, Any]]:
+    db = stack.data_dir / "site" / "tasknet-site.sqlite"
+    with closing(sqlite3.connect(db, timeout=30)) as connection:
+        note, evidence = connection.execute(
+            "SELECT note, evidence FROM reconciliation_audit WHERE gid = ? ORDER BY id DESC",
+            (gid,),
+        ).fetchone()
+    return note, json.loads(evidence)
+
+
+def test_the_verdict_wait_and_a_verdict_against_the_audit(
+    stack: DemoStack, open_page: Callable[..., Watched], shots: Path
+) -> None:
+    """A reaped submission's card names when "not submitted" becomes possible
+    and keeps that button disabled until then (SCALE.md "Fencing" 2); a
+    verdict the upstream's audit contradicts asks for a note, and the
+    dialog's confirm waits for one."""
+    fault(
+        stack,
+        {"method": "POST", "path": "/api/galleries/*/archive", "fault": "timeout", "times": 1},
+    )
+    waiting = gid_with_size(64 * 1024, 90_000, 2_500_001)
+    create(stack, waiting)  # UNKNOWN; the audit counts its POST
+    fault(
+        stack,
+        {"method": "POST", "path": "/api/galleries/*/archive", "fault": "drop_before", "times": 1},
+    )
+    unposted = gid_with_size(64 * 1024, 90_000, waiting + 1)
+    create(stack, unposted)  # UNKNOWN; the audit counts nothing
+    not_before = _set_verdict_wait(stack, waiting, 3600)
+    page = open_page().page
+    page.click("#nav-admin")
+
+    item = page.locator(f'#unknown-list > li[data-gid="{waiting}"]')
+    expect()(item).to_be_visible(timeout=WAIT_MS)
+    shown = page.evaluate("v => window.TasknetFormat.date(v, 'en')", not_before)
+    wait = item.locator('[data-role="verdict-wait"]')
+    expect()(wait).to_contain_text("possible only from then")
+    expect()(wait).to_contain_text(shown)
+    not_submitted = item.get_by_role("button", name=f"It was not submitted: gid {waiting}")
+    expect()(not_submitted).to_be_disabled()
+    expect()(item.get_by_role("button", name=f"It was submitted: gid {waiting}")).to_be_enabled()
+    # The audit records the POST: the card says "not submitted" would need a note.
+    expect()(
+        item.locator('[data-role="contradiction"][data-verdict="not_submitted"]')
+    ).to_contain_text(re.compile(r"records 1 submission\(s\) for this gid \(last: .+\): "))
+    item.scroll_into_view_if_needed()
+    page.screenshot(path=str(shots / "views-unknown-verdict-wait.png"))
+
+    other = page.locator(f'#unknown-list > li[data-gid="{unposted}"]')
+    expect()(other.locator('[data-role="verdict-wait"]')).to_have_count(0)
+    expect()(
+        other.locator('[data-role="contradiction"][data-verdict="submitted"]')
+    ).to_contain_text("records no submission")
+    submitted = other.get_by_role("button", name=f"It was submitted: gid {unposted}")
+    # Cancel closes the dialog even with the note empty; nothing is sent.
+    submitted.click()
+    warning = page.locator("#confirm-warning")
+    expect()(warning).to_be_visible()
+    expect()(warning).to_contain_text("records no submission")
+    expect()(page.locator("#confirm-ok")).to_be_disabled()
+    page.click("#confirm-cancel")
+    expect()(page.locator("#confirm-dialog")).not_to_be_visible()
+    expect()(other).to_have_count(1)
+    # Confirm waits for a note that is not blank.
+    submitted.click()
+    page.fill("#confirm-note", "   ")
+    expect()(page.locator("#confirm-ok")).to_be_disabled()
+    page.screenshot(path=str(shots / "views-unknown-note-required.png"))
+    page.fill("#confirm-note", "upstream support confirmed the POST arrived")
+    expect()(page.locator("#confirm-ok")).to_be_enabled()
+    page.click("#confirm-ok")
+    expect()(other).to_have_count(0, timeout=WAIT_MS)
+    note, evidence = _audit_row(stack, unposted)
+    assert note == "upstream support confirmed the POST arrived"
+    assert evidence["contradicts"] is True and "no archive POST" in evidence["contradiction"]
+
+    # A wait that ends while the page is open: the button comes on by itself.
+    _set_verdict_wait(stack, waiting, 3)
+    page.click("#unknown-refresh")
+    expect()(not_submitted).to_be_disabled()
+    expect()(not_submitted).to_be_enabled(timeout=15_000)
+    expect()(wait).to_contain_text("The wait is over")
+    not_submitted.click()
+    expect()(page.locator("#confirm-warning")).to_contain_text("records 1 submission(s)")
+    page.fill("#confirm-note", "the POST was a test from another tool")
+    page.click("#confirm-ok")
+    expect()(item).to_have_count(0, timeout=WAIT_MS)
+    assert _audit_row(stack, waiting)[1]["notBefore"] is not None
+
+
 # -- accessible names ------------------------------------------------------------------
 
 
@@ -612,8 +720,10 @@ def test_every_per_task_button_is_named_with_its_gid(
         assert f"gid {gid}" in label, (gid, label)
     assert len({label for _, label in labels}) == len(labels), "two buttons share a name"
     # Settle them so later tests see a quiet admin panel.
+    # The timeout fault counted each POST: "not submitted" goes against the audit.
     for gid in (first, second):
-        reply = api(stack, "POST", f"/api/admin/tasks/{gid}/resolve", {"verdict": "not_submitted"})
+        verdict = {"verdict": "not_submitted", "note": "test clean-up, not a real verdict"}
+        reply = api(stack, "POST", f"/api/admin/tasks/{gid}/resolve", verdict)
         assert reply.status == 200, reply.brief()
 
 

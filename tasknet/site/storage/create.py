@@ -39,9 +39,14 @@ def reserve(
     token: str,
     week: str,
     instance_id: int | None = None,
+    operation_id: str | None = None,
 ) -> str:
     """Invariant 1: write the CREATE intent (``RESERVED``, fresh operationId)
     and the placeholder task row; return the operationId.
+
+    ``operation_id`` (the caller's fresh id) makes a repeat a no-op: if that
+    generation is already ``RESERVED`` (the first run committed, but its
+    connection died during the ``COMMIT``), it is answered again.
 
     A gid with a live generation or a task row is a :class:`TaskError`
     ``conflict`` (the unique index on ``gallery(gid)`` is the backstop); a
@@ -53,9 +58,16 @@ def reserve(
     if instance_id is not None:
         instances.require_open(cursor, instance_id)
     op = operation_row(cursor, gid)
+    if (
+        op is not None
+        and operation_id is not None
+        and op["operation_id"] == operation_id
+        and op["state"] == OperationState.RESERVED.value
+    ):
+        return operation_id  # this very reservation committed already
     if op is not None and op["state"] != OperationState.DELETED.value:
         raise TaskError("conflict", f"gid {gid} already has a task ({op['state']})")
-    operation_id = new_operation_id()
+    operation_id = operation_id or new_operation_id()
     if op is None:
         transitions.check(None, OperationState.RESERVED)
         cursor.execute(
@@ -71,7 +83,8 @@ def reserve(
             "UPDATE task_operation SET operation_id = ?, state = ?, user_id = ?, instance_id = ?, "  # noqa: S608
             "cost = NULL, "
             "metered = 0, metered_week = NULL, quota_week = NULL, archive_url = NULL, legacy = 0, "
-            "step = 'reserve', error = NULL, unknown_at = NULL, last_revision = NULL, "
+            "step = 'reserve', error = NULL, unknown_at = NULL, verdict_not_before = NULL, "
+            "last_revision = NULL, "
             "dispatched = 0, delete_operation_id = NULL, delete_result = NULL, "
             f"delete_reason = NULL, created_at = {NOW_SQL}, "
             f"updated_at = {NOW_SQL} "
@@ -134,6 +147,8 @@ def begin_submit(
     op = operation_row(cursor, gid)
     if op is None or op["operation_id"] != operation_id:
         raise TaskError("conflict", f"gid {gid}: the reservation is gone")
+    if op["state"] == OperationState.SUBMITTING.value and op["instance_id"] == instance_id:
+        return True  # a repeat after a COMMIT whose answer was lost: already done
     current = usage(cursor, op["user_id"], week)
     if current["used"] + in_flight_cost(cursor, op["user_id"]) + cost > current["quota"]:
         release(cursor, gid, operation_id)
@@ -244,6 +259,18 @@ def release_refused(cursor: sqlite3.Cursor, gid: int, operation_id: str) -> bool
     return remove_generation(cursor, gid, operation_id, OperationState.SUBMITTING)
 
 
+def release_unsent(cursor: sqlite3.Cursor, gid: int, operation_id: str) -> bool:
+    """This site knows it sent no POST for the generation (its SUBMITTING
+    could not be confirmed, or its POST gate closed before the first byte):
+    release it from ``RESERVED`` or ``SUBMITTING``, gid free again.  Called
+    only by the instance holding it, through the write fence, so a
+    generation another site already reaped (now ``UNKNOWN``) is never
+    touched."""
+    return remove_generation(
+        cursor, gid, operation_id, OperationState.RESERVED
+    ) or remove_generation(cursor, gid, operation_id, OperationState.SUBMITTING)
+
+
 # Recovery at start (invariant 10)
 
 RECOVERY_ERROR = (
@@ -278,7 +305,11 @@ Owner = int | None | Literal["every"]
 
 
 def recover(
-    cursor: sqlite3.Cursor, owner: Owner = EVERY_INSTANCE, *, error: str = RECOVERY_ERROR
+    cursor: sqlite3.Cursor,
+    owner: Owner = EVERY_INSTANCE,
+    *,
+    error: str = RECOVERY_ERROR,
+    verdict_not_before: str | None = None,
 ) -> Recovered:
     """Every interrupted ``SUBMITTING`` becomes ``UNKNOWN`` (operationId
     kept, nothing resent, step ``recovery``, ``error`` as its evidence);
@@ -288,7 +319,11 @@ def recover(
     Only the generations of ``owner``: a site instance whose lease is known
     to be gone (:mod:`tasknet.site.storage.instances`), ``None`` for those
     no instance recorded, :data:`EVERY_INSTANCE` for all of them.  Never
-    call it for an instance that may be alive."""
+    call it for an instance that may be alive.
+
+    ``verdict_not_before`` (ISO 8601 UTC): each ``UNKNOWN`` made here may be
+    resolved "not submitted" only from then on (SCALE.md "Fencing" 2: the
+    instance may have been paused, not dead, with its POST still to come)."""
     unknown: list[int] = []
     released: list[int] = []
     settled: list[Settled] = []
@@ -306,6 +341,12 @@ def recover(
         gid, operation_id = row["gid"], row["operation_id"]
         if row["state"] == OperationState.SUBMITTING.value:
             if mark_unknown(cursor, gid, operation_id, "recovery", error):
+                if verdict_not_before is not None:
+                    cursor.execute(
+                        "UPDATE task_operation SET verdict_not_before = ? "
+                        "WHERE gid = ? AND operation_id = ?",
+                        (verdict_not_before, gid, operation_id),
+                    )
                 unknown.append(gid)
                 settled.append(Settled(gid, operation_id, row["state"], "UNKNOWN"))
         elif release(cursor, gid, operation_id):

@@ -99,8 +99,25 @@ here takes either, and :attr:`Database.backend` says which.  On PostgreSQL
   write).  :attr:`Database.conflicts` counts the transactions that lost;
 * ``busy_timeout_ms`` is the ``lock_timeout``: a statement that waits that
   long for a lock fails busy (:class:`DatabaseBusy`), never hangs;
-* a broken connection fails its transaction (:class:`DatabaseFailed`) and
-  is replaced when the next transaction begins.
+* a connection that died (server restart, ``idle_session_timeout``, a
+  pooler, an operator ending the session) is replaced and the transaction
+  that met it is run again whole on the fresh connection, in the writer
+  thread (:data:`RECONNECT_RETRIES` times at most; then
+  :class:`DatabaseUnavailable`, "busy").  A transaction that lost its
+  connection *while committing* is not run again here: it may have
+  committed, so it fails :class:`CommitUnknown` and only its caller, who
+  knows whether the function's guards make a repeat a no-op, may repeat it
+  (SCALE.md "Fencing" 4).  A read that meets a dead connection is run once
+  more on a fresh one.
+
+The write fence (SCALE.md "Fencing" 3).  A :class:`Database` given a
+``fence`` (the site instance's lease) asks it, in the writer thread before
+every ``BEGIN``, whether the lease is fresh (else no transaction starts:
+``LeaseStale``, busy, or ``LeaseLost``), and right after the ``BEGIN``
+lets it check, inside the transaction, that the instance is still open (on
+PostgreSQL a ``FOR SHARE`` read of its ``site_instance`` row, which a
+reaper's update must wait for).  So nothing a fenced site writes commits
+after its reap.
 
 Isolation (PostgreSQL), decided by measurement (issue 13, BENCH.md B7).
 With every write ``SERIALIZABLE``, two sites applying reports for
@@ -157,6 +174,7 @@ from __future__ import annotations
 import math
 import os
 import random
+import re
 import sqlite3
 import sys
 import time
@@ -164,16 +182,25 @@ from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Concatenate, Generic, ParamSpec, TypeAlias, TypeVar
+from urllib.parse import unquote
 
 from twisted.enterprise import adbapi
 from twisted.internet.defer import Deferred
 from twisted.internet.task import deferLater
 from twisted.logger import Logger
 from twisted.python.failure import Failure
+from zope.interface import Interface
 
 from tasknet.clock import default_reactor
+from tasknet.logging import REDACTED, redact_secrets
 from tasknet.site.storage.dialect import POSTGRES_BEGIN_READ_COMMITTED
-from tasknet.site.storage.errors import DatabaseBusy, DatabaseFailed, TransactionLost
+from tasknet.site.storage.errors import (
+    CommitUnknown,
+    DatabaseBusy,
+    DatabaseFailed,
+    DatabaseUnavailable,
+    TransactionLost,
+)
 
 if TYPE_CHECKING:
     from tasknet.site.storage.postgres import PgConnection, PgCursor
@@ -206,15 +233,45 @@ def backend_of(target: str) -> str:
     return POSTGRESQL if is_postgres(target) else SQLITE
 
 
-def describe(target: str) -> str:
-    """``target`` fit for a log line or a message: a URL without its password."""
+def _passwords(target: str) -> set[str]:
+    """Every spelling of the passwords in a ``--db`` URL: the userinfo's
+    (``user:PW@``; up to the last ``@`` of the authority, or of the whole
+    text for a URL too broken to tell) and each ``password=`` parameter,
+    each as written and percent-decoded."""
     if not is_postgres(target):
-        return target
-    scheme, _, rest = target.partition("://")
-    credentials, at, host = rest.rpartition("@")
-    if not at or ":" not in credentials:
-        return target
-    return f"{scheme}://{credentials.split(':', 1)[0]}:***@{host}"
+        return set()
+    rest = target.partition("://")[2]
+    found: set[str] = set()
+    authority_end = min((i for i in (rest.find("/"), rest.find("?")) if i >= 0), default=len(rest))
+    for userinfo in (rest[:authority_end], rest):
+        credentials, at, _ = userinfo.rpartition("@")
+        if at and ":" in credentials:
+            found.add(credentials.split(":", 1)[1])
+    for match in re.finditer(r"(?i)[?&]password=([^&#]*)", target):
+        found.add(match.group(1))
+    found |= {unquote(value) for value in found}
+    found.discard("")
+    return found
+
+
+def redact(text: str, target: str | None = None) -> str:
+    """``text`` (a message, a driver's error) fit for a log line or a
+    terminal: no password of a URL or connection string in it, and none of
+    ``target``'s (a ``--db`` value) wherever it appears, in any spelling
+    (libpq's errors repeat a bad URI, or just its password, as written).
+    The one helper for this: every message naming a target or carrying a
+    database error goes through it (``describe`` for the target itself)."""
+    if target is not None:
+        # Longest first, so a password that contains another is replaced whole.
+        for password in sorted(_passwords(target), key=len, reverse=True):
+            text = text.replace(password, REDACTED)
+    return redact_secrets(text)
+
+
+def describe(target: str) -> str:
+    """``target`` (a ``--db`` value) fit for a log line or a message: a URL
+    without its password (``user:***@``, ``password=***``)."""
+    return redact(target, target)
 
 
 BUSY_TIMEOUT_MS = 5000
@@ -246,6 +303,23 @@ _BUSY_CODES = frozenset({5, 6})
 CONFLICT_RETRIES = 8
 CONFLICT_PAUSE = 0.004
 CONFLICT_PAUSE_MAX = 0.2
+
+#: How many times a write transaction that met a dead connection is run
+#: again on a fresh one, and the pause before each rerun (doubled each time).
+RECONNECT_RETRIES = 3
+RECONNECT_PAUSE = 0.05
+
+
+class IWriteFence(Interface):
+    """What the writer asks before and inside every write transaction of a
+    site instance (the module doc, "The write fence")."""
+
+    def before_transaction() -> None:
+        """Raise (``LeaseStale``, ``LeaseLost``) if no write may start now."""
+
+    def in_transaction(cursor: Cursor) -> None:
+        """Raise (``LeaseLost``) if this transaction must not commit."""
+
 
 #: The isolation a write function may declare (PostgreSQL; on SQLite every
 #: write is the one writer's ``BEGIN IMMEDIATE`` whatever it declares).
@@ -323,6 +397,10 @@ def classify(error: BaseException | None) -> BaseException | None:
             and ("locked" in str(error) or "busy" in str(error))
         )
     elif error is not None and _is_psycopg_error(error):
+        if _postgres_module().is_connection_lost(error):
+            unavailable = DatabaseUnavailable(f"the database cannot be reached: {error}")
+            unavailable.__cause__ = error
+            return unavailable
         busy = bool(_postgres_module().is_busy(error))
     else:
         return error  # not the driver's (a TaskError, a bug in fn, already classified)
@@ -347,6 +425,62 @@ class _Conflict(Exception):
     def __init__(self, error: BaseException) -> None:
         super().__init__(str(error))
         self.error = error
+
+
+class _Reconnect(Exception):
+    """A transaction met a dead connection before its ``COMMIT``: nothing
+    of it committed; run it again on a fresh connection."""
+
+    def __init__(self, error: BaseException) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+def _connection_lost(error: BaseException, connection: Any) -> bool:
+    """The connection died under ``error`` (PostgreSQL; never on SQLite)."""
+    if isinstance(connection, sqlite3.Connection):
+        return False
+    if bool(getattr(connection, "broken", False)):
+        return True
+    return _is_psycopg_error(error) and bool(_postgres_module().is_connection_lost(error))
+
+
+def _commit_unknown(error: BaseException) -> CommitUnknown:
+    unknown = CommitUnknown(
+        "the database connection was lost during COMMIT: the transaction may or may not "
+        f"have committed ({type(error).__name__}: {error})"
+    )
+    unknown.__cause__ = error
+    return unknown
+
+
+def _reconnect_pause(attempt: int) -> None:
+    time.sleep(RECONNECT_PAUSE * 2 ** (attempt - 1))
+
+
+def _unavailable(error: BaseException) -> DatabaseUnavailable:
+    unavailable = DatabaseUnavailable(
+        f"the database connection failed on each of {RECONNECT_RETRIES + 1} attempts: "
+        f"{type(error).__name__}: {error}"
+    )
+    unavailable.__cause__ = error
+    return unavailable
+
+
+def _begin(
+    connection: Connection, cursor: Cursor, isolation: str, fence: IWriteFence | None
+) -> None:
+    """The ``BEGIN`` of a write, behind the fence's checks (the module doc)."""
+    if fence is not None:
+        fence.before_transaction()
+    cursor.execute(_begin_sql(connection, isolation))
+    if fence is not None:
+        try:
+            fence.in_transaction(cursor)
+        except BaseException:
+            if connection.in_transaction:
+                connection.execute("ROLLBACK")
+            raise
 
 
 def _conflict_pause(attempt: int) -> None:
@@ -414,22 +548,41 @@ def connect_sqlite(path: str) -> sqlite3.Connection:
 
 
 def _write_once(
-    connection: Connection, fn: Callable[..., T], *args: Any, isolation: str | None = None
+    connection: Connection,
+    fn: Callable[..., T],
+    *args: Any,
+    isolation: str | None = None,
+    fence: IWriteFence | None = None,
 ) -> T:
     """One ``BEGIN IMMEDIATE; fn; COMMIT`` (at ``isolation``, else the one
-    ``fn`` declared); raises :class:`_Conflict` for a serialization conflict,
-    anything else as it was raised."""
+    ``fn`` declared, behind ``fence``); raises :class:`_Conflict` for a
+    serialization conflict, :class:`_Reconnect` for a dead connection before
+    the ``COMMIT``, :class:`CommitUnknown` for one during it, anything else
+    as it was raised."""
     cursor = connection.cursor()
-    cursor.execute(_begin_sql(connection, isolation or isolation_of(fn)))
+    committing = False
+    try:
+        _begin(connection, cursor, isolation or isolation_of(fn), fence)
+    except Exception as error:
+        cursor.close()
+        if _connection_lost(error, connection):
+            raise _Reconnect(error) from error
+        raise
     try:
         result = fn(cursor, *args)
+        committing = True
         cursor.execute("COMMIT")
     except Exception as error:
         conflict = _is_conflict(error, connection)
-        if connection.in_transaction:
+        lost = _connection_lost(error, connection)
+        if connection.in_transaction and not lost:
             connection.execute("ROLLBACK")
         if conflict:
             raise _Conflict(error) from error
+        if lost:
+            if committing:
+                raise _commit_unknown(error) from error
+            raise _Reconnect(error) from error
         raise
     except BaseException:
         if connection.in_transaction:
@@ -448,7 +601,7 @@ def run_write(connection: Connection, fn: Callable[..., T], *args: Any) -> T:
     writer does (see the module doc).
     Used by the pool below and by synchronous tools, so both share one
     definition of "a transaction"."""
-    attempt = 0
+    attempt = reconnects = 0
     while True:
         try:
             return _write_once(connection, fn, *args)
@@ -457,6 +610,11 @@ def run_write(connection: Connection, fn: Callable[..., T], *args: Any) -> T:
             if attempt > CONFLICT_RETRIES:
                 raise conflict.error from None
             _conflict_pause(attempt)
+        except _Reconnect as reconnect:
+            reconnects += 1
+            if reconnects > RECONNECT_RETRIES:
+                raise reconnect.error from None
+            _reconnect_pause(reconnects)
 
 
 def run_read(connection: Connection, fn: Callable[..., T], *args: Any) -> T:
@@ -528,11 +686,14 @@ _Unit = list[_Write]
 
 class _Transactions:
     """Numbers committed transactions and counts the transactions that lost
-    a serialization conflict (touched by one thread at a time)."""
+    a serialization conflict or met a dead connection (touched by one
+    thread at a time); holds the write fence they all pass."""
 
-    def __init__(self) -> None:
+    def __init__(self, fence: IWriteFence | None = None) -> None:
         self.count = 0
         self.conflicts = 0
+        self.reconnects = 0
+        self.fence = fence
 
     def committed(self, writes: Sequence[_Write], started: float) -> None:
         self.count += 1
@@ -586,8 +747,13 @@ def _run_alone(connection: Connection, unit: _Unit, transactions: _Transactions)
     as :class:`_Conflict`, for :func:`_run_retrying` to run it again)."""
     started = time.monotonic()
     try:
-        _write_once(connection, lambda cursor: _call(cursor, unit), isolation=_isolation_of(unit))
-    except _Conflict:
+        _write_once(
+            connection,
+            lambda cursor: _call(cursor, unit),
+            isolation=_isolation_of(unit),
+            fence=transactions.fence,
+        )
+    except (_Conflict, _Reconnect):
         raise
     except Exception:
         _fail(unit, _classified_failure())
@@ -601,12 +767,23 @@ def _isolation_of(unit: Sequence[_Write]) -> str:
 
 def _run_retrying(connection: Connection, unit: _Unit, transactions: _Transactions) -> None:
     """:func:`_run_alone`, run again after each serialization conflict (at
-    most :data:`CONFLICT_RETRIES` times, then :class:`DatabaseBusy`)."""
-    conflicts = 0
+    most :data:`CONFLICT_RETRIES` times, then :class:`DatabaseBusy`) and
+    after each dead connection (at most :data:`RECONNECT_RETRIES` times,
+    then :class:`DatabaseUnavailable`)."""
+    conflicts = reconnects = 0
     while True:
         try:
             _run_alone(connection, unit, transactions)
             return
+        except _Reconnect as reconnect:
+            for write in unit:
+                write.result, write.failure = None, None
+            transactions.reconnects += 1
+            reconnects += 1
+            if reconnects > RECONNECT_RETRIES:
+                _fail(unit, Failure(_unavailable(reconnect.error)))
+                return
+            _reconnect_pause(reconnects)
         except _Conflict as conflict:
             for write in unit:
                 write.result, write.failure = None, None
@@ -636,12 +813,18 @@ def _run_together(
     todo = deque(units)
     ran: list[_Write] = []
     started = time.monotonic()
+    committing = False
     try:
         try:
-            cursor.execute(
-                _begin_sql(connection, _isolation_of([w for unit in units for w in unit]))
+            _begin(
+                connection,
+                cursor,
+                _isolation_of([w for unit in units for w in unit]),
+                transactions.fence,
             )
-        except Exception:
+        except Exception as e:
+            if _connection_lost(e, connection):
+                raise _Reconnect(e) from e
             _fail([w for unit in units for w in unit], _classified_failure())
             return []
         try:
@@ -651,6 +834,8 @@ def _run_together(
                 try:
                     _call(cursor, unit)
                 except Exception as e:
+                    if _connection_lost(e, connection):
+                        raise _Reconnect(e) from e
                     if _is_conflict(e, connection):
                         raise _abandon(connection, e) from e
                     failure = _classified_failure()
@@ -670,13 +855,20 @@ def _run_together(
                     continue
                 cursor.execute(f"RELEASE SAVEPOINT {_SAVEPOINT}")
                 ran.extend(unit)
+            committing = True
             cursor.execute("COMMIT")
-        except _Conflict:
+        except (_Conflict, _Reconnect):
             raise
         except Exception as e:
             # COMMIT failed (e.g. a deferred constraint, a serialization
             # conflict), or a savepoint statement did: nothing of the
-            # transaction is committed.
+            # transaction is committed -- unless the connection died during
+            # the COMMIT, when nobody knows.
+            if _connection_lost(e, connection):
+                if committing:
+                    _fail(ran + [w for unit in todo for w in unit], Failure(_commit_unknown(e)))
+                    return []
+                raise _Reconnect(e) from e
             if _is_conflict(e, connection):
                 raise _abandon(connection, e) from e
             failure = _classified_failure()
@@ -713,12 +905,15 @@ def _run_batch(
             return
         try:
             units = _run_together(connection, units, transactions)
-        except _Conflict:
-            transactions.conflicts += 1
+        except (_Conflict, _Reconnect) as lost:
+            if isinstance(lost, _Conflict):
+                transactions.conflicts += 1
+                _conflict_pause(1)
+            else:
+                transactions.reconnects += 1
             again = [w for unit in units for w in unit]
             for write in again:
                 write.result, write.failure = None, None
-            _conflict_pause(1)
             for write in again:
                 _run_retrying(connection, [write], transactions)
             return
@@ -781,6 +976,8 @@ class Database:
         clock: Any = None,
         readers: int = DEFAULT_READERS,
         application_name: str = "tasknet-site",
+        reader_application_name: str | None = None,
+        fence: IWriteFence | None = None,
     ) -> None:
         if max_batch < 1:
             raise ValueError(f"max_batch must be >= 1, got {max_batch}")
@@ -797,7 +994,9 @@ class Database:
         self._clock = default_reactor(clock)
         if self.backend == POSTGRESQL:
             self._writer = self._postgres_pool(target, application_name, readers=0)
-            self._reader = self._postgres_pool(target, application_name, readers=readers)
+            self._reader = self._postgres_pool(
+                target, reader_application_name or application_name, readers=readers
+            )
         else:
             create_private(target)
             self._writer = self._pool(target, query_only=False)
@@ -812,7 +1011,7 @@ class Database:
         # stranded, and at most one job waits behind the running one.
         self._scheduled = False
         # Numbered in the writer thread, one job at a time.
-        self._numbering = _Transactions()
+        self._numbering = _Transactions(fence)
         self.writes = 0
         self.transactions = 0
 
@@ -821,6 +1020,12 @@ class Database:
         """Write transactions that lost a serialization conflict (or a
         deadlock) and were run again (PostgreSQL; logs, tests, benchmarks)."""
         return self._numbering.conflicts
+
+    @property
+    def reconnects(self) -> int:
+        """Write transactions that met a dead connection and were run again
+        on a fresh one (PostgreSQL; logs, tests)."""
+        return self._numbering.reconnects
 
     def _pool(self, path: str, *, query_only: bool) -> adbapi.ConnectionPool:
         busy_timeout_ms = self._busy_timeout_ms
@@ -909,7 +1114,10 @@ class Database:
                 if self._clock.seconds() + delay > deadline:
                     raise
                 log.warn(
-                    "{what}: {error}; retrying in {delay}s", what=retry.what, error=e, delay=delay
+                    "{what}: {error}; retrying in {delay:.1f} s",
+                    what=retry.what,
+                    error=e,
+                    delay=delay,
                 )
                 await deferLater(self._clock, delay, lambda: None)
                 attempts += 1
@@ -982,9 +1190,13 @@ class Database:
         connection (``query_only``: a write there raises); errors classified
         as :meth:`write`'s."""
         d = self._reader.runWithConnection(
-            lambda c: run_read(_raw(c), lambda cur: fn(cur, *args, **kw))
+            lambda c: _read_reconnecting(_raw(c), lambda cur: fn(cur, *args, **kw))
         )
         return d.addErrback(_reraise_classified)
+
+    def ping(self) -> Deferred[None]:
+        """A trivial read: fires if the database answers (``/healthz``)."""
+        return self.read(_ping)
 
     def close(self) -> None:
         """Stop both pools (joins their threads; pending work finishes first)."""
@@ -999,6 +1211,21 @@ class Database:
         for pool in (self._writer, self._reader):
             if pool.running:
                 pool.close()
+
+
+def _ping(cursor: sqlite3.Cursor) -> None:
+    cursor.execute("SELECT 1").fetchone()
+
+
+def _read_reconnecting(connection: Connection, fn: Callable[[Any], T]) -> T:
+    """:func:`run_read`, once more on a fresh connection if the first met a
+    dead one (a read is always safe to repeat)."""
+    try:
+        return run_read(connection, fn)
+    except Exception as error:
+        if not _connection_lost(error, connection):
+            raise
+    return run_read(connection, fn)
 
 
 def _reraise_classified(failure: Failure) -> Failure:

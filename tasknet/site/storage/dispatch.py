@@ -60,7 +60,9 @@ PAGE_SIZE = 500
 @dataclass(frozen=True, slots=True)
 class Command:
     """One command for one node; ``operation_id`` is the generation's id for
-    ``DOWNLOAD`` and the stable delete id for ``DELETE``."""
+    ``DOWNLOAD`` and the stable delete id for ``DELETE``; ``size`` the
+    archive size learned from ``prepare`` (``gallery.size``; 0 unknown, and
+    always 0 for ``DELETE``), which bounds the node's download."""
 
     node_id: str
     action: str
@@ -69,11 +71,12 @@ class Command:
     token: str
     name: str
     url: str
+    size: int = 0
 
 
 _COLUMNS = """
 SELECT g.gid, g.name, g.token, g.url, g.status, g.progress, g.node_id, g.user_id, g.cost,
-       g.created_at, g.updated_at,
+       g.created_at, g.updated_at, g.size,
        o.state, o.operation_id, o.delete_operation_id, o.delete_result, o.archive_url,
        o.dispatched, o.legacy
 FROM gallery AS g LEFT JOIN task_operation AS o ON o.gid = g.gid
@@ -117,6 +120,13 @@ def _url(row: sqlite3.Row) -> str:
     return str(row["url"] or row["archive_url"] or "")
 
 
+def _size(row: sqlite3.Row) -> int:
+    """The archive size from ``prepare``; 0 when unknown (a legacy row, an
+    upstream that gave none)."""
+    size = row["size"]
+    return int(size) if isinstance(size, int) and size > 0 else 0
+
+
 def _download_generation(cursor: sqlite3.Cursor, row: sqlite3.Row, unmarked: list[int]) -> str:
     """The operationId a DOWNLOAD of ``row`` carries: a pre-migration row
     gets its generation now (born dispatched); a row not yet marked
@@ -146,6 +156,7 @@ def _command(node_id: str, row: sqlite3.Row, operation_id: str | None = None) ->
         row["token"],
         row["name"],
         _url(row),
+        _size(row),
     )
 
 

@@ -34,6 +34,19 @@ class DatabaseBusy(DatabaseError):
     (``Database.write_retrying``)."""
 
 
+class DatabaseUnavailable(DatabaseBusy):
+    """The database cannot be reached (refused, restarted, the session ended
+    on the server) even after the database layer replaced the connection
+    and ran the transaction again: nothing was committed; retry later."""
+
+
+class CommitUnknown(DatabaseBusy):
+    """The connection was lost while the ``COMMIT`` was under way: the
+    transaction may or may not have committed.  Only a transaction whose
+    expected-state guards make a repeat a no-op may be run again
+    (SCALE.md "Fencing" 4); the others must settle the doubt themselves."""
+
+
 class DatabaseFailed(DatabaseError):
     """Failed: a constraint, an I/O error, a broken file or connection...
     Nothing of the transaction was committed, and running it again would

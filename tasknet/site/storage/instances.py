@@ -26,8 +26,8 @@ from __future__ import annotations
 import sqlite3
 from dataclasses import dataclass
 
-from tasknet.site.storage.dialect import NOW_SQL
-from tasknet.site.storage.errors import DatabaseFailed
+from tasknet.site.storage.dialect import NOW_OFFSET_SQL, NOW_SQL, offset
+from tasknet.site.storage.errors import DatabaseBusy, DatabaseFailed
 from tasknet.status import OperationState
 
 #: An instance that neither ended nor was reaped (a WHERE condition on site_instance).
@@ -39,6 +39,13 @@ class LeaseLost(DatabaseFailed):
     """This instance's lease is gone (its lock session ended, or another
     instance found it gone and reaped it): it must not write any more.
     Nothing of the refused transaction was written."""
+
+
+class LeaseStale(DatabaseBusy):
+    """This instance has not confirmed its lease within the lease timeout
+    (SCALE.md "Fencing" 1 and 3): it starts no write transaction and sends no
+    POST until a check confirms the lease again (then the write may be
+    retried) or finds it lost (then :class:`LeaseLost` for good)."""
 
 
 @dataclass(frozen=True)
@@ -55,6 +62,9 @@ class Instance:
     ended_at: str | None
     reaped_at: str | None
     reaped_by: int | None
+    #: Seconds (v5; None for an instance of an older release).
+    lease_timeout: float | None = None
+    upstream_timeout: float | None = None
 
     @property
     def open(self) -> bool:
@@ -63,14 +73,85 @@ class Instance:
 
 
 def register(
-    cursor: sqlite3.Cursor, name: str, host: str, pid: int, lease_pid: int | None = None
+    cursor: sqlite3.Cursor,
+    name: str,
+    host: str,
+    pid: int,
+    lease_pid: int | None = None,
+    *,
+    lease_timeout: float | None = None,
+    upstream_timeout: float | None = None,
 ) -> int:
-    """A new open instance; its id (ids are never reused)."""
+    """A new open instance; its id (ids are never reused).  Its lease
+    timeout and upstream timeout are recorded for whoever reaps it: how
+    long after its last lease confirmation its last POST may still land
+    (:mod:`tasknet.site.storage.reaping`)."""
     row = cursor.execute(
-        "INSERT INTO site_instance (name, host, pid, lease_pid) VALUES (?, ?, ?, ?) RETURNING id",
-        (name, host, pid, lease_pid),
+        "INSERT INTO site_instance (name, host, pid, lease_pid, lease_timeout, upstream_timeout) "
+        "VALUES (?, ?, ?, ?, ?, ?) RETURNING id",
+        (name, host, pid, lease_pid, lease_timeout, upstream_timeout),
     ).fetchone()
     return int(row[0])
+
+
+def lease_confirmed(cursor: sqlite3.Cursor, instance_id: int) -> None:
+    """Record that ``instance_id`` holds its lease now (its registration;
+    its lease checks write the same row, :mod:`tasknet.site.storage.lease`)."""
+    cursor.execute(
+        "INSERT INTO instance_lease (instance_id, confirmed_at) "  # noqa: S608
+        f"VALUES (?, {NOW_SQL}) ON CONFLICT (instance_id) DO UPDATE "
+        "SET confirmed_at = excluded.confirmed_at",
+        (instance_id,),
+    )
+
+
+def lease_confirmed_at(cursor: sqlite3.Cursor, instance_id: int) -> str | None:
+    """When ``instance_id`` last confirmed its lease (None: never recorded,
+    an instance of an older release)."""
+    row = cursor.execute(
+        "SELECT confirmed_at FROM instance_lease WHERE instance_id = ?", (instance_id,)
+    ).fetchone()
+    return None if row is None else str(row[0])
+
+
+def surely_stale(cursor: sqlite3.Cursor, instance_id: int, default_timeout: float) -> bool:
+    """Whether gone instance ``instance_id``, were it only paused, must find
+    its lease stale by its own clock whenever it resumes: its last
+    confirmation is at least its lease timeout (``default_timeout`` for an
+    instance that recorded none) old.  Only then may it be reaped (SCALE.md
+    "Fencing": nothing it could still start after its reap)."""
+    row = cursor.execute(
+        "SELECT i.lease_timeout, l.confirmed_at FROM site_instance i "
+        "LEFT JOIN instance_lease l ON l.instance_id = i.id WHERE i.id = ?",
+        (instance_id,),
+    ).fetchone()
+    if row is None or row[1] is None:
+        return True
+    timeout = default_timeout if row[0] is None else float(row[0])
+    old = cursor.execute(
+        f"SELECT {NOW_OFFSET_SQL} >= ?",
+        (offset(-timeout), row[1]),  # noqa: S608
+    ).fetchone()
+    # "now - timeout" at or past the confirmation: text compare of one format.
+    return bool(old[0])
+
+
+def require_open_locked(cursor: sqlite3.Cursor, instance_id: int) -> None:
+    """The write gate of a PostgreSQL transaction (SCALE.md "Fencing" 3):
+    this instance's row is still open, read ``FOR SHARE`` so that a reaper's
+    ``UPDATE`` of it waits for this transaction to end (and the reaper ends
+    this instance's sessions first, so a paused holder cannot make it wait
+    for ever).  Raises :class:`LeaseLost` otherwise: nothing of the
+    transaction commits."""
+    row = cursor.execute(
+        f"SELECT id FROM site_instance WHERE id = ? AND {OPEN_SQL} FOR SHARE",  # noqa: S608
+        (instance_id,),
+    ).fetchone()
+    if row is None:
+        raise LeaseLost(
+            f"site instance {instance_id} was reaped or ended; nothing of this transaction "
+            "was written"
+        )
 
 
 def heartbeat(cursor: sqlite3.Cursor, instance_id: int) -> bool:
@@ -134,6 +215,10 @@ def _instance(row: sqlite3.Row) -> Instance:
         ended_at=row["ended_at"],
         reaped_at=row["reaped_at"],
         reaped_by=None if row["reaped_by"] is None else int(row["reaped_by"]),
+        lease_timeout=None if row["lease_timeout"] is None else float(row["lease_timeout"]),
+        upstream_timeout=(
+            None if row["upstream_timeout"] is None else float(row["upstream_timeout"])
+        ),
     )
 
 

@@ -24,6 +24,19 @@ process is alive (SCALE.md 2), and the once-only lock of periodic work
   it, so every other instance in the table is gone, and the lease cannot be
   lost while the process lives.
 
+Freshness (SCALE.md "Fencing" 1 and 3).  A lease ends in the database
+before its holder learns it (a paused process learns nothing).  So a site
+also judges its lease on its own monotonic clock: it is *fresh* while its
+last confirmation (the start of the last check that found the lock held)
+is less than :data:`LEASE_TIMEOUT` old.  A site whose lease is not fresh
+starts no write transaction (:meth:`Lease.refuse_if_stale`, the database
+layer's write fence) and sends no POST; the site that reaps it waits that
+long, plus the upstream timeout, before it lets anyone say "not submitted".
+Each site names its database sessions after its instance
+(:func:`application_name`), so a reaper can end every session of the
+instance it reaps (:meth:`Lease.end_sessions_of`) and no transaction left
+open by a paused site can hold the reap up.
+
 The lease connection is used from one thread of its own (psycopg is
 blocking; one connection, one thread at a time); its methods answer
 Deferreds on the reactor.
@@ -41,6 +54,7 @@ import os
 import socket
 import sqlite3
 import threading
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -49,11 +63,13 @@ from twisted.internet.defer import Deferred, fail, succeed
 from twisted.internet.threads import deferToThreadPool
 from twisted.logger import Logger
 from twisted.python.threadpool import ThreadPool
+from zope.interface import implementer
 
 from tasknet.clock import default_reactor
 from tasknet.site.storage import instances
-from tasknet.site.storage.db import Cursor, connect, run_write
-from tasknet.site.storage.instances import LeaseLost
+from tasknet.site.storage.db import Cursor, IWriteFence, connect, run_write
+from tasknet.site.storage.dialect import NOW_SQL
+from tasknet.site.storage.instances import LeaseLost, LeaseStale
 from tasknet.site.storage.listen import is_postgres_cursor
 from tasknet.site.storage.lock import InstanceLock
 
@@ -69,6 +85,17 @@ LEASE_CLASS = 0x7453
 #: The first key of the once-only locks of periodic work (the second: a job below).
 ONCE_CLASS = 0x7454
 
+#: Seconds between two lease checks of a running site.
+CHECK_INTERVAL = 3.0
+#: A lease check not answered within this many seconds counts as a lost
+#: lease (a black-holed network answers nothing at all).
+CHECK_TIMEOUT = 5.0
+#: The lease timeout (SCALE.md "Fencing" 1): the longest a live site can go
+#: without confirming its lease.  Past it the site itself writes nothing and
+#: POSTs nothing, and a reaped site's "not submitted" verdict waits this
+#: long (plus the upstream timeout) after its reap.
+LEASE_TIMEOUT = CHECK_INTERVAL + CHECK_TIMEOUT
+
 #: Periodic jobs that must run at one site at a time (:func:`once`).
 PRUNE_JOB = 1
 OUTBOX_PRUNE_JOB = 2
@@ -83,6 +110,9 @@ _LEASE_SESSION = {
     "tcp_keepalives_count": 3,
     "tcp_user_timeout": 10000,
 }
+#: How long a reaper waits for each session of the instance it reaps to end.
+SESSION_END_TIMEOUT_MS = 5000
+
 _LEASE_CLIENT = {
     "keepalives": 1,
     "keepalives_idle": 5,
@@ -107,6 +137,17 @@ def this_host() -> str:
     return socket.gethostname()
 
 
+def application_name(instance_id: int, role: str) -> str:
+    """The PostgreSQL ``application_name`` of a session of instance
+    ``instance_id`` (``role``: writer, reader, lease, listen): what a reaper
+    looks for to end them all (:meth:`PostgresLease.end_sessions_of`)."""
+    return f"{_SESSION_PREFIX}{instance_id} {role}"
+
+
+_SESSION_PREFIX = "tasknet-site#"
+
+
+@implementer(IWriteFence)
 class Lease(ABC):
     """The lease of instance :attr:`instance_id` (named :attr:`name`).
 
@@ -115,10 +156,61 @@ class Lease(ABC):
 
     shared = False
 
-    def __init__(self, instance_id: int, name: str) -> None:
+    def __init__(
+        self,
+        instance_id: int,
+        name: str,
+        *,
+        timeout: float = LEASE_TIMEOUT,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.instance_id = instance_id
         self.name = name
+        #: The lease timeout (seconds, :data:`LEASE_TIMEOUT` by default).
+        self.timeout = timeout
+        self._monotonic = monotonic
         self._lost: str | None = None
+        #: When (``monotonic``) the lease was last confirmed: taken, or the
+        #: start of the last check that found it held.
+        self.confirmed_at = monotonic()
+
+    def now(self) -> float:
+        """This instance's monotonic clock (the one freshness is judged on)."""
+        return self._monotonic()
+
+    def stale_for(self) -> float | None:
+        """``None`` while the lease is fresh, else how many seconds ago it
+        was last confirmed (a lost lease is never fresh)."""
+        age = self._monotonic() - self.confirmed_at
+        if self._lost is None and age < self.timeout:
+            return None
+        return age
+
+    def refuse_if_stale(self) -> None:
+        """Raise :class:`LeaseLost` once the lease is lost, and
+        :class:`LeaseStale` while it is not fresh (SCALE.md "Fencing" 3:
+        checked before every write transaction and before a POST)."""
+        self.refuse_if_lost()
+        age = self.stale_for()
+        if age is not None:
+            raise LeaseStale(
+                f"site instance {self.instance_id} last confirmed its lease {age:.1f} s ago "
+                f"(lease timeout {self.timeout:g} s); nothing was written"
+            )
+
+    def before_transaction(self) -> None:
+        """The write fence before a ``BEGIN`` (:class:`~.db.IWriteFence`)."""
+        self.refuse_if_stale()
+
+    def in_transaction(self, cursor: Cursor) -> None:
+        """The write fence inside a transaction: nothing to check where the
+        lease cannot be lost to another site (SQLite)."""
+        return None  # noqa: B027 -- a real default, not an abstract stub
+
+    def confirmed(self, since: float) -> None:
+        """A check that started at ``since`` found the lease held."""
+        if since > self.confirmed_at:
+            self.confirmed_at = since
 
     @property
     def lost(self) -> str | None:
@@ -157,6 +249,13 @@ class Lease(ABC):
         """The clean end: mark the instance ended (its last write, while the
         lease still holds) and let the lease go.  Idempotent."""
 
+    def end_sessions_of(self, other: int) -> Deferred[int]:
+        """End every database session of instance ``other`` (judged gone,
+        its key held by :meth:`judge`), so that no transaction it left open
+        holds up its reap; fires with how many were ended.  Nothing to end
+        on SQLite (one process per file)."""
+        return succeed(0)
+
 
 class SqliteLease(Lease):
     """The flock of one SQLite database as the lease of its one instance."""
@@ -167,17 +266,33 @@ class SqliteLease(Lease):
         self._target = target
 
     @classmethod
-    def take(cls, flock: InstanceLock, target: str, name: str) -> SqliteLease:
+    def take(
+        cls, flock: InstanceLock, target: str, name: str, *, upstream_timeout: float | None = None
+    ) -> SqliteLease:
         """Register the instance of the site holding ``flock`` (on the
         prepared database ``target``)."""
         connection = connect(target)
         try:
             instance_id = run_write(
-                connection, instances.register, name, this_host(), os.getpid(), None
+                connection,
+                lambda cursor: instances.register(
+                    cursor,
+                    name,
+                    this_host(),
+                    os.getpid(),
+                    None,
+                    lease_timeout=LEASE_TIMEOUT,
+                    upstream_timeout=upstream_timeout,
+                ),
             )
         finally:
             connection.close()
         return cls(flock, target, instance_id, name)
+
+    def stale_for(self) -> float | None:
+        # The flock cannot be lost while the process lives (a paused site
+        # keeps it, so nothing can be reaped meanwhile): always fresh.
+        return None if self._lost is None else 0.0
 
     def check(self) -> Deferred[None]:
         if self._lost is not None:
@@ -220,14 +335,30 @@ def _lease_target(target: str) -> str:
     return pg_conninfo.make_conninfo(target, options=options, **client)
 
 
-def _register_locked(cursor: sqlite3.Cursor, name: str, host: str, pid: int) -> tuple[int, int]:
+def _register_locked(
+    cursor: sqlite3.Cursor, name: str, host: str, pid: int, upstream_timeout: float | None
+) -> tuple[int, int]:
     """The registration of a PostgreSQL instance: its row and its lock in one
     transaction (a session-level lock outlives the transaction that took
-    it; the row is seen by others only once the lock is held).  Returns
-    (instance id, the lease session's server pid)."""
+    it; the row is seen by others only once the lock is held), and the
+    session named after it.  Returns (instance id, the lease session's
+    server pid)."""
     lease_pid = int(cursor.execute("SELECT pg_backend_pid()").fetchone()[0])
-    instance_id = instances.register(cursor, name, host, pid, lease_pid)
+    instance_id = instances.register(
+        cursor,
+        name,
+        host,
+        pid,
+        lease_pid,
+        lease_timeout=LEASE_TIMEOUT,
+        upstream_timeout=upstream_timeout,
+    )
     cursor.execute("SELECT pg_advisory_lock(?, ?)", (LEASE_CLASS, instance_id))
+    instances.lease_confirmed(cursor, instance_id)
+    cursor.execute(
+        "SELECT set_config('application_name', ?, false)",
+        (application_name(instance_id, "lease"),),
+    )
     return instance_id, lease_pid
 
 
@@ -248,8 +379,9 @@ class PostgresLease(Lease):
         name: str,
         *,
         clock: Any = None,
+        monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
-        super().__init__(instance_id, name)
+        super().__init__(instance_id, name, monotonic=monotonic)
         self._connection = connection
         #: The server pid of the lease session (``pg_terminate_backend`` ends it).
         self.lease_pid = lease_pid
@@ -262,7 +394,15 @@ class PostgresLease(Lease):
         self._released = False
 
     @classmethod
-    def take(cls, target: str, name: str, *, clock: Any = None) -> PostgresLease:
+    def take(
+        cls,
+        target: str,
+        name: str,
+        *,
+        clock: Any = None,
+        upstream_timeout: float | None = None,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> PostgresLease:
         """Open the lease session on ``target`` (a prepared database),
         register the instance and take its lock (blocking: at build time)."""
         from tasknet.site.storage import postgres  # the driver only when PostgreSQL is used
@@ -270,7 +410,7 @@ class PostgresLease(Lease):
         connection = postgres.connect(_lease_target(target), application_name="tasknet-site lease")
         try:
             instance_id, lease_pid = run_write(
-                connection, _register_locked, name, this_host(), os.getpid()
+                connection, _register_locked, name, this_host(), os.getpid(), upstream_timeout
             )
         except BaseException:
             connection.close()
@@ -281,7 +421,7 @@ class PostgresLease(Lease):
             name=name,
             pid=lease_pid,
         )
-        return cls(connection, instance_id, lease_pid, name, clock=clock)
+        return cls(connection, instance_id, lease_pid, name, clock=clock, monotonic=monotonic)
 
     def _in_thread(self, fn: Callable[[], T]) -> Deferred[T]:
         def guarded() -> T:
@@ -307,17 +447,26 @@ class PostgresLease(Lease):
         return failure
 
     def check(self) -> Deferred[None]:
+        since = self._monotonic()
+
         def held() -> None:
+            # One statement: the lock still held by this very session, and
+            # then (only then) the confirmation's time written, by the
+            # database's clock, for a reaper to wait on (it is never earlier
+            # than ``since``).
             row = self._connection.execute(
-                "SELECT pg_backend_pid() AS pid, (SELECT COUNT(*) FROM pg_locks "
+                "INSERT INTO instance_lease (instance_id, confirmed_at) "  # noqa: S608
+                f"SELECT ?, {NOW_SQL} WHERE EXISTS (SELECT 1 FROM pg_locks "
                 "WHERE locktype = 'advisory' AND classid = ? AND objid = ? AND objsubid = 2 "
-                "AND pid = pg_backend_pid() AND granted) AS held",
-                (LEASE_CLASS, self.instance_id),
+                "AND pid = pg_backend_pid() AND granted) "
+                "ON CONFLICT (instance_id) DO UPDATE SET confirmed_at = excluded.confirmed_at "
+                "RETURNING pg_backend_pid() AS pid",
+                (self.instance_id, LEASE_CLASS, self.instance_id),
             ).fetchone()
-            if int(row["pid"]) != self.lease_pid or not row["held"]:
+            if row is None or int(row["pid"]) != self.lease_pid:
                 raise LeaseLost("the lease session no longer holds the instance's lock")
 
-        return self._in_thread(held)
+        return self._in_thread(held).addCallback(lambda _: self.confirmed(since))
 
     def judge(self, other: int) -> Deferred[bool]:
         if other == self.instance_id:
@@ -337,6 +486,26 @@ class PostgresLease(Lease):
 
         return self._in_thread(unlock)
 
+    def in_transaction(self, cursor: Cursor) -> None:
+        # Read FOR SHARE: a reaper's UPDATE of the row waits for us.
+        instances.require_open_locked(cursor, self.instance_id)  # type: ignore[arg-type]
+
+    def end_sessions_of(self, other: int) -> Deferred[int]:
+        if other == self.instance_id:
+            return fail(ValueError("an instance never ends its own sessions"))
+
+        def terminate() -> int:
+            # pg_terminate_backend(pid, timeout) waits until the session is
+            # gone (its transaction rolled back, its locks let go).
+            rows = self._connection.execute(
+                "SELECT pid, pg_terminate_backend(pid, ?) AS ended FROM pg_stat_activity "
+                "WHERE application_name LIKE ? AND pid <> pg_backend_pid()",
+                (SESSION_END_TIMEOUT_MS, f"{_SESSION_PREFIX}{other} %"),
+            ).fetchall()
+            return sum(1 for row in rows if row["ended"])
+
+        return self._in_thread(terminate)
+
     def release(self) -> None:
         if self._released:
             return
@@ -351,10 +520,21 @@ class PostgresLease(Lease):
             self._connection.close()  # the session, and its lock, end
 
 
-def take_lease(target: str, name: str, *, flock: InstanceLock | None, clock: Any = None) -> Lease:
+def take_lease(
+    target: str,
+    name: str,
+    *,
+    flock: InstanceLock | None,
+    clock: Any = None,
+    upstream_timeout: float | None = None,
+    monotonic: Callable[[], float] = time.monotonic,
+) -> Lease:
     """The lease of a new instance named ``name`` on the prepared database
     ``target``: on SQLite the site's held ``flock``, on PostgreSQL a lease
-    session of its own."""
+    session of its own.  ``upstream_timeout`` is recorded for a reaper;
+    ``monotonic`` is the clock freshness is judged on."""
     if flock is not None:
-        return SqliteLease.take(flock, target, name)
-    return PostgresLease.take(target, name, clock=clock)
+        return SqliteLease.take(flock, target, name, upstream_timeout=upstream_timeout)
+    return PostgresLease.take(
+        target, name, clock=clock, upstream_timeout=upstream_timeout, monotonic=monotonic
+    )

@@ -16,6 +16,17 @@ ALTER TABLE instance_reap ADD COLUMN lease_confirmed_at TEXT;
 ALTER TABLE site_instance ADD COLUMN lease_timeout REAL;
 ALTER TABLE site_instance ADD COLUMN upstream_timeout REAL;
 
+-- When each instance last confirmed its lease (its lease check found its
+-- lock held), by the database's clock: a reaper settles a gone instance
+-- only once this is a lease timeout old, so that the instance, were it
+-- only paused, finds its own lease stale whenever it resumes (SCALE.md
+-- "Fencing" 1).  Not in site_instance: every write transaction of a site
+-- reads that row FOR SHARE, which an UPDATE here would have to wait for.
+CREATE TABLE IF NOT EXISTS instance_lease (
+    instance_id   INTEGER PRIMARY KEY,
+    confirmed_at  TEXT    NOT NULL
+);
+
 -- == browser sessions (INTERFACES.md "Sessions and downloads") ==
 
 -- One row per signed-in browser: the cookie holds a random id, stored here
@@ -34,5 +45,11 @@ CREATE TABLE IF NOT EXISTS web_session (
     ended_why     TEXT
 );
 CREATE INDEX IF NOT EXISTS web_session_user ON web_session(user_id) WHERE ended_at IS NULL;
+
+-- == users an admin disabled (tasknet-admin user disable|enable) ==
+
+-- When the user was disabled (ISO 8601 UTC); NULL while enabled.  A
+-- disabled user's token and sessions authenticate nothing; its tasks stay.
+ALTER TABLE "user" ADD COLUMN disabled_at TEXT;
 
 INSERT OR IGNORE INTO schema_version (version) VALUES (5);

@@ -47,7 +47,8 @@ of :mod:`tasknet.site.storage.dialect`, ``BEGIN IMMEDIATE`` for a write,
   one (the failed transaction itself was already reported as failed), so a
   pool heals after a server restart or a network cut.
 
-Error classes (:func:`is_conflict`, :func:`is_busy`): serialization failure
+Error classes (:func:`is_conflict`, :func:`is_busy`, :func:`is_connection_lost`):
+a lost connection is retried on a fresh one by the database layer; serialization failure
 (40001) and deadlock (40P01) are *conflicts*, retried as a whole transaction
 by :mod:`tasknet.site.storage.db`; those and ``lock_not_available`` (55P03),
 ``query_canceled`` (57014, a timeout) and ``too_many_connections`` (53300)
@@ -118,6 +119,22 @@ def translated(sql: str) -> Translated:
 def is_conflict(error: BaseException | None) -> bool:
     """A serialization failure or a deadlock: run the whole transaction again."""
     return getattr(error, "sqlstate", None) in CONFLICTS
+
+
+#: SQLSTATEs of a session the server ended (admin_shutdown,
+#: crash_shutdown, cannot_connect_now) and the connection exception class.
+_SESSION_ENDED = frozenset({"57P01", "57P02", "57P03"})
+
+
+def is_connection_lost(error: BaseException) -> bool:
+    """The connection is gone or could not be made (the server ended the
+    session, restarted, refused, the network failed): the transaction did
+    not commit on it, unless it died during the ``COMMIT``."""
+    sqlstate = getattr(error, "sqlstate", None)
+    if sqlstate is not None:
+        return sqlstate in _SESSION_ENDED or sqlstate.startswith("08")
+    # libpq reports a lost or refused connection without a SQLSTATE.
+    return isinstance(error, psycopg.OperationalError)
 
 
 def is_busy(error: BaseException) -> bool:

@@ -14,11 +14,13 @@ from __future__ import annotations
 import sqlite3
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 
 from tasknet.site.storage import create, delivery, node_sessions
 from tasknet.site.storage.create import Recovered
 from tasknet.site.storage.dialect import NOW_SQL
-from tasknet.site.storage.instances import OPEN_SQL, instance
+from tasknet.site.storage.instances import OPEN_SQL, instance, lease_confirmed_at
+from tasknet.site.storage.throughput import iso
 
 
 @dataclass(frozen=True)
@@ -41,7 +43,13 @@ class Reaped:
         return len(self.recovered.unknown) + len(self.recovered.released)
 
 
-def reap(cursor: sqlite3.Cursor, gone: int | None, reaper: int) -> Reaped:
+def reap(
+    cursor: sqlite3.Cursor,
+    gone: int | None,
+    reaper: int,
+    *,
+    verdict_wait: tuple[float, float] | None = None,
+) -> Reaped:
     """Settle what instance ``gone`` left, once its lease was judged gone
     (the caller holds that proof: the lock of ``gone``, or the SQLite
     flock), by instance ``reaper``: its row marked reaped, each of its
@@ -51,7 +59,16 @@ def reap(cursor: sqlite3.Cursor, gone: int | None, reaper: int) -> Reaped:
     (:func:`node_sessions.release_nodes_of`) and its outbox tail and webhook
     claims given up (:func:`delivery.release_outbox_of`).  ``gone=None``:
     the generations no instance recorded.  Repeating it settles nothing
-    twice."""
+    twice.
+
+    ``verdict_wait``: the (lease timeout, upstream timeout) to assume for
+    an instance that recorded none (an older release); given when the gone
+    instance may have been paused rather than dead (PostgreSQL), each
+    ``UNKNOWN`` made here may be resolved "not submitted" only after its
+    lease timeout plus its upstream timeout from now, the last moment it can
+    have confirmed its lease (its lock was free when it was judged gone):
+    a paused site's late POST must have landed before anyone says it never
+    came (SCALE.md "Fencing" 2)."""
     marked = False
     if gone is not None:
         cursor.execute(
@@ -60,8 +77,11 @@ def reap(cursor: sqlite3.Cursor, gone: int | None, reaper: int) -> Reaped:
             (reaper, gone),
         )
         marked = cursor.rowcount == 1
-    recovered = create.recover(cursor, gone, error=_reaped_error(gone, reaper))
-    _record(cursor, gone, reaper, recovered)
+    confirmed_at, not_before = _verdict_wait(cursor, gone, verdict_wait)
+    recovered = create.recover(
+        cursor, gone, error=_reaped_error(gone, reaper), verdict_not_before=not_before
+    )
+    _record(cursor, gone, reaper, recovered, lease_confirmed_at=confirmed_at)
     if gone is None:
         return Reaped(gone, marked, recovered)
     nodes = node_sessions.release_nodes_of(cursor, gone)
@@ -69,6 +89,25 @@ def reap(cursor: sqlite3.Cursor, gone: int | None, reaper: int) -> Reaped:
     row = instance(cursor, gone)
     who = None if row is None else f"{row.name} on {row.host}, pid {row.pid}"
     return Reaped(gone, marked, recovered, who, nodes, claims)
+
+
+def _verdict_wait(
+    cursor: sqlite3.Cursor, gone: int | None, defaults: tuple[float, float] | None
+) -> tuple[str | None, str | None]:
+    """(when ``gone`` last confirmed its lease, when "not submitted" may be
+    said for what it left): its confirmation plus its lease timeout plus its
+    upstream timeout, the last moment a POST it might still have sent can
+    land.  (None, None) when there is nothing to wait for."""
+    if gone is None or defaults is None:
+        return None, None
+    row = instance(cursor, gone)
+    lease_timeout = row.lease_timeout if row and row.lease_timeout is not None else defaults[0]
+    upstream = row.upstream_timeout if row and row.upstream_timeout is not None else defaults[1]
+    confirmed_at = lease_confirmed_at(cursor, gone)
+    if confirmed_at is None:  # an instance of an older release: from now
+        confirmed_at = str(cursor.execute(f"SELECT {NOW_SQL}").fetchone()[0])  # noqa: S608
+    moment = datetime.fromisoformat(confirmed_at.replace("Z", "+00:00")).timestamp()
+    return confirmed_at, iso(moment + lease_timeout + upstream)
 
 
 def _reaped_error(gone: int | None, reaper: int) -> str:
@@ -79,15 +118,22 @@ def _reaped_error(gone: int | None, reaper: int) -> str:
     )
 
 
-def _record(cursor: sqlite3.Cursor, gone: int | None, reaper: int, recovered: Recovered) -> None:
+def _record(
+    cursor: sqlite3.Cursor,
+    gone: int | None,
+    reaper: int,
+    recovered: Recovered,
+    *,
+    lease_confirmed_at: str | None,
+) -> None:
     rows: Sequence[tuple[object, ...]] = [
-        (gone, reaper, op.gid, op.operation_id, op.from_state, op.outcome)
+        (gone, reaper, op.gid, op.operation_id, op.from_state, op.outcome, lease_confirmed_at)
         for op in recovered.operations
     ]
     if rows:
         cursor.executemany(
             "INSERT INTO instance_reap (instance_id, reaped_by, gid, operation_id, from_state, "
-            "outcome) VALUES (?, ?, ?, ?, ?, ?)",
+            "outcome, lease_confirmed_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
             rows,
         )
 

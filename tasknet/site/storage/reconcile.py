@@ -1,25 +1,144 @@
 """Reconciling ``UNKNOWN`` operations (LIFECYCLE.md): the list with its
 stored evidence (:func:`unknown_operations`) and an operator's verdict
 (:func:`resolve_unknown`), audited, metered exactly once, never a POST.
+
+Two rules guard a verdict (docs/operations.md, "Reconcile UNKNOWN operations"):
+
+* **The verdict wait** (SCALE.md "Fencing" 2).  An ``UNKNOWN`` that a reap
+  settled carries ``task_operation.verdict_not_before``: until then the dead
+  instance's late POST could still reach the upstream, so ``not_submitted``
+  is refused (:class:`VerdictTooEarly`, code ``verdict_too_early``, with
+  the moment).  ``submitted`` is allowed at any time.  "Now" is the
+  database's clock (:data:`~tasknet.site.storage.dialect.NOW_SQL`), read in
+  the transaction that decides, and the same clock tells the list how long
+  is left (``verdictWaitSeconds``).
+* **A verdict against the evidence needs a note.**  When the upstream's
+  audit (``evidence["upstream"]``, fetched by the lifecycle) records at
+  least one archive POST and the verdict is ``not_submitted``, or none and
+  the verdict is ``submitted``, the verdict is refused without a non-empty
+  note (code ``note_required``); with one it is taken, and the audit row's
+  evidence says ``"contradicts": true`` and why.  An audit that was not
+  available contradicts nothing.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import sqlite3
 from collections.abc import Mapping
+from datetime import UTC, datetime
 from typing import Any
 
-from tasknet.site.storage import outbox
+from tasknet.site.storage import outbox, throughput
 from tasknet.site.storage.dialect import NOW_SQL
 from tasknet.site.storage.errors import TaskError
 from tasknet.site.storage.generation import change_state, remove_generation
 from tasknet.site.storage.rows import gallery_row, operation_row
 from tasknet.site.storage.usage import meter, week_of_timestamp
 from tasknet.site.storage.views import gone_view, task_view
-from tasknet.status import OperationState
+from tasknet.status import OperationState, TaskStatus, status_words
 
 VERDICTS = ("submitted", "not_submitted")
+
+#: Error codes of the two rules (the API answers both ``409``).
+VERDICT_TOO_EARLY = "verdict_too_early"
+NOTE_REQUIRED = "note_required"
+
+
+class VerdictTooEarly(TaskError):
+    """``not_submitted`` before the task's ``verdict_not_before``:
+    ``not_before`` (ISO 8601 UTC) and ``wait`` (seconds left, by the
+    database's clock)."""
+
+    def __init__(self, gid: int, not_before: str, wait: float) -> None:
+        super().__init__(
+            VERDICT_TOO_EARLY,
+            f"gid {gid}: a 'not_submitted' verdict is possible from {not_before}"
+            f" (in {math.ceil(wait)} s): its submission was settled by a reap, and the"
+            " gone site's POST could still reach the upstream until then;"
+            " 'submitted' is allowed now",
+        )
+        self.gid = gid
+        self.not_before = not_before
+        self.wait = wait
+
+    @property
+    def retry_after(self) -> int:
+        """Whole seconds to wait (``Retry-After``), rounded up, at least 1."""
+        return max(1, math.ceil(self.wait))
+
+
+def _moment(text: str) -> datetime:
+    """A stored timestamp (ISO 8601; UTC when it names no zone)."""
+    moment = datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
+    return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
+
+
+def _database_now(cursor: sqlite3.Cursor) -> datetime:
+    return _moment(cursor.execute(f"SELECT {NOW_SQL}").fetchone()[0])  # noqa: S608
+
+
+def verdict_wait(
+    cursor: sqlite3.Cursor, not_before: str | None, now: datetime | None = None
+) -> tuple[str | None, float]:
+    """``(notBefore, seconds left)`` of a stored ``verdict_not_before``:
+    the moment as our ISO 8601 UTC text (None: no wait) and how long until
+    it by the database's clock (``now``: that clock, already read), 0 once
+    passed."""
+    if not not_before:
+        return None, 0.0
+    moment = _moment(not_before)
+    now = _database_now(cursor) if now is None else now
+    return throughput.iso(moment.timestamp()), max(0.0, (moment - now).total_seconds())
+
+
+def contradiction(gid: int, verdict: str, evidence: Mapping[str, Any] | None) -> str | None:
+    """What the upstream's audit in ``evidence`` says against ``verdict``,
+    or None: the audit agrees, says nothing usable, or was unavailable."""
+    upstream = (evidence or {}).get("upstream")
+    if not isinstance(upstream, Mapping) or upstream.get("available") is not True:
+        return None
+    audit = upstream.get("audit")
+    if not isinstance(audit, Mapping):
+        return None
+    submissions = audit.get("submissions")
+    if isinstance(submissions, bool) or not isinstance(submissions, int) or submissions < 0:
+        return None
+    if verdict == "not_submitted" and submissions > 0:
+        last = _when(audit.get("lastAt"))
+        when = f", the last at {last}" if last else ""
+        return (
+            f"the upstream's audit records {submissions} archive POST(s) for gid {gid}{when}:"
+            " the verdict 'not_submitted' contradicts it"
+        )
+    if verdict == "submitted" and submissions == 0:
+        return (
+            f"the upstream's audit records no archive POST for gid {gid}:"
+            " the verdict 'submitted' contradicts it"
+        )
+    return None
+
+
+def _when(value: Any) -> str | None:
+    """An audit's ``lastAt`` as text: ISO 8601 as given, unix seconds (what
+    our mock answers) as our ISO 8601 UTC."""
+    if isinstance(value, bool) or value is None or value == "":
+        return None
+    if isinstance(value, int | float):
+        try:
+            return throughput.iso(float(value))
+        except (OverflowError, OSError, ValueError):
+            return str(value)
+    return str(value)
+
+
+def contradictions(gid: int, evidence: Mapping[str, Any]) -> dict[str, str]:
+    """:func:`contradiction` of each verdict that has one (the list shows
+    them: such a verdict needs a note)."""
+    found = {v: contradiction(gid, v, evidence) for v in VERDICTS}
+    return {v: why for v, why in found.items() if why is not None}
+
 
 #: ``task_operation.step`` of a task resolved "submitted" with no archive URL
 #: known: metered, shown 已提交, never dispatched (nothing to download).
@@ -28,14 +147,19 @@ RESOLVED_WITHOUT_URL = "resolved_without_url"
 
 def unknown_operations(cursor: sqlite3.Cursor) -> list[dict[str, Any]]:
     """Every ``UNKNOWN`` task view with its stored evidence (``step``,
-    ``unknownAt``, ``error``, ``operationId``, ``archiveUrl``)."""
+    ``unknownAt``, ``error``, ``operationId``, ``archiveUrl``, and the
+    verdict wait: ``notBefore``, None when there is none, and
+    ``verdictWaitSeconds``, left by the database's clock, 0 once passed)."""
     result = []
-    for row in cursor.execute(
-        "SELECT gid, operation_id, step, error, unknown_at, archive_url FROM task_operation "
-        "WHERE state = ? ORDER BY gid",
+    rows = cursor.execute(
+        "SELECT gid, operation_id, step, error, unknown_at, archive_url, verdict_not_before"
+        " FROM task_operation WHERE state = ? ORDER BY gid",
         (OperationState.UNKNOWN.value,),
-    ).fetchall():
+    ).fetchall()
+    now = _database_now(cursor) if any(row["verdict_not_before"] for row in rows) else None
+    for row in rows:
         view = task_view(cursor, row["gid"]) or gone_view(row["gid"], "UNKNOWN")
+        not_before, wait = verdict_wait(cursor, row["verdict_not_before"], now)
         view["evidence"] = {
             "operationId": row["operation_id"],
             "step": row["step"],
@@ -43,6 +167,9 @@ def unknown_operations(cursor: sqlite3.Cursor) -> list[dict[str, Any]]:
             "error": row["error"],
             # Known when the POST answered but recording its result failed.
             "archiveUrl": row["archive_url"] or None,
+            # A reaped submission: "not_submitted" waits until then.
+            "notBefore": not_before,
+            "verdictWaitSeconds": math.ceil(wait),
         }
         result.append(view)
     return result
@@ -79,13 +206,30 @@ def resolve_unknown(
     Either way an audit row records actor, note and evidence.  The same
     verdict again on the generation it settled answers the same result,
     changing nothing; anything else on a task that is not ``UNKNOWN`` is a
-    ``conflict``."""
+    ``conflict``.
+
+    Refused, changing nothing: ``not_submitted`` before the task's
+    ``verdict_not_before`` (:class:`VerdictTooEarly`), and a verdict the
+    upstream's audit in ``evidence`` contradicts without a note
+    (``note_required``; see the module doc).  With a note, the stored
+    evidence says ``"contradicts": true`` and ``"contradiction"``."""
     if verdict not in VERDICTS:
         raise TaskError("invalid_request", f"verdict must be one of {VERDICTS}")
     op = operation_row(cursor, gid)
     if op is None or op["state"] != OperationState.UNKNOWN.value:
         _require_same_settlement(cursor, gid, verdict, op)
         return task_view(cursor, gid) if verdict == "submitted" else None
+    if verdict == "not_submitted":
+        not_before, wait = verdict_wait(cursor, op["verdict_not_before"])
+        if not_before is not None and wait > 0:
+            raise VerdictTooEarly(gid, not_before, wait)
+    against = contradiction(gid, verdict, evidence)
+    if against is not None and not note.strip():
+        raise TaskError(NOTE_REQUIRED, f"{against}; a note saying why is required")
+    if evidence is not None:
+        evidence = {**evidence, "contradicts": against is not None}
+        if against is not None:
+            evidence["contradiction"] = against
     _audit(cursor, gid, op["operation_id"], verdict, actor, note, evidence)
     if verdict == "not_submitted":
         remove_generation(cursor, gid, op["operation_id"], OperationState.UNKNOWN)
@@ -107,8 +251,11 @@ def _require_same_settlement(
         return
     if op is None and gallery_row(cursor, gid) is None:
         raise TaskError("not_found", f"no task {gid}")
-    state = op["state"] if op is not None else "legacy"
-    raise TaskError("conflict", f"gid {gid} is {state}, not UNKNOWN: nothing to resolve")
+    # The UI's words for where the task is (not the operation's state name).
+    view = task_view(cursor, gid)
+    shown = status_words(view["status"] if view is not None else None)
+    unknown = status_words(TaskStatus.SUBMIT_UNKNOWN)
+    raise TaskError("conflict", f"gid {gid} is {shown}, not {unknown}: nothing to resolve")
 
 
 def _audit(

@@ -21,8 +21,18 @@ no node and not a claimable legacy row    written, not even a backfill
 a v2 generation, no operationId sent      ``dropped`` (``missing_operation``)
 another operationId than the current      ``dropped`` (``old_generation``)
 ``revision`` ≤ the task's last revision   ``dropped`` (``stale``)
+a ``COMPLETED`` task (status 4) and an    ``dropped`` (``regressed``)
+entry with a lower status
 otherwise                                 ``applied`` (status, progress, revision)
 ========================================  =========================================
+
+One completion per generation (PROTOCOL.md "Bounds"): once a generation is
+``COMPLETED`` at the site, its completion, bytes and speed have been counted
+(:mod:`~tasknet.site.storage.throughput`), and nothing its node reports
+afterwards may move it backwards -- were a roll-back to 下载中 applied, the
+next completion would count the task and its bytes again.  Only a new
+generation (a new operationId, which starts from no status) downloads it
+again.  The rule holds for legacy ``StatusReport`` entries too.
 
 Ownership (PROTOCOL.md "Ownership"): a node may change only tasks assigned
 to it (``gallery.node_id``).  A legacy row with a node status but no recorded
@@ -115,7 +125,7 @@ from tasknet.site.storage.delete import complete_delete, mark_delete_failed
 from tasknet.site.storage.dialect import FOR_UPDATE_SQL, IN_ARRAY_SQL, NOW_SQL, array, greatest
 from tasknet.site.storage.eligibility import awaits_claim
 from tasknet.site.storage.generation import backfill_legacy
-from tasknet.status import OperationState
+from tasknet.status import NodeCode, OperationState
 
 # Why an entry was dropped; the values appear in logs and tests.
 UNKNOWN_GID = "unknown"
@@ -126,6 +136,7 @@ STALE = "stale"
 NOT_OWNER = "not_owner"
 DELETE_ID_MISMATCH = "delete_id_mismatch"
 NOT_DELETE_PENDING = "not_delete_pending"
+REGRESSED = "regressed"
 
 _NOT_REPORTABLE = frozenset(
     {
@@ -141,6 +152,7 @@ _NOT_REPORTABLE = frozenset(
 _SUBMITTED = OperationState.SUBMITTED.value
 _DELETED = OperationState.DELETED.value
 _DELETE_PENDING = OperationState.DELETE_PENDING.value
+_COMPLETED = int(NodeCode.COMPLETED)
 
 NodeReport = TaskReport | StatusReport | DeleteResult
 
@@ -442,8 +454,16 @@ def _judge_entries(
             outcome.drop(gid, OLD_GENERATION)
         elif _stale(report.revision, row[_LAST_REVISION], high):
             outcome.drop(gid, STALE)
+        elif _regressed(row, entries[gid]):
+            outcome.drop(gid, REGRESSED)
         else:
             outcome.applied.append(gid)
+
+
+def _regressed(row: sqlite3.Row, entry: TaskEntry) -> bool:
+    """``entry`` would move its ``COMPLETED`` task backwards (the same
+    generation: the caller has judged the operationId)."""
+    return row[_STATUS] == _COMPLETED and entry.status < _COMPLETED
 
 
 def _stale(revision: int, last: int | None, high: int | None) -> bool:
@@ -569,10 +589,12 @@ def _apply_status_report(
             backfill_legacy(cursor, gid)
             outcome.backfilled.append(gid)
             state = _SUBMITTED
-        if state == _SUBMITTED:
-            outcome.applied.append(gid)
-        else:
+        if state != _SUBMITTED:
             outcome.drop(gid, state)
+        elif _regressed(row, entries[gid]):
+            outcome.drop(gid, REGRESSED)
+        else:
+            outcome.applied.append(gid)
     changes = _Changes()
     changes.add(outcome, node_id, entries, rows, None)
     changes.write(

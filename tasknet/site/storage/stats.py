@@ -17,6 +17,7 @@ from typing import Any
 from tasknet.site.storage import throughput, views
 from tasknet.site.storage.dialect import IN_ARRAY_SQL, array
 from tasknet.site.storage.usage import iso_week
+from tasknet.status import OperationState
 
 BUCKET_SECONDS = 60
 MIN_WINDOW = 60
@@ -140,11 +141,77 @@ def node_activity(
     return nodes
 
 
-def metrics_sample(cursor: sqlite3.Cursor) -> dict[str, dict[str, int]]:
+def metrics_sample(cursor: sqlite3.Cursor) -> dict[str, dict[str, Any]]:
     """What ``/metrics`` samples from the database before each scrape:
-    ``{"states": ..., "statuses": ..., "nodeBytes": ...}``."""
+    ``{"states": ..., "statuses": ..., "nodeBytes": ..., "quota": ...,
+    "nodes": ..., "instances": ...}`` (``tasknet.site.metrics.set_sampled``)."""
     return {
         "states": views.count_by_state(cursor),
         "statuses": views.count_by_status(cursor, None),
         "nodeBytes": throughput.node_byte_totals(cursor),
+        "quota": quota_use(cursor),
+        "nodes": unfinished_by_node(cursor),
+        "instances": instance_counts(cursor),
     }
+
+
+#: Submissions that count against the quota although not metered (as
+#: ``usage.in_flight_cost`` counts them for one user).
+_QUOTA_USE_SQL = """
+SELECT u.name, u.quota, COALESCE(w.used, 0) + COALESCE(f.cost, 0) FROM "user" AS u
+LEFT JOIN weekly_usage AS w ON w.user_id = u.id AND w.week = ?
+LEFT JOIN (
+    SELECT user_id, SUM(cost) AS cost FROM task_operation
+    WHERE state IN (?, ?) AND metered = 0 GROUP BY user_id
+) AS f ON f.user_id = u.id
+WHERE COALESCE(w.used, 0) + COALESCE(f.cost, 0) > 0
+"""
+
+
+def quota_use(cursor: sqlite3.Cursor, week: str | None = None) -> dict[str, tuple[int, int]]:
+    """``{user name: (used, quota)}`` of every user with any use in ``week``
+    (default: this week), used as the quota check counts it: metered in
+    that week, plus the submissions in flight and every unmetered
+    ``UNKNOWN``."""
+    in_flight = (OperationState.SUBMITTING.value, OperationState.UNKNOWN.value)
+    return {
+        str(name): (int(used), int(quota))
+        for name, quota, used in cursor.execute(_QUOTA_USE_SQL, (week or iso_week(), *in_flight))
+    }
+
+
+def unfinished_by_node(cursor: sqlite3.Cursor) -> dict[str, tuple[int, float | None]]:
+    """``{node: (tasks not completed, unix time of its last applied report)}``
+    of each node holding tasks that are not completed; before its first
+    report, the time it was last seen (None: never recorded)."""
+    found: dict[str, tuple[int, float | None]] = {}
+    for node_id, count, reported in cursor.execute(
+        "SELECT g.node_id, COUNT(*), COALESCE(s.last_report_at, s.last_seen_at) FROM gallery AS g"
+        " LEFT JOIN node_seen AS s ON s.node_id = g.node_id"
+        " WHERE g.node_id IS NOT NULL AND g.status IS DISTINCT FROM ?"
+        " GROUP BY g.node_id, s.last_report_at, s.last_seen_at",
+        (throughput.COMPLETED,),
+    ):
+        found[str(node_id)] = (int(count), _unix_seconds(reported))
+    return found
+
+
+def _unix_seconds(timestamp: str | None) -> float | None:
+    if not timestamp:
+        return None
+    try:
+        return datetime.fromisoformat(timestamp.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
+
+
+def instance_counts(cursor: sqlite3.Cursor) -> dict[str, int]:
+    """The ``site_instance`` rows by status: ``open`` (neither ended nor
+    reaped), ``ended`` (stopped cleanly) and ``reaped`` (found gone)."""
+    row = cursor.execute(
+        "SELECT COALESCE(SUM(CASE WHEN reaped_at IS NOT NULL THEN 1 ELSE 0 END), 0),"
+        " COALESCE(SUM(CASE WHEN reaped_at IS NULL AND ended_at IS NOT NULL THEN 1 ELSE 0 END), 0),"
+        " COALESCE(SUM(CASE WHEN reaped_at IS NULL AND ended_at IS NULL THEN 1 ELSE 0 END), 0)"
+        " FROM site_instance"
+    ).fetchone()
+    return {"reaped": int(row[0]), "ended": int(row[1]), "open": int(row[2])}

@@ -16,7 +16,11 @@ site's clock when it is applied:
   byte counters), in the report's own transaction, so a report that rolls
   back counts nothing;
 * the first ``COMPLETED`` sets ``gallery.completed_at`` and counts one
-  completion in its minute.
+  completion in its minute.  A completion is counted once per generation:
+  the report rules drop an entry that would move a ``COMPLETED`` task
+  backwards (``regressed``, ``tasknet/site/storage/reports.py``), so a
+  node cannot roll its task back and complete it again to count its
+  completion and bytes twice.
 
 :func:`record_report` is called once per applied report from
 ``tasknet/site/storage/reports.py``; :func:`record_node_seen` when a node

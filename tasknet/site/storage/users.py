@@ -1,8 +1,10 @@
 """Users, their API tokens and quotas, and node keys.
 
 Tokens are never stored: only their sha256 hex digest (``user.token_hash``),
-so a copy of the database does not hand out API access.  Used by the HTTP API
-(:func:`user_by_token`) and by ``tasknet-admin`` (everything else); every
+so a copy of the database does not hand out API access.  Rotating or revoking
+a token ends every browser session of its user (:mod:`.sessions`) in the same
+transaction.  Used by the HTTP API (:func:`user_by_token`,
+:func:`user_by_session`) and by ``tasknet-admin`` (everything else); every
 function is one transaction body of a cursor (run it with
 ``Database.write``/``read``, or ``db.run_write``/``run_read`` on a plain
 connection).
@@ -17,6 +19,8 @@ import sqlite3
 from dataclasses import dataclass
 
 from tasknet.protocol.messages import NODE_ID
+from tasknet.site.storage import sessions
+from tasknet.site.storage.dialect import NOW_SQL
 
 #: The weekly quota of a new user when no site has recorded its
 #: ``--default-quota`` in this database yet.
@@ -37,6 +41,14 @@ class User:
     is_admin: bool
     quota: int
     created_at: str
+    #: When an admin disabled the user (``tasknet-admin user disable``); None
+    #: while enabled.  A disabled user authenticates nothing: the lookups
+    #: :func:`user_by_token` and :func:`user_by_session` do not find it.
+    disabled_at: str | None = None
+
+    @property
+    def disabled(self) -> bool:
+        return self.disabled_at is not None
 
 
 def hash_token(token: str) -> str:
@@ -50,7 +62,18 @@ def new_token() -> str:
 
 
 def _user(row: sqlite3.Row) -> User:
-    return User(row["id"], row["name"], bool(row["is_admin"]), int(row["quota"]), row["created_at"])
+    try:
+        disabled_at = row["disabled_at"]
+    except (IndexError, KeyError):  # a database before v5 (read by a migration's tests)
+        disabled_at = None
+    return User(
+        row["id"],
+        row["name"],
+        bool(row["is_admin"]),
+        int(row["quota"]),
+        row["created_at"],
+        disabled_at,
+    )
 
 
 def create_user(
@@ -90,11 +113,26 @@ def get_user(cursor: sqlite3.Cursor, name: str) -> User | None:
 
 
 def user_by_token(cursor: sqlite3.Cursor, token: str) -> User | None:
-    """The user whose API token is ``token``, or None."""
+    """The enabled user whose API token is ``token``, or None (a disabled
+    user's token authenticates nothing)."""
     row = cursor.execute(
-        'SELECT * FROM "user" WHERE token_hash = ?', (hash_token(token),)
+        'SELECT * FROM "user" WHERE token_hash = ? AND disabled_at IS NULL', (hash_token(token),)
     ).fetchone()
     return None if row is None else _user(row)
+
+
+def user_by_session(
+    cursor: sqlite3.Cursor, id_hash: str, now: float
+) -> tuple[User, sessions.ActiveSession] | None:
+    """The user of the session whose id hashes to ``id_hash``, with the
+    session, if it is usable at ``now`` and the user is enabled; else None."""
+    session = sessions.active_session(cursor, id_hash, now)
+    if session is None:
+        return None
+    row = cursor.execute(
+        'SELECT * FROM "user" WHERE id = ? AND disabled_at IS NULL', (session.user_id,)
+    ).fetchone()
+    return None if row is None else (_user(row), session)
 
 
 def list_users(cursor: sqlite3.Cursor) -> list[User]:
@@ -113,13 +151,106 @@ def set_quota(cursor: sqlite3.Cursor, name: str, quota: int) -> User:
     return user
 
 
-def rotate_token(cursor: sqlite3.Cursor, name: str) -> str:
-    """Give ``name`` a new API token (the old one stops working); returns it."""
-    token = new_token()
+def _replace_token(cursor: sqlite3.Cursor, name: str, token: str, why: str) -> None:
     cursor.execute('UPDATE "user" SET token_hash = ? WHERE name = ?', (hash_token(token), name))
     if cursor.rowcount != 1:
         raise UserError(f"no user {name!r}")
+    user = get_user(cursor, name)
+    assert user is not None
+    sessions.end_user_sessions(cursor, user.id, why)
+
+
+def rotate_token(cursor: sqlite3.Cursor, name: str) -> str:
+    """Give ``name`` a new API token (the old one stops working, and so
+    does every browser session of ``name``); returns it."""
+    token = new_token()
+    _replace_token(cursor, name, token, "token rotated")
     return token
+
+
+def revoke_token(cursor: sqlite3.Cursor, name: str) -> None:
+    """Take ``name``'s API token away (and end every browser session of
+    ``name``): nothing authenticates as ``name`` until :func:`rotate_token`
+    gives a new one.  The hash stored is that of a random token nobody is
+    told."""
+    _replace_token(cursor, name, new_token(), "token revoked")
+
+
+# Disabling and removing users ------------------------------------------------------
+
+
+def _existing(cursor: sqlite3.Cursor, name: str) -> User:
+    user = get_user(cursor, name)
+    if user is None:
+        raise UserError(f"no user {name!r}")
+    return user
+
+
+def disable_user(cursor: sqlite3.Cursor, name: str) -> tuple[User, int | None]:
+    """Disable ``name``: its API token and browser sessions stop working at
+    once (its sessions end; open WebSockets close at their next check), its
+    tasks stay and go on.  Returns the user and how many sessions ended, or
+    None for a user already disabled (left as it is, its first
+    ``disabled_at``)."""
+    user = _existing(cursor, name)
+    if user.disabled:
+        return user, None
+    cursor.execute(
+        f'UPDATE "user" SET disabled_at = {NOW_SQL} WHERE id = ?',  # noqa: S608
+        (user.id,),
+    )
+    ended = sessions.end_user_sessions(cursor, user.id, "user disabled")
+    return _existing(cursor, name), ended
+
+
+def enable_user(cursor: sqlite3.Cursor, name: str) -> tuple[User, bool]:
+    """Enable ``name`` again: its API token works as before (sessions ended
+    by :func:`disable_user` stay ended: sign in again).  Returns the user and
+    whether it was disabled."""
+    user = _existing(cursor, name)
+    if not user.disabled:
+        return user, False
+    cursor.execute('UPDATE "user" SET disabled_at = NULL WHERE id = ?', (user.id,))
+    return _existing(cursor, name), True
+
+
+#: A task of a user that is not its ``DELETED`` tombstone: it keeps the user.
+_LIVE_TASKS_SQL = """
+SELECT (SELECT count(*) FROM gallery WHERE user_id = ?1)
+     + (SELECT count(*) FROM task_operation AS o
+        WHERE o.user_id = ?1 AND o.state <> 'DELETED'
+          AND NOT EXISTS (SELECT 1 FROM gallery AS g WHERE g.gid = o.gid))
+"""
+
+
+def live_task_count(cursor: sqlite3.Cursor, user_id: int) -> int:
+    """How many tasks of ``user_id`` are live: a task row, or an operation
+    that is not a ``DELETED`` tombstone (submitting, unknown, pending delete)."""
+    return int(cursor.execute(_LIVE_TASKS_SQL, (user_id,)).fetchone()[0])
+
+
+def remove_user(cursor: sqlite3.Cursor, name: str) -> User:
+    """Delete ``name`` for good; refused (:class:`UserError`, nothing
+    changed) while it has a live task (:func:`live_task_count`): delete its
+    tasks first, or disable it.  What goes with it: its sessions, its
+    favourites and its weekly usage rows; its ``DELETED`` tombstones stay,
+    owned by nobody (so their gids stay settled), and the throughput history
+    keeps its numbers.  Returns the user as it was."""
+    user = _existing(cursor, name)
+    live = live_task_count(cursor, user.id)
+    if live:
+        raise UserError(
+            f"user {name!r} has {live} live task(s): delete them first (or 'user disable"
+            f" {name}' to lock the user out and keep its tasks); nothing changed"
+        )
+    cursor.execute(
+        "UPDATE task_operation SET user_id = NULL WHERE user_id = ? AND state = 'DELETED'",
+        (user.id,),
+    )
+    for table in ("web_session", "favorite", "weekly_usage"):
+        cursor.execute(f"DELETE FROM {table} WHERE user_id = ?", (user.id,))  # noqa: S608
+    cursor.execute('DELETE FROM "user" WHERE id = ?', (user.id,))
+    return user
 
 
 # The site's --default-quota -------------------------------------------------------

@@ -1,9 +1,17 @@
 """The site HTTP API (INTERFACES.md, "Site HTTP API"), with klein.
 
 Every endpoint reads its input strictly (bad JSON, wrong types, a bool where
-an int belongs, a gid outside 1..2^31: ``400 invalid_request``; a body over
-:data:`MAX_BODY`: ``413``), authenticates the bearer token, and then calls one
-lifecycle chain or one storage transaction: no SQL here.
+an int belongs, a gid outside 1..2^31, a NUL in any JSON string: ``400
+invalid_request``; a body over :data:`MAX_BODY`: ``413``), authenticates the
+caller (a bearer token or a browser session: ``web/auth.py``, which also
+holds the same-origin rule for cookie writes), and then calls one lifecycle
+chain or one storage transaction: no SQL here.
+
+A JSON body must say so (``Content-Type: application/json``, charset UTF-8
+if one is named) on ``POST /api/session`` and on every request
+authenticated by the session cookie: a form or ``text/plain`` body, which a
+page of another site can send without asking, is ``400`` and changes
+nothing.  A bearer-token request may leave the type out (programs).
 
 Decisions the spec leaves open:
 
@@ -18,6 +26,13 @@ Decisions the spec leaves open:
 * ``GET /api/tasks`` (filter, search, order, keyset cursor),
   ``/api/tasks/counts`` and ``/api/stats`` read their parameters with
   ``web/task_queries.py``, which lists the decisions made for them.
+* The contract is the OpenAPI 3.1 document of ``web/openapi.py``, served
+  at ``GET /api/openapi.json`` (public) and checked against these routes.
+  As it says: a method a path lacks is ``405`` with ``Allow`` (``/api/...``
+  paths too, and ``DELETE /api/tasks/counts``); ``/api/events`` without a
+  WebSocket handshake is ``426 upgrade_required`` (not autobahn's page);
+  a gid in a body is a JSON integer (``431.0`` is ``431``); fields a body
+  does not need are ignored.
 * The API's collaborators (the lifecycle, the database, ``/api/events``,
   the admin node view, health, the create limiter, the clock) come in one
   :class:`~tasknet.site.web.interfaces.WebDependencies`, complete when the
@@ -26,13 +41,15 @@ Decisions the spec leaves open:
 
 from __future__ import annotations
 
+import base64
 import functools
 import json
 import math
 import re
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from pathlib import Path
 from typing import Any, cast
+from urllib.parse import unquote
 
 from klein import Klein
 from twisted.internet.defer import CancelledError, Deferred
@@ -42,26 +59,19 @@ from twisted.web.iweb import IRequest
 from twisted.web.resource import IResource
 from twisted.web.server import Request
 from werkzeug.exceptions import MethodNotAllowed, NotFound
+from werkzeug.routing import Map, Rule
 
 from tasknet.deferreds import shield
 from tasknet.site import metrics
 from tasknet.site.storage import delete, favorites, reconcile, stats, usage
-from tasknet.site.storage.errors import TaskError
+from tasknet.site.storage.errors import DatabaseBusy, TaskError
+from tasknet.site.storage.instances import LeaseLost
 from tasknet.site.storage.rows import GID_MAX, GID_MIN
 from tasknet.site.storage.users import User
 from tasknet.site.storage.views import count_by_status, list_tasks, visible_task
-from tasknet.site.web.auth import (
-    authenticate,
-    check_origin,
-    clear_session_cookie,
-    cookie_safe,
-    request_credentials,
-    require_admin,
-    same_origin,
-    set_session_cookie,
-    user_for_token,
-)
-from tasknet.site.web.errors import ApiError, write_error, write_json
+from tasknet.site.web import openapi
+from tasknet.site.web.auth import request_credentials, require_admin
+from tasknet.site.web.errors import STATUS, ApiError, write_error, write_json
 from tasknet.site.web.http import StaticFiles
 from tasknet.site.web.interfaces import WebDependencies
 from tasknet.site.web.task_queries import search_text, stats_window, task_query
@@ -111,7 +121,14 @@ def endpoint(fn: Handler) -> Callable[..., Deferred[bytes]]:
             except CancelledError:
                 raise  # the client went away; nothing to answer
             except (ApiError, TaskError) as e:
+                if e.code == "unavailable":
+                    request.setHeader(b"Retry-After", b"5")
                 return write_error(request, e.code, e.message)
+            except (DatabaseBusy, LeaseLost) as e:
+                # Busy, unreachable or fenced: nothing changed; try again
+                # (here, or through another site).
+                request.setHeader(b"Retry-After", b"5")
+                return write_error(request, "unavailable", f"the site cannot act now: {e}")
             except Exception:
                 log.failure("{method} {path} failed", method=request.method, path=request.path)
                 return write_error(request, "internal", "internal error (logged)")
@@ -124,7 +141,11 @@ def endpoint(fn: Handler) -> Callable[..., Deferred[bytes]]:
 # -- input ---------------------------------------------------------------------
 
 
-def parse_gid(text: str | int) -> int:
+def parse_gid(text: str | int | float) -> int:
+    """A gid from the path (decimal digits) or a JSON body (an integer; a
+    number with no fraction, such as ``431.0``, is one in JSON)."""
+    if isinstance(text, float) and text.is_integer():
+        text = int(text)
     if isinstance(text, str):
         if not _GID_TEXT.fullmatch(text):
             raise ApiError("invalid_request", f"gid must be an integer in {GID_MIN}..{GID_MAX}")
@@ -134,6 +155,22 @@ def parse_gid(text: str | int) -> int:
     return text
 
 
+def _path_gid(request: Request, text: str) -> int:
+    """The gid of a ``.../<gid>`` path.  A path that names another route
+    (``DELETE /api/tasks/counts``) is ``405`` with that route's methods,
+    not a bad gid."""
+    if not (text.isascii() and text.isdigit()):
+        allowed = allowed_methods(unquote(request.path.decode("utf-8", "replace")))
+        if allowed:
+            methods = ", ".join(sorted(allowed))
+            request.setHeader(b"Allow", methods.encode("ascii"))
+            raise ApiError(
+                "method_not_allowed",
+                f"{request.method.decode()} is not allowed here ({methods})",
+            )
+    return parse_gid(text)
+
+
 def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not valid JSON")
 
@@ -141,7 +178,9 @@ def _reject_constant(name: str) -> Any:
 def _check_json(value: Any, depth: int = 1) -> None:
     """``400`` for JSON nested deeper than :data:`MAX_JSON_DEPTH` or holding
     a string that is not Unicode text (a lone surrogate escape such as
-    ``"\\ud800"``: SQLite and every encoder would fail on it later)."""
+    ``"\\ud800"``: SQLite and every encoder would fail on it later) or that
+    holds a NUL (``"\\u0000"``: PostgreSQL's text cannot store one, and no
+    name, token or note has one), in a value or a key."""
     if depth > MAX_JSON_DEPTH:
         raise ApiError("invalid_request", f"JSON nested deeper than {MAX_JSON_DEPTH} levels")
     if isinstance(value, str):
@@ -149,6 +188,8 @@ def _check_json(value: Any, depth: int = 1) -> None:
             value.encode("utf-8")
         except UnicodeEncodeError:
             raise ApiError("invalid_request", "a JSON string holds a lone surrogate") from None
+        if "\x00" in value:
+            raise ApiError("invalid_request", "a JSON string holds a NUL (\\u0000)")
     elif isinstance(value, dict):
         for key, item in value.items():
             _check_json(key, depth)
@@ -158,10 +199,37 @@ def _check_json(value: Any, depth: int = 1) -> None:
             _check_json(item, depth + 1)
 
 
-def json_body(request: Request) -> dict[str, Any]:
-    """The request body as a JSON object.  The HTTP layer (``web.http``)
-    already refused a body over ``--max-body`` with ``413``, before reading
-    it; this re-checks for a resource served without that layer."""
+def _is_json_type(request: Request) -> bool:
+    """``Content-Type: application/json`` (charset UTF-8, if named)."""
+    values = request.requestHeaders.getRawHeaders(b"content-type")
+    if not values or len(values) != 1:
+        return False
+    media, *parameters = values[0].decode("latin-1").split(";")
+    if media.strip().lower() != "application/json":
+        return False
+    for parameter in parameters:
+        name, _, value = parameter.partition("=")
+        if name.strip().lower() == "charset" and value.strip().strip('"').lower() not in (
+            "utf-8",
+            "utf8",
+        ):
+            return False
+    return True
+
+
+def json_body(request: Request, *, json_only: bool | None = None) -> dict[str, Any]:
+    """The request body as a JSON object.  ``json_only`` (default: when the
+    request authenticates with the session cookie): the body must be typed
+    ``application/json``.  The HTTP layer (``web.http``) already refused a
+    body over ``--max-body`` with ``413``, before reading it; this re-checks
+    for a resource served without that layer."""
+    if json_only is None:
+        credentials = request_credentials(request)
+        json_only = credentials is not None and credentials.source == "cookie"
+    if json_only and not _is_json_type(request):
+        raise ApiError(
+            "invalid_request", "the body must be JSON, sent as 'Content-Type: application/json'"
+        )
     limit = getattr(getattr(request, "site", None), "max_body", MAX_BODY)
     assert request.content is not None
     request.content.seek(0)
@@ -220,9 +288,10 @@ class SiteApi:
         self.db = deps.db
         self.lifecycle = deps.lifecycle
         self.clock = deps.clock
+        self.auth = deps.auth
 
     async def _user(self, request: Request) -> User:
-        return await authenticate(self.db, request)
+        return await self.auth.authenticate(request)
 
     # tasks
 
@@ -298,7 +367,8 @@ class SiteApi:
     @endpoint
     async def delete_task(self, request: Request, gid: str) -> Reply:
         user = await self._user(request)
-        outcome = await shield(self.lifecycle.delete(_scope(user), parse_gid(gid)))
+        number = _path_gid(request, gid)
+        outcome = await shield(self.lifecycle.delete(_scope(user), number))
         if outcome.completed:
             return 200, {"deleted": outcome.gid}
         return 202, {"task": outcome.task}
@@ -327,25 +397,21 @@ class SiteApi:
         user = await self._user(request)
         return 200, {"tasks": await self.db.read(favorites.list_favorites, user.id)}
 
-    # the web UI's session: the token goes into an HttpOnly cookie
+    # the web UI's session: a server-side session, its id in an HttpOnly cookie
 
     @app.route("/api/session", methods=["POST"])
     @endpoint
     async def sign_in(self, request: Request) -> Reply:
-        check_origin(request)
-        document = json_body(request)
+        self.auth.check_origin(request)
+        document = json_body(request, json_only=True)
         token = string_field(document, "token", required=True, limit=MAX_TOKEN)
-        user = await user_for_token(self.db, token)
-        if user is None or not cookie_safe(token):
-            raise ApiError("unauthorized", "unknown token")
-        set_session_cookie(request, token)
+        user = await self.auth.sign_in(request, token)
         return 200, {"user": _me(user)}
 
     @app.route("/api/session", methods=["DELETE"])
     @endpoint
     async def sign_out(self, request: Request) -> Reply:
-        check_origin(request)
-        clear_session_cookie(request)
+        await self.auth.sign_out(request)
         return 200, {"user": None}
 
     @app.route("/api/me", methods=["GET"])
@@ -382,7 +448,13 @@ class SiteApi:
                 "invalid_request", f"'verdict' must be one of {list(reconcile.VERDICTS)}"
             )
         note = string_field(document, "note", required=False, limit=MAX_NOTE)
-        view = await shield(self.lifecycle.resolve(number, verdict, user.name, note))
+        try:
+            view = await shield(self.lifecycle.resolve(number, verdict, user.name, note))
+        except reconcile.VerdictTooEarly as early:
+            # SCALE.md "Fencing" 2: when it becomes possible, in the body and the header.
+            request.setHeader(b"Retry-After", str(early.retry_after).encode("ascii"))
+            error = {"code": early.code, "message": early.message, "notBefore": early.not_before}
+            return STATUS[early.code], {"error": error}
         return 200, {"task": view}
 
     @app.route("/api/admin/tasks/<gid>/force-delete", methods=["POST"])
@@ -405,35 +477,60 @@ class SiteApi:
         require_admin(await self._user(request))
         return 200, {"nodes": await self.deps.admin_nodes()}
 
-    @app.route("/api/events")
+    @app.route("/api/events", methods=["GET"])
     async def events(self, request: Request) -> IResource | bytes:
         # Refused here, an opening handshake gets the error envelope and the
-        # security headers (autobahn checks the token again as it accepts).
+        # security headers (autobahn looks the credentials up again as it
+        # accepts).  Made with the cookie, it needs the site's own Origin,
+        # as a write does.
         try:
-            credentials = request_credentials(request, allow_query=True)
-            if credentials is not None and credentials.source == "cookie":
-                if not same_origin(request):
-                    raise ApiError("forbidden", "this request came from another origin")
-            await authenticate(self.db, request, allow_query=True)
+            await self.auth.authenticate(request, allow_query=True, writes=True)
         except ApiError as e:
             return write_error(request, e.code, e.message)
+        refused = _handshake_refusal(request)
+        if refused is not None:
+            # The envelope, not autobahn's own answers (an HTML page naming
+            # its version, or an empty 400 without the security headers).
+            return write_error(request, *refused)
         return self.deps.events
 
     # health, metrics, UI
 
     @app.route("/healthz", methods=["GET"])
-    def healthz(self, request: Request) -> bytes:
-        return write_json(request, 200, self.deps.health())
+    def healthz(self, request: Request) -> Deferred[bytes]:
+        # 503 while the database does not answer: a load balancer stops
+        # sending creates here (SCALE.md "Fencing" 4).
+        def answer(document: dict[str, str]) -> bytes:
+            ok = document.get("database") == "ok"
+            return write_json(request, 200 if ok else 503, document)
+
+        return self.deps.health().addCallback(answer)
+
+    @app.route("/api/openapi.json", methods=["GET"])
+    def openapi_document(self, request: Request) -> bytes:
+        # Public, like /healthz: the contract of this API (web/openapi.py).
+        request.setHeader(b"Content-Type", b"application/json; charset=utf-8")
+        return openapi.document_bytes()
 
     @app.route("/metrics", methods=["GET"])
     def metrics_page(self, request: Request) -> IResource:
         return metrics.metrics_resource(self._refresh_metrics)
 
     def _refresh_metrics(self) -> Deferred[None]:
-        return self.db.read(stats.metrics_sample).addCallback(metrics.set_sampled)
+        def sample(database_ok: bool) -> Deferred[None] | None:
+            if not database_ok:  # not answering: serve the last sample, now
+                return None
+            return self.db.read(stats.metrics_sample).addCallback(metrics.set_sampled)
+
+        return self.deps.health().addCallback(metrics.set_health).addCallback(sample)
 
     @app.route("/api/<path:rest>")
     def api_not_found(self, request: Request, rest: str) -> bytes:
+        # This catch-all takes any method: a path that has routes, asked
+        # with a method none of them takes, is 405 as elsewhere.
+        allowed = allowed_methods(f"/api/{rest}")
+        if allowed:
+            return _method_not_allowed(request, allowed)
         return write_error(request, "not_found", f"no API endpoint /api/{rest}")
 
     @app.route("/", branch=True, methods=["GET", "HEAD"])
@@ -446,9 +543,71 @@ class SiteApi:
 
     @app.handle_errors(MethodNotAllowed)
     def method_not_allowed(self, request: IRequest, failure: Failure) -> bytes:
-        return write_error(
-            request, "method_not_allowed", f"{request.method.decode()} is not allowed here"
-        )
+        error = failure.value
+        allowed = error.valid_methods if isinstance(error, MethodNotAllowed) else None
+        return _method_not_allowed(request, allowed or [])
+
+
+def _header_tokens(request: Request, name: bytes) -> set[bytes]:
+    values = request.requestHeaders.getRawHeaders(name) or []
+    return {token.strip().lower() for value in values for token in value.split(b",")}
+
+
+def _handshake_refusal(request: Request) -> tuple[str, str] | None:
+    """Why ``request`` is not a WebSocket opening handshake the site takes
+    (RFC 6455, 4.2.1), as ``(code, message)``, or None.  No ``Upgrade:
+    websocket``: ``426`` (with ``Upgrade``); a version other than 13:
+    ``426`` (with ``Sec-WebSocket-Version: 13``); no ``Connection: Upgrade``
+    or a key that is not 16 bytes in base64: ``400``."""
+    if b"websocket" not in _header_tokens(request, b"upgrade"):
+        request.setHeader(b"Upgrade", b"websocket")
+        return "upgrade_required", "/api/events is a WebSocket: open it with a handshake"
+    if request.requestHeaders.getRawHeaders(b"sec-websocket-version") != [b"13"]:
+        request.setHeader(b"Upgrade", b"websocket")
+        request.setHeader(b"Sec-WebSocket-Version", b"13")
+        return "upgrade_required", "the WebSocket version must be 13"
+    if b"upgrade" not in _header_tokens(request, b"connection"):
+        return "invalid_request", "a WebSocket handshake needs 'Connection: Upgrade'"
+    keys = request.requestHeaders.getRawHeaders(b"sec-websocket-key") or []
+    try:
+        key = base64.b64decode(keys[0].strip(), validate=True) if len(keys) == 1 else b""
+    except ValueError:
+        key = b""
+    if len(key) != 16:
+        return "invalid_request", "Sec-WebSocket-Key must be 16 bytes in base64"
+    return None
+
+
+def _method_not_allowed(request: IRequest, allowed: Iterable[str]) -> bytes:
+    """``405`` with the ``Allow`` header RFC 9110 requires."""
+    methods = ", ".join(sorted(set(allowed)))
+    request.setHeader(b"Allow", methods.encode("ascii"))
+    return write_error(
+        request, "method_not_allowed", f"{request.method.decode()} is not allowed here ({methods})"
+    )
+
+
+@functools.cache
+def _routes() -> Map:
+    """The routes of :class:`SiteApi` that name their paths (not the
+    ``/api/...`` catch-all, not the static files below ``/``)."""
+    return Map(
+        [
+            # A gid is digits: /api/tasks/counts is not /api/tasks/<gid>.
+            Rule(
+                rule.rule.replace("<gid>", "<int:gid>"),
+                methods=rule.methods,
+                endpoint=rule.endpoint,
+            )
+            for rule in SiteApi.app.url_map.iter_rules()
+            if rule.endpoint not in ("api_not_found", "ui_branch")
+        ]
+    )
+
+
+def allowed_methods(path: str) -> list[str]:
+    """The methods the routes of ``path`` take (none: no route has it)."""
+    return list(_routes().bind("localhost").allowed_methods(path))
 
 
 def make_web_resource(deps: WebDependencies) -> IResource:

@@ -16,12 +16,23 @@ STATUS: dict[str, int] = {
     "method_not_allowed": 405,
     "request_timeout": 408,  # no complete request in time (web.http)
     "conflict": 409,
+    # POST /api/admin/tasks/{gid}/resolve (docs/operations.md, "Reconcile UNKNOWN operations"):
+    # "not_submitted" inside a reaped submission's verdict wait (with notBefore
+    # and Retry-After), and a verdict the upstream's audit contradicts, without a note.
+    "verdict_too_early": 409,
+    "note_required": 409,
     "payload_too_large": 413,
     "upstream_rejected": 422,
+    # GET /api/events without a WebSocket handshake (``Upgrade: websocket``), with ``Upgrade``.
+    "upgrade_required": 426,
     "quota_exceeded": 429,
     "rate_limited": 429,  # per-user create rate (tasknet.site.ratelimit), with Retry-After
     "internal": 500,
     "upstream_unavailable": 502,
+    # This site cannot act now: its database is busy or unreachable, or it
+    # is fenced (its lease is stale or lost).  Nothing was changed; retry,
+    # or use another site.  With Retry-After.
+    "unavailable": 503,
 }
 
 

@@ -1,9 +1,12 @@
 """``GET /api/events``: the WebSocket that pushes task changes after commit.
 
-A client authenticates with its API token: the web UI's session cookie
-(``tasknet_session``, sent by the browser with the opening handshake), an
-``Authorization: Bearer`` header, or ``?token=`` (browsers cannot set a
-header on a WebSocket).  It receives ``{"type": "task", "task": {...}}`` text
+A client authenticates with an ``Authorization: Bearer`` header, the web
+UI's session cookie (``tasknet_session``, sent by the browser with the
+opening handshake; it holds a session id, looked up with the ``sessions``
+callable), or ``?token=`` (a program that cannot set a header).  The route
+in ``web/api.py`` checks the handshake first (a cookie handshake needs the
+site's own ``Origin``, as a write does: ``web/auth.py``), then this factory
+looks the credentials up again as it accepts.  It receives ``{"type": "task", "task": {...}}`` text
 messages for its own tasks; an admin receives every task's.  Pushes come from
 the outbox executor (:mod:`tasknet.site.notify`) through :class:`EventHub`,
 only for committed changes: at-least-once to the clients connected at
@@ -12,12 +15,14 @@ HTTP first).
 
 Bounds (INTERFACES.md, "Bounds, failures and secrets"):
 
-* A socket stays open only while its token is valid: every
+* A socket stays open only while its credentials are valid: every
   :data:`TOKEN_CHECK_INTERVAL` seconds (on the factory's clock) the tokens
-  behind the open sockets are looked up again, so a token rotated or revoked
-  by ``tasknet-admin`` in another process closes that user's sockets (code
-  4001) within 5 s: at most one interval, plus autobahn's 1 s closing
-  handshake timeout for a client that does not answer.
+  and sessions behind the open sockets are looked up again (a re-check is
+  not a use: it does not slide a session's idle expiry), so a token rotated
+  or revoked by ``tasknet-admin`` in another process, a session signed out,
+  expired or ended by an admin, closes its sockets (code 4001) within 5 s:
+  at most one interval, plus autobahn's 1 s closing handshake timeout for a
+  client that does not answer.
 * A client that does not read has a bounded send buffer: once the socket's
   buffer is full (the transport paused its producer), what the site would
   queue on top is counted, and past :data:`SEND_BUFFER_LIMIT` bytes the
@@ -35,7 +40,7 @@ from typing import Any, Protocol
 from autobahn.twisted.resource import WebSocketResource
 from autobahn.twisted.websocket import WebSocketServerFactory, WebSocketServerProtocol
 from autobahn.websocket.types import ConnectionDeny, ConnectionRequest
-from twisted.internet.defer import Deferred
+from twisted.internet.defer import Deferred, succeed
 from twisted.internet.interfaces import IPushProducer
 from twisted.internet.task import LoopingCall
 from twisted.logger import Logger
@@ -63,24 +68,32 @@ class Viewer(Protocol):
     is_admin: bool
 
 
+#: ``authenticate(token)``: fires with the viewer, or None.
 Authenticate = Callable[[str], Deferred[Any]]
+#: ``sessions(session_id, slide)``: fires with the viewer, or None.
+SessionLookup = Callable[[str, bool], Deferred[Any]]
+
+TOKEN = "token"
+SESSION = "session"
+#: What a socket authenticated with: ``(TOKEN, token)`` or ``(SESSION, id)``.
+Credential = tuple[str, str]
 
 
-def handshake_token(request: ConnectionRequest) -> str:
-    """The token of an opening handshake, in the order ``web.auth`` reads
-    it: a bearer ``Authorization`` header, else the session cookie, else
-    ``?token=``; ``""`` if none."""
+def handshake_credential(request: ConnectionRequest) -> Credential | None:
+    """The credential of an opening handshake, in the order ``web.auth``
+    reads it: a bearer ``Authorization`` header, else the session cookie,
+    else ``?token=``; None if none."""
     headers = request.headers
     authorization = str(headers.get("authorization", "")).strip()
     if authorization:
         scheme, _, value = authorization.partition(" ")
-        return value.strip() if scheme.lower() == "bearer" else ""
+        return (TOKEN, value.strip()) if scheme.lower() == "bearer" and value.strip() else None
     for part in str(headers.get("cookie", "")).split(";"):
         name, _, cookie = part.strip().partition("=")
         if name == SESSION_COOKIE and cookie:
-            return cookie
+            return (SESSION, cookie)
     tokens = request.params.get("token") or [""]
-    return str(tokens[0])
+    return (TOKEN, str(tokens[0])) if tokens[0] else None
 
 
 @implementer(IPushProducer)
@@ -107,21 +120,21 @@ class EventsProtocol(WebSocketServerProtocol):
 
     factory: EventsFactory
     viewer: Viewer | None = None
-    token: str = ""
+    credential: Credential = (TOKEN, "")
     send_paused = False
     queued_while_paused = 0
 
     def onConnect(self, request: ConnectionRequest) -> Deferred[Any]:  # type: ignore[override]
-        token = handshake_token(request)
-        if not token:
+        credential = handshake_credential(request)
+        if credential is None:
             raise ConnectionDeny(401, "token required: /api/events?token=... or a session")
-        d = self.factory.authenticate(token)
+        d = self.factory.look_up(credential, slide=True)
 
         def decided(viewer: Viewer | None) -> tuple[None, dict[str, str]]:
             if viewer is None:
-                raise ConnectionDeny(401, "invalid token")
+                raise ConnectionDeny(401, "invalid token or session")
             self.viewer = viewer
-            self.token = token
+            self.credential = credential
             return None, dict(_HANDSHAKE_HEADERS)
 
         d.addCallback(decided)
@@ -160,8 +173,8 @@ class EventsProtocol(WebSocketServerProtocol):
         return viewer is not None and (viewer.is_admin or viewer.id == user_id)
 
     def token_checked(self, viewer: Viewer | None) -> None:
-        """The token was looked up again: close the socket unless it still
-        names the same user (whose admin flag may have changed)."""
+        """The credential was looked up again: close the socket unless it
+        still names the same user (whose admin flag may have changed)."""
         if self.viewer is None:
             return
         if viewer is not None and viewer.id == self.viewer.id:
@@ -169,7 +182,7 @@ class EventsProtocol(WebSocketServerProtocol):
             return
         self.factory.hub.discard(self)  # no push from now on
         self.viewer = None
-        self.sendClose(code=CLOSE_TOKEN_INVALID, reason="token no longer valid")
+        self.sendClose(code=CLOSE_TOKEN_INVALID, reason="token or session no longer valid")
 
 
 class EventHub:
@@ -212,6 +225,7 @@ class EventsFactory(WebSocketServerFactory):
         hub: EventHub,
         authenticate: Authenticate,
         *,
+        sessions: SessionLookup | None = None,
         clock: Any = None,
         token_check_interval: float = TOKEN_CHECK_INTERVAL,
         send_buffer_limit: int = SEND_BUFFER_LIMIT,
@@ -220,11 +234,22 @@ class EventsFactory(WebSocketServerFactory):
         self.setProtocolOptions(autoPingInterval=PING_INTERVAL, autoPingTimeout=PING_TIMEOUT)
         self.hub = hub
         self.authenticate = authenticate
+        self.sessions = sessions
         self.clock = default_reactor(clock)
         self.token_check_interval = token_check_interval
         self.send_buffer_limit = send_buffer_limit
         self.open_clients: set[EventsProtocol] = set()
         self._token_loop: LoopingCall | None = None
+
+    def look_up(self, credential: Credential, *, slide: bool) -> Deferred[Any]:
+        """The viewer ``credential`` names now (None: nobody; a session
+        without a ``sessions`` lookup is nobody)."""
+        kind, secret = credential
+        if kind == SESSION:
+            if self.sessions is None:
+                return succeed(None)
+            return self.sessions(secret, slide)
+        return self.authenticate(secret)
 
     def opened(self, client: EventsProtocol) -> None:
         self.open_clients.add(client)
@@ -247,16 +272,17 @@ class EventsFactory(WebSocketServerFactory):
         return Deferred.fromCoroutine(self._check_tokens())
 
     async def _check_tokens(self) -> None:
-        by_token: dict[str, list[EventsProtocol]] = {}
+        by_credential: dict[Credential, list[EventsProtocol]] = {}
         for client in self.open_clients:
             if client.viewer is not None:
-                by_token.setdefault(client.token, []).append(client)
-        for token, clients in by_token.items():
+                by_credential.setdefault(client.credential, []).append(client)
+        for credential, clients in by_credential.items():
             try:
-                viewer = await self.authenticate(token)
+                # A re-check is not a use: a session's idle expiry stays.
+                viewer = await self.look_up(credential, slide=False)
             except Exception:
                 # A database hiccup is no reason to drop everyone; next round.
-                log.failure("re-checking a WebSocket token failed")
+                log.failure("re-checking a WebSocket token or session failed")
                 continue
             for client in clients:
                 client.token_checked(viewer)
@@ -270,8 +296,15 @@ class EventsResource(WebSocketResource):
         self.factory = factory
 
 
-def events_resource(hub: EventHub, authenticate: Authenticate, *, clock: Any) -> EventsResource:
+def events_resource(
+    hub: EventHub,
+    authenticate: Authenticate,
+    *,
+    clock: Any,
+    sessions: SessionLookup | None = None,
+) -> EventsResource:
     """The resource to mount at ``/api/events``.  ``authenticate(token)``
-    fires with the viewer (``.id``, ``.is_admin``) or ``None``; token
-    re-checks run on ``clock``."""
-    return EventsResource(EventsFactory(hub, authenticate, clock=clock))
+    and ``sessions(session_id, slide)`` fire with the viewer (``.id``,
+    ``.is_admin``) or ``None`` (without ``sessions`` no cookie is
+    accepted); re-checks run on ``clock``."""
+    return EventsResource(EventsFactory(hub, authenticate, sessions=sessions, clock=clock))

@@ -16,6 +16,13 @@ resource runs (INTERFACES.md, "Bounds, failures and secrets").
 * **Bad paths**: a NUL or another control character in the (decoded) path is
   ``404 not_found`` before routing (the static file resource would raise on
   it).
+* **Access log without secrets**: twisted.web's access line names the
+  request URI and the ``Referer``; :func:`access_log_line` writes it with
+  ``?token=`` and every other secret parameter redacted
+  (``tasknet.logging.redact_secrets``), so a WebSocket handshake refused
+  with its token in the URL leaves no token in the log.  The lines go to
+  ``--access-log PATH``, or are debug events, not info lines of the main
+  log (:mod:`tasknet.weblog`).
 
 A refused body is answered with a *lingering close*: the site stops writing
 (FIN) and keeps reading and dropping what the client is still sending for up
@@ -33,10 +40,14 @@ from urllib.parse import unquote_to_bytes
 from twisted.internet.interfaces import IConsumer, IDelayedCall
 from twisted.logger import Logger
 from twisted.web import http, server
+from twisted.web.iweb import IAccessLogFormatter
 from twisted.web.resource import IResource, Resource
 from twisted.web.static import File
+from zope.interface import provider
 
+from tasknet.logging import redact_secrets
 from tasknet.site.web.errors import STATUS, json_bytes, write_error
+from tasknet.weblog import QuietSite
 
 log = Logger()
 
@@ -263,9 +274,17 @@ class StaticFiles(File):
     forbidden = ErrorResource("forbidden", "not allowed")  # type: ignore[assignment]
 
 
-class BoundedSite(server.Site):
+@provider(IAccessLogFormatter)
+def access_log_line(timestamp: str, request: Any) -> str:
+    """twisted.web's combined access log line, secrets redacted."""
+    return redact_secrets(http.combinedLogFormatter(timestamp, request))
+
+
+class BoundedSite(QuietSite):
     """``twisted.web.server.Site`` with :class:`BoundedChannel` and
-    :class:`BoundedRequest`; ``reactor`` drives the timeouts."""
+    :class:`BoundedRequest`; ``reactor`` drives the timeouts.  Access lines
+    go to ``access_log`` (a file, ``--access-log``) or are debug events
+    (:class:`tasknet.weblog.QuietSite`)."""
 
     requestFactory = BoundedRequest
 
@@ -278,8 +297,15 @@ class BoundedSite(server.Site):
         idle_timeout: float = IDLE_TIMEOUT,
         linger: float = LINGER_SECONDS,
         reactor: Any = None,
+        access_log: str | None = None,
     ) -> None:
-        super().__init__(resource, timeout=idle_timeout, reactor=reactor)
+        super().__init__(
+            resource,
+            logPath=access_log,
+            timeout=idle_timeout,
+            reactor=reactor,
+            logFormatter=access_log_line,
+        )
         self.max_body = max_body
         self.request_timeout = request_timeout
         self.linger = linger

@@ -23,6 +23,7 @@ from twisted.web.resource import IResource
 from tasknet.site.lifecycle import Lifecycle
 from tasknet.site.ratelimit import CreateRateLimiter
 from tasknet.site.storage.db import Database
+from tasknet.site.web.auth import Authenticator
 
 
 @dataclass(frozen=True)
@@ -37,11 +38,16 @@ class WebDependencies:
     events: IResource
     #: ``/api/admin/nodes``: fires with the node list (``web/admin_nodes.py`` format).
     admin_nodes: Callable[[], Deferred[list[dict[str, Any]]]]
-    #: ``/healthz``: ``{"recovery": ..., "dispatch": ...}`` as it stands now.
-    health: Callable[[], dict[str, str]]
+    #: ``/healthz``: ``{"recovery": ..., "dispatch": ..., "database": ...}``
+    #: once the database was asked for an answer (``"database": "ok"`` or
+    #: ``"failing since …"``, which is a 503).
+    health: Callable[[], Deferred[dict[str, str]]]
     #: Called after a commit the API made itself that enqueued notifications.
     wake_outbox: Callable[[], object]
     #: ``--create-rate``: the per-user create limiter, or ``None`` (no limit).
     create_limiter: CreateRateLimiter | None
     #: The site's clock (``/api/stats`` windows end "now" on it).
     clock: IReactorTime
+    #: Tokens, browser sessions and the same-origin rule (``web/auth.py``),
+    #: the same one ``/api/events`` looks its sockets up with.
+    auth: Authenticator

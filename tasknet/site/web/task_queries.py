@@ -51,12 +51,15 @@ def _int(request: Request, name: str, default: int, low: int, high: int) -> int:
 
 
 def search_text(request: Request) -> str:
-    text = (_text(request, "q") or "").strip()
+    """``q`` as sent (at most :data:`MAX_SEARCH` characters, no control
+    character, trailing newlines and tabs included: the OpenAPI document's
+    bounds), then trimmed."""
+    text = _text(request, "q") or ""
     if len(text) > MAX_SEARCH:
         raise ApiError("invalid_request", f"'q' is limited to {MAX_SEARCH} characters")
     if any(ord(ch) < 32 for ch in text):
         raise ApiError("invalid_request", "'q' must not contain control characters")
-    return text
+    return text.strip()
 
 
 def task_query(request: Request, user_id: int | None) -> TaskQuery:

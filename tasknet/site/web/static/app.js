@@ -85,6 +85,14 @@
       resolved: "gid {gid} 已处理：{verdict}。", resolveConflict: "gid {gid} 已经不是“提交未知”状态，没有改动。",
       resolveFailed: "处理失败（HTTP {code}）：{message}",
       verdictSubmitted: "已提交", verdictNotSubmitted: "没有提交",
+      verdictWait: "这次提交是在回收失联站点时判为未知的：{at} 之前，那个站点迟到的请求仍可能到达上游，所以在此之前不能判为“没有提交”（“确实已提交”随时可以）。",
+      verdictWaitOver: "等待已结束（自 {at} 起）：现在可以判为“没有提交”。",
+      verdictTooEarly: "gid {gid} 现在还不能判为“没有提交”，最早 {at}；没有改动。",
+      againstPosts: "上游审计记录了这个 gid 的 {n} 次提交：判为“没有提交”与之矛盾，必须写明理由（备注）。",
+      againstPostsAt: "上游审计记录了这个 gid 的 {n} 次提交（最近一次：{at}）：判为“没有提交”与之矛盾，必须写明理由（备注）。",
+      againstNoPost: "上游审计没有这个 gid 的提交记录：判为“确实已提交”与之矛盾，必须写明理由（备注）。",
+      noteRequiredText: "这个结论与上游的审计记录矛盾，必须在备注里写明理由；审计日志会记下备注，并标明它与证据矛盾。",
+      noteRequired: "gid {gid}：这个结论与上游审计矛盾，必须写备注：{message}",
       nodesTitle: "节点", noNodes: "最近 7 天没有节点连接过。", nodeId: "节点", protocol: "协议",
       queue: "已分配任务", revision: "修订号", connectedAt: "连接时间", legacy: "旧版 v1", v2: "v2",
       liveOn: "实时更新中", liveOff: "实时连接断开，正在重连……", loadFailed: "加载失败（HTTP {code}）：{message}",
@@ -159,6 +167,14 @@
       resolved: "gid {gid} resolved: {verdict}.", resolveConflict: "gid {gid} is no longer unknown; nothing changed.",
       resolveFailed: "Resolve failed (HTTP {code}): {message}",
       verdictSubmitted: "submitted", verdictNotSubmitted: "not submitted",
+      verdictWait: "This submission was settled as unknown when a gone site was reaped: until {at} that site's late request could still reach the upstream, so “not submitted” is possible only from then (“submitted” is possible now).",
+      verdictWaitOver: "The wait is over (since {at}): “not submitted” is possible now.",
+      verdictTooEarly: "gid {gid} cannot be marked not submitted before {at}; nothing changed.",
+      againstPosts: "The upstream's audit records {n} submission(s) for this gid: “It was not submitted” contradicts it and needs a note saying why.",
+      againstPostsAt: "The upstream's audit records {n} submission(s) for this gid (last: {at}): “It was not submitted” contradicts it and needs a note saying why.",
+      againstNoPost: "The upstream's audit records no submission for this gid: “It was submitted” contradicts it and needs a note saying why.",
+      noteRequiredText: "This verdict contradicts the upstream's audit record: say why in the note. The audit log keeps the note and marks the verdict as contradicting the evidence.",
+      noteRequired: "gid {gid}: this verdict contradicts the upstream's audit and needs a note: {message}",
       nodesTitle: "Nodes", noNodes: "No node was connected in the last 7 days.", nodeId: "Node", protocol: "Protocol",
       queue: "Assigned", revision: "Revision", connectedAt: "Connected", legacy: "legacy v1", v2: "v2",
       liveOn: "Live", liveOff: "Live updates disconnected; reconnecting…", loadFailed: "Loading failed (HTTP {code}): {message}",
@@ -195,6 +211,7 @@
     reconnectTimer: null,
     pollTimer: null,
     unknownTimer: null,
+    verdictTimer: null,    // re-reads the UNKNOWN list when a verdict wait ends
     nodesTimer: null
   };
 
@@ -279,6 +296,11 @@
     });
   }
 
+  function errorCode(result) {
+    var err = result.data && result.data.error;
+    return err && err.code ? err.code : null;
+  }
+
   function errorMessage(result) {
     var err = result.data && result.data.error;
     if (err && err.message) { return err.message; }
@@ -295,8 +317,12 @@
     $("sign-out").hidden = !signedIn;
   }
 
-  // The token goes to the site once; the site keeps it in an HttpOnly,
+  // The token goes to the site once, as JSON; the site answers with a
+  // server-side session whose random id (never the token) is an HttpOnly,
   // SameSite=Strict cookie that every later call and the WebSocket carry.
+  // The browser adds this page's Origin to the POST, which the site requires
+  // of every cookie write; the session ends at sign-out, after 12 h unused
+  // or 7 days at most, or when the token is rotated (401: sign in again).
   function signIn(token) {
     return api("POST", "/api/session", { token: token }).then(function (result) {
       if (result.status === 401) { return { ok: false, message: t("tokenRejected") }; }
@@ -352,6 +378,7 @@
     if (state.reconnectTimer) { clearTimeout(state.reconnectTimer); state.reconnectTimer = null; }
     if (state.pollTimer) { clearInterval(state.pollTimer); state.pollTimer = null; }
     if (state.unknownTimer) { clearInterval(state.unknownTimer); state.unknownTimer = null; }
+    if (state.verdictTimer) { clearTimeout(state.verdictTimer); state.verdictTimer = null; }
     if (state.nodesTimer) { clearTimeout(state.nodesTimer); state.nodesTimer = null; }
     if (state.socket) {
       var socket = state.socket;
@@ -931,12 +958,28 @@
     $("confirm-ok").className = options.danger ? "danger" : "primary";
     $("confirm-note-field").hidden = !options.note;
     $("confirm-note").value = "";
+    // A verdict against the evidence: the dialog says so, and OK waits for a note.
+    var warning = $("confirm-warning");
+    warning.textContent = options.warning || "";
+    warning.hidden = !options.warning;
+    var note = $("confirm-note");
+    var ok = $("confirm-ok");
+    // aria-required, not required: constraint validation would block Cancel too.
+    note.setAttribute("aria-required", options.noteRequired ? "true" : "false");
+    note.setAttribute("aria-describedby", options.warning ? "confirm-warning" : "confirm-text");
+    function gate() { ok.disabled = !!options.noteRequired && !note.value.trim(); }
+    note.addEventListener("input", gate);
+    gate();
     var opener = document.activeElement;
     return new Promise(function (resolve) {
       dialog.addEventListener("close", function onClose() {
         dialog.removeEventListener("close", onClose);
+        note.removeEventListener("input", gate);
+        ok.disabled = false;
         if (opener && document.contains(opener)) { opener.focus(); }
-        resolve(dialog.returnValue === "ok" ? { note: $("confirm-note").value.trim() } : null);
+        var text = note.value.trim();
+        var accepted = dialog.returnValue === "ok" && (!options.noteRequired || text);
+        resolve(accepted ? { note: text } : null);
       });
       dialog.returnValue = "";
       dialog.showModal();
@@ -1110,24 +1153,81 @@
     return rows;
   }
 
+  // The verdicts the audit contradicts ({verdict: the site's English why});
+  // such a verdict needs a note.
+  function contradictionsOf(task) {
+    var found = (task.evidence || {}).contradictions;
+    return found && typeof found === "object" ? found : {};
+  }
+
+  // What the audit says against ``verdict``, in the reader's language.
+  function againstText(task, verdict) {
+    var upstream = (task.evidence || {}).upstream || {};
+    var audit = upstream.audit || {};
+    if (verdict === "submitted") { return t("againstNoPost"); }
+    var n = Number(audit.submissions) || 0;
+    if (audit.lastAt) { return t("againstPostsAt", { n: n, at: formatTime(audit.lastAt) }); }
+    return t("againstPosts", { n: n });
+  }
+
+  // A reaped submission: "not submitted" only from evidence.notBefore.  The
+  // site's own clock says how long is left (verdictWaitSeconds), so a wrong
+  // browser clock neither enables the button early nor keeps it disabled.
+  function verdictWaitBlock(task) {
+    var evidence = task.evidence || {};
+    if (!evidence.notBefore) { return null; }
+    var waiting = Number(evidence.verdictWaitSeconds) > 0;
+    return el("p", {
+      className: "verdict-wait" + (waiting ? " verdict-wait-on" : ""), "data-role": "verdict-wait",
+      "data-not-before": evidence.notBefore,
+      text: t(waiting ? "verdictWait" : "verdictWaitOver", { at: formatTime(evidence.notBefore) })
+    });
+  }
+
   function renderUnknown(data) {
     var list = $("unknown-list");
     list.textContent = "";
     var tasks = (data && data.tasks) || [];
     $("unknown-empty").hidden = tasks.length > 0;
+    var soonest = null;
     tasks.forEach(function (task) {
-      list.appendChild(el("li", { className: "unknown-item", "data-gid": task.gid }, [
+      var evidence = task.evidence || {};
+      var wait = Number(evidence.verdictWaitSeconds) || 0;
+      if (wait > 0 && (soonest === null || wait < soonest)) { soonest = wait; }
+      var against = contradictionsOf(task);
+      var notes = Object.keys(against).map(function (verdict) {
+        return el("p", { className: "contradiction", "data-role": "contradiction", "data-verdict": verdict,
+          text: againstText(task, verdict) });
+      });
+      var notSubmittedLabel = t("actionLabel", { action: t("wasNotSubmitted"), gid: task.gid });
+      var item = list.appendChild(el("li", { className: "unknown-item", "data-gid": task.gid }, [
         el("h3", { text: taskName(task) + " · gid " + task.gid }),
-        auditBlock((task.evidence || {}).upstream),
+        auditBlock(evidence.upstream),
+        verdictWaitBlock(task)
+      ].concat(notes, [
         el("dl", { className: "evidence" }, evidenceRows(task)),
         el("div", { className: "task-actions" }, [
           el("button", { type: "button", "data-verdict": "submitted", className: "primary", text: t("wasSubmitted"),
             "aria-label": t("actionLabel", { action: t("wasSubmitted"), gid: task.gid }) }),
           el("button", { type: "button", "data-verdict": "not_submitted", text: t("wasNotSubmitted"),
-            "aria-label": t("actionLabel", { action: t("wasNotSubmitted"), gid: task.gid }) })
+            disabled: wait > 0, "data-not-before": wait > 0 ? evidence.notBefore : null,
+            title: wait > 0 ? t("verdictWait", { at: formatTime(evidence.notBefore) }) : null,
+            "aria-label": notSubmittedLabel })
         ])
-      ]));
+      ])));
+      item.taskData = task;
     });
+    // Enable the button when the wait ends: the list is read again then.
+    if (state.verdictTimer) { clearTimeout(state.verdictTimer); state.verdictTimer = null; }
+    if (soonest !== null) {
+      var delay = Math.min(soonest * 1000 + 250, 3600 * 1000);
+      state.verdictTimer = setTimeout(function () { state.verdictTimer = null; loadUnknown(); }, delay);
+    }
+  }
+
+  function unknownTask(gid) {
+    var item = $("unknown-list").querySelector('li[data-gid="' + gid + '"]');
+    return item ? item.taskData : null;
   }
 
   function onUnknownClick(event) {
@@ -1136,10 +1236,14 @@
     var gid = Number(button.closest("li[data-gid]").getAttribute("data-gid"));
     var verdict = button.getAttribute("data-verdict");
     var submitted = verdict === "submitted";
+    var task = unknownTask(gid);
+    var against = task && contradictionsOf(task)[verdict] ? againstText(task, verdict) : null;
     confirmDialog({
       title: t(submitted ? "resolveSubmittedTitle" : "resolveNotSubmittedTitle"),
       text: t(submitted ? "resolveSubmittedText" : "resolveNotSubmittedText", { gid: gid }),
-      ok: t(submitted ? "wasSubmitted" : "wasNotSubmitted"), note: true
+      ok: t(submitted ? "wasSubmitted" : "wasNotSubmitted"), note: true,
+      warning: against ? t("noteRequiredText") + " " + against : null,
+      noteRequired: !!against
     }).then(function (answer) {
       if (!answer) { return; }
       var body = { verdict: verdict };
@@ -1154,6 +1258,10 @@
           // of that generation (still UNKNOWN, or the gone view) is ignored.
           if (result.data && result.data.task) { upsertTask(result.data.task); } else { removeTask(gid, { quiet: true }); }
           loadUsage();
+        } else if (result.status === 409 && errorCode(result) === "verdict_too_early") {
+          notify(t("verdictTooEarly", { gid: gid, at: formatTime(result.data.error.notBefore) }), true);
+        } else if (result.status === 409 && errorCode(result) === "note_required") {
+          notify(t("noteRequired", { gid: gid, message: errorMessage(result) }), true);
         } else if (result.status === 409) {
           notify(t("resolveConflict", { gid: gid }), true);
         } else {

@@ -1,0 +1,1552 @@
+"""The OpenAPI 3.1 document of the site's HTTP API: the one source of truth.
+
+:func:`document` builds it (served as ``GET /api/openapi.json``, public);
+:func:`render_markdown` renders it as ``docs/api.md``.  Tests keep the three
+honest: ``tests/site/test_openapi.py`` checks the document against the klein
+routes of :class:`~tasknet.site.web.api.SiteApi` both ways (no route missing,
+none extra, the same methods), the error codes against
+:data:`~tasknet.site.web.errors.STATUS`, and ``docs/api.md`` against the
+rendering; ``tests/site/test_schemathesis.py`` runs schemathesis against a
+real site (real processes) with it.
+
+Regenerate ``docs/api.md`` after a change here::
+
+    python -m tasknet.site.web.openapi --markdown > docs/api.md
+
+What the document says beyond INTERFACES.md is what the code does
+(``web/api.py``, ``web/auth.py``, ``web/http.py``, ``web/errors.py``):
+
+* every status an operation can answer is listed, with the error codes each
+  error status can carry (the ``code`` of the envelope is an ``enum`` per
+  response, so a wrong code fails the schema check);
+* ``408`` and ``413`` come from the HTTP layer, before any route runs, so
+  every operation lists them; a method a path does not have is ``405``
+  ``method_not_allowed`` with an ``Allow`` header, and a path no route has
+  is ``404`` (neither is an operation of its own);
+* ``503 unavailable`` (with ``Retry-After``) is the answer of any operation
+  that reads the database when the database is busy or unreachable, or the
+  site is fenced: nothing changed, try again;
+* ``500 internal`` is documented only where the site answers it on purpose
+  (a create whose outcome could not be recorded); anywhere else it is a bug.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import json
+import sys
+from collections.abc import Iterable
+from typing import Any
+
+from tasknet import __version__
+from tasknet.site.storage.rows import GID_MAX, GID_MIN
+from tasknet.site.web.errors import STATUS
+from tasknet.status import OperationState, TaskStatus
+
+OPENAPI_VERSION = "3.1.0"
+JSON = "application/json"
+
+#: Bounds of the request fields, as ``web/api.py`` enforces them.
+MAX_TOKEN = 512
+MAX_NAME = 256
+MAX_NOTE = 2000
+MAX_SEARCH = 256
+MAX_PAGE = 500
+MIN_WINDOW = 60
+MAX_WINDOW = 86400
+
+Schema = dict[str, Any]
+
+_REASONS = {
+    101: "Switching Protocols",
+    200: "OK",
+    201: "Created",
+    202: "Accepted",
+    400: "Bad Request",
+    401: "Unauthorized",
+    403: "Forbidden",
+    404: "Not Found",
+    405: "Method Not Allowed",
+    408: "Request Timeout",
+    409: "Conflict",
+    413: "Content Too Large",
+    422: "Unprocessable Content",
+    426: "Upgrade Required",
+    429: "Too Many Requests",
+    500: "Internal Server Error",
+    502: "Bad Gateway",
+    503: "Service Unavailable",
+}
+
+# A JSON string the site accepts: no NUL (any NUL in a request's JSON is 400).
+_NO_NUL = "^[^\\u0000]*$"
+
+
+def _ref(name: str) -> Schema:
+    return {"$ref": f"#/components/schemas/{name}"}
+
+
+def _nullable(schema: Schema) -> Schema:
+    """``schema`` or ``null`` (OpenAPI 3.1: a type list, or ``oneOf``)."""
+    if "$ref" in schema:
+        return {"oneOf": [schema, {"type": "null"}]}
+    out = dict(schema)
+    kind = out.get("type")
+    if isinstance(kind, str):
+        out["type"] = [kind, "null"]
+    if "enum" in out:
+        out["enum"] = [*out["enum"], None]
+    return out
+
+
+def _object(
+    properties: dict[str, Schema],
+    *,
+    required: Iterable[str] | None = None,
+    description: str | None = None,
+    additional: bool | Schema | None = None,
+) -> Schema:
+    schema: Schema = {"type": "object"}
+    if description:
+        schema["description"] = description
+    schema["properties"] = properties
+    names = list(properties) if required is None else list(required)
+    if names:
+        schema["required"] = names
+    if additional is not None:
+        schema["additionalProperties"] = additional
+    return schema
+
+
+def _string(description: str | None = None, **extra: Any) -> Schema:
+    schema: Schema = {"type": "string", **extra}
+    if description:
+        schema["description"] = description
+    return schema
+
+
+def _integer(description: str | None = None, **extra: Any) -> Schema:
+    schema: Schema = {"type": "integer", **extra}
+    if description:
+        schema["description"] = description
+    return schema
+
+
+def _codes(status: int) -> list[str]:
+    return [code for code, value in STATUS.items() if value == status]
+
+
+# -- responses --------------------------------------------------------------------
+
+
+def _json_response(description: str, schema: Schema, headers: Schema | None = None) -> Schema:
+    response: Schema = {"description": description, "content": {JSON: {"schema": schema}}}
+    if headers:
+        response["headers"] = headers
+    return response
+
+
+_RETRY_AFTER = {
+    "Retry-After": {
+        "description": "Whole seconds to wait before trying again.",
+        "schema": {"type": "integer", "minimum": 0},
+    }
+}
+
+
+def _error(status: int, description: str, *codes: str, headers: Schema | None = None) -> Schema:
+    """An error answer: the envelope, its ``code`` one of ``codes``."""
+    if not codes:
+        codes = tuple(_codes(status))
+        if len(codes) != 1:
+            raise ValueError(f"name the codes of {status}: one of {codes}")
+    for code in codes:
+        if STATUS[code] != status:
+            raise ValueError(f"{code} is {STATUS[code]}, not {status}")
+    schema: Schema = {
+        "allOf": [
+            _ref("Error"),
+            {"properties": {"error": {"properties": {"code": {"enum": list(codes)}}}}},
+        ]
+    }
+    return _json_response(description, schema, headers)
+
+
+def _unauthorized() -> Schema:
+    return _error(
+        401,
+        "No credentials, an unknown token, an ended or expired session, or an "
+        "`Authorization` header or session cookie that is not UTF-8.",
+        "unauthorized",
+        headers={
+            "WWW-Authenticate": {
+                "description": 'Always `Bearer realm="tasknet"`.',
+                "required": True,
+                "schema": {"type": "string"},
+            }
+        },
+    )
+
+
+_COMMON_RESPONSES: dict[str, Schema] = {
+    "RequestTimeout": _error(
+        408,
+        "No complete request (headers and body) within 30 s: answered by the HTTP "
+        "layer before any route runs, and the connection is closed.",
+        "request_timeout",
+    ),
+    "PayloadTooLarge": _error(
+        413,
+        "The body is over `--max-body` (default 1 MiB), by `Content-Length` or the "
+        "running total of a chunked body: answered by the HTTP layer before the body "
+        "is read or the caller authenticated, and the connection is closed.",
+        "payload_too_large",
+    ),
+    "MethodNotAllowed": _error(
+        405,
+        "A method the path does not have (no operation of its own: any path with "
+        "operations answers it for the other methods).",
+        "method_not_allowed",
+        headers={
+            "Allow": {
+                "description": "The path's methods, e.g. `GET, HEAD, POST`.",
+                "required": True,
+                "schema": {"type": "string"},
+            }
+        },
+    ),
+    "Unauthorized": _unauthorized(),
+    "Unavailable": _error(
+        503,
+        "This site cannot act now: its database is busy or unreachable, or the site "
+        "is fenced (its lease is stale or lost). Nothing changed; try again, here or "
+        "through another site.",
+        "unavailable",
+        headers={**_RETRY_AFTER},
+    ),
+}
+
+
+def _common(name: str) -> Schema:
+    return {"$ref": f"#/components/responses/{name}"}
+
+
+def _bad_request(description: str) -> Schema:
+    return _error(400, description, "invalid_request")
+
+
+_BAD_BODY = (
+    "The body is not a JSON object (not JSON, invalid UTF-8, a lone surrogate, a NUL "
+    "in any string or key, nested deeper than 64 levels), a field is missing, of the "
+    "wrong type or out of bounds, or (a request authenticated by the session cookie) "
+    "the body is not typed `application/json`."
+)
+_BAD_GID = f"The gid in the path is not an integer in {GID_MIN}..{GID_MAX}."
+_COOKIE_FORBIDDEN = (
+    "A request authenticated by the session cookie without an `Origin` header equal "
+    "to the site's own (a bearer-token request needs none)."
+)
+_ADMIN_FORBIDDEN = "The caller is not an admin."
+
+
+def _responses(ok: dict[str, Schema], *errors: tuple[int, Schema], db: bool = True) -> Schema:
+    """``ok`` and ``errors``, then the HTTP layer's 408/413 and, for an
+    operation that reads the database, 503."""
+    responses: Schema = dict(ok)
+    for status, response in errors:
+        responses[str(status)] = response
+    responses["408"] = _common("RequestTimeout")
+    responses.setdefault("413", _common("PayloadTooLarge"))
+    if db:
+        responses.setdefault("503", _common("Unavailable"))
+    return dict(sorted(responses.items()))
+
+
+# -- schemas ----------------------------------------------------------------------
+
+_STATUS_KEYS = [status.value for status in TaskStatus]
+_STATES = [state.value for state in OperationState]
+_TIME = _string("ISO 8601 UTC, e.g. `2026-12-01T08:17:28.120Z`.")
+
+
+def _task_schema() -> Schema:
+    return _object(
+        {
+            "gid": _integer(minimum=GID_MIN, maximum=GID_MAX),
+            "name": _string("The upstream's title (from `prepare`) or the name given at create."),
+            "state": _nullable(
+                _string(
+                    "The `task_operation.state`; `null` for a legacy row (or a gone task "
+                    "released before it was recorded).",
+                    enum=_STATES,
+                )
+            ),
+            "status": _nullable(
+                _string(
+                    "The display key; `null` for a task that is gone (the client drops it).",
+                    enum=_STATUS_KEYS,
+                )
+            ),
+            "statusText": _nullable(_string("The display label (Chinese).")),
+            "progress": {"type": "number", "minimum": 0, "maximum": 1},
+            "operationId": _nullable(_string()),
+            "deleteOperationId": _nullable(_string()),
+            "node": _nullable(_string("The node the task is assigned to.")),
+            "cost": _nullable(_integer("Cost units (known after `prepare`).")),
+            "createdAt": _nullable(_TIME),
+            "updatedAt": _nullable(_TIME),
+            "owner": _nullable(_string("The owning user's name.")),
+            "size": _nullable(_integer("Archive bytes, from `prepare`.", minimum=0)),
+            "bytesDone": _nullable(_integer(minimum=0)),
+            "speed": _nullable(
+                {
+                    "type": "number",
+                    "minimum": 0,
+                    "description": "Bytes/s, smoothed; `null` when not moving.",
+                }
+            ),
+            "eta": _nullable(_integer("Seconds left at `speed`.", minimum=0)),
+            "completedAt": _nullable(_TIME),
+            "warning": _string(
+                "Only in a resolve answer: a task resolved `submitted` with no archive URL "
+                "known (it is never dispatched)."
+            ),
+        },
+        required=[
+            "gid",
+            "name",
+            "state",
+            "status",
+            "statusText",
+            "progress",
+            "operationId",
+            "deleteOperationId",
+            "node",
+            "cost",
+            "createdAt",
+            "updatedAt",
+            "owner",
+            "size",
+            "bytesDone",
+            "speed",
+            "eta",
+            "completedAt",
+        ],
+        description="A task (INTERFACES.md, the task object).",
+    )
+
+
+def _evidence_schema() -> Schema:
+    return _object(
+        {
+            "operationId": _string(),
+            "step": _nullable(_string("`submit`, `persist`, `recovery`, ...")),
+            "unknownAt": _nullable(_TIME),
+            "error": _nullable(_string()),
+            "archiveUrl": _nullable(_string()),
+            "archiveUrlSource": _nullable(_string(enum=["submit", "audit"])),
+            "notBefore": _nullable(_string("The end of the verdict wait (a reaped submission).")),
+            "verdictWaitSeconds": _integer(minimum=0),
+            "upstream": _object(
+                {
+                    "available": {"type": "boolean"},
+                    "audit": {"type": "object", "description": "The upstream's audit answer."},
+                    "error": _string(),
+                },
+                required=["available"],
+                description="The upstream's read-only audit, fetched now.",
+            ),
+            "contradictions": {
+                "type": "object",
+                "additionalProperties": {"type": "string"},
+                "description": "By verdict, why the audit contradicts it (it then needs a note).",
+            },
+            "warning": _string(),
+        },
+        required=[
+            "operationId",
+            "step",
+            "unknownAt",
+            "error",
+            "archiveUrl",
+            "archiveUrlSource",
+            "notBefore",
+            "verdictWaitSeconds",
+            "upstream",
+            "contradictions",
+        ],
+        description="What is known of an `UNKNOWN` operation (docs/operations.md, "
+        '"Reconcile UNKNOWN operations").',
+    )
+
+
+def _node_schema() -> Schema:
+    return _object(
+        {
+            "id": _string(),
+            "connected": {"type": "boolean"},
+            "site": _nullable(_string("The `--name` of the site holding it.")),
+            "protocol": _nullable({"type": "integer", "enum": [1, 2]}),
+            "features": {"type": "array", "items": {"type": "string"}},
+            "lastRevision": _nullable(_integer()),
+            "assigned": _integer(minimum=0),
+            "activeTasks": _integer(minimum=0),
+            "connectedAt": _nullable(_TIME),
+            "lastSeenAt": _nullable(_TIME),
+            "lastReportAt": _nullable(_TIME),
+            "bytesPerSecond": {"type": "number", "minimum": 0},
+            "droppedEntries": {"type": "object", "additionalProperties": {"type": "integer"}},
+        },
+        description="A node connected to any site of the database, or seen in the last 7 days.",
+    )
+
+
+def _schemas() -> dict[str, Schema]:
+    user = _object({"name": _string(), "admin": {"type": "boolean"}})
+    return {
+        "Error": _object(
+            {
+                "error": _object(
+                    {
+                        "code": _string(enum=list(STATUS)),
+                        "message": _string(minLength=1),
+                        "notBefore": _string("Only with `verdict_too_early`."),
+                    },
+                    required=["code", "message"],
+                )
+            },
+            description="The error envelope of every error answer.",
+        ),
+        "JsonValue": {
+            "description": "Any JSON value with no NUL in any string or key (a request "
+            "holding one is `400`), nested at most 64 levels.",
+            "anyOf": [
+                {"type": "string", "pattern": _NO_NUL},
+                {"type": ["number", "boolean", "null"]},
+                {"type": "array", "items": _ref("JsonValue")},
+                {
+                    "type": "object",
+                    "propertyNames": {"pattern": _NO_NUL},
+                    "additionalProperties": _ref("JsonValue"),
+                },
+            ],
+        },
+        "Task": _task_schema(),
+        "TaskAnswer": _object({"task": _ref("Task")}),
+        "TaskList": _object(
+            {
+                "tasks": {"type": "array", "items": _ref("Task")},
+                "next": {
+                    "type": ["string", "integer", "null"],
+                    "description": "The `after` of the next page (a gid for `order=gid`); "
+                    "`null` on the last page.",
+                },
+            }
+        ),
+        "Counts": _object(
+            {
+                "counts": _object(
+                    {key: _integer(minimum=0) for key in _STATUS_KEYS},
+                    description="Every display key, zeros included.",
+                ),
+                "total": _integer(minimum=0),
+            }
+        ),
+        "Stats": _object(
+            {
+                "window": _integer(minimum=MIN_WINDOW, maximum=MAX_WINDOW),
+                "bucketSeconds": _integer(minimum=1),
+                "nodes": {"type": "array", "items": _string()},
+                "buckets": {
+                    "type": "array",
+                    "description": "One per minute, oldest first; the last is the current minute.",
+                    "items": _object(
+                        {
+                            "start": _TIME,
+                            "completed": _integer(minimum=0),
+                            "bytes": _integer(minimum=0),
+                            "byNode": {
+                                "type": "object",
+                                "additionalProperties": {"type": "integer", "minimum": 0},
+                            },
+                        }
+                    ),
+                },
+                "usage": _object(
+                    {
+                        "quota": _integer(minimum=0),
+                        "weeks": {
+                            "type": "array",
+                            "items": _object({"week": _string(), "used": _integer(minimum=0)}),
+                        },
+                    },
+                    description="The caller's own usage, the last 8 ISO weeks.",
+                ),
+            }
+        ),
+        "Usage": _object(
+            {
+                "week": _string("ISO week, e.g. `2026-W49`.", pattern="^[0-9]{4}-W[0-9]{2}$"),
+                "used": _integer(minimum=0),
+                "quota": _integer(minimum=0),
+            }
+        ),
+        "Favorite": _object(
+            {"gid": _integer(minimum=GID_MIN, maximum=GID_MAX), "favorite": {"type": "boolean"}}
+        ),
+        "User": user,
+        "UserAnswer": _object({"user": _nullable(_ref("User"))}),
+        "UnknownTask": {
+            "allOf": [_ref("Task"), _object({"evidence": _ref("Evidence")})],
+            "description": "A task in `UNKNOWN`, with its evidence.",
+        },
+        "Evidence": _evidence_schema(),
+        "Node": _node_schema(),
+        "ForcedDelete": _object(
+            {
+                "gid": _integer(minimum=GID_MIN, maximum=GID_MAX),
+                "state": _string(enum=["DELETED"]),
+                "forced": _object(
+                    {
+                        "actor": _string(),
+                        "note": _string(),
+                        "at": _nullable(_TIME),
+                        "node": _nullable(_string()),
+                        "deleteOperationId": _nullable(_string()),
+                    }
+                ),
+            }
+        ),
+        "Health": _object(
+            {
+                "site": _string("The site's `--name`."),
+                "backend": _string(enum=["sqlite", "postgresql"]),
+                "recovery": _string(enum=["pending", "done", "failed"]),
+                "dispatch": _string(enum=["enabled", "disabled"]),
+                "database": _string(
+                    "`ok`, or `failing since <time>`.", pattern="^(ok|failing since .+)$"
+                ),
+            }
+        ),
+    }
+
+
+# -- operations -------------------------------------------------------------------
+
+_AUTH: list[Schema] = [{"bearer": []}, {"session": []}]
+_GID_PARAMETER: Schema = {
+    "name": "gid",
+    "in": "path",
+    "required": True,
+    "schema": _integer(minimum=GID_MIN, maximum=GID_MAX),
+}
+
+
+def _query(name: str, schema: Schema, description: str, **extra: Any) -> Schema:
+    return {
+        "name": name,
+        "in": "query",
+        "required": False,
+        "description": description,
+        "schema": schema,
+        **extra,
+    }
+
+
+def _header(name: str, schema: Schema) -> Schema:
+    """A header of the WebSocket opening handshake (RFC 6455)."""
+    return {"name": name, "in": "header", "required": True, "schema": schema}
+
+
+def _body(schema: Schema, description: str | None = None) -> Schema:
+    """A JSON object body; fields the site does not know are ignored (any
+    JSON value, as long as no string or key of it holds a NUL)."""
+    schema = {
+        **schema,
+        "propertyNames": {"pattern": _NO_NUL},
+        "additionalProperties": _ref("JsonValue"),
+    }
+    body: Schema = {"required": True, "content": {JSON: {"schema": schema}}}
+    if description:
+        body["description"] = description
+    return body
+
+
+def _links(*pairs: tuple[str, str, str]) -> Schema:
+    """``(name, operationId, gid expression)``: links that pass a gid on."""
+    return {
+        name: {"operationId": operation, "parameters": {"gid": expression}}
+        for name, operation, expression in pairs
+    }
+
+
+def _with_links(response: Schema, links: Schema) -> Schema:
+    out = copy.deepcopy(response)
+    out["links"] = links
+    return out
+
+
+_TASK_GID = "$response.body#/task/gid"
+
+
+def _task_links(expression: str) -> Schema:
+    return _links(
+        ("GetTask", "getTask", expression),
+        ("DeleteTask", "deleteTask", expression),
+        ("AddFavorite", "addFavorite", expression),
+        ("RemoveFavorite", "removeFavorite", expression),
+    )
+
+
+def _operation(
+    operation_id: str,
+    summary: str,
+    description: str,
+    responses: Schema,
+    *,
+    tag: str,
+    parameters: list[Schema] | None = None,
+    body: Schema | None = None,
+    security: list[Schema] | None = None,
+) -> Schema:
+    operation: Schema = {
+        "operationId": operation_id,
+        "tags": [tag],
+        "summary": summary,
+        "description": description,
+    }
+    if parameters:
+        operation["parameters"] = parameters
+    if body is not None:
+        operation["requestBody"] = body
+    operation["security"] = _AUTH if security is None else security
+    operation["responses"] = responses
+    return operation
+
+
+def _task_operations() -> dict[str, Schema]:
+    task_answer = _ref("TaskAnswer")
+    create = _operation(
+        "createTask",
+        "Create a task",
+        "Runs the lifecycle's create chain: reserve, the upstream's read-only `prepare`, the "
+        "quota check with the known cost, then the one archive POST. Refused creates leave "
+        "nothing behind. A per-user rate limit runs first.",
+        _responses(
+            {
+                "201": _with_links(
+                    _json_response("Created: the task is `SUBMITTED`.", task_answer),
+                    _task_links(_TASK_GID),
+                ),
+                "202": _with_links(
+                    _json_response(
+                        "The upstream may or may not have acted: the task is `UNKNOWN` "
+                        "(`SUBMIT_UNKNOWN`), for an admin to reconcile; do not create it again.",
+                        task_answer,
+                    ),
+                    {
+                        **_task_links(_TASK_GID),
+                        **_links(("ResolveTask", "resolveTask", _TASK_GID)),
+                    },
+                ),
+            },
+            (400, _bad_request(_BAD_BODY)),
+            (401, _common("Unauthorized")),
+            (403, _error(403, _COOKIE_FORBIDDEN, "forbidden")),
+            (404, _error(404, "The upstream has no such gallery (nothing was charged).")),
+            (
+                409,
+                _error(
+                    409, "The gid already has a task (or changed while being created).", "conflict"
+                ),
+            ),
+            (422, _error(422, "The upstream definitely refused; nothing was charged.")),
+            (
+                429,
+                _error(
+                    429,
+                    "`quota_exceeded`: this ISO week's quota would be exceeded (the cost is "
+                    "known after `prepare`; unmetered `UNKNOWN` operations count). "
+                    "`rate_limited`: too many creates; `Retry-After` says when to try again.",
+                    "quota_exceeded",
+                    "rate_limited",
+                    headers={
+                        "Retry-After": {
+                            **_RETRY_AFTER["Retry-After"],
+                            "description": "With `rate_limited`: whole seconds to wait.",
+                        }
+                    },
+                ),
+            ),
+            (
+                500,
+                _error(
+                    500,
+                    "The outcome is unknown (the upstream may have charged it) and could not "
+                    "be recorded yet, or the database refused the submission before the POST: "
+                    "the message says which; do not create it again.",
+                    "internal",
+                ),
+            ),
+            (502, _error(502, "`prepare` failed before any POST; the reservation was released.")),
+        ),
+        tag="tasks",
+        body=_body(
+            _object(
+                {
+                    "gid": _integer(minimum=GID_MIN, maximum=GID_MAX),
+                    "token": _string(
+                        "The user's upstream token for this gallery.",
+                        minLength=1,
+                        maxLength=MAX_TOKEN,
+                        pattern=_NO_NUL,
+                    ),
+                    "name": _string(
+                        "A name for the task (default: the upstream's title).",
+                        maxLength=MAX_NAME,
+                        pattern=_NO_NUL,
+                    ),
+                },
+                required=["gid", "token"],
+            )
+        ),
+    )
+    listing = _operation(
+        "listTasks",
+        "List tasks",
+        "The caller's tasks (an admin's: everyone's), one keyset page: tasks created while "
+        "someone pages do not shift later pages.",
+        _responses(
+            {
+                "200": _with_links(
+                    _json_response("One page.", _ref("TaskList")),
+                    _links(("GetFirstTask", "getTask", "$response.body#/tasks/0/gid")),
+                )
+            },
+            (
+                400,
+                _bad_request(
+                    "An unknown status key or order, a malformed cursor, a bad limit or `q`."
+                ),
+            ),
+            (401, _common("Unauthorized")),
+        ),
+        tag="tasks",
+        parameters=[
+            _query(
+                "status",
+                {"type": "array", "items": _string(enum=_STATUS_KEYS), "minItems": 1},
+                "Display keys, comma-separated (any of them).",
+                style="form",
+                explode=False,
+            ),
+            _query(
+                "q",
+                _string(maxLength=MAX_SEARCH, pattern="^[^\\u0000-\\u001f]*$"),
+                "A name containing it (ASCII case-insensitive) or a gid starting with it.",
+            ),
+            _query(
+                "order",
+                _string(enum=["newest", "oldest", "gid"], default="newest"),
+                "Newest first by default.",
+            ),
+            _query(
+                "limit",
+                _integer(minimum=1, maximum=MAX_PAGE, default=50),
+                "Tasks per page.",
+            ),
+            _query(
+                "after",
+                _string(pattern="^([^~\\u0000-\\u001f]{1,64}~[0-9]{1,10}|[0-9]{1,10})$"),
+                "The `next` of the previous page, verbatim, with the same `order` "
+                "(`CREATEDAT~GID`, or a gid for `order=gid`; the other form is `400`).",
+            ),
+        ],
+    )
+    counts = _operation(
+        "countTasks",
+        "Count tasks by status",
+        "Every display key (zeros included) and the total, over the caller's tasks (an "
+        "admin's: everyone's), with the same `q` as the list.",
+        _responses(
+            {"200": _json_response("The counts.", _ref("Counts"))},
+            (400, _bad_request("A bad `q`.")),
+            (401, _common("Unauthorized")),
+        ),
+        tag="tasks",
+        parameters=[
+            _query(
+                "q",
+                _string(maxLength=MAX_SEARCH, pattern="^[^\\u0000-\\u001f]*$"),
+                "As for the list.",
+            )
+        ],
+    )
+    stats = _operation(
+        "getStats",
+        "Throughput and usage over a window",
+        "One-minute buckets over the window for the caller's tasks (an admin's: everyone's): "
+        "tasks completed, bytes downloaded, bytes per node; plus the caller's usage for the "
+        "last 8 ISO weeks with the quota.",
+        _responses(
+            {"200": _json_response("The buckets.", _ref("Stats"))},
+            (400, _bad_request(f"`window` is not an integer in {MIN_WINDOW}..{MAX_WINDOW}.")),
+            (401, _common("Unauthorized")),
+        ),
+        tag="tasks",
+        parameters=[
+            _query(
+                "window",
+                _integer(minimum=MIN_WINDOW, maximum=MAX_WINDOW, default=3600),
+                "Seconds.",
+            )
+        ],
+    )
+    get = _operation(
+        "getTask",
+        "Get a task",
+        "Another user's task answers exactly like a missing one.",
+        _responses(
+            {"200": _json_response("The task.", task_answer)},
+            (400, _bad_request(_BAD_GID)),
+            (401, _common("Unauthorized")),
+            (404, _error(404, "No such task (or not the caller's).")),
+        ),
+        tag="tasks",
+        parameters=[_GID_PARAMETER],
+    )
+    delete = _operation(
+        "deleteTask",
+        "Delete a task",
+        "Starts (or retries) the delete: the node holding the archive is told to delete it "
+        "and confirms. A task no node holds is deleted at once.",
+        _responses(
+            {
+                "200": _json_response(
+                    "Deleted at once.",
+                    _object({"deleted": _integer(minimum=GID_MIN, maximum=GID_MAX)}),
+                ),
+                "202": _with_links(
+                    _json_response("The delete is pending (`DELETE_PENDING`).", task_answer),
+                    _links(
+                        ("GetTask", "getTask", _TASK_GID),
+                        ("ForceDelete", "forceDeleteTask", _TASK_GID),
+                    ),
+                ),
+            },
+            (400, _bad_request(_BAD_GID)),
+            (401, _common("Unauthorized")),
+            (403, _error(403, _COOKIE_FORBIDDEN, "forbidden")),
+            (404, _error(404, "No such task (or not the caller's).")),
+            (
+                409,
+                _error(
+                    409,
+                    "The task cannot be deleted now (e.g. it is `UNKNOWN` or still being "
+                    "submitted).",
+                    "conflict",
+                ),
+            ),
+        ),
+        tag="tasks",
+        parameters=[_GID_PARAMETER],
+    )
+    return {
+        "create": create,
+        "list": listing,
+        "counts": counts,
+        "stats": stats,
+        "get": get,
+        "delete": delete,
+    }
+
+
+def _favorite_operations() -> dict[str, Schema]:
+    def change(operation_id: str, summary: str, favorite: bool) -> Schema:
+        return _operation(
+            operation_id,
+            summary,
+            "Idempotent. Only a task the caller may see.",
+            _responses(
+                {
+                    "200": _json_response(
+                        f'`"favorite": {str(favorite).lower()}`.', _ref("Favorite")
+                    )
+                },
+                (400, _bad_request(_BAD_GID)),
+                (401, _common("Unauthorized")),
+                (403, _error(403, _COOKIE_FORBIDDEN, "forbidden")),
+                (404, _error(404, "No such task (or not the caller's).")),
+            ),
+            tag="favorites",
+            parameters=[_GID_PARAMETER],
+        )
+
+    return {
+        "add": change("addFavorite", "Mark a favorite", True),
+        "remove": change("removeFavorite", "Unmark a favorite", False),
+        "list": _operation(
+            "listFavorites",
+            "List favorites",
+            "The caller's favorite tasks, in gid order.",
+            _responses(
+                {
+                    "200": _json_response(
+                        "The tasks.", _object({"tasks": {"type": "array", "items": _ref("Task")}})
+                    )
+                },
+                (401, _common("Unauthorized")),
+            ),
+            tag="favorites",
+        ),
+    }
+
+
+def _session_operations() -> dict[str, Schema]:
+    set_cookie = {
+        "Set-Cookie": {
+            "description": "`tasknet_session=ID; HttpOnly; SameSite=Strict; Path=/` (plus "
+            "`Secure` over TLS or with `--cookie-secure`); on sign-out, its removal.",
+            "schema": {"type": "string"},
+        }
+    }
+    origin_forbidden = _error(
+        403,
+        "No `Origin` header equal to the site's own (`--public-url`, else the `Host` "
+        "header's scheme, host and port): a browser always sends one.",
+        "forbidden",
+    )
+    return {
+        "create": _operation(
+            "signIn",
+            "Sign in (browser session)",
+            "Trades the API token for a server-side session; the cookie holds the session's "
+            "random id, never the token. Needs the site's own `Origin` and a JSON body "
+            "typed `application/json`.",
+            _responses(
+                {"200": _json_response("Signed in.", _ref("UserAnswer"), headers=set_cookie)},
+                (
+                    400,
+                    _bad_request(
+                        _BAD_BODY + " Here the body must always be typed `application/json`."
+                    ),
+                ),
+                (401, _common("Unauthorized")),
+                (403, origin_forbidden),
+            ),
+            tag="session",
+            security=[],
+            body=_body(
+                _object(
+                    {
+                        "token": _string(
+                            "The API token.", minLength=1, maxLength=MAX_TOKEN, pattern=_NO_NUL
+                        )
+                    }
+                )
+            ),
+        ),
+        "delete": _operation(
+            "signOut",
+            "Sign out",
+            "Ends the cookie's session on the server (if any) and clears the cookie. Needs "
+            "the site's own `Origin`.",
+            _responses(
+                {
+                    "200": _json_response(
+                        '`{"user": null}`.', _ref("UserAnswer"), headers=set_cookie
+                    )
+                },
+                (401, _error(401, "The session cookie is not UTF-8.", "unauthorized")),
+                (403, origin_forbidden),
+            ),
+            tag="session",
+            security=[],
+        ),
+        "me": _operation(
+            "getMe",
+            "Who is signed in",
+            "The caller (token or session).",
+            _responses(
+                {"200": _json_response("The caller.", _ref("UserAnswer"))},
+                (401, _common("Unauthorized")),
+            ),
+            tag="session",
+        ),
+    }
+
+
+def _admin_operations() -> dict[str, Schema]:
+    admin_forbidden = _error(403, _ADMIN_FORBIDDEN + " Or: " + _COOKIE_FORBIDDEN, "forbidden")
+    verdict_too_early = (
+        "`verdict_too_early`: `not_submitted` inside a reaped submission's verdict wait "
+        "(the envelope's `error.notBefore` and `Retry-After` say when it becomes possible)"
+    )
+    return {
+        "unknown": _operation(
+            "listUnknown",
+            "List UNKNOWN operations with evidence",
+            "Every `UNKNOWN` task with its evidence, including the upstream's read-only audit "
+            "answer fetched now.",
+            _responses(
+                {
+                    "200": _json_response(
+                        "The operations.",
+                        _object({"tasks": {"type": "array", "items": _ref("UnknownTask")}}),
+                    )
+                },
+                (401, _common("Unauthorized")),
+                (403, _error(403, _ADMIN_FORBIDDEN, "forbidden")),
+            ),
+            tag="admin",
+        ),
+        "resolve": _operation(
+            "resolveTask",
+            "Reconcile an UNKNOWN operation",
+            "Never POSTs upstream. `submitted`: the task becomes `SUBMITTED`, metered once, "
+            "dispatched if an archive URL is known; `not_submitted`: the task and its intent "
+            'are removed (`{"task": null}`). The same verdict again answers the same.',
+            _responses(
+                {
+                    "200": _json_response(
+                        "Resolved (or the same verdict again).",
+                        _object({"task": _nullable(_ref("Task"))}),
+                    )
+                },
+                (
+                    400,
+                    _bad_request(_BAD_GID + " Or: " + _BAD_BODY + " Or a verdict not in the list."),
+                ),
+                (401, _common("Unauthorized")),
+                (403, admin_forbidden),
+                (404, _error(404, "No such task.")),
+                (
+                    409,
+                    _error(
+                        409,
+                        "Nothing changed. `conflict`: the task is no longer `UNKNOWN` (and the "
+                        f"verdict is not the one it got); {verdict_too_early}; `note_required`: "
+                        "the upstream's audit contradicts the verdict and no note was given.",
+                        "conflict",
+                        "verdict_too_early",
+                        "note_required",
+                        headers={
+                            "Retry-After": {
+                                **_RETRY_AFTER["Retry-After"],
+                                "description": "With `verdict_too_early`: whole seconds, "
+                                "rounded up.",
+                            }
+                        },
+                    ),
+                ),
+            ),
+            tag="admin",
+            parameters=[_GID_PARAMETER],
+            body=_body(
+                _object(
+                    {
+                        "verdict": _string(enum=["submitted", "not_submitted"]),
+                        "note": _string(
+                            "Required when the audit contradicts the verdict.",
+                            maxLength=MAX_NOTE,
+                            pattern=_NO_NUL,
+                        ),
+                    },
+                    required=["verdict"],
+                )
+            ),
+        ),
+        "force": _operation(
+            "forceDeleteTask",
+            "Force a stuck delete",
+            "Completes a `DELETE_PENDING` whose node is gone for good: tombstone and audit row "
+            "with the note; the node's late confirmation is ignored. A repeat on the tombstone "
+            "it left answers the same.",
+            _responses(
+                {"200": _json_response("Deleted (or already forced).", _ref("ForcedDelete"))},
+                (400, _bad_request(_BAD_GID + " Or: " + _BAD_BODY)),
+                (401, _common("Unauthorized")),
+                (403, admin_forbidden),
+                (404, _error(404, "No such task.")),
+                (
+                    409,
+                    _error(
+                        409,
+                        "The task is not `DELETE_PENDING` (or its node confirmed the delete).",
+                        "conflict",
+                    ),
+                ),
+            ),
+            tag="admin",
+            parameters=[_GID_PARAMETER],
+            body=_body(
+                _object(
+                    {
+                        "note": _string(
+                            "Why (kept in the audit row).",
+                            minLength=1,
+                            maxLength=MAX_NOTE,
+                            pattern=_NO_NUL,
+                        )
+                    }
+                )
+            ),
+        ),
+        "nodes": _operation(
+            "listNodes",
+            "List nodes",
+            "Connected nodes first (to any site of the database, each once), then those seen "
+            'in the last 7 days (`"connected": false`).',
+            _responses(
+                {
+                    "200": _json_response(
+                        "The nodes.", _object({"nodes": {"type": "array", "items": _ref("Node")}})
+                    )
+                },
+                (401, _common("Unauthorized")),
+                (403, _error(403, _ADMIN_FORBIDDEN, "forbidden")),
+            ),
+            tag="admin",
+        ),
+    }
+
+
+def _other_operations() -> dict[str, Schema]:
+    text = {"type": "string"}
+    return {
+        "events": _operation(
+            "openEvents",
+            "Live task changes (WebSocket)",
+            'A WebSocket: after each commit the site pushes `{"type": "task", "task": '
+            "{...}}` for the tasks the caller may see. The token may be given as `?token=` (a "
+            "browser cannot set the header); a handshake made with the session cookie needs "
+            "the site's own `Origin`. A socket closes (code 4001) within 5 s of its token or "
+            "session ending.",
+            _responses(
+                {
+                    "101": {"description": "The WebSocket is open."},
+                },
+                (
+                    400,
+                    _bad_request(
+                        "No `Connection: Upgrade`, or a `Sec-WebSocket-Key` that is not 16 "
+                        "bytes in base64."
+                    ),
+                ),
+                (401, _common("Unauthorized")),
+                (403, _error(403, _COOKIE_FORBIDDEN, "forbidden")),
+                (
+                    426,
+                    _error(
+                        426,
+                        "Not a WebSocket handshake (no `Upgrade: websocket`), or one of "
+                        "another version than 13 (then with `Sec-WebSocket-Version: 13`).",
+                        headers={
+                            "Upgrade": {
+                                "description": "`websocket`.",
+                                "required": True,
+                                "schema": {"type": "string"},
+                            }
+                        },
+                    ),
+                ),
+            ),
+            tag="events",
+            parameters=[
+                _query("token", _string(), "The API token (instead of the header)."),
+                _header("Upgrade", _string(enum=["websocket"])),
+                _header("Connection", _string(enum=["Upgrade"])),
+                _header(
+                    "Sec-WebSocket-Key",
+                    _string("16 random bytes, base64.", pattern="^[A-Za-z0-9+/]{21}[AQgw]==$"),
+                ),
+                _header("Sec-WebSocket-Version", _string(enum=["13"])),
+            ],
+            security=[*_AUTH, {"query": []}],
+        ),
+        "health": _operation(
+            "getHealth",
+            "Health",
+            "No auth. `503` while the database does not answer (within 2 s), so a load "
+            "balancer stops sending requests here.",
+            _responses(
+                {
+                    "200": _json_response("The site works.", _ref("Health")),
+                    "503": _json_response(
+                        "The database does not answer (`database` says since when).",
+                        _ref("Health"),
+                    ),
+                },
+                db=False,
+            ),
+            tag="operations",
+            security=[],
+        ),
+        "metrics": _operation(
+            "getMetrics",
+            "Prometheus metrics",
+            'No auth. Prometheus text format (docs/operations.md, "Read metrics").',
+            _responses(
+                {
+                    "200": {
+                        "description": "The metrics.",
+                        "content": {"text/plain": {"schema": text}},
+                    }
+                },
+                db=False,
+            ),
+            tag="operations",
+            security=[],
+        ),
+        "openapi": _operation(
+            "getOpenApi",
+            "This document",
+            "No auth. The OpenAPI 3.1 document of this API.",
+            _responses(
+                {"200": _json_response("The document.", {"type": "object"})},
+                db=False,
+            ),
+            tag="operations",
+            security=[],
+        ),
+        "ui": _operation(
+            "getUi",
+            "The web UI",
+            "No auth. The UI's page; its static files are served below `/` (a missing one is "
+            "the `404` envelope).",
+            _responses(
+                {
+                    "200": {
+                        "description": "The page.",
+                        "content": {"text/html": {"schema": text}},
+                    }
+                },
+                db=False,
+            ),
+            tag="ui",
+            security=[],
+        ),
+    }
+
+
+@functools.cache
+def _document() -> str:
+    tasks = _task_operations()
+    favorites = _favorite_operations()
+    session = _session_operations()
+    admin = _admin_operations()
+    other = _other_operations()
+    paths = {
+        "/api/tasks": {"get": tasks["list"], "post": tasks["create"]},
+        "/api/tasks/counts": {"get": tasks["counts"]},
+        "/api/tasks/{gid}": {"get": tasks["get"], "delete": tasks["delete"]},
+        "/api/stats": {"get": tasks["stats"]},
+        "/api/favorites": {"get": favorites["list"]},
+        "/api/favorites/{gid}": {"put": favorites["add"], "delete": favorites["remove"]},
+        "/api/session": {"post": session["create"], "delete": session["delete"]},
+        "/api/me": {"get": session["me"]},
+        "/api/usage": {
+            "get": _operation(
+                "getUsage",
+                "This week's usage",
+                "The caller's usage of this ISO week and the quota.",
+                _responses(
+                    {"200": _json_response("The usage.", _ref("Usage"))},
+                    (401, _common("Unauthorized")),
+                ),
+                tag="tasks",
+            )
+        },
+        "/api/admin/unknown": {"get": admin["unknown"]},
+        "/api/admin/tasks/{gid}/resolve": {"post": admin["resolve"]},
+        "/api/admin/tasks/{gid}/force-delete": {"post": admin["force"]},
+        "/api/admin/nodes": {"get": admin["nodes"]},
+        "/api/events": {"get": other["events"]},
+        "/api/openapi.json": {"get": other["openapi"]},
+        "/healthz": {"get": other["health"]},
+        "/metrics": {"get": other["metrics"]},
+        "/": {"get": other["ui"]},
+    }
+    document = {
+        "openapi": OPENAPI_VERSION,
+        "info": {
+            "title": "tasknet site HTTP API",
+            "version": __version__,
+            "description": (
+                "Archive download tasks across a main site and storage nodes "
+                '(INTERFACES.md, "Site HTTP API"). JSON in and out; every error answer is '
+                '`{"error": {"code", "message"}}`. Authenticate with `Authorization: Bearer '
+                "TOKEN`, or the browser session cookie from `POST /api/session` (then every "
+                "write needs the site's own `Origin` and a body typed `application/json`). "
+                "Besides each operation's answers: a method a path does not have is `405 "
+                "method_not_allowed` with an `Allow` header; a path no route has, or one "
+                "holding NUL, a control character or invalid UTF-8, is `404 not_found`; a "
+                "malformed request line, header or chunk is `400 invalid_request` and the "
+                "connection is closed. Every answer carries the security headers "
+                '(docs/operations.md, "HTTP limits, sessions and headers").'
+            ),
+            "license": {"name": "MIT", "identifier": "MIT"},
+        },
+        "tags": [
+            {"name": "tasks", "description": "Tasks, their views and the caller's usage."},
+            {"name": "favorites", "description": "A user's favorite tasks."},
+            {"name": "session", "description": "Browser sessions (the web UI's sign-in)."},
+            {"name": "admin", "description": "Admin only: reconcile, stuck deletes, nodes."},
+            {"name": "events", "description": "Live updates."},
+            {"name": "operations", "description": "Health, metrics and this document (no auth)."},
+            {"name": "ui", "description": "The web UI."},
+        ],
+        "paths": paths,
+        "components": {
+            "schemas": _schemas(),
+            "responses": _COMMON_RESPONSES,
+            "securitySchemes": {
+                "bearer": {
+                    "type": "http",
+                    "scheme": "bearer",
+                    "description": "An API token (`tasknet-admin user add|token`; "
+                    "`demo` with `--demo`).",
+                },
+                "session": {
+                    "type": "apiKey",
+                    "in": "cookie",
+                    "name": "tasknet_session",
+                    "description": "The browser session's id (`POST /api/session`).",
+                },
+                "query": {
+                    "type": "apiKey",
+                    "in": "query",
+                    "name": "token",
+                    "description": "The API token as `?token=` (only `/api/events`).",
+                },
+            },
+        },
+    }
+    return json.dumps(document, ensure_ascii=False, separators=(",", ":"))
+
+
+def document() -> dict[str, Any]:
+    """The OpenAPI document (a fresh copy: callers may change it)."""
+    result: dict[str, Any] = json.loads(_document())
+    return result
+
+
+def document_bytes() -> bytes:
+    """The document as served (UTF-8 JSON)."""
+    return _document().encode("utf-8")
+
+
+def operations(doc: dict[str, Any] | None = None) -> list[tuple[str, str, dict[str, Any]]]:
+    """``(METHOD, path, operation)`` for every operation, in document order."""
+    doc = document() if doc is None else doc
+    return [
+        (method.upper(), path, operation)
+        for path, item in doc["paths"].items()
+        for method, operation in item.items()
+    ]
+
+
+# -- docs/api.md --------------------------------------------------------------------
+
+
+def _resolve(doc: dict[str, Any], node: Any) -> Any:
+    if isinstance(node, dict) and "$ref" in node:
+        target: Any = doc
+        for part in node["$ref"].removeprefix("#/").split("/"):
+            target = target[part]
+        return target
+    return node
+
+
+def _type_text(schema: Schema) -> str:
+    """A short text of a schema: ``Task``, ``integer 1..2147483647``, ``[Task]``."""
+    if "$ref" in schema:
+        return f"[{schema['$ref'].rsplit('/', 1)[1]}](#{schema['$ref'].rsplit('/', 1)[1].lower()})"
+    if "oneOf" in schema:
+        return " \\| ".join(_type_text(s) for s in schema["oneOf"])
+    if "allOf" in schema:
+        return " + ".join(_type_text(s) for s in schema["allOf"])
+    kind = schema.get("type", "any")
+    kinds = kind if isinstance(kind, list) else [kind]
+    text = " \\| ".join(str(k) for k in kinds if k != "null" or "enum" not in schema)
+    if "enum" in schema:
+        text = " \\| ".join(
+            "null" if v is None else f"`{json.dumps(v, ensure_ascii=False)}`"
+            for v in schema["enum"]
+        )
+    if kinds[0] == "array" and "items" in schema:
+        text = f"[{_type_text(schema['items'])}]" + (" \\| null" if "null" in kinds else "")
+    if kinds[0] == "object" and schema.get("properties"):
+        fields = ", ".join(f"`{k}`: {_type_text(v)}" for k, v in schema["properties"].items())
+        text = "{" + fields + "}"
+    if kinds[0] == "object" and isinstance(schema.get("additionalProperties"), dict):
+        text = "{string: " + _type_text(schema["additionalProperties"]) + "}"
+    bounds = []
+    if "minimum" in schema or "maximum" in schema:
+        bounds.append(f"{schema.get('minimum', '')}..{schema.get('maximum', '')}")
+    if "minLength" in schema or "maxLength" in schema:
+        bounds.append(f"length {schema.get('minLength', 0)}..{schema.get('maxLength', '')}")
+    if bounds:
+        text += " (" + ", ".join(bounds) + ")"
+    return text
+
+
+def _fields_table(schema: Schema) -> list[str]:
+    required = set(schema.get("required", []))
+    lines = ["| field | type | required | meaning |", "|---|---|---|---|"]
+    for name, field in schema.get("properties", {}).items():
+        meaning = field.get("description", "").replace("\n", " ")
+        mark = "yes" if name in required else ""
+        lines.append(f"| `{name}` | {_type_text(field)} | {mark} | {meaning} |")
+    return lines
+
+
+def _error_codes(doc: dict[str, Any], response: Schema) -> str:
+    response = _resolve(doc, response)
+    schema = response.get("content", {}).get(JSON, {}).get("schema", {})
+    for part in schema.get("allOf", []):
+        code = part.get("properties", {}).get("error", {}).get("properties", {}).get("code")
+        if code:
+            return ", ".join(f"`{c}`" for c in code["enum"])
+    return ""
+
+
+def _response_body(doc: dict[str, Any], response: Schema) -> str:
+    response = _resolve(doc, response)
+    content = response.get("content", {})
+    if not content:
+        return ""
+    media, body = next(iter(content.items()))
+    schema = body.get("schema", {})
+    if "allOf" in schema and schema["allOf"][0] == _ref("Error"):
+        return "[Error](#error)"
+    return f"{_type_text(schema)}" + ("" if media == JSON else f" (`{media}`)")
+
+
+def render_markdown(doc: dict[str, Any] | None = None) -> str:
+    """``docs/api.md``: the document as a page to read."""
+    doc = document() if doc is None else doc
+    out = [
+        "# The site's HTTP API",
+        "",
+        "<!-- Generated from tasknet/site/web/openapi.py: do not edit; regenerate with",
+        "     python -m tasknet.site.web.openapi --markdown > docs/api.md -->",
+        "",
+        f"OpenAPI {doc['openapi']}, served by every site at `GET /api/openapi.json` (no auth).",
+        "",
+        doc["info"]["description"],
+        "",
+        "Authentication: "
+        + "; ".join(
+            f"`{name}`: {scheme['description'].rstrip('.')}"
+            for name, scheme in doc["components"]["securitySchemes"].items()
+        ),
+        "",
+        "Every operation also answers `408 request_timeout` (no complete request within 30 s) "
+        "and `413 payload_too_large` (a body over `--max-body`) from the HTTP layer; "
+        "those marked *db* answer `503 unavailable` with `Retry-After` when the database is "
+        "busy or unreachable or the site is fenced.",
+        "",
+        "Tested with schemathesis against a real site: `tests/site/test_schemathesis.py`, "
+        "and for a longer run `TASKNET_SCHEMATHESIS_EXAMPLES` (docs/operations.md, "
+        '"The API contract").',
+        "",
+        "## Operations",
+        "",
+        "| method, path | operation | auth |",
+        "|---|---|---|",
+    ]
+    for method, path, operation in operations(doc):
+        auth = (
+            "admin"
+            if operation["tags"] == ["admin"]
+            else ("yes" if operation["security"] else "no")
+        )
+        anchor = operation["operationId"].lower()
+        out.append(f"| `{method} {path}` | [{operation['summary']}](#{anchor}) | {auth} |")
+    for method, path, operation in operations(doc):
+        out += [
+            "",
+            f"### {operation['operationId']}",
+            "",
+            f"`{method} {path}`: {operation['summary']}.",
+            "",
+        ]
+        out += [operation["description"], ""]
+        if not operation["security"]:
+            out += ["No authentication.", ""]
+        for parameter in operation.get("parameters", []):
+            schema = parameter["schema"]
+            note = parameter.get("description", "")
+            line = f"- `{parameter['name']}` ({parameter['in']}): {_type_text(schema)}. {note}"
+            out.append(line.rstrip())
+        if operation.get("parameters"):
+            out.append("")
+        body = operation.get("requestBody")
+        if body is not None:
+            out += ["Request body (`application/json`):", ""]
+            out += _fields_table(body["content"][JSON]["schema"])
+            out.append("")
+        out += ["| status | body | error codes | when |", "|---|---|---|---|"]
+        responses = operation["responses"]
+        for status, response in responses.items():
+            if status in ("408", "413") and "$ref" in response:
+                continue
+            if status == "503" and "$ref" in response:
+                continue
+            resolved = _resolve(doc, response)
+            when = resolved["description"].replace("\n", " ")
+            headers = ", ".join(f"`{h}`" for h in resolved.get("headers", {}))
+            if headers:
+                when += f" Headers: {headers}."
+            body_text = _response_body(doc, response)
+            out.append(f"| {status} | {body_text} | {_error_codes(doc, response)} | {when} |")
+        if "503" in responses and "$ref" in responses["503"]:
+            out += ["", "*db*: `503 unavailable` when the database cannot answer."]
+        links = [
+            (name, link)
+            for response in responses.values()
+            for name, link in _resolve(doc, response).get("links", {}).items()
+        ]
+        if links:
+            seen = sorted({f"`{link['operationId']}`" for _, link in links})
+            out += ["", "Links (the gid of the answer): " + ", ".join(seen) + "."]
+    out += ["", "## Schemas"]
+    for name, schema in doc["components"]["schemas"].items():
+        out += ["", f"### {name}", ""]
+        if schema.get("description"):
+            out += [schema["description"], ""]
+        if "anyOf" in schema:
+            out.append("One of: " + "; ".join(_type_text(part) for part in schema["anyOf"]) + ".")
+        elif "allOf" in schema:
+            parts = [
+                _type_text(p)
+                if "$ref" in p
+                else "{"
+                + ", ".join(f"`{k}`: {_type_text(v)}" for k, v in p["properties"].items())
+                + "}"
+                for p in schema["allOf"]
+            ]
+            out.append(" + ".join(parts))
+        else:
+            out += _fields_table(schema)
+    out += ["", "## Error codes", "", "| code | status |", "|---|---|"]
+    out += [f"| `{code}` | {status} {_REASONS[status]} |" for code, status in STATUS.items()]
+    return "\n".join(out) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if args == ["--markdown"]:
+        sys.stdout.write(render_markdown())
+    elif not args:
+        sys.stdout.write(json.dumps(document(), ensure_ascii=False, indent=2) + "\n")
+    else:
+        print("usage: python -m tasknet.site.web.openapi [--markdown]", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
