@@ -62,7 +62,7 @@ from tasknet.site.storage.db import Database, Retry
 from tasknet.site.storage.errors import CommitUnknown, DatabaseBusy, TaskError
 from tasknet.site.storage.generation import new_operation_id
 from tasknet.site.storage.instances import LeaseLost
-from tasknet.site.storage.lease import Lease
+from tasknet.site.storage.lease import Lease, dead_here
 from tasknet.site.storage.reaping import Reaped
 from tasknet.site.upstream_client import (
     Outcome,
@@ -553,9 +553,7 @@ class Lifecycle:
                 if not await lease.judge(suspect):
                     continue  # alive, or being reaped by another site right now
                 try:
-                    if lease.shared and not await self.db.read(
-                        instances.surely_stale, suspect, lease.timeout
-                    ):
+                    if lease.shared and not await self._reapable(suspect, lease.timeout):
                         # Gone, or only paused: not before its own clock must
                         # call its lease stale, so it can start nothing after
                         # its reap.  A later pass reaps it.
@@ -580,6 +578,16 @@ class Lifecycle:
             return reaped
         finally:
             self._reaping.release()
+
+    async def _reapable(self, suspect: int, lease_timeout: float) -> bool:
+        """A gone instance may be reaped once it can start nothing any more:
+        its process is certainly dead (same kernel and pid namespace, pid
+        gone), or its last lease confirmation is a lease timeout old, so
+        that, were it only paused, its own clock calls its lease stale."""
+        row = await self.db.read(instances.instance, suspect)
+        if row is not None and dead_here(row):
+            return True
+        return bool(await self.db.read(instances.surely_stale, suspect, lease_timeout))
 
     async def _reap(self, gone: int | None, me: int) -> Reaped:
         # A shared database: the gone instance may have been paused, not dead.

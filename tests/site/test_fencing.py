@@ -23,6 +23,7 @@ sessions, pools, the real mock upstream and each site's monotonic clock on
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -532,3 +533,26 @@ async def test_a_gone_site_is_reaped_only_once_its_own_clock_must_call_its_lease
             assert (
                 sql(pg_url, "SELECT reaped_by FROM site_instance WHERE id = ?", a.id)[0][0] == b.id
             )
+
+
+def test_a_process_is_dead_here_only_when_its_pid_is_gone_in_this_very_pid_space() -> None:
+    import subprocess
+    import sys
+
+    from tasknet.site.storage.instances import Instance
+    from tasknet.site.storage.lease import dead_here, process_space
+
+    finished = subprocess.run([sys.executable, "-c", "pass"], check=True)
+    assert finished.returncode == 0
+    probe = subprocess.Popen([sys.executable, "-c", "pass"])
+    probe.wait()  # reaped: its pid is gone (until the kernel reuses it)
+
+    def instance(pid: int, space: str | None) -> Instance:
+        return Instance(1, "a", "h", pid, None, "", "", None, None, None, process_space=space)
+
+    here = process_space()
+    assert here is not None
+    assert dead_here(instance(probe.pid, here))
+    assert not dead_here(instance(os.getpid(), here))  # alive (a paused one keeps its pid)
+    assert not dead_here(instance(probe.pid, "another kernel or pid namespace"))
+    assert not dead_here(instance(probe.pid, None))  # an instance of an older release

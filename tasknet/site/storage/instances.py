@@ -65,6 +65,8 @@ class Instance:
     #: Seconds (v5; None for an instance of an older release).
     lease_timeout: float | None = None
     upstream_timeout: float | None = None
+    #: The kernel and pid namespace it ran in (``lease.process_space``).
+    process_space: str | None = None
 
     @property
     def open(self) -> bool:
@@ -81,15 +83,16 @@ def register(
     *,
     lease_timeout: float | None = None,
     upstream_timeout: float | None = None,
+    process_space: str | None = None,
 ) -> int:
     """A new open instance; its id (ids are never reused).  Its lease
     timeout and upstream timeout are recorded for whoever reaps it: how
     long after its last lease confirmation its last POST may still land
     (:mod:`tasknet.site.storage.reaping`)."""
     row = cursor.execute(
-        "INSERT INTO site_instance (name, host, pid, lease_pid, lease_timeout, upstream_timeout) "
-        "VALUES (?, ?, ?, ?, ?, ?) RETURNING id",
-        (name, host, pid, lease_pid, lease_timeout, upstream_timeout),
+        "INSERT INTO site_instance (name, host, pid, lease_pid, lease_timeout, upstream_timeout, "
+        "process_space) VALUES (?, ?, ?, ?, ?, ?, ?) RETURNING id",
+        (name, host, pid, lease_pid, lease_timeout, upstream_timeout, process_space),
     ).fetchone()
     return int(row[0])
 
@@ -219,6 +222,7 @@ def _instance(row: sqlite3.Row) -> Instance:
         upstream_timeout=(
             None if row["upstream_timeout"] is None else float(row["upstream_timeout"])
         ),
+        process_space=row["process_space"],
     )
 
 

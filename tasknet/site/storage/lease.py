@@ -137,6 +137,36 @@ def this_host() -> str:
     return socket.gethostname()
 
 
+def process_space() -> str | None:
+    """The kernel and pid namespace this process runs in (Linux: the boot
+    id and the pid namespace's inode), or ``None`` where that cannot be
+    told: two instances in the same space see each other's pids."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as boot:
+            boot_id = boot.read().strip()
+        namespace = os.readlink("/proc/self/ns/pid")
+    except OSError:
+        return None
+    return f"{boot_id} {namespace}"
+
+
+def dead_here(gone: instances.Instance) -> bool:
+    """Whether gone instance ``gone`` certainly ran no longer: it ran in
+    this process's kernel and pid namespace and its pid is gone.  (A pid
+    reused since is taken for alive: the reaper then waits, which is safe.)
+    A paused process keeps its pid, so it is never taken for dead."""
+    space = process_space()
+    if space is None or gone.process_space != space:
+        return False
+    try:
+        os.kill(gone.pid, 0)
+    except ProcessLookupError:
+        return True
+    except OSError:
+        return False  # it exists (another user's, perhaps)
+    return False
+
+
 def application_name(instance_id: int, role: str) -> str:
     """The PostgreSQL ``application_name`` of a session of instance
     ``instance_id`` (``role``: writer, reader, lease, listen): what a reaper
@@ -283,6 +313,7 @@ class SqliteLease(Lease):
                     None,
                     lease_timeout=LEASE_TIMEOUT,
                     upstream_timeout=upstream_timeout,
+                    process_space=process_space(),
                 ),
             )
         finally:
@@ -352,6 +383,7 @@ def _register_locked(
         lease_pid,
         lease_timeout=LEASE_TIMEOUT,
         upstream_timeout=upstream_timeout,
+        process_space=process_space(),
     )
     cursor.execute("SELECT pg_advisory_lock(?, ?)", (LEASE_CLASS, instance_id))
     instances.lease_confirmed(cursor, instance_id)

@@ -15,6 +15,10 @@ ALTER TABLE instance_reap ADD COLUMN lease_confirmed_at TEXT;
 -- site reaping it computes the verdict's wait with the dead one's figures.
 ALTER TABLE site_instance ADD COLUMN lease_timeout REAL;
 ALTER TABLE site_instance ADD COLUMN upstream_timeout REAL;
+-- Which kernel and pid namespace the instance ran in (Linux: boot id and
+-- pid namespace): a reaper in the same one can tell a dead process (its pid
+-- is gone) from a paused one, and need not wait out a dead one's lease.
+ALTER TABLE site_instance ADD COLUMN process_space TEXT;
 
 -- When each instance last confirmed its lease (its lease check found its
 -- lock held), by the database's clock: a reaper settles a gone instance
@@ -51,5 +55,15 @@ CREATE INDEX IF NOT EXISTS web_session_user ON web_session(user_id) WHERE ended_
 -- When the user was disabled (ISO 8601 UTC); NULL while enabled.  A
 -- disabled user's token and sessions authenticate nothing; its tasks stay.
 ALTER TABLE "user" ADD COLUMN disabled_at TEXT;
+
+-- == queued work and the node's word on a task (issue 21, items 2 and 3) ==
+
+-- A task its node holds but has not started (a v2 TaskReport entry's
+-- ``queued``): 1 while the last applied entry said so, else 0.  Shown as
+-- SUBMITTED (已提交), counted apart from DOWNLOADING.
+ALTER TABLE gallery ADD COLUMN queued INTEGER NOT NULL DEFAULT 0;
+-- What the node says of the task (the entry's ``detail``: retrying,
+-- upstream unreachable, disk full; at most 256 characters); NULL: nothing.
+ALTER TABLE gallery ADD COLUMN detail TEXT;
 
 INSERT OR IGNORE INTO schema_version (version) VALUES (5);

@@ -5,6 +5,10 @@ ALTER TABLE task_operation ADD COLUMN verdict_not_before TEXT;
 ALTER TABLE instance_reap ADD COLUMN lease_confirmed_at TEXT;
 ALTER TABLE site_instance ADD COLUMN lease_timeout DOUBLE PRECISION;
 ALTER TABLE site_instance ADD COLUMN upstream_timeout DOUBLE PRECISION;
+-- Which kernel and pid namespace the instance ran in (Linux: boot id and
+-- pid namespace): a reaper in the same one can tell a dead process (its pid
+-- is gone) from a paused one, and need not wait out a dead one's lease.
+ALTER TABLE site_instance ADD COLUMN process_space TEXT;
 
 CREATE TABLE instance_lease (
     instance_id   BIGINT  PRIMARY KEY,
@@ -27,5 +31,8 @@ CREATE TABLE web_session (
 CREATE INDEX web_session_user ON web_session(user_id) WHERE ended_at IS NULL;
 
 ALTER TABLE "user" ADD COLUMN disabled_at TEXT;
+
+ALTER TABLE gallery ADD COLUMN queued INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE gallery ADD COLUMN detail TEXT;
 
 INSERT INTO schema_version (version) VALUES (5) ON CONFLICT DO NOTHING;
