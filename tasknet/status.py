@@ -103,6 +103,7 @@ def display_status(
     state: OperationState | str | None,
     node_code: int | None,
     delete_failed: bool = False,
+    queued: bool = False,
 ) -> TaskStatus:
     """The display key of a task.
 
@@ -110,6 +111,8 @@ def display_status(
     that has no operation yet; ``node_code`` is the last applied node status
     (``None`` or 0 before the first report).  A ``DELETED`` tombstone has no
     gallery row and so no display status: asking for one is a bug.
+    ``queued``: the node holds the task but has not started it (a v2 entry's
+    ``queued``, status 1): it is ``SUBMITTED``, not ``DOWNLOADING``.
     """
     if state is not None:
         state = OperationState(state)
@@ -120,5 +123,7 @@ def display_status(
         if state in _STATE_STATUS:
             return _STATE_STATUS[state]
     if node_code:
+        if queued and node_code == NodeCode.DOWNLOADING:
+            return TaskStatus.SUBMITTED
         return NODE_CODE_STATUS[NodeCode(node_code)]
     return TaskStatus.SUBMITTED

@@ -271,6 +271,7 @@ def _web_dependencies(
         create_limiter=create_limiter,
         clock=reactor,
         auth=authenticator,
+        site_name=options["name"],
     )
 
 
@@ -425,7 +426,8 @@ class NewDatabaseFiles:
         self.names: list[str] = []
         if is_postgres(path) or os.path.lexists(path):
             return
-        candidates = [path + suffix for suffix in ("", "-wal", "-shm", "-journal")]
+        # Absolute: a daemon may change its directory before a start fails.
+        candidates = [os.path.abspath(path) + s for s in ("", "-wal", "-shm", "-journal")]
         candidates.append(instance_lock.lock_path(path))
         self.names = [name for name in candidates if not os.path.lexists(name)]
 

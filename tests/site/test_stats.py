@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from tasknet.protocol.messages import TaskEntry, TaskReport
-from tasknet.site.storage import reports, stats, throughput, views
+from tasknet.site.storage import node_sessions, reports, stats, throughput, views
 from tasknet.site.storage.db import connect, run_read, run_write
 from tasknet.site.storage.schema import prepare_database
 from tasknet.site.storage.usage import meter
@@ -104,6 +104,8 @@ def test_view_of_a_real_report_has_owner_size_bytes_speed_and_completion(
 ) -> None:
     uid, _ = add_user(conn, "alice")
     _task(conn, 7, uid)
+    # Its node is connected (a task of an offline node shows no speed).
+    taken = run_write(conn, node_sessions.take, "n1", None, "site-a", 2, [], "2026-01-01T00:00:00Z")
     ids = {7: "op-7"}
     for rev, (status, progress) in enumerate([(1, 0.2), (1, 0.6)], 1):
         report = TaskReport(f"r{rev}", rev, (TaskEntry(7, status, progress),), ids, ())
@@ -114,6 +116,11 @@ def test_view_of_a_real_report_has_owner_size_bytes_speed_and_completion(
     assert view["speed"] is not None and view["speed"] > 0  # two samples, wall-clock apart
     assert view["eta"] == math.ceil(400_000 / view["speed"])
     assert view["completedAt"] is None
+    assert view["nodeConnected"] is True and view["stalledSince"] is None
+    # Its node goes: the row says so, and shows no speed or ETA.
+    run_write(conn, node_sessions.release, taken.holding)
+    view = run_read(conn, views.task_view, 7)
+    assert view["nodeConnected"] is False and view["speed"] is None and view["eta"] is None
     report = TaskReport("r3", 3, (TaskEntry(7, 4, 1.0),), ids, ())
     run_write(conn, reports.apply_task_report, "n1", report)
     view = run_read(conn, views.task_view, 7)
@@ -209,7 +216,7 @@ def test_counts_and_filters_follow_display_status(conn: sqlite3.Connection) -> N
         "DELETE_FAILED": 0,
     }
     query = views.TaskQuery(alice, 50, views.Order.GID, frozenset({views.TaskStatus.COMPLETED}))
-    tasks, _ = run_read(conn, views.list_tasks, query)
+    tasks, _, _ = run_read(conn, views.list_tasks, query)
     assert [t["gid"] for t in tasks] == [2, 4]
     # Metrics see every state, zeros included.
     states = run_read(conn, views.count_by_state)

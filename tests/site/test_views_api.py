@@ -128,7 +128,7 @@ async def test_newest_first_and_cursor_stable_while_tasks_are_added(db_target: s
         assert await _all_pages(f, "&order=gid", limit=3) == [5, 10, 20, 30, 40, 50, 60]
         # The admin pages everyone's; bob has none.
         _, bob = await f.get("/api/tasks", f.bob)
-        assert bob == {"tasks": [], "next": None}
+        assert bob == {"tasks": [], "next": None, "total": 0}
         await f.create(70, f.bob)
         assert _gids((await f.get("/api/tasks?limit=3", f.admin))[1]) == [70, 60, 5]
 
@@ -171,7 +171,8 @@ async def test_status_filter_search_and_counts(db_target: str) -> None:
 
         status, body = await f.get("/api/tasks/counts")
         assert status == 200
-        assert set(body["counts"]) == {s.value for s in TaskStatus}
+        assert set(body["counts"]) == {s.value for s in TaskStatus} | {"QUEUED"}
+        assert body["counts"]["QUEUED"] == 0
         assert body["counts"]["DOWNLOADING"] == 1 and body["counts"]["COMPLETED"] == 1
         assert body["counts"]["SUBMITTED"] == 1 and body["counts"]["DELETE_FAILED"] == 0
         assert body["total"] == 3
@@ -281,7 +282,11 @@ async def test_progress_gives_speed_eta_stats_and_node_activity(db_target: str) 
         assert entry["assigned"] == 2 and entry["activeTasks"] == 1  # 301 is completed
         assert entry["lastReportAt"].endswith("Z") and entry["lastSeenAt"].endswith("Z")
         assert entry["connectedAt"].endswith("Z")
-        assert entry["bytesPerSecond"] == 0  # 302 never moved, 301 is done
+        # The bytes of the last full minute's bucket of /api/stats, per second.
+        _, recent = await f.get("/api/stats?window=120", f.admin)
+        last_full = recent["buckets"][-2]["byNode"].get("n1", 0)
+        assert entry["bytesPerSecond"] == round(last_full / 60, 1)
+        assert entry["runningTasks"] == 1 and entry["queuedTasks"] == 0
         assert entry["droppedEntries"] == {"old_generation": 1}
 
         # Disconnected, the node stays listed, greyed by "connected": false.
@@ -299,5 +304,76 @@ async def test_progress_gives_speed_eta_stats_and_node_activity(db_target: str) 
         assert entry["protocol"] == 2 and entry["lastSeenAt"].endswith("Z")
         assert entry["activeTasks"] == 1
         assert one(f.path, "SELECT COUNT(*) FROM node_seen")[0] == 1
+
+    await with_fixture(db_target, test)
+
+
+@pytest_twisted.ensureDeferred
+async def test_list_filters_total_bulk_and_site_name(db_target: str) -> None:
+    """Issue 21 (API): favourite/node filters, gid substring, ``total``,
+    ``POST /api/tasks/bulk`` as the single routes answer, ``/api/me``'s site."""
+
+    async def test(f: Fixture) -> None:
+        await f.create(101777)
+        await f.create(5)
+        await f.create(6, f.bob)
+        _, page = await f.get("/api/tasks?q=1777&limit=1")
+        assert _gids(page) == [101777] and page["total"] == 1
+        _, page = await f.get("/api/tasks?limit=1")
+        assert page["total"] == 2 and len(page["tasks"]) == 1
+        status, _ = await f.site.request("PUT", "/api/favorites/5", token=f.alice)
+        assert status == 200
+        _, page = await f.get("/api/tasks?favorite=1")
+        assert _gids(page) == [5] and page["total"] == 1
+        _, page = await f.get("/api/tasks?favorite=1", f.admin)  # the admin's own: none
+        assert page["total"] == 0
+        _, page = await f.get("/api/tasks?node=nobody")
+        assert page["total"] == 0
+        for order in ("size", "progress", "status"):
+            assert sorted(await _all_pages(f, f"&order={order}", limit=1)) == [5, 101777]
+        for query in ("favorite=yes", "node=", "order=size&after=2026-01-01Z~5", "status=queued"):
+            assert_error(await f.get(f"/api/tasks?{query}"), 400, "invalid_request")
+        _, counts = await f.get("/api/tasks/counts")
+        assert counts["counts"]["QUEUED"] == 0 and counts["total"] == 2
+
+        async def bulk(body: Any, token: str | None = None) -> tuple[int, Any]:
+            return await f.site.request(
+                "POST", "/api/tasks/bulk", token=token or f.alice, body=body
+            )
+
+        for body in (
+            {"action": "purge", "gids": [5]},
+            {"action": "delete"},
+            {"action": "delete", "gids": "5"},
+            {"action": "delete", "gids": ["5"]},
+            {"action": "delete", "gids": [0]},
+            {"action": "delete", "gids": list(range(1, 502))},
+            [5],
+        ):
+            assert_error(await bulk(body), 400, "invalid_request")
+        status, answer = await bulk({"action": "retry", "gids": [5, 6, 999]})
+        assert status == 200
+        assert [(r["gid"], r["status"]) for r in answer["results"]] == [
+            (5, 409),  # not DELETE_FAILED
+            (6, 404),  # bob's, as GET /api/tasks/6 answers alice
+            (999, 404),
+        ]
+        assert answer["results"][0]["error"]["code"] == "conflict"
+        status, answer = await bulk({"action": "delete", "gids": [5, 6]})
+        assert status == 200
+        first, second = answer["results"]
+        # No node holds 5: deleted at once, as DELETE /api/tasks/5 answers 200.
+        assert first["gid"] == 5 and first["status"] in (200, 202)
+        assert second == {
+            "gid": 6,
+            "status": 404,
+            "error": {"code": "not_found", "message": second["error"]["message"]},
+        }
+        status, answer = await bulk({"action": "delete", "gids": [6]}, f.admin)
+        assert answer["results"][0]["status"] in (200, 202)  # an admin: any task
+
+        status, me = await f.get("/api/me")
+        assert status == 200 and me["user"]["name"] == "alice" and isinstance(me["site"], str)
+        assert me["site"]
 
     await with_fixture(db_target, test)

@@ -89,7 +89,9 @@ def test_a_start_that_fails_on_a_taken_port_leaves_no_database(
     assert len(failed) == 1, text
     assert f"Couldn't listen on {LOOPBACK}:{taken_port}" in failed[0]
     assert "Address already in use" in failed[0]
-    assert "removed site.sqlite" in text
+    assert (
+        f"removed {tmp_path / 'site.sqlite'}, {tmp_path / 'site.sqlite.lock'}: created by" in text
+    )
     assert list(tmp_path.iterdir()) == [], sorted(p.name for p in tmp_path.iterdir())
 
 

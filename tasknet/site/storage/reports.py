@@ -199,13 +199,14 @@ def _json_ids(gids: Iterable[int]) -> str:
 _ROWS_SQL = f"""
 SELECT g.gid, g.status, g.progress, g.node_id,
        o.operation_id, o.state, o.last_revision, o.legacy,
-       g.user_id, g.size, g.speed, g.sampled_at, g.moved_at
+       g.user_id, g.size, g.speed, g.sampled_at, g.moved_at, g.queued, g.detail
 FROM gallery AS g LEFT JOIN task_operation AS o ON o.gid = g.gid
 WHERE g.gid {IN_ARRAY_SQL}
 """  # noqa: S608
 # Where the judging reads a row of _ROWS_SQL by position: every entry of every
 # report is judged, and a name lookup on a sqlite3.Row scans its columns.
 _STATUS, _PROGRESS, _NODE_ID, _OPERATION_ID, _STATE, _LAST_REVISION, _LEGACY = range(1, 8)
+_QUEUED, _DETAIL = 13, 14
 
 
 def _task_rows(cursor: sqlite3.Cursor, gids: Iterable[int]) -> dict[int, sqlite3.Row]:
@@ -249,12 +250,12 @@ def _owner_check(outcome: ReportOutcome, node_id: str, row: sqlite3.Row) -> str 
 _RECORDED_SQL = f"SELECT report_id FROM report_receipt WHERE report_id {IN_ARRAY_SQL}"  # noqa: S608
 _RECEIPT_SQL = "INSERT INTO report_receipt (report_id, node_id, revision) VALUES (?, ?, ?)"
 _UPDATE_TASK_SQL = (
-    "UPDATE gallery SET status = ?, progress = ?,"  # noqa: S608
+    "UPDATE gallery SET status = ?, progress = ?, queued = ?, detail = ?,"  # noqa: S608
     f" updated_at = {NOW_SQL} WHERE gid = ?"
 )
 # A change that is also a throughput sample writes both in one statement.
 _UPDATE_SAMPLED_TASK_SQL = (
-    "UPDATE gallery SET status = ?, progress = ?,"  # noqa: S608
+    "UPDATE gallery SET status = ?, progress = ?, queued = ?, detail = ?,"  # noqa: S608
     f" updated_at = {NOW_SQL}, speed = ?, sampled_at = ?, moved_at = ?,"
     " completed_at = COALESCE(completed_at, ?) WHERE gid = ?"
 )
@@ -363,7 +364,8 @@ class _Changes:
     with one view query."""
 
     def __init__(self) -> None:
-        self.tasks: list[tuple[int, float, int]] = []
+        # (status, progress, queued, detail, gid)
+        self.tasks: list[tuple[int, float, int, str | None, int]] = []
         self.claims: list[tuple[str, int]] = []
         self.revisions: list[tuple[int, str]] = []
         self.announce: list[int] = []
@@ -385,11 +387,21 @@ class _Changes:
         changed = []
         for g in outcome.applied:
             row, entry = rows[g], entries[g]
-            if row[_STATUS] != entry.status or float(row[_PROGRESS]) != entry.progress:
+            # ``queued`` and ``detail`` (v2 entries; a legacy entry has
+            # neither) are part of what a person sees: a change of either
+            # is a change of the task.
+            if (
+                row[_STATUS] != entry.status
+                or float(row[_PROGRESS]) != entry.progress
+                or bool(row[_QUEUED]) != entry.queued
+                or (row[_DETAIL] or "") != entry.detail
+            ):
                 changed.append(g)
         for g in changed:
             entry = entries[g]
-            self.tasks.append((entry.status, entry.progress, g))
+            self.tasks.append(
+                (entry.status, entry.progress, int(entry.queued), entry.detail or None, g)
+            )
         if revision is not None and changed:
             self.revisions.append((revision, _json_ids(changed)))
         self.announce.extend(changed)
@@ -402,8 +414,10 @@ class _Changes:
         if self.claims:
             cursor.executemany(_CLAIM_SQL, self.claims)
         if samples:
-            plain = [t for t in self.tasks if t[2] not in samples]
-            sampled = [(st, pr, *samples[g], g) for st, pr, g in self.tasks if g in samples]
+            plain = [t for t in self.tasks if t[-1] not in samples]
+            sampled = [
+                (st, pr, qu, de, *samples[g], g) for st, pr, qu, de, g in self.tasks if g in samples
+            ]
             cursor.executemany(_UPDATE_SAMPLED_TASK_SQL, sampled)
         else:
             plain = self.tasks

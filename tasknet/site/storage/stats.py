@@ -17,7 +17,7 @@ from typing import Any
 from tasknet.site.storage import throughput, views
 from tasknet.site.storage.dialect import IN_ARRAY_SQL, array
 from tasknet.site.storage.usage import iso_week
-from tasknet.status import OperationState
+from tasknet.status import NodeCode, OperationState
 
 BUCKET_SECONDS = 60
 MIN_WINDOW = 60
@@ -105,10 +105,12 @@ def node_activity(
 ) -> dict[str, dict[str, Any]]:
     """What ``/api/admin/nodes`` shows of each node: the ``connected`` ids and
     every node seen in the last :data:`SEEN_DAYS` days, by id, with
-    ``assigned`` (all its tasks), ``activeTasks`` (those not completed),
-    ``bytesPerSecond`` (the sum of its tasks' visible speeds) and its
-    ``node_seen`` row (``protocol``, ``features``, ``lastSeenAt``,
-    ``lastReportAt``; None for a node never recorded)."""
+    ``assigned`` (all its tasks), ``activeTasks`` (those not completed), of
+    which ``queuedTasks`` (held, not started: ``queued``) and
+    ``runningTasks`` (downloading and not queued, waiting for compression or
+    compressing), ``bytesPerSecond`` (:func:`node_rates`: the same bytes as
+    ``/api/stats``) and its ``node_seen`` row (``protocol``, ``features``,
+    ``lastSeenAt``, ``lastReportAt``; None for a node never recorded)."""
     since = throughput.iso(now - SEEN_DAYS * 86400)
     seen = {
         row["node_id"]: row
@@ -120,25 +122,61 @@ def node_activity(
     }
     ids = sorted(set(connected) | set(seen))
     nodes: dict[str, dict[str, Any]] = {
-        node_id: {"assigned": 0, "activeTasks": 0, "bytesPerSecond": 0.0, "seen": seen.get(node_id)}
+        node_id: {
+            "assigned": 0,
+            "activeTasks": 0,
+            "runningTasks": 0,
+            "queuedTasks": 0,
+            "bytesPerSecond": 0.0,
+            "seen": seen.get(node_id),
+        }
         for node_id in ids
     }
-    for node_id, assigned, active in cursor.execute(
+    for node_id, assigned, active, queued, running in cursor.execute(
         "SELECT node_id, COUNT(*),"  # noqa: S608
-        " SUM(CASE WHEN status IS NOT DISTINCT FROM ? THEN 0 ELSE 1 END) FROM gallery"
-        f" WHERE node_id {IN_ARRAY_SQL} GROUP BY node_id",
-        (throughput.COMPLETED, array(ids)),
+        " SUM(CASE WHEN status IS NOT DISTINCT FROM ?1 THEN 0 ELSE 1 END),"
+        " SUM(CASE WHEN status = ?2 AND queued = 1 THEN 1 ELSE 0 END),"
+        " SUM(CASE WHEN (status = ?2 AND queued = 0) OR status IN (?3, ?4) THEN 1 ELSE 0 END)"
+        f" FROM gallery WHERE node_id {IN_ARRAY_SQL.replace('?', '?5')} GROUP BY node_id",
+        (
+            throughput.COMPLETED,
+            throughput.DOWNLOADING,
+            int(NodeCode.WAITING_COMPRESSION),
+            int(NodeCode.COMPRESSING),
+            array(ids),
+        ),
     ):
         nodes[node_id]["assigned"] = int(assigned)
         nodes[node_id]["activeTasks"] = int(active)
-    for node_id, status, speed, moved_at in cursor.execute(
-        "SELECT node_id, status, speed, moved_at FROM gallery"  # noqa: S608
-        f" WHERE node_id {IN_ARRAY_SQL} AND status = ?",
-        (array(ids), throughput.DOWNLOADING),
-    ):
-        speed = throughput.visible_speed(status, speed, moved_at, now)
-        nodes[node_id]["bytesPerSecond"] += speed or 0.0
+        nodes[node_id]["queuedTasks"] = int(queued or 0)
+        nodes[node_id]["runningTasks"] = int(running or 0)
+    for node_id, rate in node_rates(cursor, ids, now).items():
+        nodes[node_id]["bytesPerSecond"] = rate
     return nodes
+
+
+#: ``bytesPerSecond`` of ``/api/admin/nodes``: over the last this many full
+#: minutes of ``throughput_minute`` (the buckets of ``/api/stats``).
+RATE_MINUTES = 1
+
+
+def node_rates(cursor: sqlite3.Cursor, ids: list[str], now: float) -> dict[str, float]:
+    """Bytes per second of each node of ``ids`` over the last
+    :data:`RATE_MINUTES` full minutes before ``now``: the bytes of its
+    ``/api/stats`` buckets (``byNode``, every user) divided by their
+    seconds -- the same bytes the charts show, not a sum of task speeds.
+    A node with no bytes there is absent."""
+    last_full = int(now // BUCKET_SECONDS) - 1
+    first = last_full - RATE_MINUTES + 1
+    seconds = RATE_MINUTES * BUCKET_SECONDS
+    return {
+        row[0]: int(row[1]) / seconds
+        for row in cursor.execute(
+            "SELECT node_id, SUM(bytes) FROM throughput_minute"  # noqa: S608
+            f" WHERE minute BETWEEN ? AND ? AND node_id {IN_ARRAY_SQL} GROUP BY node_id",
+            (first, last_full, array(ids)),
+        )
+    }
 
 
 def metrics_sample(cursor: sqlite3.Cursor) -> dict[str, dict[str, Any]]:

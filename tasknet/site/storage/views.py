@@ -14,11 +14,13 @@ its payloads from these views.
 from __future__ import annotations
 
 import functools
+import math
 import re
 import sqlite3
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
+from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
@@ -27,17 +29,29 @@ from tasknet.site.storage.dialect import IN_ARRAY_SQL, array
 from tasknet.site.storage.rows import visible_gallery
 from tasknet.status import NodeCode, OperationState, TaskStatus, display_status
 
+_DOWNLOADING = int(NodeCode.DOWNLOADING)
+
 # One statement builds the view rows of any set of gids: the task row (joined
 # with its generation, if any) or, when the task row is gone, the bare
 # ``task_operation`` row (a tombstone).  ``owner`` is the user id of the
 # gallery row, else of the operation row.  ``{match}`` is "= ?1" for one gid
 # or a json_each over a JSON array for many: the same columns, the same
 # row→dict code.
+#
+# ``node_connected`` is 1 while a live site holds the task's node
+# (``node_session``, across the sites of the database: the rule of
+# ``node_sessions.holders``), 0 when not, NULL for a task without a node.
 _VIEWS_SQL = """
 SELECT g.gid, g.name, g.user_id AS owner, g.status AS node_code, g.progress, g.node_id,
        COALESCE(o.cost, g.cost) AS cost, g.created_at, g.updated_at,
        o.state, o.operation_id, o.delete_operation_id, o.delete_result, 1 AS has_row,
-       u.name AS owner_name, g.size, g.completed_at, g.speed, g.moved_at
+       u.name AS owner_name, g.size, g.completed_at, g.speed, g.moved_at,
+       g.queued, g.detail, g.sampled_at,
+       CASE WHEN g.node_id IS NULL THEN NULL
+       WHEN EXISTS (SELECT 1 FROM node_session AS s WHERE s.node_id = g.node_id
+                    AND s.connected_at IS NOT NULL AND (s.instance_id IS NULL OR s.instance_id IN
+                    (SELECT id FROM site_instance WHERE ended_at IS NULL AND reaped_at IS NULL)))
+       THEN 1 ELSE 0 END AS node_connected
 FROM gallery AS g LEFT JOIN task_operation AS o ON o.gid = g.gid
      LEFT JOIN "user" AS u ON u.id = g.user_id
 WHERE g.gid {match}
@@ -45,7 +59,8 @@ UNION ALL
 SELECT o.gid, '', o.user_id, NULL, 0, NULL,
        o.cost, o.created_at, o.updated_at,
        o.state, o.operation_id, o.delete_operation_id, o.delete_result, 0,
-       (SELECT name FROM "user" WHERE id = o.user_id), NULL, NULL, NULL, NULL
+       (SELECT name FROM "user" WHERE id = o.user_id), NULL, NULL, NULL, NULL,
+       0, NULL, NULL, NULL
 FROM task_operation AS o
 WHERE o.gid {match} AND NOT EXISTS (SELECT 1 FROM gallery AS g WHERE g.gid = o.gid)
 """
@@ -76,6 +91,10 @@ def gone_view(gid: int, state: str | None = None, **known: Any) -> dict[str, Any
         "speed": None,
         "eta": None,
         "completedAt": None,
+        "queued": False,
+        "detail": None,
+        "nodeConnected": None,
+        "stalledSince": None,
     }
     view.update(known)
     return view
@@ -83,7 +102,52 @@ def gone_view(gid: int, state: str | None = None, **known: Any) -> dict[str, Any
 
 # A view is built for every task change a report applies: the display key of
 # a (state, node code, delete failed) triple is a pure function, computed once.
-_display_status = functools.lru_cache(maxsize=256)(display_status)
+_display_status = functools.lru_cache(maxsize=512)(display_status)
+
+#: A DOWNLOADING/COMPRESSING task whose progress has not moved for this long
+#: is stalled: its view gives ``stalledSince`` (when it last moved) and no
+#: speed or ETA.
+STALL_AFTER_SECONDS = 60.0
+_MOVING = frozenset({TaskStatus.DOWNLOADING, TaskStatus.COMPRESSING})
+
+
+def _unix(timestamp: str | None) -> float | None:
+    if not timestamp:
+        return None
+    try:
+        return datetime.fromisoformat(timestamp.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
+
+
+def _last_moved(
+    status: TaskStatus, moved_at: float | None, sampled_at: float | None, updated_at: str | None
+) -> float | None:
+    """When a moving task's progress last moved: a download's last gain (or
+    its start), else the last change of its row (status or progress)."""
+    if status is TaskStatus.DOWNLOADING:
+        for moment in (moved_at, sampled_at):
+            if moment is not None:
+                return float(moment)
+    return _unix(updated_at)
+
+
+def stalled_since(
+    status: TaskStatus,
+    moved_at: float | None,
+    sampled_at: float | None,
+    updated_at: str | None,
+    now: float,
+) -> str | None:
+    """``stalledSince`` of a view: ISO 8601 UTC of the last movement of a
+    DOWNLOADING/COMPRESSING task that has not moved for
+    :data:`STALL_AFTER_SECONDS`, else ``None``."""
+    if status not in _MOVING:
+        return None
+    last = _last_moved(status, moved_at, sampled_at, updated_at)
+    if last is None or now - last < STALL_AFTER_SECONDS:
+        return None
+    return throughput.iso(last)
 
 
 def _view_of_row(row: sqlite3.Row) -> dict[str, Any] | None:
@@ -93,7 +157,8 @@ def _view_of_row(row: sqlite3.Row) -> dict[str, Any] | None:
     # scans its columns.
     gid, name, _owner, node_code, progress, node_id, cost, created_at = row[:8]
     updated_at, state, operation_id, delete_operation_id, delete_result, has_row = row[8:14]
-    owner_name, size, completed_at, speed, moved_at = row[14:]
+    owner_name, size, completed_at, speed, moved_at = row[14:19]
+    queued_flag, detail, sampled_at, node_connected = row[19:]
     if not has_row:
         # No task row left: a DELETED tombstone is shown as gone; any other
         # bare generation has no view.
@@ -109,10 +174,17 @@ def _view_of_row(row: sqlite3.Row) -> dict[str, Any] | None:
             updatedAt=updated_at,
             owner=owner_name,
         )
-    status = _display_status(state, node_code, delete_result == "FAILED")
+    status = _display_status(state, node_code, delete_result == "FAILED", bool(queued_flag))
+    queued = bool(queued_flag) and status is TaskStatus.SUBMITTED and node_code == _DOWNLOADING
     progress = float(progress)
+    now = time.time()
     done = throughput.bytes_done(node_code, progress, size)
-    speed = throughput.visible_speed(node_code, speed, moved_at, time.time())
+    connected = None if node_connected is None else bool(node_connected)
+    stalled = stalled_since(status, moved_at, sampled_at, updated_at, now)
+    if connected is False or stalled is not None or queued:
+        speed = None
+    else:
+        speed = throughput.visible_speed(node_code, speed, moved_at, now)
     return {
         "gid": gid,
         "name": name,
@@ -132,6 +204,10 @@ def _view_of_row(row: sqlite3.Row) -> dict[str, Any] | None:
         "speed": speed,
         "eta": throughput.eta(size, done, speed),
         "completedAt": completed_at,
+        "queued": queued,
+        "detail": detail or None,
+        "nodeConnected": connected,
+        "stalledSince": stalled,
     }
 
 
@@ -179,75 +255,156 @@ def visible_task(cursor: sqlite3.Cursor, gid: int, user_id: int | None) -> dict[
 
 
 class Order(StrEnum):
-    """Orders of ``GET /api/tasks`` (``newest`` is the default)."""
+    """Orders of ``GET /api/tasks`` (``newest`` is the default).
+
+    Each is a total order on ``(key, gid)``, so its keyset cursor (``after``)
+    names one place in it and tasks created meanwhile never shift a later
+    page: ``newest``/``oldest`` by ``createdAt`` then gid, ``gid`` ascending,
+    ``size`` largest first (unknown sizes last), ``progress`` furthest first,
+    ``status`` in lifecycle order (:data:`STATUS_ORDER`); the last three
+    break ties by gid, highest (newest) first.
+    """
 
     NEWEST = "newest"
     OLDEST = "oldest"
     GID = "gid"
+    SIZE = "size"
+    PROGRESS = "progress"
+    STATUS = "status"
 
 
-# The key of a row's (state, node code, delete failed) triple, in SQL and in
-# Python alike, so a display-status filter is "key IN (the keys of the wanted
-# statuses)": the keys come from display_status itself, not a second mapping.
+#: The filter key of a SUBMITTED task its node holds but has not started:
+#: ``?status=QUEUED`` and the ``QUEUED`` count (a part of ``SUBMITTED``).
+QUEUED = "QUEUED"
+
+#: ``order=status``: the lifecycle order of the display statuses.
+STATUS_ORDER = [
+    TaskStatus.SUBMITTING,
+    TaskStatus.SUBMIT_UNKNOWN,
+    TaskStatus.SUBMITTED,
+    TaskStatus.DOWNLOADING,
+    TaskStatus.WAITING_COMPRESSION,
+    TaskStatus.COMPRESSING,
+    TaskStatus.COMPLETED,
+    TaskStatus.DELETE_PENDING,
+    TaskStatus.DELETE_FAILED,
+]
+
+# The key of a row's (state, node code, delete failed, queued) tuple, in SQL
+# and in Python alike, so a display-status filter is "key IN (the keys of
+# the wanted statuses)": the keys come from display_status itself, not a
+# second mapping.
 _FAILED_SQL = "(CASE WHEN o.delete_result = 'FAILED' THEN 1 ELSE 0 END)"
-_STATUS_KEY_SQL = f"(COALESCE(o.state, '') || '|' || COALESCE(g.status, 0) || '|' || {_FAILED_SQL})"
+_STATUS_KEY_SQL = (
+    "(COALESCE(o.state, '') || '|' || COALESCE(g.status, 0) || '|' || "
+    f"{_FAILED_SQL} || '|' || COALESCE(g.queued, 0))"
+)
 
 
-def _status_key(state: str | None, node_code: int | None, failed: bool) -> str:
-    return f"{state or ''}|{node_code or 0}|{int(failed)}"
+def _status_key(state: str | None, node_code: int | None, failed: bool, queued: bool) -> str:
+    return f"{state or ''}|{node_code or 0}|{int(failed)}|{int(queued)}"
 
 
-def _status_keys() -> dict[TaskStatus, list[str]]:
-    keys: dict[TaskStatus, list[str]] = {status: [] for status in TaskStatus}
+def _status_keys() -> dict[str, list[str]]:
+    keys: dict[str, list[str]] = {status.value: [] for status in TaskStatus}
+    keys[QUEUED] = []
     states = [None, *(s.value for s in OperationState if s is not OperationState.DELETED)]
     for state in states:
         for code in (None, *(int(c) for c in NodeCode)):
             for failed in (False, True):
-                status = display_status(state, code, failed)
-                keys[status].append(_status_key(state, code, failed))
+                for queued in (False, True):
+                    status = display_status(state, code, failed, queued)
+                    key = _status_key(state, code, failed, queued)
+                    keys[status.value].append(key)
+                    if queued and status is TaskStatus.SUBMITTED and code == _DOWNLOADING:
+                        keys[QUEUED].append(key)
     return keys
 
 
+#: The status keys of each filter key (every display status, and QUEUED).
 STATUS_KEYS = _status_keys()
+FILTER_KEYS = [*(status.value for status in TaskStatus), QUEUED]
+
+# ``order=status``'s key: the rank of the row's display status (constant
+# text: the keys are made of enum values, nothing from a request).
+_STATUS_RANK_SQL = (
+    f"(CASE {_STATUS_KEY_SQL} "
+    + " ".join(
+        f"WHEN '{key}' THEN {rank}"
+        for rank, status in enumerate(STATUS_ORDER)
+        for key in STATUS_KEYS[status.value]
+    )
+    + f" ELSE {len(STATUS_ORDER)} END)"
+)
+
+# (key expression, key descending, gid descending) of the keyed orders.
+_KEYED: dict[Order, tuple[str, bool, bool]] = {
+    Order.SIZE: ("COALESCE(g.size, -1)", True, True),
+    Order.PROGRESS: ("g.progress", True, True),
+    Order.STATUS: (_STATUS_RANK_SQL, False, True),
+}
 
 # ``createdAt~gid``.  The time is taken as stored (rows from before v2 may
 # spell it their own way): it is only ever a parameter, compared as text.
 _CURSOR = re.compile(r"([^~\x00-\x1f]{1,64})~([0-9]{1,10})")
+# ``key~gid`` of the keyed orders: an integer (size, status) or a number.
+_KEY_CURSOR = re.compile(r"(-?[0-9]{1,20}(?:\.[0-9]{1,20})?(?:[eE]-?[0-9]{1,3})?)~([0-9]{1,10})")
+
+Cursor = str | int | tuple[float, int] | tuple[int, int]
 
 
 @dataclass(frozen=True)
 class TaskQuery:
     """One page request of ``GET /api/tasks``.
 
-    ``statuses`` empty means every status; ``text`` empty means no search:
-    else a task matches when its name contains it (ASCII case-insensitive)
-    or its gid in decimal starts with it.  ``after`` is the ``next`` of the
-    previous page: for ``newest``/``oldest`` the text ``createdAt~gid`` of
-    its last task (keyset pagination, so tasks created meanwhile do not shift
-    later pages), for ``gid`` the last gid.
+    ``statuses`` empty means every status (else filter keys:
+    :data:`FILTER_KEYS`); ``text`` empty means no search: else a task
+    matches when its name contains it (ASCII case-insensitive) or its gid in
+    decimal does.  ``favorite_of``: only that user's favourites; ``node``:
+    only the tasks assigned to that node.  ``after`` is the ``next`` of the
+    previous page (:func:`parse_cursor`): for ``newest``/``oldest`` the
+    text ``createdAt~gid`` of its last task (keyset pagination, so tasks
+    created meanwhile do not shift later pages), for ``gid`` the last gid,
+    for ``size``/``progress``/``status`` ``(key, gid)`` of its last task.
     """
 
     user_id: int | None
     limit: int
     order: Order = Order.NEWEST
-    statuses: frozenset[TaskStatus] = frozenset()
+    statuses: frozenset[str] = frozenset()
     text: str = ""
-    after: str | int | None = None
+    after: Cursor | None = None
+    favorite_of: int | None = None
+    node: str | None = None
 
 
-def parse_cursor(order: Order, text: str) -> str | int:
+def parse_cursor(order: Order, text: str) -> Cursor:
     """The ``after`` of ``order`` from its query text; ``ValueError`` if malformed."""
     if order is Order.GID:
         if not re.fullmatch(r"[0-9]{1,10}", text):
             raise ValueError("for order=gid, 'after' is a gid")
         return int(text)
+    if order in _KEYED:
+        found = _KEY_CURSOR.fullmatch(text)
+        key = float(found.group(1)) if found is not None else math.nan
+        if found is None or not math.isfinite(key):
+            raise ValueError("'after' must be the 'next' of the previous page")
+        if order is not Order.PROGRESS:  # size, status: integer keys
+            if not re.fullmatch(r"-?[0-9]{1,20}", found.group(1)):
+                raise ValueError("'after' must be the 'next' of the previous page")
+            return (int(found.group(1)), int(found.group(2)))
+        return (key, int(found.group(2)))
     if _CURSOR.fullmatch(text) is None:
         raise ValueError("'after' must be the 'next' of the previous page")
     return text
 
 
 def _filters(
-    query_user: int | None, statuses: frozenset[TaskStatus], text: str
+    query_user: int | None,
+    statuses: frozenset[str],
+    text: str,
+    favorite_of: int | None = None,
+    node: str | None = None,
 ) -> tuple[list[str], list[Any]]:
     where: list[str] = []
     params: list[Any] = []
@@ -255,28 +412,60 @@ def _filters(
         where.append("g.user_id = ?")
         params.append(query_user)
     if statuses:
-        keys = [key for status in statuses for key in STATUS_KEYS[status]]
+        keys = sorted({key for status in statuses for key in STATUS_KEYS[status]})
         where.append(f"{_STATUS_KEY_SQL} {IN_ARRAY_SQL}")  # noqa: S608
         params.append(array(keys))
     if text:
         pattern = text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
         where.append("(g.name LIKE ? ESCAPE '\\' OR CAST(g.gid AS TEXT) LIKE ? ESCAPE '\\')")
-        params += [f"%{pattern}%", f"{pattern}%"]
+        params += [f"%{pattern}%", f"%{pattern}%"]
+    if favorite_of is not None:
+        where.append("EXISTS (SELECT 1 FROM favorite AS f WHERE f.user_id = ? AND f.gid = g.gid)")
+        params.append(favorite_of)
+    if node is not None:
+        where.append("g.node_id = ?")
+        params.append(node)
     return where, params
+
+
+def _number(value: Any) -> str:
+    """A keyed order's key as its cursor text (an integer without ``.0``)."""
+    number = float(value)
+    return str(int(number)) if number.is_integer() else repr(number)
 
 
 def list_tasks(
     cursor: sqlite3.Cursor, query: TaskQuery
-) -> tuple[list[dict[str, Any]], str | int | None]:
+) -> tuple[list[dict[str, Any]], str | int | None, int]:
     """One page of tasks of ``query``; the second item is the ``after`` of
-    the next page (None on the last page).  ``user_id`` None lists
-    everyone's (admin)."""
-    where, params = _filters(query.user_id, query.statuses, query.text)
+    the next page (None on the last page), the third how many tasks match
+    the filters (the cursor aside).  ``user_id`` None lists everyone's
+    (admin)."""
+    where, params = _filters(
+        query.user_id, query.statuses, query.text, query.favorite_of, query.node
+    )
+    matching = (
+        "FROM gallery AS g LEFT JOIN task_operation AS o ON o.gid = g.gid"
+        f"{' WHERE ' + ' AND '.join(where) if where else ''}"
+    )
+    total = int(cursor.execute(f"SELECT COUNT(*) {matching}", params).fetchone()[0])  # noqa: S608
+    key = "g.created_at"
     if query.order is Order.GID:
         if query.after is not None:
             where.append("g.gid > ?")
             params.append(query.after)
         order = "g.gid"
+    elif query.order in _KEYED:
+        key, key_desc, gid_desc = _KEYED[query.order]
+        if query.after is not None:
+            assert isinstance(query.after, tuple)
+            after_key, after_gid = query.after
+            where.append(
+                f"({key} {'<' if key_desc else '>'} ? OR"
+                f" ({key} = ? AND g.gid {'<' if gid_desc else '>'} ?))"
+            )
+            params += [after_key, after_key, after_gid]
+        order = f"{key} {'DESC' if key_desc else 'ASC'}, g.gid {'DESC' if gid_desc else 'ASC'}"
     else:
         descending = query.order is Order.NEWEST
         if query.after is not None:
@@ -285,7 +474,7 @@ def list_tasks(
             params += [created, int(gid)]
         order = "g.created_at DESC, g.gid DESC" if descending else "g.created_at, g.gid"
     sql = (
-        "SELECT g.gid, g.created_at FROM gallery AS g"  # noqa: S608 (constant text, parameters)
+        f"SELECT g.gid, {key} AS sort_key FROM gallery AS g"  # noqa: S608 (constant text, parameters)
         " LEFT JOIN task_operation AS o ON o.gid = g.gid"
         f"{' WHERE ' + ' AND '.join(where) if where else ''}"
         f" ORDER BY {order} LIMIT ?"
@@ -296,25 +485,40 @@ def list_tasks(
     following: str | int | None = None
     if more and rows:
         last = rows[-1]
-        following = last["gid"] if query.order is Order.GID else f"{last[1]}~{last[0]}"
-    return views_in_order(cursor, [row[0] for row in rows]), following
+        if query.order is Order.GID:
+            following = last[0]
+        elif query.order in _KEYED:
+            following = f"{_number(last[1])}~{last[0]}"
+        else:
+            following = f"{last[1]}~{last[0]}"
+    return views_in_order(cursor, [row[0] for row in rows]), following, total
 
 
-def count_by_status(cursor: sqlite3.Cursor, user_id: int | None, text: str = "") -> dict[str, int]:
+def count_by_status(
+    cursor: sqlite3.Cursor, user_id: int | None, text: str = "", with_queued: bool = False
+) -> dict[str, int]:
     """Tasks by display status, every key present (zeros included); ``user_id``
-    None counts everyone's, ``text`` as the search of :class:`TaskQuery`."""
+    None counts everyone's, ``text`` as the search of :class:`TaskQuery`.
+    ``with_queued`` adds :data:`QUEUED` (the SUBMITTED tasks queued on a
+    node, also counted in ``SUBMITTED``)."""
     where, params = _filters(user_id, frozenset(), text)
     counts = {status.value: 0 for status in TaskStatus}
+    queued_count = 0
     for row in cursor.execute(
-        f"SELECT o.state, g.status, {_FAILED_SQL}, COUNT(*)"  # noqa: S608
+        f"SELECT o.state, g.status, {_FAILED_SQL}, COALESCE(g.queued, 0), COUNT(*)"  # noqa: S608
         " FROM gallery AS g"
         " LEFT JOIN task_operation AS o ON o.gid = g.gid"
         f"{' WHERE ' + ' AND '.join(where) if where else ''}"
-        " GROUP BY 1, 2, 3",
+        " GROUP BY 1, 2, 3, 4",
         params,
     ).fetchall():
-        status = _display_status(row[0], row[1], bool(row[2]))
-        counts[status.value] += int(row[3])
+        queued = bool(row[3])
+        status = _display_status(row[0], row[1], bool(row[2]), queued)
+        counts[status.value] += int(row[4])
+        if queued and status is TaskStatus.SUBMITTED and row[1] == _DOWNLOADING:
+            queued_count += int(row[4])
+    if with_queued:
+        counts[QUEUED] = queued_count
     return counts
 
 

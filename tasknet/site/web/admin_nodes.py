@@ -5,8 +5,8 @@ The API module (``web/api.py``) checks the caller is an admin and answers
 nodes first, then the ones seen in the last 7 days (``"connected": false``),
 each sorted by id, each
 ``{"id", "connected", "site", "protocol", "features", "lastRevision",
-"assigned", "activeTasks", "connectedAt", "lastSeenAt", "lastReportAt",
-"bytesPerSecond", "droppedEntries"}``:
+"assigned", "activeTasks", "runningTasks", "queuedTasks", "connectedAt",
+"lastSeenAt", "lastReportAt", "bytesPerSecond", "droppedEntries"}``:
 
 * every node connected to *any* site of the database is listed once, with
   ``site`` the ``--name`` of the site holding it (``node_session``, read in
@@ -19,12 +19,16 @@ each sorted by id, each
 
 * ``assigned`` counts every task assigned to the node, completed included;
   ``activeTasks`` only those not completed (what a person means by
-  "assigned");
+  "assigned"), of which ``queuedTasks`` are held but not started (the
+  node's ``queued``) and ``runningTasks`` are downloading (not queued),
+  waiting for compression or compressing;
 * ``lastRevision`` is the revision of the last report from the node
   committed since the site started (``null`` before one, for a
   disconnected node, and for a node another site holds): an internal
   counter, not for display;
-* ``bytesPerSecond`` is the sum of the ``speed`` of its moving tasks;
+* ``bytesPerSecond`` is the node's bytes over the last full minute
+  (``stats.node_rates``): the same bytes as ``/api/stats``' ``byNode``
+  of that bucket, divided by 60 -- not a sum of task speeds;
 * ``lastSeenAt``/``lastReportAt`` are ISO 8601 UTC, from the ``node_seen``
   table; ``connectedAt`` (the holding connection's accept time, null while
   disconnected) and ``protocol``/``features`` of a connected node from its
@@ -124,6 +128,8 @@ async def nodes_view(
                 "lastRevision": nodes.last_revision(node_id) if ours else None,
                 "assigned": known["assigned"],
                 "activeTasks": known["activeTasks"],
+                "runningTasks": known["runningTasks"],
+                "queuedTasks": known["queuedTasks"],
                 "connectedAt": connection.connected_at if connection is not None else None,
                 "lastSeenAt": (
                     throughput.iso(now) if connected or seen is None else seen["last_seen_at"]

@@ -68,13 +68,14 @@ from tasknet.site.storage.errors import DatabaseBusy, TaskError
 from tasknet.site.storage.instances import LeaseLost
 from tasknet.site.storage.rows import GID_MAX, GID_MIN
 from tasknet.site.storage.users import User
-from tasknet.site.storage.views import count_by_status, list_tasks, visible_task
+from tasknet.site.storage.views import QUEUED, count_by_status, list_tasks, visible_task
 from tasknet.site.web import openapi
 from tasknet.site.web.auth import request_credentials, require_admin
 from tasknet.site.web.errors import STATUS, ApiError, write_error, write_json
 from tasknet.site.web.http import StaticFiles
 from tasknet.site.web.interfaces import WebDependencies
 from tasknet.site.web.task_queries import search_text, stats_window, task_query
+from tasknet.status import TaskStatus
 
 log = Logger()
 
@@ -268,6 +269,15 @@ def string_field(
     return value
 
 
+#: ``POST /api/tasks/bulk``'s actions, and how many gids one call takes.
+BULK_ACTIONS = ("delete", "retry")
+MAX_BULK = 500
+
+
+def _error(code: str, message: str) -> dict[str, str]:
+    return {"code": code, "message": message}
+
+
 def _me(user: User) -> dict[str, Any]:
     return {"name": user.name, "admin": user.is_admin}
 
@@ -337,16 +347,72 @@ class SiteApi:
     @endpoint
     async def list_tasks(self, request: Request) -> Reply:
         user = await self._user(request)
-        query = task_query(request, _scope(user))
-        views, following = await self.db.read(list_tasks, query)
-        return 200, {"tasks": views, "next": following}
+        query = task_query(request, _scope(user), user.id)
+        views, following, total = await self.db.read(list_tasks, query)
+        return 200, {"tasks": views, "next": following, "total": total}
+
+    @app.route("/api/tasks/bulk", methods=["POST"])
+    @endpoint
+    async def bulk_tasks(self, request: Request) -> Reply:
+        """Delete or retry many tasks: each gid as its single operation
+        would answer, in the order given (``results``)."""
+        user = await self._user(request)
+        document = json_body(request)
+        action = document.get("action")
+        if action not in BULK_ACTIONS:
+            raise ApiError("invalid_request", f"'action' must be one of {list(BULK_ACTIONS)}")
+        gids = document.get("gids")
+        if not isinstance(gids, list):
+            raise ApiError("invalid_request", "'gids' must be an array of gids")
+        if len(gids) > MAX_BULK:
+            raise ApiError("invalid_request", f"'gids' is limited to {MAX_BULK} gids")
+        numbers = []
+        for gid in gids:
+            if isinstance(gid, str):
+                raise ApiError("invalid_request", "each of 'gids' must be a JSON integer")
+            numbers.append(parse_gid(gid))
+        results = [await self._bulk_one(user, action, number) for number in numbers]
+        return 200, {"results": results}
+
+    async def _bulk_one(self, user: User, action: str, gid: int) -> dict[str, Any]:
+        """One gid of ``POST /api/tasks/bulk``: the status and body its
+        single operation would answer (``retry``: delete again, only a
+        ``DELETE_FAILED`` task; anything else is ``409``)."""
+        try:
+            if action == "retry":
+                view = await self.db.read(visible_task, gid, _scope(user))
+                if view["status"] != TaskStatus.DELETE_FAILED.value:
+                    raise ApiError(
+                        "conflict",
+                        f"task {gid} is {view['status']}: only a DELETE_FAILED task is retried",
+                    )
+            outcome = await shield(self.lifecycle.delete(_scope(user), gid))
+        except CancelledError:
+            raise
+        except (ApiError, TaskError) as e:
+            return {"gid": gid, "status": STATUS[e.code], "error": _error(e.code, e.message)}
+        except (DatabaseBusy, LeaseLost) as e:
+            message = f"the site cannot act now: {e}"
+            return {"gid": gid, "status": 503, "error": _error("unavailable", message)}
+        except Exception:
+            log.failure("bulk {action} of {gid} failed", action=action, gid=gid)
+            return {
+                "gid": gid,
+                "status": 500,
+                "error": _error("internal", "internal error (logged)"),
+            }
+        if outcome.completed:
+            return {"gid": gid, "status": 200}
+        return {"gid": gid, "status": 202, "task": outcome.task}
 
     @app.route("/api/tasks/counts", methods=["GET"])
     @endpoint
     async def task_counts(self, request: Request) -> Reply:
         user = await self._user(request)
-        counts = await self.db.read(count_by_status, _scope(user), search_text(request))
-        return 200, {"counts": counts, "total": sum(counts.values())}
+        counts = await self.db.read(count_by_status, _scope(user), search_text(request), True)
+        # QUEUED is a part of SUBMITTED: not counted twice.
+        total = sum(n for key, n in counts.items() if key != QUEUED)
+        return 200, {"counts": counts, "total": total}
 
     @app.route("/api/stats", methods=["GET"])
     @endpoint
@@ -360,7 +426,7 @@ class SiteApi:
     @endpoint
     async def get_task(self, request: Request, gid: str) -> Reply:
         user = await self._user(request)
-        view = await self.db.read(visible_task, parse_gid(gid), _scope(user))
+        view = await self.db.read(visible_task, _path_gid(request, gid), _scope(user))
         return 200, {"task": view}
 
     @app.route("/api/tasks/<gid>", methods=["DELETE"])
@@ -417,7 +483,7 @@ class SiteApi:
     @app.route("/api/me", methods=["GET"])
     @endpoint
     async def me(self, request: Request) -> Reply:
-        return 200, {"user": _me(await self._user(request))}
+        return 200, {"user": _me(await self._user(request)), "site": self.deps.site_name}
 
     # usage
 

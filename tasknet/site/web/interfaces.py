@@ -51,3 +51,5 @@ class WebDependencies:
     #: Tokens, browser sessions and the same-origin rule (``web/auth.py``),
     #: the same one ``/api/events`` looks its sockets up with.
     auth: Authenticator
+    #: The site's ``--name`` (``/api/me``'s ``site``: which site this is).
+    site_name: str = ""

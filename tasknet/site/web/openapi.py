@@ -55,6 +55,11 @@ MAX_SEARCH = 256
 MAX_PAGE = 500
 MIN_WINDOW = 60
 MAX_WINDOW = 86400
+MAX_NODE_ID = 128
+MAX_BULK = 500
+#: ``GET /api/tasks``' orders and the ``QUEUED`` filter key (``storage.views``).
+ORDERS = ["newest", "oldest", "gid", "size", "progress", "status"]
+QUEUED = "QUEUED"
 
 Schema = dict[str, Any]
 
@@ -266,6 +271,7 @@ def _responses(ok: dict[str, Schema], *errors: tuple[int, Schema], db: bool = Tr
 # -- schemas ----------------------------------------------------------------------
 
 _STATUS_KEYS = [status.value for status in TaskStatus]
+_FILTER_KEYS = [*_STATUS_KEYS, QUEUED]
 _STATES = [state.value for state in OperationState]
 _TIME = _string("ISO 8601 UTC, e.g. `2026-12-01T08:17:28.120Z`.")
 
@@ -308,6 +314,32 @@ def _task_schema() -> Schema:
             ),
             "eta": _nullable(_integer("Seconds left at `speed`.", minimum=0)),
             "completedAt": _nullable(_TIME),
+            "queued": {
+                "type": "boolean",
+                "description": "Its node holds it but has not started it (`status` is "
+                "`SUBMITTED`, 已提交).",
+            },
+            "detail": _nullable(
+                _string(
+                    "What the node says of the task (retrying, upstream unreachable, disk "
+                    "full), at most 256 characters; `null`: nothing.",
+                    maxLength=256,
+                )
+            ),
+            "nodeConnected": _nullable(
+                {
+                    "type": "boolean",
+                    "description": "Whether the task's node is connected to a site of the "
+                    "database; `null` for a task without a node. While `false`, `speed` and "
+                    "`eta` are `null` (a `DELETE_PENDING` task then waits for the node).",
+                }
+            ),
+            "stalledSince": _nullable(
+                _string(
+                    "ISO 8601 UTC: a `DOWNLOADING`/`COMPRESSING` task whose progress has not "
+                    "moved for 60 s or more, since when (`speed` and `eta` are then `null`)."
+                )
+            ),
             "warning": _string(
                 "Only in a resolve answer: a task resolved `submitted` with no archive URL "
                 "known (it is never dispatched)."
@@ -332,6 +364,10 @@ def _task_schema() -> Schema:
             "speed",
             "eta",
             "completedAt",
+            "queued",
+            "detail",
+            "nodeConnected",
+            "stalledSince",
         ],
         description="A task (INTERFACES.md, the task object).",
     )
@@ -392,10 +428,23 @@ def _node_schema() -> Schema:
             "lastRevision": _nullable(_integer()),
             "assigned": _integer(minimum=0),
             "activeTasks": _integer(minimum=0),
+            "runningTasks": _integer(
+                "Of `activeTasks`: downloading (not queued), waiting for compression or "
+                "compressing.",
+                minimum=0,
+            ),
+            "queuedTasks": _integer(
+                "Of `activeTasks`: held by the node, not started (`queued`).", minimum=0
+            ),
             "connectedAt": _nullable(_TIME),
             "lastSeenAt": _nullable(_TIME),
             "lastReportAt": _nullable(_TIME),
-            "bytesPerSecond": {"type": "number", "minimum": 0},
+            "bytesPerSecond": {
+                "type": "number",
+                "minimum": 0,
+                "description": "The node's bytes over the last full minute / 60: the same "
+                "bytes as that bucket's `byNode` in `/api/stats`.",
+            },
             "droppedEntries": {"type": "object", "additionalProperties": {"type": "integer"}},
         },
         description="A node connected to any site of the database, or seen in the last 7 days.",
@@ -442,13 +491,42 @@ def _schemas() -> dict[str, Schema]:
                     "description": "The `after` of the next page (a gid for `order=gid`); "
                     "`null` on the last page.",
                 },
+                "total": _integer(
+                    "How many tasks match the filters (the cursor aside).", minimum=0
+                ),
             }
+        ),
+        "BulkResults": _object(
+            {
+                "results": {
+                    "type": "array",
+                    "items": _object(
+                        {
+                            "gid": _integer(minimum=GID_MIN, maximum=GID_MAX),
+                            "status": _integer(
+                                "The HTTP status the single operation would answer.",
+                                minimum=100,
+                                maximum=599,
+                            ),
+                            "task": _ref("Task"),
+                            "error": _object(
+                                {"code": _string(enum=list(STATUS)), "message": _string()},
+                                required=["code", "message"],
+                            ),
+                        },
+                        required=["gid", "status"],
+                    ),
+                }
+            },
+            required=["results"],
         ),
         "Counts": _object(
             {
                 "counts": _object(
-                    {key: _integer(minimum=0) for key in _STATUS_KEYS},
-                    description="Every display key, zeros included.",
+                    {key: _integer(minimum=0) for key in _FILTER_KEYS},
+                    description="Every display key, zeros included, and `QUEUED`: the "
+                    "`SUBMITTED` tasks queued on a node (a part of `SUBMITTED`, not of "
+                    "`total`).",
                 ),
                 "total": _integer(minimum=0),
             }
@@ -497,6 +575,13 @@ def _schemas() -> dict[str, Schema]:
         ),
         "User": user,
         "UserAnswer": _object({"user": _nullable(_ref("User"))}),
+        "MeAnswer": _object(
+            {
+                "user": _ref("User"),
+                "site": _string("The site's `--name` (which site this is, with several)."),
+            },
+            required=["user", "site"],
+        ),
         "UnknownTask": {
             "allOf": [_ref("Task"), _object({"evidence": _ref("Evidence")})],
             "description": "A task in `UNKNOWN`, with its evidence.",
@@ -736,20 +821,33 @@ def _task_operations() -> dict[str, Schema]:
         parameters=[
             _query(
                 "status",
-                {"type": "array", "items": _string(enum=_STATUS_KEYS), "minItems": 1},
-                "Display keys, comma-separated (any of them).",
+                {"type": "array", "items": _string(enum=_FILTER_KEYS), "minItems": 1},
+                "Display keys, comma-separated (any of them); `QUEUED`: the `SUBMITTED` "
+                "tasks queued on a node.",
                 style="form",
                 explode=False,
             ),
             _query(
                 "q",
                 _string(maxLength=MAX_SEARCH, pattern="^[^\\u0000-\\u001f]*$"),
-                "A name containing it (ASCII case-insensitive) or a gid starting with it.",
+                "A name containing it (ASCII case-insensitive) or a gid containing it "
+                "(`1777` finds 101777).",
+            ),
+            _query(
+                "favorite",
+                _string(enum=["1", "0"]),
+                "`1`: only the caller's favourites (an admin's too); `0`: no filter.",
+            ),
+            _query(
+                "node",
+                _string(minLength=1, maxLength=MAX_NODE_ID, pattern="^[^\\u0000-\\u001f\\u007f]*$"),
+                "Only the tasks assigned to this node.",
             ),
             _query(
                 "order",
-                _string(enum=["newest", "oldest", "gid"], default="newest"),
-                "Newest first by default.",
+                _string(enum=ORDERS, default="newest"),
+                "Newest first by default; `size` largest first (unknown last), `progress` "
+                "furthest first, `status` in lifecycle order; ties by gid, highest first.",
             ),
             _query(
                 "limit",
@@ -760,7 +858,8 @@ def _task_operations() -> dict[str, Schema]:
                 "after",
                 _string(pattern="^([^~\\u0000-\\u001f]{1,64}~[0-9]{1,10}|[0-9]{1,10})$"),
                 "The `next` of the previous page, verbatim, with the same `order` "
-                "(`CREATEDAT~GID`, or a gid for `order=gid`; the other form is `400`).",
+                "(`CREATEDAT~GID`, a gid for `order=gid`, `KEY~GID` for `size`, `progress`, "
+                "`status`; another form is `400`).",
             ),
         ],
     )
@@ -852,6 +951,41 @@ def _task_operations() -> dict[str, Schema]:
         tag="tasks",
         parameters=[_GID_PARAMETER],
     )
+    bulk = _operation(
+        "bulkTasks",
+        "Delete or retry many tasks",
+        f"At most {MAX_BULK} gids, each handled as its single operation would be and answered "
+        "in order with the HTTP status that operation would give: `delete` as "
+        "`DELETE /api/tasks/{gid}` (`200` deleted at once, `202` with the pending `task`, or "
+        "its error), `retry` the same for a `DELETE_FAILED` task and `409` for any other. "
+        "An admin acts on any task, as with the single routes.",
+        _responses(
+            {"200": _json_response("One result per gid, in order.", _ref("BulkResults"))},
+            (
+                400,
+                _bad_request(
+                    "Not a JSON object; `action` not `delete` or `retry`; `gids` not an array "
+                    f"of at most {MAX_BULK} gids."
+                ),
+            ),
+            (401, _common("Unauthorized")),
+            (403, _error(403, _COOKIE_FORBIDDEN, "forbidden")),
+        ),
+        tag="tasks",
+        body=_body(
+            _object(
+                {
+                    "action": _string(enum=["delete", "retry"]),
+                    "gids": {
+                        "type": "array",
+                        "items": _integer(minimum=GID_MIN, maximum=GID_MAX),
+                        "maxItems": MAX_BULK,
+                    },
+                },
+                required=["action", "gids"],
+            )
+        ),
+    )
     return {
         "create": create,
         "list": listing,
@@ -859,6 +993,7 @@ def _task_operations() -> dict[str, Schema]:
         "stats": stats,
         "get": get,
         "delete": delete,
+        "bulk": bulk,
     }
 
 
@@ -969,7 +1104,7 @@ def _session_operations() -> dict[str, Schema]:
             "Who is signed in",
             "The caller (token or session).",
             _responses(
-                {"200": _json_response("The caller.", _ref("UserAnswer"))},
+                {"200": _json_response("The caller, and this site's name.", _ref("MeAnswer"))},
                 (401, _common("Unauthorized")),
             ),
             tag="session",
@@ -1240,6 +1375,7 @@ def _document() -> str:
     paths = {
         "/api/tasks": {"get": tasks["list"], "post": tasks["create"]},
         "/api/tasks/counts": {"get": tasks["counts"]},
+        "/api/tasks/bulk": {"post": tasks["bulk"]},
         "/api/tasks/{gid}": {"get": tasks["get"], "delete": tasks["delete"]},
         "/api/stats": {"get": tasks["stats"]},
         "/api/favorites": {"get": favorites["list"]},

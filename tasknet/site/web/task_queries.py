@@ -4,11 +4,15 @@ anything malformed is ``400 invalid_request`` with a message naming it.
 
 Decisions the spec leaves open (also in docs/operations.md, "Task views"):
 
-* ``status`` is a comma-separated list of display keys (OR); an empty or
-  unknown key is a 400.
+* ``status`` is a comma-separated list of display keys (OR), or
+  ``QUEUED`` (the SUBMITTED tasks queued on a node); an empty or unknown
+  key is a 400.
 * ``q`` (at most :data:`MAX_SEARCH` characters, trimmed) matches a task whose
-  name contains it (ASCII case-insensitively) or whose gid in decimal starts
-  with it; ``/api/tasks/counts`` takes the same ``q``.
+  name contains it (ASCII case-insensitively) or whose gid in decimal
+  contains it ("1777" finds 101777); ``/api/tasks/counts`` takes the same ``q``.
+* ``favorite`` is ``1`` (only the caller's favourites, admins included) or
+  ``0`` (no filter); ``node`` a node id (1..:data:`MAX_NODE_ID` characters,
+  no control character).
 * ``after`` is the ``next`` of the previous page, verbatim, for the same
   ``order``.
 * ``window`` is in seconds, :data:`~tasknet.site.storage.stats.MIN_WINDOW`
@@ -22,13 +26,13 @@ import re
 from twisted.web.server import Request
 
 from tasknet.site.storage import stats
-from tasknet.site.storage.views import Order, TaskQuery, parse_cursor
+from tasknet.site.storage.views import FILTER_KEYS, Cursor, Order, TaskQuery, parse_cursor
 from tasknet.site.web.errors import ApiError
-from tasknet.status import TaskStatus
 
 DEFAULT_PAGE = 50
 MAX_PAGE = 500
 MAX_SEARCH = 256
+MAX_NODE_ID = 128
 
 
 def _text(request: Request, name: str) -> str | None:
@@ -62,8 +66,31 @@ def search_text(request: Request) -> str:
     return text.strip()
 
 
-def task_query(request: Request, user_id: int | None) -> TaskQuery:
-    """The :class:`TaskQuery` of a ``GET /api/tasks`` request."""
+def _node(request: Request) -> str | None:
+    text = _text(request, "node")
+    if text is None:
+        return None
+    if not 1 <= len(text) <= MAX_NODE_ID or any(ord(ch) < 32 or ord(ch) == 127 for ch in text):
+        raise ApiError(
+            "invalid_request",
+            f"'node' must be a node id of 1..{MAX_NODE_ID} characters, no control characters",
+        )
+    return text
+
+
+def _favorite(request: Request) -> bool:
+    text = _text(request, "favorite")
+    if text is None or text == "0":
+        return False
+    if text == "1":
+        return True
+    raise ApiError("invalid_request", "'favorite' must be 1 or 0")
+
+
+def task_query(request: Request, user_id: int | None, caller_id: int | None = None) -> TaskQuery:
+    """The :class:`TaskQuery` of a ``GET /api/tasks`` request; ``user_id``
+    whose tasks (None: everyone's), ``caller_id`` whose favourites
+    ``favorite=1`` means."""
     order_text = _text(request, "order")
     if order_text is None:
         order_text = Order.NEWEST.value
@@ -73,19 +100,15 @@ def task_query(request: Request, user_id: int | None) -> TaskQuery:
         raise ApiError(
             "invalid_request", f"'order' must be one of {[o.value for o in Order]}"
         ) from None
-    statuses: set[TaskStatus] = set()
+    statuses: set[str] = set()
     status_text = _text(request, "status")
     if status_text is not None:
         for key in status_text.split(","):
-            try:
-                statuses.add(TaskStatus(key))
-            except ValueError:
-                raise ApiError(
-                    "invalid_request",
-                    f"unknown status {key!r}; one of {[s.value for s in TaskStatus]}",
-                ) from None
+            if key not in FILTER_KEYS:
+                raise ApiError("invalid_request", f"unknown status {key!r}; one of {FILTER_KEYS}")
+            statuses.add(key)
     after_text = _text(request, "after")
-    after: str | int | None = None
+    after: Cursor | None = None
     if after_text is not None:
         try:
             after = parse_cursor(order, after_text)
@@ -98,6 +121,8 @@ def task_query(request: Request, user_id: int | None) -> TaskQuery:
         statuses=frozenset(statuses),
         text=search_text(request),
         after=after,
+        favorite_of=caller_id if _favorite(request) else None,
+        node=_node(request),
     )
 
 

@@ -22,7 +22,7 @@
       tokenHint: "令牌由管理员用 tasknet-admin 生成；演示环境的令牌是 demo。",
       tokenMissing: "请输入令牌。", tokenRejected: "令牌无效，请检查后重试。",
       cannotReach: "站点无法访问：请检查网络连接后再试。",
-      usageTitle: "本周用量", usageText: "{week}：已用 {used} / 额度 {quota}（剩余 {left}）",
+      usageTitle: "本周用量", usageText: "{week}：已用 {used} 点 / 额度 {quota} 点（剩余 {left} 点）",
       createTitle: "新建任务", upstreamToken: "上游令牌", nameOptional: "名称（可选）", create: "创建",
       creating: "正在提交……",
       navLabel: "页面", navCharts: "图表",
@@ -32,7 +32,7 @@
       createConflictAdmin: "gid {gid} 已经有任务了（{status}，所有者 {owner}），没有重复提交。",
       createConflictOther: "gid {gid} 已被另一位用户占用：一个 gid 只能有一个任务。请换一个 gid。",
       filterStatus: "按状态筛选", tabAll: "全部", tabActive: "进行中", tabCompleted: "已完成", tabAttention: "需处理",
-      search: "搜索", searchHint: "名称或 gid", order: "排序",
+      search: "搜索", searchHint: "名称或 gid 的一部分", order: "排序",
       orderNewest: "最新在前", orderOldest: "最早在前", orderGid: "按 gid",
       staleBanner: "实时连接已断开：进度和速度可能已过时。", staleMark: "已过时", noMatch: "没有符合条件的任务。",
       size: "大小", downloaded: "已下载", speed: "速度", eta: "剩余时间", owner: "所有者", completedAt: "完成于",
@@ -43,8 +43,8 @@
       chartThroughput: "下载速度", chartNodes: "各节点下载量", chartUsage: "每周用量与额度",
       chartThroughputLabel: "{window}的下载速度：共 {bytes}，峰值 {peak}，完成 {completed} 个任务。",
       chartNodesEmpty: "{window}没有节点下载。", chartNodesLabel: "{window}各节点的下载量：{list}。",
-      chartUsageLabel: "最近 8 周的用量，本周已用 {used} / 额度 {quota}。", quotaLine: "额度 {quota}",
-      nodeState: "状态", activeTasks: "进行中的任务", nodeSpeed: "速度", lastReport: "上次报告",
+      chartUsageLabel: "最近 8 周的用量（点），本周已用 {used} 点 / 额度 {quota} 点。", quotaLine: "额度 {quota} 点",
+      nodeState: "状态", activeTasks: "任务", nodeSpeed: "速度", nodeSite: "站点", runningQueued: "{running} 个运行中，{queued} 个排队", lastReport: "上次报告",
       droppedEntries: "丢弃的报告", connectedSince: "连接 / 最后在线",
       connected: "已连接", disconnected: "已断开", connectedAgo: "连接于 {ago}", lastSeen: "最后在线 {ago}",
       none: "无", never: "从未",
@@ -62,12 +62,12 @@
       created: "已创建任务 {gid}：上游已接受，正在等待节点下载。",
       createdUnknown: "任务 {gid} 的提交结果未知：上游没有给出明确答复。系统不会自动重试，也不会重复扣费；管理员核对后会处理。",
       createConflict: "gid {gid} 已经有任务了（可能正在处理，或等待管理员核对），没有重复提交。",
-      createRejected: "上游拒绝了 gid {gid}，没有扣费：{message}",
-      createQuota: "本周额度不够创建这个任务，没有扣费。{message}",
-      createInvalid: "输入有误：{message}",
+      createRejected: "上游拒绝了 gid {gid}，没有扣费。",
+      createQuota: "本周额度不够创建这个任务，没有扣费。",
+      createInvalid: "输入有误，请检查后重试。",
       createUnauthorized: "令牌已失效，请重新登录。",
-      createUnavailable: "上游暂时不可用，请求没有发出，也没有扣费；可以稍后再试。{message}",
-      createFailed: "创建失败（HTTP {code}）：{message}",
+      createUnavailable: "上游暂时不可用，请求没有发出，也没有扣费；可以稍后再试。",
+      createFailed: "创建失败（HTTP {code}）。",
       tasksTitle: "任务", refresh: "刷新", noTasks: "还没有任务。", loadMore: "加载更多",
       favorite: "收藏", unfavorite: "取消收藏", delete: "删除", retryDelete: "重试删除",
       deleteTitle: "删除任务？", deleteText: "删除 {name}（gid {gid}）？节点确认删除文件之前，任务会显示为“待删除”。",
@@ -92,11 +92,48 @@
       againstPostsAt: "上游审计记录了这个 gid 的 {n} 次提交（最近一次：{at}）：判为“没有提交”与之矛盾，必须写明理由（备注）。",
       againstNoPost: "上游审计没有这个 gid 的提交记录：判为“确实已提交”与之矛盾，必须写明理由（备注）。",
       noteRequiredText: "这个结论与上游的审计记录矛盾，必须在备注里写明理由；审计日志会记下备注，并标明它与证据矛盾。",
-      noteRequired: "gid {gid}：这个结论与上游审计矛盾，必须写备注：{message}",
+      noteRequired: "gid {gid}：这个结论与上游审计矛盾，必须写备注。",
       nodesTitle: "节点", noNodes: "最近 7 天没有节点连接过。", nodeId: "节点", protocol: "协议",
       queue: "已分配任务", revision: "修订号", connectedAt: "连接时间", legacy: "旧版 v1", v2: "v2",
       liveOn: "实时更新中", liveOff: "实时连接断开，正在重连……", loadFailed: "加载失败（HTTP {code}）：{message}",
-      signedInAs: "已登录"
+      signedInAs: "已登录",
+      whoUser: "{user}", whoSite: "站点 {site}",
+      tabQueued: "排队中", queuedOn: "在 {node} 排队，尚未开始", queuedWaiting: "排队等待节点",
+      nodeOfflineSince: "{node} 自 {since} 起离线", nodeOffline: "{node} 离线",
+      stalledSince: "自 {since} 起没有进展", waitingOffline: "等待 {node}（离线）",
+      waitingNode: "等待 {node} 确认删除",
+      forceDelete: "强制删除", forceTitle: "强制删除这个任务？",
+      forceText: "{node} 离线，无法确认删除 gid {gid}。强制删除会直接把任务标为已删除（节点上的文件可能还在）；审计日志会记下你的备注。",
+      forced: "gid {gid} 已强制删除。", forceFailed: "强制删除失败：{message}",
+      filterFavorite: "只看收藏", filterNode: "节点", nodeAll: "全部节点",
+      orderSize: "按大小（大的在前）", orderProgress: "按进度", orderStatus: "按状态",
+      pageSize: "每页", shownOf: "显示 {shown} 个，共 {total} 个", shownOnly: "显示 {shown} 个",
+      selectAll: "全选已显示的", selectTask: "选择", selectedN: "已选 {n} 个",
+      bulkDelete: "删除所选", bulkRetry: "重试所选", clearSelection: "取消选择",
+      bulkDeleteTitle: "删除 {n} 个任务？", bulkDeleteText: "删除所选的 {n} 个任务？节点确认删除文件之前，它们会显示为“待删除”。",
+      bulkRetryTitle: "重试 {n} 个任务？", bulkRetryText: "重新请求所选的 {n} 个任务（删除失败的会再次删除）。",
+      bulkWorking: "正在处理 {done} / {n}……", bulkDone: "{action}：{ok} 个成功，{failed} 个没有完成。",
+      bulkFailedSome: "没有完成的 gid：{list}",
+      costUnits: "{n} 点", gidHint: "gid：上游图库的编号（1 到 2147483647 的整数，可以用全角数字）。",
+      upstreamTokenHint: "上游令牌：上游网站给你的令牌，站点提交时代为转交。",
+      creatingSlowN: "上游答复很慢。站点最多等 {n} 秒；仍没有明确答复时，任务会标为“提交未知”，不会重复提交或扣费。",
+      chartEmpty: "{window}没有下载。", chartUsageEmpty: "最近 8 周还没有用量。",
+      axisUnits: "点",
+      createQuotaN: "本周额度不够创建这个任务，没有扣费：这个任务需要 {cost} 点，本周已用 {used} 点 / 额度 {quota} 点。",
+      createQuotaUsage: "本周额度不够创建这个任务，没有扣费：本周已用 {used} 点 / 额度 {quota} 点。",
+      createUnavailableN: "上游在 {n} 秒内没有答复，请求没有发出，也没有扣费；可以稍后再试。",
+      createRateLimited: "创建得太快了，请稍等 {n} 秒再试。", createRateLimitedNoN: "创建得太快了，请稍后再试。",
+      createNotFound: "上游没有 gid {gid} 的图库，没有扣费。",
+      errUnauthorized: "登录已失效，请重新登录。", errForbidden: "只有管理员可以这样做。",
+      errNotFound: "没有找到这个任务。", errConflict: "任务的状态已经变了，没有改动。",
+      errInvalid: "请求有误。", errRateLimited: "操作太频繁，请稍后再试。",
+      errUnavailable: "站点暂时忙不过来（数据库忙或不可用），没有改动；请稍后再试。",
+      errInternal: "站点内部出错，没有改动；请稍后再试。", errTooLarge: "请求太大。",
+      errUpstream: "上游暂时不可用，请稍后再试。", errGeneric: "操作没有完成（HTTP {code}）。",
+      detailRetrying: "{n}后重试：{reason}", detailRetryingNoReason: "{n}后重试",
+      reasonRefused: "连接被拒绝", reasonTimeout: "超时", reasonUnreachable: "上游无法访问",
+      reasonDiskFull: "磁盘已满", reasonReset: "连接中断", reasonDns: "找不到主机", reasonHttp: "上游返回了错误 {code}",
+      reasonOther: "节点报告了问题"
     },
     en: {
       skip: "Skip to content", signOut: "Sign out", navTasks: "Tasks", navAdmin: "Admin",
@@ -104,7 +141,7 @@
       tokenHint: "An admin makes tokens with tasknet-admin; the demo token is demo.",
       tokenMissing: "Enter a token.", tokenRejected: "That token was not accepted. Check it and try again.",
       cannotReach: "The site is not reachable. Check your connection and try again.",
-      usageTitle: "This week's usage", usageText: "{week}: used {used} of {quota} ({left} left)",
+      usageTitle: "This week's usage", usageText: "{week}: used {used} of {quota} cost units ({left} left)",
       createTitle: "New task", upstreamToken: "Upstream token", nameOptional: "Name (optional)", create: "Create",
       creating: "Submitting…",
       navLabel: "Sections", navCharts: "Charts",
@@ -114,7 +151,7 @@
       createConflictAdmin: "gid {gid} already has a task ({status}, owner {owner}). Nothing was resubmitted.",
       createConflictOther: "gid {gid} is taken by another user: a gid can have only one task. Try another gid.",
       filterStatus: "Filter by status", tabAll: "All", tabActive: "In progress", tabCompleted: "Completed", tabAttention: "Needs attention",
-      search: "Search", searchHint: "Name or gid", order: "Order",
+      search: "Search", searchHint: "Name or part of a gid", order: "Order",
       orderNewest: "Newest first", orderOldest: "Oldest first", orderGid: "By gid",
       staleBanner: "Live updates are disconnected: progress and speed below may be out of date.", staleMark: "stale", noMatch: "No task matches.",
       size: "Size", downloaded: "Downloaded", speed: "Speed", eta: "Time left", owner: "Owner", completedAt: "Completed",
@@ -125,8 +162,8 @@
       chartThroughput: "Download speed", chartNodes: "Downloaded per node", chartUsage: "Weekly usage against quota",
       chartThroughputLabel: "Download speed in the {window}: {bytes} in all, peak {peak}, {completed} tasks completed.",
       chartNodesEmpty: "No node downloaded anything in the {window}.", chartNodesLabel: "Downloaded per node in the {window}: {list}.",
-      chartUsageLabel: "Usage over the last 8 weeks; this week {used} of {quota}.", quotaLine: "quota {quota}",
-      nodeState: "State", activeTasks: "Active tasks", nodeSpeed: "Speed", lastReport: "Last report",
+      chartUsageLabel: "Usage over the last 8 weeks, in cost units; this week {used} of {quota}.", quotaLine: "quota {quota} cost units",
+      nodeState: "State", activeTasks: "Tasks", nodeSpeed: "Speed", nodeSite: "Site", runningQueued: "{running} running, {queued} queued", lastReport: "Last report",
       droppedEntries: "Dropped reports", connectedSince: "Connected / last seen",
       connected: "Connected", disconnected: "Disconnected", connectedAgo: "connected {ago}", lastSeen: "last seen {ago}",
       none: "none", never: "never",
@@ -144,12 +181,12 @@
       created: "Task {gid} created: the upstream accepted it; waiting for a node to download it.",
       createdUnknown: "Task {gid}: the submission outcome is unknown (the upstream gave no clear answer). It will not be retried or charged twice; an admin will reconcile it.",
       createConflict: "gid {gid} already has a task (in progress, or waiting for an admin to reconcile). Nothing was resubmitted.",
-      createRejected: "The upstream refused gid {gid}; nothing was charged: {message}",
-      createQuota: "Not enough quota left this week for this task; nothing was charged. {message}",
-      createInvalid: "Please fix the input: {message}",
+      createRejected: "The upstream refused gid {gid}; nothing was charged.",
+      createQuota: "Not enough quota left this week for this task; nothing was charged.",
+      createInvalid: "Please check the input and try again.",
       createUnauthorized: "Your token is no longer valid. Please sign in again.",
-      createUnavailable: "The upstream is unavailable; nothing was sent and nothing charged. Try again later. {message}",
-      createFailed: "Create failed (HTTP {code}): {message}",
+      createUnavailable: "The upstream is unavailable; nothing was sent and nothing charged. Try again later.",
+      createFailed: "Create failed (HTTP {code}).",
       tasksTitle: "Tasks", refresh: "Refresh", noTasks: "No tasks yet.", loadMore: "Load more",
       favorite: "Favorite", unfavorite: "Remove favorite", delete: "Delete", retryDelete: "Retry delete",
       deleteTitle: "Delete this task?", deleteText: "Delete {name} (gid {gid})? Until the node confirms the files are gone the task shows “Delete pending”.",
@@ -174,11 +211,48 @@
       againstPostsAt: "The upstream's audit records {n} submission(s) for this gid (last: {at}): “It was not submitted” contradicts it and needs a note saying why.",
       againstNoPost: "The upstream's audit records no submission for this gid: “It was submitted” contradicts it and needs a note saying why.",
       noteRequiredText: "This verdict contradicts the upstream's audit record: say why in the note. The audit log keeps the note and marks the verdict as contradicting the evidence.",
-      noteRequired: "gid {gid}: this verdict contradicts the upstream's audit and needs a note: {message}",
+      noteRequired: "gid {gid}: this verdict contradicts the upstream's audit and needs a note.",
       nodesTitle: "Nodes", noNodes: "No node was connected in the last 7 days.", nodeId: "Node", protocol: "Protocol",
       queue: "Assigned", revision: "Revision", connectedAt: "Connected", legacy: "legacy v1", v2: "v2",
       liveOn: "Live", liveOff: "Live updates disconnected; reconnecting…", loadFailed: "Loading failed (HTTP {code}): {message}",
-      signedInAs: "Signed in"
+      signedInAs: "Signed in",
+      whoUser: "{user}", whoSite: "site {site}",
+      tabQueued: "Queued", queuedOn: "queued on {node}, not started", queuedWaiting: "queued, waiting for a node",
+      nodeOfflineSince: "{node} offline since {since}", nodeOffline: "{node} offline",
+      stalledSince: "no progress since {since}", waitingOffline: "waiting for {node} (offline)",
+      waitingNode: "waiting for {node} to confirm the delete",
+      forceDelete: "Force delete", forceTitle: "Force-delete this task?",
+      forceText: "{node} is offline and cannot confirm the delete of gid {gid}. Force delete marks the task deleted now (its files may still be on the node); the audit log keeps your note.",
+      forced: "gid {gid} force-deleted.", forceFailed: "Force delete failed: {message}",
+      filterFavorite: "Favourites only", filterNode: "Node", nodeAll: "All nodes",
+      orderSize: "By size (largest first)", orderProgress: "By progress", orderStatus: "By status",
+      pageSize: "Per page", shownOf: "{shown} of {total}", shownOnly: "{shown} shown",
+      selectAll: "Select all shown", selectTask: "Select", selectedN: "{n} selected",
+      bulkDelete: "Delete selected", bulkRetry: "Retry selected", clearSelection: "Clear selection",
+      bulkDeleteTitle: "Delete {n} tasks?", bulkDeleteText: "Delete the {n} selected tasks? Until their nodes confirm the files are gone they show “Delete pending”.",
+      bulkRetryTitle: "Retry {n} tasks?", bulkRetryText: "Retry the {n} selected tasks (a failed delete is tried again).",
+      bulkWorking: "Working… {done} of {n}", bulkDone: "{action}: {ok} done, {failed} not done.",
+      bulkFailedSome: "Not done: gid {list}",
+      costUnits: "{n} cost units", gidHint: "gid: the gallery's number at the upstream (a whole number from 1 to 2147483647; full-width digits are fine).",
+      upstreamTokenHint: "Upstream token: the token the upstream site gave you; the site passes it on when it submits.",
+      creatingSlowN: "The upstream is slow to answer. The site waits up to {n} s; without a clear answer by then the task is marked “Submission unknown”, and it is never resubmitted or charged twice.",
+      chartEmpty: "Nothing was downloaded in the {window}.", chartUsageEmpty: "No usage in the last 8 weeks yet.",
+      axisUnits: "cost units",
+      createQuotaN: "Not enough quota left this week for this task; nothing was charged: it costs {cost}, and this week {used} of {quota} cost units are used.",
+      createQuotaUsage: "Not enough quota left this week for this task; nothing was charged: this week {used} of {quota} cost units are used.",
+      createUnavailableN: "The upstream did not answer within {n} s; nothing was sent and nothing charged. Try again later.",
+      createRateLimited: "Too many creates in a row: wait {n} s and try again.", createRateLimitedNoN: "Too many creates in a row: wait a moment and try again.",
+      createNotFound: "The upstream has no gallery {gid}; nothing was charged.",
+      errUnauthorized: "Your session has ended. Please sign in again.", errForbidden: "Only an admin can do that.",
+      errNotFound: "That task was not found.", errConflict: "The task's state changed meanwhile; nothing changed.",
+      errInvalid: "The request was not accepted.", errRateLimited: "Too many requests: try again in a moment.",
+      errUnavailable: "The site cannot act right now (its database is busy or unreachable); nothing changed. Try again shortly.",
+      errInternal: "The site had an internal error; nothing changed. Try again shortly.", errTooLarge: "The request is too large.",
+      errUpstream: "The upstream is unavailable; try again later.", errGeneric: "That did not work (HTTP {code}).",
+      detailRetrying: "retrying in {n}: {reason}", detailRetryingNoReason: "retrying in {n}",
+      reasonRefused: "connection refused", reasonTimeout: "timed out", reasonUnreachable: "upstream unreachable",
+      reasonDiskFull: "disk full", reasonReset: "connection lost", reasonDns: "host not found", reasonHttp: "the upstream answered {code}",
+      reasonOther: "the node reported a problem"
     }
   };
 
@@ -212,7 +286,18 @@
     pollTimer: null,
     unknownTimer: null,
     verdictTimer: null,    // re-reads the UNKNOWN list when a verdict wait ends
-    nodesTimer: null
+    nodesTimer: null,
+    favoriteOnly: false,   // #tasks?fav=1
+    nodeFilter: "",        // #tasks?node=ID
+    pageSize: PAGE_SIZE,   // #tasks?size=N
+    selected: new Set(),   // gids ticked for a bulk action
+    total: null,           // tasks matching the view (the list answer's total)
+    me: null,              // /api/me: {name, admin}, site
+    site: null,
+    wantedView: "tasks",   // the view the hash asks for (admin is known only after /api/me)
+    usageTimer: null,
+    reachTimer: null,
+    knownNodes: new Set()
   };
 
   function $(id) { return document.getElementById(id); }
@@ -254,8 +339,11 @@
   function formatTime(value) { return F.date(value, state.lang); }
 
   // A notice lasts until the next action (see init) or a few seconds.
-  function notify(text, isError) {
+  function notify(text, isError, kind) {
     var box = $("notice");
+    if (!kind && text && text === t("cannotReach")) { kind = "reach"; }
+    box.setAttribute("data-kind", kind || "");
+    if (kind === "reach") { watchReach(); }
     box.textContent = text || "";
     box.classList.toggle("error", !!isError);
     if (state.noticeTimer) { clearTimeout(state.noticeTimer); state.noticeTimer = null; }
@@ -273,7 +361,37 @@
   // Status 0 is a fetch that never got an answer: the site is not reachable.
   function failureText(key, result) {
     if (result.status === 0) { return t("cannotReach"); }
-    return t(key, { code: result.status, message: errorMessage(result) });
+    return errorSentence(result);
+  }
+
+  // An error answer in the reader's language: the code's sentence; the
+  // site's own (English) message only when the code has none.
+  var ERROR_KEYS = {
+    unauthorized: "errUnauthorized", forbidden: "errForbidden", not_found: "errNotFound",
+    conflict: "errConflict", rate_limited: "errRateLimited", unavailable: "errUnavailable",
+    internal: "errInternal", payload_too_large: "errTooLarge", upstream_unavailable: "errUpstream",
+    request_timeout: "errInternal"
+  };
+  function errorSentence(result) {
+    if (result.status === 0) { return t("cannotReach"); }
+    var code = errorCode(result);
+    if (code && ERROR_KEYS[code]) { return t(ERROR_KEYS[code]); }
+    var text = t(code === "invalid_request" ? "errInvalid" : "errGeneric", { code: result.status });
+    var message = errorMessage(result);
+    return message ? text + " (" + message + ")" : text;
+  }
+
+  // "The site is not reachable" stays only while it is true: ask /healthz
+  // every 3 s and clear the notice at the first answer.
+  function siteAnswered() {
+    if ($("notice").getAttribute("data-kind") === "reach") { notify(""); }
+  }
+  function watchReach() {
+    if (state.reachTimer) { return; }
+    state.reachTimer = setInterval(function () {
+      if ($("notice").getAttribute("data-kind") !== "reach") { clearInterval(state.reachTimer); state.reachTimer = null; return; }
+      fetch("/healthz", { cache: "no-store" }).then(function (r) { if (r.status < 500 || r.status === 503) { siteAnswered(); } }, function () {});
+    }, 3000);
   }
 
   // ---- HTTP ---------------------------------------------------------------
@@ -289,6 +407,7 @@
       return response.text().then(function (text) {
         var data = null;
         if (text) { try { data = JSON.parse(text); } catch (e) { data = null; } }
+        if (response.status !== 0) { siteAnswered(); }
         return { status: response.status, ok: response.ok, data: data };
       });
     }, function () {
@@ -327,7 +446,7 @@
     return api("POST", "/api/session", { token: token }).then(function (result) {
       if (result.status === 401) { return { ok: false, message: t("tokenRejected") }; }
       if (!result.ok) {
-        return { ok: false, message: result.status === 0 ? t("cannotReach") : t("loadFailed", { code: result.status, message: errorMessage(result) }) };
+        return { ok: false, message: errorSentence(result) };
       }
       return resumeSession();
     });
@@ -342,7 +461,7 @@
       }
       if (!result.ok) {
         state.signedIn = false;
-        return { ok: false, message: result.status === 0 ? t("cannotReach") : t("loadFailed", { code: result.status, message: errorMessage(result) }) };
+        return { ok: false, message: errorSentence(result) };
       }
       state.signedIn = true;
       showSignedIn(true);
@@ -360,6 +479,9 @@
     state.order = [];
     state.favorites.clear();
     $("task-list").textContent = "";
+    state.selected.clear();
+    state.me = null;
+    renderWho();
     showSignedIn(false);
     $("admin-section").hidden = true;
     $("nav-admin").hidden = true;
@@ -371,7 +493,37 @@
   function startSession() {
     loadFavorites().then(function () { return loadTasks(false); });
     detectAdmin();
+    loadMe();
     connectEvents();
+  }
+
+  // Who is signed in, on which site: /api/me ({user, site}); the site's
+  // name from /healthz when /api/me does not say it.
+  function loadMe() {
+    api("GET", "/api/me").then(function (result) {
+      if (!result.ok || !result.data) { return; }
+      state.me = result.data.user || null;
+      var site = result.data.site;
+      if (site && typeof site === "object") {
+        if (Number(site.upstreamTimeout) > 0) { state.upstreamTimeout = Number(site.upstreamTimeout); }
+        site = site.name || site.id || null;
+      }
+      if (Number(result.data.upstreamTimeout) > 0) { state.upstreamTimeout = Number(result.data.upstreamTimeout); }
+      if (site) { state.site = String(site); renderWho(); return; }
+      renderWho();
+      api("GET", "/healthz").then(function (health) {
+        if (health.data && health.data.site) { state.site = String(health.data.site); renderWho(); }
+      });
+    });
+  }
+
+  function renderWho() {
+    var who = $("who");
+    var parts = [];
+    if (state.me && state.me.name) { parts.push(t("whoUser", { user: state.me.name })); }
+    if (state.site) { parts.push(t("whoSite", { site: state.site })); }
+    who.textContent = parts.join(" · ");
+    who.hidden = !state.signedIn || !parts.length;
   }
 
   function stopSession() {
@@ -401,8 +553,17 @@
     meter.low = meter.max * 0.7;
     meter.high = meter.max * 0.9;
     meter.optimum = 0;
-    $("usage-text").textContent = t("usageText", { week: usage.week, used: used, quota: quota, left: Math.max(quota - used, 0) });
+    $("usage-text").textContent = t("usageText", { week: usage.week, used: num(used), quota: num(quota), left: num(Math.max(quota - used, 0)) });
     state.usage = usage;
+  }
+
+  function num(n) { return F.number(Number(n) || 0, state.lang, 0); }
+
+  // Task events change usage (a create charged, a delete or "not submitted"
+  // released): read it again at most once a second.
+  function scheduleUsage() {
+    if (state.usageTimer) { return; }
+    state.usageTimer = setTimeout(function () { state.usageTimer = null; loadUsage(); }, 1000);
   }
 
   function loadUsage() {
@@ -417,10 +578,19 @@
   var FILTERS = {
     all: null,
     active: ["SUBMITTING", "SUBMITTED", "DOWNLOADING", "WAITING_COMPRESSION", "COMPRESSING"],
+    // Held by a node, not started (GET /api/tasks?status=QUEUED; counts.QUEUED).
+    queued: ["QUEUED"],
     completed: ["COMPLETED"],
     attention: ["SUBMIT_UNKNOWN", "DELETE_PENDING", "DELETE_FAILED"]
   };
-  var ORDERS = ["newest", "oldest", "gid"];
+  var ORDERS = ["newest", "oldest", "gid", "size", "progress", "status"];
+  var PAGE_SIZES = [50, 100, 200, 500];
+
+  // Full-width digits (１２３) and spaces typed with a Chinese IME, as ASCII.
+  function asciiDigits(text) {
+    return String(text || "").replace(/[\uFF10-\uFF19]/g, function (c) { return String.fromCharCode(c.charCodeAt(0) - 0xFEE0); })
+      .replace(/\u3000/g, " ");
+  }
 
   function taskName(task) { return task.name || ("gid " + task.gid); }
 
@@ -433,9 +603,11 @@
     var keys = FILTERS[state.filter];
     if (keys) { params.push("status=" + keys.join(",")); }
     if (state.query) { params.push("q=" + encodeURIComponent(state.query)); }
+    if (state.favoriteOnly) { params.push("favorite=1"); }
+    if (state.nodeFilter) { params.push("node=" + encodeURIComponent(state.nodeFilter)); }
     params.push("order=" + state.orderBy);
     // A refresh keeps as many rows as were loaded, so the page does not shrink under the reader.
-    var limit = append ? PAGE_SIZE : Math.min(500, Math.max(PAGE_SIZE, state.order.length));
+    var limit = append ? state.pageSize : Math.min(500, Math.max(state.pageSize, state.order.length));
     params.push("limit=" + limit);
     if (append && state.next !== null && state.next !== undefined) { params.push("after=" + encodeURIComponent(state.next)); }
     return "/api/tasks?" + params.join("&");
@@ -447,9 +619,10 @@
     return api("GET", listPath(append)).then(function (result) {
       if (seq !== state.listSeq) { return; }
       if (result.status === 401) { signOut(); return; }
-      if (!result.ok) { notify(failureText("loadFailed", result), true); return; }
+      if (!result.ok) { notify(failureText("loadFailed", result), true, result.status === 0 ? "reach" : ""); return; }
       var tasks = (result.data && result.data.tasks) || [];
       if (!append) { state.tasks.clear(); state.order = []; }
+      state.total = result.data && typeof result.data.total === "number" ? result.data.total : null;
       tasks.forEach(function (task) {
         if (isGone(task)) { return; }
         if (!state.tasks.has(task.gid)) { state.order.push(task.gid); }
@@ -463,16 +636,24 @@
   // Does a task that is not on the page belong at the top of what is shown?
   function matchesView(task) {
     var keys = FILTERS[state.filter];
-    if (keys && keys.indexOf(task.status) === -1) { return false; }
+    if (state.filter === "queued") { if (!task.queued) { return false; } }
+    else if (keys && keys.indexOf(task.status) === -1) { return false; }
+    if (state.filter === "active" && task.queued && queuedCounted()) { return false; }
+    if (state.favoriteOnly && !state.favorites.has(task.gid)) { return false; }
+    if (state.nodeFilter && task.node !== state.nodeFilter) { return false; }
     if (!state.query) { return true; }
     var q = state.query.toLowerCase();
-    return String(task.gid).indexOf(q) === 0 || String(task.name || "").toLowerCase().indexOf(q) !== -1;
+    return String(task.gid).indexOf(q) !== -1 || String(task.name || "").toLowerCase().indexOf(q) !== -1;
   }
+
+  // Does the site count queued tasks apart (counts.QUEUED)?
+  function queuedCounted() { return !!state.counts && "QUEUED" in state.counts; }
 
   // The list's order, as the API sorts it: (createdAt, gid) newest or
   // oldest first, or gid.  Negative when a comes before b.
   function compareTasks(a, b) {
     if (state.orderBy === "gid") { return a.gid - b.gid; }
+    if (state.orderBy !== "newest" && state.orderBy !== "oldest") { return 1; }  // the site's order: after the loaded rows
     var ka = String(a.createdAt || ""), kb = String(b.createdAt || "");
     var c = ka < kb ? -1 : ka > kb ? 1 : a.gid - b.gid;
     return state.orderBy === "oldest" ? c : -c;
@@ -485,6 +666,7 @@
   function insertAt(task) {
     if (!matchesView(task)) { return -1; }
     var hasMore = state.next !== null && state.next !== undefined;
+    if (state.orderBy !== "newest" && state.orderBy !== "oldest" && state.orderBy !== "gid") { return hasMore ? -1 : state.order.length; }
     for (var i = 0; i < state.order.length; i++) {
       if (compareTasks(task, state.tasks.get(state.order[i])) < 0) { return i; }
     }
@@ -498,12 +680,15 @@
     if (isGone(task)) { removeTask(task.gid, { quiet: !state.tasks.has(task.gid), operationId: task.operationId }); return; }
     state.gone.delete(task.gid);
     var previous = state.tasks.get(task.gid);
-    if (!previous || previous.status !== task.status) { scheduleCounts(); }
+    if (!previous || previous.status !== task.status || !!previous.queued !== !!task.queued) { scheduleCounts(); scheduleUsage(); }
+    noteNode(task.node);
+    settleCreateResult(task);
     var row = document.querySelector('#task-list > li[data-gid="' + task.gid + '"]');
     if (!previous) {
       var at = insertAt(task);
       if (at < 0) { return; }
       state.order.splice(at, 0, task.gid);
+      if (state.total !== null) { state.total += 1; }
     }
     state.tasks.set(task.gid, task);
     var fresh = renderTask(task);
@@ -529,6 +714,8 @@
     var operationId = options.operationId !== undefined ? options.operationId : (known ? known.operationId : null);
     if (operationId) { state.gone.set(gid, operationId); }
     var wasKnown = state.tasks.delete(gid);
+    if (wasKnown && state.total !== null) { state.total = Math.max(0, state.total - 1); }
+    state.selected.delete(gid);
     state.order = state.order.filter(function (g) { return g !== gid; });
     state.favorites.delete(gid);
     var row = document.querySelector('#task-list > li[data-gid="' + gid + '"]');
@@ -548,7 +735,133 @@
   function showEmpty() {
     var empty = $("tasks-empty");
     empty.hidden = state.order.length > 0;
-    empty.textContent = state.filter === "all" && !state.query ? t("noTasks") : t("noMatch");
+    empty.textContent = state.filter === "all" && !state.query && !state.favoriteOnly && !state.nodeFilter ? t("noTasks") : t("noMatch");
+    renderShownCount();
+    renderSelection();
+  }
+
+  // "50 of 3,001": rows shown and tasks matching (the list answer's total;
+  // without it, the status counts when no other filter applies).
+  function renderShownCount() {
+    var shown = state.order.length;
+    var total = state.total;
+    if (total === null && state.counts && !state.favoriteOnly && !state.nodeFilter) { total = tabCount(state.filter); }
+    var box = $("tasks-count");
+    box.textContent = total === null ? t("shownOnly", { shown: num(shown) }) : t("shownOf", { shown: num(shown), total: num(Math.max(total, shown)) });
+    box.setAttribute("data-shown", String(shown));
+    box.setAttribute("data-total", total === null ? "" : String(total));
+  }
+
+  // The node filter offers every node this page has seen (and, for an admin, the node panel's).
+  function noteNode(id) {
+    if (!id || state.knownNodes.has(id)) { return; }
+    state.knownNodes.add(id);
+    var select = $("task-node");
+    var ids = Array.from(state.knownNodes).sort();
+    var current = select.value || state.nodeFilter;
+    Array.from(select.options).slice(1).forEach(function (o) { o.remove(); });
+    ids.forEach(function (n) { select.appendChild(el("option", { value: n, text: n })); });
+    select.value = current;
+  }
+
+  // The create form's "waiting for a node to download it" is over once the task moved on.
+  function settleCreateResult(task) {
+    var result = $("create-result");
+    if (result.getAttribute("data-gid") !== String(task.gid) || state.createTimer) { return; }
+    if (result.getAttribute("data-outcome") === "201" && task.status !== "SUBMITTED") { clearCreateResult(); }
+  }
+
+  // ---- bulk select -----------------------------------------------------------
+
+  function renderSelection() {
+    var n = state.selected.size;
+    $("bulk-bar").hidden = n === 0;
+    $("bulk-count").textContent = t("selectedN", { n: num(n) });
+    var all = $("select-all");
+    var shown = state.order.length;
+    var ticked = state.order.filter(function (g) { return state.selected.has(g); }).length;
+    all.checked = shown > 0 && ticked === shown;
+    all.indeterminate = ticked > 0 && ticked < shown;
+    all.disabled = shown === 0;
+  }
+
+  function selectAllShown(on) {
+    state.order.forEach(function (gid) { if (on) { state.selected.add(gid); } else { state.selected.delete(gid); } });
+    document.querySelectorAll('#task-list input[data-action="select"]').forEach(function (box) { box.checked = on; });
+    renderSelection();
+  }
+
+  // POST /api/tasks/bulk in chunks of 500; a site without it gets one call per task.
+  function bulkAction(action) {
+    var gids = state.order.filter(function (g) { return state.selected.has(g); });
+    if (!gids.length) { return; }
+    var del = action === "delete";
+    confirmDialog({
+      title: t(del ? "bulkDeleteTitle" : "bulkRetryTitle", { n: num(gids.length) }),
+      text: t(del ? "bulkDeleteText" : "bulkRetryText", { n: num(gids.length) }),
+      ok: t(del ? "bulkDelete" : "bulkRetry"), danger: del
+    }).then(function (answer) {
+      if (!answer) { return; }
+      var ok = 0, failed = [], done = 0;
+      var box = $("bulk-count");
+      function progress() { box.textContent = t("bulkWorking", { done: num(done), n: num(gids.length) }); }
+      function settle(item) {
+        done += 1;
+        var gid = Number(item.gid);
+        if (item.error) { failed.push(gid); return; }
+        ok += 1;
+        state.selected.delete(gid);
+        if (item.task && !isGone(item.task)) { upsertTask(item.task); }
+        else { removeTask(gid, { quiet: true }); }
+      }
+      function one(gid) {
+        if (!del) {
+          var task = state.tasks.get(gid);
+          if (!task || task.status !== "DELETE_FAILED") { return Promise.resolve({ gid: gid, error: "not_retryable" }); }
+        }
+        return api("DELETE", "/api/tasks/" + gid).then(function (result) {
+          if (result.ok || result.status === 404) { return { gid: gid, task: result.data && result.data.task }; }
+          return { gid: gid, error: errorCode(result) || String(result.status) };
+        });
+      }
+      function fallback(chunk) {
+        var queue = chunk.slice();
+        function worker() {
+          var gid = queue.shift();
+          if (gid === undefined) { return Promise.resolve(); }
+          return one(gid).then(function (item) { settle(item); progress(); return worker(); });
+        }
+        var workers = [];
+        for (var i = 0; i < 8; i++) { workers.push(worker()); }
+        return Promise.all(workers);
+      }
+      var chunks = [];
+      for (var i = 0; i < gids.length; i += 500) { chunks.push(gids.slice(i, i + 500)); }
+      var useFallback = false;
+      progress();
+      chunks.reduce(function (chain, chunk) {
+        return chain.then(function () {
+          if (useFallback) { return fallback(chunk); }
+          return api("POST", "/api/tasks/bulk", { action: action, gids: chunk }).then(function (result) {
+            if (result.status === 404 || result.status === 405) { useFallback = true; return fallback(chunk); }
+            if (!result.ok || !result.data || !Array.isArray(result.data.results)) {
+              chunk.forEach(function (gid) { settle({ gid: gid, error: "failed" }); });
+              return;
+            }
+            result.data.results.forEach(settle);
+            progress();
+          });
+        });
+      }, Promise.resolve()).then(function () {
+        var text = t("bulkDone", { action: t(del ? "bulkDelete" : "bulkRetry"), ok: num(ok), failed: num(failed.length) });
+        if (failed.length) { text += " " + t("bulkFailedSome", { list: failed.slice(0, 10).join(", ") + (failed.length > 10 ? "…" : "") }); }
+        notify(text, failed.length > 0);
+        renderSelection();
+        loadCounts();
+        loadUsage();
+        if (del && state.order.length === 0 && state.next) { loadTasks(false); }
+      });
+    });
   }
 
   // Re-rendering a row must not throw keyboard focus away.
@@ -571,8 +884,65 @@
     schedulePendingPoll();
   }
 
-  function fact(label, value, role, wide) {
-    return el("div", { className: wide ? "fact fact-wide" : "fact" }, [el("dt", { text: label }), el("dd", { text: value, "data-role": role })]);
+  // A fact on the row's second line: its label is for screen readers when
+  // the value speaks for itself ("63 kB/s", "about 1 s left").
+  function fact(label, value, role, quietLabel) {
+    return el("div", { className: "fact" }, [
+      el("dt", { className: quietLabel ? "visually-hidden" : null, text: label }),
+      el("dd", { text: value, "data-role": role })
+    ]);
+  }
+
+  function clock(value) {
+    var d = F.toDate(value);
+    if (!d) { return ""; }
+    var sameDay = new Date().toDateString() === d.toDateString();
+    return sameDay ? F.time(d, state.lang) : F.date(value, state.lang);
+  }
+
+  // The node's `detail` in the reader's words: known shapes mapped, the rest
+  // shown as the node's own (English) text.
+  var REASONS = [
+    [/refused/i, "reasonRefused"], [/time(d)? ?out/i, "reasonTimeout"], [/unreachable|no route/i, "reasonUnreachable"],
+    [/disk full|no space|ENOSPC/i, "reasonDiskFull"], [/reset|closed|lost/i, "reasonReset"],
+    [/DNS|hostname|not known/i, "reasonDns"]
+  ];
+  function detailText(detail) {
+    var text = String(detail || "").trim();
+    if (!text) { return null; }
+    var reason = null;
+    for (var i = 0; i < REASONS.length; i++) { if (REASONS[i][0].test(text)) { reason = t(REASONS[i][1]); break; } }
+    var http = /HTTP (\d{3})/.exec(text);
+    if (!reason && http) { reason = t("reasonHttp", { code: http[1] }); }
+    var retry = /retry(?:ing)? in (\d+(?:\.\d+)?) ?s/i.exec(text);
+    if (retry) {
+      var n = F.duration(Number(retry[1]), state.lang);
+      return { text: reason ? t("detailRetrying", { n: n, reason: reason }) : t("detailRetryingNoReason", { n: n }), raw: reason ? null : text };
+    }
+    if (reason) { return { text: reason, raw: null }; }
+    return { text: state.lang === "en" ? text : t("reasonOther"), raw: state.lang === "en" ? null : text };
+  }
+
+  // What the row says instead of speed and ETA when the numbers are not
+  // live: queued, node offline, stalled, a delete waiting for a gone node.
+  function rowNote(task) {
+    var node = task.node;
+    var offline = task.nodeConnected === false;
+    var since = task.stalledSince ? clock(task.stalledSince) : "";
+    if (offline && !since && state.isAdmin) {
+      var known = state.nodes.filter(function (n) { return n.id === node; })[0];
+      if (known && known.lastSeenAt) { since = clock(known.lastSeenAt); }
+    }
+    if (task.status === "DELETE_PENDING" && node) {
+      return { kind: offline ? "offline" : "wait", text: offline ? t("waitingOffline", { node: node }) : t("waitingNode", { node: node }) };
+    }
+    if (task.status === "COMPLETED" || task.status === "DELETE_FAILED" || task.status === "SUBMIT_UNKNOWN") { return null; }
+    if (offline && node) {
+      return { kind: "offline", text: since ? t("nodeOfflineSince", { node: node, since: since }) : t("nodeOffline", { node: node }) };
+    }
+    if (task.stalledSince) { return { kind: "stalled", text: t("stalledSince", { since: since }) }; }
+    if (task.queued) { return { kind: "queued", text: node ? t("queuedOn", { node: node }) : t("queuedWaiting") }; }
+    return null;
   }
 
   function renderTask(task) {
@@ -581,6 +951,8 @@
     var label = statusLabel(task);
     var favorite = state.favorites.has(task.gid);
     var titleId = "task-title-" + task.gid;
+    var note = rowNote(task);
+    var detail = task.status === "COMPLETED" ? null : detailText(task.detail);
 
     var fill = el("div", { className: "bar-fill" });
     fill.style.width = percent + "%";  // CSSOM, allowed under the CSP (a style="" attribute is not)
@@ -590,12 +962,7 @@
     }, [fill]);
 
     var favoriteText = favorite ? t("unfavorite") : t("favorite");
-    var actions = el("div", { className: "task-actions" }, [
-      el("button", {
-        type: "button", className: "star", "data-action": "favorite", "aria-pressed": favorite ? "true" : "false",
-        "aria-label": actionLabel(favoriteText, task), title: favoriteText, text: favorite ? "★" : "☆"
-      })
-    ]);
+    var actions = el("div", { className: "task-actions" });
     if (canDelete(task)) {
       var deleteText = task.status === "DELETE_FAILED" ? t("retryDelete") : t("delete");
       actions.appendChild(el("button", {
@@ -603,34 +970,63 @@
         "aria-label": actionLabel(deleteText, task), text: deleteText
       }));
     }
-
-    var facts = [fact("gid", String(task.gid), "gid")];
-    var size = typeof task.size === "number" ? task.size : null;
-    if (task.status === "DOWNLOADING" && size !== null) {
-      facts.push(fact(t("downloaded"), t("bytesOf", { done: F.bytes(task.bytesDone || 0, state.lang), size: F.bytes(size, state.lang) }), "bytes"));
-    } else {
-      facts.push(fact(t("size"), size === null ? "—" : F.bytes(size, state.lang), "bytes"));
+    if (task.status === "DELETE_PENDING" && task.nodeConnected === false && state.isAdmin) {
+      actions.appendChild(el("button", {
+        type: "button", className: "danger", "data-action": "force-delete",
+        "aria-label": actionLabel(t("forceDelete"), task), text: t("forceDelete")
+      }));
     }
-    if (task.status === "DOWNLOADING") {
-      facts.push(fact(t("speed"), F.speed(task.speed, state.lang), "speed"));
-      facts.push(fact(t("eta"), task.eta === null || task.eta === undefined ? "—" : F.eta(task.eta, state.lang), "eta"));
+
+    var facts = [];
+    var size = typeof task.size === "number" ? task.size : null;
+    // Speed and ETA only while they are live: not for a queued task, an
+    // offline node or a stalled download.
+    var live = task.status === "DOWNLOADING" && !note;
+    if (task.status === "DOWNLOADING" && size !== null) {
+      facts.push(fact(t("downloaded"), t("bytesOf", { done: F.bytes(task.bytesDone || 0, state.lang), size: F.bytes(size, state.lang) }), "bytes", true));
+    } else {
+      facts.push(fact(t("size"), size === null ? "—" : F.bytes(size, state.lang), "bytes", true));
+    }
+    if (live) {
+      facts.push(fact(t("speed"), F.speed(task.speed, state.lang), "speed", true));
+      facts.push(fact(t("eta"), task.eta === null || task.eta === undefined ? "—" : F.eta(task.eta, state.lang), "eta", true));
     }
     if (state.isAdmin) { facts.push(fact(t("owner"), task.owner || "—", "owner")); }
-    if (task.node) { facts.push(fact(t("node"), task.node, "node")); }
-    if (task.cost !== null && task.cost !== undefined) { facts.push(fact(t("cost"), String(task.cost), "cost")); }
-    if (task.completedAt) { facts.push(fact(t("completedAt"), formatTime(task.completedAt), "completed", true)); }
-    else if (task.createdAt) { facts.push(fact(t("created_at"), formatTime(task.createdAt), "created", true)); }
+    if (task.node && !note) { facts.push(fact(t("node"), task.node, "node")); }
+    if (task.cost !== null && task.cost !== undefined) { facts.push(fact(t("cost"), t("costUnits", { n: num(task.cost) }), "cost", true)); }
+    if (task.completedAt) { facts.push(fact(t("completedAt"), formatTime(task.completedAt), "completed")); }
+    else if (task.createdAt) { facts.push(fact(t("created_at"), formatTime(task.createdAt), "created")); }
 
-    return el("li", { className: "task", "data-gid": task.gid, "data-status": task.status || "" }, [
-      el("div", { className: "task-head" }, [
-        el("h3", { id: titleId, className: "task-title", text: taskName(task) }),
-        el("span", { className: "status status-" + String(task.status || "").toLowerCase(), "data-role": "status", text: label })
+    var notes = [];
+    if (note) { notes.push(el("span", { className: "row-note note-" + note.kind, "data-role": "note", "data-kind": note.kind, text: note.text })); }
+    if (detail) {
+      notes.push(el("span", { className: "row-detail", "data-role": "detail", title: detail.raw || null, text: detail.text }));
+      if (detail.raw) { notes.push(el("code", { className: "row-raw", lang: "en", text: detail.raw })); }
+    }
+
+    var selectLabel = actionLabel(t("selectTask"), task);
+    return el("li", {
+      className: "task" + (note ? " has-note note-" + note.kind : ""), "data-gid": task.gid, "data-status": task.status || "",
+      "data-queued": task.queued ? "true" : null, "data-node-connected": task.nodeConnected === false ? "false" : null
+    }, [
+      el("input", { type: "checkbox", className: "select", "data-action": "select", "aria-label": selectLabel, checked: state.selected.has(task.gid) }),
+      el("button", {
+        type: "button", className: "star", "data-action": "favorite", "aria-pressed": favorite ? "true" : "false",
+        "aria-label": actionLabel(favoriteText, task), title: favoriteText, text: favorite ? "★" : "☆"
+      }),
+      el("div", { className: "task-main" }, [
+        el("div", { className: "task-head" }, [
+          el("h3", { id: titleId, className: "task-title", text: taskName(task) }),
+          el("span", { className: "gid", "data-role": "gid", text: "gid " + task.gid }),
+          el("span", { className: "status status-" + String(task.status || "").toLowerCase() + (task.queued ? " status-queued" : ""), "data-role": "status", text: label })
+        ]),
+        el("dl", { className: "facts" }, notes.length ? [el("div", { className: "fact notes" }, notes)].concat(facts) : facts)
       ]),
       el("div", { className: "progress-row" }, [
         bar, el("span", { className: "percent", "aria-hidden": "true", text: percent + "%" }),
         el("span", { className: "stale-mark", "data-i18n": "staleMark", text: t("staleMark") })
       ]),
-      el("div", { className: "task-foot" }, [el("dl", { className: "facts" }, facts), actions])
+      actions
     ]);
   }
 
@@ -657,14 +1053,20 @@
     state.countsTimer = setTimeout(function () { state.countsTimer = null; loadCounts(); }, 1000);
   }
 
-  function renderCounts() {
+  function tabCount(name) {
     var counts = state.counts || {};
+    var keys = FILTERS[name] || Object.keys(counts);
+    return keys.reduce(function (sum, key) { return sum + (Number(counts[key]) || 0); }, 0);
+  }
+
+  function renderCounts() {
     Object.keys(FILTERS).forEach(function (name) {
-      var keys = FILTERS[name] || Object.keys(counts);
-      var n = keys.reduce(function (sum, key) { return sum + (Number(counts[key]) || 0); }, 0);
       var node = document.querySelector('#status-tabs [data-count="' + name + '"]');
-      if (node) { node.textContent = state.counts ? String(n) : ""; }
+      if (node) { node.textContent = state.counts ? num(tabCount(name)) : ""; }
     });
+    // The Queued tab once the site counts queued tasks apart (or the link asks for it).
+    document.querySelector('#status-tabs [data-filter="queued"]').hidden = !queuedCounted() && state.filter !== "queued";
+    renderShownCount();
   }
 
   function renderListControls() {
@@ -672,6 +1074,10 @@
       button.setAttribute("aria-pressed", button.getAttribute("data-filter") === state.filter ? "true" : "false");
     });
     $("task-order").value = state.orderBy;
+    $("task-favorite").checked = state.favoriteOnly;
+    if (state.nodeFilter) { noteNode(state.nodeFilter); }
+    $("task-node").value = state.nodeFilter;
+    $("task-page-size").value = String(state.pageSize);
   }
 
   // The view lives in the hash (#tasks?status=active&q=x&order=oldest), so a
@@ -680,11 +1086,17 @@
     var hash = location.hash.replace(/^#/, "");
     var parts = hash.split("?");
     var view = parts[0] || "tasks";
-    state.view = ["tasks", "charts", "admin"].indexOf(view) === -1 ? "tasks" : view;
+    state.wantedView = ["tasks", "charts", "admin"].indexOf(view) === -1 ? "tasks" : view;
+    state.view = state.wantedView;
     var params = new URLSearchParams(parts[1] || "");
-    state.filter = FILTERS.hasOwnProperty(params.get("status")) ? params.get("status") : "all";
-    state.query = (params.get("q") || "").trim().slice(0, 256);
+    var status = String(params.get("status") || "").toLowerCase();
+    state.filter = FILTERS.hasOwnProperty(status) ? status : "all";
+    state.query = asciiDigits(params.get("q") || "").trim().slice(0, 256);
     state.orderBy = ORDERS.indexOf(params.get("order")) === -1 ? "newest" : params.get("order");
+    state.favoriteOnly = params.get("fav") === "1";
+    state.nodeFilter = (params.get("node") || "").slice(0, 128);
+    var size = Number(params.get("size"));
+    state.pageSize = PAGE_SIZES.indexOf(size) === -1 ? PAGE_SIZE : size;
   }
 
   function writeHash() {
@@ -692,6 +1104,9 @@
     if (state.filter !== "all") { params.set("status", state.filter); }
     if (state.query) { params.set("q", state.query); }
     if (state.orderBy !== "newest") { params.set("order", state.orderBy); }
+    if (state.favoriteOnly) { params.set("fav", "1"); }
+    if (state.nodeFilter) { params.set("node", state.nodeFilter); }
+    if (state.pageSize !== PAGE_SIZE) { params.set("size", String(state.pageSize)); }
     var text = params.toString();
     var hash = "#" + state.view + (state.view === "tasks" && text ? "?" + text : "");
     if (location.hash !== hash) { history.replaceState(null, "", hash); }
@@ -701,7 +1116,9 @@
   // applies with a tab click too).
   function changeList(change) {
     change();
-    state.query = $("task-search").value.trim().slice(0, 256);
+    state.query = asciiDigits($("task-search").value).trim().slice(0, 256);
+    state.selected.clear();
+    state.total = null;
     writeHash();
     renderListControls();
     state.next = null;
@@ -709,9 +1126,12 @@
     loadTasks(false);
   }
 
-  function showView(view) {
-    if (view === "admin" && !state.isAdmin) { view = "tasks"; }
-    state.view = view;
+  // Admin is known only after /api/admin answers: until then a link to
+  // #admin waits (nothing shown) instead of falling back to Tasks.
+  function showView(view, asked) {
+    if (asked !== false) { state.wantedView = view; }
+    if (view === "admin" && !state.isAdmin) { view = state.adminKnown || !state.signedIn ? "tasks" : "pending"; }
+    state.view = view === "pending" ? "admin" : view;
     document.querySelectorAll("[data-view-panel]").forEach(function (panel) {
       panel.hidden = panel.getAttribute("data-view-panel") !== view;
     });
@@ -738,10 +1158,15 @@
     }
   }
 
+  // At most 20 rows a tick (rotating): a bulk delete of thousands must not
+  // become thousands of requests every 5 s.
   function pollPending() {
-    state.order.forEach(function (gid) {
+    var pending = state.order.filter(function (gid) {
       var task = state.tasks.get(gid);
-      if (!task || task.status !== "DELETE_PENDING") { return; }
+      return task && task.status === "DELETE_PENDING" && task.nodeConnected !== false;
+    });
+    var from = state.pollCursor = ((state.pollCursor || 0) + 20) % Math.max(1, pending.length);
+    pending.slice(from, from + 20).forEach(function (gid) {
       api("GET", "/api/tasks/" + gid).then(function (result) {
         if (result.status === 404) { removeTask(gid); }
         else if (result.ok && result.data && result.data.task) { upsertTask(result.data.task); }
@@ -777,6 +1202,18 @@
     return state.lang === "zh" ? "第 " + Number(match[2]) + " 周" : "W" + Number(match[2]);
   }
 
+  function shortWeekLabel(week) {
+    var match = /^(\d{4})-W(\d{2})$/.exec(week || "");
+    if (!match) { return String(week); }
+    return state.lang === "zh" ? Number(match[2]) + "周" : String(Number(match[2]));
+  }
+
+  // A chart with nothing to draw says so instead of a flat line under "1 B/s".
+  function chartEmpty(box, text) {
+    box.textContent = "";
+    box.appendChild(el("p", { className: "chart-empty", "data-role": "empty", text: text }));
+  }
+
   function renderCharts() {
     var stats = state.stats;
     if (!stats || state.view !== "charts") { return; }
@@ -789,12 +1226,17 @@
     var peak = points.reduce(function (m, p) { return Math.max(m, p.v); }, 0);
     var period = t(WINDOWS[String(stats.window)] || "window1h");
     var label = t("chartThroughputLabel", { window: period, bytes: F.bytes(total, lang), peak: F.speed(peak, lang), completed: completed });
-    window.TasknetCharts.area($("chart-throughput"), {
-      points: points, label: label,
-      format: function (v) { return v > 0 ? F.speed(v, lang) : "0"; },
-      time: function (d) { return F.time(d, lang); }
-    });
-    $("chart-throughput-summary").textContent = label;
+    if (total > 0) {
+      window.TasknetCharts.area($("chart-throughput"), {
+        points: points, label: label,
+        format: function (v) { return v > 0 ? F.speed(v, lang) : "0"; },
+        time: function (d) { return F.time(d, lang); }
+      });
+      $("chart-throughput-summary").textContent = label;
+    } else {
+      chartEmpty($("chart-throughput"), t("chartEmpty", { window: period }));
+      $("chart-throughput-summary").textContent = "";
+    }
 
     var perNode = (stats.nodes || []).map(function (id) {
       return { label: id, value: buckets.reduce(function (sum, b) { return sum + (Number((b.byNode || {})[id]) || 0); }, 0) };
@@ -805,17 +1247,18 @@
       window.TasknetCharts.bars(nodesBox, { items: perNode, label: nodesLabel, format: function (v) { return F.bytes(v, lang); } });
       $("chart-nodes-summary").textContent = nodesLabel;
     } else {
-      nodesBox.textContent = "";
-      $("chart-nodes-summary").textContent = t("chartNodesEmpty", { window: period });
+      chartEmpty(nodesBox, t("chartNodesEmpty", { window: period }));
+      $("chart-nodes-summary").textContent = "";
     }
 
     var usage = stats.usage || { weeks: [], quota: 0 };
     var weeks = usage.weeks || [];
     var current = weeks.length ? weeks[weeks.length - 1] : { used: 0 };
-    var usageLabel = t("chartUsageLabel", { used: current.used, quota: usage.quota });
+    var usageLabel = t("chartUsageLabel", { used: num(current.used), quota: num(usage.quota) });
     window.TasknetCharts.quota($("chart-usage"), {
       weeks: weeks, quota: Number(usage.quota) || 0, label: usageLabel,
-      weekLabel: weekLabel, quotaLabel: t("quotaLine", { quota: usage.quota })
+      weekLabel: weekLabel, shortWeekLabel: shortWeekLabel, number: num,
+      quotaLabel: t("quotaLine", { quota: num(usage.quota) })
     });
     $("chart-usage-summary").textContent = usageLabel;
   }
@@ -828,7 +1271,10 @@
     var seconds = Math.floor((Date.now() - started) / 1000);
     var result = $("create-result");
     result.textContent = t("creatingPhase", { n: F.duration(seconds, state.lang) });
-    if (seconds >= 3) { result.appendChild(el("span", { className: "slow", text: t("creatingSlow") })); }
+    if (seconds >= 3) {
+      var slow = state.upstreamTimeout ? t("creatingSlowN", { n: num(state.upstreamTimeout) }) : t("creatingSlow");
+      result.appendChild(el("span", { className: "slow", text: slow }));
+    }
   }
 
   function stopCreating() {
@@ -846,7 +1292,8 @@
 
   function onCreate(event) {
     event.preventDefault();
-    var gidText = $("create-gid").value.trim();
+    var gidText = asciiDigits($("create-gid").value).trim();
+    $("create-gid").value = gidText;
     var token = $("create-token").value.trim();
     var name = $("create-name").value.trim();
     var result = $("create-result");
@@ -873,10 +1320,31 @@
       var response = pair[0], conflict = pair[1];
       stopCreating();
       button.disabled = false;
-      var params = { gid: gid, message: errorMessage(response), code: response.status };
-      var outcome = createOutcome(response.status);
+      var params = { gid: gid, message: "", code: response.status };
+      var outcome = createOutcome(response.status, errorCode(response));
       if (conflict) { outcome = { key: conflict.key, tone: "warn" }; params.status = conflict.status; params.owner = conflict.owner; }
+      var err = (response.data && response.data.error) || {};
+      if (outcome.key === "createQuota") {
+        // The numbers: the answer's, else this week's usage as the site says now.
+        var cost = err.cost !== undefined ? err.cost : (/costs (\d+)/.exec(err.message || "") || [])[1];
+        var used = err.used !== undefined ? err.used : state.usage && state.usage.used;
+        var quota = err.quota !== undefined ? err.quota : state.usage && state.usage.quota;
+        if (used !== undefined && quota !== undefined) {
+          outcome = { key: cost !== undefined ? "createQuotaN" : "createQuotaUsage", tone: "error" };
+          params.cost = cost !== undefined ? t("costUnits", { n: num(cost) }) : ""; params.used = num(used); params.quota = num(quota);
+        }
+        loadUsage();
+      }
+      if (outcome.key === "createUnavailable" && (err.timeout || state.upstreamTimeout) && /time ?out|timed/i.test(err.message || "")) {
+        outcome = { key: "createUnavailableN", tone: "error" }; params.n = num(err.timeout || state.upstreamTimeout);
+      }
+      if (outcome.key === "createRateLimited") {
+        var wait = Number(err.retryAfter) || null;
+        if (!wait) { outcome = { key: "createRateLimitedNoN", tone: "error" }; } else { params.n = num(wait); }
+      }
       result.textContent = response.status === 0 ? t("cannotReach") : t(outcome.key, params);
+      // The site's own words only where no sentence says it (English, under "Technical detail").
+      if (outcome.raw && err.message) { result.appendChild(technical(err.message)); }
       result.classList.add(outcome.tone);
       result.setAttribute("data-outcome", String(response.status));
       result.setAttribute("data-gid", String(gid));
@@ -909,17 +1377,20 @@
     });
   }
 
-  function createOutcome(status) {
+  function createOutcome(status, code) {
+    if (code === "rate_limited") { return { key: "createRateLimited", tone: "error" }; }
+    if (code === "not_found") { return { key: "createNotFound", tone: "error" }; }
+    if (code && ERROR_KEYS[code] && status >= 500 && status !== 502) { return { key: ERROR_KEYS[code], tone: "error" }; }
     switch (status) {
       case 201: return { key: "created", tone: "ok" };
       case 202: return { key: "createdUnknown", tone: "warn" };
       case 409: return { key: "createConflict", tone: "warn" };
-      case 422: return { key: "createRejected", tone: "error" };
+      case 422: return { key: "createRejected", tone: "error", raw: true };
       case 429: return { key: "createQuota", tone: "error" };
-      case 400: return { key: "createInvalid", tone: "error" };
+      case 400: return { key: "createInvalid", tone: "error", raw: true };
       case 401: return { key: "createUnauthorized", tone: "error" };
       case 502: return { key: "createUnavailable", tone: "error" };
-      default: return { key: "createFailed", tone: "error" };
+      default: return { key: "createFailed", tone: "error", raw: true };
     }
   }
 
@@ -1014,6 +1485,37 @@
     var gid = Number(button.closest("li[data-gid]").getAttribute("data-gid"));
     if (button.dataset.action === "favorite") { toggleFavorite(gid); }
     else if (button.dataset.action === "delete") { deleteTask(gid); }
+    else if (button.dataset.action === "force-delete") { forceDelete(gid); }
+  }
+
+  function onTaskListChange(event) {
+    var box = event.target.closest('input[data-action="select"]');
+    if (!box) { return; }
+    var gid = Number(box.closest("li[data-gid]").getAttribute("data-gid"));
+    if (box.checked) { state.selected.add(gid); } else { state.selected.delete(gid); }
+    renderSelection();
+  }
+
+  // An admin completes a delete its offline node cannot confirm (audited, with a note).
+  function forceDelete(gid) {
+    var task = state.tasks.get(gid);
+    if (!task) { return; }
+    confirmDialog({
+      title: t("forceTitle"), text: t("forceText", { gid: gid, node: task.node || "—" }),
+      ok: t("forceDelete"), danger: true, note: true, noteRequired: true
+    }).then(function (answer) {
+      if (!answer) { return; }
+      api("POST", "/api/admin/tasks/" + gid + "/force-delete", { note: answer.note }).then(function (result) {
+        if (result.ok) {
+          var view = result.data && result.data.task;
+          if (view && !isGone(view)) { upsertTask(view); } else { removeTask(gid, { quiet: true, operationId: view ? view.operationId : undefined }); }
+          notify(t("forced", { gid: gid }));
+          loadUsage();
+        } else {
+          notify(t("forceFailed", { message: failureText("", result) }), true);
+        }
+      });
+    });
   }
 
   // ---- live events ------------------------------------------------------------
@@ -1022,6 +1524,7 @@
   // bars and speeds are only as fresh as the last push.
   function setLive(on) {
     var live = $("live");
+    if (on) { siteAnswered(); }
     live.setAttribute("data-state", on ? "online" : "offline");
     live.textContent = state.signedIn ? (on ? t("liveOn") : t("liveOff")) : "";
     var stale = !on && !!state.signedIn;
@@ -1072,9 +1575,10 @@
     return api("GET", "/api/admin/unknown").then(function (result) {
       var wasAdmin = state.isAdmin;
       state.isAdmin = result.ok;
+      state.adminKnown = true;
       $("nav-admin").hidden = !result.ok;
       if (state.isAdmin !== wasAdmin) { renderTaskList(); }  // the owner column
-      showView(state.view);
+      showView(state.wantedView, false);
       if (!result.ok) { return; }
       renderUnknown(result.data);
       loadNodes();
@@ -1325,11 +1829,25 @@
     body.textContent = "";
     nodes.forEach(function (node) {
       var connected = node.connected !== false;
+      noteNode(node.id);
       var protocol = node.protocol === 1 ? t("legacy") : node.protocol === 2 ? t("v2") : "";
+      // "4 running, 1,472 queued" once the site tells them apart.
+      var hasSplit = typeof node.runningTasks === "number" || typeof node.queuedTasks === "number";
+      var tasksText = hasSplit ? t("runningQueued", { running: num(node.runningTasks), queued: num(node.queuedTasks) })
+        : node.activeTasks === undefined || node.activeTasks === null ? "—" : num(node.activeTasks);
+      // One span for the dot and the words: on a phone the cell is a grid of
+      // its label (::before) and one value.
+      var stateCell = el("td", { "data-label": t("nodeState"), "data-role": "state" }, [
+        el("span", {}, [
+          el("span", { className: "dot", "aria-hidden": "true", text: "●" }),
+          document.createTextNode((connected ? t("connected") : t("disconnected")) + (protocol ? " · " + protocol : ""))
+        ])
+      ]);
       body.appendChild(el("tr", { "data-node": node.id, "data-connected": connected ? "true" : "false", className: connected ? "" : "disconnected" }, [
         el("th", { scope: "row", text: node.id }),
-        el("td", { "data-label": t("nodeState"), "data-role": "state", text: (connected ? t("connected") : t("disconnected")) + (protocol ? " · " + protocol : "") }),
-        el("td", { "data-label": t("activeTasks"), "data-role": "active", text: node.activeTasks === undefined || node.activeTasks === null ? "—" : String(node.activeTasks) }),
+        stateCell,
+        el("td", { "data-label": t("nodeSite"), "data-role": "site", text: node.site || "—" }),
+        el("td", { "data-label": t("activeTasks"), "data-role": "active", "data-running": hasSplit ? String(node.runningTasks) : null, "data-queued": hasSplit ? String(node.queuedTasks) : null, text: tasksText }),
         el("td", { "data-label": t("nodeSpeed"), "data-role": "speed", text: F.speed(node.bytesPerSecond, state.lang) }),
         agoCell(t("lastReport"), node.lastReportAt),
         el("td", { "data-label": t("droppedEntries"), "data-role": "dropped", text: droppedText(node.droppedEntries) }),
@@ -1353,6 +1871,7 @@
     toggle.setAttribute("lang", state.lang === "zh" ? "en" : "zh-CN");
     toggle.setAttribute("aria-label", state.lang === "zh" ? "Switch to English" : "切换到中文");
     if (state.usage) { renderUsage(state.usage); }
+    renderWho();
     if (state.signedIn) {
       renderTaskList();
       setLive(state.socket !== null && state.socket.readyState === WebSocket.OPEN);
@@ -1379,11 +1898,13 @@
     renderListControls();
     showView(state.view);
     window.addEventListener("hashchange", function () {
-      var before = [state.filter, state.query, state.orderBy].join("|");
+      var key = function () { return [state.filter, state.query, state.orderBy, state.favoriteOnly, state.nodeFilter, state.pageSize].join("|"); };
+      var before = key();
       readHash();
       $("task-search").value = state.query;
-      showView(state.view);
-      if ([state.filter, state.query, state.orderBy].join("|") !== before && state.signedIn) {
+      renderListControls();
+      showView(state.wantedView);
+      if (key() !== before && state.signedIn) {
         changeList(function () {});
       }
     });
@@ -1402,6 +1923,24 @@
     });
     $("task-order").addEventListener("change", function () {
       changeList(function () { state.orderBy = $("task-order").value; });
+    });
+    $("task-favorite").addEventListener("change", function () {
+      changeList(function () { state.favoriteOnly = $("task-favorite").checked; });
+    });
+    $("task-node").addEventListener("change", function () {
+      changeList(function () { state.nodeFilter = $("task-node").value; });
+    });
+    $("task-page-size").addEventListener("change", function () {
+      changeList(function () { state.pageSize = Number($("task-page-size").value) || PAGE_SIZE; });
+    });
+    $("select-all").addEventListener("change", function () { selectAllShown($("select-all").checked); });
+    $("bulk-delete").addEventListener("click", function () { bulkAction("delete"); });
+    $("bulk-retry").addEventListener("click", function () { bulkAction("retry"); });
+    $("bulk-clear").addEventListener("click", function () { selectAllShown(false); state.selected.clear(); renderSelection(); });
+    $("create-gid").addEventListener("input", function () {
+      var box = $("create-gid");
+      var fixed = asciiDigits(box.value);
+      if (fixed !== box.value) { box.value = fixed; }
     });
     $("charts-refresh").addEventListener("click", loadCharts);
     $("charts-window").addEventListener("change", loadCharts);
@@ -1445,6 +1984,7 @@
     });
     $("create-form").addEventListener("submit", onCreate);
     $("task-list").addEventListener("click", onTaskListClick);
+    $("task-list").addEventListener("change", onTaskListChange);
     $("tasks-refresh").addEventListener("click", function () { loadTasks(false); loadUsage(); });
     $("tasks-more").addEventListener("click", function () { loadTasks(true); });
     $("unknown-list").addEventListener("click", onUnknownClick);

@@ -47,14 +47,37 @@ window.TasknetCharts = (function () {
     return 10 * power;
   }
 
+  // Roughly how wide a label is drawn (12 px system font; CJK is wider).
+  function textWidth(text) {
+    var w = 0;
+    String(text).split("").forEach(function (c) { w += c.charCodeAt(0) > 0x2E80 ? 12 : 7; });
+    return w;
+  }
+
+  // Time labels on round minutes/hours, as many as fit (at least 3 for any
+  // window, evenly spaced), so a 24 h window reads 00:00, 04:00, 08:00 …
+  var STEPS = [60, 120, 300, 600, 900, 1800, 3600, 7200, 10800, 14400, 21600, 43200];
+  function timeTicks(start, end, room, label) {
+    var span = (end - start) / 1000;
+    if (!(span > 0)) { return []; }
+    var fit = Math.max(2, Math.floor(room / (textWidth(label(new Date(start))) + 24)));
+    var step = STEPS[STEPS.length - 1];
+    for (var i = 0; i < STEPS.length; i++) { if (span / STEPS[i] <= fit) { step = STEPS[i]; break; } }
+    var offset = new Date(start).getTimezoneOffset() * 60;
+    var first = Math.ceil((start / 1000 - offset) / step) * step + offset;
+    var ticks = [];
+    for (var at = first; at * 1000 <= end; at += step) { ticks.push(new Date(at * 1000)); }
+    return ticks;
+  }
+
   /* Values over time: options.points = [{t: Date, v: number}], options.format(v)
    * for the axis, options.time(Date) for the x labels. */
   function area(container, options) {
     var points = options.points;
     var f = frame(container, 180, options.label, "area", points.length);
-    var left = 64, right = 12, top = 12, bottom = 24;
-    var w = f.width - left - right, h = f.height - top - bottom;
     var max = niceMax(Math.max.apply(null, points.map(function (p) { return p.v; }).concat([0])));
+    var left = Math.max(textWidth(options.format(max)), textWidth(options.format(max / 2))) + 12, right = 16, top = 12, bottom = 24;
+    var w = f.width - left - right, h = f.height - top - bottom;
     var x = function (i) { return left + (points.length > 1 ? (i * w) / (points.length - 1) : w / 2); };
     var y = function (v) { return top + h - (v / max) * h; };
 
@@ -74,8 +97,12 @@ window.TasknetCharts = (function () {
             options.time(p.t) + ": " + options.format(p.v)));
         }
       });
-      f.svg.appendChild(svgEl("text", { x: left, y: f.height - 6, class: "axis" }, options.time(points[0].t)));
-      f.svg.appendChild(svgEl("text", { x: left + w, y: f.height - 6, "text-anchor": "end", class: "axis" }, options.time(points[points.length - 1].t)));
+      var t0 = points[0].t.getTime(), t1 = points[points.length - 1].t.getTime();
+      timeTicks(t0, t1, w, options.time).forEach(function (tick) {
+        var at = left + (t1 > t0 ? ((tick.getTime() - t0) / (t1 - t0)) * w : w / 2);
+        f.svg.appendChild(svgEl("line", { x1: at, x2: at, y1: top + h, y2: top + h + 4, class: "grid" }));
+        f.svg.appendChild(svgEl("text", { x: at, y: f.height - 6, "text-anchor": "middle", class: "axis", "data-role": "time-tick" }, options.time(tick)));
+      });
     }
     return f.svg;
   }
@@ -108,13 +135,21 @@ window.TasknetCharts = (function () {
   function quota(container, options) {
     var weeks = options.weeks;
     var f = frame(container, 180, options.label, "quota", weeks.length);
-    var left = 44, right = 8, top = 14, bottom = 24;
-    var w = f.width - left - right, h = f.height - top - bottom;
     var max = niceMax(Math.max.apply(null, weeks.map(function (wk) { return wk.used; }).concat([options.quota || 0, 1])) * 1.1);
+    var number = options.number || String;
+    // The axis label's own width: "120,000" is never clipped to ".20000".
+    var left = textWidth(number(max)) + 12, right = 8, top = 14, bottom = 24;
+    var w = f.width - left - right, h = f.height - top - bottom;
     var y = function (v) { return top + h - (v / max) * h; };
     var slot = w / Math.max(1, weeks.length);
     f.svg.appendChild(svgEl("line", { x1: left, x2: left + w, y1: y(0), y2: y(0), class: "grid" }));
-    f.svg.appendChild(svgEl("text", { x: left - 6, y: y(max) + 4, "text-anchor": "end", class: "axis" }, String(max)));
+    f.svg.appendChild(svgEl("text", { x: left - 6, y: y(max) + 4, "text-anchor": "end", class: "axis", "data-role": "axis-max" }, number(max)));
+    f.svg.appendChild(svgEl("text", { x: left - 6, y: y(0) + 4, "text-anchor": "end", class: "axis" }, number(0)));
+    // Week labels that fit: the short form when the long one does not, then every k-th.
+    var widest = function (fn) { return Math.max.apply(null, weeks.map(function (wk) { return textWidth(fn(wk.week)); }).concat([0])); };
+    var labelOf = options.weekLabel;
+    if (options.shortWeekLabel && widest(labelOf) + 6 > slot) { labelOf = options.shortWeekLabel; }
+    var every = Math.max(1, Math.ceil((widest(labelOf) + 6) / Math.max(1, slot)));
     weeks.forEach(function (wk, i) {
       var over = options.quota > 0 && wk.used > options.quota;
       var x = left + i * slot + slot * 0.15;
@@ -123,12 +158,13 @@ window.TasknetCharts = (function () {
         x: x.toFixed(1), y: (y(0) - height).toFixed(1), width: (slot * 0.7).toFixed(1), height: height.toFixed(1),
         class: "week-bar" + (i === weeks.length - 1 ? " current" : "") + (over ? " over" : ""),
         "data-role": "series", "data-value": wk.used
-      }), options.weekLabel(wk.week) + ": " + wk.used + " / " + options.quota));
+      }), options.weekLabel(wk.week) + ": " + number(wk.used) + " / " + number(options.quota)));
       if (wk.used > 0) {
-        f.svg.appendChild(svgEl("text", { x: x + slot * 0.35, y: y(0) - height - 4, "text-anchor": "middle", class: "value" }, String(wk.used)));
+        f.svg.appendChild(svgEl("text", { x: x + slot * 0.35, y: y(0) - height - 4, "text-anchor": "middle", class: "value" }, number(wk.used)));
       }
-      if (weeks.length <= 8 || i % 2 === weeks.length % 2) {
-        f.svg.appendChild(svgEl("text", { x: x + slot * 0.35, y: f.height - 6, "text-anchor": "middle", class: "axis" }, options.weekLabel(wk.week)));
+      // Counted from the current week (the last), so it is always labelled.
+      if ((weeks.length - 1 - i) % every === 0) {
+        f.svg.appendChild(svgEl("text", { x: x + slot * 0.35, y: f.height - 6, "text-anchor": "middle", class: "axis", "data-role": "week-label" }, labelOf(wk.week)));
       }
     });
     if (options.quota > 0) {
