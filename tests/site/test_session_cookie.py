@@ -146,7 +146,11 @@ async def test_sign_in_creates_a_server_side_session_whose_random_id_is_the_cook
         assert row["created_at"] < row["idle_until"] < row["expires_at"]
 
         answer = await _call(port, "GET", "/api/me", cookie=session_id)
-        assert (answer.status, answer.json()) == (200, {"user": {"name": "alice", "admin": False}})
+        assert answer.status == 200
+        assert answer.json() == {
+            "user": {"name": "alice", "admin": False},
+            "site": site.site.health.site,
+        }
         # The token itself is not a session id; nor is a forged one.
         assert await _me(port, token) == 401
         assert await _me(port, "A" * 43) == 401
