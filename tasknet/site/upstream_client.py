@@ -44,23 +44,20 @@ from urllib.parse import urlencode
 
 from hyperlink import EncodedURL
 from twisted.internet.defer import CancelledError, Deferred, TimeoutError, gatherResults, succeed
-from twisted.internet.endpoints import wrapClientTLS
 from twisted.internet.protocol import Protocol
 from twisted.python.failure import Failure
 from twisted.web.client import (
     URI,
     Agent,
-    BrowserLikePolicyForHTTPS,
     ResponseDone,
 )
-from twisted.web.error import SchemeNotSupported
 from twisted.web.http import PotentialDataLoss
 from twisted.web.http_headers import Headers
 from twisted.web.iweb import IAgentEndpointFactory, IBodyProducer
 from zope.interface import implementer
 
 from tasknet.clock import default_reactor
-from tasknet.netclient import quiet_pool, tcp_endpoint
+from tasknet.netclient import DirectEndpoints, quiet_pool
 from tasknet.site import metrics
 
 MAX_BODY = 1024 * 1024  # no sane answer of ours is larger
@@ -189,35 +186,6 @@ _JSON_HEADERS = {b"Content-Type": [b"application/json"]}
 
 
 @implementer(IAgentEndpointFactory)
-class _CachedEndpoints:
-    """The endpoint the stock ``Agent`` would use (``HostnameEndpoint``,
-    TLS-wrapped for https), built once per scheme/host/port: the stock one
-    builds it (IDNA-encoding the host) for every request, even when the pool
-    then reuses a connection."""
-
-    def __init__(self, reactor: Any) -> None:
-        self._reactor = reactor
-        self._tls = BrowserLikePolicyForHTTPS()
-        self._endpoints: dict[tuple[bytes, bytes, int], Any] = {}
-
-    def endpointForURI(self, uri: URI) -> Any:  # an IStreamClientEndpoint
-        key = (uri.scheme, uri.host, uri.port)
-        endpoint: Any = self._endpoints.get(key)
-        if endpoint is None:
-            if uri.scheme not in (b"http", b"https"):
-                raise SchemeNotSupported(f"unsupported scheme: {uri.scheme!r}")
-            # An IP literal is dialled straight (no resolver thread, no
-            # "DNS lookup failed" while the reactor stops): tasknet.netclient.
-            tcp: Any = tcp_endpoint(self._reactor, uri.host, uri.port)
-            if uri.scheme == b"https":
-                endpoint = wrapClientTLS(self._tls.creatorForNetloc(uri.host, uri.port), tcp)
-            else:
-                endpoint = tcp
-            self._endpoints[key] = endpoint
-        return endpoint
-
-
-@implementer(IAgentEndpointFactory)
 class _GatedEndpoints:
     """``endpoints``, each connection asked ``gate`` the moment it is up,
     before the agent writes the request on it (the agent writes in a
@@ -327,7 +295,8 @@ class UpstreamClient:
         # creates in flight than that, most calls paid a fresh TCP connection
         # (a resolver thread round trip, connect, close) on the reactor.
         self._pool.maxPersistentPerHost = max_idle_connections
-        endpoints = _CachedEndpoints(reactor)
+        # Built once per scheme/host/port; an IP literal dialled straight.
+        endpoints = DirectEndpoints(reactor)
         self._endpoints = endpoints
         self._agent = Agent.usingEndpointFactory(reactor, endpoints, pool=self._pool)
         # The POST's own: never a pooled (possibly stale) connection.
