@@ -77,7 +77,7 @@ class RawApplier:
     def __init__(
         self, target: str, tasks: dict[int, list[tuple[int, str]]], *, fsync: bool = True
     ) -> None:
-        from tasknet.site.storage.db import connect, is_postgres
+        from tasknet.site.storage.engine.database import connect, is_postgres
 
         self.tasks = tasks
         self.connection = connect(target)
@@ -98,7 +98,7 @@ class RawApplier:
     def run(self, seconds: float) -> dict[str, Any]:
         """Apply reports for ``seconds``; their rate and per-transaction latencies."""
         from tasknet.protocol.messages import ACK_APPLIED, TaskReport
-        from tasknet.site.storage.db import run_write
+        from tasknet.site.storage.engine.database import run_write
         from tasknet.site.storage.reports import apply_task_report
 
         latencies: list[float] = []
@@ -129,8 +129,8 @@ class RawApplier:
 
 def check_applied(target: str, tasks: dict[int, list[tuple[int, str]]]) -> int:
     """Every seeded task must have had a report applied (its last_revision set)."""
-    from tasknet.site.storage.db import connect, run_read
-    from tasknet.site.storage.rows import operation_row
+    from tasknet.site.storage.engine.database import connect, run_read
+    from tasknet.site.storage.views import operation_row
 
     def missing_gids(cursor: Any) -> list[int]:
         return [

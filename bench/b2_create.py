@@ -44,7 +44,7 @@ PROFILE_GIDS = range(50_000_001, 50_100_000)
 
 def run_baseline(db: str, upstream_url: str, user_id: int, gids: list[int]) -> dict[str, Any]:
     from tasknet.site.storage import create, usage
-    from tasknet.site.storage.db import connect, run_write
+    from tasknet.site.storage.engine.database import connect, run_write
 
     connection = connect(db)
     parts = urlsplit(upstream_url)

@@ -145,7 +145,7 @@ def _cpu_of(pid: int) -> float:
 
 def read_settings(url: str) -> dict[str, str]:
     """What the server really runs with (``SHOW``, not assumed)."""
-    from tasknet.site.storage.db import connect
+    from tasknet.site.storage.engine.database import connect
 
     connection = connect(url)
     try:

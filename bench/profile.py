@@ -110,11 +110,11 @@ def summarize(collapsed: Path, top: int = 12) -> dict[str, Any]:
     }
 
 
-# The writer thread (tasknet/site/storage/db.py, group commit): a batch of
+# The writer thread (tasknet/site/storage/engine/database.py, group commit): a batch of
 # writes runs in ``_run_together`` (one shared transaction, a savepoint per
 # write), a write queued alone in ``_run_alone`` -> ``run_write``.  Each
 # write's body is called through the lambda ``Database.write`` wraps it in.
-_DB_FILE = "tasknet/site/storage/db.py"
+_DB_FILE = "tasknet/site/storage/engine/database.py"
 _SHARED = "_run_together"
 _LONE = ("_run_alone", "run_write")
 

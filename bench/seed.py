@@ -6,7 +6,7 @@ outbox rows), optionally assigned to a node with ``dispatch.claim_task`` (as
 dispatch assigns it), in transactions of ``CHUNK`` tasks.  Node keys go into
 the ``node_key`` table (``users.add_node_key``), so 1,000 nodes need no
 1,000 ``--node-key`` options.  The outbox rows the seeding wrote are marked
-delivered (``delivery.mark_range_fanned_out``, webhook skipped): otherwise the
+delivered (``outbox.mark_range_fanned_out``, webhook skipped): otherwise the
 site would start by delivering 100,000 old notifications, which is not what any
 benchmark measures.  The database is a SQLite file or a PostgreSQL URL
 (a fresh database: ``prepare_database`` creates the schema on it).
@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 from bench import plan
 
 if TYPE_CHECKING:
-    from tasknet.site.storage.db import Connection
+    from tasknet.site.storage.engine.database import Connection
 
 # Either backend's cursor (the storage functions are annotated with sqlite3's).
 Cursor = Any
@@ -41,8 +41,8 @@ class Seeded:
 
 
 def _connect(db: Path | str) -> Connection:
-    from tasknet.site.storage.db import connect, is_postgres
-    from tasknet.site.storage.schema import prepare_database
+    from tasknet.site.storage.engine.database import connect, is_postgres
+    from tasknet.site.storage.engine.schema import prepare_database
 
     if not is_postgres(str(db)):
         # Always a fresh file: a kept --workdir must not carry a previous run's rows.
@@ -72,10 +72,10 @@ def _create_tasks(
 
 
 def _mark_outbox_delivered(cursor: Cursor) -> None:
-    from tasknet.site.storage import delivery
+    from tasknet.site.storage import outbox
 
     # Every row so far is the seeding's own: one range covers them all.
-    delivery.mark_range_fanned_out(cursor, 0, delivery.last_id(cursor), skip_webhook=True)
+    outbox.mark_range_fanned_out(cursor, 0, outbox.last_id(cursor), skip_webhook=True)
 
 
 def seed_site(
@@ -90,7 +90,7 @@ def seed_site(
     (``plan.node_id(i)`` with ``plan.SECRET``) and ``SUBMITTED`` tasks:
     ``assigned[i]`` gids assigned to node ``i``, ``unassigned`` gids to no one."""
     from tasknet.site.storage import users
-    from tasknet.site.storage.db import run_write
+    from tasknet.site.storage.engine.database import run_write
 
     items: list[tuple[int, str | None]] = []
     for index, gids in (assigned or {}).items():

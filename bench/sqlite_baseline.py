@@ -16,7 +16,7 @@ SYNCHRONOUS_NAMES = {0: "OFF", 1: "NORMAL", 2: "FULL", 3: "EXTRA"}
 
 def connect(path: Path) -> sqlite3.Connection:
     """A raw connection configured exactly like each of the site's."""
-    from tasknet.site.storage.db import connect as site_connect
+    from tasknet.site.storage.engine.database import connect as site_connect
 
     connection = site_connect(str(path))
     assert isinstance(connection, sqlite3.Connection)  # a file path: always SQLite

@@ -38,7 +38,7 @@ fields, the traceback) and to the site's HTTP access log
 and the value of a ``password=``, ``token=``, ``secret=`` or session
 parameter (a query string, libpq's ``key=value`` connection string, a
 cookie) become ``***``.  What a driver says about one particular ``--db``
-target goes through ``tasknet.site.storage.db.redact``, which also removes
+target goes through ``tasknet.site.storage.engine.database.redact``, which also removes
 that target's own password wherever it appears (libpq repeats a bad URI's
 pieces in its message).
 """

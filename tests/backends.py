@@ -22,8 +22,10 @@ import psycopg
 import psycopg.errors
 
 from tasknet.drill.pgserver import ThrowawayPostgres
-from tasknet.site.storage.db import backend_of as backend_of  # re-exported for the tests
-from tasknet.site.storage.db import is_postgres
+from tasknet.site.storage.engine.database import (
+    backend_of as backend_of,  # re-exported for the tests
+)
+from tasknet.site.storage.engine.database import is_postgres
 
 #: The backends a ``db_target`` test runs on (its parameter ids).
 BACKENDS = ("sqlite", "postgresql")

@@ -91,7 +91,7 @@ def pg_server() -> Iterator[ThrowawayPostgres]:
 def pg_url(pg_server: ThrowawayPostgres) -> Iterator[str]:
     """A fresh PostgreSQL database with the site's schema, dropped after the
     test (for the tests that are about PostgreSQL only)."""
-    from tasknet.site.storage.schema import prepare_database
+    from tasknet.site.storage.engine.schema import prepare_database
 
     name = f"pg_{uuid.uuid4().hex[:12]}"
     url = pg_server.create_database(name)

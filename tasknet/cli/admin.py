@@ -65,9 +65,10 @@ from twisted.python.failure import Failure
 from tasknet.cli.args import parse
 from tasknet.clock import default_reactor
 from tasknet.site.lifecycle import Lifecycle
-from tasknet.site.storage import db as storage_db
-from tasknet.site.storage import delete, errors, reconcile, sessions, users
-from tasknet.site.storage.schema import SchemaError, prepare_database
+from tasknet.site.storage import delete, reconcile, sessions, users
+from tasknet.site.storage.engine import database as storage_db
+from tasknet.site.storage.engine import errors
+from tasknet.site.storage.engine.schema import SchemaError, prepare_database
 from tasknet.site.upstream_client import UpstreamClient
 from tasknet.status import status_words
 from tasknet.version import version_line

@@ -34,7 +34,7 @@ from tasknet.drill.pgserver import PostgresFailed, PostgresNotInstalled
 from tasknet.drill.report import Progress, RunResult, failures, table, to_json
 from tasknet.drill.runner import run_all
 from tasknet.drill.scenarios import QUICK, QUICK_POSTGRES, SCENARIOS, Scenario
-from tasknet.site.storage.db import POSTGRESQL, SQLITE, describe, redact
+from tasknet.site.storage.engine.database import POSTGRESQL, SQLITE, describe, redact
 from tasknet.version import version_line
 
 

@@ -13,11 +13,11 @@ import sys
 from pathlib import Path
 
 from tasknet.cli.args import parse
-from tasknet.site.storage.db import classify, describe, is_postgres, redact
-from tasknet.site.storage.errors import DatabaseError
-from tasknet.site.storage.lock import DatabaseInUse
-from tasknet.site.storage.migrate import DuplicateGids, migrate
-from tasknet.site.storage.schema import SchemaError
+from tasknet.site.storage.engine.database import classify, describe, is_postgres, redact
+from tasknet.site.storage.engine.errors import DatabaseError
+from tasknet.site.storage.engine.file_lock import DatabaseInUse
+from tasknet.site.storage.engine.migrate import DuplicateGids, migrate
+from tasknet.site.storage.engine.schema import SchemaError
 from tasknet.version import version_line
 
 

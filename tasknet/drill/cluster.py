@@ -50,7 +50,7 @@ from tasknet.drill.snapshot import read_node, read_site, site_rows
 from tasknet.drill.webhook import WebhookSink
 from tasknet.process import free_port
 from tasknet.site.fault_points import PAUSE_BEFORE_POST
-from tasknet.site.storage.db import POSTGRESQL, SQLITE, backend_of
+from tasknet.site.storage.engine.database import POSTGRESQL, SQLITE, backend_of
 from tasknet.site.storage.lease import application_name
 
 ADMIN_TOKEN = "demo"  # created by `tasknet-site --demo` on a fresh database

@@ -24,7 +24,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from tasknet.drill.cluster import SiteDatabase
 from tasknet.drill.pgserver import ThrowawayPostgres
-from tasknet.site.storage.db import POSTGRESQL, SQLITE, is_postgres
+from tasknet.site.storage.engine.database import POSTGRESQL, SQLITE, is_postgres
 
 #: The ``--db`` words (a URL is the third form).
 SQLITE_CHOICE = "sqlite"

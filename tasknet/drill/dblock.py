@@ -22,7 +22,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from tasknet.site.storage.db import is_postgres
+from tasknet.site.storage.engine.database import is_postgres
 
 READY_LINE = "LOCKED"
 #: The table whose writes the PostgreSQL lock blocks: every create's persist.

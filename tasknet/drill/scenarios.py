@@ -34,7 +34,7 @@ from tasknet.drill.proxy import TO_CLIENT, TO_SERVER
 from tasknet.drill.snapshot import site_rows
 from tasknet.process import free_port
 from tasknet.protocol.messages import DeletedEntry, TaskEntry, TaskReport, TaskReportAck
-from tasknet.site.storage.db import POSTGRESQL, SQLITE
+from tasknet.site.storage.engine.database import POSTGRESQL, SQLITE
 from tasknet.site.storage.lease import application_name
 from tasknet.upstream.catalog import gallery
 

@@ -2,7 +2,7 @@
 
 The site database is read in one read-only transaction, so a check sees
 one consistent state and can never change what it checks: a PostgreSQL
-database through the site's own :func:`tasknet.site.storage.db.connect`
+database through the site's own :func:`tasknet.site.storage.engine.database.connect`
 (``BEGIN`` is its ``REPEATABLE READ READ ONLY`` snapshot); a SQLite file,
 like every node database, opened read-only (``file:...?mode=ro``: the
 site's connect would set its journal mode, a write).  A SQLite database
@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from tasknet.node.paths import DataDir
-from tasknet.site.storage import db as site_db
+from tasknet.site.storage.engine import database as site_db
 
 
 @contextmanager

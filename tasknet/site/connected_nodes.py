@@ -34,8 +34,9 @@ from twisted.logger import Logger
 from tasknet.clock import default_reactor
 from tasknet.coalesce import CoalescingRunner
 from tasknet.protocol.session import INodeSession
-from tasknet.site.storage import listen, node_sessions, throughput
-from tasknet.site.storage.db import Database
+from tasknet.site.storage import node_sessions, throughput
+from tasknet.site.storage.engine import listen
+from tasknet.site.storage.engine.database import Database
 from tasknet.site.storage.node_sessions import Holding
 from tasknet.site.storage.reports import ReportOutcome
 
@@ -151,7 +152,7 @@ class NodeOwnership:
     and while :meth:`start`-ed watches for the node being taken elsewhere.
 
     ``shared``: the database may have other sites (PostgreSQL).  ``wakeups``
-    carries ``tasknet_node_taken`` (:class:`~tasknet.site.storage.listen.NoWakeups`
+    carries ``tasknet_node_taken`` (:class:`~tasknet.site.storage.engine.listen.NoWakeups`
     on SQLite)."""
 
     def __init__(

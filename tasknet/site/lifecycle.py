@@ -37,7 +37,7 @@ holds its lease (:mod:`tasknet.site.storage.lease`).  Its reservations and
 SUBMITTINGs record the instance, recovery settles only what gone instances
 left (:meth:`Lifecycle.recover` at start: earlier runs and other instances
 whose lease the database lets us take; :meth:`Lifecycle.reap_gone` while
-running, a pass every few seconds from :mod:`tasknet.site.instances`), and
+running, a pass every few seconds from :mod:`tasknet.site.instance_service`), and
 once the lease is lost every write is refused
 (:class:`~tasknet.site.storage.instances.LeaseLost`).
 """
@@ -58,8 +58,8 @@ from twisted.logger import Logger
 from tasknet.clock import default_reactor
 from tasknet.site.storage import create, delete, instances, reaping, reconcile, usage, views
 from tasknet.site.storage.create import Recovered
-from tasknet.site.storage.db import Database, Retry
-from tasknet.site.storage.errors import CommitUnknown, DatabaseBusy, TaskError
+from tasknet.site.storage.engine.database import Database, Retry
+from tasknet.site.storage.engine.errors import CommitUnknown, DatabaseBusy, TaskError
 from tasknet.site.storage.generation import new_operation_id
 from tasknet.site.storage.instances import LeaseLost
 from tasknet.site.storage.lease import Lease, dead_here

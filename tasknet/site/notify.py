@@ -29,7 +29,7 @@ Delivery semantics:
   (a service) starts.
 
 Several sites on one PostgreSQL database (*shared* mode: a PostgreSQL
-database and an ``instance_id``; SCALE.md 6, ``storage/delivery.py``):
+database and an ``instance_id``; SCALE.md 6, ``storage/outbox.py``):
 
 * every site tails every row for its own WebSocket clients, from the newest
   row at its start, by id (the outbox lock makes ids visible in id order, so
@@ -76,8 +76,9 @@ from tasknet.clock import default_reactor
 from tasknet.coalesce import CoalescingRunner
 from tasknet.netclient import DirectEndpoints, quiet_pool
 from tasknet.site import metrics
-from tasknet.site.storage import delivery, listen
-from tasknet.site.storage.db import Database
+from tasknet.site.storage import outbox
+from tasknet.site.storage.engine import listen
+from tasknet.site.storage.engine.database import Database
 
 log = Logger()
 
@@ -146,12 +147,12 @@ class WebhookSender:
         #: The most rows held at once since start (tests, logs).
         self.peak_held = 0
         self.on_room: Callable[[], object] = lambda: None
-        self._ready: deque[tuple[delivery.OutboxRow, int]] = deque()
+        self._ready: deque[tuple[outbox.OutboxRow, int]] = deque()
         self._in_flight = 0
         self._pumping = False
         self._requests: set[Deferred[Any]] = set()
         self._retries: dict[int, Any] = {}
-        self._results: list[delivery.WebhookResult] = []
+        self._results: list[outbox.WebhookResult] = []
         self._writer = CoalescingRunner(self._write_results)
         self._stopped = False
         self.delivered = 0
@@ -160,7 +161,7 @@ class WebhookSender:
         """How many more rows may be handed over now."""
         return 0 if self._stopped else max(0, self.max_held - len(self.known))
 
-    def enqueue(self, row: delivery.OutboxRow) -> bool:
+    def enqueue(self, row: outbox.OutboxRow) -> bool:
         """Take ``row`` (``False``: stopped, already held, or no room)."""
         if self._stopped or row.id in self.known or len(self.known) >= self.max_held:
             return False
@@ -190,7 +191,7 @@ class WebhookSender:
         self._in_flight -= 1
         self._pump()
 
-    async def _attempt(self, row: delivery.OutboxRow, attempts: int) -> None:
+    async def _attempt(self, row: outbox.OutboxRow, attempts: int) -> None:
         if self._stopped:
             return
         attempts += 1
@@ -221,7 +222,7 @@ class WebhookSender:
             return  # not recorded: still pending, delivered after the restart
         if error is None:
             self.delivered += 1
-            self._finish(delivery.WebhookResult(row.id, delivery.WEBHOOK_DELIVERED, attempts, None))
+            self._finish(outbox.WebhookResult(row.id, outbox.WEBHOOK_DELIVERED, attempts, None))
             return
         metrics.WEBHOOK_FAILURES.inc()
         if attempts >= self._max_attempts:
@@ -231,19 +232,19 @@ class WebhookSender:
                 n=attempts,
                 error=error,
             )
-            self._finish(delivery.WebhookResult(row.id, delivery.WEBHOOK_FAILED, attempts, error))
+            self._finish(outbox.WebhookResult(row.id, outbox.WEBHOOK_FAILED, attempts, error))
             return
         delay = self._retry_delay(attempts - 1)
-        self._record(delivery.WebhookResult(row.id, delivery.WEBHOOK_PENDING, attempts, error))
+        self._record(outbox.WebhookResult(row.id, outbox.WEBHOOK_PENDING, attempts, error))
         self._retries[row.id] = self._clock.callLater(delay, self._retry, row, attempts)
 
-    def _retry(self, row: delivery.OutboxRow, attempts: int) -> None:
+    def _retry(self, row: outbox.OutboxRow, attempts: int) -> None:
         self._retries.pop(row.id, None)
         if not self._stopped:
             self._ready.append((row, attempts))
             self._pump()
 
-    def _finish(self, result: delivery.WebhookResult) -> None:
+    def _finish(self, result: outbox.WebhookResult) -> None:
         self.known.discard(result.id)
         self._record(result)
         if len(self.known) == self.max_held // 2:
@@ -254,7 +255,7 @@ class WebhookSender:
             except Exception:
                 log.failure("asking for more webhook rows failed")
 
-    def _record(self, result: delivery.WebhookResult) -> None:
+    def _record(self, result: outbox.WebhookResult) -> None:
         self._results.append(result)
         self._writer.run()
 
@@ -264,7 +265,7 @@ class WebhookSender:
         if not batch:
             return
         try:
-            await self._db.write(delivery.record_webhook_results, batch)
+            await self._db.write(outbox.record_webhook_results, batch)
         except Exception:
             log.failure("recording {n} webhook result(s) failed", n=len(batch))
 
@@ -325,7 +326,7 @@ class OutboxExecutor(MultiService):
         clock: IReactorTime | None = None,
         instance_id: int | None = None,
         wakeups: listen.Wakeups | None = None,
-        webhook_lease: float = delivery.WEBHOOK_LEASE,
+        webhook_lease: float = outbox.WEBHOOK_LEASE,
     ) -> None:
         if retention_days < 0 or prune_batch < 1:
             raise ValueError("outbox retention_days must be >= 0 and prune_batch >= 1")
@@ -385,7 +386,7 @@ class OutboxExecutor(MultiService):
         """Start polling and pruning (the first poll delivers what a previous
         run left undelivered; ``wake()`` fires when that drain is done)."""
         self._stopped = False
-        self._db.read(delivery.backlog).addCallbacks(
+        self._db.read(outbox.backlog).addCallbacks(
             metrics.OUTBOX_BACKLOG.set,
             lambda f: log.failure("reading the outbox backlog failed", f),
         )
@@ -402,7 +403,7 @@ class OutboxExecutor(MultiService):
         """Shared mode: register this instance's tail, from the newest row."""
         if self.shared and not self._joined:
             assert self._instance_id is not None
-            start = await self._db.write(delivery.join_readers, self._instance_id)
+            start = await self._db.write(outbox.join_readers, self._instance_id)
             self._after = self._marked = max(self._after, start)
             self._joined = True
 
@@ -435,7 +436,7 @@ class OutboxExecutor(MultiService):
 
     async def _drain(self) -> None:
         await self._join()
-        fanout = delivery.rows_after if self.shared else delivery.fanout_rows
+        fanout = outbox.rows_after if self.shared else outbox.fanout_rows
         while not self._stopped:
             if not self._ws_listening():
                 # Nobody to push to: the rows need marking, not reading.
@@ -453,7 +454,7 @@ class OutboxExecutor(MultiService):
         webhook = self._webhook
         if webhook is not None and webhook.room() == 0 and not self._stopped:
             # Full: more rows wait in the database than the sender holds.
-            metrics.OUTBOX_BACKLOG.set(await self._db.read(delivery.backlog))
+            metrics.OUTBOX_BACKLOG.set(await self._db.read(outbox.backlog))
         else:
             metrics.OUTBOX_BACKLOG.set(len(webhook.known) if webhook is not None else 0)
 
@@ -470,7 +471,7 @@ class OutboxExecutor(MultiService):
             if self.shared:
                 rows = await self._claim_webhook_rows(room)
             else:
-                rows = await self._db.read(delivery.webhook_rows, self._webhook_after, room)
+                rows = await self._db.read(outbox.webhook_rows, self._webhook_after, room)
             for row in rows:
                 webhook.enqueue(row)
             if rows:
@@ -478,14 +479,14 @@ class OutboxExecutor(MultiService):
             if len(rows) < room:
                 break
 
-    async def _claim_webhook_rows(self, room: int) -> list[delivery.OutboxRow]:
+    async def _claim_webhook_rows(self, room: int) -> list[outbox.OutboxRow]:
         # A read first: most wakes find nothing claimable (another site has
         # them, or there is none), and a read costs no write transaction.
         assert self._instance_id is not None
-        if not await self._db.read(delivery.claimable_webhook_rows):
+        if not await self._db.read(outbox.claimable_webhook_rows):
             return []
         return await self._db.write(
-            delivery.claim_webhook_rows, self._instance_id, room, self._webhook_lease
+            outbox.claim_webhook_rows, self._instance_id, room, self._webhook_lease
         )
 
     def _tick(self) -> Deferred[None] | None:
@@ -509,7 +510,7 @@ class OutboxExecutor(MultiService):
         webhook = self._webhook
         assert webhook is not None and self._instance_id is not None
         lost = await self._db.write(
-            delivery.renew_webhook_claims,
+            outbox.renew_webhook_claims,
             self._instance_id,
             sorted(webhook.known),
             self._webhook_lease,
@@ -554,7 +555,7 @@ class OutboxExecutor(MultiService):
                     # Committed before this read with nobody listening: "drained"
                     # (at-least-once to the clients connected when drained).
                     try:
-                        last = await self._db.read(delivery.last_id)
+                        last = await self._db.read(outbox.last_id)
                     except Exception:
                         log.failure("reading the outbox watermark failed")
                         return  # left unmarked: the next wake or poll retries
@@ -567,14 +568,14 @@ class OutboxExecutor(MultiService):
                     if self.shared:
                         assert self._instance_id is not None
                         await self._db.write(
-                            delivery.mark_read,
+                            outbox.mark_read,
                             self._instance_id,
                             hi,
                             skip_webhook=self._webhook is None,
                         )
                     else:
                         await self._db.write(
-                            delivery.mark_range_fanned_out,
+                            outbox.mark_range_fanned_out,
                             lo,
                             hi,
                             skip_webhook=self._webhook is None,
@@ -602,14 +603,14 @@ class OutboxExecutor(MultiService):
         """Delete the finished rows older than the retention, oldest first,
         ``prune_batch`` per write transaction; stop early when stopped.
         Returns the number of rows deleted."""
-        found = await self._db.read(delivery.prunable, self._retention_seconds)
+        found = await self._db.read(outbox.prunable, self._retention_seconds)
         if found.first is None:
             return 0  # nothing to prune: no write transaction at all
         total = 0
         after = found.first - 1
         while not self._stopped:
             deleted, after = await self._db.write(
-                delivery.prune_finished, after, found.below, self._prune_batch
+                outbox.prune_finished, after, found.below, self._prune_batch
             )
             total += deleted
             if deleted < self._prune_batch:
@@ -649,8 +650,8 @@ class OutboxExecutor(MultiService):
         assert self._instance_id is not None
         try:
             if self._webhook is not None:
-                await self._db.write(delivery.release_webhook_claims, self._instance_id)
-            await self._db.write(delivery.leave_readers, self._instance_id)
+                await self._db.write(outbox.release_webhook_claims, self._instance_id)
+            await self._db.write(outbox.leave_readers, self._instance_id)
         except Exception:
             log.failure("leaving the outbox readers failed (the reaper frees them)")
         self._joined = False

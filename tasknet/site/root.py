@@ -43,14 +43,14 @@ from tasknet.clock import default_reactor
 from tasknet.site import fault_points, ratelimit
 from tasknet.site.connected_nodes import CHECK_INTERVAL as NODE_CHECK_INTERVAL
 from tasknet.site.connected_nodes import ConnectedNodes, NodeOwnership
-from tasknet.site.dispatch import Dispatcher
-from tasknet.site.instances import INTERVAL as INSTANCE_INTERVAL
-from tasknet.site.instances import InstanceService
+from tasknet.site.dispatcher import Dispatcher
+from tasknet.site.housekeeping import Housekeeping
+from tasknet.site.instance_service import INTERVAL as INSTANCE_INTERVAL
+from tasknet.site.instance_service import InstanceService
 from tasknet.site.lifecycle import Lifecycle
 from tasknet.site.node_listener import NodeListenerFactory
 from tasknet.site.notify import OutboxExecutor, WebhookSender
-from tasknet.site.reports import ReportPipeline
-from tasknet.site.retention import Housekeeping
+from tasknet.site.report_pipeline import ReportPipeline
 from tasknet.site.service import (
     NODE_KEYS_REFRESH,
     Health,
@@ -61,9 +61,10 @@ from tasknet.site.service import (
     SiteService,
 )
 from tasknet.site.session_handler import SiteHandler
-from tasknet.site.storage import lock as instance_lock
 from tasknet.site.storage import users
-from tasknet.site.storage.db import (
+from tasknet.site.storage.dispatch import PAGE_SIZE
+from tasknet.site.storage.engine import file_lock as instance_lock
+from tasknet.site.storage.engine.database import (
     PRIVATE_MODE,
     Database,
     classify,
@@ -74,11 +75,10 @@ from tasknet.site.storage.db import (
     redact,
     run_write,
 )
-from tasknet.site.storage.dispatch import PAGE_SIZE
-from tasknet.site.storage.errors import DatabaseError
+from tasknet.site.storage.engine.errors import DatabaseError
+from tasknet.site.storage.engine.listen import Wakeups, open_wakeups
+from tasknet.site.storage.engine.schema import SchemaError, prepare_database
 from tasknet.site.storage.lease import Lease, application_name, take_lease
-from tasknet.site.storage.listen import Wakeups, open_wakeups
-from tasknet.site.storage.schema import SchemaError, prepare_database
 from tasknet.site.upstream_client import UpstreamClient
 from tasknet.site.web.admin_nodes import nodes_view
 from tasknet.site.web.api import make_web_resource
@@ -129,7 +129,7 @@ def build_site(
     """The whole site, built from ``options`` on ``reactor`` (default: the
     global one), not yet started; ``monotonic`` is the clock its lease's
     freshness is judged on.  Raises :class:`SchemaError` for an
-    unusable database, and :class:`~tasknet.site.storage.lock.DatabaseInUse`
+    unusable database, and :class:`~tasknet.site.storage.engine.file_lock.DatabaseInUse`
     (before touching the database) while another site holds a SQLite file."""
     reactor = default_reactor(reactor)
     path = options["db"]

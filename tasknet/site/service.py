@@ -19,7 +19,7 @@ above rather than all at once.
 
 A start that fails (a port taken, ...) is undone (the stop below, lock
 released) and, under twistd, the process exits 1 (:mod:`tasknet.startup`).
-So does a site whose instance lost its lease (:mod:`tasknet.site.instances`:
+So does a site whose instance lost its lease (:mod:`tasknet.site.instance_service`:
 fenced, it writes nothing more).
 
 Stop: both listeners stop accepting, dispatch stops, the reports in flight
@@ -46,15 +46,15 @@ from twisted.python.failure import Failure
 from tasknet.logging import LogOptions, use_for_twistd
 from tasknet.site import ratelimit
 from tasknet.site.connected_nodes import ConnectedNodes
-from tasknet.site.dispatch import Dispatcher
-from tasknet.site.instances import InstanceService
+from tasknet.site.dispatcher import Dispatcher
+from tasknet.site.housekeeping import Housekeeping
+from tasknet.site.instance_service import InstanceService
 from tasknet.site.lifecycle import Lifecycle
 from tasknet.site.node_listener import NodeListenerFactory
 from tasknet.site.notify import OutboxExecutor
-from tasknet.site.reports import ReportPipeline
-from tasknet.site.retention import Housekeeping
+from tasknet.site.report_pipeline import ReportPipeline
 from tasknet.site.storage import users
-from tasknet.site.storage.db import Database
+from tasknet.site.storage.engine.database import Database
 from tasknet.site.storage.throughput import iso
 from tasknet.site.upstream_client import UpstreamClient
 from tasknet.site.web import auth

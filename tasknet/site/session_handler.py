@@ -32,10 +32,10 @@ from tasknet.protocol.messages import DeleteResult, StatusReport, TaskReport
 from tasknet.protocol.session import INodeSession, ISiteHandler
 from tasknet.site import metrics
 from tasknet.site.connected_nodes import NodeOwnership
-from tasknet.site.dispatch import Dispatcher
-from tasknet.site.reports import ReportPipeline
+from tasknet.site.dispatcher import Dispatcher
+from tasknet.site.report_pipeline import ReportPipeline
 from tasknet.site.storage import throughput
-from tasknet.site.storage.db import Database
+from tasknet.site.storage.engine.database import Database
 
 __all__ = ["SiteHandler", "record_seen"]
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from bench.profile import format_summary, summarize
 
-DB = "tasknet/site/storage/db.py"
+DB = "tasknet/site/storage/engine/database.py"
 WRITER = (
     "thread (1001): PoolThread-writer;Thread._bootstrap (threading.py:995);"
     "ThreadPool._worker (twisted/python/threadpool.py:281);"
@@ -22,7 +22,7 @@ BODY = f"Database.write.<locals>.<lambda> ({DB}:284)"
 STACKS = {
     # A report batch group-committed with others, through a wrapper lambda.
     f"{WRITER};_run_together ({DB}:184);{BODY};"
-    "ReportProcessor._flush.<locals>.<lambda> (tasknet/site/reports.py:200);"
+    "ReportProcessor._flush.<locals>.<lambda> (tasknet/site/report_pipeline.py:200);"
     "apply_batch (tasknet/site/storage/reports.py:480);"
     "_apply_one (tasknet/site/storage/reports.py:505)": 60,
     f"{WRITER};_run_together ({DB}:193)": 20,  # the shared COMMIT

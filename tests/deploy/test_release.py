@@ -161,7 +161,7 @@ def test_the_sdist_holds_the_sources_docs_and_deploy_files(release: Release) -> 
         "setup.cfg",
         "README.md",
         "twisted/plugins/tasknet_plugins.py",
-        "tasknet/site/storage/schema_postgres.sql",
+        "tasknet/site/storage/engine/schema_postgres.sql",
         "tasknet/site/web/static/index.html",
         "docs/operations.md",
         "deploy/prometheus/tasknet-rules.yml",

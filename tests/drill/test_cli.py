@@ -22,7 +22,7 @@ from tasknet.drill.databases import (
 )
 from tasknet.drill.scenarios import QUICK, QUICK_POSTGRES, SCENARIOS
 from tasknet.process import free_port
-from tasknet.site.storage.db import POSTGRESQL, SQLITE
+from tasknet.site.storage.engine.database import POSTGRESQL, SQLITE
 
 MULTI_SITE = ("S20", "S21", "S22", "S23")
 

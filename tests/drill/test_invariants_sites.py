@@ -18,8 +18,8 @@ from tasknet.drill.invariants import FAIL, NA, PASS, Ledger, World, check_d9, ch
 from tasknet.drill.snapshot import read_node, read_site
 from tasknet.node.paths import DataDir
 from tasknet.site.storage import create, instances, node_sessions, reaping, users
-from tasknet.site.storage.db import connect, run_write
-from tasknet.site.storage.schema import prepare_database
+from tasknet.site.storage.engine.database import connect, run_write
+from tasknet.site.storage.engine.schema import prepare_database
 
 GID = 4242
 WEEK = "2026-W49"

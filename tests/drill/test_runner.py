@@ -11,7 +11,7 @@ from tasknet.drill.invariants import FAIL, INVARIANTS
 from tasknet.drill.report import Progress
 from tasknet.drill.runner import run_one
 from tasknet.drill.scenarios import SCENARIOS
-from tasknet.site.storage.db import POSTGRESQL
+from tasknet.site.storage.engine.database import POSTGRESQL
 
 
 class NoRoomForDatabases:

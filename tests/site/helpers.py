@@ -23,8 +23,15 @@ from tasknet.site.lifecycle import Lifecycle
 from tasknet.site.root import Tuning, build_site
 from tasknet.site.service import Options, SiteParts, SiteService
 from tasknet.site.storage import users
-from tasknet.site.storage.db import Connection, Cursor, Database, connect, open_pool, run_write
-from tasknet.site.storage.schema import prepare_database
+from tasknet.site.storage.engine.database import (
+    Connection,
+    Cursor,
+    Database,
+    connect,
+    open_pool,
+    run_write,
+)
+from tasknet.site.storage.engine.schema import prepare_database
 from tasknet.site.upstream_client import UpstreamClient
 from tasknet.upstream.testing import RunningUpstream, start_upstream
 from tests.backends import add_failing_trigger
@@ -282,7 +289,7 @@ def lease_timeout_passed(target: str, instance_id: int, *, seconds: float = 9.0)
     ``seconds`` back (past the 8 s lease timeout): the wait a reaper owes a
     gone instance before it settles what it left (SCALE.md "Fencing"),
     without sitting it out in a test."""
-    from tasknet.site.storage.dialect import NOW_OFFSET_SQL, offset
+    from tasknet.site.storage.engine.dialect import NOW_OFFSET_SQL, offset
 
     connection = raw(target)
     try:

@@ -31,8 +31,8 @@ import pytest
 
 from tasknet.site.storage import create, delete, dispatch
 from tasknet.site.storage import usage as usage_weeks
-from tasknet.site.storage.db import connect, run_write
-from tasknet.site.storage.errors import TaskError
+from tasknet.site.storage.engine.database import connect, run_write
+from tasknet.site.storage.engine.errors import TaskError
 from tests.site.helpers import add_user
 from tests.site_protocol.harness import add_task
 

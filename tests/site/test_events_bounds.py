@@ -15,7 +15,7 @@ from twisted.internet.task import Clock, deferLater
 from twisted.internet.utils import getProcessOutputAndValue
 
 from tasknet.site.storage import users
-from tasknet.site.storage.db import connect, run_write
+from tasknet.site.storage.engine.database import connect, run_write
 from tasknet.site.web.events import CLOSE_TOKEN_INVALID, SEND_BUFFER_LIMIT, TOKEN_CHECK_INTERVAL
 from tasknet.upstream.testing import start_upstream
 from tests.site.helpers import add_user, running_site, site_options, wait_for

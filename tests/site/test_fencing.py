@@ -38,12 +38,12 @@ from twisted.internet.defer import Deferred
 from twisted.internet.task import Clock, deferLater
 from twisted.internet.threads import deferToThread
 
-from tasknet.site.instances import INTERVAL, InstanceService
+from tasknet.site.instance_service import INTERVAL, InstanceService
 from tasknet.site.lifecycle import Lifecycle
 from tasknet.site.storage import create, reaping
 from tasknet.site.storage import usage as usage_weeks
-from tasknet.site.storage.db import Database, connect, open_pool, run_write
-from tasknet.site.storage.errors import TaskError
+from tasknet.site.storage.engine.database import Database, connect, open_pool, run_write
+from tasknet.site.storage.engine.errors import TaskError
 from tasknet.site.storage.instances import LeaseLost, LeaseStale
 from tasknet.site.storage.lease import LEASE_TIMEOUT, PostgresLease, application_name, take_lease
 from tasknet.site.upstream_client import Outcome, UpstreamClient
@@ -304,7 +304,7 @@ def _moment(text: str) -> datetime:
 @pytest_twisted.ensureDeferred
 async def test_a_sqlite_recovery_sets_no_verdict_wait(tmp_path: Any) -> None:
     # One site per SQLite file: a reaped instance is dead, not paused.
-    from tasknet.site.storage.schema import prepare_database
+    from tasknet.site.storage.engine.schema import prepare_database
 
     path = str(tmp_path / "site.sqlite")
     prepare_database(path)

@@ -12,8 +12,8 @@ from twisted.internet.endpoints import TCP4ClientEndpoint, connectProtocol
 from tasknet.cli import admin
 from tasknet.protocol.messages import TaskReportAck
 from tasknet.site.storage import create, delete, dispatch, usage
-from tasknet.site.storage.db import connect, run_write
-from tasknet.site.storage.schema import prepare_database
+from tasknet.site.storage.engine.database import connect, run_write
+from tasknet.site.storage.engine.schema import prepare_database
 from tasknet.upstream.testing import start_upstream
 from tests.site.helpers import add_user, one, query, running_site, site_options
 from tests.site_protocol.harness import ScriptedNode, secret_of

@@ -30,9 +30,14 @@ from twisted.internet.defer import Deferred, DeferredList
 from twisted.internet.task import Clock, deferLater
 
 from tasknet.site.storage import create, usage
-from tasknet.site.storage.db import Database, Retry, connect, open_pool
-from tasknet.site.storage.errors import DatabaseBusy, DatabaseFailed, TaskError, TransactionLost
-from tasknet.site.storage.schema import prepare_database
+from tasknet.site.storage.engine.database import Database, Retry, connect, open_pool
+from tasknet.site.storage.engine.errors import (
+    DatabaseBusy,
+    DatabaseFailed,
+    TaskError,
+    TransactionLost,
+)
+from tasknet.site.storage.engine.schema import prepare_database
 from tests.site.helpers import HeldWriter, add_user
 
 SCRATCH_SCHEMA = """

@@ -20,14 +20,15 @@ from twisted.internet.task import Clock
 from twisted.internet.threads import deferToThread
 from twisted.protocols import portforward
 
-from tasknet.site.instances import CHECK_TIMEOUT, INTERVAL, InstanceService
-from tasknet.site.retention import Housekeeping
-from tasknet.site.storage import create, instances, lock, reaping
+from tasknet.site.housekeeping import Housekeeping
+from tasknet.site.instance_service import CHECK_TIMEOUT, INTERVAL, InstanceService
+from tasknet.site.storage import create, instances, reaping
 from tasknet.site.storage import usage as usage_weeks
-from tasknet.site.storage.db import Connection, connect, open_pool, run_read, run_write
+from tasknet.site.storage.engine import file_lock as lock
+from tasknet.site.storage.engine.database import Connection, connect, open_pool, run_read, run_write
+from tasknet.site.storage.engine.schema import prepare_database
 from tasknet.site.storage.instances import LeaseLost
 from tasknet.site.storage.lease import PRUNE_JOB, PostgresLease, SqliteLease, once, take_lease
-from tasknet.site.storage.schema import prepare_database
 from tests.backends import is_postgres
 from tests.site.helpers import add_user, wait_for
 

@@ -16,8 +16,8 @@ from twisted.internet.defer import DeferredList
 
 from tasknet.site.lifecycle import Lifecycle
 from tasknet.site.storage import create, delete, eligibility, favorites, generation, usage, views
-from tasknet.site.storage.db import open_pool
-from tasknet.site.storage.errors import DatabaseFailed, TaskError
+from tasknet.site.storage.engine.database import open_pool
+from tasknet.site.storage.engine.errors import DatabaseFailed, TaskError
 from tasknet.site.transitions import IllegalTransition
 from tasknet.status import OperationState
 from tests.backends import INTEGRITY_ERRORS, add_failing_trigger, drop_failing_trigger
@@ -592,8 +592,8 @@ async def test_used_up_quota_still_answers_conflict_for_an_existing_gid(db_targe
 
 
 def test_a_cost_zero_gallery_fits_a_quota_exactly_used_up(db_target):
-    from tasknet.site.storage.db import connect, run_write
-    from tasknet.site.storage.schema import prepare_database
+    from tasknet.site.storage.engine.database import connect, run_write
+    from tasknet.site.storage.engine.schema import prepare_database
     from tests.site.helpers import add_user
 
     path = db_target

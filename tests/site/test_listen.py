@@ -11,7 +11,7 @@ import pytest
 import pytest_twisted
 from twisted.internet import reactor
 
-from tasknet.site.storage.listen import (
+from tasknet.site.storage.engine.listen import (
     DISPATCH,
     NODE_TAKEN,
     OUTBOX,

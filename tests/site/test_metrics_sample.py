@@ -10,8 +10,8 @@ from collections.abc import Iterator
 import pytest
 
 from tasknet.site.storage import instances, stats, throughput
-from tasknet.site.storage.db import connect, run_read, run_write
-from tasknet.site.storage.schema import prepare_database
+from tasknet.site.storage.engine.database import connect, run_read, run_write
+from tasknet.site.storage.engine.schema import prepare_database
 from tasknet.site.storage.usage import iso_week, meter
 from tests.site_protocol.harness import add_task, add_user
 

@@ -12,8 +12,8 @@ import pytest
 
 from tasknet.cli.migrate import main as migrate_main
 from tasknet.site import transitions
-from tasknet.site.storage.migrate import DuplicateGids, migrate
-from tasknet.site.storage.schema import (
+from tasknet.site.storage.engine.migrate import DuplicateGids, migrate
+from tasknet.site.storage.engine.schema import (
     CURRENT_VERSION,
     UnmigratedDatabase,
     load_script,

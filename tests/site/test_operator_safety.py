@@ -26,11 +26,12 @@ from tasknet.cli import admin
 from tasknet.cli.migrate import main as migrate_main
 from tasknet.site.root import build_site
 from tasknet.site.service import Options, read_node_key_file
-from tasknet.site.storage import create, lock
+from tasknet.site.storage import create
 from tasknet.site.storage import usage as usage_weeks
-from tasknet.site.storage.db import connect, run_write
-from tasknet.site.storage.migrate import migrate
-from tasknet.site.storage.schema import load_script, prepare_database
+from tasknet.site.storage.engine import file_lock as lock
+from tasknet.site.storage.engine.database import connect, run_write
+from tasknet.site.storage.engine.migrate import migrate
+from tasknet.site.storage.engine.schema import load_script, prepare_database
 from tasknet.upstream.testing import start_upstream
 from tests.site.helpers import add_user, one, running_site, site_options
 

@@ -14,8 +14,8 @@ import pytest_twisted
 
 from tasknet.site.notify import OutboxExecutor
 from tasknet.site.storage import create, outbox, usage
-from tasknet.site.storage.db import Database, open_pool
-from tasknet.site.storage.schema import prepare_database
+from tasknet.site.storage.engine.database import Database, open_pool
+from tasknet.site.storage.engine.schema import prepare_database
 from tests.site.helpers import add_user, query, wait_for
 
 WATERMARK_SQL = "SELECT COALESCE(MAX(id), 0) FROM notification_outbox"

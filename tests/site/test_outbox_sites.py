@@ -23,9 +23,9 @@ from twisted.internet.defer import Deferred
 from twisted.internet.task import Clock, deferLater
 
 from tasknet.site.notify import OutboxExecutor, WebhookSender
-from tasknet.site.storage import delivery, outbox, users
-from tasknet.site.storage.db import Database, connect, open_pool, run_write
-from tasknet.site.storage.listen import Listener, NoWakeups, Wakeups
+from tasknet.site.storage import outbox, users
+from tasknet.site.storage.engine.database import Database, connect, open_pool, run_write
+from tasknet.site.storage.engine.listen import Listener, NoWakeups, Wakeups
 from tests.site.helpers import query
 from tests.site_protocol.harness import WebhookReceiver, listen_http, wait_until
 from tests.site_protocol.sites import TwoSites, pg_target, register_instance
@@ -58,7 +58,7 @@ class SiteOutbox:
         webhook_url: str | None = None,
         wakeups: Wakeups | None = None,
         poll_interval: float | None = None,
-        webhook_lease: float = delivery.WEBHOOK_LEASE,
+        webhook_lease: float = outbox.WEBHOOK_LEASE,
         clock: Any = None,
     ) -> None:
         self.db: Database = open_pool(target)
@@ -182,7 +182,7 @@ async def test_a_row_stays_until_every_open_sites_tail_has_read_it(sites: Sites)
     c_instance = register_instance(sites.target, "site-c")
     conn = connect(sites.target)
     try:
-        run_write(conn, delivery.join_readers, c_instance)
+        run_write(conn, outbox.join_readers, c_instance)
         run_write(conn, announce(sites.user_id, [5, 6]))
         await wait_until(lambda: a.publisher.gids == [5, 6])
         await sleep(0.3)  # site A's marks are written meanwhile
@@ -190,7 +190,7 @@ async def test_a_row_stays_until_every_open_sites_tail_has_read_it(sites: Sites)
         assert query(sites.target, "SELECT COUNT(*) FROM outbox_reader")[0][0] == 2
 
         # Site C has read them: the next mark of site A deletes them.
-        run_write(conn, lambda c: delivery.mark_read(c, c_instance, 10**9, skip_webhook=True))
+        run_write(conn, lambda c: outbox.mark_read(c, c_instance, 10**9, skip_webhook=True))
         run_write(conn, announce(sites.user_id, [7]))
         await wait_until(lambda: a.publisher.gids == [5, 6, 7])
         await wait_until(
@@ -198,7 +198,7 @@ async def test_a_row_stays_until_every_open_sites_tail_has_read_it(sites: Sites)
         )
 
         # A gone site (reaped) holds nothing back at all.
-        run_write(conn, delivery.join_readers, c_instance)
+        run_write(conn, outbox.join_readers, c_instance)
         conn.execute("UPDATE site_instance SET reaped_at = 'x' WHERE id = ?", (c_instance,))
         run_write(conn, announce(sites.user_id, [8]))
         await wait_until(lambda: a.publisher.gids == [5, 6, 7, 8])
@@ -282,8 +282,8 @@ async def test_rows_a_dead_site_had_claimed_are_delivered_by_another_once(
         ids = outbox_ids(sites.target)
         # The dead site claimed two rows for a second, two for an hour, and
         # died before delivering any.
-        short = run_write(conn, delivery.claim_webhook_rows, dead, 2, 1.0)
-        long = run_write(conn, delivery.claim_webhook_rows, dead, 2, 3600.0)
+        short = run_write(conn, outbox.claim_webhook_rows, dead, 2, 1.0)
+        long = run_write(conn, outbox.claim_webhook_rows, dead, 2, 3600.0)
         assert [r.id for r in short + long] == ids
         b = await sites.site("site-b", webhook_url=url, poll_interval=0.2)
         # The short claims lapse and are taken over; the long ones wait.
@@ -291,7 +291,7 @@ async def test_rows_a_dead_site_had_claimed_are_delivered_by_another_once(
         await sleep(0.5)
         assert sorted(delivered_ids(receiver)) == ids[:2]
         # The reaper frees what the dead instance held: delivered at once.
-        assert run_write(conn, delivery.release_outbox_of, dead) == 2
+        assert run_write(conn, outbox.release_outbox_of, dead) == 2
         await wait_until(lambda: sorted(delivered_ids(receiver)) == ids, timeout=5.0)
         await sleep(0.5)
         assert sorted(delivered_ids(receiver)) == ids  # each once

@@ -20,8 +20,8 @@ from twisted.logger import globalLogPublisher
 
 from tasknet.site.lifecycle import NO_ARCHIVE_URL, Lifecycle
 from tasknet.site.storage import create, eligibility, reconcile, usage
-from tasknet.site.storage.db import Database, run_write
-from tasknet.site.storage.errors import TaskError
+from tasknet.site.storage.engine.database import Database, run_write
+from tasknet.site.storage.engine.errors import TaskError
 from tests.backends import WriteLock
 from tests.site.helpers import Env, fault, lifecycle_env, one, raw, wait_for
 

@@ -27,15 +27,17 @@ from twisted.internet.defer import DeferredList
 from tasknet.cli.migrate import main as migrate_main
 from tasknet.drill.pgserver import ThrowawayPostgres
 from tasknet.site import transitions
-from tasknet.site.storage import create, dialect, lock, postgres, usage, users
-from tasknet.site.storage import db as dbmod
-from tasknet.site.storage.errors import (
+from tasknet.site.storage import create, usage, users
+from tasknet.site.storage.engine import database as dbmod
+from tasknet.site.storage.engine import dialect, postgres
+from tasknet.site.storage.engine import file_lock as lock
+from tasknet.site.storage.engine.errors import (
     DatabaseBusy,
     DatabaseFailed,
     DatabaseUnavailable,
     TaskError,
 )
-from tasknet.site.storage.schema import (
+from tasknet.site.storage.engine.schema import (
     CURRENT_VERSION,
     POSTGRES_BASE_VERSION,
     UPGRADES,

@@ -1,5 +1,5 @@
 """Two sites writing one PostgreSQL database at once: node reports, deletes
-and group commit (tasknet/site/storage/db.py "Isolation", reports.py
+and group commit (tasknet/site/storage/engine/database.py "Isolation", reports.py
 "Several sites").
 
 Reports run at READ COMMITTED and lock what they decide from (their nodes,
@@ -12,7 +12,7 @@ A group-committed transaction that loses a conflict is run again write by
 write, so one conflicting write takes no other down.
 
 Real server (``pg_server``, tests/conftest.py), real sessions: each "site"
-is a :class:`~tasknet.site.storage.db.Database` of its own (its own writer
+is a :class:`~tasknet.site.storage.engine.database.Database` of its own (its own writer
 thread and connection) or a plain connection in a thread of its own.
 """
 
@@ -36,10 +36,10 @@ from tasknet.protocol.messages import (
     TaskEntry,
     TaskReport,
 )
-from tasknet.site.storage import db as dbmod
 from tasknet.site.storage import delete, reports
-from tasknet.site.storage.dialect import POSTGRES_BEGIN_READ_COMMITTED
-from tasknet.site.storage.errors import DatabaseBusy, TaskError
+from tasknet.site.storage.engine import database as dbmod
+from tasknet.site.storage.engine.dialect import POSTGRES_BEGIN_READ_COMMITTED
+from tasknet.site.storage.engine.errors import DatabaseBusy, TaskError
 from tasknet.site.storage.reports import QueuedReport, apply_reports, apply_task_report
 from tests.site.helpers import HeldWriter
 
@@ -217,7 +217,7 @@ def _race(
 ) -> tuple[Any, Any, list[int]]:
     """``first(cursor)`` through site 1, held before its COMMIT until
     ``second`` -- run by site 2 as the database layer runs it
-    (:func:`~tasknet.site.storage.db.run_write`) -- waits for its locks;
+    (:func:`~tasknet.site.storage.engine.database.run_write`) -- waits for its locks;
     then site 1 commits.  The report (``first`` if ``report_first``, else
     ``second``) runs at READ COMMITTED, the other SERIALIZABLE, as the
     site runs them.  Both results, and each attempt of ``second``."""

@@ -14,8 +14,8 @@ import pytest
 
 from tasknet.protocol.messages import TaskEntry, TaskReport
 from tasknet.site.storage import node_sessions, reports, stats, throughput, views
-from tasknet.site.storage.db import connect, run_read, run_write
-from tasknet.site.storage.schema import prepare_database
+from tasknet.site.storage.engine.database import connect, run_read, run_write
+from tasknet.site.storage.engine.schema import prepare_database
 from tests.site_protocol.harness import add_task, add_user
 
 T0 = 1_796_000_000.0

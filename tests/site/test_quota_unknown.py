@@ -12,9 +12,9 @@ from __future__ import annotations
 import pytest_twisted
 
 from tasknet.site.storage import create, reconcile, usage
-from tasknet.site.storage.db import connect, run_write
-from tasknet.site.storage.errors import TaskError
-from tasknet.site.storage.schema import prepare_database
+from tasknet.site.storage.engine.database import connect, run_write
+from tasknet.site.storage.engine.errors import TaskError
+from tasknet.site.storage.engine.schema import prepare_database
 from tests.site.helpers import add_user, fault, lifecycle_env, one
 
 GIDS = range(4100, 4130)

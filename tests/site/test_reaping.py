@@ -36,11 +36,11 @@ from twisted.internet.task import Clock, deferLater
 from twisted.internet.utils import getProcessOutputAndValue
 from twisted.logger import formatEvent, globalLogPublisher
 
-from tasknet.site.instances import INTERVAL, InstanceService
+from tasknet.site.instance_service import INTERVAL, InstanceService
 from tasknet.site.lifecycle import Lifecycle
 from tasknet.site.storage import create, instances, reaping
 from tasknet.site.storage import usage as usage_weeks
-from tasknet.site.storage.db import Database, connect, open_pool, run_read, run_write
+from tasknet.site.storage.engine.database import Database, connect, open_pool, run_read, run_write
 from tasknet.site.storage.instances import LeaseLost
 from tasknet.site.storage.lease import PostgresLease, take_lease
 from tasknet.site.upstream_client import UpstreamClient

@@ -23,9 +23,9 @@ from typing import Any
 import pytest
 
 from tasknet.site.storage import create, reconcile, throughput, usage, users
-from tasknet.site.storage import db as dbmod
-from tasknet.site.storage.errors import TaskError
-from tasknet.site.storage.schema import prepare_database
+from tasknet.site.storage.engine import database as dbmod
+from tasknet.site.storage.engine.errors import TaskError
+from tasknet.site.storage.engine.schema import prepare_database
 
 GID = 4711
 HOUR = 3600.0

@@ -15,7 +15,7 @@ import pytest_twisted
 from twisted.internet.defer import Deferred, DeferredList
 
 from tasknet.site.notify import OutboxExecutor
-from tasknet.site.storage.errors import TaskError
+from tasknet.site.storage.engine.errors import TaskError
 from tests.site.helpers import add_user, fault, lifecycle_env, one, wait_for
 
 BATCH = 16  # creates in flight at once, like a few impatient clients

@@ -9,9 +9,9 @@ import pytest_twisted
 from twisted.internet.defer import Deferred
 
 from tasknet.protocol.messages import TaskReport
-from tasknet.site.reports import ReportPipeline
-from tasknet.site.storage.db import open_pool
-from tasknet.site.storage.schema import prepare_database
+from tasknet.site.report_pipeline import ReportPipeline
+from tasknet.site.storage.engine.database import open_pool
+from tasknet.site.storage.engine.schema import prepare_database
 from tests.site.helpers import RecordingSession, query
 
 

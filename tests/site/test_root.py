@@ -15,9 +15,9 @@ from twisted.application.internet import TimerService
 from twisted.application.service import IServiceCollection, MultiService
 from twisted.internet.task import Clock
 
-from tasknet.site.dispatch import Dispatcher
+from tasknet.site.dispatcher import Dispatcher
+from tasknet.site.housekeeping import Housekeeping
 from tasknet.site.notify import OutboxExecutor
-from tasknet.site.retention import Housekeeping
 from tasknet.site.root import Tuning, build_site
 from tasknet.site.service import SiteService
 from tests.site.helpers import site_options
@@ -116,7 +116,7 @@ async def test_a_second_build_on_the_same_database_is_refused_until_the_first_st
 ) -> None:
     # SQLite only: one site per SQLite file (the flock on PATH.lock); on
     # PostgreSQL several sites share a database by design (SCALE.md).
-    from tasknet.site.storage.lock import DatabaseInUse
+    from tasknet.site.storage.engine.file_lock import DatabaseInUse
 
     path = str(tmp_path / "site.sqlite")
     first = _build(path, Clock())

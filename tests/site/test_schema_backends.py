@@ -27,7 +27,7 @@ import psycopg
 import pytest
 
 from tasknet.site import transitions
-from tasknet.site.storage.schema import prepare_database
+from tasknet.site.storage.engine.schema import prepare_database
 from tasknet.status import OperationState
 from tests.backends import BACKENDS, DRIVER_ERRORS, DatabasePool, is_postgres
 

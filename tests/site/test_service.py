@@ -23,8 +23,8 @@ from tasknet.protocol.messages import TaskReportAck
 from tasknet.protocol.session import INodeHandler
 from tasknet.site.root import Tuning, build_site, makeService
 from tasknet.site.storage import create, usage, users
-from tasknet.site.storage.db import connect, run_read, run_write
-from tasknet.site.storage.schema import load_script, prepare_database
+from tasknet.site.storage.engine.database import connect, run_read, run_write
+from tasknet.site.storage.engine.schema import load_script, prepare_database
 from tasknet.upstream.testing import start_upstream
 from tests.backends import WriteLock, add_failing_trigger, backend_of
 from tests.site.helpers import (

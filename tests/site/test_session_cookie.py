@@ -25,7 +25,7 @@ from twisted.internet import reactor
 from twisted.internet.task import Clock, deferLater
 
 from tasknet.site.storage import sessions, users
-from tasknet.site.storage.db import connect, run_write
+from tasknet.site.storage.engine.database import connect, run_write
 from tasknet.site.web.auth import DEFAULT_SESSION_IDLE, DEFAULT_SESSION_MAX_AGE, TOUCH_INTERVAL
 from tasknet.site.web.events import CLOSE_TOKEN_INVALID, TOKEN_CHECK_INTERVAL
 from tasknet.upstream.testing import start_upstream

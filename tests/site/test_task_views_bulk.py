@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from tasknet.site.storage import db as dbmod
 from tasknet.site.storage import outbox, views
-from tasknet.site.storage.schema import prepare_database
+from tasknet.site.storage.engine import database as dbmod
+from tasknet.site.storage.engine.schema import prepare_database
 from tests.site_protocol.harness import add_task, add_user
 
 UNKNOWN_GID = 999

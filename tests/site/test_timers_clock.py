@@ -18,13 +18,13 @@ from twisted.web.resource import Resource
 from twisted.web.server import Request, Site
 
 from tasknet.site.connected_nodes import ConnectedNodes
-from tasknet.site.dispatch import Dispatcher
+from tasknet.site.dispatcher import Dispatcher
 from tasknet.site.lifecycle import Lifecycle
 from tasknet.site.notify import OutboxExecutor, WebhookSender
-from tasknet.site.storage import delivery, outbox
-from tasknet.site.storage.db import Database, connect, open_pool, run_write
-from tasknet.site.storage.errors import TaskError
-from tasknet.site.storage.schema import prepare_database
+from tasknet.site.storage import outbox
+from tasknet.site.storage.engine.database import Database, connect, open_pool, run_write
+from tasknet.site.storage.engine.errors import TaskError
+from tasknet.site.storage.engine.schema import prepare_database
 from tests.backends import WriteLock
 from tests.site.helpers import RecordingSession, fault, lifecycle_env, one, wait_for
 from tests.site_protocol.harness import add_task, add_user
@@ -234,7 +234,7 @@ async def test_a_failing_webhook_is_retried_after_a_doubling_delay(site_db: str)
         await wait_for(lambda: webhook.delivered == 1 and webhook.idle())
         assert receiver.posts == 3
         row = webhook_state(site_db, row_id)
-        assert (row[0], row[1]) == (delivery.WEBHOOK_DELIVERED, 3)
+        assert (row[0], row[1]) == (outbox.WEBHOOK_DELIVERED, 3)
     finally:
         await executor.stopService()  # stops the webhook sender too
         db.close()

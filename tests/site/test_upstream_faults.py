@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import pytest_twisted
 
-from tasknet.site.storage.errors import TaskError
+from tasknet.site.storage.engine.errors import TaskError
 from tests.site.helpers import fault, lifecycle_env, one
 
 GID = 777

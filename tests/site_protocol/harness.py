@@ -39,9 +39,9 @@ from tasknet.protocol.messages import (
 from tasknet.site.node_listener import NodeListenerFactory
 from tasknet.site.root import Tuning, build_node_side
 from tasknet.site.service import NodeSide
-from tasknet.site.storage import db as dbmod
 from tasknet.site.storage import users
-from tasknet.site.storage.schema import prepare_database
+from tasknet.site.storage.engine import database as dbmod
+from tasknet.site.storage.engine.schema import prepare_database
 from tasknet.site.web.events import events_resource
 
 TIMEOUT = 5.0

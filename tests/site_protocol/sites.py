@@ -21,10 +21,10 @@ from twisted.internet.endpoints import TCP4ServerEndpoint
 
 from tasknet.drill.pgserver import ThrowawayPostgres
 from tasknet.site.root import Tuning, build_node_side
-from tasknet.site.storage import db as dbmod
 from tasknet.site.storage import instances
-from tasknet.site.storage.listen import Listener, Wakeups
-from tasknet.site.storage.schema import prepare_database
+from tasknet.site.storage.engine import database as dbmod
+from tasknet.site.storage.engine.listen import Listener, Wakeups
+from tasknet.site.storage.engine.schema import prepare_database
 from tests.site_protocol.harness import NodeKeys, Site, wait_until
 
 _numbers = iter(range(1, 1_000_000))

@@ -12,8 +12,8 @@ from __future__ import annotations
 import pytest_twisted
 
 from tasknet.protocol.messages import TaskCommand, TaskReportAck
-from tasknet.site.storage import db as dbmod
 from tasknet.site.storage import delete, reconcile
+from tasknet.site.storage.engine import database as dbmod
 from tests.site_protocol.harness import Site, add_task, add_user, row
 
 POLL = 0.05

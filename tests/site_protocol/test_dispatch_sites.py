@@ -13,7 +13,7 @@ import pytest_twisted
 from twisted.internet import reactor
 
 from tasknet.protocol.messages import TaskCommand
-from tasknet.site.storage.listen import NoWakeups
+from tasknet.site.storage.engine.listen import NoWakeups
 from tests.site_protocol.harness import add_task, add_user, wait_until
 from tests.site_protocol.sites import TwoSites, pg_target, sites
 

@@ -9,7 +9,7 @@ import pytest
 import pytest_twisted
 
 from tasknet.protocol.messages import TaskReportAck
-from tasknet.site.storage import delivery
+from tasknet.site.storage import outbox
 from tests.backends import NewTarget
 from tests.site_protocol.harness import (
     Site,
@@ -68,8 +68,8 @@ async def test_websocket_pushes_each_change_after_commit_to_its_owner_only(site:
                 == 0
             )
         )
-        assert await site.db.read(delivery.fanout_rows, 0, 99) == []
-        assert await site.db.read(delivery.webhook_rows, 0, 99) == []
+        assert await site.db.read(outbox.fanout_rows, 0, 99) == []
+        assert await site.db.read(outbox.webhook_rows, 0, 99) == []
     finally:
         for client in clients:
             await client.shut()

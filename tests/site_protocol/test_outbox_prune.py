@@ -16,9 +16,10 @@ import pytest_twisted
 from twisted.internet.task import Clock
 
 from tasknet.site.notify import OutboxExecutor
-from tasknet.site.storage import delivery, dialect, outbox
-from tasknet.site.storage.db import connect, open_pool, run_write
-from tasknet.site.storage.schema import prepare_database
+from tasknet.site.storage import outbox
+from tasknet.site.storage.engine import dialect
+from tasknet.site.storage.engine.database import connect, open_pool, run_write
+from tasknet.site.storage.engine.schema import prepare_database
 from tests.site_protocol.harness import wait_until
 
 WEEK = 7.0
@@ -50,7 +51,7 @@ def age(conn: sqlite3.Connection, ids: list[int], days: float) -> None:
 
 def fan_out(conn: sqlite3.Connection, after_id: int, upto_id: int) -> None:
     run_write(
-        conn, lambda c: delivery.mark_range_fanned_out(c, after_id, upto_id, skip_webhook=False)
+        conn, lambda c: outbox.mark_range_fanned_out(c, after_id, upto_id, skip_webhook=False)
     )
 
 
@@ -59,8 +60,8 @@ def mark(conn: sqlite3.Connection, ids: list[int], webhook: str | None) -> None:
     None to leave it pending."""
     fan_out(conn, ids[0] - 1, ids[-1])
     if webhook is not None:
-        results = [delivery.WebhookResult(i, webhook, 1, None) for i in ids]
-        run_write(conn, delivery.record_webhook_results, results)
+        results = [outbox.WebhookResult(i, webhook, 1, None) for i in ids]
+        run_write(conn, outbox.record_webhook_results, results)
 
 
 def finished_rows(conn: sqlite3.Connection, count: int, webhook: str, *, days: float) -> list[int]:
@@ -77,22 +78,22 @@ def remaining(conn: sqlite3.Connection) -> list[int]:
 
 def test_only_old_finished_rows_are_pruned_a_batch_at_a_time(conn: sqlite3.Connection) -> None:
     ids = add_rows(conn, 10)
-    mark(conn, ids[0:3], delivery.WEBHOOK_DELIVERED)  # 1-3 finished
+    mark(conn, ids[0:3], outbox.WEBHOOK_DELIVERED)  # 1-3 finished
     fan_out(conn, ids[4] - 1, ids[4])
-    mark(conn, ids[5:6], delivery.WEBHOOK_FAILED)  # 6 finished (gave up)
-    mark(conn, ids[6:10], delivery.WEBHOOK_SKIPPED)  # 7-10 finished but young
+    mark(conn, ids[5:6], outbox.WEBHOOK_FAILED)  # 6 finished (gave up)
+    mark(conn, ids[6:10], outbox.WEBHOOK_SKIPPED)  # 7-10 finished but young
     age(conn, ids[0:6], WEEK + 1)  # 4 never fanned out, 5 webhook pending: old, unfinished
 
-    found = run_write(conn, delivery.prunable, WEEK * 86400)
-    assert found == delivery.Prunable(first=ids[0], below=ids[6])
-    assert run_write(conn, delivery.prune_finished, ids[0] - 1, found.below, 2) == (2, ids[1])
-    assert run_write(conn, delivery.prune_finished, ids[1], found.below, 2) == (2, ids[5])
-    assert run_write(conn, delivery.prune_finished, ids[5], found.below, 2) == (0, ids[5])
+    found = run_write(conn, outbox.prunable, WEEK * 86400)
+    assert found == outbox.Prunable(first=ids[0], below=ids[6])
+    assert run_write(conn, outbox.prune_finished, ids[0] - 1, found.below, 2) == (2, ids[1])
+    assert run_write(conn, outbox.prune_finished, ids[1], found.below, 2) == (2, ids[5])
+    assert run_write(conn, outbox.prune_finished, ids[5], found.below, 2) == (0, ids[5])
     assert remaining(conn) == [ids[3], ids[4], *ids[6:]]
     # What is left is still delivered as before.
-    fanout = run_write(conn, delivery.fanout_rows, 0, 99)
+    fanout = run_write(conn, outbox.fanout_rows, 0, 99)
     assert [(r.id, r.ws_pending, r.webhook_pending) for r in fanout] == [(ids[3], True, True)]
-    webhook = run_write(conn, delivery.webhook_rows, 0, 99)
+    webhook = run_write(conn, outbox.webhook_rows, 0, 99)
     assert [(r.id, r.ws_pending, r.webhook_pending) for r in webhook] == [
         (ids[3], True, True),
         (ids[4], False, True),
@@ -100,23 +101,21 @@ def test_only_old_finished_rows_are_pruned_a_batch_at_a_time(conn: sqlite3.Conne
 
 
 def test_nothing_old_means_nothing_prunable(conn: sqlite3.Connection) -> None:
-    assert run_write(conn, delivery.prunable, 0.0) == delivery.Prunable(None, 1)
-    ids = finished_rows(conn, 3, delivery.WEBHOOK_SKIPPED, days=0)
-    assert run_write(conn, delivery.prunable, WEEK * 86400) == delivery.Prunable(None, ids[0])
+    assert run_write(conn, outbox.prunable, 0.0) == outbox.Prunable(None, 1)
+    ids = finished_rows(conn, 3, outbox.WEBHOOK_SKIPPED, days=0)
+    assert run_write(conn, outbox.prunable, WEEK * 86400) == outbox.Prunable(None, ids[0])
     age(conn, ids, WEEK + 1)
     # All old: the range ends after the newest row, so a row committed later
     # (necessarily young) is outside it.
-    assert run_write(conn, delivery.prunable, WEEK * 86400) == delivery.Prunable(
-        ids[0], ids[-1] + 1
-    )
+    assert run_write(conn, outbox.prunable, WEEK * 86400) == outbox.Prunable(ids[0], ids[-1] + 1)
 
 
 @pytest_twisted.ensureDeferred
 async def test_executor_prunes_at_start_then_every_interval(
     path: str, conn: sqlite3.Connection
 ) -> None:
-    finished_rows(conn, 5, delivery.WEBHOOK_SKIPPED, days=WEEK + 1)
-    young = finished_rows(conn, 2, delivery.WEBHOOK_SKIPPED, days=0)
+    finished_rows(conn, 5, outbox.WEBHOOK_SKIPPED, days=WEEK + 1)
+    young = finished_rows(conn, 2, outbox.WEBHOOK_SKIPPED, days=0)
     db = open_pool(path)
     clock = Clock()
     executor = OutboxExecutor(
@@ -147,7 +146,7 @@ async def test_executor_prunes_at_start_then_every_interval(
 async def test_a_prune_deletes_in_transactions_of_prune_batch_rows(
     path: str, conn: sqlite3.Connection
 ) -> None:
-    old = finished_rows(conn, 7, delivery.WEBHOOK_DELIVERED, days=WEEK + 1)
+    old = finished_rows(conn, 7, outbox.WEBHOOK_DELIVERED, days=WEEK + 1)
     db = open_pool(path)
     executor = OutboxExecutor(db, None, poll_interval=None, prune_interval=None, prune_batch=3)
     try:

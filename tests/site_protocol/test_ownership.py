@@ -23,10 +23,10 @@ from tasknet.protocol.messages import (
     TaskReportAck,
 )
 from tasknet.site import metrics
-from tasknet.site.reports import DropLog
-from tasknet.site.storage import db as dbmod
+from tasknet.site.report_pipeline import DropLog
 from tasknet.site.storage import reports
-from tasknet.site.storage.schema import load_script, prepare_database, split_statements
+from tasknet.site.storage.engine import database as dbmod
+from tasknet.site.storage.engine.schema import load_script, prepare_database, split_statements
 from tasknet.site.web.admin_nodes import nodes_view
 from tests.site_protocol.harness import ScriptedNode, Site, add_task, add_user, row, wait_until
 

@@ -18,7 +18,7 @@ from twisted.internet import reactor
 from twisted.internet.task import Clock, deferLater
 
 from tasknet.protocol.messages import Goodbye, TaskCommand, TaskReportAck
-from tasknet.site.storage.listen import NoWakeups
+from tasknet.site.storage.engine.listen import NoWakeups
 from tasknet.site.web.admin_nodes import nodes_view
 from tests.site_protocol.harness import ScriptedNode, add_task, add_user, row, wait_until
 from tests.site_protocol.sites import SharedSite, TwoSites, pg_target, sites

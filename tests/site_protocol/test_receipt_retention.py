@@ -14,8 +14,8 @@ import pytest_twisted
 from twisted.internet.task import Clock
 
 from tasknet.protocol.messages import TaskReportAck
-from tasknet.site.retention import Housekeeping, stored_timestamp
-from tasknet.site.storage.db import connect
+from tasknet.site.housekeeping import Housekeeping, stored_timestamp
+from tasknet.site.storage.engine.database import connect
 from tests.site.helpers import running_site, site_options
 from tests.site_protocol.harness import Site, add_task, add_user, wait_until
 

@@ -30,9 +30,9 @@ from tasknet.protocol.messages import (
     TaskEntry,
     TaskReport,
 )
-from tasknet.site.storage import db as dbmod
 from tasknet.site.storage import reports
-from tasknet.site.storage.schema import prepare_database
+from tasknet.site.storage.engine import database as dbmod
+from tasknet.site.storage.engine.schema import prepare_database
 from tests.backends import BACKENDS, INTEGRITY_ERRORS, SeededCopies, add_failing_trigger
 from tests.site_protocol.harness import add_task, add_user
 

@@ -17,9 +17,9 @@ from twisted.internet import reactor
 from twisted.logger import globalLogPublisher
 
 from tasknet.site.notify import OutboxExecutor, WebhookSender
-from tasknet.site.storage import dialect
-from tasknet.site.storage.db import connect, open_pool, run_write
-from tasknet.site.storage.schema import prepare_database
+from tasknet.site.storage.engine import dialect
+from tasknet.site.storage.engine.database import connect, open_pool, run_write
+from tasknet.site.storage.engine.schema import prepare_database
 from tests.site_protocol.harness import WebhookReceiver, listen_http, wait_until
 
 PAYLOAD = '{"type":"task","task":{"gid":%d,"name":"%s"}}'

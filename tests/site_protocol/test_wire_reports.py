@@ -9,7 +9,7 @@ import pytest_twisted
 from twisted.internet.defer import gatherResults
 
 from tasknet.protocol.messages import StatusReport, TaskEntry, TaskReportAck
-from tasknet.site.storage.db import is_postgres
+from tasknet.site.storage.engine.database import is_postgres
 from tests.backends import busy_timeout_sql, write_lock
 from tests.site_protocol.harness import Site, add_task, add_user, outbox_count, row, wait_until
 

@@ -25,8 +25,9 @@ from twisted.web.client import HTTPConnectionPool
 
 from tasknet.cli import admin
 from tasknet.process import free_port
-from tasknet.site.storage import create, db, reconcile, sessions, throughput, usage, users, views
-from tasknet.site.storage.schema import prepare_database
+from tasknet.site.storage import create, reconcile, sessions, throughput, usage, users, views
+from tasknet.site.storage.engine import database as db
+from tasknet.site.storage.engine.schema import prepare_database
 from tasknet.upstream.testing import running_upstream
 from tests.site_protocol.harness import add_task
 

@@ -12,8 +12,9 @@ from contextlib import closing
 import pytest
 
 from tasknet.cli import admin
-from tasknet.site.storage import db, sessions, users
-from tasknet.site.storage.schema import prepare_database
+from tasknet.site.storage import sessions, users
+from tasknet.site.storage.engine import database as db
+from tasknet.site.storage.engine.schema import prepare_database
 
 
 @pytest.fixture

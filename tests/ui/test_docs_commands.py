@@ -43,7 +43,7 @@ from pathlib import Path
 
 import pytest
 
-from tasknet.site.storage.schema import prepare_database
+from tasknet.site.storage.engine.schema import prepare_database
 
 pytestmark = pytest.mark.slow
 

@@ -61,7 +61,7 @@ def shots() -> Path:
 def seed(demo: DemoStack, count: int) -> None:
     """``count`` SUBMITTED tasks of the demo user, assigned to a node that never connects."""
     from tasknet.site.storage import create, dispatch, usage, users
-    from tasknet.site.storage.db import connect, run_write
+    from tasknet.site.storage.engine.database import connect, run_write
 
     connection = connect(demo.database)
     user = run_write(connection, lambda c: users.set_quota(c, "demo", 10 * count))

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from tasknet.process import LOOPBACK
-from tasknet.site.storage.schema import prepare_database
+from tasknet.site.storage.engine.schema import prepare_database
 
 BIN = Path(sys.executable).parent
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from tasknet.cli import admin, migrate
-from tasknet.site.storage.db import describe, redact
+from tasknet.site.storage.engine.database import describe, redact
 
 BIN = Path(sys.executable).parent
 

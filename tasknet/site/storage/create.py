@@ -23,11 +23,11 @@ from typing import Any, Literal
 
 from tasknet.site import transitions
 from tasknet.site.storage import instances, outbox, views
-from tasknet.site.storage.dialect import NOW_SQL
-from tasknet.site.storage.errors import TaskError
+from tasknet.site.storage.engine.dialect import NOW_SQL
+from tasknet.site.storage.engine.errors import TaskError
 from tasknet.site.storage.generation import change_state, new_operation_id, remove_generation, touch
-from tasknet.site.storage.rows import operation_row
 from tasknet.site.storage.usage import in_flight_cost, meter, usage
+from tasknet.site.storage.views import operation_row
 from tasknet.status import OperationState
 
 

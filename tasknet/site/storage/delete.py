@@ -12,10 +12,10 @@ import sqlite3
 from dataclasses import dataclass
 
 from tasknet.site.storage import outbox
-from tasknet.site.storage.dialect import NOW_SQL
-from tasknet.site.storage.errors import TaskError
+from tasknet.site.storage.engine.dialect import NOW_SQL
+from tasknet.site.storage.engine.errors import TaskError
 from tasknet.site.storage.generation import backfill_legacy, change_state, new_operation_id, touch
-from tasknet.site.storage.rows import operation_row, visible_gallery
+from tasknet.site.storage.views import operation_row, visible_gallery
 from tasknet.status import OperationState
 
 

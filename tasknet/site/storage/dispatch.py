@@ -44,13 +44,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from tasknet.protocol.messages import ACTION_DELETE, ACTION_DOWNLOAD
-from tasknet.site.storage.dialect import IN_ARRAY_SQL, NOW_SQL, array
 from tasknet.site.storage.eligibility import (
     AWAITS_CLAIM_SQL,
     DISPATCHABLE_SQL,
     awaits_claim,
     is_dispatchable,
 )
+from tasknet.site.storage.engine.dialect import IN_ARRAY_SQL, NOW_SQL, array
 from tasknet.site.storage.generation import backfill_legacy
 from tasknet.status import NodeCode, OperationState
 

@@ -5,10 +5,9 @@ from __future__ import annotations
 import sqlite3
 from typing import Any
 
-from tasknet.site.storage.dialect import insert_ignore
-from tasknet.site.storage.errors import TaskError
-from tasknet.site.storage.rows import gallery_row, visible_gallery
-from tasknet.site.storage.views import views_in_order
+from tasknet.site.storage.engine.dialect import insert_ignore
+from tasknet.site.storage.engine.errors import TaskError
+from tasknet.site.storage.views import gallery_row, views_in_order, visible_gallery
 
 _ADD_SQL = insert_ignore("favorite", ("user_id", "gid"))
 

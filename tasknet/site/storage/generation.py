@@ -15,9 +15,9 @@ from typing import Any
 
 from tasknet.site import transitions
 from tasknet.site.storage import outbox
-from tasknet.site.storage.dialect import NOW_SQL
-from tasknet.site.storage.errors import TaskError
-from tasknet.site.storage.rows import gallery_row
+from tasknet.site.storage.engine.dialect import NOW_SQL
+from tasknet.site.storage.engine.errors import TaskError
+from tasknet.site.storage.views import gallery_row
 from tasknet.status import OperationState
 
 _TOUCH_SQL = f"UPDATE gallery SET updated_at = {NOW_SQL} WHERE gid = ?"  # noqa: S608

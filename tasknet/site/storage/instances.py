@@ -26,8 +26,8 @@ from __future__ import annotations
 import sqlite3
 from dataclasses import dataclass
 
-from tasknet.site.storage.dialect import NOW_OFFSET_SQL, NOW_SQL, offset
-from tasknet.site.storage.errors import DatabaseBusy, DatabaseFailed
+from tasknet.site.storage.engine.dialect import NOW_OFFSET_SQL, NOW_SQL, offset
+from tasknet.site.storage.engine.errors import DatabaseBusy, DatabaseFailed
 from tasknet.status import OperationState
 
 #: An instance that neither ended nor was reaped (a WHERE condition on site_instance).

@@ -18,9 +18,9 @@ process is alive (SCALE.md 2), and the once-only lock of periodic work
   session still holds the lock); once that fails the lease is lost for
   good: the connection is not reopened (a new session would not hold the
   lock), and the site must stop writing (fencing,
-  :mod:`tasknet.site.instances`).
+  :mod:`tasknet.site.instance_service`).
 * SQLite (:class:`SqliteLease`): the flock on ``<database>.lock``
-  (:mod:`tasknet.site.storage.lock`) is the lease.  Only one site can hold
+  (:mod:`tasknet.site.storage.engine.file_lock`) is the lease.  Only one site can hold
   it, so every other instance in the table is gone, and the lease cannot be
   lost while the process lives.
 
@@ -67,14 +67,14 @@ from zope.interface import implementer
 
 from tasknet.clock import default_reactor
 from tasknet.site.storage import instances
-from tasknet.site.storage.db import Cursor, IWriteFence, connect, run_write
-from tasknet.site.storage.dialect import NOW_SQL
+from tasknet.site.storage.engine.database import Cursor, IWriteFence, connect, run_write
+from tasknet.site.storage.engine.dialect import NOW_SQL
+from tasknet.site.storage.engine.file_lock import InstanceLock
+from tasknet.site.storage.engine.listen import is_postgres_cursor
 from tasknet.site.storage.instances import LeaseLost, LeaseStale
-from tasknet.site.storage.listen import is_postgres_cursor
-from tasknet.site.storage.lock import InstanceLock
 
 if TYPE_CHECKING:
-    from tasknet.site.storage import postgres
+    from tasknet.site.storage.engine import postgres
 
 log = Logger()
 
@@ -437,7 +437,7 @@ class PostgresLease(Lease):
     ) -> PostgresLease:
         """Open the lease session on ``target`` (a prepared database),
         register the instance and take its lock (blocking: at build time)."""
-        from tasknet.site.storage import postgres  # the driver only when PostgreSQL is used
+        from tasknet.site.storage.engine import postgres  # the driver only when PostgreSQL is used
 
         connection = postgres.connect(_lease_target(target), application_name="tasknet-site lease")
         try:

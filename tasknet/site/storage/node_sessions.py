@@ -38,8 +38,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from tasknet.site.storage import listen, reports, stats
-from tasknet.site.storage.dialect import IN_ARRAY_SQL, NOW_SQL, array
+from tasknet.site.storage import reports, stats
+from tasknet.site.storage.engine import listen
+from tasknet.site.storage.engine.dialect import IN_ARRAY_SQL, NOW_SQL, array
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,9 +16,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from tasknet.site.storage import create, delivery, node_sessions
+from tasknet.site.storage import create, node_sessions, outbox
 from tasknet.site.storage.create import Recovered
-from tasknet.site.storage.dialect import NOW_SQL
+from tasknet.site.storage.engine.dialect import NOW_SQL
 from tasknet.site.storage.instances import OPEN_SQL, instance, lease_confirmed_at
 from tasknet.site.storage.throughput import iso
 
@@ -57,7 +57,7 @@ def reap(
     released (:func:`create.recover`), one ``instance_reap`` row per
     generation settled (the evidence of D9), the nodes it held released
     (:func:`node_sessions.release_nodes_of`) and its outbox tail and webhook
-    claims given up (:func:`delivery.release_outbox_of`).  ``gone=None``:
+    claims given up (:func:`outbox.release_outbox_of`).  ``gone=None``:
     the generations no instance recorded.  Repeating it settles nothing
     twice.
 
@@ -85,7 +85,7 @@ def reap(
     if gone is None:
         return Reaped(gone, marked, recovered)
     nodes = node_sessions.release_nodes_of(cursor, gone)
-    claims = delivery.release_outbox_of(cursor, gone)
+    claims = outbox.release_outbox_of(cursor, gone)
     row = instance(cursor, gone)
     who = None if row is None else f"{row.name} on {row.host}, pid {row.pid}"
     return Reaped(gone, marked, recovered, who, nodes, claims)

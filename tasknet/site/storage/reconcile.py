@@ -9,7 +9,7 @@ Two rules guard a verdict (docs/operations.md, "Reconcile UNKNOWN operations"):
   instance's late POST could still reach the upstream, so ``not_submitted``
   is refused (:class:`VerdictTooEarly`, code ``verdict_too_early``, with
   the moment).  ``submitted`` is allowed at any time.  "Now" is the
-  database's clock (:data:`~tasknet.site.storage.dialect.NOW_SQL`), read in
+  database's clock (:data:`~tasknet.site.storage.engine.dialect.NOW_SQL`), read in
   the transaction that decides, and the same clock tells the list how long
   is left (``verdictWaitSeconds``).
 * **A verdict against the evidence needs a note.**  When the upstream's
@@ -31,12 +31,11 @@ from datetime import UTC, datetime
 from typing import Any
 
 from tasknet.site.storage import outbox, throughput
-from tasknet.site.storage.dialect import NOW_SQL
-from tasknet.site.storage.errors import TaskError
+from tasknet.site.storage.engine.dialect import NOW_SQL
+from tasknet.site.storage.engine.errors import TaskError
 from tasknet.site.storage.generation import change_state, remove_generation
-from tasknet.site.storage.rows import gallery_row, operation_row
 from tasknet.site.storage.usage import meter, week_of_timestamp
-from tasknet.site.storage.views import gone_view, task_view
+from tasknet.site.storage.views import gallery_row, gone_view, operation_row, task_view
 from tasknet.status import OperationState, TaskStatus, status_words
 
 VERDICTS = ("submitted", "not_submitted")

@@ -68,7 +68,7 @@ for the task's *current* one.  A pending delete of a row with no recorded
 node waits for a claim (or an operator).
 
 Several sites (PostgreSQL).  Every ``apply_*`` function runs at ``READ
-COMMITTED`` (``tasknet.site.storage.db``, "Isolation"), so two sites
+COMMITTED`` (``tasknet.site.storage.engine.database``, "Isolation"), so two sites
 applying reports for different nodes never conflict.  Before it reads
 anything it locks, in this order: each reporting node (a
 transaction-level advisory lock, :data:`REPORT_NODE_CLASS`: receipts,
@@ -119,11 +119,18 @@ from tasknet.protocol.messages import (
     TaskEntry,
     TaskReport,
 )
-from tasknet.site.storage import listen, outbox, throughput
-from tasknet.site.storage.db import read_committed
+from tasknet.site.storage import outbox, throughput
 from tasknet.site.storage.delete import complete_delete, mark_delete_failed
-from tasknet.site.storage.dialect import FOR_UPDATE_SQL, IN_ARRAY_SQL, NOW_SQL, array, greatest
 from tasknet.site.storage.eligibility import awaits_claim
+from tasknet.site.storage.engine import listen
+from tasknet.site.storage.engine.database import read_committed
+from tasknet.site.storage.engine.dialect import (
+    FOR_UPDATE_SQL,
+    IN_ARRAY_SQL,
+    NOW_SQL,
+    array,
+    greatest,
+)
 from tasknet.site.storage.generation import backfill_legacy
 from tasknet.status import NodeCode, OperationState
 

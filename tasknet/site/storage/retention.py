@@ -1,10 +1,10 @@
 """Pruning the tables that grow with traffic (docs/operations.md "Retention
 and limits"): node report receipts and audit rows (reconciliation verdicts,
 forced deletes).  The
-outbox has its own (:mod:`tasknet.site.storage.delivery`).
+outbox has its own (:mod:`tasknet.site.storage.outbox`).
 
 Each function is the body of one transaction; the housekeeping job
-(:mod:`tasknet.site.retention`) runs them in small batches on the site's
+(:mod:`tasknet.site.housekeeping`) runs them in small batches on the site's
 clock, so a prune never holds the writer the reports need for long.
 
 Receipts (``report_receipt``) answer a node's redelivery ``DUPLICATE``.  A

@@ -33,7 +33,7 @@ import secrets
 import sqlite3
 from dataclasses import dataclass
 
-from tasknet.site.storage.dialect import NOW_SQL
+from tasknet.site.storage.engine.dialect import NOW_SQL
 from tasknet.site.storage.throughput import iso
 
 #: Random bytes in a session id (its text is 43 URL-safe characters).

@@ -15,7 +15,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from tasknet.site.storage import throughput, views
-from tasknet.site.storage.dialect import IN_ARRAY_SQL, array
+from tasknet.site.storage.engine.dialect import IN_ARRAY_SQL, array
 from tasknet.site.storage.usage import iso_week
 from tasknet.status import NodeCode, OperationState
 

@@ -38,7 +38,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
-from tasknet.site.storage.dialect import IN_ARRAY_SQL, array
+from tasknet.site.storage.engine.dialect import IN_ARRAY_SQL, array
 from tasknet.status import NodeCode
 
 SMOOTHING_SECONDS = 10.0

@@ -8,7 +8,7 @@ import sqlite3
 from datetime import UTC, datetime
 from typing import Any
 
-from tasknet.site.storage.errors import TaskError
+from tasknet.site.storage.engine.errors import TaskError
 from tasknet.status import OperationState
 
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from tasknet.protocol.messages import NODE_ID
 from tasknet.site.storage import sessions
-from tasknet.site.storage.dialect import NOW_SQL
+from tasknet.site.storage.engine.dialect import NOW_SQL
 
 #: The weekly quota of a new user when no site has recorded its
 #: ``--default-quota`` in this database yet.

@@ -52,7 +52,7 @@ from twisted.internet.interfaces import IReactorTime
 from tasknet.clock import default_reactor
 from tasknet.site.connected_nodes import ConnectedNodes
 from tasknet.site.storage import node_sessions, throughput
-from tasknet.site.storage.db import Database
+from tasknet.site.storage.engine.database import Database
 from tasknet.site.storage.node_sessions import Holder
 
 

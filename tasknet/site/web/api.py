@@ -64,11 +64,17 @@ from werkzeug.routing import Map, Rule
 from tasknet.deferreds import shield
 from tasknet.site import metrics
 from tasknet.site.storage import delete, favorites, reconcile, stats, usage
-from tasknet.site.storage.errors import DatabaseBusy, TaskError
+from tasknet.site.storage.engine.errors import DatabaseBusy, TaskError
 from tasknet.site.storage.instances import LeaseLost
-from tasknet.site.storage.rows import GID_MAX, GID_MIN
 from tasknet.site.storage.users import User
-from tasknet.site.storage.views import QUEUED, count_by_status, list_tasks, visible_task
+from tasknet.site.storage.views import (
+    GID_MAX,
+    GID_MIN,
+    QUEUED,
+    count_by_status,
+    list_tasks,
+    visible_task,
+)
 from tasknet.site.web import openapi
 from tasknet.site.web.auth import request_credentials, require_admin
 from tasknet.site.web.errors import STATUS, ApiError, write_error, write_json

@@ -59,7 +59,7 @@ from twisted.logger import Logger
 from twisted.web.server import Request
 
 from tasknet.site.storage import sessions, users
-from tasknet.site.storage.db import Database
+from tasknet.site.storage.engine.database import Database
 from tasknet.site.storage.throughput import iso
 from tasknet.site.storage.users import User
 from tasknet.site.web.errors import ApiError

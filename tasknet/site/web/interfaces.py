@@ -22,7 +22,7 @@ from twisted.web.resource import IResource
 
 from tasknet.site.lifecycle import Lifecycle
 from tasknet.site.ratelimit import CreateRateLimiter
-from tasknet.site.storage.db import Database
+from tasknet.site.storage.engine.database import Database
 from tasknet.site.web.auth import Authenticator
 
 

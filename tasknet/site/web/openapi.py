@@ -40,7 +40,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from tasknet import __version__
-from tasknet.site.storage.rows import GID_MAX, GID_MIN
+from tasknet.site.storage.views import GID_MAX, GID_MIN
 from tasknet.site.web.errors import STATUS
 from tasknet.status import OperationState, TaskStatus
 

@@ -55,7 +55,7 @@ through the reactor.  ``fn`` must not issue ``BEGIN``, ``COMMIT`` or
 ``ROLLBACK`` itself (savepoints of its own are fine: they nest).
 :func:`run_coalesced` runs the same code synchronously (tools, tests).
 
-Errors leave this module classified (``tasknet.site.storage.errors``):
+Errors leave this module classified (``tasknet.site.storage.engine.errors``):
 :class:`DatabaseBusy` ("busy, retry the transaction": the lock was not
 granted within ``busy_timeout``, or the transaction was lost to another
 write's error) or :class:`DatabaseFailed` (a retry would not help); a
@@ -71,9 +71,9 @@ commits a transaction on its own, only the statements above do.
 Two backends, one API.  ``target`` is a SQLite file path or a
 ``postgresql://`` / ``postgres://`` URL (:func:`is_postgres`); everything
 here takes either, and :attr:`Database.backend` says which.  On PostgreSQL
-(:mod:`tasknet.site.storage.postgres`):
+(:mod:`tasknet.site.storage.engine.postgres`):
 
-* the connections are :class:`~tasknet.site.storage.postgres.PgConnection`
+* the connections are :class:`~tasknet.site.storage.engine.postgres.PgConnection`
   (psycopg 3, autocommit, the same SQL translated once per statement text,
   rows indexable like ``sqlite3.Row``); adbapi loads that module as its
   DB-API module, so the pools are the same ``ConnectionPool`` objects: one
@@ -139,7 +139,7 @@ instead -- what production systems do for a hot path:
 
 * such a function locks, before it reads them and in a fixed order (by
   key), the rows it decides from (``SELECT … ORDER BY key``
-  :data:`~tasknet.site.storage.dialect.FOR_UPDATE_SQL`; advisory locks for
+  :data:`~tasknet.site.storage.engine.dialect.FOR_UPDATE_SQL`; advisory locks for
   what has no row), and writes only through statements that hold on the
   latest row version;
 * every ``SERIALIZABLE`` write that changes what such a function decides
@@ -156,7 +156,7 @@ instead -- what production systems do for a hot path:
   ``SERIALIZABLE`` write never runs weaker than it asked.
 
 Reports (:mod:`~tasknet.site.storage.reports`) and the outbox marks
-(:mod:`~tasknet.site.storage.delivery`) are ``READ COMMITTED``; every other
+(:mod:`~tasknet.site.storage.outbox`) are ``READ COMMITTED``; every other
 write stays ``SERIALIZABLE``.  The same two sessions then saw no conflict
 at all; the locks cost about 9 % of a 25-report batch's time in the
 database (1.9 of 21.6 ms, median).
@@ -193,8 +193,8 @@ from zope.interface import Interface
 
 from tasknet.clock import default_reactor
 from tasknet.logging import REDACTED, redact_secrets
-from tasknet.site.storage.dialect import POSTGRES_BEGIN_READ_COMMITTED
-from tasknet.site.storage.errors import (
+from tasknet.site.storage.engine.dialect import POSTGRES_BEGIN_READ_COMMITTED
+from tasknet.site.storage.engine.errors import (
     CommitUnknown,
     DatabaseBusy,
     DatabaseFailed,
@@ -203,7 +203,7 @@ from tasknet.site.storage.errors import (
 )
 
 if TYPE_CHECKING:
-    from tasknet.site.storage.postgres import PgConnection, PgCursor
+    from tasknet.site.storage.engine.postgres import PgConnection, PgCursor
 
 log = Logger()
 
@@ -336,7 +336,7 @@ def read_committed(fn: F) -> F:
     """Declare that the write function ``fn`` runs at ``READ COMMITTED`` on
     PostgreSQL (see the module doc, "Isolation"): ``fn`` itself locks, in a
     fixed order and before it reads them, the rows it decides from
-    (:data:`~tasknet.site.storage.dialect.FOR_UPDATE_SQL`), so that it is
+    (:data:`~tasknet.site.storage.engine.dialect.FOR_UPDATE_SQL`), so that it is
     correct against every other write."""
     setattr(fn, _ISOLATION, READ_COMMITTED)
     return fn
@@ -365,7 +365,7 @@ _CONFLICTS = frozenset({"40001", "40P01"})
 
 
 def _postgres_module() -> Any:
-    from tasknet.site.storage import postgres
+    from tasknet.site.storage.engine import postgres
 
     return postgres
 
@@ -1056,7 +1056,7 @@ class Database:
         (read-only sessions).  adbapi loads the adapter module as its DB-API
         module and passes these keywords to its ``connect``."""
         return adbapi.ConnectionPool(
-            "tasknet.site.storage.postgres",
+            "tasknet.site.storage.engine.postgres",
             target,
             lock_timeout_ms=self._busy_timeout_ms,
             read_only=readers > 0,

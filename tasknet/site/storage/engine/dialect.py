@@ -3,7 +3,7 @@
 Storage's SQL is written once, in SQLite's spelling with qmark placeholders
 (``?``, ``?N``), from the pieces below wherever the engines differ.  SQLite
 runs it as written (nothing is translated on its path); the PostgreSQL
-cursor (:mod:`tasknet.site.storage.postgres`) translates each statement text
+cursor (:mod:`tasknet.site.storage.engine.postgres`) translates each statement text
 once with :func:`translate` and caches the result.  Both renderings of every
 piece live here, side by side (:data:`SQLITE`, :data:`POSTGRES`):
 
@@ -117,7 +117,7 @@ IN_ARRAY_SQL = SQLITE.in_array_sql
 #: At the end of a ``SELECT``: lock the rows it answers until the
 #: transaction ends (PostgreSQL's ``FOR UPDATE``; nothing on SQLite).  A
 #: write at ``READ COMMITTED`` locks the rows it decides from with it
-#: (``tasknet.site.storage.db``, "Isolation"), in a fixed order (``ORDER BY``
+#: (``tasknet.site.storage.engine.database``, "Isolation"), in a fixed order (``ORDER BY``
 #: the key) so that two such transactions never deadlock.
 FOR_UPDATE_SQL = SQLITE.for_update_sql
 

@@ -50,8 +50,8 @@ from tasknet.protocol.messages import ACTION_DELETE
 from tasknet.protocol.session import INodeSession
 from tasknet.site.connected_nodes import ConnectedNodes
 from tasknet.site.storage import dispatch as storage
-from tasknet.site.storage import listen
-from tasknet.site.storage.db import Database
+from tasknet.site.storage.engine import listen
+from tasknet.site.storage.engine.database import Database
 
 log = Logger()
 

@@ -44,8 +44,8 @@ from twisted.logger import Logger
 
 from tasknet.clock import default_reactor
 from tasknet.site.storage import instances
-from tasknet.site.storage.db import Database
-from tasknet.site.storage.errors import DatabaseError
+from tasknet.site.storage.engine.database import Database
+from tasknet.site.storage.engine.errors import DatabaseError
 from tasknet.site.storage.instances import LeaseLost
 from tasknet.site.storage.lease import CHECK_INTERVAL, CHECK_TIMEOUT, Lease
 

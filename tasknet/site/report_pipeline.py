@@ -39,7 +39,7 @@ from tasknet.protocol.messages import TaskReport
 from tasknet.protocol.session import INodeSession
 from tasknet.site import metrics
 from tasknet.site.storage import reports as storage
-from tasknet.site.storage.db import Committed, Database
+from tasknet.site.storage.engine.database import Committed, Database
 
 log = Logger()
 

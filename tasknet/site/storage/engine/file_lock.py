@@ -28,8 +28,8 @@ import socket
 import time
 from dataclasses import dataclass
 
-from tasknet.site.storage.db import is_postgres
-from tasknet.site.storage.schema import SchemaError
+from tasknet.site.storage.engine.database import is_postgres
+from tasknet.site.storage.engine.schema import SchemaError
 
 LOCK_SUFFIX = ".lock"
 

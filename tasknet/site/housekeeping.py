@@ -27,7 +27,7 @@ from twisted.logger import Logger
 
 from tasknet.clock import default_reactor
 from tasknet.site.storage import retention
-from tasknet.site.storage.db import Database
+from tasknet.site.storage.engine.database import Database
 
 log = Logger()
 

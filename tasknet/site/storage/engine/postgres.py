@@ -2,7 +2,7 @@
 the part of ``sqlite3`` the storage code uses.
 
 The storage code is written once, for SQLite (``?`` placeholders, the pieces
-of :mod:`tasknet.site.storage.dialect`, ``BEGIN IMMEDIATE`` for a write,
+of :mod:`tasknet.site.storage.engine.dialect`, ``BEGIN IMMEDIATE`` for a write,
 ``BEGIN`` for a read).  This module makes that code run on PostgreSQL:
 
 * :class:`PgConnection` wraps one synchronous psycopg connection in
@@ -14,13 +14,13 @@ of :mod:`tasknet.site.storage.dialect`, ``BEGIN IMMEDIATE`` for a write,
   ``rowcount`` and ``description`` like a ``sqlite3.Cursor`` (a fetch after
   a statement without rows answers ``None``/``[]``, as sqlite3's does).
   There is no ``lastrowid``: write ``INSERT … RETURNING id``.
-* Every statement is translated by :func:`tasknet.site.storage.dialect.translate`
+* Every statement is translated by :func:`tasknet.site.storage.engine.dialect.translate`
   once per statement text and cached (:func:`translated`): placeholders,
   the dialect pieces, the transaction statements (a write is
   ``SERIALIZABLE``, or ``READ COMMITTED`` where its function declares it,
-  :mod:`tasknet.site.storage.db` "Isolation"; a read ``REPEATABLE READ READ
+  :mod:`tasknet.site.storage.engine.database` "Isolation"; a read ``REPEATABLE READ READ
   ONLY``), ``PRAGMA`` skipped.  An array parameter (``IN_ARRAY_SQL``) arrives as the JSON text
-  of :func:`~tasknet.site.storage.dialect.array` and is decoded into a list.
+  of :func:`~tasknet.site.storage.engine.dialect.array` and is decoded into a list.
 * Rows are :class:`Row`: a tuple indexable by position and by column name
   (case-insensitive, like ``sqlite3.Row``), with ``keys()``.  ``numeric``
   results (``SUM`` of a ``BIGINT``) load as ``int`` when whole (as SQLite
@@ -50,14 +50,14 @@ of :mod:`tasknet.site.storage.dialect`, ``BEGIN IMMEDIATE`` for a write,
 Error classes (:func:`is_conflict`, :func:`is_busy`, :func:`is_connection_lost`):
 a lost connection is retried on a fresh one by the database layer; serialization failure
 (40001) and deadlock (40P01) are *conflicts*, retried as a whole transaction
-by :mod:`tasknet.site.storage.db`; those and ``lock_not_available`` (55P03),
+by :mod:`tasknet.site.storage.engine.database`; those and ``lock_not_available`` (55P03),
 ``query_canceled`` (57014, a timeout) and ``too_many_connections`` (53300)
 are *busy*; everything else (a broken connection, a constraint, a trigger's
 refusal, a read-only transaction asked to write) is *failed*.
 
 Twisted's adbapi loads this module as its DB-API module (``apilevel``,
 ``threadsafety``, :func:`connect`), so the pools of
-:class:`~tasknet.site.storage.db.Database` are ordinary ``ConnectionPool``
+:class:`~tasknet.site.storage.engine.database.Database` are ordinary ``ConnectionPool``
 objects; one connection belongs to one thread at a time.
 """
 
@@ -73,7 +73,7 @@ from psycopg import conninfo as pg_conninfo
 from psycopg.adapt import Dumper, Loader
 from psycopg.pq import TransactionStatus
 
-from tasknet.site.storage.dialect import Translated, translate
+from tasknet.site.storage.engine.dialect import Translated, translate
 
 # DB-API module attributes (adbapi checks them).
 apilevel = "2.0"
@@ -106,7 +106,7 @@ _cache: dict[str, Translated] = {}
 
 
 def translated(sql: str) -> Translated:
-    """:func:`~tasknet.site.storage.dialect.translate`, cached by statement text."""
+    """:func:`~tasknet.site.storage.engine.dialect.translate`, cached by statement text."""
     found = _cache.get(sql)
     if found is None:
         found = translate(sql)

@@ -24,7 +24,7 @@ import sqlite3
 from collections.abc import Callable, Iterable
 from importlib import resources
 
-from tasknet.site.storage.db import (
+from tasknet.site.storage.engine.database import (
     BUSY_TIMEOUT_MS,
     Connection,
     connect_sqlite,
@@ -78,7 +78,7 @@ class UnmigratedDatabase(SchemaError):
 
 def load_script(name: str) -> str:
     """The text of one of the packaged ``.sql`` files."""
-    return resources.files("tasknet.site.storage").joinpath(name).read_text(encoding="utf-8")
+    return resources.files("tasknet.site.storage.engine").joinpath(name).read_text(encoding="utf-8")
 
 
 def split_statements(script: str) -> list[str]:
@@ -169,7 +169,7 @@ def postgres_upgrade_scripts(version: int) -> list[str]:
 
 def _prepare_postgres(target: str) -> bool:
     """:func:`prepare_database` on PostgreSQL (see the module doc)."""
-    from tasknet.site.storage import postgres  # psycopg only when PostgreSQL is used
+    from tasknet.site.storage.engine import postgres  # psycopg only when PostgreSQL is used
 
     connection = postgres.connect(target, lock_timeout_ms=BUSY_TIMEOUT_MS)
     try:

@@ -1,6 +1,6 @@
 """The v2 migration wrapper (LIFECYCLE.md, "Deployment and migration").
 
-0. Take the database's instance lock (:mod:`tasknet.site.storage.lock`):
+0. Take the database's instance lock (:mod:`tasknet.site.storage.engine.file_lock`):
    refused, naming the holder, while a site runs on it.
 1. Back the database up with SQLite's online backup API to
    ``PATH.bak-<UTC timestamp>`` (mode 0600) before anything changes: the
@@ -19,7 +19,7 @@ backup.  An empty database gets the v1 baseline and v2 (as the site would).
 On PostgreSQL there is no legacy schema to migrate: ``tasknet-migrate --db
 postgresql://…`` creates the schema on an empty database, or applies the
 additive upgrades to an older one, exactly as a starting site would
-(:func:`~tasknet.site.storage.schema.prepare_database`, under its advisory
+(:func:`~tasknet.site.storage.engine.schema.prepare_database`, under its advisory
 lock, beside running sites).  No backup is taken: use ``pg_dump``.
 """
 
@@ -31,8 +31,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from tasknet.site.storage import lock
-from tasknet.site.storage.db import (
+from tasknet.site.storage.engine import file_lock as lock
+from tasknet.site.storage.engine.database import (
     BUSY_TIMEOUT_MS,
     configure_connection,
     connect,
@@ -40,7 +40,7 @@ from tasknet.site.storage.db import (
     describe,
     is_postgres,
 )
-from tasknet.site.storage.schema import (
+from tasknet.site.storage.engine.schema import (
     CURRENT_VERSION,
     V1_SCRIPT,
     SchemaError,
@@ -142,7 +142,7 @@ def _open_unchanged(path: str) -> sqlite3.Connection:
 
 def migrate(path: str, progress: Progress = print) -> MigrationResult:
     """Migrate the database at ``path`` to the current schema (see the
-    module docstring); raises :class:`~tasknet.site.storage.lock.DatabaseInUse`
+    module docstring); raises :class:`~tasknet.site.storage.engine.file_lock.DatabaseInUse`
     while a site holds the database (SQLite)."""
     if is_postgres(path):
         return _migrate_postgres(path, progress)
