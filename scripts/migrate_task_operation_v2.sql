@@ -1,1 +1,1 @@
-../tasknet/site/storage/migrate_task_operation_v2.sql
+../tasknet/site/storage/engine/migrate_task_operation_v2.sql
