@@ -21,6 +21,16 @@ RESULTS_PATH = Path(__file__).with_name("results.json")
 
 SQLITE = "sqlite"
 POSTGRES = "postgresql"
+#: Where seeded databases are kept between runs (``--cache``).
+CACHE_ENV = "TASKNET_BENCH_CACHE"
+
+
+def default_cache() -> Path:
+    """``$TASKNET_BENCH_CACHE``, else ``~/.cache/tasknet-bench``."""
+    configured = os.environ.get(CACHE_ENV)
+    if configured:
+        return Path(configured)
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "tasknet-bench"
 
 
 def _no_postgres_yet() -> BenchPostgres:
@@ -35,13 +45,16 @@ class Context:
     whether to sample the site with py-spy while it is under load
     (``profile``), and the site's database backend (``backend``: B1 and B2
     run on either; ``pg`` is the run's one PostgreSQL server, shared by the
-    contexts of one run and started when first needed)."""
+    contexts of one run and started when first needed).  ``cache``: where
+    seeded databases are kept between runs of the same size (None: seed
+    afresh every time)."""
 
     quick: bool
     workdir: Path
     profile: bool = False
     backend: str = SQLITE
     pg: BenchPostgres = field(default_factory=_no_postgres_yet)
+    cache: Path | None = None
 
     @property
     def on_postgres(self) -> bool:
@@ -69,8 +82,11 @@ class Context:
 class Row:
     """One line of the table: our figure next to the same-run baseline.
 
-    Every figure with a baseline is a rate (higher is better), so the ratio is
-    ``figure / baseline``.  ``met`` is None when the benchmark could not run.
+    A figure with a baseline is a rate (higher is better: the ratio is
+    ``figure / baseline``) unless ``lower_is_better`` (a latency: the ratio
+    is ``baseline / figure``, so above 1 is still better than the baseline).
+    ``ratio_note`` is printed beside the ratio (B1: its ceiling and the
+    site's share of it).  ``met`` is None when the benchmark could not run.
     """
 
     bench: str
@@ -87,11 +103,15 @@ class Row:
     details: dict[str, Any] = field(default_factory=dict)
     error: str | None = None
     seconds: float = 0.0
+    lower_is_better: bool = False
+    ratio_note: str = ""
 
     @property
     def ratio(self) -> float | None:
         if self.figure is None or not self.baseline:
             return None
+        if self.lower_is_better:
+            return self.baseline / self.figure if self.figure else None
         return self.figure / self.baseline
 
     def to_json(self) -> dict[str, Any]:
@@ -186,6 +206,8 @@ def format_table(rows: Iterable[Row]) -> str:
             continue
         figure = f"{human(r.figure)} {r.unit}" if r.figure is not None else "-"
         ratio = f"{r.ratio:.2f}x" if r.ratio is not None else "-"
+        if r.ratio_note:
+            ratio = f"{ratio} {r.ratio_note}"
         met = {True: "yes", False: "NO", None: "-"}[r.met]
         lines.append(
             (

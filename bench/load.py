@@ -89,10 +89,20 @@ class LoadFleet:
         changing: int = 4,
         heartbeat: float = 15.0,
         retry_for: float = 0.0,
+        reconnect: bool = False,
+        report_every: float = 0.0,
+        backoff_scale: float = 1.0,
     ) -> None:
+        """``reconnect``, ``report_every``, ``backoff_scale``: see
+        ``bench.loadnode`` (B10).  The first logins are paced so that all
+        processes together keep at most ``MAX_PENDING_LOGINS`` of them
+        between connect and LoginResult."""
+        from bench.loadnode import MAX_PENDING_LOGINS
+
         self.processes: list[LoadProcess] = []
         ports = tuple(ports) or (port,)
         per, extra = divmod(nodes, processes)
+        pending = max(4, MAX_PENDING_LOGINS // processes)
         first = 0
         for n in range(processes):
             count = per + (1 if n < extra else 0)
@@ -104,7 +114,12 @@ class LoadFleet:
                 f"--heartbeat={heartbeat}",
                 f"--retry-for={retry_for}",
                 f"--changing={changing}",
+                f"--max-pending={pending}",
+                f"--report-every={report_every}",
+                f"--backoff-scale={backoff_scale}",
             ]
+            if reconnect:
+                args.append("--reconnect")
             if tasks is not None:
                 args.append(f"--tasks={tasks}")
             self.processes.append(LoadProcess(f"load-{mode}-{n}", directory, args))

@@ -21,26 +21,49 @@ several load processes over one measured window:
 * stdout ``{"event": "commands", ...}`` at most every 0.1 s while commands arrive;
 * stdin ``stop`` ends the window: ``{"event": "result", ...}`` then exit.
 
-Modes: ``reports`` (B1), ``idle`` (B5: log in and heartbeat only),
+* stdin ``storm T`` (B10): the site was killed at unix time ``T``; from
+  then on each connection's next login and its first report ACKed after
+  that login are recorded (``relogin_s``/``reported_s``: seconds after
+  ``T``), and ``{"event": "storm", ...}`` is printed every 0.5 s.
+
+Modes: ``reports`` (B1, B10), ``idle`` (B5: log in and heartbeat only),
 ``commands`` (B4: count the TaskCommands the site dispatches).
+
+``--reconnect`` (B10): each node reconnects the way the real node does, by
+Twisted's ``ClientService`` with the real node's retry policy
+(``tasknet.node.link``: ``backoffPolicy(initialDelay=0.5, maxDelay=30.0)``,
+jitter included, under ``login_backoff``, which also counts a connection
+that ended before its login succeeded), and resends its report in flight on
+the new connection (``tasknet.node.reporter``).  Only each node's first
+connection is paced (``MAX_PENDING_LOGINS``, setting the fleet up); after
+that nothing holds a reconnecting node back but its backoff.
+``--report-every S``: after an ACK the node's next report goes S seconds
+later (0: at once, B1's saturating load); after a re-login a node is
+"dirty", as a real one whose tasks moved meanwhile, and reports again
+``DEBOUNCE`` after each ACK until a fresh report of it was applied.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import random
 import resource
 import sys
 import time
 import uuid
+from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
+from twisted.application.internet import ClientService, backoffPolicy
 from twisted.internet import protocol, reactor, stdio, task
+from twisted.internet.endpoints import TCP4ClientEndpoint
 from twisted.protocols.basic import LineReceiver
 from twisted.python.failure import Failure
 
 from bench import plan
+from tasknet.node.link import login_backoff
 from tasknet.protocol import messages as m
 
 REACTOR: Any = reactor
@@ -50,6 +73,15 @@ REACTOR: Any = reactor
 # dropped can stall past the bench's wait, which would measure the kernel,
 # not the site.
 MAX_PENDING_LOGINS = 32
+#: The real node's retry policy (``tasknet.node.link.SiteClientService``'s
+#: default: ``backoffPolicy(initialDelay=0.5, maxDelay=30.0)``; the bench
+#: smoke test checks link.py still says so).
+NODE_INITIAL_DELAY = 0.5
+NODE_MAX_DELAY = 30.0
+#: The real node's connect timeout (``clientFromString``'s TCP default).
+NODE_CONNECT_TIMEOUT = 30
+#: The real reporter's debounce (``tasknet.node.reporter.DEBOUNCE``).
+DEBOUNCE = 0.3
 
 
 def now_ms() -> int:
@@ -86,14 +118,58 @@ class Fleet:
         self._progress_call: Any = None
         self.ready_sent = False
         self.out: Callable[[dict[str, Any]], None] = lambda _doc: None
+        self.factories: dict[int, NodeFactory] = {}
+        self.services: list[ClientService] = []
+        # B10: the moment the site was killed, and what each node did after it.
+        self.storm_at = 0.0
+        self.relogin_s: dict[int, float] = {}
+        self.reported_s: dict[int, float] = {}
+        self.storm_refusals: Counter[str] = Counter()
+        self.storm_errors: Counter[str] = Counter()
+        self.disconnects = 0
+        self.reconnect_attempts = 0
+        self.connect_failed_count = 0
+        self._storm_call: task.LoopingCall | None = None
 
     # ------------------------------------------------------------ connecting
 
     def connect_more(self) -> None:
-        while self.pending and self.connecting < MAX_PENDING_LOGINS:
+        while self.pending and self.connecting < self.args.max_pending:
             index = self.pending.pop(0)
             self.connecting += 1
-            REACTOR.connectTCP("127.0.0.1", self.args.port, NodeFactory(self, index), timeout=30)
+            factory = NodeFactory(self, index)
+            self.factories[index] = factory
+            if self.args.reconnect:
+                self.start_service(factory)
+            else:
+                REACTOR.connectTCP("127.0.0.1", self.args.port, factory, timeout=30)
+
+    def start_service(self, factory: NodeFactory) -> None:
+        """The real node's reconnecting ClientService for one node."""
+        policy = backoffPolicy(initialDelay=NODE_INITIAL_DELAY, maxDelay=NODE_MAX_DELAY)
+        if self.args.backoff_scale != 1.0:
+            scale = self.args.backoff_scale
+
+            def scaled(attempt: int, real: Callable[[int], float] = policy) -> float:
+                return scale * real(attempt)
+
+            policy = scaled
+        endpoint = TCP4ClientEndpoint(
+            REACTOR, "127.0.0.1", self.args.port, timeout=NODE_CONNECT_TIMEOUT
+        )
+        retry = login_backoff(policy, factory)  # type: ignore[arg-type]
+
+        def counted(attempt: int) -> float:
+            # Consulted once per retry the ClientService schedules: after a
+            # lost connection (attempt 1) or a failed connect (attempt > 1).
+            self.reconnect_attempts += 1
+            if attempt > 1:
+                self.connect_failed_count += 1
+            return retry(attempt)
+
+        service = ClientService(endpoint, factory, retryPolicy=counted)
+        self.services.append(service)
+        service.startService()
 
     def login_settled(self, node_id: str, accepted: bool, reason: str = "") -> None:
         self.connecting -= 1
@@ -121,9 +197,13 @@ class Fleet:
     def go(self) -> None:
         self.running = True
         self.window_start = time.monotonic()
-        for node in self.nodes:
-            if node.logged_in:
-                node.send_report()
+        spread = self.args.report_every
+        for factory in self.factories.values():
+            if factory.link is not None and factory.link.logged_in:
+                if spread > 0:
+                    factory.schedule_report(random.random() * spread)
+                else:
+                    factory.send_report()
 
     def mark(self) -> None:
         """Start the measured window here (after a warm-up)."""
@@ -145,13 +225,50 @@ class Fleet:
         self.running = False
         self.window_end = self.window_end or time.monotonic()
         self.report_progress()
+        if self._storm_call is not None and self._storm_call.running:
+            self._storm_call.stop()
         self.out({"event": "result", **self.summary()})
         for node in self.nodes:
             node.closing = True
+        for service in self.services:
+            service.stopService()
+        for node in self.nodes:
             transport: Any = node.transport
             if transport is not None:
                 transport.loseConnection()
         REACTOR.callLater(0.2, REACTOR.stop)
+
+    def storm(self, killed_at: float) -> None:
+        """B10: the site was killed at ``killed_at`` (unix time)."""
+        self.storm_at = killed_at
+        self.relogin_s.clear()
+        self.reported_s.clear()
+        self.storm_refusals.clear()
+        self.storm_errors.clear()
+        if self._storm_call is None:
+            self._storm_call = task.LoopingCall(lambda: self.out(self.storm_summary()))
+            self._storm_call.start(0.5, now=False)
+
+    def storm_summary(self) -> dict[str, Any]:
+        return {
+            "event": "storm",
+            "count": self.args.count,
+            "relogged": len(self.relogin_s),
+            "reported": len(self.reported_s),
+            "connected": sum(
+                1
+                for f in self.factories.values()
+                if f.link is not None and f.link.logged_in and f.link.connected
+            ),
+        }
+
+    def logged_in_again(self, index: int) -> None:
+        if self.storm_at and index not in self.relogin_s:
+            self.relogin_s[index] = time.time() - self.storm_at
+
+    def reported_again(self, index: int) -> None:
+        if self.storm_at and index in self.relogin_s and index not in self.reported_s:
+            self.reported_s[index] = time.time() - self.storm_at
 
     def command_received(self, gid: int) -> None:
         self.commands += 1
@@ -192,41 +309,54 @@ class Fleet:
             "latencies_ms": [round(x, 3) for x in self.latencies_ms],
             "commands": self.commands,
             "distinct_gids": len(self.command_gids),
-            "nodes_with_commands": sum(1 for n in self.nodes if n.commands),
+            "nodes_with_commands": sum(1 for f in self.factories.values() if f.commands),
             "first_command_at": self.first_command_at,
             "last_command_at": self.last_command_at,
+            "disconnects": self.disconnects,
+            "reconnect_attempts": self.reconnect_attempts,
+            "connects_failed": self.connect_failed_count,
+            "storm_at": self.storm_at,
+            "relogin_s": sorted(round(x, 3) for x in self.relogin_s.values()),
+            "reported_s": sorted(round(x, 3) for x in self.reported_s.values()),
+            "storm_refusals": dict(self.storm_refusals),
+            "storm_errors": dict(self.storm_errors),
         }
 
 
 class LoadNode(protocol.Protocol):
-    """One simulated v2 node connection."""
+    """One simulated v2 node connection.  What outlives a connection (the
+    report in flight, revisions, the login backoff's count) is the node's
+    :class:`NodeFactory`: a reconnecting node resends its report in flight
+    on the next connection, as the real reporter does."""
 
-    def __init__(self, fleet: Fleet, index: int) -> None:
+    def __init__(self, fleet: Fleet, node: NodeFactory) -> None:
         self.fleet = fleet
         self.args = fleet.args
-        self.index = index
-        self.node_id = plan.node_id(index)
+        self.node = node
+        self.index = node.index
+        self.node_id = node.node_id
         self.buffer = bytearray()
         self.logged_in = False
         self.settled = False
         self.closing = False
-        self.seq = 0
-        self.revision = 0
-        self.in_flight: str | None = None
-        self.in_flight_report: m.TaskReport | None = None
-        self.ack_call: Any = None
-        self.commands = 0
-        self.sent_at = 0.0
-        held = fleet.tasks.get(index, [])
-        self.gids = [gid for gid, _ in held]
-        self.operation_ids = dict(held)
         self.heartbeat: task.LoopingCall | None = None
+
+    @property
+    def gids(self) -> list[int]:
+        return self.node.gids
+
+    @property
+    def commands(self) -> int:
+        return self.node.commands
 
     # ------------------------------------------------------------ wire
 
     def send(self, message: m.Message) -> None:
         transport: Any = self.transport
         transport.write(m.encode(message))
+
+    def connectionMade(self) -> None:
+        self.node.connected_once = True
 
     def dataReceived(self, data: bytes) -> None:
         buf = self.buffer
@@ -256,104 +386,109 @@ class LoadNode(protocol.Protocol):
         elif isinstance(message, m.LoginResult):
             self.login_result(message)
         elif isinstance(message, m.TaskReportAck):
-            self.ack(message)
+            self.node.ack(self, message)
         elif isinstance(message, (m.TaskCommand, m.DownloadPost)):
-            self.commands += 1
+            self.node.commands += 1
             self.fleet.command_received(message.gid)
+        elif isinstance(message, m.Goodbye):
+            # "site busy, try again" or "replaced by a newer connection": the
+            # site closes next; a reconnecting node comes back by its backoff.
+            if self.fleet.storm_at:
+                self.fleet.storm_refusals[f"goodbye: {message.reason}"] += 1
+            else:
+                self.fleet.errors.append(f"{self.node_id}: goodbye: {message.reason}")
         elif isinstance(message, m.Error):
-            self.fleet.errors.append(f"{self.node_id}: {message.code}: {message.message}")
+            if self.fleet.storm_at:
+                self.fleet.storm_errors[message.code] += 1
+            else:
+                self.fleet.errors.append(f"{self.node_id}: {message.code}: {message.message}")
 
     def login_result(self, message: m.LoginResult) -> None:
         if self.settled:
             return
         self.settled = True
         self.logged_in = message.accepted
-        self.fleet.login_settled(self.node_id, message.accepted, message.reason)
+        first = not self.node.logged_in_once
+        if first:
+            self.node.logged_in_once = message.accepted or not self.args.reconnect
+            if message.accepted or not self.args.reconnect:
+                self.fleet.login_settled(self.node_id, message.accepted, message.reason)
         if not message.accepted:
+            if self.fleet.storm_at:
+                self.fleet.storm_refusals[message.reason or "refused"] += 1
             return
+        self.node.failed_logins = 0
+        if not first:
+            self.fleet.logged_in_again(self.index)
+            self.node.dirty = True
         self.heartbeat = task.LoopingCall(lambda: self.send(m.Heartbeat(now_ms())))
         # Spread the heartbeats of many connections over the interval.
         interval = self.args.heartbeat
         offset = (self.index % 97) / 97 * interval
         REACTOR.callLater(offset, self._start_heartbeat)
-        if self.fleet.running:
-            self.send_report()
+        self.node.link_up(self, first)
 
     def _start_heartbeat(self) -> None:
         if self.heartbeat is not None and self.connected and not self.heartbeat.running:
             self.heartbeat.start(self.args.heartbeat, now=True)
 
-    # ------------------------------------------------------------ reports
-
-    def send_report(self) -> None:
-        if not self.gids or self.in_flight is not None or not self.fleet.running:
-            return
-        self.seq += 1
-        # As the real node: strictly increasing, and never behind the clock.
-        self.revision = max(self.revision + 1, now_ms())
-        report_id = f"{self.node_id}-{self.fleet.run_id}-{self.seq}"
-        report = m.TaskReport(
-            report_id=report_id,
-            revision=self.revision,
-            gallery_tasks=plan.snapshot_entries(self.gids, self.seq, self.args.changing),
-            operation_ids=self.operation_ids,
-            deleted=(),
-        )
-        self.in_flight = report_id
-        self.in_flight_report = report
-        self.sent_at = time.monotonic()
-        self.send_in_flight()
-
-    def send_in_flight(self) -> None:
-        if self.in_flight_report is None or not self.connected:
-            return
-        self.send(self.in_flight_report)
-        self.cancel_ack_timer()
-        self.ack_call = REACTOR.callLater(self.args.ack_timeout, self.ack_timed_out)
-
-    def ack_timed_out(self) -> None:
-        self.ack_call = None
-        if self.in_flight_report is not None and self.fleet.running:
-            self.fleet.resent += 1
-            self.send_in_flight()
-
-    def cancel_ack_timer(self) -> None:
-        if self.ack_call is not None and self.ack_call.active():
-            self.ack_call.cancel()
-        self.ack_call = None
-
-    def ack(self, message: m.TaskReportAck) -> None:
-        if message.report_id != self.in_flight:
-            self.fleet.errors.append(f"{self.node_id}: ACK for {message.report_id}, not in flight")
-            return
-        self.in_flight = None
-        self.in_flight_report = None
-        self.cancel_ack_timer()
-        if self.fleet.running:
-            self.fleet.acks[message.result] += 1
-            self.fleet.latencies_ms.append((time.monotonic() - self.sent_at) * 1000)
-            self.send_report()
-
     def connectionLost(self, reason: Failure = protocol.connectionDone) -> None:
         if self.heartbeat is not None and self.heartbeat.running:
             self.heartbeat.stop()
-        self.cancel_ack_timer()
+        self.node.link_down(self)
         if not self.settled:
             self.settled = True
-            self.fleet.login_settled(self.node_id, False, f"closed before login: {reason.value}")
-        elif not self.closing and self.logged_in:
-            self.fleet.dropped.append(f"{self.node_id}: {reason.value}")
+            # The real node counts it as a failed login for its backoff.
+            self.node.failed_logins += 1
+            if not self.node.logged_in_once and not self.args.reconnect:
+                why = f"closed before login: {reason.value}"
+                self.fleet.login_settled(self.node_id, False, why)
+        elif self.logged_in and not self.closing:
+            self.fleet.disconnects += 1
+            if not self.args.reconnect:
+                self.fleet.dropped.append(f"{self.node_id}: {reason.value}")
 
 
-class NodeFactory(protocol.ClientFactory):
+class NodeFactory(protocol.Factory):
+    """One node: its connections' factory, and what outlives a connection."""
+
     def __init__(self, fleet: Fleet, index: int) -> None:
         self.fleet = fleet
+        self.args = fleet.args
         self.index = index
+        self.node_id = plan.node_id(index)
+        held = fleet.tasks.get(index, [])
+        self.gids = [gid for gid, _ in held]
+        self.operation_ids = dict(held)
+        # login_backoff reads it: connections in a row that ended before login.
+        self.failed_logins = 0
+        self.connected_once = False
+        self.logged_in_once = False
+        self.link: LoadNode | None = None
+        self.commands = 0
+        self.seq = 0
+        self.revision = 0
+        self.in_flight: str | None = None
+        self.in_flight_report: m.TaskReport | None = None
+        self.ack_call: Any = None
+        self.next_call: Any = None
+        self.sent_at = 0.0
+        # After a re-login (B10): report again soon after each ACK until a
+        # report sent on this link (``fresh``) was applied.
+        self.dirty = False
+        self.fresh = False
 
     def buildProtocol(self, addr: Any) -> LoadNode:
-        node = LoadNode(self.fleet, self.index)
+        node = LoadNode(self.fleet, self)
         self.fleet.nodes.append(node)
         return node
+
+    # ``connectTCP`` (every mode but --reconnect) needs these of a ClientFactory.
+    def startedConnecting(self, connector: Any) -> None:
+        pass
+
+    def clientConnectionLost(self, connector: Any, reason: Failure) -> None:
+        pass
 
     def clientConnectionFailed(self, connector: Any, reason: Failure) -> None:
         # B4 starts its load nodes with the site: refused until the node
@@ -362,6 +497,94 @@ class NodeFactory(protocol.ClientFactory):
             REACTOR.callLater(0.02, connector.connect)
             return
         self.fleet.connect_failed(self.index, str(reason.value))
+
+    # ------------------------------------------------------------ the link
+
+    def link_up(self, link: LoadNode, first: bool) -> None:
+        self.link = link
+        if self.in_flight_report is not None:
+            self.send_in_flight()  # the reporter resends its report in flight
+        elif self.fleet.running:
+            self.send_report()
+
+    def link_down(self, link: LoadNode) -> None:
+        if link is self.link:
+            self.link = None
+            self.cancel(self.ack_call)
+            self.ack_call = None
+            self.cancel(self.next_call)
+            self.next_call = None
+
+    @staticmethod
+    def cancel(call: Any) -> None:
+        if call is not None and call.active():
+            call.cancel()
+
+    # ------------------------------------------------------------ reports
+
+    def schedule_report(self, delay: float) -> None:
+        self.cancel(self.next_call)
+        self.next_call = REACTOR.callLater(delay, self.send_report)
+
+    def send_report(self) -> None:
+        self.next_call = None
+        if not self.gids or self.in_flight is not None or not self.fleet.running:
+            return
+        link = self.link
+        if link is None or not link.connected or not link.logged_in:
+            return
+        self.seq += 1
+        # As the real node: strictly increasing, and never behind the clock.
+        self.revision = max(self.revision + 1, now_ms())
+        report_id = f"{self.node_id}-{self.fleet.run_id}-{self.seq}"
+        self.in_flight = report_id
+        self.in_flight_report = m.TaskReport(
+            report_id=report_id,
+            revision=self.revision,
+            gallery_tasks=plan.snapshot_entries(self.gids, self.seq, self.args.changing),
+            operation_ids=self.operation_ids,
+            deleted=(),
+        )
+        self.fresh = self.dirty
+        self.sent_at = time.monotonic()
+        self.send_in_flight()
+
+    def send_in_flight(self) -> None:
+        link = self.link
+        if self.in_flight_report is None or link is None or not link.connected:
+            return
+        link.send(self.in_flight_report)
+        self.cancel(self.ack_call)
+        self.ack_call = REACTOR.callLater(self.args.ack_timeout, self.ack_timed_out)
+
+    def ack_timed_out(self) -> None:
+        self.ack_call = None
+        if self.in_flight_report is not None and self.fleet.running:
+            self.fleet.resent += 1
+            self.send_in_flight()
+
+    def ack(self, link: LoadNode, message: m.TaskReportAck) -> None:
+        if message.report_id != self.in_flight:
+            self.fleet.errors.append(f"{self.node_id}: ACK for {message.report_id}, not in flight")
+            return
+        self.in_flight = None
+        self.in_flight_report = None
+        self.cancel(self.ack_call)
+        self.ack_call = None
+        # B10: the first report of this node applied after its re-login.
+        if self.dirty and self.fresh and message.result == m.ACK_APPLIED:
+            self.dirty = False
+            self.fleet.reported_again(self.index)
+        if not self.fleet.running:
+            return
+        self.fleet.acks[message.result] += 1
+        self.fleet.latencies_ms.append((time.monotonic() - self.sent_at) * 1000)
+        if self.dirty:
+            self.schedule_report(DEBOUNCE)
+        elif self.args.report_every > 0:
+            self.schedule_report(self.args.report_every)
+        else:
+            self.send_report()
 
 
 class Control(LineReceiver):
@@ -391,6 +614,9 @@ class Control(LineReceiver):
             self.fleet.snapshot()
         elif command == "stop":
             self.fleet.stop()
+        elif command.startswith("storm"):
+            _, _, at = command.partition(" ")
+            self.fleet.storm(float(at) if at else time.time())
 
     def connectionLost(self, reason: Failure = protocol.connectionDone) -> None:
         # The parent went away: stop rather than linger as an orphan.
@@ -429,6 +655,29 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     )
     p.add_argument("--retry-for", type=float, default=0.0, help="retry refused connects this long")
     p.add_argument("--heartbeat", type=float, default=15.0, help="seconds between heartbeats")
+    p.add_argument(
+        "--reconnect",
+        action="store_true",
+        help="reconnect as the real node does (ClientService, its backoff with jitter)",
+    )
+    p.add_argument(
+        "--backoff-scale",
+        type=float,
+        default=1.0,
+        help="--reconnect: the real backoff times this (quick runs only)",
+    )
+    p.add_argument(
+        "--report-every",
+        type=float,
+        default=0.0,
+        help="seconds from an ACK to the node's next report (0: at once)",
+    )
+    p.add_argument(
+        "--max-pending",
+        type=int,
+        default=MAX_PENDING_LOGINS,
+        help="first connections between connect and LoginResult at once",
+    )
     p.add_argument(
         "--ack-timeout",
         type=float,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import resource
 import signal
 import time
 from collections.abc import Callable, Sequence
@@ -36,6 +37,25 @@ def _die_with_parent() -> None:
     site or load process is left running on a shared machine (Linux only)."""
     if _PRCTL is not None:
         _PRCTL(PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+def _raise_open_files() -> None:
+    """In the child: the soft RLIMIT_NOFILE up to the hard limit (B5 holds
+    10,000 node connections in the site, one fd each; a login shell's
+    soft limit is often 1,024)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or soft < hard:
+        # An unlimited hard limit cannot be the soft one: take a large number.
+        wanted = hard if hard != resource.RLIM_INFINITY else 1 << 20
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
+        except (ValueError, OSError):
+            pass  # the process reports its limit; the benchmark then says it is too low
+
+
+def _child_setup() -> None:
+    _die_with_parent()
+    _raise_open_files()
 
 
 class BenchError(Exception):
@@ -65,7 +85,7 @@ class Proc(Child):
             cwd=cwd,
             env=env,
             pipe_stdio=pipe_stdio,
-            preexec_fn=_die_with_parent,
+            preexec_fn=_child_setup,
         )
         log_path.write_bytes(b"")  # a fresh log per process
         self.start()

@@ -110,11 +110,13 @@ def summarize(collapsed: Path, top: int = 12) -> dict[str, Any]:
     }
 
 
-# The writer thread (tasknet/site/storage/engine/database.py, group commit): a batch of
-# writes runs in ``_run_together`` (one shared transaction, a savepoint per
-# write), a write queued alone in ``_run_alone`` -> ``run_write``.  Each
-# write's body is called through the lambda ``Database.write`` wraps it in.
-_DB_FILE = "tasknet/site/storage/engine/database.py"
+# The writer thread (tasknet/site/storage/engine/: the pool in database.py,
+# group commit in group_commit.py, one transaction in transactions.py): a
+# batch of writes runs in ``_run_together`` (one shared transaction, a
+# savepoint per write), a write queued alone in ``_run_alone`` ->
+# ``write_once``, a tool's in ``run_write``.  Each write's body is called
+# through a lambda of the engine's.
+_ENGINE = "tasknet/site/storage/engine/"
 _SHARED = "_run_together"
 _LONE = ("_run_alone", "run_write")
 
@@ -138,7 +140,7 @@ def _transaction(frames: list[str]) -> str | None:
     else:
         return None
     calls = [
-        n for n in range(start, len(frames)) if names[n] == "<lambda>" and _DB_FILE in frames[n]
+        n for n in range(start, len(frames)) if names[n] == "<lambda>" and _ENGINE in frames[n]
     ]
     if not calls:
         return f"{kind}: BEGIN/COMMIT {frames[-1]}"
@@ -146,7 +148,7 @@ def _transaction(frames: list[str]) -> str | None:
     if not body:
         return f"{kind}: {_function(frames[calls[-1]])}"  # calling the body
     # Prefer the storage function under any wrapper (timing, batching).
-    storage = [f for f in body if "tasknet/site/storage/" in f and _DB_FILE not in f]
+    storage = [f for f in body if "tasknet/site/storage/" in f and _ENGINE not in f]
     return f"{kind}: {_function(storage[0] if storage else body[0])}"
 
 

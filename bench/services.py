@@ -61,11 +61,14 @@ def spawn_site(
     upstream_url: str,
     extra_args: Sequence[str] = (),
     name: str = "site",
+    http_port: int = 0,
+    nodes_port: int = 0,
 ) -> Site:
     """``twistd -n tasknet-site`` on the database ``db`` (a SQLite file or a
-    PostgreSQL URL), both ports on loopback, logging to ``directory/name.log``;
-    returns at once (see :func:`wait_site`)."""
-    http_port, nodes_port = free_port(), free_port()
+    PostgreSQL URL), both ports on loopback (free ones unless given: B10
+    restarts a site on the ports its nodes know), logging to
+    ``directory/name.log``; returns at once (see :func:`wait_site`)."""
+    http_port, nodes_port = http_port or free_port(), nodes_port or free_port()
     args = [
         f"--db={db}",
         f"--http=tcp:{http_port}:interface=127.0.0.1",

@@ -215,11 +215,29 @@ class SeededCopies:
         self._databases.clear()
 
 
+#: :meth:`ThrowawayPostgres.reset_database`'s statements: the other sessions
+#: ended (and waited for), every schema dropped, ``public`` as initdb makes it.
+_RESET = (
+    "SELECT pg_terminate_backend(pid, 10000) FROM pg_stat_activity"
+    " WHERE datname = current_database() AND pid <> pg_backend_pid();"
+    " DO $reset$ DECLARE s name; BEGIN"
+    "   FOR s IN SELECT nspname FROM pg_namespace"
+    "     WHERE nspname NOT LIKE 'pg\\_%' AND nspname <> 'information_schema' LOOP"
+    "     EXECUTE format('DROP SCHEMA %I CASCADE', s);"
+    "   END LOOP;"
+    " END $reset$;"
+    " CREATE SCHEMA public AUTHORIZATION pg_database_owner;"
+    " GRANT USAGE ON SCHEMA public TO PUBLIC;"
+)
+
+
 class DatabasePool:
     """Empty PostgreSQL databases for the tests, reused: a database a test
-    is done with is emptied (:meth:`ThrowawayPostgres.reset_database`) and
-    handed to the next test, several times cheaper than dropping it and
-    creating another.  One per session (``pg_pool`` in tests/conftest.py)."""
+    is done with is emptied (as :meth:`ThrowawayPostgres.reset_database`
+    does, over one psycopg connection of the unix socket rather than a psql
+    process: several times faster, and once per PostgreSQL test) and handed
+    to the next test, several times cheaper than dropping it and creating
+    another.  One per session (``pg_pool`` in tests/conftest.py)."""
 
     def __init__(self, server: ThrowawayPostgres) -> None:
         self.server = server
@@ -237,7 +255,8 @@ class DatabasePool:
     def give_back(self, name: str) -> None:
         """Empty ``name`` for the next test (dropped if it cannot be)."""
         try:
-            self.server.reset_database(name)
+            with psycopg.connect(self.server.socket_url(name), autocommit=True) as connection:
+                connection.execute(_RESET)
         except Exception:
             self.server.drop_database(name)
             raise

@@ -9,14 +9,27 @@ that takes ``db_target`` runs twice, on a fresh SQLite file and on a fresh
 database of one throwaway PostgreSQL server per session (``pg_server``).
 Without PostgreSQL installed the ``postgresql`` half is skipped, unless
 ``TASKNET_REQUIRE_POSTGRES=1`` (CI) makes that an error.
+
+Speed (the suite's meaning unchanged): where the machine has a tmpfs
+(``/dev/shm``), ``tmp_path`` (every test's SQLite files) and the PostgreSQL
+cluster live there, and the throwaway cluster runs with ``fsync`` off (it
+holds nothing that must survive a power cut).  Under pytest-xdist
+(``scripts/test`` runs ``-n``) each worker is a session of its own, so it
+has its own PostgreSQL server; the tests of a module marked ``one_worker``
+(fixed ports) run on one worker together, those of a module with a
+module-scoped fixture on one worker per backend; and the ``slow`` tests are
+handed out first, so none is left for the end.
 """
 
 from __future__ import annotations
 
+import functools
 import os
+import re
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import pytest_twisted
@@ -70,6 +83,83 @@ def reactor_is_clean(request: pytest.FixtureRequest) -> Iterator[None]:
         pytest.fail(f"test left the reactor dirty: delayed calls={calls!r} sockets={sockets!r}")
 
 
+# ------------------------------------------------------------------ speed: tmpfs, workers
+
+#: A RAM-backed file system, when the machine has one.
+TMPFS = Path("/dev/shm")
+#: pytest's own root for ``tmp_path`` (its numbered, locked, rotated directories).
+_TEMPROOT = "PYTEST_DEBUG_TEMPROOT"
+
+
+def tmpfs() -> Path | None:
+    """``/dev/shm`` when it is there and ours to write, else None (disk)."""
+    if TMPFS.is_dir() and os.access(TMPFS, os.W_OK | os.X_OK):
+        return TMPFS
+    return None
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # Only when nobody chose: an explicit --basetemp or temproot wins.
+    where = tmpfs()
+    if where is not None and config.option.basetemp is None and _TEMPROOT not in os.environ:
+        os.environ[_TEMPROOT] = str(where)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if hasattr(config, "workerinput"):  # an xdist worker: its order is the schedule's
+        # Stable: the slow tests first (the longest poles), the rest in their order.
+        items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
+#: A test module's text that keeps its tests on one worker: the ``one_worker``
+#: mark (fixed ports), or a fixture set up once per module (as a plain run
+#: sets it up once; a module-scoped fixture per backend, once per backend).
+_ONE_WORKER = re.compile(r"mark\.one_worker\b")
+_MODULE_FIXTURE = re.compile(r"""scope=["']module["']""")
+#: The backend in a test's name (``[sqlite]``, ``test_links_postgresql``).
+_BACKEND = re.compile(r"[\[_-](sqlite|postgresql)\b")
+
+
+@functools.cache
+def _kept_together(path: Path) -> str | None:
+    """``"module"`` (one worker), ``"backend"`` (one per backend) or None."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError:
+        return None
+    if _ONE_WORKER.search(text):
+        return "module"
+    if _MODULE_FIXTURE.search(text):
+        return "backend"
+    return None
+
+
+@pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist's
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """``--dist load`` (xdist's default under ``-n``), test by test, except
+    that the tests of a module marked ``one_worker`` go to one worker
+    together, and those of a module with a module-scoped fixture to one
+    worker per backend.  (xdist's own ``loadgroup`` cannot be used: it
+    renames node ids, which pytest 9 no longer lets it do.)"""
+    if config.getvalue("dist") != "load":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    root = config.rootpath
+
+    class ModulesTogether(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            module, _, name = nodeid.partition("::")
+            together = _kept_together(root / module)
+            if together is None:
+                return nodeid
+            backend = _BACKEND.search(name) if together == "backend" else None
+            return f"{module}::{backend.group(1)}" if backend else module
+
+    return ModulesTogether(config, log)
+
+
 # ------------------------------------------------------------------ database backends
 
 REQUIRE_POSTGRES = "TASKNET_REQUIRE_POSTGRES"
@@ -83,7 +173,12 @@ def pg_server() -> Iterator[ThrowawayPostgres]:
         if os.environ.get(REQUIRE_POSTGRES) == "1":
             pytest.fail(f"{REQUIRE_POSTGRES}=1 but PostgreSQL is not installed: {INSTALL_HINT}")
         pytest.skip(f"PostgreSQL is not installed ({INSTALL_HINT})")
-    with ThrowawayPostgres() as server:
+    # fsync off: a throwaway cluster of test data, gone when the run ends
+    # (the drills and benchmarks start their own, with fsync on).
+    where = tmpfs()
+    with ThrowawayPostgres(
+        base_dir=None if where is None else str(where), settings={"fsync": "off"}
+    ) as server:
         yield server
 
 

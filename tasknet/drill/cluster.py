@@ -410,9 +410,6 @@ class Cluster:
         where = f"at {site}" if site else "at the site"
         wait_for(ready, timeout, f"node(s) {', '.join(node_ids)} logged in {where}", procs=procs)
 
-    def _site(self) -> Proc:
-        return self._site_named(None).proc
-
     # -- upstream ---------------------------------------------------------------
 
     @property

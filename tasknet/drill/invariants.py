@@ -732,7 +732,7 @@ def _check_forged_delete(
 
 
 def db_time(text: Any) -> float | None:
-    """A timestamp the site database wrote (ISO 8601 UTC, as NOW_SQL writes
+    """A timestamp the site database wrote (ISO 8601 UTC, as the engine's {now} writes
     it) as wall-clock seconds; None when absent or unreadable."""
     if not text:
         return None
@@ -858,18 +858,18 @@ def _recoveries_beside_live_instances(world: World) -> int:
     """How many times an instance started (and ran its recovery) while
     another was alive: each a chance to settle a live site's generations,
     which the reap rows above would show."""
-    starts = [db_time(row.get("started_at")) for row in world.site.instances.values()]
+    starts = {key: db_time(row.get("started_at")) for key, row in world.site.instances.items()}
     count = 0
-    for row in world.site.instances.values():
+    for key, row in world.site.instances.items():
         run = _run_of(world, row)
         if run is None:
             continue
-        mine = db_time(row.get("started_at"))
+        # Another instance (by its row: two may start within one millisecond).
         count += sum(
             1
-            for start in starts
-            if start is not None
-            and start != mine
+            for other, start in starts.items()
+            if other != key
+            and start is not None
             and start > run["started"]
             and _alive_at(run, start)
         )

@@ -24,6 +24,7 @@ from typing import Any
 
 from tasknet.node.paths import DataDir
 from tasknet.site.storage.engine import database as site_db
+from tasknet.site.storage.engine.transactions import BEGIN_READ
 
 
 @contextmanager
@@ -129,8 +130,7 @@ def site_reader(target: str | Path) -> Iterator[tuple[Any, set[str]]]:
         return
     pg = site_db.connect(target)
     try:
-        # Translated to BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY.
-        pg.execute("BEGIN")
+        pg.execute(BEGIN_READ)  # REPEATABLE READ READ ONLY: one snapshot
         try:
             yield pg, _site_tables(pg, site_db.POSTGRESQL)
         finally:

@@ -177,10 +177,16 @@ class Lifecycle:
             self.lease.refuse_if_lost()
 
     async def _write(self, fn: Callable[..., T], *args: Any, **kw: Any) -> T:
-        self._refuse_if_fenced()
-        result = await self.db.write(fn, *args, **kw)
+        """A write whose commit may have enqueued notifications: the outbox
+        is woken after it."""
+        result = await self._commit(fn, *args, **kw)
         self._woken()
         return result
+
+    async def _commit(self, fn: Callable[..., T], *args: Any, **kw: Any) -> T:
+        """A write that enqueues no notification (nobody to wake)."""
+        self._refuse_if_fenced()
+        return await self.db.write(fn, *args, **kw)
 
     async def _record(
         self, what: str, fn: Callable[..., T], *args: Any, background: bool = True
@@ -281,7 +287,8 @@ class Lifecycle:
         in the background (nothing was sent for it)."""
         operation_id = new_operation_id()
         try:
-            return await self._write(
+            # The placeholder is not announced (create.reserve): no wake-up.
+            return await self._commit(
                 create.reserve, gid, user_id, name, token, week, self._instance_id, operation_id
             )
         except CommitUnknown:
@@ -324,6 +331,7 @@ class Lifecycle:
             raise TaskError(
                 "quota_exceeded",
                 f"gid {gid} costs {prepared.cost}: that would exceed this week's quota",
+                cost=prepared.cost,
             )
 
     def _post_gate(self, submitting_at: float) -> str | None:
@@ -643,7 +651,10 @@ class Lifecycle:
         """Reconcile an ``UNKNOWN`` gid; never POSTs.  The evidence shown to
         the actor (stored step/error, the verdict wait and a fresh audit
         answer) goes into the audit row.  Refused (``TaskError``, nothing
-        changed): ``not_submitted`` before the verdict wait ends
+        changed, nothing asked upstream): a verdict that is not one of
+        :data:`~tasknet.site.storage.reconcile.VERDICTS` (``invalid_request``:
+        the one check, for the API and ``tasknet-admin`` alike);
+        ``not_submitted`` before the verdict wait ends
         (:class:`~tasknet.site.storage.reconcile.VerdictTooEarly`), and a
         verdict the audit contradicts without a ``note`` (``note_required``)."""
         return Deferred.fromCoroutine(self._resolve(gid, verdict, actor, note))
@@ -652,10 +663,12 @@ class Lifecycle:
         self, gid: int, verdict: str, actor: str, note: str
     ) -> dict[str, Any] | None:
         if verdict not in reconcile.VERDICTS:
-            raise TaskError("invalid_request", f"verdict must be one of {list(reconcile.VERDICTS)}")
-        stored = [v for v in await self.db.read(reconcile.unknown_operations) if v["gid"] == gid]
-        evidence: dict[str, Any] = dict(stored[0]["evidence"]) if stored else {}
-        if stored:
+            raise TaskError(
+                "invalid_request", f"'verdict' must be one of {list(reconcile.VERDICTS)}"
+            )
+        stored = await self.db.read(reconcile.unknown_operation, gid)
+        evidence: dict[str, Any] = dict(stored["evidence"]) if stored is not None else {}
+        if stored is not None:
             evidence["upstream"] = await self._audit(gid)
             _archive_url_evidence(evidence)
         # resolve_unknown prefers the URL stored from the POST's own answer.
@@ -665,7 +678,7 @@ class Lifecycle:
             reconcile.resolve_unknown, gid, verdict, actor, note, evidence, audit_url
         )
         if view is not None and view.get("state") == "SUBMITTED":
-            if stored and not evidence.get("archiveUrl"):
+            if stored is not None and not evidence.get("archiveUrl"):
                 log.warn("gid {gid} resolved submitted: {why}", gid=gid, why=NO_ARCHIVE_URL)
                 view = {**view, "warning": NO_ARCHIVE_URL}
             self._changed(gid)

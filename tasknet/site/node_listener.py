@@ -5,29 +5,34 @@ once.  At ``Login`` it checks the HMAC signature against the node's key and
 decides the wire version without a timer: v2 only if the node's Hello came
 first.  A logged-in session goes into the site's :class:`ConnectedNodes`
 (where a newer connection for the same node replaces the older one: newest
-wins) and is handed to the :class:`ISiteHandler`.
+wins) and is handed to the :class:`ISiteHandler`.  Each session's life
+(connected, logged in, current, held, replaced, moved, dropped, closed) is
+its :class:`~tasknet.site.session_states.SessionLife`, moved only through
+the table of ``session_states.py``; this module moves it up to the login
+and to its close, the registry attaches and detaches it.
 
 Mutual authentication (PROTOCOL.md): a v2 node whose Hello announces
 ``site-proof`` sends ``NodeChallenge`` right after its accepted
-``LoginResult``; its session is attached (registry, ownership, handler:
-the dispatcher does not know it yet, so no command can go to it) only once
-the site has answered with ``SiteProof``.  Anything else such a node sends
-first, or no challenge within ``login_timeout`` of the LoginResult, closes
-the connection.  A node without ``site-proof`` (the previous release) is
-attached at login, as before, and gets no proof.
+``LoginResult``; its session is ``LOGGED_IN``, and attached (registry,
+ownership, handler: the dispatcher does not know it yet, so no command can
+go to it) only once the site has answered with ``SiteProof``.  Anything
+else such a node sends first, or no challenge within ``login_timeout`` of
+the LoginResult, closes the connection.  A node without ``site-proof`` (the
+previous release) is attached at login, as before, and gets no proof.
 
 With a :class:`NodeOwnership` (every site the composition root builds)
 each attached session also takes its node in the database (one write,
 queued before anything the login makes the dispatcher write, so on one
-site's writer nothing about the node is decided before it), and gets its
-:class:`Holding` when that commits: the take that commits last wins, across
-every site of the database (SCALE.md 5).  The node is answered at once, as
-on a site of its own; its reports wait for the take (``NodeOwnership.confirm``).
-A session whose node another connection took -- at this site (the registry)
-or at another (the ownership's notification or check) -- gets
-``Goodbye{"replaced by a newer connection"}`` and is closed; one whose take
-failed (the database busy or down) gets ``Goodbye{"site busy, try again"}``.
-A session that went gives its node back (only if it still held it).
+site's writer nothing about the node is decided before it), and is
+``HELD`` when that commits: the take that commits last wins, across every
+site of the database (SCALE.md 5).  The node is answered at once, as on a
+site of its own; its reports wait for the take and are judged against it
+in their own transaction (``NodeOwnership.holding``).  A session whose node
+another connection took -- at this site (the registry) or at another (the
+ownership's notification or check: :meth:`NodeSession.taken_elsewhere`) --
+gets ``Goodbye{"replaced by a newer connection"}`` and is closed; one whose
+take failed (the database busy or down) gets ``Goodbye{"site busy, try
+again"}``.  A held session that went gives its node back.
 """
 
 from __future__ import annotations
@@ -71,7 +76,7 @@ from tasknet.protocol.messages import (
 )
 from tasknet.protocol.session import INodeSession, ISiteHandler
 from tasknet.site.connected_nodes import ConnectedNodes, NodeOwnership
-from tasknet.site.storage.node_sessions import Holding
+from tasknet.site.session_states import ITrackedSession, SessionLife, SessionState
 
 __all__ = ["NodeListenerFactory", "NodeSession"]
 
@@ -88,9 +93,14 @@ def _wire_url(value: str) -> str:
     return value.replace("\x00", "%00") if "\x00" in value else value
 
 
-@implementer(INodeSession)
+#: The Goodbye of a session whose node a newer connection took.
+REPLACED = "replaced by a newer connection"
+
+
+@implementer(ITrackedSession)
 class NodeSession(PeerProtocol):
-    """One node connection; an :class:`INodeSession` once logged in."""
+    """One node connection; an :class:`INodeSession` once logged in, its
+    life in :attr:`life`."""
 
     factory: NodeListenerFactory
     # What a node may send the site once logged in (reports; v2 adds TaskReport,
@@ -106,19 +116,14 @@ class NodeSession(PeerProtocol):
         self.features: tuple[str, ...] = ()
         self.connected_at = 0.0
         self._hello: ProtocolHello | None = None
-        #: Its login's hold on the node (``None`` until taken, or without
-        #: an ownership).
-        self.holding: Holding | None = None
-        #: Closed because a connection at another site took the node (its
-        #: node is still connected: nothing to record as gone).
-        self.moved = False
+        #: Where this connection is in its life (``session_states.py``).
+        self.life = SessionLife()
         #: The node's secret, kept from its Login for the SiteProof.
         self._secret = ""
-        #: Logged in with ``site-proof``, NodeChallenge not yet answered: not attached.
-        self.awaiting_challenge = False
         #: The factory's number of this connection's accepted Login.
         self.login_number = 0
-        #: Whether a SiteProof was sent on this connection.
+        #: Whether a SiteProof was sent on this connection (one NodeChallenge
+        #: is answered, whether or not the node announced site-proof).
         self.proved = False
         self._challenge_deadline: Any = None  # an IDelayedCall
 
@@ -149,12 +154,12 @@ class NodeSession(PeerProtocol):
     def loggedInMessage(self, message: Message) -> None:
         if type(message) is NodeChallenge:
             self._challenge(message)
-        elif self.awaiting_challenge:
+        elif self.life.state is SessionState.LOGGED_IN:
             self.sendError(
                 "protocol_violation",
                 f"{type(message).__name__} before NodeChallenge (the node announced site-proof)",
             )
-        elif self.factory.nodes.is_current(self):  # once replaced, nothing goes up
+        elif self.life.attached:  # once replaced, moved or dropped, nothing goes up
             self.factory.handler.message_received(self, message)
 
     def _challenge(self, challenge: NodeChallenge) -> None:
@@ -166,7 +171,7 @@ class NodeSession(PeerProtocol):
         self.sendMessage(
             SiteProof(sign_site_proof(self._secret, challenge.nonce, self.nonce, self.node_id))
         )
-        if not self.awaiting_challenge:
+        if self.life.state is not SessionState.LOGGED_IN:
             # A node that did not announce site-proof: answered all the same
             # (harmless), but it was attached at login as before.
             log.info(
@@ -174,18 +179,18 @@ class NodeSession(PeerProtocol):
                 node_id=self.node_id,
             )
             return
-        self.awaiting_challenge = False
         self._cancel_challenge_deadline()
         log.debug("node {node_id}: SiteProof sent", node_id=self.node_id)
         if self.factory.superseded(self.node_id, self.login_number):
             # A newer connection of this node logged in meanwhile: it wins.
-            self.close("replaced by a newer connection")
+            self.life.to(SessionState.REPLACED)
+            self.close(REPLACED)
             return
         self.factory.attach(self)
 
     def _challenge_timed_out(self) -> None:
         self._challenge_deadline = None
-        if not self.awaiting_challenge or self.closing:
+        if self.life.state is not SessionState.LOGGED_IN or self.closing:
             return
         self.factory.repeated_log.emit(
             ("no challenge", self.node_id, self._peerHost()),
@@ -243,7 +248,7 @@ class NodeSession(PeerProtocol):
         )
         if self.protocol_version >= 2 and FEATURE_SITE_PROOF in self.features:
             # Attached (so sent commands) only once its challenge is answered.
-            self.awaiting_challenge = True
+            self.life.to(SessionState.LOGGED_IN)
             self._challenge_deadline = self.clock.callLater(
                 self.factory.login_timeout, self._challenge_timed_out
             )
@@ -298,10 +303,14 @@ class NodeSession(PeerProtocol):
         self.sendMessage(Goodbye(reason))
         self.closeConnection()
 
+    # -- ITrackedSession
+
+    def taken_elsewhere(self) -> None:
+        self.factory.taken_elsewhere(self)
+
     def __repr__(self) -> str:
         return (
-            f"<NodeSession {self.node_id or '?'} v{self.protocol_version} "
-            f"{'attached' if self.factory.nodes.is_current(self) else 'not attached'}>"
+            f"<NodeSession {self.node_id or '?'} v{self.protocol_version} {self.life.state.value}>"
         )
 
 
@@ -361,19 +370,6 @@ class NodeListenerFactory(PeerFactory):
         """Whether a newer Login of ``node_id`` was accepted since ``login``."""
         return self._latest_login.get(node_id, login) > login
 
-    def startFactory(self) -> None:
-        """Listening: watch for this site's nodes being taken elsewhere."""
-        super().startFactory()
-        if self.ownership is not None:
-            self.ownership.start(self._taken_elsewhere)
-
-    def stopFactory(self) -> None:
-        """No longer listening (site stop): stop watching."""
-        if self.ownership is not None:
-            stopped = self.ownership.stop()
-            stopped.addErrback(lambda f: log.failure("stopping the ownership watch failed", f))
-        super().stopFactory()
-
     def buildProtocol(self, addr: Any) -> Any:  # Any: Factory's generic typing wants more
         session = NodeSession(self)
         self.connections.add(session)
@@ -382,16 +378,11 @@ class NodeListenerFactory(PeerFactory):
     def _take(self, session: NodeSession) -> None:
         """Take ``session``'s node in the database (see the module doc)."""
         assert self.ownership is not None
-        d = self.ownership.take(session)
-        d.addCallbacks(
-            self._taken, self._take_failed, callbackArgs=(session,), errbackArgs=(session,)
-        )
+        d = self.ownership.take(session)  # once committed, the session is HELD
+        d.addErrback(self._take_failed, session)
         d.addErrback(
             lambda f: log.failure("taking the node of {session!r} failed", f, session=session)
         )
-
-    def _taken(self, holding: Holding, session: NodeSession) -> None:
-        session.holding = holding  # what its disconnect gives back
 
     def _take_failed(self, failure: Failure, session: NodeSession) -> None:
         log.warn(
@@ -399,18 +390,16 @@ class NodeListenerFactory(PeerFactory):
             node_id=session.node_id,
             why=failure.getErrorMessage(),
         )
-        if self.nodes.detach(session):
+        if self.nodes.detach(session, SessionState.DROPPED):
             self._node_detached(session)
         session.close("site busy, try again")
 
-    def _taken_elsewhere(self, session: INodeSession) -> None:
+    def taken_elsewhere(self, session: NodeSession) -> None:
         """The ownership found ``session``'s node held by a newer connection
         (another site's login, whose take committed after this one's)."""
-        if isinstance(session, NodeSession):
-            session.moved = True
-        if self.nodes.detach(session):
+        if self.nodes.detach(session, SessionState.MOVED):
             self._node_detached(session)
-        session.close("replaced by a newer connection")
+        session.close(REPLACED)
 
     def attach(self, session: NodeSession) -> None:
         """``session`` logged in: it becomes its node's current one."""
@@ -423,18 +412,21 @@ class NodeListenerFactory(PeerFactory):
             # The handler sees the old session go before the new one comes;
             # nothing the old one still sends goes up (it is no longer current).
             self._node_detached(replaced)
-            replaced.close("replaced by a newer connection")
+            replaced.close(REPLACED)
         if self.ownership is not None:
             self._take(session)  # queued before the writes of node_attached
         self.handler.node_attached(session)
 
     def detach(self, session: NodeSession) -> None:
-        """The connection is gone; idempotent."""
+        """The connection is gone (its session ``CLOSED``)."""
         self.connections.discard(session)
-        if self.nodes.detach(session):
+        holding = self.nodes.holding_of(session)
+        if self.nodes.detach(session, SessionState.CLOSED):
             self._node_detached(session)
-            if self.ownership is not None and session.holding is not None and not session.moved:
-                self.ownership.release(session.holding)
+            if self.ownership is not None and holding is not None:
+                self.ownership.release(holding)  # it held its node: give it back
+        else:
+            session.life.to(SessionState.CLOSED)
         if not self.connections and self._all_closed:
             waiters, self._all_closed = self._all_closed, []
             for done in waiters:

@@ -54,10 +54,24 @@ older than ``retention_days`` are deleted every
 is the ``poll_interval`` poll), ``prune_batch`` rows per
 write transaction, so the table does not grow without limit and no prune
 ever holds the writer the reports need for long.
+
+Liveness pushes (:class:`LivenessWatch`): some changes of a task's view
+come with no commit of the task: its node dropped (or came back: the
+view's ``nodeConnected``), or its download stopped moving (``speed`` gone
+after ``throughput.STALL_SECONDS``, ``stalledSince`` after
+``views.STALL_AFTER_SECONDS``).  At every poll (``poll_interval``) the
+executor compares the connected nodes (and, while WebSocket clients
+listen, the moving tasks) with what it saw last and pushes the current view of
+each task whose liveness changed (straight to this site's clients, like a
+drained row; nothing is written, and a webhook does not hear of it: the
+task itself did not change).  A node that drops pushes its unfinished
+tasks, newest first, at most ``node_limit`` of them (a client that shows
+more marks the rest of that node's rows by the same push).
 """
 
 from __future__ import annotations
 
+import json
 import math
 from collections import deque
 from collections.abc import Callable, Iterable
@@ -76,9 +90,10 @@ from tasknet.clock import default_reactor
 from tasknet.coalesce import CoalescingRunner
 from tasknet.netclient import DirectEndpoints, quiet_pool
 from tasknet.site import metrics
-from tasknet.site.storage import outbox
+from tasknet.site.storage import node_sessions, outbox, views
 from tasknet.site.storage.engine import listen
 from tasknet.site.storage.engine.database import Database
+from tasknet.status import TaskStatus
 
 log = Logger()
 
@@ -90,6 +105,118 @@ PRUNE_BATCH = 500
 #: Outbox rows a webhook sender holds in memory at most (queued, in flight,
 #: waiting for a retry); the rest wait in the database (a dead webhook).
 MAX_HELD = 1000
+
+
+#: The unfinished tasks of a node that dropped or came back pushed at most,
+#: newest first; the moving tasks whose stall is watched at most.
+LIVENESS_NODE_LIMIT = 500
+LIVENESS_MOVING_LIMIT = 500
+
+#: The statuses whose row says something about its node (queued on it,
+#: downloading on it, a delete waiting for it).
+_NODE_BOUND = frozenset(
+    status.value
+    for status in (
+        TaskStatus.SUBMITTED,
+        TaskStatus.DOWNLOADING,
+        TaskStatus.WAITING_COMPRESSION,
+        TaskStatus.COMPRESSING,
+        TaskStatus.DELETE_PENDING,
+    )
+)
+_MOVING = frozenset({TaskStatus.DOWNLOADING.value, TaskStatus.COMPRESSING.value})
+
+
+def _connected(cursor: Any) -> set[str]:
+    """The connected nodes of the database."""
+    return {holder.node_id for holder in node_sessions.holders(cursor)}
+
+
+def _connected_and_moving(cursor: Any, limit: int) -> tuple[set[str], dict[int, tuple[bool, bool]]]:
+    """The connected nodes of the database, and the moving tasks (newest
+    first, at most ``limit``) as ``{gid: (speed shown, stalled)}``."""
+    connected = _connected(cursor)
+    moving, _, _ = views.list_tasks(
+        cursor, views.TaskQuery(user_id=None, limit=limit, statuses=_MOVING)
+    )
+    return connected, {
+        view["gid"]: (view["speed"] is not None, view["stalledSince"] is not None)
+        for view in moving
+    }
+
+
+def _views_to_push(
+    cursor: Any, nodes: Iterable[str], gids: Iterable[int], node_limit: int
+) -> list[tuple[dict[str, Any], int | None]]:
+    """``(view, owner)`` of ``gids`` and of the unfinished tasks of each of
+    ``nodes`` (newest first, at most ``node_limit`` a node), each once."""
+    wanted = list(dict.fromkeys(gids))
+    for node in sorted(nodes):
+        listed, _, _ = views.list_tasks(
+            cursor,
+            views.TaskQuery(user_id=None, limit=node_limit, statuses=_NODE_BOUND, node=node),
+        )
+        wanted += [view["gid"] for view in listed]
+    found = views.task_views_and_owners(cursor, dict.fromkeys(wanted))
+    pushed = []
+    for gid in dict.fromkeys(wanted):
+        view, owner = found.get(gid, (None, None))
+        if view is not None:
+            pushed.append((view, owner))
+    return pushed
+
+
+class LivenessWatch:
+    """Pushes the views whose liveness changed without a commit (the module
+    doc, "Liveness pushes").  :meth:`sweep` compares with the last sweep.
+
+    The connected nodes are read at every sweep, clients or not (one small
+    read), so that a node that drops just before a client's first sweep is
+    still a change.  The moving tasks are read only while clients listen;
+    the first sweep of a listening spell pushes those that are not live
+    (no speed, or stalled), which may have changed unseen since the
+    client loaded its list.  The very first sweep only records the nodes."""
+
+    def __init__(
+        self,
+        db: Database,
+        publisher: Publisher,
+        *,
+        node_limit: int = LIVENESS_NODE_LIMIT,
+        moving_limit: int = LIVENESS_MOVING_LIMIT,
+    ) -> None:
+        self._db = db
+        self._publisher = publisher
+        self._node_limit = node_limit
+        self._moving_limit = moving_limit
+        self._connected: set[str] | None = None
+        self._moving: dict[int, tuple[bool, bool]] | None = None
+        #: Views pushed since start (tests, logs).
+        self.pushed = 0
+
+    async def sweep(self) -> int:
+        """One comparison; returns how many views were pushed."""
+        if not self._publisher.listening():
+            self._connected = await self._db.read(_connected)
+            self._moving = None
+            return 0
+        connected, moving = await self._db.read(_connected_and_moving, self._moving_limit)
+        before, self._connected = self._connected, connected
+        changed_nodes = set() if before is None else before ^ connected
+        seen = self._moving
+        if seen is None:
+            changed = [gid for gid, (speed, stalled) in moving.items() if stalled or not speed]
+        else:
+            changed = [gid for gid, flags in moving.items() if gid in seen and seen[gid] != flags]
+        self._moving = moving
+        if not changed_nodes and not changed:
+            return 0
+        found = await self._db.read(_views_to_push, changed_nodes, changed, self._node_limit)
+        for view, owner in found:
+            payload = json.dumps({"type": "task", "task": view}, ensure_ascii=False)
+            self._publisher.publish(owner, payload)
+        self.pushed += len(found)
+        return len(found)
 
 
 class Publisher(Protocol):
@@ -368,6 +495,9 @@ class OutboxExecutor(MultiService):
                 timer.clock = self._clock
                 timer.setServiceParent(self)
         self._publisher = publisher
+        #: Pushes the views whose liveness changed without a commit.
+        self.liveness = LivenessWatch(db, publisher) if publisher is not None else None
+        self._sweeping: Deferred[Any] | None = None
         self._webhook = webhook
         if webhook is not None:
             webhook.on_room = self.wake
@@ -489,11 +619,27 @@ class OutboxExecutor(MultiService):
             outbox.claim_webhook_rows, self._instance_id, room, self._webhook_lease
         )
 
+    def _sweep_liveness_in_background(self) -> None:
+        # Not returned to the timer (a slow sweep must not hold the poll
+        # back); one at a time; a failed sweep is logged and the next one
+        # compares again.
+        if self._sweeping is not None or self._stopped or self.liveness is None:
+            return
+        d = Deferred.fromCoroutine(self.liveness.sweep())
+        self._sweeping = d
+        d.addErrback(lambda f: log.failure("the liveness sweep failed", f))
+        d.addBoth(self._swept)
+
+    def _swept(self, result: object) -> None:
+        self._sweeping = None
+
     def _tick(self) -> Deferred[None] | None:
         renew_every = self._renew_every
         if renew_every is not None and self._clock.seconds() - self._renewed_at >= renew_every:
             self._renewed_at = self._clock.seconds()
             self._renew_in_background()
+        if self._poll_interval:
+            self._sweep_liveness_in_background()
         # The poll's drain is returned to the timer, as before: the next poll
         # waits for it (it never fails: the drain logs its own errors).
         return self.wake() if self._poll_interval else None
@@ -632,6 +778,8 @@ class OutboxExecutor(MultiService):
     async def _finish(self) -> None:
         if self._pruning is not None:
             await self._pruning
+        if self._sweeping is not None:
+            await self._sweeping
         await self._drainer.idle()
         if self._mark_call is not None and self._mark_call.active():
             self._mark_call.cancel()

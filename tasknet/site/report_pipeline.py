@@ -22,6 +22,17 @@ still committed and ACKed; after the commit they are counted in
 :class:`DropLog` (rate-limited on the pipeline's clock).  The pipeline also
 tells storage which report is the first of its session, where a wiped node
 may start a new revision epoch (``storage/reports.py``).
+
+Several sites (SCALE.md 5): a report submitted with a ``holding`` (the
+Deferred of its session's hold on its node, ``NodeOwnership.holding``) is
+queued once that fires, and carries it into its transaction, which judges
+it there, once (``storage/reports.py``, :data:`~tasknet.site.storage.reports.NOT_HELD`).
+A report whose session holds nothing, or whose holding that judgement finds
+taken, is not applied and not ACKed: ``refused()`` is called (the session
+handler closes the connection; the node sends the report again on its newer
+one).  Such a report is in flight from its arrival: :meth:`ReportPipeline.idle`
+waits for it too, so a stop never closes the connection of a report still
+waiting for its holding (its ACK would never go out).
 """
 
 from __future__ import annotations
@@ -40,6 +51,7 @@ from tasknet.protocol.session import INodeSession
 from tasknet.site import metrics
 from tasknet.site.storage import reports as storage
 from tasknet.site.storage.engine.database import Committed, Database
+from tasknet.site.storage.node_sessions import Holding
 
 log = Logger()
 
@@ -124,52 +136,56 @@ class ReportPipeline:
         self.reports_failed = 0
 
     def submit(
-        self, session: INodeSession, message: storage.NodeReport
-    ) -> Deferred[storage.ReportOutcome | None]:
-        """Queue one report.  The Deferred fires after its transaction ended:
-        with the outcome (committed; a v2 report has been ACKed) or ``None``
-        (not committed, not ACKed).  It never fails."""
-        arrived = self._clock.seconds()
-        first = isinstance(message, TaskReport) and session not in self._reported
-        self._in_flight += 1
-        d = self._db.write_coalesced(
-            storage.apply_reports, storage.QueuedReport(session.node_id, message, first)
-        )
-        answered: Deferred[storage.ReportOutcome | None] = d.addCallbacks(
-            self._committed,
-            self._not_committed,
-            callbackArgs=(session, message, arrived),
-            errbackArgs=(session, message),
-        )
-        answered.addErrback(self._bookkeeping_failed)
-        answered.addBoth(self._ended)
-        return answered
-
-    def submit_when(
         self,
-        confirmed: Deferred[bool],
         session: INodeSession,
         message: storage.NodeReport,
+        holding: Deferred[Holding | None] | None = None,
         *,
-        refused: Callable[[], object],
+        refused: Callable[[], object] = lambda: None,
     ) -> Deferred[storage.ReportOutcome | None]:
-        """:meth:`submit` once ``confirmed`` fires ``True`` (the report may be
-        applied: its session still holds its node), else call ``refused()``.
-        The report is in flight from now on: :meth:`idle` waits for its
-        confirmation too, so a stop never closes the connection of a report
-        that is still being confirmed (its ACK would never go out)."""
+        """Queue one report; with a ``holding`` (see the module doc) once it
+        fired, judged against it in its transaction (``None``: it holds
+        nothing, ``refused()`` at once).  The Deferred fires after its
+        transaction ended: with the outcome (committed; a v2 report has been
+        ACKed) or ``None`` (not committed or refused, not ACKed).  It never
+        fails."""
+        arrived = self._clock.seconds()
         self._in_flight += 1
+        if holding is None:
+            answered = self._queue(session, message, None, arrived, refused)
+        else:
 
-        def decided(held: bool) -> Deferred[storage.ReportOutcome | None] | None:
-            if held:
-                return self.submit(session, message)
-            refused()
-            return None
+            def held(
+                holds: Holding | None,
+            ) -> Deferred[storage.ReportOutcome | None] | None:
+                if holds is None:
+                    refused()
+                    return None
+                return self._queue(session, message, holds, arrived, refused)
 
-        answered: Deferred[storage.ReportOutcome | None] = confirmed.addCallback(decided)
+            answered = holding.addCallback(held)
         answered.addErrback(self._bookkeeping_failed)
         answered.addBoth(self._ended)
         return answered
+
+    def _queue(
+        self,
+        session: INodeSession,
+        message: storage.NodeReport,
+        holding: Holding | None,
+        arrived: float,
+        refused: Callable[[], object],
+    ) -> Deferred[storage.ReportOutcome | None]:
+        first = isinstance(message, TaskReport) and session not in self._reported
+        d = self._db.write_coalesced(
+            storage.apply_reports, storage.QueuedReport(session.node_id, message, first, holding)
+        )
+        return d.addCallbacks(
+            self._committed,
+            self._not_committed,
+            callbackArgs=(session, message, arrived, refused),
+            errbackArgs=(session, message),
+        )
 
     def idle(self) -> Deferred[None]:
         """Fires once no report is in flight (for shutdown and tests)."""
@@ -185,8 +201,12 @@ class ReportPipeline:
         session: INodeSession,
         message: storage.NodeReport,
         arrived: float,
-    ) -> storage.ReportOutcome:
+        refused: Callable[[], object],
+    ) -> storage.ReportOutcome | None:
         outcome = committed.value
+        if outcome.result == storage.NOT_HELD:
+            refused()  # its session no longer holds its node: nothing was written
+            return None
         if committed.transaction != self._last_transaction:
             self._last_transaction = committed.transaction
             self.transactions += 1

@@ -14,8 +14,9 @@ site's clock (the reactor) as constructor arguments:
    PostgreSQL), all before recovery;
 2. the upstream client;
 3. the node side (:func:`build_node_side`): the one registry of connected
-   nodes, the outbox executor (WebSocket hub, webhook), the report
-   pipeline, the dispatcher, the session handler and the node listener;
+   nodes, the node ownership (its check a timer on the site's clock), the
+   outbox executor (WebSocket hub, webhook), the report pipeline, the
+   dispatcher, the session handler and the node listener;
 4. the lifecycle, told of commits (outbox) and of tasks to send
    (dispatcher), holding the instance's lease; the instance service (lease
    checks, heartbeat, reaping of gone instances: :mod:`.instances`);
@@ -353,7 +354,7 @@ def build_node_side(
     listener = NodeListenerFactory(
         handler, nodes, node_keys, site_name, ownership=ownership, clock=clock
     )
-    return NodeSide(nodes, reports, dispatcher, outbox, hub, listener)
+    return NodeSide(nodes, ownership, reports, dispatcher, outbox, hub, listener)
 
 
 def _private(path: str) -> None:

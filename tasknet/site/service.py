@@ -5,17 +5,17 @@ LIFECYCLE.md invariant 10.
 
 In :meth:`SiteService.startService` (a Deferred chain, ``service.ready``):
 node keys read → recovery → housekeeping and outbox started (the outbox
-delivers what the last run left) → node listener → dispatch started only if
-recovery succeeded → HTTP.  If recovery fails, nodes still connect and
+delivers what the last run left) → node ownership watch, then node listener
+→ dispatch started only if recovery succeeded → HTTP.  If recovery fails, nodes still connect and
 reports are still applied, but nothing is dispatched; ``/healthz`` and the
 log say so.  While running, node keys are re-read from the ``node_key``
 table every ``node_keys_refresh`` seconds (``tasknet-admin node-key``
 changes apply without a restart).
 
-The parts are children of the service (``namedServices``: ``node-keys``,
-``housekeeping``, ``outbox``, ``dispatch``), each a Twisted service with its
-timers as ``TimerService`` children; the site starts each at its step
-above rather than all at once.
+The parts are children of the service (``namedServices``: ``instance``,
+``node-keys``, ``housekeeping``, ``outbox``, ``node-ownership``,
+``dispatch``), each a Twisted service with its timers as ``TimerService``
+children; the site starts each at its step above rather than all at once.
 
 A start that fails (a port taken, ...) is undone (the stop below, lock
 released) and, under twistd, the process exits 1 (:mod:`tasknet.startup`).
@@ -45,7 +45,7 @@ from twisted.python.failure import Failure
 
 from tasknet.logging import LogOptions, use_for_twistd
 from tasknet.site import ratelimit
-from tasknet.site.connected_nodes import ConnectedNodes
+from tasknet.site.connected_nodes import ConnectedNodes, NodeOwnership
 from tasknet.site.dispatcher import Dispatcher
 from tasknet.site.housekeeping import Housekeeping
 from tasknet.site.instance_service import InstanceService
@@ -319,11 +319,13 @@ class NodeKeys:
 
 @dataclass(frozen=True)
 class NodeSide:
-    """What node connections reach: one registry of connected nodes, the
+    """What node connections reach: one registry of connected nodes, which
+    of them this site holds (the ownership, a service: its watch), the
     report pipeline, the dispatcher, the outbox and its event hub, and the
     listener (built by :func:`tasknet.site.root.build_node_side`)."""
 
     nodes: ConnectedNodes
+    ownership: NodeOwnership
     reports: ReportPipeline
     dispatcher: Dispatcher
     outbox: OutboxExecutor
@@ -336,7 +338,10 @@ class NodeSide:
         their connections are still open (their ACKs go out, so no node
         redelivers what is already committed), then close the node
         connections, finish what arrived meanwhile, stop delivery and close
-        the WebSocket clients."""
+        the WebSocket clients.  The ownership's watch stops first, with the
+        listener that no longer accepts."""
+        if self.ownership.running:
+            await self.ownership.stopService()
         await self.dispatcher.stopService()
         await self.reports.idle()
         await self.listener.close_all("site stopping")
@@ -398,6 +403,7 @@ class SiteService(service.MultiService):
             ("node-keys", keys_timer),
             ("housekeeping", parts.housekeeping),
             ("outbox", parts.node_side.outbox),
+            ("node-ownership", parts.node_side.ownership),
             ("dispatch", parts.node_side.dispatcher),
         ):
             child.setName(name)
@@ -467,6 +473,8 @@ class SiteService(service.MultiService):
         parts.housekeeping.startService()
         node_side.outbox.startService()
         await node_side.outbox.wake()  # what the last run left undelivered
+        # Watching for this site's nodes taken elsewhere, before any logs in.
+        node_side.ownership.startService()
         self.nodes_port = await serverFromString(self._reactor, self._nodes_endpoint).listen(
             node_side.listener
         )

@@ -8,17 +8,19 @@ of a session only while it is current.  Which wire a session speaks never
 matters here: the session picks the message type.
 
 Several sites (SCALE.md 5): a report is applied only by the site holding
-its node.  With an ownership, each report is first confirmed
-(:meth:`NodeOwnership.confirm <tasknet.site.connected_nodes.NodeOwnership.confirm>`:
-on PostgreSQL one read shared by the reports that arrive together; nothing
-on SQLite), in arrival order; a report on a session that no longer holds its
-node is not applied, and the session is closed (``Goodbye{"replaced by a
-newer connection"}``: the node sends the report again on its newer
-connection).  A report being confirmed is already in flight in the
-pipeline (:meth:`ReportPipeline.submit_when`): a stopping site waits for
-it before it closes node connections, so its ACK still goes out.  A
-session closed because another site took its node is not recorded as gone
-in ``node_seen`` (its node is still connected).
+its node.  With an ownership, each report goes to the pipeline with the
+holding of its session's take
+(:meth:`NodeOwnership.holding <tasknet.site.connected_nodes.NodeOwnership.holding>`:
+immediately once the take has committed, when it commits while it is under way), in
+arrival order, and the report's own transaction judges it against the
+node's row, on both backends (``storage/reports.py``): a report on a
+session that no longer holds its node is not applied, and the session is
+closed (``Goodbye{"replaced by a newer connection"}``: the node sends the
+report again on its newer connection).  A report waiting for its take is
+already in flight in the pipeline: a stopping site waits for it before it
+closes node connections, so its ACK still goes out.  A session closed
+because another site took its node (``MOVED``) is not recorded as gone in
+``node_seen`` (its node is still connected).
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from tasknet.site import metrics
 from tasknet.site.connected_nodes import NodeOwnership
 from tasknet.site.dispatcher import Dispatcher
 from tasknet.site.report_pipeline import ReportPipeline
+from tasknet.site.session_states import ITrackedSession, SessionState
 from tasknet.site.storage import throughput
 from tasknet.site.storage.engine.database import Database
 
@@ -70,10 +73,10 @@ class SiteHandler:
             if self.ownership is None:
                 self.reports.submit(session, message)
                 return
-            self.reports.submit_when(
-                self.ownership.confirm(session),
+            self.reports.submit(
                 session,
                 message,
+                self.ownership.holding(ITrackedSession(session)),
                 refused=lambda: self._refused(session, message),
             )
         else:
@@ -96,7 +99,7 @@ class SiteHandler:
         session.close("replaced by a newer connection")
 
     def node_detached(self, session: INodeSession) -> None:
-        if not getattr(session, "moved", False):
+        if ITrackedSession(session).life.state is not SessionState.MOVED:
             # Moved to another site: still connected, nothing to record.
             record_seen(self.db, session, connected=False)
         metrics.CONNECTED_NODES.labels(protocol=str(session.protocol_version)).dec()

@@ -8,15 +8,24 @@ plane and is never faulted, so a broad rule cannot lock a drill out.
 
 Usage in-process::
 
-    app = UpstreamApp(bandwidth=None)
+    app = UpstreamApp(None, clock=reactor, rng=random.Random(seed))
     port = reactor.listenTCP(0, app.site(), interface="127.0.0.1")
     ...
     await app.close_connections()   # aborts hung and streaming requests
+
+Everything that varies comes from what the composition root hands in
+(``tasknet.upstream.service.makeService``, or ``testing.start_upstream``):
+time only from ``clock`` (the journal's times, latencies, throttling, the
+HTTP channels' timeouts, the ``Date`` header), chance only from ``rng`` (the
+fault table's probability draws). Nothing iterates in an order that depends
+on object addresses or string hashes, so the same reactor and seed give the
+same bytes and the same events (SIMULATION.md).
 """
 
 from __future__ import annotations
 
 import json
+import random
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -27,12 +36,12 @@ from twisted.internet.defer import Deferred, succeed
 from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 from twisted.python.failure import Failure
+from twisted.web.http import datetimeToString
 from twisted.web.iweb import IRequest
 from twisted.web.resource import Resource
 from twisted.web.server import NOT_DONE_YET, Request
 from werkzeug.exceptions import MethodNotAllowed, NotFound
 
-from tasknet.clock import default_reactor
 from tasknet.upstream import catalog
 from tasknet.upstream.faults import FaultRule, FaultRuleError, FaultTable, parse_rules
 from tasknet.upstream.journal import Journal
@@ -102,22 +111,32 @@ class _Send(Resource):
 
 
 class UpstreamApp:
+    """The upstream's state and HTTP API.
+
+    ``clock``: the reactor (or any ``IReactorTime``) every timer and every
+    time read goes to. ``rng``: the app's own random source (the fault
+    table's probability draws); the app rewinds it to the state it was given
+    in on ``reset``, so it must not be shared.
+    """
+
     router = Klein()
 
     def __init__(
         self,
         bandwidth: float | None = None,
         *,
-        seed: int = 0,
-        clock: IReactorTime | None = None,
+        clock: IReactorTime,
+        rng: random.Random,
     ) -> None:
         if bandwidth is not None and bandwidth <= 0:
             raise ValueError(f"bandwidth must be > 0 bytes/s, got {bandwidth!r}")
         self.bandwidth = bandwidth
-        self.clock: IReactorTime = default_reactor(clock)
+        self.clock = clock
         self.journal = Journal()
-        self.faults = FaultTable(seed)
-        self._hung: set[Request] = set()
+        self.faults = FaultTable(rng)
+        # Insertion-ordered (a dict, not a set): dropping them aborts the
+        # connections in the order they hung, never in address order.
+        self._hung: dict[Request, None] = {}
         self._tracker: ConnectionTracker | None = None
 
     # -- wiring ---------------------------------------------------------------
@@ -128,8 +147,10 @@ class UpstreamApp:
     def site(self) -> ConnectionTracker:
         """A protocol factory serving this app that tracks its connections."""
         if self._tracker is None:
-            # Access lines at debug (the mock's log shows faults, not every GET).
-            self._tracker = ConnectionTracker(QuietSite(self.resource()))
+            # Access lines at debug (the mock's log shows faults, not every GET);
+            # the channels' timeouts and the log-date timer run on our clock.
+            site = QuietSite(self.resource(), reactor=self.clock)
+            self._tracker = ConnectionTracker(site)
         return self._tracker
 
     def close_connections(self) -> Deferred[None]:
@@ -333,6 +354,8 @@ class UpstreamApp:
         if throttle and reply.throttled and self.bandwidth is not None:
             rate = self.bandwidth if rate is None else min(rate, self.bandwidth)
         request.setResponseCode(reply.status)
+        # twisted.web stamped Date from the wall clock; the app's clock says when.
+        request.setHeader("Date", datetimeToString(self.clock.seconds()))
         for name, value in reply.headers.items():
             request.setHeader(name, value)
         request.setHeader("Content-Length", str(reply.body.length))
@@ -341,8 +364,8 @@ class UpstreamApp:
 
     def _hang(self, request: Request) -> Deferred[None]:
         """Never answer. Klein cancels this Deferred when the client goes away."""
-        self._hung.add(request)
-        request.notifyFinish().addBoth(lambda _: self._hung.discard(request))
+        self._hung[request] = None
+        request.notifyFinish().addBoth(lambda _: self._hung.pop(request, None))
         return Deferred()
 
     def _drop(self, request: Request) -> Deferred[None]:

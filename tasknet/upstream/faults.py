@@ -5,8 +5,9 @@ A rule is ``{"method", "path", "fault", "params", "times", "probability"}``.
 also matches ``/``); ``method`` is an HTTP method or ``*`` (default). The first
 rule that matches, still has firings left (``times``) and wins its
 ``probability`` draw fires; a request gets at most one fault. Probability
-draws come from a ``random.Random`` seeded at construction and reseeded on
-reset, so a drill replays the same sequence.
+draws come from the ``random.Random`` the table is given (the composition
+root seeds it: ``--seed``); a reset rewinds it to the state it was given in,
+so a drill replays the same sequence.
 
 Faults act in one of two phases (see ``FaultRule.runs_handler``): *before* the
 handler ran (nothing applied: ``drop_before``, ``missing``, ``reject``,
@@ -182,11 +183,14 @@ def parse_rules(document: object) -> list[FaultRule]:
 
 
 class FaultTable:
-    """The active rules and the seeded random source for their probabilities."""
+    """The active rules and the random source for their probabilities.
 
-    def __init__(self, seed: int = 0) -> None:
-        self._seed = seed
-        self._random = random.Random(seed)
+    ``rng`` is the table's own (it is rewound on ``reset``): never a
+    ``random.Random`` something else draws from too."""
+
+    def __init__(self, rng: random.Random) -> None:
+        self._random = rng
+        self._initial = rng.getstate()
         self.rules: list[FaultRule] = []
         self.fired_total = 0
 
@@ -197,10 +201,10 @@ class FaultTable:
         self.rules = []
 
     def reset(self) -> None:
-        """Clear the rules and reseed, so a drill replays the same draws."""
+        """Clear the rules and rewind the draws, so a drill replays the same ones."""
         self.rules = []
         self.fired_total = 0
-        self._random = random.Random(self._seed)
+        self._random.setstate(self._initial)
 
     def take(self, method: str, path: str) -> FaultRule | None:
         """The rule that fires for this request, counting its firing; None if none."""

@@ -1,16 +1,28 @@
-"""``twistd -n tasknet-upstream``: the mock upstream as a twistd service."""
+"""``twistd -n tasknet-upstream``: the mock upstream as a twistd service.
+
+:func:`makeService` is the composition root: it is given the reactor (twistd
+gives none, and the global reactor is resolved there, once) and hands it to
+everything below it, the app's clock and the listening endpoint alike; the
+app's random source is seeded there from ``--seed``. The simulator builds
+the upstream the same way on its own reactor::
+
+    service = makeService(options, reactor=sim_reactor)
+    service.startService()
+"""
 
 from __future__ import annotations
 
-from typing import cast
+import random
 
-from twisted.application import strports
+from twisted.application.internet import StreamServerEndpointService
 from twisted.application.service import MultiService, Service
+from twisted.internet import endpoints
 from twisted.internet.defer import Deferred
-from twisted.internet.interfaces import IProtocolFactory
+from twisted.internet.interfaces import IReactorTCP, IReactorTime
 from twisted.logger import Logger
 from twisted.python import usage
 
+from tasknet.clock import default_reactor
 from tasknet.logging import LogOptions, use_for_twistd
 from tasknet.upstream.app import UpstreamApp
 from tasknet.version import version_option
@@ -58,7 +70,9 @@ class _AbortConnectionsOnStop(Service):
         return self._app.close_connections()
 
 
-class _Listening(MultiService):
+class UpstreamService(MultiService):
+    """The upstream's service: its ``app``, listening on ``endpoint``."""
+
     def __init__(self, app: UpstreamApp, endpoint: str) -> None:
         super().__init__()
         self.app = app
@@ -73,11 +87,23 @@ class _Listening(MultiService):
         super().startService()
 
 
-def makeService(options: Options) -> MultiService:
-    app = UpstreamApp(options["bandwidth"], seed=options["seed"])
-    service = _Listening(app, options["http"])
+def makeService(options: Options, reactor: IReactorTCP | None = None) -> UpstreamService:
+    """The upstream from its options, on ``reactor`` (an ``IReactorTCP`` that
+    is an ``IReactorTime`` too, as every Twisted reactor is; default: the
+    global reactor, which only twistd's call leaves it to)."""
+    tcp: IReactorTCP = default_reactor(reactor)
+    app = UpstreamApp(
+        options["bandwidth"],
+        clock=IReactorTime(tcp),
+        rng=random.Random(options["seed"]),
+    )
+    service = UpstreamService(app, options["http"])
     # MultiService stops children in reverse order: the port stops first.
     _AbortConnectionsOnStop(app).setServiceParent(service)
-    factory = cast(IProtocolFactory, app.site())
-    strports.service(options["http"], factory).setServiceParent(service)
+    listening = StreamServerEndpointService(
+        endpoints.serverFromString(tcp, options["http"]), app.site()
+    )
+    # As strports.service: a port that cannot be bound fails the start at once.
+    listening._raiseSynchronously = True
+    listening.setServiceParent(service)
     return service

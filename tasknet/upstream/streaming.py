@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from twisted.internet.defer import Deferred
-from twisted.internet.interfaces import IPushProducer, IReactorTime
+from twisted.internet.interfaces import IDelayedCall, IPushProducer, IReactorTime
 from twisted.python.failure import Failure
 from twisted.web.server import Request
 from zope.interface import implementer
@@ -128,7 +128,7 @@ class BodyStreamer:
         self._sent = 0
         self._paused = False
         self._done = False
-        self._tick: Any = None  # IDelayedCall
+        self._tick: IDelayedCall | None = None
         self.finished: Deferred[None] = Deferred()
 
     def start(self) -> Deferred[None]:

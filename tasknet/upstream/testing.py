@@ -38,6 +38,7 @@ n >= 1 is served, so a node test needs no POST first.
 
 from __future__ import annotations
 
+import random
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -45,6 +46,7 @@ from typing import Any
 
 from twisted.internet.defer import Deferred
 from twisted.internet.endpoints import serverFromString
+from twisted.internet.interfaces import IListeningPort, IReactorTCP, IReactorTime
 
 from tasknet.clock import default_reactor
 from tasknet.upstream.app import UpstreamApp
@@ -55,7 +57,7 @@ LOOPBACK_ANY_PORT = "tcp:0:interface=127.0.0.1"
 @dataclass
 class RunningUpstream:
     app: UpstreamApp
-    listening: Any  # IListeningPort
+    listening: IListeningPort
     port: int
     base_url: str
 
@@ -85,25 +87,31 @@ class RunningUpstream:
         return Deferred.fromCoroutine(self._stop())
 
     async def _stop(self) -> None:
-        await self.listening.stopListening()
+        stopped = self.listening.stopListening()
+        if stopped is not None:
+            await stopped
         await self.app.close_connections()
 
 
 def start_upstream(
-    reactor: Any = None,
+    reactor: IReactorTCP | None = None,
     *,
     bandwidth: float | None = None,
     seed: int = 0,
     endpoint: str = LOOPBACK_ANY_PORT,
 ) -> Deferred[RunningUpstream]:
-    """Listen on ``endpoint`` (default: a free loopback port) with a fresh app."""
+    """Listen on ``endpoint`` (default: a free loopback port) with a fresh app.
+
+    A test's composition root, as ``service.makeService`` is twistd's: the
+    reactor (default: the global one, resolved here) is the app's clock and
+    the listener's, ``seed`` seeds the app's random source."""
     return Deferred.fromCoroutine(_start(default_reactor(reactor), bandwidth, seed, endpoint))
 
 
 async def _start(
-    reactor: Any, bandwidth: float | None, seed: int, endpoint: str
+    reactor: IReactorTCP, bandwidth: float | None, seed: int, endpoint: str
 ) -> RunningUpstream:
-    app = UpstreamApp(bandwidth, seed=seed, clock=reactor)
+    app = UpstreamApp(bandwidth, clock=IReactorTime(reactor), rng=random.Random(seed))
     listening = await serverFromString(reactor, endpoint).listen(app.site())
     address = listening.getHost()
     base_url = f"http://{address.host}:{address.port}"  # type: ignore[attr-defined]
@@ -112,7 +120,7 @@ async def _start(
 
 @asynccontextmanager
 async def running_upstream(
-    reactor: Any = None, *, bandwidth: float | None = None, seed: int = 0
+    reactor: IReactorTCP | None = None, *, bandwidth: float | None = None, seed: int = 0
 ) -> AsyncIterator[RunningUpstream]:
     """``async with running_upstream() as up:`` — stopped (connections aborted) on exit."""
     upstream = await start_upstream(reactor, bandwidth=bandwidth, seed=seed)

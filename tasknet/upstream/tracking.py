@@ -7,16 +7,15 @@ them all at shutdown so tests and the reactor end clean.
 
 from __future__ import annotations
 
-from typing import Any
-
 from twisted.internet.defer import Deferred, succeed
+from twisted.internet.interfaces import IProtocolFactory
 from twisted.protocols.policies import ProtocolWrapper, WrappingFactory
 
 
 class ConnectionTracker(WrappingFactory):
     noisy = False  # no "Starting factory" line: the service logs where it listens
 
-    def __init__(self, wrapped: Any) -> None:
+    def __init__(self, wrapped: IProtocolFactory) -> None:
         super().__init__(wrapped)
         self._idle_waiters: list[Deferred[None]] = []
 

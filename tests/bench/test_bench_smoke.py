@@ -1,11 +1,12 @@
 """``python -m bench --quick`` still runs every benchmark end to end.
 
 A smoke test only: it starts the real processes at tiny sizes and checks that
-every row comes out (B1-B7, with B1 and B2 on both backends), in the table
-and in the JSON file, with the machine facts.  Without PostgreSQL installed
-it runs ``--db sqlite`` (six rows), unless ``TASKNET_REQUIRE_POSTGRES=1``
-makes that an error, as the suite's backend fixtures do.  It asserts
-nothing about speed (CI machines are shared and noisy).
+every row comes out (B1-B7, B9, B10; B1, B2 (open and closed loop: B2a,
+B2b) and B9 on both backends), in the table and in the JSON file, with the
+machine facts.  Without PostgreSQL installed it runs ``--db sqlite``,
+unless ``TASKNET_REQUIRE_POSTGRES=1`` makes that an error, as the suite's
+backend fixtures do.  It asserts nothing about speed (CI machines are
+shared and noisy).
 """
 
 from __future__ import annotations
@@ -22,10 +23,26 @@ import pytest
 from tasknet.drill.pgserver import INSTALL_HINT, installed
 
 REPO = Path(__file__).resolve().parents[2]
-SQLITE_IDS = ["B1", "B2", "B3", "B4", "B5", "B6"]
-ALL_IDS = ["B1", "B1-pg", "B2", "B2-pg", "B3", "B4", "B5", "B6", "B7"]
+SQLITE_IDS = ["B1", "B2a", "B2b", "B3", "B4", "B5", "B6", "B9", "B10"]
+ALL_IDS = [
+    "B1",
+    "B1-pg",
+    "B2a",
+    "B2b",
+    "B2a-pg",
+    "B2b-pg",
+    "B3",
+    "B4",
+    "B5",
+    "B6",
+    "B7",
+    "B9",
+    "B9-pg",
+    "B10",
+]
 # The rows with a same-run baseline.
-WITH_BASELINE = ("B1", "B1-pg", "B2", "B2-pg", "B3", "B6", "B7")
+WITH_BASELINE = ("B1", "B1-pg", "B2a", "B2b", "B2a-pg", "B2b-pg", "B3", "B6", "B7", "B9", "B9-pg")
+ROW = re.compile(r"^B\d+[ab]?(-pg)?  ")
 
 
 def _with_postgres() -> bool:
@@ -52,6 +69,8 @@ def test_quick_run_prints_every_row_and_writes_results(tmp_path: Path) -> None:
             f"--db={'both' if postgres else 'sqlite'}",
             f"--workdir={tmp_path / 'work'}",
             f"--results={results}",
+            # Seeded databases are not kept anywhere outside the test's own directory.
+            f"--cache={tmp_path / 'cache'}",
         ],
         cwd=REPO,
         capture_output=True,
@@ -60,9 +79,12 @@ def test_quick_run_prints_every_row_and_writes_results(tmp_path: Path) -> None:
     )
     assert done.returncode == 0, f"stdout:\n{done.stdout}\nstderr:\n{done.stderr[-4000:]}"
 
-    table_rows = [line for line in done.stdout.splitlines() if re.match(r"^B[1-7](-pg)?  ", line)]
+    table_rows = [line for line in done.stdout.splitlines() if ROW.match(line)]
     assert [line.split()[0] for line in table_rows] == ids
     assert not any("ERROR" in line for line in table_rows)
+    # B1 prints its ceiling and the site's share of it beside the ratio.
+    b1_line = next(line for line in table_rows if line.startswith("B1 "))
+    assert "ceiling" in b1_line and "% of it" in b1_line
 
     document = json.loads(results.read_text())
     assert document["quick"] is True
@@ -73,6 +95,7 @@ def test_quick_run_prints_every_row_and_writes_results(tmp_path: Path) -> None:
         # B5 is the CPU share of a site holding idle connections: in a
         # quick run's 2 s it may use less than one clock tick (0.0).
         assert row["figure"] >= 0 if row["bench"] == "B5" else row["figure"] > 0
+        assert row["target"], row["bench"]
     for bench_id in WITH_BASELINE:
         if bench_id in ids:
             row = next(r for r in document["rows"] if r["bench"] == bench_id)
@@ -81,6 +104,21 @@ def test_quick_run_prints_every_row_and_writes_results(tmp_path: Path) -> None:
     for key in ("nproc", "python", "sqlite", "twisted", "synchronous", "postgresql"):
         assert machine[key], key
     assert machine["synchronous"].startswith("FULL")
+    rows = {row["bench"]: row for row in document["rows"]}
+    # B2a: an open loop, latency from the intended start, p99.9 and the rate reached.
+    b2a = rows["B2a"]["details"]
+    assert b2a["arrival_rate"] > 0 and b2a["rate_reached"] > 0 and b2a["p999_ms"] > 0
+    # B9: every view measured on the site and on the raw driver, 1 and 8 clients.
+    queries = rows["B9"]["details"]["queries"]
+    names = {q["name"] for q in queries}
+    assert {"heavy: first page", "admin: node panel", "admin: stats 24 h"} <= names
+    for q in queries:
+        for clients in ("1", "8"):
+            assert q[clients]["n"] > 0 and q[clients]["raw_n"] > 0, q
+    # B10: every node came back after the kill, with per-process CPU.
+    b10 = rows["B10"]["details"]
+    assert b10["everyone_back"], rows["B10"]["notes"]
+    assert len(b10["cpu_fraction_by_process"]) >= 2
     if postgres:
         assert machine["postgresql_server"]["synchronous_commit"] == "on"
         b7 = next(r for r in document["rows"] if r["bench"] == "B7")
@@ -95,11 +133,27 @@ def test_quick_run_prints_every_row_and_writes_results(tmp_path: Path) -> None:
 
 def test_unknown_benchmark_is_refused_with_the_valid_names() -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "bench", "B9"], cwd=REPO, capture_output=True, text=True, timeout=60
+        [sys.executable, "-m", "bench", "B8"], cwd=REPO, capture_output=True, text=True, timeout=60
     )
     assert done.returncode == 2
-    assert "unknown benchmark(s) B9" in done.stderr
-    assert "B1, B2, B3, B4, B5, B6, B7" in done.stderr
+    assert "unknown benchmark(s) B8" in done.stderr
+    assert "B1, B2, B3, B4, B5, B6, B7, B9, B10" in done.stderr
+
+
+def test_load_nodes_reconnect_with_the_real_nodes_backoff() -> None:
+    """B10's load nodes use the real node's retry policy: the parameters
+    they copy are still the ones ``tasknet.node.link`` gives ClientService."""
+    from bench import loadnode
+
+    source = (REPO / "tasknet" / "node" / "link.py").read_text()
+    wanted = (
+        f"backoffPolicy(initialDelay={loadnode.NODE_INITIAL_DELAY}, "
+        f"maxDelay={loadnode.NODE_MAX_DELAY})"
+    )
+    assert wanted in source
+    from tasknet.node import reporter
+
+    assert reporter.DEBOUNCE == loadnode.DEBOUNCE
 
 
 def test_b7_is_refused_on_sqlite() -> None:

@@ -123,12 +123,12 @@ def release(tmp_path_factory: pytest.TempPathFactory) -> Release:
 def test_the_wheel_holds_the_package_data_and_the_plugin(release: Release) -> None:
     names = set(zipfile.ZipFile(release.wheel).namelist())
     static = REPO / "tasknet" / "site" / "web" / "static"
-    storage = REPO / "tasknet" / "site" / "storage"
+    storage = REPO / "tasknet" / "site" / "storage" / "engine"
     expected = {
         "twisted/plugins/tasknet_plugins.py",
         "tasknet/py.typed",
         *(f"tasknet/site/web/static/{p.name}" for p in static.iterdir() if p.is_file()),
-        *(f"tasknet/site/storage/{p.name}" for p in storage.glob("*.sql")),
+        *(f"tasknet/site/storage/engine/{p.name}" for p in storage.glob("*.sql")),
     }
     assert len(expected) > 10
     assert expected <= names, expected - names

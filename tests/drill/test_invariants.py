@@ -37,7 +37,7 @@ COST = 7
 
 
 def _script(name: str) -> str:
-    return resources.files("tasknet.site.storage").joinpath(name).read_text(encoding="utf-8")
+    return resources.files("tasknet.site.storage.engine").joinpath(name).read_text(encoding="utf-8")
 
 
 @pytest.fixture

@@ -4,16 +4,16 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from typing import Any, cast
 
 import pytest
 import pytest_twisted
 from twisted.internet import defer, protocol, reactor
 from twisted.internet.endpoints import TCP4ClientEndpoint, connectProtocol
-from twisted.internet.task import deferLater
 
 from tasknet.drill.proxy import HEADER, TO_CLIENT, TO_SERVER, FaultProxy, FrameSplitter
+from tests.eventually import eventually
 
 
 def frame(type_: int, payload: dict[str, Any]) -> bytes:
@@ -60,14 +60,6 @@ class PeerFactory(protocol.ServerFactory):
         return peer
 
 
-async def until(check: Callable[[], bool], timeout: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not reached in time")
-        await deferLater(reactor, 0.01, lambda: None)
-
-
 class Rig:
     """A server peer, the proxy in front of it, and helpers to dial through it."""
 
@@ -83,7 +75,7 @@ class Rig:
         client = await connectProtocol(endpoint, Peer())
         self.clients.append(client)
         n = len(self.servers.peers)
-        await until(lambda: len(self.servers.peers) > n)
+        await eventually(lambda: len(self.servers.peers) > n)
         return client, self.servers.peers[-1]
 
     async def close(self) -> None:
@@ -118,7 +110,7 @@ async def test_pass_through_counts_frames_both_ways(rig: Rig) -> None:
     client, server = await rig.dial()
     client.send(frame(1, {"nodeId": "n"}) + frame(12, {"reportId": "a"}))
     server.send(frame(0, {"name": "s"}) + frame(13, {"reportId": "a"}))
-    await until(lambda: server.types() == [1, 12] and client.types() == [0, 13])
+    await eventually(lambda: server.types() == [1, 12] and client.types() == [0, 13])
     stats = rig.proxy.stats()
     assert stats["forwarded"] == {
         "to_client:0": 1,
@@ -137,14 +129,14 @@ async def test_delay_holds_frames_and_keeps_order(rig: Rig) -> None:
     started = time.monotonic()
     for i in range(5):
         client.send(frame(3, {"time": i}))
-    await until(lambda: len(server.types()) == 5)
+    await eventually(lambda: len(server.types()) == 5)
     assert time.monotonic() - started >= 0.29
     times = [json.loads(f[5:])["time"] for _, f in FrameSplitter().feed(bytes(server.received))]
     assert times == [0, 1, 2, 3, 4]
     rig.proxy.heal()
     started = time.monotonic()
     client.send(frame(3, {"time": 9}))
-    await until(lambda: len(server.types()) == 6)
+    await eventually(lambda: len(server.types()) == 6)
     assert time.monotonic() - started < 0.25
 
 
@@ -154,7 +146,7 @@ async def test_drop_removes_whole_frames_of_one_type_and_direction(rig: Rig) -> 
     rig.proxy.drop(13, TO_CLIENT, count=1)
     server.send(frame(3, {}) + frame(13, {"reportId": "x"}) + frame(13, {"reportId": "y"}))
     client.send(frame(13, {"reportId": "up"}))  # other direction: untouched
-    await until(lambda: client.types() == [3, 13] and server.types() == [13])
+    await eventually(lambda: client.types() == [3, 13] and server.types() == [13])
     got = FrameSplitter().feed(bytes(client.received))[1][1]
     assert json.loads(got[5:]) == {"reportId": "y"}
     assert rig.proxy.stats()["dropped"] == {"to_client:13": 1}
@@ -166,10 +158,10 @@ async def test_drop_without_count_holds_until_heal(rig: Rig) -> None:
     client, server = await rig.dial()
     rig.proxy.drop(12, TO_SERVER)
     client.send(frame(12, {}) + frame(12, {}) + frame(3, {}))
-    await until(lambda: server.types() == [3])
+    await eventually(lambda: server.types() == [3])
     rig.proxy.heal()
     client.send(frame(12, {}))
-    await until(lambda: server.types() == [3, 12])
+    await eventually(lambda: server.types() == [3, 12])
     assert rig.proxy.dropped[(TO_SERVER, 12)] == 2
 
 
@@ -187,7 +179,7 @@ async def test_cut_after_n_bytes_of_a_frame_type(rig: Rig) -> None:
     # The rule fired once: the next connection passes whole reports.
     client2, server2 = await rig.dial()
     client2.send(report)
-    await until(lambda: bytes(server2.received) == report)
+    await eventually(lambda: bytes(server2.received) == report)
 
 
 @pytest_twisted.ensureDeferred
@@ -196,7 +188,7 @@ async def test_drop_and_cut_can_match_the_payload(rig: Rig) -> None:
     rig.proxy.drop(13, TO_CLIENT, count=1, match=lambda p: p.get("reportId") == "b")
     server.send(frame(13, {"reportId": "a"}) + frame(13, {"reportId": "b"}))
     server.send(frame(13, {"reportId": "b"}))
-    await until(lambda: len(client.types()) == 2)
+    await eventually(lambda: len(client.types()) == 2)
     ids = [json.loads(f[5:])["reportId"] for _, f in FrameSplitter().feed(bytes(client.received))]
     assert ids == ["a", "b"]
     rig.proxy.cut_after(6, TO_SERVER, 12, match=lambda p: p.get("reportId") == "y")
@@ -221,14 +213,14 @@ async def test_blackhole_forwards_nothing_and_heal_resets_tainted_links(rig: Rig
     rig.proxy.blackhole()
     client.send(frame(12, {}))
     server.send(frame(13, {}))
-    await until(lambda: sum(rig.proxy.blackholed_bytes.values()) == 14)
+    await eventually(lambda: sum(rig.proxy.blackholed_bytes.values()) == 14)
     assert client.received == b"" and server.received == b""
     rig.proxy.heal()
     await client.lost
     await server.lost
     client2, server2 = await rig.dial()
     client2.send(frame(12, {}))
-    await until(lambda: server2.types() == [12])
+    await eventually(lambda: server2.types() == [12])
 
 
 @pytest_twisted.ensureDeferred

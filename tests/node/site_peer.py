@@ -18,7 +18,6 @@ from twisted.internet import reactor
 from twisted.internet.defer import Deferred
 from twisted.internet.endpoints import TCP4ServerEndpoint
 from twisted.internet.protocol import Factory, Protocol
-from twisted.internet.task import deferLater
 
 from tasknet.protocol.messages import (
     FEATURE_SITE_PROOF,
@@ -40,19 +39,7 @@ from tasknet.protocol.messages import (
     sign_site_proof,
     verify_login,
 )
-
-
-async def eventually(check: Callable[[], Any], timeout: float = 10.0, what: str = "") -> Any:
-    """Poll ``check`` until it returns something truthy; fail after ``timeout``."""
-    waited = 0.0
-    while True:
-        value = check()
-        if value:
-            return value
-        if waited >= timeout:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what or check}")
-        await deferLater(reactor, 0.02, lambda: None)
-        waited += 0.02
+from tests.eventually import eventually
 
 
 class SiteConnection(Protocol):

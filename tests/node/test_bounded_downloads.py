@@ -31,8 +31,9 @@ from tasknet.node.store import NodeStore, TaskRow
 from tasknet.node.worker import member_name, retry_detail
 from tasknet.upstream import catalog
 from tasknet.upstream.testing import running_upstream
+from tests.eventually import eventually
 from tests.node.harness import file_fault, logged_in_node, node_rows, running
-from tests.node.site_peer import ScriptedSite, eventually
+from tests.node.site_peer import ScriptedSite
 from tests.node.test_worker import node_worker, run_to_completion, task_row
 
 GID = 4242  # 632,255 bytes at the mock upstream

@@ -8,8 +8,9 @@ import pytest_twisted
 
 from tasknet.protocol.messages import Error, TaskReport
 from tasknet.upstream import catalog
+from tests.eventually import eventually
 from tests.node.harness import file_fault, logged_in_node, node_rows, running
-from tests.node.site_peer import ScriptedSite, eventually
+from tests.node.site_peer import ScriptedSite
 
 GID = 777
 

@@ -43,8 +43,9 @@ from tasknet.protocol.messages import (
     sign_site_proof,
     verify_login,
 )
+from tests.eventually import eventually
 from tests.node.harness import SECRET, quick_retry
-from tests.node.site_peer import ScriptedSite, eventually
+from tests.node.site_peer import ScriptedSite
 from tests.protocol.peers import NodeRecorder
 from tests.tls_certs import make_ca, make_site_cert
 

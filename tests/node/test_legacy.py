@@ -7,8 +7,9 @@ from pathlib import Path
 import pytest_twisted
 
 from tasknet.protocol.messages import DeleteResult, Error, Login, StatusReport
+from tests.eventually import eventually
 from tests.node.harness import logged_in_node, node_rows, running
-from tests.node.site_peer import ScriptedSite, eventually
+from tests.node.site_peer import ScriptedSite
 
 GID = 31337
 

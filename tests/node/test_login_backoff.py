@@ -1,45 +1,36 @@
 """A node whose login is refused backs off exponentially, and starts again
 from the first delay after a successful login (issue 14).
 
-The node's ClientService and link run their timers on a ``task.Clock`` while
-the connections are real loopback TCP to the real site listener, so each
-retry delay is read off the clock exactly.
+The node's real link service dials the real site listener in memory
+(``MemoryNet``, tests/protocol/memory.py: iosim and one clock for both
+sides), so each retry delay is read off the clock exactly and every step is
+seen when it happens.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import Iterator
 from typing import Any
 
-import pytest_twisted
+import pytest
 from twisted.application.internet import backoffPolicy
-from twisted.internet.task import Clock
 
-from tasknet.node.link import SiteClientService, SiteLinkFactory, site_client_service
-from tests.protocol.peers import SITE_KEYS, Listener, NodeRecorder, SiteRecorder, eventually
-from tests.protocol.peers import site_factory as protocol_site_factory
+from tasknet.node.link import SiteClientService, SiteLinkFactory
+from tests.protocol.memory import MemoryNet
+from tests.protocol.peers import SITE_KEYS, NodeRecorder, SiteRecorder
 
 
 class Setup:
     def __init__(self) -> None:
-        self.clock = Clock()
+        self.net = MemoryNet()
+        self.clock = self.net.clock
         self.site_handler = SiteRecorder()
-        self.listener = Listener(protocol_site_factory(self.site_handler))
+        self.site, self.port = self.net.site(self.site_handler)
         self.node = NodeRecorder()
         self.service: SiteClientService | None = None
-        self.port = 0
 
-    async def start(self, secret: str, **kwargs: Any) -> SiteClientService:
-        self.port = await self.listener.start()
-        self.service = site_client_service(
-            f"tcp:host=127.0.0.1:port={self.port}",
-            "node-1",
-            secret,
-            self.node,
-            clock=self.clock,
-            **kwargs,
-        )
-        self.service.startService()
+    def start(self, secret: str, **kwargs: Any) -> SiteClientService:
+        self.service = self.net.node(self.port, self.node, secret=secret, **kwargs)
         return self.service
 
     @property
@@ -52,19 +43,18 @@ class Setup:
         (call,) = self.clock.getDelayedCalls()
         return call.getTime() - self.clock.seconds()
 
-    async def refused(self, count: int) -> None:
-        """Wait until the site has refused ``count`` connections in all."""
-        await eventually(lambda: self.factory.failed_logins == count)
-        await eventually(lambda: len(self.clock.getDelayedCalls()) == 1)
+    def refused(self, count: int) -> None:
+        """The site has refused ``count`` connections in all, and one retry waits."""
+        self.net.flush()
+        assert self.factory.failed_logins == count
+        assert len(self.clock.getDelayedCalls()) == 1
 
 
-@pytest_twisted.async_yield_fixture
-async def setup() -> AsyncIterator[Setup]:
+@pytest.fixture
+def setup() -> Iterator[Setup]:
     s = Setup()
     yield s
-    if s.service is not None and s.service.running:
-        await s.service.stopService()
-    await s.listener.stop()
+    s.net.close()
 
 
 def doubling() -> Any:
@@ -72,14 +62,11 @@ def doubling() -> Any:
     return backoffPolicy(initialDelay=0.5, factor=2.0, maxDelay=60.0, jitter=lambda: 0.0)
 
 
-@pytest_twisted.ensureDeferred
-async def test_refused_logins_back_off_exponentially_then_reset_after_a_login(
-    setup: Setup,
-) -> None:
-    await setup.start("wrong secret", retry_policy=doubling())
+def test_refused_logins_back_off_exponentially_then_reset_after_a_login(setup: Setup) -> None:
+    setup.start("wrong secret", retry_policy=doubling())
     delays = []
     for refusals in range(1, 6):
-        await setup.refused(refusals)
+        setup.refused(refusals)
         delays.append(setup.retry_delay())
         if refusals < 5:
             setup.clock.advance(delays[-1])  # the retry: a new connection, refused again
@@ -87,24 +74,25 @@ async def test_refused_logins_back_off_exponentially_then_reset_after_a_login(
     assert setup.node.kinds() == []
 
     # The operator fixes the key: the next attempt logs in and the count is forgotten.
-    setup.listener.factory.node_keys["node-1"] = "wrong secret"
+    setup.site.node_keys["node-1"] = "wrong secret"
     setup.clock.advance(delays[-1])
-    await eventually(lambda: setup.node.kinds() == ["up"])
+    setup.net.flush()
+    assert setup.node.kinds() == ["up"]
     assert setup.factory.failed_logins == 0
 
     # A drop after a good login retries after the first delay again, not 64 s.
-    setup.listener.factory.nodes["node-1"].close("site restarting")
-    await eventually(lambda: setup.node.kinds() == ["up", "down"])
-    await eventually(lambda: len(setup.clock.getDelayedCalls()) == 1)
+    setup.site.nodes["node-1"].close("site restarting")
+    setup.net.flush()
+    assert setup.node.kinds() == ["up", "down"]
+    assert len(setup.clock.getDelayedCalls()) == 1
     assert setup.retry_delay() == 1.0
 
 
-@pytest_twisted.ensureDeferred
-async def test_the_default_policy_reaches_its_30_s_ceiling_under_refusals(setup: Setup) -> None:
-    await setup.start("wrong secret")
+def test_the_default_policy_reaches_its_30_s_ceiling_under_refusals(setup: Setup) -> None:
+    setup.start("wrong secret", retry_policy=None)
     delays = []
     for refusals in range(1, 13):
-        await setup.refused(refusals)
+        setup.refused(refusals)
         delays.append(setup.retry_delay())
         setup.clock.advance(delays[-1])
     # 0.5 s x 1.5^n plus up to 1 s of jitter: the ceiling is 30 s (+ jitter).
@@ -113,9 +101,8 @@ async def test_the_default_policy_reaches_its_30_s_ceiling_under_refusals(setup:
     assert len(setup.site_handler.events) == 0
 
 
-@pytest_twisted.ensureDeferred
-async def test_the_site_key_that_matches_logs_in_at_once(setup: Setup) -> None:
+def test_the_site_key_that_matches_logs_in_at_once(setup: Setup) -> None:
     # The control: with the right secret there is no refusal and no backoff.
-    await setup.start(SITE_KEYS["node-1"], retry_policy=doubling())
-    await eventually(lambda: setup.node.kinds() == ["up"])
+    setup.start(SITE_KEYS["node-1"], retry_policy=doubling())
+    assert setup.node.kinds() == ["up"]
     assert setup.factory.failed_logins == 0

@@ -26,8 +26,8 @@ from tasknet.node.service import Options
 from tasknet.node.store import NodeStore
 from tasknet.protocol.messages import TaskReportAck
 from tasknet.upstream import catalog
+from tests.eventually import eventually
 from tests.node.harness import SECRET, file_fault, logged_in_node, running, start_node
-from tests.node.site_peer import eventually
 
 GID, OTHER = 5150, 5151
 

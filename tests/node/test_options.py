@@ -10,8 +10,8 @@ import pytest_twisted
 from twisted.python import usage
 
 from tasknet.node.service import NodeService, Options, makeService
+from tests.eventually import eventually
 from tests.node.harness import logged_in_node, running
-from tests.node.site_peer import eventually
 
 
 def parse(*argv: str) -> Options:

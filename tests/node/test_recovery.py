@@ -8,8 +8,8 @@ import pytest_twisted
 
 from tasknet.node.paths import DataDir
 from tasknet.node.store import NodeStore
+from tests.eventually import eventually
 from tests.node.harness import logged_in_node, node_rows, running
-from tests.node.site_peer import eventually
 
 GID = 2468
 

@@ -15,8 +15,8 @@ import pytest_twisted
 
 from tasknet.site.storage import delete
 from tasknet.upstream.testing import RunningUpstream, start_upstream
+from tests.eventually import eventually
 from tests.node.harness import node_rows, start_node
-from tests.node.site_peer import eventually
 from tests.site_protocol.harness import Site, add_task, add_user, row, secret_of
 
 GID = 6100

@@ -40,8 +40,9 @@ from tasknet.protocol.messages import (
     decode,
     encode,
 )
+from tests.eventually import eventually
 from tests.node.harness import SECRET, node_rows, start_node
-from tests.node.site_peer import ScriptedSite, eventually
+from tests.node.site_peer import ScriptedSite
 from tests.protocol.peers import NodeRecorder
 
 GID = 7300

@@ -18,7 +18,7 @@ from twisted.web.client import Agent, BrowserLikePolicyForHTTPS, HTTPConnectionP
 
 from tasknet.node.service import NodeService
 from tasknet.upstream.testing import start_upstream
-from tests.node.site_peer import eventually
+from tests.eventually import eventually
 from tests.site.helpers import running_site, site_options
 from tests.tls_certs import make_ca, make_site_cert
 

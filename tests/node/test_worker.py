@@ -16,8 +16,8 @@ from tasknet.node.store import NodeStore, TaskRow
 from tasknet.node.worker import Worker
 from tasknet.upstream import catalog
 from tasknet.upstream.testing import RunningUpstream, start_upstream
+from tests.eventually import eventually
 from tests.node.harness import file_fault
-from tests.node.site_peer import eventually
 
 GID = 4242
 

@@ -15,7 +15,7 @@ from twisted.internet.defer import Deferred
 from twisted.internet.error import DNSLookupError
 from twisted.logger import formatEvent, globalLogPublisher
 
-from tests.node.site_peer import eventually
+from tests.eventually import eventually
 from tests.node.test_worker import GID, node_worker, task_row
 
 

@@ -15,7 +15,6 @@ from twisted.internet import reactor
 from twisted.internet.defer import Deferred
 from twisted.internet.endpoints import TCP4ClientEndpoint, TCP4ServerEndpoint
 from twisted.internet.protocol import Factory, Protocol
-from twisted.internet.task import deferLater
 from twisted.python.failure import Failure
 from zope.interface import implementer
 
@@ -37,18 +36,9 @@ from tasknet.protocol.messages import (
 from tasknet.protocol.session import INodeHandler, INodeSession, ISiteHandler, ISiteLink
 from tasknet.site.connected_nodes import ConnectedNodes
 from tasknet.site.node_listener import NodeListenerFactory
+from tests.eventually import eventually
 
 SITE_KEYS = {"node-1": "s3cret", "node-2": "other-secret"}
-
-
-async def eventually(condition: Callable[[], Any], timeout: float = 5.0) -> None:
-    """Poll ``condition`` on the reactor until true (fails after ``timeout`` s)."""
-    waited = 0.0
-    while not condition():
-        if waited >= timeout:
-            raise AssertionError(f"condition not met within {timeout} s")
-        await deferLater(reactor, 0.005, lambda: None)
-        waited += 0.005
 
 
 @implementer(ISiteHandler)

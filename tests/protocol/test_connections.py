@@ -1,14 +1,15 @@
-"""Site listener and node link over real loopback TCP."""
+"""Site listener and node link: negotiation, login, bad frames, liveness and
+sessions, in memory (``net``: iosim pumps and one clock, tests/protocol/
+memory.py).  The real listener factory, sessions and link service; the bytes
+and every timer go through ``net`` instead of the kernel and the reactor, so
+each step is seen when it happens.  test_connections_tcp.py keeps a set of
+these over real loopback TCP."""
 
 from __future__ import annotations
 
-from typing import Any, cast
+from typing import Any
 
 import pytest
-import pytest_twisted
-from twisted.internet import reactor
-from twisted.internet.endpoints import TCP4ClientEndpoint
-from twisted.internet.task import Clock
 
 from tasknet.node.link import SiteLinkFactory
 from tasknet.protocol.messages import (
@@ -27,31 +28,37 @@ from tasknet.protocol.messages import (
     TaskEntry,
     TaskReport,
     TaskReportAck,
+    decode,
+    encode_payload,
     sign_login,
 )
-from tests.protocol.peers import (
-    SITE_KEYS,
-    Harness,
-    Listener,
-    NodeRecorder,
-    RawPeer,
-    SiteRecorder,
-    eventually,
-    login_raw,
-    site_factory,
-)
+from tests.protocol.memory import MemoryNet, result_of
+from tests.protocol.peers import SITE_KEYS, NodeRecorder, RawPeer, SiteRecorder, site_factory
 from tests.protocol.vectors import VECTORS, case_id, frame
+
+
+def login_raw(
+    net: MemoryNet, peer: RawPeer, node_id: str = "node-1", *, hello: bool = False
+) -> None:
+    """Log ``peer`` in as ``node_id`` (a Hello first: v2; none: legacy)."""
+    net.flush()
+    nonce = peer.of_type(Identity)[0].nonce
+    if hello:
+        peer.send(ProtocolHello())
+    peer.send(Login(node_id, sign_login(SITE_KEYS[node_id], nonce, node_id)))
+    net.flush()
+    assert peer.of_type(LoginResult) == [LoginResult(True, "")]
+
 
 # ---------------------------------------------------------------- negotiation matrix
 
 
-@pytest_twisted.ensureDeferred
-async def test_v2_site_and_v2_node_speak_v2(harness: Harness) -> None:
+def test_v2_site_and_v2_node_speak_v2(net: MemoryNet) -> None:
     site_handler = SiteRecorder()
-    factory, port = await harness.site(site_handler)
+    factory, port = net.site(site_handler)
     node = NodeRecorder()
-    harness.node(port, node)
-    await eventually(lambda: node.kinds() == ["up"] and "node-1" in factory.nodes)
+    net.node(port, node)
+    assert node.kinds() == ["up"] and "node-1" in factory.nodes
     session = factory.nodes["node-1"]
     assert (session.protocol_version, session.features) == (
         2,
@@ -63,27 +70,27 @@ async def test_v2_site_and_v2_node_speak_v2(harness: Harness) -> None:
 
     session.send_download("op-1", 7, "tok", "name", "http://127.0.0.1/f", 632255)
     session.send_delete("del-1", 8, "other")
-    await eventually(lambda: len(node.messages()) == 2)
+    net.flush()
     assert node.messages() == [
         TaskCommand("op-1", "DOWNLOAD", 7, "name", "http://127.0.0.1/f", 632255),
         TaskCommand("del-1", "DELETE", 8, "other", "", 0),
     ]
     report = TaskReport("r-1", 5, (TaskEntry(7, 1, 0.5),), {7: "op-1"}, ())
     node.link.send(report)
-    await eventually(lambda: site_handler.messages())
+    net.flush()
     assert site_handler.messages() == [report]
     session.send_ack("r-1", "APPLIED")
-    await eventually(lambda: len(node.messages()) == 3)
+    net.flush()
+    assert len(node.messages()) == 3
     assert node.messages()[-1] == TaskReportAck("r-1", "APPLIED")
 
 
-@pytest_twisted.ensureDeferred
-async def test_v2_site_and_legacy_node_fall_back_to_legacy(harness: Harness) -> None:
+def test_v2_site_and_legacy_node_fall_back_to_legacy(net: MemoryNet) -> None:
     site_handler = SiteRecorder()
-    factory, port = await harness.site(site_handler)
+    factory, port = net.site(site_handler)
     node = NodeRecorder()
-    harness.node(port, node, protocol=1)
-    await eventually(lambda: node.kinds() == ["up"] and "node-1" in factory.nodes)
+    net.node(port, node, protocol=1)
+    assert node.kinds() == ["up"] and "node-1" in factory.nodes
     session = factory.nodes["node-1"]
     assert (session.protocol_version, session.features) == (1, ())
     assert node.link.protocol_version == 1
@@ -92,7 +99,7 @@ async def test_v2_site_and_legacy_node_fall_back_to_legacy(harness: Harness) -> 
     session.send_delete("del-1", 8, "other")
     session.send_ack("r-1", "APPLIED")  # dropped: never a type >= 10 to a legacy node
     node.link.send(StatusReport((TaskEntry(7, 4, 1.0),)))
-    await eventually(lambda: len(node.messages()) == 2 and site_handler.messages())
+    net.flush()
     assert node.messages() == [
         DownloadPost(7, "tok", "name", "http://127.0.0.1/f"),
         DeleteGallery(8),
@@ -104,16 +111,16 @@ async def test_v2_site_and_legacy_node_fall_back_to_legacy(harness: Harness) -> 
         node.link.send(TaskReport("r", 1, (), {}, ()))
 
 
-@pytest_twisted.ensureDeferred
-async def test_v2_site_sends_a_legacy_node_nothing_of_v2_after_login(harness: Harness) -> None:
-    factory, port = await harness.site(heartbeat_interval=0.02)
-    peer = await harness.raw(port)  # a legacy node: Login without a Hello
-    await login_raw(peer)
+def test_v2_site_sends_a_legacy_node_nothing_of_v2_after_login(net: MemoryNet) -> None:
+    factory, port = net.site(heartbeat_interval=0.02)
+    peer = net.raw(port)  # a legacy node: Login without a Hello
+    login_raw(net, peer)
     session = factory.nodes["node-1"]
     session.send_download("op-1", 7, "tok", "n", "u")
     session.send_delete("del-1", 7, "n")
     session.send_ack("r-1", "APPLIED")
-    await eventually(lambda: peer.of_type(DeleteGallery) and peer.of_type(Heartbeat))
+    net.advance(0.02)  # and a Heartbeat
+    assert peer.of_type(DeleteGallery) and peer.of_type(Heartbeat)
     types = peer.types()
     assert types[:3] == [0, 10, 2]  # the pre-login Hello, which a legacy node ignores
     assert all(t < 10 for t in types[3:]), types
@@ -121,50 +128,45 @@ async def test_v2_site_sends_a_legacy_node_nothing_of_v2_after_login(harness: Ha
         assert message is not None
         if type_ < 10:
             # what a strict legacy reader would have accepted: no unknown field
-            from tasknet.protocol.messages import decode, encode_payload
-
             decode(type_, encode_payload(message), strict=True)
 
 
-@pytest_twisted.ensureDeferred
-async def test_legacy_site_and_v2_node_use_legacy_messages(harness: Harness) -> None:
+def test_legacy_site_and_v2_node_use_legacy_messages(net: MemoryNet) -> None:
     def commands(site: Any) -> None:
         site.send(DownloadPost(7, "tok", "n", "u"))
         site.send(TaskCommand("op", "DOWNLOAD", 9, "n", "u"))  # not in force: refused by node
 
-    doubles, port = await harness.legacy_site(commands)
+    doubles, port = net.legacy_site(commands)
     node = NodeRecorder()
-    harness.node(port, node, trust_legacy_site=True)
-    await eventually(lambda: node.kinds()[:2] == ["up", "message"])
+    net.node(port, node, trust_legacy_site=True)
+    assert node.kinds()[:2] == ["up", "message"]
     link = node.events[0][1]
     assert link.protocol_version == 1
     assert node.messages()[0] == DownloadPost(7, "tok", "n", "u")
     site = doubles[0]
     # The v2 node said Hello before Login, then (legacy site) only legacy types.
     assert site.types()[:2] == [10, 1]
-    await eventually(lambda: site.of_type(Error))
     assert site.of_type(Error)[0].code == "protocol_violation"
 
 
-@pytest_twisted.ensureDeferred
-async def test_legacy_site_and_v2_node_link_refuses_v2_messages(harness: Harness) -> None:
-    doubles, port = await harness.legacy_site()
+def test_legacy_site_and_v2_node_link_refuses_v2_messages(net: MemoryNet) -> None:
+    doubles, port = net.legacy_site()
     node = NodeRecorder()
-    harness.node(port, node, trust_legacy_site=True)
-    await eventually(lambda: node.kinds() == ["up"])
+    net.node(port, node, trust_legacy_site=True)
+    assert node.kinds() == ["up"]
     with pytest.raises(ValueError):
         node.link.send(TaskReport("r", 1, (), {}, ()))
     node.link.send(StatusReport(()))
-    await eventually(lambda: doubles[0].of_type(StatusReport))
+    net.flush()
+    assert doubles[0].of_type(StatusReport)
     assert all(t < 10 for t in doubles[0].types()[1:])
 
 
-@pytest_twisted.ensureDeferred
-async def test_legacy_site_and_legacy_node(harness: Harness) -> None:
-    doubles, port = await harness.legacy_site(lambda site: site.send(DeleteGallery(3)))
+def test_legacy_site_and_legacy_node(net: MemoryNet) -> None:
+    doubles, port = net.legacy_site(lambda site: site.send(DeleteGallery(3)))
     node = NodeRecorder()
-    harness.node(port, node, protocol=1)
-    await eventually(lambda: node.kinds() == ["up", "message"])
+    net.node(port, node, protocol=1)
+    assert node.kinds() == ["up", "message"]
     assert node.link.protocol_version == 1
     assert node.messages() == [DeleteGallery(3)]
     assert doubles[0].types() == [1]  # Login only: a legacy node never says Hello
@@ -174,34 +176,37 @@ async def test_legacy_site_and_legacy_node(harness: Harness) -> None:
 
 
 @pytest.mark.parametrize("case", VECTORS["legacy_strict"], ids=case_id)
-@pytest_twisted.ensureDeferred
-async def test_legacy_strict_vector_closes_a_legacy_node_but_not_a_v2_one(
-    harness: Harness, case: dict[str, Any]
+def test_legacy_strict_vector_closes_a_legacy_node_but_not_a_v2_one(
+    net: MemoryNet, case: dict[str, Any]
 ) -> None:
-    doubles, port = await harness.legacy_site(lambda site: site.send_raw(frame(case)))
+    doubles, port = net.legacy_site(lambda site: site.send_raw(frame(case)))
     legacy, tolerant = NodeRecorder(), NodeRecorder()
-    harness.node(port, legacy, protocol=1)
-    await eventually(lambda: legacy.kinds() == ["up", "down"])
+    service = net.node(port, legacy, protocol=1)
+    # The legacy node closed (its Error reached the site first), and has not
+    # dialled again yet (its retry is 20 ms off).
+    assert legacy.kinds() == ["up", "down"]
     errors = [m for d in doubles for m in d.of_type(Error)]
     assert [e.code for e in errors] == ["bad_message"]
-    await harness.services.pop().stopService()
+    net.services.remove(service)
+    stopped = service.stopService()
+    net.flush()
+    result_of(stopped)
 
-    harness.node(port, tolerant, protocol=2, trust_legacy_site=True)
-    await eventually(lambda: tolerant.kinds() == ["up", "message"])
+    net.node(port, tolerant, protocol=2, trust_legacy_site=True)
+    assert tolerant.kinds() == ["up", "message"]
     assert tolerant.messages()[0].TYPE == frame(case)[0]
 
 
-@pytest_twisted.ensureDeferred
-async def test_legacy_node_ignores_v2_types_after_login(harness: Harness) -> None:
+def test_legacy_node_ignores_v2_types_after_login(net: MemoryNet) -> None:
     def send_v2(site: Any) -> None:
         site.send(TaskCommand("op", "DOWNLOAD", 1, "n", "u"))
         site.send(TaskReportAck("r", "APPLIED"))
         site.send(DeleteGallery(1))
 
-    doubles, port = await harness.legacy_site(send_v2)
+    doubles, port = net.legacy_site(send_v2)
     node = NodeRecorder()
-    harness.node(port, node, protocol=1)
-    await eventually(lambda: node.kinds() == ["up", "message"])
+    net.node(port, node, protocol=1)
+    assert node.kinds() == ["up", "message"]
     assert node.messages() == [DeleteGallery(1)]
     assert not doubles[0].of_type(Error)
 
@@ -216,59 +221,53 @@ async def test_legacy_node_ignores_v2_types_after_login(harness: Harness) -> Non
         ("node-9", "s3cret", "unknown node"),
     ],
 )
-@pytest_twisted.ensureDeferred
-async def test_login_refused_then_closed(
-    harness: Harness, node_id: str, secret: str, reason: str
-) -> None:
+def test_login_refused_then_closed(net: MemoryNet, node_id: str, secret: str, reason: str) -> None:
     site_handler = SiteRecorder()
-    factory, port = await harness.site(site_handler)
-    peer = await harness.raw(port)
-    await eventually(lambda: peer.of_type(Identity))
+    factory, port = net.site(site_handler)
+    peer = net.raw(port)
     nonce = peer.of_type(Identity)[0].nonce
     assert len(nonce) == 32 and int(nonce, 16) >= 0
     peer.send(Login(node_id, sign_login(secret, nonce, node_id)))
-    await peer.closed
+    net.flush()
+    assert peer.is_closed
     assert peer.of_type(LoginResult) == [LoginResult(False, reason)]
     assert site_handler.events == [] and factory.nodes == {}
 
 
-@pytest_twisted.ensureDeferred
-async def test_each_connection_gets_a_fresh_nonce_and_old_signatures_fail(harness: Harness) -> None:
-    factory, port = await harness.site()
-    first = await harness.raw(port)
-    await login_raw(first)
-    second = await harness.raw(port)
-    await eventually(lambda: second.of_type(Identity))
+def test_each_connection_gets_a_fresh_nonce_and_old_signatures_fail(net: MemoryNet) -> None:
+    factory, port = net.site()
+    first = net.raw(port)
+    login_raw(net, first)
+    second = net.raw(port)
     old_nonce = first.of_type(Identity)[0].nonce
     assert second.of_type(Identity)[0].nonce != old_nonce
     second.send(Login("node-1", sign_login("s3cret", old_nonce, "node-1")))  # a replay
-    await second.closed
+    net.flush()
+    assert second.is_closed
     assert second.of_type(LoginResult) == [LoginResult(False, "bad signature")]
 
 
-async def login_with(port: int, harness: Harness, node_id: str, secret: str) -> RawPeer:
-    peer = await harness.raw(port)
-    await eventually(lambda: peer.of_type(Identity))
+def login_with(net: MemoryNet, port: int, node_id: str, secret: str) -> RawPeer:
+    peer = net.raw(port)
     peer.send(Login(node_id, sign_login(secret, peer.of_type(Identity)[0].nonce, node_id)))
-    await eventually(lambda: peer.of_type(LoginResult))
+    net.flush()
     return peer
 
 
-@pytest_twisted.ensureDeferred
-async def test_node_keys_are_read_at_each_login(harness: Harness) -> None:
-    factory, port = await harness.site()
+def test_node_keys_are_read_at_each_login(net: MemoryNet) -> None:
+    factory, port = net.site()
     factory.node_keys["node-3"] = "new-key"  # added while running
-    added = await login_with(port, harness, "node-3", "new-key")
+    added = login_with(net, port, "node-3", "new-key")
     assert added.of_type(LoginResult) == [LoginResult(True, "")]
 
     del factory.node_keys["node-2"]  # removed while running
-    removed = await login_with(port, harness, "node-2", SITE_KEYS["node-2"])
+    removed = login_with(net, port, "node-2", SITE_KEYS["node-2"])
     assert removed.of_type(LoginResult) == [LoginResult(False, "unknown node")]
 
     factory.node_keys = {"node-1": "rotated"}  # a whole new mapping
-    old = await login_with(port, harness, "node-1", SITE_KEYS["node-1"])
+    old = login_with(net, port, "node-1", SITE_KEYS["node-1"])
     assert old.of_type(LoginResult) == [LoginResult(False, "bad signature")]
-    new = await login_with(port, harness, "node-1", "rotated")
+    new = login_with(net, port, "node-1", "rotated")
     assert new.of_type(LoginResult) == [LoginResult(True, "")]
     assert sorted(factory.nodes) == ["node-1", "node-3"]
 
@@ -278,98 +277,92 @@ async def test_node_keys_are_read_at_each_login(harness: Harness) -> None:
     [DownloadPost(1, "t", "n", "u"), StatusReport(()), TaskReport("r", 1, (), {}, ())],
     ids=lambda m: type(m).__name__,
 )
-@pytest_twisted.ensureDeferred
-async def test_traffic_before_login_is_unauthenticated(harness: Harness, message: Any) -> None:
+def test_traffic_before_login_is_unauthenticated(net: MemoryNet, message: Any) -> None:
     site_handler = SiteRecorder()
-    factory, port = await harness.site(site_handler)
-    peer = await harness.raw(port)
+    factory, port = net.site(site_handler)
+    peer = net.raw(port)
     peer.send(message)
-    await peer.closed
+    net.flush()
+    assert peer.is_closed
     assert [e.code for e in peer.of_type(Error)] == ["unauthenticated"]
     assert site_handler.events == []
 
 
-@pytest_twisted.ensureDeferred
-async def test_unknown_type_before_login_is_unauthenticated_after_login_ignored(
-    harness: Harness,
-) -> None:
+def test_unknown_type_before_login_is_unauthenticated_after_login_ignored(net: MemoryNet) -> None:
     site_handler = SiteRecorder()
-    factory, port = await harness.site(site_handler)
-    early = await harness.raw(port)
+    factory, port = net.site(site_handler)
+    early = net.raw(port)
     early.send_raw(HEADER.pack(99, 2) + b"{}")
-    await early.closed
+    net.flush()
+    assert early.is_closed
     assert [e.code for e in early.of_type(Error)] == ["unauthenticated"]
 
-    late = await harness.raw(port)
-    await login_raw(late, hello=True)
+    late = net.raw(port)
+    login_raw(net, late, hello=True)
     late.send_raw(HEADER.pack(99, 2) + b"{}")
     late.send(StatusReport(()))
-    await eventually(lambda: site_handler.messages())
+    net.flush()
     assert site_handler.messages() == [StatusReport(())]
     assert not late.is_closed and not late.of_type(Error)
 
 
-@pytest_twisted.ensureDeferred
-async def test_v2_report_on_a_legacy_connection_is_a_violation(harness: Harness) -> None:
+def test_v2_report_on_a_legacy_connection_is_a_violation(net: MemoryNet) -> None:
     site_handler = SiteRecorder()
-    factory, port = await harness.site(site_handler)
-    peer = await harness.raw(port)
-    await login_raw(peer)  # no Hello: legacy
+    factory, port = net.site(site_handler)
+    peer = net.raw(port)
+    login_raw(net, peer)  # no Hello: legacy
     peer.send(TaskReport("r", 1, (), {}, ()))
-    await peer.closed
+    net.flush()
+    assert peer.is_closed
     assert [e.code for e in peer.of_type(Error)] == ["protocol_violation"]
     assert site_handler.kinds() == ["attached", "detached"]
 
 
-@pytest_twisted.ensureDeferred
-async def test_site_ignores_a_late_hello_and_refuses_a_site_message_from_a_node(
-    harness: Harness,
-) -> None:
+def test_site_ignores_a_late_hello_and_refuses_a_site_message_from_a_node(net: MemoryNet) -> None:
     site_handler = SiteRecorder()
-    factory, port = await harness.site(site_handler)
-    peer = await harness.raw(port)
-    await login_raw(peer, hello=True)
+    factory, port = net.site(site_handler)
+    peer = net.raw(port)
+    login_raw(net, peer, hello=True)
     peer.send(ProtocolHello())  # after login: ignored, the connection stays
     peer.send(StatusReport(()))
-    await eventually(lambda: site_handler.messages())
+    net.flush()
+    assert site_handler.messages() == [StatusReport(())]
+    assert not peer.is_closed
     peer.send(DownloadPost(1, "t", "n", "u"))  # a site → node message
-    await peer.closed
+    net.flush()
+    assert peer.is_closed
     assert peer.of_type(Error) == [
         Error("protocol_violation", "DownloadPost is not a node message on a protocol 2 connection")
     ]
     assert site_handler.messages() == [StatusReport(())]
 
 
-@pytest_twisted.ensureDeferred
-async def test_node_ignores_a_late_hello_and_refuses_a_node_message_from_the_site(
-    harness: Harness,
+def test_node_ignores_a_late_hello_and_refuses_a_node_message_from_the_site(
+    net: MemoryNet,
 ) -> None:
     def after_login(site: Any) -> None:
         site.send(ProtocolHello())  # after LoginResult: ignored
         site.send(DeleteGallery(4))
         site.send(StatusReport(()))  # a node → site message
 
-    doubles, port = await harness.legacy_site(after_login)
+    doubles, port = net.legacy_site(after_login)
     node = NodeRecorder()
-    harness.node(port, node, trust_legacy_site=True)
-    await eventually(lambda: doubles and doubles[0].of_type(Error))
+    net.node(port, node, trust_legacy_site=True)
     assert doubles[0].of_type(Error) == [
         Error("protocol_violation", "StatusReport is not a site message on a protocol 1 connection")
     ]
-    await eventually(lambda: node.kinds()[:3] == ["up", "message", "down"])
+    assert node.kinds()[:3] == ["up", "message", "down"]
     assert node.messages()[0] == DeleteGallery(4)
 
 
 @pytest.mark.parametrize("farewell", [Goodbye("bye"), Error("internal", "oops")], ids=repr)
-@pytest_twisted.ensureDeferred
-async def test_goodbye_or_error_before_login_closes_quietly(
-    harness: Harness, farewell: Any
-) -> None:
+def test_goodbye_or_error_before_login_closes_quietly(net: MemoryNet, farewell: Any) -> None:
     site_handler = SiteRecorder()
-    factory, port = await harness.site(site_handler)
-    peer = await harness.raw(port)
+    factory, port = net.site(site_handler)
+    peer = net.raw(port)
     peer.send(farewell)
-    await peer.closed
+    net.flush()
+    assert peer.is_closed
     assert peer.of_type(Error) == [] and site_handler.events == []
 
 
@@ -377,28 +370,26 @@ async def test_goodbye_or_error_before_login_closes_quietly(
 
 
 @pytest.mark.parametrize("case", VECTORS["invalid"], ids=case_id)
-@pytest_twisted.ensureDeferred
-async def test_invalid_vector_over_tcp_gets_its_error_and_a_close(
-    harness: Harness, case: dict[str, Any]
-) -> None:
+def test_invalid_vector_gets_its_error_and_a_close(net: MemoryNet, case: dict[str, Any]) -> None:
     site_handler = SiteRecorder()
-    factory, port = await harness.site(site_handler)
-    peer = await harness.raw(port)
-    await login_raw(peer, hello=True)
+    factory, port = net.site(site_handler)
+    peer = net.raw(port)
+    login_raw(net, peer, hello=True)
     peer.send_raw(frame(case))
-    await peer.closed
+    net.flush()
+    assert peer.is_closed
     assert [e.code for e in peer.of_type(Error)] == [case["error"]]
     assert site_handler.messages() == []
     assert site_handler.kinds() == ["attached", "detached"]
 
 
-@pytest_twisted.ensureDeferred
-async def test_oversize_frame_is_refused_on_its_header_alone(harness: Harness) -> None:
-    factory, port = await harness.site(max_payload=1024)
-    peer = await harness.raw(port)
-    await login_raw(peer, hello=True)
+def test_oversize_frame_is_refused_on_its_header_alone(net: MemoryNet) -> None:
+    factory, port = net.site(max_payload=1024)
+    peer = net.raw(port)
+    login_raw(net, peer, hello=True)
     peer.send_raw(HEADER.pack(12, 1025))  # only the 5-byte header goes out
-    await peer.closed
+    net.flush()
+    assert peer.is_closed
     assert peer.of_type(Error) == [
         Error("frame_too_large", "declared payload of 1025 bytes exceeds 1024")
     ]
@@ -407,89 +398,83 @@ async def test_oversize_frame_is_refused_on_its_header_alone(harness: Harness) -
 # ---------------------------------------------------------------- liveness
 
 
-def idle_deadline(clock: Clock) -> float:
-    """When the one connection timed by ``clock`` will be dropped for silence.
+def idle_deadline(net: MemoryNet) -> float:
+    """When the one connection timed by the clock will be dropped for silence.
 
     Its delayed calls are the next Heartbeat (now + 15 s at most) and the
     idle timeout (last frame + 45 s): the later one is the timeout."""
-    return max(call.getTime() for call in clock.calls)
+    return max(call.getTime() for call in net.clock.getDelayedCalls())
 
 
-@pytest_twisted.ensureDeferred
-async def test_heartbeats_flow_and_a_silent_peer_is_dropped_after_45_s(harness: Harness) -> None:
+def test_heartbeats_flow_and_a_silent_peer_is_dropped_after_45_s(net: MemoryNet) -> None:
     site_handler = SiteRecorder()
-    clock = Clock()  # the session's timers; the bytes go over real TCP
-    factory, port = await harness.site(site_handler, clock=clock)
-    peer = await harness.raw(port)
-    await login_raw(peer, hello=True)  # at clock time 0
+    factory, port = net.site(site_handler)
+    peer = net.raw(port)
+    login_raw(net, peer, hello=True)  # at clock time 0
     session = factory.nodes["node-1"]
-    clock.advance(10)
+    net.advance(10)
     peer.send(Heartbeat(10_000))  # our last frame, at 10 s
-    await eventually(lambda: idle_deadline(clock) == 55)
-    for _ in range(3):  # the site's Heartbeats at 15, 30 and 45 s
-        clock.advance(15 - clock.seconds() % 15)
-    await eventually(lambda: len(peer.of_type(Heartbeat)) == 3)
-    clock.advance(9)  # 54 s: whole seconds, so the float sums stay exact
-    assert not session.closing
-    clock.advance(1)  # 45 s without a frame from us: the site gives up
+    net.flush()
+    assert idle_deadline(net) == 55
+    net.advance(35)  # 45 s: the site's Heartbeats at 15, 30 and 45 s
+    assert len(peer.of_type(Heartbeat)) == 3
+    net.advance(9)  # 54 s: whole seconds, so the float sums stay exact
+    assert not session.closing and not peer.is_closed
+    net.clock.advance(1)  # 45 s without a frame from us: the site gives up
     assert session.closing
-    await peer.closed
+    net.flush()
+    assert peer.is_closed
     assert site_handler.kinds() == ["attached", "detached"]
     assert factory.nodes == {}
 
 
-@pytest_twisted.ensureDeferred
-async def test_heartbeating_node_stays_connected_past_the_idle_timeout(harness: Harness) -> None:
-    site_clock, node_clock = Clock(), Clock()
-    factory, port = await harness.site(clock=site_clock)
+def test_heartbeating_node_stays_connected_past_the_idle_timeout(net: MemoryNet) -> None:
+    factory, port = net.site()
     node = NodeRecorder()
-    link_factory = SiteLinkFactory("node-1", SITE_KEYS["node-1"], node, clock=node_clock)
-    endpoint = TCP4ClientEndpoint(reactor, "127.0.0.1", port)
-    link: Any = await endpoint.connect(cast(Any, link_factory))
-    try:
-        await eventually(lambda: node.kinds() == ["up"])
-        session = factory.nodes["node-1"]
-        for _ in range(7):  # 105 s: more than two idle timeouts
-            site_clock.advance(15)
-            node_clock.advance(15)
-            # Each side's Heartbeat reaches the other and pushes its timeout back.
-            await eventually(
-                lambda: (
-                    idle_deadline(site_clock) == site_clock.seconds() + 45
-                    and idle_deadline(node_clock) == node_clock.seconds() + 45
-                )
-            )
-            assert not session.closing and not link.closing
-        assert node.kinds() == ["up"] and factory.nodes["node-1"] is session
-    finally:
-        link.transport.abortConnection()
-        await eventually(lambda: node.kinds() == ["up", "down"] and not factory.connections)
+    link_factory = SiteLinkFactory("node-1", SITE_KEYS["node-1"], node, clock=net.clock)
+    link = net.dial(port, link_factory)
+    assert node.kinds() == ["up"]
+    session = factory.nodes["node-1"]
+    for _ in range(7):  # 105 s: more than two idle timeouts
+        net.advance(15)
+        # Each side's Heartbeat reached the other and pushed its timeout back.
+        deadlines = sorted({c.getTime() for c in net.clock.getDelayedCalls()})
+        assert deadlines[-1] == net.clock.seconds() + 45, deadlines
+        assert not session.closing and not link.closing
+    assert node.kinds() == ["up"] and factory.nodes["node-1"] is session
+    link.close("done")
+    net.flush()
+    assert node.kinds() == ["up", "down"] and not factory.connections
 
 
-@pytest_twisted.ensureDeferred
-async def test_node_drops_a_silent_site_and_reconnects(harness: Harness) -> None:
-    doubles, port = await harness.legacy_site()  # never heartbeats
+def test_node_drops_a_silent_site_and_reconnects(net: MemoryNet) -> None:
+    doubles, port = net.legacy_site()  # never heartbeats
     node = NodeRecorder()
-    harness.node(port, node, heartbeat_interval=10, idle_timeout=0.2, trust_legacy_site=True)
-    await eventually(lambda: node.kinds()[:3] == ["up", "down", "up"])
-    assert len(doubles) >= 2
+    net.node(port, node, heartbeat_interval=10, idle_timeout=0.2, trust_legacy_site=True)
+    assert node.kinds() == ["up"]
+    net.advance(0.19)
+    assert node.kinds() == ["up"]  # not yet: 0.2 s of silence
+    net.advance(0.01)
+    assert node.kinds() == ["up", "down"]
+    net.advance(0.02)  # the retry policy's delay
+    assert node.kinds() == ["up", "down", "up"]
+    assert len(doubles) == 2
 
 
 # ---------------------------------------------------------------- sessions
 
 
-@pytest_twisted.ensureDeferred
-async def test_newest_connection_wins(harness: Harness) -> None:
+def test_newest_connection_wins(net: MemoryNet) -> None:
     site_handler = SiteRecorder()
-    factory, port = await harness.site(site_handler)
-    old = await harness.raw(port)
-    await login_raw(old, hello=True)
+    factory, port = net.site(site_handler)
+    old = net.raw(port)
+    login_raw(net, old, hello=True)
     old_session = factory.nodes["node-1"]
-    new = await harness.raw(port)
-    await login_raw(new)
+    new = net.raw(port)
+    login_raw(net, new)
     new_session = factory.nodes["node-1"]
     assert new_session is not old_session
-    await old.closed
+    assert old.is_closed
     assert old.of_type(Goodbye) == [Goodbye("replaced by a newer connection")]
     assert [(k, s) for k, s, _ in site_handler.events] == [
         ("attached", old_session),
@@ -500,62 +485,67 @@ async def test_newest_connection_wins(harness: Harness) -> None:
     assert (old_session.protocol_version, new_session.protocol_version) == (2, 1)
     # The new session still works; closing it detaches it exactly once.
     new.send(StatusReport(()))
-    await eventually(lambda: site_handler.messages())
+    net.flush()
+    assert site_handler.messages() == [StatusReport(())]
     new_session.close("bye")
-    await new.closed
-    await eventually(lambda: site_handler.kinds()[-1] == "detached")
+    net.flush()
+    assert new.is_closed
     assert site_handler.kinds() == ["attached", "detached", "attached", "message", "detached"]
     assert new.of_type(Goodbye) == [Goodbye("bye")]
     assert factory.nodes == {}
 
 
-@pytest_twisted.ensureDeferred
-async def test_goodbye_from_node_closes_and_detaches(harness: Harness) -> None:
+def test_goodbye_from_node_closes_and_detaches(net: MemoryNet) -> None:
     site_handler = SiteRecorder()
-    factory, port = await harness.site(site_handler)
+    factory, port = net.site(site_handler)
     node = NodeRecorder()
-    service = harness.node(port, node)
-    await eventually(lambda: node.kinds() == ["up"])
+    service = net.node(port, node)
+    assert node.kinds() == ["up"]
     node.link.close("node shutting down")
-    await eventually(lambda: site_handler.kinds() == ["attached", "detached"])
-    await eventually(lambda: node.kinds()[:2] == ["up", "down"])
-    await service.stopService()
-
-
-@pytest_twisted.ensureDeferred
-async def test_node_reconnects_after_the_site_listener_restarts(harness: Harness) -> None:
-    site_handler = SiteRecorder()
-    factory, port = await harness.site(site_handler)
-    node = NodeRecorder()
-    harness.node(port, node)
-    await eventually(lambda: node.kinds() == ["up"])
-    await harness.listeners[0].stop()
-    await eventually(lambda: node.kinds() == ["up", "down"])
+    net.flush()
     assert site_handler.kinds() == ["attached", "detached"]
+    assert node.kinds() == ["up", "down"]
+    net.services.remove(service)
+    stopped = service.stopService()
+    net.flush()
+    result_of(stopped)
+
+
+def test_node_reconnects_after_the_site_listener_restarts(net: MemoryNet) -> None:
+    site_handler = SiteRecorder()
+    factory, port = net.site(site_handler)
+    node = NodeRecorder()
+    net.node(port, node)
+    assert node.kinds() == ["up"]
+    net.stop_listening(port)
+    assert node.kinds() == ["up", "down"]
+    assert site_handler.kinds() == ["attached", "detached"]
+    net.advance(0.1)  # dials again every 20 ms: refused while nobody listens
+    assert node.kinds() == ["up", "down"]
 
     again = SiteRecorder()
-    restarted = Listener(site_factory(again))
-    harness.listeners.append(restarted)
-    await restarted.start(port)
-    await eventually(lambda: node.kinds() == ["up", "down", "up"])
+    restarted = site_factory(again, clock=net.clock)
+    net.listen(restarted, port)
+    net.advance(0.02)
+    assert node.kinds() == ["up", "down", "up"]
     assert again.kinds() == ["attached"]
-    assert restarted.factory.nodes["node-1"].protocol_version == 2
+    assert restarted.nodes["node-1"].protocol_version == 2
 
 
-@pytest_twisted.ensureDeferred
-async def test_close_all_says_goodbye_and_fires_when_every_connection_is_gone(
-    harness: Harness,
-) -> None:
+def test_close_all_says_goodbye_and_fires_when_every_connection_is_gone(net: MemoryNet) -> None:
     site_handler = SiteRecorder()
-    factory, port = await harness.site(site_handler)
-    peers = [await harness.raw(port) for _ in range(3)]
-    await login_raw(peers[0], hello=True)
-    await login_raw(peers[1], "node-2")
-    await eventually(lambda: len(factory.connections) == 3)
-    await factory.close_all("site stopping")
+    factory, port = net.site(site_handler)
+    peers = [net.raw(port) for _ in range(3)]
+    login_raw(net, peers[0], hello=True)
+    login_raw(net, peers[1], "node-2")
+    assert len(factory.connections) == 3
+    closed = factory.close_all("site stopping")
+    assert not closed.called  # not before the connections are gone
+    net.flush()
+    result_of(closed)
     assert factory.connections == set() and factory.nodes == {}
     for peer in peers:
-        await peer.closed
+        assert peer.is_closed
         assert peer.of_type(Goodbye) == [Goodbye("site stopping")]
     assert sorted(site_handler.kinds()) == ["attached"] * 2 + ["detached"] * 2
-    await factory.close_all("again")  # nothing left: fires at once
+    result_of(factory.close_all("again"))  # nothing left: fires at once

@@ -1,9 +1,11 @@
-"""Before login, over real loopback TCP: the 64 KiB frame cap, the 30 s login
-deadline that no pre-login frame extends, the full-length signature check,
-and the rate-limited log of refused logins (PROTOCOL.md, "Bounds").
+"""Before login, in memory (``net``: iosim and one clock, tests/protocol/
+memory.py): the 64 KiB frame cap, the 30 s login deadline that no pre-login
+frame extends, the full-length signature check, and the rate-limited log of
+refused logins (PROTOCOL.md, "Bounds").
 
-Session timers run on a ``task.Clock`` (the bytes go over real TCP), so the
-30 s rule is checked exactly and cannot flake on a loaded machine.
+Every timer of both sides runs on the one clock, so the 30 s rule is checked
+exactly; test_connections_tcp.py keeps the twenty peers that never log in
+over real loopback TCP.
 """
 
 from __future__ import annotations
@@ -13,10 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-import pytest_twisted
-from twisted.internet import reactor
 from twisted.internet.protocol import Factory
-from twisted.internet.task import Clock
 from twisted.logger import LogLevel, capturedLogs, formatEvent
 
 from tasknet.protocol.messages import (
@@ -30,24 +29,23 @@ from tasknet.protocol.messages import (
     TaskEntry,
     sign_login,
 )
+from tests.protocol.memory import MemoryNet, result_of
 from tests.protocol.peers import (
     SITE_KEYS,
-    Harness,
     LegacySiteDouble,
-    Listener,
     NodeRecorder,
     RawPeer,
     SiteRecorder,
-    eventually,
-    login_raw,
 )
+from tests.protocol.test_connections import login_raw
 
 KIB = 1024
 
 
-async def closed(peer: RawPeer, timeout: float = 5.0) -> None:
-    """Wait for ``peer``'s connection to close (fails, rather than hangs, if it stays)."""
-    await peer.closed.addTimeout(timeout, reactor)
+def closed(net: MemoryNet, peer: RawPeer) -> None:
+    """``peer``'s connection is closed once all is said."""
+    net.flush()
+    assert peer.is_closed
 
 
 def padded_heartbeat(payload_size: int) -> bytes:
@@ -61,57 +59,50 @@ def padded_heartbeat(payload_size: int) -> bytes:
 # ---------------------------------------------------------------- frame cap
 
 
-@pytest_twisted.ensureDeferred
-async def test_before_login_a_frame_over_64_kib_is_refused_on_its_header(
-    harness: Harness,
-) -> None:
+def test_before_login_a_frame_over_64_kib_is_refused_on_its_header(net: MemoryNet) -> None:
     site_handler = SiteRecorder()
-    factory, port = await harness.site(site_handler)
-    peer = await harness.raw(port)
+    factory, port = net.site(site_handler)
+    peer = net.raw(port)
     peer.send_raw(HEADER.pack(Heartbeat.TYPE, 64 * KIB + 1))  # the header alone
-    await closed(peer)
+    closed(net, peer)
     assert peer.of_type(Error) == [
         Error("frame_too_large", f"declared payload of {64 * KIB + 1} bytes exceeds {64 * KIB}")
     ]
     assert site_handler.events == []
 
 
-@pytest_twisted.ensureDeferred
-async def test_before_login_a_frame_of_exactly_64_kib_is_read(harness: Harness) -> None:
-    factory, port = await harness.site()
-    peer = await harness.raw(port)
+def test_before_login_a_frame_of_exactly_64_kib_is_read(net: MemoryNet) -> None:
+    factory, port = net.site()
+    peer = net.raw(port)
     peer.send_raw(padded_heartbeat(64 * KIB))
-    await login_raw(peer, hello=True)  # still connected, and the login works
+    login_raw(net, peer, hello=True)  # still connected, and the login works
     assert not peer.of_type(Error)
 
 
-@pytest_twisted.ensureDeferred
-async def test_after_login_the_configured_maximum_applies(harness: Harness) -> None:
+def test_after_login_the_configured_maximum_applies(net: MemoryNet) -> None:
     site_handler = SiteRecorder()
-    factory, port = await harness.site(site_handler)
-    peer = await harness.raw(port)
-    await login_raw(peer)  # legacy: StatusReport is its report
+    factory, port = net.site(site_handler)
+    peer = net.raw(port)
+    login_raw(net, peer)  # legacy: StatusReport is its report
     tasks = tuple(TaskEntry(gid, 1, 0.5) for gid in range(1, 20_001))  # about 900 KiB
     report = StatusReport(tasks)
     peer.send(report)
-    await eventually(lambda: site_handler.messages())
+    net.flush()
     assert site_handler.messages() == [report]
     assert not peer.is_closed
 
 
-async def scripted_site(harness: Harness, build: Callable[[], RawPeer]) -> tuple[list[Any], int]:
+def scripted_site(net: MemoryNet, build: Callable[[], RawPeer]) -> tuple[list[Any], int]:
     """A listener whose every connection is a scripted site ``build()`` makes."""
     sites: list[Any] = []
 
     def one() -> RawPeer:
         site = build()
         sites.append(site)
-        harness.peers.append(site)
+        net.peers.append(site)
         return site
 
-    listener = Listener(Factory.forProtocol(one))
-    harness.listeners.append(listener)
-    return sites, await listener.start()
+    return sites, net.listen(Factory.forProtocol(one))  # type: ignore[arg-type]
 
 
 class OversizeSite(RawPeer):
@@ -128,12 +119,10 @@ class MuteSite(LegacySiteDouble):
         pass
 
 
-@pytest_twisted.ensureDeferred
-async def test_the_node_applies_the_same_cap_to_a_site_before_login(harness: Harness) -> None:
-    sites, port = await scripted_site(harness, OversizeSite)
+def test_the_node_applies_the_same_cap_to_a_site_before_login(net: MemoryNet) -> None:
+    sites, port = scripted_site(net, OversizeSite)
     node = NodeRecorder()
-    harness.node(port, node)
-    await eventually(lambda: sites and sites[0].of_type(Error))
+    net.node(port, node)
     assert sites[0].of_type(Error)[0].code == "frame_too_large"
     assert node.kinds() == []
 
@@ -141,90 +130,83 @@ async def test_the_node_applies_the_same_cap_to_a_site_before_login(harness: Har
 # ---------------------------------------------------------------- login deadline
 
 
-@pytest_twisted.ensureDeferred
-async def test_heartbeats_before_login_do_not_extend_the_30_s_deadline(harness: Harness) -> None:
-    clock = Clock()
+def test_heartbeats_before_login_do_not_extend_the_30_s_deadline(net: MemoryNet) -> None:
     site_handler = SiteRecorder()
-    factory, port = await harness.site(site_handler, clock=clock)
-    peer = await harness.raw(port)
-    await eventually(lambda: peer.of_type(Identity))
+    factory, port = net.site(site_handler)
+    peer = net.raw(port)
+    assert peer.of_type(Identity)
     (session,) = factory.connections
+    clock = net.clock
     for _ in range(29):  # a Heartbeat every second: each resets only the idle timer
-        clock.advance(1)
+        net.advance(1)
         peer.send(Heartbeat(int(clock.seconds() * 1000)))
+        net.flush()
         # The idle timeout (the latest of the session's timers) moved to now + 45 s.
-        await eventually(lambda: max(c.getTime() for c in clock.calls) == clock.seconds() + 45)
+        assert max(c.getTime() for c in clock.getDelayedCalls()) == clock.seconds() + 45
     assert not session.closing
     clock.advance(1)  # 30 s after connecting
-    await closed(peer)
+    closed(net, peer)
     assert peer.of_type(Error) == [Error("unauthenticated", "no login within 30 s")]
     assert site_handler.events == [] and factory.connections == set()
     assert clock.getDelayedCalls() == []
 
 
-@pytest_twisted.ensureDeferred
-async def test_a_login_just_before_the_deadline_is_kept_past_it(harness: Harness) -> None:
-    clock = Clock()
-    factory, port = await harness.site(clock=clock)
-    peer = await harness.raw(port)
-    clock.advance(29)
-    await login_raw(peer, hello=True)
+def test_a_login_just_before_the_deadline_is_kept_past_it(net: MemoryNet) -> None:
+    factory, port = net.site()
+    peer = net.raw(port)
+    net.advance(29)
+    login_raw(net, peer, hello=True)
     for _ in range(6):  # 90 s more, heartbeating: the deadline is gone for good
-        clock.advance(15)
-        peer.send(Heartbeat(int(clock.seconds() * 1000)))
-        await eventually(lambda: len(peer.of_type(Heartbeat)) >= 1)
+        net.advance(15)
+        peer.send(Heartbeat(int(net.clock.seconds() * 1000)))
+        net.flush()
+        assert len(peer.of_type(Heartbeat)) >= 1
     assert "node-1" in factory.nodes and not peer.is_closed
     assert not peer.of_type(Error)
 
 
-@pytest_twisted.ensureDeferred
-async def test_the_node_drops_a_site_that_never_completes_the_login(harness: Harness) -> None:
-    sites, port = await scripted_site(harness, lambda: MuteSite(dict(SITE_KEYS), lambda site: None))
-    clock = Clock()  # the node's timers; the retry after the drop waits on it too
+def test_the_node_drops_a_site_that_never_completes_the_login(net: MemoryNet) -> None:
+    sites, port = scripted_site(net, lambda: MuteSite(dict(SITE_KEYS), lambda site: None))
     node = NodeRecorder()
-    service = harness.node(port, node, clock=clock)
-    await eventually(lambda: sites and sites[0].of_type(Login))
-    clock.advance(29)
+    service = net.node(port, node)
+    assert sites[0].of_type(Login)
+    net.advance(29)
     assert not sites[0].is_closed
-    clock.advance(1)
-    await closed(sites[0])
+    net.clock.advance(1)
+    closed(net, sites[0])
     assert sites[0].of_type(Error) == [Error("unauthenticated", "no login within 30 s")]
     assert node.kinds() == []
-    await service.stopService()
+    net.services.remove(service)
+    stopped = service.stopService()
+    net.flush()
+    result_of(stopped)
 
 
 # ---------------------------------------------------------------- 20 peers that never log in
 
 
-@pytest_twisted.ensureDeferred
-async def test_twenty_peers_that_never_log_in_cost_at_most_64_kib_each(harness: Harness) -> None:
+def test_twenty_peers_that_never_log_in_cost_at_most_64_kib_each(net: MemoryNet) -> None:
     """The issue's case: 20 unauthenticated peers made the site hold 16 MiB each."""
-    clock = Clock()
     site_handler = SiteRecorder()
-    factory, port = await harness.site(site_handler, clock=clock)
+    factory, port = net.site(site_handler)
     # Ten declare a 16 MiB frame and start sending it: refused on the header.
-    greedy = [await harness.raw(port) for _ in range(10)]
+    greedy = [net.raw(port) for _ in range(10)]
     for peer in greedy:
-        # One small write, read at once: nothing is left unread (and reset) at the close.
         peer.send_raw(HEADER.pack(StatusReport.TYPE, 16 * 1024 * KIB) + b"x" * KIB)
     # Ten hold a partial frame just under the cap: kept, but only until 30 s.
-    patient = [await harness.raw(port) for _ in range(10)]
+    patient = [net.raw(port) for _ in range(10)]
     for peer in patient:
         peer.send_raw(HEADER.pack(Heartbeat.TYPE, 64 * KIB) + b"x" * (64 * KIB - 1))
     for peer in greedy:
-        await closed(peer)
+        closed(net, peer)
         assert [e.code for e in peer.of_type(Error)] == ["frame_too_large"]
-    await eventually(
-        lambda: (
-            len(factory.connections) == 10
-            and all(len(s._buffer) == 5 + 64 * KIB - 1 for s in factory.connections)
-        )
-    )
+    assert len(factory.connections) == 10
+    assert all(len(s._buffer) == 5 + 64 * KIB - 1 for s in factory.connections)
     held = sum(len(s._buffer) for s in factory.connections)
     assert held <= 10 * (64 * KIB + 5)
-    clock.advance(30)
+    net.clock.advance(30)
     for peer in patient:
-        await closed(peer)
+        closed(net, peer)
         assert peer.of_type(Error) == [Error("unauthenticated", "no login within 30 s")]
     assert factory.connections == set() and site_handler.events == []
 
@@ -247,41 +229,34 @@ def mutations(good: str) -> dict[str, str]:
 
 
 @pytest.mark.parametrize("mutation", list(mutations("0" * 64)), ids=lambda m: m.replace(" ", "-"))
-@pytest_twisted.ensureDeferred
-async def test_a_signature_that_is_not_exactly_right_is_refused(
-    harness: Harness, mutation: str
-) -> None:
+def test_a_signature_that_is_not_exactly_right_is_refused(net: MemoryNet, mutation: str) -> None:
     site_handler = SiteRecorder()
-    factory, port = await harness.site(site_handler)
-    peer = await harness.raw(port)
-    await eventually(lambda: peer.of_type(Identity))
+    factory, port = net.site(site_handler)
+    peer = net.raw(port)
     good = sign_login(SITE_KEYS["node-1"], peer.of_type(Identity)[0].nonce, "node-1")
     signature = mutations(good)[mutation]
     assert signature != good
     peer.send(Login("node-1", signature))
-    await closed(peer)
+    closed(net, peer)
     assert peer.of_type(LoginResult) == [LoginResult(False, "bad signature")]
     assert site_handler.events == [] and factory.nodes == {}
 
 
-@pytest_twisted.ensureDeferred
-async def test_the_exact_signature_is_accepted(harness: Harness) -> None:
+def test_the_exact_signature_is_accepted(net: MemoryNet) -> None:
     # The control for the test above: the same peer with the right signature logs in.
-    factory, port = await harness.site()
-    peer = await harness.raw(port)
-    await login_raw(peer)
+    factory, port = net.site()
+    peer = net.raw(port)
+    login_raw(net, peer)
     assert "node-1" in factory.nodes
 
 
 @pytest.mark.parametrize("node_id", ["bad id!", "x" * 65, ""], ids=repr)
-@pytest_twisted.ensureDeferred
-async def test_a_node_id_outside_its_pattern_is_bad_message(harness: Harness, node_id: str) -> None:
+def test_a_node_id_outside_its_pattern_is_bad_message(net: MemoryNet, node_id: str) -> None:
     site_handler = SiteRecorder()
-    factory, port = await harness.site(site_handler)
-    peer = await harness.raw(port)
-    await eventually(lambda: peer.of_type(Identity))
+    factory, port = net.site(site_handler)
+    peer = net.raw(port)
     peer.send(Login(node_id, sign_login("s3cret", peer.of_type(Identity)[0].nonce, node_id)))
-    await closed(peer)
+    closed(net, peer)
     assert [e.code for e in peer.of_type(Error)] == ["bad_message"]
     assert peer.of_type(LoginResult) == [] and site_handler.events == []
 
@@ -298,28 +273,23 @@ def refusal_lines(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
     ]
 
 
-async def refused_login(harness: Harness, port: int, node_id: str = "node-1") -> None:
-    peer = await harness.raw(port)
-    await eventually(lambda: peer.of_type(Identity))
+def refused_login(net: MemoryNet, port: int, node_id: str = "node-1") -> None:
+    peer = net.raw(port)
     peer.send(Login(node_id, sign_login("wrong", peer.of_type(Identity)[0].nonce, node_id)))
-    await closed(peer)
+    closed(net, peer)
     assert peer.of_type(LoginResult) == [LoginResult(False, "bad signature")]
 
 
-@pytest_twisted.ensureDeferred
-async def test_repeated_refusals_are_logged_once_per_interval_with_a_count(
-    harness: Harness,
-) -> None:
-    clock = Clock()
-    factory, port = await harness.site(clock=clock, log_interval=60.0)
+def test_repeated_refusals_are_logged_once_per_interval_with_a_count(net: MemoryNet) -> None:
+    factory, port = net.site(log_interval=60.0)
     with capturedLogs() as events:
         for _ in range(10):  # one a second, as a node with a wrong secret did
-            await refused_login(harness, port)
-            clock.advance(1)
-        await refused_login(harness, port, "node-2")  # another node: its own line
+            refused_login(net, port)
+            net.advance(1)
+        refused_login(net, port, "node-2")  # another node: its own line
         first = refusal_lines(list(events))
-        clock.advance(50)  # 60 s after the first line
-        await refused_login(harness, port)
+        net.advance(50)  # 60 s after the first line
+        refused_login(net, port)
         lines = refusal_lines(list(events))
     assert len(first) == 2
     assert [(e["node_id"], e["repeats"], e["log_level"]) for e in first] == [

@@ -18,10 +18,10 @@ from twisted.internet.task import deferLater
 from twisted.web.client import HTTPConnectionPool
 from zope.interface import implementer
 
-from tasknet.protocol.session import INodeSession
 from tasknet.site.lifecycle import Lifecycle
 from tasknet.site.root import Tuning, build_site
 from tasknet.site.service import Options, SiteParts, SiteService
+from tasknet.site.session_states import ITrackedSession, SessionLife
 from tasknet.site.storage import users
 from tasknet.site.storage.engine.database import (
     Connection,
@@ -218,16 +218,6 @@ async def running_site(options: Options, tuning: Tuning = Tuning()) -> AsyncIter
         await pool.closeCachedConnections()
 
 
-async def wait_for(predicate: Any, timeout: float = 5.0, interval: float = 0.01) -> None:
-    """Poll ``predicate()`` until true (never a fixed sleep for the result)."""
-    waited = 0.0
-    while not predicate():
-        if waited >= timeout:
-            raise AssertionError(f"condition not met within {timeout}s")
-        await deferLater(reactor, interval, lambda: None)
-        waited += interval
-
-
 def settle() -> Deferred[None]:
     return deferLater(reactor, 0, lambda: None)
 
@@ -253,10 +243,11 @@ class HeldWriter:
         self._release.set()
 
 
-@implementer(INodeSession)
+@implementer(ITrackedSession)
 class RecordingSession:
     """A logged-in v2 node connection that records what the site sends it:
-    downloads, deletes, ACKs and closes."""
+    downloads, deletes, ACKs and closes (and, when its node is taken
+    elsewhere, ``"taken elsewhere"`` among its closes)."""
 
     protocol_version = 2
     features: tuple[str, ...] = ()
@@ -264,6 +255,7 @@ class RecordingSession:
     def __init__(self, node_id: str) -> None:
         self.node_id = node_id
         self.connected_at = 0.0
+        self.life = SessionLife()
         self.downloads: list[tuple[str, int]] = []
         self.deletes: list[tuple[str, int]] = []
         self.acks: list[tuple[str, str]] = []
@@ -283,18 +275,21 @@ class RecordingSession:
     def close(self, reason: str) -> None:
         self.closed.append(reason)
 
+    def taken_elsewhere(self) -> None:
+        self.closed.append("taken elsewhere")
+
 
 def lease_timeout_passed(target: str, instance_id: int, *, seconds: float = 9.0) -> None:
     """Date gone instance ``instance_id``'s last lease confirmation
     ``seconds`` back (past the 8 s lease timeout): the wait a reaper owes a
     gone instance before it settles what it left (SCALE.md "Fencing"),
     without sitting it out in a test."""
-    from tasknet.site.storage.engine.dialect import NOW_OFFSET_SQL, offset
+    from tasknet.site.storage.engine.sql import offset, sql
 
     connection = raw(target)
     try:
         connection.execute(
-            f"UPDATE instance_lease SET confirmed_at = {NOW_OFFSET_SQL} WHERE instance_id = ?",  # noqa: S608
+            sql("UPDATE instance_lease SET confirmed_at = {now_offset} WHERE instance_id = ?"),
             (offset(-seconds), instance_id),
         )
     finally:

@@ -383,7 +383,7 @@ async def test_client_hanging_up_does_not_cut_the_create_chain(db_target):
 
     import treq
 
-    from tests.site.helpers import wait_for
+    from tests.eventually import eventually
 
     async def test(f):
         f.upstream.set_faults([fault("latency", ms=300)])
@@ -393,10 +393,10 @@ async def test_client_hanging_up_does_not_cut_the_create_chain(db_target):
             headers={"Authorization": [f"Bearer {f.alice}"]},
             pool=f.site.pool,
         )
-        await wait_for(lambda: f.upstream.app.journal.post_attempts[71] == 1)
+        await eventually(lambda: f.upstream.app.journal.post_attempts[71] == 1)
         d.cancel()  # the browser goes away while the POST is in flight
         d.addErrback(lambda _: None)
-        await wait_for(
+        await eventually(
             lambda: one(f.path, "SELECT state FROM task_operation WHERE gid = 71")[0] == "SUBMITTED"
         )
         assert f.upstream.stats()["posts"] == {"71": 1}

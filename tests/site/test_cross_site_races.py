@@ -33,6 +33,7 @@ from tasknet.site.storage import create, delete, dispatch
 from tasknet.site.storage import usage as usage_weeks
 from tasknet.site.storage.engine.database import connect, run_write
 from tasknet.site.storage.engine.errors import TaskError
+from tasknet.site.storage.engine.transactions import BEGIN_WRITE, SERIALIZABLE
 from tests.site.helpers import add_user
 from tests.site_protocol.harness import add_task
 
@@ -66,7 +67,7 @@ def race(
     one, two = connect(url), connect(url)
     try:
         cursor = one.cursor()
-        cursor.execute("BEGIN IMMEDIATE")
+        cursor.execute(BEGIN_WRITE[SERIALIZABLE])
         held = _outcome(lambda: first(cursor))
         second_done: list[Outcome] = []
         thread = threading.Thread(

@@ -18,7 +18,8 @@ from tasknet.site.storage import users
 from tasknet.site.storage.engine.database import connect, run_write
 from tasknet.site.web.events import CLOSE_TOKEN_INVALID, SEND_BUFFER_LIMIT, TOKEN_CHECK_INTERVAL
 from tasknet.upstream.testing import start_upstream
-from tests.site.helpers import add_user, running_site, site_options, wait_for
+from tests.eventually import eventually
+from tests.site.helpers import add_user, running_site, site_options
 from tests.site.rawhttp import open_websocket
 from tests.site_protocol.harness import events_client
 
@@ -122,7 +123,7 @@ async def test_a_websocket_client_that_does_not_read_is_cut_off(db_target):
         factory = _factory(site)
         silent = await _silent_client(port, token)
         reader = await events_client(port, token)
-        await wait_for(lambda: len(factory.open_clients) == 2)
+        await eventually(lambda: len(factory.open_clients) == 2)
         payload = json.dumps({"type": "task", "task": {"pad": "x" * 65536}})
         pushed = 0
         limit = 64 * 1024 * 1024  # far past any socket buffer plus the bound
@@ -131,10 +132,10 @@ async def test_a_websocket_client_that_does_not_read_is_cut_off(db_target):
             pushed += len(payload)
             await deferLater(reactor, 0, lambda: None)
         assert pushed < limit, "the silent client was never cut off"
-        await wait_for(lambda: len(factory.open_clients) == 1)
+        await eventually(lambda: len(factory.open_clients) == 1)
         # The one that reads is still there, and got everything.
         assert not reader.closed.called
-        await wait_for(lambda: len(reader.received) * len(payload) >= pushed, timeout=10)
+        await eventually(lambda: len(reader.received) * len(payload) >= pushed, timeout=10)
         assert factory.send_buffer_limit == SEND_BUFFER_LIMIT
         silent.transport.resumeProducing()
         await silent.closed.addTimeout(5, reactor)
@@ -158,8 +159,8 @@ async def test_a_client_that_never_answers_a_ping_is_closed(db_target):
         factory = _factory(site)
         factory.setProtocolOptions(autoPingInterval=0.3, autoPingTimeout=0.3)
         silent = await _silent_client(port, token)  # nothing is pushed to it
-        await wait_for(lambda: len(factory.open_clients) == 1)
-        await wait_for(lambda: len(factory.open_clients) == 0, timeout=5)
+        await eventually(lambda: len(factory.open_clients) == 1)
+        await eventually(lambda: len(factory.open_clients) == 0, timeout=5)
         silent.transport.resumeProducing()
         await silent.closed.addTimeout(5, reactor)
 

@@ -48,7 +48,8 @@ from tasknet.site.storage.instances import LeaseLost, LeaseStale
 from tasknet.site.storage.lease import LEASE_TIMEOUT, PostgresLease, application_name, take_lease
 from tasknet.site.upstream_client import Outcome, UpstreamClient
 from tasknet.upstream.testing import RunningUpstream, start_upstream
-from tests.site.helpers import add_user, fault, lease_timeout_passed, site_options, wait_for
+from tests.eventually import eventually
+from tests.site.helpers import add_user, fault, lease_timeout_passed, site_options
 
 WEEK = usage_weeks.iso_week()
 UPSTREAM_TIMEOUT = 2.0
@@ -86,7 +87,7 @@ class Site:
     async def tick(self) -> None:
         ticks = self.service.ticks
         self.clock.advance(INTERVAL)
-        await wait_for(lambda: self.service.ticks > ticks or bool(self.fenced))
+        await eventually(lambda: self.service.ticks > ticks or bool(self.fenced))
 
 
 @asynccontextmanager
@@ -131,7 +132,7 @@ async def running(
     service.fenced.addCallback(site.fenced.append)
     try:
         service.startService()
-        await wait_for(lambda: service.ticks == 1 or bool(site.fenced))
+        await eventually(lambda: service.ticks == 1 or bool(site.fenced))
         await lifecycle.recover()
         yield site
     finally:
@@ -279,7 +280,9 @@ async def test_a_reaped_submission_records_when_its_verdict_may_come(
                 connection.close()
             end_sessions(pg_url, application_name(a.id, "lease"))
             lease_timeout_passed(pg_url, a.id)
-            await wait_for(lambda: not sql(pg_url, "SELECT 1 FROM pg_locks WHERE objid = ?", a.id))
+            await eventually(
+                lambda: not sql(pg_url, "SELECT 1 FROM pg_locks WHERE objid = ?", a.id)
+            )
             await b.tick()
             row = sql(
                 pg_url,
@@ -345,7 +348,9 @@ async def test_a_site_frozen_inside_a_write_does_not_hold_its_reap_and_commits_n
             end_sessions(pg_url, application_name(a.id, "lease"))
             lease_timeout_passed(pg_url, a.id)  # the hand fence
             started = reactor.seconds()
-            await wait_for(lambda: not sql(pg_url, "SELECT 1 FROM pg_locks WHERE objid = ?", a.id))
+            await eventually(
+                lambda: not sql(pg_url, "SELECT 1 FROM pg_locks WHERE objid = ?", a.id)
+            )
             await b.tick()
             reaped = sql(pg_url, "SELECT reaped_by FROM site_instance WHERE id = ?", a.id)
             reap_took = reactor.seconds() - started
@@ -365,7 +370,9 @@ async def test_after_its_reap_a_site_that_still_thinks_its_lease_fresh_writes_no
         async with running(pg_url, "a", upstream.base_url) as a:
             end_sessions(pg_url, application_name(a.id, "lease"))
             lease_timeout_passed(pg_url, a.id)
-            await wait_for(lambda: not sql(pg_url, "SELECT 1 FROM pg_locks WHERE objid = ?", a.id))
+            await eventually(
+                lambda: not sql(pg_url, "SELECT 1 FROM pg_locks WHERE objid = ?", a.id)
+            )
             await b.tick()
             assert a.lease.stale_for() is None  # A has not looked yet
             with pytest.raises(LeaseLost):
@@ -408,7 +415,7 @@ async def test_a_dead_writer_or_reader_connection_is_replaced_and_the_work_done(
 
 async def _during(d: Deferred[Any], when: Callable[[], bool], action: Callable[[], Any]) -> None:
     """Run ``action`` in a thread once ``when()`` holds, while ``d`` is under way."""
-    await wait_for(when, timeout=5.0)
+    await eventually(when, timeout=5.0)
     assert not d.called
     await deferToThread(action)
 
@@ -521,7 +528,9 @@ async def test_a_gone_site_is_reaped_only_once_its_own_clock_must_call_its_lease
             finally:
                 connection.close()
             end_sessions(pg_url, application_name(a.id, "lease"))
-            await wait_for(lambda: not sql(pg_url, "SELECT 1 FROM pg_locks WHERE objid = ?", a.id))
+            await eventually(
+                lambda: not sql(pg_url, "SELECT 1 FROM pg_locks WHERE objid = ?", a.id)
+            )
             await b.tick()
             assert state_of(pg_url, 7601) == "SUBMITTING"  # gone, but not yet a lease timeout
             assert (

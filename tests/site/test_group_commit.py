@@ -25,9 +25,8 @@ from typing import Any
 
 import pytest
 import pytest_twisted
-from twisted.internet import reactor
 from twisted.internet.defer import Deferred, DeferredList
-from twisted.internet.task import Clock, deferLater
+from twisted.internet.task import Clock
 
 from tasknet.site.storage import create, usage
 from tasknet.site.storage.engine.database import Database, Retry, connect, open_pool
@@ -38,6 +37,7 @@ from tasknet.site.storage.engine.errors import (
     TransactionLost,
 )
 from tasknet.site.storage.engine.schema import prepare_database
+from tests.eventually import eventually
 from tests.site.helpers import HeldWriter, add_user
 
 SCRATCH_SCHEMA = """
@@ -87,15 +87,6 @@ def committed_items(path: str) -> list[str]:
         return [r[0] for r in connection.execute("SELECT name FROM item ORDER BY name")]
     finally:
         connection.close()
-
-
-async def wait_for(predicate: Callable[[], bool], timeout: float = 5.0) -> None:
-    """Poll ``predicate()`` (the writer thread works in real time)."""
-    for _ in range(int(timeout / 0.01)):
-        if predicate():
-            return
-        await deferLater(reactor, 0.01, lambda: None)
-    raise AssertionError(f"condition not met within {timeout}s")
 
 
 def count(statements: list[str], statement: str) -> int:
@@ -505,7 +496,7 @@ async def test_a_busy_write_is_retried_on_the_clock_until_it_lands(tmp_path):
             done = db.write_retrying(retry, attempt)
             for delay in (0.5, 1.0, 1.0):
                 # The attempt failed on the real lock: the next one waits on the clock.
-                await wait_for(lambda: len(clock.getDelayedCalls()) == 1)
+                await eventually(lambda: len(clock.getDelayedCalls()) == 1)
                 [call] = clock.getDelayedCalls()
                 tried.append(round(call.getTime() - clock.seconds(), 6))
                 assert not done.called
@@ -532,7 +523,7 @@ async def test_a_write_busy_past_its_window_fails_busy_and_other_errors_are_not_
         try:
             done = db.write_retrying(Retry("test write", 1.0, lambda _: 0.4), insert("x"))
             for _ in range(2):  # attempts at 0, 0.4, 0.8; 1.2 would be past the window
-                await wait_for(lambda: len(clock.getDelayedCalls()) == 1)
+                await eventually(lambda: len(clock.getDelayedCalls()) == 1)
                 clock.advance(0.4)
             with pytest.raises(DatabaseBusy, match="locked"):
                 await done

@@ -27,10 +27,12 @@ from tasknet.site.storage import usage as usage_weeks
 from tasknet.site.storage.engine import file_lock as lock
 from tasknet.site.storage.engine.database import Connection, connect, open_pool, run_read, run_write
 from tasknet.site.storage.engine.schema import prepare_database
+from tasknet.site.storage.engine.transactions import BEGIN_WRITE, SERIALIZABLE
 from tasknet.site.storage.instances import LeaseLost
 from tasknet.site.storage.lease import PRUNE_JOB, PostgresLease, SqliteLease, once, take_lease
 from tests.backends import is_postgres
-from tests.site.helpers import add_user, wait_for
+from tests.eventually import eventually
+from tests.site.helpers import add_user
 
 WEEK = usage_weeks.iso_week()
 
@@ -193,7 +195,7 @@ def test_once_is_true_on_sqlite_and_one_transaction_at_a_time_on_postgresql(
     other = connect(db_target)
     try:
         holder = conn.cursor()
-        holder.execute("BEGIN IMMEDIATE")
+        holder.execute(BEGIN_WRITE[SERIALIZABLE])
         try:
             assert once(holder, 1)
             assert not run_write(other, once, 1)  # another site is doing it now
@@ -314,12 +316,12 @@ async def test_the_service_ticks_on_its_clock_and_fences_when_the_lease_session_
     service.fenced.addCallback(reasons.append)
     try:
         service.startService()  # the first tick at once
-        await wait_for(lambda: service.ticks == 1)
+        await eventually(lambda: service.ticks == 1)
         assert passes.count == 1
         clock.advance(INTERVAL - 0.1)
         assert service.ticks == 1  # not yet
         clock.advance(0.1)
-        await wait_for(lambda: service.ticks == 2)
+        await eventually(lambda: service.ticks == 2)
         assert passes.count == 2
         connection = connect(pg_url)
         try:
@@ -328,7 +330,7 @@ async def test_the_service_ticks_on_its_clock_and_fences_when_the_lease_session_
             connection.close()
         _terminate(pg_url, lease.lease_pid)
         clock.advance(INTERVAL)
-        await wait_for(lambda: bool(reasons))
+        await eventually(lambda: bool(reasons))
         assert "lease" in reasons[0] and lease.lost
         assert passes.count == 2 and service.ticks == 2  # no reaping once fenced
         assert clock.getDelayedCalls() == []  # the timer stopped
@@ -359,7 +361,7 @@ async def test_the_service_fences_when_the_database_says_it_was_reaped(pg_url: s
         finally:
             connection.close()
         service.startService()
-        await wait_for(lambda: bool(reasons))
+        await eventually(lambda: bool(reasons))
         assert "reaped" in reasons[0]
     finally:
         await service.stopService()
@@ -410,7 +412,7 @@ async def test_a_lease_check_that_does_not_answer_in_time_fences(pg_url: str) ->
     service.fenced.addCallback(reasons.append)
     try:
         service.startService()
-        await wait_for(lambda: service.ticks == 1)
+        await eventually(lambda: service.ticks == 1)
         relay.partitioned = True
         clock.advance(INTERVAL)  # the check is asked, and never answered
         assert not reasons
@@ -461,7 +463,7 @@ async def test_sites_prune_one_at_a_time_and_two_racing_is_harmless(pg_url: str)
     try:
         # Another site's prune transaction is under way: this pass does nothing.
         cursor = holder.cursor()
-        cursor.execute("BEGIN IMMEDIATE")
+        cursor.execute(BEGIN_WRITE[SERIALIZABLE])
         assert once(cursor, PRUNE_JOB)
         await a.prune()
         assert (a.yielded, a.runs, a.pruned["audit"], _audit_rows(pg_url)) == (1, 1, 0, 10)

@@ -21,6 +21,7 @@ from tasknet.site.storage.engine.errors import DatabaseFailed, TaskError
 from tasknet.site.transitions import IllegalTransition
 from tasknet.status import OperationState
 from tests.backends import INTEGRITY_ERRORS, add_failing_trigger, drop_failing_trigger
+from tests.eventually import eventually
 from tests.site.helpers import (
     dispatch_row,
     fail_usage_writes,
@@ -29,7 +30,6 @@ from tests.site.helpers import (
     one,
     query,
     raw,
-    wait_for,
 )
 
 GID = 4242
@@ -73,7 +73,7 @@ async def test_intent_and_placeholder_row_before_upstream_post(db_target):
         # placeholder must already be committed while it is pending.
         env.upstream.set_faults([fault("latency", "GET", f"/api/galleries/{GID}", ms=400)])
         d = env.lifecycle.create(env.user_id, GID, "tok", "my name")
-        await wait_for(lambda: env.upstream.app.journal.requests >= 1)
+        await eventually(lambda: env.upstream.app.journal.requests >= 1)
         op = op_row(env.path)
         assert op is not None and op["state"] == "RESERVED"
         placeholder = gallery(env.path)
@@ -93,7 +93,7 @@ async def test_submitting_committed_before_submit(db_target):
         # the database must already say SUBMITTING, and nothing is charged yet.
         env.upstream.set_faults([fault("latency", ms=400)])
         d = env.lifecycle.create(env.user_id, GID, "tok", "")
-        await wait_for(lambda: env.upstream.app.journal.post_attempts[GID] == 1)
+        await eventually(lambda: env.upstream.app.journal.post_attempts[GID] == 1)
         op = op_row(env.path)
         assert op["state"] == "SUBMITTING" and op["step"] == "submit"
         assert op["cost"] is not None and op["metered"] == 0

@@ -20,7 +20,7 @@ from tasknet.site.storage.engine.listen import (
     NoWakeups,
     open_wakeups,
 )
-from tests.site_protocol.harness import wait_until
+from tests.eventually import eventually
 from tests.site_protocol.sites import pg_target
 
 __all__ = ["pg_target"]
@@ -51,10 +51,10 @@ async def test_notifications_reach_the_callbacks_and_a_lost_connection_resyncs(
         external_notify(pg_target, OUTBOX, "")
         external_notify(pg_target, DISPATCH, "42")
         external_notify(pg_target, NODE_TAKEN, "n1 3")  # nobody listens to it
-        await wait_until(lambda: got == [(OUTBOX, ""), (DISPATCH, "42")])
+        await eventually(lambda: got == [(OUTBOX, ""), (DISPATCH, "42")])
         # Its own notification goes to the others, not back to it.
         site.notify(DISPATCH, "7")
-        await wait_until(lambda: (DISPATCH, "7") in heard)
+        await eventually(lambda: (DISPATCH, "7") in heard)
         assert (DISPATCH, "7") not in got
 
         # The server ends the LISTEN session: reopened, and told to catch up.
@@ -63,10 +63,10 @@ async def test_notifications_reach_the_callbacks_and_a_lost_connection_resyncs(
                 "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
                 " WHERE application_name = 'tasknet-site listen' AND pid <> pg_backend_pid()"
             )
-        await wait_until(lambda: (DISPATCH, RESYNC) in got and (OUTBOX, RESYNC) in got)
+        await eventually(lambda: (DISPATCH, RESYNC) in got and (OUTBOX, RESYNC) in got)
         assert site.connections >= 2
         external_notify(pg_target, DISPATCH, "43")
-        await wait_until(lambda: (DISPATCH, "43") in got)
+        await eventually(lambda: (DISPATCH, "43") in got)
     finally:
         for subscription in subscriptions:
             await subscription.cancel()

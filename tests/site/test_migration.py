@@ -1,4 +1,5 @@
-"""The v2 migration, its wrapper, the fresh-install path and the trigger."""
+"""The v2 migration, its wrapper, the fresh-install path, the trigger, and
+the additive upgrades past it."""
 
 from __future__ import annotations
 
@@ -12,15 +13,21 @@ import pytest
 
 from tasknet.cli.migrate import main as migrate_main
 from tasknet.site import transitions
+from tasknet.site.storage.engine.database import connect, is_postgres
 from tasknet.site.storage.engine.migrate import DuplicateGids, migrate
 from tasknet.site.storage.engine.schema import (
     CURRENT_VERSION,
+    UPGRADES,
     UnmigratedDatabase,
+    apply_statements,
     load_script,
+    postgres_upgrade_scripts,
     prepare_database,
     schema_version,
     split_statements,
 )
+from tasknet.site.storage.engine.sql import sql
+from tasknet.site.storage.engine.transactions import BEGIN_WRITE, COMMIT, SERIALIZABLE
 from tasknet.status import OperationState
 
 TABLES = ("user", "gallery", "favorite", "weekly_usage")
@@ -264,3 +271,47 @@ def test_v2_database_is_upgraded_in_place_by_the_site(tmp_path: pathlib.Path) ->
         connection.close()
     assert dump(path) == before
     assert prepare_database(path) is False  # a second start is a no-op
+
+
+def _at_v4(target: str) -> None:
+    """A database at v4, the last release's schema (report receipts keyed by
+    their report id, paged by SQLite's rowid or PostgreSQL's stand-in)."""
+    connection = connect(target)
+    try:
+        if is_postgres(target):
+            connection.execute(BEGIN_WRITE[SERIALIZABLE])
+            for script in postgres_upgrade_scripts(0)[:-1]:  # all but v5
+                connection.run_script(load_script(script))  # type: ignore[union-attr]
+        else:
+            cursor = connection.cursor()
+            cursor.execute(BEGIN_WRITE[SERIALIZABLE])
+            apply_statements(cursor, split_statements(load_script("schema_v1.sql")))
+            for version in (2, 3, 4):
+                apply_statements(cursor, split_statements(load_script(UPGRADES[version])))
+        connection.execute(COMMIT)
+        assert schema_version(connection) == 4
+        for report in ("r1", "r2", "r3"):
+            connection.execute(_RECEIPT, (report, "n1", int(report[1:])))
+        connection.execute(_FORGET_RECEIPT, ("r2",))
+    finally:
+        connection.close()
+
+
+_RECEIPT = sql("INSERT INTO report_receipt (report_id, node_id, revision) VALUES (?, ?, ?)")
+_FORGET_RECEIPT = sql("DELETE FROM report_receipt WHERE report_id = ?")
+_RECEIPTS = sql("SELECT id, report_id FROM report_receipt ORDER BY id")
+
+
+def test_v5_gives_report_receipts_a_key_of_their_own_in_their_order(db_target: str) -> None:
+    """v5: receipts are paged by ``id`` on both engines (until v4 SQLite's
+    rowid, and a column standing for it on PostgreSQL), kept in order."""
+    _at_v4(db_target)
+    assert prepare_database(db_target) is False
+    connection = connect(db_target)
+    try:
+        assert schema_version(connection) == CURRENT_VERSION
+        assert [tuple(r) for r in connection.execute(_RECEIPTS)] == [(1, "r1"), (3, "r3")]
+        connection.execute(_RECEIPT, ("r4", "n1", 4))
+        assert [tuple(r) for r in connection.execute(_RECEIPTS)][-1] == (4, "r4")
+    finally:
+        connection.close()

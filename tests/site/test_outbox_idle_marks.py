@@ -1,7 +1,8 @@
 """The outbox executor with nobody to deliver to: committed rows are marked
 (pushed to no one; with no webhook, deleted) by the lazy marking, which reads the
-watermark once per marking instead of once per wake (a create wakes it three
-times).  A client connecting before the marking gets the rows pushed first.
+watermark once per marking instead of once per wake (a create wakes it twice:
+after SUBMITTING and after SUBMITTED).  A client connecting before the marking
+gets the rows pushed first.
 
 Real SQLite file with the site schema; the reader connection's statement
 trace counts the watermark reads.  The publisher is a recording stand-in for
@@ -16,7 +17,8 @@ from tasknet.site.notify import OutboxExecutor
 from tasknet.site.storage import create, outbox, usage
 from tasknet.site.storage.engine.database import Database, open_pool
 from tasknet.site.storage.engine.schema import prepare_database
-from tests.site.helpers import add_user, query, wait_for
+from tests.eventually import eventually
+from tests.site.helpers import add_user, query
 
 WATERMARK_SQL = "SELECT COALESCE(MAX(id), 0) FROM notification_outbox"
 
@@ -74,7 +76,7 @@ async def test_rows_nobody_listens_to_are_marked_with_one_watermark_read(tmp_pat
         for _ in range(10):
             await executor.wake()
         assert unmarked(path) == 5
-        await wait_for(lambda: unmarked(path) == 0)
+        await eventually(lambda: unmarked(path) == 0)
         assert reads.count(WATERMARK_SQL) == 1
         # No webhook configured: nothing else needs them, so they are gone.
         assert query(path, "SELECT COUNT(*) FROM notification_outbox")[0][0] == 0
@@ -95,8 +97,8 @@ async def test_a_client_connecting_before_the_marking_gets_the_rows_pushed(db_ta
         await reserve_some(db, user_id, range(1, 4))
         await executor.wake()  # nobody yet: left for the marking
         publisher.connected = True
-        await wait_for(lambda: len(publisher.pushed) == 3)
-        await wait_for(lambda: unmarked(path) == 0)
+        await eventually(lambda: len(publisher.pushed) == 3)
+        await eventually(lambda: unmarked(path) == 0)
         assert len(publisher.pushed) == 3
     finally:
         await executor.stopService()

@@ -26,8 +26,10 @@ from tasknet.site.notify import OutboxExecutor, WebhookSender
 from tasknet.site.storage import outbox, users
 from tasknet.site.storage.engine.database import Database, connect, open_pool, run_write
 from tasknet.site.storage.engine.listen import Listener, NoWakeups, Wakeups
+from tasknet.site.storage.engine.transactions import BEGIN_WRITE, SERIALIZABLE
+from tests.eventually import eventually
 from tests.site.helpers import query
-from tests.site_protocol.harness import WebhookReceiver, listen_http, wait_until
+from tests.site_protocol.harness import WebhookReceiver, listen_http
 from tests.site_protocol.sites import TwoSites, pg_target, register_instance
 
 __all__ = ["pg_target"]
@@ -94,7 +96,7 @@ class SiteOutbox:
 
     async def stop(self) -> None:
         await self.executor.stopService()
-        await wait_until(lambda: not self.listener.running)
+        await eventually(lambda: not self.listener.running)
         self.db.close()
 
 
@@ -147,14 +149,14 @@ async def test_a_change_committed_through_one_site_reaches_the_others_tail_in_or
     a = await sites.site("site-a")
     b = await sites.site("site-b")
     await a.db.write(announce(sites.user_id, [1, 2, 3]))
-    await wait_until(lambda: b.publisher.gids == [1, 2, 3])
-    await wait_until(lambda: a.publisher.gids == [1, 2, 3])
+    await eventually(lambda: b.publisher.gids == [1, 2, 3])
+    await eventually(lambda: a.publisher.gids == [1, 2, 3])
 
     # A transaction takes the next id and stays open (another process: a
     # raw connection); a later one through site A must not be read first.
     held = connect(sites.target)
     cursor = held.cursor()
-    cursor.execute("BEGIN IMMEDIATE")
+    cursor.execute(BEGIN_WRITE[SERIALIZABLE])
     outbox.enqueue_task_change(cursor, 10, user_id=sites.user_id)
     later: Deferred[None] = a.db.write(announce(sites.user_id, [11]))
     await sleep(0.5)
@@ -164,11 +166,11 @@ async def test_a_change_committed_through_one_site_reaches_the_others_tail_in_or
     cursor.execute("COMMIT")
     held.close()
     await later
-    await wait_until(lambda: b.publisher.gids == [1, 2, 3, 10, 11])
-    await wait_until(lambda: a.publisher.gids == [1, 2, 3, 10, 11])
+    await eventually(lambda: b.publisher.gids == [1, 2, 3, 10, 11])
+    await eventually(lambda: a.publisher.gids == [1, 2, 3, 10, 11])
 
     # Both tails passed every row: without a webhook they are deleted.
-    await wait_until(
+    await eventually(
         lambda: query(sites.target, "SELECT COUNT(*) FROM notification_outbox")[0][0] == 0
     )
     await sleep(0.2)
@@ -184,7 +186,7 @@ async def test_a_row_stays_until_every_open_sites_tail_has_read_it(sites: Sites)
     try:
         run_write(conn, outbox.join_readers, c_instance)
         run_write(conn, announce(sites.user_id, [5, 6]))
-        await wait_until(lambda: a.publisher.gids == [5, 6])
+        await eventually(lambda: a.publisher.gids == [5, 6])
         await sleep(0.3)  # site A's marks are written meanwhile
         assert [r[0] for r in query(sites.target, "SELECT gid FROM notification_outbox")] == [5, 6]
         assert query(sites.target, "SELECT COUNT(*) FROM outbox_reader")[0][0] == 2
@@ -192,8 +194,8 @@ async def test_a_row_stays_until_every_open_sites_tail_has_read_it(sites: Sites)
         # Site C has read them: the next mark of site A deletes them.
         run_write(conn, lambda c: outbox.mark_read(c, c_instance, 10**9, skip_webhook=True))
         run_write(conn, announce(sites.user_id, [7]))
-        await wait_until(lambda: a.publisher.gids == [5, 6, 7])
-        await wait_until(
+        await eventually(lambda: a.publisher.gids == [5, 6, 7])
+        await eventually(
             lambda: query(sites.target, "SELECT COUNT(*) FROM notification_outbox")[0][0] == 0
         )
 
@@ -201,8 +203,8 @@ async def test_a_row_stays_until_every_open_sites_tail_has_read_it(sites: Sites)
         run_write(conn, outbox.join_readers, c_instance)
         conn.execute("UPDATE site_instance SET reaped_at = 'x' WHERE id = ?", (c_instance,))
         run_write(conn, announce(sites.user_id, [8]))
-        await wait_until(lambda: a.publisher.gids == [5, 6, 7, 8])
-        await wait_until(
+        await eventually(lambda: a.publisher.gids == [5, 6, 7, 8])
+        await eventually(
             lambda: query(sites.target, "SELECT COUNT(*) FROM notification_outbox")[0][0] == 0
         )
     finally:
@@ -217,7 +219,7 @@ async def test_the_poll_covers_a_lost_notification(sites: Sites) -> None:
         run_write(conn, announce(sites.user_id, [1]))
     finally:
         conn.close()
-    await wait_until(lambda: b.publisher.gids == [1])
+    await eventually(lambda: b.publisher.gids == [1])
 
 
 def delivered_ids(receiver: WebhookReceiver) -> list[int]:
@@ -247,8 +249,8 @@ async def test_two_sites_delivering_at_once_post_each_row_once(sites: Sites) -> 
         await a.db.write(announce(sites.user_id, list(range(100, 130))))
         ids = outbox_ids(sites.target)
         assert len(ids) == 90
-        await wait_until(lambda: len(receiver.headers) >= 90, timeout=20.0)
-        await wait_until(
+        await eventually(lambda: len(receiver.headers) >= 90, timeout=20.0)
+        await eventually(
             lambda: (
                 query(
                     sites.target,
@@ -287,12 +289,12 @@ async def test_rows_a_dead_site_had_claimed_are_delivered_by_another_once(
         assert [r.id for r in short + long] == ids
         b = await sites.site("site-b", webhook_url=url, poll_interval=0.2)
         # The short claims lapse and are taken over; the long ones wait.
-        await wait_until(lambda: sorted(delivered_ids(receiver)) == ids[:2], timeout=5.0)
+        await eventually(lambda: sorted(delivered_ids(receiver)) == ids[:2], timeout=5.0)
         await sleep(0.5)
         assert sorted(delivered_ids(receiver)) == ids[:2]
         # The reaper frees what the dead instance held: delivered at once.
         assert run_write(conn, outbox.release_outbox_of, dead) == 2
-        await wait_until(lambda: sorted(delivered_ids(receiver)) == ids, timeout=5.0)
+        await eventually(lambda: sorted(delivered_ids(receiver)) == ids, timeout=5.0)
         await sleep(0.5)
         assert sorted(delivered_ids(receiver)) == ids  # each once
         assert {
@@ -311,7 +313,7 @@ async def test_a_clean_stop_gives_its_claims_back(sites: Sites) -> None:
     try:
         a = await sites.site("site-a", webhook_url=url)
         await a.db.write(announce(sites.user_id, [1, 2]))
-        await wait_until(lambda: len(receiver.headers) == 2)
+        await eventually(lambda: len(receiver.headers) == 2)
         claimed = query(
             sites.target,
             "SELECT COUNT(*) FROM notification_outbox WHERE webhook_claimed_by = ?",
@@ -341,7 +343,7 @@ async def test_held_claims_are_renewed_every_third_of_the_lease_on_the_sites_clo
     try:
         a = await sites.site("site-a", webhook_url=url, webhook_lease=30.0, clock=clock)
         await a.db.write(announce(sites.user_id, [1, 2]))
-        await wait_until(lambda: len(receiver.headers) == 2)
+        await eventually(lambda: len(receiver.headers) == 2)
 
         def until() -> list[str]:
             rows = query(
@@ -354,6 +356,6 @@ async def test_held_claims_are_renewed_every_third_of_the_lease_on_the_sites_clo
         await sleep(0.3)
         assert until() == first
         clock.advance(0.1)  # a third of the lease since the start
-        await wait_until(lambda: all(u > f for u, f in zip(until(), first, strict=True)))
+        await eventually(lambda: all(u > f for u, f in zip(until(), first, strict=True)))
     finally:
         await http.stopListening()

@@ -23,7 +23,8 @@ from tasknet.site.storage import create, eligibility, reconcile, usage
 from tasknet.site.storage.engine.database import Database, run_write
 from tasknet.site.storage.engine.errors import TaskError
 from tests.backends import WriteLock
-from tests.site.helpers import Env, fault, lifecycle_env, one, raw, wait_for
+from tests.eventually import eventually
+from tests.site.helpers import Env, fault, lifecycle_env, one, raw
 
 GID = 777
 AUDIT = "/api/galleries/*/archive"
@@ -77,7 +78,7 @@ async def _lock_during_persist(env: Env) -> tuple[Any, WriteLock]:
     SUBMITTING is committed, so the persist of the POST's answer fails."""
     env.upstream.set_faults([fault("latency", ms=300)])
     created = env.lifecycle.create(env.user_id, GID, "tok", "")
-    await wait_for(lambda: env.upstream.app.journal.post_attempts[GID] == 1)
+    await eventually(lambda: env.upstream.app.journal.post_attempts[GID] == 1)
     assert op_row(env.path)["state"] == "SUBMITTING"
     return created, WriteLock(env.path).acquire()
 
@@ -89,7 +90,7 @@ async def test_lock_past_busy_timeout_during_persist_answers_202_unknown(db_targ
             created, lock = await _lock_during_persist(env)
             try:
                 # The persist failed and recording UNKNOWN failed too, at least once.
-                await wait_for(lambda: logged.has("retrying in"), timeout=5)
+                await eventually(lambda: logged.has("retrying in"), timeout=5)
             finally:
                 lock.release()
         answer = await created
@@ -118,7 +119,7 @@ async def test_lock_outlasting_the_retries_answers_500_and_records_unknown_later
             assert env.lifecycle.settling == 1
         finally:
             lock.release()
-        await wait_for(lambda: env.lifecycle.settling == 0)
+        await eventually(lambda: env.lifecycle.settling == 0)
         op = op_row(env.path)
         assert (op["state"], op["step"]) == ("UNKNOWN", "persist")
         assert op["archive_url"] == env.upstream.file_url(GID)
@@ -130,7 +131,7 @@ async def test_lock_before_submitting_posts_nothing_and_releases_the_gid(db_targ
     async with locked_env(db_target, record_retry_for=0.3) as env:
         env.upstream.set_faults([fault("latency", "GET", f"/api/galleries/{GID}", ms=300)])
         created = env.lifecycle.create(env.user_id, GID, "tok", "")
-        await wait_for(lambda: env.upstream.app.journal.requests >= 1)  # prepare pending
+        await eventually(lambda: env.upstream.app.journal.requests >= 1)  # prepare pending
         lock = WriteLock(env.path).acquire()
         try:
             with pytest.raises(TaskError) as refused:
@@ -140,7 +141,7 @@ async def test_lock_before_submitting_posts_nothing_and_releases_the_gid(db_targ
             assert env.lifecycle.settling == 1  # the release, not the SUBMITTING
         finally:
             lock.release()
-        await wait_for(lambda: env.lifecycle.settling == 0)
+        await eventually(lambda: env.lifecycle.settling == 0)
         assert op_row(env.path) is None
         assert one(env.path, "SELECT COUNT(*) FROM gallery")[0] == 0
         assert env.upstream.stats()["postAttempts"] == {}

@@ -1,8 +1,10 @@
 """The PostgreSQL backend behind the storage seam (tasknet/site/storage/
-postgres.py, dialect.py, db.py, schema.py, schema_postgres.sql).  The two
-schemas are compared by tests/site/test_schema_backends.py.
+engine/: postgres.py, transactions.py, database.py, schema.py,
+schema_postgres.sql).  The two schemas are compared by
+tests/site/test_schema_backends.py, the statements of both engines by
+tests/site/test_sql_rendering.py.
 
-The translation is a pure function and is tested as one.  Everything else
+Everything
 runs on a real throwaway PostgreSQL server (``pg_server``, tests/conftest.py)
 through the same storage API the site uses, and where a behaviour must be
 the same on both backends, on a real SQLite file too (``db_target``):
@@ -29,8 +31,8 @@ from tasknet.drill.pgserver import ThrowawayPostgres
 from tasknet.site import transitions
 from tasknet.site.storage import create, usage, users
 from tasknet.site.storage.engine import database as dbmod
-from tasknet.site.storage.engine import dialect, postgres
 from tasknet.site.storage.engine import file_lock as lock
+from tasknet.site.storage.engine import postgres, timestamps, transactions
 from tasknet.site.storage.engine.errors import (
     DatabaseBusy,
     DatabaseFailed,
@@ -45,6 +47,7 @@ from tasknet.site.storage.engine.schema import (
     prepare_database,
     schema_version,
 )
+from tasknet.site.storage.engine.sql import offset, sql
 from tasknet.status import OperationState
 from tests.backends import backend_of
 from tests.site.helpers import HeldWriter
@@ -75,71 +78,29 @@ def user_id(target: str, name: str = "alice", quota: int = 100) -> int:
         connection.close()
 
 
-# -- translation ---------------------------------------------------------------------
+# -- statements (tests/site/test_sql_rendering.py renders and prepares each) -------
 
 
-def test_placeholders_become_psycopgs_and_literals_are_left_alone() -> None:
-    t = dialect.translate("SELECT '?', \"a?\", x FROM t WHERE a = ? AND b LIKE ? -- why?")
-    assert t.sql == "SELECT '?', \"a?\", x FROM t WHERE a = %s AND b ILIKE %s -- why?"
-    assert (t.order, t.count, t.arrays, t.kind) == (None, 2, (), "")
-
-
-def test_numbered_placeholders_pick_their_parameters() -> None:
-    t = dialect.translate("INSERT INTO s (a, b, c) VALUES (?1, ?2, ?2) ON CONFLICT DO NOTHING")
-    assert t.sql == "INSERT INTO s (a, b, c) VALUES (%s, %s, %s) ON CONFLICT DO NOTHING"
-    assert t.order == (0, 1, 1)
-    assert postgres._parameters(t, ("x", "y")) == ["x", "y", "y"]
-    with pytest.raises(ValueError, match="mixes"):
-        dialect.translate("SELECT ?1, ?")
-
-
-def test_a_literal_percent_is_escaped_only_when_there_are_parameters() -> None:
-    assert dialect.translate("SELECT '100%' WHERE a = ?").sql == "SELECT '100%%' WHERE a = %s"
-    assert dialect.translate("SELECT '100%'").sql == "SELECT '100%'"
-
-
-def test_the_dialect_pieces_have_their_postgresql_rendering() -> None:
-    sql = (
-        f"UPDATE t SET at = {dialect.NOW_SQL}, high = {dialect.greatest('t.h', 'excluded.h')}"
-        f" WHERE gid {dialect.IN_ARRAY_SQL} AND created_at < {dialect.NOW_OFFSET_SQL}"
-        " AND MAX(x) > 0"
+def test_the_engine_chooses_each_transactions_begin() -> None:
+    read, write = transactions.BEGIN_READ, transactions.BEGIN_WRITE
+    assert (str(read), read.postgres) == (
+        "BEGIN",
+        "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY",
     )
-    t = dialect.translate(sql)
-    assert t.sql == (
-        "UPDATE t SET at = to_char(statement_timestamp() AT TIME ZONE 'UTC',"
-        ' \'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"\'), high = GREATEST(t.h, excluded.h)'
-        " WHERE gid = ANY(%s) AND created_at < to_char((statement_timestamp()"
-        " + CAST(%s AS interval)) AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.MS\"Z\"')"
-        " AND MAX(x) > 0"  # the aggregate is not greatest()'s
+    serializable, committed = write[transactions.SERIALIZABLE], write[transactions.READ_COMMITTED]
+    assert (str(serializable), serializable.postgres) == (
+        "BEGIN IMMEDIATE",
+        "BEGIN ISOLATION LEVEL SERIALIZABLE",
     )
-    assert t.arrays == (0,)
-    assert postgres._parameters(t, (dialect.array([3, 1]), dialect.offset(-5))) == [
-        [3, 1],
-        "-5.000 seconds",
-    ]
-    numbered = dialect.translate(f"SELECT 1 WHERE a {dialect.IN_ARRAY_SQL.replace('?', '?1')}")
-    assert (numbered.sql, numbered.arrays, numbered.order) == (
-        "SELECT 1 WHERE a = ANY(%s)",
-        (0,),
-        None,
+    assert (str(committed), committed.postgres) == (
+        "BEGIN IMMEDIATE",
+        "BEGIN ISOLATION LEVEL READ COMMITTED",
     )
-    negated = dialect.translate("SELECT 1 WHERE a NOT IN (SELECT value FROM json_each(?))")
-    assert negated.sql == "SELECT 1 WHERE a <> ALL(%s)"
+    assert {read.kind, serializable.kind, committed.kind} == {"begin"}
+    assert (transactions.COMMIT.kind, transactions.ROLLBACK.kind) == ("commit", "rollback")
 
 
-def test_transactions_pragmas_and_the_user_table() -> None:
-    assert dialect.translate("BEGIN IMMEDIATE").sql == "BEGIN ISOLATION LEVEL SERIALIZABLE"
-    assert dialect.translate("BEGIN").sql == "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"
-    assert dialect.translate("begin isolation level read committed").kind == "begin"
-    assert dialect.translate("COMMIT").kind == "commit"
-    assert dialect.translate("PRAGMA foreign_keys=ON").sql is None
-    assert dialect.translate("SELECT * FROM user AS u").sql == 'SELECT * FROM "user" AS u'
-    assert dialect.translate('SELECT user_id FROM "user"').sql == 'SELECT user_id FROM "user"'
-
-
-def test_translations_are_cached_per_statement_text() -> None:
-    sql = "SELECT ? + ?  -- cached"
-    assert postgres.translated(sql) is postgres.translated(sql)
+_IN_USERS = sql('SELECT COUNT(*) FROM "user" WHERE id {in_array}')
 
 
 # -- rows and values (both backends) ---------------------------------------------------
@@ -169,9 +130,15 @@ def test_rows_index_by_position_and_name_on_both_backends(db_target: str) -> Non
         ).fetchone()
         assert flagged[0] == 1
         assert connection.execute('UPDATE "user" SET quota = quota').fetchone() is None
-        assert connection.execute("PRAGMA foreign_keys=ON").fetchall() == []
+        # A list parameter is an array on both (JSON for json_each on SQLite).
+        assert connection.execute(_IN_USERS, ([uid, uid + 1],)).fetchone()[0] == 1
+        assert connection.execute(_IN_USERS, ([],)).fetchone()[0] == 0
     finally:
         connection.close()
+
+
+_NOW = sql("SELECT {now}")
+_NOW_OFFSET = sql("SELECT {now_offset}")
 
 
 def test_stored_timestamps_have_one_format_on_both_backends(db_target: str) -> None:
@@ -180,14 +147,14 @@ def test_stored_timestamps_have_one_format_on_both_backends(db_target: str) -> N
     connection = dbmod.connect(db_target)
     try:
         created = connection.execute('SELECT created_at FROM "user"').fetchone()[0]
-        now = connection.execute(f"SELECT {dialect.NOW_SQL}").fetchone()[0]
-        earlier = connection.execute(
-            f"SELECT {dialect.NOW_OFFSET_SQL}", (dialect.offset(-3600),)
-        ).fetchone()[0]
+        now = connection.execute(_NOW).fetchone()[0]
+        earlier = connection.execute(_NOW_OFFSET, (offset(-3600),)).fetchone()[0]
     finally:
         connection.close()
     pattern = r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z"
-    assert all(re.fullmatch(pattern, t) for t in (created, now, earlier))
+    python = timestamps.iso(timestamps.parse(now).timestamp())  # the Python side's one helper
+    assert all(re.fullmatch(pattern, t) for t in (created, now, earlier, python))
+    assert python == now
     assert earlier < created <= now
 
 
@@ -476,7 +443,7 @@ async def test_a_conflict_that_never_ends_fails_busy(empty_pg_url: str, monkeypa
     prepared(empty_pg_url)
     uid = user_id(empty_pg_url)
     _seed_usage(empty_pg_url, uid)
-    monkeypatch.setattr(dbmod, "CONFLICT_RETRIES", 2)
+    monkeypatch.setattr(transactions, "CONFLICT_RETRIES", 2)
     attempts: list[int] = []
     interfere = _other_session_adds(empty_pg_url, uid, 1)
 

@@ -1,5 +1,5 @@
 """Two sites writing one PostgreSQL database at once: node reports, deletes
-and group commit (tasknet/site/storage/engine/database.py "Isolation", reports.py
+and group commit (tasknet/site/storage/engine/transactions.py "Isolation", reports.py
 "Several sites").
 
 Reports run at READ COMMITTED and lock what they decide from (their nodes,
@@ -38,7 +38,7 @@ from tasknet.protocol.messages import (
 )
 from tasknet.site.storage import delete, reports
 from tasknet.site.storage.engine import database as dbmod
-from tasknet.site.storage.engine.dialect import POSTGRES_BEGIN_READ_COMMITTED
+from tasknet.site.storage.engine import transactions
 from tasknet.site.storage.engine.errors import DatabaseBusy, TaskError
 from tasknet.site.storage.reports import QueuedReport, apply_reports, apply_task_report
 from tests.site.helpers import HeldWriter
@@ -231,7 +231,9 @@ def _race(
 
     if not report_first:
         dbmod.read_committed(counted)
-    begin = POSTGRES_BEGIN_READ_COMMITTED if report_first else "BEGIN IMMEDIATE"
+    begin = transactions.BEGIN_WRITE[
+        transactions.READ_COMMITTED if report_first else transactions.SERIALIZABLE
+    ]
 
     def run_second() -> None:
         try:
@@ -369,7 +371,7 @@ async def test_a_conflicting_write_in_a_batch_takes_no_report_down(
 ) -> None:
     nodes = 5
     uid = _seed(pg_url, nodes)
-    monkeypatch.setattr(dbmod, "CONFLICT_RETRIES", 2)
+    monkeypatch.setattr(transactions, "CONFLICT_RETRIES", 2)
     attempts: list[int] = []
 
     def always_conflicting(cursor: Any) -> None:

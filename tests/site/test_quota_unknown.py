@@ -36,7 +36,7 @@ async def test_creates_that_time_out_cannot_pile_charges_past_the_quota(db_targe
         quota = sum(sorted(cost.values())[:3]) + 1
         run_write(
             connect(env.path),
-            lambda c: c.execute("UPDATE user SET quota = ? WHERE id = ?", (quota, env.user_id)),
+            lambda c: c.execute('UPDATE "user" SET quota = ? WHERE id = ?', (quota, env.user_id)),
         )
         env.upstream.set_faults([fault("timeout")])
         answers: dict[int, object] = {}

@@ -41,11 +41,13 @@ from tasknet.site.lifecycle import Lifecycle
 from tasknet.site.storage import create, instances, reaping
 from tasknet.site.storage import usage as usage_weeks
 from tasknet.site.storage.engine.database import Database, connect, open_pool, run_read, run_write
+from tasknet.site.storage.engine.transactions import BEGIN_WRITE, SERIALIZABLE
 from tasknet.site.storage.instances import LeaseLost
 from tasknet.site.storage.lease import PostgresLease, take_lease
 from tasknet.site.upstream_client import UpstreamClient
 from tasknet.upstream.testing import RunningUpstream, start_upstream
-from tests.site.helpers import add_user, lease_timeout_passed, wait_for
+from tests.eventually import eventually
+from tests.site.helpers import add_user, lease_timeout_passed
 
 WEEK = usage_weeks.iso_week()
 TWISTD = str(Path(sys.executable).with_name("twistd"))
@@ -83,7 +85,7 @@ class Site:
         """Advance this site's clock to its next tick and wait for that tick."""
         ticks = self.service.ticks
         self.clock.advance(INTERVAL)
-        await wait_for(lambda: self.service.ticks > ticks or bool(self.fenced))
+        await eventually(lambda: self.service.ticks > ticks or bool(self.fenced))
 
 
 @asynccontextmanager
@@ -101,7 +103,7 @@ async def running(url: str, name: str, upstream_url: str) -> AsyncIterator[Site]
     try:
         await lifecycle.recover()
         service.startService()
-        await wait_for(lambda: service.ticks == 1 or bool(site.fenced))
+        await eventually(lambda: service.ticks == 1 or bool(site.fenced))
         yield site
     finally:
         await service.stopService()
@@ -292,7 +294,7 @@ async def test_a_reap_and_a_reservation_of_the_reaped_instance_cannot_both_commi
     reaper_connection = connect(pg_url)
     try:
         cursor = late.cursor()
-        cursor.execute("BEGIN IMMEDIATE")  # SERIALIZABLE
+        cursor.execute(BEGIN_WRITE[SERIALIZABLE])  # SERIALIZABLE
         create.reserve(cursor, 5, user, "", "t", WEEK, gone)  # saw its row open
         reaped = run_write(reaper_connection, reaping.reap, gone, reaper)  # commits first
         assert reaped.marked and reaped.settled == 0  # the reservation was not visible
@@ -354,7 +356,7 @@ async def test_twistd_site_exits_non_zero_when_its_lease_session_ends(
         TWISTD, argv, env={**os.environ, "PYTHONPATH": REPO}, path=REPO, reactor=reactor
     ).addTimeout(90, reactor)
     try:
-        await wait_for(lambda: log.exists() and "HTTP on" in log.read_text(), timeout=60)
+        await eventually(lambda: log.exists() and "HTTP on" in log.read_text(), timeout=60)
         [row] = _rows(pg_url, "SELECT id, lease_pid FROM site_instance WHERE name = 'doomed'")
         _terminate(pg_url, row["lease_pid"])
     finally:

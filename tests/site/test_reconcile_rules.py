@@ -140,8 +140,8 @@ def test_now_is_the_database_clock(conn):
     with pytest.raises(reconcile.VerdictTooEarly) as refused:
         _resolve(conn, "not_submitted", gid=GID + 1)
     assert refused.value.not_before == "2999-01-01T00:00:00.000Z"
-    database_now = conn.execute(f"SELECT {reconcile.NOW_SQL}").fetchone()[0]
-    seconds = (datetime(2999, 1, 1, tzinfo=UTC) - reconcile._moment(database_now)).total_seconds()
+    database_now = reconcile._database_now(conn.cursor())
+    seconds = (datetime(2999, 1, 1, tzinfo=UTC) - database_now).total_seconds()
     assert abs(refused.value.wait - seconds) < 60
 
 

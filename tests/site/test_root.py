@@ -59,10 +59,12 @@ async def test_every_part_and_every_timer_runs_on_the_sites_clock(db_target: str
         assert {name: c for name, c in clocks.items() if c is not clock} == {}
         timers = [s for s in _tree(site) if isinstance(s, TimerService)]
         # node keys; the dispatcher's poll; the outbox's poll and prune; housekeeping.
-        others = [t for t in timers if t.parent is not parts.instance]
+        shared = [t for t in timers if t.parent in (parts.instance, side.ownership)]
+        others = [t for t in timers if t not in shared]
         assert len(others) == 5
-        # On PostgreSQL the instance's lease check, heartbeat and reaping; none on SQLite.
-        assert len(timers) - len(others) == (1 if parts.instance.lease.shared else 0)
+        # On PostgreSQL the instance's lease check, heartbeat and reaping, and the
+        # ownership's check that this site's nodes are still its own; none on SQLite.
+        assert len(shared) == (2 if parts.instance.lease.shared else 0)
         assert [t for t in timers if t.clock is not clock] == []
     finally:
         await site.stopService()  # never started: stops cleanly all the same
@@ -81,10 +83,11 @@ async def test_the_timed_parts_are_named_children_of_the_site(db_target: str) ->
             "node-keys": named["node-keys"],
             "housekeeping": site.parts.housekeeping,
             "outbox": side.outbox,
+            "node-ownership": side.ownership,
             "dispatch": side.dispatcher,
         }
         assert isinstance(named["node-keys"], TimerService) and named["node-keys"].step == 4.0
-        for part in (side.dispatcher, side.outbox, site.parts.housekeeping):
+        for part in (side.dispatcher, side.outbox, site.parts.housekeeping, side.ownership):
             assert isinstance(part, MultiService)
         assert isinstance(side.dispatcher, Dispatcher)
         assert [t.step for t in side.dispatcher] == [2.0]

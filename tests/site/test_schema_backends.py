@@ -126,18 +126,7 @@ def postgres_schema(url: str) -> Schema:
             "   AND NOT EXISTS (SELECT 1 FROM pg_constraint AS c WHERE c.conindid = x.indexrelid)"
         ):
             schema.indexes[name] = Index(table, tuple(columns), bool(unique))
-    # SQLite's implicit rowid, which retention pages report receipts by, is
-    # an explicit identity column on PostgreSQL (schema_postgres.sql): the
-    # same thing, so it is compared as absent, once it is shown to be there.
-    for table in IMPLICIT_ROWID:
-        assert "rowid" in schema.columns[table] and ("rowid",) in schema.unique[table], table
-        schema.columns[table].remove("rowid")
-        schema.unique[table].discard(("rowid",))
     return schema
-
-
-#: Tables whose SQLite rowid the site's SQL uses (PostgreSQL spells it out).
-IMPLICIT_ROWID = ("report_receipt",)
 
 
 @pytest.fixture

@@ -27,6 +27,7 @@ from tasknet.site.storage.engine.database import connect, run_read, run_write
 from tasknet.site.storage.engine.schema import load_script, prepare_database
 from tasknet.upstream.testing import start_upstream
 from tests.backends import WriteLock, add_failing_trigger, backend_of
+from tests.eventually import eventually
 from tests.site.helpers import (
     add_user,
     one,
@@ -34,7 +35,6 @@ from tests.site.helpers import (
     raw,
     running_site,
     site_options,
-    wait_for,
 )
 from tests.site_protocol.harness import ScriptedNode, secret_of
 
@@ -295,10 +295,10 @@ async def test_node_attach_and_detach_logged_with_negotiated_protocol(db_target,
                         for e in events
                     )
 
-                await wait_for(attached)
+                await eventually(attached)
             finally:
                 await client.stopService()
-            await wait_for(lambda: any("disconnected" in e.get("log_format", "") for e in events))
+            await eventually(lambda: any("disconnected" in e.get("log_format", "") for e in events))
     finally:
         globalLogPublisher.removeObserver(events.append)
         await upstream.stop()
@@ -311,7 +311,7 @@ def test_user_functions_for_the_admin_cli(db_target):
     try:
         user, token = run_write(connection, lambda c: users.create_user(c, "carol", quota=7))
         assert run_read(connection, users.user_by_token, token) == user
-        stored = one(path, "SELECT token_hash FROM user WHERE name = 'carol'")[0]
+        stored = one(path, "SELECT token_hash FROM \"user\" WHERE name = 'carol'")[0]
         assert stored == users.hash_token(token) and token not in stored
         with pytest.raises(users.UserError):
             run_write(connection, lambda c: users.create_user(c, "carol"))
@@ -359,6 +359,7 @@ async def test_make_service_with_full_wiring_starts_serves_and_stops_cleanly(db_
             "housekeeping",
             "instance",
             "node-keys",
+            "node-ownership",
             "outbox",
         ]
         assert all(child.running for child in service)
@@ -384,7 +385,7 @@ async def test_default_quota_is_what_the_admin_gives_new_users(db_target):
             assert admin(["--db", path, "user", "add", "carol", "--quota", "7"]) == 0
     finally:
         await upstream.stop()
-    quotas = dict(query(path, "SELECT name, quota FROM user"))
+    quotas = dict(query(path, 'SELECT name, quota FROM "user"'))
     assert quotas == {"early": users.DEFAULT_QUOTA, "bob": 42, "carol": 7}
 
 
@@ -403,7 +404,7 @@ async def test_node_keys_added_or_removed_by_the_admin_apply_without_a_restart(d
                 run_write(connection, users.add_node_key, "n2", "not-the-option")
             finally:
                 connection.close()
-            await wait_for(lambda: "n7" in site.site.node_side.listener.node_keys)
+            await eventually(lambda: "n7" in site.site.node_side.listener.node_keys)
             assert site.site.node_side.listener.node_keys["n2"] == secret_of("n2")
             node = await _scripted_node(site.service, "n7")
             assert await node.logged_in is True
@@ -414,7 +415,7 @@ async def test_node_keys_added_or_removed_by_the_admin_apply_without_a_restart(d
                 assert run_write(connection, users.remove_node_key, "n7")
             finally:
                 connection.close()
-            await wait_for(lambda: "n7" not in site.site.node_side.listener.node_keys)
+            await eventually(lambda: "n7" not in site.site.node_side.listener.node_keys)
             refused = await _scripted_node(site.service, "n7")
             assert await refused.logged_in is False
             await refused.lost
@@ -446,9 +447,9 @@ async def test_stop_acks_committed_reports_before_closing_node_connections(db_ta
             release.wait(10)
 
         held = db.write(hold)
-        await wait_for(running.is_set)
+        await eventually(running.is_set)
         node.report("r-stop", 1000)
-        await wait_for(lambda: len(db._queue) >= 1)  # the report's transaction waits
+        await eventually(lambda: len(db._queue) >= 1)  # the report's transaction waits
         stopped = service.stopService()
         await settle_for(0.1)
         assert not node.lost.called  # connections stay open while the report is in flight

@@ -150,6 +150,7 @@ async def test_sign_in_creates_a_server_side_session_whose_random_id_is_the_cook
         assert answer.json() == {
             "user": {"name": "alice", "admin": False},
             "site": site.site.health.site,
+            "upstreamTimeout": site.site.lifecycle.upstream_timeout,
         }
         # The token itself is not a session id; nor is a forged one.
         assert await _me(port, token) == 401

@@ -36,22 +36,43 @@ def _task(conn: sqlite3.Connection, gid: int, user_id: int, node: str = "n1") ->
     run_write(conn, lambda c: c.execute("UPDATE gallery SET size = ? WHERE gid = ?", (SIZE, gid)))
 
 
+_ROWS_BEFORE = (
+    "SELECT gid, status, progress, user_id, size, speed, sampled_at, moved_at FROM gallery"
+)
+# What the report path writes for a changed task (storage/reports.py): its
+# new status and progress, and the sample throughput.sample_reports answers.
+_APPLY = "UPDATE gallery SET status = ?, progress = ? WHERE gid = ?"
+_APPLY_SAMPLED = (
+    "UPDATE gallery SET status = ?, progress = ?, speed = ?, sampled_at = ?, moved_at = ?,"
+    " completed_at = COALESCE(completed_at, ?) WHERE gid = ?"
+)
+
+
+def _apply_sampled(
+    c: sqlite3.Cursor,
+    reports: list[tuple[str, list[int], dict[int, TaskEntry], dict[int, Any]]],
+    now: float,
+) -> None:
+    """``reports`` through throughput.sample_reports, as reports.py runs it,
+    then each entry applied with its sample."""
+    rows = {gid: row for *_, before in reports for gid, row in before.items()}
+    samples = throughput.sample_reports(c, reports, rows, now)
+    for _, _, entries, _ in reports:
+        for gid, entry in entries.items():
+            if gid in samples:
+                c.execute(_APPLY_SAMPLED, (entry.status, entry.progress, *samples[gid], gid))
+            else:
+                c.execute(_APPLY, (entry.status, entry.progress, gid))
+
+
 def _sample(
     conn: sqlite3.Connection, node: str, gid: int, status: int, progress: float, now: float
 ) -> None:
-    """One applied entry, as reports.py hands it to throughput, then applied."""
+    """One changed entry, sampled and applied as reports.py does."""
 
     def body(c: sqlite3.Cursor) -> None:
-        before = {
-            row["gid"]: row
-            for row in c.execute("SELECT gid, status, progress FROM gallery WHERE gid = ?", (gid,))
-        }
-        throughput.record_report(
-            c, node, [gid], {gid: TaskEntry(gid, status, progress)}, before, now
-        )
-        c.execute(
-            "UPDATE gallery SET status = ?, progress = ? WHERE gid = ?", (status, progress, gid)
-        )
+        before = {row["gid"]: row for row in c.execute(_ROWS_BEFORE + " WHERE gid = ?", (gid,))}
+        _apply_sampled(c, [(node, [gid], {gid: TaskEntry(gid, status, progress)}, before)], now)
 
     run_write(conn, body)
 
@@ -151,7 +172,7 @@ def test_stats_buckets_by_minute_node_and_owner(conn: sqlite3.Connection) -> Non
     buckets = everyone["buckets"]
     assert len(buckets) == 5
     assert buckets[-1]["start"] == datetime.fromtimestamp(MINUTE0 + 120, UTC).strftime(
-        "%Y-%m-%dT%H:%M:%SZ"
+        "%Y-%m-%dT%H:%M:%S.000Z"
     )
     assert [b["bytes"] for b in buckets] == [0, 0, 100_000, 1_200_000, 0]
     assert [b["completed"] for b in buckets] == [0, 0, 0, 1, 0]
@@ -307,19 +328,19 @@ def _record_step(
     now: float,
     at_once: bool,
 ) -> None:
-    """One batch of reports' throughput, recorded at once or report by report, then applied."""
-    before = {r["gid"]: r for r in c.execute("SELECT gid, status, progress FROM gallery")}
+    """One batch of reports sampled at once or report by report, then applied."""
+    before = {r["gid"]: r for r in c.execute(_ROWS_BEFORE)}
     items = [
-        (node, list(tasks), {g: TaskEntry(g, *v) for g, v in tasks.items()}, before)
+        (
+            node,
+            list(tasks),
+            {g: TaskEntry(g, *v) for g, v in tasks.items()},
+            {g: before[g] for g in tasks},
+        )
         for node, tasks in batch
     ]
     if at_once:
-        throughput.record_reports(c, items, now)
+        _apply_sampled(c, items, now)
     else:
-        for node, applied, entries, rows in items:
-            throughput.record_report(c, node, applied, entries, rows, now)
-    for _, tasks in batch:
-        c.executemany(
-            "UPDATE gallery SET status = ?, progress = ? WHERE gid = ?",
-            [(status, progress, g) for g, (status, progress) in tasks.items()],
-        )
+        for item in items:
+            _apply_sampled(c, [item], now)

@@ -26,7 +26,8 @@ from tasknet.site.storage.engine.database import Database, connect, open_pool, r
 from tasknet.site.storage.engine.errors import TaskError
 from tasknet.site.storage.engine.schema import prepare_database
 from tests.backends import WriteLock
-from tests.site.helpers import RecordingSession, fault, lifecycle_env, one, wait_for
+from tests.eventually import eventually
+from tests.site.helpers import RecordingSession, fault, lifecycle_env, one
 from tests.site_protocol.harness import add_task, add_user
 
 GID = 4242
@@ -85,12 +86,12 @@ async def test_outcome_writes_retry_for_the_window_then_settle_in_the_background
             # The prepare is held: lock the database before SUBMITTING is written.
             env.upstream.set_faults([fault("latency", "GET", f"/api/galleries/{GID}", ms=300)])
             created = lifecycle.create(env.user_id, GID, "tok", "")
-            await wait_for(lambda: env.upstream.app.journal.requests >= 1)
+            await eventually(lambda: env.upstream.app.journal.requests >= 1)
             lock = WriteLock(env.path).acquire()
             waits: list[float] = []
             try:
                 while not created.called:
-                    await wait_for(lambda: created.called or next_wait(clock) is not None)
+                    await eventually(lambda: created.called or next_wait(clock) is not None)
                     wait = next_wait(clock)
                     if wait is None or created.called:
                         break
@@ -108,12 +109,12 @@ async def test_outcome_writes_retry_for_the_window_then_settle_in_the_background
                 assert lifecycle.settling == 1
                 assert next_wait(clock) == 5.0
                 clock.advance(5.0)
-                await wait_for(lambda: next_wait(clock) is not None)
+                await eventually(lambda: next_wait(clock) is not None)
                 assert lifecycle.settling == 1, "still locked: still settling"
             finally:
                 lock.release()
             clock.advance(5.0)
-            await wait_for(lambda: lifecycle.settling == 0)
+            await eventually(lambda: lifecycle.settling == 0)
             assert one(env.path, "SELECT COUNT(*) FROM gallery")[0] == 0
             assert env.upstream.stats()["postAttempts"] == {}
         finally:
@@ -168,10 +169,10 @@ async def test_the_outbox_poll_delivers_rows_from_another_process_every_interval
         clock.advance(4.99)
         assert hub.payloads == [], "no poll before 5 s"
         clock.advance(0.01)
-        await wait_for(lambda: len(hub.payloads) == 1)
+        await eventually(lambda: len(hub.payloads) == 1)
         enqueue(site_db, 2)
         clock.advance(5.0)
-        await wait_for(lambda: len(hub.payloads) == 2)
+        await eventually(lambda: len(hub.payloads) == 2)
         assert executor.pushed == 2
     finally:
         await executor.stopService()
@@ -223,15 +224,15 @@ async def test_a_failing_webhook_is_retried_after_a_doubling_delay(site_db: str)
         def retry_wait() -> float | None:
             return next_wait(clock, webhook._retry)
 
-        await wait_for(lambda: receiver.posts == 1 and retry_wait() is not None)
+        await eventually(lambda: receiver.posts == 1 and retry_wait() is not None)
         assert retry_wait() == 1.0, "first retry after the backoff"
         clock.advance(0.99)
         assert receiver.posts == 1
         clock.advance(0.01)
-        await wait_for(lambda: receiver.posts == 2 and retry_wait() is not None)
+        await eventually(lambda: receiver.posts == 2 and retry_wait() is not None)
         assert retry_wait() == 2.0, "then twice as long"
         clock.advance(2.0)
-        await wait_for(lambda: webhook.delivered == 1 and webhook.idle())
+        await eventually(lambda: webhook.delivered == 1 and webhook.idle())
         assert receiver.posts == 3
         row = webhook_state(site_db, row_id)
         assert (row[0], row[1]) == (outbox.WEBHOOK_DELIVERED, 3)

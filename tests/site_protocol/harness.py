@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +12,6 @@ from autobahn.twisted.websocket import WebSocketClientFactory, WebSocketClientPr
 from twisted.internet import reactor
 from twisted.internet.defer import Deferred, DeferredQueue
 from twisted.internet.endpoints import TCP4ClientEndpoint, TCP4ServerEndpoint, connectProtocol
-from twisted.internet.task import deferLater
 from twisted.web import server
 from twisted.web.resource import Resource
 from twisted.web.server import NOT_DONE_YET, Request
@@ -43,6 +41,7 @@ from tasknet.site.storage import users
 from tasknet.site.storage.engine import database as dbmod
 from tasknet.site.storage.engine.schema import prepare_database
 from tasknet.site.web.events import events_resource
+from tests.eventually import eventually
 
 TIMEOUT = 5.0
 
@@ -147,18 +146,6 @@ class ScriptedNode(FrameProtocol):
         await self.lost
 
 
-async def wait_until(
-    predicate: Callable[[], Any], timeout: float = TIMEOUT, step: float = 0.01
-) -> None:
-    """Poll ``predicate`` (sync) until it is true."""
-    waited = 0.0
-    while not predicate():
-        if waited >= timeout:
-            raise AssertionError(f"condition not met within {timeout} s")
-        await deferLater(reactor, step, lambda: None)
-        waited += step
-
-
 class Site:
     """The site's node side, as the composition root builds it
     (``root.build_node_side``), over a real database (a SQLite file or a
@@ -196,6 +183,7 @@ class Site:
         )
         self.side.outbox.startService()
         await self.side.outbox.wake()
+        self.side.ownership.startService()  # the site's order: its watch, then the listener
         self.port = await TCP4ServerEndpoint(reactor, 0, interface="127.0.0.1").listen(self.factory)
         if dispatch:
             self.side.dispatcher.startService()
@@ -228,7 +216,7 @@ class Site:
     async def dispatch_passes(self, count: int) -> None:
         """Wait until ``count`` more periodic dispatch passes have completed."""
         target = self.side.dispatcher.polls + count
-        await wait_until(lambda: self.side.dispatcher.polls >= target)
+        await eventually(lambda: self.side.dispatcher.polls >= target)
 
 
 # ------------------------------------------------------------------ fixtures data

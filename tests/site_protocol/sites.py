@@ -25,7 +25,8 @@ from tasknet.site.storage import instances
 from tasknet.site.storage.engine import database as dbmod
 from tasknet.site.storage.engine.listen import Listener, Wakeups
 from tasknet.site.storage.engine.schema import prepare_database
-from tests.site_protocol.harness import NodeKeys, Site, wait_until
+from tests.eventually import eventually
+from tests.site_protocol.harness import NodeKeys, Site
 
 _numbers = iter(range(1, 1_000_000))
 
@@ -87,6 +88,7 @@ class SharedSite(Site):
         )
         self.side.outbox.startService()
         await self.side.outbox.wake()
+        self.side.ownership.startService()
         self.port = await TCP4ServerEndpoint(reactor, 0, interface="127.0.0.1").listen(self.factory)
         if dispatch:
             self.side.dispatcher.startService()
@@ -97,7 +99,7 @@ class SharedSite(Site):
 
     async def stop(self) -> None:
         await super().stop()
-        await wait_until(lambda: not self.listener.running)  # the LISTEN thread ended
+        await eventually(lambda: not self.listener.running)  # the LISTEN thread ended
 
 
 class TwoSites:

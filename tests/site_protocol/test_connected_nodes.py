@@ -11,9 +11,13 @@ import pytest_twisted
 from tasknet.protocol.messages import Goodbye, TaskCommand
 from tasknet.protocol.session import INodeSession
 from tasknet.site.connected_nodes import ConnectedNodes
+from tasknet.site.session_states import SessionState
+from tasknet.site.storage.node_sessions import Holding
 from tasknet.site.storage.reports import ReportOutcome
 from tasknet.site.web.admin_nodes import nodes_view
-from tests.site_protocol.harness import Site, add_task, add_user, wait_until
+from tests.eventually import eventually
+from tests.site.helpers import RecordingSession
+from tests.site_protocol.harness import Site, add_task, add_user
 
 POLL = 0.05
 
@@ -55,46 +59,66 @@ async def test_a_reconnect_replaces_the_session_for_dispatch_and_the_admin_view(
         assert await _connected(site) == {"n1": True}
 
         await second.disconnect()
-        await wait_until(lambda: "n1" not in site.side.nodes)
-        await wait_until(lambda: not site.side.dispatcher._deletes_sent)
+        await eventually(lambda: "n1" not in site.side.nodes)
+        await eventually(lambda: not site.side.dispatcher._deletes_sent)
         assert await _connected(site) == {"n1": False}
     finally:
         await site.stop()
 
 
+def test_the_registry_is_newest_wins_and_detaches_only_the_current() -> None:
+    """The registry's own rules, each a move of the sessions' lives."""
+    old, n2, new = RecordingSession("n1"), RecordingSession("n2"), RecordingSession("n1")
+    registry = ConnectedNodes()
+    assert registry.attach(old) is None and registry.attach(old) is None
+    assert old.life.state is SessionState.CURRENT
+    assert registry.attach(n2) is None
+    assert registry.attach(new) is old  # handed back for the listener to close
+    assert old.life.state is SessionState.REPLACED and new.life.state is SessionState.CURRENT
+    assert registry == {"n1": new, "n2": n2} and registry.ids() == ["n1", "n2"]
+    assert not registry.is_current(old) and registry.is_current(new)
+    assert registry.detach(old, SessionState.CLOSED) is False  # a replaced one is already gone
+    assert old.life.state is SessionState.REPLACED
+    assert registry["n1"] is new
+
+    # Held once its take committed; only a current session can be.
+    holding = Holding("n1", 3, None)
+    assert registry.hold(old, Holding("n1", 2, None)) is False
+    assert registry.holding_of(new) is None and registry.holdings() == {}
+    assert registry.hold(new, holding) is True
+    assert new.life.state is SessionState.HELD
+    assert registry.holding_of(new) == holding and registry.holdings() == {holding: new}
+    assert registry.detach(new, SessionState.MOVED) is True
+    assert registry.detach(new, SessionState.CLOSED) is False
+    assert new.life.state is SessionState.MOVED and registry.holding_of(new) is None
+    assert registry == {"n2": n2} and len(registry) == 1 and "n1" not in registry
+
+    # The last revision applied goes down only with a new revision epoch.
+    assert registry.last_revision("n2") is None
+    registry.report_applied(n2, ReportOutcome("APPLIED", revision=2000))
+    registry.report_applied(n2, ReportOutcome("APPLIED", revision=1000))
+    assert registry.last_revision("n2") == 2000
+    registry.report_applied(n2, ReportOutcome("APPLIED", revision=10, new_epoch=True))
+    registry.report_applied(n2, ReportOutcome("APPLIED", revision=None))
+    assert registry.last_revision("n2") == 10
+
+
 @pytest_twisted.ensureDeferred
-async def test_the_registry_is_newest_wins_and_detaches_only_the_current(
-    db_target: str,
-) -> None:
-    """The registry's own rules, on the real sessions of two connections."""
+async def test_the_listeners_sessions_are_what_the_registry_holds(db_target: str) -> None:
+    """Over real TCP: a session the registry holds says it is attached,
+    one it replaced says so, and a closed one is closed."""
     site = await Site(db_target).start()
     try:
-        await site.connect("n1")
+        first = await site.connect("n1")
         old = site.side.nodes["n1"]
-        await site.connect("n2")
-        n2 = site.side.nodes["n2"]
+        assert INodeSession.providedBy(old) and old.life.attached
+        await eventually(lambda: old.life.state is SessionState.HELD)
         await site.connect("n1")
         new = site.side.nodes["n1"]
-        assert INodeSession.providedBy(new)
-
-        registry = ConnectedNodes()
-        assert registry.attach(old) is None and registry.attach(old) is None
-        assert registry.attach(n2) is None
-        assert registry.attach(new) is old  # handed back for the listener to close
-        assert registry == {"n1": new, "n2": n2} and registry.ids() == ["n1", "n2"]
-        assert not registry.is_current(old) and registry.is_current(new)
-        assert registry.detach(old) is False  # a replaced session is already gone
-        assert registry["n1"] is new
-        assert registry.detach(new) is True and registry.detach(new) is False
-        assert registry == {"n2": n2} and len(registry) == 1 and "n1" not in registry
-
-        # The last revision applied goes down only with a new revision epoch.
-        assert registry.last_revision("n2") is None
-        registry.report_applied(n2, ReportOutcome("APPLIED", revision=2000))
-        registry.report_applied(n2, ReportOutcome("APPLIED", revision=1000))
-        assert registry.last_revision("n2") == 2000
-        registry.report_applied(n2, ReportOutcome("APPLIED", revision=10, new_epoch=True))
-        registry.report_applied(n2, ReportOutcome("APPLIED", revision=None))
-        assert registry.last_revision("n2") == 10
+        await first.lost
+        # Replaced, then its connection went.
+        await eventually(lambda: old.life.state is SessionState.CLOSED)
+        await eventually(lambda: new.life.state is SessionState.HELD)
+        assert site.side.nodes.holding_of(new) is not None
     finally:
         await site.stop()

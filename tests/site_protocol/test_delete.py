@@ -15,7 +15,8 @@ from tasknet.protocol.messages import (
     TaskReportAck,
 )
 from tasknet.site.storage import delete, views
-from tests.site_protocol.harness import Site, add_task, add_user, row, wait_until
+from tests.eventually import eventually
+from tests.site_protocol.harness import Site, add_task, add_user, row
 
 
 async def _request_delete(site: Site, gid: int) -> delete.DeleteStarted:
@@ -91,12 +92,12 @@ async def test_legacy_delete_round_trip(site: Site) -> None:
     await _request_delete(site, 8)
     assert await node.next(DeleteGallery) == DeleteGallery(8)
     node.sendMessage(DeleteResult(8, False, "busy"))
-    await wait_until(lambda: row(conn, 8)["delete_result"] == "FAILED")
+    await eventually(lambda: row(conn, 8)["delete_result"] == "FAILED")
     assert row(conn, 8)["state"] == "DELETE_PENDING"
     await _request_delete(site, 8)
     assert await node.next(DeleteGallery) == DeleteGallery(8)
     node.sendMessage(DeleteResult(8, True, ""))
-    await wait_until(lambda: row(conn, 8)["state"] == "DELETED")
+    await eventually(lambda: row(conn, 8)["state"] == "DELETED")
     conn.close()
 
 
@@ -118,16 +119,16 @@ async def test_legacy_delete_of_a_task_with_no_known_node_goes_to_its_claimer(
     assert old1.messages == [] and old2.messages == []
     # A DeleteResult from a node that never claimed it changes nothing.
     old1.sendMessage(DeleteResult(9, True, ""))
-    await wait_until(lambda: site.side.reports.reports_committed == 1)
+    await eventually(lambda: site.side.reports.reports_committed == 1)
     assert row(conn, 9)["state"] == "DELETE_PENDING"
     # old-2 holds it and says so: its StatusReport claims the row; its next
     # login pass sends it the DELETE, which it confirms.
     old2.sendMessage(StatusReport((TaskEntry(9, 4, 1.0),)))
-    await wait_until(lambda: row(conn, 9)["node_id"] == "old-2")
+    await eventually(lambda: row(conn, 9)["node_id"] == "old-2")
     await old2.disconnect()
     old2 = await site.connect("old-2", v2=False)
     assert await old2.next(DeleteGallery) == DeleteGallery(9)
     old2.sendMessage(DeleteResult(9, True, ""))
-    await wait_until(lambda: row(conn, 9)["state"] == "DELETED")
+    await eventually(lambda: row(conn, 9)["state"] == "DELETED")
     assert conn.execute("SELECT COUNT(*) FROM gallery WHERE gid = 9").fetchone()[0] == 0
     conn.close()

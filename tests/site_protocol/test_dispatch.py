@@ -7,7 +7,9 @@ import pytest_twisted
 
 from tasknet.protocol.messages import DeleteGallery, DownloadPost, TaskCommand
 from tasknet.site.storage import eligibility
-from tests.site_protocol.harness import Site, add_task, add_user, row, wait_until
+from tasknet.site.storage.engine.transactions import BEGIN_WRITE, SERIALIZABLE
+from tests.eventually import eventually
+from tests.site_protocol.harness import Site, add_task, add_user, row
 
 
 def _ineligible_world(site: Site, node_id: str) -> dict[int, str]:
@@ -49,7 +51,7 @@ async def test_only_eligible_tasks_reach_a_node(site: Site, v2: bool) -> None:
     expected = _ineligible_world(site, "n1")
     node = await site.connect("n1", v2=v2)
     await site.side.dispatcher.idle()
-    await wait_until(lambda: len(node.messages) >= len(expected))
+    await eventually(lambda: len(node.messages) >= len(expected))
     got: dict[int, str] = {}
     for m in node.messages:
         if isinstance(m, TaskCommand):
@@ -98,7 +100,7 @@ async def test_new_task_goes_to_the_least_loaded_node_and_sticks(site: Site) -> 
     n1 = await site.connect("n1")
     n2 = await site.connect("n2")
     await site.side.dispatcher.idle()
-    await wait_until(lambda: len(n1.messages) == 2)
+    await eventually(lambda: len(n1.messages) == 2)
     assert n2.messages == []
     add_task(conn, 50, uid, dispatched=0)
     await site.side.dispatcher.task_changed(50)
@@ -158,7 +160,7 @@ async def test_large_sets_are_streamed_in_pages(db_target: str) -> None:
         conn = site.sql()
         uid, _ = add_user(conn, "alice")
         rows = [(gid, uid, f"g{gid}", "n1") for gid in range(1, 1051)]
-        conn.execute("BEGIN IMMEDIATE")  # one write transaction, either backend
+        conn.execute(BEGIN_WRITE[SERIALIZABLE])  # one write transaction, either backend
         conn.executemany(
             "INSERT INTO gallery (gid, user_id, name, token, url, node_id)"
             " VALUES (?, ?, ?, 'tok', 'http://u/f', ?)",
@@ -174,7 +176,7 @@ async def test_large_sets_are_streamed_in_pages(db_target: str) -> None:
         conn.execute("COMMIT")
         node = await site.connect("n1")
         await site.side.dispatcher.idle()
-        await wait_until(lambda: len(node.messages) >= 525)
+        await eventually(lambda: len(node.messages) >= 525)
         gids = [m.gid for m in node.messages]
         assert gids == list(range(1, 1051, 2))
         assert all(m.operation_id == f"op-{m.gid}" for m in node.messages)

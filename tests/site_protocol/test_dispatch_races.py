@@ -16,7 +16,8 @@ import pytest_twisted
 
 from tasknet.protocol.messages import TaskCommand
 from tasknet.site.storage import delete
-from tests.site_protocol.harness import Site, add_task, add_user, row, wait_until
+from tests.eventually import eventually
+from tests.site_protocol.harness import Site, add_task, add_user, row
 
 
 async def _hold_writer(site: Site) -> tuple[threading.Event, object]:
@@ -30,7 +31,7 @@ async def _hold_writer(site: Site) -> tuple[threading.Event, object]:
         release.wait(10)
 
     held = site.db.write(hold)
-    await wait_until(running.is_set)
+    await eventually(running.is_set)
     return release, held
 
 
@@ -56,9 +57,9 @@ async def test_no_download_follows_a_committed_delete(site: Site, delete_first: 
             node = await site.connect("n1")
         else:
             node = await site.connect("n1")
-            await wait_until(lambda: len(site.db._queue) >= 1)  # the login pass waits
+            await eventually(lambda: len(site.db._queue) >= 1)  # the login pass waits
             deleted = site.db.write(delete.request_delete, 10, None)
-        await wait_until(lambda: len(site.db._queue) >= 2)  # both wait for the writer
+        await eventually(lambda: len(site.db._queue) >= 2)  # both wait for the writer
     finally:
         release.set()
     await held
@@ -67,8 +68,8 @@ async def test_no_download_follows_a_committed_delete(site: Site, delete_first: 
     # What the lifecycle does after the delete committed.
     await site.side.dispatcher.task_changed(10)
     await site.side.dispatcher.idle()
-    await wait_until(lambda: "DELETE" in _commands_for(node, 10))
-    await wait_until(lambda: _commands_for(node, 11) == ["DOWNLOAD"])
+    await eventually(lambda: "DELETE" in _commands_for(node, 10))
+    await eventually(lambda: _commands_for(node, 11) == ["DOWNLOAD"])
 
     actions = _commands_for(node, 10)
     if delete_first:

@@ -14,7 +14,8 @@ from twisted.internet import reactor
 
 from tasknet.protocol.messages import TaskCommand
 from tasknet.site.storage.engine.listen import NoWakeups
-from tests.site_protocol.harness import add_task, add_user, wait_until
+from tests.eventually import eventually
+from tests.site_protocol.harness import add_task, add_user
 from tests.site_protocol.sites import TwoSites, pg_target, sites
 
 __all__ = ["pg_target", "sites"]
@@ -43,7 +44,7 @@ async def test_a_task_changed_through_one_site_is_sent_at_once_by_the_site_of_it
         started = reactor.seconds()
         for gid in (1, 2):
             await a.side.dispatcher.task_changed(gid)
-        await wait_until(lambda: sorted(downloads(node)) == [1, 2], timeout=2.0)
+        await eventually(lambda: sorted(downloads(node)) == [1, 2], timeout=2.0)
         assert reactor.seconds() - started < 2.0
         assert b.side.dispatcher.hints == 2 and a.side.dispatcher.sent == 0
         assert b.side.dispatcher.polls == 0  # not the poll
@@ -63,8 +64,8 @@ async def test_the_poll_sends_it_when_the_notification_is_lost(sites: TwoSites) 
         uid, _ = add_user(conn, "alice")
         add_task(conn, 1, uid, dispatched=0)
         await a.side.dispatcher.task_changed(1)
-        await wait_until(lambda: downloads(node) == [1], timeout=3.0)
-        await wait_until(lambda: b.side.dispatcher.polls > polls)  # the pass that sent it
+        await eventually(lambda: downloads(node) == [1], timeout=3.0)
+        await eventually(lambda: b.side.dispatcher.polls > polls)  # the pass that sent it
         assert b.side.dispatcher.hints == 0
     finally:
         conn.close()

@@ -11,6 +11,7 @@ import pytest_twisted
 from tasknet.protocol.messages import TaskReportAck
 from tasknet.site.storage import outbox
 from tests.backends import NewTarget
+from tests.eventually import eventually
 from tests.site_protocol.harness import (
     Site,
     WebhookReceiver,
@@ -20,7 +21,6 @@ from tests.site_protocol.harness import (
     events_root,
     listen_http,
     row,
-    wait_until,
 )
 
 
@@ -60,7 +60,7 @@ async def test_websocket_pushes_each_change_after_commit_to_its_owner_only(site:
         assert (await admin.next())["task"]["gid"] == 2
         assert [m["task"]["gid"] for m in a.received] == [1, 1, 1]
         # Marked after the fan-out.
-        await wait_until(
+        await eventually(
             lambda: (
                 conn.execute(
                     "SELECT COUNT(*) FROM notification_outbox WHERE ws_delivered_at IS NULL"
@@ -113,11 +113,11 @@ async def test_rows_committed_before_a_crash_are_delivered_after_restart(db_targ
     second = Site(path)
     try:
         await second.start(webhook_url=f"http://127.0.0.1:{http.getHost().port}/hook")
-        await wait_until(lambda: len(receiver.bodies) == 1)
+        await eventually(lambda: len(receiver.bodies) == 1)
         body = receiver.bodies[0]
         assert body["type"] == "task" and body["task"]["gid"] == 1
         assert body["task"]["status"] == "COMPLETED"
-        await wait_until(
+        await eventually(
             lambda: (
                 conn.execute(
                     "SELECT webhook_state, ws_delivered_at IS NOT NULL FROM notification_outbox"
@@ -173,7 +173,7 @@ async def test_a_slow_webhook_does_not_delay_acks(new_db_target: NewTarget) -> N
         started = time.monotonic()
         slow = await _ack_latencies(slow_site, gids)
         # The webhook really is hanging meanwhile: requests in, none answered.
-        await wait_until(lambda: len(receiver.bodies) == 2)
+        await eventually(lambda: len(receiver.bodies) == 2)
         assert receiver.answered == 0
         assert time.monotonic() - started < 5.0
     finally:
@@ -215,10 +215,10 @@ async def test_webhook_retries_with_backoff_then_gives_up(db_target: str) -> Non
                 )
             ]
 
-        await wait_until(lambda: states() == [("delivered", 3)])
+        await eventually(lambda: states() == [("delivered", 3)])
         node.report("r2", 1001, [(1, 4, 1.0)], {1: "op-1"})
         await node.next(TaskReportAck)
-        await wait_until(lambda: states() == [("delivered", 3), ("failed", 3)])
+        await eventually(lambda: states() == [("delivered", 3), ("failed", 3)])
         error = conn.execute("SELECT webhook_error FROM notification_outbox WHERE id = 2")
         assert error.fetchone()[0] == "HTTP 500"
         assert len(receiver.bodies) == 6

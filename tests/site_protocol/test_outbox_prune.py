@@ -17,10 +17,10 @@ from twisted.internet.task import Clock
 
 from tasknet.site.notify import OutboxExecutor
 from tasknet.site.storage import outbox
-from tasknet.site.storage.engine import dialect
 from tasknet.site.storage.engine.database import connect, open_pool, run_write
 from tasknet.site.storage.engine.schema import prepare_database
-from tests.site_protocol.harness import wait_until
+from tasknet.site.storage.engine.sql import offset, sql
+from tests.eventually import eventually
 
 WEEK = 7.0
 
@@ -42,11 +42,11 @@ def add_rows(conn: sqlite3.Connection, count: int) -> list[int]:
     return [run_write(conn, outbox.enqueue_task_change, 100 + i) for i in range(count)]
 
 
+_AGE = sql("UPDATE notification_outbox SET created_at = {now_offset} WHERE id = ?")
+
+
 def age(conn: sqlite3.Connection, ids: list[int], days: float) -> None:
-    conn.executemany(
-        f"UPDATE notification_outbox SET created_at = {dialect.NOW_OFFSET_SQL} WHERE id = ?",
-        [(dialect.offset(-days * 86400), i) for i in ids],
-    )
+    conn.executemany(_AGE, [(offset(-days * 86400), i) for i in ids])
 
 
 def fan_out(conn: sqlite3.Connection, after_id: int, upto_id: int) -> None:
@@ -129,14 +129,14 @@ async def test_executor_prunes_at_start_then_every_interval(
     try:
         executor.startService()
         await executor.wake()
-        await wait_until(lambda: remaining(conn) == young)  # pruned at start
+        await eventually(lambda: remaining(conn) == young)  # pruned at start
         # Nothing old left: a prune reads, and writes nothing.
         writes = db.transactions
         assert await executor.prune() == 0
         assert db.transactions == writes
         age(conn, young, WEEK + 1)
         clock.advance(60)
-        await wait_until(lambda: remaining(conn) == [])  # pruned by the next round
+        await eventually(lambda: remaining(conn) == [])  # pruned by the next round
     finally:
         await executor.stopService()
         db.close()

@@ -28,7 +28,8 @@ from tasknet.site.storage import reports
 from tasknet.site.storage.engine import database as dbmod
 from tasknet.site.storage.engine.schema import load_script, prepare_database, split_statements
 from tasknet.site.web.admin_nodes import nodes_view
-from tests.site_protocol.harness import ScriptedNode, Site, add_task, add_user, row, wait_until
+from tests.eventually import eventually
+from tests.site_protocol.harness import ScriptedNode, Site, add_task, add_user, row
 
 FAR_FUTURE = 2**62
 
@@ -109,7 +110,7 @@ async def test_a_legacy_node_forging_another_nodes_tasks_changes_nothing(site: S
     hostile = await site.connect("old-2", v2=False)
     hostile.sendMessage(StatusReport((TaskEntry(1, 4, 1.0), TaskEntry(2, 4, 1.0))))
     hostile.sendMessage(DeleteResult(2, True, ""))
-    await wait_until(lambda: _persisted_drops(conn).get("old-2", {}).get("not_owner") == 3)
+    await eventually(lambda: _persisted_drops(conn).get("old-2", {}).get("not_owner") == 3)
     assert _snapshot(conn, 1, 2) == before
     # The owner's next report still applies; its delete completes.
     owner.report("o2", 2000, [(1, 3, 0.95)], {1: "op-1"}, deleted=[(2, "del-2", "NOT_FOUND", "")])
@@ -144,7 +145,7 @@ async def test_a_legacy_row_is_claimed_by_the_node_that_reports_it(site: Site) -
     # entry applies (status and progress) in that same transaction.
     old = await site.connect("old", v2=False)
     old.sendMessage(StatusReport((TaskEntry(5, 2, 0.5),)))
-    await wait_until(lambda: row(conn, 5)["node_id"] == "old")
+    await eventually(lambda: row(conn, 5)["node_id"] == "old")
     r5 = row(conn, 5)
     assert (r5["status"], r5["progress"], r5["state"], r5["legacy"]) == (2, 0.5, "SUBMITTED", 1)
     # A v2 node claims gid 6 the same way (its report has no operationId: it
@@ -258,7 +259,7 @@ async def test_an_entry_for_a_tombstone_with_a_leftover_row_is_ignored_and_acked
     else:
         node.sendMessage(StatusReport((TaskEntry(3, 4, 1.0),)))
         node.sendMessage(DeleteResult(3, True, ""))
-        await wait_until(lambda: site.side.reports.reports_committed >= 2)
+        await eventually(lambda: site.side.reports.reports_committed >= 2)
     assert row(conn, 3) == before
     assert conn.execute("SELECT COUNT(*) FROM notification_outbox").fetchone()[0] == 0
     assert not [m for m in node.messages if isinstance(m, DeleteGallery | DownloadPost)]

@@ -16,8 +16,9 @@ from twisted.internet.task import Clock
 from tasknet.protocol.messages import TaskReportAck
 from tasknet.site.housekeeping import Housekeeping, stored_timestamp
 from tasknet.site.storage.engine.database import connect
+from tests.eventually import eventually
 from tests.site.helpers import running_site, site_options
-from tests.site_protocol.harness import Site, add_task, add_user, wait_until
+from tests.site_protocol.harness import Site, add_task, add_user
 
 DAY = 86400.0
 
@@ -57,7 +58,7 @@ async def test_old_receipts_go_each_nodes_newest_stays_and_redelivery_is_duplica
     housekeeping = Housekeeping(site.db, clock=clock, batch=2)
     try:
         housekeeping.startService()  # runs once at start
-        await wait_until(lambda: housekeeping.pruned["report_receipt"] == 6)
+        await eventually(lambda: housekeeping.pruned["report_receipt"] == 6)
         # a4 is n1's newest old receipt: kept while a5 is young (so at most
         # one receipt per node outlives the retention).
         assert receipts(conn) == ["a4", "a5", "b2"]
@@ -66,11 +67,11 @@ async def test_old_receipts_go_each_nodes_newest_stays_and_redelivery_is_duplica
         assert (await n2.next(TaskReportAck)).result == "DUPLICATE"
         # An hour later (the site's clock) the next round finds nothing new.
         clock.advance(3600)
-        await wait_until(lambda: housekeeping.runs == 2)
+        await eventually(lambda: housekeeping.runs == 2)
         assert receipts(conn) == ["a4", "a5", "b2"]
         # Once a5 is old too, a4 goes; a5 (n1's newest) stays.
         clock.advance(8 * DAY)
-        await wait_until(lambda: housekeeping.pruned["report_receipt"] == 7)
+        await eventually(lambda: housekeeping.pruned["report_receipt"] == 7)
         assert receipts(conn) == ["a5", "b2"]
         n1.report("a5", 2000, [(1, 1, 0.9)], {1: "op-1"})
         assert (await n1.next(TaskReportAck)).result == "DUPLICATE"
@@ -104,7 +105,7 @@ async def test_audit_rows_older_than_a_year_are_pruned_a_batch_at_a_time(site: S
     housekeeping = Housekeeping(site.db, clock=clock, batch=1)
     try:
         housekeeping.startService()
-        await wait_until(lambda: housekeeping.pruned["audit"] == 3)
+        await eventually(lambda: housekeeping.pruned["audit"] == 3)
         left = [r[0] for r in conn.execute("SELECT gid FROM reconciliation_audit ORDER BY gid")]
         assert left == [3, 4]
         assert [r[0] for r in conn.execute("SELECT gid FROM force_delete_audit")] == [6]
@@ -125,5 +126,5 @@ async def test_the_site_prunes_receipts_on_its_own_schedule(db_target):
         [(f"r{i}", i, stored_timestamp(time.time() - 10 * DAY)) for i in range(50)],
     )
     async with running_site(site_options(path, "http://127.0.0.1:1")):
-        await wait_until(lambda: receipts(conn) == ["r49"])
+        await eventually(lambda: receipts(conn) == ["r49"])
     conn.close()

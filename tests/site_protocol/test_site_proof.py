@@ -10,7 +10,8 @@ from __future__ import annotations
 import pytest_twisted
 
 from tasknet.protocol.messages import SiteProof, TaskCommand, TaskReportAck
-from tests.site_protocol.harness import ScriptedNode, Site, add_task, add_user, row, wait_until
+from tests.eventually import eventually
+from tests.site_protocol.harness import ScriptedNode, Site, add_task, add_user, row
 
 SIZE = 632_255
 
@@ -49,7 +50,7 @@ async def test_the_site_sends_no_command_before_its_proof(db_target: str) -> Non
         assert {c.gid for c in _commands(other)} == {3}
 
         assert await node.challenge()  # the right SiteProof
-        await wait_until(lambda: len(_commands(node)) == 2)
+        await eventually(lambda: len(_commands(node)) == 2)
         commands = {m.gid: m for m in _commands(node)}
         assert (commands[1].action, commands[1].size) == ("DOWNLOAD", SIZE)
         assert (commands[2].action, commands[2].size) == ("DELETE", 0)
@@ -66,7 +67,7 @@ async def test_the_site_sends_no_command_before_its_proof(db_target: str) -> Non
 async def test_a_node_of_the_previous_release_still_works(site: Site) -> None:
     _world(site)
     node = await site.connect("n1")  # Hello ["reliable-task-v2"]: no site-proof
-    await wait_until(lambda: len(_commands(node)) == 3)
+    await eventually(lambda: len(_commands(node)) == 3)
     assert SiteProof.TYPE not in [t for t, _ in node.frames]
     assert {c.gid: c.size for c in _commands(node)} == {1: SIZE, 2: 0, 3: 0}
     conn = site.sql()
@@ -83,7 +84,7 @@ async def test_reports_carrying_queued_and_detail_are_applied(site: Site) -> Non
     _world(site)
     node = await site.connect("n1", site_proof=True)
     assert await node.challenge()
-    await wait_until(lambda: len(_commands(node)) == 3)
+    await eventually(lambda: len(_commands(node)) == 3)
     conn = site.sql()
     try:
         op1, op3 = row(conn, 1)["operation_id"], row(conn, 3)["operation_id"]

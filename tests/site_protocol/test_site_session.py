@@ -16,7 +16,8 @@ from twisted.web.http_headers import Headers
 from tasknet.protocol.messages import TaskCommand, TaskReportAck
 from tasknet.site import root
 from tasknet.upstream.testing import running_upstream
-from tests.site_protocol.harness import ScriptedNode, events_client, secret_of, wait_until
+from tests.eventually import eventually
+from tests.site_protocol.harness import ScriptedNode, events_client, secret_of
 
 
 def log(line: str) -> None:
@@ -108,7 +109,7 @@ async def test_session_through_the_whole_site(db_target: str) -> None:
             assert (command.action, command.operation_id) == ("DELETE", delete_id)
             node.report("rep-del", 10_010, [], deleted=[(4242, delete_id, "DELETED", "")])
             log(f"node confirmed the delete -> {await node.next(TaskReportAck)}")
-            await wait_until(
+            await eventually(
                 lambda: bool(ws.received) and ws.received[-1]["task"]["state"] == "DELETED"
             )
             log(f"WebSocket push: {ws.received[-1]['task']['state']}")

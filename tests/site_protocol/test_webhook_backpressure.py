@@ -17,12 +17,19 @@ from twisted.internet import reactor
 from twisted.logger import globalLogPublisher
 
 from tasknet.site.notify import OutboxExecutor, WebhookSender
-from tasknet.site.storage.engine import dialect
 from tasknet.site.storage.engine.database import connect, open_pool, run_write
 from tasknet.site.storage.engine.schema import prepare_database
-from tests.site_protocol.harness import WebhookReceiver, listen_http, wait_until
+from tasknet.site.storage.engine.sql import sql
+from tests.eventually import eventually
+from tests.site_protocol.harness import WebhookReceiver, listen_http
 
 PAYLOAD = '{"type":"task","task":{"gid":%d,"name":"%s"}}'
+
+
+_DELIVERED_ROW = sql(
+    "INSERT INTO notification_outbox (gid, user_id, payload, ws_delivered_at)"
+    " VALUES (?, NULL, ?, {now})"
+)
 
 
 def database_with_pending_rows(path: str, count: int, payload_bytes: int = 1024) -> str:
@@ -32,8 +39,7 @@ def database_with_pending_rows(path: str, count: int, payload_bytes: int = 1024)
     run_write(
         conn,
         lambda c: c.executemany(
-            "INSERT INTO notification_outbox (gid, user_id, payload, ws_delivered_at)"
-            f" VALUES (?, NULL, ?, {dialect.NOW_SQL})",
+            _DELIVERED_ROW,
             [(gid, PAYLOAD % (gid, filler)) for gid in range(1, count + 1)],
         ),
     )
@@ -96,7 +102,7 @@ async def test_a_dead_webhook_with_20000_pending_rows_holds_a_bounded_number(db_
         executor.startService()
         await executor.wake()
         # Every held row has been tried once and waits for its retry.
-        await wait_until(lambda: count(path, "webhook_attempts = 1") == held, timeout=30)
+        await eventually(lambda: count(path, "webhook_attempts = 1") == held, timeout=30)
         for _ in range(10):  # polls keep coming: still no more than `held` rows taken
             await executor.wake()
         assert len(sender.known) == held and sender.peak_held == held
@@ -135,7 +141,7 @@ async def test_rows_beyond_the_bound_are_read_from_the_database_when_there_is_ro
     try:
         executor.startService()
         await executor.wake()
-        await wait_until(lambda: count(path, "webhook_state = 'delivered'") == rows, timeout=60)
+        await eventually(lambda: count(path, "webhook_state = 'delivered'") == rows, timeout=60)
         assert sender.peak_held == held
         delivered = [int(h["X-Tasknet-Notification"]) for h in receiver.headers]
         assert sorted(delivered) == list(range(1, rows + 1))

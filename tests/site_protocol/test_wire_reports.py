@@ -11,7 +11,8 @@ from twisted.internet.defer import gatherResults
 from tasknet.protocol.messages import StatusReport, TaskEntry, TaskReportAck
 from tasknet.site.storage.engine.database import is_postgres
 from tests.backends import busy_timeout_sql, write_lock
-from tests.site_protocol.harness import Site, add_task, add_user, outbox_count, row, wait_until
+from tests.eventually import eventually
+from tests.site_protocol.harness import Site, add_task, add_user, outbox_count, row
 
 
 @pytest_twisted.ensureDeferred
@@ -40,7 +41,7 @@ async def test_failed_commit_sends_no_ack_and_redelivery_applies_once(site: Site
     await site.db.write(lambda c: c.execute(busy_timeout_sql(site.path, 300)))
     with write_lock(site.path):
         node.report("r1", 1000, [(1, 4, 1.0)], {1: "op-1"})
-        await wait_until(lambda: site.side.reports.reports_failed == 1)
+        await eventually(lambda: site.side.reports.reports_failed == 1)
         assert site.side.reports.transactions == 0
     assert row(conn, 1)["status"] is None
     assert conn.execute("SELECT COUNT(*) FROM report_receipt").fetchone()[0] == 0
@@ -78,7 +79,7 @@ async def test_legacy_status_report_is_applied_and_never_acked(site: Site) -> No
     add_task(conn, 1, uid, node_id="old-1")
     node = await site.connect("old-1", v2=False)
     node.sendMessage(StatusReport((TaskEntry(1, 3, 0.9),)))
-    await wait_until(lambda: (row(conn, 1) or {}).get("status") == 3)
+    await eventually(lambda: (row(conn, 1) or {}).get("status") == 3)
     await site.side.reports.idle()
     # Only the site's opening Hello (type 10, ignored by a legacy node) may
     # be beyond the legacy types: no TaskReportAck, no TaskCommand.

@@ -84,3 +84,28 @@ def screenshot_dir() -> Path:
 @pytest.fixture
 def screenshots() -> Path:
     return screenshot_dir()
+
+
+def seed_submitted(database: str, gids: range, node: str, owner: str = "demo") -> None:
+    """``gids`` as SUBMITTED tasks of ``owner``, each claimed by ``node``,
+    written straight into a running site's SQLite ``database`` with the
+    site's own storage functions (no upstream call, no node download)."""
+    from tasknet.site.storage import create, dispatch, usage, users
+    from tasknet.site.storage.engine.database import connect, run_write
+
+    connection = connect(database)
+    try:
+        user = run_write(connection, lambda c: users.set_quota(c, owner, 10 * len(gids) + 5000))
+        week = usage.iso_week()
+
+        def write(cursor: Any, part: range) -> None:
+            for gid in part:
+                op = create.reserve(cursor, gid, user.id, f"seeded {gid}", "upstream-token", week)
+                assert create.begin_submit(cursor, gid, op, 1, f"gallery {gid}", week)
+                create.persist_submitted(cursor, gid, op, f"http://127.0.0.1:9/{gid}.bin", 1, week)
+                dispatch.claim_task(cursor, gid, [node])
+
+        for start in range(gids.start, gids.stop, 500):
+            run_write(connection, write, range(start, min(start + 500, gids.stop)))
+    finally:
+        connection.close()

@@ -74,7 +74,7 @@ def test_user_add_prints_a_token_that_is_stored_hashed(
     user = _read(dbpath, users.user_by_token, token)
     assert user is not None and user.name == "alice" and user.is_admin and user.quota == 40
     with closing(db.connect(dbpath)) as connection:
-        raw = connection.execute("SELECT token_hash FROM user WHERE name='alice'").fetchone()[0]
+        raw = connection.execute("SELECT token_hash FROM \"user\" WHERE name='alice'").fetchone()[0]
     assert raw != token and token not in raw
 
 

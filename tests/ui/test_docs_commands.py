@@ -26,7 +26,9 @@ report names:
   with PREFIX are not run;
 * ``<!-- docs-test: exit N "PREFIX" (REASON) -->``: those commands must exit N.
 
-Slow (real processes, several seconds each): marked ``slow``.
+Slow (real processes, several seconds each): marked ``slow``.  The documents'
+commands listen on their fixed ports (8080, 7100, 7200, ...): ``one_worker``,
+so two of them never run at once under pytest-xdist.
 """
 
 from __future__ import annotations
@@ -45,7 +47,7 @@ import pytest
 
 from tasknet.site.storage.engine.schema import prepare_database
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.one_worker]
 
 REPO = Path(__file__).resolve().parents[2]
 DOCUMENTS = ("README.md", "docs/operations.md")

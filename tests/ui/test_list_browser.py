@@ -215,6 +215,7 @@ def test_offline_rows_node_panel_and_charts(
         pytest.xfail("the site does not send nodeConnected/stalledSince yet (issue 21 server side)")
 
 
+@pytest.mark.timeout(420)  # 3,000 deletes and their pushes in a real browser, beside other workers
 def test_bulk_delete_of_3000(
     stack: DemoStack, open_page: Callable[..., Watched], shots: Path
 ) -> None:
@@ -238,7 +239,7 @@ def test_bulk_delete_of_3000(
     expect()(page.locator("#bulk-count")).to_contain_text(f"{shown:,}")
     page.click("#bulk-delete")
     page.click("#confirm-ok")
-    expect()(page.locator("#notice")).to_contain_text(re.compile(r"done"), timeout=120_000)
+    expect()(page.locator("#notice")).to_contain_text(re.compile(r"done"), timeout=300_000)
     page.screenshot(path=str(shots / "bulk-delete-desktop-en.png"))
     # Every seeded task is gone or waits for its (never connected) node.
     listed = api(stack, "GET", "/api/tasks?q=500&limit=500").body["tasks"]

@@ -29,6 +29,7 @@ import pytest
 from tasknet.cli.demo import DEMO_TOKEN, DemoStack, NodeSpec
 from tasknet.cli.jsonhttp import Reply, request
 from tasknet.site.storage.throughput import iso
+from tests.eventually import eventually_blocking
 from tests.ui.conftest import (
     CHROMIUM,
     CHROMIUM_ARGS,
@@ -183,13 +184,6 @@ def create(stack: DemoStack, gid: int, name: str = "", token: str = DEMO_TOKEN) 
     return reply.body["task"]
 
 
-def wait_for(what: str, ready: Callable[[], bool], timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not ready():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.2)
-
-
 def completed(stack: DemoStack, gid: int) -> bool:
     reply = api(stack, "GET", f"/api/tasks/{gid}")
     return reply.status == 200 and reply.body["task"]["status"] == "COMPLETED"
@@ -275,9 +269,11 @@ def test_filter_and_search(
 ) -> None:
     done = create(stack, gid_with_size(64 * 1024, 90_000, 1_200_001), "filter apple")
     other = create(stack, gid_with_size(64 * 1024, 90_000, done["gid"] + 1), "filter pear")
-    wait_for(
-        "both small tasks to complete",
+    eventually_blocking(
         lambda: completed(stack, done["gid"]) and completed(stack, other["gid"]),
+        60.0,
+        what="both small tasks to complete",
+        longest=0.2,
     )
     w = open_page()
     page = w.page
@@ -325,7 +321,9 @@ def test_counts_update_live(stack: DemoStack, open_page: Callable[..., Watched])
     create(stack, gid, "counted live")
     # No reload: the push moves the counts.
     expect()(total).to_have_text(str(before + 1), timeout=WAIT_MS)
-    wait_for("the task to complete", lambda: completed(stack, gid))
+    eventually_blocking(
+        lambda: completed(stack, gid), 60.0, what="the task to complete", longest=0.2
+    )
     counts = api(stack, "GET", "/api/tasks/counts").body["counts"]
     expect()(page.locator('#status-tabs [data-count="completed"]')).to_have_text(
         str(counts["COMPLETED"]), timeout=WAIT_MS
@@ -368,8 +366,11 @@ def test_order_stable_across_reload_and_live_inserts(
     # not pull it onto page 1.
     oldest = made[0]
     assert api(stack, "DELETE", f"/api/tasks/{oldest}", token=bob).status in (200, 202)
-    wait_for(
-        "the delete to finish", lambda: api(stack, "GET", f"/api/tasks/{oldest}").status == 404
+    eventually_blocking(
+        lambda: api(stack, "GET", f"/api/tasks/{oldest}").status == 404,
+        60.0,
+        what="the delete to finish",
+        longest=0.2,
     )
     page.wait_for_timeout(1000)
     assert row_gids(page) == live_order[:50]
@@ -406,7 +407,12 @@ def test_conflict_with_another_users_gid(
 def test_speed_and_eta_while_a_throttled_download_runs(
     stack: DemoStack, open_page: Callable[..., Watched], shots: Path
 ) -> None:
-    wait_for("the nodes to be idle", lambda: all(n["activeTasks"] == 0 for n in nodes(stack)))
+    eventually_blocking(
+        lambda: all(n["activeTasks"] == 0 for n in nodes(stack)),
+        60.0,
+        what="the nodes to be idle",
+        longest=0.2,
+    )
     page = open_page().page
     gid = gid_with_size(950_000, 1_048_576, 1_600_001)  # ~6.5 s at 150 kB/s
     page.fill("#create-gid", str(gid))
@@ -446,7 +452,9 @@ def test_charts_drawn_with_data(
 ) -> None:
     gid = gid_with_size(300_000, 400_000, 1_700_001)
     create(stack, gid, "for the charts")
-    wait_for("the chart task to complete", lambda: completed(stack, gid))
+    eventually_blocking(
+        lambda: completed(stack, gid), 60.0, what="the chart task to complete", longest=0.2
+    )
     page = open_page().page
     page.click("#nav-charts")
     expect()(page.locator("#view-charts")).to_be_visible()
@@ -737,7 +745,12 @@ def test_notices_clear_on_the_next_action_and_after_a_few_seconds(
     second = gid_with_size(64 * 1024, 90_000, first + 1)
     create(stack, first, "to delete 1")
     create(stack, second, "to delete 2")
-    wait_for("the tasks to complete", lambda: completed(stack, first) and completed(stack, second))
+    eventually_blocking(
+        lambda: completed(stack, first) and completed(stack, second),
+        60.0,
+        what="the tasks to complete",
+        longest=0.2,
+    )
     page = open_page().page
     notice = page.locator("#notice")
 
@@ -785,7 +798,9 @@ def test_node_panel(stack: DemoStack, open_page: Callable[..., Watched], shots: 
     for revision in revisions:
         assert str(revision) not in panel, (revision, panel)
     page.screenshot(path=str(shots / "views-desktop-nodes.png"))
-    wait_for("the download to finish", lambda: completed(stack, gid))
+    eventually_blocking(
+        lambda: completed(stack, gid), 60.0, what="the download to finish", longest=0.2
+    )
 
     # A disconnected node stays, greyed, with when it was last seen.
     node2 = stack.child("node-2")
@@ -804,7 +819,12 @@ def test_node_panel(stack: DemoStack, open_page: Callable[..., Watched], shots: 
         page.screenshot(path=str(shots / "views-desktop-nodes-disconnected.png"))
     finally:
         node2.start()
-    wait_for("node-2 to log in again", lambda: "node-2" in stack.connected_nodes())
+    eventually_blocking(
+        lambda: "node-2" in stack.connected_nodes(),
+        60.0,
+        what="node-2 to log in again",
+        longest=0.2,
+    )
 
 
 # -- 360 px -------------------------------------------------------------------------------
@@ -866,8 +886,15 @@ def test_stale_marks_and_unreachable_site(
         assert "HTTP 0" not in page.locator("body").inner_text()
     finally:
         site.start()
-    wait_for("the site to answer again", lambda: stack.health() is not None)
+    eventually_blocking(
+        lambda: stack.health() is not None, 60.0, what="the site to answer again", longest=0.2
+    )
     expect()(page.locator("#live")).to_have_attribute("data-state", "online", timeout=WAIT_MS)
     expect()(page.locator("#tasks-stale")).to_be_hidden()
     expect()(page.locator("#task-list")).not_to_have_attribute("data-stale", "")
-    wait_for("both nodes to log in again", lambda: {"node-1", "node-2"} <= stack.connected_nodes())
+    eventually_blocking(
+        lambda: {"node-1", "node-2"} <= stack.connected_nodes(),
+        60.0,
+        what="both nodes to log in again",
+        longest=0.2,
+    )

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from typing import Any, cast
 
 import pytest_twisted
@@ -11,7 +11,6 @@ from treq.client import HTTPClient
 from twisted.internet import reactor
 from twisted.internet.defer import Deferred
 from twisted.internet.protocol import Protocol
-from twisted.internet.task import deferLater
 from twisted.python.failure import Failure
 from twisted.web.client import Agent, HTTPConnectionPool, ResponseDone
 from twisted.web.http_headers import Headers
@@ -84,15 +83,6 @@ async def collect(response: Any) -> tuple[bytes, Failure | None]:
     response.deliverBody(collector)
     (failure,) = await collector.done
     return b"".join(collector.chunks), failure
-
-
-async def wait_until(predicate: Callable[[], bool], timeout: float = 5.0) -> None:
-    """Poll (every 10 ms) until predicate() holds; fail after timeout seconds."""
-    for _ in range(int(timeout / 0.01)):
-        if predicate():
-            return
-        await deferLater(reactor, 0.01, lambda: None)
-    raise AssertionError("condition not reached in time")
 
 
 @pytest_twisted.async_yield_fixture

@@ -12,7 +12,8 @@ from twisted.web.client import ResponseFailed, ResponseNeverReceived
 
 from tasknet.upstream import catalog
 from tasknet.upstream.testing import RunningUpstream
-from tests.upstream.conftest import Client, wait_until
+from tests.eventually import eventually
+from tests.upstream.conftest import Client
 
 POST_ARCHIVE = "/api/galleries/*/archive"
 COST = catalog.gallery(42).cost
@@ -58,7 +59,7 @@ async def test_timeout_charges_and_never_answers_until_cleared(
         return result
 
     pending.addBoth(note)
-    await wait_until(lambda: len(upstream.app._hung) == 1)
+    await eventually(lambda: len(upstream.app._hung) == 1)
     await assert_charged(client, {"42": 1}, COST)
     assert (await client.stats())["hung"] == 1
     assert settled == []
@@ -74,12 +75,12 @@ async def test_timeout_charges_and_never_answers_until_cleared(
 async def test_reset_drops_hung_requests(client: Client, upstream: RunningUpstream) -> None:
     await client.put_faults([{"path": "/api/galleries/*", "fault": "timeout"}])
     pending = [client.request("GET", f"/api/galleries/{gid}") for gid in (1, 2)]
-    await wait_until(lambda: len(upstream.app._hung) == 2)
+    await eventually(lambda: len(upstream.app._hung) == 2)
     await client.json("POST", "/_drill/reset")
     for request in pending:
         with pytest.raises((ResponseNeverReceived, ResponseFailed)):
             await request
-    assert upstream.app._hung == set()
+    assert not upstream.app._hung
 
 
 @pytest_twisted.ensureDeferred
@@ -88,11 +89,11 @@ async def test_client_giving_up_releases_the_hung_request(
 ) -> None:
     await client.put_faults([rule("timeout")])
     pending = client.request("POST", "/api/galleries/42/archive")
-    await wait_until(lambda: len(upstream.app._hung) == 1)
+    await eventually(lambda: len(upstream.app._hung) == 1)
     pending.cancel()
     with pytest.raises(Exception):  # noqa: B017 - cancellation surfaces as various errors
         await pending
-    await wait_until(lambda: not upstream.app._hung)
+    await eventually(lambda: not upstream.app._hung)
 
 
 @pytest_twisted.ensureDeferred
@@ -103,7 +104,7 @@ async def test_stop_with_a_hung_request_leaves_the_reactor_clean() -> None:
         client = Client(up.base_url)
         up.set_faults([rule("timeout")])
         pending = client.request("POST", "/api/galleries/42/archive")
-        await wait_until(lambda: len(up.app._hung) == 1)
+        await eventually(lambda: len(up.app._hung) == 1)
     with pytest.raises((ResponseNeverReceived, ResponseFailed)):
         await pending
     # the autouse reactor_is_clean fixture fails this test if anything leaked

@@ -11,7 +11,8 @@ from twisted.web.client import ResponseFailed
 
 from tasknet.upstream import catalog
 from tasknet.upstream.testing import RunningUpstream, start_upstream
-from tests.upstream.conftest import Client, wait_until
+from tests.eventually import eventually
+from tests.upstream.conftest import Client
 
 GID = 42
 SIZE = catalog.gallery(GID).size
@@ -143,7 +144,7 @@ async def test_stop_during_a_slow_download_aborts_it_cleanly() -> None:
     up = await start_upstream(bandwidth=50_000)
     client = Client(up.base_url)
     pending = client.request("GET", FILE)
-    await wait_until(lambda: up.app.journal.file_gets[f"{GID}-1.bin"] == 1)
+    await eventually(lambda: up.app.journal.file_gets[f"{GID}-1.bin"] == 1)
     response = await pending
     await up.stop()
     with pytest.raises(ResponseFailed):

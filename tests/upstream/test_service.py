@@ -19,7 +19,8 @@ from twisted.web.client import ResponseFailed, ResponseNeverReceived
 
 from tasknet.upstream.service import DEFAULT_HTTP, Options, makeService
 from tasknet.upstream.testing import RunningUpstream, running_upstream, start_upstream
-from tests.upstream.conftest import Client, wait_until
+from tests.eventually import eventually
+from tests.upstream.conftest import Client
 
 TWISTD = Path(sys.executable).with_name("twistd")
 
@@ -61,7 +62,7 @@ async def test_stopping_the_service_drops_hung_requests() -> None:
     try:
         await client.put_faults([{"path": "/api/galleries/*", "fault": "timeout"}])
         pending = client.request("GET", "/api/galleries/5")
-        await wait_until(lambda: len(service.app._hung) == 1)
+        await eventually(lambda: len(service.app._hung) == 1)
     finally:
         await service.stopService()
     with pytest.raises((ResponseNeverReceived, ResponseFailed)):

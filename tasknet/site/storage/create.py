@@ -17,18 +17,50 @@ Every user-visible change enqueues its notification in the same transaction
 from __future__ import annotations
 
 import sqlite3
+import time
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from typing import Any, Literal
 
 from tasknet.site import transitions
 from tasknet.site.storage import instances, outbox, views
-from tasknet.site.storage.engine.dialect import NOW_SQL
 from tasknet.site.storage.engine.errors import TaskError
+from tasknet.site.storage.engine.sql import Sql, sql
+from tasknet.site.storage.engine.timestamps import iso
 from tasknet.site.storage.generation import change_state, new_operation_id, remove_generation, touch
 from tasknet.site.storage.usage import in_flight_cost, meter, usage
 from tasknet.site.storage.views import operation_row
 from tasknet.status import OperationState
+
+_NEW_GENERATION = sql(
+    "INSERT INTO task_operation (gid, operation_id, state, user_id, step, instance_id) "
+    "VALUES (?, ?, ?, ?, 'reserve', ?)"
+)
+# Invariant 6: only an explicit CREATE starts a new generation over a
+# tombstone; every per-generation column starts afresh.
+_OVER_TOMBSTONE = sql(
+    "UPDATE task_operation SET operation_id = ?, state = ?, user_id = ?, instance_id = ?, "
+    "cost = NULL, "
+    "metered = 0, metered_week = NULL, quota_week = NULL, archive_url = NULL, legacy = 0, "
+    "step = 'reserve', error = NULL, unknown_at = NULL, verdict_not_before = NULL, "
+    "last_revision = NULL, "
+    "dispatched = 0, delete_operation_id = NULL, delete_result = NULL, "
+    "delete_reason = NULL, created_at = {now}, "
+    "updated_at = {now} "
+    "WHERE gid = ? AND state = ?"
+)
+# ON CONFLICT, not a caught IntegrityError: on PostgreSQL a failed
+# statement would abort the whole transaction.
+_PLACEHOLDER = sql(
+    "INSERT INTO gallery (gid, user_id, name, token) VALUES (?, ?, ?, ?) ON CONFLICT DO NOTHING"
+)
+_SUBMITTING_ROW = sql(
+    "UPDATE gallery SET name = CASE WHEN name = '' THEN ? ELSE name END, size = ?, "
+    "updated_at = {now} WHERE gid = ?"
+)
+_SUBMITTING = sql(
+    "SELECT user_id, metered FROM task_operation WHERE gid = ? AND operation_id = ? AND state = ?"
+)
+_SUBMITTED_ROW = sql("UPDATE gallery SET url = ?, cost = ?, updated_at = {now} WHERE gid = ?")
 
 
 def reserve(
@@ -71,24 +103,13 @@ def reserve(
     if op is None:
         transitions.check(None, OperationState.RESERVED)
         cursor.execute(
-            "INSERT INTO task_operation (gid, operation_id, state, user_id, step, instance_id) "
-            "VALUES (?, ?, ?, ?, 'reserve', ?)",
+            _NEW_GENERATION,
             (gid, operation_id, OperationState.RESERVED.value, user_id, instance_id),
         )
     else:
-        # Invariant 6: only an explicit CREATE starts a new generation over a
-        # tombstone; every per-generation column starts afresh.
         transitions.check(OperationState.DELETED, OperationState.RESERVED)
         cursor.execute(
-            "UPDATE task_operation SET operation_id = ?, state = ?, user_id = ?, instance_id = ?, "  # noqa: S608
-            "cost = NULL, "
-            "metered = 0, metered_week = NULL, quota_week = NULL, archive_url = NULL, legacy = 0, "
-            "step = 'reserve', error = NULL, unknown_at = NULL, verdict_not_before = NULL, "
-            "last_revision = NULL, "
-            "dispatched = 0, delete_operation_id = NULL, delete_result = NULL, "
-            f"delete_reason = NULL, created_at = {NOW_SQL}, "
-            f"updated_at = {NOW_SQL} "
-            "WHERE gid = ? AND state = ?",
+            _OVER_TOMBSTONE,
             (
                 operation_id,
                 OperationState.RESERVED.value,
@@ -98,13 +119,7 @@ def reserve(
                 OperationState.DELETED.value,
             ),
         )
-    # ON CONFLICT, not a caught IntegrityError: on PostgreSQL a failed
-    # statement would abort the whole transaction.
-    cursor.execute(
-        "INSERT INTO gallery (gid, user_id, name, token) VALUES (?, ?, ?, ?)"
-        " ON CONFLICT DO NOTHING",
-        (gid, user_id, name, token),
-    )
+    cursor.execute(_PLACEHOLDER, (gid, user_id, name, token))
     if cursor.rowcount != 1:
         raise TaskError("conflict", f"gid {gid} already has a task")
     # The placeholder is not announced: its creator is waiting on the HTTP
@@ -166,11 +181,7 @@ def begin_submit(
     ):
         raise TaskError("conflict", f"gid {gid} is {op['state']}, not RESERVED")
     # ``size`` (bytes, from prepare) gives the task view its bytes and ETA.
-    cursor.execute(
-        "UPDATE gallery SET name = CASE WHEN name = '' THEN ? ELSE name END, size = ?, "  # noqa: S608
-        f"updated_at = {NOW_SQL} WHERE gid = ?",
-        (title, size, gid),
-    )
+    cursor.execute(_SUBMITTING_ROW, (title, size, gid))
     outbox.enqueue_task_change(cursor, gid)
     return True
 
@@ -186,9 +197,7 @@ def persist_submitted(
     was deleted, resolved or regenerated meanwhile is left alone (never
     resurrected), and a repeated persist meters nothing (``False``)."""
     op = cursor.execute(
-        "SELECT user_id, metered FROM task_operation WHERE gid = ? AND operation_id = ? "
-        "AND state = ?",
-        (gid, operation_id, OperationState.SUBMITTING.value),
+        _SUBMITTING, (gid, operation_id, OperationState.SUBMITTING.value)
     ).fetchone()
     if op is None or op["metered"]:
         return False
@@ -204,11 +213,7 @@ def persist_submitted(
         metered_week=week,
         step="persist",
     )
-    cursor.execute(
-        "UPDATE gallery SET url = ?, cost = ?, "  # noqa: S608
-        f"updated_at = {NOW_SQL} WHERE gid = ?",
-        (archive_url, cost, gid),
-    )
+    cursor.execute(_SUBMITTED_ROW, (archive_url, cost, gid))
     meter(cursor, op["user_id"], week, cost)
     outbox.enqueue_task_change(cursor, gid)
     return True
@@ -244,7 +249,7 @@ def mark_unknown(
         OperationState.UNKNOWN,
         step=step,
         error=error[:2000],
-        unknown_at=datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
+        unknown_at=iso(time.time()),
         **known,
     )
     if changed:
@@ -303,6 +308,18 @@ EVERY_INSTANCE: Literal["every"] = "every"
 
 Owner = int | None | Literal["every"]
 
+_IN_FLIGHT = "SELECT gid, operation_id, state FROM task_operation WHERE state IN (?, ?)"
+#: The generations in flight of an owner (``recover``'s): every instance's,
+#: those no instance recorded, or one instance's.
+_IN_FLIGHT_OF: dict[str, Sql] = {
+    "every": sql(f"{_IN_FLIGHT} ORDER BY gid"),
+    "none": sql(f"{_IN_FLIGHT} AND instance_id IS NULL ORDER BY gid"),
+    "one": sql(f"{_IN_FLIGHT} AND instance_id = ? ORDER BY gid"),
+}
+_VERDICT_NOT_BEFORE = sql(
+    "UPDATE task_operation SET verdict_not_before = ? WHERE gid = ? AND operation_id = ?"
+)
+
 
 def recover(
     cursor: sqlite3.Cursor,
@@ -327,26 +344,20 @@ def recover(
     unknown: list[int] = []
     released: list[int] = []
     settled: list[Settled] = []
-    mine = ""
+    in_flight = _IN_FLIGHT_OF["every"]
     params: tuple[int, ...] = ()
     if owner is None:
-        mine = " AND instance_id IS NULL"
+        in_flight = _IN_FLIGHT_OF["none"]
     elif isinstance(owner, int):
-        mine, params = " AND instance_id = ?", (owner,)
+        in_flight, params = _IN_FLIGHT_OF["one"], (owner,)
     for row in cursor.execute(
-        "SELECT gid, operation_id, state FROM task_operation WHERE state IN (?, ?)"  # noqa: S608
-        f"{mine} ORDER BY gid",
-        (OperationState.SUBMITTING.value, OperationState.RESERVED.value, *params),
+        in_flight, (OperationState.SUBMITTING.value, OperationState.RESERVED.value, *params)
     ).fetchall():
         gid, operation_id = row["gid"], row["operation_id"]
         if row["state"] == OperationState.SUBMITTING.value:
             if mark_unknown(cursor, gid, operation_id, "recovery", error):
                 if verdict_not_before is not None:
-                    cursor.execute(
-                        "UPDATE task_operation SET verdict_not_before = ? "
-                        "WHERE gid = ? AND operation_id = ?",
-                        (verdict_not_before, gid, operation_id),
-                    )
+                    cursor.execute(_VERDICT_NOT_BEFORE, (verdict_not_before, gid, operation_id))
                 unknown.append(gid)
                 settled.append(Settled(gid, operation_id, row["state"], "UNKNOWN"))
         elif release(cursor, gid, operation_id):

@@ -12,8 +12,8 @@ import sqlite3
 from dataclasses import dataclass
 
 from tasknet.site.storage import outbox
-from tasknet.site.storage.engine.dialect import NOW_SQL
 from tasknet.site.storage.engine.errors import TaskError
+from tasknet.site.storage.engine.sql import sql
 from tasknet.site.storage.generation import backfill_legacy, change_state, new_operation_id, touch
 from tasknet.site.storage.views import operation_row, visible_gallery
 from tasknet.status import OperationState
@@ -29,6 +29,32 @@ class DeleteStarted:
     delete_operation_id: str
     completed: bool
     node: str | None
+
+
+_RETRY_DELETE = sql(
+    "UPDATE task_operation SET delete_result = NULL, delete_reason = NULL, "
+    "updated_at = {now} WHERE gid = ?"
+)
+_PENDING_DELETE = sql(
+    "SELECT operation_id FROM task_operation WHERE gid = ? AND state = ? "
+    "AND delete_operation_id = ?"
+)
+_REMOVE_FAVORITES = sql("DELETE FROM favorite WHERE gid = ?")
+_REMOVE_TASK = sql("DELETE FROM gallery WHERE gid = ?")
+_DELETE_FAILED = sql(
+    "UPDATE task_operation SET delete_result = 'FAILED', delete_reason = ?, "
+    "updated_at = {now} "
+    "WHERE gid = ? AND state = ? AND delete_operation_id = ?"
+)
+_LAST_FORCED = sql(
+    "SELECT * FROM force_delete_audit WHERE gid = ? AND operation_id = ? ORDER BY id DESC LIMIT 1"
+)
+_HAS_TASK = sql("SELECT 1 FROM gallery WHERE gid = ?")
+_TASK_NODE = sql("SELECT node_id FROM gallery WHERE gid = ?")
+_AUDIT_FORCED = sql(
+    "INSERT INTO force_delete_audit "
+    "(gid, operation_id, delete_operation_id, node_id, actor, note) VALUES (?, ?, ?, ?, ?, ?)"
+)
 
 
 def request_delete(cursor: sqlite3.Cursor, gid: int, user_id: int | None) -> DeleteStarted:
@@ -50,11 +76,7 @@ def request_delete(cursor: sqlite3.Cursor, gid: int, user_id: int | None) -> Del
     state = OperationState(op["state"])
     if state is OperationState.DELETE_PENDING:
         delete_id = op["delete_operation_id"]
-        cursor.execute(
-            "UPDATE task_operation SET delete_result = NULL, delete_reason = NULL, "  # noqa: S608
-            f"updated_at = {NOW_SQL} WHERE gid = ?",
-            (gid,),
-        )
+        cursor.execute(_RETRY_DELETE, (gid,))
     elif state is OperationState.SUBMITTED:
         delete_id = new_operation_id()
         change_state(
@@ -88,9 +110,7 @@ def complete_delete(cursor: sqlite3.Cursor, gid: int, delete_operation_id: str) 
     becomes the ``DELETED`` tombstone, in this one transaction.  Any other id
     (or state) changes nothing and returns ``False``."""
     op = cursor.execute(
-        "SELECT operation_id FROM task_operation WHERE gid = ? AND state = ? "
-        "AND delete_operation_id = ?",
-        (gid, OperationState.DELETE_PENDING.value, delete_operation_id),
+        _PENDING_DELETE, (gid, OperationState.DELETE_PENDING.value, delete_operation_id)
     ).fetchone()
     if op is None:
         return False
@@ -104,8 +124,8 @@ def complete_delete(cursor: sqlite3.Cursor, gid: int, delete_operation_id: str) 
         delete_reason=None,
         step="deleted",
     )
-    cursor.execute("DELETE FROM favorite WHERE gid = ?", (gid,))
-    cursor.execute("DELETE FROM gallery WHERE gid = ?", (gid,))
+    cursor.execute(_REMOVE_FAVORITES, (gid,))
+    cursor.execute(_REMOVE_TASK, (gid,))
     outbox.enqueue_task_change(cursor, gid)
     return True
 
@@ -116,9 +136,7 @@ def mark_delete_failed(
     """The node could not delete: show 删除失败, keep row, intent and delete
     id (a retry reuses it).  ``False`` if the id does not match."""
     cursor.execute(
-        "UPDATE task_operation SET delete_result = 'FAILED', delete_reason = ?, "  # noqa: S608
-        f"updated_at = {NOW_SQL} "
-        "WHERE gid = ? AND state = ? AND delete_operation_id = ?",
+        _DELETE_FAILED,
         (reason[:2000], gid, OperationState.DELETE_PENDING.value, delete_operation_id),
     )
     if cursor.rowcount != 1:
@@ -157,11 +175,7 @@ class ForcedDelete:
 
 
 def _forced(cursor: sqlite3.Cursor, gid: int, operation_id: str) -> sqlite3.Row | None:
-    row: sqlite3.Row | None = cursor.execute(
-        "SELECT * FROM force_delete_audit WHERE gid = ? AND operation_id = ? "
-        "ORDER BY id DESC LIMIT 1",
-        (gid, operation_id),
-    ).fetchone()
+    row: sqlite3.Row | None = cursor.execute(_LAST_FORCED, (gid, operation_id)).fetchone()
     return row
 
 
@@ -178,7 +192,7 @@ def force_delete(cursor: sqlite3.Cursor, gid: int, actor: str, note: str) -> For
     ``not_found``."""
     op = operation_row(cursor, gid)
     if op is None:
-        if cursor.execute("SELECT 1 FROM gallery WHERE gid = ?", (gid,)).fetchone() is None:
+        if cursor.execute(_HAS_TASK, (gid,)).fetchone() is None:
             raise TaskError("not_found", f"no task {gid}")
         raise TaskError("conflict", f"gid {gid} is not DELETE_PENDING: nothing to force")
     state = OperationState(op["state"])
@@ -202,12 +216,10 @@ def force_delete(cursor: sqlite3.Cursor, gid: int, actor: str, note: str) -> For
         raise TaskError(
             "conflict", f"gid {gid} is {state.value}, not DELETE_PENDING: nothing to force"
         )
-    gallery = cursor.execute("SELECT node_id FROM gallery WHERE gid = ?", (gid,)).fetchone()
+    gallery = cursor.execute(_TASK_NODE, (gid,)).fetchone()
     node = gallery["node_id"] if gallery is not None else None
     cursor.execute(
-        "INSERT INTO force_delete_audit "
-        "(gid, operation_id, delete_operation_id, node_id, actor, note) VALUES (?, ?, ?, ?, ?, ?)",
-        (gid, op["operation_id"], op["delete_operation_id"], node, actor, note),
+        _AUDIT_FORCED, (gid, op["operation_id"], op["delete_operation_id"], node, actor, note)
     )
     completed = complete_delete(cursor, gid, op["delete_operation_id"])
     assert completed, "a DELETE_PENDING row always completes with its own delete id"

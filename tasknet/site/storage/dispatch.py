@@ -50,7 +50,7 @@ from tasknet.site.storage.eligibility import (
     awaits_claim,
     is_dispatchable,
 )
-from tasknet.site.storage.engine.dialect import IN_ARRAY_SQL, NOW_SQL, array
+from tasknet.site.storage.engine.sql import sql
 from tasknet.site.storage.generation import backfill_legacy
 from tasknet.status import NodeCode, OperationState
 
@@ -84,7 +84,7 @@ FROM gallery AS g LEFT JOIN task_operation AS o ON o.gid = g.gid
 
 _COMPLETED = int(NodeCode.COMPLETED)
 
-_NODE_PAGE_SQL = (
+_NODE_PAGE_SQL = sql(
     _COLUMNS
     + f"""
 WHERE g.node_id = ? AND g.gid > ?
@@ -93,7 +93,7 @@ ORDER BY g.gid LIMIT ?
 """
 )
 
-_UNASSIGNED_PAGE_SQL = (
+_UNASSIGNED_PAGE_SQL = sql(
     _COLUMNS
     + f"""
 WHERE g.node_id IS NULL AND g.gid > ?
@@ -102,6 +102,7 @@ WHERE g.node_id IS NULL AND g.gid > ?
 ORDER BY g.gid LIMIT ?
 """
 )
+_ONE_TASK_SQL = sql(_COLUMNS + " WHERE g.gid = ?")
 
 
 def _download_ok(row: sqlite3.Row) -> bool:
@@ -190,14 +191,22 @@ def claim_node_page(
     return Page(commands, _next_after(rows, limit))
 
 
-_PENDING_DELETES_SQL = (
-    _COLUMNS  # noqa: S608 (constant text; every value is a parameter)
-    + f"""
+_PENDING_DELETES_SQL = sql(
+    _COLUMNS
+    + """
 WHERE o.state = 'DELETE_PENDING' AND o.gid > ?
   AND o.delete_result IS NULL AND o.delete_operation_id IS NOT NULL
-  AND g.node_id {IN_ARRAY_SQL}
+  AND g.node_id {in_array}
 ORDER BY o.gid LIMIT ?
 """
+)
+_MARK_DISPATCHED_SQL = sql("UPDATE task_operation SET dispatched = 1 WHERE gid {in_array}")
+_COUNT_BY_NODE_SQL = sql(
+    "SELECT node_id, COUNT(*) FROM gallery WHERE node_id {in_array}"
+    " AND (? = 0 OR status IS NULL OR status <> ?) GROUP BY node_id"
+)
+_ASSIGN_SQL = sql(
+    "UPDATE gallery SET node_id = ?, updated_at = {now} WHERE gid = ? AND node_id IS NULL"
 )
 
 
@@ -207,18 +216,14 @@ def pending_deletes_page(
     """A write (decided under the write lock, like every command): the next
     page of pending deletes for the connected ``node_ids`` (a task with no
     known node waits for a claim: it is in no page)."""
-    rows = cursor.execute(_PENDING_DELETES_SQL, (after_gid, array(node_ids), limit)).fetchall()
+    rows = cursor.execute(_PENDING_DELETES_SQL, (after_gid, list(node_ids), limit)).fetchall()
     commands = [_command(row["node_id"], row) for row in rows if _delete_ok(row)]
     return Page(commands, _next_after(rows, limit))
 
 
 def _mark_dispatched(cursor: sqlite3.Cursor, gids: Sequence[int]) -> None:
     if gids:
-        cursor.execute(
-            "UPDATE task_operation SET dispatched = 1"  # noqa: S608
-            f" WHERE gid {IN_ARRAY_SQL}",
-            (array(gids),),
-        )
+        cursor.execute(_MARK_DISPATCHED_SQL, (list(gids),))
 
 
 def _count_by_node(
@@ -227,12 +232,7 @@ def _count_by_node(
     """Tasks assigned to each of ``node_ids`` (0 for a node with none);
     ``open_only``: only those not yet completed."""
     counts = dict.fromkeys(node_ids, 0)
-    rows = cursor.execute(
-        "SELECT node_id, COUNT(*) FROM gallery"  # noqa: S608
-        f" WHERE node_id {IN_ARRAY_SQL}"
-        " AND (? = 0 OR status IS NULL OR status <> ?) GROUP BY node_id",
-        (array(node_ids), int(open_only), _COMPLETED),
-    )
+    rows = cursor.execute(_COUNT_BY_NODE_SQL, (list(node_ids), int(open_only), _COMPLETED))
     for node_id, count in rows:
         counts[node_id] = count
     return counts
@@ -268,11 +268,7 @@ def _assign(
         assignments.append((node_id, row["gid"]))
         commands.append(_command(node_id, row, op))
         heapq.heappush(heap, (load + 1, node_id))
-    cursor.executemany(
-        f"UPDATE gallery SET node_id = ?, updated_at = {NOW_SQL}"  # noqa: S608
-        " WHERE gid = ? AND node_id IS NULL",
-        assignments,
-    )
+    cursor.executemany(_ASSIGN_SQL, assignments)
     _mark_dispatched(cursor, [gid for _, gid in assignments])
     return commands, {node_id: load for load, node_id in heap}
 
@@ -298,7 +294,7 @@ def claim_task(cursor: sqlite3.Cursor, gid: int, node_ids: Sequence[str]) -> Com
     unassigned, else to its sticky node (whether connected or not: the caller
     sends only to a connected one).  ``None`` when nothing is to be sent, as
     for a legacy row waiting for a claim (its download and its delete)."""
-    row = cursor.execute(_COLUMNS + " WHERE g.gid = ?", (gid,)).fetchone()
+    row = cursor.execute(_ONE_TASK_SQL, (gid,)).fetchone()
     if row is None or awaits_claim(row):
         return None
     if row["node_id"] is not None:

@@ -5,11 +5,17 @@ from __future__ import annotations
 import sqlite3
 from typing import Any
 
-from tasknet.site.storage.engine.dialect import insert_ignore
 from tasknet.site.storage.engine.errors import TaskError
+from tasknet.site.storage.engine.sql import sql
 from tasknet.site.storage.views import gallery_row, views_in_order, visible_gallery
 
-_ADD_SQL = insert_ignore("favorite", ("user_id", "gid"))
+_ADD_SQL = sql("INSERT INTO favorite (user_id, gid) VALUES (?, ?) ON CONFLICT DO NOTHING")
+_IS_FAVORITE = sql("SELECT 1 FROM favorite WHERE user_id = ? AND gid = ?")
+_REMOVE = sql("DELETE FROM favorite WHERE user_id = ? AND gid = ?")
+_FAVORITES = sql(
+    "SELECT f.gid FROM favorite AS f JOIN gallery AS g ON g.gid = f.gid "
+    "WHERE f.user_id = ? ORDER BY f.gid"
+)
 
 
 def add_favorite(cursor: sqlite3.Cursor, user_id: int, gid: int, admin: bool = False) -> None:
@@ -24,19 +30,13 @@ def remove_favorite(cursor: sqlite3.Cursor, user_id: int, gid: int, admin: bool 
     if gallery_row(cursor, gid) is not None:
         visible_gallery(cursor, gid, None if admin else user_id)
     else:
-        existing = cursor.execute(
-            "SELECT 1 FROM favorite WHERE user_id = ? AND gid = ?", (user_id, gid)
-        ).fetchone()
+        existing = cursor.execute(_IS_FAVORITE, (user_id, gid)).fetchone()
         if existing is None:
             raise TaskError("not_found", f"no task {gid}")
-    cursor.execute("DELETE FROM favorite WHERE user_id = ? AND gid = ?", (user_id, gid))
+    cursor.execute(_REMOVE, (user_id, gid))
 
 
 def list_favorites(cursor: sqlite3.Cursor, user_id: int) -> list[dict[str, Any]]:
     """The views of ``user_id``'s favorite tasks, in gid order."""
-    rows = cursor.execute(
-        "SELECT f.gid FROM favorite AS f JOIN gallery AS g ON g.gid = f.gid "
-        "WHERE f.user_id = ? ORDER BY f.gid",
-        (user_id,),
-    ).fetchall()
+    rows = cursor.execute(_FAVORITES, (user_id,)).fetchall()
     return views_in_order(cursor, (row[0] for row in rows))

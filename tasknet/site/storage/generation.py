@@ -9,18 +9,63 @@ it is written (the SQLite trigger checks it again).
 
 from __future__ import annotations
 
+import functools
 import sqlite3
 import uuid
 from typing import Any
 
 from tasknet.site import transitions
 from tasknet.site.storage import outbox
-from tasknet.site.storage.engine.dialect import NOW_SQL
 from tasknet.site.storage.engine.errors import TaskError
+from tasknet.site.storage.engine.sql import Sql, fragment, sql
 from tasknet.site.storage.views import gallery_row
 from tasknet.status import OperationState
 
-_TOUCH_SQL = f"UPDATE gallery SET updated_at = {NOW_SQL} WHERE gid = ?"  # noqa: S608
+_TOUCH_SQL = sql("UPDATE gallery SET updated_at = {now} WHERE gid = ?")
+
+# A state change: the new state, then the columns it sets (a fragment each),
+# then the guard.
+_CHANGE_STATE = fragment("UPDATE task_operation SET state = ?, updated_at = {now}")
+_SET_COLUMN = {
+    name: fragment(f", {name} = ?")
+    for name in (
+        "cost",
+        "metered",
+        "metered_week",
+        "quota_week",
+        "archive_url",
+        "step",
+        "error",
+        "unknown_at",
+        "instance_id",
+        "delete_operation_id",
+        "delete_result",
+        "delete_reason",
+    )
+}
+_IN_STATE = fragment(" WHERE gid = ? AND operation_id = ? AND state = ?")
+
+_GENERATION_OWNER = sql(
+    "SELECT user_id FROM task_operation WHERE gid = ? AND operation_id = ? AND state = ?"
+)
+_REMOVE_GENERATION = sql(
+    "DELETE FROM task_operation WHERE gid = ? AND operation_id = ? AND state = ?"
+)
+_REMOVE_PLACEHOLDER = sql("DELETE FROM gallery WHERE gid = ? AND user_id IS NOT DISTINCT FROM ?")
+_REMOVE_FAVORITES = sql("DELETE FROM favorite WHERE gid = ?")
+_BACKFILL = sql(
+    "INSERT INTO task_operation (gid, operation_id, state, user_id, cost, archive_url, "
+    "legacy, step, dispatched) VALUES (?, ?, ?, ?, ?, ?, 1, 'backfill', ?)"
+)
+
+
+@functools.lru_cache(maxsize=64)
+def _change_state_sql(columns: tuple[str, ...]) -> Sql:
+    """The state change setting ``columns`` too (composed once per set of them)."""
+    statement = _CHANGE_STATE
+    for name in columns:
+        statement += _SET_COLUMN[name]
+    return statement + _IN_STATE
 
 
 def new_operation_id() -> str:
@@ -40,10 +85,8 @@ def change_state(
     (checked against the transition table) and set ``columns``.  ``False``
     when the row is not in ``old`` under that operationId: nothing written."""
     transitions.check(old, new)
-    assignments = "".join(f", {name} = ?" for name in columns)  # names are ours, not input
     cursor.execute(
-        f"UPDATE task_operation SET state = ?, updated_at = {NOW_SQL}{assignments} "  # noqa: S608
-        "WHERE gid = ? AND operation_id = ? AND state = ?",
+        _change_state_sql(tuple(columns)),
         (new.value, *columns.values(), gid, operation_id, old.value),
     )
     return cursor.rowcount == 1
@@ -63,23 +106,14 @@ def remove_generation(
     Only that generation's rows: ``False`` and nothing touched when the gid
     has moved on."""
     transitions.check(old, None)
-    row = cursor.execute(
-        "SELECT user_id FROM task_operation WHERE gid = ? AND operation_id = ? AND state = ?",
-        (gid, operation_id, old.value),
-    ).fetchone()
+    row = cursor.execute(_GENERATION_OWNER, (gid, operation_id, old.value)).fetchone()
     if row is None:
         return False
-    cursor.execute(
-        "DELETE FROM task_operation WHERE gid = ? AND operation_id = ? AND state = ?",
-        (gid, operation_id, old.value),
-    )
+    cursor.execute(_REMOVE_GENERATION, (gid, operation_id, old.value))
     # The gallery row of an unsubmitted generation is the placeholder that
     # reserve() wrote for it: same gid (unique), same owner.
-    cursor.execute(
-        "DELETE FROM gallery WHERE gid = ? AND user_id IS NOT DISTINCT FROM ?",
-        (gid, row["user_id"]),
-    )
-    cursor.execute("DELETE FROM favorite WHERE gid = ?", (gid,))
+    cursor.execute(_REMOVE_PLACEHOLDER, (gid, row["user_id"]))
+    cursor.execute(_REMOVE_FAVORITES, (gid,))
     if old is not OperationState.RESERVED:  # a reservation was never announced
         outbox.enqueue_task_change(cursor, gid, user_id=row["user_id"])
     return True
@@ -99,8 +133,7 @@ def backfill_legacy(cursor: sqlite3.Cursor, gid: int, operation_id: str | None =
     transitions.check(None, OperationState.SUBMITTED)
     dispatched = int(row["node_id"] is not None or row["status"] is not None)
     cursor.execute(
-        "INSERT INTO task_operation (gid, operation_id, state, user_id, cost, archive_url, "
-        "legacy, step, dispatched) VALUES (?, ?, ?, ?, ?, ?, 1, 'backfill', ?)",
+        _BACKFILL,
         (
             gid,
             operation_id,

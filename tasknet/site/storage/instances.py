@@ -26,13 +26,41 @@ from __future__ import annotations
 import sqlite3
 from dataclasses import dataclass
 
-from tasknet.site.storage.engine.dialect import NOW_OFFSET_SQL, NOW_SQL, offset
 from tasknet.site.storage.engine.errors import DatabaseBusy, DatabaseFailed
+from tasknet.site.storage.engine.sql import offset, sql
 from tasknet.status import OperationState
 
 #: An instance that neither ended nor was reaped (a WHERE condition on site_instance).
 OPEN_SQL = "ended_at IS NULL AND reaped_at IS NULL"
 _IN_FLIGHT = (OperationState.SUBMITTING.value, OperationState.RESERVED.value)
+
+_REGISTER = sql(
+    "INSERT INTO site_instance (name, host, pid, lease_pid, lease_timeout, upstream_timeout, "
+    "process_space) VALUES (?, ?, ?, ?, ?, ?, ?) RETURNING id"
+)
+_LEASE_CONFIRMED = sql(
+    "INSERT INTO instance_lease (instance_id, confirmed_at) "
+    "VALUES (?, {now}) ON CONFLICT (instance_id) DO UPDATE "
+    "SET confirmed_at = excluded.confirmed_at"
+)
+_CONFIRMED_AT = sql("SELECT confirmed_at FROM instance_lease WHERE instance_id = ?")
+_LAST_CONFIRMATION = sql(
+    "SELECT i.lease_timeout, l.confirmed_at FROM site_instance i "
+    "LEFT JOIN instance_lease l ON l.instance_id = i.id WHERE i.id = ?"
+)
+_OLDER_THAN = sql("SELECT {now_offset} >= ?")
+_OPEN_LOCKED = sql(f"SELECT id FROM site_instance WHERE id = ? AND {OPEN_SQL} {{for_share}}")  # noqa: S608
+_HEARTBEAT = sql(f"UPDATE site_instance SET heartbeat_at = {{now}} WHERE id = ? AND {OPEN_SQL}")  # noqa: S608
+_END = sql(f"UPDATE site_instance SET ended_at = {{now}} WHERE id = ? AND {OPEN_SQL}")  # noqa: S608
+_FENCE = sql("SELECT reaped_by, ended_at FROM site_instance WHERE id = ?")
+_INSTANCE = sql("SELECT * FROM site_instance WHERE id = ?")
+_INSTANCES = sql("SELECT * FROM site_instance ORDER BY id")
+_OPEN_INSTANCES = sql(f"SELECT * FROM site_instance WHERE {OPEN_SQL} ORDER BY id")  # noqa: S608
+_SUSPECTS = sql(
+    f"SELECT id FROM site_instance WHERE {OPEN_SQL} AND id <> ? "  # noqa: S608
+    "UNION SELECT DISTINCT instance_id FROM task_operation "
+    "WHERE state IN (?, ?) AND (instance_id IS NULL OR instance_id <> ?)"
+)
 
 
 class LeaseLost(DatabaseFailed):
@@ -90,9 +118,7 @@ def register(
     long after its last lease confirmation its last POST may still land
     (:mod:`tasknet.site.storage.reaping`)."""
     row = cursor.execute(
-        "INSERT INTO site_instance (name, host, pid, lease_pid, lease_timeout, upstream_timeout, "
-        "process_space) VALUES (?, ?, ?, ?, ?, ?, ?) RETURNING id",
-        (name, host, pid, lease_pid, lease_timeout, upstream_timeout, process_space),
+        _REGISTER, (name, host, pid, lease_pid, lease_timeout, upstream_timeout, process_space)
     ).fetchone()
     return int(row[0])
 
@@ -100,20 +126,13 @@ def register(
 def lease_confirmed(cursor: sqlite3.Cursor, instance_id: int) -> None:
     """Record that ``instance_id`` holds its lease now (its registration;
     its lease checks write the same row, :mod:`tasknet.site.storage.lease`)."""
-    cursor.execute(
-        "INSERT INTO instance_lease (instance_id, confirmed_at) "  # noqa: S608
-        f"VALUES (?, {NOW_SQL}) ON CONFLICT (instance_id) DO UPDATE "
-        "SET confirmed_at = excluded.confirmed_at",
-        (instance_id,),
-    )
+    cursor.execute(_LEASE_CONFIRMED, (instance_id,))
 
 
 def lease_confirmed_at(cursor: sqlite3.Cursor, instance_id: int) -> str | None:
     """When ``instance_id`` last confirmed its lease (None: never recorded,
     an instance of an older release)."""
-    row = cursor.execute(
-        "SELECT confirmed_at FROM instance_lease WHERE instance_id = ?", (instance_id,)
-    ).fetchone()
+    row = cursor.execute(_CONFIRMED_AT, (instance_id,)).fetchone()
     return None if row is None else str(row[0])
 
 
@@ -123,18 +142,11 @@ def surely_stale(cursor: sqlite3.Cursor, instance_id: int, default_timeout: floa
     confirmation is at least its lease timeout (``default_timeout`` for an
     instance that recorded none) old.  Only then may it be reaped (SCALE.md
     "Fencing": nothing it could still start after its reap)."""
-    row = cursor.execute(
-        "SELECT i.lease_timeout, l.confirmed_at FROM site_instance i "
-        "LEFT JOIN instance_lease l ON l.instance_id = i.id WHERE i.id = ?",
-        (instance_id,),
-    ).fetchone()
+    row = cursor.execute(_LAST_CONFIRMATION, (instance_id,)).fetchone()
     if row is None or row[1] is None:
         return True
     timeout = default_timeout if row[0] is None else float(row[0])
-    old = cursor.execute(
-        f"SELECT {NOW_OFFSET_SQL} >= ?",
-        (offset(-timeout), row[1]),  # noqa: S608
-    ).fetchone()
+    old = cursor.execute(_OLDER_THAN, (offset(-timeout), row[1])).fetchone()
     # "now - timeout" at or past the confirmation: text compare of one format.
     return bool(old[0])
 
@@ -146,10 +158,7 @@ def require_open_locked(cursor: sqlite3.Cursor, instance_id: int) -> None:
     this instance's sessions first, so a paused holder cannot make it wait
     for ever).  Raises :class:`LeaseLost` otherwise: nothing of the
     transaction commits."""
-    row = cursor.execute(
-        f"SELECT id FROM site_instance WHERE id = ? AND {OPEN_SQL} FOR SHARE",  # noqa: S608
-        (instance_id,),
-    ).fetchone()
+    row = cursor.execute(_OPEN_LOCKED, (instance_id,)).fetchone()
     if row is None:
         raise LeaseLost(
             f"site instance {instance_id} was reaped or ended; nothing of this transaction "
@@ -161,20 +170,14 @@ def heartbeat(cursor: sqlite3.Cursor, instance_id: int) -> bool:
     """Note that ``instance_id`` is running (``heartbeat_at``, for people);
     ``False`` when its row is no longer open: another instance reaped it
     (its lease was judged gone), so it must stop writing."""
-    cursor.execute(
-        f"UPDATE site_instance SET heartbeat_at = {NOW_SQL} WHERE id = ? AND {OPEN_SQL}",  # noqa: S608
-        (instance_id,),
-    )
+    cursor.execute(_HEARTBEAT, (instance_id,))
     return cursor.rowcount == 1
 
 
 def end(cursor: sqlite3.Cursor, instance_id: int) -> bool:
     """A clean stop of ``instance_id`` (its last write); ``False`` if it
     was no longer open."""
-    cursor.execute(
-        f"UPDATE site_instance SET ended_at = {NOW_SQL} WHERE id = ? AND {OPEN_SQL}",  # noqa: S608
-        (instance_id,),
-    )
+    cursor.execute(_END, (instance_id,))
     return cursor.rowcount == 1
 
 
@@ -182,9 +185,7 @@ def require_open(cursor: sqlite3.Cursor, instance_id: int) -> None:
     """The fencing check of the writes that hand a submission to
     ``instance_id``: raise :class:`LeaseLost` if the instance was reaped or
     ended (the whole transaction is refused)."""
-    row = cursor.execute(
-        "SELECT reaped_by, ended_at FROM site_instance WHERE id = ?", (instance_id,)
-    ).fetchone()
+    row = cursor.execute(_FENCE, (instance_id,)).fetchone()
     if row is None:
         raise LeaseLost(f"site instance {instance_id} is not registered; nothing was written")
     if row["reaped_by"] is not None or row["ended_at"] is not None:
@@ -193,17 +194,13 @@ def require_open(cursor: sqlite3.Cursor, instance_id: int) -> None:
 
 
 def instance(cursor: sqlite3.Cursor, instance_id: int) -> Instance | None:
-    row = cursor.execute("SELECT * FROM site_instance WHERE id = ?", (instance_id,)).fetchone()
+    row = cursor.execute(_INSTANCE, (instance_id,)).fetchone()
     return None if row is None else _instance(row)
 
 
 def list_instances(cursor: sqlite3.Cursor, *, open_only: bool = False) -> list[Instance]:
     """Every instance (or the open ones), oldest first."""
-    where = f" WHERE {OPEN_SQL}" if open_only else ""
-    return [
-        _instance(row)
-        for row in cursor.execute(f"SELECT * FROM site_instance{where} ORDER BY id")  # noqa: S608
-    ]
+    return [_instance(row) for row in cursor.execute(_OPEN_INSTANCES if open_only else _INSTANCES)]
 
 
 def _instance(row: sqlite3.Row) -> Instance:
@@ -233,12 +230,7 @@ def suspects(cursor: sqlite3.Cursor, me: int, *, unrecorded: bool = False) -> li
     outcome its stop did not record).  With ``unrecorded``, ``None`` is one
     of them when a generation in flight has no instance (written before
     v4): the start's recovery settles those."""
-    rows = cursor.execute(
-        f"SELECT id FROM site_instance WHERE {OPEN_SQL} AND id <> ? "  # noqa: S608
-        "UNION SELECT DISTINCT instance_id FROM task_operation "
-        "WHERE state IN (?, ?) AND (instance_id IS NULL OR instance_id <> ?)",
-        (me, *_IN_FLIGHT, me),
-    ).fetchall()
+    rows = cursor.execute(_SUSPECTS, (me, *_IN_FLIGHT, me)).fetchall()
     ids = sorted({int(r[0]) for r in rows if r[0] is not None})
     found: list[int | None] = list(ids)
     if unrecorded and any(r[0] is None for r in rows):

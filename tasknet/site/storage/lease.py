@@ -68,9 +68,8 @@ from zope.interface import implementer
 from tasknet.clock import default_reactor
 from tasknet.site.storage import instances
 from tasknet.site.storage.engine.database import Cursor, IWriteFence, connect, run_write
-from tasknet.site.storage.engine.dialect import NOW_SQL
 from tasknet.site.storage.engine.file_lock import InstanceLock
-from tasknet.site.storage.engine.listen import is_postgres_cursor
+from tasknet.site.storage.engine.sql import postgres_only
 from tasknet.site.storage.instances import LeaseLost, LeaseStale
 
 if TYPE_CHECKING:
@@ -123,13 +122,15 @@ _LEASE_CLIENT = {
 }
 
 
+# Always granted on SQLite: one site per file.
+_ONCE_SQL = postgres_only(f"SELECT pg_try_advisory_xact_lock({ONCE_CLASS}, ?)", sqlite_answer="1")
+
+
 def once(cursor: Cursor, job: int) -> bool:
     """In a write transaction: ``True`` if this site may do periodic
     ``job`` in it, ``False`` if another site is doing it right now (skip
     it).  The lock ends with the transaction."""
-    if not is_postgres_cursor(cursor):
-        return True  # one site per SQLite file
-    row = cursor.execute("SELECT pg_try_advisory_xact_lock(?, ?)", (ONCE_CLASS, job)).fetchone()
+    row = cursor.execute(_ONCE_SQL, (job,)).fetchone()
     return bool(row[0])
 
 
@@ -229,7 +230,8 @@ class Lease(ABC):
             )
 
     def before_transaction(self) -> None:
-        """The write fence before a ``BEGIN`` (:class:`~.db.IWriteFence`)."""
+        """The write fence before a ``BEGIN`` (:class:`~tasknet.site.storage.
+        engine.transactions.IWriteFence`)."""
         self.refuse_if_stale()
 
     def in_transaction(self, cursor: Cursor) -> None:
@@ -366,6 +368,31 @@ def _lease_target(target: str) -> str:
     return pg_conninfo.make_conninfo(target, options=options, **client)
 
 
+# The lease session's statements (PostgreSQL's only: on SQLite the flock is the lease).
+_BACKEND_PID_SQL = postgres_only("SELECT pg_backend_pid()")
+_TAKE_LEASE_SQL = postgres_only(f"SELECT pg_advisory_lock({LEASE_CLASS}, ?)")
+_NAME_SESSION_SQL = postgres_only("SELECT set_config('application_name', ?, false)")
+# One statement: the lock still held by this very session, and then (only
+# then) the confirmation's time written, by the database's clock, for a
+# reaper to wait on.
+_CHECK_SQL = postgres_only(
+    "INSERT INTO instance_lease (instance_id, confirmed_at) "  # noqa: S608
+    "SELECT ?, {now} WHERE EXISTS (SELECT 1 FROM pg_locks "
+    f"WHERE locktype = 'advisory' AND classid = {LEASE_CLASS} AND objid = ? AND objsubid = 2 "
+    "AND pid = pg_backend_pid() AND granted) "
+    "ON CONFLICT (instance_id) DO UPDATE SET confirmed_at = excluded.confirmed_at "
+    "RETURNING pg_backend_pid() AS pid"
+)
+_JUDGE_SQL = postgres_only(f"SELECT pg_try_advisory_lock({LEASE_CLASS}, ?)")
+_FORGET_SQL = postgres_only(f"SELECT pg_advisory_unlock({LEASE_CLASS}, ?)")
+# pg_terminate_backend(pid, timeout) waits until the session is gone (its
+# transaction rolled back, its locks let go).
+_TERMINATE_SQL = postgres_only(
+    "SELECT pid, pg_terminate_backend(pid, ?) AS ended FROM pg_stat_activity "
+    "WHERE application_name LIKE ? AND pid <> pg_backend_pid()"
+)
+
+
 def _register_locked(
     cursor: sqlite3.Cursor, name: str, host: str, pid: int, upstream_timeout: float | None
 ) -> tuple[int, int]:
@@ -374,7 +401,7 @@ def _register_locked(
     it; the row is seen by others only once the lock is held), and the
     session named after it.  Returns (instance id, the lease session's
     server pid)."""
-    lease_pid = int(cursor.execute("SELECT pg_backend_pid()").fetchone()[0])
+    lease_pid = int(cursor.execute(_BACKEND_PID_SQL).fetchone()[0])
     instance_id = instances.register(
         cursor,
         name,
@@ -385,12 +412,9 @@ def _register_locked(
         upstream_timeout=upstream_timeout,
         process_space=process_space(),
     )
-    cursor.execute("SELECT pg_advisory_lock(?, ?)", (LEASE_CLASS, instance_id))
+    cursor.execute(_TAKE_LEASE_SQL, (instance_id,))
     instances.lease_confirmed(cursor, instance_id)
-    cursor.execute(
-        "SELECT set_config('application_name', ?, false)",
-        (application_name(instance_id, "lease"),),
-    )
+    cursor.execute(_NAME_SESSION_SQL, (application_name(instance_id, "lease"),))
     return instance_id, lease_pid
 
 
@@ -482,18 +506,9 @@ class PostgresLease(Lease):
         since = self._monotonic()
 
         def held() -> None:
-            # One statement: the lock still held by this very session, and
-            # then (only then) the confirmation's time written, by the
-            # database's clock, for a reaper to wait on (it is never earlier
-            # than ``since``).
+            # The confirmation's time is never earlier than ``since``.
             row = self._connection.execute(
-                "INSERT INTO instance_lease (instance_id, confirmed_at) "  # noqa: S608
-                f"SELECT ?, {NOW_SQL} WHERE EXISTS (SELECT 1 FROM pg_locks "
-                "WHERE locktype = 'advisory' AND classid = ? AND objid = ? AND objsubid = 2 "
-                "AND pid = pg_backend_pid() AND granted) "
-                "ON CONFLICT (instance_id) DO UPDATE SET confirmed_at = excluded.confirmed_at "
-                "RETURNING pg_backend_pid() AS pid",
-                (self.instance_id, LEASE_CLASS, self.instance_id),
+                _CHECK_SQL, (self.instance_id, self.instance_id)
             ).fetchone()
             if row is None or int(row["pid"]) != self.lease_pid:
                 raise LeaseLost("the lease session no longer holds the instance's lock")
@@ -505,16 +520,14 @@ class PostgresLease(Lease):
             return succeed(False)  # the lock is re-entrant: never judge ourselves
 
         def gone() -> bool:
-            row = self._connection.execute(
-                "SELECT pg_try_advisory_lock(?, ?)", (LEASE_CLASS, other)
-            ).fetchone()
+            row = self._connection.execute(_JUDGE_SQL, (other,)).fetchone()
             return bool(row[0])
 
         return self._in_thread(gone)
 
     def forget(self, other: int) -> Deferred[None]:
         def unlock() -> None:
-            self._connection.execute("SELECT pg_advisory_unlock(?, ?)", (LEASE_CLASS, other))
+            self._connection.execute(_FORGET_SQL, (other,))
 
         return self._in_thread(unlock)
 
@@ -527,12 +540,8 @@ class PostgresLease(Lease):
             return fail(ValueError("an instance never ends its own sessions"))
 
         def terminate() -> int:
-            # pg_terminate_backend(pid, timeout) waits until the session is
-            # gone (its transaction rolled back, its locks let go).
             rows = self._connection.execute(
-                "SELECT pid, pg_terminate_backend(pid, ?) AS ended FROM pg_stat_activity "
-                "WHERE application_name LIKE ? AND pid <> pg_backend_pid()",
-                (SESSION_END_TIMEOUT_MS, f"{_SESSION_PREFIX}{other} %"),
+                _TERMINATE_SQL, (SESSION_END_TIMEOUT_MS, f"{_SESSION_PREFIX}{other} %")
             ).fetchall()
             return sum(1 for row in rows if row["ended"])
 

@@ -36,11 +36,9 @@ import json
 import sqlite3
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
 
-from tasknet.site.storage import reports, stats
 from tasknet.site.storage.engine import listen
-from tasknet.site.storage.engine.dialect import IN_ARRAY_SQL, NOW_SQL, array
+from tasknet.site.storage.engine.sql import sql
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,7 +59,6 @@ class Taken:
     holding: Holding
     previous_site: str | None
     previous_instance: int | None
-    previous_epoch: int | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,9 +87,12 @@ def parse_taken_payload(payload: str) -> tuple[str, int] | None:
     return node_id, int(epoch)
 
 
-_TAKE_SQL = (
-    "INSERT INTO node_session (node_id, epoch, instance_id, site_name, protocol, features,"  # noqa: S608
-    f" connected_at, changed_at) VALUES (?1, 1, ?2, ?3, ?4, ?5, ?6, {NOW_SQL})"
+_HOLDER_BEFORE_SQL = sql(
+    "SELECT epoch, instance_id, site_name, connected_at FROM node_session WHERE node_id = ?"
+)
+_TAKE_SQL = sql(
+    "INSERT INTO node_session (node_id, epoch, instance_id, site_name, protocol, features,"
+    " connected_at, changed_at) VALUES (?1, 1, ?2, ?3, ?4, ?5, ?6, {now})"
     " ON CONFLICT (node_id) DO UPDATE SET epoch = node_session.epoch + 1,"
     " instance_id = excluded.instance_id, site_name = excluded.site_name,"
     " protocol = excluded.protocol, features = excluded.features,"
@@ -111,10 +111,7 @@ def take(
 ) -> Taken:
     """A node logged in here: its row now names this connection (newest
     wins, whoever held it); tell the previous holder (``NOTIFY``, at commit)."""
-    before = cursor.execute(
-        "SELECT epoch, instance_id, site_name, connected_at FROM node_session WHERE node_id = ?",
-        (node_id,),
-    ).fetchone()
+    before = cursor.execute(_HOLDER_BEFORE_SQL, (node_id,)).fetchone()
     cursor.execute(
         _TAKE_SQL,
         (node_id, instance_id, site_name, protocol, json.dumps(list(features)), connected_at),
@@ -126,7 +123,6 @@ def take(
         Holding(node_id, epoch, instance_id),
         before["site_name"] if held else None,
         before["instance_id"] if held else None,
-        int(before["epoch"]) if held else None,
     )
 
 
@@ -137,17 +133,30 @@ _LIVE_SQL = (
     "connected_at IS NOT NULL AND (instance_id IS NULL OR instance_id IN"
     " (SELECT id FROM site_instance WHERE ended_at IS NULL AND reaped_at IS NULL))"
 )
+_RELEASE_SQL = sql(
+    "UPDATE node_session SET connected_at = NULL,"  # noqa: S608
+    f" changed_at = {{now}} WHERE node_id = ? AND {_HELD_SQL}"
+)
+_STILL_HELD_SQL = sql(
+    "SELECT node_id, epoch, instance_id FROM node_session"  # noqa: S608
+    f" WHERE node_id {{in_array}} AND {_LIVE_SQL}"
+)
+_RELEASE_NODES_OF_SQL = sql(
+    "UPDATE node_session SET connected_at = NULL,"
+    " changed_at = {now} WHERE instance_id = ? AND connected_at IS NOT NULL"
+    " RETURNING node_id"
+)
+_HOLDERS_SQL = sql(
+    "SELECT node_id, epoch, instance_id, site_name, protocol, features, connected_at"  # noqa: S608
+    f" FROM node_session WHERE {_LIVE_SQL} ORDER BY node_id"
+)
 
 
 def release(cursor: sqlite3.Cursor, holding: Holding) -> bool:
     """The connection of ``holding`` went: the node is held by nobody,
     unless a newer login took it meanwhile (then nothing changes).  True if
     it was still the holder."""
-    cursor.execute(
-        "UPDATE node_session SET connected_at = NULL,"  # noqa: S608
-        f" changed_at = {NOW_SQL} WHERE node_id = ? AND {_HELD_SQL}",
-        (holding.node_id, holding.epoch, holding.instance_id),
-    )
+    cursor.execute(_RELEASE_SQL, (holding.node_id, holding.epoch, holding.instance_id))
     return cursor.rowcount == 1
 
 
@@ -157,11 +166,7 @@ def still_held(cursor: sqlite3.Cursor, holdings: Iterable[Holding]) -> set[Holdi
     wanted = set(holdings)
     if not wanted:
         return set()
-    rows = cursor.execute(
-        "SELECT node_id, epoch, instance_id FROM node_session"  # noqa: S608
-        f" WHERE node_id {IN_ARRAY_SQL} AND {_LIVE_SQL}",
-        (array(sorted({h.node_id for h in wanted})),),
-    )
+    rows = cursor.execute(_STILL_HELD_SQL, (sorted({h.node_id for h in wanted}),))
     found = {Holding(row["node_id"], int(row["epoch"]), row["instance_id"]) for row in rows}
     return wanted & found
 
@@ -169,12 +174,7 @@ def still_held(cursor: sqlite3.Cursor, holdings: Iterable[Holding]) -> set[Holdi
 def release_nodes_of(cursor: sqlite3.Cursor, instance_id: int) -> list[str]:
     """Instance ``instance_id`` is gone (the reaper's call) or stopping:
     every node it held is held by nobody.  The node ids released."""
-    rows = cursor.execute(
-        "UPDATE node_session SET connected_at = NULL,"  # noqa: S608
-        f" changed_at = {NOW_SQL} WHERE instance_id = ? AND connected_at IS NOT NULL"
-        " RETURNING node_id",
-        (instance_id,),
-    ).fetchall()
+    rows = cursor.execute(_RELEASE_NODES_OF_SQL, (instance_id,)).fetchall()
     return sorted(row[0] for row in rows)
 
 
@@ -190,27 +190,5 @@ def holders(cursor: sqlite3.Cursor) -> list[Holder]:
             tuple(json.loads(row["features"])),
             row["connected_at"],
         )
-        for row in cursor.execute(
-            "SELECT node_id, epoch, instance_id, site_name, protocol, features, connected_at"  # noqa: S608
-            f" FROM node_session WHERE {_LIVE_SQL} ORDER BY node_id"
-        )
+        for row in cursor.execute(_HOLDERS_SQL)
     ]
-
-
-@dataclass(frozen=True)
-class NodeListing:
-    """What ``/api/admin/nodes`` is made of, read in one snapshot."""
-
-    holders: dict[str, Holder]
-    activity: dict[str, dict[str, Any]]
-    dropped: dict[str, dict[str, int]]
-
-
-def admin_listing(cursor: sqlite3.Cursor, now: float, also: Iterable[str] = ()) -> NodeListing:
-    """The connected nodes of every site, and the activity and drop counts
-    of those, of the nodes ``also`` (connected here, not yet recorded) and
-    of the nodes seen lately (:func:`stats.node_activity`)."""
-    held = {h.node_id: h for h in holders(cursor)}
-    activity = stats.node_activity(cursor, sorted(set(held) | set(also)), now)
-    dropped = reports.dropped_entries_by_node(cursor, list(activity))
-    return NodeListing(held, activity, dropped)

@@ -18,20 +18,17 @@ advisory lock :data:`OUTBOX_LOCK_KEY`, just before its first insert: ids are
 then taken and committed one transaction at a time, and a reader that sees
 id N has seen every committed id below N (the lock is released after the
 commit is visible).  The same statement sends ``NOTIFY tasknet_outbox``
-(delivered at commit: every site wakes its tail).  The lock is held from the
+(delivered at commit: every site wakes its tail); it is PostgreSQL's only
+(:func:`~tasknet.site.storage.engine.sql.postgres_only`), a no-op on
+SQLite.  The lock is held from the
 insert, near a transaction's end, to its commit; a transaction holding it
 that waits for a row lock of another one that then asks for it is a
 deadlock, which PostgreSQL breaks and the database layer retries.  SQLite
 has one writer: its ids are in commit order already, and nothing is sent.
 
-The read side (delivery):
-
-The read side of the notification outbox (its write side is
-:mod:`tasknet.site.storage.outbox`).
-
-The outbox executor reads committed rows in id order (ids become visible in
-id order: SQLite has one writer, and on PostgreSQL the outbox lock of
-:mod:`~tasknet.site.storage.outbox` orders them), fans them out, then marks
+The read side (delivery).  The outbox executor reads committed rows in id
+order (ids become visible in id order: SQLite has one writer, and on
+PostgreSQL the outbox lock above orders them), fans them out, then marks
 them here.  A row is finished when ``ws_delivered_at`` is set and
 ``webhook_state`` is no longer ``pending``; finished rows older than the
 retention are pruned (:func:`prunable` and :func:`prune_finished`), a small
@@ -50,7 +47,8 @@ Several sites on one PostgreSQL database (SCALE.md 6; the executor's
   reaped, never longer.
 * Webhook: a row is delivered by one site.  A site claims pending rows
   (:func:`claim_webhook_rows`: ``FOR UPDATE SKIP LOCKED``, so two sites
-  claiming at once take different rows) with a lease
+  claiming at once take different rows; ``{skip_locked}``, nothing on
+  SQLite) with a lease
   (``webhook_claimed_by``/``webhook_claimed_until``) that it renews while
   it holds them (:func:`renew_webhook_claims`) and gives back at a clean stop
   (:func:`release_webhook_claims`).  Rows of a site that died are claimed
@@ -69,25 +67,24 @@ from typing import Any
 import orjson
 
 from tasknet.site.storage.engine import listen
-from tasknet.site.storage.engine.database import read_committed
-from tasknet.site.storage.engine.dialect import IN_ARRAY_SQL, NOW_OFFSET_SQL, NOW_SQL, array, offset
+from tasknet.site.storage.engine.sql import Sql, offset, postgres_only, sql
+from tasknet.site.storage.engine.transactions import read_committed
 from tasknet.site.storage.lease import OUTBOX_PRUNE_JOB, once
 from tasknet.site.storage.views import gone_view, task_views_and_owners
 
-_INSERT_SQL = "INSERT INTO notification_outbox (gid, user_id, payload) VALUES (?, ?, ?)"
+_INSERT = "INSERT INTO notification_outbox (gid, user_id, payload) VALUES (?, ?, ?)"
+_INSERT_SQL = sql(_INSERT)
+_INSERT_ONE_SQL = sql(_INSERT + " RETURNING id")
 
 #: The advisory lock (single 64-bit key space) that orders outbox ids on
 #: PostgreSQL (see the module doc): "tn-outbx".
 OUTBOX_LOCK_KEY = int.from_bytes(b"tn-outbx", "big")
 
-
-def _ordered(cursor: sqlite3.Cursor) -> None:
-    """Before inserting outbox rows (PostgreSQL): take the outbox lock and
-    announce the rows at commit.  Re-taking it in one transaction is cheap."""
-    if listen.is_postgres_cursor(cursor):
-        cursor.execute(
-            "SELECT pg_advisory_xact_lock(?), pg_notify(?, '')", (OUTBOX_LOCK_KEY, listen.OUTBOX)
-        )
+# Before inserting outbox rows: take the outbox lock and announce the rows
+# at commit (PostgreSQL; re-taking it in one transaction is cheap).
+_ORDERED_SQL = postgres_only(
+    f"SELECT pg_advisory_xact_lock({OUTBOX_LOCK_KEY}), pg_notify('{listen.OUTBOX}', '')"
+)
 
 
 # One encoder for every payload: json.dumps with options builds a new one per call.
@@ -126,8 +123,8 @@ def enqueue_task_change(cursor: sqlite3.Cursor, gid: int, *, user_id: int | None
     ``user_id`` names the owner who should hear of it.
     """
     found = task_views_and_owners(cursor, (gid,)).get(gid)
-    _ordered(cursor)
-    row = cursor.execute(_INSERT_SQL + " RETURNING id", _outbox_row(gid, found, user_id)).fetchone()
+    cursor.execute(_ORDERED_SQL)
+    row = cursor.execute(_INSERT_ONE_SQL, _outbox_row(gid, found, user_id)).fetchone()
     return int(row[0])
 
 
@@ -142,7 +139,7 @@ def enqueue_task_changes(cursor: sqlite3.Cursor, gids: Sequence[int]) -> int:
     if not gids:
         return 0
     found = task_views_and_owners(cursor, gids)
-    _ordered(cursor)
+    cursor.execute(_ORDERED_SQL)
     cursor.executemany(_INSERT_SQL, [_outbox_row(gid, found.get(gid), None) for gid in gids])
     return len(gids)
 
@@ -182,52 +179,80 @@ _ROW_SQL = (
     "SELECT id, gid, user_id, payload, ws_delivered_at IS NULL, webhook_state = 'pending',"
     " webhook_attempts FROM notification_outbox"
 )
+_FANOUT_SQL = sql(_ROW_SQL + " WHERE id > ? AND ws_delivered_at IS NULL ORDER BY id LIMIT ?")
+_ROWS_AFTER_SQL = sql(_ROW_SQL + " WHERE id > ? ORDER BY id LIMIT ?")
+_WEBHOOK_ROWS_SQL = sql(
+    _ROW_SQL + " WHERE id > ? AND webhook_state = 'pending' ORDER BY id LIMIT ?"
+)
+_LAST_ID_SQL = sql("SELECT COALESCE(MAX(id), 0) FROM notification_outbox")
+_DELETE_RANGE_SQL = sql("DELETE FROM notification_outbox WHERE id > ? AND id <= ?")
+_MARK_RANGE_SQL = sql(
+    "UPDATE notification_outbox SET ws_delivered_at = {now}"
+    " WHERE id > ? AND id <= ? AND ws_delivered_at IS NULL"
+)
+_WEBHOOK_RESULT_SQL = sql(
+    "UPDATE notification_outbox SET webhook_state = ?, webhook_attempts = ?,"
+    " webhook_error = ? WHERE id = ? AND webhook_state = 'pending'"
+)
+_BACKLOG_SQL = sql(
+    "SELECT COUNT(*) FROM notification_outbox"
+    " WHERE ws_delivered_at IS NULL OR webhook_state = 'pending'"
+)
+_FIRST_YOUNG_SQL = sql(
+    "SELECT COALESCE((SELECT id FROM notification_outbox"
+    "  WHERE created_at >= {now_offset} ORDER BY id LIMIT 1),"
+    " (SELECT COALESCE(MAX(id), 0) + 1 FROM notification_outbox))"
+)
+_FIRST_FINISHED_SQL = sql(
+    "SELECT MIN(id) FROM notification_outbox"
+    " WHERE id < ? AND ws_delivered_at IS NOT NULL AND webhook_state <> 'pending'"
+)
+_FINISHED_SQL = sql(
+    "SELECT id FROM notification_outbox WHERE id > ? AND id < ?"
+    " AND ws_delivered_at IS NOT NULL AND webhook_state <> 'pending' ORDER BY id LIMIT ?"
+)
+_PRUNE_SQL = sql(
+    "DELETE FROM notification_outbox WHERE id >= ? AND id <= ?"
+    " AND ws_delivered_at IS NOT NULL AND webhook_state <> 'pending'"
+)
 
 
 def _row(r: sqlite3.Row) -> OutboxRow:
     return OutboxRow(r[0], r[1], r[2], r[3], bool(r[4]), bool(r[5]), r[6])
 
 
-def _rows(cursor: sqlite3.Cursor, sql: str, args: tuple[int, int]) -> list[OutboxRow]:
-    return [_row(r) for r in cursor.execute(sql, args)]
+def _rows(cursor: sqlite3.Cursor, statement: Sql, args: tuple[int, int]) -> list[OutboxRow]:
+    return [_row(r) for r in cursor.execute(statement, args)]
 
 
 def fanout_rows(cursor: sqlite3.Cursor, after_id: int, limit: int) -> list[OutboxRow]:
     """Rows after ``after_id`` (id order) not yet pushed to WebSocket clients."""
-    return _rows(
-        cursor,
-        _ROW_SQL + " WHERE id > ? AND ws_delivered_at IS NULL ORDER BY id LIMIT ?",
-        (after_id, limit),
-    )
+    return _rows(cursor, _FANOUT_SQL, (after_id, limit))
 
 
 def rows_after(cursor: sqlite3.Cursor, after_id: int, limit: int) -> list[OutboxRow]:
     """Rows after ``after_id`` (id order), whatever their marks: a site's
     own tail in shared mode (another site's marks say nothing of its clients)."""
-    return _rows(cursor, _ROW_SQL + " WHERE id > ? ORDER BY id LIMIT ?", (after_id, limit))
+    return _rows(cursor, _ROWS_AFTER_SQL, (after_id, limit))
 
 
 def webhook_rows(cursor: sqlite3.Cursor, after_id: int, limit: int) -> list[OutboxRow]:
     """Rows after ``after_id`` (id order) whose webhook delivery is pending:
     the webhook sender holds a bounded number of rows and reads the next
     ones from here when it has room."""
-    return _rows(
-        cursor,
-        _ROW_SQL + " WHERE id > ? AND webhook_state = 'pending' ORDER BY id LIMIT ?",
-        (after_id, limit),
-    )
+    return _rows(cursor, _WEBHOOK_ROWS_SQL, (after_id, limit))
 
 
 def last_id(cursor: sqlite3.Cursor) -> int:
     """The id of the newest outbox row (0 when empty)."""
-    row = cursor.execute("SELECT COALESCE(MAX(id), 0) FROM notification_outbox").fetchone()
+    row = cursor.execute(_LAST_ID_SQL).fetchone()
     return int(row[0])
 
 
 # The marks below decide nothing from what another site may change under
 # them (a range or ids, and the readers' positions, which only move
 # forward: a stale one marks less), so they run at READ COMMITTED on
-# PostgreSQL (storage/db.py, "Isolation") and never conflict.
+# PostgreSQL (engine/transactions.py, "Isolation") and never conflict.
 @read_committed
 def mark_range_fanned_out(
     cursor: sqlite3.Cursor, after_id: int, upto_id: int, *, skip_webhook: bool
@@ -244,15 +269,9 @@ def mark_range_fanned_out(
     if skip_webhook:
         # Rows a previous run with a webhook left pending go too: this run
         # has nowhere to send them (they used to be marked "skipped").
-        cursor.execute(
-            "DELETE FROM notification_outbox WHERE id > ? AND id <= ?", (after_id, upto_id)
-        )
+        cursor.execute(_DELETE_RANGE_SQL, (after_id, upto_id))
         return
-    cursor.execute(
-        f"UPDATE notification_outbox SET ws_delivered_at = {NOW_SQL}"  # noqa: S608
-        " WHERE id > ? AND id <= ? AND ws_delivered_at IS NULL",
-        (after_id, upto_id),
-    )
+    cursor.execute(_MARK_RANGE_SQL, (after_id, upto_id))
 
 
 @read_committed
@@ -260,18 +279,14 @@ def record_webhook_results(cursor: sqlite3.Cursor, results: Sequence[WebhookResu
     """Store webhook attempts (several at once: one transaction per flush).
     Only a pending row changes: a delivery finished once stays finished."""
     cursor.executemany(
-        "UPDATE notification_outbox SET webhook_state = ?, webhook_attempts = ?,"
-        " webhook_error = ? WHERE id = ? AND webhook_state = 'pending'",
+        _WEBHOOK_RESULT_SQL,
         [(r.state, r.attempts, r.error, r.id) for r in results],
     )
 
 
 def backlog(cursor: sqlite3.Cursor) -> int:
     """Rows not yet fully delivered."""
-    row = cursor.execute(
-        "SELECT COUNT(*) FROM notification_outbox"
-        " WHERE ws_delivered_at IS NULL OR webhook_state = 'pending'"
-    ).fetchone()
+    row = cursor.execute(_BACKLOG_SQL).fetchone()
     return int(row[0])
 
 
@@ -292,17 +307,8 @@ def prunable(cursor: sqlite3.Cursor, retention_seconds: float) -> Prunable:
     rows are taken in id order and the first young one ends the range).  The
     scan reads only the old rows, in id order, and no index is needed.
     """
-    below = cursor.execute(
-        "SELECT COALESCE((SELECT id FROM notification_outbox"  # noqa: S608
-        f"  WHERE created_at >= {NOW_OFFSET_SQL} ORDER BY id LIMIT 1),"
-        " (SELECT COALESCE(MAX(id), 0) + 1 FROM notification_outbox))",
-        (offset(-retention_seconds),),
-    ).fetchone()[0]
-    first = cursor.execute(
-        "SELECT MIN(id) FROM notification_outbox"
-        " WHERE id < ? AND ws_delivered_at IS NOT NULL AND webhook_state <> 'pending'",
-        (below,),
-    ).fetchone()[0]
+    below = cursor.execute(_FIRST_YOUNG_SQL, (offset(-retention_seconds),)).fetchone()[0]
+    first = cursor.execute(_FIRST_FINISHED_SQL, (below,)).fetchone()[0]
     return Prunable(None if first is None else int(first), int(below))
 
 
@@ -315,21 +321,13 @@ def prune_finished(
     right now: nothing done, ``(0, after_id)``)."""
     if not once(cursor, OUTBOX_PRUNE_JOB):
         return 0, after_id
-    ids = cursor.execute(
-        "SELECT id FROM notification_outbox WHERE id > ? AND id < ?"
-        " AND ws_delivered_at IS NOT NULL AND webhook_state <> 'pending' ORDER BY id LIMIT ?",
-        (after_id, below_id, limit),
-    ).fetchall()
+    ids = cursor.execute(_FINISHED_SQL, (after_id, below_id, limit)).fetchall()
     if not ids:
         return 0, after_id
     first, last = int(ids[0][0]), int(ids[-1][0])
     # The same condition over the range: exactly the rows just selected
     # (nothing changes between the two statements of one transaction).
-    cursor.execute(
-        "DELETE FROM notification_outbox WHERE id >= ? AND id <= ?"
-        " AND ws_delivered_at IS NOT NULL AND webhook_state <> 'pending'",
-        (first, last),
-    )
+    cursor.execute(_PRUNE_SQL, (first, last))
     return cursor.rowcount, last
 
 
@@ -339,16 +337,22 @@ def prune_finished(
 #: turn on PostgreSQL (:func:`mark_read`): "tn-marks".
 MARKS_LOCK_KEY = int.from_bytes(b"tn-marks", "big")
 
-
-def _marks_in_turn(cursor: sqlite3.Cursor) -> None:
-    if listen.is_postgres_cursor(cursor):
-        cursor.execute("SELECT pg_advisory_xact_lock(?)", (MARKS_LOCK_KEY,))
-
-
-_OPEN_READERS = (
+_MARKS_IN_TURN_SQL = postgres_only(f"SELECT pg_advisory_xact_lock({MARKS_LOCK_KEY})")
+_OPEN_READERS = sql(
     "SELECT MIN(after_id) FROM outbox_reader WHERE instance_id IN"
     " (SELECT id FROM site_instance WHERE ended_at IS NULL AND reaped_at IS NULL)"
 )
+_READ_UPTO_SQL = sql(
+    "INSERT INTO outbox_reader (instance_id, after_id) VALUES (?, ?)"
+    " ON CONFLICT (instance_id) DO UPDATE SET after_id = excluded.after_id,"
+    " updated_at = {now}"
+)
+_DELETE_UPTO_SQL = sql("DELETE FROM notification_outbox WHERE id <= ?")
+_MARK_UPTO_SQL = sql(
+    "UPDATE notification_outbox SET ws_delivered_at = {now}"
+    " WHERE ws_delivered_at IS NULL AND id <= ?"
+)
+_LEAVE_SQL = sql("DELETE FROM outbox_reader WHERE instance_id = ?")
 
 
 @read_committed
@@ -358,14 +362,9 @@ def join_readers(cursor: sqlite3.Cursor, instance_id: int) -> int:
     they load the current state when they connect); returns that id.
     Under the marks' lock (:func:`mark_read`): no site's mark can then
     delete a row after that id before this one's position is counted."""
-    _marks_in_turn(cursor)
+    cursor.execute(_MARKS_IN_TURN_SQL)
     last = last_id(cursor)
-    cursor.execute(
-        "INSERT INTO outbox_reader (instance_id, after_id) VALUES (?, ?)"  # noqa: S608
-        f" ON CONFLICT (instance_id) DO UPDATE SET after_id = excluded.after_id,"
-        f" updated_at = {NOW_SQL}",
-        (instance_id, last),
-    )
+    cursor.execute(_READ_UPTO_SQL, (instance_id, last))
     return last
 
 
@@ -382,13 +381,8 @@ def mark_read(cursor: sqlite3.Cursor, instance_id: int, upto_id: int, *, skip_we
     passed would stay until the next mark.  So the marks of all sites take
     turns (the advisory lock :data:`MARKS_LOCK_KEY`, first): each statement
     after it sees the marks committed before."""
-    _marks_in_turn(cursor)
-    cursor.execute(
-        "INSERT INTO outbox_reader (instance_id, after_id) VALUES (?, ?)"  # noqa: S608
-        f" ON CONFLICT (instance_id) DO UPDATE SET after_id = excluded.after_id,"
-        f" updated_at = {NOW_SQL}",
-        (instance_id, upto_id),
-    )
+    cursor.execute(_MARKS_IN_TURN_SQL)
+    cursor.execute(_READ_UPTO_SQL, (instance_id, upto_id))
     everywhere = cursor.execute(_OPEN_READERS).fetchone()[0]
     # Our own row is counted only if our instance is open; if it is not
     # (reaped), nothing is ours to mark.
@@ -396,20 +390,16 @@ def mark_read(cursor: sqlite3.Cursor, instance_id: int, upto_id: int, *, skip_we
         return 0
     everywhere = min(int(everywhere), upto_id)
     if skip_webhook:
-        cursor.execute("DELETE FROM notification_outbox WHERE id <= ?", (everywhere,))
+        cursor.execute(_DELETE_UPTO_SQL, (everywhere,))
     else:
-        cursor.execute(
-            f"UPDATE notification_outbox SET ws_delivered_at = {NOW_SQL}"  # noqa: S608
-            " WHERE ws_delivered_at IS NULL AND id <= ?",
-            (everywhere,),
-        )
+        cursor.execute(_MARK_UPTO_SQL, (everywhere,))
     return everywhere
 
 
 def leave_readers(cursor: sqlite3.Cursor, instance_id: int) -> None:
     """Instance ``instance_id`` stops tailing (a clean stop): it no longer
     holds back the fan-out marks of the others."""
-    cursor.execute("DELETE FROM outbox_reader WHERE instance_id = ?", (instance_id,))
+    cursor.execute(_LEAVE_SQL, (instance_id,))
 
 
 # -- several sites: webhook claims ------------------------------------------------------
@@ -418,17 +408,32 @@ def leave_readers(cursor: sqlite3.Cursor, instance_id: int) -> None:
 WEBHOOK_LEASE = 30.0
 
 _CLAIMABLE = (
-    "webhook_state = 'pending'"  # noqa: S608
-    f" AND (webhook_claimed_until IS NULL OR webhook_claimed_until < {NOW_SQL})"
+    "webhook_state = 'pending' AND (webhook_claimed_until IS NULL OR webhook_claimed_until < {now})"
+)
+_ANY_CLAIMABLE_SQL = sql(f"SELECT 1 FROM notification_outbox WHERE {_CLAIMABLE} LIMIT 1")  # noqa: S608
+_CLAIM_SQL = sql(
+    "UPDATE notification_outbox SET webhook_claimed_by = ?,"  # noqa: S608
+    " webhook_claimed_until = {now_offset}"
+    " WHERE id IN (SELECT id FROM notification_outbox"
+    f" WHERE {_CLAIMABLE} ORDER BY id LIMIT ? {{skip_locked}})"
+    " RETURNING id, gid, user_id, payload, ws_delivered_at IS NULL,"
+    " webhook_state = 'pending', webhook_attempts"
+)
+_RENEW_SQL = sql(
+    "UPDATE notification_outbox SET webhook_claimed_until = {now_offset}"
+    " WHERE webhook_claimed_by = ? AND webhook_state = 'pending' AND id {in_array}"
+    " RETURNING id"
+)
+_RELEASE_CLAIMS_SQL = sql(
+    "UPDATE notification_outbox SET webhook_claimed_by = NULL, webhook_claimed_until = NULL"
+    " WHERE webhook_claimed_by = ? AND webhook_state = 'pending'"
 )
 
 
 def claimable_webhook_rows(cursor: sqlite3.Cursor) -> bool:
     """Whether any pending row is claimable now (a read before the write
     of :func:`claim_webhook_rows`, so that an idle wake costs no write)."""
-    found = cursor.execute(
-        f"SELECT 1 FROM notification_outbox WHERE {_CLAIMABLE} LIMIT 1"  # noqa: S608
-    ).fetchone()
+    found = cursor.execute(_ANY_CLAIMABLE_SQL).fetchone()
     return found is not None
 
 
@@ -442,16 +447,7 @@ def claim_webhook_rows(
     same moment takes others, and never waits.  ``READ COMMITTED`` is the
     queue's usual isolation: a row whose lock is taken is judged again on
     its newest version (a claim committed meanwhile excludes it)."""
-    skip_locked = " FOR UPDATE SKIP LOCKED" if listen.is_postgres_cursor(cursor) else ""
-    rows = cursor.execute(
-        "UPDATE notification_outbox SET webhook_claimed_by = ?,"  # noqa: S608
-        f" webhook_claimed_until = {NOW_OFFSET_SQL}"
-        " WHERE id IN (SELECT id FROM notification_outbox"
-        f" WHERE {_CLAIMABLE} ORDER BY id LIMIT ?{skip_locked})"
-        " RETURNING id, gid, user_id, payload, ws_delivered_at IS NULL,"
-        " webhook_state = 'pending', webhook_attempts",
-        (instance_id, offset(lease_seconds), limit),
-    ).fetchall()
+    rows = cursor.execute(_CLAIM_SQL, (instance_id, offset(lease_seconds), limit)).fetchall()
     return sorted((_row(r) for r in rows), key=lambda row: row.id)
 
 
@@ -466,23 +462,14 @@ def renew_webhook_claims(
     lease ran out: it must not deliver them)."""
     if not ids:
         return []
-    kept = cursor.execute(
-        f"UPDATE notification_outbox SET webhook_claimed_until = {NOW_OFFSET_SQL}"  # noqa: S608
-        f" WHERE webhook_claimed_by = ? AND webhook_state = 'pending' AND id {IN_ARRAY_SQL}"
-        " RETURNING id",
-        (offset(lease_seconds), instance_id, array(ids)),
-    ).fetchall()
+    kept = cursor.execute(_RENEW_SQL, (offset(lease_seconds), instance_id, list(ids))).fetchall()
     return sorted(set(ids) - {int(r[0]) for r in kept})
 
 
 def release_webhook_claims(cursor: sqlite3.Cursor, instance_id: int) -> int:
     """Give back every pending row ``instance_id`` holds (a clean stop: the
     other sites take them at once, not after the lease)."""
-    cursor.execute(
-        "UPDATE notification_outbox SET webhook_claimed_by = NULL, webhook_claimed_until = NULL"
-        " WHERE webhook_claimed_by = ? AND webhook_state = 'pending'",
-        (instance_id,),
-    )
+    cursor.execute(_RELEASE_CLAIMS_SQL, (instance_id,))
     return cursor.rowcount
 
 

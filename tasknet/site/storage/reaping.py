@@ -14,13 +14,27 @@ from __future__ import annotations
 import sqlite3
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
 
 from tasknet.site.storage import create, node_sessions, outbox
 from tasknet.site.storage.create import Recovered
-from tasknet.site.storage.engine.dialect import NOW_SQL
+from tasknet.site.storage.engine.sql import Sql, sql
+from tasknet.site.storage.engine.timestamps import iso, parse
 from tasknet.site.storage.instances import OPEN_SQL, instance, lease_confirmed_at
-from tasknet.site.storage.throughput import iso
+
+_MARK_REAPED = sql(
+    f"UPDATE site_instance SET reaped_at = {{now}}, reaped_by = ? WHERE id = ? AND {OPEN_SQL}"  # noqa: S608
+)
+_NOW = sql("SELECT {now}")
+_RECORD = sql(
+    "INSERT INTO instance_reap (instance_id, reaped_by, gid, operation_id, from_state, "
+    "outcome, lease_confirmed_at) VALUES (?, ?, ?, ?, ?, ?, ?)"
+)
+_RECORDS = (
+    "SELECT instance_id, reaped_by, reaped_at, gid, operation_id, from_state, outcome "
+    "FROM instance_reap"
+)
+_ALL_RECORDS = sql(f"{_RECORDS} ORDER BY id")
+_RECORDS_OF = sql(f"{_RECORDS} WHERE instance_id = ? ORDER BY id")
 
 
 @dataclass(frozen=True)
@@ -71,11 +85,7 @@ def reap(
     came (SCALE.md "Fencing" 2)."""
     marked = False
     if gone is not None:
-        cursor.execute(
-            f"UPDATE site_instance SET reaped_at = {NOW_SQL}, reaped_by = ? "  # noqa: S608
-            f"WHERE id = ? AND {OPEN_SQL}",
-            (reaper, gone),
-        )
+        cursor.execute(_MARK_REAPED, (reaper, gone))
         marked = cursor.rowcount == 1
     confirmed_at, not_before = _verdict_wait(cursor, gone, verdict_wait)
     recovered = create.recover(
@@ -105,8 +115,8 @@ def _verdict_wait(
     upstream = row.upstream_timeout if row and row.upstream_timeout is not None else defaults[1]
     confirmed_at = lease_confirmed_at(cursor, gone)
     if confirmed_at is None:  # an instance of an older release: from now
-        confirmed_at = str(cursor.execute(f"SELECT {NOW_SQL}").fetchone()[0])  # noqa: S608
-    moment = datetime.fromisoformat(confirmed_at.replace("Z", "+00:00")).timestamp()
+        confirmed_at = str(cursor.execute(_NOW).fetchone()[0])
+    moment = parse(confirmed_at).timestamp()
     return confirmed_at, iso(moment + lease_timeout + upstream)
 
 
@@ -131,11 +141,7 @@ def _record(
         for op in recovered.operations
     ]
     if rows:
-        cursor.executemany(
-            "INSERT INTO instance_reap (instance_id, reaped_by, gid, operation_id, from_state, "
-            "outcome, lease_confirmed_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
-            rows,
-        )
+        cursor.executemany(_RECORD, rows)
 
 
 @dataclass(frozen=True)
@@ -156,14 +162,10 @@ class ReapRecord:
 def reap_records(cursor: sqlite3.Cursor, instance_id: int | None = None) -> list[ReapRecord]:
     """The D9 evidence: every generation settled for a gone instance (or
     only ``instance_id``'s), in the order it was settled."""
-    sql = (
-        "SELECT instance_id, reaped_by, reaped_at, gid, operation_id, from_state, outcome "
-        "FROM instance_reap"
-    )
+    records: Sql = _ALL_RECORDS
     params: tuple[object, ...] = ()
     if instance_id is not None:
-        sql += " WHERE instance_id = ?"
-        params = (instance_id,)
+        records, params = _RECORDS_OF, (instance_id,)
     return [
         ReapRecord(
             None if r["instance_id"] is None else int(r["instance_id"]),
@@ -174,5 +176,5 @@ def reap_records(cursor: sqlite3.Cursor, instance_id: int | None = None) -> list
             r["from_state"],
             r["outcome"],
         )
-        for r in cursor.execute(sql + " ORDER BY id", params)
+        for r in cursor.execute(records, params)
     ]

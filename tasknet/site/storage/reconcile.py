@@ -9,9 +9,9 @@ Two rules guard a verdict (docs/operations.md, "Reconcile UNKNOWN operations"):
   instance's late POST could still reach the upstream, so ``not_submitted``
   is refused (:class:`VerdictTooEarly`, code ``verdict_too_early``, with
   the moment).  ``submitted`` is allowed at any time.  "Now" is the
-  database's clock (:data:`~tasknet.site.storage.engine.dialect.NOW_SQL`), read in
-  the transaction that decides, and the same clock tells the list how long
-  is left (``verdictWaitSeconds``).
+  database's clock (``{now}``, :mod:`tasknet.site.storage.engine.sql`), read
+  in the transaction that decides, and the same clock tells the list how
+  long is left (``verdictWaitSeconds``).
 * **A verdict against the evidence needs a note.**  When the upstream's
   audit (``evidence["upstream"]``, fetched by the lifecycle) records at
   least one archive POST and the verdict is ``not_submitted``, or none and
@@ -27,12 +27,13 @@ import json
 import math
 import sqlite3
 from collections.abc import Mapping
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
-from tasknet.site.storage import outbox, throughput
-from tasknet.site.storage.engine.dialect import NOW_SQL
+from tasknet.site.storage import outbox
 from tasknet.site.storage.engine.errors import TaskError
+from tasknet.site.storage.engine.sql import sql
+from tasknet.site.storage.engine.timestamps import iso, parse
 from tasknet.site.storage.generation import change_state, remove_generation
 from tasknet.site.storage.usage import meter, week_of_timestamp
 from tasknet.site.storage.views import gallery_row, gone_view, operation_row, task_view
@@ -68,14 +69,30 @@ class VerdictTooEarly(TaskError):
         return max(1, math.ceil(self.wait))
 
 
-def _moment(text: str) -> datetime:
-    """A stored timestamp (ISO 8601; UTC when it names no zone)."""
-    moment = datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
-    return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
+_NOW = sql("SELECT {now}")
+_UNKNOWN = sql(
+    "SELECT gid, operation_id, step, error, unknown_at, archive_url, verdict_not_before"
+    " FROM task_operation WHERE state = ? ORDER BY gid"
+)
+_ONE_UNKNOWN = sql(
+    "SELECT gid, operation_id, step, error, unknown_at, archive_url, verdict_not_before"
+    " FROM task_operation WHERE gid = ? AND state = ?"
+)
+_LAST_VERDICT = sql(
+    "SELECT operation_id, verdict FROM reconciliation_audit WHERE gid = ? ORDER BY id DESC LIMIT 1"
+)
+_AUDIT = sql(
+    "INSERT INTO reconciliation_audit (gid, operation_id, verdict, actor, note, evidence) "
+    "VALUES (?, ?, ?, ?, ?, ?)"
+)
+_SETTLED_ROW = sql(
+    "UPDATE gallery SET cost = ?, url = CASE WHEN ? <> '' THEN ? ELSE url END, "
+    "updated_at = {now} WHERE gid = ?"
+)
 
 
 def _database_now(cursor: sqlite3.Cursor) -> datetime:
-    return _moment(cursor.execute(f"SELECT {NOW_SQL}").fetchone()[0])  # noqa: S608
+    return parse(cursor.execute(_NOW).fetchone()[0])
 
 
 def verdict_wait(
@@ -87,9 +104,9 @@ def verdict_wait(
     passed."""
     if not not_before:
         return None, 0.0
-    moment = _moment(not_before)
+    moment = parse(not_before)
     now = _database_now(cursor) if now is None else now
-    return throughput.iso(moment.timestamp()), max(0.0, (moment - now).total_seconds())
+    return iso(moment.timestamp()), max(0.0, (moment - now).total_seconds())
 
 
 def contradiction(gid: int, verdict: str, evidence: Mapping[str, Any] | None) -> str | None:
@@ -126,7 +143,7 @@ def _when(value: Any) -> str | None:
         return None
     if isinstance(value, int | float):
         try:
-            return throughput.iso(float(value))
+            return iso(float(value))
         except (OverflowError, OSError, ValueError):
             return str(value)
     return str(value)
@@ -149,12 +166,20 @@ def unknown_operations(cursor: sqlite3.Cursor) -> list[dict[str, Any]]:
     ``unknownAt``, ``error``, ``operationId``, ``archiveUrl``, and the
     verdict wait: ``notBefore``, None when there is none, and
     ``verdictWaitSeconds``, left by the database's clock, 0 once passed)."""
+    rows = cursor.execute(_UNKNOWN, (OperationState.UNKNOWN.value,)).fetchall()
+    return _with_evidence(cursor, rows)
+
+
+def unknown_operation(cursor: sqlite3.Cursor, gid: int) -> dict[str, Any] | None:
+    """:func:`unknown_operations`' view of ``gid``, read by its key
+    (``None``: ``gid`` is not ``UNKNOWN``)."""
+    rows = cursor.execute(_ONE_UNKNOWN, (gid, OperationState.UNKNOWN.value)).fetchall()
+    views = _with_evidence(cursor, rows)
+    return views[0] if views else None
+
+
+def _with_evidence(cursor: sqlite3.Cursor, rows: list[Any]) -> list[dict[str, Any]]:
     result = []
-    rows = cursor.execute(
-        "SELECT gid, operation_id, step, error, unknown_at, archive_url, verdict_not_before"
-        " FROM task_operation WHERE state = ? ORDER BY gid",
-        (OperationState.UNKNOWN.value,),
-    ).fetchall()
     now = _database_now(cursor) if any(row["verdict_not_before"] for row in rows) else None
     for row in rows:
         view = task_view(cursor, row["gid"]) or gone_view(row["gid"], "UNKNOWN")
@@ -175,11 +200,7 @@ def unknown_operations(cursor: sqlite3.Cursor) -> list[dict[str, Any]]:
 
 
 def _last_verdict(cursor: sqlite3.Cursor, gid: int) -> sqlite3.Row | None:
-    row: sqlite3.Row | None = cursor.execute(
-        "SELECT operation_id, verdict FROM reconciliation_audit WHERE gid = ? "
-        "ORDER BY id DESC LIMIT 1",
-        (gid,),
-    ).fetchone()
+    row: sqlite3.Row | None = cursor.execute(_LAST_VERDICT, (gid,)).fetchone()
     return row
 
 
@@ -267,8 +288,7 @@ def _audit(
     evidence: Mapping[str, Any] | None,
 ) -> None:
     cursor.execute(
-        "INSERT INTO reconciliation_audit (gid, operation_id, verdict, actor, note, evidence) "
-        "VALUES (?, ?, ?, ?, ?, ?)",
+        _AUDIT,
         (
             gid,
             operation_id,
@@ -305,10 +325,6 @@ def _settle_submitted(
     )
     if not metered:
         meter(cursor, op["user_id"], week, cost)
-    cursor.execute(
-        "UPDATE gallery SET cost = ?, url = CASE WHEN ? <> '' THEN ? ELSE url END, "  # noqa: S608
-        f"updated_at = {NOW_SQL} WHERE gid = ?",
-        (cost, url, url, gid),
-    )
+    cursor.execute(_SETTLED_ROW, (cost, url, url, gid))
     outbox.enqueue_task_change(cursor, gid)
     return task_view(cursor, gid)

@@ -68,7 +68,7 @@ for the task's *current* one.  A pending delete of a row with no recorded
 node waits for a claim (or an operator).
 
 Several sites (PostgreSQL).  Every ``apply_*`` function runs at ``READ
-COMMITTED`` (``tasknet.site.storage.engine.database``, "Isolation"), so two sites
+COMMITTED`` (``tasknet.site.storage.engine.transactions``, "Isolation"), so two sites
 applying reports for different nodes never conflict.  Before it reads
 anything it locks, in this order: each reporting node (a
 transaction-level advisory lock, :data:`REPORT_NODE_CLASS`: receipts,
@@ -99,7 +99,19 @@ the one exception: a report and a lifecycle write that both backfill it
 at once meet on ``task_operation``'s key: one of them fails (a unique
 violation) or runs again (a deadlock), changing nothing; a failed report
 is resent by its node.)  On SQLite the locks are not taken (one writer
-holds the whole database).
+holds the whole database): each lock statement is one only PostgreSQL has
+(``postgres_only``), a neutral ``SELECT`` there, so the code that runs them
+is the same on both and never asks which backend it is on.
+
+Which connection may report (SCALE.md 5).  A report the pipeline queues
+with the :class:`~tasknet.site.storage.node_sessions.Holding` of its
+connection's take (:class:`QueuedReport`) is judged against the node's
+``node_session`` row once, in its own transaction, right after the locks
+and before any task is read: a connection that no longer holds
+its node (another login took it, here or at another site) has its report
+refused (:data:`NOT_HELD`): nothing written, not even its receipt, and no
+ACK; its node sends it again on its newer connection.  The same on both
+backends.
 """
 
 from __future__ import annotations
@@ -122,16 +134,10 @@ from tasknet.protocol.messages import (
 from tasknet.site.storage import outbox, throughput
 from tasknet.site.storage.delete import complete_delete, mark_delete_failed
 from tasknet.site.storage.eligibility import awaits_claim
-from tasknet.site.storage.engine import listen
-from tasknet.site.storage.engine.database import read_committed
-from tasknet.site.storage.engine.dialect import (
-    FOR_UPDATE_SQL,
-    IN_ARRAY_SQL,
-    NOW_SQL,
-    array,
-    greatest,
-)
+from tasknet.site.storage.engine.sql import postgres_only, sql
+from tasknet.site.storage.engine.transactions import read_committed
 from tasknet.site.storage.generation import backfill_legacy
+from tasknet.site.storage.node_sessions import Holding, still_held
 from tasknet.status import NodeCode, OperationState
 
 # Why an entry was dropped; the values appear in logs and tests.
@@ -195,21 +201,24 @@ class ReportOutcome:
 
 
 LEGACY = "LEGACY"
+#: The result of a report whose connection no longer holds its node: not
+#: applied, not ACKed (see the module doc).
+NOT_HELD = "NOT_HELD"
 
 
-def _json_ids(gids: Iterable[int]) -> str:
+def _ids(gids: Iterable[int]) -> list[int]:
     # One array parameter instead of one "?" per gid: no variable limit,
     # one statement whatever the snapshot size.
-    return array(gids)
+    return list(gids)
 
 
-_ROWS_SQL = f"""
+_ROWS_SQL = sql("""
 SELECT g.gid, g.status, g.progress, g.node_id,
        o.operation_id, o.state, o.last_revision, o.legacy,
        g.user_id, g.size, g.speed, g.sampled_at, g.moved_at, g.queued, g.detail
 FROM gallery AS g LEFT JOIN task_operation AS o ON o.gid = g.gid
-WHERE g.gid {IN_ARRAY_SQL}
-"""  # noqa: S608
+WHERE g.gid {in_array}
+""")
 # Where the judging reads a row of _ROWS_SQL by position: every entry of every
 # report is judged, and a name lookup on a sqlite3.Row scans its columns.
 _STATUS, _PROGRESS, _NODE_ID, _OPERATION_ID, _STATE, _LAST_REVISION, _LEGACY = range(1, 8)
@@ -217,15 +226,15 @@ _QUEUED, _DETAIL = 13, 14
 
 
 def _task_rows(cursor: sqlite3.Cursor, gids: Iterable[int]) -> dict[int, sqlite3.Row]:
-    return {row[0]: row for row in cursor.execute(_ROWS_SQL, (_json_ids(gids),))}
+    return {row[0]: row for row in cursor.execute(_ROWS_SQL, (_ids(gids),))}
+
+
+_TOMBSTONES_SQL = sql("SELECT gid FROM task_operation WHERE state = 'DELETED' AND gid {in_array}")
+_OPERATION_ID_TAKEN_SQL = sql("SELECT 1 FROM task_operation WHERE operation_id = ?")
 
 
 def _tombstones(cursor: sqlite3.Cursor, gids: Iterable[int]) -> set[int]:
-    rows = cursor.execute(
-        "SELECT gid FROM task_operation WHERE state = 'DELETED'"  # noqa: S608
-        f" AND gid {IN_ARRAY_SQL}",
-        (_json_ids(gids),),
-    )
+    rows = cursor.execute(_TOMBSTONES_SQL, (_ids(gids),))
     return {row[0] for row in rows}
 
 
@@ -234,9 +243,7 @@ def _unused_id(cursor: sqlite3.Cursor, operation_id: str | None) -> str | None:
     unique): a confused node must not make its report fail forever."""
     if operation_id is None:
         return None
-    taken = cursor.execute(
-        "SELECT 1 FROM task_operation WHERE operation_id = ?", (operation_id,)
-    ).fetchone()
+    taken = cursor.execute(_OPERATION_ID_TAKEN_SQL, (operation_id,)).fetchone()
     return None if taken else operation_id
 
 
@@ -254,55 +261,59 @@ def _owner_check(outcome: ReportOutcome, node_id: str, row: sqlite3.Row) -> str 
     return NOT_OWNER
 
 
-_RECORDED_SQL = f"SELECT report_id FROM report_receipt WHERE report_id {IN_ARRAY_SQL}"  # noqa: S608
-_RECEIPT_SQL = "INSERT INTO report_receipt (report_id, node_id, revision) VALUES (?, ?, ?)"
-_UPDATE_TASK_SQL = (
-    "UPDATE gallery SET status = ?, progress = ?, queued = ?, detail = ?,"  # noqa: S608
-    f" updated_at = {NOW_SQL} WHERE gid = ?"
+_RECORDED_SQL = sql("SELECT report_id FROM report_receipt WHERE report_id {in_array}")
+_RECEIPT_SQL = sql("INSERT INTO report_receipt (report_id, node_id, revision) VALUES (?, ?, ?)")
+_UPDATE_TASK_SQL = sql(
+    "UPDATE gallery SET status = ?, progress = ?, queued = ?, detail = ?,"
+    " updated_at = {now} WHERE gid = ?"
 )
 # A change that is also a throughput sample writes both in one statement.
-_UPDATE_SAMPLED_TASK_SQL = (
-    "UPDATE gallery SET status = ?, progress = ?, queued = ?, detail = ?,"  # noqa: S608
-    f" updated_at = {NOW_SQL}, speed = ?, sampled_at = ?, moved_at = ?,"
+_UPDATE_SAMPLED_TASK_SQL = sql(
+    "UPDATE gallery SET status = ?, progress = ?, queued = ?, detail = ?,"
+    " updated_at = {now}, speed = ?, sampled_at = ?, moved_at = ?,"
     " completed_at = COALESCE(completed_at, ?) WHERE gid = ?"
 )
 # A claim names node_id in its own statement: naming it in the one above
 # would cost an index update (gallery_node) on every row, even when it stays.
-_CLAIM_SQL = "UPDATE gallery SET node_id = ? WHERE gid = ? AND node_id IS NULL"
-# One row per report: its revision and its changed gids as a JSON array.
-_UPDATE_REVISION_SQL = (
-    "UPDATE task_operation SET last_revision = ?,"  # noqa: S608
-    f" updated_at = {NOW_SQL}"
-    f" WHERE gid {IN_ARRAY_SQL}"
+_CLAIM_SQL = sql("UPDATE gallery SET node_id = ? WHERE gid = ? AND node_id IS NULL")
+# One row per report: its revision and its changed gids as an array.
+_UPDATE_REVISION_SQL = sql(
+    "UPDATE task_operation SET last_revision = ?, updated_at = {now} WHERE gid {in_array}"
 )
-_HIGHS_SQL = (
-    "SELECT node_id, high_revision FROM node_revision"  # noqa: S608
-    f" WHERE node_id {IN_ARRAY_SQL}"
-)
-_HIGH_SQL = (
-    "INSERT INTO node_revision (node_id, high_revision) VALUES (?, ?)"  # noqa: S608
+_HIGHS_SQL = sql("SELECT node_id, high_revision FROM node_revision WHERE node_id {in_array}")
+_HIGH_SQL = sql(
+    "INSERT INTO node_revision (node_id, high_revision) VALUES (?, ?)"
     " ON CONFLICT (node_id) DO UPDATE"
-    f" SET high_revision = {greatest('node_revision.high_revision', 'excluded.high_revision')}"
+    " SET high_revision = {greatest:node_revision.high_revision, excluded.high_revision}"
 )
-_NEW_EPOCH_SQL = (
-    "UPDATE node_revision SET high_revision = ?, epoch = epoch + 1,"  # noqa: S608
-    f" epoch_started_at = {NOW_SQL} WHERE node_id = ?"
+_NEW_EPOCH_SQL = sql(
+    "UPDATE node_revision SET high_revision = ?, epoch = epoch + 1,"
+    " epoch_started_at = {now} WHERE node_id = ?"
 )
-_FORGET_REVISIONS_SQL = (
+_FORGET_REVISIONS_SQL = sql(
     "UPDATE task_operation SET last_revision = NULL WHERE last_revision IS NOT NULL"
     " AND gid IN (SELECT gid FROM gallery WHERE node_id = ?)"
 )
-_COUNT_DROPS_SQL = (
-    "INSERT INTO node_dropped_entry (node_id, reason, count) VALUES (?, ?, ?)"  # noqa: S608
+_COUNT_DROPS_SQL = sql(
+    "INSERT INTO node_dropped_entry (node_id, reason, count) VALUES (?, ?, ?)"
     " ON CONFLICT (node_id, reason) DO UPDATE"
     " SET count = node_dropped_entry.count + excluded.count,"
-    f" last_at = {NOW_SQL}"
+    " last_at = {now}"
+)
+_ALL_DROPS_SQL = sql("SELECT node_id, reason, count FROM node_dropped_entry")
+_DROPS_OF_SQL = sql(
+    "SELECT node_id, reason, count FROM node_dropped_entry WHERE node_id {in_array}"
+)
+_DELETE_ID_SQL = sql("SELECT delete_operation_id FROM task_operation WHERE gid = ?")
+_DELETE_STATE_SQL = sql(
+    "SELECT o.state, o.delete_operation_id, g.node_id FROM task_operation AS o"
+    " LEFT JOIN gallery AS g ON g.gid = o.gid WHERE o.gid = ?"
 )
 
 
 def _recorded(cursor: sqlite3.Cursor, report_ids: Sequence[str]) -> set[str]:
     """Which of ``report_ids`` are already recorded (their reports are duplicates)."""
-    return {row[0] for row in cursor.execute(_RECORDED_SQL, (array(report_ids),))}
+    return {row[0] for row in cursor.execute(_RECORDED_SQL, (list(report_ids),))}
 
 
 def _start_epochs(
@@ -319,7 +330,7 @@ def _start_epochs(
     report per node."""
     nodes = [node_id for node_id, _ in fresh]
     highs: dict[str, int | None] = dict.fromkeys(nodes)
-    for row in cursor.execute(_HIGHS_SQL, (array(nodes),)):
+    for row in cursor.execute(_HIGHS_SQL, (nodes,)):
         highs[row["node_id"]] = row["high_revision"]
     raised = []
     for (node_id, report), first, outcome in zip(fresh, firsts, outcomes, strict=True):
@@ -352,13 +363,9 @@ def dropped_entries_by_node(
     """Dropped report entries per node and reason (``/api/admin/nodes``),
     for ``node_ids`` (every node when ``None``)."""
     if node_ids is None:
-        rows = cursor.execute("SELECT node_id, reason, count FROM node_dropped_entry")
+        rows = cursor.execute(_ALL_DROPS_SQL)
     else:
-        rows = cursor.execute(
-            "SELECT node_id, reason, count FROM node_dropped_entry"  # noqa: S608
-            f" WHERE node_id {IN_ARRAY_SQL}",
-            (array(node_ids),),
-        )
+        rows = cursor.execute(_DROPS_OF_SQL, (list(node_ids),))
     found: dict[str, dict[str, int]] = {}
     for node_id, reason, count in rows:
         found.setdefault(node_id, {})[reason] = count
@@ -374,7 +381,7 @@ class _Changes:
         # (status, progress, queued, detail, gid)
         self.tasks: list[tuple[int, float, int, str | None, int]] = []
         self.claims: list[tuple[str, int]] = []
-        self.revisions: list[tuple[int, str]] = []
+        self.revisions: list[tuple[int, list[int]]] = []
         self.announce: list[int] = []
 
     def add(
@@ -410,7 +417,7 @@ class _Changes:
                 (entry.status, entry.progress, int(entry.queued), entry.detail or None, g)
             )
         if revision is not None and changed:
-            self.revisions.append((revision, _json_ids(changed)))
+            self.revisions.append((revision, changed))
         self.announce.extend(changed)
         outcome.changed.extend(changed)
         outcome.notifications += len(changed)
@@ -579,16 +586,6 @@ def apply_task_report(
     return _apply_task_reports(cursor, [(node_id, report)], [first_after_login])[0]
 
 
-@read_committed
-def apply_status_report(
-    cursor: sqlite3.Cursor, node_id: str, report: StatusReport
-) -> ReportOutcome:
-    """Apply a legacy ``StatusReport`` by node ownership (a claimable legacy
-    row is claimed by the reporting node)."""
-    _lock_reported(cursor, [(node_id, report)])
-    return _apply_status_report(cursor, node_id, report)
-
-
 def _apply_status_report(
     cursor: sqlite3.Cursor, node_id: str, report: StatusReport
 ) -> ReportOutcome:
@@ -625,23 +622,11 @@ def _apply_status_report(
     return outcome
 
 
-@read_committed
-def apply_delete_result(
-    cursor: sqlite3.Cursor, node_id: str, result: DeleteResult
-) -> ReportOutcome:
-    """Apply a legacy ``DeleteResult``: it confirms (or fails) the task's
-    current delete id, from the task's assigned node only."""
-    _lock_reported(cursor, [(node_id, result)])
-    return _apply_delete_result(cursor, node_id, result)
-
-
 def _apply_delete_result(
     cursor: sqlite3.Cursor, node_id: str, result: DeleteResult
 ) -> ReportOutcome:
     outcome = ReportOutcome(LEGACY)
-    row = cursor.execute(
-        "SELECT delete_operation_id FROM task_operation WHERE gid = ?", (result.gid,)
-    ).fetchone()
+    row = cursor.execute(_DELETE_ID_SQL, (result.gid,)).fetchone()
     # Unknown gids, tombstones and ownership are judged by _apply_delete, as for v2.
     _apply_delete(
         cursor,
@@ -671,11 +656,7 @@ def _apply_delete(
     """One delete confirmation from ``node_id``: complete (``DELETED``/
     ``NOT_FOUND``) or mark failed (``FAILED``), only from the task's assigned
     node and only with the task's own delete id."""
-    row = cursor.execute(
-        "SELECT o.state, o.delete_operation_id, g.node_id FROM task_operation AS o"
-        " LEFT JOIN gallery AS g ON g.gid = o.gid WHERE o.gid = ?",
-        (gid,),
-    ).fetchone()
+    row = cursor.execute(_DELETE_STATE_SQL, (gid,)).fetchone()
     if row is None:
         outcome.ignored[gid] = UNKNOWN_GID
         return
@@ -738,20 +719,21 @@ def _apply_one(
 #: sites they arrive (a node moving between sites).  Next to lease.py's.
 REPORT_NODE_CLASS = 0x7455
 
-_LOCK_NODES_SQL = (
-    "SELECT pg_advisory_xact_lock(?, k) FROM"
+_LOCK_NODES_SQL = postgres_only(
+    f"SELECT pg_advisory_xact_lock({REPORT_NODE_CLASS}, k) FROM"  # noqa: S608
     " (SELECT DISTINCT hashtext(n) AS k FROM unnest(CAST(? AS text[])) AS n ORDER BY k) AS s"
 )
-# Counted, not fetched: a report names hundreds of gids.
-_LOCK_OPERATIONS_SQL = (
-    "SELECT COUNT(*) FROM (SELECT gid FROM task_operation"  # noqa: S608
-    f" WHERE gid {IN_ARRAY_SQL} ORDER BY gid {FOR_UPDATE_SQL}) AS locked"
+# Counted, not fetched (a report names hundreds of gids): how many of the
+# ?1 gids have no task_operation row to lock (on SQLite: none to lock, 0).
+_LOCK_OPERATIONS_SQL = postgres_only(
+    "SELECT ?1 - COUNT(*) FROM (SELECT gid FROM task_operation"
+    " WHERE gid {in_array:?2} ORDER BY gid {for_update}) AS locked",
+    sqlite_answer="0",
 )
-_LOCK_LEGACY_TASKS_SQL = (
-    "SELECT gid FROM gallery AS g"  # noqa: S608
-    f" WHERE gid {IN_ARRAY_SQL}"
+_LOCK_LEGACY_TASKS_SQL = postgres_only(
+    "SELECT gid FROM gallery AS g WHERE gid {in_array}"
     " AND NOT EXISTS (SELECT 1 FROM task_operation AS o WHERE o.gid = g.gid)"
-    f" ORDER BY gid {FOR_UPDATE_SQL}"
+    " ORDER BY gid {for_update}"
 )
 
 
@@ -767,21 +749,18 @@ def _message_gids(message: NodeReport) -> set[int]:
 
 def _lock_reported(cursor: sqlite3.Cursor, reports: Iterable[tuple[str, NodeReport]]) -> None:
     """Before anything is read: lock what the reports decide from (see the
-    module doc, "Several sites").  PostgreSQL only: SQLite's one writer
-    holds the whole database."""
-    if not listen.is_postgres_cursor(cursor):
-        return
+    module doc, "Several sites"; on SQLite, whose one writer holds the whole
+    database, each statement is a neutral ``SELECT``)."""
     nodes: set[str] = set()
     gids: set[int] = set()
     for node_id, message in reports:
         nodes.add(node_id)
         gids |= _message_gids(message)
-    cursor.execute(_LOCK_NODES_SQL, (REPORT_NODE_CLASS, sorted(nodes)))
+    cursor.execute(_LOCK_NODES_SQL, (sorted(nodes),))
     if not gids:
         return
-    ordered = array(sorted(gids))
-    locked = cursor.execute(_LOCK_OPERATIONS_SQL, (ordered,)).fetchone()[0]
-    if locked < len(gids):
+    ordered = sorted(gids)
+    if cursor.execute(_LOCK_OPERATIONS_SQL, (len(ordered), ordered)).fetchone()[0]:
         # Legacy rows (no generation yet): their task row (unknown gids lock nothing).
         cursor.execute(_LOCK_LEGACY_TASKS_SQL, (ordered,)).fetchall()
 
@@ -790,11 +769,24 @@ def _lock_reported(cursor: sqlite3.Cursor, reports: Iterable[tuple[str, NodeRepo
 class QueuedReport:
     """One report as the pipeline queues it: from ``node_id``;
     ``first_after_login`` (v2 only): the first report of the node's
-    connection (it may start a revision epoch)."""
+    connection (it may start a revision epoch); ``holding``: its
+    connection's hold on the node, judged in the transaction (``None``: a
+    site without node ownership, nothing to judge)."""
 
     node_id: str
     message: NodeReport
     first_after_login: bool = False
+    holding: Holding | None = None
+
+
+def _not_held(cursor: sqlite3.Cursor, reports: Sequence[QueuedReport]) -> set[int]:
+    """The positions of the reports whose connection no longer holds its
+    node (one read for all of them)."""
+    holdings = {r.holding for r in reports if r.holding is not None}
+    if not holdings:
+        return set()
+    held = still_held(cursor, holdings)
+    return {i for i, r in enumerate(reports) if r.holding is not None and r.holding not in held}
 
 
 @read_committed
@@ -810,8 +802,21 @@ def apply_reports(cursor: sqlite3.Cursor, reports: Sequence[QueuedReport]) -> li
     one by one.  Should any report raise, the whole call raises: the
     database layer then rolls it back and applies each report alone under a
     savepoint of its own, so only the failing one is lost.
+
+    A report whose connection no longer holds its node is refused
+    (:data:`NOT_HELD`, see the module doc), and the others are applied as
+    if it had not been queued.
     """
     _lock_reported(cursor, [(r.node_id, r.message) for r in reports])
+    refused = _not_held(cursor, reports)
+    if not refused:
+        return _apply_queued(cursor, reports)
+    applied = iter(_apply_queued(cursor, [r for i, r in enumerate(reports) if i not in refused]))
+    return [ReportOutcome(NOT_HELD) if i in refused else next(applied) for i in range(len(reports))]
+
+
+def _apply_queued(cursor: sqlite3.Cursor, reports: Sequence[QueuedReport]) -> list[ReportOutcome]:
+    """:func:`apply_reports` once its rows are locked and its reports judged."""
     outcomes: list[ReportOutcome] = []
     start = 0
     while start < len(reports):

@@ -28,12 +28,23 @@ from __future__ import annotations
 import sqlite3
 from dataclasses import dataclass
 
+from tasknet.site.storage.engine.sql import sql
 from tasknet.site.storage.lease import PRUNE_JOB, once
+
+# Receipts are paged by their key ``id``, which grows in insert order
+# (SQLite's INTEGER PRIMARY KEY, PostgreSQL's identity).
+_FIRST_YOUNG = sql(
+    "SELECT COALESCE((SELECT id FROM report_receipt WHERE received_at >= ?"
+    " ORDER BY id LIMIT 1), (SELECT COALESCE(MAX(id), 0) + 1 FROM report_receipt))"
+)
+_NEWEST_OLD = sql("SELECT MAX(id) FROM report_receipt WHERE id < ? GROUP BY node_id")
+_RECEIPTS = sql("SELECT id FROM report_receipt WHERE id > ? AND id < ? ORDER BY id LIMIT ?")
+_PRUNE_RECEIPT = sql("DELETE FROM report_receipt WHERE id = ?")
 
 
 @dataclass(frozen=True, slots=True)
 class PrunableReceipts:
-    """Receipts received before the cutoff lie below rowid ``below``;
+    """Receipts received before the cutoff lie below id ``below``;
     ``keep`` are the newest of each node among them (never pruned here)."""
 
     below: int
@@ -42,47 +53,43 @@ class PrunableReceipts:
 
 def prunable_receipts(cursor: sqlite3.Cursor, cutoff: str) -> PrunableReceipts:
     """Where the receipts received before ``cutoff`` (a stored-format UTC
-    timestamp) lie.  Rowids grow in insert order, so every receipt before
-    the first young one is old; the scan reads only the old ones."""
-    below = cursor.execute(
-        "SELECT COALESCE((SELECT rowid FROM report_receipt WHERE received_at >= ?"
-        " ORDER BY rowid LIMIT 1), (SELECT COALESCE(MAX(rowid), 0) + 1 FROM report_receipt))",
-        (cutoff,),
-    ).fetchone()[0]
+    timestamp) lie.  Ids grow in insert order, so every receipt before the
+    first young one is old; the scan reads only the old ones."""
+    below = cursor.execute(_FIRST_YOUNG, (cutoff,)).fetchone()[0]
     # The newest old receipt of each node.  For a node with younger
     # receipts this keeps one row past the retention (until those age):
     # at most one per node, and it spares a scan of the young receipts.
-    keep = cursor.execute(
-        "SELECT MAX(rowid) FROM report_receipt WHERE rowid < ? GROUP BY node_id", (below,)
-    ).fetchall()
+    keep = cursor.execute(_NEWEST_OLD, (below,)).fetchall()
     return PrunableReceipts(int(below), frozenset(int(r[0]) for r in keep))
 
 
 def prune_receipts(
     cursor: sqlite3.Cursor, after: int, below: int, keep: frozenset[int], limit: int
 ) -> tuple[int, int] | None:
-    """Delete up to ``limit`` receipts with ``after < rowid < below`` that
-    are not in ``keep``, oldest first.  Returns (deleted, the rowid to
+    """Delete up to ``limit`` receipts with ``after < id < below`` that
+    are not in ``keep``, oldest first.  Returns (deleted, the id to
     continue after; ``below`` when the range is done), or ``None`` when
     another site is pruning right now (nothing done)."""
     if not once(cursor, PRUNE_JOB):
         return None
-    rowids = [
-        int(r[0])
-        for r in cursor.execute(
-            "SELECT rowid FROM report_receipt WHERE rowid > ? AND rowid < ? ORDER BY rowid LIMIT ?",
-            (after, below, limit),
-        )
-    ]
-    if not rowids:
+    ids = [int(r[0]) for r in cursor.execute(_RECEIPTS, (after, below, limit))]
+    if not ids:
         return 0, below
-    doomed = [(rowid,) for rowid in rowids if rowid not in keep]
-    cursor.executemany("DELETE FROM report_receipt WHERE rowid = ?", doomed)
-    return len(doomed), rowids[-1] if len(rowids) == limit else below
+    doomed = [(receipt,) for receipt in ids if receipt not in keep]
+    cursor.executemany(_PRUNE_RECEIPT, doomed)
+    return len(doomed), ids[-1] if len(ids) == limit else below
 
 
 #: The audit tables and the column saying when each row was written.
 AUDIT_TABLES = (("reconciliation_audit", "resolved_at"), ("force_delete_audit", "forced_at"))
+# Table and column names are ours (AUDIT_TABLES), never input.
+_PRUNE_AUDIT = [
+    sql(
+        f"DELETE FROM {table} WHERE id IN (SELECT id FROM {table}"  # noqa: S608
+        f" WHERE {written_at} < ? ORDER BY id LIMIT ?)"
+    )
+    for table, written_at in AUDIT_TABLES
+]
 
 
 def prune_audit(cursor: sqlite3.Cursor, cutoff: str, limit: int) -> int | None:
@@ -92,14 +99,9 @@ def prune_audit(cursor: sqlite3.Cursor, cutoff: str, limit: int) -> int | None:
     if not once(cursor, PRUNE_JOB):
         return None
     deleted = 0
-    for table, written_at in AUDIT_TABLES:
+    for prune in _PRUNE_AUDIT:
         if deleted >= limit:
             break
-        # Table and column names are ours (AUDIT_TABLES), never input.
-        cursor.execute(
-            f"DELETE FROM {table} WHERE id IN (SELECT id FROM {table}"  # noqa: S608
-            f" WHERE {written_at} < ? ORDER BY id LIMIT ?)",
-            (cutoff, limit - deleted),
-        )
+        cursor.execute(prune, (cutoff, limit - deleted))
         deleted += int(cursor.rowcount)
     return deleted

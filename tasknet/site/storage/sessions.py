@@ -33,8 +33,8 @@ import secrets
 import sqlite3
 from dataclasses import dataclass
 
-from tasknet.site.storage.engine.dialect import NOW_SQL
-from tasknet.site.storage.throughput import iso
+from tasknet.site.storage.engine.sql import sql
+from tasknet.site.storage.engine.timestamps import iso
 
 #: Random bytes in a session id (its text is 43 URL-safe characters).
 SESSION_ID_BYTES = 32
@@ -113,6 +113,30 @@ def hash_session_id(session_id: str) -> str:
 
 
 _USABLE = "ended_at IS NULL AND idle_until > ? AND expires_at > ?"
+_PRUNE = sql("DELETE FROM web_session WHERE ended_at < ? OR idle_until < ? OR expires_at < ?")
+_START = sql(
+    "INSERT INTO web_session "
+    "(id_hash, user_id, created_at, last_seen_at, idle_until, expires_at) "
+    "VALUES (?, ?, ?, ?, ?, ?)"
+)
+_ACTIVE = sql(
+    "SELECT id, user_id, last_seen_at, idle_until, expires_at FROM web_session "  # noqa: S608
+    f"WHERE id_hash = ? AND {_USABLE}"
+)
+_TOUCH = sql(
+    "UPDATE web_session SET last_seen_at = ?, "
+    "idle_until = CASE WHEN expires_at < ? THEN expires_at ELSE ? END "
+    "WHERE id = ? AND ended_at IS NULL"
+)
+_END = sql(
+    "UPDATE web_session SET ended_at = ?, ended_why = ? WHERE id_hash = ? AND ended_at IS NULL"
+)
+_END_USER_SESSIONS_NOW = sql(
+    "UPDATE web_session SET ended_at = {now}, ended_why = ? WHERE user_id = ? AND ended_at IS NULL"
+)
+_END_USER_SESSIONS = sql(
+    "UPDATE web_session SET ended_at = ?, ended_why = ? WHERE user_id = ? AND ended_at IS NULL"
+)
 
 
 def start_session(
@@ -132,14 +156,9 @@ def start_session(
     cutoff = iso(now - RETENTION)
     if replaces is not None:
         end_session(cursor, replaces, "signed in again", now)
+    cursor.execute(_PRUNE, (cutoff, cutoff, cutoff))
     cursor.execute(
-        "DELETE FROM web_session WHERE ended_at < ? OR idle_until < ? OR expires_at < ?",
-        (cutoff, cutoff, cutoff),
-    )
-    cursor.execute(
-        "INSERT INTO web_session "
-        "(id_hash, user_id, created_at, last_seen_at, idle_until, expires_at) "
-        "VALUES (?, ?, ?, ?, ?, ?)",
+        _START,
         (id_hash, user_id, stamp, stamp, iso(now + min(idle, max_age)), iso(now + max_age)),
     )
 
@@ -147,11 +166,7 @@ def start_session(
 def active_session(cursor: sqlite3.Cursor, id_hash: str, now: float) -> ActiveSession | None:
     """The session whose id hashes to ``id_hash`` if it is usable at ``now``."""
     stamp = iso(now)
-    row = cursor.execute(
-        "SELECT id, user_id, last_seen_at, idle_until, expires_at FROM web_session "  # noqa: S608
-        f"WHERE id_hash = ? AND {_USABLE}",
-        (id_hash, stamp, stamp),
-    ).fetchone()
+    row = cursor.execute(_ACTIVE, (id_hash, stamp, stamp)).fetchone()
     if row is None:
         return None
     return ActiveSession(
@@ -167,22 +182,14 @@ def touch_session(cursor: sqlite3.Cursor, session: int, now: float, idle: float)
     """The session was used at ``now``: it stays usable ``idle`` seconds
     more (never past its absolute expiry).  False if it ended meanwhile."""
     stamp = iso(now)
-    cursor.execute(
-        "UPDATE web_session SET last_seen_at = ?, "
-        "idle_until = CASE WHEN expires_at < ? THEN expires_at ELSE ? END "
-        "WHERE id = ? AND ended_at IS NULL",
-        (stamp, iso(now + idle), iso(now + idle), session),
-    )
+    cursor.execute(_TOUCH, (stamp, iso(now + idle), iso(now + idle), session))
     return cursor.rowcount == 1
 
 
 def end_session(cursor: sqlite3.Cursor, id_hash: str, why: str, now: float) -> bool:
     """End the session whose id hashes to ``id_hash`` (sign-out); False if
     there was none still open."""
-    cursor.execute(
-        "UPDATE web_session SET ended_at = ?, ended_why = ? WHERE id_hash = ? AND ended_at IS NULL",
-        (iso(now), why, id_hash),
-    )
+    cursor.execute(_END, (iso(now), why, id_hash))
     return cursor.rowcount == 1
 
 
@@ -192,12 +199,10 @@ def end_user_sessions(
     """End every open session of ``user_id`` (its token was rotated or
     revoked, or an admin asked); how many.  ``now`` None: the database's
     time (``ended_at`` is a record; nothing compares it with a clock)."""
-    ended_at = NOW_SQL if now is None else "?"
-    cursor.execute(
-        f"UPDATE web_session SET ended_at = {ended_at}, ended_why = ? "  # noqa: S608
-        "WHERE user_id = ? AND ended_at IS NULL",
-        (why, user_id) if now is None else (iso(now), why, user_id),
-    )
+    if now is None:
+        cursor.execute(_END_USER_SESSIONS_NOW, (why, user_id))
+    else:
+        cursor.execute(_END_USER_SESSIONS, (iso(now), why, user_id))
     return int(cursor.rowcount)
 
 
@@ -220,6 +225,12 @@ _LISTED = (
     's.expires_at, s.ended_at, s.ended_why FROM web_session AS s JOIN "user" AS u '
     "ON u.id = s.user_id"
 )
+_OPEN_NOW = "s.ended_at IS NULL AND s.idle_until > ? AND s.expires_at > ?"
+_ALL_SESSIONS = sql(f"{_LISTED} ORDER BY s.id")
+_USABLE_SESSIONS = sql(f"{_LISTED} WHERE {_OPEN_NOW} ORDER BY s.id")
+_OPEN_WITH_PREFIX = sql(f"{_LISTED} WHERE {_OPEN_NOW} AND substr(s.id_hash, 1, ?) = ?")
+_END_BY_ID = sql("UPDATE web_session SET ended_at = ?, ended_why = ? WHERE id = ?")
+_USER_ID = sql('SELECT id FROM "user" WHERE name = ?')
 
 
 def list_sessions(
@@ -228,14 +239,10 @@ def list_sessions(
     """The sessions usable at ``now`` (with ``include_unusable``, also the
     ended and expired ones still kept), oldest first."""
     if include_unusable:
-        rows = cursor.execute(f"{_LISTED} ORDER BY s.id").fetchall()
+        rows = cursor.execute(_ALL_SESSIONS).fetchall()
     else:
         stamp = iso(now)
-        rows = cursor.execute(
-            f"{_LISTED} WHERE s.ended_at IS NULL AND s.idle_until > ? AND s.expires_at > ? "
-            "ORDER BY s.id",
-            (stamp, stamp),
-        ).fetchall()
+        rows = cursor.execute(_USABLE_SESSIONS, (stamp, stamp)).fetchall()
     return [_row(row) for row in rows]
 
 
@@ -250,27 +257,20 @@ def end_session_by_prefix(cursor: sqlite3.Cursor, prefix: str, why: str, now: fl
             "(as 'session list' shows it)"
         )
     stamp = iso(now)
-    rows = cursor.execute(
-        f"{_LISTED} WHERE s.ended_at IS NULL AND s.idle_until > ? AND s.expires_at > ? "
-        "AND substr(s.id_hash, 1, ?) = ?",
-        (stamp, stamp, len(prefix), prefix),
-    ).fetchall()
+    rows = cursor.execute(_OPEN_WITH_PREFIX, (stamp, stamp, len(prefix), prefix)).fetchall()
     if not rows:
         raise SessionError(f"no open session {prefix}")
     if len(rows) > 1:
         raise SessionError(f"{len(rows)} open sessions start with {prefix}: give more of the ID")
     (row,) = rows
-    cursor.execute(
-        "UPDATE web_session SET ended_at = ?, ended_why = ? WHERE id = ?",
-        (stamp, why, row["id"]),
-    )
+    cursor.execute(_END_BY_ID, (stamp, why, row["id"]))
     return _row(row)
 
 
 def end_sessions_of(cursor: sqlite3.Cursor, name: str, why: str, now: float | None = None) -> int:
     """End every open session of user ``name``; how many
     (:class:`SessionError` if there is no such user)."""
-    row = cursor.execute('SELECT id FROM "user" WHERE name = ?', (name,)).fetchone()
+    row = cursor.execute(_USER_ID, (name,)).fetchone()
     if row is None:
         raise SessionError(f"no user {name!r}")
     return end_user_sessions(cursor, int(row["id"]), why, now)

@@ -1,4 +1,5 @@
-"""``GET /api/stats``: one-minute buckets of throughput, and weekly usage.
+"""``GET /api/stats``: one-minute buckets of throughput, and weekly usage;
+what ``/api/admin/nodes`` shows of each node (:func:`admin_listing`).
 
 Read from ``throughput_minute`` (written by
 :mod:`tasknet.site.storage.throughput` in each report's transaction) and
@@ -11,11 +12,14 @@ buckets cover every user.
 from __future__ import annotations
 
 import sqlite3
+from collections.abc import Iterable
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from tasknet.site.storage import throughput, views
-from tasknet.site.storage.engine.dialect import IN_ARRAY_SQL, array
+from tasknet.site.storage import node_sessions, reports, throughput, views
+from tasknet.site.storage.engine.sql import sql
+from tasknet.site.storage.engine.timestamps import iso, unix
 from tasknet.site.storage.usage import iso_week
 from tasknet.status import NodeCode, OperationState
 
@@ -27,7 +31,29 @@ USAGE_WEEKS = 8
 
 
 def _minute_start(minute: int) -> str:
-    return datetime.fromtimestamp(minute * BUCKET_SECONDS, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return iso(minute * BUCKET_SECONDS)
+
+
+_QUOTA_SQL = sql('SELECT quota FROM "user" WHERE id = ?')
+_WEEKS_SQL = sql("SELECT week, used FROM weekly_usage WHERE user_id = ? AND week {in_array}")
+_BUCKETS = (
+    "SELECT minute, node_id, SUM(bytes), SUM(completed) FROM throughput_minute"
+    " WHERE minute BETWEEN ? AND ?"
+)
+_BUCKETS_SQL = sql(f"{_BUCKETS} GROUP BY minute, node_id")
+_USER_BUCKETS_SQL = sql(f"{_BUCKETS} AND user_id = ? GROUP BY minute, node_id")
+_SEEN_SQL = sql("SELECT * FROM node_seen WHERE last_seen_at >= ? OR node_id {in_array}")
+_NODE_TASKS_SQL = sql(
+    "SELECT node_id, COUNT(*),"
+    " SUM(CASE WHEN status IS NOT DISTINCT FROM ?1 THEN 0 ELSE 1 END),"
+    " SUM(CASE WHEN status = ?2 AND queued = 1 THEN 1 ELSE 0 END),"
+    " SUM(CASE WHEN (status = ?2 AND queued = 0) OR status IN (?3, ?4) THEN 1 ELSE 0 END)"
+    " FROM gallery WHERE node_id {in_array:?5} GROUP BY node_id"
+)
+_RATES_SQL = sql(
+    "SELECT node_id, SUM(bytes) FROM throughput_minute"
+    " WHERE minute BETWEEN ? AND ? AND node_id {in_array} GROUP BY node_id"
+)
 
 
 def last_weeks(now: datetime, count: int = USAGE_WEEKS) -> list[str]:
@@ -37,13 +63,9 @@ def last_weeks(now: datetime, count: int = USAGE_WEEKS) -> list[str]:
 
 def weekly_usage(cursor: sqlite3.Cursor, user_id: int, weeks: list[str]) -> dict[str, Any]:
     """``{"quota", "weeks": [{"week", "used"}]}`` of ``user_id`` (zeros included)."""
-    quota = cursor.execute('SELECT quota FROM "user" WHERE id = ?', (user_id,)).fetchone()
+    quota = cursor.execute(_QUOTA_SQL, (user_id,)).fetchone()
     used = dict.fromkeys(weeks, 0)
-    for row in cursor.execute(
-        "SELECT week, used FROM weekly_usage WHERE user_id = ?"  # noqa: S608
-        f" AND week {IN_ARRAY_SQL}",
-        (user_id, array(weeks)),
-    ):
+    for row in cursor.execute(_WEEKS_SQL, (user_id, list(weeks))):
         used[row[0]] = int(row[1])
     return {
         "quota": int(quota[0]) if quota is not None else 0,
@@ -63,15 +85,10 @@ def stats(
     last = int(now // BUCKET_SECONDS)
     count = max(1, -(-window // BUCKET_SECONDS))
     first = last - count + 1
-    sql = (
-        "SELECT minute, node_id, SUM(bytes), SUM(completed) FROM throughput_minute"
-        " WHERE minute BETWEEN ? AND ?"
-    )
-    params: list[Any] = [first, last]
-    if scope_user is not None:
-        sql += " AND user_id = ?"
-        params.append(scope_user)
-    rows = cursor.execute(sql + " GROUP BY minute, node_id", params).fetchall()
+    if scope_user is None:
+        rows = cursor.execute(_BUCKETS_SQL, (first, last)).fetchall()
+    else:
+        rows = cursor.execute(_USER_BUCKETS_SQL, (first, last, scope_user)).fetchall()
     nodes = sorted({row[1] for row in rows})
     buckets = [
         {
@@ -111,15 +128,8 @@ def node_activity(
     compressing), ``bytesPerSecond`` (:func:`node_rates`: the same bytes as
     ``/api/stats``) and its ``node_seen`` row (``protocol``, ``features``,
     ``lastSeenAt``, ``lastReportAt``; None for a node never recorded)."""
-    since = throughput.iso(now - SEEN_DAYS * 86400)
-    seen = {
-        row["node_id"]: row
-        for row in cursor.execute(
-            "SELECT * FROM node_seen WHERE last_seen_at >= ?"  # noqa: S608
-            f" OR node_id {IN_ARRAY_SQL}",
-            (since, array(connected)),
-        )
-    }
+    since = iso(now - SEEN_DAYS * 86400)
+    seen = {row["node_id"]: row for row in cursor.execute(_SEEN_SQL, (since, list(connected)))}
     ids = sorted(set(connected) | set(seen))
     nodes: dict[str, dict[str, Any]] = {
         node_id: {
@@ -133,17 +143,13 @@ def node_activity(
         for node_id in ids
     }
     for node_id, assigned, active, queued, running in cursor.execute(
-        "SELECT node_id, COUNT(*),"  # noqa: S608
-        " SUM(CASE WHEN status IS NOT DISTINCT FROM ?1 THEN 0 ELSE 1 END),"
-        " SUM(CASE WHEN status = ?2 AND queued = 1 THEN 1 ELSE 0 END),"
-        " SUM(CASE WHEN (status = ?2 AND queued = 0) OR status IN (?3, ?4) THEN 1 ELSE 0 END)"
-        f" FROM gallery WHERE node_id {IN_ARRAY_SQL.replace('?', '?5')} GROUP BY node_id",
+        _NODE_TASKS_SQL,
         (
             throughput.COMPLETED,
             throughput.DOWNLOADING,
             int(NodeCode.WAITING_COMPRESSION),
             int(NodeCode.COMPRESSING),
-            array(ids),
+            ids,
         ),
     ):
         nodes[node_id]["assigned"] = int(assigned)
@@ -171,11 +177,7 @@ def node_rates(cursor: sqlite3.Cursor, ids: list[str], now: float) -> dict[str, 
     seconds = RATE_MINUTES * BUCKET_SECONDS
     return {
         row[0]: int(row[1]) / seconds
-        for row in cursor.execute(
-            "SELECT node_id, SUM(bytes) FROM throughput_minute"  # noqa: S608
-            f" WHERE minute BETWEEN ? AND ? AND node_id {IN_ARRAY_SQL} GROUP BY node_id",
-            (first, last_full, array(ids)),
-        )
+        for row in cursor.execute(_RATES_SQL, (first, last_full, list(ids)))
     }
 
 
@@ -195,7 +197,7 @@ def metrics_sample(cursor: sqlite3.Cursor) -> dict[str, dict[str, Any]]:
 
 #: Submissions that count against the quota although not metered (as
 #: ``usage.in_flight_cost`` counts them for one user).
-_QUOTA_USE_SQL = """
+_QUOTA_USE_SQL = sql("""
 SELECT u.name, u.quota, COALESCE(w.used, 0) + COALESCE(f.cost, 0) FROM "user" AS u
 LEFT JOIN weekly_usage AS w ON w.user_id = u.id AND w.week = ?
 LEFT JOIN (
@@ -203,7 +205,7 @@ LEFT JOIN (
     WHERE state IN (?, ?) AND metered = 0 GROUP BY user_id
 ) AS f ON f.user_id = u.id
 WHERE COALESCE(w.used, 0) + COALESCE(f.cost, 0) > 0
-"""
+""")
 
 
 def quota_use(cursor: sqlite3.Cursor, week: str | None = None) -> dict[str, tuple[int, int]]:
@@ -218,38 +220,54 @@ def quota_use(cursor: sqlite3.Cursor, week: str | None = None) -> dict[str, tupl
     }
 
 
+_UNFINISHED_SQL = sql(
+    "SELECT g.node_id, COUNT(*), COALESCE(s.last_report_at, s.last_seen_at) FROM gallery AS g"
+    " LEFT JOIN node_seen AS s ON s.node_id = g.node_id"
+    " WHERE g.node_id IS NOT NULL AND g.status IS DISTINCT FROM ?"
+    " GROUP BY g.node_id, s.last_report_at, s.last_seen_at"
+)
+
+
 def unfinished_by_node(cursor: sqlite3.Cursor) -> dict[str, tuple[int, float | None]]:
     """``{node: (tasks not completed, unix time of its last applied report)}``
     of each node holding tasks that are not completed; before its first
     report, the time it was last seen (None: never recorded)."""
     found: dict[str, tuple[int, float | None]] = {}
-    for node_id, count, reported in cursor.execute(
-        "SELECT g.node_id, COUNT(*), COALESCE(s.last_report_at, s.last_seen_at) FROM gallery AS g"
-        " LEFT JOIN node_seen AS s ON s.node_id = g.node_id"
-        " WHERE g.node_id IS NOT NULL AND g.status IS DISTINCT FROM ?"
-        " GROUP BY g.node_id, s.last_report_at, s.last_seen_at",
-        (throughput.COMPLETED,),
-    ):
-        found[str(node_id)] = (int(count), _unix_seconds(reported))
+    for node_id, count, reported in cursor.execute(_UNFINISHED_SQL, (throughput.COMPLETED,)):
+        found[str(node_id)] = (int(count), unix(reported))
     return found
 
 
-def _unix_seconds(timestamp: str | None) -> float | None:
-    if not timestamp:
-        return None
-    try:
-        return datetime.fromisoformat(timestamp.replace("Z", "+00:00")).timestamp()
-    except ValueError:
-        return None
+_INSTANCE_COUNTS_SQL = sql(
+    "SELECT COALESCE(SUM(CASE WHEN reaped_at IS NOT NULL THEN 1 ELSE 0 END), 0),"
+    " COALESCE(SUM(CASE WHEN reaped_at IS NULL AND ended_at IS NOT NULL THEN 1 ELSE 0 END), 0),"
+    " COALESCE(SUM(CASE WHEN reaped_at IS NULL AND ended_at IS NULL THEN 1 ELSE 0 END), 0)"
+    " FROM site_instance"
+)
 
 
 def instance_counts(cursor: sqlite3.Cursor) -> dict[str, int]:
     """The ``site_instance`` rows by status: ``open`` (neither ended nor
     reaped), ``ended`` (stopped cleanly) and ``reaped`` (found gone)."""
-    row = cursor.execute(
-        "SELECT COALESCE(SUM(CASE WHEN reaped_at IS NOT NULL THEN 1 ELSE 0 END), 0),"
-        " COALESCE(SUM(CASE WHEN reaped_at IS NULL AND ended_at IS NOT NULL THEN 1 ELSE 0 END), 0),"
-        " COALESCE(SUM(CASE WHEN reaped_at IS NULL AND ended_at IS NULL THEN 1 ELSE 0 END), 0)"
-        " FROM site_instance"
-    ).fetchone()
+    row = cursor.execute(_INSTANCE_COUNTS_SQL).fetchone()
     return {"reaped": int(row[0]), "ended": int(row[1]), "open": int(row[2])}
+
+
+@dataclass(frozen=True)
+class NodeListing:
+    """What ``/api/admin/nodes`` is made of, read in one snapshot."""
+
+    holders: dict[str, node_sessions.Holder]
+    activity: dict[str, dict[str, Any]]
+    dropped: dict[str, dict[str, int]]
+
+
+def admin_listing(cursor: sqlite3.Cursor, now: float, also: Iterable[str] = ()) -> NodeListing:
+    """The connected nodes of every site (:func:`node_sessions.holders
+    <tasknet.site.storage.node_sessions.holders>`), and the activity and drop
+    counts of those, of the nodes ``also`` (connected here, not yet
+    recorded) and of the nodes seen lately (:func:`node_activity`)."""
+    held = {h.node_id: h for h in node_sessions.holders(cursor)}
+    activity = node_activity(cursor, sorted(set(held) | set(also)), now)
+    dropped = reports.dropped_entries_by_node(cursor, list(activity))
+    return NodeListing(held, activity, dropped)

@@ -22,10 +22,13 @@ site's clock when it is applied:
   node cannot roll its task back and complete it again to count its
   completion and bytes twice.
 
-:func:`record_report` is called once per applied report from
-``tasknet/site/storage/reports.py``; :func:`record_node_seen` when a node
-logs in or goes away.  Every function takes the cursor of the caller's
-transaction and ``now`` (unix seconds) for tests.
+:func:`sample_reports` is called by ``tasknet/site/storage/reports.py`` in
+the transaction that applies the reports, with their changed entries: it
+writes the buckets and counters and answers each task's new sample columns,
+which the report's own ``UPDATE`` of the task writes;
+:func:`record_node_seen` is called when a node logs in or goes away.  Every
+function takes the cursor of the caller's transaction and ``now`` (unix
+seconds) for tests.
 """
 
 from __future__ import annotations
@@ -35,10 +38,10 @@ import math
 import sqlite3
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from datetime import UTC, datetime
 from typing import Any, Protocol
 
-from tasknet.site.storage.engine.dialect import IN_ARRAY_SQL, array
+from tasknet.site.storage.engine.sql import sql
+from tasknet.site.storage.engine.timestamps import iso
 from tasknet.status import NodeCode
 
 SMOOTHING_SECONDS = 10.0
@@ -59,12 +62,6 @@ class Entry(Protocol):
 
     @property
     def progress(self) -> float: ...
-
-
-def iso(seconds: float) -> str:
-    """Unix seconds as the ISO 8601 UTC text the API uses (milliseconds)."""
-    moment = datetime.fromtimestamp(seconds, UTC)
-    return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{moment.microsecond // 1000:03d}Z"
 
 
 def bytes_done(status: int | None, progress: float, size: int | None) -> int | None:
@@ -97,74 +94,32 @@ def eta(size: int | None, done: int | None, speed: float | None) -> int | None:
     return math.ceil(max(0, size - done) / speed)
 
 
-_SAMPLE_ROWS_SQL = f"""
-SELECT gid, user_id, size, speed, sampled_at, moved_at FROM gallery
-WHERE gid {IN_ARRAY_SQL}
-"""  # noqa: S608
-_SAMPLE_SQL = (
-    "UPDATE gallery SET speed = ?, sampled_at = ?, moved_at = ?,"
-    " completed_at = COALESCE(completed_at, ?) WHERE gid = ?"
-)
-_MINUTE_SQL = """
+_MINUTE_SQL = sql("""
 INSERT INTO throughput_minute (minute, node_id, user_id, bytes, completed) VALUES (?, ?, ?, ?, ?)
 ON CONFLICT (minute, node_id, user_id) DO UPDATE SET
     bytes = throughput_minute.bytes + excluded.bytes,
     completed = throughput_minute.completed + excluded.completed
-"""
-_NODE_BYTES_SQL = """
+""")
+_NODE_BYTES_SQL = sql("""
 INSERT INTO node_bytes (node_id, bytes) VALUES (?, ?)
 ON CONFLICT (node_id) DO UPDATE SET bytes = node_bytes.bytes + excluded.bytes
-"""
-_REPORTED_SQL = """
+""")
+_REPORTED_SQL = sql("""
 INSERT INTO node_seen (node_id, last_seen_at, last_report_at) VALUES (?1, ?2, ?2)
 ON CONFLICT (node_id) DO UPDATE SET last_seen_at = ?2, last_report_at = ?2
-"""
+""")
+_PRUNE_MINUTES_SQL = sql("DELETE FROM throughput_minute WHERE minute < ?")
+_NODE_SEEN_SQL = sql(
+    "INSERT INTO node_seen (node_id, protocol, features, connected_at, last_seen_at)"
+    " VALUES (?1, ?2, ?3, ?4, ?5)"
+    " ON CONFLICT (node_id) DO UPDATE SET protocol = ?2, features = ?3,"
+    " connected_at = ?4, last_seen_at = ?5"
+)
+_NODE_BYTE_TOTALS_SQL = sql("SELECT node_id, bytes FROM node_bytes")
 
 # Per database file would be exact; per process is enough to prune about
 # once a minute (pruning is idempotent).
 _last_pruned_minute = -1
-
-
-def record_report(
-    cursor: sqlite3.Cursor,
-    node_id: str,
-    applied: Iterable[int],
-    entries: Mapping[int, Entry],
-    before: Mapping[int, Any],
-    now: float | None = None,
-) -> None:
-    """Sample the applied entries of one report from ``node_id``.
-
-    ``entries`` are the report's entries by gid, ``before`` the task rows as
-    they were before the report (``status`` and ``progress``).  Only tasks
-    whose status changed, or that are downloading and whose progress moved,
-    are sampled: a snapshot repeats every finished task and every queued
-    download that has not moved, and those write nothing (BENCH B1: most
-    entries of a snapshot).  A stalled download keeps its last sample; views
-    hide its speed once it has not moved for :data:`STALL_SECONDS`, and its
-    next movement is averaged over the whole time since that sample.
-    """
-    record_reports(cursor, [(node_id, applied, entries, before)], now)
-
-
-def record_reports(
-    cursor: sqlite3.Cursor,
-    reports: Sequence[tuple[str, Iterable[int], Mapping[int, Entry], Mapping[int, Any]]],
-    now: float | None = None,
-) -> None:
-    """:func:`record_report` for several ``(node_id, applied, entries,
-    before)`` at once, with one statement per kind of write for all of them
-    (group commit: the batch's reports share them).  The same as recording
-    them one after the other, provided no gid is in two of them (as in a run
-    of :func:`~tasknet.site.storage.reports.apply_reports`): the sums per
-    minute, node and user add up the same either way."""
-    sampled = _sampled(reports)
-    rows: dict[int, Any] = {}
-    if sampled:
-        rows = {row["gid"]: row for row in cursor.execute(_SAMPLE_ROWS_SQL, (array(sampled),))}
-    samples = sample_reports(cursor, reports, rows, now)
-    if samples:
-        cursor.executemany(_SAMPLE_SQL, [(*sample, gid) for gid, sample in samples.items()])
 
 
 #: A task's new ``(speed, sampled_at, moved_at, completed_at)``, the last
@@ -175,7 +130,13 @@ Sample = tuple[float | None, float | None, float | None, str | None]
 def _sampled(
     reports: Sequence[tuple[str, Iterable[int], Mapping[int, Entry], Mapping[int, Any]]],
 ) -> dict[int, tuple[str, Entry, Any]]:
-    """The applied entries that are samples (see :func:`record_report`)."""
+    """The entries that are samples: a task whose status changed, or a
+    download whose progress moved.  A snapshot repeats every finished task
+    and every queued download that has not moved, and those write nothing
+    (BENCH B1: most entries of a snapshot).  A stalled download keeps its
+    last sample; views hide its speed once it has not moved for
+    :data:`STALL_SECONDS`, and its next movement is averaged over the whole
+    time since that sample."""
     sampled: dict[int, tuple[str, Entry, Any]] = {}
     for node_id, applied, entries, before in reports:
         for g in applied:
@@ -193,14 +154,19 @@ def sample_reports(
     rows: Mapping[int, Any],
     now: float | None = None,
 ) -> dict[int, Sample]:
-    """:func:`record_reports` but for the tasks' own sample columns, which it
-    returns by gid for the caller to write with its own ``UPDATE`` of each
-    row (the report path: one statement per changed task, not two).  The
-    report path passes each report's changed entries, not all its applied
-    ones: a sample is a change, and a snapshot is mostly unchanged.  ``rows``
-    are the sampled tasks' rows before the reports (``gid``, ``user_id``,
-    ``size``, ``speed``, ``sampled_at``, ``moved_at``); every other write
-    (node seen, minute buckets, node bytes) is done here."""
+    """Sample ``reports``, each ``(node_id, gids, entries, before)``: the
+    report's changed gids, its entries by gid, and the task rows as they
+    were before the reports (``status`` and ``progress``).  Returns each
+    sampled task's new sample columns by gid, for the caller to write with
+    its own ``UPDATE`` of the row (the report path: one statement per
+    changed task, not two); every other write (node seen, minute buckets,
+    node bytes) is done here, one statement per kind for all the reports
+    (group commit: the batch's reports share them).  ``rows`` are the
+    sampled tasks' rows before the reports (``gid``, ``user_id``, ``size``,
+    ``speed``, ``sampled_at``, ``moved_at``).  The same as sampling the
+    reports one after the other, provided no gid is in two of them (as in a
+    run of :func:`~tasknet.site.storage.reports.apply_reports`): the sums
+    per minute, node and user add up the same either way."""
     global _last_pruned_minute
     now = time.time() if now is None else now
     stamp = iso(now)
@@ -238,7 +204,7 @@ def sample_reports(
     if node_bytes:
         cursor.executemany(_NODE_BYTES_SQL, node_bytes)
     if minute != _last_pruned_minute:
-        cursor.execute("DELETE FROM throughput_minute WHERE minute < ?", (minute - KEEP_MINUTES,))
+        cursor.execute(_PRUNE_MINUTES_SQL, (minute - KEEP_MINUTES,))
         _last_pruned_minute = minute
     return samples
 
@@ -276,14 +242,11 @@ def record_node_seen(
     """A node logged in (``connected``) or went away."""
     stamp = iso(time.time() if now is None else now)
     cursor.execute(
-        "INSERT INTO node_seen (node_id, protocol, features, connected_at, last_seen_at)"
-        " VALUES (?1, ?2, ?3, ?4, ?5)"
-        " ON CONFLICT (node_id) DO UPDATE SET protocol = ?2, features = ?3,"
-        " connected_at = ?4, last_seen_at = ?5",
+        _NODE_SEEN_SQL,
         (node_id, protocol, json.dumps(list(features)), stamp if connected else None, stamp),
     )
 
 
 def node_byte_totals(cursor: sqlite3.Cursor) -> dict[str, int]:
     """Bytes downloaded per node since the database was created (metrics)."""
-    return {row[0]: int(row[1]) for row in cursor.execute("SELECT node_id, bytes FROM node_bytes")}
+    return {row[0]: int(row[1]) for row in cursor.execute(_NODE_BYTE_TOTALS_SQL)}

@@ -9,6 +9,8 @@ from datetime import UTC, datetime
 from typing import Any
 
 from tasknet.site.storage.engine.errors import TaskError
+from tasknet.site.storage.engine.sql import sql
+from tasknet.site.storage.engine.timestamps import parse
 from tasknet.status import OperationState
 
 
@@ -23,20 +25,30 @@ def week_of_timestamp(timestamp: str | None) -> str:
     """The ISO week of one of our stored UTC timestamps (now if unparsable)."""
     if timestamp:
         try:
-            return iso_week(datetime.fromisoformat(timestamp.replace("Z", "+00:00")))
+            return iso_week(parse(timestamp))
         except ValueError:
             pass
     return iso_week()
 
 
+_USAGE = sql(
+    'SELECT u.quota, COALESCE(w.used, 0) AS used FROM "user" AS u '
+    "LEFT JOIN weekly_usage AS w ON w.user_id = u.id AND w.week = ? WHERE u.id = ?"
+)
+_IN_FLIGHT = sql(
+    "SELECT COALESCE(SUM(cost), 0) FROM task_operation"
+    " WHERE user_id = ? AND state IN (?, ?) AND metered = 0"
+)
+_METER = sql(
+    "INSERT INTO weekly_usage (user_id, week, used) VALUES (?, ?, ?) "
+    "ON CONFLICT (user_id, week) DO UPDATE SET used = weekly_usage.used + excluded.used"
+)
+
+
 def usage(cursor: sqlite3.Cursor, user_id: int, week: str | None = None) -> dict[str, Any]:
     """``{"week", "used", "quota"}`` of ``user_id`` for ``week`` (default: this week)."""
     week = week or iso_week()
-    row = cursor.execute(
-        'SELECT u.quota, COALESCE(w.used, 0) AS used FROM "user" AS u '
-        "LEFT JOIN weekly_usage AS w ON w.user_id = u.id AND w.week = ? WHERE u.id = ?",
-        (week, user_id),
-    ).fetchone()
+    row = cursor.execute(_USAGE, (week, user_id)).fetchone()
     if row is None:
         raise TaskError("not_found", f"no user {user_id}")
     return {"week": week, "used": int(row["used"]), "quota": int(row["quota"])}
@@ -49,17 +61,11 @@ def in_flight_cost(cursor: sqlite3.Cursor, user_id: int) -> int:
     whatever its week (the upstream may have charged it; until an operator
     resolves it, it counts as spent)."""
     row = cursor.execute(
-        "SELECT COALESCE(SUM(cost), 0) FROM task_operation"
-        " WHERE user_id = ? AND state IN (?, ?) AND metered = 0",
-        (user_id, OperationState.SUBMITTING.value, OperationState.UNKNOWN.value),
+        _IN_FLIGHT, (user_id, OperationState.SUBMITTING.value, OperationState.UNKNOWN.value)
     ).fetchone()
     return int(row[0])
 
 
 def meter(cursor: sqlite3.Cursor, user_id: int, week: str, cost: int) -> None:
     """Add ``cost`` to ``user_id``'s usage of ``week``."""
-    cursor.execute(
-        "INSERT INTO weekly_usage (user_id, week, used) VALUES (?, ?, ?) "
-        "ON CONFLICT (user_id, week) DO UPDATE SET used = weekly_usage.used + excluded.used",
-        (user_id, week, cost),
-    )
+    cursor.execute(_METER, (user_id, week, cost))

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from tasknet.protocol.messages import NODE_ID
 from tasknet.site.storage import sessions
-from tasknet.site.storage.engine.dialect import NOW_SQL
+from tasknet.site.storage.engine.sql import sql
 
 #: The weekly quota of a new user when no site has recorded its
 #: ``--default-quota`` in this database yet.
@@ -76,6 +76,20 @@ def _user(row: sqlite3.Row) -> User:
     )
 
 
+_INSERT_USER = sql(
+    'INSERT INTO "user" (name, token_hash, is_admin, quota) VALUES (?, ?, ?, ?)'
+    " ON CONFLICT DO NOTHING"
+)
+_USER_NAMED = sql('SELECT * FROM "user" WHERE name = ?')
+_USER_BY_TOKEN = sql('SELECT * FROM "user" WHERE token_hash = ? AND disabled_at IS NULL')
+_ENABLED_USER = sql('SELECT * FROM "user" WHERE id = ? AND disabled_at IS NULL')
+_USERS = sql('SELECT * FROM "user" ORDER BY id')
+_SET_QUOTA = sql('UPDATE "user" SET quota = ? WHERE name = ?')
+_SET_TOKEN = sql('UPDATE "user" SET token_hash = ? WHERE name = ?')
+_DISABLE = sql('UPDATE "user" SET disabled_at = {now} WHERE id = ?')
+_ENABLE = sql('UPDATE "user" SET disabled_at = NULL WHERE id = ?')
+
+
 def create_user(
     cursor: sqlite3.Cursor,
     name: str,
@@ -95,11 +109,7 @@ def create_user(
         raise UserError("token must not be empty")
     # ON CONFLICT, not a caught IntegrityError: on PostgreSQL a failed
     # statement would abort the whole transaction.
-    cursor.execute(
-        'INSERT INTO "user" (name, token_hash, is_admin, quota) VALUES (?, ?, ?, ?)'
-        " ON CONFLICT DO NOTHING",
-        (name, hash_token(token), int(admin), quota),
-    )
+    cursor.execute(_INSERT_USER, (name, hash_token(token), int(admin), quota))
     if cursor.rowcount != 1:
         raise UserError(f"user {name!r} already exists (or the token is taken)")
     user = get_user(cursor, name)
@@ -108,16 +118,14 @@ def create_user(
 
 
 def get_user(cursor: sqlite3.Cursor, name: str) -> User | None:
-    row = cursor.execute('SELECT * FROM "user" WHERE name = ?', (name,)).fetchone()
+    row = cursor.execute(_USER_NAMED, (name,)).fetchone()
     return None if row is None else _user(row)
 
 
 def user_by_token(cursor: sqlite3.Cursor, token: str) -> User | None:
     """The enabled user whose API token is ``token``, or None (a disabled
     user's token authenticates nothing)."""
-    row = cursor.execute(
-        'SELECT * FROM "user" WHERE token_hash = ? AND disabled_at IS NULL', (hash_token(token),)
-    ).fetchone()
+    row = cursor.execute(_USER_BY_TOKEN, (hash_token(token),)).fetchone()
     return None if row is None else _user(row)
 
 
@@ -129,21 +137,19 @@ def user_by_session(
     session = sessions.active_session(cursor, id_hash, now)
     if session is None:
         return None
-    row = cursor.execute(
-        'SELECT * FROM "user" WHERE id = ? AND disabled_at IS NULL', (session.user_id,)
-    ).fetchone()
+    row = cursor.execute(_ENABLED_USER, (session.user_id,)).fetchone()
     return None if row is None else (_user(row), session)
 
 
 def list_users(cursor: sqlite3.Cursor) -> list[User]:
-    return [_user(row) for row in cursor.execute('SELECT * FROM "user" ORDER BY id').fetchall()]
+    return [_user(row) for row in cursor.execute(_USERS).fetchall()]
 
 
 def set_quota(cursor: sqlite3.Cursor, name: str, quota: int) -> User:
     """Set ``name``'s weekly quota (cost units)."""
     if isinstance(quota, bool) or not isinstance(quota, int) or quota < 0:
         raise UserError(f"quota must be a non-negative integer, got {quota!r}")
-    cursor.execute('UPDATE "user" SET quota = ? WHERE name = ?', (quota, name))
+    cursor.execute(_SET_QUOTA, (quota, name))
     if cursor.rowcount != 1:
         raise UserError(f"no user {name!r}")
     user = get_user(cursor, name)
@@ -152,7 +158,7 @@ def set_quota(cursor: sqlite3.Cursor, name: str, quota: int) -> User:
 
 
 def _replace_token(cursor: sqlite3.Cursor, name: str, token: str, why: str) -> None:
-    cursor.execute('UPDATE "user" SET token_hash = ? WHERE name = ?', (hash_token(token), name))
+    cursor.execute(_SET_TOKEN, (hash_token(token), name))
     if cursor.rowcount != 1:
         raise UserError(f"no user {name!r}")
     user = get_user(cursor, name)
@@ -195,10 +201,7 @@ def disable_user(cursor: sqlite3.Cursor, name: str) -> tuple[User, int | None]:
     user = _existing(cursor, name)
     if user.disabled:
         return user, None
-    cursor.execute(
-        f'UPDATE "user" SET disabled_at = {NOW_SQL} WHERE id = ?',  # noqa: S608
-        (user.id,),
-    )
+    cursor.execute(_DISABLE, (user.id,))
     ended = sessions.end_user_sessions(cursor, user.id, "user disabled")
     return _existing(cursor, name), ended
 
@@ -210,17 +213,26 @@ def enable_user(cursor: sqlite3.Cursor, name: str) -> tuple[User, bool]:
     user = _existing(cursor, name)
     if not user.disabled:
         return user, False
-    cursor.execute('UPDATE "user" SET disabled_at = NULL WHERE id = ?', (user.id,))
+    cursor.execute(_ENABLE, (user.id,))
     return _existing(cursor, name), True
 
 
 #: A task of a user that is not its ``DELETED`` tombstone: it keeps the user.
-_LIVE_TASKS_SQL = """
+_LIVE_TASKS_SQL = sql("""
 SELECT (SELECT count(*) FROM gallery WHERE user_id = ?1)
      + (SELECT count(*) FROM task_operation AS o
         WHERE o.user_id = ?1 AND o.state <> 'DELETED'
           AND NOT EXISTS (SELECT 1 FROM gallery AS g WHERE g.gid = o.gid))
-"""
+""")
+_DISOWN_TOMBSTONES = sql(
+    "UPDATE task_operation SET user_id = NULL WHERE user_id = ? AND state = 'DELETED'"
+)
+#: What goes with a removed user.
+_REMOVE_ROWS_OF = [
+    sql(f"DELETE FROM {table} WHERE user_id = ?")  # noqa: S608 (our table names)
+    for table in ("web_session", "favorite", "weekly_usage")
+]
+_REMOVE_USER = sql('DELETE FROM "user" WHERE id = ?')
 
 
 def live_task_count(cursor: sqlite3.Cursor, user_id: int) -> int:
@@ -243,13 +255,10 @@ def remove_user(cursor: sqlite3.Cursor, name: str) -> User:
             f"user {name!r} has {live} live task(s): delete them first (or 'user disable"
             f" {name}' to lock the user out and keep its tasks); nothing changed"
         )
-    cursor.execute(
-        "UPDATE task_operation SET user_id = NULL WHERE user_id = ? AND state = 'DELETED'",
-        (user.id,),
-    )
-    for table in ("web_session", "favorite", "weekly_usage"):
-        cursor.execute(f"DELETE FROM {table} WHERE user_id = ?", (user.id,))  # noqa: S608
-    cursor.execute('DELETE FROM "user" WHERE id = ?', (user.id,))
+    cursor.execute(_DISOWN_TOMBSTONES, (user.id,))
+    for remove in _REMOVE_ROWS_OF:
+        cursor.execute(remove, (user.id,))
+    cursor.execute(_REMOVE_USER, (user.id,))
     return user
 
 
@@ -259,6 +268,11 @@ def remove_user(cursor: sqlite3.Cursor, name: str) -> User:
 # share its database (schema v4; a database the site has not yet upgraded
 # simply has no setting).
 _DEFAULT_QUOTA_SETTING = "default_quota"
+_SET_SETTING = sql(
+    "INSERT INTO site_setting (name, value) VALUES (?, ?) "
+    "ON CONFLICT (name) DO UPDATE SET value = excluded.value"
+)
+_SETTING = sql("SELECT value FROM site_setting WHERE name = ?")
 
 
 def set_default_quota(cursor: sqlite3.Cursor, quota: int) -> None:
@@ -266,20 +280,14 @@ def set_default_quota(cursor: sqlite3.Cursor, quota: int) -> None:
     the quota ``tasknet-admin user add`` gives when no ``--quota`` is given."""
     if isinstance(quota, bool) or not isinstance(quota, int) or quota < 0:
         raise UserError(f"default quota must be a non-negative integer, got {quota!r}")
-    cursor.execute(
-        "INSERT INTO site_setting (name, value) VALUES (?, ?) "
-        "ON CONFLICT (name) DO UPDATE SET value = excluded.value",
-        (_DEFAULT_QUOTA_SETTING, str(quota)),
-    )
+    cursor.execute(_SET_SETTING, (_DEFAULT_QUOTA_SETTING, str(quota)))
 
 
 def default_quota(cursor: sqlite3.Cursor) -> int:
     """The quota of a new user: the ``--default-quota`` of the site's last
     start, else :data:`DEFAULT_QUOTA`."""
     try:
-        row = cursor.execute(
-            "SELECT value FROM site_setting WHERE name = ?", (_DEFAULT_QUOTA_SETTING,)
-        ).fetchone()
+        row = cursor.execute(_SETTING, (_DEFAULT_QUOTA_SETTING,)).fetchone()
     except sqlite3.OperationalError as e:
         if "no such table" in str(e):
             return DEFAULT_QUOTA
@@ -289,13 +297,17 @@ def default_quota(cursor: sqlite3.Cursor) -> int:
 
 # Node keys (in addition to --node-key options) --------------------------------
 
+_NODE_KEYS = sql("SELECT node_id, secret FROM node_key ORDER BY node_id")
+_SET_NODE_KEY = sql(
+    "INSERT INTO node_key (node_id, secret) VALUES (?, ?) "
+    "ON CONFLICT (node_id) DO UPDATE SET secret = excluded.secret"
+)
+_REMOVE_NODE_KEY = sql("DELETE FROM node_key WHERE node_id = ?")
+
 
 def node_keys(cursor: sqlite3.Cursor) -> dict[str, str]:
     """``{node_id: secret}`` from the ``node_key`` table."""
-    return {
-        row["node_id"]: row["secret"]
-        for row in cursor.execute("SELECT node_id, secret FROM node_key ORDER BY node_id")
-    }
+    return {row["node_id"]: row["secret"] for row in cursor.execute(_NODE_KEYS)}
 
 
 def add_node_key(cursor: sqlite3.Cursor, node_id: str, secret: str | None = None) -> str:
@@ -303,14 +315,10 @@ def add_node_key(cursor: sqlite3.Cursor, node_id: str, secret: str | None = None
     if not NODE_ID_PATTERN.fullmatch(node_id):
         raise UserError(f"node id must match {NODE_ID_PATTERN.pattern}, got {node_id!r}")
     secret = secret if secret else secrets.token_hex(16)
-    cursor.execute(
-        "INSERT INTO node_key (node_id, secret) VALUES (?, ?) "
-        "ON CONFLICT (node_id) DO UPDATE SET secret = excluded.secret",
-        (node_id, secret),
-    )
+    cursor.execute(_SET_NODE_KEY, (node_id, secret))
     return secret
 
 
 def remove_node_key(cursor: sqlite3.Cursor, node_id: str) -> bool:
-    cursor.execute("DELETE FROM node_key WHERE node_id = ?", (node_id,))
+    cursor.execute(_REMOVE_NODE_KEY, (node_id,))
     return cursor.rowcount == 1

@@ -10,13 +10,14 @@ computed by :mod:`tasknet.site.storage.throughput` from the row.
 Nothing here writes, and nothing here imports the outbox: the outbox builds
 its payloads from these views.
 
-Reading one task's rows (shared by every task module):
+Reading one task's rows (shared by every task module): the gid range,
+the ``gallery`` and ``task_operation`` row of a gid, and the owner check
+that makes another user's task look missing.
 
-Reading one task's rows: the gid range, the ``gallery`` and
-``task_operation`` row of a gid, and the owner check that makes another
-user's task look missing (the SQL timestamp is ``dialect.NOW_SQL``).
-
-Read-only helpers shared by every task module; nothing here writes.
+A page of the task list is composed of fragments rendered at import
+(:func:`~tasknet.site.storage.engine.sql.fragment`): its filters, and per
+order its sort key, keyset condition and ``ORDER BY``.  The name search
+ignores ASCII case only, alike on both engines (``{ilike}``).
 """
 
 from __future__ import annotations
@@ -28,13 +29,13 @@ import sqlite3
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
-from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
 from tasknet.site.storage import throughput
-from tasknet.site.storage.engine.dialect import IN_ARRAY_SQL, array
 from tasknet.site.storage.engine.errors import TaskError
+from tasknet.site.storage.engine.sql import EMPTY, Sql, fragment, sql
+from tasknet.site.storage.engine.timestamps import iso, unix
 from tasknet.status import NodeCode, OperationState, TaskStatus, display_status
 
 _DOWNLOADING = int(NodeCode.DOWNLOADING)
@@ -43,7 +44,7 @@ _DOWNLOADING = int(NodeCode.DOWNLOADING)
 # with its generation, if any) or, when the task row is gone, the bare
 # ``task_operation`` row (a tombstone).  ``owner`` is the user id of the
 # gallery row, else of the operation row.  ``{match}`` is "= ?1" for one gid
-# or a json_each over a JSON array for many: the same columns, the same
+# or ``{in_array:?1}`` for a list of them: the same columns, the same
 # row→dict code.
 #
 # ``node_connected`` is 1 while a live site holds the task's node
@@ -72,8 +73,8 @@ SELECT o.gid, '', o.user_id, NULL, 0, NULL,
 FROM task_operation AS o
 WHERE o.gid {match} AND NOT EXISTS (SELECT 1 FROM gallery AS g WHERE g.gid = o.gid)
 """
-_VIEW_ONE_SQL = _VIEWS_SQL.format(match="= ?1")
-_VIEW_MANY_SQL = _VIEWS_SQL.format(match=IN_ARRAY_SQL.replace("?", "?1"))
+_VIEW_ONE_SQL = sql(_VIEWS_SQL.format(match="= ?1"))
+_VIEW_MANY_SQL = sql(_VIEWS_SQL.format(match="{in_array:?1}"))
 
 
 def gone_view(gid: int, state: str | None = None, **known: Any) -> dict[str, Any]:
@@ -119,15 +120,6 @@ STALL_AFTER_SECONDS = 60.0
 _MOVING = frozenset({TaskStatus.DOWNLOADING, TaskStatus.COMPRESSING})
 
 
-def _unix(timestamp: str | None) -> float | None:
-    if not timestamp:
-        return None
-    try:
-        return datetime.fromisoformat(timestamp.replace("Z", "+00:00")).timestamp()
-    except ValueError:
-        return None
-
-
 def _last_moved(
     status: TaskStatus, moved_at: float | None, sampled_at: float | None, updated_at: str | None
 ) -> float | None:
@@ -137,7 +129,7 @@ def _last_moved(
         for moment in (moved_at, sampled_at):
             if moment is not None:
                 return float(moment)
-    return _unix(updated_at)
+    return unix(updated_at)
 
 
 def stalled_since(
@@ -155,7 +147,7 @@ def stalled_since(
     last = _last_moved(status, moved_at, sampled_at, updated_at)
     if last is None or now - last < STALL_AFTER_SECONDS:
         return None
-    return throughput.iso(last)
+    return iso(last)
 
 
 def _view_of_row(row: sqlite3.Row) -> dict[str, Any] | None:
@@ -240,7 +232,7 @@ def task_views_and_owners(
     if len(wanted) == 1:
         rows = cursor.execute(_VIEW_ONE_SQL, (wanted[0],))
     else:
-        rows = cursor.execute(_VIEW_MANY_SQL, (array(wanted),))
+        rows = cursor.execute(_VIEW_MANY_SQL, (wanted,))
     return {row[0]: (_view_of_row(row), row[2]) for row in rows}
 
 
@@ -352,6 +344,67 @@ _KEYED: dict[Order, tuple[str, bool, bool]] = {
     Order.STATUS: (_STATUS_RANK_SQL, False, True),
 }
 
+_TASKS = "FROM gallery AS g LEFT JOIN task_operation AS o ON o.gid = g.gid"
+
+
+@dataclass(frozen=True)
+class _Page:
+    """The fragments of one order's page: the select (its sort key), the
+    keyset condition after the previous page's last task, and the tail."""
+
+    select: Sql
+    after: Sql
+    tail: Sql
+
+
+def _page(key: str, after: str, order: str) -> _Page:
+    return _Page(
+        fragment(f"SELECT g.gid, {key} AS sort_key {_TASKS}"),  # noqa: S608 (constant text)
+        fragment(after),
+        fragment(f" ORDER BY {order} LIMIT ?"),
+    )
+
+
+def _keyed_page(key: str, key_desc: bool, gid_desc: bool) -> _Page:
+    than, gid_than = "<" if key_desc else ">", "<" if gid_desc else ">"
+    return _page(
+        key,
+        f"({key} {than} ? OR ({key} = ? AND g.gid {gid_than} ?))",
+        f"{key} {'DESC' if key_desc else 'ASC'}, g.gid {'DESC' if gid_desc else 'ASC'}",
+    )
+
+
+_PAGES: dict[Order, _Page] = {
+    Order.NEWEST: _page(
+        "g.created_at", "(g.created_at, g.gid) < (?, ?)", "g.created_at DESC, g.gid DESC"
+    ),
+    Order.OLDEST: _page("g.created_at", "(g.created_at, g.gid) > (?, ?)", "g.created_at, g.gid"),
+    Order.GID: _page("g.created_at", "g.gid > ?", "g.gid"),
+    **{order: _keyed_page(*keyed) for order, keyed in _KEYED.items()},
+}
+
+# The filters, each a condition of its own.
+_OWNED_BY = fragment("g.user_id = ?")
+_STATUS_IN = fragment(f"{_STATUS_KEY_SQL} {{in_array}}")
+# The name ignoring ASCII case, the gid in decimal (digits: no case to ignore).
+_TEXT_IN = fragment("(g.name {ilike} ? ESCAPE '\\' OR CAST(g.gid AS TEXT) LIKE ? ESCAPE '\\')")
+_FAVORITE_OF = fragment(
+    "EXISTS (SELECT 1 FROM favorite AS f WHERE f.user_id = ? AND f.gid = g.gid)"
+)
+_ON_NODE = fragment("g.node_id = ?")
+_WHERE = fragment(" WHERE ")
+_AND = fragment(" AND ")
+_COUNT = fragment(f"SELECT COUNT(*) {_TASKS}")  # noqa: S608 (constant text)
+_COUNT_BY_STATUS = fragment(
+    f"SELECT o.state, g.status, {_FAILED_SQL}, COALESCE(g.queued, 0), COUNT(*) {_TASKS}"  # noqa: S608
+)
+_BY_STATUS = fragment(" GROUP BY 1, 2, 3, 4")
+
+
+def _where(conditions: list[Sql]) -> Sql:
+    return _WHERE + _AND.join(conditions) if conditions else EMPTY
+
+
 # ``createdAt~gid``.  The time is taken as stored (rows from before v2 may
 # spell it their own way): it is only ever a parameter, compared as text.
 _CURSOR = re.compile(r"([^~\x00-\x1f]{1,64})~([0-9]{1,10})")
@@ -413,25 +466,25 @@ def _filters(
     text: str,
     favorite_of: int | None = None,
     node: str | None = None,
-) -> tuple[list[str], list[Any]]:
-    where: list[str] = []
+) -> tuple[list[Sql], list[Any]]:
+    where: list[Sql] = []
     params: list[Any] = []
     if query_user is not None:
-        where.append("g.user_id = ?")
+        where.append(_OWNED_BY)
         params.append(query_user)
     if statuses:
         keys = sorted({key for status in statuses for key in STATUS_KEYS[status]})
-        where.append(f"{_STATUS_KEY_SQL} {IN_ARRAY_SQL}")  # noqa: S608
-        params.append(array(keys))
+        where.append(_STATUS_IN)
+        params.append(keys)
     if text:
         pattern = text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
-        where.append("(g.name LIKE ? ESCAPE '\\' OR CAST(g.gid AS TEXT) LIKE ? ESCAPE '\\')")
+        where.append(_TEXT_IN)
         params += [f"%{pattern}%", f"%{pattern}%"]
     if favorite_of is not None:
-        where.append("EXISTS (SELECT 1 FROM favorite AS f WHERE f.user_id = ? AND f.gid = g.gid)")
+        where.append(_FAVORITE_OF)
         params.append(favorite_of)
     if node is not None:
-        where.append("g.node_id = ?")
+        where.append(_ON_NODE)
         params.append(node)
     return where, params
 
@@ -452,42 +505,21 @@ def list_tasks(
     where, params = _filters(
         query.user_id, query.statuses, query.text, query.favorite_of, query.node
     )
-    matching = (
-        "FROM gallery AS g LEFT JOIN task_operation AS o ON o.gid = g.gid"
-        f"{' WHERE ' + ' AND '.join(where) if where else ''}"
-    )
-    total = int(cursor.execute(f"SELECT COUNT(*) {matching}", params).fetchone()[0])  # noqa: S608
-    key = "g.created_at"
-    if query.order is Order.GID:
-        if query.after is not None:
-            where.append("g.gid > ?")
+    total = int(cursor.execute(_COUNT + _where(where), params).fetchone()[0])
+    page = _PAGES[query.order]
+    if query.after is not None:
+        where.append(page.after)
+        if query.order is Order.GID:
             params.append(query.after)
-        order = "g.gid"
-    elif query.order in _KEYED:
-        key, key_desc, gid_desc = _KEYED[query.order]
-        if query.after is not None:
+        elif query.order in _KEYED:
             assert isinstance(query.after, tuple)
             after_key, after_gid = query.after
-            where.append(
-                f"({key} {'<' if key_desc else '>'} ? OR"
-                f" ({key} = ? AND g.gid {'<' if gid_desc else '>'} ?))"
-            )
             params += [after_key, after_key, after_gid]
-        order = f"{key} {'DESC' if key_desc else 'ASC'}, g.gid {'DESC' if gid_desc else 'ASC'}"
-    else:
-        descending = query.order is Order.NEWEST
-        if query.after is not None:
+        else:
             created, _, gid = str(query.after).rpartition("~")
-            where.append(f"(g.created_at, g.gid) {'<' if descending else '>'} (?, ?)")
             params += [created, int(gid)]
-        order = "g.created_at DESC, g.gid DESC" if descending else "g.created_at, g.gid"
-    sql = (
-        f"SELECT g.gid, {key} AS sort_key FROM gallery AS g"  # noqa: S608 (constant text, parameters)
-        " LEFT JOIN task_operation AS o ON o.gid = g.gid"
-        f"{' WHERE ' + ' AND '.join(where) if where else ''}"
-        f" ORDER BY {order} LIMIT ?"
-    )
-    rows = cursor.execute(sql, (*params, query.limit + 1)).fetchall()
+    statement = page.select + _where(where) + page.tail
+    rows = cursor.execute(statement, (*params, query.limit + 1)).fetchall()
     more = len(rows) > query.limit
     rows = rows[: query.limit]
     following: str | int | None = None
@@ -512,14 +544,7 @@ def count_by_status(
     where, params = _filters(user_id, frozenset(), text)
     counts = {status.value: 0 for status in TaskStatus}
     queued_count = 0
-    for row in cursor.execute(
-        f"SELECT o.state, g.status, {_FAILED_SQL}, COALESCE(g.queued, 0), COUNT(*)"  # noqa: S608
-        " FROM gallery AS g"
-        " LEFT JOIN task_operation AS o ON o.gid = g.gid"
-        f"{' WHERE ' + ' AND '.join(where) if where else ''}"
-        " GROUP BY 1, 2, 3, 4",
-        params,
-    ).fetchall():
+    for row in cursor.execute(_COUNT_BY_STATUS + _where(where) + _BY_STATUS, params).fetchall():
         queued = bool(row[3])
         status = _display_status(row[0], row[1], bool(row[2]), queued)
         counts[status.value] += int(row[4])
@@ -530,15 +555,19 @@ def count_by_status(
     return counts
 
 
+_COUNT_BY_STATE = sql(
+    "SELECT COALESCE(o.state, 'LEGACY'), COUNT(*) FROM gallery AS g "
+    "LEFT JOIN task_operation AS o ON o.gid = g.gid GROUP BY 1"
+)
+_COUNT_TOMBSTONES = sql("SELECT COUNT(*) FROM task_operation WHERE state = 'DELETED'")
+
+
 def count_by_state(cursor: sqlite3.Cursor) -> dict[str, int]:
     """Task counts by ``task_operation.state`` (``LEGACY``: a row without one), for metrics."""
     counts: dict[str, int] = {}
-    for row in cursor.execute(
-        "SELECT COALESCE(o.state, 'LEGACY'), COUNT(*) FROM gallery AS g "
-        "LEFT JOIN task_operation AS o ON o.gid = g.gid GROUP BY 1"
-    ).fetchall():
+    for row in cursor.execute(_COUNT_BY_STATE).fetchall():
         counts[row[0]] = int(row[1])
-    row = cursor.execute("SELECT COUNT(*) FROM task_operation WHERE state = 'DELETED'").fetchone()
+    row = cursor.execute(_COUNT_TOMBSTONES).fetchone()
     counts["DELETED"] = int(row[0])
     for state in ("LEGACY", *(s.value for s in OperationState)):
         counts.setdefault(state, 0)
@@ -553,19 +582,19 @@ GID_MIN = 1
 GID_MAX = 2**31 - 1  # the wire bound (PROTOCOL.md "Bounds"): every task must be dispatchable
 
 
+_OPERATION_ROW = sql("SELECT * FROM task_operation WHERE gid = ?")
+_GALLERY_ROW = sql("SELECT * FROM gallery WHERE gid = ?")
+
+
 def operation_row(cursor: sqlite3.Cursor, gid: int) -> sqlite3.Row | None:
     """The ``task_operation`` row of ``gid`` (current generation or tombstone)."""
-    row: sqlite3.Row | None = cursor.execute(
-        "SELECT * FROM task_operation WHERE gid = ?", (gid,)
-    ).fetchone()
+    row: sqlite3.Row | None = cursor.execute(_OPERATION_ROW, (gid,)).fetchone()
     return row
 
 
 def gallery_row(cursor: sqlite3.Cursor, gid: int) -> sqlite3.Row | None:
     """The task (``gallery``) row of ``gid``."""
-    row: sqlite3.Row | None = cursor.execute(
-        "SELECT * FROM gallery WHERE gid = ?", (gid,)
-    ).fetchone()
+    row: sqlite3.Row | None = cursor.execute(_GALLERY_ROW, (gid,)).fetchone()
     return row
 
 

@@ -51,7 +51,7 @@ from twisted.internet.interfaces import IReactorTime
 
 from tasknet.clock import default_reactor
 from tasknet.site.connected_nodes import ConnectedNodes
-from tasknet.site.storage import node_sessions, throughput
+from tasknet.site.storage import stats, throughput
 from tasknet.site.storage.engine.database import Database
 from tasknet.site.storage.node_sessions import Holder
 
@@ -103,7 +103,7 @@ async def nodes_view(
 ) -> list[dict[str, Any]]:
     """The nodes, as ``/api/admin/nodes`` lists them."""
     now = default_reactor(clock).seconds()
-    listing = await db.read(node_sessions.admin_listing, now, nodes.ids())
+    listing = await db.read(stats.admin_listing, now, nodes.ids())
     # One site per SQLite file: a row of another instance is an earlier run's.
     connections = _connections(nodes, listing.holders, db.backend == "postgresql")
     listed = []

@@ -114,31 +114,44 @@ def _create_outcome(status: int, code: str | None) -> str:
     }.get(code or "", "error")
 
 
-def endpoint(fn: Handler) -> Callable[..., Deferred[bytes]]:
-    """Run ``fn`` (async, returning ``(status, document)``) and answer JSON;
+async def answer(request: Request, reply: Awaitable[Reply]) -> tuple[bytes, str | None]:
+    """Await ``reply`` (``(status, document)``) and write it as JSON; the
+    body, and the error code it answered (``None``: no error).
     :class:`ApiError` and :class:`TaskError` become their error answers, any
     other exception a logged ``500 internal``."""
+    try:
+        status, document = await reply
+        # An error answered with a document of its own (a quota_exceeded with
+        # its numbers, a verdict too early with its notBefore).
+        error = document.get("error") if status >= 400 and isinstance(document, dict) else None
+        return write_json(request, status, document), (
+            error.get("code") if isinstance(error, dict) else None
+        )
+    except CancelledError:
+        raise  # the client went away; nothing to answer
+    except (ApiError, TaskError) as e:
+        if e.code == "unavailable":
+            request.setHeader(b"Retry-After", b"5")
+        return write_error(request, e.code, e.message), e.code
+    except (DatabaseBusy, LeaseLost) as e:
+        # Busy, unreachable or fenced: nothing changed; try again
+        # (here, or through another site).
+        request.setHeader(b"Retry-After", b"5")
+        return write_error(request, "unavailable", f"the site cannot act now: {e}"), "unavailable"
+    except Exception:
+        log.failure("{method} {path} failed", method=request.method, path=request.path)
+        return write_error(request, "internal", "internal error (logged)"), "internal"
+
+
+def endpoint(fn: Handler) -> Callable[..., Deferred[bytes]]:
+    """Run ``fn`` (async, returning ``(status, document)``) and answer JSON
+    (:func:`answer`)."""
 
     @functools.wraps(fn)
     def wrapper(self: SiteApi, request: Request, *args: Any, **kw: Any) -> Deferred[bytes]:
         async def run() -> bytes:
-            try:
-                status, document = await fn(self, request, *args, **kw)
-                return write_json(request, status, document)
-            except CancelledError:
-                raise  # the client went away; nothing to answer
-            except (ApiError, TaskError) as e:
-                if e.code == "unavailable":
-                    request.setHeader(b"Retry-After", b"5")
-                return write_error(request, e.code, e.message)
-            except (DatabaseBusy, LeaseLost) as e:
-                # Busy, unreachable or fenced: nothing changed; try again
-                # (here, or through another site).
-                request.setHeader(b"Retry-After", b"5")
-                return write_error(request, "unavailable", f"the site cannot act now: {e}")
-            except Exception:
-                log.failure("{method} {path} failed", method=request.method, path=request.path)
-                return write_error(request, "internal", "internal error (logged)")
+            body, _ = await answer(request, fn(self, request, *args, **kw))
+            return body
 
         return Deferred.fromCoroutine(run())
 
@@ -313,22 +326,14 @@ class SiteApi:
 
     @app.route("/api/tasks", methods=["POST"])
     def create_task(self, request: Request) -> Deferred[bytes]:
-        d = self._create_task(request)
-
-        def count(body: bytes) -> bytes:
-            code = None
-            if request.code >= 400:
-                try:
-                    code = json.loads(body)["error"]["code"]
-                except (ValueError, KeyError, TypeError):
-                    code = None
-            if request.code != 401:
+        async def run() -> bytes:
+            body, code = await answer(request, self._create_task(request))
+            if request.code != 401:  # counted by what it answered, not by reading it back
                 metrics.CREATES.labels(outcome=_create_outcome(request.code, code)).inc()
             return body
 
-        return d.addCallback(count)
+        return Deferred.fromCoroutine(run())
 
-    @endpoint
     async def _create_task(self, request: Request) -> Reply:
         user = await self._user(request)
         # Per-user rate limit (tasknet.site.ratelimit) before anything is
@@ -346,8 +351,31 @@ class SiteApi:
             raise ApiError("invalid_request", "'gid' must be a JSON integer")
         token = string_field(document, "token", required=True, limit=MAX_TOKEN)
         name = string_field(document, "name", required=False, limit=MAX_NAME)
-        created = await shield(self.lifecycle.create(user.id, gid, token, name))
+        try:
+            created = await shield(self.lifecycle.create(user.id, gid, token, name))
+        except TaskError as e:
+            if e.code != "quota_exceeded":
+                raise
+            return STATUS[e.code], {"error": await self._quota_error(user, e)}
         return created.status, {"task": created.task}
+
+    async def _quota_error(self, user: User, refusal: TaskError) -> dict[str, Any]:
+        """A ``quota_exceeded`` envelope with the numbers a person needs:
+        this week's ``used`` and ``quota`` (as ``GET /api/usage``), the
+        ``cost`` of the refused task, and ``unsettled``: the cost of the
+        user's unmetered ``UNKNOWN`` and in-flight submissions, which the
+        check counts too (``used + unsettled + cost > quota``)."""
+        error: dict[str, Any] = {"code": "quota_exceeded", "message": refusal.message}
+        error.update(refusal.details)
+        try:
+            week = await self.db.read(usage.usage, user.id)
+            unsettled = await self.db.read(usage.in_flight_cost, user.id)
+        except Exception:
+            log.failure("reading the usage for a quota_exceeded answer failed")
+            return error  # the refusal stands; only its numbers are missing
+        error.update(week=week["week"], used=week["used"], quota=week["quota"])
+        error["unsettled"] = unsettled
+        return error
 
     @app.route("/api/tasks", methods=["GET"])
     @endpoint
@@ -489,7 +517,13 @@ class SiteApi:
     @app.route("/api/me", methods=["GET"])
     @endpoint
     async def me(self, request: Request) -> Reply:
-        return 200, {"user": _me(await self._user(request)), "site": self.deps.site_name}
+        # upstreamTimeout: how long a create may wait for the upstream (the
+        # UI's "the site waits up to 30 s" while a slow create is out).
+        return 200, {
+            "user": _me(await self._user(request)),
+            "site": self.deps.site_name,
+            "upstreamTimeout": self.lifecycle.upstream_timeout,
+        }
 
     # usage
 
@@ -514,11 +548,8 @@ class SiteApi:
         require_admin(user)
         number = parse_gid(gid)
         document = json_body(request)
+        # Which verdicts there are is the lifecycle's one check.
         verdict = string_field(document, "verdict", required=True, limit=32)
-        if verdict not in reconcile.VERDICTS:
-            raise ApiError(
-                "invalid_request", f"'verdict' must be one of {list(reconcile.VERDICTS)}"
-            )
         note = string_field(document, "note", required=False, limit=MAX_NOTE)
         try:
             view = await shield(self.lifecycle.resolve(number, verdict, user.name, note))

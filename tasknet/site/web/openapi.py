@@ -461,6 +461,21 @@ def _schemas() -> dict[str, Schema]:
                         "code": _string(enum=list(STATUS)),
                         "message": _string(minLength=1),
                         "notBefore": _string("Only with `verdict_too_early`."),
+                        **{
+                            name: _integer(f"Only with `quota_exceeded`: {what}", minimum=0)
+                            for name, what in (
+                                ("cost", "the refused task's cost."),
+                                ("used", "this ISO week's metered usage (as `GET /api/usage`)."),
+                                ("quota", "the weekly quota."),
+                                (
+                                    "unsettled",
+                                    "the cost of the caller's unmetered `UNKNOWN` and "
+                                    "in-flight submissions, which the check counts too "
+                                    "(`used + unsettled + cost > quota`).",
+                                ),
+                            )
+                        },
+                        "week": _string("Only with `quota_exceeded`: the ISO week checked."),
                     },
                     required=["code", "message"],
                 )
@@ -579,8 +594,14 @@ def _schemas() -> dict[str, Schema]:
             {
                 "user": _ref("User"),
                 "site": _string("The site's `--name` (which site this is, with several)."),
+                "upstreamTimeout": {
+                    "type": "number",
+                    "exclusiveMinimum": 0,
+                    "description": "The site's `--upstream-timeout` in seconds: how long a "
+                    "create waits for the upstream before its outcome is `UNKNOWN`.",
+                },
             },
-            required=["user", "site"],
+            required=["user", "site", "upstreamTimeout"],
         ),
         "UnknownTask": {
             "allOf": [_ref("Task"), _object({"evidence": _ref("Evidence")})],
@@ -752,7 +773,9 @@ def _task_operations() -> dict[str, Schema]:
                 _error(
                     429,
                     "`quota_exceeded`: this ISO week's quota would be exceeded (the cost is "
-                    "known after `prepare`; unmetered `UNKNOWN` operations count). "
+                    "known after `prepare`; unmetered `UNKNOWN` operations count); the "
+                    "envelope adds the numbers: `cost`, `used`, `quota`, `unsettled` (the "
+                    "unmetered operations counted) and `week`. "
                     "`rate_limited`: too many creates; `Retry-After` says when to try again.",
                     "quota_exceeded",
                     "rate_limited",

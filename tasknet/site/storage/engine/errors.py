@@ -11,17 +11,19 @@ class TaskError(Exception):
     ``upstream_unavailable``, ``invalid_request``, ``forbidden``).  Raised
     inside a transaction it rolls the transaction back: nothing changes."""
 
-    def __init__(self, code: str, message: str) -> None:
+    def __init__(self, code: str, message: str, **details: int | str) -> None:
         super().__init__(message)
         self.code = code
         self.message = message
+        #: Numbers the answer carries beside the message (a refused task's ``cost``).
+        self.details = details
 
 
 class DatabaseError(Exception):
     """A database error as the layers above storage see it: classified, so
     they never import the database driver (``sqlite3``, ``psycopg``).  The
     driver's own error stays its ``__cause__``; inside storage,
-    ``db.is_integrity_error`` tells a constraint or trigger violation on
+    ``transactions.is_integrity_error`` tells a constraint or trigger violation on
     either backend."""
 
 

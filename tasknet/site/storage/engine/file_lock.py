@@ -14,7 +14,7 @@ file (relative, absolute, a symlink) share one lock.
 
 On PostgreSQL there is no file and no such lock: several sites share one
 database by design (SCALE.md), and each site instance holds a lease the
-database judges (:mod:`tasknet.site.storage.instances`).  :func:`acquire`
+database judges (:mod:`tasknet.site.storage.lease`).  :func:`acquire`
 then returns a lock that holds nothing, so callers need not tell the
 backends apart.
 """
@@ -28,8 +28,9 @@ import socket
 import time
 from dataclasses import dataclass
 
-from tasknet.site.storage.engine.database import is_postgres
 from tasknet.site.storage.engine.schema import SchemaError
+from tasknet.site.storage.engine.targets import is_postgres
+from tasknet.site.storage.engine.timestamps import iso
 
 LOCK_SUFFIX = ".lock"
 
@@ -117,7 +118,7 @@ def _this_process(role: str) -> Holder:
     return Holder(
         pid=os.getpid(),
         host=socket.gethostname(),
-        since=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        since=iso(time.time()),
         role=role,
     )
 

@@ -45,7 +45,6 @@ from __future__ import annotations
 import os
 import re
 import select
-import sqlite3
 import threading
 from collections import deque
 from collections.abc import Callable
@@ -55,6 +54,8 @@ from twisted.internet.defer import Deferred, succeed
 from twisted.logger import Logger
 
 from tasknet.clock import default_reactor
+from tasknet.site.storage.engine.sql import postgres_only
+from tasknet.site.storage.engine.targets import is_postgres
 
 log = Logger()
 
@@ -79,19 +80,16 @@ RECONNECT_DELAY = 0.5
 MAX_RECONNECT_DELAY = 10.0
 
 
-def is_postgres_cursor(cursor: Any) -> bool:
-    """Whether ``cursor`` (a transaction function's) is on PostgreSQL: the
-    only other backend is SQLite, whose cursors are ``sqlite3.Cursor``."""
-    return not isinstance(cursor, sqlite3.Cursor)
+_NOTIFY = postgres_only("SELECT pg_notify(?, ?)")
 
 
 def notify(cursor: Any, channel: str, payload: str = "") -> None:
     """Inside a write transaction: ``NOTIFY channel, payload`` at its commit
     (PostgreSQL delivers it then, and not at all after a rollback; equal
-    notifications of one transaction are delivered once).  Nothing on SQLite."""
+    notifications of one transaction are delivered once).  Nothing on SQLite
+    (the statement is PostgreSQL's only)."""
     _check_channel(channel)
-    if is_postgres_cursor(cursor):
-        cursor.execute("SELECT pg_notify(?, ?)", (channel, payload))
+    cursor.execute(_NOTIFY, (channel, payload))
 
 
 def _check_channel(channel: str) -> None:
@@ -398,7 +396,7 @@ def open_wakeups(target: str, reactor: Any = None, *, site_name: str = "") -> Wa
     """The :class:`Wakeups` for the database ``target``: a :class:`Listener`
     on a PostgreSQL URL (its session named after ``site_name`` in
     ``pg_stat_activity``), :class:`NoWakeups` on a SQLite file."""
-    if target.startswith(("postgresql://", "postgres://")):
+    if is_postgres(target):
         name = f"tasknet-site {site_name} listen" if site_name else "tasknet-site listen"
         return Listener(target, reactor=reactor, application_name=name[:63])
     return NoWakeups()

@@ -32,14 +32,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from tasknet.site.storage.engine import file_lock as lock
-from tasknet.site.storage.engine.database import (
-    BUSY_TIMEOUT_MS,
-    configure_connection,
-    connect,
-    create_private,
-    describe,
-    is_postgres,
-)
+from tasknet.site.storage.engine.database import connect
 from tasknet.site.storage.engine.schema import (
     CURRENT_VERSION,
     V1_SCRIPT,
@@ -52,6 +45,15 @@ from tasknet.site.storage.engine.schema import (
     split_statements,
     upgrade_statements,
 )
+from tasknet.site.storage.engine.sql import per_backend, sql
+from tasknet.site.storage.engine.sqlite import (
+    BUSY_TIMEOUT_MS,
+    configure_connection,
+    create_private,
+    set_busy_timeout,
+)
+from tasknet.site.storage.engine.targets import describe, is_postgres
+from tasknet.site.storage.engine.transactions import BEGIN_WRITE, COMMIT, ROLLBACK, SERIALIZABLE
 
 Progress = Callable[[str], None]
 
@@ -88,12 +90,27 @@ class MigrationResult:
     rows_before: dict[str, int] = field(default_factory=dict)
 
 
-def find_duplicates(connection: sqlite3.Connection) -> list[Duplicate]:
-    rows = connection.execute(
+# Run on SQLite only (a v1 database is a SQLite file); PostgreSQL's
+# spelling keeps the statement one that both engines accept.
+_DUPLICATES = per_backend(
+    sqlite=(
         "SELECT gid, COUNT(*), group_concat(id) FROM "
-        "(SELECT gid, id FROM gallery ORDER BY gid, id) "
+        "(SELECT gid, id FROM gallery ORDER BY gid, id) AS g "
         "GROUP BY gid HAVING COUNT(*) > 1 ORDER BY gid"
-    ).fetchall()
+    ),
+    postgres=(
+        "SELECT gid, COUNT(*), string_agg(CAST(id AS text), ',' ORDER BY id) FROM gallery "
+        "GROUP BY gid HAVING COUNT(*) > 1 ORDER BY gid"
+    ),
+)
+_ROW_COUNTS = {
+    table: sql(f'SELECT COUNT(*) FROM "{table}"')  # noqa: S608
+    for table in ("user", "gallery", "favorite", "weekly_usage")
+}
+
+
+def find_duplicates(connection: sqlite3.Connection) -> list[Duplicate]:
+    rows = connection.execute(_DUPLICATES).fetchall()
     return [Duplicate(r[0], r[1], [int(i) for i in str(r[2]).split(",")]) for r in rows]
 
 
@@ -125,10 +142,7 @@ def backup(connection: sqlite3.Connection, path: str, progress: Progress) -> str
 
 
 def _row_counts(connection: sqlite3.Connection) -> dict[str, int]:
-    counts = {}
-    for table in ("user", "gallery", "favorite", "weekly_usage"):
-        counts[table] = connection.execute(f'SELECT COUNT(*) FROM "{table}"').fetchone()[0]  # noqa: S608
-    return counts
+    return {table: connection.execute(count).fetchone()[0] for table, count in _ROW_COUNTS.items()}
 
 
 def _open_unchanged(path: str) -> sqlite3.Connection:
@@ -136,7 +150,7 @@ def _open_unchanged(path: str) -> sqlite3.Connection:
     ``busy_timeout``, a per-connection setting)."""
     connection = sqlite3.connect(path, isolation_level=None, timeout=BUSY_TIMEOUT_MS / 1000)
     connection.row_factory = sqlite3.Row
-    connection.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
+    set_busy_timeout(connection, BUSY_TIMEOUT_MS)
     return connection
 
 
@@ -202,13 +216,13 @@ def _migrate_locked(path: str, progress: Progress) -> MigrationResult:
         # The backup is taken: from here on the site's PRAGMAs (WAL and all).
         configure_connection(connection)
         cursor = connection.cursor()
-        cursor.execute("BEGIN IMMEDIATE")
+        cursor.execute(BEGIN_WRITE[SERIALIZABLE])
         try:
             apply_statements(cursor, statements, progress)
-            cursor.execute("COMMIT")
+            cursor.execute(COMMIT)
         except BaseException:
             if connection.in_transaction:
-                connection.execute("ROLLBACK")
+                connection.execute(ROLLBACK)
             progress("error: rolled back; the database is unchanged")
             raise
         progress(f"{path}: migrated to schema v{CURRENT_VERSION} ({len(statements)} statements)")

@@ -81,7 +81,7 @@ CREATE INDEX IF NOT EXISTS node_session_instance ON node_session(instance_id)
     WHERE connected_at IS NOT NULL;
 
 -- How far each instance's WebSocket tail has read the outbox (several
--- sites on PostgreSQL; tasknet/site/storage/delivery.py): a row is fanned
+-- sites on PostgreSQL; tasknet/site/storage/outbox.py): a row is fanned
 -- out once every open instance's tail has passed it.  Unused on SQLite
 -- (one site: ws_delivered_at alone says it).
 CREATE TABLE IF NOT EXISTS outbox_reader (

@@ -70,7 +70,7 @@ CREATE INDEX node_session_instance ON node_session(instance_id)
     WHERE connected_at IS NOT NULL;
 
 -- How far each instance's WebSocket tail has read the outbox (several
--- sites; tasknet/site/storage/delivery.py): a row is fanned out once every
+-- sites; tasknet/site/storage/outbox.py): a row is fanned out once every
 -- open instance's tail has passed it.
 CREATE TABLE outbox_reader (
     instance_id   BIGINT  PRIMARY KEY,

@@ -66,4 +66,21 @@ ALTER TABLE gallery ADD COLUMN queued INTEGER NOT NULL DEFAULT 0;
 -- upstream unreachable, disk full; at most 256 characters); NULL: nothing.
 ALTER TABLE gallery ADD COLUMN detail TEXT;
 
+-- == report receipts by a key of their own (issue 22) ==
+
+-- Retention pages receipts in insert order: by their key ``id`` (until v4
+-- SQLite's implicit rowid, which PostgreSQL had to imitate), the same on
+-- both engines.  Each receipt keeps its rowid as its id, so the order stays.
+ALTER TABLE report_receipt RENAME TO report_receipt_v4;
+CREATE TABLE report_receipt (
+    id           INTEGER PRIMARY KEY,
+    report_id    TEXT    NOT NULL UNIQUE,
+    node_id      TEXT    NOT NULL,
+    revision     INTEGER NOT NULL,
+    received_at  TEXT    NOT NULL DEFAULT (strftime('%Y-%m-%dT%H:%M:%fZ', 'now'))
+);
+INSERT INTO report_receipt (id, report_id, node_id, revision, received_at)
+    SELECT rowid, report_id, node_id, revision, received_at FROM report_receipt_v4;
+DROP TABLE report_receipt_v4;
+
 INSERT OR IGNORE INTO schema_version (version) VALUES (5);

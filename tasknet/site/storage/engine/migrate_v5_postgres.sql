@@ -35,4 +35,12 @@ ALTER TABLE "user" ADD COLUMN disabled_at TEXT;
 ALTER TABLE gallery ADD COLUMN queued INTEGER NOT NULL DEFAULT 0;
 ALTER TABLE gallery ADD COLUMN detail TEXT;
 
+-- Receipts by a key of their own, as on SQLite: the identity column that
+-- stood for SQLite's rowid becomes the table's key ``id``.
+ALTER TABLE report_receipt RENAME COLUMN rowid TO id;
+ALTER TABLE report_receipt DROP CONSTRAINT report_receipt_pkey;
+ALTER TABLE report_receipt DROP CONSTRAINT report_receipt_rowid_key;
+ALTER TABLE report_receipt ADD CONSTRAINT report_receipt_pkey PRIMARY KEY (id);
+ALTER TABLE report_receipt ADD CONSTRAINT report_receipt_report_id_key UNIQUE (report_id);
+
 INSERT INTO schema_version (version) VALUES (5) ON CONFLICT DO NOTHING;

@@ -1,26 +1,25 @@
 """PostgreSQL behind the storage seam: a psycopg 3 connection that looks like
 the part of ``sqlite3`` the storage code uses.
 
-The storage code is written once, for SQLite (``?`` placeholders, the pieces
-of :mod:`tasknet.site.storage.engine.dialect`, ``BEGIN IMMEDIATE`` for a write,
-``BEGIN`` for a read).  This module makes that code run on PostgreSQL:
+The storage code is written once (:mod:`tasknet.site.storage.engine.sql`):
+each statement is an :class:`~tasknet.site.storage.engine.sql.Sql`
+rendered for both engines when its module was imported, and this module
+sends its PostgreSQL text as it is:
 
 * :class:`PgConnection` wraps one synchronous psycopg connection in
-  autocommit mode: only the statements the storage code issues open and end
-  transactions.  It has ``execute``, ``executemany``, ``cursor``,
+  autocommit mode: only the statements the engine issues open and end
+  transactions (their ``BEGIN``: :mod:`~tasknet.site.storage.engine.
+  transactions`).  It has ``execute``, ``executemany``, ``cursor``,
   ``in_transaction``, ``commit``, ``rollback`` and ``close`` like a
   ``sqlite3.Connection``; :class:`PgCursor` has ``execute``,
   ``executemany``, ``fetchone``, ``fetchall``, ``fetchmany``, iteration,
   ``rowcount`` and ``description`` like a ``sqlite3.Cursor`` (a fetch after
   a statement without rows answers ``None``/``[]``, as sqlite3's does).
   There is no ``lastrowid``: write ``INSERT … RETURNING id``.
-* Every statement is translated by :func:`tasknet.site.storage.engine.dialect.translate`
-  once per statement text and cached (:func:`translated`): placeholders,
-  the dialect pieces, the transaction statements (a write is
-  ``SERIALIZABLE``, or ``READ COMMITTED`` where its function declares it,
-  :mod:`tasknet.site.storage.engine.database` "Isolation"; a read ``REPEATABLE READ READ
-  ONLY``), ``PRAGMA`` skipped.  An array parameter (``IN_ARRAY_SQL``) arrives as the JSON text
-  of :func:`~tasknet.site.storage.engine.dialect.array` and is decoded into a list.
+* A statement is its PostgreSQL text, its parameters picked in the order
+  its placeholders want them (``?N``); a list parameter is an array
+  (psycopg adapts it).  Plain text (a tool's, a test's) is rendered once
+  by :func:`~tasknet.site.storage.engine.sql.rendered`, placeholders only.
 * Rows are :class:`Row`: a tuple indexable by position and by column name
   (case-insensitive, like ``sqlite3.Row``), with ``keys()``.  ``numeric``
   results (``SUM`` of a ``BIGINT``) load as ``int`` when whole (as SQLite
@@ -42,18 +41,20 @@ of :mod:`tasknet.site.storage.engine.dialect`, ``BEGIN IMMEDIATE`` for a write,
   transaction ends or is rolled back to a savepoint; a ``COMMIT`` of an
   aborted transaction (a function swallowed the error) rolls back and
   raises that error instead of reporting success, so a swallowed
-  serialization failure is still retried by the database layer.
+  serialization failure is still retried by the engine.
 * A connection found broken when a transaction begins is replaced by a new
   one (the failed transaction itself was already reported as failed), so a
   pool heals after a server restart or a network cut.
 
-Error classes (:func:`is_conflict`, :func:`is_busy`, :func:`is_connection_lost`):
-a lost connection is retried on a fresh one by the database layer; serialization failure
-(40001) and deadlock (40P01) are *conflicts*, retried as a whole transaction
-by :mod:`tasknet.site.storage.engine.database`; those and ``lock_not_available`` (55P03),
-``query_canceled`` (57014, a timeout) and ``too_many_connections`` (53300)
-are *busy*; everything else (a broken connection, a constraint, a trigger's
-refusal, a read-only transaction asked to write) is *failed*.
+Error classes (:func:`is_busy`, :func:`is_connection_lost`,
+:func:`is_integrity_error`): a lost connection is retried on a fresh one by
+the engine; serialization failure (40001) and deadlock (40P01) are
+*conflicts* (:data:`CONFLICTS`), retried as a whole transaction by
+:mod:`tasknet.site.storage.engine.transactions`; those and
+``lock_not_available`` (55P03), ``query_canceled`` (57014, a timeout) and
+``too_many_connections`` (53300) are *busy*; everything else (a broken
+connection, a constraint, a trigger's refusal, a read-only transaction
+asked to write) is *failed*.
 
 Twisted's adbapi loads this module as its DB-API module (``apilevel``,
 ``threadsafety``, :func:`connect`), so the pools of
@@ -63,7 +64,6 @@ objects; one connection belongs to one thread at a time.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from decimal import Decimal
 from typing import Any, ClassVar
@@ -73,7 +73,7 @@ from psycopg import conninfo as pg_conninfo
 from psycopg.adapt import Dumper, Loader
 from psycopg.pq import TransactionStatus
 
-from tasknet.site.storage.engine.dialect import Translated, translate
+from tasknet.site.storage.engine.sql import Sql, parameters, rendered, sql
 
 # DB-API module attributes (adbapi checks them).
 apilevel = "2.0"
@@ -85,6 +85,9 @@ Error = psycopg.Error
 CONFLICTS = frozenset({"40001", "40P01"})
 #: SQLSTATEs that mean "busy, retry the transaction".
 BUSY = CONFLICTS | {"55P03", "57014", "53300"}
+
+_COMMIT = sql("COMMIT")
+_ROLLBACK = sql("ROLLBACK")
 
 DEFAULT_APPLICATION_NAME = "tasknet-site"
 DEFAULT_LOCK_TIMEOUT_MS = 5000
@@ -100,26 +103,6 @@ _CONNECTION_DEFAULTS = {
     "keepalives_count": "3",
     "tcp_user_timeout": "25000",
 }
-
-_CACHE_LIMIT = 4096
-_cache: dict[str, Translated] = {}
-
-
-def translated(sql: str) -> Translated:
-    """:func:`~tasknet.site.storage.engine.dialect.translate`, cached by statement text."""
-    found = _cache.get(sql)
-    if found is None:
-        found = translate(sql)
-        if len(_cache) >= _CACHE_LIMIT:
-            _cache.clear()  # statements are mostly constants; a bound all the same
-        _cache[sql] = found
-    return found
-
-
-def is_conflict(error: BaseException | None) -> bool:
-    """A serialization failure or a deadlock: run the whole transaction again."""
-    return getattr(error, "sqlstate", None) in CONFLICTS
-
 
 #: SQLSTATEs of a session the server ended (admin_shutdown,
 #: crash_shutdown, cannot_connect_now) and the connection exception class.
@@ -219,28 +202,6 @@ class _BoolDumper(Dumper):
         return b"1" if obj else b"0"
 
 
-# -- parameters ----------------------------------------------------------------------
-
-
-def _parameters(statement: Translated, parameters: Sequence[Any] | None) -> Sequence[Any] | None:
-    """The parameters psycopg gets for ``statement`` (``None``: none, and
-    the text is not read for ``%``)."""
-    if not statement.count:
-        return None
-    if statement.order is None and not statement.arrays:
-        return parameters
-    values = list(parameters or ())
-    if statement.order is not None:
-        values = [values[i] for i in statement.order]
-    for position in statement.arrays:
-        value = values[position]
-        if isinstance(value, str):
-            values[position] = json.loads(value)
-        else:
-            values[position] = list(value)
-    return values
-
-
 # -- connection and cursor -------------------------------------------------------------
 
 
@@ -278,17 +239,17 @@ class PgCursor:
         return self
 
     def executemany(self, sql: str, seq_of_parameters: Iterable[Sequence[Any]]) -> PgCursor:
-        statement = translated(sql)
-        if statement.kind or statement.sql is None:
+        statement = sql if type(sql) is Sql else rendered(sql)
+        if statement.kind:
             raise psycopg.ProgrammingError(f"executemany of {sql!r}")
-        self.connection._traced(sql)
-        rows = [_parameters(statement, p) or () for p in seq_of_parameters]
+        self.connection._traced(statement)
+        rows = [parameters(statement, p) for p in seq_of_parameters]
         if not rows:
             return self
-        sql = statement.sql
+        text = statement.postgres
         self.connection._ready()
         cursor = self._fresh()
-        self.connection._run(lambda: cursor.executemany(sql, rows))
+        self.connection._run(lambda: cursor.executemany(text, rows))
         return self
 
     def _rows(self) -> psycopg.Cursor[Any] | None:
@@ -389,11 +350,11 @@ class PgConnection:
 
     def commit(self) -> None:
         if self.in_transaction:
-            self.execute("COMMIT")
+            self.execute(_COMMIT)
 
     def rollback(self) -> None:
         if self.in_transaction:
-            self.execute("ROLLBACK")
+            self.execute(_ROLLBACK)
 
     def __enter__(self) -> PgConnection:
         return self
@@ -411,25 +372,12 @@ class PgConnection:
         self.raw.close()
 
     def set_trace_callback(self, callback: Callable[[str], object] | None) -> None:
-        """Call ``callback(sql)`` with the text of every statement run (as
-        the storage code wrote it, before translation), like sqlite3's."""
+        """Call ``callback(sql)`` with every statement run, in its SQLite
+        text (the one text both engines' traces show), like sqlite3's."""
         self._trace = callback
 
-    def executescript(self, script: str) -> PgCursor:
-        """Run several statements written for SQLite (no parameters), each
-        as it would run alone, outside any transaction (as sqlite3's)."""
-        if self.in_transaction:
-            self.execute("COMMIT")
-        sql = translate(script).sql  # not cached: a script is run once
-        self._traced(script)
-        self._ready()
-        if sql is not None:
-            text = sql.encode("utf-8")
-            self._run(lambda: self.raw.execute(text))
-        return self.cursor()
-
     def run_script(self, script: str) -> None:
-        """Run a whole SQL script as it is (no translation, no parameters:
+        """Run a whole SQL script as it is (no parameters:
         several statements, PL/pgSQL bodies), inside the caller's transaction."""
         self._run(lambda: self.raw.execute(script.encode("utf-8")))
 
@@ -460,20 +408,15 @@ class PgConnection:
                 self._failed_by = error
             raise
 
-    def _traced(self, sql: str) -> None:
+    def _traced(self, statement: Sql) -> None:
         if self._trace is not None:
-            self._trace(sql)
+            self._trace(str(statement))
 
-    def _execute(self, cursor: PgCursor, text: str, parameters: Sequence[Any] | None) -> None:
-        statement = translated(text)
-        self._traced(text)
-        if statement.sql is None:
-            # A PRAGMA: the session settings are made in _open.  No cursor,
-            # so a fetch finds no rows (not the last statement's).
-            cursor._cursor = None
-            return
-        sql = statement.sql
-        values = _parameters(statement, parameters)
+    def _execute(self, cursor: PgCursor, text: str, given: Sequence[Any] | None) -> None:
+        statement = text if type(text) is Sql else rendered(text)
+        self._traced(statement)
+        postgres = statement.postgres
+        values = parameters(statement, given)
         if statement.kind == "begin":
             if self.in_transaction:
                 raise psycopg.ProgrammingError("cannot start a transaction within a transaction")
@@ -481,7 +424,7 @@ class PgConnection:
                 self._reopen()  # what was in flight on it has failed already
             self._failed_by = None
             raw = cursor._fresh()
-            self._run(lambda: raw.execute(sql, values))
+            self._run(lambda: raw.execute(postgres, values))
             self._began = True
             return
         self._ready()
@@ -493,11 +436,11 @@ class PgConnection:
             self._run(lambda: raw.execute("ROLLBACK"))
             assert error is not None
             raise error
-        if statement.kind:
-            self._began = False
-        elif sql[:11].upper() == "ROLLBACK TO":
+        if statement.kind == "rollback_to":
             self._failed_by = None
-        self._run(lambda: raw.execute(sql, values))
+        elif statement.kind:
+            self._began = False
+        self._run(lambda: raw.execute(postgres, values))
 
 
 def connect(target: str, **options: Any) -> PgConnection:

@@ -24,12 +24,16 @@ import sqlite3
 from collections.abc import Callable, Iterable
 from importlib import resources
 
-from tasknet.site.storage.engine.database import (
-    BUSY_TIMEOUT_MS,
+from tasknet.site.storage.engine.sql import per_backend, postgres_only, sql
+from tasknet.site.storage.engine.sqlite import BUSY_TIMEOUT_MS, connect_sqlite
+from tasknet.site.storage.engine.targets import describe, is_postgres
+from tasknet.site.storage.engine.transactions import (
+    BEGIN_WRITE,
+    COMMIT,
+    READ_COMMITTED,
+    ROLLBACK,
+    SERIALIZABLE,
     Connection,
-    connect_sqlite,
-    describe,
-    is_postgres,
 )
 
 V1_SCRIPT = "schema_v1.sql"
@@ -59,6 +63,17 @@ SCHEMA_LOCK_KEY = int.from_bytes(b"tn-schem", "big")
 # Creating the schema takes well under a second; a site waiting for another
 # to finish it waits this long (past the session's short lock_timeout).
 _SCHEMA_LOCK_TIMEOUT_MS = 60_000
+
+_TABLES = per_backend(
+    sqlite="SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%'",
+    postgres=(
+        "SELECT table_name FROM information_schema.tables"
+        " WHERE table_schema = current_schema() AND table_type = 'BASE TABLE'"
+    ),
+)
+_VERSION = sql("SELECT MAX(version) FROM schema_version")
+_WAIT_FOR_THE_SCHEMA_LOCK = postgres_only(f"SET LOCAL lock_timeout = {_SCHEMA_LOCK_TIMEOUT_MS}")
+_SCHEMA_LOCK = postgres_only(f"SELECT pg_advisory_xact_lock({SCHEMA_LOCK_KEY})")
 
 Progress = Callable[[str], None]
 
@@ -105,14 +120,7 @@ def split_statements(script: str) -> list[str]:
 
 def user_tables(connection: Connection) -> set[str]:
     """The tables of the database (PostgreSQL: of the current schema)."""
-    if isinstance(connection, sqlite3.Connection):
-        sql = "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%'"
-    else:
-        sql = (
-            "SELECT table_name FROM information_schema.tables"
-            " WHERE table_schema = current_schema() AND table_type = 'BASE TABLE'"
-        )
-    return {row[0] for row in connection.execute(sql).fetchall()}
+    return {row[0] for row in connection.execute(_TABLES).fetchall()}
 
 
 def schema_version(connection: Connection) -> int | None:
@@ -123,7 +131,7 @@ def schema_version(connection: Connection) -> int | None:
         return None
     if "schema_version" not in tables:
         return 1
-    row = connection.execute("SELECT MAX(version) FROM schema_version").fetchone()
+    row = connection.execute(_VERSION).fetchone()
     return int(row[0]) if row and row[0] is not None else 1
 
 
@@ -173,10 +181,10 @@ def _prepare_postgres(target: str) -> bool:
 
     connection = postgres.connect(target, lock_timeout_ms=BUSY_TIMEOUT_MS)
     try:
-        connection.execute("BEGIN ISOLATION LEVEL READ COMMITTED")
+        connection.execute(BEGIN_WRITE[READ_COMMITTED])
         try:
-            connection.execute(f"SET LOCAL lock_timeout = {_SCHEMA_LOCK_TIMEOUT_MS}")
-            connection.execute("SELECT pg_advisory_xact_lock(?)", (SCHEMA_LOCK_KEY,))
+            connection.execute(_WAIT_FOR_THE_SCHEMA_LOCK)
+            connection.execute(_SCHEMA_LOCK)
             tables = user_tables(connection)
             if not tables:
                 version = 0
@@ -194,11 +202,11 @@ def _prepare_postgres(target: str) -> bool:
                     )
             for script in postgres_upgrade_scripts(version):
                 connection.run_script(load_script(script))
-            connection.execute("COMMIT")
+            connection.execute(COMMIT)
             return version == 0
         finally:
             if connection.in_transaction:
-                connection.execute("ROLLBACK")
+                connection.execute(ROLLBACK)
     finally:
         connection.close()
 
@@ -216,21 +224,21 @@ def prepare_database(path: str) -> bool:
         cursor = connection.cursor()
         # Decide and create under one write lock, so two sites starting on
         # one new file cannot both initialise it.
-        cursor.execute("BEGIN IMMEDIATE")
+        cursor.execute(BEGIN_WRITE[SERIALIZABLE])
         try:
             version = schema_version(connection)
             if version is None:
                 create_fresh(cursor)
-                cursor.execute("COMMIT")
+                cursor.execute(COMMIT)
                 return True
             if version < AUTOMATIC_FROM:
                 raise UnmigratedDatabase(path)
             if version < CURRENT_VERSION:
                 apply_statements(cursor, upgrade_statements(version))
-            cursor.execute("COMMIT")
+            cursor.execute(COMMIT)
             return False
         finally:
             if connection.in_transaction:
-                connection.execute("ROLLBACK")
+                connection.execute(ROLLBACK)
     finally:
         connection.close()

@@ -8,7 +8,7 @@
 -- costs, counts and byte counts, INTEGER for small codes and 0/1 flags
 -- (kept as integers with CHECKs, as on SQLite, so the storage code reads the
 -- same values); REAL is DOUBLE PRECISION; timestamps stay TEXT in our ISO
--- format (UTC, milliseconds, 'Z', see dialect.NOW_SQL) so they compare as
+-- format (UTC, milliseconds, 'Z', see sql.py's {now}) so they compare as
 -- strings on both engines.  Ids are identities (BY DEFAULT: a tool may give
 -- one, as with SQLite's rowid).  "user" is quoted: a reserved word here.
 -- Same table, column, index and trigger names as on SQLite
@@ -179,7 +179,8 @@ CREATE TRIGGER task_operation_id_stable
     FOR EACH ROW EXECUTE FUNCTION task_operation_id_stable();
 
 -- A node's report, recorded in the transaction that applied it.  "rowid"
--- stands for SQLite's implicit rowid, which retention pages by.
+-- stood for SQLite's implicit rowid until v5, which makes it the table's
+-- key "id" on both engines (migrate_v5_postgres.sql).
 CREATE TABLE report_receipt (
     report_id    TEXT    PRIMARY KEY,
     node_id      TEXT    NOT NULL,

@@ -116,10 +116,10 @@
       bulkFailedSome: "没有完成的 gid：{list}",
       costUnits: "{n} 点", gidHint: "gid：上游图库的编号（1 到 2147483647 的整数，可以用全角数字）。",
       upstreamTokenHint: "上游令牌：上游网站给你的令牌，站点提交时代为转交。",
-      creatingSlowN: "上游答复很慢。站点最多等 {n} 秒；仍没有明确答复时，任务会标为“提交未知”，不会重复提交或扣费。",
+      creatingSlowN: "上游答复很慢。站点最多等到它的超时时间（{n} 秒）；仍没有明确答复时，任务会标为“提交未知”，不会重复提交或扣费。",
       chartEmpty: "{window}没有下载。", chartUsageEmpty: "最近 8 周还没有用量。",
       axisUnits: "点",
-      createQuotaN: "本周额度不够创建这个任务，没有扣费：这个任务需要 {cost} 点，本周已用 {used} 点 / 额度 {quota} 点。",
+      createQuotaN: "本周额度不够创建这个任务，没有扣费：这个任务需要 {cost}，本周已用 {used} 点 / 额度 {quota} 点。",
       createQuotaUsage: "本周额度不够创建这个任务，没有扣费：本周已用 {used} 点 / 额度 {quota} 点。",
       createUnavailableN: "上游在 {n} 秒内没有答复，请求没有发出，也没有扣费；可以稍后再试。",
       createRateLimited: "创建得太快了，请稍等 {n} 秒再试。", createRateLimitedNoN: "创建得太快了，请稍后再试。",
@@ -131,9 +131,14 @@
       errInternal: "站点内部出错，没有改动；请稍后再试。", errTooLarge: "请求太大。",
       errUpstream: "上游暂时不可用，请稍后再试。", errGeneric: "操作没有完成（HTTP {code}）。",
       detailRetrying: "{n}后重试：{reason}", detailRetryingNoReason: "{n}后重试",
-      reasonRefused: "连接被拒绝", reasonTimeout: "超时", reasonUnreachable: "上游无法访问",
+      detailRetryingSoon: "马上重试：{reason}", detailRetryingSoonNoReason: "马上重试",
+      reasonRefused: "上游无法访问（连接被拒绝）", reasonTimeout: "超时", reasonUnreachable: "上游无法访问",
       reasonDiskFull: "磁盘已满", reasonReset: "连接中断", reasonDns: "找不到主机", reasonHttp: "上游返回了错误 {code}",
-      reasonOther: "节点报告了问题"
+      reasonOther: "节点报告了问题",
+      liveNodesOffline: "{nodes} 离线", liveManyOffline: "{n} 个节点离线",
+      waitingOfflineSince: "等待 {node}（自 {since} 起离线）",
+      createdMoved: "已创建任务 {gid}。",
+      createQuotaUnsettled: "本周额度不够创建这个任务，没有扣费：这个任务需要 {cost}，本周已用 {used} 点 / 额度 {quota} 点，另有 {unsettled} 点属于结果未定的提交（也计入额度）。"
     },
     en: {
       skip: "Skip to content", signOut: "Sign out", navTasks: "Tasks", navAdmin: "Admin",
@@ -235,7 +240,7 @@
       bulkFailedSome: "Not done: gid {list}",
       costUnits: "{n} cost units", gidHint: "gid: the gallery's number at the upstream (a whole number from 1 to 2147483647; full-width digits are fine).",
       upstreamTokenHint: "Upstream token: the token the upstream site gave you; the site passes it on when it submits.",
-      creatingSlowN: "The upstream is slow to answer. The site waits up to {n} s; without a clear answer by then the task is marked “Submission unknown”, and it is never resubmitted or charged twice.",
+      creatingSlowN: "The upstream is slow to answer. The site waits up to its timeout ({n} s); without a clear answer by then the task is marked “Submission unknown”, and it is never resubmitted or charged twice.",
       chartEmpty: "Nothing was downloaded in the {window}.", chartUsageEmpty: "No usage in the last 8 weeks yet.",
       axisUnits: "cost units",
       createQuotaN: "Not enough quota left this week for this task; nothing was charged: it costs {cost}, and this week {used} of {quota} cost units are used.",
@@ -250,9 +255,14 @@
       errInternal: "The site had an internal error; nothing changed. Try again shortly.", errTooLarge: "The request is too large.",
       errUpstream: "The upstream is unavailable; try again later.", errGeneric: "That did not work (HTTP {code}).",
       detailRetrying: "retrying in {n}: {reason}", detailRetryingNoReason: "retrying in {n}",
-      reasonRefused: "connection refused", reasonTimeout: "timed out", reasonUnreachable: "upstream unreachable",
+      detailRetryingSoon: "retrying in a moment: {reason}", detailRetryingSoonNoReason: "retrying in a moment",
+      reasonRefused: "upstream unreachable (connection refused)", reasonTimeout: "timed out", reasonUnreachable: "upstream unreachable",
       reasonDiskFull: "disk full", reasonReset: "connection lost", reasonDns: "host not found", reasonHttp: "the upstream answered {code}",
-      reasonOther: "the node reported a problem"
+      reasonOther: "the node reported a problem",
+      liveNodesOffline: "{nodes} offline", liveManyOffline: "{n} nodes offline",
+      waitingOfflineSince: "waiting for {node} (offline since {since})",
+      createdMoved: "Task {gid} created.",
+      createQuotaUnsettled: "Not enough quota left this week for this task; nothing was charged: it costs {cost}; this week {used} of {quota} cost units are used, and {unsettled} more are held by submissions whose outcome is not settled yet (they count too)."
     }
   };
 
@@ -268,7 +278,13 @@
     filter: "all",
     query: "",
     orderBy: "newest",
-    listSeq: 0,            // answers of superseded list requests are dropped
+    listSeq: 0,            // a change of the view: answers of the old view's loads are dropped
+    listWant: { refresh: false, more: false },  // loads asked for while one is out
+    listBusy: null,        // the list load that is out (a promise)
+    pushSeq: 0,            // counts upserts; pushedAt: gid -> pushSeq of its last upsert
+    pushedAt: new Map(),
+    nodeUp: new Map(),     // node id -> connected (true/false), as the rows and the node panel say
+    nodeSince: new Map(),  // node id -> when it went offline (ISO), as far as this page knows
     counts: null,
     countsTimer: null,
     // gid -> operationId of a task this page saw go away: a late push of that
@@ -285,6 +301,7 @@
     reconnectTimer: null,
     pollTimer: null,
     unknownTimer: null,
+    unknownShown: null,   // what the UNKNOWN list last showed (renderUnknown)
     verdictTimer: null,    // re-reads the UNKNOWN list when a verdict wait ends
     nodesTimer: null,
     favoriteOnly: false,   // #tasks?fav=1
@@ -383,13 +400,18 @@
 
   // "The site is not reachable" stays only while it is true: ask /healthz
   // every 3 s and clear the notice at the first answer.
+  // The create form's answer says so too when a create got no answer.
+  function unreachableShown() {
+    return $("notice").getAttribute("data-kind") === "reach" || $("create-result").getAttribute("data-outcome") === "0";
+  }
   function siteAnswered() {
     if ($("notice").getAttribute("data-kind") === "reach") { notify(""); }
+    if ($("create-result").getAttribute("data-outcome") === "0" && !state.createTimer) { clearCreateResult(); }
   }
   function watchReach() {
     if (state.reachTimer) { return; }
     state.reachTimer = setInterval(function () {
-      if ($("notice").getAttribute("data-kind") !== "reach") { clearInterval(state.reachTimer); state.reachTimer = null; return; }
+      if (!unreachableShown()) { clearInterval(state.reachTimer); state.reachTimer = null; return; }
       fetch("/healthz", { cache: "no-store" }).then(function (r) { if (r.status < 500 || r.status === 503) { siteAnswered(); } }, function () {});
     }, 3000);
   }
@@ -475,9 +497,12 @@
     stopSession();
     state.signedIn = false;
     api("DELETE", "/api/session");  // clears the cookie
+    resetListLoads();
     state.tasks.clear();
     state.order = [];
     state.favorites.clear();
+    state.nodeUp.clear();
+    state.nodeSince.clear();
     $("task-list").textContent = "";
     state.selected.clear();
     state.me = null;
@@ -598,7 +623,7 @@
   // tombstone: the task is gone and its row must go too.
   function isGone(task) { return task && (task.state === "DELETED" || !task.status); }
 
-  function listPath(append) {
+  function listPath(paged, limit, after) {
     var params = [];
     var keys = FILTERS[state.filter];
     if (keys) { params.push("status=" + keys.join(",")); }
@@ -606,31 +631,112 @@
     if (state.favoriteOnly) { params.push("favorite=1"); }
     if (state.nodeFilter) { params.push("node=" + encodeURIComponent(state.nodeFilter)); }
     params.push("order=" + state.orderBy);
-    // A refresh keeps as many rows as were loaded, so the page does not shrink under the reader.
-    var limit = append ? state.pageSize : Math.min(500, Math.max(state.pageSize, state.order.length));
     params.push("limit=" + limit);
-    if (append && state.next !== null && state.next !== undefined) { params.push("after=" + encodeURIComponent(state.next)); }
+    if (paged && after !== null && after !== undefined) { params.push("after=" + encodeURIComponent(after)); }
     return "/api/tasks?" + params.join("&");
   }
 
+  // The list's loads run one at a time, so "Load more" and a live refresh
+  // (the socket's reconnect, the Refresh button, a bulk action) never
+  // undo each other: a refresh asked while "Load more" is out runs after
+  // it and reads every row shown, the new page's too; "Load more" asked
+  // while a refresh is out continues from the refreshed cursor.  A change
+  // of the view (tab, search, order, filters) drops what the old view's
+  // loads answer (listSeq) and starts at once.
   function loadTasks(append) {
-    var seq = ++state.listSeq;
-    if (!append) { loadCounts(); }
-    return api("GET", listPath(append)).then(function (result) {
-      if (seq !== state.listSeq) { return; }
-      if (result.status === 401) { signOut(); return; }
-      if (!result.ok) { notify(failureText("loadFailed", result), true, result.status === 0 ? "reach" : ""); return; }
-      var tasks = (result.data && result.data.tasks) || [];
-      if (!append) { state.tasks.clear(); state.order = []; }
-      state.total = result.data && typeof result.data.total === "number" ? result.data.total : null;
-      tasks.forEach(function (task) {
-        if (isGone(task)) { return; }
-        if (!state.tasks.has(task.gid)) { state.order.push(task.gid); }
-        state.tasks.set(task.gid, task);
-      });
-      state.next = result.data ? result.data.next : null;
-      renderTaskList();
+    if (append) { state.listWant.more = true; } else { state.listWant.refresh = true; loadCounts(); }
+    return pumpList();
+  }
+
+  function pumpList() {
+    if (state.listBusy) { return state.listBusy; }
+    var want = state.listWant;
+    if (!want.refresh && !want.more) { return Promise.resolve(); }
+    var append = !want.refresh;
+    if (append) { want.more = false; } else { want.refresh = false; }
+    if (append && (state.next === null || state.next === undefined)) { return Promise.resolve(); }
+    var seq = state.listSeq;
+    var since = state.pushSeq;
+    var busy = (append ? readMore() : readShown()).then(function (answer) {
+      if (state.listBusy === busy) { state.listBusy = null; }
+      if (seq === state.listSeq) { applyList(answer, append, since); }
+      return pumpList();
     });
+    state.listBusy = busy;
+    return busy;
+  }
+
+  // The page after the last row shown: {result, tasks, total, next}.
+  function readMore() {
+    return api("GET", listPath(true, state.pageSize, state.next)).then(function (result) {
+      var data = result.data || {};
+      return { result: result, tasks: data.tasks || [], total: data.total, next: data.next };
+    });
+  }
+
+  // As many rows as are shown (at least a page), in pages of at most 500.
+  function readShown() {
+    var keep = Math.max(state.pageSize, state.order.length);
+    var answer = { result: null, tasks: [], total: undefined, next: null };
+    function page(after) {
+      var limit = Math.min(500, keep - answer.tasks.length);
+      return api("GET", listPath(after !== null, limit, after)).then(function (result) {
+        answer.result = result;
+        if (!result.ok) { return answer; }
+        var data = result.data || {};
+        var got = data.tasks || [];
+        if (after === null) { answer.total = data.total; }
+        answer.tasks = answer.tasks.concat(got);
+        answer.next = data.next === undefined ? null : data.next;
+        if (answer.tasks.length < keep && answer.next !== null && got.length) { return page(answer.next); }
+        return answer;
+      });
+    }
+    return page(null);
+  }
+
+  // Is version ``a`` of a task strictly newer than ``b`` (pushes can overtake an answer)?
+  function isNewer(a, b) {
+    var ta = a && F.toDate(a.updatedAt), tb = b && F.toDate(b.updatedAt);
+    return !!(ta && tb && ta.getTime() > tb.getTime());
+  }
+
+  // The newer of two versions; ``b`` when neither is.
+  function newerOf(a, b) { return isNewer(a, b) ? a : b; }
+
+  function applyList(answer, append, since) {
+    var result = answer.result;
+    if (result.status === 401) { signOut(); return; }
+    if (!result.ok) { notify(failureText("loadFailed", result), true, result.status === 0 ? "reach" : ""); return; }
+    var keptTasks = state.tasks, keptOrder = state.order;
+    if (!append) { state.tasks = new Map(); state.order = []; }
+    if (typeof answer.total === "number") { state.total = answer.total; } else if (!append) { state.total = null; }
+    answer.tasks.forEach(function (task) {
+      if (isGone(task)) { return; }
+      var gone = state.gone.get(task.gid);
+      if (gone !== undefined && gone !== null && gone === task.operationId) { return; }  // removed meanwhile
+      var known = state.tasks.get(task.gid) || (!append ? keptTasks.get(task.gid) : null);
+      if (!state.tasks.has(task.gid)) { state.order.push(task.gid); }
+      // A push that came while this was read is the newer truth.
+      var pushedMeanwhile = known && (state.pushedAt.get(task.gid) || 0) > since;
+      state.tasks.set(task.gid, pushedMeanwhile ? newerOf(task, known) : task);
+    });
+    state.next = answer.next === undefined ? null : answer.next;
+    if (!append) {
+      // Rows a push brought while the refresh was out (created meanwhile):
+      // kept where they belong.
+      keptOrder.forEach(function (gid) {
+        if (state.tasks.has(gid) || (state.pushedAt.get(gid) || 0) <= since) { return; }
+        var task = keptTasks.get(gid);
+        if (!task) { return; }
+        var at = insertAt(task);
+        if (at < 0) { return; }
+        state.order.splice(at, 0, gid);
+        state.tasks.set(gid, task);
+      });
+    }
+    learnNodes(state.order.map(function (gid) { return state.tasks.get(gid); }));
+    renderTaskList();
   }
 
   // Does a task that is not on the page belong at the top of what is shown?
@@ -638,7 +744,6 @@
     var keys = FILTERS[state.filter];
     if (state.filter === "queued") { if (!task.queued) { return false; } }
     else if (keys && keys.indexOf(task.status) === -1) { return false; }
-    if (state.filter === "active" && task.queued && queuedCounted()) { return false; }
     if (state.favoriteOnly && !state.favorites.has(task.gid)) { return false; }
     if (state.nodeFilter && task.node !== state.nodeFilter) { return false; }
     if (!state.query) { return true; }
@@ -678,12 +783,16 @@
     var gone = state.gone.get(task.gid);
     if (gone !== undefined && gone !== null && gone === task.operationId) { return; }  // a late push of a removed task
     if (isGone(task)) { removeTask(task.gid, { quiet: !state.tasks.has(task.gid), operationId: task.operationId }); return; }
-    state.gone.delete(task.gid);
     var previous = state.tasks.get(task.gid);
+    var row = document.querySelector('#task-list > li[data-gid="' + task.gid + '"]');
+    // An answer that left before a push the page already has (a create's
+    // 201 after the node's first report): the row keeps the newer one.
+    if (previous && isNewer(previous, task)) { return row; }
+    state.gone.delete(task.gid);
+    state.pushedAt.set(task.gid, ++state.pushSeq);
     if (!previous || previous.status !== task.status || !!previous.queued !== !!task.queued) { scheduleCounts(); scheduleUsage(); }
     noteNode(task.node);
     settleCreateResult(task);
-    var row = document.querySelector('#task-list > li[data-gid="' + task.gid + '"]');
     if (!previous) {
       var at = insertAt(task);
       if (at < 0) { return; }
@@ -703,7 +812,80 @@
     }
     showEmpty();
     schedulePendingPoll();
+    learnNodes([task]);
     return fresh;
+  }
+
+  // ---- node liveness on the rows --------------------------------------------
+  //
+  // A task's view says whether its node is connected (nodeConnected); every
+  // row of a node says the same, so one push that says a node dropped (or
+  // came back) marks all of that node's rows shown, not only its own.  When
+  // it went offline: the node panel's "last seen" (admins), else the moment
+  // this page first saw it offline.
+
+  // Statuses whose row depends on the node (queued, downloading, a delete waiting for it).
+  var NODE_BOUND = ["SUBMITTED", "DOWNLOADING", "WAITING_COMPRESSION", "COMPRESSING", "DELETE_PENDING"];
+
+  function learnNodes(tasks) {
+    var flipped = [];
+    tasks.forEach(function (task) {
+      if (!task || !task.node || typeof task.nodeConnected !== "boolean") { return; }
+      if (NODE_BOUND.indexOf(task.status) === -1) { return; }
+      if (setNodeUp(task.node, task.nodeConnected, null)) { flipped.push(task.node); }
+    });
+    flipped.forEach(markNodeRows);
+    scheduleLiveText();
+  }
+
+  // Record a node's state; true when it changed.
+  function setNodeUp(node, up, lastSeenAt) {
+    var before = state.nodeUp.get(node);
+    state.nodeUp.set(node, up);
+    if (up) { state.nodeSince.delete(node); }
+    else if (lastSeenAt) { state.nodeSince.set(node, lastSeenAt); }
+    else if (!state.nodeSince.has(node) && before === true) { state.nodeSince.set(node, new Date().toISOString()); }
+    return before !== undefined && before !== up;
+  }
+
+  // Re-render the rows of ``node`` whose view disagrees with what is known of it now.
+  function markNodeRows(node) {
+    var up = state.nodeUp.get(node);
+    state.order.forEach(function (gid) {
+      var task = state.tasks.get(gid);
+      if (!task || task.node !== node || NODE_BOUND.indexOf(task.status) === -1) { return; }
+      if (task.nodeConnected === up) { return; }
+      var changed = Object.assign({}, task, { nodeConnected: up });
+      if (!up) { changed.speed = null; changed.eta = null; }
+      state.tasks.set(gid, changed);
+      rerenderRow(gid);
+    });
+  }
+
+  function rerenderRow(gid) {
+    var row = document.querySelector('#task-list > li[data-gid="' + gid + '"]');
+    var task = state.tasks.get(gid);
+    if (!row || !task) { return; }
+    var fresh = renderTask(task);
+    fresh.setAttribute("data-live-updates", row.getAttribute("data-live-updates") || "0");
+    keepFocus(row, fresh);
+    row.replaceWith(fresh);
+  }
+
+  // The nodes the rows shown wait for while they are offline: the Live
+  // indicator names them (it is the socket that is live, not those rows).
+  function offlineNodes() {
+    var found = new Set();
+    state.order.forEach(function (gid) {
+      var task = state.tasks.get(gid);
+      if (task && task.node && task.nodeConnected === false && NODE_BOUND.indexOf(task.status) !== -1) { found.add(task.node); }
+    });
+    return Array.from(found).sort();
+  }
+
+  function scheduleLiveText() {
+    if (state.liveTextTimer) { return; }
+    state.liveTextTimer = setTimeout(function () { state.liveTextTimer = null; renderLiveText(); }, 100);
   }
 
   // options.quiet: no "deleted" notice (e.g. resolved "not submitted");
@@ -738,6 +920,7 @@
     empty.textContent = state.filter === "all" && !state.query && !state.favoriteOnly && !state.nodeFilter ? t("noTasks") : t("noMatch");
     renderShownCount();
     renderSelection();
+    scheduleLiveText();
   }
 
   // "50 of 3,001": rows shown and tasks matching (the list answer's total;
@@ -764,11 +947,15 @@
     select.value = current;
   }
 
-  // The create form's "waiting for a node to download it" is over once the task moved on.
+  // The create form's "waiting for a node to download it" is over once the
+  // task moved on (a node took it, it completed): "Task 42 created." stays.
   function settleCreateResult(task) {
     var result = $("create-result");
-    if (result.getAttribute("data-gid") !== String(task.gid) || state.createTimer) { return; }
-    if (result.getAttribute("data-outcome") === "201" && task.status !== "SUBMITTED") { clearCreateResult(); }
+    if (!task || result.getAttribute("data-gid") !== String(task.gid) || state.createTimer) { return; }
+    if (result.getAttribute("data-outcome") === "201" && task.status !== "SUBMITTED" && result.getAttribute("data-settled") !== "true") {
+      result.textContent = t("createdMoved", { gid: task.gid });
+      result.setAttribute("data-settled", "true");
+    }
   }
 
   // ---- bulk select -----------------------------------------------------------
@@ -882,6 +1069,7 @@
     showEmpty();
     $("tasks-more").hidden = state.next === null || state.next === undefined;
     schedulePendingPoll();
+    scheduleLiveText();
   }
 
   // A fact on the row's second line: its label is for screen readers when
@@ -916,8 +1104,11 @@
     if (!reason && http) { reason = t("reasonHttp", { code: http[1] }); }
     var retry = /retry(?:ing)? in (\d+(?:\.\d+)?) ?s/i.exec(text);
     if (retry) {
+      // "retrying in 0 s" says nothing: under a second is "in a moment".
+      var soon = Number(retry[1]) < 1;
       var n = F.duration(Number(retry[1]), state.lang);
-      return { text: reason ? t("detailRetrying", { n: n, reason: reason }) : t("detailRetryingNoReason", { n: n }), raw: reason ? null : text };
+      var key = soon ? (reason ? "detailRetryingSoon" : "detailRetryingSoonNoReason") : (reason ? "detailRetrying" : "detailRetryingNoReason");
+      return { text: t(key, { n: n, reason: reason }), raw: reason ? null : text };
     }
     if (reason) { return { text: reason, raw: null }; }
     return { text: state.lang === "en" ? text : t("reasonOther"), raw: state.lang === "en" ? null : text };
@@ -928,19 +1119,17 @@
   function rowNote(task) {
     var node = task.node;
     var offline = task.nodeConnected === false;
-    var since = task.stalledSince ? clock(task.stalledSince) : "";
-    if (offline && !since && state.isAdmin) {
-      var known = state.nodes.filter(function (n) { return n.id === node; })[0];
-      if (known && known.lastSeenAt) { since = clock(known.lastSeenAt); }
-    }
+    // Offline since: when the node was last seen, else since this page saw it go.
+    var since = offline && node && state.nodeSince.has(node) ? clock(state.nodeSince.get(node)) : "";
     if (task.status === "DELETE_PENDING" && node) {
-      return { kind: offline ? "offline" : "wait", text: offline ? t("waitingOffline", { node: node }) : t("waitingNode", { node: node }) };
+      if (!offline) { return { kind: "wait", text: t("waitingNode", { node: node }) }; }
+      return { kind: "offline", text: since ? t("waitingOfflineSince", { node: node, since: since }) : t("waitingOffline", { node: node }) };
     }
     if (task.status === "COMPLETED" || task.status === "DELETE_FAILED" || task.status === "SUBMIT_UNKNOWN") { return null; }
     if (offline && node) {
       return { kind: "offline", text: since ? t("nodeOfflineSince", { node: node, since: since }) : t("nodeOffline", { node: node }) };
     }
-    if (task.stalledSince) { return { kind: "stalled", text: t("stalledSince", { since: since }) }; }
+    if (task.stalledSince) { return { kind: "stalled", text: t("stalledSince", { since: clock(task.stalledSince) }) }; }
     if (task.queued) { return { kind: "queued", text: node ? t("queuedOn", { node: node }) : t("queuedWaiting") }; }
     return null;
   }
@@ -981,7 +1170,7 @@
     var size = typeof task.size === "number" ? task.size : null;
     // Speed and ETA only while they are live: not for a queued task, an
     // offline node or a stalled download.
-    var live = task.status === "DOWNLOADING" && !note;
+    var live = task.status === "DOWNLOADING" && !note && !detail;
     if (task.status === "DOWNLOADING" && size !== null) {
       facts.push(fact(t("downloaded"), t("bytesOf", { done: F.bytes(task.bytesDone || 0, state.lang), size: F.bytes(size, state.lang) }), "bytes", true));
     } else {
@@ -1007,7 +1196,9 @@
     var selectLabel = actionLabel(t("selectTask"), task);
     return el("li", {
       className: "task" + (note ? " has-note note-" + note.kind : ""), "data-gid": task.gid, "data-status": task.status || "",
-      "data-queued": task.queued ? "true" : null, "data-node-connected": task.nodeConnected === false ? "false" : null
+      "data-queued": task.queued ? "true" : null, "data-node-connected": task.nodeConnected === false ? "false" : null,
+      // Whether the row's numbers move live (a running download, a node that answers).
+      "data-live": task.status === "DOWNLOADING" || note ? (live ? "true" : "false") : null
     }, [
       el("input", { type: "checkbox", className: "select", "data-action": "select", "aria-label": selectLabel, checked: state.selected.has(task.gid) }),
       el("button", {
@@ -1055,7 +1246,8 @@
 
   function tabCount(name) {
     var counts = state.counts || {};
-    var keys = FILTERS[name] || Object.keys(counts);
+    // QUEUED is a part of SUBMITTED: "All" does not count it twice.
+    var keys = FILTERS[name] || Object.keys(counts).filter(function (key) { return key !== "QUEUED"; });
     return keys.reduce(function (sum, key) { return sum + (Number(counts[key]) || 0); }, 0);
   }
 
@@ -1123,7 +1315,15 @@
     renderListControls();
     state.next = null;
     state.order = [];
+    resetListLoads();
     loadTasks(false);
+  }
+
+  // A new view (or signing out): the old view's loads are answered into nothing.
+  function resetListLoads() {
+    state.listSeq += 1;
+    state.listBusy = null;
+    state.listWant = { refresh: false, more: false };
   }
 
   // Admin is known only after /api/admin answers: until then a link to
@@ -1288,6 +1488,7 @@
     result.classList.remove("error", "ok", "warn");
     result.removeAttribute("data-outcome");
     result.removeAttribute("data-gid");
+    result.removeAttribute("data-settled");
   }
 
   function onCreate(event) {
@@ -1330,8 +1531,10 @@
         var used = err.used !== undefined ? err.used : state.usage && state.usage.used;
         var quota = err.quota !== undefined ? err.quota : state.usage && state.usage.quota;
         if (used !== undefined && quota !== undefined) {
-          outcome = { key: cost !== undefined ? "createQuotaN" : "createQuotaUsage", tone: "error" };
+          var unsettled = Number(err.unsettled) || 0;
+          outcome = { key: cost === undefined ? "createQuotaUsage" : unsettled > 0 ? "createQuotaUnsettled" : "createQuotaN", tone: "error" };
           params.cost = cost !== undefined ? t("costUnits", { n: num(cost) }) : ""; params.used = num(used); params.quota = num(quota);
+          params.unsettled = num(unsettled);
         }
         loadUsage();
       }
@@ -1355,12 +1558,15 @@
         result.removeAttribute("data-conflict");
       }
       if (response.data && response.data.task) { upsertTask(response.data.task); }
+      // A push may have said before this answer that the task moved on.
+      if (response.status === 201) { settleCreateResult(state.tasks.get(gid)); }
       if (response.status === 201 || response.status === 202) {
         $("create-gid").value = ""; $("create-name").value = "";
         loadUsage();
         if (state.isAdmin && response.status === 202) { loadUnknown(); }
       }
       if (response.status === 401) { signOut(); notify(t("createUnauthorized"), true); }
+      if (response.status === 0) { watchReach(); }
     });
   }
 
@@ -1526,10 +1732,25 @@
     var live = $("live");
     if (on) { siteAnswered(); }
     live.setAttribute("data-state", on ? "online" : "offline");
-    live.textContent = state.signedIn ? (on ? t("liveOn") : t("liveOff")) : "";
+    state.liveOn = on;
+    renderLiveText();
     var stale = !on && !!state.signedIn;
     $("task-list").toggleAttribute("data-stale", stale);
     $("tasks-stale").hidden = !stale;
+  }
+
+  // "Live · node-1 offline": the updates are live, those rows are not.
+  function renderLiveText() {
+    var live = $("live");
+    var on = !!state.liveOn;
+    var offline = state.signedIn ? offlineNodes() : [];
+    live.setAttribute("data-offline-nodes", offline.join(" "));
+    var text = on ? t("liveOn") : t("liveOff");
+    if (on && offline.length) {
+      text += " · " + (offline.length <= 2 ? t("liveNodesOffline", { nodes: offline.join(", ") })
+        : t("liveManyOffline", { n: num(offline.length) }));
+    }
+    live.textContent = state.signedIn ? text : "";
   }
 
   function connectEvents() {
@@ -1690,8 +1911,15 @@
 
   function renderUnknown(data) {
     var list = $("unknown-list");
-    list.textContent = "";
     var tasks = (data && data.tasks) || [];
+    // Rebuild only when something a reader sees changed (the wait's countdown
+    // alone does not): a rebuild under the reader's pointer loses their place.
+    var shown = JSON.stringify(tasks, function (key, value) {
+      return key === "verdictWaitSeconds" ? Number(value) > 0 : value;
+    }) + "|" + state.lang;
+    if (shown === state.unknownShown) { return; }
+    state.unknownShown = shown;
+    list.textContent = "";
     $("unknown-empty").hidden = tasks.length > 0;
     var soonest = null;
     tasks.forEach(function (task) {
@@ -1788,6 +2016,22 @@
       var nodes = (result.data && result.data.nodes) || [];
       state.nodes = Array.isArray(nodes) ? nodes : [];
       renderNodes();
+      // The panel knows when a node was last seen: the rows of an offline node say it.
+      state.nodes.forEach(function (node) {
+        var up = node.connected !== false;
+        var since = state.nodeSince.get(node.id);
+        var flipped = setNodeUp(node.id, up, up ? null : node.lastSeenAt || null);
+        if (flipped || (!up && since !== state.nodeSince.get(node.id))) { refreshNodeRows(node.id); }
+      });
+      scheduleLiveText();
+    });
+  }
+
+  function refreshNodeRows(node) {
+    markNodeRows(node);
+    state.order.forEach(function (gid) {
+      var task = state.tasks.get(gid);
+      if (task && task.node === node && task.nodeConnected === false) { rerenderRow(gid); }
     });
   }
 
