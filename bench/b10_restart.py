@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import os
 import threading
 import time
 from dataclasses import dataclass, field
@@ -38,12 +39,16 @@ from bench.b1_reports import seed_reports
 from bench.harness import Context, Row, percentile
 from bench.load import LoadFleet
 from bench.procs import BenchError
-from bench.services import Site, spawn_site, start_site, start_upstream, wait_site
+from bench.profile import Recorder, format_summary
+from bench.services import Site, spawn_site, start_upstream, wait_site
 
 TARGET_SECONDS = 30.0
 TARGET_ANSWER_MS = 1000.0
 PROBE_EVERY = 0.15
 PROBE_GIDS = range(60_000_001, 61_000_000)
+#: A diagnostic: the node listener's listen backlog for both site runs
+#: (default: the site's own endpoint default, which is what is measured).
+BACKLOG_ENV = "TASKNET_BENCH_B10_BACKLOG"
 
 
 def _sizes(quick: bool) -> dict[str, Any]:
@@ -146,6 +151,20 @@ class Prober:
         return Probe(kind, started, (time.perf_counter() - t0) * 1000, ok, detail)
 
 
+def listen_drops() -> dict[str, int]:
+    """The kernel's ``TcpExt`` ListenOverflows/ListenDrops so far (a full
+    accept queue: connections whose handshake the listener dropped)."""
+    try:
+        lines = Path("/proc/net/netstat").read_text().splitlines()
+    except OSError:
+        return {}
+    for names, values in zip(lines[::2], lines[1::2], strict=False):
+        if names.startswith("TcpExt:"):
+            table = dict(zip(names.split()[1:], map(int, values.split()[1:]), strict=False))
+            return {k: table[k] for k in ("ListenOverflows", "ListenDrops") if k in table}
+    return {}
+
+
 def _ms(seconds: float | None) -> float | None:
     return None if seconds is None else seconds * 1000
 
@@ -167,11 +186,14 @@ def run(ctx: Context) -> Row:
     db = directory / "site.sqlite"
     for suffix in ("", "-wal", "-shm"):
         Path(f"{db}{suffix}").unlink(missing_ok=True)
+    backlog = int(os.environ.get(BACKLOG_ENV) or 0) or None
     upstream = start_upstream(directory)
     restarted: Site | None = None
+    profile_lines: list[str] = []
     try:
         seed = seed_reports(str(db), directory, nodes, entries)
-        site = start_site(directory, db, upstream_url=upstream.base_url)
+        site = spawn_site(directory, db, upstream_url=upstream.base_url, nodes_backlog=backlog)
+        wait_site(site)
         http_port = int(site.http_url.rsplit(":", 1)[1])
         try:
             with LoadFleet(
@@ -201,6 +223,7 @@ def run(ctx: Context) -> Row:
                 loads = {p.proc.name: p.proc for p in fleet.processes}
                 load_cpu0 = {name: proc.cpu_seconds() for name, proc in loads.items()}
 
+                drops0 = listen_drops()
                 killed_at = time.time()
                 site.proc.kill()
                 fleet.broadcast(f"storm {killed_at}")
@@ -211,8 +234,15 @@ def run(ctx: Context) -> Row:
                     name="site-restarted",
                     http_port=http_port,
                     nodes_port=site.nodes_port,
+                    nodes_backlog=backlog,
                 )
                 wait_site(restarted, timeout=120)
+                recorder = None
+                if ctx.profile:
+                    seconds = 3.0 if ctx.quick else 10.0
+                    recorder = Recorder(
+                        restarted.proc.pid, seconds, directory / "b10-site.collapsed"
+                    )
                 deadline = time.monotonic() + size["deadline"]
                 while _storm_totals(fleet)[1] < nodes:
                     if not restarted.proc.alive:
@@ -221,6 +251,9 @@ def run(ctx: Context) -> Row:
                         break
                     time.sleep(0.1)
                 time.sleep(size["tail"])
+                if recorder is not None:
+                    profile_lines = format_summary(recorder.finish(timeout=90))
+                drops = {k: v - drops0.get(k, 0) for k, v in listen_drops().items()}
                 elapsed = time.time() - killed_at
                 probes = prober.stop()
                 site_cpu = restarted.proc.cpu_seconds()
@@ -316,16 +349,24 @@ def run(ctx: Context) -> Row:
         "refused or sent away after the kill (each came back by its backoff): "
         + (", ".join(f"{reason} x{n}" for reason, n in sorted(refusals.items())) or "none")
         + (f"; Error frames: {errors}" if errors else "")
+        + f"; kernel listen-queue overflows during the storm (machine-wide): {drops}"
         + f"; {sum(r['reconnect_attempts'] for r in results)} retries scheduled, "
-        f"{sum(r['connects_failed'] for r in results)} after a failed connect"
+        f"{sum(r['connects_failed'] for r in results)} after a failed connect, "
+        f"{sum(r['login_timeouts'] for r in results)} connections closed by the node's login "
+        "timeout"
     )
     row.notes.append(
         "CPU of one core from the kill on: "
         + ", ".join(f"{name} {100 * value:.0f}%" for name, value in cpu.items())
         + f"; restarted site's peak RSS {rss.get('VmHWM', 0) / 2**20:.0f} MiB"
     )
+    if backlog:
+        row.notes.append(f"diagnostic run: node listener backlog {backlog} (${BACKLOG_ENV})")
+    row.notes.extend(profile_lines)
     row.details = {
         **size,
+        "nodes_backlog": backlog,
+        "profile": profile_lines,
         "everyone_back": everyone_back,
         "relogin_s": {
             "p50": percentile(relogin, 50),
@@ -344,6 +385,7 @@ def run(ctx: Context) -> Row:
         "probes_while_down": len(down_probes),
         "refusals": refusals,
         "error_frames": errors,
+        "listen_drops": drops,
         "cpu_fraction_by_process": cpu,
         "site_peak_rss_bytes": rss.get("VmHWM"),
         "reports_per_s_before": acked_before / window_before,

@@ -43,7 +43,7 @@ def _no_postgres_yet() -> BenchPostgres:
 class Context:
     """How a benchmark should run: size (``quick``), where to put its files,
     whether to sample the site with py-spy while it is under load
-    (``profile``), and the site's database backend (``backend``: B1 and B2
+    (``profile``), and the site's database backend (``backend``: B1, B2, B9
     run on either; ``pg`` is the run's one PostgreSQL server, shared by the
     contexts of one run and started when first needed).  ``cache``: where
     seeded databases are kept between runs of the same size (None: seed

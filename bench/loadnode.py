@@ -65,6 +65,7 @@ from twisted.python.failure import Failure
 from bench import plan
 from tasknet.node.link import login_backoff
 from tasknet.protocol import messages as m
+from tasknet.protocol.connection import LOGIN_TIMEOUT
 
 REACTOR: Any = reactor
 # At most this many connections between connect and LoginResult at once,
@@ -129,6 +130,7 @@ class Fleet:
         self.disconnects = 0
         self.reconnect_attempts = 0
         self.connect_failed_count = 0
+        self.login_timeouts = 0
         self._storm_call: task.LoopingCall | None = None
 
     # ------------------------------------------------------------ connecting
@@ -315,6 +317,7 @@ class Fleet:
             "disconnects": self.disconnects,
             "reconnect_attempts": self.reconnect_attempts,
             "connects_failed": self.connect_failed_count,
+            "login_timeouts": self.login_timeouts,
             "storm_at": self.storm_at,
             "relogin_s": sorted(round(x, 3) for x in self.relogin_s.values()),
             "reported_s": sorted(round(x, 3) for x in self.reported_s.values()),
@@ -340,6 +343,8 @@ class LoadNode(protocol.Protocol):
         self.settled = False
         self.closing = False
         self.heartbeat: task.LoopingCall | None = None
+        self.login_deadline: Any = None
+        self.pre_login_beat: task.LoopingCall | None = None
 
     @property
     def gids(self) -> list[int]:
@@ -357,6 +362,30 @@ class LoadNode(protocol.Protocol):
 
     def connectionMade(self) -> None:
         self.node.connected_once = True
+        # As the real node's PeerProtocol: heartbeats from the start, and a
+        # login that has not completed within LOGIN_TIMEOUT closes the
+        # connection (a failed login for the backoff).  A half-open
+        # connection (the site's accept queue dropped it) ends that way.
+        self.login_deadline = REACTOR.callLater(self.args.login_timeout, self._login_timed_out)
+        self.pre_login_beat = task.LoopingCall(lambda: self.send(m.Heartbeat(now_ms())))
+        self.pre_login_beat.start(self.args.heartbeat, now=False)
+
+    def _end_pre_login(self) -> None:
+        if self.login_deadline is not None and self.login_deadline.active():
+            self.login_deadline.cancel()
+        self.login_deadline = None
+        if self.pre_login_beat is not None and self.pre_login_beat.running:
+            self.pre_login_beat.stop()
+        self.pre_login_beat = None
+
+    def _login_timed_out(self) -> None:
+        self.login_deadline = None
+        self.fleet.login_timeouts += 1
+        if self.fleet.storm_at:
+            self.fleet.storm_refusals["no LoginResult within the login timeout"] += 1
+        transport: Any = self.transport
+        if transport is not None:
+            transport.abortConnection()
 
     def dataReceived(self, data: bytes) -> None:
         buf = self.buffer
@@ -407,6 +436,7 @@ class LoadNode(protocol.Protocol):
         if self.settled:
             return
         self.settled = True
+        self._end_pre_login()
         self.logged_in = message.accepted
         first = not self.node.logged_in_once
         if first:
@@ -433,6 +463,7 @@ class LoadNode(protocol.Protocol):
             self.heartbeat.start(self.args.heartbeat, now=True)
 
     def connectionLost(self, reason: Failure = protocol.connectionDone) -> None:
+        self._end_pre_login()
         if self.heartbeat is not None and self.heartbeat.running:
             self.heartbeat.stop()
         self.node.link_down(self)
@@ -671,6 +702,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         type=float,
         default=0.0,
         help="seconds from an ACK to the node's next report (0: at once)",
+    )
+    p.add_argument(
+        "--login-timeout",
+        type=float,
+        default=LOGIN_TIMEOUT,
+        help="close a connection with no LoginResult after this many seconds (the node's)",
     )
     p.add_argument(
         "--max-pending",

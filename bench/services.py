@@ -63,16 +63,20 @@ def spawn_site(
     name: str = "site",
     http_port: int = 0,
     nodes_port: int = 0,
+    nodes_backlog: int | None = None,
 ) -> Site:
     """``twistd -n tasknet-site`` on the database ``db`` (a SQLite file or a
     PostgreSQL URL), both ports on loopback (free ones unless given: B10
     restarts a site on the ports its nodes know), logging to
-    ``directory/name.log``; returns at once (see :func:`wait_site`)."""
+    ``directory/name.log``; returns at once (see :func:`wait_site`).
+    ``nodes_backlog``: the node listener's listen backlog (default: the
+    endpoint's, Twisted's 50)."""
     http_port, nodes_port = http_port or free_port(), nodes_port or free_port()
+    backlog = f":backlog={nodes_backlog}" if nodes_backlog else ""
     args = [
         f"--db={db}",
         f"--http=tcp:{http_port}:interface=127.0.0.1",
-        f"--nodes=tcp:{nodes_port}:interface=127.0.0.1",
+        f"--nodes=tcp:{nodes_port}:interface=127.0.0.1{backlog}",
         f"--upstream={upstream_url}",
         *extra_args,
     ]
