@@ -41,14 +41,17 @@ from bench.load import LoadFleet
 from bench.procs import BenchError
 from bench.profile import Recorder, format_summary
 from bench.services import Site, spawn_site, start_upstream, wait_site
+from tasknet.site.node_listener import NODES_BACKLOG
 
 TARGET_SECONDS = 30.0
 TARGET_ANSWER_MS = 1000.0
 PROBE_EVERY = 0.15
 PROBE_GIDS = range(60_000_001, 61_000_000)
 #: A diagnostic: the node listener's listen backlog for both site runs
-#: (default: the site's own endpoint default, which is what is measured).
+#: (default: that of the site's default endpoint, which is what is measured).
 BACKLOG_ENV = "TASKNET_BENCH_B10_BACKLOG"
+#: A diagnostic: the number of nodes of a full-size run (default 2,000).
+NODES_ENV = "TASKNET_BENCH_B10_NODES"
 
 
 def _sizes(quick: bool) -> dict[str, Any]:
@@ -65,7 +68,7 @@ def _sizes(quick: bool) -> dict[str, Any]:
             "backoff_scale": 0.2,
         }
     return {
-        "nodes": 2000,
+        "nodes": int(os.environ.get(NODES_ENV) or 0) or 2000,
         "processes": 2,
         "entries": 5,
         "report_every": 5.0,
@@ -186,7 +189,9 @@ def run(ctx: Context) -> Row:
     db = directory / "site.sqlite"
     for suffix in ("", "-wal", "-shm"):
         Path(f"{db}{suffix}").unlink(missing_ok=True)
-    backlog = int(os.environ.get(BACKLOG_ENV) or 0) or None
+    diagnostic_backlog = int(os.environ.get(BACKLOG_ENV) or 0) or None
+    # The bench names its own --nodes endpoint: give it the site's default backlog.
+    backlog = diagnostic_backlog or NODES_BACKLOG
     upstream = start_upstream(directory)
     restarted: Site | None = None
     profile_lines: list[str] = []
@@ -360,8 +365,10 @@ def run(ctx: Context) -> Row:
         + ", ".join(f"{name} {100 * value:.0f}%" for name, value in cpu.items())
         + f"; restarted site's peak RSS {rss.get('VmHWM', 0) / 2**20:.0f} MiB"
     )
-    if backlog:
+    if diagnostic_backlog:
         row.notes.append(f"diagnostic run: node listener backlog {backlog} (${BACKLOG_ENV})")
+    if nodes != 2000 and not ctx.quick:
+        row.notes.append(f"diagnostic run: {nodes} nodes (${NODES_ENV})")
     row.notes.extend(profile_lines)
     row.details = {
         **size,
@@ -380,6 +387,12 @@ def run(ctx: Context) -> Row:
         },
         "downtime_s": up_at - killed_at,
         "worst_after_up_ms": worst,
+        # When the slow answers came (seconds after the kill): where to look.
+        "slow_after_up": [
+            (p.kind, round(p.started - killed_at, 2), round(p.ms))
+            for p in after_up
+            if p.ms >= TARGET_ANSWER_MS / 4
+        ],
         "failed_after_up": [p.__dict__ for p in failed_after_up[:20]],
         "probes_after_up": len(after_up),
         "probes_while_down": len(down_probes),

@@ -14,6 +14,7 @@ the end of the window and none was dropped.
 
 from __future__ import annotations
 
+import os
 import time
 
 from bench.harness import Context, Row
@@ -25,6 +26,8 @@ from tasknet.process import free_port
 
 TARGET_CPU_PERCENT = 20.0
 TARGET_RSS_MIB = 1024.0
+#: A diagnostic: the number of connections of a full-size run (default 10,000).
+NODES_ENV = "TASKNET_BENCH_B5_NODES"
 
 
 def run(ctx: Context) -> Row:
@@ -34,6 +37,7 @@ def run(ctx: Context) -> Row:
         # 50 s: longer than the site's 45 s idle timeout, so a connection whose
         # heartbeats the site did not count would be dropped inside the window.
         nodes, processes, window, heartbeat = 10_000, 4, 50.0, 15.0
+        nodes = int(os.environ.get(NODES_ENV) or 0) or nodes
     directory = ctx.scratch("b5")
     db = directory / "site.sqlite"
     seeded = seed_site(db, node_count=nodes)

@@ -56,29 +56,27 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
-from twisted.application.internet import ClientService, backoffPolicy
+from twisted.application.internet import ClientService
 from twisted.internet import protocol, reactor, stdio, task
 from twisted.internet.endpoints import TCP4ClientEndpoint
 from twisted.protocols.basic import LineReceiver
 from twisted.python.failure import Failure
 
 from bench import plan
-from tasknet.node.link import login_backoff
+from tasknet.node.link import login_backoff, retry_policy_of
 from tasknet.protocol import messages as m
 from tasknet.protocol.connection import LOGIN_TIMEOUT
+from tasknet.runtime import SystemEntropy
 
 REACTOR: Any = reactor
 # At most this many connections between connect and LoginResult at once,
-# below the site's listen backlog (Twisted's default, 50): a larger burst
+# below the listen backlog of the bench's own --nodes endpoint (B5 gives
+# none: Twisted's default, 50; the site's default endpoint has
+# node_listener.NODES_BACKLOG, which B10 passes on): a larger burst
 # overflows the accept queue, and a connection whose handshake the kernel
 # dropped can stall past the bench's wait, which would measure the kernel,
 # not the site.
 MAX_PENDING_LOGINS = 32
-#: The real node's retry policy (``tasknet.node.link.SiteClientService``'s
-#: default: ``backoffPolicy(initialDelay=0.5, maxDelay=30.0)``; the bench
-#: smoke test checks link.py still says so).
-NODE_INITIAL_DELAY = 0.5
-NODE_MAX_DELAY = 30.0
 #: The real node's connect timeout (``clientFromString``'s TCP default).
 NODE_CONNECT_TIMEOUT = 30
 #: The real reporter's debounce (``tasknet.node.reporter.DEBOUNCE``).
@@ -148,7 +146,8 @@ class Fleet:
 
     def start_service(self, factory: NodeFactory) -> None:
         """The real node's reconnecting ClientService for one node."""
-        policy = backoffPolicy(initialDelay=NODE_INITIAL_DELAY, maxDelay=NODE_MAX_DELAY)
+        # The real node's policy, jitter included (tasknet.node.link).
+        policy = retry_policy_of(SystemEntropy())
         if self.args.backoff_scale != 1.0:
             scale = self.args.backoff_scale
 

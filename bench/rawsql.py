@@ -177,17 +177,17 @@ def is_query(statement: Statement) -> bool:
 def explain(target: str, statement: Statement) -> list[str]:
     """The plan of ``statement`` (PostgreSQL: as run, with its timings)."""
     connection = _connect(target)
+    # The plain text (an engine ``Sql`` is never formatted into another).
+    text = str(statement.sql)
     try:
         if _is_postgres(target):
             import psycopg
 
             raw = psycopg_of(connection)
             cursor = psycopg.ClientCursor(raw)
-            cursor.execute(f"EXPLAIN (ANALYZE, BUFFERS) {statement.sql}", statement.params)
+            cursor.execute("EXPLAIN (ANALYZE, BUFFERS) " + text, statement.params)
             return [str(r[0]) for r in cursor.fetchall()]
-        rows = connection.execute(
-            f"EXPLAIN QUERY PLAN {statement.sql}", statement.params
-        ).fetchall()
+        rows = connection.execute("EXPLAIN QUERY PLAN " + text, statement.params).fetchall()
         depth: dict[int, int] = {0: -1}
         lines = []
         for node_id, parent, _unused, detail in rows:

@@ -39,6 +39,7 @@ PostgreSQL through the storage functions directly costs ~8 ms per task
 
 from __future__ import annotations
 
+import os
 import random
 import shutil
 import sqlite3
@@ -50,6 +51,10 @@ from typing import Any
 
 from bench import plan
 
+#: Set to a number of tasks (e.g. 100000) for a B9 run of that size, the
+#: million's shape scaled down (users and nodes a thousandth, the heavy
+#: user a tenth); ``--quick`` still wins.
+TASKS_ENV = "TASKNET_BENCH_B9_TASKS"
 #: Tasks per seeding transaction.
 CHUNK = 20_000
 #: The name-search word (in about 0.5 % of the names).
@@ -106,6 +111,19 @@ class ViewSizes:
     def of(cls, quick: bool) -> ViewSizes:
         if quick:
             return cls(tasks=2_000, users=10, heavy_tasks=500, nodes=10, history_minutes=30)
+        scaled = os.environ.get(TASKS_ENV)
+        if scaled:
+            # A medium run (e.g. 100,000): the same shape, scaled down.
+            tasks = int(scaled)
+            if tasks < 1_000:
+                raise ValueError(f"{TASKS_ENV} must be at least 1000, got {tasks}")
+            return cls(
+                tasks=tasks,
+                users=max(10, tasks // 1_000),
+                heavy_tasks=tasks // 10,
+                nodes=max(10, tasks // 1_000),
+                history_minutes=1440,
+            )
         return cls(
             tasks=1_000_000, users=1_000, heavy_tasks=100_000, nodes=1_000, history_minutes=1440
         )
@@ -328,6 +346,8 @@ def write_history(path: Path, sizes: ViewSizes, log: Any = print) -> float:
             int(r[0]) for r in connection.execute('SELECT id FROM "user" ORDER BY id').fetchall()
         ]
         connection.execute("DELETE FROM throughput_minute")
+        connection.execute("DELETE FROM throughput_total")  # its rollups (schema v8)
+        connection.execute("DELETE FROM throughput_node")
         connection.execute("DELETE FROM node_bytes")
         now_minute = int(time.time() // 60)
         first = now_minute - sizes.history_minutes + 1
@@ -417,6 +437,8 @@ COPIED_TABLES = (
     "node_bytes",
     "node_dropped_entry",
     "throughput_minute",
+    "throughput_total",
+    "throughput_node",
     "report_receipt",
 )
 #: Identity columns to move past the copied ids.

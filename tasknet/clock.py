@@ -1,10 +1,19 @@
 """The one place a component's clock or reactor defaults to the global reactor.
 
 Every timed object takes its clock (``IReactorTime``) or reactor as a
-parameter so that its tests can run on ``twisted.internet.task.Clock``; the
-default, for production callers that pass nothing, is resolved here, the way
-Twisted's ``_maybeGlobalReactor`` does it.  Importing the global reactor only
-when needed keeps a test free to install another reactor first.
+parameter so that its tests can run on ``twisted.internet.task.Clock``, and
+a composition root hands it the process's (``tasknet.node.service.NodeService``,
+``tasknet.site.root.build_site``, ``tasknet.upstream.service.makeService``):
+the roots resolve Twisted's global reactor themselves, at the entry point.
+
+Not for new code.  What still calls this is a seam of issue 20: a component
+whose callers do not all pass the reactor yet (``NodeStore``, for
+``bench/nodeworker.py``; ``PeerFactory``, for ``NodeListenerFactory``; the
+site's storage, dispatcher and ``NodeOwnership``), or an entry point that
+resolves its own (``tasknet-admin``, the drill's proxy), so that nothing a
+root builds depends on it, but a part built outside a root may still reach
+the global reactor.  Importing the global reactor only when needed keeps a
+test free to install another reactor first.
 """
 
 from __future__ import annotations

@@ -13,8 +13,9 @@ Choosing the output (docs/operations.md, "Logs"):
   its logger, so the plugin makes twistd use :func:`observer` (its
   ``--logger``) writing where twistd would have: stdout under ``-n``, else
   ``--logfile`` (``twistd.log`` for a daemon), reopened on SIGUSR1 as
-  twistd's own.  twistd's ``--syslog`` or a ``--logger`` of another's is
-  left alone;
+  twistd's own, on the reactor the role's ``makeService`` gives
+  :func:`rotate_on` (twistd builds the service before its logger).
+  twistd's ``--syslog`` or a ``--logger`` of another's is left alone;
 * without the options the environment decides: ``TASKNET_LOG_FORMAT=json``
   (or the older ``TASKNET_LOG_JSON=1``) and ``TASKNET_LOG_LEVEL=debug``;
   the default is text at info.  ``--logger tasknet.logging.observer``
@@ -55,6 +56,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import IO, Any
 
+from twisted.internet.interfaces import IReactorFromThreads
 from twisted.logger import (
     FileLogObserver,
     FilteringLogObserver,
@@ -93,6 +95,8 @@ class _Chosen:
     level: str | None = None
     #: twistd's log file when :func:`observer` writes it (None: stdout).
     path: str | None = None
+    #: The reactor a SIGUSR1 rotates that file on (:func:`rotate_on`).
+    reactor: IReactorFromThreads | None = None
 
 
 _chosen = _Chosen()
@@ -219,16 +223,26 @@ def _destination() -> IO[str]:
     from twisted.python.logfile import LogFile
 
     log_file = LogFile.fromFullPath(_chosen.path)
-    # As twistd's own log file: SIGUSR1 rotates it (unless a handler is set).
-    if not signal.getsignal(signal.SIGUSR1):
+    # As twistd's own log file: SIGUSR1 rotates it (unless a handler is set),
+    # on the role's reactor, between two of its writes.
+    reactor = _chosen.reactor
+    if reactor is not None and not signal.getsignal(signal.SIGUSR1):
 
         def rotate(signum: int, frame: Any) -> None:
-            from twisted.internet import reactor
-
-            reactor.callFromThread(log_file.rotate)  # type: ignore[attr-defined]
+            reactor.callFromThread(log_file.rotate)
 
         signal.signal(signal.SIGUSR1, rotate)
     return log_file  # type: ignore[return-value]
+
+
+def rotate_on(reactor: IReactorFromThreads | None) -> None:
+    """Record the reactor twistd's log file is rotated on (SIGUSR1).
+
+    Called by each role's ``makeService``, which twistd runs before it
+    builds its logger (:func:`observer`), with the reactor the role runs
+    on.  Without one (no role's service built, or a reactor without
+    ``callFromThread``: a test's) SIGUSR1 is left alone."""
+    _chosen.reactor = reactor
 
 
 class LogOptions:

@@ -322,8 +322,12 @@ def _run_with_lifecycle(args: argparse.Namespace, out: TextIO) -> None:
 
     async def body() -> None:
         database = storage_db.open_pool(args.db)
-        upstream = UpstreamClient(args.upstream, persistent=False, audit_timeout=args.audit_timeout)
-        lifecycle = Lifecycle(database, upstream, upstream_timeout=args.audit_timeout)
+        upstream = UpstreamClient(
+            args.upstream, reactor=reactor, persistent=False, audit_timeout=args.audit_timeout
+        )
+        lifecycle = Lifecycle(
+            database, upstream, upstream_timeout=args.audit_timeout, clock=reactor
+        )
         try:
             if args.command == "unknown":
                 await _unknown_command(lifecycle, args, out)

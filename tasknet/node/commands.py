@@ -15,7 +15,6 @@ lock), so a DELETE never races the DOWNLOAD before it.
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Callable
 from urllib.parse import urlsplit
 
@@ -33,6 +32,7 @@ from tasknet.protocol.messages import (
     Message,
     TaskCommand,
 )
+from tasknet.runtime import IEntropy
 from tasknet.status import NodeCode
 
 log = Logger()
@@ -74,8 +74,12 @@ class CommandHandler:
         data: DataDir,
         worker: Worker,
         on_change: Callable[[], None],
+        *,
+        entropy: IEntropy,
     ) -> None:
         self.store = store
+        #: The ids of legacy downloads (which carry no operationId) come from it.
+        self.entropy = entropy
         self.data = data
         self.worker = worker
         self.on_change = on_change
@@ -131,7 +135,7 @@ class CommandHandler:
             name,
             url,
             protocol,
-            legacy_operation_id=f"legacy-{uuid.uuid4().hex}",
+            legacy_operation_id=f"legacy-{self.entropy.uuid4().hex}",
             size=size,
         )
         if accepted.kind == "duplicate":

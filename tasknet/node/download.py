@@ -25,8 +25,8 @@ from typing import IO, Any
 
 import treq
 from treq.client import HTTPClient
-from twisted.internet.base import DelayedCall
 from twisted.internet.defer import CancelledError, Deferred
+from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.internet.protocol import Protocol
 from twisted.python.failure import Failure
 from twisted.web.client import ResponseDone
@@ -110,7 +110,7 @@ class _FileSink(Protocol):
         path: Path,
         written: int,
         on_data: Callable[[int], None],
-        clock: Any,
+        clock: IReactorTime,
         idle_timeout: float,
         limit: SizeLimit | None = None,
     ) -> None:
@@ -122,7 +122,7 @@ class _FileSink(Protocol):
         self.clock = clock
         self.idle_timeout = idle_timeout
         self.finished: Deferred[int] = Deferred(self._cancel)
-        self._watchdog: DelayedCall | None = None
+        self._watchdog: IDelayedCall | None = None
         self._failure: Exception | None = None
         self._cancelled = False
 
@@ -201,7 +201,7 @@ async def fetch(
     client: HTTPClient,
     url: str,
     part: Path,
-    clock: Any,
+    clock: IReactorTime,
     on_progress: ProgressCallback,
     *,
     idle_timeout: float = 30.0,
@@ -225,7 +225,7 @@ async def _fetch(
     client: HTTPClient,
     url: str,
     part: Path,
-    clock: Any,
+    clock: IReactorTime,
     on_progress: ProgressCallback,
     idle_timeout: float,
     limit: SizeLimit | None,
@@ -238,7 +238,14 @@ async def _fetch(
         raise limit.exceeded(offset)
     headers = Headers({"Range": [f"bytes={offset}-"]} if offset else {})
     try:
-        response: Any = await client.get(url, headers=headers, timeout=idle_timeout)
+        # treq's timeout runs on the reactor it is given (else the global one);
+        # it only calls its callLater, though treq types it as a whole reactor.
+        response: Any = await client.get(
+            url,
+            headers=headers,
+            timeout=idle_timeout,
+            reactor=clock,  # type: ignore[arg-type]
+        )
     except CancelledError:
         raise
     except Exception as exc:
@@ -295,7 +302,7 @@ async def _append_body(
     part: Path,
     offset: int,
     total: int | None,
-    clock: Any,
+    clock: IReactorTime,
     on_progress: ProgressCallback,
     idle_timeout: float,
     limit: SizeLimit | None = None,

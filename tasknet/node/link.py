@@ -36,7 +36,6 @@ the next site, with the same backoff between attempts.
 from __future__ import annotations
 
 import ipaddress
-import secrets
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -48,6 +47,7 @@ from twisted.internet.interfaces import (
     IDelayedCall,
     IProtocol,
     IProtocolFactory,
+    IReactorTCP,
     IReactorTime,
     ISSLTransport,
     IStreamClientEndpoint,
@@ -56,7 +56,6 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 from zope.interface import implementer
 
-from tasknet.clock import default_reactor
 from tasknet.protocol.connection import LOGIN_TIMEOUT, PeerFactory, PeerProtocol, hello_is_v2
 from tasknet.protocol.messages import (
     FEATURE_RELIABLE,
@@ -81,6 +80,7 @@ from tasknet.protocol.messages import (
     verify_site_proof,
 )
 from tasknet.protocol.session import INodeHandler, ISiteLink
+from tasknet.runtime import IEntropy
 
 __all__ = [
     "PROOF_TIMEOUT",
@@ -248,7 +248,7 @@ class SiteLink(PeerProtocol):
     # -- the site's proof
 
     def _challenge_site(self) -> None:
-        self._challenge = secrets.token_hex(16)
+        self._challenge = self.factory.entropy.token_hex(16)
         self.sendMessage(NodeChallenge(self._challenge))
         self._proof_deadline = self.clock.callLater(
             self.factory.proof_timeout, self._proof_timed_out
@@ -336,6 +336,7 @@ class SiteLinkFactory(PeerFactory):
         login_timeout: float = LOGIN_TIMEOUT,
         trust_legacy_site: bool = False,
         proof_timeout: float = PROOF_TIMEOUT,
+        entropy: IEntropy,
     ) -> None:
         if protocol not in (1, 2):
             raise ValueError(f"protocol must be 1 or 2, got {protocol!r}")
@@ -354,10 +355,19 @@ class SiteLinkFactory(PeerFactory):
         self.wire_protocol = protocol  # not .protocol: Factory uses that name
         self.trust_legacy_site = trust_legacy_site
         self.proof_timeout = proof_timeout
+        #: The nonces of the site's proof (NodeChallenge) come from it.
+        self.entropy: IEntropy = entropy
         self.dialled_tls: Callable[[], bool] = lambda: False
 
     def buildProtocol(self, addr: Any) -> Any:  # Any: Factory's generic typing wants more
         return SiteLink(self)
+
+
+def retry_policy_of(entropy: IEntropy) -> Callable[[int], float]:
+    """The node's default reconnect policy: exponential from 0.5 s to 30 s,
+    jittered from ``entropy`` (so that nodes dropped together do not all
+    come back together)."""
+    return backoffPolicy(initialDelay=0.5, maxDelay=30.0, jitter=entropy.random().random)
 
 
 def login_backoff(
@@ -435,7 +445,7 @@ class RotatingEndpoint:
         return self.upcoming
 
 
-def site_endpoints(reactor: Any, descriptions: str | Sequence[str]) -> RotatingEndpoint:
+def site_endpoints(reactor: IReactorTCP, descriptions: str | Sequence[str]) -> RotatingEndpoint:
     """The endpoint strings parsed, in order, behind one :class:`RotatingEndpoint`.
 
     Each is any Twisted client endpoint string (``tcp:``, ``tls:`` with
@@ -528,14 +538,15 @@ def site_client_service(
     handler: INodeHandler,
     *,
     protocol: int = 2,
-    reactor: Any = None,
-    clock: Any = None,
+    reactor: IReactorTCP,
+    clock: IReactorTime | None = None,
     max_payload: int = MAX_PAYLOAD,
     heartbeat_interval: float = 15.0,
     idle_timeout: float = 45.0,
     retry_policy: Callable[[int], float] | None = None,
     trust_legacy_site: bool = False,
     proof_timeout: float = PROOF_TIMEOUT,
+    entropy: IEntropy,
 ) -> SiteClientService:
     """A service that keeps the node connected (and logged in) to the site.
 
@@ -547,11 +558,13 @@ def site_client_service(
     never completes) counts as a failed attempt until a login succeeds
     (:func:`login_backoff`).  ``clock`` (default: ``reactor``) runs the
     retry and connection timers, the site's proof deadline included.
-    ``trust_legacy_site``: see :class:`SiteLinkFactory`.
+    ``trust_legacy_site``: see :class:`SiteLinkFactory`.  ``entropy`` gives
+    the site's challenges and the default policy's jitter.  ``reactor``
+    (whose TCP, TLS and UNIX connections the endpoints use) and ``entropy``
+    are the node root's.
     """
-    reactor = default_reactor(reactor)
     if clock is None:
-        clock = reactor
+        clock = IReactorTime(reactor)
     endpoints = site_endpoints(reactor, endpoint)
     factory = SiteLinkFactory(
         node_id,
@@ -564,12 +577,13 @@ def site_client_service(
         idle_timeout=idle_timeout,
         trust_legacy_site=trust_legacy_site,
         proof_timeout=proof_timeout,
+        entropy=entropy,
     )
     # One attempt at a time: the endpoint dialled last is the connection's.
     factory.dialled_tls = lambda: (endpoints.dialled or "").startswith("tls:")
     return SiteClientService(
         endpoints,
         factory,
-        retry_policy or backoffPolicy(initialDelay=0.5, maxDelay=30.0),
+        retry_policy or retry_policy_of(entropy),
         clock,
     )

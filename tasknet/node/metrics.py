@@ -35,6 +35,7 @@ from prometheus_client import (
 )
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
+from twisted.internet.interfaces import IReactorTime
 from twisted.web.resource import IResource, Resource
 from twisted.web.server import Request, Site
 
@@ -70,7 +71,7 @@ class NodeCollector(Collector):
     current worker and reporter (``None`` before they exist, e.g. while the
     node is starting: then every value is 0)."""
 
-    def __init__(self, source: Callable[[], tuple[Any, Any, bool]], clock: Any) -> None:
+    def __init__(self, source: Callable[[], tuple[Any, Any, bool]], clock: IReactorTime) -> None:
         self._source = source
         self._clock = clock
 
@@ -106,7 +107,9 @@ class NodeCollector(Collector):
         )
 
 
-def node_registry(source: Callable[[], tuple[Any, Any, bool]], clock: Any) -> CollectorRegistry:
+def node_registry(
+    source: Callable[[], tuple[Any, Any, bool]], clock: IReactorTime
+) -> CollectorRegistry:
     """A registry holding only the node's metrics."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(NodeCollector(source, clock))
@@ -126,11 +129,12 @@ class _MetricsPage(Resource):
         return generate_latest(self._registry)
 
 
-def metrics_site(registry: CollectorRegistry) -> Site:
-    """The HTTP site serving ``registry`` at ``/metrics`` and ``/``."""
+def metrics_site(registry: CollectorRegistry, reactor: IReactorTime) -> Site:
+    """The HTTP site serving ``registry`` at ``/metrics`` and ``/``, its
+    timers (idle connections, the access log's date) on ``reactor``."""
     page = cast(IResource, _MetricsPage(registry))
     root = Resource()
     root.putChild(b"metrics", page)
     root.putChild(b"", page)
     # Scrapes every few seconds: their access lines are debug events.
-    return QuietSite(cast(IResource, root))
+    return QuietSite(cast(IResource, root), reactor=reactor)

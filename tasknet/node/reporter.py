@@ -17,14 +17,12 @@ ACK or not (docs/protocol.md, "The legacy boundary").
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Callable, Collection
 
 from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.logger import Logger
 
-from tasknet.clock import default_reactor
 from tasknet.coalesce import CoalescingRunner
 from tasknet.node.store import FAILED, NodeStore, PendingReport
 from tasknet.protocol.messages import (
@@ -37,6 +35,7 @@ from tasknet.protocol.messages import (
     TaskReportAck,
 )
 from tasknet.protocol.session import ISiteLink
+from tasknet.runtime import IEntropy
 from tasknet.status import NodeCode
 
 log = Logger()
@@ -63,16 +62,20 @@ class Reporter:
         legacy_node: bool,
         ack_timeout: float = 10.0,
         debounce: float = DEBOUNCE,
-        clock: IReactorTime | None = None,
+        clock: IReactorTime,
         queued: Callable[[], Collection[int]] = frozenset,
+        entropy: IEntropy,
     ) -> None:
+        """``clock``: the debounce and ACK timers, the reports' revisions;
+        ``entropy``: the report ids (the node's root's)."""
         self.store = store
+        self.entropy: IEntropy = entropy
         #: The gids waiting for a download slot now (their entries say ``queued``).
         self.queued = queued
         self.legacy_node = legacy_node
         self.ack_timeout = ack_timeout
         self.debounce = debounce
-        self.clock: IReactorTime = default_reactor(clock)
+        self.clock: IReactorTime = clock
         self.link: ISiteLink | None = None
         self.in_flight: PendingReport | None = None
         #: When the report in flight was taken (or found at start), on ``clock``.
@@ -178,7 +181,7 @@ class Reporter:
             return
         self._dirty = False
         report = await self.store.create_report(
-            uuid.uuid4().hex, int(self.clock.seconds() * 1000), frozenset(self.queued())
+            self.entropy.uuid4().hex, int(self.clock.seconds() * 1000), frozenset(self.queued())
         )
         if report is None:
             return

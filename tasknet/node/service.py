@@ -15,13 +15,13 @@ from typing import Any
 
 from twisted.application.service import MultiService
 from twisted.internet.defer import Deferred
+from twisted.internet.interfaces import IReactorCore, IReactorFromThreads, IReactorTCP, IReactorTime
 from twisted.logger import Logger
 from twisted.python import usage
 from twisted.python.failure import Failure
 from zope.interface import implementer
 
-from tasknet.clock import default_reactor
-from tasknet.logging import LogOptions, use_for_twistd
+from tasknet.logging import LogOptions, rotate_on, use_for_twistd
 from tasknet.node.commands import BadCommand, CommandHandler
 from tasknet.node.download import DEFAULT_MAX_ARCHIVE_BYTES
 from tasknet.node.paths import DataDir
@@ -30,6 +30,7 @@ from tasknet.node.store import NodeStore
 from tasknet.node.worker import Worker
 from tasknet.protocol.messages import NODE_ID, Message, TaskReportAck
 from tasknet.protocol.session import INodeHandler, ISiteLink
+from tasknet.runtime import IEntropy, IThreadPools, RealThreadPools, SystemEntropy
 from tasknet.startup import exit_after_stop
 from tasknet.version import version_option
 
@@ -210,7 +211,18 @@ class Options(LogOptions, usage.Options):
 
 @implementer(INodeHandler)
 class NodeService(MultiService):
-    """The node: store, worker, reporter, commands, and the link to the site."""
+    """The node: store, worker, reporter, commands, and the link to the site.
+
+    Its composition root: it builds every component and hands each what it
+    reads time, randomness, ids and I/O through: ``reactor`` (the time,
+    TCP and core of the process, adapted to each interface when given:
+    a wrong wire fails here), ``threads`` (the store's and the
+    compressions' pools) and ``entropy`` (the site's challenges, report and
+    legacy ids, and the seeds of the components' jitter).  All three are
+    required: :func:`makeService` gives production's (Twisted's global
+    reactor, real threads, the OS's entropy), the simulation its own
+    (tests/sim/node_world.py).
+    """
 
     def __init__(
         self,
@@ -223,7 +235,7 @@ class NodeService(MultiService):
         downloads: int = 4,
         compressors: int = 1,
         ack_timeout: float = 10.0,
-        reactor: Any = None,
+        reactor: IReactorCore,
         link_idle_timeout: float = 45.0,
         download_idle_timeout: float = 30.0,
         debounce: float = 0.3,
@@ -232,9 +244,15 @@ class NodeService(MultiService):
         trust_legacy_site: bool = False,
         max_archive_bytes: int = DEFAULT_MAX_ARCHIVE_BYTES,
         proof_timeout: float | None = None,
+        threads: IThreadPools,
+        entropy: IEntropy,
     ) -> None:
         super().__init__()
-        self.reactor = default_reactor(reactor)
+        self.reactor: IReactorCore = IReactorCore(reactor)
+        self.clock: IReactorTime = IReactorTime(reactor)
+        self.tcp: IReactorTCP = IReactorTCP(reactor)
+        self.threads: IThreadPools = threads
+        self.entropy: IEntropy = entropy
         # The sites' endpoints in dialling order (link.RotatingEndpoint).
         self.connect: tuple[str, ...] = (connect,) if isinstance(connect, str) else tuple(connect)
         if not self.connect:
@@ -308,20 +326,25 @@ class NodeService(MultiService):
             self.secret,
             self,
             protocol=self.protocol,
-            reactor=self.reactor,
+            reactor=self.tcp,
+            clock=self.clock,
+            entropy=self.entropy,
             idle_timeout=self.link_idle_timeout,
             retry_policy=self.retry_policy,
             trust_legacy_site=self.trust_legacy_site,
             proof_timeout=PROOF_TIMEOUT if self.proof_timeout is None else self.proof_timeout,
         )
-        store = self.store = NodeStore(self.data)
+        store = self.store = NodeStore(
+            self.data, reactor=self.reactor, clock=self.clock, threads=self.threads
+        )
         await store.create_schema()
         reporter = self.reporter = Reporter(
             store,
             legacy_node=self.protocol == 1,
             ack_timeout=self.ack_timeout,
             debounce=self.debounce,
-            clock=self.reactor,
+            clock=self.clock,
+            entropy=self.entropy,
             queued=lambda: self.worker.waiting() if self.worker is not None else frozenset(),
         )
         await reporter.load()
@@ -331,12 +354,16 @@ class NodeService(MultiService):
             reporter.changed,
             downloads=self.downloads,
             compressors=self.compressors,
-            clock=self.reactor,
+            clock=self.clock,  # and, the same object, its TCP and its callFromThread
             idle_timeout=self.download_idle_timeout,
             max_archive_bytes=self.max_archive_bytes,
+            threads=self.threads,
+            rng=self.entropy.random(),
         )
         worker.start()
-        self.commands = CommandHandler(store, self.data, worker, reporter.changed)
+        self.commands = CommandHandler(
+            store, self.data, worker, reporter.changed, entropy=self.entropy
+        )
         await self._recover()
         await worker.resume_all()
         if self.metrics is not None:  # before dialling: a taken port fails the start
@@ -357,12 +384,12 @@ class NodeService(MultiService):
         from tasknet.node.metrics import loopback_by_default, metrics_site, node_registry
 
         registry = node_registry(
-            lambda: (self.worker, self.reporter, self.link is not None), self.reactor
+            lambda: (self.worker, self.reporter, self.link is not None), self.clock
         )
         # No authentication on that page: tcp:PORT means loopback only.
         endpoint = loopback_by_default(endpoint)
-        self.metrics_port = await serverFromString(self.reactor, endpoint).listen(
-            metrics_site(registry)
+        self.metrics_port = await serverFromString(self.tcp, endpoint).listen(
+            metrics_site(registry, self.clock)
         )
         log.info("metrics on {endpoint}", endpoint=endpoint)
 
@@ -378,8 +405,9 @@ class NodeService(MultiService):
         tasks = {t.gid: t for t in await self.store.tasks()}
         wanted = {self.data.part_path(t.gid, t.operation_id) for t in tasks.values()}
         wanted |= {self.data.archive_path(t.gid, t.operation_id) for t in tasks.values()}
-        leftovers = [p for p in self.data.partial.iterdir() if p not in wanted]
-        for archive in self.data.archives.iterdir():
+        # Sorted: the directory's order is the file system's, not ours.
+        leftovers = [p for p in sorted(self.data.partial.iterdir()) if p not in wanted]
+        for archive in sorted(self.data.archives.iterdir()):
             gid = archive.name.split("-", 1)[0]
             # A .tmp is an interrupted compression; an archive of a gid held under
             # another generation is a leftover.  An archive of a gid not held at
@@ -467,8 +495,25 @@ class NodeService(MultiService):
         applied.addErrback(lambda f: log.failure("command {message!r} failed", f, message=message))
 
 
-def makeService(options: Options) -> MultiService:
+def makeService(
+    options: Options,
+    *,
+    reactor: IReactorCore | None = None,
+    threads: IThreadPools | None = None,
+    entropy: IEntropy | None = None,
+) -> MultiService:
+    """The node as ``twistd -n tasknet-node`` builds it: from its options,
+    on twistd's reactor, real threads and the OS's entropy unless given
+    others (the simulation's).  The node's only defaults are these."""
+    if reactor is None:
+        from twisted.internet import reactor as global_reactor
+
+        reactor = IReactorCore(global_reactor)
+    rotate_on(IReactorFromThreads(reactor, None))  # twistd's log file, on SIGUSR1
     node = NodeService(
+        reactor=reactor,
+        threads=threads if threads is not None else RealThreadPools(),
+        entropy=entropy if entropy is not None else SystemEntropy(),
         connect=options["connect"],
         node_id=options["node-id"],
         secret=options["secret"],

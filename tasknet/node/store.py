@@ -31,16 +31,17 @@ from __future__ import annotations
 
 import json
 import sqlite3
-import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from twisted.enterprise import adbapi
 from twisted.internet.defer import Deferred
+from twisted.internet.interfaces import IReactorCore, IReactorTime
 
+from tasknet.clock import default_reactor
 from tasknet.node.paths import DataDir
 from tasknet.protocol.messages import TaskEntry
+from tasknet.runtime import IThreadPools, RealThreadPools, ThreadedConnectionPool
 from tasknet.status import NodeCode
 
 SCHEMA = """
@@ -234,12 +235,17 @@ def _task(row: tuple[Any, ...]) -> TaskRow:
 
 
 def _record_command(
-    cursor: sqlite3.Cursor, gid: int, operation_id: str | None, action: str, protocol: int
+    cursor: sqlite3.Cursor,
+    now: float,
+    gid: int,
+    operation_id: str | None,
+    action: str,
+    protocol: int,
 ) -> None:
     cursor.execute(
         "INSERT INTO received_command (gid, operation_id, action, protocol, received_at)"
         " VALUES (?, ?, ?, ?, ?)",
-        (gid, operation_id, action, protocol, time.time()),
+        (gid, operation_id, action, protocol, now),
     )
 
 
@@ -251,6 +257,7 @@ def _get_task(cursor: sqlite3.Cursor, gid: int) -> TaskRow | None:
 
 def _accept_download(
     cursor: sqlite3.Cursor,
+    now: float,
     gid: int,
     operation_id: str | None,
     name: str,
@@ -263,7 +270,7 @@ def _accept_download(
     if operation_id is None:
         # A legacy DownloadPost carries no operationId: the old node keeps one
         # task per gid and ignores a post for a gid it already holds.
-        _record_command(cursor, gid, None, "DOWNLOAD", protocol)
+        _record_command(cursor, now, gid, None, "DOWNLOAD", protocol)
         if current is not None:
             return DownloadAccepted("duplicate", current.operation_id)
         operation_id = legacy_operation_id
@@ -273,14 +280,14 @@ def _accept_download(
             (gid, operation_id, "DOWNLOAD"),
         )
         seen_before = cursor.fetchone() is not None
-        _record_command(cursor, gid, operation_id, "DOWNLOAD", protocol)
+        _record_command(cursor, now, gid, operation_id, "DOWNLOAD", protocol)
         if seen_before or (current is not None and current.operation_id == operation_id):
             return DownloadAccepted("duplicate", operation_id)
     cursor.execute(
         "INSERT OR REPLACE INTO task (gid, operation_id, name, url, protocol, status, progress,"
         " size, archive, error, updated_at, expected_size)"
         " VALUES (?, ?, ?, ?, ?, ?, 0, NULL, NULL, NULL, ?, ?)",
-        (gid, operation_id, name, url, protocol, int(NodeCode.DOWNLOADING), time.time(), size),
+        (gid, operation_id, name, url, protocol, int(NodeCode.DOWNLOADING), now, size),
     )
     if current is None:
         return DownloadAccepted("new", operation_id)
@@ -288,9 +295,9 @@ def _accept_download(
 
 
 def _begin_delete(
-    cursor: sqlite3.Cursor, gid: int, operation_id: str, protocol: int
+    cursor: sqlite3.Cursor, now: float, gid: int, operation_id: str, protocol: int
 ) -> DeleteBegun:
-    _record_command(cursor, gid, operation_id, "DELETE", protocol)
+    _record_command(cursor, now, gid, operation_id, "DELETE", protocol)
     task = _get_task(cursor, gid)
     cursor.execute("SELECT operation_id, result FROM deletion WHERE gid = ?", (gid,))
     row = cursor.fetchone()
@@ -299,27 +306,29 @@ def _begin_delete(
     cursor.execute(
         "INSERT OR REPLACE INTO deletion (gid, operation_id, protocol, result, reason, updated_at)"
         " VALUES (?, ?, ?, NULL, '', ?)",
-        (gid, operation_id, protocol, time.time()),
+        (gid, operation_id, protocol, now),
     )
     return DeleteBegun("run", task)
 
 
 def _finish_delete(
-    cursor: sqlite3.Cursor, gid: int, operation_id: str, result: str, reason: str
+    cursor: sqlite3.Cursor, now: float, gid: int, operation_id: str, result: str, reason: str
 ) -> None:
     if result not in DELETE_RESULTS:
         raise ValueError(f"unknown delete result {result!r}")
     cursor.execute(
         "UPDATE deletion SET result = ?, reason = ?, updated_at = ?"
         " WHERE gid = ? AND operation_id = ?",
-        (result, reason, time.time(), gid, operation_id),
+        (result, reason, now, gid, operation_id),
     )
     if result != FAILED:
         cursor.execute("DELETE FROM task WHERE gid = ?", (gid,))
 
 
-def _set_state(cursor: sqlite3.Cursor, sql: str, gid: int, operation_id: str, *values: Any) -> bool:
-    cursor.execute(sql, (*values, time.time(), gid, operation_id))
+def _set_state(
+    cursor: sqlite3.Cursor, now: float, sql: str, gid: int, operation_id: str, *values: Any
+) -> bool:
+    cursor.execute(sql, (*values, now, gid, operation_id))
     return cursor.rowcount == 1
 
 
@@ -349,7 +358,7 @@ def _last_revision(cursor: sqlite3.Cursor) -> int | None:
 
 
 def _create_report(
-    cursor: sqlite3.Cursor, report_id: str, now_ms: int, queued: frozenset[int]
+    cursor: sqlite3.Cursor, now: float, report_id: str, now_ms: int, queued: frozenset[int]
 ) -> PendingReport | None:
     existing = _get_in_flight(cursor)
     if existing is not None:
@@ -381,7 +390,7 @@ def _create_report(
     cursor.execute(
         "INSERT INTO in_flight_report (id, report_id, revision, body, created_at)"
         " VALUES (1, ?, ?, ?, ?)",
-        (report_id, revision, report.to_json(), time.time()),
+        (report_id, revision, report.to_json(), now),
     )
     return report
 
@@ -394,7 +403,7 @@ def snapshot_entry(task: TaskRow, queued: frozenset[int] = frozenset()) -> TaskE
     return TaskEntry(task.gid, task.status, task.progress, waiting, detail)
 
 
-def _acknowledge(cursor: sqlite3.Cursor, report_id: str) -> bool:
+def _acknowledge(cursor: sqlite3.Cursor, now: float, report_id: str) -> bool:
     report = _get_in_flight(cursor)
     if report is None or report.report_id != report_id:
         return False
@@ -409,9 +418,9 @@ def _acknowledge(cursor: sqlite3.Cursor, report_id: str) -> bool:
             "DELETE FROM deletion WHERE gid = ? AND operation_id = ? AND result = ?",
             (gid, operation_id, result),
         )
-        _settle(cursor, gid, operation_id, result)
+        _settle(cursor, now, gid, operation_id, result)
     cursor.execute("DELETE FROM in_flight_report WHERE id = 1")
-    _prune_commands(cursor, COMMAND_RETENTION_DAYS * 86400.0, PRUNE_BATCH)
+    _prune_commands(cursor, now, COMMAND_RETENTION_DAYS * 86400.0, PRUNE_BATCH)
     return True
 
 
@@ -421,7 +430,7 @@ def _drop_reported_completions(cursor: sqlite3.Cursor, completed: list[tuple[int
     )
 
 
-def _drop_deletion(cursor: sqlite3.Cursor, gid: int, operation_id: str) -> None:
+def _drop_deletion(cursor: sqlite3.Cursor, now: float, gid: int, operation_id: str) -> None:
     cursor.execute(
         "SELECT result FROM deletion WHERE gid = ? AND operation_id = ? AND result IS NOT NULL",
         (gid, operation_id),
@@ -430,11 +439,11 @@ def _drop_deletion(cursor: sqlite3.Cursor, gid: int, operation_id: str) -> None:
     if row is None:
         return
     cursor.execute("DELETE FROM deletion WHERE gid = ? AND operation_id = ?", (gid, operation_id))
-    _settle(cursor, gid, operation_id, row[0])
-    _prune_commands(cursor, COMMAND_RETENTION_DAYS * 86400.0, PRUNE_BATCH)
+    _settle(cursor, now, gid, operation_id, row[0])
+    _prune_commands(cursor, now, COMMAND_RETENTION_DAYS * 86400.0, PRUNE_BATCH)
 
 
-def _settle(cursor: sqlite3.Cursor, gid: int, operation_id: str, result: str) -> None:
+def _settle(cursor: sqlite3.Cursor, now: float, gid: int, operation_id: str, result: str) -> None:
     """The site has taken this delete's result: if the gid is gone (DELETED or
     NOT_FOUND; a FAILED delete leaves the task held), its commands up to this
     DELETE may be pruned once the retention has passed."""
@@ -451,17 +460,19 @@ def _settle(cursor: sqlite3.Cursor, gid: int, operation_id: str, result: str) ->
         "INSERT INTO settled_deletion (gid, upto_id, settled_at) VALUES (?, ?, ?)"
         " ON CONFLICT (gid) DO UPDATE SET upto_id = MAX(upto_id, excluded.upto_id),"
         " settled_at = excluded.settled_at",
-        (gid, upto, time.time()),
+        (gid, upto, now),
     )
 
 
-def _prune_commands(cursor: sqlite3.Cursor, retention_seconds: float, limit: int) -> int:
+def _prune_commands(
+    cursor: sqlite3.Cursor, now: float, retention_seconds: float, limit: int
+) -> int:
     """Delete the commands of up to ``limit`` gids settled more than
     ``retention_seconds`` ago; return the number of command rows deleted."""
     cursor.execute(
         "SELECT gid, upto_id FROM settled_deletion WHERE settled_at <= ?"
         " ORDER BY settled_at LIMIT ?",
-        (time.time() - retention_seconds, limit),
+        (now - retention_seconds, limit),
     )
     deleted = 0
     for gid, upto in cursor.fetchall():
@@ -486,12 +497,34 @@ def _on_connect(connection: sqlite3.Connection) -> None:
 
 
 class NodeStore:
-    """The node database.  Every method returns a Deferred."""
+    """The node database.  Every method returns a Deferred.
 
-    def __init__(self, data: DataDir) -> None:
+    Its ``adbapi`` pool runs on ``reactor`` and a one-thread pool from
+    ``threads``; every time it writes (``updated_at``, ``received_at``, a
+    settled delete's age) is ``clock.seconds()`` when the transaction is
+    submitted (``clock`` defaults to ``reactor``).  The node's root
+    (``NodeService``) and the tests pass ``reactor`` and ``threads``; their
+    defaults (Twisted's global reactor, real threads) are left only for
+    ``bench/nodeworker.py``, which does not pass them yet (issue 20).
+    """
+
+    def __init__(
+        self,
+        data: DataDir,
+        *,
+        reactor: IReactorCore | None = None,
+        clock: IReactorTime | None = None,
+        threads: IThreadPools | None = None,
+    ) -> None:
         self.data = data
+        if reactor is None:
+            reactor = default_reactor()
+        self._clock: IReactorTime = clock if clock is not None else default_reactor(reactor)
         data.create()
-        self._pool = adbapi.ConnectionPool(
+        self._pool = ThreadedConnectionPool(
+            reactor,
+            threads if threads is not None else RealThreadPools(),
+            "tasknet-node-store",
             "sqlite3",
             str(data.database),
             check_same_thread=False,
@@ -502,6 +535,10 @@ class NodeStore:
 
     def _run(self, fn: Any, *args: Any) -> Deferred[Any]:
         return self._pool.runInteraction(fn, *args)
+
+    def _run_at(self, fn: Any, *args: Any) -> Deferred[Any]:
+        """Run ``fn(cursor, now, *args)``, ``now`` the store's clock."""
+        return self._pool.runInteraction(fn, self._clock.seconds(), *args)
 
     def create_schema(self) -> Deferred[None]:
         def create(cursor: sqlite3.Cursor) -> None:
@@ -533,17 +570,17 @@ class NodeStore:
     ) -> Deferred[DownloadAccepted]:
         """Record a DOWNLOAD and persist the task before any work starts;
         ``size`` is the archive size the site expects (0: unknown)."""
-        return self._run(
+        return self._run_at(
             _accept_download, gid, operation_id, name, url, protocol, legacy_operation_id, size
         )
 
     def begin_delete(self, gid: int, operation_id: str, protocol: int) -> Deferred[DeleteBegun]:
-        return self._run(_begin_delete, gid, operation_id, protocol)
+        return self._run_at(_begin_delete, gid, operation_id, protocol)
 
     def finish_delete(
         self, gid: int, operation_id: str, result: str, reason: str
     ) -> Deferred[None]:
-        return self._run(_finish_delete, gid, operation_id, result, reason)
+        return self._run_at(_finish_delete, gid, operation_id, result, reason)
 
     # work ---------------------------------------------------------------
     def get_task(self, gid: int) -> Deferred[TaskRow | None]:
@@ -552,18 +589,18 @@ class NodeStore:
     def set_progress(
         self, gid: int, operation_id: str, progress: float, size: int | None
     ) -> Deferred[bool]:
-        return self._run(_set_state, _SET_PROGRESS, gid, operation_id, progress, size)
+        return self._run_at(_set_state, _SET_PROGRESS, gid, operation_id, progress, size)
 
     def set_status(
         self, gid: int, operation_id: str, status: int, progress: float
     ) -> Deferred[bool]:
-        return self._run(_set_state, _SET_STATUS, gid, operation_id, int(status), progress)
+        return self._run_at(_set_state, _SET_STATUS, gid, operation_id, int(status), progress)
 
     def set_error(self, gid: int, operation_id: str, error: str | None) -> Deferred[bool]:
-        return self._run(_set_state, _SET_ERROR, gid, operation_id, error)
+        return self._run_at(_set_state, _SET_ERROR, gid, operation_id, error)
 
     def complete(self, gid: int, operation_id: str, archive: str) -> Deferred[bool]:
-        return self._run(_set_state, _COMPLETE, gid, operation_id, archive)
+        return self._run_at(_set_state, _COMPLETE, gid, operation_id, archive)
 
     def tasks(self) -> Deferred[list[TaskRow]]:
         def read(cursor: sqlite3.Cursor) -> list[TaskRow]:
@@ -589,11 +626,11 @@ class NodeStore:
     ) -> Deferred[PendingReport | None]:
         """Persist a new snapshot as the in-flight report (the existing one if
         any); ``queued``: gids waiting for a download slot."""
-        return self._run(_create_report, report_id, now_ms, frozenset(queued))
+        return self._run_at(_create_report, report_id, now_ms, frozenset(queued))
 
     def acknowledge(self, report_id: str) -> Deferred[bool]:
         """Forget the in-flight report and the completions/deletions it carried."""
-        return self._run(_acknowledge, report_id)
+        return self._run_at(_acknowledge, report_id)
 
     def last_revision(self) -> Deferred[int | None]:
         return self._run(_last_revision)
@@ -606,7 +643,7 @@ class NodeStore:
 
     def drop_deletion(self, gid: int, operation_id: str) -> Deferred[None]:
         """Forget a reported deletion (legacy wire: once its result is sent)."""
-        return self._run(_drop_deletion, gid, operation_id)
+        return self._run_at(_drop_deletion, gid, operation_id)
 
     # housekeeping -------------------------------------------------------
     def prune_commands(
@@ -615,4 +652,4 @@ class NodeStore:
         """Prune the commands of settled deletes older than ``retention_days``
         (at most ``limit`` gids); the number of command rows deleted.  ACKs
         already do this: call it for a prune outside of them."""
-        return self._run(_prune_commands, retention_days * 86400.0, limit)
+        return self._run_at(_prune_commands, retention_days * 86400.0, limit)

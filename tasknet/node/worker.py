@@ -31,6 +31,7 @@ from twisted.internet.defer import (
     gatherResults,
     succeed,
 )
+from twisted.internet.interfaces import IReactorFromThreads, IReactorTime
 from twisted.internet.task import deferLater
 from twisted.internet.threads import deferToThreadPool
 from twisted.logger import Logger
@@ -38,7 +39,6 @@ from twisted.python.failure import Failure
 from twisted.python.threadpool import ThreadPool
 from twisted.web.client import Agent
 
-from tasknet.clock import default_reactor
 from tasknet.deferreds import shield
 from tasknet.netclient import DirectEndpoints, quiet_pool
 from tasknet.node.compress import CompressionAborted, build_archive
@@ -52,6 +52,7 @@ from tasknet.node.download import (
 )
 from tasknet.node.paths import DataDir
 from tasknet.node.store import NodeStore, TaskRow
+from tasknet.runtime import IThreadPools, RealThreadPools
 from tasknet.status import NodeCode
 
 log = Logger()
@@ -61,11 +62,17 @@ BACKOFF_BASE = 0.1
 BACKOFF_CAP = 30.0
 
 
-def backoff(attempt: int, base: float = BACKOFF_BASE, cap: float = BACKOFF_CAP) -> float:
+def backoff(
+    attempt: int,
+    rng: random.Random,
+    base: float = BACKOFF_BASE,
+    cap: float = BACKOFF_CAP,
+) -> float:
     """Twisted's backoffPolicy doubling from ``base`` up to ``cap``, scaled by
-    a random 0.5-1 so that jobs failing together do not retry together."""
+    a random 0.5-1 drawn from ``rng`` (the worker's, from its root) so that
+    jobs failing together do not retry together."""
     policy = backoffPolicy(initialDelay=base, maxDelay=cap, factor=2.0, jitter=_no_jitter)
-    return policy(attempt) * random.uniform(0.5, 1.0)
+    return policy(attempt) * rng.uniform(0.5, 1.0)
 
 
 def _no_jitter() -> float:
@@ -132,21 +139,32 @@ class Worker:
         *,
         downloads: int = 4,
         compressors: int = 1,
-        clock: Any = None,
+        clock: IReactorTime,
         idle_timeout: float = 30.0,
         max_archive_bytes: int = DEFAULT_MAX_ARCHIVE_BYTES,
+        threads: IThreadPools | None = None,
+        rng: random.Random | None = None,
     ) -> None:
+        """``clock``: the reactor its timers and HTTP connections run on
+        (``IReactorTime`` and ``IReactorTCP``); ``threads``: where its
+        compression pool comes from; ``rng``: the jitter of its retries.
+        The node's root passes all three.  ``threads`` and ``rng`` still
+        default (real threads, an OS-seeded generator) for the one caller
+        not given them yet, ``bench/nodeworker.py`` (issue 20)."""
         self.store = store
         #: The bound of a download whose size the site did not give.
         self.max_archive_bytes = max_archive_bytes
         self.data = data
         self.on_change = on_change
-        clock = default_reactor(clock)
-        self.clock: Any = clock
+        self.clock: IReactorTime = clock
+        # A compression's result comes back through the reactor's callFromThread.
+        self._from_threads: IReactorFromThreads = IReactorFromThreads(clock)
         self.idle_timeout = idle_timeout
         self._downloads = DeferredSemaphore(downloads)
         self._compressors = DeferredSemaphore(compressors)
-        self._threads = ThreadPool(minthreads=0, maxthreads=compressors, name="tasknet-compress")
+        self._rng = rng if rng is not None else random.Random()
+        pools = threads if threads is not None else RealThreadPools()
+        self._threads: ThreadPool = pools.thread_pool(0, compressors, "tasknet-compress")
         # Quiet (no factory start/stop lines), and an IP literal dialled
         # straight, never through the resolver thread (tasknet.netclient).
         self._http_pool = quiet_pool(clock, persistent=False)
@@ -276,7 +294,7 @@ class Worker:
                         log.failure("gid {gid}: unexpected download error", gid=job.gid)
                     after = part.stat().st_size if part.exists() else 0
                     attempt = 0 if after > before else attempt + 1
-                    delay = backoff(attempt)
+                    delay = backoff(attempt, self._rng)
                     await self._report_error(job, exc, delay)
                     await deferLater(self.clock, delay, lambda: None)
         finally:
@@ -354,7 +372,7 @@ class Worker:
             attempt = 0
             while True:
                 job.thread = deferToThreadPool(
-                    self.clock,  # type: ignore[arg-type]
+                    self._from_threads,
                     self._threads,
                     build_archive,
                     part,
@@ -373,7 +391,7 @@ class Worker:
                         f"compress: {exc}"
                     )
                     attempt += 1
-                    delay = backoff(attempt, base=1.0)
+                    delay = backoff(attempt, self._rng, base=1.0)
                     await self._report_error(job, error, delay)
                     await deferLater(self.clock, delay, lambda: None)
                 finally:

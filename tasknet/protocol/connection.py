@@ -80,6 +80,7 @@ class PeerFactory(Factory):
         login_timeout: float = LOGIN_TIMEOUT,
         log_interval: float = 60.0,
     ) -> None:
+        # Still optional for NodeListenerFactory, whose own ``clock`` is (issue 20).
         self.clock: IReactorTime = default_reactor(clock)
         self.max_payload = max_payload
         self.pre_login_max_payload = min(pre_login_max_payload, max_payload)

@@ -30,7 +30,10 @@ failed commit, disk full); the kernel's TCP beyond what
 roles still read past their composition root (the real clock in
 ``time.time()`` and in SQL's ``'now'``, ``random``, ``uuid4()``,
 ``secrets``): the simulation is deterministic where they only change bytes,
-not lengths or decisions, and the seams of issue 20 remove them.
+not lengths or decisions, and the seams of issue 20 remove them.  The node
+has none left: built by its root on a :class:`SimReactor` (its reactor,
+clock and ``IThreadPools``) and a ``tasknet.runtime.SeededEntropy``, every
+byte it sends follows from the seed.
 
 Nothing of the roles imports this package (``lint-imports``).
 """

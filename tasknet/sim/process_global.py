@@ -12,6 +12,14 @@ world can make the world the process's Twisted: :func:`install` makes a
 :class:`~tasknet.sim.threads.SimThreadPool` on it (so it must come before
 a module that binds ``ThreadPool`` by name is imported).
 
+The node and the mock upstream no longer need it: their roots take the
+reactor, the thread pools (``tasknet.runtime.IThreadPools``, which
+:class:`~tasknet.sim.reactor.SimReactor` provides) and the entropy
+(``tasknet.runtime.IEntropy``) and hand them down (tests/sim/node_world.py
+runs the node with Twisted's global reactor forbidden).  What is left is the
+site's storage (its ``adbapi`` pools and the lease's ``ThreadPool``), until
+those take theirs from the site's root too.
+
 It replaces Twisted's, not ours: the roles run unchanged.  It is a process
 setting, for ``tasknet-sim`` and a test's subprocess, never for a test
 process whose reactor is already Twisted's; and only one process of the

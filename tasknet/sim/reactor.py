@@ -20,6 +20,9 @@ it belongs to.
   ``callFromThread`` queues first-in first-out, as Twisted's.
   ``deferToThread(f)`` itself takes Twisted's *global* reactor, so it
   reaches this one only under :mod:`tasknet.sim.process_global`.
+* ``tasknet.runtime.IThreadPools``: ``thread_pool`` makes the pools a
+  role's root asks for (the node's compression pool, its store's
+  ``adbapi`` pool through ``ThreadedConnectionPool``) simulated ones.
 * ``IReactorCore``: system event triggers (``startup``, ``shutdown`` with
   their ``before`` / ``during`` / ``after`` phases, Deferreds waited for),
   ``callWhenRunning``, ``stop`` (shut down, then the process exits), ``run``.
@@ -57,6 +60,7 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 from zope.interface import implementer
 
+from tasknet.runtime import IThreadPools
 from tasknet.sim.trace import label
 
 if TYPE_CHECKING:
@@ -77,7 +81,12 @@ REACTOR_POOL_THREADS = 10
 
 
 @implementer(
-    IReactorTime, IReactorCore, IReactorTCP, IReactorThreads, IReactorPluggableNameResolver
+    IReactorTime,
+    IReactorCore,
+    IReactorTCP,
+    IReactorThreads,
+    IReactorPluggableNameResolver,
+    IThreadPools,
 )
 class SimReactor:
     """One simulated process's reactor (see the module doc)."""
@@ -156,6 +165,13 @@ class SimReactor:
             self._pool = SimThreadPool(self, 0, REACTOR_POOL_THREADS, name=f"{self.name}-reactor")
             self._pool.start()
         return self._pool
+
+    def thread_pool(self, minthreads: int, maxthreads: int, name: str) -> Any:
+        """``IThreadPools``: a :class:`~tasknet.sim.threads.SimThreadPool`
+        of this process (a role's own pools: compression, ``adbapi``)."""
+        from tasknet.sim.threads import SimThreadPool
+
+        return SimThreadPool(self, minthreads, maxthreads, name=name)
 
     def suggestThreadPoolSize(self, size: int) -> None:
         self.getThreadPool().adjustPoolsize(maxthreads=size)

@@ -3,7 +3,10 @@
 :class:`Dispatcher` is a service: off until the site starts it, once
 recovery succeeded (``startService``).  Then:
 
-* on a node's login, the node gets every command for the tasks already
+* on a node's login (the logins that arrive while a login pass runs are
+  caught up together by the next pass, for those nodes only: a storm of
+  logins costs what those nodes hold, not the number of nodes connected),
+  the node gets every command for the tasks already
   assigned to it (``DOWNLOAD`` for those not yet completed at the site, with
   their own operationId, so a repeat is a no-op at the node; ``DELETE`` for
   pending deletes), and every eligible unassigned task is assigned to the
@@ -54,6 +57,10 @@ from tasknet.site.storage.engine import listen
 from tasknet.site.storage.engine.database import Database
 
 log = Logger()
+
+#: Seconds between two counts of every connected node's open tasks (the
+#: loads new tasks are balanced by; each login counts its own node's).
+LOADS_REFRESH = 60.0
 
 
 def send_command(session: INodeSession, command: storage.Command) -> None:
@@ -106,6 +113,17 @@ class Dispatcher(MultiService):
         #: Delete ids sent on each node's current session (so the periodic
         #: pass sends a pending delete once per connection, not every time).
         self._deletes_sent: dict[str, set[str]] = {}
+        #: Sessions logged in since the last login pass began (node id →
+        #: session): a burst of logins is caught up in one pass.
+        self._arrived: dict[str, INodeSession] = {}
+        self._logins = CoalescingRunner(self._login_pass)
+        #: Open tasks of each connected node as last counted (at its login,
+        #: and again every ``LOADS_REFRESH`` seconds), plus those this site
+        #: assigned to it since: which node a new task goes to (a balancing
+        #: hint; nothing else depends on it), without counting every
+        #: node's tasks per create.
+        self._loads: dict[str, int] = {}
+        self._loads_counted_at: float | None = None
         self._page_size = page_size
         self.enabled = False
         # One unassigned pass at a time; a request during a pass runs one more after it.
@@ -165,19 +183,30 @@ class Dispatcher(MultiService):
     async def _periodic_pass(self) -> None:
         await self._guarded_unassigned_pass()
         await self._guarded_deletes_pass()
+        if (
+            self._loads_counted_at is None
+            or self._clock.seconds() - self._loads_counted_at >= LOADS_REFRESH
+        ):
+            await self._count_loads(self._nodes.ids())
 
     def node_attached(self, session: INodeSession) -> Deferred[None]:
-        """A node logged in: resend its tasks, then hand out unassigned ones."""
+        """A node logged in: resend its tasks, then hand out unassigned ones.
+        Logins that arrive while a login pass runs are caught up together
+        by the next one (fires when the pass covering this login is done)."""
         self._deletes_sent[session.node_id] = set()  # a new connection has had none
         if not self.enabled:
             return succeed(None)
-        return self._track(Deferred.fromCoroutine(self._catch_up([session])))
+        self._arrived[session.node_id] = session
+        return self._track(self._logins.run())
 
     def node_detached(self, session: INodeSession) -> None:
         """A node's session went: forget the deletes sent on it, unless a
         newer session of the node has already taken its place."""
         if session.node_id not in self._nodes:
             self._deletes_sent.pop(session.node_id, None)
+            self._loads.pop(session.node_id, None)
+            if self._arrived.get(session.node_id) is session:
+                del self._arrived[session.node_id]
 
     def task_changed(self, gid: int) -> Deferred[None]:
         """``gid`` became ``SUBMITTED`` or ``DELETE_PENDING`` (committed):
@@ -212,14 +241,26 @@ class Dispatcher(MultiService):
 
     # -- passes
 
+    async def _login_pass(self) -> None:
+        sessions = list(self._arrived.values())
+        self._arrived.clear()
+        if sessions:
+            await self._catch_up(sessions)
+
     async def _catch_up(self, sessions: Iterable[INodeSession]) -> None:
+        """Catch up with ``sessions`` (a burst of logins): resend their
+        tasks, send them the pending deletes they have not had, count their
+        loads, then hand out unassigned tasks.  Costs what these nodes hold,
+        whatever the number of nodes connected."""
+        sessions = list(sessions)
         try:
-            for session in sessions:
-                await self._node_pass(session)
+            await self._node_pass(sessions)
         except Exception:
             log.failure("dispatch pass failed")
-        # Pending deletes of tasks a node has just claimed, among others.
-        await self._guarded_deletes_pass()
+        current = [s.node_id for s in sessions if self._nodes.is_current(s)]
+        # Pending deletes of tasks these nodes have just claimed, among others.
+        await self._guarded_deletes_pass(current)
+        await self._count_loads(current)
         if not self.enabled:
             return  # stopped meanwhile: schedule nothing more
         if self._assign_delay:
@@ -241,11 +282,28 @@ class Dispatcher(MultiService):
         except Exception:
             log.failure("assigning unassigned tasks failed")
 
-    async def _guarded_deletes_pass(self) -> None:
+    async def _guarded_deletes_pass(self, node_ids: list[str] | None = None) -> None:
         try:
-            await self._deletes_pass()
+            await self._deletes_pass(node_ids)
         except Exception:
             log.failure("sending pending deletes failed")
+
+    async def _count_loads(self, node_ids: list[str]) -> None:
+        """Count the open tasks of ``node_ids`` again (a read: the writer
+        goes on meanwhile); a failure leaves the previous figures."""
+        if not node_ids:
+            return
+        try:
+            counted = await self._db.read(storage.node_loads, node_ids)
+        except Exception:
+            log.failure("counting the nodes' open tasks failed")
+            return
+        everyone = len(node_ids) == len(self._nodes)
+        for node_id, load in counted.items():
+            if node_id in self._nodes:
+                self._loads[node_id] = load
+        if everyone:
+            self._loads_counted_at = self._clock.seconds()
 
     def stopService(self) -> Deferred[None]:
         """Stop scheduling passes; fires when the running ones are done."""
@@ -262,41 +320,62 @@ class Dispatcher(MultiService):
         stopped: Deferred[Any] = super().stopService() if self.running else succeed(None)
         return stopped.addCallback(lambda _: self.idle())
 
-    async def _node_pass(self, session: INodeSession) -> None:
-        after = 0
-        sent = 0
-        while self._nodes.is_current(session):
+    async def _node_pass(self, sessions: list[INodeSession]) -> None:
+        """Resend each session's tasks: the pages of several nodes in one
+        transaction (:func:`~tasknet.site.storage.dispatch.claim_nodes_pages`),
+        each node's in gid order."""
+        todo = [(session, 0) for session in sessions]
+        resent: dict[str, int] = {}
+        while todo:
+            todo = [(s, after) for s, after in todo if self._nodes.is_current(s)]
+            if not todo:
+                break
             # Decided in a write transaction; sent right after its commit
             # with no yield in between (see the module doc).
-            page = await self._db.write(
-                storage.claim_node_page, session.node_id, after, self._page_size
+            pages = await self._db.write(
+                storage.claim_nodes_pages,
+                [(s.node_id, after) for s, after in todo],
+                self._page_size,
             )
-            if not self._nodes.is_current(session):
-                break  # replaced or gone meanwhile: the new session has its own pass
-            for command in page.commands:
-                self._send(session, command)
-            sent += len(page.commands)
-            if page.last_gid is None:
-                break
-            after = page.last_gid
+            more = []
+            for (session, _), page in zip(todo, pages, strict=False):
+                if not self._nodes.is_current(session):
+                    continue  # replaced or gone meanwhile: the new session has its own pass
+                for command in page.commands:
+                    self._send(session, command)
+                if page.commands:
+                    resent[session.node_id] = resent.get(session.node_id, 0) + len(page.commands)
+                if page.last_gid is not None:
+                    more.append((session, page.last_gid))
+            todo = more + todo[len(pages) :]
         # Part of a login (its line is the listener's): a line only when it resent any.
-        (log.info if sent else log.debug)(
-            "resent {n} command(s) to node {node}", n=sent, node=session.node_id
-        )
+        for node, n in resent.items():
+            log.info("resent {n} command(s) to node {node}", n=n, node=node)
 
-    async def _deletes_pass(self) -> None:
-        """Pending deletes to the connected nodes that have not had them on
-        their current connection."""
+    async def _deletes_pass(self, node_ids: list[str] | None = None) -> None:
+        """Pending deletes to the connected nodes (``node_ids``: those of
+        them only, e.g. a burst of logins) that have not had them on their
+        current connection."""
         after: int | None = 0
         pending: set[str] = set()
+        if node_ids is not None and not node_ids:
+            return
         # What was sent before this pass began: only those ids may be
         # forgotten at its end (one sent meanwhile may be newer than our pages).
-        known_before = {node: set(ids) for node, ids in self._deletes_sent.items()}
+        wanted = None if node_ids is None else set(node_ids)
+        known_before = {
+            node: set(ids)
+            for node, ids in self._deletes_sent.items()
+            if wanted is None or node in wanted
+        }
         while after is not None:
             if not self._nodes:
                 return
             page = await self._db.write(
-                storage.pending_deletes_page, self._nodes.ids(), after, self._page_size
+                storage.pending_deletes_page,
+                self._nodes.ids() if node_ids is None else node_ids,
+                after,
+                self._page_size,
             )
             for command in page.commands:
                 pending.add(command.operation_id)
@@ -304,8 +383,10 @@ class Dispatcher(MultiService):
             after = page.last_gid
         # A whole pass: forget ids no longer pending (completed), so the sets
         # stay small.
-        for node, sent in self._deletes_sent.items():
-            sent -= known_before.get(node, set()) - pending
+        for node, before in known_before.items():
+            sent = self._deletes_sent.get(node)
+            if sent is not None:
+                sent -= before - pending
 
     def _send_unsent_delete(self, command: storage.Command) -> None:
         session = self._nodes.get(command.node_id)
@@ -331,13 +412,27 @@ class Dispatcher(MultiService):
                 storage.claim_unassigned_page, node_ids, after, self._page_size, loads
             )
             self._send_all(page.commands)
+            if page.loads:
+                # Counted in that transaction, with its assignments: exact.
+                for node_id, load in page.loads.items():
+                    if node_id in self._nodes:
+                        self._loads[node_id] = load
             if page.last_gid is None:
                 return
             after, loads = page.last_gid, page.loads
 
     async def _one(self, gid: int) -> None:
-        command = await self._db.write(storage.claim_task, gid, self._nodes.ids())
+        if not self._nodes:
+            return  # gone meanwhile: the next login's catch-up reads the task
+        # The least loaded node as counted here (ties: the lowest id), so
+        # the transaction counts nobody's tasks.
+        target = min(self._nodes, key=lambda node: (self._loads.get(node, 0), node))
+        command = await self._db.write(
+            storage.claim_task, gid, [target], {target: self._loads.get(target, 0)}
+        )
         if command is not None:
+            if command.action != ACTION_DELETE and command.node_id in self._nodes:
+                self._loads[command.node_id] = self._loads.get(command.node_id, 0) + 1
             self._send_all([command])
 
     def _send_all(self, commands: list[storage.Command]) -> None:

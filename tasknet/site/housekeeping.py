@@ -25,7 +25,6 @@ from twisted.internet.defer import Deferred, succeed
 from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 
-from tasknet.clock import default_reactor
 from tasknet.site.storage import retention
 from tasknet.site.storage.engine.database import Database
 
@@ -53,7 +52,7 @@ class Housekeeping(MultiService):
         self,
         db: Database,
         *,
-        clock: IReactorTime | None = None,
+        clock: IReactorTime,
         receipt_retention_days: float = RECEIPT_RETENTION_DAYS,
         audit_retention_days: float = AUDIT_RETENTION_DAYS,
         interval: float = INTERVAL,
@@ -63,7 +62,7 @@ class Housekeeping(MultiService):
             raise ValueError("retentions must be >= 0, the interval > 0 and the batch >= 1")
         super().__init__()
         self._db = db
-        self._clock: Any = default_reactor(clock)
+        self._clock: IReactorTime = clock
         timer = TimerService(interval, self._in_background)
         timer.clock = self._clock
         timer.setServiceParent(self)

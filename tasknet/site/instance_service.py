@@ -42,7 +42,6 @@ from twisted.internet.defer import Deferred, TimeoutError, succeed
 from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 
-from tasknet.clock import default_reactor
 from tasknet.site.storage import instances
 from tasknet.site.storage.engine.database import Database
 from tasknet.site.storage.engine.errors import DatabaseError
@@ -69,7 +68,7 @@ class InstanceService(MultiService):
         *,
         interval: float = INTERVAL,
         check_timeout: float = CHECK_TIMEOUT,
-        clock: IReactorTime | None = None,
+        clock: IReactorTime,
     ) -> None:
         if interval <= 0 or check_timeout <= 0:
             raise ValueError("the interval and the check timeout must be > 0")
@@ -77,7 +76,7 @@ class InstanceService(MultiService):
         self.lease = lease
         self._db = db
         self._reap = reap
-        self._clock: Any = default_reactor(clock)
+        self._clock: IReactorTime = clock
         self._check_timeout = check_timeout
         self._timer: TimerService | None = None
         if lease.shared:

@@ -45,17 +45,16 @@ once the lease is lost every write is refused
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from twisted.application.internet import backoffPolicy
 from twisted.internet.defer import CancelledError, Deferred, DeferredLock
+from twisted.internet.interfaces import IReactorTime
 from twisted.internet.task import deferLater
 from twisted.logger import Logger
 
-from tasknet.clock import default_reactor
 from tasknet.site.storage import create, delete, instances, reaping, reconcile, usage, views
 from tasknet.site.storage.create import Recovered
 from tasknet.site.storage.engine.database import Database, Retry
@@ -121,7 +120,8 @@ class Lifecycle:
     to doing nothing; their errors are logged, never raised.
 
     ``lease``: the site instance's lease (None: a lifecycle of no instance,
-    alone on its database: tools and tests)."""
+    alone on its database: tools and tests).  ``clock``: its retry and
+    settling timers, from its root (the site's, the admin tool's, a test's)."""
 
     def __init__(
         self,
@@ -136,13 +136,12 @@ class Lifecycle:
         retry_max: float = 2.0,
         settle_interval: float = 5.0,
         lease: Lease | None = None,
-        clock: Any = None,
+        clock: IReactorTime,
         monotonic: Callable[[], float] | None = None,
         before_post_gate: Callable[[], object] | None = None,
     ) -> None:
         if record_retry_for < 0 or retry_initial <= 0 or retry_max <= 0 or settle_interval <= 0:
             raise ValueError("retry timings must be positive")
-        clock = default_reactor(clock)
         self.db = db
         self.upstream = upstream
         self.upstream_timeout = upstream_timeout
@@ -155,11 +154,16 @@ class Lifecycle:
         self._clock = clock
         self.lease = lease
         self._instance_id = None if lease is None else lease.instance_id
-        #: Outcome writes still being retried in the background.
-        self._settling: set[Deferred[None]] = set()
-        # The clock the POST gate measures on: the lease's own monotonic one.
+        #: Outcome writes still being retried in the background, in the
+        #: order they began (a dict: ``stop`` cancels them in that order,
+        #: never in the order of their addresses).
+        self._settling: dict[Deferred[None], None] = {}
+        # The clock the POST gate measures on: the lease's own monotonic one
+        # (without a lease: ``monotonic`` if given, else ``clock``'s seconds).
         self._monotonic: Callable[[], float] = (
-            lease.now if lease is not None else (monotonic or time.monotonic)
+            lease.now
+            if lease is not None
+            else (monotonic if monotonic is not None else clock.seconds)
         )
         # A drill's fault point (tasknet.site.fault_points), or a test's pause.
         self._before_post_gate = before_post_gate
@@ -221,8 +225,8 @@ class Lifecycle:
 
     def _settle_later(self, what: str, fn: Callable[..., Any], *args: Any) -> None:
         d = Deferred.fromCoroutine(self._settle(what, fn, *args))
-        self._settling.add(d)
-        d.addBoth(lambda _: self._settling.discard(d))
+        self._settling[d] = None
+        d.addBoth(lambda _: self._settling.pop(d, None))
 
     async def _settle(self, what: str, fn: Callable[..., Any], *args: Any) -> None:
         """Every ``settle_interval`` seconds until it lands (or the stop)."""

@@ -365,7 +365,8 @@ def set_health(document: Mapping[str, str]) -> bool:
 
 def set_task_counts(counts: Mapping[str, int]) -> None:
     """Replace the ``tasknet_tasks`` series: states missing from ``counts`` drop to 0."""
-    for state in _task_states_seen - set(counts):
+    # Sorted: the series are set in one order, whatever the set's.
+    for state in sorted(_task_states_seen - set(counts)):
         TASKS.labels(state=state).set(0)
     for state, n in counts.items():
         TASKS.labels(state=state).set(n)

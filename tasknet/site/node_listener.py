@@ -20,6 +20,13 @@ else such a node sends first, or no challenge within ``login_timeout`` of
 the LoginResult, closes the connection.  A node without ``site-proof`` (the
 previous release) is attached at login, as before, and gets no proof.
 
+Logins are admitted at a pace (:meth:`NodeListenerFactory.admit`): at most
+:data:`LOGINS_PER_TURN` per turn of the reactor, and at most
+:data:`LOGINS_IN_FLIGHT` whose take and first report are still under way;
+the others wait, in arrival order, with their connection open (a storm of
+logins after a restart then costs the API a transaction's worth of delay,
+not seconds).
+
 With a :class:`NodeOwnership` (every site the composition root builds)
 each attached session also takes its node in the database (one write,
 queued before anything the login makes the dispatcher write, so on one
@@ -39,6 +46,7 @@ from __future__ import annotations
 
 import itertools
 import secrets
+from collections import deque
 from collections.abc import Mapping
 from typing import Any
 
@@ -78,7 +86,7 @@ from tasknet.protocol.session import INodeSession, ISiteHandler
 from tasknet.site.connected_nodes import ConnectedNodes, NodeOwnership
 from tasknet.site.session_states import ITrackedSession, SessionLife, SessionState
 
-__all__ = ["NodeListenerFactory", "NodeSession"]
+__all__ = ["NODES_BACKLOG", "NodeListenerFactory", "NodeSession"]
 
 log = Logger()
 
@@ -92,6 +100,31 @@ def _wire_url(value: str) -> str:
     """A URL for the wire: a NUL percent-encoded, as it would be in a URL."""
     return value.replace("\x00", "%00") if "\x00" in value else value
 
+
+#: The listen backlog of the site's default ``--nodes`` endpoint: after a
+#: site restart every node reconnects within a second or two, and Twisted's
+#: default (50) drops the SYNs of the rest (retried after 1, 3, 7 s).  An
+#: endpoint of the operator's own sets it with ``backlog=``.
+NODES_BACKLOG = 1024
+
+#: Logins handled in one turn of the reactor at most; the rest wait for the
+#: next turns, in arrival order.  After a restart every node logs in within
+#: a second or two: handled at once, those logins (and the reports and
+#: commands they set off) would hold the reactor for a second and more
+#: at a time, and ``/healthz`` and the API with it.
+LOGINS_PER_TURN = 32
+
+#: Logins admitted and not yet settled, at most: the next ones wait.  A
+#: login is settled when the first report of its connection was applied
+#: (its ACK goes out), or :data:`LOGIN_GRACE` seconds after its take (the
+#: ownership's write) committed or failed, or when its connection goes.
+#: So a storm of logins goes at the pace of the writer, and the writes it
+#: sets off (takes, catch-ups, the first reports after a restart) never
+#: queue up ahead of a create by much more than one transaction's worth.
+LOGINS_IN_FLIGHT = 64
+#: Seconds a login whose node sends no report (a legacy node, an idle one)
+#: stays in flight after its take.
+LOGIN_GRACE = 0.1
 
 #: The Goodbye of a session whose node a newer connection took.
 REPLACED = "replaced by a newer connection"
@@ -126,6 +159,10 @@ class NodeSession(PeerProtocol):
         #: is answered, whether or not the node announced site-proof).
         self.proved = False
         self._challenge_deadline: Any = None  # an IDelayedCall
+        #: Its Login waits for its turn (:meth:`NodeListenerFactory.admit`).
+        self.login_waiting = False
+        #: Settles its login :data:`LOGIN_GRACE` after its take (an IDelayedCall).
+        self.login_grace: Any = None
 
     # -- connection
 
@@ -213,9 +250,20 @@ class NodeSession(PeerProtocol):
         if type(message) is ProtocolHello:
             self._hello = message
         elif type(message) is Login:
-            self._login(message)
+            if self.login_waiting:
+                self.sendError("protocol_violation", "a second Login")
+                return
+            self.factory.admit(self, message)
         else:  # Identity or LoginResult: not something a node sends
             self.sendError("protocol_violation", f"{type(message).__name__} from a node")
+
+    def login_admitted(self, login: Login) -> None:
+        """Its turn came (:meth:`NodeListenerFactory.admit`): judge the Login,
+        unless the connection went or is going meanwhile."""
+        self.login_waiting = False
+        if not self.connected or self.closing:
+            return
+        self._login(login)
 
     def _login(self, login: Login) -> None:
         node_id = login.node_id  # matches NODE_ID: the decoder refuses any other
@@ -298,6 +346,7 @@ class NodeSession(PeerProtocol):
             )
             return
         self.sendMessage(TaskReportAck(report_id, result))
+        self.factory.settled(self)  # a report applied: its login is done
 
     def close(self, reason: str) -> None:
         self.sendMessage(Goodbye(reason))
@@ -359,6 +408,56 @@ class NodeListenerFactory(PeerFactory):
         # attached later (newest wins by login, whatever order proofs end in).
         self._logins = itertools.count(1)
         self._latest_login: dict[str, int] = {}
+        # Logins admitted in this turn of the reactor, those admitted whose
+        # take has not committed, those waiting, and the call that starts
+        # the next turn.
+        self._admitted = 0
+        self._in_flight: set[NodeSession] = set()
+        self._waiting: deque[tuple[NodeSession, Login]] = deque()
+        self._next_turn: Any = None
+
+    def admit(self, session: NodeSession, login: Login) -> None:
+        """``session`` sent ``login``: judged now, or once its turn comes
+        (arrival order): at most :data:`LOGINS_PER_TURN` per turn of the
+        reactor, and while fewer than :data:`LOGINS_IN_FLIGHT` takes are
+        under way."""
+        session.login_waiting = True
+        self._waiting.append((session, login))
+        self._admit_more()
+
+    def _admit_more(self) -> None:
+        while (
+            self._waiting
+            and self._admitted < LOGINS_PER_TURN
+            and len(self._in_flight) < LOGINS_IN_FLIGHT
+        ):
+            session, login = self._waiting.popleft()
+            if session.connected and not session.closing:
+                self._admitted += 1
+                if self.ownership is not None:
+                    self._in_flight.add(session)  # until its take settles, or it goes
+                if self._next_turn is None:
+                    self._next_turn = self.clock.callLater(0, self._turn)
+            session.login_admitted(login)
+
+    def _turn(self) -> None:
+        self._next_turn = None
+        self._admitted = 0
+        self._admit_more()
+
+    def _take_settled(self, session: NodeSession) -> None:
+        if session in self._in_flight and session.login_grace is None:
+            session.login_grace = self.clock.callLater(LOGIN_GRACE, self.settled, session)
+
+    def settled(self, session: NodeSession) -> None:
+        """``session``'s login is done (see :data:`LOGINS_IN_FLIGHT`): its
+        place is free."""
+        grace, session.login_grace = session.login_grace, None
+        if grace is not None and grace.active():
+            grace.cancel()
+        if session in self._in_flight:
+            self._in_flight.discard(session)
+            self._admit_more()
 
     def logged_in(self, node_id: str) -> int:
         """Number an accepted Login of ``node_id`` (the newest is highest)."""
@@ -383,6 +482,7 @@ class NodeListenerFactory(PeerFactory):
         d.addErrback(
             lambda f: log.failure("taking the node of {session!r} failed", f, session=session)
         )
+        d.addBoth(lambda _: self._take_settled(session))
 
     def _take_failed(self, failure: Failure, session: NodeSession) -> None:
         log.warn(
@@ -420,6 +520,7 @@ class NodeListenerFactory(PeerFactory):
     def detach(self, session: NodeSession) -> None:
         """The connection is gone (its session ``CLOSED``)."""
         self.connections.discard(session)
+        self.settled(session)
         holding = self.nodes.holding_of(session)
         if self.nodes.detach(session, SessionState.CLOSED):
             self._node_detached(session)

@@ -81,12 +81,11 @@ import treq
 from twisted.application.internet import TimerService, backoffPolicy
 from twisted.application.service import MultiService
 from twisted.internet.defer import Deferred, succeed
-from twisted.internet.interfaces import IReactorTime
+from twisted.internet.interfaces import IReactorTCP, IReactorTime
 from twisted.logger import Logger
 from twisted.web.client import Agent
 from twisted.web.http_headers import Headers
 
-from tasknet.clock import default_reactor
 from tasknet.coalesce import CoalescingRunner
 from tasknet.netclient import DirectEndpoints, quiet_pool
 from tasknet.site import metrics
@@ -245,8 +244,13 @@ class WebhookSender:
         backoff: float = 1.0,
         max_backoff: float = 60.0,
         max_held: int = MAX_HELD,
-        clock: IReactorTime | None = None,
+        clock: IReactorTime,
+        reactor: IReactorTCP,
     ) -> None:
+        """``clock`` times the retries and the requests' timeouts;
+        ``reactor`` is what the connection pool connects on.  The root
+        passes the site's reactor as both (a test may time on a
+        ``task.Clock`` and connect on a real reactor)."""
         if not url.startswith(("http://", "https://")):
             raise ValueError(f"webhook URL must be http:// or https://, got {url!r}")
         if concurrency < 1 or max_attempts < 1 or timeout <= 0 or max_held < 1:
@@ -260,15 +264,10 @@ class WebhookSender:
         self._retry_delay = backoffPolicy(backoff, max_backoff, factor=2.0, jitter=lambda: 0.0)
         self._concurrency = concurrency
         self.max_held = max_held
-        self._clock = default_reactor(clock)
-        # The pool connects with a reactor; retries are timed on the clock
-        # (a task.Clock in tests, which cannot connect).
-        pool_reactor = self._clock if hasattr(self._clock, "connectTCP") else default_reactor()
-        self._pool = quiet_pool(pool_reactor, persistent=True)
+        self._clock: IReactorTime = clock
+        self._pool = quiet_pool(reactor, persistent=True)
         self._pool.maxPersistentPerHost = concurrency
-        self._agent = Agent.usingEndpointFactory(
-            pool_reactor, DirectEndpoints(pool_reactor), pool=self._pool
-        )
+        self._agent = Agent.usingEndpointFactory(reactor, DirectEndpoints(reactor), pool=self._pool)
         #: Row ids handed over and not yet finished (queued, in flight, backing off).
         self.known: set[int] = set()
         #: The most rows held at once since start (tests, logs).
@@ -277,7 +276,9 @@ class WebhookSender:
         self._ready: deque[tuple[outbox.OutboxRow, int]] = deque()
         self._in_flight = 0
         self._pumping = False
-        self._requests: set[Deferred[Any]] = set()
+        #: Requests in flight, in the order they were made (``stop`` cancels
+        #: them in that order).
+        self._requests: dict[Deferred[Any], None] = {}
         self._retries: dict[int, Any] = {}
         self._results: list[outbox.WebhookResult] = []
         self._writer = CoalescingRunner(self._write_results)
@@ -333,9 +334,10 @@ class WebhookSender:
                 }
             ),
             agent=self._agent,
-            timeout=self._timeout,
         )
-        self._requests.add(request)
+        # Timed on the sender's clock (treq's own timeout takes the global reactor).
+        request.addTimeout(self._timeout, self._clock)
+        self._requests[request] = None
         try:
             response = await request
             await treq.content(response)
@@ -344,7 +346,7 @@ class WebhookSender:
         except Exception as e:  # timeout, refused, reset, cancelled at stop
             error = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
         finally:
-            self._requests.discard(request)
+            self._requests.pop(request, None)
         if self._stopped:
             return  # not recorded: still pending, delivered after the restart
         if error is None:
@@ -450,7 +452,7 @@ class OutboxExecutor(MultiService):
         retention_days: float = RETENTION_DAYS,
         prune_interval: float | None = PRUNE_INTERVAL,
         prune_batch: int = PRUNE_BATCH,
-        clock: IReactorTime | None = None,
+        clock: IReactorTime,
         instance_id: int | None = None,
         wakeups: listen.Wakeups | None = None,
         webhook_lease: float = outbox.WEBHOOK_LEASE,
@@ -475,7 +477,7 @@ class OutboxExecutor(MultiService):
         self._marked = 0  # rows up to this id are marked in the database
         self._mark_call: Any = None
         self._marking: Deferred[None] | None = None
-        self._clock: Any = default_reactor(clock)
+        self._clock: IReactorTime = clock
         # Each timer's first call comes as it starts: the first poll delivers
         # what a previous run left, the first prune runs at start.  Shared
         # mode with a webhook: the poll also renews the claims, every third
@@ -674,6 +676,8 @@ class OutboxExecutor(MultiService):
         # is a write transaction on the one writer the reports need, and the
         # in-memory watermark (_after) already keeps this run from repeating
         # a row.  A crash before the write only repeats pushes (at-least-once).
+        # While a marking runs none is scheduled: it schedules the next
+        # itself, as it ends, if a wake asked for one meanwhile.
         if (
             (self._after > self._marked or self._unread)
             and self._mark_call is None
@@ -689,6 +693,7 @@ class OutboxExecutor(MultiService):
         return marking
 
     async def _write_marks(self) -> None:
+        failed = True
         try:
             try:
                 await self._join()
@@ -730,8 +735,16 @@ class OutboxExecutor(MultiService):
                     log.failure("marking outbox rows {lo}..{hi} failed", lo=lo + 1, hi=hi)
                     return  # left unmarked: pushed again after a restart
                 self._marked = hi
+            failed = False
         finally:
             self._marking = None
+            if not failed and not self._stopped:
+                # A wake that came while this marking ran (rows committed
+                # with nobody listening: _unread again) found it running and
+                # scheduled nothing; without this its rows would wait for the
+                # next wake or poll, unmarked, and a client connecting
+                # meanwhile would not get them pushed.
+                self._schedule_marks()
 
     def _prune_in_background(self) -> None:
         # Not returned to the timer: a slow prune must not stop it,

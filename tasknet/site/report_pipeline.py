@@ -42,10 +42,10 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from twisted.internet.defer import Deferred, succeed
+from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
-from tasknet.clock import default_reactor
 from tasknet.protocol.messages import TaskReport
 from tasknet.protocol.session import INodeSession
 from tasknet.site import metrics
@@ -68,7 +68,7 @@ class DropLog:
     own completed task backwards) are warnings, other reasons are info (a
     task being deleted is still listed by its node for a while)."""
 
-    def __init__(self, clock: Any, interval: float = DROP_LOG_INTERVAL) -> None:
+    def __init__(self, clock: IReactorTime, interval: float = DROP_LOG_INTERVAL) -> None:
         self._clock = clock
         self._interval = interval
         self._last: dict[tuple[str, str], float] = {}
@@ -114,9 +114,8 @@ class ReportPipeline:
         *,
         on_committed: Callable[[int], object] | None = None,
         on_applied: Callable[[INodeSession, storage.ReportOutcome], object] | None = None,
-        clock: Any = None,
+        clock: IReactorTime,
     ) -> None:
-        clock = default_reactor(clock)
         self._db = db
         self._on_committed = on_committed
         self._on_applied = on_applied

@@ -35,12 +35,13 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, NoReturn
+from typing import Any, NoReturn, cast
 
 from twisted.internet.defer import Deferred
+from twisted.internet.interfaces import IReactorFromThreads, IReactorTCP, IReactorTime
 from twisted.logger import Logger
 
-from tasknet.clock import default_reactor
+from tasknet.logging import rotate_on
 from tasknet.site import fault_points, ratelimit
 from tasknet.site.connected_nodes import CHECK_INTERVAL as NODE_CHECK_INTERVAL
 from tasknet.site.connected_nodes import ConnectedNodes, NodeOwnership
@@ -121,18 +122,27 @@ class Tuning:
 
 def build_site(
     options: Options,
-    reactor: Any = None,
+    reactor: IReactorTCP | None = None,
     *,
     tuning: Tuning = Tuning(),
     exit_on_failure: bool = False,
     monotonic: Callable[[], float] = time.monotonic,
 ) -> SiteService:
-    """The whole site, built from ``options`` on ``reactor`` (default: the
-    global one), not yet started; ``monotonic`` is the clock its lease's
-    freshness is judged on.  Raises :class:`SchemaError` for an
-    unusable database, and :class:`~tasknet.site.storage.engine.file_lock.DatabaseInUse`
-    (before touching the database) while another site holds a SQLite file."""
-    reactor = default_reactor(reactor)
+    """The whole site, built from ``options`` on ``reactor``, not yet
+    started; ``monotonic`` is the clock its lease's freshness is judged on.
+    Raises :class:`SchemaError` for an unusable database, and
+    :class:`~tasknet.site.storage.engine.file_lock.DatabaseInUse` (before
+    touching the database) while another site holds a SQLite file.
+
+    ``reactor`` is the site's: what it listens and connects on
+    (``IReactorTCP``) and, adapted to ``IReactorTime`` here (a wrong wire
+    fails at once), the clock of every part.  Given none, Twisted's global
+    reactor: this root is the one place of the site that resolves it."""
+    if reactor is None:
+        from twisted.internet import reactor as global_reactor
+
+        reactor = IReactorTCP(global_reactor)
+    clock = IReactorTime(reactor)
     path = options["db"]
     # Several sites may share a PostgreSQL database; a SQLite file has one.
     held = None if is_postgres(path) else instance_lock.acquire(path, role="tasknet-site")
@@ -142,7 +152,7 @@ def build_site(
             path,
             options["name"],
             flock=held,
-            clock=reactor,
+            clock=clock,
             upstream_timeout=options["upstream-timeout"],
             monotonic=monotonic,
         )
@@ -151,7 +161,7 @@ def build_site(
             # instance's name, so a reaper can end them.
             db = open_pool(
                 path,
-                clock=reactor,
+                clock=clock,
                 fence=lease,
                 application_name=application_name(lease.instance_id, "writer"),
                 reader_application_name=application_name(lease.instance_id, "reader"),
@@ -164,7 +174,7 @@ def build_site(
             held.release()
         raise
     try:
-        return _assemble(options, reactor, db, lease, tuning, exit_on_failure)
+        return _assemble(options, reactor, clock, db, lease, tuning, exit_on_failure)
     except BaseException:
         db.close()
         lease.release()
@@ -173,7 +183,8 @@ def build_site(
 
 def _assemble(
     options: Options,
-    reactor: Any,
+    reactor: IReactorTCP,
+    clock: IReactorTime,
     db: Database,
     lease: Lease,
     tuning: Tuning,
@@ -182,7 +193,8 @@ def _assemble(
     upstream = UpstreamClient(options["upstream"], reactor=reactor)
     node_side = build_node_side(
         db,
-        reactor,
+        clock,
+        reactor=reactor,
         node_keys=dict(options["node-keys"]),
         site_name=options["name"],
         webhook_url=options["webhook"],
@@ -201,14 +213,14 @@ def _assemble(
         on_commit=wake_outbox,
         on_task_changed=dispatcher.task_changed,
         lease=lease,
-        clock=reactor,
+        clock=clock,
         before_post_gate=tuning.before_post_gate,
     )
     instance = InstanceService(
-        lease, db, lifecycle.reap_gone, interval=tuning.instance_interval, clock=reactor
+        lease, db, lifecycle.reap_gone, interval=tuning.instance_interval, clock=clock
     )
     health = Health(site=options["name"], backend=db.backend)
-    web = _web_dependencies(options, reactor, db, lifecycle, node_side, health, wake_outbox)
+    web = _web_dependencies(options, clock, db, lifecycle, node_side, health, wake_outbox)
     parts = SiteParts(
         db=db,
         upstream=upstream,
@@ -216,7 +228,7 @@ def _assemble(
         node_side=node_side,
         node_keys=NodeKeys(db, node_side.listener, options["node-keys"]),
         # Receipts and audit rows past their retention, pruned on the site's clock.
-        housekeeping=Housekeeping(db, clock=reactor),
+        housekeeping=Housekeeping(db, clock=clock),
         web=web,
         http=BoundedSite(
             make_web_resource(web),
@@ -239,7 +251,7 @@ def _assemble(
 
 def _web_dependencies(
     options: Options,
-    reactor: Any,
+    clock: IReactorTime,
     db: Database,
     lifecycle: Lifecycle,
     node_side: NodeSide,
@@ -248,15 +260,15 @@ def _web_dependencies(
 ) -> WebDependencies:
     """What the web layer is given: its collaborators, never the service."""
     create_limiter = (
-        ratelimit.CreateRateLimiter(options["create-rate"], options["create-burst"], reactor)
+        ratelimit.CreateRateLimiter(options["create-rate"], options["create-burst"], clock)
         if options["create-rate"] > 0
         else None
     )
 
     def admin_nodes() -> Deferred[list[dict[str, Any]]]:
-        return Deferred.fromCoroutine(nodes_view(db, node_side.nodes, reactor))
+        return Deferred.fromCoroutine(nodes_view(db, node_side.nodes, clock))
 
-    authenticator = Authenticator(db, reactor, session_settings(options))
+    authenticator = Authenticator(db, clock, session_settings(options))
     return WebDependencies(
         db=db,
         lifecycle=lifecycle,
@@ -264,13 +276,13 @@ def _web_dependencies(
             node_side.hub,
             authenticator.token_user,
             sessions=authenticator.session_user,
-            clock=reactor,
+            clock=clock,
         ),
         admin_nodes=admin_nodes,
-        health=lambda: Deferred.fromCoroutine(health.probe(db.ping, reactor)),
+        health=lambda: Deferred.fromCoroutine(health.probe(db.ping, clock)),
         wake_outbox=wake_outbox,
         create_limiter=create_limiter,
-        clock=reactor,
+        clock=clock,
         auth=authenticator,
         site_name=options["name"],
     )
@@ -289,8 +301,9 @@ def session_settings(options: Options) -> SessionSettings:
 
 def build_node_side(
     db: Database,
-    clock: Any,
+    clock: IReactorTime,
     *,
+    reactor: IReactorTCP | None = None,
     node_keys: dict[str, str],
     site_name: str,
     webhook_url: str | None = None,
@@ -298,21 +311,20 @@ def build_node_side(
     instance_id: int | None = None,
     wakeups: Wakeups | None = None,
 ) -> NodeSide:
-    """The parts node connections reach, over ``db`` on ``clock`` (a
-    reactor: the webhook sender connects on it).  ``node_keys`` (node id →
-    secret) is who may log in until :class:`NodeKeys` refreshes it.
+    """The parts node connections reach, over ``db``, timed on ``clock``;
+    ``reactor`` (default: ``clock``, which is then a reactor) is what the
+    webhook sender connects on and the LISTEN connection's thread calls
+    back to.  ``node_keys`` (node id → secret) is who may log in until
+    :class:`NodeKeys` refreshes it.
 
     ``instance_id`` (this site's instance) and ``wakeups`` (default: a
     LISTEN connection of its own on PostgreSQL, nothing on SQLite) make it
     one of several sites on the database: node ownership, the outbox tail
     and webhook claims per instance, wake-ups between sites."""
+    if reactor is None:
+        reactor = cast(IReactorTCP, clock)  # the same object (the docstring)
     if wakeups is None:
-        # callFromThread needs a real reactor; a test clock gets the global one.
-        wakeups = open_wakeups(
-            db.target,
-            clock if hasattr(clock, "callFromThread") else None,
-            site_name=site_name,
-        )
+        wakeups = open_wakeups(db.target, reactor, site_name=site_name)
     nodes = ConnectedNodes(site_name, instance_id)
     ownership = NodeOwnership(
         db, nodes, wakeups=wakeups, check_interval=tuning.node_check_interval, clock=clock
@@ -328,6 +340,7 @@ def build_node_side(
             max_attempts=tuning.webhook_max_attempts,
             backoff=tuning.webhook_backoff,
             clock=clock,
+            reactor=reactor,
         )
     outbox = OutboxExecutor(
         db,
@@ -460,7 +473,19 @@ def _refuse(message: str, cause: BaseException | None = None) -> NoReturn:
     raise SystemExit(1) from cause
 
 
-def makeService(options: Options) -> SiteService:
+def makeService(
+    options: Options,
+    *,
+    reactor: IReactorTCP | None = None,
+    monotonic: Callable[[], float] = time.monotonic,
+) -> SiteService:
+    """The site as ``twistd -n tasknet-site`` builds it: on twistd's reactor
+    and the process's monotonic clock unless given others (a simulation's)."""
+    if reactor is None:
+        from twisted.internet import reactor as global_reactor
+
+        reactor = IReactorTCP(global_reactor)
+    rotate_on(IReactorFromThreads(reactor, None))  # twistd's log file, on SIGUSR1
     # Every file the site creates, twistd's --logfile included, is 0600
     # (INTERFACES.md, "Nothing secret in logs").
     keep_files_private("tasknet-site")
@@ -472,7 +497,9 @@ def makeService(options: Options) -> SiteService:
     created = NewDatabaseFiles(path)
     try:
         tuning = Tuning(before_post_gate=fault_points.pause_before_post(os.environ))
-        site = build_site(options, tuning=tuning, exit_on_failure=True)
+        site = build_site(
+            options, reactor, tuning=tuning, exit_on_failure=True, monotonic=monotonic
+        )
     except SchemaError as e:
         created.remove()
         # A clean message (and exit status 1), not a traceback.

@@ -50,7 +50,7 @@ from tasknet.site.dispatcher import Dispatcher
 from tasknet.site.housekeeping import Housekeeping
 from tasknet.site.instance_service import InstanceService
 from tasknet.site.lifecycle import Lifecycle
-from tasknet.site.node_listener import NodeListenerFactory
+from tasknet.site.node_listener import NODES_BACKLOG, NodeListenerFactory
 from tasknet.site.notify import OutboxExecutor
 from tasknet.site.report_pipeline import ReportPipeline
 from tasknet.site.storage import users
@@ -80,7 +80,14 @@ class Options(LogOptions, usage.Options):
             "(several sites may share one; the schema is created on an empty database).",
         ],
         ["http", None, "tcp:8080:interface=127.0.0.1", "HTTP API, UI, WebSocket, /metrics."],
-        ["nodes", None, "tcp:7100:interface=127.0.0.1", "Where storage nodes connect."],
+        [
+            "nodes",
+            None,
+            f"tcp:7100:interface=127.0.0.1:backlog={NODES_BACKLOG}",
+            f"Where storage nodes connect (a listen backlog of {NODES_BACKLOG} by default:"
+            " after a restart every node reconnects at once; give backlog= in your own"
+            " endpoint).",
+        ],
         ["upstream", None, "http://127.0.0.1:7200", "Upstream base URL."],
         [
             "upstream-timeout",

@@ -44,6 +44,7 @@ from urllib.parse import urlencode
 
 from hyperlink import EncodedURL
 from twisted.internet.defer import CancelledError, Deferred, TimeoutError, gatherResults, succeed
+from twisted.internet.interfaces import IReactorTCP, IReactorTime
 from twisted.internet.protocol import Protocol
 from twisted.python.failure import Failure
 from twisted.web.client import (
@@ -56,7 +57,6 @@ from twisted.web.http_headers import Headers
 from twisted.web.iweb import IAgentEndpointFactory, IBodyProducer
 from zope.interface import implementer
 
-from tasknet.clock import default_reactor
 from tasknet.netclient import DirectEndpoints, quiet_pool
 from tasknet.site import metrics
 
@@ -270,25 +270,28 @@ def _is_int(value: Any) -> bool:
 
 
 class UpstreamClient:
-    """The site's client of the upstream at ``base_url`` (own connection pool)."""
+    """The site's client of the upstream at ``base_url`` (own connection pool).
+
+    ``reactor``: its root's (the site's, the admin tool's, a test's): the
+    TCP its connections go over and, adapted to ``IReactorTime``, the clock
+    of its timeouts and call durations."""
 
     def __init__(
         self,
         base_url: str,
         *,
-        reactor: Any = None,
+        reactor: IReactorTCP,
         prepare_timeout: float = 10.0,
         audit_timeout: float = 2.0,
         persistent: bool = True,
         max_idle_connections: int = MAX_IDLE_CONNECTIONS,
     ) -> None:
-        reactor = default_reactor(reactor)
         self.base_url = base_url.rstrip("/")
         # Parsed and IDNA-encoded once, not per request.
         self._base = EncodedURL.from_text(self.base_url).to_uri().to_text().encode("ascii")
         self.prepare_timeout = prepare_timeout
         self.audit_timeout = audit_timeout
-        self._reactor = reactor
+        self._reactor: IReactorTime = IReactorTime(reactor)
         self._pool = quiet_pool(reactor, persistent=persistent)
         self._pool.retryAutomatically = False  # a POST is never retried behind our back
         # Twisted keeps 2 idle connections per host by default: with more

@@ -18,12 +18,11 @@ from twisted.application.internet import StreamServerEndpointService
 from twisted.application.service import MultiService, Service
 from twisted.internet import endpoints
 from twisted.internet.defer import Deferred
-from twisted.internet.interfaces import IReactorTCP, IReactorTime
+from twisted.internet.interfaces import IReactorFromThreads, IReactorTCP, IReactorTime
 from twisted.logger import Logger
 from twisted.python import usage
 
-from tasknet.clock import default_reactor
-from tasknet.logging import LogOptions, use_for_twistd
+from tasknet.logging import LogOptions, rotate_on, use_for_twistd
 from tasknet.upstream.app import UpstreamApp
 from tasknet.version import version_option
 
@@ -89,9 +88,14 @@ class UpstreamService(MultiService):
 
 def makeService(options: Options, reactor: IReactorTCP | None = None) -> UpstreamService:
     """The upstream from its options, on ``reactor`` (an ``IReactorTCP`` that
-    is an ``IReactorTime`` too, as every Twisted reactor is; default: the
-    global reactor, which only twistd's call leaves it to)."""
-    tcp: IReactorTCP = default_reactor(reactor)
+    is an ``IReactorTime`` too, as every Twisted reactor is).  Its root:
+    twistd's call gives no reactor, and the global one is resolved here."""
+    if reactor is None:
+        from twisted.internet import reactor as global_reactor
+
+        reactor = IReactorTCP(global_reactor)
+    tcp: IReactorTCP = reactor
+    rotate_on(IReactorFromThreads(tcp, None))  # twistd's log file, on SIGUSR1
     app = UpstreamApp(
         options["bandwidth"],
         clock=IReactorTime(tcp),

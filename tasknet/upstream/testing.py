@@ -48,7 +48,6 @@ from twisted.internet.defer import Deferred
 from twisted.internet.endpoints import serverFromString
 from twisted.internet.interfaces import IListeningPort, IReactorTCP, IReactorTime
 
-from tasknet.clock import default_reactor
 from tasknet.upstream.app import UpstreamApp
 
 LOOPBACK_ANY_PORT = "tcp:0:interface=127.0.0.1"
@@ -103,9 +102,14 @@ def start_upstream(
     """Listen on ``endpoint`` (default: a free loopback port) with a fresh app.
 
     A test's composition root, as ``service.makeService`` is twistd's: the
-    reactor (default: the global one, resolved here) is the app's clock and
-    the listener's, ``seed`` seeds the app's random source."""
-    return Deferred.fromCoroutine(_start(default_reactor(reactor), bandwidth, seed, endpoint))
+    reactor (default: the global one, resolved here, for the tests, benches,
+    drills and demo that run on it) is the app's clock and the listener's,
+    ``seed`` seeds the app's random source."""
+    if reactor is None:
+        from twisted.internet import reactor as global_reactor
+
+        reactor = IReactorTCP(global_reactor)
+    return Deferred.fromCoroutine(_start(reactor, bandwidth, seed, endpoint))
 
 
 async def _start(

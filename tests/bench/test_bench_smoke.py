@@ -141,18 +141,18 @@ def test_unknown_benchmark_is_refused_with_the_valid_names() -> None:
 
 
 def test_load_nodes_reconnect_with_the_real_nodes_backoff() -> None:
-    """B10's load nodes use the real node's retry policy: the parameters
-    they copy are still the ones ``tasknet.node.link`` gives ClientService."""
+    """B10's load nodes use the real node's retry policy (``retry_policy_of``,
+    which the node's ClientService gets by default) and debounce."""
     from bench import loadnode
+    from tasknet.node import link, reporter
+    from tasknet.runtime import SeededEntropy
 
-    source = (REPO / "tasknet" / "node" / "link.py").read_text()
-    wanted = (
-        f"backoffPolicy(initialDelay={loadnode.NODE_INITIAL_DELAY}, "
-        f"maxDelay={loadnode.NODE_MAX_DELAY})"
-    )
-    assert wanted in source
-    from tasknet.node import reporter
-
+    assert loadnode.retry_policy_of is link.retry_policy_of
+    policy = link.retry_policy_of(SeededEntropy(7))
+    delays = [policy(attempt) for attempt in range(14)]
+    # backoffPolicy: min(0.5 * 1.5**attempt, 30) plus up to a second of jitter.
+    assert 0.5 <= delays[0] <= 1.5
+    assert all(30.0 <= d <= 31.0 for d in delays[11:])
     assert reporter.DEBOUNCE == loadnode.DEBOUNCE
 
 

@@ -8,7 +8,10 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+from twisted.internet import reactor
+
 from tasknet.node.service import NodeService
+from tasknet.runtime import RealThreadPools, SystemEntropy
 from tasknet.upstream.testing import RunningUpstream, start_upstream
 from tests.node.site_peer import ScriptedSite
 
@@ -24,6 +27,9 @@ async def start_node(
 ) -> NodeService:
     """Node ``node-t`` on ``data``, dialling ``site`` (or that endpoint string)."""
     options.setdefault("debounce", 0.05)
+    options.setdefault("reactor", reactor)
+    options.setdefault("threads", RealThreadPools())
+    options.setdefault("entropy", SystemEntropy())
     node = NodeService(
         connect=site if isinstance(site, str) else site.endpoint,
         node_id="node-t",

@@ -43,6 +43,7 @@ from tasknet.protocol.messages import (
     sign_site_proof,
     verify_login,
 )
+from tasknet.runtime import RealThreadPools, SeededEntropy, SystemEntropy
 from tests.eventually import eventually
 from tests.node.harness import SECRET, quick_retry
 from tests.node.site_peer import ScriptedSite
@@ -70,6 +71,7 @@ class Dialler:
             SECRET,
             self.node,
             reactor=self.reactor,
+            entropy=SeededEntropy(0),
             retry_policy=retry_policy or doubling(),
         )
         self.protocol: Any = None
@@ -255,7 +257,9 @@ def test_stopping_while_waiting_dials_nothing_more() -> None:
 def test_a_bad_endpoint_among_several_is_refused_before_anything_is_dialled(bad: str) -> None:
     memory = MemoryReactorClock()
     with pytest.raises(ValueError, match=f"--connect '{bad}' is not a usable client endpoint"):
-        site_client_service([A, bad], "node-1", SECRET, NodeRecorder(), reactor=memory)
+        site_client_service(
+            [A, bad], "node-1", SECRET, NodeRecorder(), reactor=memory, entropy=SeededEntropy(0)
+        )
     assert memory.tcpClients == []
 
 
@@ -297,7 +301,13 @@ async def test_a_node_with_a_bad_endpoint_fails_to_start_before_opening_its_stor
     tmp_path: Path,
 ) -> None:
     node = NodeService(
-        connect=[A, "tcp:127.0.0.1"], node_id="node-t", secret=SECRET, data=str(tmp_path / "n")
+        connect=[A, "tcp:127.0.0.1"],
+        node_id="node-t",
+        secret=SECRET,
+        data=str(tmp_path / "n"),
+        reactor=reactor,
+        threads=RealThreadPools(),
+        entropy=SystemEntropy(),
     )
     node.startService()
     with pytest.raises(ValueError, match="'tcp:127.0.0.1' is not a usable client endpoint"):
@@ -330,6 +340,9 @@ def start(connect: Sequence[str], data: Path) -> NodeService:
         data=str(data),
         retry_policy=quick_retry,
         debounce=0.05,
+        reactor=reactor,
+        threads=RealThreadPools(),
+        entropy=SystemEntropy(),
     )
     node.startService()
     return node

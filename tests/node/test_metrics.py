@@ -25,6 +25,7 @@ from tasknet.node.reporter import Reporter
 from tasknet.node.service import Options
 from tasknet.node.store import NodeStore
 from tasknet.protocol.messages import TaskReportAck
+from tasknet.runtime import RealThreadPools, SeededEntropy
 from tasknet.upstream import catalog
 from tests.eventually import eventually
 from tests.node.harness import SECRET, file_fault, logged_in_node, running, start_node
@@ -141,11 +142,11 @@ def test_metrics_option_is_parsed() -> None:
 async def test_in_flight_age_is_measured_on_the_node_clock(tmp_path: Path) -> None:
     """A report left in flight by the previous run ages from the start, on
     the reporter's clock; no report in flight reads 0."""
-    store = NodeStore(DataDir(tmp_path / "node"))
+    store = NodeStore(DataDir(tmp_path / "node"), reactor=reactor, threads=RealThreadPools())
     try:
         await store.create_schema()
         clock = Clock()
-        empty = Reporter(store, legacy_node=False, clock=clock)
+        empty = Reporter(store, legacy_node=False, clock=clock, entropy=SeededEntropy(0))
         await empty.load()
         registry = node_registry(lambda: (None, empty, False), clock)
 
@@ -161,7 +162,7 @@ async def test_in_flight_age_is_measured_on_the_node_clock(tmp_path: Path) -> No
         assert age() == 0.0
         await store.accept_download(7, "op-7", "", "http://upstream.test/files/7-1.bin", 2)
         assert await store.create_report("r-1", 1000) is not None
-        reporter = Reporter(store, legacy_node=False, clock=clock)
+        reporter = Reporter(store, legacy_node=False, clock=clock, entropy=SeededEntropy(0))
         clock.advance(100)  # the node started a while ago; the age counts from the load
         await reporter.load()
         registry = node_registry(lambda: (None, reporter, False), clock)

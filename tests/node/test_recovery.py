@@ -5,9 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest_twisted
+from twisted.internet import reactor
 
 from tasknet.node.paths import DataDir
 from tasknet.node.store import NodeStore
+from tasknet.runtime import RealThreadPools
 from tests.eventually import eventually
 from tests.node.harness import logged_in_node, node_rows, running
 
@@ -19,7 +21,7 @@ async def test_an_interrupted_delete_finishes_before_any_work_resumes(tmp_path: 
     data = DataDir(tmp_path / "node")
     async with running(tmp_path) as (site, up):
         # The state a crash leaves between "delete recorded" and "files removed".
-        store = NodeStore(data)
+        store = NodeStore(data, reactor=reactor, threads=RealThreadPools())
         await store.create_schema()
         await store.accept_download(GID, "op-1", "n", up.file_url(GID), 2)
         await store.begin_delete(GID, "del-1", 2)

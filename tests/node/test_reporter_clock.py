@@ -10,12 +10,14 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 
 import pytest_twisted
+from twisted.internet import reactor
 from twisted.internet.task import Clock
 
 from tasknet.node.paths import DataDir
 from tasknet.node.reporter import DEBOUNCE, RETRY_AFTER_ERROR, Reporter
 from tasknet.node.store import NodeStore
 from tasknet.protocol.messages import Message, StatusReport, TaskReport, TaskReportAck
+from tasknet.runtime import RealThreadPools, SeededEntropy
 
 ACK_TIMEOUT = 10.0
 
@@ -40,7 +42,7 @@ class RecordingLink:
 
 
 async def store_with_task(tmp_path: Path, gid: int = 7) -> NodeStore:
-    store = NodeStore(DataDir(tmp_path / "node"))
+    store = NodeStore(DataDir(tmp_path / "node"), reactor=reactor, threads=RealThreadPools())
     await store.create_schema()
     await store.accept_download(gid, f"op-{gid}", f"{gid}.bin", f"http://x/{gid}", 2)
     return store
@@ -54,7 +56,9 @@ async def on_clock(
     its link up; stopped (no timer left behind) at the end."""
     store = await store_with_task(tmp_path)
     clock = Clock()
-    reporter = Reporter(store, legacy_node=legacy, ack_timeout=ACK_TIMEOUT, clock=clock)
+    reporter = Reporter(
+        store, legacy_node=legacy, ack_timeout=ACK_TIMEOUT, clock=clock, entropy=SeededEntropy(0)
+    )
     link = RecordingLink(protocol_version=1 if legacy else 2, fail_sends=fail_sends)
     try:
         reporter.link_up(link)  # nothing in flight: a change, debounced

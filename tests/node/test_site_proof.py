@@ -40,6 +40,7 @@ from tasknet.protocol.messages import (
     decode,
     encode,
 )
+from tasknet.runtime import SeededEntropy
 from tests.eventually import eventually
 from tests.node.harness import SECRET, node_rows, start_node
 from tests.node.site_peer import ScriptedSite
@@ -140,7 +141,7 @@ async def test_no_proof_within_10_s_on_the_nodes_clock_closes() -> None:
     silent = await listening(ScriptedSite(SECRET, proof="none"))
     clock = Clock()
     node = NodeRecorder()
-    factory = SiteLinkFactory("node-1", SECRET, node, clock=clock)
+    factory = SiteLinkFactory("node-1", SECRET, node, clock=clock, entropy=SeededEntropy(0))
     endpoint = TCP4ClientEndpoint(reactor, "127.0.0.1", silent.port.getHost().port)
     link: Any = await endpoint.connect(cast(Any, factory))
     try:
@@ -204,7 +205,7 @@ def frames(data: bytes) -> list[Any]:
 def legacy_login(*, tls: bool, dialled_tls: bool) -> tuple[NodeRecorder, StringTransport]:
     """A link logging in to a legacy site (Identity, no Hello) on a memory transport."""
     node = NodeRecorder()
-    factory = SiteLinkFactory("node-1", SECRET, node, clock=Clock())
+    factory = SiteLinkFactory("node-1", SECRET, node, clock=Clock(), entropy=SeededEntropy(1))
     factory.dialled_tls = lambda: dialled_tls
     transport = StringTransport()
     if tls:
@@ -229,7 +230,9 @@ def test_a_legacy_site_over_a_verified_tls_link_is_served() -> None:
 
 def test_the_legacy_emulation_never_challenges() -> None:
     node = NodeRecorder()
-    factory = SiteLinkFactory("node-1", SECRET, node, protocol=1, clock=Clock())
+    factory = SiteLinkFactory(
+        "node-1", SECRET, node, protocol=1, clock=Clock(), entropy=SeededEntropy(2)
+    )
     transport = StringTransport()
     link: Any = factory.buildProtocol(None)
     link.makeConnection(transport)

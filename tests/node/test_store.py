@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import pytest_twisted
+from twisted.internet import reactor
 
 from tasknet.node.paths import DataDir
 from tasknet.node.store import (
@@ -19,10 +20,11 @@ from tasknet.node.store import (
     report_detail,
 )
 from tasknet.protocol.messages import TaskEntry
+from tasknet.runtime import RealThreadPools
 
 
 async def open_store(path: Path) -> NodeStore:
-    store = NodeStore(DataDir(path))
+    store = NodeStore(DataDir(path), reactor=reactor, threads=RealThreadPools())
     await store.create_schema()
     return store
 

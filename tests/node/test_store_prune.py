@@ -16,16 +16,18 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 
 import pytest_twisted
+from twisted.internet import reactor
 
 from tasknet.node.paths import DataDir
 from tasknet.node.store import DELETED, FAILED, NOT_FOUND, NodeStore
+from tasknet.runtime import RealThreadPools
 
 URL = "http://127.0.0.1:9/f"
 
 
 @asynccontextmanager
 async def opened(path: Path) -> AsyncIterator[NodeStore]:
-    store = NodeStore(DataDir(path))
+    store = NodeStore(DataDir(path), reactor=reactor, threads=RealThreadPools())
     try:
         await store.create_schema()
         yield store

@@ -17,6 +17,7 @@ from twisted.logger import globalLogPublisher
 from twisted.web.client import Agent, BrowserLikePolicyForHTTPS, HTTPConnectionPool
 
 from tasknet.node.service import NodeService
+from tasknet.runtime import RealThreadPools, SystemEntropy
 from tasknet.upstream.testing import start_upstream
 from tests.eventually import eventually
 from tests.site.helpers import running_site, site_options
@@ -37,6 +38,9 @@ async def _node(connect: str, data: Path) -> NodeService:
         data=str(data),
         retry_policy=quick_retry,
         debounce=0.05,
+        reactor=reactor,
+        threads=RealThreadPools(),
+        entropy=SystemEntropy(),
     )
     node.startService()
     await node.ready

@@ -14,6 +14,7 @@ from twisted.internet.task import deferLater
 from tasknet.node.paths import DataDir
 from tasknet.node.store import NodeStore, TaskRow
 from tasknet.node.worker import Worker
+from tasknet.runtime import RealThreadPools, SeededEntropy
 from tasknet.upstream import catalog
 from tasknet.upstream.testing import RunningUpstream, start_upstream
 from tests.eventually import eventually
@@ -25,9 +26,17 @@ GID = 4242
 @asynccontextmanager
 async def node_worker(path: Path, **options: float) -> AsyncIterator[tuple[NodeStore, Worker]]:
     data = DataDir(path)
-    store = NodeStore(data)
+    store = NodeStore(data, reactor=reactor, threads=RealThreadPools())
     await store.create_schema()
-    worker = Worker(store, data, lambda: None, **options)  # type: ignore[arg-type]
+    worker = Worker(
+        store,
+        data,
+        lambda: None,
+        clock=reactor,
+        threads=RealThreadPools(),
+        rng=SeededEntropy(0).random(),
+        **options,  # type: ignore[arg-type]
+    )
     worker.start()
     try:
         yield store, worker

@@ -34,6 +34,7 @@ from twisted.python.failure import Failure
 from twisted.test.iosim import FakeTransport, IOPump, connect
 
 from tasknet.node.link import SiteClientService, site_client_service
+from tasknet.runtime import SeededEntropy
 from tests.protocol.peers import (
     SITE_KEYS,
     LegacySiteDouble,
@@ -128,7 +129,7 @@ class MemoryNet:
     ) -> SiteClientService:
         """The node's real link service, dialling ``port`` (with the
         ``SITE_KEYS`` secret of ``node_id`` unless ``secret``); started."""
-        kwargs = {**FAST_RETRY, **kwargs}
+        kwargs = {"entropy": SeededEntropy(0), **FAST_RETRY, **kwargs}
         service = site_client_service(
             f"tcp:host={HOST}:port={port}",
             node_id,

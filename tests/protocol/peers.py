@@ -34,6 +34,7 @@ from tasknet.protocol.messages import (
     verify_login,
 )
 from tasknet.protocol.session import INodeHandler, INodeSession, ISiteHandler, ISiteLink
+from tasknet.runtime import SystemEntropy
 from tasknet.site.connected_nodes import ConnectedNodes
 from tasknet.site.node_listener import NodeListenerFactory
 from tests.eventually import eventually
@@ -227,7 +228,7 @@ class Harness:
     def node(
         self, port: int, handler: NodeRecorder, node_id: str = "node-1", **kwargs: Any
     ) -> ClientService:
-        kwargs = {**FAST_RETRY, **kwargs}
+        kwargs = {"reactor": reactor, "entropy": SystemEntropy(), **FAST_RETRY, **kwargs}
         service = site_client_service(
             f"tcp:host=127.0.0.1:port={port}", node_id, SITE_KEYS[node_id], handler, **kwargs
         )

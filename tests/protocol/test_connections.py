@@ -32,6 +32,7 @@ from tasknet.protocol.messages import (
     encode_payload,
     sign_login,
 )
+from tasknet.runtime import SeededEntropy
 from tests.protocol.memory import MemoryNet, result_of
 from tests.protocol.peers import SITE_KEYS, NodeRecorder, RawPeer, SiteRecorder, site_factory
 from tests.protocol.vectors import VECTORS, case_id, frame
@@ -431,7 +432,9 @@ def test_heartbeats_flow_and_a_silent_peer_is_dropped_after_45_s(net: MemoryNet)
 def test_heartbeating_node_stays_connected_past_the_idle_timeout(net: MemoryNet) -> None:
     factory, port = net.site()
     node = NodeRecorder()
-    link_factory = SiteLinkFactory("node-1", SITE_KEYS["node-1"], node, clock=net.clock)
+    link_factory = SiteLinkFactory(
+        "node-1", SITE_KEYS["node-1"], node, clock=net.clock, entropy=SeededEntropy(0)
+    )
     link = net.dial(port, link_factory)
     assert node.kinds() == ["up"]
     session = factory.nodes["node-1"]

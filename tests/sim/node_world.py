@@ -1,47 +1,68 @@
-"""A real node, built by its own ``NodeService``, in a simulated world.
+"""A real node, built by its composition root, in a simulated world.
 
-The node dials a scripted site (tests/sim/scripted_site.py) over simulated
-TCP, is sent two DOWNLOADs, fetches them from the real mock upstream,
-compresses them (its compression pool runs inline) and reports until both
-are ACKed; then its reactor stops as twistd's would (the shutdown triggers,
-the node's ``stopService``).  The node still opens its store's
-``adbapi.ConnectionPool`` on Twisted's global reactor and makes its own
-``ThreadPool`` (seams not there yet), so this runs in a process of its own
-where ``tasknet.sim.process_global`` makes the node's simulated reactor
-the global one.
+The node (``tasknet.node.service.makeService``, as ``twistd -n
+tasknet-node`` builds it from its options) is given the world's reactor as
+its reactor and clock, the simulated process as its thread pools
+(``IThreadPools``: its store's ``adbapi`` pool and its compression pool run
+inline) and a seeded ``IEntropy`` (its challenges, report ids and jitter).
+It dials a scripted site (tests/sim/scripted_site.py) over simulated TCP,
+is sent two DOWNLOADs, fetches them from the real mock upstream (built by
+its own root), compresses them and reports until both are ACKed; then its
+reactor stops as twistd's would (the shutdown triggers, the node's
+``stopService``).  Nothing reaches Twisted's global reactor: run alone
+(``python -m``) the process's global reactor is :class:`NoGlobalReactor`,
+which fails whatever touches it (klein imports it, and never uses it).
 
     python -m tests.sim.node_world SEED DATA_DIR   # one JSON line
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import random
 import sys
 import time
 from typing import Any
 
+from tasknet.protocol.messages import encode
+from tasknet.runtime import SeededEntropy
+from tasknet.sim import World
+
 GIDS = (11, 12)
 SECRET = "sim-secret"
 
 
+class NoGlobalReactor:
+    """Twisted's global reactor in a process given over to the world: any
+    use of it is a seam that bypasses a composition root, and fails."""
+
+    touched: list[str] = []
+
+    def __getattr__(self, name: str) -> Any:
+        NoGlobalReactor.touched.append(name)
+        raise RuntimeError(f"the global reactor was used: .{name}")
+
+
+def forbid_the_global_reactor() -> None:
+    from twisted.internet.main import installReactor
+
+    installReactor(NoGlobalReactor())  # type: ignore[arg-type]
+
+
 def run(seed: int, data: str) -> dict[str, Any]:
-    from tasknet.sim import World
-    from tasknet.sim.process_global import install
+    from twisted.internet.endpoints import serverFromString
+
+    from tasknet.node.service import NodeService, Options, makeService
+    from tasknet.upstream import catalog
+    from tests.sim.scripted_site import ScriptedSite, SiteConnection
+    from tests.sim.worlds import start_upstream_service
 
     started = time.perf_counter()
     world = World(seed)
     node_reactor = world.add_process("node")
-    install(node_reactor)  # before anything imports twisted.internet.reactor
     site_reactor = world.add_process("site")
     upstream_reactor = world.add_process("upstream")
-
-    from twisted.internet.endpoints import serverFromString
-
-    from tasknet.node.service import NodeService
-    from tasknet.upstream import catalog
-    from tests.sim.scripted_site import ScriptedSite, SiteConnection
-    from tests.sim.worlds import start_upstream_service
 
     start_upstream_service(upstream_reactor, seed=seed)
 
@@ -53,14 +74,20 @@ def run(seed: int, data: str) -> dict[str, Any]:
     site = ScriptedSite(SECRET, random.Random(world.rng.getrandbits(64)), on_login)
     serverFromString(site_reactor, "tcp:7100:interface=127.0.0.1").listen(site)
 
-    node = NodeService(
-        connect="tcp:127.0.0.1:7100",
-        node_id="node-1",
-        secret=SECRET,
-        data=data,
-        reactor=node_reactor,
-        debounce=0.05,
+    options = Options()
+    options.parseOptions(
+        ["--connect", "tcp:127.0.0.1:7100", "--node-id", "node-1", "--secret", SECRET]
+        + ["--data", data]
     )
+    service = makeService(
+        options,
+        reactor=node_reactor,
+        threads=node_reactor,
+        entropy=SeededEntropy(world.rng.getrandbits(64)),
+    )
+    assert isinstance(service, NodeService)
+    node = service
+    node.exit_on_failure = False  # a failed start fails `ready` (in-process)
     # As twistd: the service starts, then the reactor runs; it stops before shutdown.
     node.startService()
     node_reactor.addSystemEventTrigger("before", "shutdown", node.stopService)
@@ -71,9 +98,7 @@ def run(seed: int, data: str) -> dict[str, Any]:
         if not all(site.latest_status(gid) == 4 for gid in GIDS):
             return False
         last = site.reports()[-1]
-        return last.report_id in site.acked and not node_reactor.world.network.between(
-            "node", "upstream"
-        )
+        return last.report_id in site.acked and not world.network.between("node", "upstream")
 
     running = time.perf_counter()
     finished = world.run_until(settled, within=300)
@@ -83,20 +108,27 @@ def run(seed: int, data: str) -> dict[str, Any]:
     world.assert_clean()
     now = time.perf_counter()
     wall, run_wall = now - started, now - running
+    # What the node sent, byte for byte: its nonces, ids and revisions are
+    # the seed's too (the trace holds only the frames' lengths).
+    frames = hashlib.sha256(b"".join(encode(m) for m in site.received)).hexdigest()
     return {
         "finished": finished,
         "stopped": not node_reactor.alive,
         "archives": archives,
         "logins": site.logins,
         "reports": len(site.reports()),
+        "report_ids": [r.report_id for r in site.reports()],
         "statuses": {str(gid): site.latest_status(gid) for gid in GIDS},
         "events": world.events,
         "simulated": world.elapsed(),
         "wall": wall,
         "run_wall": run_wall,
         "digest": world.trace.hexdigest(),
+        "frames": frames,
+        "global_reactor_used": list(NoGlobalReactor.touched),
     }
 
 
 if __name__ == "__main__":
+    forbid_the_global_reactor()
     print(json.dumps(run(int(sys.argv[1]), sys.argv[2])))

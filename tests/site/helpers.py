@@ -109,9 +109,18 @@ async def lifecycle_env(
     prepare_database(path)
     user_id, _ = add_user(path, "alice", quota=quota)
     upstream = await start_upstream()
-    client = UpstreamClient(upstream.base_url, persistent=False, prepare_timeout=timeout)
+    client = UpstreamClient(
+        upstream.base_url, reactor=reactor, persistent=False, prepare_timeout=timeout
+    )
     db = open_pool(path)
-    env = Env(path, db, upstream, client, Lifecycle(db, client, upstream_timeout=timeout), user_id)
+    env = Env(
+        path,
+        db,
+        upstream,
+        client,
+        Lifecycle(db, client, upstream_timeout=timeout, clock=reactor),
+        user_id,
+    )
     try:
         yield env
     finally:

@@ -116,7 +116,7 @@ async def running(
         application_name=application_name(lease.instance_id, "writer"),
         reader_application_name=application_name(lease.instance_id, "reader"),
     )
-    client = UpstreamClient(upstream_url, persistent=False)
+    client = UpstreamClient(upstream_url, reactor=reactor, persistent=False)
     lifecycle = Lifecycle(
         db,
         client,
@@ -201,7 +201,7 @@ async def test_a_lease_goes_stale_on_its_own_clock_and_then_nothing_is_written(
 
 @pytest_twisted.ensureDeferred
 async def test_a_gate_that_refuses_sends_not_one_byte(upstream: RunningUpstream) -> None:
-    client = UpstreamClient(upstream.base_url, persistent=False)
+    client = UpstreamClient(upstream.base_url, reactor=reactor, persistent=False)
     asked: list[int] = []
 
     def gate() -> str:

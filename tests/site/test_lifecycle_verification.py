@@ -12,6 +12,7 @@ import sqlite3
 
 import pytest
 import pytest_twisted
+from twisted.internet import reactor
 from twisted.internet.defer import DeferredList
 
 from tasknet.site.lifecycle import Lifecycle
@@ -130,7 +131,7 @@ async def test_six_concurrent_creates_from_two_database_handles_post_once(db_tar
     # index and the write transactions, not our single writer thread, decide.
     async with lifecycle_env(db_target, timeout=3.0) as env:
         second_db = open_pool(env.path)
-        second = Lifecycle(second_db, env.client, upstream_timeout=3.0)
+        second = Lifecycle(second_db, env.client, upstream_timeout=3.0, clock=reactor)
         try:
             calls = [
                 (env.lifecycle if i % 2 else second).create(env.user_id, GID, "tok", "")
@@ -188,7 +189,7 @@ async def test_restart_recovery_submitting_to_unknown_reserved_released_no_rewri
 
         # "Restart": a new database handle and lifecycle on the same file.
         env.db = open_pool(env.path)
-        env.lifecycle = Lifecycle(env.db, env.client, upstream_timeout=0.5)
+        env.lifecycle = Lifecycle(env.db, env.client, upstream_timeout=0.5, clock=reactor)
         recovered = await env.lifecycle.recover()
         assert recovered.unknown == [1] and recovered.released == [2]
 

@@ -18,6 +18,7 @@ from tasknet.site.storage.engine.migrate import DuplicateGids, migrate
 from tasknet.site.storage.engine.schema import (
     CURRENT_VERSION,
     UPGRADES,
+    UPGRADES_POSTGRES,
     UnmigratedDatabase,
     apply_statements,
     load_script,
@@ -280,7 +281,9 @@ def _at_v4(target: str) -> None:
     try:
         if is_postgres(target):
             connection.execute(BEGIN_WRITE[SERIALIZABLE])
-            for script in postgres_upgrade_scripts(0)[:-1]:  # all but v5
+            for script in postgres_upgrade_scripts(0):  # up to v4
+                if script == UPGRADES_POSTGRES[5]:
+                    break
                 connection.run_script(load_script(script))  # type: ignore[union-attr]
         else:
             cursor = connection.cursor()

@@ -12,6 +12,8 @@ the WebSocket hub (the executor's ``Publisher`` seam).
 from __future__ import annotations
 
 import pytest_twisted
+from twisted.internet import reactor
+from twisted.internet.task import Clock
 
 from tasknet.site.notify import OutboxExecutor
 from tasknet.site.storage import create, outbox, usage
@@ -65,9 +67,11 @@ async def test_rows_nobody_listens_to_are_marked_with_one_watermark_read(tmp_pat
     # SQLite only: the witness of the one read is SQLite's statement trace
     # (the second test, on both backends, shows the marking itself).
     path, user_id = database(str(tmp_path / "site.sqlite"))
-    db = open_pool(path)
+    db = open_pool(path, readers=1)  # the one connection whose trace is read
     reads: list[str] = []
-    executor = OutboxExecutor(db, RecordingPublisher(), poll_interval=None, mark_interval=0.05)
+    executor = OutboxExecutor(
+        db, RecordingPublisher(), poll_interval=None, mark_interval=0.05, clock=reactor
+    )
     try:
         await reserve_some(db, user_id, range(1, 6))
         await db.read(lambda cursor: cursor.connection.set_trace_callback(reads.append))
@@ -85,21 +89,37 @@ async def test_rows_nobody_listens_to_are_marked_with_one_watermark_read(tmp_pat
         db.close()
 
 
+def marking_due(clock: Clock, executor: OutboxExecutor) -> bool:
+    return any(c.func == executor._flush_marks for c in clock.getDelayedCalls())
+
+
 @pytest_twisted.ensureDeferred
 async def test_a_client_connecting_before_the_marking_gets_the_rows_pushed(db_target):
+    # The marking is timed on a task.Clock: it runs when the test says, after
+    # the client connected (on the reactor, the marking asked for by the
+    # first wake could run while the rows are still being written, and mark
+    # the ones already committed: rightly, nobody was listening).
     path, user_id = database(db_target)
     db = open_pool(path)
+    clock = Clock()
     publisher = RecordingPublisher()
-    executor = OutboxExecutor(db, publisher, poll_interval=None, mark_interval=0.05)
+    executor = OutboxExecutor(
+        db, publisher, poll_interval=None, prune_interval=None, mark_interval=0.05, clock=clock
+    )
     try:
         executor.startService()
         await executor.wake()
         await reserve_some(db, user_id, range(1, 4))
         await executor.wake()  # nobody yet: left for the marking
+        assert marking_due(clock, executor) and unmarked(path) == 3
         publisher.connected = True
+        clock.advance(0.05)  # the marking finds a client: the rows are pushed first
         await eventually(lambda: len(publisher.pushed) == 3)
+        await eventually(lambda: marking_due(clock, executor))  # once the drain is done
+        clock.advance(0.05)
         await eventually(lambda: unmarked(path) == 0)
         assert len(publisher.pushed) == 3
     finally:
         await executor.stopService()
         db.close()
+    assert clock.getDelayedCalls() == []

@@ -63,12 +63,15 @@ class SiteOutbox:
         webhook_lease: float = outbox.WEBHOOK_LEASE,
         clock: Any = None,
     ) -> None:
+        clock = reactor if clock is None else clock
         self.db: Database = open_pool(target)
         self.instance_id = register_instance(target, name)
         self.listener = Listener(target, reactor=reactor)
         self.publisher = RecordingPublisher()
         self.webhook = (
-            WebhookSender(webhook_url, self.db, concurrency=3, backoff=0.05, clock=clock)
+            WebhookSender(
+                webhook_url, self.db, concurrency=3, backoff=0.05, clock=clock, reactor=reactor
+            )
             if webhook_url
             else None
         )

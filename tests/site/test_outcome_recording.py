@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 import pytest_twisted
+from twisted.internet import reactor
 from twisted.logger import globalLogPublisher
 
 from tasknet.site.lifecycle import NO_ARCHIVE_URL, Lifecycle
@@ -48,6 +49,7 @@ async def locked_env(target: str, *, record_retry_for: float) -> AsyncIterator[E
             retry_initial=0.05,
             retry_max=0.2,
             settle_interval=0.1,
+            clock=reactor,
         )
         try:
             yield env

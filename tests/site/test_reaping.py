@@ -94,7 +94,7 @@ async def running(url: str, name: str, upstream_url: str) -> AsyncIterator[Site]
     lease = take_lease(url, name, flock=None)
     assert isinstance(lease, PostgresLease)
     db = open_pool(url)
-    client = UpstreamClient(upstream_url, persistent=False)
+    client = UpstreamClient(upstream_url, reactor=reactor, persistent=False)
     clock = Clock()
     lifecycle = Lifecycle(db, client, upstream_timeout=2.0, lease=lease, clock=clock)
     service = InstanceService(lease, db, lifecycle.reap_gone, clock=clock)

@@ -13,6 +13,7 @@ import os
 
 import pytest
 import pytest_twisted
+from twisted.internet import reactor
 from twisted.internet.defer import Deferred, DeferredList
 
 from tasknet.site.notify import OutboxExecutor
@@ -68,7 +69,9 @@ async def test_10000_refused_creates_leave_the_database_within_a_bounded_size(tm
         str(tmp_path / "site.sqlite"), timeout=UPSTREAM_TIMEOUT, quota=0
     ) as env:
         bob, _ = add_user(env.path, "bob", quota=10**9)
-        executor = OutboxExecutor(env.db, None, None, poll_interval=None, prune_interval=None)
+        executor = OutboxExecutor(
+            env.db, None, None, poll_interval=None, prune_interval=None, clock=reactor
+        )
         env.lifecycle.on_commit = executor.wake
         executor.startService()
         await executor.wake()

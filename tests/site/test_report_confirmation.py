@@ -8,6 +8,7 @@ applied and ACKed once held, or refused without a write."""
 from __future__ import annotations
 
 import pytest_twisted
+from twisted.internet import reactor
 from twisted.internet.defer import Deferred
 
 from tasknet.protocol.messages import TaskReport
@@ -35,7 +36,7 @@ async def _report(target: str, holds: str) -> tuple[RecordingSession, list[str]]
     before the report's transaction: a login here or at another site)."""
     db = open_pool(target)
     try:
-        pipeline = ReportPipeline(db)
+        pipeline = ReportPipeline(db, clock=reactor)
         session = RecordingSession("n1")
         pending: Deferred[Holding | None] = Deferred()
         refusals: list[str] = []

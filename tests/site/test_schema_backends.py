@@ -27,7 +27,11 @@ import psycopg
 import pytest
 
 from tasknet.site import transitions
-from tasknet.site.storage.engine.schema import prepare_database
+from tasknet.site.storage.engine.schema import (
+    POSTGRES_ONLY_INDEXES,
+    SQLITE_ONLY_TABLES,
+    prepare_database,
+)
 from tasknet.status import OperationState
 from tests.backends import BACKENDS, DRIVER_ERRORS, DatabasePool, is_postgres
 
@@ -61,6 +65,7 @@ def sqlite_schema(path: str) -> Schema:
             for r in connection.execute(
                 "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%'"
             )
+            if r[0] not in SQLITE_ONLY_TABLES  # the search's FTS5 table (v6)
         ]
         schema = Schema({}, {}, {}, {})
         for table in tables:
@@ -125,7 +130,8 @@ def postgres_schema(url: str) -> Schema:
             " WHERE t.relnamespace = current_schema()::regnamespace"
             "   AND NOT EXISTS (SELECT 1 FROM pg_constraint AS c WHERE c.conindid = x.indexrelid)"
         ):
-            schema.indexes[name] = Index(table, tuple(columns), bool(unique))
+            if name not in POSTGRES_ONLY_INDEXES:  # the search's pg_trgm indexes (v6)
+                schema.indexes[name] = Index(table, tuple(columns), bool(unique))
     return schema
 
 

@@ -21,6 +21,7 @@ from zope.interface import implementer
 from tasknet.node.link import site_client_service
 from tasknet.protocol.messages import TaskReportAck
 from tasknet.protocol.session import INodeHandler
+from tasknet.runtime import SystemEntropy
 from tasknet.site.root import Tuning, build_site, makeService
 from tasknet.site.storage import create, usage, users
 from tasknet.site.storage.engine.database import connect, run_read, run_write
@@ -283,6 +284,7 @@ async def test_node_attach_and_detach_logged_with_negotiated_protocol(db_target,
                 node,
                 protocol=protocol,
                 reactor=reactor,
+                entropy=SystemEntropy(),
             )
             client.startService()
             try:

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import pytest_twisted
 from twisted.internet import reactor
-from twisted.internet.task import Clock
+from twisted.internet.task import Clock, LoopingCall
 from twisted.web.resource import Resource
 from twisted.web.server import Request, Site
 
@@ -153,6 +153,14 @@ def enqueue(path: str, gid: int) -> int:
         connection.close()
 
 
+def next_poll(clock: Clock) -> float | None:
+    """The delay of the next call of the one timer (a ``TimerService``'s
+    looping call) pending on ``clock`` (None: none pending)."""
+    calls = [c for c in clock.getDelayedCalls() if isinstance(c.func, LoopingCall)]
+    assert len(calls) <= 1, calls
+    return round(calls[0].getTime() - clock.seconds(), 6) if calls else None
+
+
 @pytest_twisted.ensureDeferred
 async def test_the_outbox_poll_delivers_rows_from_another_process_every_interval(
     site_db: str,
@@ -164,12 +172,17 @@ async def test_the_outbox_poll_delivers_rows_from_another_process_every_interval
     try:
         executor.startService()  # its first poll runs now: nothing to deliver
         await executor.wake()
-        assert hub.payloads == []
+        assert hub.payloads == [] and next_poll(clock) == 5.0
         enqueue(site_db, 1)
         clock.advance(4.99)
         assert hub.payloads == [], "no poll before 5 s"
         clock.advance(0.01)
         await eventually(lambda: len(hub.payloads) == 1)
+        # The poll's drain is returned to its timer, which schedules the next
+        # poll once the drain is done (reading on past row 1 takes real time):
+        # moving the clock on before that would skip the 10 s poll (a
+        # LoopingCall skips the intervals its call overran).
+        await eventually(lambda: next_poll(clock) == 5.0)
         enqueue(site_db, 2)
         clock.advance(5.0)
         await eventually(lambda: len(hub.payloads) == 2)
@@ -210,7 +223,11 @@ async def test_a_failing_webhook_is_retried_after_a_doubling_delay(site_db: str)
     clock = Clock()
     db = open_pool(site_db)
     webhook = WebhookSender(
-        f"http://127.0.0.1:{port.getHost().port}/hook", db, backoff=1.0, clock=clock
+        f"http://127.0.0.1:{port.getHost().port}/hook",
+        db,
+        backoff=1.0,
+        clock=clock,
+        reactor=reactor,
     )
     executor = OutboxExecutor(
         db, None, webhook, poll_interval=None, prune_interval=None, clock=clock

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import pytest_twisted
+from twisted.internet import reactor
 
 from tasknet.site.storage.engine.errors import TaskError
 from tests.site.helpers import fault, lifecycle_env, one
@@ -162,7 +163,7 @@ async def test_submit_after_the_upstream_closed_its_idle_connections_succeeds(db
     from tasknet.site.upstream_client import Outcome, PrepareOutcome, UpstreamClient
 
     async with lifecycle_env(db_target) as env:
-        client = UpstreamClient(env.upstream.base_url)  # persistent, as the site's
+        client = UpstreamClient(env.upstream.base_url, reactor=reactor)  # persistent, as the site's
         try:
             prepared = await client.prepare(GID, "tok")
             assert prepared.outcome is PrepareOutcome.OK  # leaves an idle pooled connection

@@ -7,6 +7,7 @@ holds and ``/api/admin/nodes`` lists it: all over real TCP, one registry.
 from __future__ import annotations
 
 import pytest_twisted
+from twisted.internet import reactor
 
 from tasknet.protocol.messages import Goodbye, TaskCommand
 from tasknet.protocol.session import INodeSession
@@ -23,7 +24,7 @@ POLL = 0.05
 
 
 async def _connected(site: Site) -> dict[str, bool]:
-    return {n["id"]: n["connected"] for n in await nodes_view(site.db, site.side.nodes)}
+    return {n["id"]: n["connected"] for n in await nodes_view(site.db, site.side.nodes, reactor)}
 
 
 @pytest_twisted.ensureDeferred

@@ -13,6 +13,7 @@ from collections.abc import Iterator
 
 import pytest
 import pytest_twisted
+from twisted.internet import reactor
 from twisted.internet.task import Clock
 
 from tasknet.site.notify import OutboxExecutor
@@ -148,7 +149,9 @@ async def test_a_prune_deletes_in_transactions_of_prune_batch_rows(
 ) -> None:
     old = finished_rows(conn, 7, outbox.WEBHOOK_DELIVERED, days=WEEK + 1)
     db = open_pool(path)
-    executor = OutboxExecutor(db, None, poll_interval=None, prune_interval=None, prune_batch=3)
+    executor = OutboxExecutor(
+        db, None, poll_interval=None, prune_interval=None, prune_batch=3, clock=reactor
+    )
     try:
         before = db.transactions
         assert await executor.prune() == 7
@@ -166,8 +169,8 @@ def test_bad_settings_are_refused(path: str) -> None:
     db = open_pool(path)
     try:
         with pytest.raises(ValueError, match="prune_batch"):
-            OutboxExecutor(db, None, prune_batch=0)
+            OutboxExecutor(db, None, prune_batch=0, clock=reactor)
         with pytest.raises(ValueError, match="retention_days"):
-            OutboxExecutor(db, None, retention_days=-1)
+            OutboxExecutor(db, None, retention_days=-1, clock=reactor)
     finally:
         db.close()

@@ -42,7 +42,7 @@ async def connect_held(site: SharedSite, node_id: str) -> ScriptedNode:
 
 
 async def listed(site: SharedSite, node_id: str) -> list[dict[str, Any]]:
-    return [n for n in await nodes_view(site.db, site.side.nodes) if n["id"] == node_id]
+    return [n for n in await nodes_view(site.db, site.side.nodes, reactor) if n["id"] == node_id]
 
 
 def holder_rows(site: SharedSite) -> list[tuple[str, str]]:

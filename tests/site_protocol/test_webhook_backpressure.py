@@ -93,8 +93,12 @@ async def test_a_dead_webhook_with_20000_pending_rows_holds_a_bounded_number(db_
         max_attempts=5,
         backoff=3600.0,  # every row tried once, then waiting for its retry
         max_held=held,
+        clock=reactor,
+        reactor=reactor,
     )
-    executor = OutboxExecutor(db, None, sender, poll_interval=0.05, prune_interval=None)
+    executor = OutboxExecutor(
+        db, None, sender, poll_interval=0.05, prune_interval=None, clock=reactor
+    )
     globalLogPublisher.addObserver(observe)
     tracemalloc.start()
     try:
@@ -134,10 +138,17 @@ async def test_rows_beyond_the_bound_are_read_from_the_database_when_there_is_ro
     http = await listen_http(receiver)
     db = open_pool(path)
     sender = WebhookSender(
-        f"http://127.0.0.1:{http.getHost().port}/hook", db, concurrency=4, max_held=held
+        f"http://127.0.0.1:{http.getHost().port}/hook",
+        db,
+        concurrency=4,
+        max_held=held,
+        clock=reactor,
+        reactor=reactor,
     )
     # No poll: only the sender's "room again" call brings the next rows in.
-    executor = OutboxExecutor(db, None, sender, poll_interval=None, prune_interval=None)
+    executor = OutboxExecutor(
+        db, None, sender, poll_interval=None, prune_interval=None, clock=reactor
+    )
     try:
         executor.startService()
         await executor.wake()

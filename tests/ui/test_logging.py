@@ -18,6 +18,7 @@ from twisted.logger import Logger, LogLevel, LogPublisher, formatEvent, globalLo
 from tasknet import logging as tlog
 from tasknet.cli.jsonhttp import request
 from tasknet.process import free_port
+from tasknet.runtime import SeededEntropy
 
 
 def _publish(json_on: bool, monkeypatch: pytest.MonkeyPatch) -> str:
@@ -359,7 +360,14 @@ def test_a_legacy_node_ignores_the_v2_hello_without_a_line_at_info() -> None:
     from tasknet.node.link import SiteLinkFactory
     from tasknet.protocol.messages import ProtocolHello
 
-    factory = SiteLinkFactory("n1", "secret", handler=None, protocol=1, clock=Clock())  # type: ignore[arg-type]
+    factory = SiteLinkFactory(
+        "n1",
+        "secret",
+        handler=None,  # type: ignore[arg-type]
+        protocol=1,
+        clock=Clock(),
+        entropy=SeededEntropy(0),
+    )
     link = factory.buildProtocol(None)
     link.makeConnection(StringTransport())
     events: list[dict[str, Any]] = []

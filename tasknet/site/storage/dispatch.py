@@ -191,6 +191,34 @@ def claim_node_page(
     return Page(commands, _next_after(rows, limit))
 
 
+#: Nodes whose login pages one transaction of :func:`claim_nodes_pages` reads
+#: at most (each an index probe even when it has nothing), so that a storm
+#: of logins is a few short transactions the creates interleave with.
+NODES_PER_PAGE = 100
+
+
+def claim_nodes_pages(
+    cursor: sqlite3.Cursor, wanted: Sequence[tuple[str, int]], limit: int = PAGE_SIZE
+) -> list[Page]:
+    """A write: :func:`claim_node_page` for each ``(node_id, after_gid)`` of
+    ``wanted`` in turn, in one transaction (a burst of logins), until
+    ``limit`` rows were read or :data:`NODES_PER_PAGE` nodes were: one page
+    per node reached, in ``wanted``'s order (fewer pages than ``wanted``:
+    the rest were not reached).  A node's page that ends before its last
+    task (``last_gid`` set) is the last page of the list."""
+    pages: list[Page] = []
+    budget = limit
+    for node_id, after in wanted[:NODES_PER_PAGE]:
+        page = claim_node_page(cursor, node_id, after, budget)
+        pages.append(page)
+        if page.last_gid is not None:
+            break
+        budget -= len(page.commands)
+        if budget <= 0:
+            break
+    return pages
+
+
 _PENDING_DELETES_SQL = sql(
     _COLUMNS
     + """
@@ -252,10 +280,10 @@ def _assign(
     """Assign ``rows`` (eligible, unassigned) to the least loaded of
     ``node_ids``, mark them dispatched, and return their commands and the
     loads after it (``loads`` from the previous page, else counted here)."""
+    if not rows or not node_ids:
+        return [], loads if loads is not None else {}
     if loads is None or set(loads) != set(node_ids):
         loads = node_loads(cursor, node_ids)
-    if not rows or not node_ids:
-        return [], loads
     heap = [(load, node_id) for node_id, load in loads.items()]
     heapq.heapify(heap)
     commands = []
@@ -288,12 +316,20 @@ def claim_unassigned_page(
     return Page(commands, _next_after(rows, limit), loads)
 
 
-def claim_task(cursor: sqlite3.Cursor, gid: int, node_ids: Sequence[str]) -> Command | None:
+def claim_task(
+    cursor: sqlite3.Cursor,
+    gid: int,
+    node_ids: Sequence[str],
+    loads: dict[str, int] | None = None,
+) -> Command | None:
     """The command for one task that just became ``SUBMITTED`` (or
     ``DELETE_PENDING``): assigned to the least loaded of ``node_ids`` when
     unassigned, else to its sticky node (whether connected or not: the caller
     sends only to a connected one).  ``None`` when nothing is to be sent, as
-    for a legacy row waiting for a claim (its download and its delete)."""
+    for a legacy row waiting for a claim (its download and its delete).
+    ``loads`` (of exactly ``node_ids``, the caller's own count) spares the
+    count of every node's tasks: the dispatcher passes its least loaded
+    node alone, with its load."""
     row = cursor.execute(_ONE_TASK_SQL, (gid,)).fetchone()
     if row is None or awaits_claim(row):
         return None
@@ -310,5 +346,5 @@ def claim_task(cursor: sqlite3.Cursor, gid: int, node_ids: Sequence[str]) -> Com
         # Also a pending delete without a node (request_delete completes at
         # once what no node can hold): it waits for a claim or an operator.
         return None
-    commands, _ = _assign(cursor, [row], node_ids)
+    commands, _ = _assign(cursor, [row], node_ids, loads)
     return commands[0] if commands else None

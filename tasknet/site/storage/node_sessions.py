@@ -32,11 +32,13 @@ Each function is the body of one transaction (``fn(cursor, *args)``).
 
 from __future__ import annotations
 
+import functools
 import json
 import sqlite3
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from tasknet.site.storage import throughput
 from tasknet.site.storage.engine import listen
 from tasknet.site.storage.engine.sql import sql
 
@@ -178,6 +180,13 @@ def release_nodes_of(cursor: sqlite3.Cursor, instance_id: int) -> list[str]:
     return sorted(row[0] for row in rows)
 
 
+@functools.lru_cache(maxsize=64)
+def _features(text: str) -> tuple[str, ...]:
+    """A ``features`` column's tuple (a few distinct texts across every node:
+    parsed once each, not once per node and listing)."""
+    return tuple(json.loads(text))
+
+
 def holders(cursor: sqlite3.Cursor) -> list[Holder]:
     """Every connected node of the database, once, by id."""
     return [
@@ -187,8 +196,33 @@ def holders(cursor: sqlite3.Cursor) -> list[Holder]:
             row["instance_id"],
             row["site_name"],
             int(row["protocol"]),
-            tuple(json.loads(row["features"])),
+            _features(row["features"]),
             row["connected_at"],
         )
         for row in cursor.execute(_HOLDERS_SQL)
     ]
+
+
+#: The arguments of one :func:`take` after its cursor: node id, instance,
+#: site name, protocol, features, accept time.
+TakeRequest = tuple[str, int | None, str, int, tuple[str, ...], str]
+
+
+def take_all(cursor: sqlite3.Cursor, requests: Sequence[TakeRequest]) -> list[Taken]:
+    """:func:`take` for each of ``requests`` in turn, in one transaction (a
+    burst of logins): the same rows and notifications as one take per
+    transaction in that order (a node twice: its later login wins)."""
+    return [take(cursor, *request) for request in requests]
+
+
+#: The arguments of one :func:`~tasknet.site.storage.throughput.record_node_seen`
+#: after its cursor: node id, protocol, features, connected.
+SeenRecord = tuple[str, int | None, tuple[str, ...], bool]
+
+
+def record_seen_all(cursor: sqlite3.Cursor, records: Sequence[SeenRecord]) -> list[None]:
+    """``node_seen`` for each of ``records`` in turn (logins and disconnects
+    of a burst), in one transaction."""
+    for record in records:
+        throughput.record_node_seen(cursor, *record)
+    return [None] * len(records)

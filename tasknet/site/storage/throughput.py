@@ -12,9 +12,12 @@ site's clock when it is applied:
   it; it starts with the second sample of a download and is cleared when the
   task leaves ``DOWNLOADING``;
 * the bytes gained are added to the minute buckets of ``throughput_minute``
-  (by node and owner, for ``/api/stats``) and to ``node_bytes`` (the site's
-  byte counters), in the report's own transaction, so a report that rolls
-  back counts nothing;
+  (by node and owner), to its rollups for ``/api/stats`` (``throughput_total``:
+  per owner and minute, and of every owner; ``throughput_node``: per owner
+  and node, and of every owner, in quarter-hour, hour and six-hour slots) and to
+  ``node_bytes`` (the site's byte counters), in the report's own
+  transaction, so a report that rolls back counts nothing and the rollups
+  always say what the minute rows say;
 * the first ``COMPLETED`` sets ``gallery.completed_at`` and counts one
   completion in its minute.  A completion is counted once per generation:
   the report rules drop an entry that would move a ``COMPLETED`` task
@@ -26,7 +29,9 @@ site's clock when it is applied:
 the transaction that applies the reports, with their changed entries: it
 writes the buckets and counters and answers each task's new sample columns,
 which the report's own ``UPDATE`` of the task writes;
-:func:`record_node_seen` is called when a node logs in or goes away.  Every
+:func:`record_node_seen` is called when a node logs in or goes away;
+:func:`window_stats` is the buckets of ``GET /api/stats``, read from the
+rollups (see there).  Every
 function takes the cursor of the caller's transaction and ``now`` (unix
 seconds) for tests.
 """
@@ -40,15 +45,28 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
-from tasknet.site.storage.engine.sql import sql
+from tasknet.site.storage.engine.sql import per_backend, sql
 from tasknet.site.storage.engine.timestamps import iso
 from tasknet.status import NodeCode
 
 SMOOTHING_SECONDS = 10.0
 #: A task whose progress has not moved for this long shows ``speed: null``.
 STALL_SECONDS = 15.0
-#: Minute buckets kept (a little over the largest ``/api/stats`` window).
+#: Minute buckets kept (a little over the largest ``/api/stats`` window);
+#: the rollups are pruned with them.
 KEEP_MINUTES = 25 * 60
+#: ``user_id`` of the rollup rows of every user (the admin's view).
+ALL_USERS = 0
+#: The slots of ``throughput_node``, in seconds: quarter hours (the
+#: buckets of long windows), hours and six hours (ranking the nodes of a
+#: window: 24 hours are at most 4 six-hour slots, 5 hours and 3 quarters).
+QUARTER = 900
+HOUR = 3600
+SIX_HOURS = 6 * HOUR
+GRAINS = (QUARTER, HOUR, SIX_HOURS)
+#: The most nodes ``/api/stats`` names (``nodes``, each bucket's ``byNode``):
+#: the top ones by bytes over the window; the rest are summed in ``other``.
+TOP_NODES = 10
 
 DOWNLOADING = _DOWNLOADING = int(NodeCode.DOWNLOADING)
 COMPLETED = _COMPLETED = int(NodeCode.COMPLETED)
@@ -109,6 +127,19 @@ INSERT INTO node_seen (node_id, last_seen_at, last_report_at) VALUES (?1, ?2, ?2
 ON CONFLICT (node_id) DO UPDATE SET last_seen_at = ?2, last_report_at = ?2
 """)
 _PRUNE_MINUTES_SQL = sql("DELETE FROM throughput_minute WHERE minute < ?")
+_TOTAL_SQL = sql("""
+INSERT INTO throughput_total (user_id, minute, bytes, completed) VALUES (?, ?, ?, ?)
+ON CONFLICT (user_id, minute) DO UPDATE SET
+    bytes = throughput_total.bytes + excluded.bytes,
+    completed = throughput_total.completed + excluded.completed
+""")
+_NODE_SLOT_SQL = sql("""
+INSERT INTO throughput_node (user_id, grain, slot, node_id, bytes) VALUES (?, ?, ?, ?, ?)
+ON CONFLICT (user_id, grain, slot, node_id) DO UPDATE SET
+    bytes = throughput_node.bytes + excluded.bytes
+""")
+_PRUNE_TOTALS_SQL = sql("DELETE FROM throughput_total WHERE minute < ?")
+_PRUNE_NODE_SLOTS_SQL = sql("DELETE FROM throughput_node WHERE grain = ? AND slot < ?")
 _NODE_SEEN_SQL = sql(
     "INSERT INTO node_seen (node_id, protocol, features, connected_at, last_seen_at)"
     " VALUES (?1, ?2, ?3, ?4, ?5)"
@@ -200,13 +231,53 @@ def sample_reports(
     ]
     if minutes:
         cursor.executemany(_MINUTE_SQL, minutes)
+        _roll_up(cursor, minute, minutes)
     node_bytes = [(node_id, gained) for node_id, gained in per_node.items() if gained]
     if node_bytes:
         cursor.executemany(_NODE_BYTES_SQL, node_bytes)
     if minute != _last_pruned_minute:
-        cursor.execute(_PRUNE_MINUTES_SQL, (minute - KEEP_MINUTES,))
+        cutoff = minute - KEEP_MINUTES
+        cursor.execute(_PRUNE_MINUTES_SQL, (cutoff,))
+        cursor.execute(_PRUNE_TOTALS_SQL, (cutoff,))
+        for grain in GRAINS:
+            # The slots that end at or before the cutoff minute.
+            cursor.execute(_PRUNE_NODE_SLOTS_SQL, (grain, cutoff * 60 // grain))
         _last_pruned_minute = minute
     return samples
+
+
+def _roll_up(
+    cursor: sqlite3.Cursor, minute: int, minutes: Sequence[tuple[int, str, int, int, int]]
+) -> None:
+    """Add the ``throughput_minute`` rows just written (``(minute, node,
+    user, bytes, completed)``, all of ``minute``) to the rollups: the
+    totals per user and of every user in ``minute``, and the bytes per
+    user and node and of every user and node in the quarter, the hour and
+    the six hours of ``minute`` (:data:`GRAINS`).  Rows go in key order,
+    so that PostgreSQL transactions writing the same rows (several sites)
+    lock them in the same order."""
+    totals: dict[int, list[int]] = {}
+    slots: dict[tuple[int, int, str], int] = {}
+    for _, node_id, user_id, gained, completed in minutes:
+        for scope in (int(user_id), ALL_USERS):
+            total = totals.setdefault(scope, [0, 0])
+            total[0] += gained
+            total[1] += completed
+            if gained:
+                for grain in GRAINS:
+                    key = (scope, grain, node_id)
+                    slots[key] = slots.get(key, 0) + gained
+    cursor.executemany(
+        _TOTAL_SQL, [(scope, minute, b, c) for scope, (b, c) in sorted(totals.items())]
+    )
+    if slots:
+        cursor.executemany(
+            _NODE_SLOT_SQL,
+            sorted(
+                (scope, grain, minute * 60 // grain, node_id, gained)
+                for (scope, grain, node_id), gained in slots.items()
+            ),
+        )
 
 
 def _next_sample(
@@ -250,3 +321,155 @@ def record_node_seen(
 def node_byte_totals(cursor: sqlite3.Cursor) -> dict[str, int]:
     """Bytes downloaded per node since the database was created (metrics)."""
     return {row[0]: int(row[1]) for row in cursor.execute(_NODE_BYTE_TOTALS_SQL)}
+
+
+# ---------------------------------------------------------------- /api/stats
+
+
+def bucket_seconds(window: int) -> int:
+    """The bucket of a ``window`` (seconds) of ``/api/stats``: one minute up
+    to an hour, a quarter of an hour beyond (6 hours: 24 buckets, 24 hours:
+    96).  A quarter's top nodes are read from the quarter slots, one index
+    lookup per bucket and node; finer buckets over a longer window would
+    cost one lookup in ``throughput_minute`` per minute and node (6 hours
+    in 5-minute buckets: 3,600, 30 ms on B9's database)."""
+    return 60 if window <= 3600 else QUARTER
+
+
+# Every statement below answers few rows (at most one per bucket, or the
+# top nodes): with several reader threads, each row fetched is a hand-off
+# of the GIL, and a thousand rows per statement made 8 concurrent requests
+# slower than one after the other.  The sums are SQL's.
+_TOTALS_READ_SQL = sql(
+    "SELECT minute / ?4, SUM(bytes), SUM(completed) FROM throughput_total"
+    " WHERE user_id = ?1 AND minute BETWEEN ?2 AND ?3 GROUP BY 1"
+)
+# The top nodes from a minute on (?7..), and how many nodes have bytes
+# there: the minutes are split into whole six-hour slots (?2..), the hours
+# before them (?3..?4), the quarters before those (?5..?6) and the minutes
+# before those (the raw rows: a window starts on any minute).  ?1 is the
+# user, 0 every user.
+_RANK_SQL = sql(
+    "SELECT node_id, total, COUNT(*) OVER () FROM ("
+    " SELECT node_id, SUM(bytes) AS total FROM ("
+    " SELECT node_id, bytes FROM throughput_node"
+    " WHERE user_id = ?1 AND grain = 21600 AND slot >= ?2"
+    " UNION ALL SELECT node_id, bytes FROM throughput_node"
+    " WHERE user_id = ?1 AND grain = 3600 AND slot BETWEEN ?3 AND ?4"
+    " UNION ALL SELECT node_id, bytes FROM throughput_node"
+    " WHERE user_id = ?1 AND grain = 900 AND slot BETWEEN ?5 AND ?6"
+    " UNION ALL SELECT node_id, bytes FROM throughput_minute"
+    " WHERE minute BETWEEN ?7 AND ?8 AND (?1 = 0 OR user_id = ?1)"
+    " ) AS r GROUP BY node_id"
+    ") AS t WHERE total > 0 ORDER BY total DESC, node_id LIMIT ?9"
+)
+# The top nodes' bytes in each quarter (one index lookup per slot and
+# node), one row per quarter: ``{node: bytes}`` as JSON text.
+_TOP_QUARTERS_SQL = per_backend(
+    sqlite="SELECT slot, json_group_object(node_id, bytes) FROM throughput_node"
+    " WHERE user_id = ?1 AND grain = 900 AND slot IN (SELECT value FROM json_each(?2))"
+    " AND node_id IN (SELECT value FROM json_each(?3)) GROUP BY slot",
+    postgres="SELECT slot, CAST(json_object_agg(node_id, bytes) AS TEXT) FROM throughput_node"
+    " WHERE user_id = ?1 AND grain = 900 AND slot = ANY(?2) AND node_id = ANY(?3)"
+    " GROUP BY slot",
+)
+# ... and in each minute, from the raw rows (one lookup per minute and node).
+_TOP_MINUTES_SQL = per_backend(
+    sqlite="SELECT minute, json_group_object(node_id, bytes) FROM ("
+    " SELECT minute, node_id, SUM(bytes) AS bytes FROM throughput_minute"
+    " WHERE minute IN (SELECT value FROM json_each(?2))"
+    " AND node_id IN (SELECT value FROM json_each(?3)) AND (?1 = 0 OR user_id = ?1)"
+    " GROUP BY minute, node_id) AS m GROUP BY minute",
+    postgres="SELECT minute, CAST(json_object_agg(node_id, bytes) AS TEXT) FROM ("
+    " SELECT minute, node_id, SUM(bytes) AS bytes FROM throughput_minute"
+    " WHERE minute = ANY(?2) AND node_id = ANY(?3) AND (?1 = 0 OR user_id = ?1)"
+    " GROUP BY minute, node_id) AS m GROUP BY minute",
+)
+_EMPTY = (1, 0)  # a range of no slot
+
+
+def rank_nodes(
+    cursor: sqlite3.Cursor, user: int, first_minute: int, limit: int = TOP_NODES
+) -> tuple[list[tuple[str, int]], int]:
+    """The ``limit`` nodes with the most bytes from ``first_minute`` on for
+    ``user`` (:data:`ALL_USERS`: everyone's), ``(node, bytes)``, most first
+    (then by id), and how many nodes have bytes there.  Read mostly from
+    the coarsest slots: whole six-hour slots, then at most 5 hours, 3
+    quarters and 14 minutes before them.  There is no end: a window ends
+    now, and the rows a site whose clock is ahead stamped later count
+    too."""
+    six = -(-first_minute // 360)
+    hours = (-(-first_minute // 60), six * 6 - 1)
+    quarters = (-(-first_minute // 15), hours[0] * 4 - 1)
+    minutes = (first_minute, quarters[0] * 15 - 1)
+    params = [user, six]
+    for low, high in (hours, quarters, minutes):
+        params += [low, high] if low <= high else list(_EMPTY)
+    top: list[tuple[str, int]] = []
+    count = 0
+    for node_id, total, nodes in cursor.execute(_RANK_SQL, (*params, limit)):
+        top.append((str(node_id), int(total)))
+        count = int(nodes)
+    return top, count
+
+
+def window_stats(
+    cursor: sqlite3.Cursor, scope_user: int | None, window: int, now: float
+) -> dict[str, Any]:
+    """The buckets of ``/api/stats`` for ``window`` seconds up to ``now``
+    (unix seconds); ``scope_user`` None covers every user's tasks (admin).
+
+    Buckets of :func:`bucket_seconds`, aligned on multiples of it, every one
+    present (zeros included), oldest first, the last holding ``now``:
+    ``completed`` and ``bytes`` from ``throughput_total``, ``byNode`` for
+    the :data:`TOP_NODES` nodes with the most bytes from the window's start
+    (``nodes``, most first: :func:`rank_nodes`), and ``other``: the bytes
+    of every other node (``otherNodes`` of them), so that ``bytes`` is
+    ``other`` plus the sum of ``byNode``.  The top nodes' buckets are read
+    from the quarter slots (quarter-hour buckets) or from
+    ``throughput_minute`` (one-minute buckets)."""
+    seconds = bucket_seconds(window)
+    per = seconds // 60
+    last = int(now // seconds)
+    count = max(1, -(-window // seconds))
+    first = last - count + 1
+    first_minute, end_minute = first * per, (last + 1) * per - 1
+    user = ALL_USERS if scope_user is None else int(scope_user)
+    ranked, nodes = rank_nodes(cursor, user, first_minute)
+    top = [node_id for node_id, _ in ranked]
+    buckets: list[dict[str, Any]] = [
+        {
+            "start": iso(b * seconds),
+            "completed": 0,
+            "bytes": 0,
+            "byNode": dict.fromkeys(top, 0),
+            "other": 0,
+        }
+        for b in range(first, last + 1)
+    ]
+    for at, gained, completed in cursor.execute(
+        _TOTALS_READ_SQL, (user, first_minute, end_minute, per)
+    ):
+        bucket = buckets[int(at) - first]
+        bucket["bytes"] = int(gained)
+        bucket["completed"] = int(completed)
+    if top:
+        if seconds == QUARTER:
+            rows = cursor.execute(_TOP_QUARTERS_SQL, (user, list(range(first, last + 1)), top))
+        else:
+            minutes = list(range(first_minute, end_minute + 1))
+            rows = cursor.execute(_TOP_MINUTES_SQL, (user, minutes, top))
+        for at, by_node in rows:
+            index = int(at) // (1 if seconds == QUARTER else per) - first
+            for node_id, gained in json.loads(by_node).items():
+                buckets[index]["byNode"][node_id] += int(gained)
+    for bucket in buckets:
+        bucket["other"] = max(0, bucket["bytes"] - sum(bucket["byNode"].values()))
+    return {
+        "window": window,
+        "bucketSeconds": seconds,
+        "nodes": top,
+        "nodeLimit": TOP_NODES,
+        "otherNodes": nodes - len(top),
+        "buckets": buckets,
+    }

@@ -18,6 +18,12 @@ A page of the task list is composed of fragments rendered at import
 (:func:`~tasknet.site.storage.engine.sql.fragment`): its filters, and per
 order its sort key, keyset condition and ``ORDER BY``.  The name search
 ignores ASCII case only, alike on both engines (``{ilike}``).
+
+Schema v6 makes them index lookups: the status tabs and the counts read the
+stored display-status key (``gallery.status_key``, kept by triggers:
+:func:`stored_key`), one index range per key; a search of three characters
+or more takes its candidates from a trigram index (SQLite FTS5, PostgreSQL
+pg_trgm) and the same ``LIKE`` decides, so it answers what the scan did.
 """
 
 from __future__ import annotations
@@ -290,45 +296,43 @@ STATUS_ORDER = [
     TaskStatus.DELETE_FAILED,
 ]
 
-# The key of a row's (state, node code, delete failed, queued) tuple, in SQL
-# and in Python alike, so a display-status filter is "key IN (the keys of
-# the wanted statuses)": the keys come from display_status itself, not a
-# second mapping.
-_FAILED_SQL = "(CASE WHEN o.delete_result = 'FAILED' THEN 1 ELSE 0 END)"
-_STATUS_KEY_SQL = (
-    "(COALESCE(o.state, '') || '|' || COALESCE(g.status, 0) || '|' || "
-    f"{_FAILED_SQL} || '|' || COALESCE(g.queued, 0))"
-)
 
-
-def _status_key(state: str | None, node_code: int | None, failed: bool, queued: bool) -> str:
-    return f"{state or ''}|{node_code or 0}|{int(failed)}|{int(queued)}"
+# The stored display-status key (``gallery.status_key``, schema v6): the
+# TaskStatus value of the row's display status, except that a SUBMITTED
+# task queued on its node is QUEUED, so every filter key is one or two
+# stored keys and a tab is one index range (``gallery_user_status``,
+# ``gallery_status``).  The database's triggers keep it (migrate_v6*.sql);
+# :func:`stored_key` is the same function in Python (a test compares them).
+def stored_key(state: str | None, node_code: int | None, failed: bool, queued: bool) -> str:
+    """``gallery.status_key`` of a row (``DELETED`` for a tombstone's)."""
+    if state == OperationState.DELETED.value:
+        return OperationState.DELETED.value
+    status = display_status(state, node_code, failed, queued)
+    if queued and status is TaskStatus.SUBMITTED and node_code == _DOWNLOADING:
+        return QUEUED
+    return status.value
 
 
 def _status_keys() -> dict[str, list[str]]:
-    keys: dict[str, list[str]] = {status.value: [] for status in TaskStatus}
-    keys[QUEUED] = []
-    states = [None, *(s.value for s in OperationState if s is not OperationState.DELETED)]
-    for state in states:
-        for code in (None, *(int(c) for c in NodeCode)):
-            for failed in (False, True):
-                for queued in (False, True):
-                    status = display_status(state, code, failed, queued)
-                    key = _status_key(state, code, failed, queued)
-                    keys[status.value].append(key)
-                    if queued and status is TaskStatus.SUBMITTED and code == _DOWNLOADING:
-                        keys[QUEUED].append(key)
+    keys: dict[str, list[str]] = {status.value: [status.value] for status in TaskStatus}
+    keys[TaskStatus.SUBMITTED.value].append(QUEUED)
+    keys[QUEUED] = [QUEUED]
     return keys
 
 
-#: The status keys of each filter key (every display status, and QUEUED).
+#: The stored keys of each filter key (every display status, and QUEUED).
 STATUS_KEYS = _status_keys()
 FILTER_KEYS = [*(status.value for status in TaskStatus), QUEUED]
+#: The display status of each stored key.
+_KEY_STATUS = {
+    **{status.value: status for status in TaskStatus},
+    QUEUED: TaskStatus.SUBMITTED,
+}
 
 # ``order=status``'s key: the rank of the row's display status (constant
 # text: the keys are made of enum values, nothing from a request).
 _STATUS_RANK_SQL = (
-    f"(CASE {_STATUS_KEY_SQL} "
+    "(CASE g.status_key "
     + " ".join(
         f"WHEN '{key}' THEN {rank}"
         for rank, status in enumerate(STATUS_ORDER)
@@ -344,7 +348,8 @@ _KEYED: dict[Order, tuple[str, bool, bool]] = {
     Order.STATUS: (_STATUS_RANK_SQL, False, True),
 }
 
-_TASKS = "FROM gallery AS g LEFT JOIN task_operation AS o ON o.gid = g.gid"
+# Every filter is on the task row itself (the stored key): no join.
+_TASKS = "FROM gallery AS g"
 
 
 @dataclass(frozen=True)
@@ -385,9 +390,50 @@ _PAGES: dict[Order, _Page] = {
 
 # The filters, each a condition of its own.
 _OWNED_BY = fragment("g.user_id = ?")
-_STATUS_IN = fragment(f"{_STATUS_KEY_SQL} {{in_array}}")
+# One stored key is one index range, in the page's order; several are a set.
+_STATUS_IS = fragment("g.status_key = ?")
+_STATUS_IN = fragment("g.status_key {in_array}")
 # The name ignoring ASCII case, the gid in decimal (digits: no case to ignore).
 _TEXT_IN = fragment("(g.name {ilike} ? ESCAPE '\\' OR CAST(g.gid AS TEXT) LIKE ? ESCAPE '\\')")
+
+
+def _per_backend_fragment(sqlite: str, postgres: str) -> Sql:
+    """A condition with a text of its own on each engine, taking the same
+    parameters (composes as any fragment)."""
+    lite, pg = fragment(sqlite), fragment(postgres)
+    if lite.placeholders != pg.placeholders:
+        raise ValueError("the two texts take different parameters")
+    return Sql(str(lite), pg.postgres, placeholders=lite.placeholders)
+
+
+#: A search text this long or longer is looked up by index (trigrams);
+#: a shorter one has no trigram and is matched by the scan of :data:`_TEXT_IN`.
+TRIGRAM = 3
+# The same condition, by index: SQLite's FTS5 trigram table (schema v6,
+# external content on gallery, rowid the gid) gives the candidates (its case
+# folding is Unicode's, wider than ours) and the LIKE decides; asked as
+# ``gid IN (…)``, a set the planner looks each row up in.  PostgreSQL's
+# pg_trgm indexes serve the LIKE itself, so there the third parameter (the
+# trigram query) is only bound.
+_TEXT_INDEXED = _per_backend_fragment(
+    sqlite=(
+        "(g.name LIKE ? ESCAPE '\\' OR CAST(g.gid AS TEXT) LIKE ? ESCAPE '\\')"
+        " AND g.gid IN (SELECT rowid FROM gallery_text WHERE gallery_text MATCH ?)"
+    ),
+    postgres=(
+        "(g.name {ilike} ? ESCAPE '\\' OR CAST(g.gid AS TEXT) LIKE ? ESCAPE '\\')"
+        " AND CAST(? AS TEXT) IS NOT NULL"
+    ),
+)
+# The owner, not by its index: SQLite then reads the index's matches first
+# (``gid IN``) rather than walk the user's tasks in the page's order testing
+# each (the unary ``+`` keeps the planner off an index); PostgreSQL's
+# planner weighs both by its statistics.
+_OWNED_BY_AFTER_MATCHES = _per_backend_fragment(sqlite="+g.user_id = ?", postgres="g.user_id = ?")
+#: A search of at most this many matches reads them first and sorts them;
+#: one of more walks the page's order (a frequent word: the page fills
+#: soon), matching each row by the scan's condition.
+MATCHES_FIRST_UP_TO = 5_000
 _FAVORITE_OF = fragment(
     "EXISTS (SELECT 1 FROM favorite AS f WHERE f.user_id = ? AND f.gid = g.gid)"
 )
@@ -395,10 +441,26 @@ _ON_NODE = fragment("g.node_id = ?")
 _WHERE = fragment(" WHERE ")
 _AND = fragment(" AND ")
 _COUNT = fragment(f"SELECT COUNT(*) {_TASKS}")  # noqa: S608 (constant text)
-_COUNT_BY_STATUS = fragment(
-    f"SELECT o.state, g.status, {_FAILED_SQL}, COALESCE(g.queued, 0), COUNT(*) {_TASKS}"  # noqa: S608
-)
-_BY_STATUS = fragment(" GROUP BY 1, 2, 3, 4")
+_COUNT_BY_STATUS = fragment(f"SELECT g.status_key, COUNT(*) {_TASKS}")  # noqa: S608
+_BY_STATUS = fragment(" GROUP BY g.status_key")
+
+
+# A page of several stored keys merged from one page per key (each its own
+# index range, in order): SELECT … FROM (SELECT * FROM (page of key 1) AS k0
+# UNION ALL SELECT * FROM (page of key 2) AS k1 …) AS u ORDER BY … LIMIT ?.
+_MERGE_OPEN = fragment("SELECT gid, sort_key FROM (")
+_PART_OPEN = fragment("SELECT * FROM (")
+_PART_CLOSE = [fragment(f") AS k{number}") for number in range(len(_KEY_STATUS))]
+_UNION_ALL = fragment(" UNION ALL ")
+_MERGED: dict[Order, Sql] = {
+    Order.NEWEST: fragment(") AS u ORDER BY sort_key DESC, gid DESC LIMIT ?"),
+    Order.OLDEST: fragment(") AS u ORDER BY sort_key, gid LIMIT ?"),
+}
+
+
+def _stored_keys(statuses: frozenset[str]) -> list[str]:
+    """The stored keys of the filter keys ``statuses``, sorted."""
+    return sorted({key for status in statuses for key in STATUS_KEYS[status]})
 
 
 def _where(conditions: list[Sql]) -> Sql:
@@ -466,20 +528,34 @@ def _filters(
     text: str,
     favorite_of: int | None = None,
     node: str | None = None,
+    search: str = "index",
 ) -> tuple[list[Sql], list[Any]]:
+    """The conditions of the filters and their parameters.  ``search``: how
+    a text of :data:`TRIGRAM` characters or more is matched: ``index`` (the
+    planner's choice), ``matches`` (the index's matches first, then sorted:
+    few of them) or ``scan`` (the page's order, each row matched: many)."""
     where: list[Sql] = []
     params: list[Any] = []
+    indexed = len(text) >= TRIGRAM
     if query_user is not None:
-        where.append(_OWNED_BY)
+        where.append(_OWNED_BY_AFTER_MATCHES if indexed and search == "matches" else _OWNED_BY)
         params.append(query_user)
     if statuses:
-        keys = sorted({key for status in statuses for key in STATUS_KEYS[status]})
-        where.append(_STATUS_IN)
-        params.append(keys)
+        keys = _stored_keys(statuses)
+        if len(keys) == 1:
+            where.append(_STATUS_IS)
+            params.append(keys[0])
+        else:
+            where.append(_STATUS_IN)
+            params.append(keys)
     if text:
         pattern = text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
-        where.append(_TEXT_IN)
-        params += [f"%{pattern}%", f"%{pattern}%"]
+        if indexed and search != "scan":
+            where.append(_TEXT_INDEXED)
+            params += [f"%{pattern}%", f"%{pattern}%", trigram_query(text)]
+        else:
+            where.append(_TEXT_IN)
+            params += [f"%{pattern}%", f"%{pattern}%"]
     if favorite_of is not None:
         where.append(_FAVORITE_OF)
         params.append(favorite_of)
@@ -487,6 +563,12 @@ def _filters(
         where.append(_ON_NODE)
         params.append(node)
     return where, params
+
+
+def trigram_query(text: str) -> str:
+    """The FTS5 query of ``text`` as one phrase: its trigrams in a row
+    (a double quote doubled)."""
+    return '"' + text.replace('"', '""') + '"'
 
 
 def _number(value: Any) -> str:
@@ -506,19 +588,45 @@ def list_tasks(
         query.user_id, query.statuses, query.text, query.favorite_of, query.node
     )
     total = int(cursor.execute(_COUNT + _where(where), params).fetchone()[0])
+    search = "matches" if total <= MATCHES_FIRST_UP_TO else "scan"
+    if len(query.text) >= TRIGRAM:
+        where, params = _filters(
+            query.user_id, query.statuses, query.text, query.favorite_of, query.node, search
+        )
     page = _PAGES[query.order]
+    after: list[Any] = []
     if query.after is not None:
-        where.append(page.after)
         if query.order is Order.GID:
-            params.append(query.after)
+            after.append(query.after)
         elif query.order in _KEYED:
             assert isinstance(query.after, tuple)
             after_key, after_gid = query.after
-            params += [after_key, after_key, after_gid]
+            after += [after_key, after_key, after_gid]
         else:
             created, _, gid = str(query.after).rpartition("~")
-            params += [created, int(gid)]
-    statement = page.select + _where(where) + page.tail
+            after += [created, int(gid)]
+    keys = _stored_keys(query.statuses)
+    if len(keys) > 1 and query.order in _MERGED:
+        # Several stored keys (the SUBMITTED tab: SUBMITTED and QUEUED),
+        # newest or oldest first: each key's page from its own index range,
+        # in order, then merged; a set of keys would be read whole and sorted.
+        base, base_params = _filters(
+            query.user_id, frozenset(), query.text, query.favorite_of, query.node, search
+        )
+        parts: list[Sql] = []
+        params = []
+        for number, key in enumerate(keys):
+            conditions = [*base, _STATUS_IS, *([page.after] if after else [])]
+            parts.append(
+                _PART_OPEN + page.select + _where(conditions) + page.tail + _PART_CLOSE[number]
+            )
+            params += [*base_params, key, *after, query.limit + 1]
+        statement = _MERGE_OPEN + _UNION_ALL.join(parts) + _MERGED[query.order]
+    else:
+        if after:
+            where.append(page.after)
+            params += after
+        statement = page.select + _where(where) + page.tail
     rows = cursor.execute(statement, (*params, query.limit + 1)).fetchall()
     more = len(rows) > query.limit
     rows = rows[: query.limit]
@@ -544,12 +652,13 @@ def count_by_status(
     where, params = _filters(user_id, frozenset(), text)
     counts = {status.value: 0 for status in TaskStatus}
     queued_count = 0
-    for row in cursor.execute(_COUNT_BY_STATUS + _where(where) + _BY_STATUS, params).fetchall():
-        queued = bool(row[3])
-        status = _display_status(row[0], row[1], bool(row[2]), queued)
-        counts[status.value] += int(row[4])
-        if queued and status is TaskStatus.SUBMITTED and row[1] == _DOWNLOADING:
-            queued_count += int(row[4])
+    for key, n in cursor.execute(_COUNT_BY_STATUS + _where(where) + _BY_STATUS, params):
+        status = _KEY_STATUS.get(key)
+        if status is None:
+            continue  # a DELETED row on its way out: no display status
+        counts[status.value] += int(n)
+        if key == QUEUED:
+            queued_count += int(n)
     if with_queued:
         counts[QUEUED] = queued_count
     return counts

@@ -49,7 +49,6 @@ from typing import Any
 
 from twisted.internet.interfaces import IReactorTime
 
-from tasknet.clock import default_reactor
 from tasknet.site.connected_nodes import ConnectedNodes
 from tasknet.site.storage import stats, throughput
 from tasknet.site.storage.engine.database import Database
@@ -99,10 +98,10 @@ def _connections(
 
 
 async def nodes_view(
-    db: Database, nodes: ConnectedNodes, clock: IReactorTime | None = None
+    db: Database, nodes: ConnectedNodes, clock: IReactorTime
 ) -> list[dict[str, Any]]:
-    """The nodes, as ``/api/admin/nodes`` lists them."""
-    now = default_reactor(clock).seconds()
+    """The nodes, as ``/api/admin/nodes`` lists them, their ages on ``clock``."""
+    now = clock.seconds()
     listing = await db.read(stats.admin_listing, now, nodes.ids())
     # One site per SQLite file: a row of another instance is an earlier run's.
     connections = _connections(nodes, listing.holders, db.backend == "postgresql")

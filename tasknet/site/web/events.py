@@ -41,12 +41,11 @@ from autobahn.twisted.resource import WebSocketResource
 from autobahn.twisted.websocket import WebSocketServerFactory, WebSocketServerProtocol
 from autobahn.websocket.types import ConnectionDeny, ConnectionRequest
 from twisted.internet.defer import Deferred, succeed
-from twisted.internet.interfaces import IPushProducer
+from twisted.internet.interfaces import IPushProducer, IReactorTime
 from twisted.internet.task import LoopingCall
 from twisted.logger import Logger
 from zope.interface import implementer
 
-from tasknet.clock import default_reactor
 from tasknet.site.web.http import SECURITY_HEADERS
 
 log = Logger()
@@ -189,23 +188,30 @@ class EventHub:
     """The open ``/api/events`` connections; the outbox executor publishes here."""
 
     def __init__(self) -> None:
-        self.clients: set[EventsProtocol] = set()
+        # In the order they opened (a dict): a push reaches them in that
+        # order, never in the order of their addresses.
+        self._clients: dict[EventsProtocol, None] = {}
+
+    @property
+    def clients(self) -> set[EventsProtocol]:
+        """The open connections (a copy)."""
+        return set(self._clients)
 
     def add(self, client: EventsProtocol) -> None:
-        self.clients.add(client)
+        self._clients[client] = None
 
     def discard(self, client: EventsProtocol) -> None:
-        self.clients.discard(client)
+        self._clients.pop(client, None)
 
     def listening(self) -> bool:
-        return bool(self.clients)
+        return bool(self._clients)
 
     def publish(self, user_id: int | None, payload: str) -> int:
         """Send ``payload`` (a JSON text) to the owner's and the admins'
         connections; return how many got it."""
         data = payload.encode("utf-8")
         sent = 0
-        for client in list(self.clients):
+        for client in list(self._clients):
             if client.wants(user_id):
                 client.sendMessage(data, isBinary=False)
                 sent += 1
@@ -213,7 +219,7 @@ class EventHub:
 
     def close_all(self) -> None:
         """Close every connection (site shutdown)."""
-        for client in list(self.clients):
+        for client in list(self._clients):
             client.sendClose(code=1001, reason="site shutting down")
 
 
@@ -226,7 +232,7 @@ class EventsFactory(WebSocketServerFactory):
         authenticate: Authenticate,
         *,
         sessions: SessionLookup | None = None,
-        clock: Any = None,
+        clock: IReactorTime,
         token_check_interval: float = TOKEN_CHECK_INTERVAL,
         send_buffer_limit: int = SEND_BUFFER_LIMIT,
     ) -> None:
@@ -235,10 +241,11 @@ class EventsFactory(WebSocketServerFactory):
         self.hub = hub
         self.authenticate = authenticate
         self.sessions = sessions
-        self.clock = default_reactor(clock)
+        self.clock: IReactorTime = clock
         self.token_check_interval = token_check_interval
         self.send_buffer_limit = send_buffer_limit
-        self.open_clients: set[EventsProtocol] = set()
+        #: In the order they opened: the re-checks run in that order.
+        self.open_clients: dict[EventsProtocol, None] = {}
         self._token_loop: LoopingCall | None = None
 
     def look_up(self, credential: Credential, *, slide: bool) -> Deferred[Any]:
@@ -252,7 +259,7 @@ class EventsFactory(WebSocketServerFactory):
         return self.authenticate(secret)
 
     def opened(self, client: EventsProtocol) -> None:
-        self.open_clients.add(client)
+        self.open_clients[client] = None
         self.hub.add(client)
         if self._token_loop is None:
             # Runs only while sockets are open (a site at rest has no timer).
@@ -261,7 +268,7 @@ class EventsFactory(WebSocketServerFactory):
             self._token_loop.start(self.token_check_interval, now=False)
 
     def closed(self, client: EventsProtocol) -> None:
-        self.open_clients.discard(client)
+        self.open_clients.pop(client, None)
         self.hub.discard(client)
         if not self.open_clients and self._token_loop is not None:
             if self._token_loop.running:
@@ -300,7 +307,7 @@ def events_resource(
     hub: EventHub,
     authenticate: Authenticate,
     *,
-    clock: Any,
+    clock: IReactorTime,
     sessions: SessionLookup | None = None,
 ) -> EventsResource:
     """The resource to mount at ``/api/events``.  ``authenticate(token)``

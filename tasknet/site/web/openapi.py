@@ -40,6 +40,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from tasknet import __version__
+from tasknet.site.storage.throughput import TOP_NODES
 from tasknet.site.storage.views import GID_MAX, GID_MIN
 from tasknet.site.web.errors import STATUS
 from tasknet.status import OperationState, TaskStatus
@@ -443,7 +444,8 @@ def _node_schema() -> Schema:
                 "type": "number",
                 "minimum": 0,
                 "description": "The node's bytes over the last full minute / 60: the same "
-                "bytes as that bucket's `byNode` in `/api/stats`.",
+                "bytes as that minute's bucket of `/api/stats` (an hour's window) has for "
+                "it in `byNode`, or in `other` when it is not among the top nodes.",
             },
             "droppedEntries": {"type": "object", "additionalProperties": {"type": "integer"}},
         },
@@ -549,20 +551,41 @@ def _schemas() -> dict[str, Schema]:
         "Stats": _object(
             {
                 "window": _integer(minimum=MIN_WINDOW, maximum=MAX_WINDOW),
-                "bucketSeconds": _integer(minimum=1),
-                "nodes": {"type": "array", "items": _string()},
+                "bucketSeconds": _integer(
+                    "60 for a window up to an hour, 900 beyond.",
+                    minimum=1,
+                ),
+                "nodes": {
+                    "type": "array",
+                    "items": _string(),
+                    "maxItems": TOP_NODES,
+                    "description": f"The (at most {TOP_NODES}) nodes with the most bytes over "
+                    "the window, most first: the keys of every bucket's `byNode`.",
+                },
+                "nodeLimit": _integer(
+                    f"How many nodes `nodes` names at most ({TOP_NODES}).", minimum=1
+                ),
+                "otherNodes": _integer(
+                    "How many more nodes downloaded in the window: their bytes are each "
+                    "bucket's `other`.",
+                    minimum=0,
+                ),
                 "buckets": {
                     "type": "array",
-                    "description": "One per minute, oldest first; the last is the current minute.",
+                    "description": "One per `bucketSeconds` (aligned on multiples of it), "
+                    "oldest first, zeros included; the last holds the current moment.",
                     "items": _object(
                         {
                             "start": _TIME,
                             "completed": _integer(minimum=0),
-                            "bytes": _integer(minimum=0),
+                            "bytes": _integer("`other` plus the sum of `byNode`.", minimum=0),
                             "byNode": {
                                 "type": "object",
+                                "description": "The bytes of each node of `nodes` (zeros "
+                                "included).",
                                 "additionalProperties": {"type": "integer", "minimum": 0},
                             },
+                            "other": _integer("The bytes of every node not in `nodes`.", minimum=0),
                         }
                     ),
                 },
@@ -908,9 +931,11 @@ def _task_operations() -> dict[str, Schema]:
     stats = _operation(
         "getStats",
         "Throughput and usage over a window",
-        "One-minute buckets over the window for the caller's tasks (an admin's: everyone's): "
-        "tasks completed, bytes downloaded, bytes per node; plus the caller's usage for the "
-        "last 8 ISO weeks with the quota.",
+        "Buckets over the window for the caller's tasks (an admin's: everyone's): one minute "
+        "up to a 1 h window, 15 minutes beyond (6 h: 24 buckets, 24 h: 96); in "
+        "each, tasks completed, bytes downloaded, and the bytes of each of the top "
+        f"{TOP_NODES} nodes of the window and of all the others together (`other`); plus "
+        "the caller's usage for the last 8 ISO weeks with the quota.",
         _responses(
             {"200": _json_response("The buckets.", _ref("Stats"))},
             (400, _bad_request(f"`window` is not an integer in {MIN_WINDOW}..{MAX_WINDOW}.")),

@@ -54,13 +54,14 @@ the connections are :class:`~.postgres.PgConnection` (psycopg 3,
 autocommit, rows indexable like ``sqlite3.Row``); adbapi loads that module
 as its DB-API module, so the pools are the same ``ConnectionPool``
 objects: one writer connection (group commit works exactly as on SQLite),
-and a reader pool of ``readers`` connections (default one; PostgreSQL can
-serve more in parallel).  ``busy_timeout_ms`` is its ``lock_timeout``: a
-statement that waits that long for a lock fails busy, never hangs.  A
-write transaction that lost a serialization conflict or its connection is
-run again in the writer thread (:mod:`~.transactions`, "Reruns");
-:attr:`Database.conflicts` and :attr:`Database.reconnects` count them.  A
-read that meets a dead connection is run once more on a fresh one.
+and a reader pool of ``readers`` connections (:data:`DEFAULT_READERS`, on
+SQLite as on PostgreSQL: both serve them in parallel).  ``busy_timeout_ms``
+is its ``lock_timeout``: a statement that waits that long for a lock fails
+busy, never hangs.  A write transaction that lost a serialization conflict
+or its connection is run again in the writer thread (:mod:`~.transactions`,
+"Reruns"); :attr:`Database.conflicts` and :attr:`Database.reconnects`
+count them.  A read that meets a dead connection is run once more on a
+fresh one.
 
 A :class:`Database` given a ``fence`` (the site instance's lease) passes
 every write through it (:mod:`~.transactions`, "The write fence").
@@ -201,16 +202,18 @@ class Retry:
             raise ValueError(f"within must be >= 0, got {self.within}")
 
 
-#: Reader connections of a PostgreSQL database (SQLite: always one, WAL
-#: readers never wait).  One by default, as on SQLite: a site's reads are
-#: short and its CPU, not the server, is what bounds them; a deployment
-#: with long reports or many API clients may give more (``readers``).
-DEFAULT_READERS = 1
+#: Reader connections (either backend): reads run in parallel on them
+#: (SQLite's WAL readers never wait for each other or for the writer, and
+#: sqlite3 and psycopg release the GIL while a statement runs), so a slow
+#: view does not queue every other behind it (B9: with one, 8 concurrent
+#: views took 8 times as long as one).  A deployment with many API clients
+#: may give more (``readers``).
+DEFAULT_READERS = 4
 
 
 class Database:
     """The site's database handle: one writer connection (group commit),
-    one reader connection (PostgreSQL: ``readers`` of them).  ``target`` is
+    ``readers`` reader connections (:data:`DEFAULT_READERS`).  ``target`` is
     a SQLite path or a PostgreSQL URL; ``clock`` times the retries of
     :meth:`write_retrying`; ``application_name`` names the PostgreSQL
     sessions (``pg_stat_activity``).
@@ -249,7 +252,7 @@ class Database:
         else:
             create_private(target)
             self._writer = self._pool(target, query_only=False)
-            self._reader = self._pool(target, query_only=True)
+            self._reader = self._pool(target, query_only=True, connections=readers)
         # Appended on the reactor, taken in the writer thread (deque's
         # append and popleft are atomic).
         self._queue: deque[Write] = deque()
@@ -276,7 +279,7 @@ class Database:
         on a fresh one (PostgreSQL; logs, tests)."""
         return self._numbering.reconnects
 
-    def _pool(self, path: str, *, query_only: bool) -> adbapi.ConnectionPool:
+    def _pool(self, path: str, *, query_only: bool, connections: int = 1) -> adbapi.ConnectionPool:
         busy_timeout_ms = self._busy_timeout_ms
 
         def openfun(connection: sqlite3.Connection) -> None:
@@ -293,7 +296,7 @@ class Database:
             isolation_level=None,
             timeout=busy_timeout_ms / 1000,
             cp_min=1,
-            cp_max=1,
+            cp_max=connections,
             cp_openfun=openfun,
             cp_noisy=False,
         )

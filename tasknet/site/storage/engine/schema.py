@@ -43,19 +43,48 @@ V4_SCRIPT = "migrate_v4.sql"  # several sites: instances, leases, reaping
 V4_POSTGRES_SCRIPT = "migrate_v4_postgres.sql"
 V5_SCRIPT = "migrate_v5.sql"  # fencing and trust: verdict waits, browser sessions
 V5_POSTGRES_SCRIPT = "migrate_v5_postgres.sql"
-CURRENT_VERSION = 5
+V6_SCRIPT = "migrate_v6.sql"  # views at scale: the stored status key, search indexes
+V6_POSTGRES_SCRIPT = "migrate_v6_postgres.sql"
+V7_SCRIPT = "migrate_v7.sql"  # each node's tasks counted from an index (issue 23)
+V7_POSTGRES_SCRIPT = "migrate_v7_postgres.sql"
+V8_SCRIPT = "migrate_v8.sql"  # /api/stats from rollups (issue 23, item 4)
+V8_POSTGRES_SCRIPT = "migrate_v8_postgres.sql"
+CURRENT_VERSION = 8
 
 # Scripts that take a database from the version before them to their own.
 # v3 is additive (new tables and columns only), so the site applies it by
 # itself at start; v2 rewrites tables and stays an operator's decision.
-UPGRADES = {2: V2_SCRIPT, 3: V3_SCRIPT, 4: V4_SCRIPT, 5: V5_SCRIPT}
+UPGRADES = {
+    2: V2_SCRIPT,
+    3: V3_SCRIPT,
+    4: V4_SCRIPT,
+    5: V5_SCRIPT,
+    6: V6_SCRIPT,
+    7: V7_SCRIPT,
+    8: V8_SCRIPT,
+}
 AUTOMATIC_FROM = 2
 
 #: PostgreSQL: the whole schema at POSTGRES_BASE_VERSION, then the upgrades
 #: past it (the same versions as UPGRADES, in PostgreSQL's spelling).
 POSTGRES_SCRIPT = "schema_postgres.sql"
 POSTGRES_BASE_VERSION = 3
-UPGRADES_POSTGRES = {4: V4_POSTGRES_SCRIPT, 5: V5_POSTGRES_SCRIPT}
+UPGRADES_POSTGRES = {
+    4: V4_POSTGRES_SCRIPT,
+    5: V5_POSTGRES_SCRIPT,
+    6: V6_POSTGRES_SCRIPT,
+    7: V7_POSTGRES_SCRIPT,
+    8: V8_POSTGRES_SCRIPT,
+}
+
+#: What one engine has and the other has not (v6's search indexes), left
+#: out where the two schemas are compared: SQLite's FTS5 trigram table of
+#: the task search and its shadow tables; PostgreSQL's pg_trgm indexes
+#: (absent where pg_trgm cannot be had).
+SQLITE_ONLY_TABLES = frozenset(
+    {"gallery_text", "gallery_text_data", "gallery_text_idx", "gallery_text_config"}
+)
+POSTGRES_ONLY_INDEXES = frozenset({"gallery_name_trgm", "gallery_gid_trgm"})
 
 #: The advisory lock (one 64-bit key) under which a PostgreSQL database's
 #: schema is created or upgraded: "tn-schem".

@@ -37,12 +37,12 @@
       staleBanner: "实时连接已断开：进度和速度可能已过时。", staleMark: "已过时", noMatch: "没有符合条件的任务。",
       size: "大小", downloaded: "已下载", speed: "速度", eta: "剩余时间", owner: "所有者", completedAt: "完成于",
       bytesOf: "{done} / {size}",
-      chartsTitle: "图表", chartsHint: "每分钟一个点。", chartsWindow: "时间范围",
+      chartsTitle: "图表", chartsHint: "每分钟一个点（6 小时和 24 小时：每 15 分钟一个点）。", chartsWindow: "时间范围",
       window15m: "最近 15 分钟", window1h: "最近 1 小时", window6h: "最近 6 小时", window24h: "最近 24 小时",
       option15m: "最近 15 分钟", option1h: "最近 1 小时", option6h: "最近 6 小时", option24h: "最近 24 小时",
       chartThroughput: "下载速度", chartNodes: "各节点下载量", chartUsage: "每周用量与额度",
       chartThroughputLabel: "{window}的下载速度：共 {bytes}，峰值 {peak}，完成 {completed} 个任务。",
-      chartNodesEmpty: "{window}没有节点下载。", chartNodesLabel: "{window}各节点的下载量：{list}。",
+      chartNodesEmpty: "{window}没有节点下载。", chartNodesLabel: "{window}各节点的下载量：{list}。", chartOtherNodes: "其他 {n} 个节点",
       chartUsageLabel: "最近 8 周的用量（点），本周已用 {used} 点 / 额度 {quota} 点。", quotaLine: "额度 {quota} 点",
       nodeState: "状态", activeTasks: "任务", nodeSpeed: "速度", nodeSite: "站点", runningQueued: "{running} 个运行中，{queued} 个排队", lastReport: "上次报告",
       droppedEntries: "丢弃的报告", connectedSince: "连接 / 最后在线",
@@ -161,12 +161,12 @@
       staleBanner: "Live updates are disconnected: progress and speed below may be out of date.", staleMark: "stale", noMatch: "No task matches.",
       size: "Size", downloaded: "Downloaded", speed: "Speed", eta: "Time left", owner: "Owner", completedAt: "Completed",
       bytesOf: "{done} of {size}",
-      chartsTitle: "Charts", chartsHint: "One point per minute.", chartsWindow: "Period",
+      chartsTitle: "Charts", chartsHint: "One point per minute (over 6 or 24 hours: per 15 minutes).", chartsWindow: "Period",
       window15m: "last 15 minutes", window1h: "last hour", window6h: "last 6 hours", window24h: "last 24 hours",
       option15m: "Last 15 minutes", option1h: "Last hour", option6h: "Last 6 hours", option24h: "Last 24 hours",
       chartThroughput: "Download speed", chartNodes: "Downloaded per node", chartUsage: "Weekly usage against quota",
       chartThroughputLabel: "Download speed in the {window}: {bytes} in all, peak {peak}, {completed} tasks completed.",
-      chartNodesEmpty: "No node downloaded anything in the {window}.", chartNodesLabel: "Downloaded per node in the {window}: {list}.",
+      chartNodesEmpty: "No node downloaded anything in the {window}.", chartNodesLabel: "Downloaded per node in the {window}: {list}.", chartOtherNodes: "{n} other nodes",
       chartUsageLabel: "Usage over the last 8 weeks, in cost units; this week {used} of {quota}.", quotaLine: "quota {quota} cost units",
       nodeState: "State", activeTasks: "Tasks", nodeSpeed: "Speed", nodeSite: "Site", runningQueued: "{running} running, {queued} queued", lastReport: "Last report",
       droppedEntries: "Dropped reports", connectedSince: "Connected / last seen",
@@ -1438,9 +1438,13 @@
       $("chart-throughput-summary").textContent = "";
     }
 
+    // The top nodes of the window (at most stats.nodeLimit), then the rest as one bar.
     var perNode = (stats.nodes || []).map(function (id) {
       return { label: id, value: buckets.reduce(function (sum, b) { return sum + (Number((b.byNode || {})[id]) || 0); }, 0) };
     });
+    if (Number(stats.otherNodes) > 0) {
+      perNode.push({ label: t("chartOtherNodes", { n: num(stats.otherNodes) }), value: buckets.reduce(function (sum, b) { return sum + (Number(b.other) || 0); }, 0) });
+    }
     var nodesBox = $("chart-nodes");
     if (perNode.length) {
       var nodesLabel = t("chartNodesLabel", { window: period, list: perNode.map(function (n) { return n.label + " " + F.bytes(n.value, lang); }).join(", ") });

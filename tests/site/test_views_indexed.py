@@ -1,0 +1,531 @@
+"""The views' indexes of schema v6 (issue 23, item 2), on both backends.
+
+* ``gallery.status_key``, the stored display-status key of the status tabs
+  and the counts, kept by the database's triggers whoever writes: equal to
+  :func:`views.stored_key` (Python's ``display_status``) for every
+  (state, node code, failed delete, queued) a row can have, whichever of its
+  two rows is written first, after every change and after its operation
+  row is gone; written by the site's own create, dispatch, report and
+  delete functions; backfilled by the v6 upgrade.
+* The tabs, the totals and ``/api/tasks/counts`` from it equal the views
+  (every task's ``status`` and ``queued``), page after page.
+* The substring search by index (SQLite's FTS5 trigram table, PostgreSQL's
+  pg_trgm indexes) answers exactly the old ``LIKE`` scan: ASCII case
+  folded only, ``%`` and ``_`` as text, non-ASCII names, digits of a gid,
+  after renames and deletes; and the indexes are what the plans use.
+* Reads run in parallel on several reader connections.
+"""
+
+from __future__ import annotations
+
+import itertools
+import sqlite3
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import psycopg
+import pytest
+import pytest_twisted
+
+from bench import viewseed
+from tasknet.site.storage import views
+from tasknet.site.storage.engine import database as dbmod
+from tasknet.site.storage.engine.schema import (
+    UPGRADES,
+    apply_statements,
+    load_script,
+    postgres_upgrade_scripts,
+    prepare_database,
+    schema_version,
+    split_statements,
+)
+from tasknet.site.storage.engine.sql import sql
+from tasknet.site.storage.engine.transactions import BEGIN_WRITE, COMMIT, SERIALIZABLE
+from tasknet.status import NodeCode, OperationState
+from tests.backends import is_postgres
+from tests.site_protocol.harness import add_task, add_user
+
+_KEYS = sql("SELECT gid, status_key FROM gallery ORDER BY gid")
+_COUNT_TASKS = sql("SELECT COUNT(*) FROM gallery")
+_LEGACY_ROWS = sql(
+    "SELECT COUNT(*) FROM gallery AS g"
+    " WHERE NOT EXISTS (SELECT 1 FROM task_operation AS o WHERE o.gid = g.gid)"
+)
+_INPUTS = sql(
+    "SELECT g.gid, o.state, g.status, o.delete_result, g.queued, g.status_key"
+    " FROM gallery AS g LEFT JOIN task_operation AS o ON o.gid = g.gid ORDER BY g.gid"
+)
+
+
+def _expected_keys(connection: Any) -> dict[int, tuple[str, str]]:
+    """Per gid: (the stored key, the key Python computes from the row)."""
+    out = {}
+    for gid, state, code, result, queued, stored in connection.execute(_INPUTS).fetchall():
+        want = views.stored_key(state, code, result == "FAILED", bool(queued))
+        out[int(gid)] = (stored, want)
+    return out
+
+
+def _assert_keys_right(connection: Any) -> None:
+    keys = _expected_keys(connection)
+    wrong = {gid: pair for gid, pair in keys.items() if pair[0] != pair[1]}
+    assert not wrong, f"stored status_key differs from views.stored_key: {wrong}"
+
+
+@pytest.fixture
+def conn(db_target: str) -> Iterator[Any]:
+    prepare_database(db_target)
+    connection = dbmod.connect(db_target)
+    yield connection
+    connection.close()
+
+
+# -- the stored key ----------------------------------------------------------------------
+
+STATES = [None, *(s.value for s in OperationState if s is not OperationState.DELETED)]
+CODES = [None, 0, *(int(c) for c in NodeCode)]
+
+
+def test_the_stored_key_is_display_status_for_every_row_and_change(conn: Any) -> None:
+    """Every (state, code, failed, queued): written gallery row first (as a
+    legacy row gets its operation) and operation first (as the create path
+    writes), then every change of each input, then the operation row gone."""
+    alice, _ = add_user(conn, "alice")
+    combos = list(itertools.product(STATES, CODES, (False, True), (False, True)))
+    gid = 1
+    placed: dict[int, tuple[Any, ...]] = {}
+    for state, code, failed, queued in combos:
+        if failed and state != "DELETE_PENDING":
+            continue
+        add_task(conn, gid, alice, state, status=code)
+        placed[gid] = (state, code, failed, queued)
+        gid += 1
+
+    def settle(c: Any) -> None:
+        for number, (_state, _code, failed, queued) in placed.items():
+            if failed:
+                c.execute(
+                    "UPDATE task_operation SET delete_result = 'FAILED' WHERE gid = ?", (number,)
+                )
+            if queued:
+                c.execute("UPDATE gallery SET queued = 1 WHERE gid = ?", (number,))
+
+    dbmod.run_write(conn, settle)
+    _assert_keys_right(conn)
+    stored = dict(tuple(r) for r in conn.execute(_KEYS).fetchall())
+    for number, (state, code, failed, queued) in placed.items():
+        assert stored[number] == views.stored_key(state, code, failed, queued)
+
+    # Operation row first, the task row after it (the create path's order).
+    def operation_first(c: Any) -> None:
+        c.execute(
+            "INSERT INTO task_operation (gid, operation_id, state, user_id, cost, metered,"
+            " dispatched) VALUES (9001, 'op-9001', 'RESERVED', ?, 1, 0, 0)",
+            (alice,),
+        )
+        c.execute(
+            "INSERT INTO gallery (gid, user_id, name, status) VALUES (9001, ?, 'x', NULL)",
+            (alice,),
+        )
+
+    dbmod.run_write(conn, operation_first)
+    assert dict(tuple(r) for r in conn.execute(_KEYS).fetchall())[9001] == "SUBMITTING"
+
+    # Every input changed, one at a time.
+    def change(c: Any) -> None:
+        for code in (1, 2, 3, 4, None, 1):
+            c.execute("UPDATE gallery SET status = ? WHERE gid >= 1", (code,))
+            c.execute("UPDATE gallery SET queued = 1 - queued WHERE gid >= 1")
+            c.execute("UPDATE gallery SET progress = progress + 0.01 WHERE gid >= 1")
+        c.execute("UPDATE task_operation SET delete_result = NULL WHERE delete_result = 'FAILED'")
+        c.execute(
+            "UPDATE task_operation SET state = 'SUBMITTING' WHERE state = 'RESERVED' AND gid < 9000"
+        )
+        c.execute("UPDATE task_operation SET state = 'UNKNOWN' WHERE state = 'SUBMITTING'")
+        c.execute(
+            "UPDATE task_operation SET state = 'DELETE_PENDING', delete_operation_id ="
+            " 'd' || CAST(gid AS TEXT) WHERE state = 'SUBMITTED'"
+        )
+        c.execute("UPDATE task_operation SET delete_result = 'FAILED' WHERE gid % 2 = 0")
+
+    dbmod.run_write(conn, change)
+    _assert_keys_right(conn)
+
+    # The operation rows gone (released, resolved): legacy rows, keyed by code.
+    def release(c: Any) -> None:
+        c.execute("UPDATE task_operation SET delete_result = NULL")
+        c.execute("DELETE FROM task_operation WHERE state = 'UNKNOWN'")
+
+    dbmod.run_write(conn, release)
+    _assert_keys_right(conn)
+    assert conn.execute(_LEGACY_ROWS).fetchone()[0] > len(CODES) * 2
+
+
+def _seeded(conn: Any, tasks: int = 400) -> viewseed.ViewSizes:
+    """Tasks written by the site's own functions (bench.viewseed: reserve,
+    submit, dispatch, node reports with queued and moving tasks, deletes
+    requested and failed)."""
+    sizes = viewseed.ViewSizes(
+        tasks=tasks, users=4, heavy_tasks=tasks // 4, nodes=3, history_minutes=1
+    )
+    made = dbmod.run_write(conn, viewseed._users, sizes)
+    user_ids = [user_id for user_id, _, _ in made]
+    for start in range(0, tasks, 200):
+        dbmod.run_write(
+            conn, viewseed._seed_chunk, sizes, user_ids, start, min(tasks, start + 200), start + 1
+        )
+    return sizes
+
+
+def _all_views(conn: Any, user_id: int | None) -> list[dict[str, Any]]:
+    found, after = [], None
+    while True:
+        query = views.TaskQuery(user_id=user_id, limit=97, after=after)
+        page, following, _ = dbmod.run_read(conn, views.list_tasks, query)
+        found += page
+        if following is None:
+            return found
+        after = views.parse_cursor(views.Order.NEWEST, str(following))
+
+
+def _filter_key_of(view: dict[str, Any]) -> set[str]:
+    return {view["status"], *(["QUEUED"] if view["queued"] else [])}
+
+
+def test_the_site_writes_keep_it_and_tabs_and_counts_equal_the_views(conn: Any) -> None:
+    _seeded(conn)
+    _assert_keys_right(conn)
+    owner = int(conn.execute(sql('SELECT id FROM "user" ORDER BY id LIMIT 1')).fetchone()[0])
+    for scope in (owner, None):
+        every = _all_views(conn, scope)
+        assert len({v["gid"] for v in every}) == len(every) > 50
+        counts = dbmod.run_read(conn, views.count_by_status, scope, "", True)
+        for key in views.FILTER_KEYS:
+            wanted = [v["gid"] for v in every if key in _filter_key_of(v)]
+            assert counts[key] == len(wanted), key
+            for order in (views.Order.NEWEST, views.Order.OLDEST, views.Order.STATUS):
+                got, after, total = [], None, None
+                while True:
+                    query = views.TaskQuery(scope, 7, order, statuses=frozenset({key}), after=after)
+                    page, following, total = dbmod.run_read(conn, views.list_tasks, query)
+                    got += [v["gid"] for v in page]
+                    if following is None:
+                        break
+                    after = views.parse_cursor(order, str(following))
+                assert sorted(got) == sorted(wanted), (key, order)
+                assert total == len(wanted)
+                if order is views.Order.NEWEST:
+                    assert got == wanted  # the same order as the unfiltered list
+        two = frozenset({"DOWNLOADING", "COMPLETED"})
+        _, _, total = dbmod.run_read(
+            conn, views.list_tasks, views.TaskQuery(scope, 5, statuses=two)
+        )
+        assert total == counts["DOWNLOADING"] + counts["COMPLETED"]
+    # The seed's mix really has the queued, failed and moving kinds.
+    counts = dbmod.run_read(conn, views.count_by_status, None, "", True)
+    assert counts["QUEUED"] and counts["DELETE_FAILED"] and counts["DOWNLOADING"]
+    assert counts["SUBMITTED"] > counts["QUEUED"]
+
+
+# -- the upgrade -------------------------------------------------------------------------
+
+
+def _at_v5(target: str) -> None:
+    connection = dbmod.connect(target)
+    try:
+        if is_postgres(target):
+            connection.execute(BEGIN_WRITE[SERIALIZABLE])
+            for script in postgres_upgrade_scripts(0):
+                if "v6" in script:
+                    break
+                connection.run_script(load_script(script))  # type: ignore[union-attr]
+        else:
+            cursor: Any = connection.cursor()
+            cursor.execute(BEGIN_WRITE[SERIALIZABLE])
+            apply_statements(cursor, split_statements(load_script("schema_v1.sql")))
+            for version in (2, 3, 4, 5):
+                apply_statements(cursor, split_statements(load_script(UPGRADES[version])))
+        connection.execute(COMMIT)
+        assert schema_version(connection) == 5
+    finally:
+        connection.close()
+
+
+def test_the_v6_upgrade_backfills_the_key_and_the_search(db_target: str) -> None:
+    _at_v5(db_target)
+    connection = dbmod.connect(db_target)
+    try:
+        alice, _ = add_user(connection, "alice")
+        for number, (state, code) in enumerate(itertools.product(STATES, CODES), 1):
+            add_task(connection, 1000 + number, alice, state, status=code)
+        dbmod.run_write(
+            connection,
+            lambda c: c.execute(
+                "UPDATE gallery SET queued = 1, name = 'Queued Phoenix' WHERE status = 1"
+            ),
+        )
+    finally:
+        connection.close()
+    assert prepare_database(db_target) is False
+    connection = dbmod.connect(db_target)
+    try:
+        assert (schema_version(connection) or 0) >= 6
+        _assert_keys_right(connection)
+        assert "QUEUED" in {r[1] for r in connection.execute(_KEYS).fetchall()}
+        found = _search(connection, alice, "PHOENIX")
+        assert found and found == _search(connection, alice, "phoenix")
+        assert _search(connection, alice, "1003") == [1003]
+    finally:
+        connection.close()
+
+
+# -- the search --------------------------------------------------------------------------
+
+NAMES = {
+    101: "Alpha Phoenix vol.3",
+    102: "ÉCOLE Abc",
+    103: "école abc",
+    104: "100% pure_gold",
+    105: "100 percent pure gold",
+    106: 'say "hello" world',
+    107: "Straße STRASSE",
+    108: "日本語のテキスト",
+    109: "phoenixphoenix",
+    110: "",
+    2012345: "twelve thousand",
+    112345: "gid only",
+}
+QUERIES = [
+    "phoenix",
+    "PHOENIX",
+    "Phoe",
+    "hoenix vol",
+    "école",
+    "ÉCOLE",
+    "cole abc",
+    "COLE",
+    "abc",
+    "100%",
+    "0%",
+    "% p",
+    "pure_gold",
+    "_go",
+    "e_g",
+    '"hello"',
+    'say "',
+    "straße",
+    "STRASSE",
+    "strasse",
+    "本語の",
+    "テキスト",
+    "12345",
+    "2345",
+    "201",
+    "234",
+    "10",
+    "ab",
+    "%",
+    "_",
+    "é",
+    "ph",
+    "nothing at all",
+    "xx",
+    "\\",
+    "a\\b",
+    "10 ",
+]
+
+
+def _ascii_lower(text: str) -> str:
+    return "".join(chr(ord(c) + 32) if "A" <= c <= "Z" else c for c in text)
+
+
+def _reference(names: dict[int, str], text: str) -> set[int]:
+    """The old scan's answer: the name containing the text ignoring ASCII
+    case only, or the gid in decimal containing it."""
+    return {
+        gid
+        for gid, name in names.items()
+        if _ascii_lower(text) in _ascii_lower(name) or text in str(gid)
+    }
+
+
+def _search(connection: Any, user_id: int | None, text: str) -> list[int]:
+    query = views.TaskQuery(user_id=user_id, limit=500, text=text)
+    page, _, total = dbmod.run_read(connection, views.list_tasks, query)
+    gids = [view["gid"] for view in page]
+    assert total == len(gids)
+    counts = dbmod.run_read(connection, views.count_by_status, user_id, text, False)
+    assert sum(counts.values()) == total
+    return gids
+
+
+_RENAME = sql("UPDATE gallery SET name = ? WHERE gid = ?")
+_FORGET = sql("DELETE FROM gallery WHERE gid = ?")
+
+
+def _check_fts(connection: Any) -> None:
+    """SQLite: the trigram table agrees with its content (FTS5's own check)."""
+    if isinstance(connection, sqlite3.Connection):
+        dbmod.run_write(
+            connection,
+            lambda c: c.execute(
+                "INSERT INTO gallery_text(gallery_text, rank) VALUES ('integrity-check', 1)"
+            ),
+        )
+
+
+@pytest.mark.parametrize("matches_first_up_to", [views.MATCHES_FIRST_UP_TO, 0])
+def test_the_indexed_search_answers_exactly_the_like_scan(
+    conn: Any, matches_first_up_to: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Either page plan (the index's matches first, or the page's order
+    matching each row: ``MATCHES_FIRST_UP_TO`` 0) and the counts."""
+    monkeypatch.setattr(views, "MATCHES_FIRST_UP_TO", matches_first_up_to)
+    alice, _ = add_user(conn, "alice")
+    bob, _ = add_user(conn, "bob")
+    names = dict(NAMES)
+    for gid, name in names.items():
+        add_task(conn, gid, alice if gid % 2 else bob)
+        dbmod.run_write(conn, lambda c, n=name, g=gid: c.execute(_RENAME, (n, g)))
+    owners = {gid: alice if gid % 2 else bob for gid in names}
+
+    def check() -> None:
+        _check_fts(conn)
+        for text in QUERIES:
+            want = _reference(names, text)
+            assert set(_search(conn, None, text)) == want, text
+            mine = {gid for gid in want if owners[gid] == alice}
+            assert set(_search(conn, alice, text)) == mine, text
+
+    check()
+    # Renames and deletes keep the index right.
+    names[101] = "Renamed Dragon"
+    names[109] = "PHOENIX again"
+    for gid in (101, 109):
+        dbmod.run_write(conn, lambda c, g=gid: c.execute(_RENAME, (names[g], g)))
+    for gid in (104, 2012345):
+        dbmod.run_write(conn, lambda c, g=gid: c.execute(_FORGET, (g,)))
+        del names[gid]
+    check()
+    assert _search(conn, None, "dragon") == [101]
+    assert _search(conn, None, "12345") == [112345]
+    # A task row gone and written again under its gid: found by its new name.
+    names[104] = "reborn 50%_off"
+    dbmod.run_write(
+        conn,
+        lambda c: c.execute(
+            "INSERT INTO gallery (gid, user_id, name) VALUES (104, ?, ?)", (bob, names[104])
+        ),
+    )
+    owners[104] = bob
+    check()
+
+
+def test_the_plans_use_the_indexes(conn: Any, db_target: str) -> None:
+    alice, _ = add_user(conn, "alice")
+    for gid in range(1, 40):
+        add_task(conn, gid, alice, status=gid % 5 or None)
+    statements = []
+
+    class Recording:
+        def __init__(self, cursor: Any) -> None:
+            self.cursor = cursor
+
+        def execute(self, statement: Any, params: Any = ()) -> Any:
+            statements.append((statement, list(params)))
+            return self.cursor.execute(statement, params)
+
+    for scope in (alice, None):
+        for query in (
+            views.TaskQuery(scope, 50, statuses=frozenset({"COMPLETED"})),
+            views.TaskQuery(scope, 50, text="phoenix"),
+        ):
+            statements.clear()
+            dbmod.run_read(conn, lambda c, q=query: views.list_tasks(Recording(c), q))  # type: ignore[arg-type]
+            count, page = statements[0], statements[1]
+            plans = [_plan(db_target, s, p) for s, p in (count, page)]
+            if query.statuses and is_postgres(db_target):
+                # (a tiny table: either index of the key serves the planner)
+                for plan in plans:
+                    assert "gallery_user_status" in plan or "gallery_status" in plan, plan
+            elif query.statuses:
+                wanted = "gallery_user_status" if scope else "gallery_status"
+                for plan in plans:
+                    assert wanted in plan, plan
+                assert "TEMP B-TREE" not in plans[1], plans[1]
+            elif not is_postgres(db_target):
+                for plan in plans:
+                    assert "gallery_text" in plan, plan
+            elif scope is None:
+                # The count; (a page of a tiny table walks the time index
+                # backwards, and a user's few rows are read by their index).
+                plan = plans[0]
+                assert "gallery_name_trgm" in plan and "gallery_gid_trgm" in plan, plan
+
+
+def _plan(target: str, statement: Any, params: list[Any]) -> str:
+    if is_postgres(target):
+        with psycopg.connect(target, autocommit=True) as pg:
+            # A tiny table scans best: ask whether the index can serve it.
+            pg.execute("SET enable_seqscan = off")
+            rows = pg.execute("EXPLAIN " + statement.postgres, params).fetchall()
+        return "\n".join(str(r[0]) for r in rows)
+    connection = sqlite3.connect(target)
+    try:
+        rows = connection.execute("EXPLAIN QUERY PLAN " + str(statement), params).fetchall()
+    finally:
+        connection.close()
+    return "\n".join(str(r[3]) for r in rows)
+
+
+def test_pg_trgm_is_there_or_the_search_still_answers(db_target: str) -> None:
+    """PostgreSQL: the trigram indexes exist where pg_trgm can be had (the
+    test server's does); SQLite: its trigram table exists."""
+    prepare_database(db_target)
+    if is_postgres(db_target):
+        with psycopg.connect(db_target, autocommit=True) as pg:
+            available = pg.execute(
+                "SELECT 1 FROM pg_available_extensions WHERE name = 'pg_trgm'"
+            ).fetchone()
+            indexes = {
+                r[0]
+                for r in pg.execute(
+                    "SELECT indexname FROM pg_indexes WHERE tablename = 'gallery'"
+                ).fetchall()
+            }
+        if available:
+            assert {"gallery_name_trgm", "gallery_gid_trgm"} <= indexes
+    else:
+        connection = sqlite3.connect(db_target)
+        try:
+            found = connection.execute(
+                "SELECT name FROM sqlite_master WHERE name = 'gallery_text'"
+            ).fetchone()
+        finally:
+            connection.close()
+        assert found is not None
+
+
+# -- readers -------------------------------------------------------------------------------
+
+
+@pytest_twisted.ensureDeferred
+async def test_reads_run_in_parallel_on_several_readers(db_target: str) -> None:
+    """Two reads, each waiting for the other inside its transaction: they
+    finish only if they run at once (one reader would time out)."""
+    prepare_database(db_target)
+    assert dbmod.DEFAULT_READERS > 1
+    db = dbmod.open_pool(db_target)
+    barrier = threading.Barrier(2, timeout=10)
+
+    def meet(cursor: Any) -> int:
+        cursor.execute(_COUNT_TASKS).fetchone()
+        return barrier.wait()
+
+    try:
+        first, second = db.read(meet), db.read(meet)
+        assert sorted([await first, await second]) == [0, 1]
+    finally:
+        db.close()
