@@ -8,11 +8,12 @@ the roots resolve Twisted's global reactor themselves, at the entry point.
 
 Not for new code.  What still calls this is a seam of issue 20: a component
 whose callers do not all pass the reactor yet (``NodeStore``, for
-``bench/nodeworker.py``; ``PeerFactory``, for ``NodeListenerFactory``; the
-site's storage, dispatcher and ``NodeOwnership``), or an entry point that
-resolves its own (``tasknet-admin``, the drill's proxy), so that nothing a
+``bench/nodeworker.py``; ``PeerFactory``, for ``NodeListenerFactory``), or
+an entry point that resolves its own (the drill's proxy), so that nothing a
 root builds depends on it, but a part built outside a root may still reach
-the global reactor.  Importing the global reactor only when needed keeps a
+the global reactor.  (The site's storage, dispatcher and ``NodeOwnership``
+take theirs from ``tasknet.site.root``; ``tasknet-admin`` resolves the real
+one itself.)  Importing the global reactor only when needed keeps a
 test free to install another reactor first.
 """
 

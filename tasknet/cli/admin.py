@@ -63,7 +63,7 @@ from twisted.internet.defer import Deferred
 from twisted.python.failure import Failure
 
 from tasknet.cli.args import parse
-from tasknet.clock import default_reactor
+from tasknet.runtime import RealThreadPools, SystemEntropy
 from tasknet.site.lifecycle import Lifecycle
 from tasknet.site.storage import delete, reconcile, sessions, users
 from tasknet.site.storage.engine import database as storage_db
@@ -318,15 +318,27 @@ def run(args: argparse.Namespace, out: TextIO) -> None:
 
 def _run_with_lifecycle(args: argparse.Namespace, out: TextIO) -> None:
     """Run ``unknown``/``resolve`` on a reactor, with the site's Lifecycle."""
-    reactor: Any = default_reactor()
+    from twisted.internet import reactor as global_reactor  # an entry point: the real one
+
+    reactor: Any = global_reactor
 
     async def body() -> None:
-        database = storage_db.open_pool(args.db)
+        database = storage_db.open_pool(
+            args.db,
+            reactor=reactor,
+            threads=RealThreadPools(),
+            entropy=SystemEntropy(),
+            monotonic=time.monotonic,
+        )
         upstream = UpstreamClient(
             args.upstream, reactor=reactor, persistent=False, audit_timeout=args.audit_timeout
         )
         lifecycle = Lifecycle(
-            database, upstream, upstream_timeout=args.audit_timeout, clock=reactor
+            database,
+            upstream,
+            upstream_timeout=args.audit_timeout,
+            clock=reactor,
+            entropy=SystemEntropy(),
         )
         try:
             if args.command == "unknown":

@@ -37,10 +37,10 @@ from typing import Any, Generic, TypeVar
 from twisted.application.internet import TimerService
 from twisted.application.service import MultiService
 from twisted.internet.defer import Deferred, succeed
+from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
-from tasknet.clock import default_reactor
 from tasknet.coalesce import CoalescingRunner
 from tasknet.protocol.session import INodeSession
 from tasknet.site.session_states import ITrackedSession, SessionState
@@ -256,7 +256,7 @@ class NodeOwnership(MultiService):
         *,
         wakeups: listen.Wakeups | None = None,
         check_interval: float | None = CHECK_INTERVAL,
-        clock: Any = None,
+        clock: IReactorTime,
     ) -> None:
         if check_interval is not None and check_interval <= 0:
             raise ValueError(f"check_interval must be > 0 or None, got {check_interval}")
@@ -267,7 +267,7 @@ class NodeOwnership(MultiService):
         self._wakeups: listen.Wakeups = wakeups if wakeups is not None else listen.NoWakeups()
         if self.shared and check_interval is not None:
             check = TimerService(check_interval, self._check_in_background)
-            check.clock = default_reactor(clock)
+            check.clock = clock
             check.setServiceParent(self)
         self._checker = CoalescingRunner(self._check_all)
         # The takes of a burst of logins share a transaction (few, short

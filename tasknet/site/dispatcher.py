@@ -45,9 +45,9 @@ from typing import Any
 from twisted.application.internet import TimerService
 from twisted.application.service import MultiService
 from twisted.internet.defer import Deferred, gatherResults, succeed
+from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 
-from tasknet.clock import default_reactor
 from tasknet.coalesce import CoalescingRunner
 from tasknet.protocol.messages import ACTION_DELETE
 from tasknet.protocol.session import INodeSession
@@ -90,7 +90,7 @@ class Dispatcher(MultiService):
         page_size: int = storage.PAGE_SIZE,
         assign_delay: float = 0.0,
         poll_interval: float | None = 5.0,
-        clock: Any = None,
+        clock: IReactorTime,
         wakeups: listen.Wakeups | None = None,
     ) -> None:
         if page_size < 1:
@@ -100,7 +100,7 @@ class Dispatcher(MultiService):
         if poll_interval is not None and poll_interval <= 0:
             raise ValueError(f"poll_interval must be > 0 or None, got {poll_interval}")
         super().__init__()
-        self._clock = default_reactor(clock)
+        self._clock = clock
         if poll_interval is not None:
             poll = TimerService(poll_interval, self._poll_tick)
             poll.clock = self._clock
@@ -128,7 +128,9 @@ class Dispatcher(MultiService):
         self.enabled = False
         # One unassigned pass at a time; a request during a pass runs one more after it.
         self._unassigned = CoalescingRunner(self._assign_all)
-        self._running: set[Deferred[None]] = set()
+        # Insertion-ordered (a dict, not a set): idle() gathers them in the
+        # order they started, whatever their ids.
+        self._running: dict[Deferred[None], None] = {}
         #: Commands sent since start, periodic passes completed (tests, logs).
         self.sent = 0
         self.polls = 0
@@ -139,10 +141,10 @@ class Dispatcher(MultiService):
 
     def _track(self, d: Deferred[None]) -> Deferred[None]:
         if not d.called:
-            self._running.add(d)
+            self._running[d] = None
 
             def done(result: object) -> object:
-                self._running.discard(d)
+                self._running.pop(d, None)
                 return result
 
             d.addBoth(done)

@@ -55,11 +55,11 @@ from twisted.internet.interfaces import IReactorTime
 from twisted.internet.task import deferLater
 from twisted.logger import Logger
 
+from tasknet.runtime import IEntropy
 from tasknet.site.storage import create, delete, instances, reaping, reconcile, usage, views
 from tasknet.site.storage.create import Recovered
 from tasknet.site.storage.engine.database import Database, Retry
 from tasknet.site.storage.engine.errors import CommitUnknown, DatabaseBusy, TaskError
-from tasknet.site.storage.generation import new_operation_id
 from tasknet.site.storage.instances import LeaseLost
 from tasknet.site.storage.lease import Lease, dead_here
 from tasknet.site.storage.reaping import Reaped
@@ -137,6 +137,7 @@ class Lifecycle:
         settle_interval: float = 5.0,
         lease: Lease | None = None,
         clock: IReactorTime,
+        entropy: IEntropy,
         monotonic: Callable[[], float] | None = None,
         before_post_gate: Callable[[], object] | None = None,
     ) -> None:
@@ -152,6 +153,8 @@ class Lifecycle:
         self.retry_max = retry_max
         self.settle_interval = settle_interval
         self._clock = clock
+        #: Where the operationIds it chooses come from (random UUIDs).
+        self._entropy = entropy
         self.lease = lease
         self._instance_id = None if lease is None else lease.instance_id
         #: Outcome writes still being retried in the background, in the
@@ -289,7 +292,7 @@ class Lifecycle:
         """The reservation, under an operationId chosen here: should its
         COMMIT's answer be lost, the reservation that may exist is released
         in the background (nothing was sent for it)."""
-        operation_id = new_operation_id()
+        operation_id = self._entropy.uuid4().hex
         try:
             # The placeholder is not announced (create.reserve): no wake-up.
             return await self._commit(

@@ -45,7 +45,6 @@ again"}``.  A held session that went gives its node back.
 from __future__ import annotations
 
 import itertools
-import secrets
 from collections import deque
 from collections.abc import Mapping
 from typing import Any
@@ -83,6 +82,7 @@ from tasknet.protocol.messages import (
     verify_login,
 )
 from tasknet.protocol.session import INodeSession, ISiteHandler
+from tasknet.runtime import IEntropy
 from tasknet.site.connected_nodes import ConnectedNodes, NodeOwnership
 from tasknet.site.session_states import ITrackedSession, SessionLife, SessionState
 
@@ -144,7 +144,7 @@ class NodeSession(PeerProtocol):
 
     def __init__(self, factory: NodeListenerFactory) -> None:
         super().__init__(factory)
-        self.nonce = secrets.token_hex(16)
+        self.nonce = factory.entropy.token_hex(16)
         self.node_id = ""
         self.features: tuple[str, ...] = ()
         self.connected_at = 0.0
@@ -383,6 +383,7 @@ class NodeListenerFactory(PeerFactory):
         heartbeat_interval: float = 15.0,
         idle_timeout: float = 45.0,
         clock: IReactorTime | None = None,
+        entropy: IEntropy,
         pre_login_max_payload: int = PRE_LOGIN_MAX_PAYLOAD,
         login_timeout: float = LOGIN_TIMEOUT,
         log_interval: float = 60.0,
@@ -401,7 +402,11 @@ class NodeListenerFactory(PeerFactory):
         self.node_keys = node_keys
         self.site_name = site_name
         self.ownership = ownership
-        self.connections: set[NodeSession] = set()
+        #: Where each connection's Identity nonce comes from.
+        self.entropy = entropy
+        # Insertion-ordered (a dict, not a set): connections are closed and
+        # aborted in the order they came, whatever their ids.
+        self.connections: dict[NodeSession, None] = {}
         self._all_closed: list[Deferred[None]] = []
         # Per node id, the number of its latest accepted Login: a connection
         # still waiting for its challenge when a newer one logs in is not
@@ -471,7 +476,7 @@ class NodeListenerFactory(PeerFactory):
 
     def buildProtocol(self, addr: Any) -> Any:  # Any: Factory's generic typing wants more
         session = NodeSession(self)
-        self.connections.add(session)
+        self.connections[session] = None
         return session
 
     def _take(self, session: NodeSession) -> None:
@@ -519,7 +524,7 @@ class NodeListenerFactory(PeerFactory):
 
     def detach(self, session: NodeSession) -> None:
         """The connection is gone (its session ``CLOSED``)."""
-        self.connections.discard(session)
+        self.connections.pop(session, None)
         self.settled(session)
         holding = self.nodes.holding_of(session)
         if self.nodes.detach(session, SessionState.CLOSED):

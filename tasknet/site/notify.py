@@ -67,6 +67,17 @@ drained row; nothing is written, and a webhook does not hear of it: the
 task itself did not change).  A node that drops pushes its unfinished
 tasks, newest first, at most ``node_limit`` of them (a client that shows
 more marks the rest of that node's rows by the same push).
+
+Reading the connected nodes lists every node's session row (10,000 of them
+with as many nodes: most of an idle site's CPU when read at every poll).
+One site alone on its database (not *shared*) writes those rows itself,
+through its registry of connected nodes (``connected_nodes.py``), so the
+watch reads them only when the registry's nodes changed since the last
+read, when that read disagreed with the registry (a take or release still
+on its way to the database, a row left by a previous run), and at least
+every ``refresh_sweeps`` sweeps (a minute at the default poll) for what the
+registry cannot see (the admin CLI).  Shared, other sites' logins and
+drops change the rows unseen here: it reads them at every sweep.
 """
 
 from __future__ import annotations
@@ -74,7 +85,7 @@ from __future__ import annotations
 import json
 import math
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from typing import Any, Protocol
 
 import treq
@@ -110,6 +121,9 @@ MAX_HELD = 1000
 #: newest first; the moving tasks whose stall is watched at most.
 LIVENESS_NODE_LIMIT = 500
 LIVENESS_MOVING_LIMIT = 500
+#: Sweeps at most between two reads of the connected nodes while the
+#: registry says nothing changed (the module doc, last paragraph).
+LIVENESS_REFRESH_SWEEPS = 12
 
 #: The statuses whose row says something about its node (queued on it,
 #: downloading on it, a delete waiting for it).
@@ -131,17 +145,21 @@ def _connected(cursor: Any) -> set[str]:
     return {holder.node_id for holder in node_sessions.holders(cursor)}
 
 
-def _connected_and_moving(cursor: Any, limit: int) -> tuple[set[str], dict[int, tuple[bool, bool]]]:
-    """The connected nodes of the database, and the moving tasks (newest
-    first, at most ``limit``) as ``{gid: (speed shown, stalled)}``."""
-    connected = _connected(cursor)
+def _moving(cursor: Any, limit: int) -> dict[int, tuple[bool, bool]]:
+    """The moving tasks (newest first, at most ``limit``) as
+    ``{gid: (speed shown, stalled)}``."""
     moving, _, _ = views.list_tasks(
         cursor, views.TaskQuery(user_id=None, limit=limit, statuses=_MOVING)
     )
-    return connected, {
+    return {
         view["gid"]: (view["speed"] is not None, view["stalledSince"] is not None)
         for view in moving
     }
+
+
+def _connected_and_moving(cursor: Any, limit: int) -> tuple[set[str], dict[int, tuple[bool, bool]]]:
+    """The connected nodes of the database, and the moving tasks (one snapshot)."""
+    return _connected(cursor), _moving(cursor, limit)
 
 
 def _views_to_push(
@@ -174,7 +192,13 @@ class LivenessWatch:
     still a change.  The moving tasks are read only while clients listen;
     the first sweep of a listening spell pushes those that are not live
     (no speed, or stalled), which may have changed unseen since the
-    client loaded its list.  The very first sweep only records the nodes."""
+    client loaded its list.  The very first sweep only records the nodes.
+
+    ``nodes``: the node ids of this site's registry (its
+    ``ConnectedNodes``, a mapping by node id, read only), when the site is
+    alone on its database (not shared): the connected nodes are then read
+    only when they can have changed (the module doc, last paragraph);
+    ``None``: at every sweep."""
 
     def __init__(
         self,
@@ -183,23 +207,66 @@ class LivenessWatch:
         *,
         node_limit: int = LIVENESS_NODE_LIMIT,
         moving_limit: int = LIVENESS_MOVING_LIMIT,
+        nodes: Collection[str] | None = None,
+        refresh_sweeps: int = LIVENESS_REFRESH_SWEEPS,
     ) -> None:
+        if refresh_sweeps < 1:
+            raise ValueError(f"refresh_sweeps must be >= 1, got {refresh_sweeps}")
         self._db = db
         self._publisher = publisher
         self._node_limit = node_limit
         self._moving_limit = moving_limit
+        self._nodes = nodes
+        self._refresh_sweeps = refresh_sweeps
         self._connected: set[str] | None = None
+        #: The registry's nodes when the connected nodes were last read.
+        self._held_at_read: frozenset[str] | None = None
+        self._sweeps_unread = 0
         self._moving: dict[int, tuple[bool, bool]] | None = None
         #: Views pushed since start (tests, logs).
         self.pushed = 0
+        #: Reads of the connected nodes since start (tests, logs).
+        self.connected_reads = 0
+
+    def _held(self) -> frozenset[str] | None:
+        # Attached, not only held: a login's take may still be on its way
+        # (then the read disagrees, and the next sweep reads again).
+        return None if self._nodes is None else frozenset(self._nodes)
+
+    def _must_read(self, held: frozenset[str] | None) -> bool:
+        """Whether the connected nodes can have changed since the last read."""
+        return (
+            held is None
+            or self._connected is None
+            or held != self._held_at_read  # logins or drops here since
+            or self._connected != held  # still on their way to the database
+            or self._sweeps_unread + 1 >= self._refresh_sweeps
+        )
+
+    def _read_done(self, held: frozenset[str] | None) -> None:
+        self._held_at_read = held
+        self._sweeps_unread = 0
+        self.connected_reads += 1
 
     async def sweep(self) -> int:
         """One comparison; returns how many views were pushed."""
+        held = self._held()
+        fresh = self._must_read(held)
+        if not fresh:
+            self._sweeps_unread += 1
         if not self._publisher.listening():
-            self._connected = await self._db.read(_connected)
+            if fresh:
+                self._connected = await self._db.read(_connected)
+                self._read_done(held)
             self._moving = None
             return 0
-        connected, moving = await self._db.read(_connected_and_moving, self._moving_limit)
+        if fresh:
+            connected, moving = await self._db.read(_connected_and_moving, self._moving_limit)
+            self._read_done(held)
+        else:
+            assert self._connected is not None
+            connected = self._connected
+            moving = await self._db.read(_moving, self._moving_limit)
         before, self._connected = self._connected, connected
         changed_nodes = set() if before is None else before ^ connected
         seen = self._moving
@@ -456,7 +523,11 @@ class OutboxExecutor(MultiService):
         instance_id: int | None = None,
         wakeups: listen.Wakeups | None = None,
         webhook_lease: float = outbox.WEBHOOK_LEASE,
+        nodes: Collection[str] | None = None,
     ) -> None:
+        """``nodes``: the site's registry of connected nodes
+        (``ConnectedNodes``; read only, by the liveness watch while not
+        shared: :class:`LivenessWatch`)."""
         if retention_days < 0 or prune_batch < 1:
             raise ValueError("outbox retention_days must be >= 0 and prune_batch >= 1")
         if webhook_lease <= 0:
@@ -498,7 +569,11 @@ class OutboxExecutor(MultiService):
                 timer.setServiceParent(self)
         self._publisher = publisher
         #: Pushes the views whose liveness changed without a commit.
-        self.liveness = LivenessWatch(db, publisher) if publisher is not None else None
+        self.liveness = (
+            LivenessWatch(db, publisher, nodes=None if self.shared else nodes)
+            if publisher is not None
+            else None
+        )
         self._sweeping: Deferred[Any] | None = None
         self._webhook = webhook
         if webhook is not None:

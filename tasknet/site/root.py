@@ -38,10 +38,16 @@ from dataclasses import dataclass
 from typing import Any, NoReturn, cast
 
 from twisted.internet.defer import Deferred
-from twisted.internet.interfaces import IReactorFromThreads, IReactorTCP, IReactorTime
+from twisted.internet.interfaces import (
+    IReactorCore,
+    IReactorFromThreads,
+    IReactorTCP,
+    IReactorTime,
+)
 from twisted.logger import Logger
 
 from tasknet.logging import rotate_on
+from tasknet.runtime import IEntropy, IThreadPools, RealThreadPools, SystemEntropy
 from tasknet.site import fault_points, ratelimit
 from tasknet.site.connected_nodes import CHECK_INTERVAL as NODE_CHECK_INTERVAL
 from tasknet.site.connected_nodes import ConnectedNodes, NodeOwnership
@@ -127,9 +133,14 @@ def build_site(
     tuning: Tuning = Tuning(),
     exit_on_failure: bool = False,
     monotonic: Callable[[], float] = time.monotonic,
+    threads: IThreadPools | None = None,
+    entropy: IEntropy | None = None,
 ) -> SiteService:
     """The whole site, built from ``options`` on ``reactor``, not yet
-    started; ``monotonic`` is the clock its lease's freshness is judged on.
+    started; ``monotonic`` is the clock its lease's freshness is judged on
+    (and its transactions timed on), ``threads`` the pools its database
+    and lease run on (default: real threads), ``entropy`` the source of its
+    nonces and jitter (default: the OS's).
     Raises :class:`SchemaError` for an unusable database, and
     :class:`~tasknet.site.storage.engine.file_lock.DatabaseInUse` (before
     touching the database) while another site holds a SQLite file.
@@ -143,16 +154,20 @@ def build_site(
 
         reactor = IReactorTCP(global_reactor)
     clock = IReactorTime(reactor)
+    threads = threads if threads is not None else RealThreadPools()
+    entropy = entropy if entropy is not None else SystemEntropy()
     path = options["db"]
     # Several sites may share a PostgreSQL database; a SQLite file has one.
     held = None if is_postgres(path) else instance_lock.acquire(path, role="tasknet-site")
     try:
-        _prepare_database(options, path)
+        _prepare_database(options, path, entropy)
         lease = take_lease(
             path,
             options["name"],
             flock=held,
-            clock=clock,
+            reactor=IReactorFromThreads(reactor),
+            threads=threads,
+            entropy=entropy,
             upstream_timeout=options["upstream-timeout"],
             monotonic=monotonic,
         )
@@ -161,6 +176,10 @@ def build_site(
             # instance's name, so a reaper can end them.
             db = open_pool(
                 path,
+                reactor=IReactorCore(reactor),
+                threads=threads,
+                entropy=entropy,
+                monotonic=monotonic,
                 clock=clock,
                 fence=lease,
                 application_name=application_name(lease.instance_id, "writer"),
@@ -174,7 +193,7 @@ def build_site(
             held.release()
         raise
     try:
-        return _assemble(options, reactor, clock, db, lease, tuning, exit_on_failure)
+        return _assemble(options, reactor, clock, entropy, db, lease, tuning, exit_on_failure)
     except BaseException:
         db.close()
         lease.release()
@@ -185,6 +204,7 @@ def _assemble(
     options: Options,
     reactor: IReactorTCP,
     clock: IReactorTime,
+    entropy: IEntropy,
     db: Database,
     lease: Lease,
     tuning: Tuning,
@@ -195,6 +215,7 @@ def _assemble(
         db,
         clock,
         reactor=reactor,
+        entropy=entropy,
         node_keys=dict(options["node-keys"]),
         site_name=options["name"],
         webhook_url=options["webhook"],
@@ -214,6 +235,7 @@ def _assemble(
         on_task_changed=dispatcher.task_changed,
         lease=lease,
         clock=clock,
+        entropy=entropy,
         before_post_gate=tuning.before_post_gate,
     )
     instance = InstanceService(
@@ -304,6 +326,7 @@ def build_node_side(
     clock: IReactorTime,
     *,
     reactor: IReactorTCP | None = None,
+    entropy: IEntropy,
     node_keys: dict[str, str],
     site_name: str,
     webhook_url: str | None = None,
@@ -314,8 +337,9 @@ def build_node_side(
     """The parts node connections reach, over ``db``, timed on ``clock``;
     ``reactor`` (default: ``clock``, which is then a reactor) is what the
     webhook sender connects on and the LISTEN connection's thread calls
-    back to.  ``node_keys`` (node id → secret) is who may log in until
-    :class:`NodeKeys` refreshes it.
+    back to; ``entropy`` gives the connections' nonces.  ``node_keys``
+    (node id → secret) is who may log in until :class:`NodeKeys` refreshes
+    it.
 
     ``instance_id`` (this site's instance) and ``wakeups`` (default: a
     LISTEN connection of its own on PostgreSQL, nothing on SQLite) make it
@@ -324,7 +348,7 @@ def build_node_side(
     if reactor is None:
         reactor = cast(IReactorTCP, clock)  # the same object (the docstring)
     if wakeups is None:
-        wakeups = open_wakeups(db.target, reactor, site_name=site_name)
+        wakeups = open_wakeups(db.target, IReactorFromThreads(reactor), site_name=site_name)
     nodes = ConnectedNodes(site_name, instance_id)
     ownership = NodeOwnership(
         db, nodes, wakeups=wakeups, check_interval=tuning.node_check_interval, clock=clock
@@ -350,6 +374,7 @@ def build_node_side(
         clock=clock,
         instance_id=instance_id,
         wakeups=wakeups,
+        nodes=nodes,  # the registry's node ids: the liveness sweep reads rows when they change
     )
     reports = ReportPipeline(
         db, on_committed=outbox.wake, on_applied=nodes.report_applied, clock=clock
@@ -365,7 +390,7 @@ def build_node_side(
     )
     handler = SiteHandler(reports, dispatcher, db, ownership)
     listener = NodeListenerFactory(
-        handler, nodes, node_keys, site_name, ownership=ownership, clock=clock
+        handler, nodes, node_keys, site_name, ownership=ownership, clock=clock, entropy=entropy
     )
     return NodeSide(nodes, ownership, reports, dispatcher, outbox, hub, listener)
 
@@ -383,21 +408,23 @@ def _private(path: str) -> None:
             log.warn("{name} was mode {mode:o}; now 0600", name=name, mode=mode)
 
 
-def _prepare_database(options: Options, path: str) -> None:
+def _prepare_database(options: Options, path: str, entropy: IEntropy) -> None:
     """Initialise or verify the schema, apply ``--default-quota`` and
-    ``--demo``."""
+    ``--demo`` (conflict reruns jittered from ``entropy``)."""
     _private(path)
     fresh = prepare_database(path)
     connection = connect(path)
     try:
         # tasknet-admin gives new users this quota while this setting stands.
-        run_write(connection, users.set_default_quota, options["default-quota"])
+        jitter = entropy.random()
+        run_write(connection, users.set_default_quota, options["default-quota"], jitter=jitter)
         if fresh and options["demo"]:
             run_write(
                 connection,
                 lambda cursor: users.create_user(
                     cursor, "demo", admin=True, quota=options["default-quota"], token="demo"
                 ),
+                jitter=jitter,
             )
             log.info("fresh database: created the admin user 'demo' (--demo's documented token)")
     finally:
@@ -478,9 +505,12 @@ def makeService(
     *,
     reactor: IReactorTCP | None = None,
     monotonic: Callable[[], float] = time.monotonic,
+    threads: IThreadPools | None = None,
+    entropy: IEntropy | None = None,
 ) -> SiteService:
-    """The site as ``twistd -n tasknet-site`` builds it: on twistd's reactor
-    and the process's monotonic clock unless given others (a simulation's)."""
+    """The site as ``twistd -n tasknet-site`` builds it: on twistd's reactor,
+    the process's monotonic clock, real threads and the OS's entropy unless
+    given others (a simulation's)."""
     if reactor is None:
         from twisted.internet import reactor as global_reactor
 
@@ -498,7 +528,13 @@ def makeService(
     try:
         tuning = Tuning(before_post_gate=fault_points.pause_before_post(os.environ))
         site = build_site(
-            options, reactor, tuning=tuning, exit_on_failure=True, monotonic=monotonic
+            options,
+            reactor,
+            tuning=tuning,
+            exit_on_failure=True,
+            monotonic=monotonic,
+            threads=threads if threads is not None else RealThreadPools(),
+            entropy=entropy if entropy is not None else SystemEntropy(),
         )
     except SchemaError as e:
         created.remove()

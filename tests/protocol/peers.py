@@ -192,6 +192,7 @@ class Listener:
 
 
 def site_factory(handler: ISiteHandler, **kwargs: Any) -> NodeListenerFactory:
+    kwargs.setdefault("entropy", SystemEntropy())
     return NodeListenerFactory(handler, ConnectedNodes(), dict(SITE_KEYS), "site-main", **kwargs)
 
 

@@ -546,7 +546,7 @@ def test_close_all_says_goodbye_and_fires_when_every_connection_is_gone(net: Mem
     assert not closed.called  # not before the connections are gone
     net.flush()
     result_of(closed)
-    assert factory.connections == set() and factory.nodes == {}
+    assert factory.connections == {} and factory.nodes == {}
     for peer in peers:
         assert peer.is_closed
         assert peer.of_type(Goodbye) == [Goodbye("site stopping")]

@@ -152,7 +152,7 @@ async def test_close_all_says_goodbye_and_fires_when_every_connection_is_gone(
     await login_raw(peers[1], "node-2")
     await eventually(lambda: len(factory.connections) == 3)
     await factory.close_all("site stopping")
-    assert factory.connections == set() and factory.nodes == {}
+    assert factory.connections == {} and factory.nodes == {}
     for peer in peers:
         await peer.closed
         assert peer.of_type(Goodbye) == [Goodbye("site stopping")]
@@ -221,4 +221,4 @@ async def test_twenty_peers_that_never_log_in_cost_at_most_64_kib_each(harness: 
     for peer in patient:
         await closed(peer)
         assert peer.of_type(Error) == [Error("unauthenticated", "no login within 30 s")]
-    assert factory.connections == set() and site_handler.events == []
+    assert factory.connections == {} and site_handler.events == []

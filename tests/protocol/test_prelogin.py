@@ -147,7 +147,7 @@ def test_heartbeats_before_login_do_not_extend_the_30_s_deadline(net: MemoryNet)
     clock.advance(1)  # 30 s after connecting
     closed(net, peer)
     assert peer.of_type(Error) == [Error("unauthenticated", "no login within 30 s")]
-    assert site_handler.events == [] and factory.connections == set()
+    assert site_handler.events == [] and factory.connections == {}
     assert clock.getDelayedCalls() == []
 
 
@@ -208,7 +208,7 @@ def test_twenty_peers_that_never_log_in_cost_at_most_64_kib_each(net: MemoryNet)
     for peer in patient:
         closed(net, peer)
         assert peer.of_type(Error) == [Error("unauthenticated", "no login within 30 s")]
-    assert factory.connections == set() and site_handler.events == []
+    assert factory.connections == {} and site_handler.events == []
 
 
 # ---------------------------------------------------------------- signatures (mutation gaps)

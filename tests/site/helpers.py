@@ -18,6 +18,7 @@ from twisted.internet.task import deferLater
 from twisted.web.client import HTTPConnectionPool
 from zope.interface import implementer
 
+from tasknet.runtime import SystemEntropy
 from tasknet.site.lifecycle import Lifecycle
 from tasknet.site.root import Tuning, build_site
 from tasknet.site.service import Options, SiteParts, SiteService
@@ -35,6 +36,7 @@ from tasknet.site.storage.engine.schema import prepare_database
 from tasknet.site.upstream_client import UpstreamClient
 from tasknet.upstream.testing import RunningUpstream, start_upstream
 from tests.backends import add_failing_trigger
+from tests.runtime import site_runtime
 
 POST_ARCHIVE = "/api/galleries/*/archive"
 
@@ -112,13 +114,13 @@ async def lifecycle_env(
     client = UpstreamClient(
         upstream.base_url, reactor=reactor, persistent=False, prepare_timeout=timeout
     )
-    db = open_pool(path)
+    db = open_pool(path, **site_runtime())
     env = Env(
         path,
         db,
         upstream,
         client,
-        Lifecycle(db, client, upstream_timeout=timeout, clock=reactor),
+        Lifecycle(db, client, upstream_timeout=timeout, clock=reactor, entropy=SystemEntropy()),
         user_id,
     )
     try:

@@ -38,6 +38,7 @@ from twisted.internet.defer import Deferred
 from twisted.internet.task import Clock, deferLater
 from twisted.internet.threads import deferToThread
 
+from tasknet.runtime import SystemEntropy
 from tasknet.site.instance_service import INTERVAL, InstanceService
 from tasknet.site.lifecycle import Lifecycle
 from tasknet.site.storage import create, reaping
@@ -49,6 +50,7 @@ from tasknet.site.storage.lease import LEASE_TIMEOUT, PostgresLease, application
 from tasknet.site.upstream_client import Outcome, UpstreamClient
 from tasknet.upstream.testing import RunningUpstream, start_upstream
 from tests.eventually import eventually
+from tests.runtime import site_runtime
 from tests.site.helpers import add_user, fault, lease_timeout_passed, site_options
 
 WEEK = usage_weeks.iso_week()
@@ -107,11 +109,12 @@ async def running(
         name,
         flock=None,
         upstream_timeout=upstream_timeout,
-        monotonic=clock.seconds,
+        **(site_runtime() | {"monotonic": clock.seconds}),
     )
     assert isinstance(lease, PostgresLease)
     db = open_pool(
         url,
+        **site_runtime(),
         fence=lease,
         application_name=application_name(lease.instance_id, "writer"),
         reader_application_name=application_name(lease.instance_id, "reader"),
@@ -123,6 +126,7 @@ async def running(
         upstream_timeout=upstream_timeout,
         lease=lease,
         clock=clock,
+        entropy=SystemEntropy(),
         retry_initial=0.05,
         retry_max=0.1,
         before_post_gate=before_post_gate,
@@ -391,7 +395,9 @@ async def test_after_its_reap_a_site_that_still_thinks_its_lease_fresh_writes_no
 async def test_a_dead_writer_or_reader_connection_is_replaced_and_the_work_done(
     pg_url: str,
 ) -> None:
-    db = open_pool(pg_url, application_name="t-writer", reader_application_name="t-reader")
+    db = open_pool(
+        pg_url, **site_runtime(), application_name="t-writer", reader_application_name="t-reader"
+    )
     try:
         await db.write(lambda cursor: cursor.execute("SELECT 1"))
         await db.read(lambda cursor: cursor.execute("SELECT 1").fetchone())

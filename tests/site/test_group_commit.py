@@ -38,6 +38,7 @@ from tasknet.site.storage.engine.errors import (
 )
 from tasknet.site.storage.engine.schema import prepare_database
 from tests.eventually import eventually
+from tests.runtime import site_runtime
 from tests.site.helpers import HeldWriter, add_user
 
 SCRATCH_SCHEMA = """
@@ -63,7 +64,7 @@ def scratch_database(tmp_path: Path) -> str:
 @asynccontextmanager
 async def opened(path: str, **options: Any) -> AsyncIterator[tuple[Database, list[str]]]:
     """The database and the live list of statements its writer runs."""
-    db = open_pool(path, **options)
+    db = open_pool(path, **site_runtime(), **options)
     statements: list[str] = []
     try:
         await db.write(lambda cursor: cursor.connection.set_trace_callback(statements.append))
@@ -542,8 +543,8 @@ async def test_a_write_busy_past_its_window_fails_busy_and_other_errors_are_not_
 def test_bad_options_are_refused(tmp_path):
     path = str(tmp_path / "x.sqlite")
     with pytest.raises(ValueError, match="max_batch"):
-        Database(path, max_batch=0)
+        Database(path, **site_runtime(), max_batch=0)
     with pytest.raises(ValueError, match="busy_timeout_ms"):
-        Database(path, busy_timeout_ms=-1)
+        Database(path, **site_runtime(), busy_timeout_ms=-1)
     with pytest.raises(ValueError, match="within"):
         Retry("x", -1.0, lambda _: 1.0)

@@ -32,6 +32,7 @@ from tasknet.site.storage.instances import LeaseLost
 from tasknet.site.storage.lease import PRUNE_JOB, PostgresLease, SqliteLease, once, take_lease
 from tests.backends import is_postgres
 from tests.eventually import eventually
+from tests.runtime import site_runtime
 from tests.site.helpers import add_user
 
 WEEK = usage_weeks.iso_week()
@@ -217,7 +218,7 @@ async def test_the_sqlite_lease_is_the_flock_and_judges_every_other_instance_gon
     path = str(tmp_path / "site.sqlite")
     prepare_database(path)
     flock = lock.acquire(path)
-    lease = take_lease(path, "solo", flock=flock)
+    lease = take_lease(path, "solo", flock=flock, **site_runtime())
     assert isinstance(lease, SqliteLease) and not lease.shared
     assert await lease.judge(lease.instance_id + 1)
     assert not await lease.judge(lease.instance_id)
@@ -244,8 +245,8 @@ def _terminate(url: str, pid: int) -> None:
 
 @pytest_twisted.ensureDeferred
 async def test_a_postgresql_lease_is_a_lock_only_its_session_holds(pg_url: str) -> None:
-    a = take_lease(pg_url, "a", flock=None)
-    b = take_lease(pg_url, "b", flock=None)
+    a = take_lease(pg_url, "a", flock=None, **site_runtime())
+    b = take_lease(pg_url, "b", flock=None, **site_runtime())
     try:
         assert isinstance(a, PostgresLease) and a.shared and b.instance_id > a.instance_id
         await a.check()
@@ -288,8 +289,8 @@ class _Passes:
 async def test_on_sqlite_the_service_has_no_timer(tmp_path: Any) -> None:
     path = str(tmp_path / "site.sqlite")
     prepare_database(path)
-    lease = take_lease(path, "solo", flock=lock.acquire(path))
-    db = open_pool(path)
+    lease = take_lease(path, "solo", flock=lock.acquire(path), **site_runtime())
+    db = open_pool(path, **site_runtime())
     clock = Clock()
     passes = _Passes()
     service = InstanceService(lease, db, passes, clock=clock)
@@ -308,8 +309,8 @@ async def test_the_service_ticks_on_its_clock_and_fences_when_the_lease_session_
     pg_url: str,
 ) -> None:
     clock = Clock()
-    lease = take_lease(pg_url, "a", flock=None)
-    db = open_pool(pg_url)
+    lease = take_lease(pg_url, "a", flock=None, **site_runtime())
+    db = open_pool(pg_url, **site_runtime())
     passes = _Passes()
     service = InstanceService(lease, db, passes, interval=INTERVAL, clock=clock)
     reasons: list[str] = []
@@ -346,9 +347,9 @@ async def test_the_service_ticks_on_its_clock_and_fences_when_the_lease_session_
 @pytest_twisted.ensureDeferred
 async def test_the_service_fences_when_the_database_says_it_was_reaped(pg_url: str) -> None:
     clock = Clock()
-    lease = take_lease(pg_url, "a", flock=None)
-    other = take_lease(pg_url, "b", flock=None)
-    db = open_pool(pg_url)
+    lease = take_lease(pg_url, "a", flock=None, **site_runtime())
+    other = take_lease(pg_url, "b", flock=None, **site_runtime())
+    db = open_pool(pg_url, **site_runtime())
     service = InstanceService(lease, db, _Passes(), clock=clock)
     reasons: list[str] = []
     service.fenced.addCallback(reasons.append)
@@ -405,8 +406,9 @@ async def test_a_lease_check_that_does_not_answer_in_time_fences(pg_url: str) ->
     clock = Clock()
     # Taken in a thread: the relay runs on the reactor (a site takes it at build time).
     relayed_url = pg_conninfo.make_conninfo(pg_url, port=port.getHost().port)
-    lease = await deferToThread(take_lease, relayed_url, "a", flock=None)
-    db = open_pool(pg_url)
+    runtime = site_runtime()
+    lease = await deferToThread(lambda: take_lease(relayed_url, "a", flock=None, **runtime))
+    db = open_pool(pg_url, **site_runtime())
     service = InstanceService(lease, db, _Passes(), check_timeout=CHECK_TIMEOUT, clock=clock)
     reasons: list[str] = []
     service.fenced.addCallback(reasons.append)
@@ -457,7 +459,7 @@ async def test_sites_prune_one_at_a_time_and_two_racing_is_harmless(pg_url: str)
     _old_audit_rows(pg_url, 10)
     clock = Clock()
     clock.advance(time.time())
-    pools = [open_pool(pg_url), open_pool(pg_url)]
+    pools = [open_pool(pg_url, **site_runtime()), open_pool(pg_url, **site_runtime())]
     a, b = (Housekeeping(db, clock=clock, batch=3) for db in pools)
     holder = connect(pg_url)
     try:

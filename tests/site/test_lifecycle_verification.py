@@ -15,6 +15,7 @@ import pytest_twisted
 from twisted.internet import reactor
 from twisted.internet.defer import DeferredList
 
+from tasknet.runtime import SystemEntropy
 from tasknet.site.lifecycle import Lifecycle
 from tasknet.site.storage import create, delete, eligibility, favorites, generation, usage, views
 from tasknet.site.storage.engine.database import open_pool
@@ -23,6 +24,7 @@ from tasknet.site.transitions import IllegalTransition
 from tasknet.status import OperationState
 from tests.backends import INTEGRITY_ERRORS, add_failing_trigger, drop_failing_trigger
 from tests.eventually import eventually
+from tests.runtime import site_runtime
 from tests.site.helpers import (
     dispatch_row,
     fail_usage_writes,
@@ -130,8 +132,10 @@ async def test_six_concurrent_creates_from_two_database_handles_post_once(db_tar
     # Two pools on one database (as two site processes would be): the unique
     # index and the write transactions, not our single writer thread, decide.
     async with lifecycle_env(db_target, timeout=3.0) as env:
-        second_db = open_pool(env.path)
-        second = Lifecycle(second_db, env.client, upstream_timeout=3.0, clock=reactor)
+        second_db = open_pool(env.path, **site_runtime())
+        second = Lifecycle(
+            second_db, env.client, upstream_timeout=3.0, clock=reactor, entropy=SystemEntropy()
+        )
         try:
             calls = [
                 (env.lifecycle if i % 2 else second).create(env.user_id, GID, "tok", "")
@@ -188,8 +192,10 @@ async def test_restart_recovery_submitting_to_unknown_reserved_released_no_rewri
         env.db.close()
 
         # "Restart": a new database handle and lifecycle on the same file.
-        env.db = open_pool(env.path)
-        env.lifecycle = Lifecycle(env.db, env.client, upstream_timeout=0.5, clock=reactor)
+        env.db = open_pool(env.path, **site_runtime())
+        env.lifecycle = Lifecycle(
+            env.db, env.client, upstream_timeout=0.5, clock=reactor, entropy=SystemEntropy()
+        )
         recovered = await env.lifecycle.recover()
         assert recovered.unknown == [1] and recovered.released == [2]
 

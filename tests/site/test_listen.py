@@ -75,13 +75,13 @@ async def test_notifications_reach_the_callbacks_and_a_lost_connection_resyncs(
 
 
 def test_unknown_channels_are_refused_and_sqlite_listens_to_nothing(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    wakeups = open_wakeups(str(tmp_path / "site.sqlite"))
+    wakeups = open_wakeups(str(tmp_path / "site.sqlite"), reactor)
     assert isinstance(wakeups, NoWakeups)
     wakeups.notify(DISPATCH, "1")
     assert wakeups.subscribe(OUTBOX, lambda c, p: None).cancel().called
-    for make in (NoWakeups(), Listener("postgresql://127.0.0.1:1/none")):
+    for make in (NoWakeups(), Listener("postgresql://127.0.0.1:1/none", reactor=reactor)):
         with pytest.raises(ValueError, match="unknown notification channel"):
             make.subscribe("tasknet_outbox; DROP TABLE x", lambda c, p: None)
         with pytest.raises(ValueError, match="unknown notification channel"):
             make.notify("other", "")
-    assert isinstance(open_wakeups("postgresql://127.0.0.1:1/none"), Listener)
+    assert isinstance(open_wakeups("postgresql://127.0.0.1:1/none", reactor), Listener)

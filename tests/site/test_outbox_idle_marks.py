@@ -20,6 +20,7 @@ from tasknet.site.storage import create, outbox, usage
 from tasknet.site.storage.engine.database import Database, open_pool
 from tasknet.site.storage.engine.schema import prepare_database
 from tests.eventually import eventually
+from tests.runtime import site_runtime
 from tests.site.helpers import add_user, query
 
 WATERMARK_SQL = "SELECT COALESCE(MAX(id), 0) FROM notification_outbox"
@@ -67,7 +68,7 @@ async def test_rows_nobody_listens_to_are_marked_with_one_watermark_read(tmp_pat
     # SQLite only: the witness of the one read is SQLite's statement trace
     # (the second test, on both backends, shows the marking itself).
     path, user_id = database(str(tmp_path / "site.sqlite"))
-    db = open_pool(path, readers=1)  # the one connection whose trace is read
+    db = open_pool(path, **site_runtime(), readers=1)  # the one connection whose trace is read
     reads: list[str] = []
     executor = OutboxExecutor(
         db, RecordingPublisher(), poll_interval=None, mark_interval=0.05, clock=reactor
@@ -100,7 +101,7 @@ async def test_a_client_connecting_before_the_marking_gets_the_rows_pushed(db_ta
     # first wake could run while the rows are still being written, and mark
     # the ones already committed: rightly, nobody was listening).
     path, user_id = database(db_target)
-    db = open_pool(path)
+    db = open_pool(path, **site_runtime())
     clock = Clock()
     publisher = RecordingPublisher()
     executor = OutboxExecutor(

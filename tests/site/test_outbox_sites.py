@@ -28,6 +28,7 @@ from tasknet.site.storage.engine.database import Database, connect, open_pool, r
 from tasknet.site.storage.engine.listen import Listener, NoWakeups, Wakeups
 from tasknet.site.storage.engine.transactions import BEGIN_WRITE, SERIALIZABLE
 from tests.eventually import eventually
+from tests.runtime import site_runtime
 from tests.site.helpers import query
 from tests.site_protocol.harness import WebhookReceiver, listen_http
 from tests.site_protocol.sites import TwoSites, pg_target, register_instance
@@ -64,7 +65,7 @@ class SiteOutbox:
         clock: Any = None,
     ) -> None:
         clock = reactor if clock is None else clock
-        self.db: Database = open_pool(target)
+        self.db: Database = open_pool(target, **site_runtime())
         self.instance_id = register_instance(target, name)
         self.listener = Listener(target, reactor=reactor)
         self.publisher = RecordingPublisher()

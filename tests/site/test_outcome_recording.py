@@ -19,12 +19,14 @@ import pytest_twisted
 from twisted.internet import reactor
 from twisted.logger import globalLogPublisher
 
+from tasknet.runtime import SystemEntropy
 from tasknet.site.lifecycle import NO_ARCHIVE_URL, Lifecycle
 from tasknet.site.storage import create, eligibility, reconcile, usage
 from tasknet.site.storage.engine.database import Database, run_write
 from tasknet.site.storage.engine.errors import TaskError
 from tests.backends import WriteLock
 from tests.eventually import eventually
+from tests.runtime import site_runtime
 from tests.site.helpers import Env, fault, lifecycle_env, one, raw
 
 GID = 777
@@ -40,7 +42,7 @@ async def locked_env(target: str, *, record_retry_for: float) -> AsyncIterator[E
     """A lifecycle whose writer gives up on a lock after 50 ms, with quick
     retries; stopped (background retries cancelled) at the end."""
     async with lifecycle_env(target, timeout=3.0) as env:
-        db = Database(env.path, busy_timeout_ms=50)
+        db = Database(env.path, **site_runtime(), busy_timeout_ms=50)
         env.lifecycle = Lifecycle(
             db,
             env.client,
@@ -50,6 +52,7 @@ async def locked_env(target: str, *, record_retry_for: float) -> AsyncIterator[E
             retry_max=0.2,
             settle_interval=0.1,
             clock=reactor,
+            entropy=SystemEntropy(),
         )
         try:
             yield env

@@ -50,6 +50,7 @@ from tasknet.site.storage.engine.schema import (
 from tasknet.site.storage.engine.sql import offset, sql
 from tasknet.status import OperationState
 from tests.backends import backend_of
+from tests.runtime import site_runtime
 from tests.site.helpers import HeldWriter
 
 _names = itertools.count(1)
@@ -386,7 +387,7 @@ async def test_the_writer_reruns_a_conflicting_transaction(empty_pg_url: str) ->
     fn = _meter_with_interference(
         empty_pg_url, uid, attempts, _other_session_adds(empty_pg_url, uid, 5)
     )
-    db = dbmod.open_pool(empty_pg_url)
+    db = dbmod.open_pool(empty_pg_url, **site_runtime())
     try:
         assert (db.backend, db.target) == ("postgresql", empty_pg_url)
         assert await db.write(fn) == 16
@@ -401,7 +402,7 @@ async def test_a_conflict_in_a_group_commit_reruns_its_writes_one_by_one(empty_p
     prepared(empty_pg_url)
     uid = user_id(empty_pg_url)
     _seed_usage(empty_pg_url, uid)
-    db = dbmod.open_pool(empty_pg_url)
+    db = dbmod.open_pool(empty_pg_url, **site_runtime())
     calls: list[str] = []
 
     def named(name: str) -> Callable[[Any], str]:
@@ -453,7 +454,7 @@ async def test_a_conflict_that_never_ends_fails_busy(empty_pg_url: str, monkeypa
         interfere()
         cursor.execute("UPDATE weekly_usage SET used = used + 1 WHERE user_id = ?", (uid,))
 
-    db = dbmod.open_pool(empty_pg_url)
+    db = dbmod.open_pool(empty_pg_url, **site_runtime())
     try:
         with pytest.raises(DatabaseBusy, match="serialization") as raised:
             await db.write(always_conflicting)
@@ -471,7 +472,7 @@ async def test_a_conflict_that_never_ends_fails_busy(empty_pg_url: str, monkeypa
 async def test_group_commit_on_postgresql(empty_pg_url: str) -> None:
     prepared(empty_pg_url)
     uid = user_id(empty_pg_url)
-    db = dbmod.open_pool(empty_pg_url)
+    db = dbmod.open_pool(empty_pg_url, **site_runtime())
     try:
         held = HeldWriter(db)
         await held.started()
@@ -501,7 +502,7 @@ async def test_a_broken_connection_is_replaced_and_its_transaction_run_again_onc
     # run again whole on a fresh one (it had not committed), exactly once.
     prepared(empty_pg_url)
     uid = user_id(empty_pg_url)
-    db = dbmod.open_pool(empty_pg_url)
+    db = dbmod.open_pool(empty_pg_url, **site_runtime())
     try:
         pid = await db.write(lambda c: c.execute("SELECT pg_backend_pid()").fetchone()[0])
         with psycopg.connect(empty_pg_url, autocommit=True) as other:
@@ -524,7 +525,7 @@ async def test_a_database_that_stays_unreachable_fails_writes_as_unavailable(
     uid = user_id(empty_pg_url)
     database = empty_pg_url.rsplit("/", 1)[1].split("?")[0]
     admin_url = empty_pg_url.replace(f"/{database}", "/postgres", 1)
-    db = dbmod.open_pool(empty_pg_url)
+    db = dbmod.open_pool(empty_pg_url, **site_runtime())
     try:
         pid = await db.write(lambda c: c.execute("SELECT pg_backend_pid()").fetchone()[0])
         with psycopg.connect(admin_url, autocommit=True) as other:

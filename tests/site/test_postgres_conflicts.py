@@ -41,6 +41,7 @@ from tasknet.site.storage.engine import database as dbmod
 from tasknet.site.storage.engine import transactions
 from tasknet.site.storage.engine.errors import DatabaseBusy, TaskError
 from tasknet.site.storage.reports import QueuedReport, apply_reports, apply_task_report
+from tests.runtime import site_runtime
 from tests.site.helpers import HeldWriter
 
 _names = itertools.count(1)
@@ -126,7 +127,7 @@ async def test_each_write_runs_at_its_declared_isolation(pg_url: str) -> None:
     assert dbmod.isolation_of(apply_reports) == dbmod.READ_COMMITTED
     assert dbmod.isolation_of(apply_task_report) == dbmod.READ_COMMITTED
     assert dbmod.isolation_of(delete.request_delete) == dbmod.SERIALIZABLE
-    db = dbmod.open_pool(pg_url)
+    db = dbmod.open_pool(pg_url, **site_runtime())
 
     def keyword_level(cursor: Any, *, unused: int) -> str:
         return _level(cursor)
@@ -162,7 +163,7 @@ async def test_two_sites_applying_reports_for_disjoint_nodes_never_conflict(pg_u
     _seed(pg_url, nodes)
     # Site A holds the even nodes, site B the odd ones: every node's gids
     # sit next to the other site's.
-    sites = [dbmod.open_pool(pg_url), dbmod.open_pool(pg_url)]
+    sites = [dbmod.open_pool(pg_url, **site_runtime()), dbmod.open_pool(pg_url, **site_runtime())]
     try:
         for round_ in range(rounds):
             queued = [
@@ -383,7 +384,7 @@ async def test_a_conflicting_write_in_a_batch_takes_no_report_down(
             other.execute("UPDATE weekly_usage SET used = used + 1 WHERE user_id = %s", (uid,))
         cursor.execute("UPDATE weekly_usage SET used = used + 1 WHERE user_id = ?", (uid,))
 
-    db = dbmod.open_pool(pg_url)
+    db = dbmod.open_pool(pg_url, **site_runtime())
     try:
         held = HeldWriter(db)
         await held.started()

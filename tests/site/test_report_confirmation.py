@@ -17,6 +17,7 @@ from tasknet.site.storage import node_sessions
 from tasknet.site.storage.engine.database import Database, open_pool
 from tasknet.site.storage.engine.schema import prepare_database
 from tasknet.site.storage.node_sessions import Holding
+from tests.runtime import site_runtime
 from tests.site.helpers import RecordingSession, query
 
 
@@ -34,7 +35,7 @@ async def _report(target: str, holds: str) -> tuple[RecordingSession, list[str]]
     its node), ``"nothing"`` (``None``: its take failed, or it was replaced),
     ``"a taken node"`` (its take, and a newer take of the node committed
     before the report's transaction: a login here or at another site)."""
-    db = open_pool(target)
+    db = open_pool(target, **site_runtime())
     try:
         pipeline = ReportPipeline(db, clock=reactor)
         session = RecordingSession("n1")

@@ -13,7 +13,10 @@ from typing import Any
 import pytest_twisted
 from twisted.application.internet import TimerService
 from twisted.application.service import IServiceCollection, MultiService
+from twisted.internet import reactor as global_reactor
+from twisted.internet.interfaces import IReactorCore, IReactorFromThreads, IReactorTCP
 from twisted.internet.task import Clock
+from zope.interface import implementer
 
 from tasknet.site.dispatcher import Dispatcher
 from tasknet.site.housekeeping import Housekeeping
@@ -21,6 +24,16 @@ from tasknet.site.notify import OutboxExecutor
 from tasknet.site.root import Tuning, build_site
 from tasknet.site.service import SiteService
 from tests.site.helpers import site_options
+
+
+@implementer(IReactorCore, IReactorFromThreads, IReactorTCP)
+class _Clock(Clock):
+    """The site's clock, a ``task.Clock``; everything else a reactor does
+    (the database pools' start and stop, their threads' results) the
+    global reactor's, as before the pools took the root's reactor."""
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(global_reactor, name)
 
 
 def _tree(service: Any) -> Iterator[Any]:
@@ -38,7 +51,7 @@ def _build(target: str, clock: Clock, *extra: str, tuning: Tuning = Tuning()) ->
 
 @pytest_twisted.ensureDeferred
 async def test_every_part_and_every_timer_runs_on_the_sites_clock(db_target: str) -> None:
-    clock = Clock()
+    clock = _Clock()
     site = _build(db_target, clock, "--create-rate", "5", "--webhook", "http://127.0.0.1:9/hook")
     try:
         parts = site.parts
@@ -74,7 +87,7 @@ async def test_every_part_and_every_timer_runs_on_the_sites_clock(db_target: str
 @pytest_twisted.ensureDeferred
 async def test_the_timed_parts_are_named_children_of_the_site(db_target: str) -> None:
     tuning = Tuning(dispatch_poll_interval=2.0, outbox_poll_interval=3.0, node_keys_refresh=4.0)
-    site = _build(db_target, Clock(), tuning=tuning)
+    site = _build(db_target, _Clock(), tuning=tuning)
     try:
         side = site.parts.node_side
         named = {name: site.getServiceNamed(name) for name in site.namedServices}
@@ -105,7 +118,7 @@ async def test_the_timed_parts_are_named_children_of_the_site(db_target: str) ->
 @pytest_twisted.ensureDeferred
 async def test_no_poll_interval_means_no_timer(db_target: str) -> None:
     tuning = Tuning(dispatch_poll_interval=None, outbox_poll_interval=None)
-    site = _build(db_target, Clock(), tuning=tuning)
+    site = _build(db_target, _Clock(), tuning=tuning)
     try:
         assert list(site.parts.node_side.dispatcher) == []
         assert [t.step for t in site.parts.node_side.outbox] == [3600.0]  # the prune only
@@ -122,14 +135,14 @@ async def test_a_second_build_on_the_same_database_is_refused_until_the_first_st
     from tasknet.site.storage.engine.file_lock import DatabaseInUse
 
     path = str(tmp_path / "site.sqlite")
-    first = _build(path, Clock())
+    first = _build(path, _Clock())
     try:
         try:
-            _build(path, Clock())
+            _build(path, _Clock())
         except DatabaseInUse:
             pass
         else:
             raise AssertionError("a second site was built on a database in use")
     finally:
         await first.stopService()
-    await _build(path, Clock()).stopService()  # the lock went with the first
+    await _build(path, _Clock()).stopService()  # the lock went with the first

@@ -17,6 +17,7 @@ from twisted.internet.task import Clock, LoopingCall
 from twisted.web.resource import Resource
 from twisted.web.server import Request, Site
 
+from tasknet.runtime import SystemEntropy
 from tasknet.site.connected_nodes import ConnectedNodes
 from tasknet.site.dispatcher import Dispatcher
 from tasknet.site.lifecycle import Lifecycle
@@ -27,6 +28,7 @@ from tasknet.site.storage.engine.errors import TaskError
 from tasknet.site.storage.engine.schema import prepare_database
 from tests.backends import WriteLock
 from tests.eventually import eventually
+from tests.runtime import site_runtime
 from tests.site.helpers import RecordingSession, fault, lifecycle_env, one
 from tests.site_protocol.harness import add_task, add_user
 
@@ -71,7 +73,7 @@ async def test_outcome_writes_retry_for_the_window_then_settle_in_the_background
     clock = Clock()
     async with lifecycle_env(db_target, timeout=3.0) as env:
         # The database retries a busy write on its clock; the lifecycle sets the window.
-        db = Database(env.path, busy_timeout_ms=10, clock=clock)
+        db = Database(env.path, **site_runtime(), busy_timeout_ms=10, clock=clock)
         lifecycle = Lifecycle(
             db,
             env.client,
@@ -81,6 +83,7 @@ async def test_outcome_writes_retry_for_the_window_then_settle_in_the_background
             retry_max=2.0,
             settle_interval=5.0,
             clock=clock,
+            entropy=SystemEntropy(),
         )
         try:
             # The prepare is held: lock the database before SUBMITTING is written.
@@ -166,7 +169,7 @@ async def test_the_outbox_poll_delivers_rows_from_another_process_every_interval
     site_db: str,
 ) -> None:
     clock = Clock()
-    db = open_pool(site_db)
+    db = open_pool(site_db, **site_runtime())
     hub = Published()
     executor = OutboxExecutor(db, hub, poll_interval=5.0, prune_interval=None, clock=clock)
     try:
@@ -221,7 +224,7 @@ async def test_a_failing_webhook_is_retried_after_a_doubling_delay(site_db: str)
     receiver = FlakyReceiver(failures=2)
     port: Any = reactor.listenTCP(0, Site(receiver), interface="127.0.0.1")  # type: ignore[attr-defined]
     clock = Clock()
-    db = open_pool(site_db)
+    db = open_pool(site_db, **site_runtime())
     webhook = WebhookSender(
         f"http://127.0.0.1:{port.getHost().port}/hook",
         db,
@@ -265,7 +268,7 @@ async def test_the_dispatchers_periodic_pass_assigns_tasks_written_elsewhere(
     site_db: str,
 ) -> None:
     clock = Clock()
-    db = open_pool(site_db)
+    db = open_pool(site_db, **site_runtime())
     nodes = ConnectedNodes()
     session = RecordingSession("n1")
     nodes.attach(session)

@@ -44,6 +44,7 @@ from tasknet.site.storage.engine.sql import sql
 from tasknet.site.storage.engine.transactions import BEGIN_WRITE, COMMIT, SERIALIZABLE
 from tasknet.status import NodeCode, OperationState
 from tests.backends import is_postgres
+from tests.runtime import site_runtime
 from tests.site_protocol.harness import add_task, add_user
 
 _KEYS = sql("SELECT gid, status_key FROM gallery ORDER BY gid")
@@ -517,7 +518,7 @@ async def test_reads_run_in_parallel_on_several_readers(db_target: str) -> None:
     finish only if they run at once (one reader would time out)."""
     prepare_database(db_target)
     assert dbmod.DEFAULT_READERS > 1
-    db = dbmod.open_pool(db_target)
+    db = dbmod.open_pool(db_target, **site_runtime())
     barrier = threading.Barrier(2, timeout=10)
 
     def meet(cursor: Any) -> int:

@@ -42,6 +42,7 @@ from tasknet.site.storage.engine import database as dbmod
 from tasknet.site.storage.engine.schema import prepare_database
 from tasknet.site.web.events import events_resource
 from tests.eventually import eventually
+from tests.runtime import site_runtime
 
 TIMEOUT = 5.0
 
@@ -170,10 +171,11 @@ class Site:
         (``dispatch=False``: not started, as after a failed recovery).
         ``tuning``: :class:`~tasknet.site.root.Tuning` fields."""
         prepare_database(self.path)
-        self.db = dbmod.open_pool(self.path)
+        self.db = dbmod.open_pool(self.path, **site_runtime())
         self.side = build_node_side(
             self.db,
             reactor,
+            entropy=site_runtime()["entropy"],
             node_keys=NodeKeys(),
             site_name="test-site",
             webhook_url=webhook_url,

@@ -26,6 +26,7 @@ from tasknet.site.storage.engine import database as dbmod
 from tasknet.site.storage.engine.listen import Listener, Wakeups
 from tasknet.site.storage.engine.schema import prepare_database
 from tests.eventually import eventually
+from tests.runtime import site_runtime
 from tests.site_protocol.harness import NodeKeys, Site
 
 _numbers = iter(range(1, 1_000_000))
@@ -73,10 +74,11 @@ class SharedSite(Site):
         """As :meth:`Site.start`; ``wakeups`` replaces the site's LISTEN
         connection (``NoWakeups()``: a site that hears nothing); ``clock``
         (a ``task.Clock``) times the node side's timers instead of the reactor."""
-        self.db = dbmod.open_pool(self.path)
+        self.db = dbmod.open_pool(self.path, **site_runtime())
         self.side = build_node_side(
             self.db,
             reactor if clock is None else clock,
+            entropy=site_runtime()["entropy"],
             node_keys=NodeKeys(),
             site_name=self.name,
             webhook_url=webhook_url,

@@ -21,6 +21,7 @@ from tasknet.site.connected_nodes import JoinedWrites
 from tasknet.site.storage import dispatch
 from tasknet.site.storage.engine import database as dbmod
 from tasknet.site.storage.engine.schema import prepare_database
+from tests.runtime import site_runtime
 from tests.site_protocol.harness import Site, add_task, add_user, row
 
 NODES = 24
@@ -180,7 +181,7 @@ def _insert_all(cursor: Any, names: list[str]) -> list[int]:
 @pytest_twisted.ensureDeferred
 async def test_items_queued_while_the_writer_is_busy_share_one_write(db_target: str) -> None:
     prepare_database(db_target)
-    db = dbmod.open_pool(db_target)
+    db = dbmod.open_pool(db_target, **site_runtime())
     await db.write(lambda cursor: cursor.execute("CREATE TABLE burst_probe (n INTEGER)"))
     calls: list[list[str]] = []
 

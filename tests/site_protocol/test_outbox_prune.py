@@ -22,6 +22,7 @@ from tasknet.site.storage.engine.database import connect, open_pool, run_write
 from tasknet.site.storage.engine.schema import prepare_database
 from tasknet.site.storage.engine.sql import offset, sql
 from tests.eventually import eventually
+from tests.runtime import site_runtime
 
 WEEK = 7.0
 
@@ -117,7 +118,7 @@ async def test_executor_prunes_at_start_then_every_interval(
 ) -> None:
     finished_rows(conn, 5, outbox.WEBHOOK_SKIPPED, days=WEEK + 1)
     young = finished_rows(conn, 2, outbox.WEBHOOK_SKIPPED, days=0)
-    db = open_pool(path)
+    db = open_pool(path, **site_runtime())
     clock = Clock()
     executor = OutboxExecutor(
         db,
@@ -148,7 +149,7 @@ async def test_a_prune_deletes_in_transactions_of_prune_batch_rows(
     path: str, conn: sqlite3.Connection
 ) -> None:
     old = finished_rows(conn, 7, outbox.WEBHOOK_DELIVERED, days=WEEK + 1)
-    db = open_pool(path)
+    db = open_pool(path, **site_runtime())
     executor = OutboxExecutor(
         db, None, poll_interval=None, prune_interval=None, prune_batch=3, clock=reactor
     )
@@ -166,7 +167,7 @@ async def test_a_prune_deletes_in_transactions_of_prune_batch_rows(
 
 
 def test_bad_settings_are_refused(path: str) -> None:
-    db = open_pool(path)
+    db = open_pool(path, **site_runtime())
     try:
         with pytest.raises(ValueError, match="prune_batch"):
             OutboxExecutor(db, None, prune_batch=0, clock=reactor)

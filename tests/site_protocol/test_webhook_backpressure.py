@@ -21,6 +21,7 @@ from tasknet.site.storage.engine.database import connect, open_pool, run_write
 from tasknet.site.storage.engine.schema import prepare_database
 from tasknet.site.storage.engine.sql import sql
 from tests.eventually import eventually
+from tests.runtime import site_runtime
 from tests.site_protocol.harness import WebhookReceiver, listen_http
 
 PAYLOAD = '{"type":"task","task":{"gid":%d,"name":"%s"}}'
@@ -78,7 +79,7 @@ def our_delayed_calls(sender: WebhookSender) -> list[object]:
 async def test_a_dead_webhook_with_20000_pending_rows_holds_a_bounded_number(db_target):
     rows, held = 20_000, 100
     path = database_with_pending_rows(db_target, rows)
-    db = open_pool(path)
+    db = open_pool(path, **site_runtime())
     failures: list[dict] = []
 
     def observe(event: dict) -> None:
@@ -136,7 +137,7 @@ async def test_rows_beyond_the_bound_are_read_from_the_database_when_there_is_ro
     path = database_with_pending_rows(db_target, rows, payload_bytes=16)
     receiver = WebhookReceiver()
     http = await listen_http(receiver)
-    db = open_pool(path)
+    db = open_pool(path, **site_runtime())
     sender = WebhookSender(
         f"http://127.0.0.1:{http.getHost().port}/hook",
         db,

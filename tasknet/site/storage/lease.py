@@ -60,12 +60,12 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from twisted.internet.defer import Deferred, fail, succeed
+from twisted.internet.interfaces import IReactorFromThreads
 from twisted.internet.threads import deferToThreadPool
 from twisted.logger import Logger
-from twisted.python.threadpool import ThreadPool
 from zope.interface import implementer
 
-from tasknet.clock import default_reactor
+from tasknet.runtime import IEntropy, IThreadPools
 from tasknet.site.storage import instances
 from tasknet.site.storage.engine.database import Cursor, IWriteFence, connect, run_write
 from tasknet.site.storage.engine.file_lock import InstanceLock
@@ -434,15 +434,18 @@ class PostgresLease(Lease):
         lease_pid: int,
         name: str,
         *,
-        clock: Any = None,
+        reactor: IReactorFromThreads,
+        threads: IThreadPools,
+        entropy: IEntropy,
         monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         super().__init__(instance_id, name, monotonic=monotonic)
         self._connection = connection
         #: The server pid of the lease session (``pg_terminate_backend`` ends it).
         self.lease_pid = lease_pid
-        self._reactor = default_reactor(clock)
-        self._thread = ThreadPool(1, 1, name=f"lease-{instance_id}")
+        self._reactor = reactor
+        self._jitter = entropy.random()
+        self._thread = threads.thread_pool(1, 1, f"lease-{instance_id}")
         # A daemon thread: a process that exits without release() (a crash
         # in its stop) must not wait for it; its exit ends the session.
         self._thread.threadFactory = _daemon_thread  # type: ignore[assignment]
@@ -455,18 +458,27 @@ class PostgresLease(Lease):
         target: str,
         name: str,
         *,
-        clock: Any = None,
+        reactor: IReactorFromThreads,
+        threads: IThreadPools,
+        entropy: IEntropy,
         upstream_timeout: float | None = None,
         monotonic: Callable[[], float] = time.monotonic,
     ) -> PostgresLease:
         """Open the lease session on ``target`` (a prepared database),
-        register the instance and take its lock (blocking: at build time)."""
+        register the instance and take its lock (blocking: at build time);
+        its checks run on a pool from ``threads``, delivered to ``reactor``."""
         from tasknet.site.storage.engine import postgres  # the driver only when PostgreSQL is used
 
         connection = postgres.connect(_lease_target(target), application_name="tasknet-site lease")
         try:
             instance_id, lease_pid = run_write(
-                connection, _register_locked, name, this_host(), os.getpid(), upstream_timeout
+                connection,
+                _register_locked,
+                name,
+                this_host(),
+                os.getpid(),
+                upstream_timeout,
+                jitter=entropy.random(),
             )
         except BaseException:
             connection.close()
@@ -477,7 +489,16 @@ class PostgresLease(Lease):
             name=name,
             pid=lease_pid,
         )
-        return cls(connection, instance_id, lease_pid, name, clock=clock, monotonic=monotonic)
+        return cls(
+            connection,
+            instance_id,
+            lease_pid,
+            name,
+            reactor=reactor,
+            threads=threads,
+            entropy=entropy,
+            monotonic=monotonic,
+        )
 
     def _in_thread(self, fn: Callable[[], T]) -> Deferred[T]:
         def guarded() -> T:
@@ -554,7 +575,7 @@ class PostgresLease(Lease):
         self._thread.stop()  # after what it was doing
         try:
             if self._lost is None and not self._connection.broken:
-                run_write(self._connection, instances.end, self.instance_id)
+                run_write(self._connection, instances.end, self.instance_id, jitter=self._jitter)
         except Exception:
             log.failure("could not mark site instance {id} ended", id=self.instance_id)
         finally:
@@ -566,16 +587,26 @@ def take_lease(
     name: str,
     *,
     flock: InstanceLock | None,
-    clock: Any = None,
+    reactor: IReactorFromThreads,
+    threads: IThreadPools,
+    entropy: IEntropy,
     upstream_timeout: float | None = None,
     monotonic: Callable[[], float] = time.monotonic,
 ) -> Lease:
     """The lease of a new instance named ``name`` on the prepared database
     ``target``: on SQLite the site's held ``flock``, on PostgreSQL a lease
-    session of its own.  ``upstream_timeout`` is recorded for a reaper;
-    ``monotonic`` is the clock freshness is judged on."""
+    session of its own, its thread from ``threads``, its results delivered
+    to ``reactor`` (and its conflict reruns' jitter from ``entropy``).
+    ``upstream_timeout`` is recorded for a reaper; ``monotonic`` is the
+    clock freshness is judged on."""
     if flock is not None:
         return SqliteLease.take(flock, target, name, upstream_timeout=upstream_timeout)
     return PostgresLease.take(
-        target, name, clock=clock, upstream_timeout=upstream_timeout, monotonic=monotonic
+        target,
+        name,
+        reactor=reactor,
+        threads=threads,
+        entropy=entropy,
+        upstream_timeout=upstream_timeout,
+        monotonic=monotonic,
     )

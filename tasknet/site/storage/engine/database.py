@@ -78,11 +78,12 @@ from typing import Any, Concatenate, ParamSpec, TypeVar
 
 from twisted.enterprise import adbapi
 from twisted.internet.defer import Deferred
+from twisted.internet.interfaces import IReactorCore, IReactorTime
 from twisted.internet.task import deferLater
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
-from tasknet.clock import default_reactor
+from tasknet.runtime import IEntropy, IThreadPools, ThreadedConnectionPool
 from tasknet.site.storage.engine.errors import DatabaseBusy
 from tasknet.site.storage.engine.group_commit import (
     Committed,
@@ -214,8 +215,13 @@ DEFAULT_READERS = 4
 class Database:
     """The site's database handle: one writer connection (group commit),
     ``readers`` reader connections (:data:`DEFAULT_READERS`).  ``target`` is
-    a SQLite path or a PostgreSQL URL; ``clock`` times the retries of
-    :meth:`write_retrying`; ``application_name`` names the PostgreSQL
+    a SQLite path or a PostgreSQL URL.  From the composition root: the
+    ``reactor`` its ``adbapi`` pools run on (``IReactorCore``: started and
+    stopped with it, results delivered to it), ``threads`` (their thread
+    pools), ``entropy`` (seeds the jitter of the writer's conflict reruns)
+    and ``monotonic`` (the clock a transaction's duration is measured on);
+    ``clock`` (default: ``reactor``) times the retries of
+    :meth:`write_retrying`.  ``application_name`` names the PostgreSQL
     sessions (``pg_stat_activity``).
 
     ``writes`` and ``transactions`` count committed writes and the
@@ -225,9 +231,13 @@ class Database:
         self,
         target: str,
         *,
+        reactor: IReactorCore,
+        threads: IThreadPools,
+        entropy: IEntropy,
+        monotonic: Callable[[], float],
+        clock: IReactorTime | None = None,
         max_batch: int = DEFAULT_MAX_BATCH,
         busy_timeout_ms: int = BUSY_TIMEOUT_MS,
-        clock: Any = None,
         readers: int = DEFAULT_READERS,
         application_name: str = "tasknet-site",
         reader_application_name: str | None = None,
@@ -243,7 +253,9 @@ class Database:
         self.backend = backend_of(target)
         self.max_batch = max_batch
         self._busy_timeout_ms = busy_timeout_ms
-        self._clock = default_reactor(clock)
+        self._reactor = reactor
+        self._threads = threads
+        self._clock: IReactorTime = clock if clock is not None else IReactorTime(reactor)
         if self.backend == POSTGRESQL:
             self._writer = self._postgres_pool(target, application_name, readers=0)
             self._reader = self._postgres_pool(
@@ -252,7 +264,7 @@ class Database:
         else:
             create_private(target)
             self._writer = self._pool(target, query_only=False)
-            self._reader = self._pool(target, query_only=True, connections=readers)
+            self._reader = self._pool(target, query_only=True, connections=readers, role="reader")
         # Appended on the reactor, taken in the writer thread (deque's
         # append and popleft are atomic).
         self._queue: deque[Write] = deque()
@@ -263,7 +275,7 @@ class Database:
         # stranded, and at most one job waits behind the running one.
         self._scheduled = False
         # Numbered in the writer thread, one job at a time.
-        self._numbering = Transactions(fence)
+        self._numbering = Transactions(fence, jitter=entropy.random(), monotonic=monotonic)
         self.writes = 0
         self.transactions = 0
 
@@ -279,7 +291,9 @@ class Database:
         on a fresh one (PostgreSQL; logs, tests)."""
         return self._numbering.reconnects
 
-    def _pool(self, path: str, *, query_only: bool, connections: int = 1) -> adbapi.ConnectionPool:
+    def _pool(
+        self, path: str, *, query_only: bool, connections: int = 1, role: str = "writer"
+    ) -> adbapi.ConnectionPool:
         busy_timeout_ms = self._busy_timeout_ms
 
         def openfun(connection: sqlite3.Connection) -> None:
@@ -289,7 +303,10 @@ class Database:
             if query_only:
                 set_query_only(connection)
 
-        return adbapi.ConnectionPool(
+        return ThreadedConnectionPool(
+            self._reactor,
+            self._threads,
+            f"database-{role}",
             "sqlite3",
             path,
             check_same_thread=False,
@@ -307,7 +324,10 @@ class Database:
         """The writer's pool (``readers=0``: one connection) or the readers'
         (read-only sessions).  adbapi loads the adapter module as its DB-API
         module and passes these keywords to its ``connect``."""
-        return adbapi.ConnectionPool(
+        return ThreadedConnectionPool(
+            self._reactor,
+            self._threads,
+            "database-reader" if readers > 0 else "database-writer",
             "tasknet.site.storage.engine.postgres",
             target,
             lock_timeout_ms=self._busy_timeout_ms,
@@ -469,11 +489,22 @@ def _ping(cursor: sqlite3.Cursor) -> None:
     cursor.execute(_PING).fetchone()
 
 
-def open_pool(target: str, **options: Any) -> Database:
+def open_pool(
+    target: str,
+    *,
+    reactor: IReactorCore,
+    threads: IThreadPools,
+    entropy: IEntropy,
+    monotonic: Callable[[], float],
+    **options: Any,
+) -> Database:
     """Open the site database ``target`` (a SQLite file, created if absent,
-    or a PostgreSQL URL); ``options`` are :class:`Database`'s keyword
-    arguments."""
-    return Database(target, **options)
+    or a PostgreSQL URL) on ``reactor``, ``threads``, ``entropy`` and
+    ``monotonic`` (the composition root's); ``options`` are
+    :class:`Database`'s other keyword arguments."""
+    return Database(
+        target, reactor=reactor, threads=threads, entropy=entropy, monotonic=monotonic, **options
+    )
 
 
 def _raw(adbapi_connection: Any) -> Connection:

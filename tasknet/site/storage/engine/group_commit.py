@@ -45,6 +45,7 @@ thread fills each :class:`Write`, the pool fires them on the reactor.
 
 from __future__ import annotations
 
+import random
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -137,15 +138,26 @@ class Transactions:
     a serialization conflict or met a dead connection (touched by one
     thread at a time); holds the write fence they all pass."""
 
-    def __init__(self, fence: IWriteFence | None = None) -> None:
+    def __init__(
+        self,
+        fence: IWriteFence | None = None,
+        *,
+        jitter: random.Random | None = None,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.count = 0
         self.conflicts = 0
         self.reconnects = 0
         self.fence = fence
+        #: The jitter of the conflict reruns' pauses (the site's: seeded
+        #: from its root's entropy; None, a tool's: the process's).
+        self.jitter = jitter
+        #: The clock a transaction's duration is measured on.
+        self.monotonic = monotonic
 
     def committed(self, writes: Sequence[Write], started: float) -> None:
         self.count += 1
-        seconds = time.monotonic() - started
+        seconds = self.monotonic() - started
         for write in writes:
             if write.failure is None:
                 write.transaction, write.seconds = self.count, seconds
@@ -193,7 +205,7 @@ def _fail(writes: Sequence[Write], failure: Failure) -> None:
 def _run_alone(connection: Connection, unit: _Unit, transactions: Transactions) -> None:
     """A lone write or item: exactly :func:`run_write` (its conflicts raised
     as :class:`Conflict`, for :func:`_run_retrying` to run it again)."""
-    started = time.monotonic()
+    started = transactions.monotonic()
     try:
         write_once(
             connection,
@@ -240,7 +252,7 @@ def _run_retrying(connection: Connection, unit: _Unit, transactions: Transaction
             if conflicts > engine_transactions.CONFLICT_RETRIES:
                 _fail(unit, Failure(conflicts_exhausted(conflict.error)))
                 return
-            conflict_pause(conflicts)
+            conflict_pause(conflicts, transactions.jitter)
 
 
 def _abandon(connection: Connection, error: Exception) -> Conflict:
@@ -260,7 +272,7 @@ def _run_together(
     cursor = connection.cursor()
     todo = deque(units)
     ran: list[Write] = []
-    started = time.monotonic()
+    started = transactions.monotonic()
     committing = False
     try:
         try:
@@ -354,7 +366,7 @@ def run_batch(connection: Connection, writes: Sequence[Write], transactions: Tra
         except (Conflict, Reconnect) as lost:
             if isinstance(lost, Conflict):
                 transactions.conflicts += 1
-                conflict_pause(1)
+                conflict_pause(1, transactions.jitter)
             else:
                 transactions.reconnects += 1
             again = [w for unit in units for w in unit]

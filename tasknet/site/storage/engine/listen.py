@@ -51,9 +51,9 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from twisted.internet.defer import Deferred, succeed
+from twisted.internet.interfaces import IReactorFromThreads
 from twisted.logger import Logger
 
-from tasknet.clock import default_reactor
 from tasknet.site.storage.engine.sql import postgres_only
 from tasknet.site.storage.engine.targets import is_postgres
 
@@ -153,14 +153,14 @@ class Listener:
         self,
         target: str,
         *,
-        reactor: Any = None,
+        reactor: IReactorFromThreads,
         ping_interval: float = PING_INTERVAL,
         reconnect_delay: float = RECONNECT_DELAY,
         max_reconnect_delay: float = MAX_RECONNECT_DELAY,
         application_name: str = "tasknet-site listen",
     ) -> None:
         self._target = target
-        self._reactor = default_reactor(reactor)
+        self._reactor = reactor
         self._ping_interval = ping_interval
         self._reconnect_delay = reconnect_delay
         self._max_reconnect_delay = max_reconnect_delay
@@ -392,7 +392,7 @@ class Listener:
                 self._reactor.callFromThread(self._deliver, n.channel, n.payload)
 
 
-def open_wakeups(target: str, reactor: Any = None, *, site_name: str = "") -> Wakeups:
+def open_wakeups(target: str, reactor: IReactorFromThreads, *, site_name: str = "") -> Wakeups:
     """The :class:`Wakeups` for the database ``target``: a :class:`Listener`
     on a PostgreSQL URL (its session named after ``site_name`` in
     ``pg_stat_activity``), :class:`NoWakeups` on a SQLite file."""

@@ -344,10 +344,13 @@ def unavailable(error: BaseException) -> DatabaseUnavailable:
     return found
 
 
-def conflict_pause(attempt: int) -> None:
-    """The writer thread's pause before rerun ``attempt`` (1, 2, ...)."""
+def conflict_pause(attempt: int, jitter: random.Random | None = None) -> None:
+    """The writer thread's pause before rerun ``attempt`` (1, 2, ...), its
+    jitter drawn from ``jitter`` (the site's, from its root's entropy; None,
+    a tool's own: the process's ``random``)."""
     delay = min(CONFLICT_PAUSE_MAX, CONFLICT_PAUSE * 2 ** (attempt - 1))
-    time.sleep(delay * random.uniform(0.5, 1.5))  # noqa: S311 -- jitter, not secrecy
+    source: Any = random if jitter is None else jitter
+    time.sleep(delay * source.uniform(0.5, 1.5))
 
 
 def conflicts_exhausted(error: BaseException) -> DatabaseBusy:
@@ -407,14 +410,20 @@ def write_once(
     return result
 
 
-def run_write(connection: Connection, fn: Callable[..., T], *args: Any) -> T:
+def run_write(
+    connection: Connection,
+    fn: Callable[..., T],
+    *args: Any,
+    jitter: random.Random | None = None,
+) -> T:
     """Run ``fn(cursor, *args)`` in one write transaction on a plain
     connection (at the isolation ``fn`` declared); roll back on any
     exception (raised as the driver's: tools outside the site classify
     nothing).  A serialization conflict or a dead connection (PostgreSQL)
     runs it again, as the writer does (see the module doc).  Used by the
     pool and by synchronous tools, so both share one definition of "a
-    transaction"."""
+    transaction".  ``jitter`` is the conflict reruns' (see
+    :func:`conflict_pause`): a site part passes its root's."""
     attempt = reconnects = 0
     while True:
         try:
@@ -423,7 +432,7 @@ def run_write(connection: Connection, fn: Callable[..., T], *args: Any) -> T:
             attempt += 1
             if attempt > CONFLICT_RETRIES:
                 raise conflict.error from None
-            conflict_pause(attempt)
+            conflict_pause(attempt, jitter)
         except Reconnect as reconnect:
             reconnects += 1
             if reconnects > RECONNECT_RETRIES:
