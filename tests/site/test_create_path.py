@@ -9,7 +9,6 @@ upstream."""
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Iterator
 
 import pytest
 import pytest_twisted
@@ -18,7 +17,6 @@ from tasknet.site import metrics
 from tasknet.site.storage import create, reconcile, usage, users
 from tasknet.site.storage.engine import database as dbmod
 from tasknet.site.storage.engine.errors import TaskError
-from tasknet.site.storage.engine.schema import prepare_database
 from tasknet.upstream.testing import start_upstream
 from tests.eventually import eventually
 from tests.site.helpers import (
@@ -53,14 +51,6 @@ async def test_a_create_wakes_the_outbox_only_after_the_commits_that_announce(db
         assert (await created).status == 201
         # SUBMITTING (others first hear of the task), then SUBMITTED.
         assert wakes == ["SUBMITTING", "SUBMITTED"]
-
-
-@pytest.fixture
-def conn(db_target: str) -> Iterator[sqlite3.Connection]:
-    prepare_database(db_target)
-    connection = dbmod.connect(db_target)
-    yield connection
-    connection.close()
 
 
 def _unknown(conn: sqlite3.Connection, gid: int) -> str:

@@ -8,7 +8,6 @@ tests/site/test_reaping.py."""
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -36,16 +35,6 @@ from tests.runtime import site_runtime
 from tests.site.helpers import add_user
 
 WEEK = usage_weeks.iso_week()
-
-
-@pytest.fixture
-def conn(db_target: str) -> Iterator[Connection]:
-    prepare_database(db_target)
-    connection = connect(db_target)
-    try:
-        yield connection
-    finally:
-        connection.close()
 
 
 def _reserved(conn: Connection, gid: int, user: int, instance: int | None) -> str:

@@ -23,19 +23,13 @@ from tasknet.site.storage.engine.schema import prepare_database
 from tasknet.site.storage.engine.timestamps import iso
 from tasknet.site.storage.node_sessions import Holding
 from tests.runtime import site_runtime
+from tests.site.test_outbox_idle_marks import RecordingPublisher
 
 
-class Publisher:
-    def __init__(self, listening: bool = False) -> None:
-        self.connected = listening
-        self.pushed: list[str] = []
-
-    def listening(self) -> bool:
-        return self.connected
-
-    def publish(self, user_id: int | None, payload: str) -> int:
-        self.pushed.append(payload)
-        return 1
+def Publisher(listening: bool = False) -> RecordingPublisher:  # noqa: N802 -- reads as the class
+    publisher = RecordingPublisher()
+    publisher.connected = listening
+    return publisher
 
 
 class Registry(dict[str, Any]):

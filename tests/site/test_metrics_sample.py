@@ -5,25 +5,15 @@ unfinished tasks and last report, site instances by status; on both backends."""
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Iterator
 
 import pytest
 
 from tasknet.site.storage import instances, stats, throughput
-from tasknet.site.storage.engine.database import connect, run_read, run_write
-from tasknet.site.storage.engine.schema import prepare_database
+from tasknet.site.storage.engine.database import run_read, run_write
 from tasknet.site.storage.usage import iso_week, meter
 from tests.site_protocol.harness import add_task, add_user
 
 NOW = 1_796_000_000.0
-
-
-@pytest.fixture
-def conn(db_target: str) -> Iterator[sqlite3.Connection]:
-    prepare_database(db_target)
-    connection = connect(db_target)
-    yield connection
-    connection.close()
 
 
 def test_quota_use_counts_metered_in_flight_and_unknown(conn: sqlite3.Connection) -> None:

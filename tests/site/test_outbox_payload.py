@@ -4,23 +4,10 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from collections.abc import Iterator
-
-import pytest
 
 from tasknet.site.storage import outbox, views
-from tasknet.site.storage.engine.database import connect, run_read, run_write
-from tasknet.site.storage.engine.schema import prepare_database
+from tasknet.site.storage.engine.database import run_read, run_write
 from tests.site_protocol.harness import add_task, add_user
-
-
-@pytest.fixture
-def conn(db_target: str) -> Iterator[sqlite3.Connection]:
-    path = db_target
-    prepare_database(path)
-    connection = connect(path)
-    yield connection
-    connection.close()
 
 
 def test_payload_is_the_compact_json_of_the_task_view(conn: sqlite3.Connection) -> None:

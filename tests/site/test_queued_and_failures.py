@@ -8,25 +8,15 @@ orders, filters and ``total``."""
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Iterator
 
 import pytest
 
 from tasknet.protocol.messages import TaskEntry, TaskReport
 from tasknet.site.storage import node_sessions, reports, stats, throughput, views
-from tasknet.site.storage.engine.database import connect, run_read, run_write
-from tasknet.site.storage.engine.schema import prepare_database
+from tasknet.site.storage.engine.database import run_read, run_write
 from tests.site_protocol.harness import add_task, add_user
 
 T0 = 1_796_000_000.0
-
-
-@pytest.fixture
-def conn(db_target: str) -> Iterator[sqlite3.Connection]:
-    prepare_database(db_target)
-    connection = connect(db_target)
-    yield connection
-    connection.close()
 
 
 def _report(conn: sqlite3.Connection, rev: int, *entries: TaskEntry, node: str = "n1") -> None:

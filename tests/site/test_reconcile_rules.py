@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import sqlite3
 import time
-from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Any
 
@@ -25,18 +24,9 @@ import pytest
 from tasknet.site.storage import create, reconcile, throughput, usage, users
 from tasknet.site.storage.engine import database as dbmod
 from tasknet.site.storage.engine.errors import TaskError
-from tasknet.site.storage.engine.schema import prepare_database
 
 GID = 4711
 HOUR = 3600.0
-
-
-@pytest.fixture
-def conn(db_target: str) -> Iterator[sqlite3.Connection]:
-    prepare_database(db_target)
-    connection = dbmod.connect(db_target)
-    yield connection
-    connection.close()
 
 
 def _unknown(conn: sqlite3.Connection, gid: int = GID, *, not_before: str | None = None) -> str:

@@ -23,14 +23,6 @@ T0 = 1_796_000_000.0  # the site's clock, in unix seconds
 MINUTE0 = (int(T0) // 60) * 60.0  # the start of T0's minute bucket
 
 
-@pytest.fixture
-def conn(db_target: str) -> sqlite3.Connection:
-    prepare_database(db_target)
-    connection = connect(db_target)
-    yield connection
-    connection.close()
-
-
 def _task(conn: sqlite3.Connection, gid: int, user_id: int, node: str = "n1") -> None:
     add_task(conn, gid, user_id, node_id=node)
     run_write(conn, lambda c: c.execute("UPDATE gallery SET size = ? WHERE gid = ?", (SIZE, gid)))

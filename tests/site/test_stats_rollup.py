@@ -14,20 +14,18 @@ import random
 import sqlite3
 import time
 from collections import defaultdict
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 from tasknet.protocol.messages import TaskEntry, TaskReport
 from tasknet.site.storage import node_sessions, reports, throughput
-from tasknet.site.storage.engine.database import connect, run_read, run_write
+from tasknet.site.storage.engine.database import run_read, run_write
 from tasknet.site.storage.engine.schema import (
     V8_POSTGRES_SCRIPT,
     V8_SCRIPT,
     apply_statements,
     load_script,
-    prepare_database,
     split_statements,
 )
 from tasknet.site.storage.engine.timestamps import iso
@@ -38,14 +36,6 @@ SIZE = 100 * 2**20
 # A minute a little before an hour's start, so that histories cross minute,
 # quarter-hour and hour boundaries.
 T0 = (1_796_000_000 // 3600) * 3600.0 - 7 * 60
-
-
-@pytest.fixture
-def conn(db_target: str) -> Iterator[sqlite3.Connection]:
-    prepare_database(db_target)
-    connection = connect(db_target)
-    yield connection
-    connection.close()
 
 
 @pytest.fixture(autouse=True)

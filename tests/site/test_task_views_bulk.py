@@ -4,14 +4,12 @@ every kind of task row (v2 states, tombstones, legacy rows, gone gids)."""
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 from tasknet.site.storage import outbox, views
 from tasknet.site.storage.engine import database as dbmod
-from tasknet.site.storage.engine.schema import prepare_database
 from tests.site_protocol.harness import add_task, add_user
 
 UNKNOWN_GID = 999
@@ -30,15 +28,6 @@ def _owner(cursor: sqlite3.Cursor, gid: int) -> int | None:
         if row is not None:
             return int(row[0])
     return None
-
-
-@pytest.fixture
-def conn(db_target: str) -> Iterator[sqlite3.Connection]:
-    path = db_target
-    prepare_database(path)
-    connection = dbmod.connect(path)
-    yield connection
-    connection.close()
 
 
 @pytest.fixture

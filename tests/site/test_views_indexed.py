@@ -21,7 +21,6 @@ from __future__ import annotations
 import itertools
 import sqlite3
 import threading
-from collections.abc import Iterator
 from typing import Any
 
 import psycopg
@@ -72,14 +71,6 @@ def _assert_keys_right(connection: Any) -> None:
     keys = _expected_keys(connection)
     wrong = {gid: pair for gid, pair in keys.items() if pair[0] != pair[1]}
     assert not wrong, f"stored status_key differs from views.stored_key: {wrong}"
-
-
-@pytest.fixture
-def conn(db_target: str) -> Iterator[Any]:
-    prepare_database(db_target)
-    connection = dbmod.connect(db_target)
-    yield connection
-    connection.close()
 
 
 # -- the stored key ----------------------------------------------------------------------
