@@ -128,8 +128,15 @@ async def test_a_body_without_a_length_is_stopped_at_the_bound_and_removed(
             await store.accept_download(GID, "op-1", "n", url, 2, size=50_000)
             worker.run(GID, "op-1")
             await eventually(lambda: resource.gets >= 2, what="a retry")
-            row = await task_row(store)
-            assert not part.exists()
+            # Each attempt's part file is removed when it is stopped at the
+            # bound; a retry already under way may have opened a new one (and
+            # its first progress tick clears the reason), so both are looked
+            # for in the back-off between attempts.
+            for _ in range(500):
+                row = await task_row(store)
+                if not part.exists() and row is not None and row.error is not None:
+                    break
+                await deferLater(reactor, 0.02, lambda: None)
     finally:
         await port.stopListening()
     assert row is not None and row.status == 1 and row.error is not None
