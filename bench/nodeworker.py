@@ -16,20 +16,29 @@ import time
 from typing import Any
 
 from twisted.internet import defer, task
+from twisted.internet.interfaces import IReactorCore, IReactorTime
 
 from tasknet.node.paths import DataDir
 from tasknet.node.store import NodeStore
 from tasknet.node.worker import Worker
+from tasknet.runtime import IEntropy, IThreadPools, RealThreadPools, SystemEntropy
 from tasknet.status import NodeCode
 
 
-async def pipeline(reactor: Any, args: argparse.Namespace) -> dict[str, Any]:
+async def pipeline(
+    args: argparse.Namespace,
+    *,
+    reactor: IReactorCore,
+    clock: IReactorTime,
+    threads: IThreadPools,
+    entropy: IEntropy,
+) -> dict[str, Any]:
     jobs = []
     for item in args.jobs:
         gid, _, url = item.partition("=")
         jobs.append((int(gid), url))
     data = DataDir(args.data)
-    store = NodeStore(data)
+    store = NodeStore(data, reactor=reactor, clock=clock, threads=threads)
     await store.create_schema()
     done: defer.Deferred[None] = defer.Deferred()
     checking = False
@@ -48,7 +57,7 @@ async def pipeline(reactor: Any, args: argparse.Namespace) -> dict[str, Any]:
                 if not done.called:
                     done.callback(None)
             elif not done.called:
-                reactor.callLater(0.02, on_change)
+                clock.callLater(0.02, on_change)
 
         store.tasks().addCallback(check)
 
@@ -58,7 +67,9 @@ async def pipeline(reactor: Any, args: argparse.Namespace) -> dict[str, Any]:
         on_change,
         downloads=args.downloads,
         compressors=args.compressors,
-        clock=reactor,
+        clock=clock,  # and, the same object, its TCP and its callFromThread
+        threads=threads,
+        rng=entropy.random(),
     )
     worker.start()
     started = time.perf_counter()
@@ -83,8 +94,18 @@ def main() -> None:
     p.add_argument("jobs", nargs="+", metavar="GID=URL")
     args = p.parse_args()
 
+    # The entry point: Twisted's global reactor (task.react runs it), real
+    # threads and the OS's entropy, as the node's makeService gives them.
     def run(reactor: Any) -> defer.Deferred[None]:
-        d = defer.Deferred.fromCoroutine(pipeline(reactor, args))
+        d = defer.Deferred.fromCoroutine(
+            pipeline(
+                args,
+                reactor=IReactorCore(reactor),
+                clock=IReactorTime(reactor),
+                threads=RealThreadPools(),
+                entropy=SystemEntropy(),
+            )
+        )
         return d.addCallback(lambda result: print(json.dumps(result), flush=True))
 
     task.react(run)

@@ -1,7 +1,8 @@
 """What a composition root hands a site part, for the tests that build one
 by hand (``open_pool``, ``take_lease``, ``build_node_side``): production's
-(the global reactor, real threads, the OS's entropy, the monotonic clock),
-as ``tasknet.site.root.makeService`` would."""
+(the global reactor, real threads, the OS's entropy, the system's wall clock
+-- the global reactor's ``seconds`` -- and the monotonic clock), as
+``tasknet.site.root.makeService`` would."""
 
 from __future__ import annotations
 
@@ -12,12 +13,13 @@ from tasknet.runtime import RealThreadPools, SystemEntropy
 
 
 def site_runtime() -> dict[str, Any]:
-    """``reactor``, ``threads``, ``entropy`` and ``monotonic`` keywords."""
+    """``reactor``, ``threads``, ``entropy``, ``wall`` and ``monotonic`` keywords."""
     from twisted.internet import reactor
 
     return {
         "reactor": reactor,
         "threads": RealThreadPools(),
         "entropy": SystemEntropy(),
+        "wall": reactor.seconds,
         "monotonic": time.monotonic,
     }

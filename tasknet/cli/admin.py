@@ -328,6 +328,7 @@ def _run_with_lifecycle(args: argparse.Namespace, out: TextIO) -> None:
             reactor=reactor,
             threads=RealThreadPools(),
             entropy=SystemEntropy(),
+            wall=reactor.seconds,
             monotonic=time.monotonic,
         )
         upstream = UpstreamClient(

@@ -39,10 +39,10 @@ from typing import Any
 
 from twisted.internet import defer, protocol
 from twisted.internet.endpoints import TCP4ClientEndpoint, connectProtocol
+from twisted.internet.interfaces import IReactorTCP, IReactorTime
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
-from tasknet.clock import default_reactor
 from tasknet.protocol.messages import (
     HEADER,
     DeleteGallery,
@@ -363,13 +363,13 @@ class FaultProxy:
         target_host: str,
         target_port: int,
         *,
-        reactor: Any = None,
+        reactor: IReactorTCP,
         capture: frozenset[int] = DEFAULT_CAPTURE,
     ) -> None:
-        reactor = default_reactor(reactor)
-        # Typed Any: the reactor provides many interfaces at once (TCP, time).
-        self.reactor: Any = reactor
-        self.clock: Any = reactor
+        # The drill's reactor thread's (or a test's): it listens and dials
+        # on its TCP and holds delayed chunks on its time, the same object.
+        self.reactor: IReactorTCP = reactor
+        self.clock: IReactorTime = IReactorTime(reactor)
         self.target_host = target_host
         self.target_port = target_port
         self.capture = capture

@@ -38,10 +38,9 @@ from typing import Any
 from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IReactorCore, IReactorTime
 
-from tasknet.clock import default_reactor
 from tasknet.node.paths import DataDir
 from tasknet.protocol.messages import TaskEntry
-from tasknet.runtime import IThreadPools, RealThreadPools, ThreadedConnectionPool
+from tasknet.runtime import IThreadPools, ThreadedConnectionPool
 from tasknet.status import NodeCode
 
 SCHEMA = """
@@ -502,28 +501,24 @@ class NodeStore:
     Its ``adbapi`` pool runs on ``reactor`` and a one-thread pool from
     ``threads``; every time it writes (``updated_at``, ``received_at``, a
     settled delete's age) is ``clock.seconds()`` when the transaction is
-    submitted (``clock`` defaults to ``reactor``).  The node's root
-    (``NodeService``) and the tests pass ``reactor`` and ``threads``; their
-    defaults (Twisted's global reactor, real threads) are left only for
-    ``bench/nodeworker.py``, which does not pass them yet (issue 20).
+    submitted.  All three are its caller's: the node's root
+    (``NodeService``), the tests, ``bench/nodeworker.py``'s entry point.
     """
 
     def __init__(
         self,
         data: DataDir,
         *,
-        reactor: IReactorCore | None = None,
-        clock: IReactorTime | None = None,
-        threads: IThreadPools | None = None,
+        reactor: IReactorCore,
+        clock: IReactorTime,
+        threads: IThreadPools,
     ) -> None:
         self.data = data
-        if reactor is None:
-            reactor = default_reactor()
-        self._clock: IReactorTime = clock if clock is not None else default_reactor(reactor)
+        self._clock: IReactorTime = clock
         data.create()
         self._pool = ThreadedConnectionPool(
             reactor,
-            threads if threads is not None else RealThreadPools(),
+            threads,
             "tasknet-node-store",
             "sqlite3",
             str(data.database),

@@ -31,7 +31,7 @@ from twisted.internet.defer import (
     gatherResults,
     succeed,
 )
-from twisted.internet.interfaces import IReactorFromThreads, IReactorTime
+from twisted.internet.interfaces import IReactorFromThreads, IReactorTCP, IReactorTime
 from twisted.internet.task import deferLater
 from twisted.internet.threads import deferToThreadPool
 from twisted.logger import Logger
@@ -52,7 +52,7 @@ from tasknet.node.download import (
 )
 from tasknet.node.paths import DataDir
 from tasknet.node.store import NodeStore, TaskRow
-from tasknet.runtime import IThreadPools, RealThreadPools
+from tasknet.runtime import IThreadPools
 from tasknet.status import NodeCode
 
 log = Logger()
@@ -142,15 +142,14 @@ class Worker:
         clock: IReactorTime,
         idle_timeout: float = 30.0,
         max_archive_bytes: int = DEFAULT_MAX_ARCHIVE_BYTES,
-        threads: IThreadPools | None = None,
-        rng: random.Random | None = None,
+        threads: IThreadPools,
+        rng: random.Random,
     ) -> None:
         """``clock``: the reactor its timers and HTTP connections run on
-        (``IReactorTime`` and ``IReactorTCP``); ``threads``: where its
-        compression pool comes from; ``rng``: the jitter of its retries.
-        The node's root passes all three.  ``threads`` and ``rng`` still
-        default (real threads, an OS-seeded generator) for the one caller
-        not given them yet, ``bench/nodeworker.py`` (issue 20)."""
+        (``IReactorTime``, ``IReactorTCP`` and ``IReactorFromThreads``);
+        ``threads``: where its compression pool comes from; ``rng``: the
+        jitter of its retries.  All three are its caller's (the node's
+        root, the tests, ``bench/nodeworker.py``'s entry point)."""
         self.store = store
         #: The bound of a download whose size the site did not give.
         self.max_archive_bytes = max_archive_bytes
@@ -162,13 +161,14 @@ class Worker:
         self.idle_timeout = idle_timeout
         self._downloads = DeferredSemaphore(downloads)
         self._compressors = DeferredSemaphore(compressors)
-        self._rng = rng if rng is not None else random.Random()
-        pools = threads if threads is not None else RealThreadPools()
-        self._threads: ThreadPool = pools.thread_pool(0, compressors, "tasknet-compress")
+        self._rng = rng
+        self._threads: ThreadPool = threads.thread_pool(0, compressors, "tasknet-compress")
         # Quiet (no factory start/stop lines), and an IP literal dialled
-        # straight, never through the resolver thread (tasknet.netclient).
-        self._http_pool = quiet_pool(clock, persistent=False)
-        agent: Any = Agent.usingEndpointFactory(clock, DirectEndpoints(clock), pool=self._http_pool)
+        # straight, never through the resolver thread (tasknet.netclient);
+        # its connections are the clock's TCP (the same object, timers too).
+        tcp: IReactorTCP = IReactorTCP(clock)
+        self._http_pool = quiet_pool(tcp, persistent=False)
+        agent: Any = Agent.usingEndpointFactory(tcp, DirectEndpoints(tcp), pool=self._http_pool)
         self._client = HTTPClient(agent)
         self._jobs: dict[int, _Job] = {}
         #: Gids whose job waits for a download slot.

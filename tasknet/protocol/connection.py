@@ -23,7 +23,6 @@ from twisted.logger import Logger
 from twisted.protocols.policies import TimeoutMixin
 from twisted.python.failure import Failure
 
-from tasknet.clock import default_reactor
 from tasknet.protocol.frames import FrameProtocol
 from tasknet.protocol.messages import (
     FEATURE_RELIABLE,
@@ -60,6 +59,7 @@ def hello_is_v2(hello: ProtocolHello | None) -> bool:
 class PeerFactory(Factory):
     """What each side's factory hands every connection: its clock and limits.
 
+    ``clock`` (required: the root's) runs every connection's timers.
     ``log_interval`` is how often events that a peer can repeat at will (a
     refused login, a peer that never logs in) are logged per peer; the
     repeats in between are counted (:class:`RateLimitedLog`).
@@ -72,7 +72,7 @@ class PeerFactory(Factory):
     def __init__(
         self,
         *,
-        clock: IReactorTime | None = None,
+        clock: IReactorTime | None,
         max_payload: int = MAX_PAYLOAD,
         pre_login_max_payload: int = PRE_LOGIN_MAX_PAYLOAD,
         heartbeat_interval: float = 15.0,
@@ -80,8 +80,11 @@ class PeerFactory(Factory):
         login_timeout: float = LOGIN_TIMEOUT,
         log_interval: float = 60.0,
     ) -> None:
-        # Still optional for NodeListenerFactory, whose own ``clock`` is (issue 20).
-        self.clock: IReactorTime = default_reactor(clock)
+        # Required, never the global reactor.  ``| None`` only while
+        # NodeListenerFactory's own ``clock`` still says it may be None.
+        if clock is None:
+            raise TypeError(f"{type(self).__name__}: a clock (IReactorTime) is required")
+        self.clock: IReactorTime = clock
         self.max_payload = max_payload
         self.pre_login_max_payload = min(pre_login_max_payload, max_payload)
         self.heartbeat_interval = heartbeat_interval

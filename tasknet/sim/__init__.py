@@ -20,8 +20,12 @@ Modules: :mod:`~tasknet.sim.world` (the world and its event loop),
 :mod:`~tasknet.sim.network` (TCP as in-memory connections, faults),
 :mod:`~tasknet.sim.threads` (thread pools run inline; ``adbapi`` on them),
 :mod:`~tasknet.sim.trace` (the trace and its digest),
-:mod:`~tasknet.sim.process_global` (a stopgap for code that still reaches
-for Twisted's global reactor or makes its own thread pool).
+:mod:`~tasknet.sim.cluster` (the real roles built by their roots on it),
+:mod:`~tasknet.sim.schedule` (a seed's workload and faults),
+:mod:`~tasknet.sim.run` (one run and its checks),
+:mod:`~tasknet.sim.checks` (the invariants checked at every event),
+:mod:`~tasknet.sim.shrink` (the smallest failing schedule),
+:mod:`~tasknet.sim.no_global_reactor` (Twisted's global reactor forbidden).
 
 Not simulated yet: TLS, IPv6, UNIX sockets, UDP; wall-clock jumps (a
 process's ``seconds()`` is the world's time); storage faults (busy, a

@@ -164,6 +164,9 @@ class Network:
         self.names: dict[str, str] = {"localhost": "127.0.0.1"}
         #: ``tap(connection, receiver, data)`` for every byte delivered.
         self.taps: list[Callable[[SimConnection, SimTransport, bytes], None]] = []
+        #: ``send_tap(connection, sender, data)`` for every byte written (at
+        #: the instant of the write, before any latency).
+        self.send_taps: list[Callable[[SimConnection, SimTransport, bytes], None]] = []
         self.dns_latency = (0.00005, 0.0005)
         self.bytes_delivered = 0
         self.segments_delivered = 0
@@ -678,6 +681,8 @@ class SimTransport:
             return
         if not data:
             return
+        for tap in self.network.send_taps:
+            tap(self.connection, self, data)  # type: ignore[arg-type]
         self.outbound.send(DATA, data)
         self._flow()
 

@@ -18,8 +18,8 @@ it belongs to.
   :class:`~tasknet.sim.threads.SimThreadPool`: each job runs inline on the
   one thread, at a simulated duration drawn from the seed;
   ``callFromThread`` queues first-in first-out, as Twisted's.
-  ``deferToThread(f)`` itself takes Twisted's *global* reactor, so it
-  reaches this one only under :mod:`tasknet.sim.process_global`.
+  ``deferToThread(f)`` itself takes Twisted's *global* reactor, which a
+  simulation forbids (:mod:`tasknet.sim.no_global_reactor`).
 * ``tasknet.runtime.IThreadPools``: ``thread_pool`` makes the pools a
   role's root asks for (the node's compression pool, its store's
   ``adbapi`` pool through ``ThreadedConnectionPool``) simulated ones.
@@ -100,6 +100,11 @@ class SimReactor:
         self.incarnation = incarnation
         self.alive = True
         self.running = False
+        #: Seconds this process's wall clock is ahead of the world's.
+        self.clock_offset = 0.0
+        #: While stopped (:meth:`pause`): since when, and until when.
+        self.paused_at = 0.0
+        self.paused_until: float | None = None
         self._stopping = False
         self._calls: dict[DelayedCall, None] = {}
         self._triggers: dict[str, dict[str, list[tuple[int, Callable[..., Any], Any, Any]]]] = {}
@@ -121,7 +126,30 @@ class SimReactor:
     # -- IReactorTime ---------------------------------------------------------------
 
     def seconds(self) -> float:
-        return self.world.now
+        """The process's wall clock: the world's time, moved by the clock
+        jumps it was dealt (:meth:`jump_clock`)."""
+        return self.world.now + self.clock_offset
+
+    def pause(self, seconds: float) -> None:
+        """The process is stopped (``SIGSTOP``, a long GC, a VM migration)
+        for ``seconds``: it runs nothing, its threads included, and its
+        peers hear nothing; its sockets stay open and what reaches them
+        waits.  Then it goes on where it was, its clock showing the
+        time that passed."""
+        self.world.note("fault", f"pause {self.name} {seconds:.3f}")
+        self.paused_at = self.world.now
+        self.paused_until = self.world.now + seconds
+
+    def jump_clock(self, seconds: float) -> None:
+        """The wall clock of this process jumps by ``seconds`` (an operator,
+        NTP).  As with Twisted's reactor, whose timers are on the wall
+        clock, a delayed call is due when ``seconds()`` reaches its time:
+        a forward jump brings every pending call nearer, a backward one
+        puts it off.  The monotonic clock (the world's) never jumps."""
+        self.world.note("fault", f"clock_jump {self.name} {seconds:+.3f}")
+        self.clock_offset += seconds
+        for call in list(self._calls):
+            self.world._push_call(call)
 
     def callLater(
         self, delay: float, callable: Callable[..., Any], *args: object, **kwargs: object
@@ -129,7 +157,7 @@ class SimReactor:
         assert builtins_callable(callable), f"{callable!r} is not callable"
         assert delay >= 0, f"{delay} is not greater than or equal to 0 seconds"
         call = DelayedCall(
-            self.world.now + delay,
+            self.seconds() + delay,
             callable,
             args,
             kwargs,

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import re
 from collections import deque
 from typing import Any
 
@@ -52,7 +53,11 @@ def label(fn: Any) -> str:
     name = getattr(fn, "__qualname__", None)
     if name is None:
         name = type(fn).__qualname__
-    return str(name)
+    # Some wrappers (automat's) name themselves by their function's repr.
+    return _ADDRESS.sub("", str(name))
+
+
+_ADDRESS = re.compile(r" at 0x[0-9a-f]+")
 
 
 def failure_name(failure: Any) -> str:

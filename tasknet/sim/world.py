@@ -48,6 +48,10 @@ T = TypeVar("T")
 #: Where simulated time starts (Unix seconds): 2026-01-01T00:00:00Z.
 EPOCH = 1_767_225_600.0
 
+#: A process that goes on after a pause runs what was due while it was
+#: stopped at this fraction of the time it waited (a backlog, run quickly).
+PAUSE_BACKLOG = 0.001
+
 
 class SimulationError(Exception):
     """The simulation itself was misused (not a fault of the code under test)."""
@@ -115,6 +119,8 @@ class World:
         #: Calls that reached the world from a real thread (a seam missing).
         self.foreign: list[str] = []
         self.processes: dict[str, SimReactor] = {}
+        #: Called after every event (the simulator's cheap invariants).
+        self.after_event: list[Callable[[], None]] = []
         self._incarnations: dict[str, int] = {}
         self._ips = itertools.count(2)
         self.thread_id = threading.get_ident()
@@ -169,7 +175,9 @@ class World:
     def _push_call(self, call: DelayedCall) -> None:
         seq = next(self._seq)
         call._sim_seq = seq  # type: ignore[attr-defined]
-        heapq.heappush(self._heap, (call.time, self._key(), seq, call))
+        # A call's time is on its process's wall clock; the queue is in world time.
+        when = call.time - call._sim_owner.clock_offset  # type: ignore[attr-defined]
+        heapq.heappush(self._heap, (max(when, self._now), self._key(), seq, call))
 
     def _push(self, when: float, event: _Event) -> _Event:
         heapq.heappush(self._heap, (when, self._key(), next(self._seq), event))
@@ -248,7 +256,15 @@ class World:
         call that was moved later, so that the head is the next event."""
         heap = self._heap
         while heap:
-            when, _, seq, item = heap[0]
+            when, key, seq, item = heap[0]
+            owner = item.owner if isinstance(item, _Event) else item._sim_owner
+            if owner is not None and owner.paused_until is not None and when < owner.paused_until:
+                # A stopped process runs nothing: its events wait for it to
+                # go on, then run in their order, one after the other.
+                heapq.heappop(heap)
+                later = owner.paused_until + (when - owner.paused_at) * PAUSE_BACKLOG
+                heapq.heappush(heap, (later, key, seq, item))
+                continue
             if isinstance(item, _Event):
                 if not item.cancelled and (item.owner is None or item.owner.alive):
                     return when
@@ -274,6 +290,8 @@ class World:
                 owner = item.owner
                 self.trace.record(self._micros(), owner.name if owner else "world", item.label)
             self._run(item.fn, item.args, {})
+            for check in self.after_event:
+                check()
             return True
         call: DelayedCall = item
         owner = call._sim_owner  # type: ignore[attr-defined]
@@ -282,6 +300,8 @@ class World:
         func, args, kw = call.func, call.args, call.kw
         self.trace.record(self._micros(), owner.name, label(func))
         self._run(func, args, kw)
+        for check in self.after_event:
+            check()
         return True
 
     def _run(self, fn: Callable[..., Any], args: Any, kw: dict[str, Any]) -> None:

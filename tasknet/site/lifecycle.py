@@ -47,6 +47,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 from twisted.application.internet import backoffPolicy
@@ -56,10 +57,24 @@ from twisted.internet.task import deferLater
 from twisted.logger import Logger
 
 from tasknet.runtime import IEntropy
-from tasknet.site.storage import create, delete, instances, reaping, reconcile, usage, views
+from tasknet.site.storage import (
+    create,
+    delete,
+    generation,
+    instances,
+    reaping,
+    reconcile,
+    usage,
+    views,
+)
 from tasknet.site.storage.create import Recovered
 from tasknet.site.storage.engine.database import Database, Retry
-from tasknet.site.storage.engine.errors import CommitUnknown, DatabaseBusy, TaskError
+from tasknet.site.storage.engine.errors import (
+    CommitUnknown,
+    DatabaseBusy,
+    DatabaseFailed,
+    TaskError,
+)
 from tasknet.site.storage.instances import LeaseLost
 from tasknet.site.storage.lease import Lease, dead_here
 from tasknet.site.storage.reaping import Reaped
@@ -202,8 +217,11 @@ class Lifecycle:
         with backoff while it is busy (:class:`DatabaseBusy`), for at most
         ``record_retry_for`` seconds; then :class:`Unrecorded` is raised and,
         if ``background``, the write goes on being retried in the background
-        (:meth:`_settle_later`).  Any other error is raised at once (a retry
-        would not help)."""
+        (:meth:`_settle_later`).  A failed write (:class:`DatabaseFailed`:
+        an I/O error, a full disk) is raised at once and, if
+        ``background``, retried in the background too: the outcome must
+        land while the site lives, not wait for its next start (a task
+        left ``SUBMITTING`` shows 提交中 for ever)."""
         self._refuse_if_fenced()
         backoff = backoffPolicy(self.retry_initial, self.retry_max, factor=2.0, jitter=lambda: 0.0)
         try:
@@ -223,6 +241,16 @@ class Lifecycle:
             if background:
                 self._settle_later(what, fn, *args)
             raise Unrecorded(f"{what}: {e}") from e
+        except DatabaseFailed as e:
+            if background:
+                log.error(
+                    "{what} failed ({error}); retrying it every {seconds}s in the background",
+                    what=what,
+                    error=e,
+                    seconds=self.settle_interval,
+                )
+                self._settle_later(what, fn, *args)
+            raise
         self._woken()
         return result
 
@@ -235,8 +263,13 @@ class Lifecycle:
         """Every ``settle_interval`` seconds until it lands (or the stop)."""
         every = Retry(f"{what} (background)", math.inf, lambda _: self.settle_interval)
         try:
-            await deferLater(self._clock, self.settle_interval, lambda: None)
-            await self.db.write_retrying(every, fn, *args)
+            while True:
+                await deferLater(self._clock, self.settle_interval, lambda: None)
+                try:
+                    await self.db.write_retrying(every, fn, *args)
+                    break
+                except DatabaseFailed as e:  # the write is guarded: a repeat is a no-op
+                    log.warn("{what}: {error}; retrying", what=what, error=e)
         except CancelledError:
             # Stopped while waiting (or while writing: the write lands or not).
             log.warn("{what}: not recorded before the stop; recovery at start does", what=what)
@@ -272,7 +305,7 @@ class Lifecycle:
         return Deferred.fromCoroutine(self._create(user_id, gid, token, name))
 
     async def _create(self, user_id: int, gid: int, token: str, name: str) -> Created:
-        week = usage.iso_week()
+        week = usage.iso_week(datetime.fromtimestamp(self._clock.seconds(), UTC))
         # 1. The intent and its placeholder row, durable before anything upstream.
         operation_id = await self._reserve(gid, user_id, name, token, week)
         # 2. Read-only prepare: learn the cost; nothing is charged.
@@ -292,7 +325,7 @@ class Lifecycle:
         """The reservation, under an operationId chosen here: should its
         COMMIT's answer be lost, the reservation that may exist is released
         in the background (nothing was sent for it)."""
-        operation_id = self._entropy.uuid4().hex
+        operation_id = generation.new_operation_id(self._entropy)
         try:
             # The placeholder is not announced (create.reserve): no wake-up.
             return await self._commit(

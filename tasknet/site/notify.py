@@ -103,6 +103,7 @@ from tasknet.site import metrics
 from tasknet.site.storage import node_sessions, outbox, views
 from tasknet.site.storage.engine import listen
 from tasknet.site.storage.engine.database import Database
+from tasknet.site.upstream_client import BytesBody
 from tasknet.status import TaskStatus
 
 log = Logger()
@@ -393,7 +394,8 @@ class WebhookSender:
         error: str | None = None
         request = treq.post(
             self.url,
-            data=row.payload.encode("utf-8"),
+            # Written whole: treq would stream bytes on the global cooperator.
+            data=BytesBody(row.payload.encode("utf-8")),
             headers=Headers(
                 {
                     "Content-Type": ["application/json"],

@@ -84,8 +84,9 @@ from tasknet.site.storage.engine.database import (
     run_write,
 )
 from tasknet.site.storage.engine.errors import DatabaseError
-from tasknet.site.storage.engine.listen import Wakeups, open_wakeups
+from tasknet.site.storage.engine.listen import NoWakeups, Wakeups, open_wakeups
 from tasknet.site.storage.engine.schema import SchemaError, prepare_database
+from tasknet.site.storage.engine.sources import Sources, StorageFaults
 from tasknet.site.storage.lease import Lease, application_name, take_lease
 from tasknet.site.upstream_client import UpstreamClient
 from tasknet.site.web.admin_nodes import nodes_view
@@ -124,6 +125,12 @@ class Tuning:
     instance_interval: float = INSTANCE_INTERVAL
     #: Called just before the POST gate (a drill's fault point, a test's pause).
     before_post_gate: Callable[[], object] | None = None
+    #: A simulation's storage faults (a failed BEGIN or COMMIT); None in production.
+    storage_faults: StorageFaults | None = None
+    #: False: no LISTEN connection on PostgreSQL (its blocking loop needs a
+    #: real thread of its own); the sites learn of each other's changes by
+    #: the polls above alone (a simulation: its world has one thread).
+    listen: bool = True
 
 
 def build_site(
@@ -140,7 +147,10 @@ def build_site(
     started; ``monotonic`` is the clock its lease's freshness is judged on
     (and its transactions timed on), ``threads`` the pools its database
     and lease run on (default: real threads), ``entropy`` the source of its
-    nonces and jitter (default: the OS's).
+    nonces, ids, secrets and jitter (default: the OS's).  The wall clock of
+    everything it stores (``{now}`` in SQL, Python's timestamps) is the
+    reactor's ``seconds``: a real reactor's is ``time.time``, the clock the
+    database reads itself.
     Raises :class:`SchemaError` for an unusable database, and
     :class:`~tasknet.site.storage.engine.file_lock.DatabaseInUse` (before
     touching the database) while another site holds a SQLite file.
@@ -160,7 +170,7 @@ def build_site(
     # Several sites may share a PostgreSQL database; a SQLite file has one.
     held = None if is_postgres(path) else instance_lock.acquire(path, role="tasknet-site")
     try:
-        _prepare_database(options, path, entropy)
+        _prepare_database(options, path, entropy, clock.seconds)
         lease = take_lease(
             path,
             options["name"],
@@ -168,6 +178,7 @@ def build_site(
             reactor=IReactorFromThreads(reactor),
             threads=threads,
             entropy=entropy,
+            wall=clock.seconds,
             upstream_timeout=options["upstream-timeout"],
             monotonic=monotonic,
         )
@@ -179,9 +190,11 @@ def build_site(
                 reactor=IReactorCore(reactor),
                 threads=threads,
                 entropy=entropy,
+                wall=clock.seconds,
                 monotonic=monotonic,
                 clock=clock,
                 fence=lease,
+                storage_faults=tuning.storage_faults,
                 application_name=application_name(lease.instance_id, "writer"),
                 reader_application_name=application_name(lease.instance_id, "reader"),
             )
@@ -242,7 +255,7 @@ def _assemble(
         lease, db, lifecycle.reap_gone, interval=tuning.instance_interval, clock=clock
     )
     health = Health(site=options["name"], backend=db.backend)
-    web = _web_dependencies(options, clock, db, lifecycle, node_side, health, wake_outbox)
+    web = _web_dependencies(options, clock, entropy, db, lifecycle, node_side, health, wake_outbox)
     parts = SiteParts(
         db=db,
         upstream=upstream,
@@ -274,6 +287,7 @@ def _assemble(
 def _web_dependencies(
     options: Options,
     clock: IReactorTime,
+    entropy: IEntropy,
     db: Database,
     lifecycle: Lifecycle,
     node_side: NodeSide,
@@ -290,7 +304,7 @@ def _web_dependencies(
     def admin_nodes() -> Deferred[list[dict[str, Any]]]:
         return Deferred.fromCoroutine(nodes_view(db, node_side.nodes, clock))
 
-    authenticator = Authenticator(db, clock, session_settings(options))
+    authenticator = Authenticator(db, clock, session_settings(options), entropy=entropy)
     return WebDependencies(
         db=db,
         lifecycle=lifecycle,
@@ -347,6 +361,8 @@ def build_node_side(
     and webhook claims per instance, wake-ups between sites."""
     if reactor is None:
         reactor = cast(IReactorTCP, clock)  # the same object (the docstring)
+    if wakeups is None and not tuning.listen:
+        wakeups = NoWakeups()
     if wakeups is None:
         wakeups = open_wakeups(db.target, IReactorFromThreads(reactor), site_name=site_name)
     nodes = ConnectedNodes(site_name, instance_id)
@@ -408,12 +424,15 @@ def _private(path: str) -> None:
             log.warn("{name} was mode {mode:o}; now 0600", name=name, mode=mode)
 
 
-def _prepare_database(options: Options, path: str, entropy: IEntropy) -> None:
+def _prepare_database(
+    options: Options, path: str, entropy: IEntropy, wall: Callable[[], float]
+) -> None:
     """Initialise or verify the schema, apply ``--default-quota`` and
-    ``--demo`` (conflict reruns jittered from ``entropy``)."""
+    ``--demo`` (conflict reruns jittered from ``entropy``, rows stamped on
+    ``wall``: the site's, as its pools')."""
     _private(path)
     fresh = prepare_database(path)
-    connection = connect(path)
+    connection = connect(path, Sources(wall, entropy))
     try:
         # tasknet-admin gives new users this quota while this setting stands.
         jitter = entropy.random()

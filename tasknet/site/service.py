@@ -36,9 +36,11 @@ from typing import Any
 
 from twisted.application import service
 from twisted.application.internet import TimerService
-from twisted.internet.defer import Deferred, maybeDeferred
+from twisted.internet.defer import CancelledError, Deferred, maybeDeferred
 from twisted.internet.endpoints import serverFromString
 from twisted.internet.error import CannotListenError
+from twisted.internet.interfaces import IReactorTime
+from twisted.internet.task import deferLater
 from twisted.logger import Logger
 from twisted.python import usage
 from twisted.python.failure import Failure
@@ -68,6 +70,10 @@ log = Logger()
 
 #: Seconds between two reads of the ``node_key`` table.
 NODE_KEYS_REFRESH = 5.0
+#: After a failed recovery, the first pause before it is tried again
+#: (doubled each time up to the maximum).
+RECOVERY_RETRY = 5.0
+RECOVERY_RETRY_MAX = 60.0
 
 
 class Options(LogOptions, usage.Options):
@@ -420,6 +426,8 @@ class SiteService(service.MultiService):
         self.exit_on_failure = exit_on_failure
         self._stopping: Deferred[None] | None = None
         self._stop_waiters: list[Deferred[None]] | None = []
+        #: Recovery tried again after it failed at the start (until it succeeds).
+        self._recovery_retry: Deferred[None] | None = None
         parts.instance.fenced.addCallback(self._fenced)
 
     def _fenced(self, reason: str) -> None:
@@ -487,15 +495,48 @@ class SiteService(service.MultiService):
         )
         log.info("node listener on {address}", address=self.nodes_port.getHost())
         if health.recovery == "done":
-            health.dispatch_enabled = True
-            node_side.dispatcher.startService()
-            await node_side.dispatcher.idle()  # caught up with the nodes already connected
+            await self._enable_dispatch()
         else:
-            log.warn("dispatch disabled: recovery failed (see /healthz)")
+            log.warn(
+                "dispatch disabled: recovery failed (see /healthz); retrying it"
+                " every {seconds:.0f} s or more",
+                seconds=RECOVERY_RETRY,
+            )
+            self._recovery_retry = Deferred.fromCoroutine(self._retry_recovery())
         self.http_port = await serverFromString(self._reactor, self._http_endpoint).listen(
             parts.http
         )
         log.info("HTTP on {address}", address=self.http_port.getHost())
+
+    async def _enable_dispatch(self) -> None:
+        self.parts.health.dispatch_enabled = True
+        dispatcher = self.parts.node_side.dispatcher
+        dispatcher.startService()
+        await dispatcher.idle()  # caught up with the nodes already connected
+
+    async def _retry_recovery(self) -> None:
+        """Recovery again, with backoff, until it succeeds (a transient
+        database error, an I/O error, must not leave dispatch off until an
+        operator restarts the site); then dispatch starts.  Recovery only
+        settles instances known to be gone (their lease lost), so it is as
+        safe while the site runs as at its start."""
+        clock = IReactorTime(self._reactor)
+        delay = RECOVERY_RETRY
+        try:
+            while True:
+                await deferLater(clock, delay, lambda: None)
+                try:
+                    await self.parts.lifecycle.recover()
+                except Exception:
+                    log.failure("recovery failed again; retrying in {delay:.0f} s", delay=delay)
+                    delay = min(delay * 2, RECOVERY_RETRY_MAX)
+                    continue
+                break
+        except CancelledError:
+            return  # the site stops
+        self.parts.health.recovery = "done"
+        log.info("recovery done at last: dispatch enabled")
+        await self._enable_dispatch()
 
     def stopService(self) -> Deferred[None]:
         """Stop once: a second call (twistd's shutdown after a failed start
@@ -522,6 +563,8 @@ class SiteService(service.MultiService):
 
     async def _stop(self) -> None:
         parts = self.parts
+        if self._recovery_retry is not None:
+            self._recovery_retry.cancel()
         if self._keys_timer.running:
             await self._keys_timer.stopService()
         if parts.instance.running:

@@ -160,7 +160,7 @@ class _BodyReader(Protocol):
 
 
 @implementer(IBodyProducer)
-class _Bytes:
+class BytesBody:
     """A request body already in memory, written in one go (the stock
     ``FileBodyProducer`` schedules a cooperator task for it)."""
 
@@ -324,7 +324,7 @@ class UpstreamClient:
         """One request and its whole body, cancelled (connection aborted) at
         ``timeout``; on a new connection of its own if ``fresh`` (or if a
         ``gate`` is to be asked on it before its first byte)."""
-        producer: Any = _Bytes(body) if body is not None else None  # an IBodyProducer
+        producer: Any = BytesBody(body) if body is not None else None  # an IBodyProducer
         if gate is not None:
             agent = Agent.usingEndpointFactory(
                 self._reactor, _GatedEndpoints(self._endpoints, gate), pool=self._fresh_pool

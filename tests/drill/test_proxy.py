@@ -66,7 +66,7 @@ class Rig:
     def __init__(self) -> None:
         self.servers = PeerFactory()
         self.listening: Any = cast(Any, reactor).listenTCP(0, self.servers, interface="127.0.0.1")
-        self.proxy = FaultProxy("127.0.0.1", self.listening.getHost().port)
+        self.proxy = FaultProxy("127.0.0.1", self.listening.getHost().port, reactor=reactor)
         self.proxy.start()
         self.clients: list[Peer] = []
 
@@ -236,7 +236,7 @@ async def test_disconnect_all_resets_both_sides(rig: Rig) -> None:
 async def test_target_down_closes_the_client() -> None:
     from tasknet.process import free_port
 
-    proxy = FaultProxy("127.0.0.1", free_port())
+    proxy = FaultProxy("127.0.0.1", free_port(), reactor=reactor)
     proxy.start()
     try:
         endpoint = TCP4ClientEndpoint(reactor, "127.0.0.1", proxy.port)
@@ -248,7 +248,7 @@ async def test_target_down_closes_the_client() -> None:
 
 
 def test_bad_fault_arguments_are_refused() -> None:
-    proxy = FaultProxy("127.0.0.1", 1)
+    proxy = FaultProxy("127.0.0.1", 1, reactor=reactor)
     with pytest.raises(ValueError, match="direction"):
         proxy.drop(12, "sideways")
     with pytest.raises(ValueError, match="one byte"):

@@ -142,7 +142,9 @@ def test_metrics_option_is_parsed() -> None:
 async def test_in_flight_age_is_measured_on_the_node_clock(tmp_path: Path) -> None:
     """A report left in flight by the previous run ages from the start, on
     the reporter's clock; no report in flight reads 0."""
-    store = NodeStore(DataDir(tmp_path / "node"), reactor=reactor, threads=RealThreadPools())
+    store = NodeStore(
+        DataDir(tmp_path / "node"), reactor=reactor, clock=reactor, threads=RealThreadPools()
+    )
     try:
         await store.create_schema()
         clock = Clock()

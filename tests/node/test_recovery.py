@@ -21,7 +21,7 @@ async def test_an_interrupted_delete_finishes_before_any_work_resumes(tmp_path: 
     data = DataDir(tmp_path / "node")
     async with running(tmp_path) as (site, up):
         # The state a crash leaves between "delete recorded" and "files removed".
-        store = NodeStore(data, reactor=reactor, threads=RealThreadPools())
+        store = NodeStore(data, reactor=reactor, clock=reactor, threads=RealThreadPools())
         await store.create_schema()
         await store.accept_download(GID, "op-1", "n", up.file_url(GID), 2)
         await store.begin_delete(GID, "del-1", 2)

@@ -42,7 +42,9 @@ class RecordingLink:
 
 
 async def store_with_task(tmp_path: Path, gid: int = 7) -> NodeStore:
-    store = NodeStore(DataDir(tmp_path / "node"), reactor=reactor, threads=RealThreadPools())
+    store = NodeStore(
+        DataDir(tmp_path / "node"), reactor=reactor, clock=reactor, threads=RealThreadPools()
+    )
     await store.create_schema()
     await store.accept_download(gid, f"op-{gid}", f"{gid}.bin", f"http://x/{gid}", 2)
     return store

@@ -24,7 +24,7 @@ from tasknet.runtime import RealThreadPools
 
 
 async def open_store(path: Path) -> NodeStore:
-    store = NodeStore(DataDir(path), reactor=reactor, threads=RealThreadPools())
+    store = NodeStore(DataDir(path), reactor=reactor, clock=reactor, threads=RealThreadPools())
     await store.create_schema()
     return store
 

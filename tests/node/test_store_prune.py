@@ -27,7 +27,7 @@ URL = "http://127.0.0.1:9/f"
 
 @asynccontextmanager
 async def opened(path: Path) -> AsyncIterator[NodeStore]:
-    store = NodeStore(DataDir(path), reactor=reactor, threads=RealThreadPools())
+    store = NodeStore(DataDir(path), reactor=reactor, clock=reactor, threads=RealThreadPools())
     try:
         await store.create_schema()
         yield store

@@ -26,7 +26,7 @@ GID = 4242
 @asynccontextmanager
 async def node_worker(path: Path, **options: float) -> AsyncIterator[tuple[NodeStore, Worker]]:
     data = DataDir(path)
-    store = NodeStore(data, reactor=reactor, threads=RealThreadPools())
+    store = NodeStore(data, reactor=reactor, clock=reactor, threads=RealThreadPools())
     await store.create_schema()
     worker = Worker(
         store,

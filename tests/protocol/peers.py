@@ -193,6 +193,7 @@ class Listener:
 
 def site_factory(handler: ISiteHandler, **kwargs: Any) -> NodeListenerFactory:
     kwargs.setdefault("entropy", SystemEntropy())
+    kwargs.setdefault("clock", reactor)
     return NodeListenerFactory(handler, ConnectedNodes(), dict(SITE_KEYS), "site-main", **kwargs)
 
 

@@ -28,26 +28,14 @@ from typing import Any
 from tasknet.protocol.messages import encode
 from tasknet.runtime import SeededEntropy
 from tasknet.sim import World
+from tasknet.sim.no_global_reactor import NoGlobalReactor, forbid
 
 GIDS = (11, 12)
 SECRET = "sim-secret"
 
 
-class NoGlobalReactor:
-    """Twisted's global reactor in a process given over to the world: any
-    use of it is a seam that bypasses a composition root, and fails."""
-
-    touched: list[str] = []
-
-    def __getattr__(self, name: str) -> Any:
-        NoGlobalReactor.touched.append(name)
-        raise RuntimeError(f"the global reactor was used: .{name}")
-
-
 def forbid_the_global_reactor() -> None:
-    from twisted.internet.main import installReactor
-
-    installReactor(NoGlobalReactor())  # type: ignore[arg-type]
+    forbid()
 
 
 def run(seed: int, data: str) -> dict[str, Any]:

@@ -18,7 +18,7 @@ from twisted.internet.defer import DeferredList
 from tasknet.runtime import SystemEntropy
 from tasknet.site.lifecycle import Lifecycle
 from tasknet.site.storage import create, delete, eligibility, favorites, generation, usage, views
-from tasknet.site.storage.engine.database import open_pool
+from tasknet.site.storage.engine.database import connect, open_pool
 from tasknet.site.storage.engine.errors import DatabaseFailed, TaskError
 from tasknet.site.transitions import IllegalTransition
 from tasknet.status import OperationState
@@ -544,11 +544,22 @@ async def test_concurrent_creates_of_different_gids_cannot_overshoot_the_quota(d
         assert used(env.path, env.user_id) == 20
 
 
-def test_week_helpers():
+def test_week_helpers(tmp_path):
     from datetime import UTC, datetime
 
+    from tasknet.site.storage.engine.sources import Sources
+
     assert usage.iso_week(datetime(2026, 12, 3, tzinfo=UTC)) == "2026-W49"
-    assert usage.week_of_timestamp("2026-12-03T10:00:00.000000Z") == "2026-W49"
+    # Unparsable: the week of the connection's wall clock.
+    moment = datetime(2031, 1, 1, 12, tzinfo=UTC).timestamp()
+    connection = connect(str(tmp_path / "weeks.sqlite"), Sources(lambda: moment, SystemEntropy()))
+    try:
+        cursor = connection.cursor()
+        assert usage.week_of_timestamp(cursor, "2026-12-03T10:00:00.000000Z") == "2026-W49"
+        assert usage.week_of_timestamp(cursor, "not a time") == "2031-W01"
+        assert usage.this_week(cursor) == "2031-W01"
+    finally:
+        connection.close()
 
 
 @pytest_twisted.ensureDeferred

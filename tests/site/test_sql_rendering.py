@@ -255,14 +255,19 @@ def test_the_pieces_have_one_rendering_per_engine() -> None:
         " WHERE gid {in_array} AND created_at < {now_offset} AND name {ilike} ?"
     )
     assert str(statement) == (
-        "UPDATE t SET at = strftime('%Y-%m-%dT%H:%M:%fZ', 'now'), high = MAX(t.h, excluded.h)"
-        " WHERE gid IN (SELECT value FROM json_each(?))"
-        " AND created_at < strftime('%Y-%m-%dT%H:%M:%fZ', 'now', ?) AND name LIKE ?"
+        "UPDATE t SET at = strftime('%Y-%m-%dT%H:%M:%fZ', tasknet_now(), 'unixepoch'),"
+        " high = MAX(t.h, excluded.h) WHERE gid IN (SELECT value FROM json_each(?))"
+        " AND created_at < strftime('%Y-%m-%dT%H:%M:%fZ', tasknet_now(), 'unixepoch', ?)"
+        " AND name LIKE ?"
+    )
+    now = (
+        "COALESCE(NULLIF(current_setting('tasknet.now', true), '')::timestamptz,"
+        " statement_timestamp())"
     )
     assert statement.postgres == (
-        "UPDATE t SET at = to_char(statement_timestamp() AT TIME ZONE 'UTC',"
+        f"UPDATE t SET at = to_char({now} AT TIME ZONE 'UTC',"
         ' \'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"\'), high = GREATEST(t.h, excluded.h)'
-        " WHERE gid = ANY(%s) AND created_at < to_char((statement_timestamp()"
+        f" WHERE gid = ANY(%s) AND created_at < to_char(({now}"
         " + CAST(%s AS interval)) AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.MS\"Z\"')"
         ' AND name COLLATE "C" ILIKE %s'
     )

@@ -16,8 +16,6 @@ import time
 from collections import defaultdict
 from typing import Any
 
-import pytest
-
 from tasknet.protocol.messages import TaskEntry, TaskReport
 from tasknet.site.storage import node_sessions, reports, throughput
 from tasknet.site.storage.engine.database import run_read, run_write
@@ -36,12 +34,6 @@ SIZE = 100 * 2**20
 # A minute a little before an hour's start, so that histories cross minute,
 # quarter-hour and hour boundaries.
 T0 = (1_796_000_000 // 3600) * 3600.0 - 7 * 60
-
-
-@pytest.fixture(autouse=True)
-def _prune_on_the_first_sample(monkeypatch: pytest.MonkeyPatch) -> None:
-    # The pruning runs once a minute per process: every test starts afresh.
-    monkeypatch.setattr(throughput, "_last_pruned_minute", -1)
 
 
 def _sample(

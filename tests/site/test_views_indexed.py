@@ -424,6 +424,7 @@ def test_the_plans_use_the_indexes(conn: Any, db_target: str) -> None:
     class Recording:
         def __init__(self, cursor: Any) -> None:
             self.cursor = cursor
+            self.connection = cursor.connection  # its sources: the wall clock of the views
 
         def execute(self, statement: Any, params: Any = ()) -> Any:
             statements.append((statement, list(params)))

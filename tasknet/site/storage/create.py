@@ -17,13 +17,13 @@ Every user-visible change enqueues its notification in the same transaction
 from __future__ import annotations
 
 import sqlite3
-import time
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from tasknet.site import transitions
 from tasknet.site.storage import instances, outbox, views
 from tasknet.site.storage.engine.errors import TaskError
+from tasknet.site.storage.engine.sources import entropy_of, now_of
 from tasknet.site.storage.engine.sql import Sql, sql
 from tasknet.site.storage.engine.timestamps import iso
 from tasknet.site.storage.generation import change_state, new_operation_id, remove_generation, touch
@@ -32,8 +32,8 @@ from tasknet.site.storage.views import operation_row
 from tasknet.status import OperationState
 
 _NEW_GENERATION = sql(
-    "INSERT INTO task_operation (gid, operation_id, state, user_id, step, instance_id) "
-    "VALUES (?, ?, ?, ?, 'reserve', ?)"
+    "INSERT INTO task_operation (gid, operation_id, state, user_id, step, instance_id, "
+    "created_at, updated_at) VALUES (?, ?, ?, ?, 'reserve', ?, {now}, {now})"
 )
 # Invariant 6: only an explicit CREATE starts a new generation over a
 # tombstone; every per-generation column starts afresh.
@@ -51,7 +51,8 @@ _OVER_TOMBSTONE = sql(
 # ON CONFLICT, not a caught IntegrityError: on PostgreSQL a failed
 # statement would abort the whole transaction.
 _PLACEHOLDER = sql(
-    "INSERT INTO gallery (gid, user_id, name, token) VALUES (?, ?, ?, ?) ON CONFLICT DO NOTHING"
+    "INSERT INTO gallery (gid, user_id, name, token, created_at, updated_at)"
+    " VALUES (?, ?, ?, ?, {now}, {now}) ON CONFLICT DO NOTHING"
 )
 _SUBMITTING_ROW = sql(
     "UPDATE gallery SET name = CASE WHEN name = '' THEN ? ELSE name END, size = ?, "
@@ -99,7 +100,7 @@ def reserve(
         return operation_id  # this very reservation committed already
     if op is not None and op["state"] != OperationState.DELETED.value:
         raise TaskError("conflict", f"gid {gid} already has a task ({op['state']})")
-    operation_id = operation_id or new_operation_id()
+    operation_id = operation_id or new_operation_id(entropy_of(cursor))
     if op is None:
         transitions.check(None, OperationState.RESERVED)
         cursor.execute(
@@ -249,7 +250,7 @@ def mark_unknown(
         OperationState.UNKNOWN,
         step=step,
         error=error[:2000],
-        unknown_at=iso(time.time()),
+        unknown_at=iso(now_of(cursor)),
         **known,
     )
     if changed:

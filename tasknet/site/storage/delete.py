@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from tasknet.site.storage import outbox
 from tasknet.site.storage.engine.errors import TaskError
+from tasknet.site.storage.engine.sources import entropy_of
 from tasknet.site.storage.engine.sql import sql
 from tasknet.site.storage.generation import backfill_legacy, change_state, new_operation_id, touch
 from tasknet.site.storage.views import operation_row, visible_gallery
@@ -53,7 +54,8 @@ _HAS_TASK = sql("SELECT 1 FROM gallery WHERE gid = ?")
 _TASK_NODE = sql("SELECT node_id FROM gallery WHERE gid = ?")
 _AUDIT_FORCED = sql(
     "INSERT INTO force_delete_audit "
-    "(gid, operation_id, delete_operation_id, node_id, actor, note) VALUES (?, ?, ?, ?, ?, ?)"
+    "(gid, operation_id, delete_operation_id, node_id, actor, note, forced_at)"
+    " VALUES (?, ?, ?, ?, ?, ?, {now})"
 )
 
 
@@ -74,11 +76,17 @@ def request_delete(cursor: sqlite3.Cursor, gid: int, user_id: int | None) -> Del
         op = operation_row(cursor, gid)
         assert op is not None
     state = OperationState(op["state"])
+    # A retry of a pending delete changes what the user sees only when it
+    # clears a 删除失败 mark; otherwise it writes nothing and announces
+    # nothing (a second identical notification is a duplicate, D7).
+    changed = True
     if state is OperationState.DELETE_PENDING:
         delete_id = op["delete_operation_id"]
-        cursor.execute(_RETRY_DELETE, (gid,))
+        changed = op["delete_result"] is not None or op["delete_reason"] is not None
+        if changed:
+            cursor.execute(_RETRY_DELETE, (gid,))
     elif state is OperationState.SUBMITTED:
-        delete_id = new_operation_id()
+        delete_id = new_operation_id(entropy_of(cursor))
         change_state(
             cursor,
             gid,
@@ -97,8 +105,9 @@ def request_delete(cursor: sqlite3.Cursor, gid: int, user_id: int | None) -> Del
         # No node ever got a command for it: no file can exist anywhere.
         complete_delete(cursor, gid, delete_id)
         return DeleteStarted(gid, delete_id, True, None)
-    touch(cursor, gid)
-    outbox.enqueue_task_change(cursor, gid)
+    if changed:
+        touch(cursor, gid)
+        outbox.enqueue_task_change(cursor, gid)
     return DeleteStarted(gid, delete_id, False, gallery["node_id"])
 
 

@@ -9,7 +9,9 @@ from tasknet.site.storage.engine.errors import TaskError
 from tasknet.site.storage.engine.sql import sql
 from tasknet.site.storage.views import gallery_row, views_in_order, visible_gallery
 
-_ADD_SQL = sql("INSERT INTO favorite (user_id, gid) VALUES (?, ?) ON CONFLICT DO NOTHING")
+_ADD_SQL = sql(
+    "INSERT INTO favorite (user_id, gid, created_at) VALUES (?, ?, {now}) ON CONFLICT DO NOTHING"
+)
 _IS_FAVORITE = sql("SELECT 1 FROM favorite WHERE user_id = ? AND gid = ?")
 _REMOVE = sql("DELETE FROM favorite WHERE user_id = ? AND gid = ?")
 _FAVORITES = sql(

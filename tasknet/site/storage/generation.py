@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import functools
 import sqlite3
-import uuid
 from typing import Any
 
+from tasknet.runtime import IEntropy
 from tasknet.site import transitions
 from tasknet.site.storage import outbox
 from tasknet.site.storage.engine.errors import TaskError
+from tasknet.site.storage.engine.sources import entropy_of
 from tasknet.site.storage.engine.sql import Sql, fragment, sql
 from tasknet.site.storage.views import gallery_row
 from tasknet.status import OperationState
@@ -55,7 +56,8 @@ _REMOVE_PLACEHOLDER = sql("DELETE FROM gallery WHERE gid = ? AND user_id IS NOT 
 _REMOVE_FAVORITES = sql("DELETE FROM favorite WHERE gid = ?")
 _BACKFILL = sql(
     "INSERT INTO task_operation (gid, operation_id, state, user_id, cost, archive_url, "
-    "legacy, step, dispatched) VALUES (?, ?, ?, ?, ?, ?, 1, 'backfill', ?)"
+    "legacy, step, dispatched, created_at, updated_at)"
+    " VALUES (?, ?, ?, ?, ?, ?, 1, 'backfill', ?, {now}, {now})"
 )
 
 
@@ -68,9 +70,11 @@ def _change_state_sql(columns: tuple[str, ...]) -> Sql:
     return statement + _IN_STATE
 
 
-def new_operation_id() -> str:
-    """A fresh operationId (also used for delete ids)."""
-    return uuid.uuid4().hex
+def new_operation_id(entropy: IEntropy) -> str:
+    """A fresh operationId (also used for delete ids): a random UUID of
+    ``entropy`` (the site's; a transaction's is its cursor's,
+    :func:`~tasknet.site.storage.engine.sources.entropy_of`), as hex."""
+    return entropy.uuid4().hex
 
 
 def change_state(
@@ -129,7 +133,7 @@ def backfill_legacy(cursor: sqlite3.Cursor, gid: int, operation_id: str | None =
     row = gallery_row(cursor, gid)
     if row is None:
         raise TaskError("not_found", f"no task {gid}")
-    operation_id = operation_id or new_operation_id()
+    operation_id = operation_id or new_operation_id(entropy_of(cursor))
     transitions.check(None, OperationState.SUBMITTED)
     dispatched = int(row["node_id"] is not None or row["status"] is not None)
     cursor.execute(

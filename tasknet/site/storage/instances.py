@@ -36,7 +36,8 @@ _IN_FLIGHT = (OperationState.SUBMITTING.value, OperationState.RESERVED.value)
 
 _REGISTER = sql(
     "INSERT INTO site_instance (name, host, pid, lease_pid, lease_timeout, upstream_timeout, "
-    "process_space) VALUES (?, ?, ?, ?, ?, ?, ?) RETURNING id"
+    "process_space, started_at, heartbeat_at) VALUES (?, ?, ?, ?, ?, ?, ?, {now}, {now})"
+    " RETURNING id"
 )
 _LEASE_CONFIRMED = sql(
     "INSERT INTO instance_lease (instance_id, confirmed_at) "

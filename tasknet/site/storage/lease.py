@@ -69,6 +69,7 @@ from tasknet.runtime import IEntropy, IThreadPools
 from tasknet.site.storage import instances
 from tasknet.site.storage.engine.database import Cursor, IWriteFence, connect, run_write
 from tasknet.site.storage.engine.file_lock import InstanceLock
+from tasknet.site.storage.engine.sources import Sources
 from tasknet.site.storage.engine.sql import postgres_only
 from tasknet.site.storage.instances import LeaseLost, LeaseStale
 
@@ -292,18 +293,36 @@ class Lease(ABC):
 class SqliteLease(Lease):
     """The flock of one SQLite database as the lease of its one instance."""
 
-    def __init__(self, flock: InstanceLock, target: str, instance_id: int, name: str) -> None:
-        super().__init__(instance_id, name)
+    def __init__(
+        self,
+        flock: InstanceLock,
+        target: str,
+        instance_id: int,
+        name: str,
+        *,
+        sources: Sources,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
+        super().__init__(instance_id, name, monotonic=monotonic)
         self._flock = flock
         self._target = target
+        self._sources = sources
 
     @classmethod
     def take(
-        cls, flock: InstanceLock, target: str, name: str, *, upstream_timeout: float | None = None
+        cls,
+        flock: InstanceLock,
+        target: str,
+        name: str,
+        *,
+        sources: Sources,
+        upstream_timeout: float | None = None,
+        monotonic: Callable[[], float] = time.monotonic,
     ) -> SqliteLease:
         """Register the instance of the site holding ``flock`` (on the
-        prepared database ``target``)."""
-        connection = connect(target)
+        prepared database ``target``), its rows stamped on the wall clock of
+        ``sources``."""
+        connection = connect(target, sources)
         try:
             instance_id = run_write(
                 connection,
@@ -320,7 +339,7 @@ class SqliteLease(Lease):
             )
         finally:
             connection.close()
-        return cls(flock, target, instance_id, name)
+        return cls(flock, target, instance_id, name, sources=sources, monotonic=monotonic)
 
     def stale_for(self) -> float | None:
         # The flock cannot be lost while the process lives (a paused site
@@ -343,7 +362,7 @@ class SqliteLease(Lease):
         if not self._flock.held:
             return
         try:
-            connection = connect(self._target)
+            connection = connect(self._target, self._sources)
             try:
                 run_write(connection, instances.end, self.instance_id)
             finally:
@@ -461,15 +480,21 @@ class PostgresLease(Lease):
         reactor: IReactorFromThreads,
         threads: IThreadPools,
         entropy: IEntropy,
+        wall: Callable[[], float],
         upstream_timeout: float | None = None,
         monotonic: Callable[[], float] = time.monotonic,
     ) -> PostgresLease:
         """Open the lease session on ``target`` (a prepared database),
         register the instance and take its lock (blocking: at build time);
-        its checks run on a pool from ``threads``, delivered to ``reactor``."""
+        its checks run on a pool from ``threads``, delivered to ``reactor``;
+        its confirmations are stamped on ``wall``."""
         from tasknet.site.storage.engine import postgres  # the driver only when PostgreSQL is used
 
-        connection = postgres.connect(_lease_target(target), application_name="tasknet-site lease")
+        connection = postgres.connect(
+            _lease_target(target),
+            application_name="tasknet-site lease",
+            sources=Sources(wall, entropy),
+        )
         try:
             instance_id, lease_pid = run_write(
                 connection,
@@ -590,23 +615,33 @@ def take_lease(
     reactor: IReactorFromThreads,
     threads: IThreadPools,
     entropy: IEntropy,
+    wall: Callable[[], float],
     upstream_timeout: float | None = None,
-    monotonic: Callable[[], float] = time.monotonic,
+    monotonic: Callable[[], float],
 ) -> Lease:
     """The lease of a new instance named ``name`` on the prepared database
     ``target``: on SQLite the site's held ``flock``, on PostgreSQL a lease
     session of its own, its thread from ``threads``, its results delivered
     to ``reactor`` (and its conflict reruns' jitter from ``entropy``).
-    ``upstream_timeout`` is recorded for a reaper; ``monotonic`` is the
-    clock freshness is judged on."""
+    Its rows (registration, confirmations, the end) are stamped on
+    ``wall``; ``upstream_timeout`` is recorded for a reaper; ``monotonic``
+    is the clock freshness is judged on."""
     if flock is not None:
-        return SqliteLease.take(flock, target, name, upstream_timeout=upstream_timeout)
+        return SqliteLease.take(
+            flock,
+            target,
+            name,
+            sources=Sources(wall, entropy),
+            upstream_timeout=upstream_timeout,
+            monotonic=monotonic,
+        )
     return PostgresLease.take(
         target,
         name,
         reactor=reactor,
         threads=threads,
         entropy=entropy,
+        wall=wall,
         upstream_timeout=upstream_timeout,
         monotonic=monotonic,
     )

@@ -72,7 +72,9 @@ from tasknet.site.storage.engine.transactions import read_committed
 from tasknet.site.storage.lease import OUTBOX_PRUNE_JOB, once
 from tasknet.site.storage.views import gone_view, task_views_and_owners
 
-_INSERT = "INSERT INTO notification_outbox (gid, user_id, payload) VALUES (?, ?, ?)"
+_INSERT = (
+    "INSERT INTO notification_outbox (gid, user_id, payload, created_at) VALUES (?, ?, ?, {now})"
+)
 _INSERT_SQL = sql(_INSERT)
 _INSERT_ONE_SQL = sql(_INSERT + " RETURNING id")
 
@@ -343,7 +345,7 @@ _OPEN_READERS = sql(
     " (SELECT id FROM site_instance WHERE ended_at IS NULL AND reaped_at IS NULL)"
 )
 _READ_UPTO_SQL = sql(
-    "INSERT INTO outbox_reader (instance_id, after_id) VALUES (?, ?)"
+    "INSERT INTO outbox_reader (instance_id, after_id, updated_at) VALUES (?, ?, {now})"
     " ON CONFLICT (instance_id) DO UPDATE SET after_id = excluded.after_id,"
     " updated_at = {now}"
 )

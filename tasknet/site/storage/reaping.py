@@ -27,7 +27,7 @@ _MARK_REAPED = sql(
 _NOW = sql("SELECT {now}")
 _RECORD = sql(
     "INSERT INTO instance_reap (instance_id, reaped_by, gid, operation_id, from_state, "
-    "outcome, lease_confirmed_at) VALUES (?, ?, ?, ?, ?, ?, ?)"
+    "outcome, lease_confirmed_at, reaped_at) VALUES (?, ?, ?, ?, ?, ?, ?, {now})"
 )
 _RECORDS = (
     "SELECT instance_id, reaped_by, reaped_at, gid, operation_id, from_state, outcome "

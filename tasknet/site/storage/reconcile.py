@@ -82,8 +82,8 @@ _LAST_VERDICT = sql(
     "SELECT operation_id, verdict FROM reconciliation_audit WHERE gid = ? ORDER BY id DESC LIMIT 1"
 )
 _AUDIT = sql(
-    "INSERT INTO reconciliation_audit (gid, operation_id, verdict, actor, note, evidence) "
-    "VALUES (?, ?, ?, ?, ?, ?)"
+    "INSERT INTO reconciliation_audit (gid, operation_id, verdict, actor, note, evidence, "
+    "resolved_at) VALUES (?, ?, ?, ?, ?, ?, {now})"
 )
 _SETTLED_ROW = sql(
     "UPDATE gallery SET cost = ?, url = CASE WHEN ? <> '' THEN ? ELSE url END, "
@@ -310,7 +310,7 @@ def _settle_submitted(
     # dispatched (DISPATCHABLE_SQL needs a URL), and step says so.
     url = op["archive_url"] or archive_url or ""
     cost = int(op["cost"] or 0)
-    week = op["metered_week"] or op["quota_week"] or week_of_timestamp(op["created_at"])
+    week = op["metered_week"] or op["quota_week"] or week_of_timestamp(cursor, op["created_at"])
     metered = bool(op["metered"])
     change_state(
         cursor,

@@ -262,7 +262,9 @@ def _owner_check(outcome: ReportOutcome, node_id: str, row: sqlite3.Row) -> str 
 
 
 _RECORDED_SQL = sql("SELECT report_id FROM report_receipt WHERE report_id {in_array}")
-_RECEIPT_SQL = sql("INSERT INTO report_receipt (report_id, node_id, revision) VALUES (?, ?, ?)")
+_RECEIPT_SQL = sql(
+    "INSERT INTO report_receipt (report_id, node_id, revision, received_at) VALUES (?, ?, ?, {now})"
+)
 _UPDATE_TASK_SQL = sql(
     "UPDATE gallery SET status = ?, progress = ?, queued = ?, detail = ?,"
     " updated_at = {now} WHERE gid = ?"
@@ -295,7 +297,7 @@ _FORGET_REVISIONS_SQL = sql(
     " AND gid IN (SELECT gid FROM gallery WHERE node_id = ?)"
 )
 _COUNT_DROPS_SQL = sql(
-    "INSERT INTO node_dropped_entry (node_id, reason, count) VALUES (?, ?, ?)"
+    "INSERT INTO node_dropped_entry (node_id, reason, count, last_at) VALUES (?, ?, ?, {now})"
     " ON CONFLICT (node_id, reason) DO UPDATE"
     " SET count = node_dropped_entry.count + excluded.count,"
     " last_at = {now}"

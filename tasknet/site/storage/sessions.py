@@ -2,7 +2,8 @@
 ``web_session`` table (schema v5).
 
 ``POST /api/session`` trades an API token for a session: a random id
-(:func:`new_session_id`, 32 bytes from :mod:`secrets`) that goes into the
+(:func:`new_session_id`, 32 bytes of the site's entropy: the OS's in
+production) that goes into the
 browser's cookie and nowhere else.  The table keeps only its sha256
 (``id_hash``), so a copy of the database does not hand out sessions, and
 neither the id nor its hash is ever logged or shown in full (the tools show
@@ -29,10 +30,11 @@ from __future__ import annotations
 
 import hashlib
 import re
-import secrets
 import sqlite3
 from dataclasses import dataclass
 
+from tasknet.runtime import IEntropy, SystemEntropy
+from tasknet.site.storage.engine.sources import token_urlsafe
 from tasknet.site.storage.engine.sql import sql
 from tasknet.site.storage.engine.timestamps import iso
 
@@ -96,9 +98,12 @@ class SessionRow:
         return "active"
 
 
-def new_session_id() -> str:
-    """A fresh session id for a cookie (never stored: :func:`hash_session_id`)."""
-    return secrets.token_urlsafe(SESSION_ID_BYTES)
+def new_session_id(entropy: IEntropy | None = None) -> str:
+    """A fresh session id for a cookie (never stored: :func:`hash_session_id`):
+    :data:`SESSION_ID_BYTES` bytes of ``entropy`` (the site's, from its root;
+    None, a tool's or a test's: the OS's), as ``secrets.token_urlsafe`` writes
+    them."""
+    return token_urlsafe(entropy if entropy is not None else SystemEntropy(), SESSION_ID_BYTES)
 
 
 def well_formed(session_id: str) -> bool:

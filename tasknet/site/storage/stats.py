@@ -20,7 +20,7 @@ from typing import Any
 from tasknet.site.storage import node_sessions, reports, throughput, views
 from tasknet.site.storage.engine.sql import sql
 from tasknet.site.storage.engine.timestamps import iso, unix
-from tasknet.site.storage.usage import iso_week
+from tasknet.site.storage.usage import iso_week, this_week
 from tasknet.status import NodeCode, OperationState
 
 BUCKET_SECONDS = 60
@@ -216,7 +216,9 @@ def quota_use(cursor: sqlite3.Cursor, week: str | None = None) -> dict[str, tupl
     in_flight = (OperationState.SUBMITTING.value, OperationState.UNKNOWN.value)
     return {
         str(name): (int(used), int(quota))
-        for name, quota, used in cursor.execute(_QUOTA_USE_SQL, (week or iso_week(), *in_flight))
+        for name, quota, used in cursor.execute(
+            _QUOTA_USE_SQL, (week or this_week(cursor), *in_flight)
+        )
     }
 
 

@@ -33,7 +33,7 @@ which the report's own ``UPDATE`` of the task writes;
 :func:`window_stats` is the buckets of ``GET /api/stats``, read from the
 rollups (see there).  Every
 function takes the cursor of the caller's transaction and ``now`` (unix
-seconds) for tests.
+seconds; default: the wall clock of the cursor's connection, the site's).
 """
 
 from __future__ import annotations
@@ -41,10 +41,11 @@ from __future__ import annotations
 import json
 import math
 import sqlite3
-import time
+import weakref
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
+from tasknet.site.storage.engine.sources import now_of
 from tasknet.site.storage.engine.sql import per_backend, sql
 from tasknet.site.storage.engine.timestamps import iso
 from tasknet.status import NodeCode
@@ -148,9 +149,11 @@ _NODE_SEEN_SQL = sql(
 )
 _NODE_BYTE_TOTALS_SQL = sql("SELECT node_id, bytes FROM node_bytes")
 
-# Per database file would be exact; per process is enough to prune about
-# once a minute (pruning is idempotent).
-_last_pruned_minute = -1
+# The minute last pruned, per connection (a site's writer: about once a
+# minute per database; pruning is idempotent).  Never per process: two sites
+# of one process (a simulation's), or two runs of one, would prune on each
+# other's minutes.  The engine's connections are weakly referenceable.
+_pruned_minute: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
 
 
 #: A task's new ``(speed, sampled_at, moved_at, completed_at)``, the last
@@ -198,8 +201,7 @@ def sample_reports(
     reports one after the other, provided no gid is in two of them (as in a
     run of :func:`~tasknet.site.storage.reports.apply_reports`): the sums
     per minute, node and user add up the same either way."""
-    global _last_pruned_minute
-    now = time.time() if now is None else now
+    now = now_of(cursor) if now is None else now
     stamp = iso(now)
     cursor.executemany(_REPORTED_SQL, [(node_id, stamp) for node_id, *_ in reports])
     sampled = _sampled(reports)
@@ -235,14 +237,14 @@ def sample_reports(
     node_bytes = [(node_id, gained) for node_id, gained in per_node.items() if gained]
     if node_bytes:
         cursor.executemany(_NODE_BYTES_SQL, node_bytes)
-    if minute != _last_pruned_minute:
+    if _pruned_minute.get(cursor.connection) != minute:
         cutoff = minute - KEEP_MINUTES
         cursor.execute(_PRUNE_MINUTES_SQL, (cutoff,))
         cursor.execute(_PRUNE_TOTALS_SQL, (cutoff,))
         for grain in GRAINS:
             # The slots that end at or before the cutoff minute.
             cursor.execute(_PRUNE_NODE_SLOTS_SQL, (grain, cutoff * 60 // grain))
-        _last_pruned_minute = minute
+        _pruned_minute[cursor.connection] = minute
     return samples
 
 
@@ -311,7 +313,7 @@ def record_node_seen(
     now: float | None = None,
 ) -> None:
     """A node logged in (``connected``) or went away."""
-    stamp = iso(time.time() if now is None else now)
+    stamp = iso(now_of(cursor) if now is None else now)
     cursor.execute(
         _NODE_SEEN_SQL,
         (node_id, protocol, json.dumps(list(features)), stamp if connected else None, stamp),

@@ -1,6 +1,10 @@
 """Weekly usage and quota: the ISO week of a moment or of a stored
 timestamp, a user's usage this week, the cost of submissions in flight, and
-metering a cost into ``weekly_usage``."""
+metering a cost into ``weekly_usage``.
+
+"This week" is the week of the site's wall clock: a transaction's is its
+cursor's (:func:`this_week`), the lifecycle's its reactor's.  Only a tool or
+a test calls :func:`iso_week` without a moment (the system's clock)."""
 
 from __future__ import annotations
 
@@ -9,26 +13,35 @@ from datetime import UTC, datetime
 from typing import Any
 
 from tasknet.site.storage.engine.errors import TaskError
+from tasknet.site.storage.engine.sources import now_of
 from tasknet.site.storage.engine.sql import sql
 from tasknet.site.storage.engine.timestamps import parse
 from tasknet.status import OperationState
 
 
 def iso_week(moment: datetime | None = None) -> str:
-    """The ISO week of ``moment`` (default: now, UTC), e.g. ``2026-W49``."""
+    """The ISO week of ``moment``, e.g. ``2026-W49``; without one, of the
+    system's clock (a tool's or a test's "now": the site always gives its
+    own moment)."""
     moment = moment or datetime.now(UTC)
     year, week, _ = moment.isocalendar()
     return f"{year}-W{week:02d}"
 
 
-def week_of_timestamp(timestamp: str | None) -> str:
-    """The ISO week of one of our stored UTC timestamps (now if unparsable)."""
+def this_week(cursor: sqlite3.Cursor) -> str:
+    """The ISO week of the wall clock of ``cursor``'s connection."""
+    return iso_week(datetime.fromtimestamp(now_of(cursor), UTC))
+
+
+def week_of_timestamp(cursor: sqlite3.Cursor, timestamp: str | None) -> str:
+    """The ISO week of one of our stored UTC timestamps (:func:`this_week`
+    if unparsable)."""
     if timestamp:
         try:
             return iso_week(parse(timestamp))
         except ValueError:
             pass
-    return iso_week()
+    return this_week(cursor)
 
 
 _USAGE = sql(
@@ -47,7 +60,7 @@ _METER = sql(
 
 def usage(cursor: sqlite3.Cursor, user_id: int, week: str | None = None) -> dict[str, Any]:
     """``{"week", "used", "quota"}`` of ``user_id`` for ``week`` (default: this week)."""
-    week = week or iso_week()
+    week = week or this_week(cursor)
     row = cursor.execute(_USAGE, (week, user_id)).fetchone()
     if row is None:
         raise TaskError("not_found", f"no user {user_id}")

@@ -7,19 +7,22 @@ transaction.  Used by the HTTP API (:func:`user_by_token`,
 :func:`user_by_session`) and by ``tasknet-admin`` (everything else); every
 function is one transaction body of a cursor (run it with
 ``Database.write``/``read``, or ``db.run_write``/``run_read`` on a plain
-connection).
+connection).  New tokens and node secrets are drawn from the entropy of
+the cursor's connection (:func:`~tasknet.site.storage.engine.sources.entropy_of`:
+the OS's for a tool's connection, the site's root's for its own).
 """
 
 from __future__ import annotations
 
 import hashlib
 import re
-import secrets
 import sqlite3
 from dataclasses import dataclass
 
 from tasknet.protocol.messages import NODE_ID
+from tasknet.runtime import IEntropy
 from tasknet.site.storage import sessions
+from tasknet.site.storage.engine.sources import entropy_of, token_urlsafe
 from tasknet.site.storage.engine.sql import sql
 
 #: The weekly quota of a new user when no site has recorded its
@@ -56,9 +59,10 @@ def hash_token(token: str) -> str:
     return hashlib.sha256(token.encode("utf-8")).hexdigest()
 
 
-def new_token() -> str:
-    """A fresh random API token (32 URL-safe characters)."""
-    return secrets.token_urlsafe(24)
+def new_token(entropy: IEntropy) -> str:
+    """A fresh random API token (32 URL-safe characters: 24 bytes of
+    ``entropy`` as ``secrets.token_urlsafe(24)`` writes them)."""
+    return token_urlsafe(entropy, 24)
 
 
 def _user(row: sqlite3.Row) -> User:
@@ -77,8 +81,8 @@ def _user(row: sqlite3.Row) -> User:
 
 
 _INSERT_USER = sql(
-    'INSERT INTO "user" (name, token_hash, is_admin, quota) VALUES (?, ?, ?, ?)'
-    " ON CONFLICT DO NOTHING"
+    'INSERT INTO "user" (name, token_hash, is_admin, quota, created_at)'
+    " VALUES (?, ?, ?, ?, {now}) ON CONFLICT DO NOTHING"
 )
 _USER_NAMED = sql('SELECT * FROM "user" WHERE name = ?')
 _USER_BY_TOKEN = sql('SELECT * FROM "user" WHERE token_hash = ? AND disabled_at IS NULL')
@@ -104,7 +108,7 @@ def create_user(
         raise UserError(f"user name must match {NAME_PATTERN.pattern}, got {name!r}")
     if isinstance(quota, bool) or not isinstance(quota, int) or quota < 0:
         raise UserError(f"quota must be a non-negative integer, got {quota!r}")
-    token = token if token is not None else new_token()
+    token = token if token is not None else new_token(entropy_of(cursor))
     if not token:
         raise UserError("token must not be empty")
     # ON CONFLICT, not a caught IntegrityError: on PostgreSQL a failed
@@ -169,7 +173,7 @@ def _replace_token(cursor: sqlite3.Cursor, name: str, token: str, why: str) -> N
 def rotate_token(cursor: sqlite3.Cursor, name: str) -> str:
     """Give ``name`` a new API token (the old one stops working, and so
     does every browser session of ``name``); returns it."""
-    token = new_token()
+    token = new_token(entropy_of(cursor))
     _replace_token(cursor, name, token, "token rotated")
     return token
 
@@ -179,7 +183,7 @@ def revoke_token(cursor: sqlite3.Cursor, name: str) -> None:
     ``name``): nothing authenticates as ``name`` until :func:`rotate_token`
     gives a new one.  The hash stored is that of a random token nobody is
     told."""
-    _replace_token(cursor, name, new_token(), "token revoked")
+    _replace_token(cursor, name, new_token(entropy_of(cursor)), "token revoked")
 
 
 # Disabling and removing users ------------------------------------------------------
@@ -299,7 +303,7 @@ def default_quota(cursor: sqlite3.Cursor) -> int:
 
 _NODE_KEYS = sql("SELECT node_id, secret FROM node_key ORDER BY node_id")
 _SET_NODE_KEY = sql(
-    "INSERT INTO node_key (node_id, secret) VALUES (?, ?) "
+    "INSERT INTO node_key (node_id, secret, created_at) VALUES (?, ?, {now}) "
     "ON CONFLICT (node_id) DO UPDATE SET secret = excluded.secret"
 )
 _REMOVE_NODE_KEY = sql("DELETE FROM node_key WHERE node_id = ?")
@@ -314,7 +318,7 @@ def add_node_key(cursor: sqlite3.Cursor, node_id: str, secret: str | None = None
     """Allow node ``node_id`` to log in (replacing its secret); returns the secret."""
     if not NODE_ID_PATTERN.fullmatch(node_id):
         raise UserError(f"node id must match {NODE_ID_PATTERN.pattern}, got {node_id!r}")
-    secret = secret if secret else secrets.token_hex(16)
+    secret = secret if secret else entropy_of(cursor).token_hex(16)
     cursor.execute(_SET_NODE_KEY, (node_id, secret))
     return secret
 

@@ -32,7 +32,6 @@ import functools
 import math
 import re
 import sqlite3
-import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import StrEnum
@@ -40,6 +39,7 @@ from typing import Any
 
 from tasknet.site.storage import throughput
 from tasknet.site.storage.engine.errors import TaskError
+from tasknet.site.storage.engine.sources import now_of
 from tasknet.site.storage.engine.sql import EMPTY, Sql, fragment, sql
 from tasknet.site.storage.engine.timestamps import iso, unix
 from tasknet.status import NodeCode, OperationState, TaskStatus, display_status
@@ -156,8 +156,9 @@ def stalled_since(
     return iso(last)
 
 
-def _view_of_row(row: sqlite3.Row) -> dict[str, Any] | None:
-    """The one definition of the task object, from a row of ``_VIEWS_SQL``."""
+def _view_of_row(row: sqlite3.Row, now: float) -> dict[str, Any] | None:
+    """The one definition of the task object, from a row of ``_VIEWS_SQL``,
+    at ``now`` (the wall clock of the transaction: stalled or not, speed)."""
     # Unpacked by position, in the order of _VIEWS_SQL: a view is built for
     # every change a report applies, and a name lookup on a sqlite3.Row
     # scans its columns.
@@ -183,7 +184,6 @@ def _view_of_row(row: sqlite3.Row) -> dict[str, Any] | None:
     status = _display_status(state, node_code, delete_result == "FAILED", bool(queued_flag))
     queued = bool(queued_flag) and status is TaskStatus.SUBMITTED and node_code == _DOWNLOADING
     progress = float(progress)
-    now = time.time()
     done = throughput.bytes_done(node_code, progress, size)
     connected = None if node_connected is None else bool(node_connected)
     stalled = stalled_since(status, moved_at, sampled_at, updated_at, now)
@@ -224,7 +224,7 @@ def task_view(cursor: sqlite3.Cursor, gid: int) -> dict[str, Any] | None:
     a gid the site knows nothing about gives ``None``.
     """
     row = cursor.execute(_VIEW_ONE_SQL, (gid,)).fetchone()
-    return None if row is None else _view_of_row(row)
+    return None if row is None else _view_of_row(row, now_of(cursor))
 
 
 def task_views_and_owners(
@@ -239,7 +239,8 @@ def task_views_and_owners(
         rows = cursor.execute(_VIEW_ONE_SQL, (wanted[0],))
     else:
         rows = cursor.execute(_VIEW_MANY_SQL, (wanted,))
-    return {row[0]: (_view_of_row(row), row[2]) for row in rows}
+    now = now_of(cursor)
+    return {row[0]: (_view_of_row(row, now), row[2]) for row in rows}
 
 
 def views_in_order(cursor: sqlite3.Cursor, gids: Iterable[int]) -> list[dict[str, Any]]:

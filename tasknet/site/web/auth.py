@@ -58,6 +58,7 @@ from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 from twisted.web.server import Request
 
+from tasknet.runtime import IEntropy
 from tasknet.site.storage import sessions, users
 from tasknet.site.storage.engine.database import Database
 from tasknet.site.storage.throughput import iso
@@ -225,14 +226,21 @@ def require_same_origin(request: Request, settings: SessionSettings) -> None:
 
 class Authenticator:
     """Who a request is: tokens, browser sessions, the same-origin rule.
-    Built once by the composition root; its clock decides every expiry."""
+    Built once by the composition root; its clock decides every expiry, its
+    ``entropy`` makes the session ids."""
 
     def __init__(
-        self, db: Database, clock: IReactorTime, settings: SessionSettings = SessionSettings()
+        self,
+        db: Database,
+        clock: IReactorTime,
+        settings: SessionSettings = SessionSettings(),
+        *,
+        entropy: IEntropy,
     ) -> None:
         self.db = db
         self.clock = clock
         self.settings = settings
+        self.entropy = entropy
 
     # -- lookups (also the WebSocket's: web/events.py) ----------------------
 
@@ -301,7 +309,7 @@ class Authenticator:
         user = await self.token_user(token)
         if user is None:
             raise ApiError("unauthorized", "unknown token")
-        session_id = sessions.new_session_id()
+        session_id = sessions.new_session_id(self.entropy)
         previous = session_cookie(request)
         replaced = (
             sessions.hash_session_id(previous)

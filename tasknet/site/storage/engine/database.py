@@ -14,6 +14,8 @@ The engine (``tasknet/site/storage/engine/``) is laid out by job:
   errors, reruns, the write fence; :func:`run_write`, :func:`run_read`);
 * :mod:`~.group_commit`: the writes queued together run as one
   transaction, a savepoint each;
+* :mod:`~.sources`: the wall clock and entropy a transaction reads from
+  its cursor, given to every connection of a pool;
 * this module: :class:`Database`, the pools and the queue;
 * :mod:`~.errors`, :mod:`~.timestamps`, :mod:`~.schema` and
   :mod:`~.migrate` with the ``.sql`` files, :mod:`~.listen`
@@ -92,10 +94,12 @@ from tasknet.site.storage.engine.group_commit import (
     run_batch,
     run_coalesced,
 )
+from tasknet.site.storage.engine.sources import SYSTEM, Sources, StorageFaults
 from tasknet.site.storage.engine.sql import sql
 from tasknet.site.storage.engine.sqlite import (
     BUSY_TIMEOUT_MS,
     PRIVATE_MODE,
+    SiteConnection,
     configure_connection,
     connect_sqlite,
     create_private,
@@ -136,12 +140,14 @@ __all__ = [
     "READ_COMMITTED",
     "SERIALIZABLE",
     "SQLITE",
+    "SYSTEM",
     "Committed",
     "Connection",
     "Cursor",
     "Database",
     "IWriteFence",
     "Retry",
+    "Sources",
     "backend_of",
     "classify",
     "configure_connection",
@@ -174,15 +180,18 @@ DEFAULT_MAX_BATCH = 64
 _PING = sql("SELECT 1")
 
 
-def connect(target: str) -> Connection:
+def connect(target: str, sources: Sources = SYSTEM) -> Connection:
     """A plain configured connection (autocommit mode), for tools and tests
-    that work outside the reactor (``tasknet-migrate``, ``tasknet-admin``):
-    a SQLite file (a new one is created 0600) or a PostgreSQL database."""
+    that work outside the reactor (``tasknet-migrate``, ``tasknet-admin``)
+    and the site's work before its pools open: a SQLite file (a new one is
+    created 0600) or a PostgreSQL database.  Its transactions read the wall
+    clock and entropy of ``sources`` (:mod:`~.sources`: a tool's are the
+    system's; the site passes its root's)."""
     if is_postgres(target):
         from tasknet.site.storage.engine import postgres  # psycopg only when PostgreSQL is used
 
-        return postgres.connect(target, lock_timeout_ms=BUSY_TIMEOUT_MS)
-    return connect_sqlite(target)
+        return postgres.connect(target, lock_timeout_ms=BUSY_TIMEOUT_MS, sources=sources)
+    return connect_sqlite(target, sources)
 
 
 @dataclass(frozen=True)
@@ -218,11 +227,16 @@ class Database:
     a SQLite path or a PostgreSQL URL.  From the composition root: the
     ``reactor`` its ``adbapi`` pools run on (``IReactorCore``: started and
     stopped with it, results delivered to it), ``threads`` (their thread
-    pools), ``entropy`` (seeds the jitter of the writer's conflict reruns)
-    and ``monotonic`` (the clock a transaction's duration is measured on);
+    pools), ``entropy`` (seeds the jitter of the writer's conflict reruns;
+    the ids and secrets its transactions make), ``wall`` (the wall clock of
+    its transactions: ``{now}`` in SQL, :func:`~.sources.now_of` in Python;
+    the reactor's ``seconds``) and ``monotonic`` (the clock a transaction's
+    duration is measured on); every connection of both pools carries
+    ``wall`` and ``entropy`` (:class:`~.sources.Sources`);
     ``clock`` (default: ``reactor``) times the retries of
     :meth:`write_retrying`.  ``application_name`` names the PostgreSQL
-    sessions (``pg_stat_activity``).
+    sessions (``pg_stat_activity``).  ``storage_faults``: a simulation's
+    (:data:`~.sources.StorageFaults`); None in production.
 
     ``writes`` and ``transactions`` count committed writes and the
     transactions that carried them (logs, tests, benchmarks)."""
@@ -234,6 +248,7 @@ class Database:
         reactor: IReactorCore,
         threads: IThreadPools,
         entropy: IEntropy,
+        wall: Callable[[], float],
         monotonic: Callable[[], float],
         clock: IReactorTime | None = None,
         max_batch: int = DEFAULT_MAX_BATCH,
@@ -242,6 +257,7 @@ class Database:
         application_name: str = "tasknet-site",
         reader_application_name: str | None = None,
         fence: IWriteFence | None = None,
+        storage_faults: StorageFaults | None = None,
     ) -> None:
         if max_batch < 1:
             raise ValueError(f"max_batch must be >= 1, got {max_batch}")
@@ -256,6 +272,8 @@ class Database:
         self._reactor = reactor
         self._threads = threads
         self._clock: IReactorTime = clock if clock is not None else IReactorTime(reactor)
+        #: What its transactions read of the world (their connections carry it).
+        self.sources = Sources(wall, entropy, storage_faults)
         if self.backend == POSTGRESQL:
             self._writer = self._postgres_pool(target, application_name, readers=0)
             self._reader = self._postgres_pool(
@@ -295,9 +313,10 @@ class Database:
         self, path: str, *, query_only: bool, connections: int = 1, role: str = "writer"
     ) -> adbapi.ConnectionPool:
         busy_timeout_ms = self._busy_timeout_ms
+        sources = self.sources
 
         def openfun(connection: sqlite3.Connection) -> None:
-            configure_connection(connection)
+            configure_connection(connection, sources)
             if busy_timeout_ms != BUSY_TIMEOUT_MS:
                 set_busy_timeout(connection, busy_timeout_ms)
             if query_only:
@@ -312,6 +331,7 @@ class Database:
             check_same_thread=False,
             isolation_level=None,
             timeout=busy_timeout_ms / 1000,
+            factory=SiteConnection,
             cp_min=1,
             cp_max=connections,
             cp_openfun=openfun,
@@ -333,6 +353,7 @@ class Database:
             lock_timeout_ms=self._busy_timeout_ms,
             read_only=readers > 0,
             application_name=application_name,
+            sources=self.sources,
             cp_min=1,
             cp_max=max(1, readers),
             cp_noisy=False,
@@ -495,15 +516,22 @@ def open_pool(
     reactor: IReactorCore,
     threads: IThreadPools,
     entropy: IEntropy,
+    wall: Callable[[], float],
     monotonic: Callable[[], float],
     **options: Any,
 ) -> Database:
     """Open the site database ``target`` (a SQLite file, created if absent,
-    or a PostgreSQL URL) on ``reactor``, ``threads``, ``entropy`` and
-    ``monotonic`` (the composition root's); ``options`` are
+    or a PostgreSQL URL) on ``reactor``, ``threads``, ``entropy``, ``wall``
+    and ``monotonic`` (the composition root's); ``options`` are
     :class:`Database`'s other keyword arguments."""
     return Database(
-        target, reactor=reactor, threads=threads, entropy=entropy, monotonic=monotonic, **options
+        target,
+        reactor=reactor,
+        threads=threads,
+        entropy=entropy,
+        wall=wall,
+        monotonic=monotonic,
+        **options,
     )
 
 

@@ -103,6 +103,15 @@ class InstanceLock:
     def held(self) -> bool:
         return self._held
 
+    def drop(self) -> None:
+        """What the kernel does when the holding process dies: the
+        descriptor closes and the flock goes; the file still names the
+        holder (a simulated crash)."""
+        self._held = False
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            os.close(fd)
+
     def release(self) -> None:
         self._held = False
         fd, self._fd = self._fd, None
@@ -118,6 +127,8 @@ def _this_process(role: str) -> Holder:
     return Holder(
         pid=os.getpid(),
         host=socket.gethostname(),
+        # The operator's real time, on purpose: the lock file tells a person
+        # since when a process holds it; nothing is decided from it.
         since=iso(time.time()),
         role=role,
     )

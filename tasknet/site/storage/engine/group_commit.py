@@ -57,6 +57,7 @@ from twisted.python.failure import Failure
 
 from tasknet.site.storage.engine import transactions as engine_transactions
 from tasknet.site.storage.engine.errors import TransactionLost
+from tasknet.site.storage.engine.sources import fault_point
 from tasknet.site.storage.engine.sql import sql
 from tasknet.site.storage.engine.transactions import (
     COMMIT,
@@ -315,6 +316,7 @@ def _run_together(
                     continue
                 cursor.execute(_RELEASE_SAVEPOINT)
                 ran.extend(unit)
+            fault_point(connection, "commit")
             committing = True
             cursor.execute(COMMIT)
         except (Conflict, Reconnect):

@@ -115,6 +115,7 @@ def find_duplicates(connection: sqlite3.Connection) -> list[Duplicate]:
 
 
 def backup_path(path: str) -> str:
+    # A tool's real time, on purpose: it names the operator's backup file.
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     candidate = f"{path}.bak-{stamp}"
     n = 1

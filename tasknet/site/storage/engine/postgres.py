@@ -36,6 +36,15 @@ sends its PostgreSQL text as it is:
   the site: a statement waiting that long for a row or table lock fails
   with ``lock_not_available``, which is "busy", never a hang), and for a
   reader ``default_transaction_read_only``.
+* The wall clock: a connection carries its :class:`~tasknet.site.storage.
+  engine.sources.Sources` (:attr:`PgConnection.sources`, what a transaction
+  function reads from its cursor).  Given a clock other than the system's
+  (a simulation's), it sets the session's ``tasknet.now`` to it
+  (``set_config``) right after each ``BEGIN`` and before each statement run
+  outside a transaction, and ``{now}`` reads that in place of
+  ``statement_timestamp()`` (:mod:`~tasknet.site.storage.engine.sql`):
+  "now" is then constant within a transaction.  With the system's clock
+  (production) nothing is set and no statement is added.
 * A failed statement aborts a PostgreSQL transaction.  The connection keeps
   the error that did it (:attr:`PgConnection.failed_by`) until the
   transaction ends or is rolled back to a savepoint; a ``COMMIT`` of an
@@ -73,7 +82,9 @@ from psycopg import conninfo as pg_conninfo
 from psycopg.adapt import Dumper, Loader
 from psycopg.pq import TransactionStatus
 
+from tasknet.site.storage.engine.sources import SYSTEM, Sources
 from tasknet.site.storage.engine.sql import Sql, parameters, rendered, sql
+from tasknet.site.storage.engine.timestamps import precise
 
 # DB-API module attributes (adbapi checks them).
 apilevel = "2.0"
@@ -88,6 +99,9 @@ BUSY = CONFLICTS | {"55P03", "57014", "53300"}
 
 _COMMIT = sql("COMMIT")
 _ROLLBACK = sql("ROLLBACK")
+# Session-level (false): it outlives the statement that sets it; set again
+# at each BEGIN (a rolled-back transaction takes its setting back with it).
+_SET_NOW = "SELECT set_config('tasknet.now', %s, false)"
 
 DEFAULT_APPLICATION_NAME = "tasknet-site"
 DEFAULT_LOCK_TIMEOUT_MS = 5000
@@ -248,6 +262,8 @@ class PgCursor:
             return self
         text = statement.postgres
         self.connection._ready()
+        if self.connection._sets_now and not self.connection.in_transaction:
+            self.connection._set_now()
         cursor = self._fresh()
         self.connection._run(lambda: cursor.executemany(text, rows))
         return self
@@ -291,10 +307,15 @@ class PgConnection:
         lock_timeout_ms: int = DEFAULT_LOCK_TIMEOUT_MS,
         read_only: bool = False,
         application_name: str = DEFAULT_APPLICATION_NAME,
+        sources: Sources = SYSTEM,
     ) -> None:
         if lock_timeout_ms < 0:
             raise ValueError(f"lock_timeout_ms must be >= 0, got {lock_timeout_ms}")
         self.target = target
+        #: The wall clock and entropy of the transactions run on this
+        #: connection (the module doc, "The wall clock").
+        self.sources = sources
+        self._sets_now = not sources.system_wall
         self._lock_timeout_ms = lock_timeout_ms
         self._read_only = read_only
         self._application_name = application_name
@@ -408,6 +429,13 @@ class PgConnection:
                 self._failed_by = error
             raise
 
+    def _set_now(self) -> None:
+        """The session's ``tasknet.now`` from the wall clock (only for a
+        clock other than the system's: the module doc)."""
+        if self._sets_now:
+            text = precise(self.sources.wall())
+            self._run(lambda: self.raw.execute(_SET_NOW, (text,)))
+
     def _traced(self, statement: Sql) -> None:
         if self._trace is not None:
             self._trace(str(statement))
@@ -426,8 +454,11 @@ class PgConnection:
             raw = cursor._fresh()
             self._run(lambda: raw.execute(postgres, values))
             self._began = True
+            self._set_now()
             return
         self._ready()
+        if self._sets_now and not statement.kind and not self.in_transaction:
+            self._set_now()
         raw = cursor._fresh()
         if statement.kind == "commit" and self.failed_by is not None:
             # PostgreSQL would answer COMMIT with a silent ROLLBACK.

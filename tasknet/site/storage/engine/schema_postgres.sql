@@ -9,7 +9,10 @@
 -- (kept as integers with CHECKs, as on SQLite, so the storage code reads the
 -- same values); REAL is DOUBLE PRECISION; timestamps stay TEXT in our ISO
 -- format (UTC, milliseconds, 'Z', see sql.py's {now}) so they compare as
--- strings on both engines.  Ids are identities (BY DEFAULT: a tool may give
+-- strings on both engines.  Their DEFAULTs (statement_timestamp()) only stamp
+-- rows a tool or an operator inserts: the site's own INSERTs give every
+-- timestamp column {now}, the wall clock its root hands it (sql.py), and no
+-- trigger here reads the time.  Ids are identities (BY DEFAULT: a tool may give
 -- one, as with SQLite's rowid).  "user" is quoted: a reserved word here.
 -- Same table, column, index and trigger names as on SQLite
 -- (tests/site/test_postgres_backend.py compares the two schemas).

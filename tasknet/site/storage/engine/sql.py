@@ -28,8 +28,18 @@ by side (:data:`_SQLITE`, :data:`_POSTGRES`):
   milliseconds, ``Z``: :mod:`~tasknet.site.storage.engine.timestamps`), the
   same text on both engines, so timestamps compare as strings;
   ``{now_offset:?}`` the same shifted by a parameter (give it
-  :func:`offset`).  PostgreSQL's "now" is the statement's start
-  (``statement_timestamp()``), as SQLite's is constant within a statement;
+  :func:`offset`).  "Now" is the wall clock the connection's pool was given
+  (:mod:`~tasknet.site.storage.engine.sources`; the root's): on SQLite the
+  connection's ``tasknet_now()`` (registered deterministic, so SQLite reads
+  it once per statement for each place it appears, never once per row:
+  :mod:`~tasknet.site.storage.engine.sqlite`); on PostgreSQL the session's
+  ``tasknet.now`` setting when the pool was given a clock other than the
+  system's (set at each transaction's start:
+  :mod:`~tasknet.site.storage.engine.postgres`), else the statement's start
+  (``statement_timestamp()``), as before.  The schemas' column defaults are
+  the database's own clock: the site's inserts give every timestamp column
+  ``{now}`` instead (only a tool's or an operator's
+  row takes the default; the PostgreSQL triggers read no time);
 * ``{in_array:?}``: ``column {in_array:?}``, the column's value is in one
   array parameter, whatever its size (no variable limit, one statement).
   The parameter is a Python ``list``: psycopg sends it as an array
@@ -174,9 +184,20 @@ def _fixed(text: str) -> _Piece:
 _SQLITE_TIME = "'%Y-%m-%dT%H:%M:%fZ'"
 _POSTGRES_TIME = '\'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"\''
 
+#: SQLite's "now": the connection's wall clock (``sqlite.NOW_FUNCTION``),
+#: Unix seconds cut to milliseconds.
+_SQLITE_NOW = "tasknet_now(), 'unixepoch'"
+#: PostgreSQL's "now": the session's ``tasknet.now`` if set (a pool given a
+#: clock of its own sets it), else the statement's start.  ``current_setting``
+#: with ``missing_ok`` answers NULL for a setting never made, '' for one
+#: reset.
+_POSTGRES_NOW = (
+    "COALESCE(NULLIF(current_setting('tasknet.now', true), '')::timestamptz, statement_timestamp())"
+)
+
 _SQLITE: dict[str, _Piece] = {
-    "now": _fixed(f"strftime({_SQLITE_TIME}, 'now')"),
-    "now_offset": _Piece(lambda p: f"strftime({_SQLITE_TIME}, 'now', {p})", "?"),
+    "now": _fixed(f"strftime({_SQLITE_TIME}, {_SQLITE_NOW})"),
+    "now_offset": _Piece(lambda p: f"strftime({_SQLITE_TIME}, {_SQLITE_NOW}, {p})", "?"),
     "in_array": _Piece(lambda p: f"IN (SELECT value FROM json_each({p}))", "?"),  # noqa: S608
     "ilike": _fixed("LIKE"),
     "greatest": _Piece(lambda ab: f"MAX({ab})"),
@@ -187,10 +208,10 @@ _SQLITE: dict[str, _Piece] = {
 }
 
 _POSTGRES: dict[str, _Piece] = {
-    "now": _fixed(f"to_char(statement_timestamp() AT TIME ZONE 'UTC', {_POSTGRES_TIME})"),
+    "now": _fixed(f"to_char({_POSTGRES_NOW} AT TIME ZONE 'UTC', {_POSTGRES_TIME})"),
     "now_offset": _Piece(
         lambda p: (
-            f"to_char((statement_timestamp() + CAST({p} AS interval)) AT TIME ZONE 'UTC',"
+            f"to_char(({_POSTGRES_NOW} + CAST({p} AS interval)) AT TIME ZONE 'UTC',"
             f" {_POSTGRES_TIME})"
         ),
         "?",

@@ -12,6 +12,17 @@
   otherwise), which the ``{in_array}`` piece reads with ``json_each``
   (:mod:`~tasknet.site.storage.engine.sql`); psycopg sends the same list
   as an array.
+* Every connection is given its :class:`~tasknet.site.storage.engine.
+  sources.Sources` (:func:`configure_connection`): the SQL function
+  ``tasknet_now()`` (:data:`NOW_FUNCTION`: the wall clock, Unix seconds cut
+  to milliseconds), which ``{now}`` reads in place of SQLite's own
+  ``'now'`` (:mod:`~tasknet.site.storage.engine.sql`), registered
+  deterministic so that SQLite evaluates it once per statement (per place
+  it appears), not once per row; and, on a :class:`SiteConnection` (every
+  connection the engine opens), the sources themselves, which a transaction
+  function reads from its cursor (:func:`~tasknet.site.storage.engine.
+  sources.now_of`).  With the system's clock (production's) that is the
+  very clock SQLite's ``'now'`` reads.
 * A new database file is created 0600 (:func:`create_private`): it and its
   backups hold node secrets and users' upstream tokens.
 * SQLite's ``SQLITE_BUSY``/``SQLITE_LOCKED`` is "busy" (:func:`is_busy`).
@@ -22,9 +33,13 @@ from __future__ import annotations
 import json
 import os
 import sqlite3
+from collections.abc import Callable
 from typing import Any
 
 import orjson
+
+from tasknet.site.storage.engine.sources import SYSTEM, Sources
+from tasknet.site.storage.engine.timestamps import truncated
 
 BUSY_TIMEOUT_MS = 5000
 
@@ -54,9 +69,35 @@ def _json_array(values: list[Any]) -> str:
 sqlite3.register_adapter(list, _json_array)
 
 
-def configure_connection(connection: sqlite3.Connection) -> None:
-    """Apply the PRAGMAs every connection of the site must have."""
+#: The SQL function of a connection's wall clock (``{now}``'s "now").
+NOW_FUNCTION = "tasknet_now"
+
+
+class SiteConnection(sqlite3.Connection):
+    """A ``sqlite3.Connection`` carrying the :class:`Sources` of its
+    transactions (the ``factory`` of every connection the engine opens)."""
+
+    sources: Sources
+
+
+def register_now(connection: sqlite3.Connection, wall: Callable[[], float]) -> None:
+    """Give ``connection`` the SQL function ``tasknet_now()``: ``wall()``
+    cut to milliseconds (:func:`~tasknet.site.storage.engine.timestamps.truncated`)."""
+
+    def tasknet_now() -> float:
+        return truncated(wall())
+
+    connection.create_function(NOW_FUNCTION, 0, tasknet_now, deterministic=True)
+
+
+def configure_connection(connection: sqlite3.Connection, sources: Sources = SYSTEM) -> None:
+    """Apply the PRAGMAs every connection of the site must have, and give it
+    ``sources`` (the module doc; a pool passes its own, a tool's or a
+    test's connection gets :data:`~tasknet.site.storage.engine.sources.SYSTEM`)."""
     connection.row_factory = sqlite3.Row
+    register_now(connection, sources.wall)
+    if isinstance(connection, SiteConnection):
+        connection.sources = sources
     for pragma in PRAGMAS:
         connection.execute(pragma)
 
@@ -86,12 +127,18 @@ def create_private(path: str) -> None:
     os.close(fd)
 
 
-def connect_sqlite(path: str) -> sqlite3.Connection:
+def connect_sqlite(path: str, sources: Sources = SYSTEM) -> sqlite3.Connection:
     """A configured connection to the SQLite file ``path`` (autocommit
-    mode; a new file is created 0600), for tools and tests."""
+    mode; a new file is created 0600) with ``sources``, for tools, tests
+    and the site's work before its pools open."""
     create_private(path)
-    connection = sqlite3.connect(path, isolation_level=None, timeout=BUSY_TIMEOUT_MS / 1000)
-    configure_connection(connection)
+    connection = sqlite3.connect(
+        path,
+        isolation_level=None,
+        timeout=BUSY_TIMEOUT_MS / 1000,
+        factory=SiteConnection,
+    )
+    configure_connection(connection, sources)
     return connection
 
 

@@ -22,6 +22,21 @@ def iso(seconds: float) -> str:
     return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{moment.microsecond // 1000:03d}Z"
 
 
+def truncated(seconds: float) -> float:
+    """Unix seconds cut to the millisecond :func:`iso` shows (the value the
+    SQLite connections' ``tasknet_now()`` answers, so that SQLite's
+    ``strftime`` of it, which rounds to the nearest millisecond, writes
+    exactly ``iso(seconds)``)."""
+    moment = datetime.fromtimestamp(seconds, UTC)
+    return moment.replace(microsecond=moment.microsecond // 1000 * 1000).timestamp()
+
+
+def precise(seconds: float) -> str:
+    """Unix seconds as ISO 8601 with microseconds and an offset (what
+    PostgreSQL's ``timestamptz`` reads: the session's ``tasknet.now``)."""
+    return datetime.fromtimestamp(seconds, UTC).isoformat()
+
+
 def parse(text: str) -> datetime:
     """A stored timestamp as an aware datetime (UTC when it names no zone);
     ``ValueError`` if it is not ISO 8601."""

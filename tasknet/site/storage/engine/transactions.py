@@ -126,6 +126,7 @@ from tasknet.site.storage.engine.errors import (
     DatabaseFailed,
     DatabaseUnavailable,
 )
+from tasknet.site.storage.engine.sources import fault_point
 from tasknet.site.storage.engine.sql import per_backend, sql
 
 if TYPE_CHECKING:
@@ -216,6 +217,7 @@ def begin(
     (the module doc)."""
     if fence is not None:
         fence.before_transaction()
+    fault_point(connection, "begin")
     cursor.execute(BEGIN_WRITE[isolation])
     if fence is not None:
         try:
@@ -387,6 +389,7 @@ def write_once(
         raise
     try:
         result = fn(cursor, *args)
+        fault_point(connection, "commit")
         committing = True
         cursor.execute(COMMIT)
     except Exception as error:

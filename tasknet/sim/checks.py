@@ -1,0 +1,177 @@
+"""The simulator's cheap invariants, checked at every event (SIMULATION.md "Checks").
+
+* **one POST per generation**: after every event, the upstream's journal
+  holds no more POSTs for a gid than the workload started generations of
+  it (D1, at the instant it breaks);
+* **no ACK before its commit**: when the site *writes* a ``TaskReportAck``,
+  the report's receipt is already committed in the site database;
+* **no DOWNLOAD for a task that is not dispatchable**: when the site writes
+  a ``DOWNLOAD`` (v2 ``TaskCommand`` or legacy ``DownloadPost``), the task
+  is ``SUBMITTED`` in the committed database, in that generation (D5);
+* **no state outside the transition table**: the database's trigger
+  refuses one; after the run every state read is one of the table's.
+
+The database is read through one read-only connection of the checker's
+own (SQLite: ``mode=ro``; it sees what is committed, nothing else).  A
+failure is kept as ``(check, detail)`` with the event number it was seen
+at; the run goes on (the D1–D10 verdicts at the end add their own).
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from tasknet.drill.proxy import FrameSplitter
+from tasknet.sim.network import SimConnection, SimTransport
+from tasknet.sim.world import World
+from tasknet.site.storage.engine.database import is_postgres
+from tasknet.status import OperationState
+
+__all__ = ["CheapChecks"]
+
+TYPE_DOWNLOAD_POST = 4
+TYPE_TASK_COMMAND = 11
+TYPE_TASK_REPORT_ACK = 13
+_STATES = frozenset(state.value for state in OperationState)
+
+
+class CheapChecks:
+    """Watches one run (see the module doc).  ``journal``: a callable
+    giving the upstream's journal now; ``generations``: the ledger's count
+    of generations by gid; ``sites_ports``: the node ports of the sites."""
+
+    def __init__(
+        self,
+        world: World,
+        db: str,
+        journal: Callable[[], Any],
+        generations: Any,
+        node_ports: Callable[[], set[int]],
+    ) -> None:
+        self.world = world
+        self.db = db
+        self._journal = journal
+        self._generations = generations
+        self._node_ports = node_ports
+        self._seen_entries = 0
+        self._splitters: dict[tuple[int, int], FrameSplitter] = {}
+        self._reader: Any = None
+        self.failures: list[tuple[str, str]] = []
+        world.after_event.append(self._after_event)
+        world.network.send_taps.append(self._sent)
+
+    def fail(self, check: str, detail: str) -> None:
+        self.failures.append((check, f"{detail} (event {self.world.events})"))
+
+    # -- one POST per generation ------------------------------------------------------
+
+    def _after_event(self) -> None:
+        journal = self._journal()
+        if journal is None or len(journal.entries) == self._seen_entries:
+            return
+        for entry in journal.entries[self._seen_entries :]:
+            gid = entry.gid
+            posts = journal.posts.get(gid, 0)
+            allowed = max(self._generations.get(gid, 1), 1)
+            if posts > allowed:
+                self.fail("D1", f"gid {gid}: {posts} POSTs for {allowed} generation(s)")
+        self._seen_entries = len(journal.entries)
+
+    # -- what the site writes to its nodes ----------------------------------------------
+
+    def _sent(self, connection: SimConnection, sender: SimTransport, data: bytes) -> None:
+        if sender is not connection.server or sender.getHost().port not in self._node_ports():
+            return
+        key = (connection.id, id(sender))
+        splitter = self._splitters.get(key)
+        if splitter is None:
+            splitter = self._splitters[key] = FrameSplitter()
+        for type_, frame in splitter.feed(data):
+            if type_ not in (TYPE_TASK_REPORT_ACK, TYPE_TASK_COMMAND, TYPE_DOWNLOAD_POST):
+                continue
+            try:
+                payload = json.loads(frame[5:])
+            except ValueError:
+                continue
+            if type_ == TYPE_TASK_REPORT_ACK:
+                self._ack_after_commit(payload, connection)
+            elif type_ == TYPE_DOWNLOAD_POST or payload.get("action") == "DOWNLOAD":
+                self._download_dispatchable(payload, connection)
+
+    def _ack_after_commit(self, payload: dict[str, Any], connection: SimConnection) -> None:
+        report_id = payload.get("reportId")
+        if payload.get("result") not in ("APPLIED", "DUPLICATE") or not report_id:
+            return
+        row = self._one("SELECT revision FROM report_receipt WHERE report_id = ?", (report_id,))
+        if row is None:
+            node = connection.client.reactor.name
+            self.fail(
+                "ack-before-commit",
+                f"report {report_id} of {node} ACKed {payload.get('result')}"
+                " before its receipt was committed",
+            )
+
+    def _download_dispatchable(self, payload: dict[str, Any], connection: SimConnection) -> None:
+        gid = payload.get("gid")
+        row = self._one("SELECT state, operation_id FROM task_operation WHERE gid = ?", (gid,))
+        node = connection.client.reactor.name
+        operation_id = payload.get("operationId")
+        if row is None or row[0] != "SUBMITTED":
+            state = None if row is None else row[0]
+            self.fail("D5", f"gid {gid}: DOWNLOAD sent to {node} while {state}")
+        elif operation_id is not None and row[1] != operation_id:
+            self.fail(
+                "D5", f"gid {gid}: DOWNLOAD of operation {operation_id} sent while {row[1]} is"
+            )
+
+    # -- after the run --------------------------------------------------------------------
+
+    def states_in_table(self, operations: dict[int, dict[str, Any]]) -> None:
+        for gid, op in sorted(operations.items()):
+            if op["state"] not in _STATES:
+                self.fail("transitions", f"gid {gid}: state {op['state']!r} is not in the table")
+
+    # -- the reader -----------------------------------------------------------------------
+
+    def _one(self, sql: str, params: tuple[Any, ...]) -> Any:
+        reader = self._connect()
+        if reader is None:
+            return None
+        try:
+            return reader.execute(sql, params).fetchone()
+        except Exception:  # noqa: BLE001 - either driver's: the table is not made yet
+            return None
+
+    def _connect(self) -> Any:
+        if self._reader is None:
+            if is_postgres(self.db):
+                import psycopg
+
+                # Autocommit: each query sees the latest commit.
+                self._reader = _PostgresReader(psycopg.connect(self.db, autocommit=True))
+            elif Path(self.db).exists():
+                self._reader = sqlite3.connect(f"file:{self.db}?mode=ro", uri=True)
+                self._reader.isolation_level = None
+        return self._reader
+
+    def close(self) -> None:
+        if self._reader is not None:
+            self._reader.close()
+            self._reader = None
+
+
+class _PostgresReader:
+    """The checker's PostgreSQL session, with SQLite's ``?`` placeholders."""
+
+    def __init__(self, connection: Any) -> None:
+        self._connection = connection
+
+    def execute(self, sql: str, params: tuple[Any, ...]) -> Any:
+        return self._connection.execute(sql.replace("?", "%s"), params)
+
+    def close(self) -> None:
+        self._connection.close()

@@ -1,0 +1,471 @@
+"""The real roles in one simulated world: upstream, site(s), nodes, a client.
+
+:class:`SimCluster` builds each role by its own composition root on a
+process of a :class:`~tasknet.sim.world.World`, as twistd would build it
+from its command line: the mock upstream (``tasknet.upstream.service``),
+the site (``tasknet.site.root.build_site``, on real SQLite files or a real
+PostgreSQL), the nodes (``tasknet.node.service``, v2 and legacy), each
+given the process's :class:`~tasknet.sim.reactor.SimReactor` as reactor,
+clock and thread pools and a :class:`~tasknet.runtime.SeededEntropy`
+drawn from the world's seed.  A client process speaks the HTTP API.
+
+A crash discards the process's objects and keeps its files (the site's
+database, a node's data directory).  The mock upstream keeps its state in
+memory; the real upstream is a durable service, so its journal (what was
+charged) outlives an upstream crash: the restarted process is given the
+old one.
+
+Everything the drill checkers (:mod:`tasknet.drill.invariants`) read is
+gathered here: the frames that crossed each node's link (a tap on the
+network, in the fault proxy's record format), the upstream's journal, a
+:class:`~tasknet.drill.invariants.Ledger` of what the workload did, and
+the runs of each site process.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sqlite3
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from twisted.internet.defer import Deferred, succeed
+from twisted.web.client import Agent, HTTPConnectionPool, readBody
+from twisted.web.http_headers import Headers
+from twisted.web.iweb import IBodyProducer
+from twisted.web.resource import Resource
+from twisted.web.server import Site as WebSite
+from zope.interface import implementer
+
+from tasknet.drill.invariants import Ledger
+from tasknet.drill.invariants import World as Evidence
+from tasknet.drill.proxy import FrameSplitter
+from tasknet.drill.snapshot import read_node, read_site
+from tasknet.runtime import SeededEntropy
+from tasknet.sim.network import SimConnection, SimTransport
+from tasknet.sim.reactor import SimReactor
+from tasknet.sim.world import World
+from tasknet.site.storage.engine.database import is_postgres
+
+__all__ = ["ADMIN_TOKEN", "SimCluster", "SiteProcess", "NodeProcess"]
+
+#: Created by ``--demo`` on a fresh database (the drills' admin).
+ADMIN_TOKEN = "demo"
+UPSTREAM_PORT = 7200
+WEBHOOK_PORT = 7300
+HTTP_PORT = 8080
+NODES_PORT = 7100
+#: The API's answer when the request got none (the site died, the link broke).
+NO_ANSWER = 0
+
+
+def node_secret(node_id: str) -> str:
+    return f"sim-secret-{node_id}"
+
+
+@dataclass
+class SiteProcess:
+    name: str
+    http_port: int
+    nodes_port: int
+    reactor: SimReactor | None = None
+    service: Any = None
+    runs: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def alive(self) -> bool:
+        return self.reactor is not None and self.reactor.alive
+
+
+@dataclass
+class NodeProcess:
+    node_id: str
+    protocol: int
+    data: Path
+    site_ports: tuple[int, ...]
+    reactor: SimReactor | None = None
+    service: Any = None
+
+    @property
+    def alive(self) -> bool:
+        return self.reactor is not None and self.reactor.alive
+
+
+class SimCluster:
+    """The roles of one simulated run (see the module doc).
+
+    ``db``: the site database (a SQLite path, or a PostgreSQL URL shared by
+    every site); ``root``: where the nodes' data directories go."""
+
+    def __init__(self, world: World, root: Path, db: str) -> None:
+        self.world = world
+        self.root = root
+        self.db = db
+        self.ledger = Ledger()
+        self.sites: dict[str, SiteProcess] = {}
+        self.nodes: dict[str, NodeProcess] = {}
+        self.upstream: SimReactor | None = None
+        self.upstream_app: Any = None
+        self._journal: Any = None
+        self.frames: list[dict[str, Any]] = []
+        #: site -> storage fault kind -> how many write transactions it still fails.
+        self._storage_plans: dict[str, dict[str, int]] = {}
+        #: The weekly quota of the --demo user (``--default-quota``).
+        self.quota = 5000
+        self._splitters: dict[tuple[int, str], FrameSplitter] = {}
+        self._frame_seq = 0
+        #: Called with each frame record as it is delivered (the cheap checks).
+        self.on_frame: list[Callable[[dict[str, Any]], None]] = []
+        self.client = world.add_process("client")
+        self.client.startRunning()
+        self._agent = Agent(self.client, pool=HTTPConnectionPool(self.client, persistent=False))
+        world.network.taps.append(self._tap)
+        #: What the webhook receiver got: ``{"id", "body"}`` (D7).
+        self.webhook: list[dict[str, Any]] = []
+        receiver = world.add_process("webhook")
+        sink = WebSite(_WebhookSink(self.webhook), reactor=receiver)
+        receiver.listenTCP(WEBHOOK_PORT, sink, interface="127.0.0.1")  # type: ignore[arg-type]
+        receiver.startRunning()
+
+    # -- the upstream ----------------------------------------------------------------
+
+    def start_upstream(self) -> None:
+        from tasknet.upstream.service import Options, makeService
+
+        reactor = self.world.add_process("upstream")
+        options = Options()
+        options.parseOptions(
+            ["--http", f"tcp:{UPSTREAM_PORT}:interface=127.0.0.1"]
+            + ["--seed", str(self.world.rng.getrandbits(32))]
+        )
+        service = makeService(options, reactor=reactor)
+        if self._journal is not None:
+            service.app.journal = self._journal  # the durable service's ledger
+        self._journal = service.app.journal
+        service.privilegedStartService()
+        service.startService()
+        reactor.addSystemEventTrigger("before", "shutdown", service.stopService)
+        reactor.startRunning()
+        self.upstream, self.upstream_app = reactor, service.app
+
+    @property
+    def journal(self) -> Any:
+        """The upstream's journal (what it charged), across its restarts."""
+        return self._journal
+
+    @property
+    def upstream_alive(self) -> bool:
+        return self.upstream is not None and self.upstream.alive
+
+    # -- sites -----------------------------------------------------------------------
+
+    def add_site(self, name: str = "site") -> SiteProcess:
+        index = len(self.sites)
+        site = SiteProcess(name, HTTP_PORT + index, NODES_PORT + index)
+        self.sites[name] = site
+        return site
+
+    def start_site(self, name: str = "site", *, upstream_timeout: float = 5.0) -> None:
+        from tasknet.site.root import Tuning, build_site
+        from tasknet.site.service import Options
+
+        site = self.sites[name]
+        reactor = self.world.add_process(name)
+        options = Options()
+        args = ["--db", self.db, "--name", name, "--demo", "--default-quota", str(self.quota)]
+        args += ["--http", f"tcp:{site.http_port}:interface=127.0.0.1"]
+        args += ["--nodes", f"tcp:{site.nodes_port}:interface=127.0.0.1"]
+        args += ["--upstream", f"http://127.0.0.1:{UPSTREAM_PORT}"]
+        args += ["--upstream-timeout", str(upstream_timeout)]
+        args += ["--webhook", f"http://127.0.0.1:{WEBHOOK_PORT}/hook"]
+        for node_id in sorted(self.nodes):
+            args += ["--node-key", f"{node_id}:{node_secret(node_id)}"]
+        options.parseOptions(args)
+        service = build_site(
+            options,
+            reactor,
+            # No LISTEN connection (its loop blocks a real thread): the sites
+            # of a PostgreSQL run learn of each other's changes by polling.
+            tuning=Tuning(storage_faults=self._storage_faults(name), listen=False),
+            threads=reactor,
+            entropy=SeededEntropy(self.world.rng.getrandbits(64)),
+            monotonic=self.world.elapsed,
+        )
+        flock = getattr(service.parts.instance.lease, "_flock", None)  # SQLite's lease holds one
+        if flock is not None:
+            reactor.at_death(flock.drop)  # the kernel closes a dead process's files
+        service.startService()
+        reactor.addSystemEventTrigger("before", "shutdown", service.stopService)
+        reactor.startRunning()
+        site.reactor, site.service = reactor, service
+        site.runs.append(
+            {
+                "site": name,
+                "pid": _pid_of(service),
+                "started": self.world.now,
+                "ended": None,
+                "how": None,
+                "fenced": None,
+            }
+        )
+
+    def crash(self, name: str, how: str = "kill") -> None:
+        """End process ``name`` (a site, a node, the upstream) at once."""
+        process = self.world.processes.get(name)
+        if process is None or not process.alive:
+            return
+        self.world.crash(name, how=how)
+        site = self.sites.get(name)
+        if site is not None and site.runs and site.runs[-1]["ended"] is None:
+            site.runs[-1]["ended"], site.runs[-1]["how"] = self.world.now, how
+
+    def live_instances(self) -> set[int]:
+        """The instance ids of the site processes alive now."""
+        return {
+            site.service.parts.instance.lease.instance_id
+            for site in self.sites.values()
+            if site.alive and site.service is not None
+        }
+
+    def inject_storage_fault(self, site: str, kind: str, times: int) -> bool:
+        """The next ``times`` write transactions of ``site`` fail (``busy``:
+        the lock is not granted at BEGIN; ``commit``: an I/O error at
+        COMMIT; ``full``: the disk is full at COMMIT), by the driver's own
+        errors, through the storage layer's fault point."""
+        if kind not in _STORAGE_FAULTS:
+            raise ValueError(f"unknown storage fault {kind!r}")
+        plan = self._storage_plans.setdefault(site, {})
+        plan[kind] = plan.get(kind, 0) + times
+        return True
+
+    def _storage_faults(self, site: str) -> Callable[[str, Any], None]:
+        postgres = is_postgres(self.db)
+
+        def fault(point: str, connection: Any) -> None:
+            plan = self._storage_plans.get(site) or {}
+            for kind in ("busy",) if point == "begin" else ("commit", "full"):
+                if plan.get(kind):
+                    plan[kind] -= 1
+                    self.world.note("fault", f"storage {kind} {site} at {point}")
+                    raise _driver_error(kind, postgres)
+
+        return fault
+
+    def stop_all(self) -> None:
+        """End every process (the run is over; its files are read)."""
+        for _, process in sorted(self.world.processes.items()):
+            if process.alive:
+                process.die("kill")
+
+    # -- nodes -----------------------------------------------------------------------
+
+    def add_node(self, node_id: str, protocol: int = 2, sites: tuple[str, ...] = ()) -> None:
+        ports = tuple(self.sites[s].nodes_port for s in (sites or tuple(self.sites)))
+        self.nodes[node_id] = NodeProcess(node_id, protocol, self.root / node_id, ports)
+
+    def start_node(self, node_id: str, *, wiped: bool = False) -> None:
+        from tasknet.node.service import NodeService, Options, makeService
+
+        node = self.nodes[node_id]
+        if wiped and node.data.exists():
+            shutil.rmtree(node.data)
+        reactor = self.world.add_process(node_id)
+        options = Options()
+        args = ["--node-id", node_id, "--secret", node_secret(node_id), "--data", str(node.data)]
+        args += ["--protocol", str(node.protocol)]
+        if node.protocol == 1:
+            args += ["--trust-legacy-site"]
+        for port in node.site_ports:
+            args += ["--connect", f"tcp:127.0.0.1:{port}"]
+        options.parseOptions(args)
+        service = makeService(
+            options,
+            reactor=reactor,
+            threads=reactor,
+            entropy=SeededEntropy(self.world.rng.getrandbits(64)),
+        )
+        assert isinstance(service, NodeService)
+        service.exit_on_failure = False  # a failed start is the run's failure, in-process
+        service.startService()
+        reactor.addSystemEventTrigger("before", "shutdown", service.stopService)
+        reactor.startRunning()
+        node.reactor, node.service = reactor, service
+
+    # -- the client: the HTTP API ----------------------------------------------------
+
+    def api(
+        self, method: str, path: str, body: Any = None, *, site: str = "site", timeout: float = 10
+    ) -> Deferred[tuple[int, Any]]:
+        """``(status, JSON body)`` of one request as the admin; status
+        :data:`NO_ANSWER` when none came within ``timeout`` (or the
+        connection failed)."""
+        port = self.sites[site].http_port
+        url = f"http://127.0.0.1:{port}{path}".encode()
+        producer = None if body is None else _Body(json.dumps(body).encode())
+        return Deferred.fromCoroutine(
+            _request(self._agent, method.encode(), url, producer, timeout, self.client)
+        )
+
+    # -- evidence --------------------------------------------------------------------
+
+    def _tap(self, connection: SimConnection, receiver: SimTransport, data: bytes) -> None:
+        server = connection.server
+        port = server.getHost().port
+        if port not in {s.nodes_port for s in self.sites.values()}:
+            return
+        to_server = receiver is server
+        direction = "to_server" if to_server else "to_client"
+        key = (connection.id, direction)
+        splitter = self._splitters.get(key)
+        if splitter is None:
+            splitter = self._splitters[key] = FrameSplitter()
+        node = connection.client.reactor.name
+        site = server.reactor.name
+        for type_, frame in splitter.feed(data):
+            self._frame_seq += 1
+            try:
+                payload: Any = json.loads(frame[5:].decode("utf-8"))
+            except (UnicodeDecodeError, ValueError):
+                payload = {"undecodable": len(frame) - 5}
+            record = {
+                "seq": self._frame_seq,
+                "link": connection.id,
+                "direction": direction,
+                "type": type_,
+                "length": len(frame),
+                "at": self.world.now,
+                "action": "forwarded",
+                "payload": payload,
+                "node": node,
+                "site": site,
+            }
+            self.frames.append(record)
+            for check in self.on_frame:
+                check(record)
+
+    def observe(self) -> Evidence:
+        """Everything the drill checkers read, now."""
+        self.ledger.site_runs = sorted(
+            (run for s in self.sites.values() for run in s.runs), key=lambda r: r["started"]
+        )
+        journal = self._journal
+        return Evidence(
+            site=read_site(self.db),
+            nodes={n.node_id: read_node(n.node_id, n.data) for n in self.nodes.values()},
+            node_dirs={n.node_id: n.data for n in self.nodes.values()},
+            upstream_stats=journal.stats() if journal is not None else {},
+            journal=[e.to_json() for e in journal.entries] if journal is not None else [],
+            frames=self.frames,
+            webhook=list(self.webhook),
+            ledger=self.ledger,
+            live_nodes={n.node_id for n in self.nodes.values() if n.alive},
+            observed_at=self.world.now,
+        )
+
+
+_STORAGE_FAULTS = ("busy", "commit", "full")
+
+
+def _driver_error(kind: str, postgres: bool) -> Exception:
+    """The error the database driver raises for ``kind``."""
+    if postgres:
+        import psycopg
+
+        if kind == "busy":
+            return psycopg.errors.LockNotAvailable("canceling statement due to lock timeout")
+        if kind == "full":
+            return psycopg.errors.DiskFull("could not extend file: No space left on device")
+        return psycopg.errors.IoError("could not write to file: Input/output error")
+    if kind == "busy":
+        return sqlite3.OperationalError("database is locked")
+    if kind == "full":
+        return sqlite3.OperationalError("database or disk is full")
+    return sqlite3.OperationalError("disk I/O error")
+
+
+def _pid_of(service: Any) -> int:
+    # What the lease records in its site_instance row (each run of a site
+    # is told apart by its start time).
+    return os.getpid()
+
+
+class _WebhookSink(Resource):
+    """Records every notification POSTed to it, as the drills' sink does."""
+
+    isLeaf = True
+
+    def __init__(self, received: list[dict[str, Any]]) -> None:
+        super().__init__()
+        self.received = received
+
+    def render_POST(self, request: Any) -> bytes:  # noqa: N802 - twisted.web's name
+        raw = request.content.read()
+        try:
+            body: Any = json.loads(raw)
+        except ValueError:
+            body = {"undecodable": raw.decode("utf-8", errors="replace")}
+        notification = request.getHeader("X-Tasknet-Notification")
+        self.received.append({"id": notification, "body": body})
+        request.setResponseCode(204)
+        return b""
+
+
+@implementer(IBodyProducer)
+class _Body:
+    """A request body written whole (``FileBodyProducer`` would run on the
+    global cooperator)."""
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+        self.length = len(data)
+
+    def startProducing(self, consumer: Any) -> Deferred[None]:
+        consumer.write(self.data)
+        return succeed(None)
+
+    def pauseProducing(self) -> None:
+        pass
+
+    def resumeProducing(self) -> None:
+        pass
+
+    def stopProducing(self) -> None:
+        pass
+
+
+async def _request(
+    agent: Agent, method: bytes, url: bytes, body: Any, timeout: float, clock: Any
+) -> tuple[int, Any]:
+    asked = agent.request(method, url, headers(), body)
+    asked.addTimeout(timeout, clock)
+    try:
+        response = await asked
+        with warnings.catch_warnings():
+            # Its transport has no abortConnection: never cancel the body's read.
+            warnings.simplefilter("ignore", DeprecationWarning)
+            reading = readBody(response)
+        raw = await reading
+    except Exception:  # noqa: BLE001 - no answer: timeout, reset, refused
+        return NO_ANSWER, None
+    return response.code, _json_body(raw)
+
+
+def _json_body(raw: bytes) -> Any:
+    try:
+        return json.loads(raw)
+    except ValueError:
+        return {"raw": raw[:200].decode("utf-8", "replace")}
+
+
+def headers() -> Headers:
+    return Headers(
+        {
+            b"Authorization": [f"Bearer {ADMIN_TOKEN}".encode()],
+            b"Content-Type": [b"application/json"],
+        }
+    )

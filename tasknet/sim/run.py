@@ -1,0 +1,458 @@
+"""One seeded run: the schedule carried out on the real roles, then the checks.
+
+:func:`run_schedule` builds a :class:`~tasknet.sim.world.World` from the
+schedule's seed and a :class:`~tasknet.sim.cluster.SimCluster` in a fresh
+directory, starts the upstream, the site(s) and the nodes, carries out
+every :class:`~tasknet.sim.schedule.Step` at its simulated time (a user's
+request through the HTTP API, a fault through the world), heals
+whatever is left after the last fault, and waits for the tasks to settle.
+Then it checks: the cheap invariants seen along the way
+(:mod:`tasknet.sim.checks`), liveness (everything settled within the
+schedule's bound), and D1–D10 by the drill checkers over the run's files,
+journal and frames.  An :class:`Outcome` says what held and what did not.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tasknet.drill.invariants import FAIL, Verdict, check_all
+from tasknet.drill.snapshot import read_site
+from tasknet.sim.checks import CheapChecks
+from tasknet.sim.cluster import SimCluster
+from tasknet.sim.schedule import Schedule, Step
+from tasknet.sim.trace import failure_name
+from tasknet.sim.world import World
+
+__all__ = ["Outcome", "run_schedule"]
+
+#: How often (simulated seconds) the run looks whether everything settled.
+SETTLE_POLL = 1.0
+#: Operation states that need nothing more from anyone.
+SETTLED_STATES = ("DELETED", "UNKNOWN")
+
+
+@dataclass
+class Outcome:
+    seed: int
+    failures: list[tuple[str, str]] = field(default_factory=list)
+    verdicts: list[Verdict] = field(default_factory=list)
+    events: int = 0
+    simulated: float = 0.0
+    wall: float = 0.0
+    faults: dict[str, int] = field(default_factory=dict)
+    digest: str = ""
+    trace: list[str] = field(default_factory=list)
+
+    @property
+    def failed(self) -> bool:
+        return bool(self.failures)
+
+    def first_failure(self) -> str:
+        check, detail = self.failures[0]
+        more = f" (+{len(self.failures) - 1} more)" if len(self.failures) > 1 else ""
+        return f"{check} FAIL {detail}{more}"
+
+    def failed_checks(self) -> set[str]:
+        return {check for check, _ in self.failures}
+
+
+def run_schedule(
+    schedule: Schedule,
+    *,
+    db: str = "sqlite",
+    workdir: Path | None = None,
+    keep_trace: int | None = 0,
+    postgres: Callable[[], str] | None = None,
+) -> Outcome:
+    """Run ``schedule`` (see the module doc); ``workdir``: where its files
+    go (default: a temp directory, on tmpfs where there is one, removed
+    after); ``postgres``: gives a fresh database URL (``db="postgres"``)."""
+    started = time.perf_counter()
+    own = workdir is None
+    root = workdir or Path(tempfile.mkdtemp(prefix="tasknet-sim-", dir=_tmpfs()))
+    try:
+        return _Run(schedule, root, db, keep_trace, postgres).run(started)
+    finally:
+        if own:
+            shutil.rmtree(root, ignore_errors=True)
+
+
+def _tmpfs() -> str | None:
+    shm = Path("/dev/shm")
+    return str(shm) if shm.is_dir() else None
+
+
+class _Run:
+    def __init__(
+        self,
+        schedule: Schedule,
+        root: Path,
+        db: str,
+        keep_trace: int | None,
+        postgres: Callable[[], str] | None,
+    ) -> None:
+        self.schedule = schedule
+        self.world = World(schedule.seed, keep_trace=keep_trace)
+        if db == "postgres":
+            if postgres is None:
+                raise ValueError("--db postgres needs a PostgreSQL server")
+            target = postgres()
+        else:
+            target = str(root / "site.db")
+        self.cluster = SimCluster(self.world, root, target)
+        self.cluster.quota = schedule.quota
+        self.checks = CheapChecks(
+            self.world,
+            target,
+            lambda: self.cluster.journal,
+            self.cluster.ledger.generations,
+            lambda: {s.nodes_port for s in self.cluster.sites.values()},
+        )
+        #: gid -> journal POSTs for it when its latest create was sent (resolve's evidence).
+        self._posts_at_create: dict[int, int] = {}
+        #: (gid, operation id) of generations a create may replace, with their cost.
+        self._replaceable: dict[tuple[int, str], int] = {}
+        self._seen_deleted: set[int] = set()
+        self.fired: dict[str, int] = {}
+
+    # -- the run ---------------------------------------------------------------------------
+
+    def run(self, started: float) -> Outcome:
+        world, cluster, schedule = self.world, self.cluster, self.schedule
+        for site in schedule.sites:
+            cluster.add_site(site)
+        for node_id, protocol in schedule.nodes:
+            cluster.add_node(node_id, protocol)
+        cluster.start_upstream()
+        for site in schedule.sites:
+            cluster.start_site(site)
+        for node_id, _ in schedule.nodes:
+            cluster.start_node(node_id)
+        begin = world.now
+        for step in schedule.steps:
+            world.call_at(begin + step.at, self._do, step, what=f"step {step.kind} {step.target}")
+        healed = begin + schedule.healed_at
+        world.run_until(until=healed)
+        self._heal_all()
+        settled = self._wait_settled(schedule.settle_within)
+        outcome = Outcome(seed=schedule.seed)
+        outcome.failures += self.checks.failures
+        if not settled:
+            outcome.failures.append(("liveness", self._unsettled_detail()))
+        evidence = cluster.observe()
+        self._finish_ledger(evidence)
+        self.checks.states_in_table(evidence.site.operations)
+        outcome.verdicts = check_all(evidence)
+        outcome.failures += [(v.invariant, v.detail) for v in outcome.verdicts if v.status == FAIL]
+        outcome.failures += [
+            ("errors", f"{failure_name(f)}: {f.getErrorMessage()}") for f in world.errors
+        ]
+        if world.foreign:
+            outcome.failures.append(("seams", f"real threads reached the world: {world.foreign}"))
+        self.checks.close()
+        cluster.stop_all()
+        outcome.events = world.events
+        outcome.simulated = world.elapsed()
+        outcome.wall = time.perf_counter() - started
+        outcome.faults = dict(sorted(self.fired.items()))
+        outcome.digest = world.trace.hexdigest()
+        outcome.trace = list(world.trace.lines)
+        return outcome
+
+    def _wait_settled(self, within: float) -> bool:
+        deadline = self.world.now + within
+        while self.world.now < deadline:
+            if self._settled_now():
+                return True
+            self.world.run_until(within=SETTLE_POLL)
+        return self._settled_now()
+
+    # -- the workload ----------------------------------------------------------------------
+
+    def _do(self, step: Step) -> None:
+        handler = getattr(self, f"_do_{step.kind}")
+        handler(step)
+
+    def _create(self, gid: int, site: str) -> None:
+        ledger = self.cluster.ledger
+        op = self._operation(gid)
+        if op is not None and op.get("metered"):
+            self._replaceable[(gid, op["operation_id"])] = int(op.get("cost") or 0)
+        self._seen_deleted.discard(gid)
+        journal = self.cluster.journal
+        self._posts_at_create[gid] = journal.posts.get(gid, 0) if journal is not None else 0
+        # Counted now: a create whose answer is lost may still have reserved.
+        ledger.generations[gid] += 1
+        answer = self.cluster.api("POST", "/api/tasks", {"gid": gid, "token": "sim"}, site=site)
+        answer.addCallback(self._created, gid)
+
+    def _created(self, result: tuple[int, Any], gid: int) -> None:
+        status, _ = result
+        if status == 409:
+            # The task exists: no generation was started.  (A create refused
+            # later, for quota or by the upstream, may have reserved a
+            # generation and released it: it stays counted.)
+            self.cluster.ledger.generations[gid] -= 1
+
+    def _do_create(self, step: Step) -> None:
+        self._create(int(step.target), step.param("site", "site"))
+
+    def _do_recreate(self, step: Step) -> None:
+        self._create(int(step.target), step.param("site", "site"))
+
+    def _do_create_twice(self, step: Step) -> None:
+        sites = self.schedule.sites
+        self._create(int(step.target), step.param("site", "site"))
+        self._create(int(step.target), sites[-1])
+
+    def _do_delete(self, step: Step) -> None:
+        gid = int(step.target)
+        answer = self.cluster.api("DELETE", f"/api/tasks/{gid}", site=step.param("site", "site"))
+
+        def answered(result: tuple[int, Any]) -> None:
+            if 200 <= result[0] < 300:
+                self.cluster.ledger.delete_answered_at.setdefault(gid, self.world.now)
+
+        answer.addCallback(answered)
+
+    def _do_resolve(self, step: Step) -> None:
+        gid = int(step.target)
+        journal = self.cluster.journal
+        posts = journal.posts.get(gid, 0) if journal is not None else 0
+        submitted = posts > self._posts_at_create.get(gid, 0)
+        if not step.param("honest", True):
+            submitted = not submitted
+        verdict = "submitted" if submitted else "not_submitted"
+        self.cluster.api(
+            "POST",
+            f"/api/admin/tasks/{gid}/resolve",
+            {"verdict": verdict},
+            site=step.param("site", "site"),
+        )
+
+    # -- the faults -----------------------------------------------------------------------
+
+    def _fired(self, kind: str) -> None:
+        self.fired[kind] = self.fired.get(kind, 0) + 1
+
+    def _later(self, delay: float, fn: Callable[..., None], *args: Any, what: str) -> None:
+        self.world.call_later(delay, fn, *args, what=what)
+
+    def _do_crash_site(self, step: Step) -> None:
+        if self.cluster.sites[step.target].alive:
+            self._fired(step.kind)
+            self.cluster.crash(step.target, step.param("how", "kill"))
+            self._later(step.lasts, self._restart_site, step.target, what=f"restart {step.target}")
+
+    def _restart_site(self, name: str) -> None:
+        if not self.cluster.sites[name].alive:
+            self.cluster.start_site(name)
+
+    def _do_crash_node(self, step: Step, *, wiped: bool = False) -> None:
+        if self.cluster.nodes[step.target].alive:
+            self._fired(step.kind)
+            self.cluster.crash(step.target, step.param("how", "kill"))
+            self._later(
+                step.lasts, self._restart_node, step.target, wiped, what=f"restart {step.target}"
+            )
+
+    def _do_wipe_node(self, step: Step) -> None:
+        self._do_crash_node(step, wiped=True)
+
+    def _restart_node(self, node_id: str, wiped: bool) -> None:
+        if not self.cluster.nodes[node_id].alive:
+            self.cluster.start_node(node_id, wiped=wiped)
+
+    def _do_crash_upstream(self, step: Step) -> None:
+        if self.cluster.upstream_alive:
+            self._fired(step.kind)
+            self.cluster.crash("upstream")
+            self._later(step.lasts, self._restart_upstream, what="restart upstream")
+
+    def _restart_upstream(self) -> None:
+        if not self.cluster.upstream_alive:
+            self.cluster.start_upstream()
+
+    def _do_partition(self, step: Step) -> None:
+        self._fired(step.kind)
+        site = step.param("from", "site")
+        self.world.network.partition(step.target, site)
+        self._later(step.lasts, self.world.network.heal, step.target, site, what="heal")
+
+    def _do_reset(self, step: Step) -> None:
+        connections = self.world.network.between(step.target, step.param("from", "site"))
+        if connections:
+            self._fired(step.kind)
+        for connection in connections:
+            connection.reset()
+
+    def _do_slow_link(self, step: Step) -> None:
+        self._fired(step.kind)
+        seconds = step.param("ms", 200) / 1000
+        network = self.world.network
+        network.set_link(step.target, step.param("to"), latency=(seconds / 2, seconds))
+        self._later(
+            step.lasts, network.reset_link, step.target, step.param("to"), what="link mended"
+        )
+
+    def _do_stall(self, step: Step) -> None:
+        site = step.param("from", "site")
+        connections = self.world.network.between(step.target, site)
+        if not connections:
+            return
+        self._fired(step.kind)
+        connection = connections[-1]
+        sender = step.target if step.param("sender") == "node" else site
+        connection.stall(sender, step.param("after", 0))
+        self._later(step.lasts, connection.unstall, what="unstall")
+
+    def _upstream_rule(self, step: Step, rule: dict[str, Any]) -> None:
+        app = self.cluster.upstream_app
+        if app is None or not self.cluster.upstream_alive:
+            return
+        self._fired(step.kind)
+        rule = {"method": "POST", "path": "/api/galleries/*/archive", **rule}
+        rule["times"] = step.param("times", 1)
+        app.set_faults({"rules": [rule]})
+
+    def _do_upstream_timeout(self, step: Step) -> None:
+        fault = "timeout" if step.param("times", 1) % 2 else "drop_before"
+        self._upstream_rule(step, {"fault": fault})
+
+    def _do_upstream_commit_then_drop(self, step: Step) -> None:
+        self._upstream_rule(step, {"fault": "commit_then_drop"})
+
+    def _do_upstream_5xx(self, step: Step) -> None:
+        charged = step.param("times", 1) >= 2
+        self._upstream_rule(step, {"fault": "error", "params": {"status": 503, "charged": charged}})
+
+    def _do_upstream_slow(self, step: Step) -> None:
+        self._upstream_rule(step, {"fault": "latency", "params": {"ms": 3000}})
+
+    def _do_db_busy(self, step: Step) -> None:
+        self._storage_fault(step, "busy")
+
+    def _do_db_commit_fails(self, step: Step) -> None:
+        self._storage_fault(step, "commit")
+
+    def _do_disk_full(self, step: Step) -> None:
+        self._storage_fault(step, "full")
+
+    def _storage_fault(self, step: Step, kind: str) -> None:
+        site = self.cluster.sites[step.target]
+        if site.alive and self.cluster.inject_storage_fault(
+            step.target, kind, step.param("times", 1)
+        ):
+            self._fired(step.kind)
+
+    def _do_clock_jump(self, step: Step) -> None:
+        process = self.world.processes.get(step.target)
+        if process is not None and process.alive:
+            self._fired(step.kind)
+            process.jump_clock(step.param("seconds", 30.0))
+
+    def _do_pause_site(self, step: Step) -> None:
+        self._pause(step)
+
+    def _do_pause_node(self, step: Step) -> None:
+        self._pause(step)
+
+    def _pause(self, step: Step) -> None:
+        process = self.world.processes.get(step.target)
+        idle = process is not None and (process.paused_until or 0) <= self.world.now
+        if process is not None and process.alive and idle:
+            self._fired(step.kind)
+            process.pause(step.lasts)
+
+    def _heal_all(self) -> None:
+        """After the last fault: every link mended, every process up."""
+        network = self.world.network
+        network.heal()
+        for connection in list(network.connections.values()):
+            connection.unstall()
+        if self.cluster.upstream_app is not None:
+            self.cluster.upstream_app.clear_faults()
+        if not self.cluster.upstream_alive:
+            self.cluster.start_upstream()
+        for name, site in self.cluster.sites.items():
+            if not site.alive:
+                self.cluster.start_site(name)
+        for node_id, node in self.cluster.nodes.items():
+            if not node.alive:
+                self.cluster.start_node(node_id)
+
+    # -- settling and the ledger ------------------------------------------------------------
+
+    def _operation(self, gid: int) -> dict[str, Any] | None:
+        row = self.checks._one(  # noqa: SLF001 - the checker's read-only connection
+            "SELECT state, operation_id, metered, cost FROM task_operation WHERE gid = ?", (gid,)
+        )
+        if row is None:
+            return None
+        return {"state": row[0], "operation_id": row[1], "metered": row[2], "cost": row[3]}
+
+    def _unsettled(self) -> list[str]:
+        snap = read_site(self.cluster.db)
+        waiting = []
+        for gid, op in sorted(snap.operations.items()):
+            if op["state"] == "DELETED":
+                self._seen_deleted.add(gid)
+            if op["state"] in SETTLED_STATES:
+                continue
+            gallery = snap.galleries.get(gid) or {}
+            if op["state"] == "SUBMITTED" and gallery.get("status") == 4:
+                continue
+            if op["state"] == "SUBMITTED" and not op.get("archive_url") and not op.get("legacy"):
+                # Resolved "submitted" with no archive URL known: metered,
+                # never dispatchable, shown with a warning for an operator.
+                continue
+            waiting.append(f"gid {gid} {op['state']} status {gallery.get('status')}")
+        pending = [r for r in snap.outbox if r.get("webhook_state") == "pending"]
+        if pending:
+            waiting.append(f"{len(pending)} notification(s) undelivered")
+        live = self.cluster.live_instances()
+        for node in self.cluster.nodes.values():
+            if not node.alive:
+                continue
+            session = snap.node_sessions.get(node.node_id) or {}
+            if not session.get("connected_at") or session.get("instance_id") not in live:
+                waiting.append(f"{node.node_id}: not logged in at a live site")
+            elif _has_unacked(node):
+                waiting.append(f"{node.node_id}: a report unacknowledged")
+        return waiting
+
+    def _settled_now(self) -> bool:
+        return not self._unsettled()
+
+    def _unsettled_detail(self) -> str:
+        waiting = self._unsettled()
+        return (
+            f"not settled {self.schedule.settle_within:.0f} s after the last heal: "
+            + "; ".join(waiting[:4])
+            + (f" (+{len(waiting) - 4} more)" if len(waiting) > 4 else "")
+        )
+
+    def _finish_ledger(self, evidence: Any) -> None:
+        ledger = self.cluster.ledger
+        ops = evidence.site.operations
+        for (gid, operation_id), cost in sorted(self._replaceable.items()):
+            current = ops.get(gid)
+            if current is None or current["operation_id"] != operation_id:
+                ledger.carried_cost += cost
+        for gid, op in ops.items():
+            if op["state"] == "DELETED":
+                self._seen_deleted.add(gid)
+        ledger.deleted = set(self._seen_deleted)
+
+
+def _has_unacked(node: Any) -> bool:
+    from tasknet.drill.snapshot import read_node
+
+    return read_node(node.node_id, node.data).in_flight is not None

@@ -1,0 +1,228 @@
+"""The workload and the faults of one seed (SIMULATION.md "Workload and faults").
+
+:func:`generate` draws a :class:`Schedule` from a seed: a list of
+:class:`Step`, each a user's action (create, the same create from two
+clients at once, delete, re-create, a reconcile verdict, right or wrong)
+or a fault (a crash and the restart after it, a partition and its heal, a
+reset, a slow link, a connection stalled mid-frame, an upstream fault, a
+database fault, a wall-clock jump), at a simulated time.  Every fault is
+healed by :attr:`Schedule.healed_at`; after that the run only waits for
+the tasks to settle (liveness).
+
+A schedule is data: :mod:`tasknet.sim.shrink` removes steps from it, and
+:meth:`Schedule.describe` prints it for a person.  The same seed always
+gives the same schedule (one ``random.Random(seed)``, nothing else).
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+__all__ = ["FAULT_KINDS", "WORKLOAD_KINDS", "Schedule", "Step", "generate"]
+
+#: The user's actions.
+WORKLOAD_KINDS = ("create", "create_twice", "delete", "recreate", "resolve")
+
+#: Every fault kind, as ``--faults`` names them and the last line counts them.
+FAULT_KINDS = (
+    "crash_site",
+    "crash_node",
+    "crash_upstream",
+    "wipe_node",
+    "partition",
+    "reset",
+    "slow_link",
+    "stall",
+    "upstream_timeout",
+    "upstream_commit_then_drop",
+    "upstream_5xx",
+    "upstream_slow",
+    "db_busy",
+    "db_commit_fails",
+    "disk_full",
+    "clock_jump",
+    "pause_site",
+    "pause_node",
+)
+
+#: Faults that need several sites on one PostgreSQL (``--db postgres``).
+POSTGRES_FAULT_KINDS: tuple[str, ...] = ()
+
+#: The gids a run draws from (the mock upstream's catalog has them all).
+GIDS = range(101, 131)
+
+
+@dataclass(frozen=True)
+class Step:
+    """One thing that happens at simulated second ``at`` of the run:
+    ``kind`` (a workload kind or a fault kind), on ``target`` (a gid, a
+    process name), with ``params``; ``lasts`` seconds for a fault that is
+    healed (a partition, a stall, a crash until its restart)."""
+
+    at: float
+    kind: str
+    target: str
+    lasts: float = 0.0
+    params: tuple[tuple[str, Any], ...] = ()
+
+    def param(self, name: str, default: Any = None) -> Any:
+        return dict(self.params).get(name, default)
+
+    @property
+    def is_fault(self) -> bool:
+        return self.kind not in WORKLOAD_KINDS
+
+    def describe(self) -> str:
+        extra = "".join(f" {k}={v}" for k, v in self.params)
+        lasting = f" for {self.lasts:.3f}s" if self.lasts else ""
+        return f"t={self.at:8.3f}s {self.kind} {self.target}{extra}{lasting}"
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """The steps of one run, in time order, and the world it runs in."""
+
+    seed: int
+    steps: tuple[Step, ...]
+    nodes: tuple[tuple[str, int], ...]  # (node id, protocol)
+    sites: tuple[str, ...] = ("site",)
+    quota: int = 200
+    healed_at: float = 0.0
+    #: Simulated seconds after the last heal within which every task must settle.
+    settle_within: float = 240.0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def without(self, indexes: set[int]) -> Schedule:
+        """This schedule less the steps at ``indexes`` (shrinking)."""
+        kept = tuple(s for i, s in enumerate(self.steps) if i not in indexes)
+        return replace(self, steps=kept, healed_at=_healed_at(kept))
+
+    def describe(self) -> str:
+        lines = [
+            f"seed {self.seed}: sites {', '.join(self.sites)}; nodes "
+            + ", ".join(f"{n} (v{p})" for n, p in self.nodes)
+            + f"; quota {self.quota}"
+        ]
+        lines += [f"  {step.describe()}" for step in self.steps]
+        return "\n".join(lines)
+
+
+def _healed_at(steps: tuple[Step, ...]) -> float:
+    return max((s.at + s.lasts for s in steps if s.is_fault), default=0.0)
+
+
+def generate(
+    seed: int,
+    *,
+    faults: tuple[str, ...] = FAULT_KINDS,
+    sites: int = 1,
+    duration: float = 60.0,
+    steps: int = 24,
+) -> Schedule:
+    """The schedule of ``seed``: two to four nodes (at least one v2 and,
+    from three up, one legacy), ``steps`` workload steps over ``duration``
+    simulated seconds and three to eight faults among ``faults``."""
+    rng = random.Random(seed)
+    node_count = rng.randint(2, 4)
+    nodes = tuple(
+        (f"n{i + 1}", 1 if i == node_count - 1 and node_count >= 3 else 2)
+        for i in range(node_count)
+    )
+    site_names = tuple("site" if i == 0 else f"site{i + 1}" for i in range(sites))
+    gids = list(GIDS)
+    rng.shuffle(gids)
+    pool = gids[: rng.randint(6, 14)]
+    created: list[int] = []
+    plan: list[Step] = []
+    for _ in range(steps):
+        at = round(rng.uniform(0.5, duration), 3)
+        site = rng.choice(site_names)
+        roll = rng.random()
+        if roll < 0.45 or not created:
+            gid = rng.choice(pool)
+            kind = "create_twice" if rng.random() < 0.15 else "create"
+            created.append(gid)
+            plan.append(Step(at, kind, str(gid), params=(("site", site),)))
+        elif roll < 0.65:
+            plan.append(Step(at, "delete", str(rng.choice(created)), params=(("site", site),)))
+        elif roll < 0.8:
+            plan.append(Step(at, "recreate", str(rng.choice(created)), params=(("site", site),)))
+        else:
+            # The verdict the evidence supports, or (one in five) the wrong one.
+            honest = rng.random() >= 0.2
+            plan.append(
+                Step(
+                    at,
+                    "resolve",
+                    str(rng.choice(created)),
+                    params=(("honest", honest), ("site", site)),
+                )
+            )
+    processes = [n for n, _ in nodes] + list(site_names) + ["upstream"]
+    for _ in range(rng.randint(3, 8)) if faults else ():
+        kind = rng.choice(faults)
+        at = round(rng.uniform(0.5, duration), 3)
+        plan.append(_fault(rng, kind, at, nodes, site_names, processes))
+    plan.sort(key=lambda s: (s.at, s.kind, s.target))
+    ordered = tuple(plan)
+    return Schedule(
+        seed=seed,
+        steps=ordered,
+        nodes=nodes,
+        sites=site_names,
+        quota=rng.choice((60, 200, 5000)),
+        healed_at=_healed_at(ordered),
+    )
+
+
+def _fault(
+    rng: random.Random,
+    kind: str,
+    at: float,
+    nodes: tuple[tuple[str, int], ...],
+    sites: tuple[str, ...],
+    processes: list[str],
+) -> Step:
+    node = rng.choice(nodes)[0]
+    site = rng.choice(sites)
+    if kind == "crash_site":
+        how = rng.choice(("kill", "kill", "power"))
+        return Step(at, kind, site, round(rng.uniform(0.05, 8), 3), (("how", how),))
+    if kind == "crash_node":
+        return Step(at, kind, node, round(rng.uniform(0.05, 8), 3), (("how", "kill"),))
+    if kind == "wipe_node":
+        return Step(at, kind, node, round(rng.uniform(0.05, 5), 3))
+    if kind == "crash_upstream":
+        return Step(at, kind, "upstream", round(rng.uniform(0.05, 6), 3))
+    if kind == "partition":
+        return Step(at, kind, node, round(rng.uniform(0.5, 20), 3), (("from", site),))
+    if kind == "reset":
+        return Step(at, kind, node, params=(("from", site),))
+    if kind == "slow_link":
+        a, b = rng.sample(processes, 2)
+        ms = rng.choice((50, 200, 1000))
+        return Step(at, kind, a, round(rng.uniform(1, 15), 3), (("to", b), ("ms", ms)))
+    if kind == "stall":
+        direction = rng.choice(("node", "site"))
+        return Step(
+            at,
+            kind,
+            node,
+            round(rng.uniform(0.5, 20), 3),
+            (("from", site), ("sender", direction), ("after", rng.randint(0, 8))),
+        )
+    if kind.startswith("upstream_"):
+        times = rng.randint(1, 3)
+        return Step(at, kind, "upstream", params=(("times", times),))
+    if kind in ("db_busy", "db_commit_fails", "disk_full"):
+        return Step(at, kind, site, params=(("times", rng.randint(1, 4)),))
+    if kind == "clock_jump":
+        seconds = rng.choice((-30.0, -5.0, 30.0, 7200.0))
+        return Step(at, kind, rng.choice(processes[:-1]), params=(("seconds", seconds),))
+    if kind == "pause_site":
+        return Step(at, kind, site, round(rng.uniform(0.5, 40), 3))
+    if kind == "pause_node":
+        return Step(at, kind, node, round(rng.uniform(0.5, 30), 3))
+    raise ValueError(f"unknown fault kind {kind!r}")
