@@ -77,6 +77,7 @@ def run_schedule(
     started = time.perf_counter()
     own = workdir is None
     root = workdir or Path(tempfile.mkdtemp(prefix="tasknet-sim-", dir=_tmpfs()))
+    root.mkdir(parents=True, exist_ok=True)
     try:
         return _Run(schedule, root, db, keep_trace, postgres).run(started)
     finally:

@@ -14,6 +14,7 @@ import pytest
 import pytest_twisted
 from twisted.internet import reactor
 from twisted.internet.defer import DeferredList
+from twisted.internet.task import deferLater
 
 from tasknet.runtime import SystemEntropy
 from tasknet.site.lifecycle import Lifecycle
@@ -584,6 +585,10 @@ async def test_persist_and_unknown_both_failing_are_settled_by_recovery(db_targe
         assert op_row(env.path)["state"] == "SUBMITTING"
         operation_id = op_row(env.path)["operation_id"]
         drop_failing_trigger(env.path, "unknown_fails", "task_operation")
+        # The failed UNKNOWN write is retried in the background; stop that
+        # (as a stopping site does) to see what the next start's recovery does.
+        env.lifecycle.stop()
+        await deferLater(reactor, 0, lambda: None)
         recovered = await env.lifecycle.recover()  # what the next start does
         assert recovered.unknown == [GID]
         op = op_row(env.path)
