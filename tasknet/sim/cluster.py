@@ -34,13 +34,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from twisted.internet.defer import Deferred, succeed
+from twisted.internet.defer import Deferred
 from twisted.web.client import Agent, HTTPConnectionPool, readBody
 from twisted.web.http_headers import Headers
-from twisted.web.iweb import IBodyProducer
 from twisted.web.resource import Resource
 from twisted.web.server import Site as WebSite
-from zope.interface import implementer
 
 from tasknet.drill.invariants import Ledger
 from tasknet.drill.invariants import World as Evidence
@@ -51,6 +49,7 @@ from tasknet.sim.network import SimConnection, SimTransport
 from tasknet.sim.reactor import SimReactor
 from tasknet.sim.world import World
 from tasknet.site.storage.engine.database import is_postgres
+from tasknet.site.upstream_client import BytesBody
 
 __all__ = ["ADMIN_TOKEN", "SimCluster", "SiteProcess", "NodeProcess"]
 
@@ -306,7 +305,7 @@ class SimCluster:
         connection failed)."""
         port = self.sites[site].http_port
         url = f"http://127.0.0.1:{port}{path}".encode()
-        producer = None if body is None else _Body(json.dumps(body).encode())
+        producer = None if body is None else BytesBody(json.dumps(body).encode())
         return Deferred.fromCoroutine(
             _request(self._agent, method.encode(), url, producer, timeout, self.client)
         )
@@ -413,29 +412,6 @@ class _WebhookSink(Resource):
         self.received.append({"id": notification, "body": body})
         request.setResponseCode(204)
         return b""
-
-
-@implementer(IBodyProducer)
-class _Body:
-    """A request body written whole (``FileBodyProducer`` would run on the
-    global cooperator)."""
-
-    def __init__(self, data: bytes) -> None:
-        self.data = data
-        self.length = len(data)
-
-    def startProducing(self, consumer: Any) -> Deferred[None]:
-        consumer.write(self.data)
-        return succeed(None)
-
-    def pauseProducing(self) -> None:
-        pass
-
-    def resumeProducing(self) -> None:
-        pass
-
-    def stopProducing(self) -> None:
-        pass
 
 
 async def _request(
