@@ -13,7 +13,14 @@ Each report is ACKed only after the commit that carried it, on the session
 it came from.  A report that failed (on its own, or with its transaction)
 gets no ACK: its node keeps the snapshot and redelivers it (and then gets
 ``DUPLICATE`` if the first one had committed after all).  Legacy messages
-are applied the same way but never ACKed.
+are applied the same way but never ACKed, and no legacy node sends one
+again (it forgets a finished task once its status is on the wire): so a
+legacy report that failed on a database error is tried again by the site
+itself, with backoff on its clock, until it commits or the site stops
+(:meth:`ReportPipeline.stop_retrying`).  Only what no later report would
+say again is kept for that: a ``StatusReport``'s completed entries (the
+rest is progress, which the node's next snapshot repeats), and a
+``DeleteResult`` whole.
 
 Entries the rules drop (another node's task: ``not_owner``, stale, a
 completed task moved backwards: ``regressed``, ...) are
@@ -41,21 +48,28 @@ import weakref
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from twisted.internet.defer import Deferred, succeed
+from twisted.application.internet import backoffPolicy
+from twisted.internet.defer import CancelledError, Deferred, succeed
 from twisted.internet.interfaces import IReactorTime
+from twisted.internet.task import deferLater
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
-from tasknet.protocol.messages import TaskReport
+from tasknet.protocol.messages import StatusReport, TaskReport
 from tasknet.protocol.session import INodeSession
 from tasknet.site import metrics
 from tasknet.site.storage import reports as storage
 from tasknet.site.storage.engine.database import Committed, Database
+from tasknet.site.storage.engine.errors import DatabaseError
 from tasknet.site.storage.node_sessions import Holding
+from tasknet.status import NodeCode
 
 log = Logger()
 
 DROP_LOG_INTERVAL = 60.0
+#: A legacy report not committed is tried again after 1 s, doubling to 30 s.
+LEGACY_RETRY_FIRST = 1.0
+LEGACY_RETRY_MAX = 30.0
 #: Drops that say a node misbehaves (the rest happen in ordinary races).
 _WARN_REASONS = frozenset({storage.NOT_OWNER, storage.REGRESSED})
 
@@ -133,6 +147,12 @@ class ReportPipeline:
         self.transactions = 0
         self.reports_committed = 0
         self.reports_failed = 0
+        self._legacy_backoff = backoffPolicy(
+            LEGACY_RETRY_FIRST, LEGACY_RETRY_MAX, factor=2.0, jitter=lambda: 0.0
+        )
+        #: The waits of legacy reports to be tried again (cancelled by the stop).
+        self._legacy_retries: dict[Deferred[None], None] = {}
+        self._stopping = False
 
     def submit(
         self,
@@ -174,6 +194,7 @@ class ReportPipeline:
         holding: Holding | None,
         arrived: float,
         refused: Callable[[], object],
+        attempt: int = 0,
     ) -> Deferred[storage.ReportOutcome | None]:
         first = isinstance(message, TaskReport) and session not in self._reported
         d = self._db.write_coalesced(
@@ -183,7 +204,7 @@ class ReportPipeline:
             self._committed,
             self._not_committed,
             callbackArgs=(session, message, arrived, refused),
-            errbackArgs=(session, message),
+            errbackArgs=(session, message, holding, arrived, refused, attempt),
         )
 
     def idle(self) -> Deferred[None]:
@@ -248,17 +269,74 @@ class ReportPipeline:
         for gid in outcome.claimed:
             log.info("node {node} claimed legacy task {gid}", node=node_id, gid=gid)
 
+    @property
+    def legacy_retries_waiting(self) -> int:
+        """Legacy reports waiting for their next try (tests, logs)."""
+        return len(self._legacy_retries)
+
+    def stop_retrying(self) -> None:
+        """Try no legacy report again (the site stops): what they carried is
+        lost, as a legacy frame lost on the wire is (docs/protocol.md)."""
+        self._stopping = True
+        for waiting in list(self._legacy_retries):
+            waiting.cancel()
+
     def _not_committed(
-        self, failure: Failure, session: INodeSession, message: storage.NodeReport
-    ) -> None:
+        self,
+        failure: Failure,
+        session: INodeSession,
+        message: storage.NodeReport,
+        holding: Holding | None,
+        arrived: float,
+        refused: Callable[[], object],
+        attempt: int,
+    ) -> Deferred[storage.ReportOutcome | None] | None:
         self.reports_failed += 1
         metrics.REPORTS.labels(result="FAILED").inc()
+        why = f"{type(failure.value).__name__}: {failure.getErrorMessage()}"
+        if isinstance(message, TaskReport):
+            log.error(
+                "report {report} from {node} not committed, not ACKed (the node redelivers): {why}",
+                report=message.report_id,
+                node=session.node_id,
+                why=why,
+            )
+            return None
+        kept = _worth_retrying(message)
+        if kept is None or self._stopping or not failure.check(DatabaseError):
+            log.error(
+                "legacy {type} from {node} not committed: {why}",
+                type=type(message).__name__,
+                node=session.node_id,
+                why=why,
+            )
+            return None
+        delay = self._legacy_backoff(attempt + 1)
         log.error(
-            "report {report} from {node} not committed, not ACKed (the node redelivers): {why}",
-            report=getattr(message, "report_id", type(message).__name__),
+            "legacy {type} from {node} not committed: {why}; the site tries it again in"
+            " {delay:.0f} s (a legacy node never sends it again)",
+            type=type(message).__name__,
             node=session.node_id,
-            why=f"{type(failure.value).__name__}: {failure.getErrorMessage()}",
+            why=why,
+            delay=delay,
         )
+        waiting = deferLater(self._clock, delay, lambda: None)
+        self._legacy_retries[waiting] = None
+
+        def again(_: object) -> Deferred[storage.ReportOutcome | None]:
+            self._legacy_retries.pop(waiting, None)
+            return self._queue(session, kept, holding, arrived, refused, attempt + 1)
+
+        def stopped(reason: Failure) -> None:
+            reason.trap(CancelledError)
+            self._legacy_retries.pop(waiting, None)
+            log.warn(
+                "legacy {type} from {node} not committed before the stop: lost",
+                type=type(message).__name__,
+                node=session.node_id,
+            )
+
+        return waiting.addCallbacks(again, stopped)
 
     def _bookkeeping_failed(self, failure: Failure) -> None:
         log.failure("report pipeline bookkeeping failed", failure)
@@ -270,3 +348,12 @@ class ReportPipeline:
             for d in waiters:
                 d.callback(None)
         return result
+
+
+def _worth_retrying(message: storage.NodeReport) -> storage.NodeReport | None:
+    """What of a legacy report no later one says again: a ``StatusReport``'s
+    completed entries, a ``DeleteResult`` whole (``None``: nothing)."""
+    if isinstance(message, StatusReport):
+        done = tuple(e for e in message.gallery_tasks if e.status == NodeCode.COMPLETED)
+        return StatusReport(done) if done else None
+    return message

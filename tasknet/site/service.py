@@ -352,10 +352,12 @@ class NodeSide:
         redelivers what is already committed), then close the node
         connections, finish what arrived meanwhile, stop delivery and close
         the WebSocket clients.  The ownership's watch stops first, with the
-        listener that no longer accepts."""
+        listener that no longer accepts.  Legacy reports waiting to be tried
+        again are given up (lost, as on the wire)."""
         if self.ownership.running:
             await self.ownership.stopService()
         await self.dispatcher.stopService()
+        self.reports.stop_retrying()
         await self.reports.idle()
         await self.listener.close_all("site stopping")
         await self.reports.idle()

@@ -141,3 +141,14 @@ def test_a_repeated_delete_of_a_pending_delete_announces_nothing_new(seed: int) 
     retry that clears no 删除失败 mark now changes nothing."""
     done = sim("replay", str(seed))
     assert done.returncode == 0, done.stdout[-3000:]
+
+
+@pytest.mark.parametrize("seed", [445, 795])
+def test_a_legacy_completion_the_site_failed_to_commit_is_tried_again(seed: int) -> None:
+    """Seeds 445 and 795: a legacy node's StatusReport carrying a completion
+    met a failed commit (an I/O error, a busy database); the site logged
+    "the node redelivers", but a legacy node forgets a finished task once
+    its status is written, so the task stayed SUBMITTED for good
+    (liveness).  The site now tries such a report again itself."""
+    done = sim("replay", str(seed))
+    assert done.returncode == 0, done.stdout[-3000:]
