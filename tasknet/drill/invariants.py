@@ -72,6 +72,10 @@ class Ledger:
     # first of the two (see _end_of).  D9 and D10 match site_instance rows to
     # these by (name, pid).
     site_runs: list[dict[str, Any]] = field(default_factory=list)
+    # node id -> when its data directory was wiped (in the frames' clock):
+    # a report it sent before that, committed but never ACKed, was lost
+    # with the node's store, not by the site (D6).
+    wiped_at: dict[str, list[float]] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -82,6 +86,7 @@ class Ledger:
             "expect_completed": sorted(self.expect_completed),
             "forged": self.forged,
             "site_runs": self.site_runs,
+            "wiped_at": self.wiped_at,
         }
 
 
@@ -460,7 +465,7 @@ def check_d6(world: World) -> Verdict:
     reports, acks = _reports_and_acks(world)
     for rid, sent in sorted(reports.items()):
         f.checked += 1
-        _check_report(f, rid, sent, receipts.get(rid), acks.get(rid, []))
+        _check_report(f, rid, sent, receipts.get(rid), acks.get(rid, []), world.ledger.wiped_at)
     for rid, got in sorted(acks.items()):
         if rid not in receipts:
             f.fail(f"ACK for report {rid} without a committed receipt", acks=_brief(got))
@@ -508,8 +513,11 @@ def _check_report(
     sent: list[dict[str, Any]],
     receipt: dict[str, Any] | None,
     acks: list[dict[str, Any]],
+    wiped_at: dict[str, list[float]],
 ) -> None:
-    """One report: committed, with the revision sent, ACKed APPLIED at most once and first."""
+    """One report: committed, with the revision sent, ACKed APPLIED at most
+    once and first (or its node wiped since it was last sent: nothing is
+    left to ACK it to)."""
     if receipt is None:
         f.fail(
             f"report {rid} sent by {sent[0]['node']} was never committed (lost)",
@@ -534,7 +542,9 @@ def _check_report(
         )
     if "APPLIED" in results and results.index("APPLIED") != 0:
         f.fail(f"report {rid}: APPLIED after a DUPLICATE", report_id=rid, acks=_brief(acks))
-    if not acks:
+    last_sent = max(frame.get("at") or 0.0 for frame in sent)
+    forgotten = any(at >= last_sent for at in wiped_at.get(sent[0]["node"], ()))
+    if not acks and not forgotten:
         f.fail(f"report {rid} committed but never ACKed", report_id=rid, sent=_brief(sent))
 
 

@@ -273,6 +273,7 @@ class SimCluster:
         node = self.nodes[node_id]
         if wiped and node.data.exists():
             shutil.rmtree(node.data)
+            self.ledger.wiped_at.setdefault(node_id, []).append(self.world.now)
         reactor = self.world.add_process(node_id)
         options = Options()
         args = ["--node-id", node_id, "--secret", node_secret(node_id), "--data", str(node.data)]

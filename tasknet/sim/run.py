@@ -25,7 +25,7 @@ from typing import Any
 from tasknet.drill.invariants import FAIL, Verdict, check_all
 from tasknet.drill.snapshot import read_site
 from tasknet.sim.checks import CheapChecks
-from tasknet.sim.cluster import SimCluster
+from tasknet.sim.cluster import NO_ANSWER, SimCluster
 from tasknet.sim.schedule import Schedule, Step
 from tasknet.sim.trace import failure_name
 from tasknet.sim.world import World
@@ -121,6 +121,8 @@ class _Run:
         #: (gid, operation id) of generations a create may replace, with their cost.
         self._replaceable: dict[tuple[int, str], int] = {}
         self._seen_deleted: set[int] = set()
+        #: gid -> creates sent and not answered (one left unanswered may still land).
+        self._creates_open: dict[int, int] = {}
         self.fired: dict[str, int] = {}
 
     # -- the run ---------------------------------------------------------------------------
@@ -187,6 +189,7 @@ class _Run:
         if op is not None and op.get("metered"):
             self._replaceable[(gid, op["operation_id"])] = int(op.get("cost") or 0)
         self._seen_deleted.discard(gid)
+        self._creates_open[gid] = self._creates_open.get(gid, 0) + 1
         journal = self.cluster.journal
         self._posts_at_create[gid] = journal.posts.get(gid, 0) if journal is not None else 0
         # Counted now: a create whose answer is lost may still have reserved.
@@ -196,6 +199,8 @@ class _Run:
 
     def _created(self, result: tuple[int, Any], gid: int) -> None:
         status, _ = result
+        if status != NO_ANSWER:
+            self._creates_open[gid] -= 1
         if status == 409:
             # The task exists: no generation was started.  (A create refused
             # later, for quota or by the upstream, may have reserved a
@@ -403,8 +408,7 @@ class _Run:
         snap = read_site(self.cluster.db)
         waiting = []
         for gid, op in sorted(snap.operations.items()):
-            if op["state"] == "DELETED":
-                self._seen_deleted.add(gid)
+            self._note_deleted(gid, op)
             if op["state"] in SETTLED_STATES:
                 continue
             gallery = snap.galleries.get(gid) or {}
@@ -448,9 +452,15 @@ class _Run:
             if current is None or current["operation_id"] != operation_id:
                 ledger.carried_cost += cost
         for gid, op in ops.items():
-            if op["state"] == "DELETED":
-                self._seen_deleted.add(gid)
+            self._note_deleted(gid, op)
         ledger.deleted = set(self._seen_deleted)
+
+    def _note_deleted(self, gid: int, op: dict[str, Any]) -> None:
+        """A gid seen DELETED must stay so (D4), unless a create sent before
+        that sight may still land: one not answered yet, or never (a
+        timed-out request may still be carried out by the site)."""
+        if op["state"] == "DELETED" and not self._creates_open.get(gid):
+            self._seen_deleted.add(gid)
 
 
 def _has_unacked(node: Any) -> bool:
