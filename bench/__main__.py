@@ -48,6 +48,7 @@ BENCHMARKS: dict[str, tuple[str, str, str]] = {
     "B5": ("bench.b5_connections", "connections", "CPU < 20%, RSS < 1 GiB, no drops"),
     "B6": ("bench.b6_download", "download", ">= 0.8x"),
     "B7": ("bench.b7_sites", "sites", ">= 1.3x"),
+    "B8": ("bench.b8_simulator", "simulator", ">= 100 seeds/min, simulated >= 100x wall"),
     "B9": ("bench.b9_views", "views", "p99 < 50 ms (PostgreSQL 100 ms)"),
     "B10": ("bench.b10_restart", "restart storm", "< 30 s, answers within 1 s"),
 }

@@ -72,7 +72,7 @@ class PeerFactory(Factory):
     def __init__(
         self,
         *,
-        clock: IReactorTime | None,
+        clock: IReactorTime,
         max_payload: int = MAX_PAYLOAD,
         pre_login_max_payload: int = PRE_LOGIN_MAX_PAYLOAD,
         heartbeat_interval: float = 15.0,
@@ -80,11 +80,7 @@ class PeerFactory(Factory):
         login_timeout: float = LOGIN_TIMEOUT,
         log_interval: float = 60.0,
     ) -> None:
-        # Required, never the global reactor.  ``| None`` only while
-        # NodeListenerFactory's own ``clock`` still says it may be None.
-        if clock is None:
-            raise TypeError(f"{type(self).__name__}: a clock (IReactorTime) is required")
-        self.clock: IReactorTime = clock
+        self.clock: IReactorTime = clock  # the root's, never the global reactor
         self.max_payload = max_payload
         self.pre_login_max_payload = min(pre_login_max_payload, max_payload)
         self.heartbeat_interval = heartbeat_interval

@@ -382,7 +382,7 @@ class NodeListenerFactory(PeerFactory):
         max_payload: int = MAX_PAYLOAD,
         heartbeat_interval: float = 15.0,
         idle_timeout: float = 45.0,
-        clock: IReactorTime | None = None,
+        clock: IReactorTime,
         entropy: IEntropy,
         pre_login_max_payload: int = PRE_LOGIN_MAX_PAYLOAD,
         login_timeout: float = LOGIN_TIMEOUT,

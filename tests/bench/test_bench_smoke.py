@@ -23,7 +23,7 @@ import pytest
 from tasknet.drill.pgserver import INSTALL_HINT, installed
 
 REPO = Path(__file__).resolve().parents[2]
-SQLITE_IDS = ["B1", "B2a", "B2b", "B3", "B4", "B5", "B6", "B9", "B10"]
+SQLITE_IDS = ["B1", "B2a", "B2b", "B3", "B4", "B5", "B6", "B8", "B9", "B10"]
 ALL_IDS = [
     "B1",
     "B1-pg",
@@ -36,6 +36,7 @@ ALL_IDS = [
     "B5",
     "B6",
     "B7",
+    "B8",
     "B9",
     "B9-pg",
     "B10",
@@ -115,6 +116,9 @@ def test_quick_run_prints_every_row_and_writes_results(tmp_path: Path) -> None:
     for q in queries:
         for clients in ("1", "8"):
             assert q[clients]["n"] > 0 and q[clients]["raw_n"] > 0, q
+    # B8: the simulator's block passed, with its events a second and time ratio.
+    b8 = rows["B8"]["details"]
+    assert b8["events_per_s"] > 0 and b8["time_ratio"] > 0
     # B10: every node came back after the kill, with per-process CPU.
     b10 = rows["B10"]["details"]
     assert b10["everyone_back"], rows["B10"]["notes"]
@@ -133,11 +137,11 @@ def test_quick_run_prints_every_row_and_writes_results(tmp_path: Path) -> None:
 
 def test_unknown_benchmark_is_refused_with_the_valid_names() -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "bench", "B8"], cwd=REPO, capture_output=True, text=True, timeout=60
+        [sys.executable, "-m", "bench", "B11"], cwd=REPO, capture_output=True, text=True, timeout=60
     )
     assert done.returncode == 2
-    assert "unknown benchmark(s) B8" in done.stderr
-    assert "B1, B2, B3, B4, B5, B6, B7, B9, B10" in done.stderr
+    assert "unknown benchmark(s) B11" in done.stderr
+    assert "B1, B2, B3, B4, B5, B6, B7, B8, B9, B10" in done.stderr
 
 
 def test_load_nodes_reconnect_with_the_real_nodes_backoff() -> None:
