@@ -1,4 +1,4 @@
-"""Every command of README.md and docs/operations.md runs as written.
+"""Every command of README.md, docs/operations.md and docs/simulation.md runs as written.
 
 The ```sh blocks of each document are run in order, in one fresh directory
 per document (commands whose first path is the repository's own, such as
@@ -50,7 +50,7 @@ from tasknet.site.storage.engine.schema import prepare_database
 pytestmark = [pytest.mark.slow, pytest.mark.one_worker]
 
 REPO = Path(__file__).resolve().parents[2]
-DOCUMENTS = ("README.md", "docs/operations.md")
+DOCUMENTS = ("README.md", "docs/operations.md", "docs/simulation.md")
 COMMAND_TIMEOUT = 120.0
 READY_TIMEOUT = 90.0
 STOP_TIMEOUT = 30.0
