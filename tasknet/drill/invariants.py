@@ -516,9 +516,14 @@ def _check_report(
     wiped_at: dict[str, list[float]],
 ) -> None:
     """One report: committed, with the revision sent, ACKed APPLIED at most
-    once and first (or its node wiped since it was last sent: nothing is
-    left to ACK it to)."""
+    once and first.  A report whose node was wiped since it last sent it
+    may be neither committed nor ACKed: the node forgot it with its store
+    and will never send it again, nor wait for its ACK."""
+    last_sent = max(frame.get("at") or 0.0 for frame in sent)
+    forgotten = any(at >= last_sent for at in wiped_at.get(sent[0]["node"], ()))
     if receipt is None:
+        if forgotten:
+            return
         f.fail(
             f"report {rid} sent by {sent[0]['node']} was never committed (lost)",
             report_id=rid,
@@ -542,8 +547,6 @@ def _check_report(
         )
     if "APPLIED" in results and results.index("APPLIED") != 0:
         f.fail(f"report {rid}: APPLIED after a DUPLICATE", report_id=rid, acks=_brief(acks))
-    last_sent = max(frame.get("at") or 0.0 for frame in sent)
-    forgotten = any(at >= last_sent for at in wiped_at.get(sent[0]["node"], ()))
     if not acks and not forgotten:
         f.fail(f"report {rid} committed but never ACKed", report_id=rid, sent=_brief(sent))
 

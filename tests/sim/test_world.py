@@ -154,13 +154,14 @@ def test_a_legacy_completion_the_site_failed_to_commit_is_tried_again(seed: int)
     assert done.returncode == 0, done.stdout[-3000:]
 
 
-@pytest.mark.parametrize("seed", [386, 405])
+@pytest.mark.parametrize("seed", [386, 405, 1355])
 def test_the_checks_judge_by_what_a_client_and_a_node_could_know(seed: int) -> None:
     """The harness, not the site, was wrong here.  Seed 386: a create sent
     while the site was paused landed after the run had seen the gid's
     tombstone (D4 counted it as a resurrection; a create not answered yet
     may still land).  Seed 405: a report committed after its node was
-    wiped could not be ACKed to anyone (D6; the ledger now says when a
-    node was wiped)."""
+    wiped could not be ACKed to anyone; seed 1355: one that failed on a busy
+    database after its node was wiped was never sent again (D6 said
+    "lost"; the ledger now says when a node was wiped)."""
     done = sim("replay", str(seed))
     assert done.returncode == 0, done.stdout[-3000:]
