@@ -25,7 +25,6 @@ the runs of each site process.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import sqlite3
 import warnings
@@ -193,6 +192,7 @@ class SimCluster:
             tuning=Tuning(storage_faults=self._storage_faults(name), listen=False),
             threads=reactor,
             entropy=SeededEntropy(self.world.rng.getrandbits(64)),
+            processes=reactor,
             monotonic=self.world.elapsed,
         )
         flock = getattr(service.parts.instance.lease, "_flock", None)  # SQLite's lease holds one
@@ -205,7 +205,8 @@ class SimCluster:
         site.runs.append(
             {
                 "site": name,
-                "pid": _pid_of(service),
+                # What the lease records in its site_instance row.
+                "pid": reactor.pid,
                 "started": self.world.now,
                 "ended": None,
                 "how": None,
@@ -385,12 +386,6 @@ def _driver_error(kind: str, postgres: bool) -> Exception:
     if kind == "full":
         return sqlite3.OperationalError("database or disk is full")
     return sqlite3.OperationalError("disk I/O error")
-
-
-def _pid_of(service: Any) -> int:
-    # What the lease records in its site_instance row (each run of a site
-    # is told apart by its start time).
-    return os.getpid()
 
 
 class _WebhookSink(Resource):
