@@ -48,6 +48,7 @@ from tasknet.sim.network import SimConnection, SimTransport
 from tasknet.sim.reactor import SimReactor
 from tasknet.sim.world import World
 from tasknet.site.storage.engine.database import is_postgres
+from tasknet.site.storage.lease import SILENT_CLIENT_NOTICED_WITHIN
 from tasknet.site.upstream_client import BytesBody
 
 __all__ = ["ADMIN_TOKEN", "SimCluster", "SiteProcess", "NodeProcess"]
@@ -195,9 +196,7 @@ class SimCluster:
             processes=reactor,
             monotonic=self.world.elapsed,
         )
-        flock = getattr(service.parts.instance.lease, "_flock", None)  # SQLite's lease holds one
-        if flock is not None:
-            reactor.at_death(flock.drop)  # the kernel closes a dead process's files
+        reactor.at_death(lambda: self._site_died(reactor, service))
         service.startService()
         reactor.addSystemEventTrigger("before", "shutdown", service.stopService)
         reactor.startRunning()
@@ -213,6 +212,28 @@ class SimCluster:
                 "fenced": None,
             }
         )
+
+    def _site_died(self, reactor: SimReactor, service: Any) -> None:
+        """The kernel closes a dead site's files and sockets: its SQLite
+        flock goes at once; a PostgreSQL server ends its sessions (the lease
+        lock with them) once it learns of it: at once after a kill (the
+        kernel sends FIN), after the lease session's keepalives give up
+        when the machine lost power (nothing is sent).  The pool's sessions
+        end with it: none holds a transaction across events."""
+        lease, db = service.parts.instance.lease, service.parts.db
+
+        def sessions_end() -> None:
+            lease.drop()
+            db.drop()
+
+        if reactor.death == "power" and lease.shared:
+            self.world.call_later(
+                SILENT_CLIENT_NOTICED_WITHIN,
+                sessions_end,
+                what=f"the server ends the sessions of {reactor.name}#{reactor.incarnation}",
+            )
+        else:
+            sessions_end()
 
     def crash(self, name: str, how: str = "kill") -> None:
         """End process ``name`` (a site, a node, the upstream) at once."""

@@ -108,6 +108,14 @@ _LEASE_SESSION = {
     "tcp_keepalives_count": 3,
     "tcp_user_timeout": 10000,
 }
+#: Within this many seconds of its client's machine going silent (a power
+#: loss: no FIN, no RST) the server ends the lease session: the keepalives'
+#: idle time and their unanswered probes (the user timeout is shorter for
+#: data the site had sent).
+SILENT_CLIENT_NOTICED_WITHIN = (
+    _LEASE_SESSION["tcp_keepalives_idle"]
+    + _LEASE_SESSION["tcp_keepalives_interval"] * _LEASE_SESSION["tcp_keepalives_count"]
+)
 #: How long a reaper waits for each session of the instance it reaps to end.
 SESSION_END_TIMEOUT_MS = 5000
 
@@ -259,6 +267,13 @@ class Lease(ABC):
         """The clean end: mark the instance ended (its last write, while the
         lease still holds) and let the lease go.  Idempotent."""
 
+    @abstractmethod
+    def drop(self) -> None:
+        """What the kernel does when this process dies: the lease's file or
+        database session closes, and the lock goes with it; nothing is
+        written (a simulated crash: the process's objects are never called
+        again)."""
+
     def end_sessions_of(self, other: int) -> Deferred[int]:
         """End every database session of instance ``other`` (judged gone,
         its key held by :meth:`judge`), so that no transaction it left open
@@ -345,6 +360,9 @@ class SqliteLease(Lease):
 
     def forget(self, other: int) -> Deferred[None]:
         return succeed(None)
+
+    def drop(self) -> None:
+        self._flock.drop()
 
     def release(self) -> None:
         if not self._flock.held:
@@ -583,6 +601,12 @@ class PostgresLease(Lease):
             return sum(1 for row in rows if row["ended"])
 
         return self._in_thread(terminate)
+
+    def drop(self) -> None:
+        # The server sees the socket close and ends the session: its lock
+        # goes, and another instance may judge this one gone.
+        self._released = True
+        self._connection.close()
 
     def release(self) -> None:
         if self._released:
