@@ -120,6 +120,8 @@ class SimCluster:
         self._frame_seq = 0
         #: Called with each frame record as it is delivered (the cheap checks).
         self.on_frame: list[Callable[[dict[str, Any]], None]] = []
+        #: Called as a site's write transaction is about to commit.
+        self.on_commit: list[Callable[[], None]] = []
         self.client = world.add_process("client")
         self.client.startRunning()
         self._agent = Agent(self.client, pool=HTTPConnectionPool(self.client, persistent=False))
@@ -268,6 +270,9 @@ class SimCluster:
         postgres = is_postgres(self.db)
 
         def fault(point: str, connection: Any) -> None:
+            if point == "commit":
+                for heard in self.on_commit:
+                    heard()
             plan = self._storage_plans.get(site) or {}
             for kind in ("busy",) if point == "begin" else ("commit", "full"):
                 if plan.get(kind):
