@@ -10,6 +10,12 @@ the node alike (neither imports the other; both may import this):
     nonces, ids and the seeds of the components' ``random.Random``:
     :class:`SystemEntropy` (the OS's) in production, :class:`SeededEntropy`
     (one ``random.Random``) in a simulation or a test.
+:class:`IProcesses`
+    who this process is (pid, host, kernel and pid namespace: what a lease
+    records of its holder) and whether another process certainly runs no
+    longer (a reaper's liveness probe): :class:`OSProcesses` (the
+    kernel's) in production; the simulated reactor provides it in a
+    simulation, where every process shares the one real pid.
 :class:`IThreadPools`
     the thread pools a component runs blocking work on (a compression, a
     database's ``adbapi`` pool): :class:`RealThreadPools` in production; the
@@ -20,14 +26,16 @@ given reactor (``cp_reactor``) and a pool from a given :class:`IThreadPools`,
 in place of the ``ThreadPool`` it would make itself.
 
 The only defaults are at the entry points (``makeService``): twistd's
-global reactor, the OS's entropy, real threads.
+global reactor, the OS's entropy and processes, real threads.
 """
 
 from __future__ import annotations
 
 import os
 import random
+import socket
 import uuid
+from dataclasses import dataclass
 from typing import Any
 
 from twisted.enterprise import adbapi
@@ -37,7 +45,10 @@ from zope.interface import Interface, implementer
 
 __all__ = [
     "IEntropy",
+    "IProcesses",
     "IThreadPools",
+    "OSProcesses",
+    "ProcessIdentity",
     "RealThreadPools",
     "SeededEntropy",
     "SystemEntropy",
@@ -99,6 +110,65 @@ class SeededEntropy:
 
     def random(self) -> random.Random:
         return random.Random(self._rng.getrandbits(64))
+
+
+@dataclass(frozen=True)
+class ProcessIdentity:
+    """Who a process is, as another process can look it up."""
+
+    pid: int
+    host: str
+    #: The kernel and pid namespace it runs in, or ``None`` where that
+    #: cannot be told: two processes of one space see each other's pids.
+    space: str | None
+
+
+class IProcesses(Interface):
+    """This process's identity, and the probe of another's liveness."""
+
+    def this() -> ProcessIdentity:
+        """Who this process is now."""
+
+    def gone(pid: int, space: str | None) -> bool:
+        """Whether process ``pid`` of process space ``space`` certainly runs
+        no longer: ``space`` is this process's own and no process there has
+        that pid.  Never for a paused process (it keeps its pid), nor for
+        one of another (or an unknown) space: a caller must then wait."""
+
+
+@implementer(IProcesses)
+class OSProcesses:
+    """The kernel's answers (production): ``os.getpid``, the host name, the
+    boot id and pid namespace (Linux), and ``kill(pid, 0)``."""
+
+    def this(self) -> ProcessIdentity:
+        # Asked each time, never kept: a daemon may fork after it is built.
+        return ProcessIdentity(os.getpid(), socket.gethostname(), _process_space())
+
+    def gone(self, pid: int, space: str | None) -> bool:
+        here = _process_space()
+        if here is None or space != here:
+            return False
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        except OSError:
+            return False  # it exists (another user's, perhaps)
+        return False
+
+
+def _process_space() -> str | None:
+    """The kernel and pid namespace this process runs in (Linux: the boot
+    id and the pid namespace's inode), or ``None`` where that cannot be
+    told."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as boot:
+            boot_id = boot.read().strip()
+        namespace = os.readlink("/proc/self/ns/pid")
+    except OSError:
+        return None
+    return f"{boot_id} {namespace}"
 
 
 class IThreadPools(Interface):

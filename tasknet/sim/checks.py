@@ -146,6 +146,17 @@ class CheapChecks:
         except Exception:  # noqa: BLE001 - either driver's: the table is not made yet
             return None
 
+    def rows(self, sql: str, params: tuple[Any, ...] = ()) -> list[Any]:
+        """Every row of ``sql`` in what is committed now (none before the
+        schema is made), on the checker's read-only connection."""
+        reader = self._connect()
+        if reader is None:
+            return []
+        try:
+            return list(reader.execute(sql, params).fetchall())
+        except Exception:  # noqa: BLE001 - either driver's: the table is not made yet
+            return []
+
     def _connect(self) -> Any:
         if self._reader is None:
             if is_postgres(self.db):

@@ -25,7 +25,6 @@ the runs of each site process.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import sqlite3
 import warnings
@@ -49,6 +48,7 @@ from tasknet.sim.network import SimConnection, SimTransport
 from tasknet.sim.reactor import SimReactor
 from tasknet.sim.world import World
 from tasknet.site.storage.engine.database import is_postgres
+from tasknet.site.storage.lease import SILENT_CLIENT_NOTICED_WITHIN
 from tasknet.site.upstream_client import BytesBody
 
 __all__ = ["ADMIN_TOKEN", "SimCluster", "SiteProcess", "NodeProcess"]
@@ -120,6 +120,8 @@ class SimCluster:
         self._frame_seq = 0
         #: Called with each frame record as it is delivered (the cheap checks).
         self.on_frame: list[Callable[[dict[str, Any]], None]] = []
+        #: Called as a site's write transaction is about to commit.
+        self.on_commit: list[Callable[[], None]] = []
         self.client = world.add_process("client")
         self.client.startRunning()
         self._agent = Agent(self.client, pool=HTTPConnectionPool(self.client, persistent=False))
@@ -193,11 +195,10 @@ class SimCluster:
             tuning=Tuning(storage_faults=self._storage_faults(name), listen=False),
             threads=reactor,
             entropy=SeededEntropy(self.world.rng.getrandbits(64)),
+            processes=reactor,
             monotonic=self.world.elapsed,
         )
-        flock = getattr(service.parts.instance.lease, "_flock", None)  # SQLite's lease holds one
-        if flock is not None:
-            reactor.at_death(flock.drop)  # the kernel closes a dead process's files
+        reactor.at_death(lambda: self._site_died(reactor, service))
         service.startService()
         reactor.addSystemEventTrigger("before", "shutdown", service.stopService)
         reactor.startRunning()
@@ -205,13 +206,36 @@ class SimCluster:
         site.runs.append(
             {
                 "site": name,
-                "pid": _pid_of(service),
+                # What the lease records in its site_instance row.
+                "pid": reactor.pid,
                 "started": self.world.now,
                 "ended": None,
                 "how": None,
                 "fenced": None,
             }
         )
+
+    def _site_died(self, reactor: SimReactor, service: Any) -> None:
+        """The kernel closes a dead site's files and sockets: its SQLite
+        flock goes at once; a PostgreSQL server ends its sessions (the lease
+        lock with them) once it learns of it: at once after a kill (the
+        kernel sends FIN), after the lease session's keepalives give up
+        when the machine lost power (nothing is sent).  The pool's sessions
+        end with it: none holds a transaction across events."""
+        lease, db = service.parts.instance.lease, service.parts.db
+
+        def sessions_end() -> None:
+            lease.drop()
+            db.drop()
+
+        if reactor.death == "power" and lease.shared:
+            self.world.call_later(
+                SILENT_CLIENT_NOTICED_WITHIN,
+                sessions_end,
+                what=f"the server ends the sessions of {reactor.name}#{reactor.incarnation}",
+            )
+        else:
+            sessions_end()
 
     def crash(self, name: str, how: str = "kill") -> None:
         """End process ``name`` (a site, a node, the upstream) at once."""
@@ -246,6 +270,9 @@ class SimCluster:
         postgres = is_postgres(self.db)
 
         def fault(point: str, connection: Any) -> None:
+            if point == "commit":
+                for heard in self.on_commit:
+                    heard()
             plan = self._storage_plans.get(site) or {}
             for kind in ("busy",) if point == "begin" else ("commit", "full"):
                 if plan.get(kind):
@@ -386,12 +413,6 @@ def _driver_error(kind: str, postgres: bool) -> Exception:
     if kind == "full":
         return sqlite3.OperationalError("database or disk is full")
     return sqlite3.OperationalError("disk I/O error")
-
-
-def _pid_of(service: Any) -> int:
-    # What the lease records in its site_instance row (each run of a site
-    # is told apart by its start time).
-    return os.getpid()
 
 
 class _WebhookSink(Resource):

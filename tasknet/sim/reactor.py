@@ -23,6 +23,12 @@ it belongs to.
 * ``tasknet.runtime.IThreadPools``: ``thread_pool`` makes the pools a
   role's root asks for (the node's compression pool, its store's
   ``adbapi`` pool through ``ThreadedConnectionPool``) simulated ones.
+* ``tasknet.runtime.IProcesses``: the process's own pid (the world's, one
+  per incarnation: every simulated process shares the one real pid), its
+  host (each process name is a machine of its own) and process space (that
+  machine's boot), and ``gone(pid, space)`` as that kernel would answer
+  ``kill(pid, 0)``: what a site's lease records of it and how a reaper
+  probes a gone instance.
 * ``IReactorCore``: system event triggers (``startup``, ``shutdown`` with
   their ``before`` / ``during`` / ``after`` phases, Deferreds waited for),
   ``callWhenRunning``, ``stop`` (shut down, then the process exits), ``run``.
@@ -60,7 +66,7 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 from zope.interface import implementer
 
-from tasknet.runtime import IThreadPools
+from tasknet.runtime import IProcesses, IThreadPools, ProcessIdentity
 from tasknet.sim.trace import label
 
 if TYPE_CHECKING:
@@ -87,17 +93,33 @@ REACTOR_POOL_THREADS = 10
     IReactorThreads,
     IReactorPluggableNameResolver,
     IThreadPools,
+    IProcesses,
 )
 class SimReactor:
     """One simulated process's reactor (see the module doc)."""
 
-    def __init__(self, world: World, name: str, ip: str, incarnation: int = 1) -> None:
+    def __init__(
+        self,
+        world: World,
+        name: str,
+        ip: str,
+        incarnation: int = 1,
+        *,
+        pid: int = 0,
+        space: str | None = None,
+    ) -> None:
         from tasknet.sim.network import SimNameResolver
 
         self.world = world
         self.name = name
         self.ip = ip
         self.incarnation = incarnation
+        #: The process id the world gave this incarnation (never reused).
+        self.pid = pid
+        #: The kernel and pid namespace it runs in: its machine's boot.
+        self.space = space if space is not None else f"{name} boot 1"
+        #: How it died (``die``'s ``how``), once it has.
+        self.death: str | None = None
         self.alive = True
         self.running = False
         #: Seconds this process's wall clock is ahead of the world's.
@@ -183,6 +205,15 @@ class SimReactor:
 
     def _forget(self, call: DelayedCall) -> None:
         self._calls.pop(call, None)
+
+    # -- IProcesses -------------------------------------------------------------------
+
+    def this(self) -> ProcessIdentity:
+        return ProcessIdentity(self.pid, self.name, self.space)
+
+    def gone(self, pid: int, space: str | None) -> bool:
+        # Only a process of this very kernel can be looked up (kill(pid, 0)).
+        return space == self.space and not self.world.pid_alive(pid)
 
     # -- IReactorThreads --------------------------------------------------------------
 
@@ -390,6 +421,9 @@ class SimReactor:
             raise ValueError(f"how must be 'kill', 'exit' or 'power', got {how!r}")
         self.world.note(self.name, f"die {how}")
         self.alive = False
+        self.death = how
+        if how == "power":
+            self.world.lost_power(self.name)
         self.running = False
         for call in list(self._calls):
             call.cancel()

@@ -118,8 +118,13 @@ class _Run:
         )
         #: gid -> journal POSTs for it when its latest create was sent (resolve's evidence).
         self._posts_at_create: dict[int, int] = {}
-        #: (gid, operation id) of generations a create may replace, with their cost.
-        self._replaceable: dict[tuple[int, str], int] = {}
+        #: (gid, operation id) -> cost of every generation seen metered: one
+        #: a create replaced since carried its cost into weekly_usage (D2).
+        self._metered: dict[tuple[int, str], int] = {}
+        # A site wrote since the metered generations were last read.
+        self._written = False
+        self.cluster.on_commit.append(self._heard_commit)
+        self.world.after_event.append(self._read_metered)
         self._seen_deleted: set[int] = set()
         #: gid -> creates sent and not answered (one left unanswered may still land).
         self._creates_open: dict[int, int] = {}
@@ -185,9 +190,6 @@ class _Run:
 
     def _create(self, gid: int, site: str) -> None:
         ledger = self.cluster.ledger
-        op = self._operation(gid)
-        if op is not None and op.get("metered"):
-            self._replaceable[(gid, op["operation_id"])] = int(op.get("cost") or 0)
         self._seen_deleted.discard(gid)
         self._creates_open[gid] = self._creates_open.get(gid, 0) + 1
         journal = self.cluster.journal
@@ -396,14 +398,6 @@ class _Run:
 
     # -- settling and the ledger ------------------------------------------------------------
 
-    def _operation(self, gid: int) -> dict[str, Any] | None:
-        row = self.checks._one(  # noqa: SLF001 - the checker's read-only connection
-            "SELECT state, operation_id, metered, cost FROM task_operation WHERE gid = ?", (gid,)
-        )
-        if row is None:
-            return None
-        return {"state": row[0], "operation_id": row[1], "metered": row[2], "cost": row[3]}
-
     def _unsettled(self) -> list[str]:
         snap = read_site(self.cluster.db)
         waiting = []
@@ -444,10 +438,28 @@ class _Run:
             + (f" (+{len(waiting) - 4} more)" if len(waiting) > 4 else "")
         )
 
+    def _heard_commit(self) -> None:
+        self._written = True
+
+    def _read_metered(self) -> None:
+        """After an event in which a site committed: note every generation
+        metered now.  A create replaces the generation that is DELETED when
+        the site runs it, which may be one started after the request was
+        sent (another site created and deleted it while this one was
+        paused with the request): only what was committed tells which.  One
+        read after each commit sees every generation metered, but one that
+        is metered, deleted at once and replaced by writes of a single
+        group commit (no such seed is known; D2 would then name it)."""
+        if not self._written:
+            return
+        self._written = False
+        for gid, operation_id, cost in self.checks.rows(_METERED):
+            self._metered[(int(gid), str(operation_id))] = int(cost or 0)
+
     def _finish_ledger(self, evidence: Any) -> None:
         ledger = self.cluster.ledger
         ops = evidence.site.operations
-        for (gid, operation_id), cost in sorted(self._replaceable.items()):
+        for (gid, operation_id), cost in sorted(self._metered.items()):
             current = ops.get(gid)
             if current is None or current["operation_id"] != operation_id:
                 ledger.carried_cost += cost
@@ -461,6 +473,9 @@ class _Run:
         timed-out request may still be carried out by the site)."""
         if op["state"] == "DELETED" and not self._creates_open.get(gid):
             self._seen_deleted.add(gid)
+
+
+_METERED = "SELECT gid, operation_id, cost FROM task_operation WHERE metered = 1"
 
 
 def _has_unacked(node: Any) -> bool:

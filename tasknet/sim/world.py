@@ -48,6 +48,9 @@ T = TypeVar("T")
 #: Where simulated time starts (Unix seconds): 2026-01-01T00:00:00Z.
 EPOCH = 1_767_225_600.0
 
+#: The first pid the world hands out (then counting up, never reused).
+FIRST_PID = 1000
+
 #: A process that goes on after a pause runs what was due while it was
 #: stopped at this fraction of the time it waited (a backlog, run quickly).
 PAUSE_BACKLOG = 0.001
@@ -123,6 +126,13 @@ class World:
         self.after_event: list[Callable[[], None]] = []
         self._incarnations: dict[str, int] = {}
         self._ips = itertools.count(2)
+        # Each process name is a machine of its own (its own address, kept
+        # across restarts), booted again after it lost power; pids are the
+        # world's, never reused (a real kernel's are, rarely: a reaper then
+        # takes the pid for alive and waits, which is safe).
+        self._boots: dict[str, int] = {}
+        self._pids = itertools.count(FIRST_PID)
+        self._by_pid: dict[int, SimReactor] = {}
         self.thread_id = threading.get_ident()
         self.network: Network = Network(self, link or LinkProfile())
 
@@ -157,10 +167,23 @@ class World:
             ip = old.ip if old is not None else f"10.0.0.{next(self._ips)}"
         incarnation = self._incarnations.get(name, 0) + 1
         self._incarnations[name] = incarnation
-        reactor = SimReactor(self, name, ip, incarnation)
+        pid = next(self._pids)
+        boot = self._boots.setdefault(name, 1)
+        reactor = SimReactor(self, name, ip, incarnation, pid=pid, space=f"{name} boot {boot}")
         self.processes[name] = reactor
-        self.note("world", f"process {name} {ip} #{incarnation}")
+        self._by_pid[pid] = reactor
+        self.note("world", f"process {name} {ip} #{incarnation} pid {pid}")
         return reactor
+
+    def lost_power(self, name: str) -> None:
+        """The machine of process ``name`` lost power: it boots again (a new
+        kernel, so a process space of its own) when the process restarts."""
+        self._boots[name] = self._boots.get(name, 1) + 1
+
+    def pid_alive(self, pid: int) -> bool:
+        """Whether the world's process ``pid`` runs (a paused one does)."""
+        process = self._by_pid.get(pid)
+        return process is not None and process.alive
 
     def crash(self, name: str, *, how: str = "kill") -> None:
         """End process ``name`` at once, keeping nothing of it but its files

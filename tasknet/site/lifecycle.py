@@ -601,7 +601,7 @@ class Lifecycle:
                 if not await lease.judge(suspect):
                     continue  # alive, or being reaped by another site right now
                 try:
-                    if lease.shared and not await self._reapable(suspect, lease.timeout):
+                    if lease.shared and not await self._reapable(suspect, lease):
                         # Gone, or only paused: not before its own clock must
                         # call its lease stale, so it can start nothing after
                         # its reap.  A later pass reaps it.
@@ -627,15 +627,16 @@ class Lifecycle:
         finally:
             self._reaping.release()
 
-    async def _reapable(self, suspect: int, lease_timeout: float) -> bool:
+    async def _reapable(self, suspect: int, lease: Lease) -> bool:
         """A gone instance may be reaped once it can start nothing any more:
         its process is certainly dead (same kernel and pid namespace, pid
-        gone), or its last lease confirmation is a lease timeout old, so
-        that, were it only paused, its own clock calls its lease stale."""
+        gone, as the lease's probe of processes tells), or its last lease
+        confirmation is a lease timeout old, so that, were it only paused,
+        its own clock calls its lease stale."""
         row = await self.db.read(instances.instance, suspect)
-        if row is not None and dead_here(row):
+        if row is not None and dead_here(row, lease.processes):
             return True
-        return bool(await self.db.read(instances.surely_stale, suspect, lease_timeout))
+        return bool(await self.db.read(instances.surely_stale, suspect, lease.timeout))
 
     async def _reap(self, gone: int | None, me: int) -> Reaped:
         # A shared database: the gone instance may have been paused, not dead.

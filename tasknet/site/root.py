@@ -47,7 +47,14 @@ from twisted.internet.interfaces import (
 from twisted.logger import Logger
 
 from tasknet.logging import rotate_on
-from tasknet.runtime import IEntropy, IThreadPools, RealThreadPools, SystemEntropy
+from tasknet.runtime import (
+    IEntropy,
+    IProcesses,
+    IThreadPools,
+    OSProcesses,
+    RealThreadPools,
+    SystemEntropy,
+)
 from tasknet.site import fault_points, ratelimit
 from tasknet.site.connected_nodes import CHECK_INTERVAL as NODE_CHECK_INTERVAL
 from tasknet.site.connected_nodes import ConnectedNodes, NodeOwnership
@@ -142,12 +149,16 @@ def build_site(
     monotonic: Callable[[], float] = time.monotonic,
     threads: IThreadPools | None = None,
     entropy: IEntropy | None = None,
+    processes: IProcesses | None = None,
 ) -> SiteService:
     """The whole site, built from ``options`` on ``reactor``, not yet
     started; ``monotonic`` is the clock its lease's freshness is judged on
     (and its transactions timed on), ``threads`` the pools its database
     and lease run on (default: real threads), ``entropy`` the source of its
-    nonces, ids, secrets and jitter (default: the OS's).  The wall clock of
+    nonces, ids, secrets and jitter (default: the OS's), ``processes`` who
+    this process is (its pid, host and process space, recorded with its
+    lease) and the probe of whether a gone instance's process still runs
+    (default: the kernel's).  The wall clock of
     everything it stores (``{now}`` in SQL, Python's timestamps) is the
     reactor's ``seconds``: a real reactor's is ``time.time``, the clock the
     database reads itself.
@@ -166,9 +177,14 @@ def build_site(
     clock = IReactorTime(reactor)
     threads = threads if threads is not None else RealThreadPools()
     entropy = entropy if entropy is not None else SystemEntropy()
+    processes = processes if processes is not None else OSProcesses()
     path = options["db"]
     # Several sites may share a PostgreSQL database; a SQLite file has one.
-    held = None if is_postgres(path) else instance_lock.acquire(path, role="tasknet-site")
+    held = (
+        None
+        if is_postgres(path)
+        else instance_lock.acquire(path, role="tasknet-site", process=processes.this())
+    )
     try:
         _prepare_database(options, path, entropy, clock.seconds)
         lease = take_lease(
@@ -179,6 +195,7 @@ def build_site(
             threads=threads,
             entropy=entropy,
             wall=clock.seconds,
+            processes=processes,
             upstream_timeout=options["upstream-timeout"],
             monotonic=monotonic,
         )
@@ -526,10 +543,11 @@ def makeService(
     monotonic: Callable[[], float] = time.monotonic,
     threads: IThreadPools | None = None,
     entropy: IEntropy | None = None,
+    processes: IProcesses | None = None,
 ) -> SiteService:
     """The site as ``twistd -n tasknet-site`` builds it: on twistd's reactor,
-    the process's monotonic clock, real threads and the OS's entropy unless
-    given others (a simulation's)."""
+    the process's monotonic clock, real threads, the OS's entropy and the
+    kernel's processes unless given others (a simulation's)."""
     if reactor is None:
         from twisted.internet import reactor as global_reactor
 
@@ -554,6 +572,7 @@ def makeService(
             monotonic=monotonic,
             threads=threads if threads is not None else RealThreadPools(),
             entropy=entropy if entropy is not None else SystemEntropy(),
+            processes=processes if processes is not None else OSProcesses(),
         )
     except SchemaError as e:
         created.remove()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import threading
 from typing import Any
 
@@ -484,3 +485,36 @@ def test_a_pull_producer_is_asked_for_more_until_it_is_done() -> None:
     world.run_until(lambda: client.lost is not None, within=60)
     assert client.received == data
     assert client.lost is not None and client.lost.check(error.ConnectionDone)
+
+
+def test_in_the_simulated_world_a_process_is_dead_here_by_the_worlds_pids() -> None:
+    """Every simulated process shares the one real pid: the lease's probe
+    is the world's, which knows which of its processes are alive."""
+    from tasknet.runtime import IProcesses
+    from tasknet.site.storage.instances import Instance
+    from tasknet.site.storage.lease import dead_here
+
+    world = World(1)
+    first = world.add_process("site")
+    beside = world.add_process("site2")
+    assert verifyObject(IProcesses, first)
+    me = first.this()
+    assert me.pid != beside.this().pid and me.pid != os.getpid()
+    assert me.host != beside.this().host  # each process name is a machine of its own
+
+    def instance(process: Any) -> Instance:
+        who = process.this()
+        return Instance(
+            1, "a", who.host, who.pid, None, "", "", None, None, None, process_space=who.space
+        )
+
+    first.pause(5.0)
+    assert not dead_here(instance(first), first)  # paused, not dead
+    first.die("kill")
+    again = world.add_process("site")  # the restart, on the same machine
+    assert dead_here(instance(first), again)
+    assert not dead_here(instance(first), beside)  # another machine cannot look it up
+    again.die("power")
+    booted = world.add_process("site")  # a new kernel: its old pids mean nothing
+    assert booted.this().space != again.this().space
+    assert not dead_here(instance(again), booted)

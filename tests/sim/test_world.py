@@ -4,8 +4,9 @@ Runs go through ``tasknet-sim`` in a subprocess (``python -m
 tasknet.cli.sim``), whose process has Twisted's global reactor forbidden,
 so a role that reached past its composition root fails the run.
 
-* the CI block: seeds 0..239 on SQLite (in chunks, spread over the
-  workers), every one passing D1–D10, the cheap checks and liveness;
+* the CI blocks: seeds 0..239 on SQLite and 0..23 on PostgreSQL (two
+  sites on a throwaway server), in chunks spread over the workers, every
+  one passing D1–D10, the cheap checks and liveness;
 * one test per fault kind: over a few seeds with only that kind, it fired
   and every check held;
 * the command's output and exit status (SIMULATION.md "The command");
@@ -25,6 +26,7 @@ from typing import Any
 
 import pytest
 
+from tasknet.drill.pgserver import INSTALL_HINT, installed
 from tasknet.sim.schedule import FAULT_KINDS
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -32,6 +34,12 @@ ROOT = Path(__file__).resolve().parents[2]
 #: The CI block on SQLite (SIMULATION.md: at least 200 seeds).
 SQLITE_BLOCK = range(0, 240)
 CHUNK = 40
+#: CI sets it to 1: a test that needs PostgreSQL fails without it (tests/conftest.py).
+REQUIRE_POSTGRES = "TASKNET_REQUIRE_POSTGRES"
+#: The CI block on PostgreSQL (SIMULATION.md: at least 20 seeds); each
+#: chunk's tasknet-sim starts a throwaway server of its own.
+POSTGRES_BLOCK = range(0, 24)
+POSTGRES_CHUNK = 8
 
 LAST_LINE = re.compile(
     r"^(?P<seeds>\d+) seeds, (?P<failed>\d+) failed, (?P<events>\d+) events,"
@@ -79,6 +87,34 @@ def test_the_ci_block_of_seeds_passes_on_sqlite(first: int, tmp_path: Path) -> N
     for outcome in report["seeds"]:
         assert outcome["events"] >= 200, outcome
     assert sum(sum(o["faults"].values()) for o in report["seeds"]) >= 3 * CHUNK
+
+
+def require_postgres() -> None:
+    """Skip without the PostgreSQL server binaries (fail where CI says
+    they must be there), as the ``pg_server`` fixture of tests/conftest.py does."""
+    if not installed():
+        if os.environ.get(REQUIRE_POSTGRES) == "1":
+            pytest.fail(f"{REQUIRE_POSTGRES}=1 but PostgreSQL is not installed: {INSTALL_HINT}")
+        pytest.skip(f"PostgreSQL is not installed ({INSTALL_HINT})")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("first", range(POSTGRES_BLOCK.start, POSTGRES_BLOCK.stop, POSTGRES_CHUNK))
+def test_the_ci_block_of_seeds_passes_on_postgresql(first: int, tmp_path: Path) -> None:
+    require_postgres()
+    seeds = f"{first}..{first + POSTGRES_CHUNK - 1}"
+    done, report = run_json(tmp_path, "--db", "postgres", "--seeds", seeds)
+    failing = [s for s in report["seeds"] if s["failed"]]
+    assert done.returncode == 0 and not failing, done.stdout[-4000:]
+    totals = last_line(done.stdout)
+    assert int(totals["seeds"]) == POSTGRES_CHUNK and int(totals["failed"]) == 0
+    for outcome in report["seeds"]:
+        assert outcome["events"] >= 200, outcome
+    assert sum(sum(o["faults"].values()) for o in report["seeds"]) >= 3 * POSTGRES_CHUNK
+    # Several sites on one database: a site died or stopped beside another
+    # (its lease judged, its generations reaped) somewhere in the chunk.
+    fired = set().union(*(o["faults"] for o in report["seeds"]))
+    assert fired & {"crash_site", "pause_site"}, fired
 
 
 @pytest.mark.parametrize("kind", FAULT_KINDS)

@@ -50,7 +50,7 @@ from tasknet.site.storage.lease import LEASE_TIMEOUT, PostgresLease, application
 from tasknet.site.upstream_client import Outcome, UpstreamClient
 from tasknet.upstream.testing import RunningUpstream, start_upstream
 from tests.eventually import eventually
-from tests.runtime import site_runtime
+from tests.runtime import lease_runtime, site_runtime
 from tests.site.helpers import add_user, fault, lease_timeout_passed, site_options
 
 WEEK = usage_weeks.iso_week()
@@ -109,7 +109,7 @@ async def running(
         name,
         flock=None,
         upstream_timeout=upstream_timeout,
-        **(site_runtime() | {"monotonic": clock.seconds}),
+        **(lease_runtime() | {"monotonic": clock.seconds}),
     )
     assert isinstance(lease, PostgresLease)
     db = open_pool(
@@ -554,8 +554,9 @@ def test_a_process_is_dead_here_only_when_its_pid_is_gone_in_this_very_pid_space
     import subprocess
     import sys
 
+    from tasknet.runtime import OSProcesses
     from tasknet.site.storage.instances import Instance
-    from tasknet.site.storage.lease import dead_here, process_space
+    from tasknet.site.storage.lease import dead_here
 
     finished = subprocess.run([sys.executable, "-c", "pass"], check=True)
     assert finished.returncode == 0
@@ -565,9 +566,10 @@ def test_a_process_is_dead_here_only_when_its_pid_is_gone_in_this_very_pid_space
     def instance(pid: int, space: str | None) -> Instance:
         return Instance(1, "a", "h", pid, None, "", "", None, None, None, process_space=space)
 
-    here = process_space()
-    assert here is not None
-    assert dead_here(instance(probe.pid, here))
-    assert not dead_here(instance(os.getpid(), here))  # alive (a paused one keeps its pid)
-    assert not dead_here(instance(probe.pid, "another kernel or pid namespace"))
-    assert not dead_here(instance(probe.pid, None))  # an instance of an older release
+    kernel = OSProcesses()
+    here = kernel.this()
+    assert here.space is not None and here.pid == os.getpid()
+    assert dead_here(instance(probe.pid, here.space), kernel)
+    assert not dead_here(instance(os.getpid(), here.space), kernel)  # alive (a paused one too)
+    assert not dead_here(instance(probe.pid, "another kernel or pid namespace"), kernel)
+    assert not dead_here(instance(probe.pid, None), kernel)  # an instance of an older release

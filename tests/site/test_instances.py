@@ -31,7 +31,7 @@ from tasknet.site.storage.instances import LeaseLost
 from tasknet.site.storage.lease import PRUNE_JOB, PostgresLease, SqliteLease, once, take_lease
 from tests.backends import is_postgres
 from tests.eventually import eventually
-from tests.runtime import site_runtime
+from tests.runtime import lease_runtime, site_runtime
 from tests.site.helpers import add_user
 
 WEEK = usage_weeks.iso_week()
@@ -207,7 +207,7 @@ async def test_the_sqlite_lease_is_the_flock_and_judges_every_other_instance_gon
     path = str(tmp_path / "site.sqlite")
     prepare_database(path)
     flock = lock.acquire(path)
-    lease = take_lease(path, "solo", flock=flock, **site_runtime())
+    lease = take_lease(path, "solo", flock=flock, **lease_runtime())
     assert isinstance(lease, SqliteLease) and not lease.shared
     assert await lease.judge(lease.instance_id + 1)
     assert not await lease.judge(lease.instance_id)
@@ -234,8 +234,8 @@ def _terminate(url: str, pid: int) -> None:
 
 @pytest_twisted.ensureDeferred
 async def test_a_postgresql_lease_is_a_lock_only_its_session_holds(pg_url: str) -> None:
-    a = take_lease(pg_url, "a", flock=None, **site_runtime())
-    b = take_lease(pg_url, "b", flock=None, **site_runtime())
+    a = take_lease(pg_url, "a", flock=None, **lease_runtime())
+    b = take_lease(pg_url, "b", flock=None, **lease_runtime())
     try:
         assert isinstance(a, PostgresLease) and a.shared and b.instance_id > a.instance_id
         await a.check()
@@ -278,7 +278,7 @@ class _Passes:
 async def test_on_sqlite_the_service_has_no_timer(tmp_path: Any) -> None:
     path = str(tmp_path / "site.sqlite")
     prepare_database(path)
-    lease = take_lease(path, "solo", flock=lock.acquire(path), **site_runtime())
+    lease = take_lease(path, "solo", flock=lock.acquire(path), **lease_runtime())
     db = open_pool(path, **site_runtime())
     clock = Clock()
     passes = _Passes()
@@ -298,7 +298,7 @@ async def test_the_service_ticks_on_its_clock_and_fences_when_the_lease_session_
     pg_url: str,
 ) -> None:
     clock = Clock()
-    lease = take_lease(pg_url, "a", flock=None, **site_runtime())
+    lease = take_lease(pg_url, "a", flock=None, **lease_runtime())
     db = open_pool(pg_url, **site_runtime())
     passes = _Passes()
     service = InstanceService(lease, db, passes, interval=INTERVAL, clock=clock)
@@ -336,8 +336,8 @@ async def test_the_service_ticks_on_its_clock_and_fences_when_the_lease_session_
 @pytest_twisted.ensureDeferred
 async def test_the_service_fences_when_the_database_says_it_was_reaped(pg_url: str) -> None:
     clock = Clock()
-    lease = take_lease(pg_url, "a", flock=None, **site_runtime())
-    other = take_lease(pg_url, "b", flock=None, **site_runtime())
+    lease = take_lease(pg_url, "a", flock=None, **lease_runtime())
+    other = take_lease(pg_url, "b", flock=None, **lease_runtime())
     db = open_pool(pg_url, **site_runtime())
     service = InstanceService(lease, db, _Passes(), clock=clock)
     reasons: list[str] = []
@@ -395,7 +395,7 @@ async def test_a_lease_check_that_does_not_answer_in_time_fences(pg_url: str) ->
     clock = Clock()
     # Taken in a thread: the relay runs on the reactor (a site takes it at build time).
     relayed_url = pg_conninfo.make_conninfo(pg_url, port=port.getHost().port)
-    runtime = site_runtime()
+    runtime = lease_runtime()
     lease = await deferToThread(lambda: take_lease(relayed_url, "a", flock=None, **runtime))
     db = open_pool(pg_url, **site_runtime())
     service = InstanceService(lease, db, _Passes(), check_timeout=CHECK_TIMEOUT, clock=clock)

@@ -48,7 +48,7 @@ from tasknet.site.storage.lease import PostgresLease, take_lease
 from tasknet.site.upstream_client import UpstreamClient
 from tasknet.upstream.testing import RunningUpstream, start_upstream
 from tests.eventually import eventually
-from tests.runtime import site_runtime
+from tests.runtime import lease_runtime, site_runtime
 from tests.site.helpers import add_user, lease_timeout_passed
 
 WEEK = usage_weeks.iso_week()
@@ -93,7 +93,7 @@ class Site:
 @asynccontextmanager
 async def running(url: str, name: str, upstream_url: str) -> AsyncIterator[Site]:
     """A site's instance, started (its first tick done)."""
-    lease = take_lease(url, name, flock=None, **site_runtime())
+    lease = take_lease(url, name, flock=None, **lease_runtime())
     assert isinstance(lease, PostgresLease)
     db = open_pool(url, **site_runtime())
     client = UpstreamClient(upstream_url, reactor=reactor, persistent=False)
@@ -192,7 +192,7 @@ async def test_a_gone_site_is_reaped_on_the_next_tick_with_evidence_and_a_restar
 ) -> None:
     user, _ = add_user(pg_url, "alice")
     async with running(pg_url, "a", upstream.base_url) as a:
-        lease_b = take_lease(pg_url, "b", flock=None, **site_runtime())
+        lease_b = take_lease(pg_url, "b", flock=None, **lease_runtime())
         assert isinstance(lease_b, PostgresLease)
         b = lease_b.instance_id
         _in_flight(pg_url, b, user, submitting=1, reserved=2)
@@ -262,7 +262,7 @@ async def test_two_reapers_never_both_settle_one_instance(
     user, _ = add_user(pg_url, "alice")
     async with running(pg_url, "a", upstream.base_url) as a:
         async with running(pg_url, "c", upstream.base_url) as c:
-            lease_b = take_lease(pg_url, "b", flock=None, **site_runtime())
+            lease_b = take_lease(pg_url, "b", flock=None, **lease_runtime())
             b = lease_b.instance_id
             _in_flight(pg_url, b, user, submitting=1, reserved=2)
             lease_b._connection.close()

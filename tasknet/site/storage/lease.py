@@ -50,8 +50,6 @@ won does it, and the work is harmless if done twice anyway.
 
 from __future__ import annotations
 
-import os
-import socket
 import sqlite3
 import threading
 import time
@@ -65,7 +63,7 @@ from twisted.internet.threads import deferToThreadPool
 from twisted.logger import Logger
 from zope.interface import implementer
 
-from tasknet.runtime import IEntropy, IThreadPools
+from tasknet.runtime import IEntropy, IProcesses, IThreadPools, ProcessIdentity
 from tasknet.site.storage import instances
 from tasknet.site.storage.engine.database import Cursor, IWriteFence, connect, run_write
 from tasknet.site.storage.engine.file_lock import InstanceLock
@@ -110,6 +108,14 @@ _LEASE_SESSION = {
     "tcp_keepalives_count": 3,
     "tcp_user_timeout": 10000,
 }
+#: Within this many seconds of its client's machine going silent (a power
+#: loss: no FIN, no RST) the server ends the lease session: the keepalives'
+#: idle time and their unanswered probes (the user timeout is shorter for
+#: data the site had sent).
+SILENT_CLIENT_NOTICED_WITHIN = (
+    _LEASE_SESSION["tcp_keepalives_idle"]
+    + _LEASE_SESSION["tcp_keepalives_interval"] * _LEASE_SESSION["tcp_keepalives_count"]
+)
 #: How long a reaper waits for each session of the instance it reaps to end.
 SESSION_END_TIMEOUT_MS = 5000
 
@@ -135,38 +141,13 @@ def once(cursor: Cursor, job: int) -> bool:
     return bool(row[0])
 
 
-def this_host() -> str:
-    return socket.gethostname()
-
-
-def process_space() -> str | None:
-    """The kernel and pid namespace this process runs in (Linux: the boot
-    id and the pid namespace's inode), or ``None`` where that cannot be
-    told: two instances in the same space see each other's pids."""
-    try:
-        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as boot:
-            boot_id = boot.read().strip()
-        namespace = os.readlink("/proc/self/ns/pid")
-    except OSError:
-        return None
-    return f"{boot_id} {namespace}"
-
-
-def dead_here(gone: instances.Instance) -> bool:
-    """Whether gone instance ``gone`` certainly ran no longer: it ran in
-    this process's kernel and pid namespace and its pid is gone.  (A pid
+def dead_here(gone: instances.Instance, processes: IProcesses) -> bool:
+    """Whether gone instance ``gone`` certainly ran no longer, as
+    ``processes`` (the site's, from its composition root) can tell: it ran
+    in this process's kernel and pid namespace and its pid is gone.  (A pid
     reused since is taken for alive: the reaper then waits, which is safe.)
     A paused process keeps its pid, so it is never taken for dead."""
-    space = process_space()
-    if space is None or gone.process_space != space:
-        return False
-    try:
-        os.kill(gone.pid, 0)
-    except ProcessLookupError:
-        return True
-    except OSError:
-        return False  # it exists (another user's, perhaps)
-    return False
+    return processes.gone(gone.pid, gone.process_space)
 
 
 def application_name(instance_id: int, role: str) -> str:
@@ -193,11 +174,15 @@ class Lease(ABC):
         instance_id: int,
         name: str,
         *,
+        processes: IProcesses,
         timeout: float = LEASE_TIMEOUT,
         monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         self.instance_id = instance_id
         self.name = name
+        #: This process's identity (recorded at registration) and the probe
+        #: of a gone instance's process (:func:`dead_here`).
+        self.processes = processes
         #: The lease timeout (seconds, :data:`LEASE_TIMEOUT` by default).
         self.timeout = timeout
         self._monotonic = monotonic
@@ -282,6 +267,13 @@ class Lease(ABC):
         """The clean end: mark the instance ended (its last write, while the
         lease still holds) and let the lease go.  Idempotent."""
 
+    @abstractmethod
+    def drop(self) -> None:
+        """What the kernel does when this process dies: the lease's file or
+        database session closes, and the lock goes with it; nothing is
+        written (a simulated crash: the process's objects are never called
+        again)."""
+
     def end_sessions_of(self, other: int) -> Deferred[int]:
         """End every database session of instance ``other`` (judged gone,
         its key held by :meth:`judge`), so that no transaction it left open
@@ -301,9 +293,10 @@ class SqliteLease(Lease):
         name: str,
         *,
         sources: Sources,
+        processes: IProcesses,
         monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
-        super().__init__(instance_id, name, monotonic=monotonic)
+        super().__init__(instance_id, name, processes=processes, monotonic=monotonic)
         self._flock = flock
         self._target = target
         self._sources = sources
@@ -316,12 +309,14 @@ class SqliteLease(Lease):
         name: str,
         *,
         sources: Sources,
+        processes: IProcesses,
         upstream_timeout: float | None = None,
         monotonic: Callable[[], float] = time.monotonic,
     ) -> SqliteLease:
         """Register the instance of the site holding ``flock`` (on the
-        prepared database ``target``), its rows stamped on the wall clock of
-        ``sources``."""
+        prepared database ``target``) as the process ``processes`` says this
+        one is, its rows stamped on the wall clock of ``sources``."""
+        me = processes.this()
         connection = connect(target, sources)
         try:
             instance_id = run_write(
@@ -329,17 +324,25 @@ class SqliteLease(Lease):
                 lambda cursor: instances.register(
                     cursor,
                     name,
-                    this_host(),
-                    os.getpid(),
+                    me.host,
+                    me.pid,
                     None,
                     lease_timeout=LEASE_TIMEOUT,
                     upstream_timeout=upstream_timeout,
-                    process_space=process_space(),
+                    process_space=me.space,
                 ),
             )
         finally:
             connection.close()
-        return cls(flock, target, instance_id, name, sources=sources, monotonic=monotonic)
+        return cls(
+            flock,
+            target,
+            instance_id,
+            name,
+            sources=sources,
+            processes=processes,
+            monotonic=monotonic,
+        )
 
     def stale_for(self) -> float | None:
         # The flock cannot be lost while the process lives (a paused site
@@ -357,6 +360,9 @@ class SqliteLease(Lease):
 
     def forget(self, other: int) -> Deferred[None]:
         return succeed(None)
+
+    def drop(self) -> None:
+        self._flock.drop()
 
     def release(self) -> None:
         if not self._flock.held:
@@ -413,7 +419,7 @@ _TERMINATE_SQL = postgres_only(
 
 
 def _register_locked(
-    cursor: sqlite3.Cursor, name: str, host: str, pid: int, upstream_timeout: float | None
+    cursor: sqlite3.Cursor, name: str, me: ProcessIdentity, upstream_timeout: float | None
 ) -> tuple[int, int]:
     """The registration of a PostgreSQL instance: its row and its lock in one
     transaction (a session-level lock outlives the transaction that took
@@ -424,12 +430,12 @@ def _register_locked(
     instance_id = instances.register(
         cursor,
         name,
-        host,
-        pid,
+        me.host,
+        me.pid,
         lease_pid,
         lease_timeout=LEASE_TIMEOUT,
         upstream_timeout=upstream_timeout,
-        process_space=process_space(),
+        process_space=me.space,
     )
     cursor.execute(_TAKE_LEASE_SQL, (instance_id,))
     instances.lease_confirmed(cursor, instance_id)
@@ -456,9 +462,10 @@ class PostgresLease(Lease):
         reactor: IReactorFromThreads,
         threads: IThreadPools,
         entropy: IEntropy,
+        processes: IProcesses,
         monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
-        super().__init__(instance_id, name, monotonic=monotonic)
+        super().__init__(instance_id, name, processes=processes, monotonic=monotonic)
         self._connection = connection
         #: The server pid of the lease session (``pg_terminate_backend`` ends it).
         self.lease_pid = lease_pid
@@ -481,13 +488,15 @@ class PostgresLease(Lease):
         threads: IThreadPools,
         entropy: IEntropy,
         wall: Callable[[], float],
+        processes: IProcesses,
         upstream_timeout: float | None = None,
         monotonic: Callable[[], float] = time.monotonic,
     ) -> PostgresLease:
         """Open the lease session on ``target`` (a prepared database),
-        register the instance and take its lock (blocking: at build time);
-        its checks run on a pool from ``threads``, delivered to ``reactor``;
-        its confirmations are stamped on ``wall``."""
+        register the instance (as the process ``processes`` says this one
+        is) and take its lock (blocking: at build time); its checks run on a
+        pool from ``threads``, delivered to ``reactor``; its confirmations
+        are stamped on ``wall``."""
         from tasknet.site.storage.engine import postgres  # the driver only when PostgreSQL is used
 
         connection = postgres.connect(
@@ -500,8 +509,7 @@ class PostgresLease(Lease):
                 connection,
                 _register_locked,
                 name,
-                this_host(),
-                os.getpid(),
+                processes.this(),
                 upstream_timeout,
                 jitter=entropy.random(),
             )
@@ -522,6 +530,7 @@ class PostgresLease(Lease):
             reactor=reactor,
             threads=threads,
             entropy=entropy,
+            processes=processes,
             monotonic=monotonic,
         )
 
@@ -593,6 +602,12 @@ class PostgresLease(Lease):
 
         return self._in_thread(terminate)
 
+    def drop(self) -> None:
+        # The server sees the socket close and ends the session: its lock
+        # goes, and another instance may judge this one gone.
+        self._released = True
+        self._connection.close()
+
     def release(self) -> None:
         if self._released:
             return
@@ -616,6 +631,7 @@ def take_lease(
     threads: IThreadPools,
     entropy: IEntropy,
     wall: Callable[[], float],
+    processes: IProcesses,
     upstream_timeout: float | None = None,
     monotonic: Callable[[], float],
 ) -> Lease:
@@ -624,14 +640,16 @@ def take_lease(
     session of its own, its thread from ``threads``, its results delivered
     to ``reactor`` (and its conflict reruns' jitter from ``entropy``).
     Its rows (registration, confirmations, the end) are stamped on
-    ``wall``; ``upstream_timeout`` is recorded for a reaper; ``monotonic``
-    is the clock freshness is judged on."""
+    ``wall``; ``processes`` says who this process is (recorded) and probes
+    a gone instance's; ``upstream_timeout`` is recorded for a reaper;
+    ``monotonic`` is the clock freshness is judged on."""
     if flock is not None:
         return SqliteLease.take(
             flock,
             target,
             name,
             sources=Sources(wall, entropy),
+            processes=processes,
             upstream_timeout=upstream_timeout,
             monotonic=monotonic,
         )
@@ -642,6 +660,7 @@ def take_lease(
         threads=threads,
         entropy=entropy,
         wall=wall,
+        processes=processes,
         upstream_timeout=upstream_timeout,
         monotonic=monotonic,
     )

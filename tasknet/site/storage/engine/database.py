@@ -505,6 +505,18 @@ class Database:
             if pool.running:
                 pool.close()
 
+    def drop(self) -> None:
+        """What the kernel does when this process dies: every connection of
+        both pools closes (the server rolls back what was not committed and
+        ends the sessions); nothing else runs (a simulated crash)."""
+        for pool in (self._writer, self._reader):
+            connections, pool.connections = list(pool.connections.values()), {}
+            for connection in connections:
+                try:
+                    connection.close()
+                except Exception:  # noqa: BLE001 - a dead process reports nothing
+                    continue
+
 
 def _ping(cursor: sqlite3.Cursor) -> None:
     cursor.execute(_PING).fetchone()

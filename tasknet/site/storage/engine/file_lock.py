@@ -24,10 +24,10 @@ from __future__ import annotations
 import fcntl
 import json
 import os
-import socket
 import time
 from dataclasses import dataclass
 
+from tasknet.runtime import OSProcesses, ProcessIdentity
 from tasknet.site.storage.engine.schema import SchemaError
 from tasknet.site.storage.engine.targets import is_postgres
 from tasknet.site.storage.engine.timestamps import iso
@@ -123,10 +123,13 @@ class InstanceLock:
             os.close(fd)  # closing the last descriptor drops the flock
 
 
-def _this_process(role: str) -> Holder:
+def _this_process(role: str, process: ProcessIdentity | None) -> Holder:
+    # A tool (tasknet-migrate) is the OS's process; a site names itself as
+    # its composition root says it is.
+    me = process if process is not None else OSProcesses().this()
     return Holder(
-        pid=os.getpid(),
-        host=socket.gethostname(),
+        pid=me.pid,
+        host=me.host,
         # The operator's real time, on purpose: the lock file tells a person
         # since when a process holds it; nothing is decided from it.
         since=iso(time.time()),
@@ -134,12 +137,16 @@ def _this_process(role: str) -> Holder:
     )
 
 
-def acquire(database: str, role: str = "tasknet-site") -> InstanceLock:
+def acquire(
+    database: str, role: str = "tasknet-site", *, process: ProcessIdentity | None = None
+) -> InstanceLock:
     """Take the exclusive lock of ``database`` without waiting; raise
     :class:`DatabaseInUse` naming the holder if another process has it.
+    The lock file names this process (``process``: who a site's root says
+    it is; by default the OS's).
     A PostgreSQL database is shared: nothing to take (the module doc)."""
     if is_postgres(database):
-        return InstanceLock(database, None, _this_process(role))
+        return InstanceLock(database, None, _this_process(role, process))
     path = lock_path(database)
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
     try:
@@ -151,7 +158,7 @@ def acquire(database: str, role: str = "tasknet-site") -> InstanceLock:
     except BaseException:
         os.close(fd)
         raise
-    holder = _this_process(role)
+    holder = _this_process(role, process)
     os.ftruncate(fd, 0)
     os.pwrite(fd, json.dumps(holder.__dict__).encode("utf-8") + b"\n", 0)
     return InstanceLock(database, fd, holder)
