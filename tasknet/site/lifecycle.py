@@ -360,12 +360,13 @@ class Lifecycle:
                 self._instance_id,
                 background=False,  # later, nobody would POST: release it instead
             )
-        except Unrecorded as e:
+        except (Unrecorded, DatabaseFailed) as e:
             # Perhaps SUBMITTING after all (a COMMIT whose answer was lost),
             # but nothing was or will be POSTed: give it back either way.
             await self._release_unsent(gid, operation_id)
+            why = "is busy" if isinstance(e, Unrecorded) else "failed (logged)"
             raise TaskError(
-                "internal", f"the database is busy; nothing was submitted for gid {gid}"
+                "internal", f"the database {why}; nothing was submitted for gid {gid}"
             ) from e
         if not started:
             raise TaskError(
@@ -421,7 +422,7 @@ class Lifecycle:
                 await self._record(
                     f"release of refused gid {gid}", create.release_refused, gid, operation_id
                 )
-            except Unrecorded:
+            except (Unrecorded, DatabaseFailed):
                 pass  # still true, and still answered: the release lands later
             raise TaskError(
                 "upstream_rejected", f"the upstream refused gid {gid}: {submitted.error}"
@@ -464,8 +465,8 @@ class Lifecycle:
             await self._record(
                 f"release of unsent gid {gid}", create.release_unsent, gid, operation_id
             )
-        except Unrecorded:
-            pass
+        except (Unrecorded, DatabaseFailed):
+            pass  # logged; retried in the background until it lands
         except LeaseLost as e:
             log.warn("gid {gid} left for the reaper: {e}", gid=gid, e=e)
 
@@ -474,8 +475,8 @@ class Lifecycle:
         now, the background retry does it; the caller's answer stands."""
         try:
             await self._record(f"release of gid {gid}", create.release, gid, operation_id)
-        except Unrecorded:
-            pass
+        except (Unrecorded, DatabaseFailed):
+            pass  # logged; retried in the background until it lands
 
     async def _mark_unknown(
         self,

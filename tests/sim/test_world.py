@@ -201,3 +201,11 @@ def test_the_checks_judge_by_what_a_client_and_a_node_could_know(seed: int) -> N
     "lost"; the ledger now says when a node was wiped)."""
     done = sim("replay", str(seed))
     assert done.returncode == 0, done.stdout[-3000:]
+
+
+def test_a_failed_submitting_write_releases_the_reservation() -> None:
+    """Seed 1491: the disk was full when a create's SUBMITTING committed;
+    the create answered 500 and left its RESERVED row for good (liveness).
+    It is now released, in the background if need be."""
+    done = sim("replay", "1491")
+    assert done.returncode == 0, done.stdout[-3000:]

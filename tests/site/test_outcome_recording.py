@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
+import psycopg
 import pytest
 import pytest_twisted
 from twisted.internet import reactor
@@ -22,7 +23,7 @@ from twisted.logger import globalLogPublisher
 from tasknet.runtime import SystemEntropy
 from tasknet.site.lifecycle import NO_ARCHIVE_URL, Lifecycle
 from tasknet.site.storage import create, eligibility, reconcile, usage
-from tasknet.site.storage.engine.database import Database, run_write
+from tasknet.site.storage.engine.database import Database, is_postgres, open_pool, run_write
 from tasknet.site.storage.engine.errors import TaskError
 from tests.backends import WriteLock
 from tests.eventually import eventually
@@ -245,3 +246,55 @@ async def test_resolve_submitted_without_any_url_says_so_and_is_not_dispatchable
             f"WHERE {eligibility.DISPATCHABLE_SQL}",
         )[0]
         assert dispatchable == 0
+
+
+class FailingCommits:
+    """Fails the next ``times`` commits with the driver's "disk full" error
+    (the storage layer's fault point), once armed."""
+
+    def __init__(self, target: str) -> None:
+        self.postgres = is_postgres(target)
+        self.left = 0
+
+    def __call__(self, point: str, connection: Any) -> None:
+        if point == "commit" and self.left > 0:
+            self.left -= 1
+            if self.postgres:
+                raise psycopg.errors.DiskFull("could not extend file: No space left on device")
+            raise sqlite3.OperationalError("database or disk is full")
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_failed_submitting_write_posts_nothing_and_releases_the_gid(db_target):
+    """Simulator seed 1491: the disk was full at SUBMITTING's commit and at
+    the release's; the create answered 500 with the RESERVED row left for
+    good (no retry, no release).  Now nothing is POSTed, the answer says
+    so, and the release lands in the background."""
+    async with lifecycle_env(db_target) as env:
+        faults = FailingCommits(db_target)
+        db = open_pool(env.path, storage_faults=faults, **site_runtime())
+        env.lifecycle = Lifecycle(
+            db,
+            env.client,
+            upstream_timeout=3.0,
+            settle_interval=0.1,
+            clock=reactor,
+            entropy=SystemEntropy(),
+        )
+        try:
+            env.upstream.set_faults([fault("latency", "GET", f"/api/galleries/{GID}", ms=300)])
+            created = env.lifecycle.create(env.user_id, GID, "tok", "")
+            await eventually(lambda: env.upstream.app.journal.requests >= 1)  # prepare pending
+            faults.left = 2  # SUBMITTING's commit, then the release's first
+            with pytest.raises(TaskError) as refused:
+                await created
+            assert refused.value.code == "internal"
+            assert "failed (logged); nothing was submitted" in refused.value.message
+            assert env.lifecycle.settling == 1  # the release, in the background
+            await eventually(lambda: env.lifecycle.settling == 0)
+            assert op_row(env.path) is None
+            assert one(env.path, "SELECT COUNT(*) FROM gallery")[0] == 0
+            assert env.upstream.stats()["postAttempts"] == {}
+        finally:
+            env.lifecycle.stop()
+            db.close()
