@@ -103,6 +103,7 @@ from tasknet.site import metrics
 from tasknet.site.storage import node_sessions, outbox, views
 from tasknet.site.storage.engine import listen
 from tasknet.site.storage.engine.database import Database
+from tasknet.site.storage.engine.errors import DatabaseError
 from tasknet.site.upstream_client import BytesBody
 from tasknet.status import TaskStatus
 
@@ -116,6 +117,8 @@ PRUNE_BATCH = 500
 #: Outbox rows a webhook sender holds in memory at most (queued, in flight,
 #: waiting for a retry); the rest wait in the database (a dead webhook).
 MAX_HELD = 1000
+#: Seconds before webhook outcomes whose write failed are written again.
+RESULTS_RETRY = 2.0
 
 
 #: The unfinished tasks of a node that dropped or came back pushed at most,
@@ -350,6 +353,10 @@ class WebhookSender:
         self._retries: dict[int, Any] = {}
         self._results: list[outbox.WebhookResult] = []
         self._writer = CoalescingRunner(self._write_results)
+        # Outcomes whose write failed are written again after this long: a
+        # delivery not recorded would stay pending, and be sent again only
+        # after the next start.
+        self._results_retry: Any = None
         self._stopped = False
         self.delivered = 0
 
@@ -464,8 +471,24 @@ class WebhookSender:
             return
         try:
             await self._db.write(outbox.record_webhook_results, batch)
+        except DatabaseError as e:
+            # Recording an outcome twice changes nothing (only a pending row
+            # is updated): keep them for the next write.
+            log.error(
+                "recording {n} webhook result(s) failed ({error}); again in {delay:.0f} s",
+                n=len(batch),
+                error=e,
+                delay=RESULTS_RETRY,
+            )
+            self._results[:0] = batch
+            if not self._stopped and self._results_retry is None:
+                self._results_retry = self._clock.callLater(RESULTS_RETRY, self._write_again)
         except Exception:
             log.failure("recording {n} webhook result(s) failed", n=len(batch))
+
+    def _write_again(self) -> None:
+        self._results_retry = None
+        self._writer.run()
 
     def drop(self, ids: Iterable[int]) -> None:
         """Forget rows another site now holds (our claim on them lapsed):
@@ -495,6 +518,10 @@ class WebhookSender:
             if call.active():
                 call.cancel()
         self._retries.clear()
+        if self._results_retry is not None and self._results_retry.active():
+            self._results_retry.cancel()  # one last try now; then pending at the next start
+            self._writer.run()
+        self._results_retry = None
         for request in list(self._requests):
             request.cancel()
         self.known.clear()

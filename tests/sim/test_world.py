@@ -209,3 +209,12 @@ def test_a_failed_submitting_write_releases_the_reservation() -> None:
     It is now released, in the background if need be."""
     done = sim("replay", "1491")
     assert done.returncode == 0, done.stdout[-3000:]
+
+
+def test_a_webhook_outcome_that_failed_to_commit_is_written_again() -> None:
+    """Seed 1534: a delivered notification whose outcome write met a busy
+    database stayed pending for the rest of the run (liveness; it would
+    have been sent again after the next start).  The outcome is written
+    again on the sender's clock."""
+    done = sim("replay", "1534")
+    assert done.returncode == 0, done.stdout[-3000:]

@@ -10,6 +10,7 @@ from __future__ import annotations
 import sqlite3
 from typing import Any
 
+import psycopg
 import pytest
 import pytest_twisted
 from twisted.internet import reactor
@@ -21,9 +22,15 @@ from tasknet.runtime import SystemEntropy
 from tasknet.site.connected_nodes import ConnectedNodes
 from tasknet.site.dispatcher import Dispatcher
 from tasknet.site.lifecycle import Lifecycle
-from tasknet.site.notify import OutboxExecutor, WebhookSender
+from tasknet.site.notify import RESULTS_RETRY, OutboxExecutor, WebhookSender
 from tasknet.site.storage import outbox
-from tasknet.site.storage.engine.database import Database, connect, open_pool, run_write
+from tasknet.site.storage.engine.database import (
+    Database,
+    connect,
+    is_postgres,
+    open_pool,
+    run_write,
+)
 from tasknet.site.storage.engine.errors import TaskError
 from tasknet.site.storage.engine.schema import prepare_database
 from tests.backends import WriteLock
@@ -297,3 +304,78 @@ async def test_the_dispatchers_periodic_pass_assigns_tasks_written_elsewhere(
         connection.close()
         db.close()
     assert clock.getDelayedCalls() == []
+
+
+class ArmedCommitFailures:
+    """Fails the next ``left`` commits with the driver's I/O error, once set."""
+
+    def __init__(self, target: str) -> None:
+        self.postgres = is_postgres(target)
+        self.left = 0
+
+    def __call__(self, point: str, connection: Any) -> None:
+        if point == "commit" and self.left > 0:
+            self.left -= 1
+            if self.postgres:
+                raise psycopg.errors.IoError("could not write to file: Input/output error")
+            raise sqlite3.OperationalError("disk I/O error")
+
+
+class ArmingReceiver(Resource):
+    """Answers 204, and arms the database's commit failures as it does."""
+
+    isLeaf = True
+
+    def __init__(self, failures: ArmedCommitFailures, times: int) -> None:
+        super().__init__()
+        self.failures, self.times, self.posts = failures, times, 0
+
+    def render_POST(self, request: Request) -> bytes:
+        self.posts += 1
+        self.failures.left = self.times
+        request.setResponseCode(204)
+        return b""
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_delivery_whose_outcome_failed_to_commit_is_recorded_later(site_db: str) -> None:
+    """Simulator seed 1534: a delivered notification whose outcome write met
+    an I/O error stayed pending for the rest of the run (to be sent again
+    after the next start).  The outcome is written again on the clock."""
+    failures = ArmedCommitFailures(site_db)
+    receiver = ArmingReceiver(failures, times=2)
+    port: Any = reactor.listenTCP(0, Site(receiver), interface="127.0.0.1")  # type: ignore[attr-defined]
+    clock = Clock()
+    db = open_pool(site_db, storage_faults=failures, **site_runtime())
+    webhook = WebhookSender(
+        f"http://127.0.0.1:{port.getHost().port}/hook", db, clock=clock, reactor=reactor
+    )
+    executor = OutboxExecutor(
+        db, None, webhook, poll_interval=None, prune_interval=None, clock=clock
+    )
+    try:
+        row_id = enqueue(site_db, 1)
+        executor.startService()
+        executor.wake()
+
+        def waiting_again() -> float | None:
+            return next_wait(clock, webhook._write_again)
+
+        for _ in range(5):
+            await eventually(
+                lambda: (
+                    waiting_again() is not None
+                    or webhook_state(site_db, row_id)[0] == outbox.WEBHOOK_DELIVERED
+                )
+            )
+            if webhook_state(site_db, row_id)[0] == outbox.WEBHOOK_DELIVERED:
+                break
+            assert waiting_again() == RESULTS_RETRY
+            clock.advance(RESULTS_RETRY)
+        row = webhook_state(site_db, row_id)
+        assert (row[0], row[1]) == (outbox.WEBHOOK_DELIVERED, 1)
+        assert receiver.posts == 1  # recorded, never sent again
+    finally:
+        await executor.stopService()
+        db.close()
+        await port.stopListening()
