@@ -48,6 +48,7 @@ from tasknet.sim.network import SimConnection, SimTransport
 from tasknet.sim.reactor import SimReactor
 from tasknet.sim.world import World
 from tasknet.site.storage.engine.database import is_postgres
+from tasknet.site.storage.engine.sources import StorageFaults
 from tasknet.site.storage.lease import SILENT_CLIENT_NOTICED_WITHIN
 from tasknet.site.upstream_client import BytesBody
 
@@ -122,6 +123,10 @@ class SimCluster:
         self.on_frame: list[Callable[[dict[str, Any]], None]] = []
         #: Called as a site's write transaction is about to commit.
         self.on_commit: list[Callable[[], None]] = []
+        #: site -> (which transactions, what then) to run right after one commits.
+        self._after_commit: dict[
+            str, list[tuple[Callable[[tuple[str, ...]], bool], Callable[[], None]]]
+        ] = {}
         self.client = world.add_process("client")
         self.client.startRunning()
         self._agent = Agent(self.client, pool=HTTPConnectionPool(self.client, persistent=False))
@@ -266,10 +271,13 @@ class SimCluster:
         plan[kind] = plan.get(kind, 0) + times
         return True
 
-    def _storage_faults(self, site: str) -> Callable[[str, Any], None]:
+    def _storage_faults(self, site: str) -> StorageFaults:
         postgres = is_postgres(self.db)
 
-        def fault(point: str, connection: Any) -> None:
+        def fault(point: str, connection: Any, functions: tuple[str, ...] = ()) -> None:
+            if point == "committed":
+                self._committed(site, functions)
+                return
             if point == "commit":
                 for heard in self.on_commit:
                     heard()
@@ -281,6 +289,28 @@ class SimCluster:
                     raise _driver_error(kind, postgres)
 
         return fault
+
+    def after_commit(
+        self, site: str, matches: Callable[[tuple[str, ...]], bool], then: Callable[[], None]
+    ) -> None:
+        """Run ``then`` once, right after the next write transaction of
+        ``site`` whose storage functions ``matches`` commits: in the writer,
+        before anything of the site hears of the commit (a crash or a pause
+        at the worst instant)."""
+        self._after_commit.setdefault(site, []).append((matches, then))
+
+    def forget_after_commit(self) -> None:
+        """Drop what :meth:`after_commit` armed and did not run (the heal)."""
+        self._after_commit.clear()
+
+    def _committed(self, site: str, functions: tuple[str, ...]) -> None:
+        armed = self._after_commit.get(site) or []
+        for entry in list(armed):
+            matches, then = entry
+            if matches(functions):
+                armed.remove(entry)
+                then()
+                return
 
     def stop_all(self) -> None:
         """End every process (the run is over; its files are read)."""

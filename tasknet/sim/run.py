@@ -149,6 +149,11 @@ class _Run:
         healed = begin + schedule.healed_at
         world.run_until(until=healed)
         self._heal_all()
+        # The workload goes on after the last fault healed: its last steps
+        # run before the run waits for everything to settle.
+        last_step = begin + max((step.at for step in schedule.steps), default=0.0)
+        if last_step > world.now:
+            world.run_until(until=last_step)
         settled = self._wait_settled(schedule.settle_within)
         outcome = Outcome(seed=schedule.seed)
         outcome.failures += self.checks.failures
@@ -360,6 +365,42 @@ class _Run:
         ):
             self._fired(step.kind)
 
+    def _do_pause_at_submitting(self, step: Step) -> None:
+        """The site stops right after its next SUBMITTING commits, before
+        its POST (SCALE.md "Fencing": with several sites, long enough to be
+        reaped by another)."""
+        if not self.cluster.sites[step.target].alive:
+            return
+
+        def pause() -> None:
+            process = self.world.processes.get(step.target)
+            if process is not None and process.alive:
+                self._fired(step.kind)
+                process.pause(step.lasts)
+
+        self.cluster.after_commit(step.target, lambda functions: "begin_submit" in functions, pause)
+
+    def _do_crash_at_commit(self, step: Step) -> None:
+        """The site dies right after one of its next write transactions
+        commits, before its answer, ACK or notification goes anywhere."""
+        if not self.cluster.sites[step.target].alive:
+            return
+        left = [int(step.param("commits", 1))]
+
+        def nth(_functions: tuple[str, ...]) -> bool:
+            left[0] -= 1
+            return left[0] <= 0
+
+        def crash() -> None:
+            if self.cluster.sites[step.target].alive:
+                self._fired(step.kind)
+                self.cluster.crash(step.target, step.param("how", "kill"))
+                self._later(
+                    step.lasts, self._restart_site, step.target, what=f"restart {step.target}"
+                )
+
+        self.cluster.after_commit(step.target, nth, crash)
+
     def _do_clock_jump(self, step: Step) -> None:
         process = self.world.processes.get(step.target)
         if process is not None and process.alive:
@@ -381,6 +422,7 @@ class _Run:
 
     def _heal_all(self) -> None:
         """After the last fault: every link mended, every process up."""
+        self.cluster.forget_after_commit()
         network = self.world.network
         network.heal()
         for connection in list(network.connections.values()):

@@ -6,8 +6,8 @@ clients at once, delete, re-create, a reconcile verdict, right or wrong)
 or a fault (a crash and the restart after it, a partition and its heal, a
 reset, a slow link, a connection stalled mid-frame, an upstream fault, a
 database fault, a wall-clock jump), at a simulated time.  Every fault is
-healed by :attr:`Schedule.healed_at`; after that the run only waits for
-the tasks to settle (liveness).
+healed by :attr:`Schedule.healed_at`; the workload steps after that still
+run, and then the run only waits for the tasks to settle (liveness).
 
 A schedule is data: :mod:`tasknet.sim.shrink` removes steps from it, and
 :meth:`Schedule.describe` prints it for a person.  The same seed always
@@ -45,6 +45,8 @@ FAULT_KINDS = (
     "clock_jump",
     "pause_site",
     "pause_node",
+    "pause_at_submitting",
+    "crash_at_commit",
 )
 
 #: Faults that need several sites on one PostgreSQL (``--db postgres``).
@@ -223,6 +225,15 @@ def _fault(
         return Step(at, kind, rng.choice(processes[:-1]), params=(("seconds", seconds),))
     if kind == "pause_site":
         return Step(at, kind, site, round(rng.uniform(0.5, 40), 3))
+    if kind == "pause_at_submitting":
+        # Past the lease timeout (8 s) as often as not: another site reaps it.
+        return Step(at, kind, site, round(rng.uniform(0.5, 40), 3))
+    if kind == "crash_at_commit":
+        how = rng.choice(("kill", "kill", "power"))
+        commits = rng.randint(1, 6)
+        return Step(
+            at, kind, site, round(rng.uniform(0.05, 8), 3), (("how", how), ("commits", commits))
+        )
     if kind == "pause_node":
         return Step(at, kind, node, round(rng.uniform(0.5, 30), 3))
     raise ValueError(f"unknown fault kind {kind!r}")

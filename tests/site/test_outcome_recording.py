@@ -256,7 +256,7 @@ class FailingCommits:
         self.postgres = is_postgres(target)
         self.left = 0
 
-    def __call__(self, point: str, connection: Any) -> None:
+    def __call__(self, point: str, connection: Any, functions: tuple[str, ...] = ()) -> None:
         if point == "commit" and self.left > 0:
             self.left -= 1
             if self.postgres:

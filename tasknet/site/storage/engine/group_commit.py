@@ -316,7 +316,8 @@ def _run_together(
                     continue
                 cursor.execute(_RELEASE_SAVEPOINT)
                 ran.extend(unit)
-            fault_point(connection, "commit")
+            functions = tuple(dict.fromkeys(_name(w.fn) for w in ran))
+            fault_point(connection, "commit", functions)
             committing = True
             cursor.execute(COMMIT)
         except (Conflict, Reconnect):
@@ -339,9 +340,14 @@ def _run_together(
             _fail(ran + [w for unit in todo for w in unit], failure)
             return []
         transactions.committed(ran, started)
+        fault_point(connection, "committed", functions)
         return []
     finally:
         cursor.close()
+
+
+def _name(fn: Callable[..., Any]) -> str:
+    return str(getattr(fn, "__name__", fn))
 
 
 def _lost_because(error: Exception) -> str:

@@ -32,10 +32,12 @@ from tasknet.runtime import IEntropy, SystemEntropy
 
 #: A simulation's storage faults (production has none): called with the
 #: point of a write transaction (``"begin"``: before its ``BEGIN``;
-#: ``"commit"``: before its ``COMMIT``) and the connection; it raises the
-#: driver's own error (busy, I/O, disk full) to fail the transaction there,
-#: so that the storage layer classifies it as it would a real one.
-StorageFaults = Callable[[str, Any], None]
+#: ``"commit"``: before its ``COMMIT``; ``"committed"``: after it), the
+#: connection, and the names of the storage functions the transaction runs
+#: (empty at ``"begin"``); it raises the driver's own error (busy, I/O, disk
+#: full) to fail the transaction there, so that the storage layer classifies
+#: it as it would a real one, or (``"committed"``) stops its process there.
+StorageFaults = Callable[[str, Any, tuple[str, ...]], None]
 
 
 @dataclass(frozen=True)
@@ -74,12 +76,12 @@ def sources_of(cursor: Any) -> Sources:
     return found
 
 
-def fault_point(connection: Any, point: str) -> None:
-    """Where a write transaction may be failed by its pool's
-    :data:`StorageFaults` (see there); nothing without them."""
+def fault_point(connection: Any, point: str, functions: tuple[str, ...] = ()) -> None:
+    """Where a write transaction (running ``functions``) may be failed by
+    its pool's :data:`StorageFaults` (see there); nothing without them."""
     sources = getattr(connection, "sources", None)
     if isinstance(sources, Sources) and sources.faults is not None:
-        sources.faults(point, connection)
+        sources.faults(point, connection, functions)
 
 
 def now_of(cursor: Any) -> float:

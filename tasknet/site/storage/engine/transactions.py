@@ -389,7 +389,7 @@ def write_once(
         raise
     try:
         result = fn(cursor, *args)
-        fault_point(connection, "commit")
+        fault_point(connection, "commit", (_name(fn),))
         committing = True
         cursor.execute(COMMIT)
     except Exception as error:
@@ -410,7 +410,12 @@ def write_once(
         raise
     finally:
         cursor.close()
+    fault_point(connection, "committed", (_name(fn),))
     return result
+
+
+def _name(fn: Callable[..., Any]) -> str:
+    return str(getattr(fn, "__name__", fn))
 
 
 def run_write(
