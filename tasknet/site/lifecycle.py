@@ -310,9 +310,12 @@ class Lifecycle:
         operation_id = await self._reserve(gid, user_id, name, token, week)
         # 2. Read-only prepare: learn the cost; nothing is charged.
         prepared = await self._prepare(gid, token, operation_id)
-        # 3. Quota with the known cost, then SUBMITTING, committed before the POST.
-        await self._begin_submit(gid, operation_id, prepared, week)
+        # 3. Quota with the known cost, then SUBMITTING, committed before the
+        # POST.  The POST gate counts from before that write: a commit heard
+        # late (the process paused after its COMMIT, a slow writer) leaves
+        # the POST less time, never more (found by the simulator, seed 670).
         submitting_at = self._monotonic()
+        await self._begin_submit(gid, operation_id, prepared, week)
         # 4. The one POST, sent only while the lease is fresh.
         submitted = await self._submit(gid, token, operation_id, submitting_at)
         if submitted.outcome is Outcome.AMBIGUOUS:

@@ -218,3 +218,12 @@ def test_a_webhook_outcome_that_failed_to_commit_is_written_again() -> None:
     again on the sender's clock."""
     done = sim("replay", "1534")
     assert done.returncode == 0, done.stdout[-3000:]
+
+
+def test_a_pause_right_after_submitting_commits_posts_nothing_late() -> None:
+    """Seed 670: the site stopped right after SUBMITTING committed, for 22 s;
+    the POST gate measured from when the site heard of the commit, so the
+    POST went out 22 s late (past the upstream timeout an operator's verdict
+    wait counts on).  It now measures from before the write."""
+    done = sim("replay", "670")
+    assert done.returncode == 0, done.stdout[-3000:]

@@ -298,3 +298,39 @@ async def test_a_failed_submitting_write_posts_nothing_and_releases_the_gid(db_t
         finally:
             env.lifecycle.stop()
             db.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_pause_right_after_submitting_commits_stops_the_post(db_target):
+    """Simulator seed 670: the site stopped right after SUBMITTING's COMMIT,
+    before it heard of it, for longer than the upstream timeout; the POST
+    gate measured from when it heard, so the POST still went out 22 s late.
+    It now measures from before the write: nothing is sent, the gid is
+    released, and the answer says to try again."""
+    elapsed = [0.0]
+
+    def paused_after_submitting(point: str, connection: Any, functions: tuple[str, ...]) -> None:
+        if point == "committed" and "begin_submit" in functions:
+            elapsed[0] += 10.0  # stopped for 10 s before the reactor hears of it
+
+    async with lifecycle_env(db_target) as env:
+        db = open_pool(env.path, storage_faults=paused_after_submitting, **site_runtime())
+        env.lifecycle = Lifecycle(
+            db,
+            env.client,
+            upstream_timeout=3.0,
+            clock=reactor,
+            entropy=SystemEntropy(),
+            monotonic=lambda: elapsed[0],
+        )
+        try:
+            with pytest.raises(TaskError) as refused:
+                await env.lifecycle.create(env.user_id, GID, "tok", "")
+            assert refused.value.code == "unavailable"
+            assert "nothing was submitted" in refused.value.message
+            assert env.upstream.stats()["postAttempts"] == {}
+            await eventually(lambda: env.lifecycle.settling == 0)
+            assert op_row(env.path) is None  # released
+        finally:
+            env.lifecycle.stop()
+            db.close()

@@ -213,6 +213,7 @@ def _run_alone(connection: Connection, unit: _Unit, transactions: Transactions) 
             lambda cursor: _call(cursor, unit),
             isolation=_isolation_of(unit),
             fence=transactions.fence,
+            functions=_names(unit),
         )
     except (Conflict, Reconnect):
         raise
@@ -316,7 +317,7 @@ def _run_together(
                     continue
                 cursor.execute(_RELEASE_SAVEPOINT)
                 ran.extend(unit)
-            functions = tuple(dict.fromkeys(_name(w.fn) for w in ran))
+            functions = _names(ran)
             fault_point(connection, "commit", functions)
             committing = True
             cursor.execute(COMMIT)
@@ -346,8 +347,9 @@ def _run_together(
         cursor.close()
 
 
-def _name(fn: Callable[..., Any]) -> str:
-    return str(getattr(fn, "__name__", fn))
+def _names(writes: Sequence[Write]) -> tuple[str, ...]:
+    """The storage functions ``writes`` run, once each (fault points)."""
+    return tuple(dict.fromkeys(str(getattr(w.fn, "__name__", w.fn)) for w in writes))
 
 
 def _lost_because(error: Exception) -> str:

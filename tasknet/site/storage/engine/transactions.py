@@ -372,12 +372,15 @@ def write_once(
     *args: Any,
     isolation: str | None = None,
     fence: IWriteFence | None = None,
+    functions: tuple[str, ...] = (),
 ) -> T:
     """One ``BEGIN; fn; COMMIT`` of a write (at ``isolation``, else the one
     ``fn`` declared, behind ``fence``); raises :class:`Conflict` for a
     serialization conflict, :class:`Reconnect` for a dead connection before
     the ``COMMIT``, :class:`CommitUnknown` for one during it, anything else
-    as it was raised."""
+    as it was raised.  ``functions``: the storage functions ``fn`` runs, as
+    its fault points name them (default: ``fn``'s own name)."""
+    functions = functions or (_name(fn),)
     cursor = connection.cursor()
     committing = False
     try:
@@ -389,7 +392,7 @@ def write_once(
         raise
     try:
         result = fn(cursor, *args)
-        fault_point(connection, "commit", (_name(fn),))
+        fault_point(connection, "commit", functions)
         committing = True
         cursor.execute(COMMIT)
     except Exception as error:
@@ -410,7 +413,7 @@ def write_once(
         raise
     finally:
         cursor.close()
-    fault_point(connection, "committed", (_name(fn),))
+    fault_point(connection, "committed", functions)
     return result
 
 
