@@ -121,8 +121,6 @@ class SimCluster:
         self._frame_seq = 0
         #: Called with each frame record as it is delivered (the cheap checks).
         self.on_frame: list[Callable[[dict[str, Any]], None]] = []
-        #: Called as a site's write transaction is about to commit.
-        self.on_commit: list[Callable[[], None]] = []
         #: site -> (which transactions, what then) to run right after one commits.
         self._after_commit: dict[
             str, list[tuple[Callable[[tuple[str, ...]], bool], Callable[[], None]]]
@@ -203,6 +201,7 @@ class SimCluster:
             processes=reactor,
             monotonic=self.world.elapsed,
         )
+        _audit_metering(self.db)  # the schema exists once build_site returned
         reactor.at_death(lambda: self._site_died(reactor, service))
         service.startService()
         reactor.addSystemEventTrigger("before", "shutdown", service.stopService)
@@ -278,9 +277,6 @@ class SimCluster:
             if point == "committed":
                 self._committed(site, functions)
                 return
-            if point == "commit":
-                for heard in self.on_commit:
-                    heard()
             plan = self._storage_plans.get(site) or {}
             for kind in ("busy",) if point == "begin" else ("commit", "full"):
                 if plan.get(kind):
@@ -426,6 +422,53 @@ class SimCluster:
 
 
 _STORAGE_FAULTS = ("busy", "commit", "full")
+
+#: The harness's witness of metering (D2's ledger): a row for every
+#: generation the moment its ``metered`` flag is set, kept when a re-create
+#: replaces the generation, even within one group commit.  Not the site's:
+#: the site never reads it.
+_AUDIT_SQLITE = (
+    "CREATE TABLE IF NOT EXISTS sim_metered (gid INTEGER, operation_id TEXT, cost INTEGER,"
+    " PRIMARY KEY (gid, operation_id))",
+    "CREATE TRIGGER IF NOT EXISTS sim_metered_on_update AFTER UPDATE OF metered"
+    " ON task_operation WHEN NEW.metered = 1 BEGIN INSERT OR IGNORE INTO sim_metered"
+    " VALUES (NEW.gid, NEW.operation_id, COALESCE(NEW.cost, 0)); END",
+    "CREATE TRIGGER IF NOT EXISTS sim_metered_on_insert AFTER INSERT"
+    " ON task_operation WHEN NEW.metered = 1 BEGIN INSERT OR IGNORE INTO sim_metered"
+    " VALUES (NEW.gid, NEW.operation_id, COALESCE(NEW.cost, 0)); END",
+)
+_AUDIT_POSTGRES = (
+    "CREATE TABLE IF NOT EXISTS sim_metered (gid BIGINT, operation_id TEXT, cost BIGINT,"
+    " PRIMARY KEY (gid, operation_id))",
+    "CREATE OR REPLACE FUNCTION sim_metered_note() RETURNS trigger LANGUAGE plpgsql AS $$"
+    " BEGIN INSERT INTO sim_metered VALUES (NEW.gid, NEW.operation_id, COALESCE(NEW.cost, 0))"
+    " ON CONFLICT DO NOTHING; RETURN NEW; END $$",
+    "DROP TRIGGER IF EXISTS sim_metered_audit ON task_operation",
+    "CREATE TRIGGER sim_metered_audit AFTER INSERT OR UPDATE OF metered ON task_operation"
+    " FOR EACH ROW WHEN (NEW.metered = 1) EXECUTE FUNCTION sim_metered_note()",
+)
+#: Every generation ever metered (the witness above).
+METERED_SQL = "SELECT gid, operation_id, cost FROM sim_metered"
+
+
+def _audit_metering(db: str) -> None:
+    """Install the harness's metering witness (idempotent)."""
+    from tasknet.site.storage.engine.database import connect
+
+    postgres = is_postgres(db)
+    connection = connect(db)
+    try:
+        if postgres:
+            found = connection.execute(
+                "SELECT 1 FROM pg_trigger WHERE tgname = 'sim_metered_audit'"
+            ).fetchone()
+            if found is not None:
+                return
+        for statement in _AUDIT_POSTGRES if postgres else _AUDIT_SQLITE:
+            connection.execute(statement)
+        connection.commit()
+    finally:
+        connection.close()
 
 
 def _driver_error(kind: str, postgres: bool) -> Exception:

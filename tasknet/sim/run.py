@@ -25,7 +25,7 @@ from typing import Any
 from tasknet.drill.invariants import FAIL, Verdict, check_all
 from tasknet.drill.snapshot import read_site
 from tasknet.sim.checks import CheapChecks
-from tasknet.sim.cluster import NO_ANSWER, SimCluster
+from tasknet.sim.cluster import METERED_SQL, NO_ANSWER, SimCluster
 from tasknet.sim.schedule import Schedule, Step
 from tasknet.sim.trace import failure_name
 from tasknet.sim.world import World
@@ -118,13 +118,6 @@ class _Run:
         )
         #: gid -> journal POSTs for it when its latest create was sent (resolve's evidence).
         self._posts_at_create: dict[int, int] = {}
-        #: (gid, operation id) -> cost of every generation seen metered: one
-        #: a create replaced since carried its cost into weekly_usage (D2).
-        self._metered: dict[tuple[int, str], int] = {}
-        # A site wrote since the metered generations were last read.
-        self._written = False
-        self.cluster.on_commit.append(self._heard_commit)
-        self.world.after_event.append(self._read_metered)
         self._seen_deleted: set[int] = set()
         #: gid -> creates sent and not answered (one left unanswered may still land).
         self._creates_open: dict[int, int] = {}
@@ -480,31 +473,16 @@ class _Run:
             + (f" (+{len(waiting) - 4} more)" if len(waiting) > 4 else "")
         )
 
-    def _heard_commit(self) -> None:
-        self._written = True
-
-    def _read_metered(self) -> None:
-        """After an event in which a site committed: note every generation
-        metered now.  A create replaces the generation that is DELETED when
-        the site runs it, which may be one started after the request was
-        sent (another site created and deleted it while this one was
-        paused with the request): only what was committed tells which.  One
-        read after each commit sees every generation metered, but one that
-        is metered, deleted at once and replaced by writes of a single
-        group commit (no such seed is known; D2 would then name it)."""
-        if not self._written:
-            return
-        self._written = False
-        for gid, operation_id, cost in self.checks.rows(_METERED):
-            self._metered[(int(gid), str(operation_id))] = int(cost or 0)
-
     def _finish_ledger(self, evidence: Any) -> None:
         ledger = self.cluster.ledger
         ops = evidence.site.operations
-        for (gid, operation_id), cost in sorted(self._metered.items()):
+        # Every generation ever metered (the cluster's witness): one no
+        # longer current was replaced by a re-create and carried its cost
+        # into weekly_usage (D2).
+        for gid, operation_id, cost in sorted(self.checks.rows(METERED_SQL)):
             current = ops.get(gid)
             if current is None or current["operation_id"] != operation_id:
-                ledger.carried_cost += cost
+                ledger.carried_cost += int(cost or 0)
         for gid, op in ops.items():
             self._note_deleted(gid, op)
         ledger.deleted = set(self._seen_deleted)
@@ -515,9 +493,6 @@ class _Run:
         timed-out request may still be carried out by the site)."""
         if op["state"] == "DELETED" and not self._creates_open.get(gid):
             self._seen_deleted.add(gid)
-
-
-_METERED = "SELECT gid, operation_id, cost FROM task_operation WHERE metered = 1"
 
 
 def _has_unacked(node: Any) -> bool:
