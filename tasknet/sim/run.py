@@ -198,10 +198,10 @@ class _Run:
         answer.addCallback(self._created, gid)
 
     def _created(self, result: tuple[int, Any], gid: int) -> None:
-        status, _ = result
+        status, document = result
         if status != NO_ANSWER:
             self._creates_open[gid] -= 1
-        if status == 409:
+        if status == 409 and _already_exists(document):
             # The task exists: no generation was started.  (A create refused
             # later, for quota or by the upstream, may have reserved a
             # generation and released it: it stays counted.)
@@ -493,6 +493,17 @@ class _Run:
         timed-out request may still be carried out by the site)."""
         if op["state"] == "DELETED" and not self._creates_open.get(gid):
             self._seen_deleted.add(gid)
+
+
+def _already_exists(document: Any) -> bool:
+    """A 409 that refused the create because the gid has a task: no
+    generation started.  (A create whose own generation was changed by
+    another request before it answered, "changed while it was being
+    created", did start one: an operator's verdict may have released it
+    after its POST; seed 34.)"""
+    error = document.get("error") if isinstance(document, dict) else None
+    message = error.get("message", "") if isinstance(error, dict) else ""
+    return "already has a task" in str(message)
 
 
 def _has_unacked(node: Any) -> bool:
