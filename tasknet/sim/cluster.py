@@ -195,7 +195,13 @@ class SimCluster:
             reactor,
             # No LISTEN connection (its loop blocks a real thread): the sites
             # of a PostgreSQL run learn of each other's changes by polling.
-            tuning=Tuning(storage_faults=self._storage_faults(name), listen=False),
+            tuning=Tuning(
+                storage_faults=self._storage_faults(name),
+                listen=False,
+                # A PostgreSQL server's clock is its own: a site's jumping
+                # does not move it (SQLite's "now" is the site's machine's).
+                database_clock=self._server_clock if is_postgres(self.db) else None,
+            ),
             threads=reactor,
             entropy=SeededEntropy(self.world.rng.getrandbits(64)),
             processes=reactor,
@@ -285,6 +291,9 @@ class SimCluster:
                     raise _driver_error(kind, postgres)
 
         return fault
+
+    def _server_clock(self) -> float:
+        return self.world.now
 
     def after_commit(
         self, site: str, matches: Callable[[tuple[str, ...]], bool], then: Callable[[], None]

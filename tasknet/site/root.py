@@ -134,6 +134,11 @@ class Tuning:
     before_post_gate: Callable[[], object] | None = None
     #: A simulation's storage faults (a failed BEGIN or COMMIT); None in production.
     storage_faults: StorageFaults | None = None
+    #: A simulation's clock of a PostgreSQL server (its "now": one for every
+    #: site, never moved by a site's own clock jumping); None in production,
+    #: where the site's storage stamps on the site's clock and a PostgreSQL
+    #: server reads its own.
+    database_clock: Callable[[], float] | None = None
     #: False: no LISTEN connection on PostgreSQL (its blocking loop needs a
     #: real thread of its own); the sites learn of each other's changes by
     #: the polls above alone (a simulation: its world has one thread).
@@ -185,8 +190,10 @@ def build_site(
         if is_postgres(path)
         else instance_lock.acquire(path, role="tasknet-site", process=processes.this())
     )
+    # What the storage stamps rows on (the module doc of storage.engine.sources).
+    stamps = tuning.database_clock if tuning.database_clock is not None else clock.seconds
     try:
-        _prepare_database(options, path, entropy, clock.seconds)
+        _prepare_database(options, path, entropy, stamps)
         lease = take_lease(
             path,
             options["name"],
@@ -194,7 +201,7 @@ def build_site(
             reactor=IReactorFromThreads(reactor),
             threads=threads,
             entropy=entropy,
-            wall=clock.seconds,
+            wall=stamps,
             processes=processes,
             upstream_timeout=options["upstream-timeout"],
             monotonic=monotonic,
@@ -207,7 +214,7 @@ def build_site(
                 reactor=IReactorCore(reactor),
                 threads=threads,
                 entropy=entropy,
-                wall=clock.seconds,
+                wall=stamps,
                 monotonic=monotonic,
                 clock=clock,
                 fence=lease,

@@ -230,3 +230,14 @@ def test_a_pause_right_after_submitting_commits_posts_nothing_late() -> None:
     wait counts on).  It now measures from before the write."""
     done = sim("replay", "670")
     assert done.returncode == 0, done.stdout[-3000:]
+
+
+@pytest.mark.parametrize("seed", [54, 73])
+def test_a_postgresql_server_keeps_its_own_clock_when_a_site_s_jumps(seed: int) -> None:
+    """PostgreSQL seeds 54 and 73: the world stamped each site's rows on that
+    site's own clock, so a site whose clock jumped 30 s ahead wrote a reap
+    30 s "late" (D9) where a real server reads one clock for every site.
+    The sites' storage now stamps on the world's server clock."""
+    require_postgres()
+    done = sim("replay", str(seed), "--db", "postgres")
+    assert done.returncode == 0, done.stdout[-3000:]
