@@ -369,3 +369,43 @@ async def test_twistd_site_exits_non_zero_when_its_lease_session_ends(
     assert code == 1, err.decode() + text
     assert f"LEASE LOST for site instance {row['id']} (doomed)" in text
     assert _instance(pg_url, row["id"]).ended_at is None  # no last write once fenced
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_reaper_ends_only_its_own_database_s_sessions(pg_server: Any) -> None:
+    """Two deployments on one PostgreSQL server, each with an instance 1
+    (the simulator's workers share a server so): a reaper ending its own
+    database's instance 1 left the other database's instance 1 leaseless."""
+    from tasknet.site.storage.engine.schema import prepare_database
+
+    urls = []
+    for name in ("reap_here", "reap_elsewhere"):
+        pg_server.drop_database(name)
+        urls.append(pg_server.create_database(name))
+        prepare_database(urls[-1])
+    here, elsewhere = urls
+    leases = []
+    try:
+        other = take_lease(elsewhere, "other-deployment", flock=None, **lease_runtime())
+        leases.append(other)
+        gone = take_lease(here, "a", flock=None, **lease_runtime())
+        leases.append(gone)
+        reaper = take_lease(here, "b", flock=None, **lease_runtime())
+        leases.append(reaper)
+        assert isinstance(other, PostgresLease) and isinstance(reaper, PostgresLease)
+        assert other.instance_id == gone.instance_id == 1 and reaper.instance_id == 2
+        ended = await reaper.end_sessions_of(1)
+        assert ended == 1  # this database's instance 1: its lease session
+        alive = connect(elsewhere)
+        try:
+            found = alive.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE pid = ?", (other.lease_pid,)
+            ).fetchone()
+        finally:
+            alive.close()
+        assert found[0] == 1, "the other database's instance 1 kept its session"
+    finally:
+        for lease in reversed(leases):
+            lease.release()
+        for name in ("reap_here", "reap_elsewhere"):
+            pg_server.drop_database(name)

@@ -411,10 +411,13 @@ _CHECK_SQL = postgres_only(
 _JUDGE_SQL = postgres_only(f"SELECT pg_try_advisory_lock({LEASE_CLASS}, ?)")
 _FORGET_SQL = postgres_only(f"SELECT pg_advisory_unlock({LEASE_CLASS}, ?)")
 # pg_terminate_backend(pid, timeout) waits until the session is gone (its
-# transaction rolled back, its locks let go).
+# transaction rolled back, its locks let go).  Only this database's: another
+# deployment on the same server numbers its instances too (found by the
+# simulator, whose workers share one server).
 _TERMINATE_SQL = postgres_only(
     "SELECT pid, pg_terminate_backend(pid, ?) AS ended FROM pg_stat_activity "
-    "WHERE application_name LIKE ? AND pid <> pg_backend_pid()"
+    "WHERE application_name LIKE ? AND datname = current_database()"
+    " AND pid <> pg_backend_pid()"
 )
 
 
