@@ -207,10 +207,17 @@ def _run_alone(connection: Connection, unit: _Unit, transactions: Transactions) 
     """A lone write or item: exactly :func:`run_write` (its conflicts raised
     as :class:`Conflict`, for :func:`_run_retrying` to run it again)."""
     started = transactions.monotonic()
+
+    def alone(cursor: Cursor) -> None:
+        _call(cursor, unit)
+
+    # Named after the storage function it runs (the "committed" fault point
+    # names the transaction's functions; a simulation's faults match them).
+    alone.__name__ = _name(unit[0].fn)
     try:
         write_once(
             connection,
-            lambda cursor: _call(cursor, unit),
+            alone,
             isolation=_isolation_of(unit),
             fence=transactions.fence,
         )
