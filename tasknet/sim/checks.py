@@ -14,6 +14,11 @@
   a ``DOWNLOAD`` (v2 ``TaskCommand`` or legacy ``DownloadPost``), the task
   is confirmed ``SUBMITTED`` in the committed database, in that generation
   (or being deleted since: see ``_CONFIRMED``) (D5);
+* **fencing** (SCALE.md "Fencing"): a site writes the first byte of a POST
+  to the upstream only while its lease is fresh (rule 1), and nothing a site
+  writes commits after its instance was reaped (rule 3): so when a site
+  process sends a POST, or a write transaction of it commits, its own
+  ``site_instance`` row is not reaped in the committed database;
 * **no state outside the transition table**: the database's trigger
   refuses one; after the run every state read is one of the table's.
 
@@ -62,12 +67,14 @@ class CheapChecks:
         journal: Callable[[], Any],
         generations: Any,
         node_ports: Callable[[], set[int]],
+        instance_of: Callable[[str], int | None] = lambda _site: None,
     ) -> None:
         self.world = world
         self.db = db
         self._journal = journal
         self._generations = generations
         self._node_ports = node_ports
+        self._instance_of = instance_of
         self._seen_entries = 0
         self._seen_attempts: dict[int, int] = {}
         self._splitters: dict[tuple[int, int], FrameSplitter] = {}
@@ -116,6 +123,13 @@ class CheapChecks:
     # -- what the site writes to its nodes ----------------------------------------------
 
     def _sent(self, connection: SimConnection, sender: SimTransport, data: bytes) -> None:
+        if (
+            sender is connection.client
+            and connection.server.reactor.name == "upstream"
+            and data.startswith(b"POST ")
+        ):
+            self.not_reaped(connection.client.reactor.name, "sent a POST to the upstream")
+            return
         if sender is not connection.server or sender.getHost().port not in self._node_ports():
             return
         key = (connection.id, id(sender))
@@ -158,6 +172,22 @@ class CheapChecks:
         elif operation_id is not None and row[1] != operation_id:
             self.fail(
                 "D5", f"gid {gid}: DOWNLOAD of operation {operation_id} sent while {row[1]} is"
+            )
+
+    # -- fencing ----------------------------------------------------------------------------
+
+    def not_reaped(self, site: str, what: str) -> None:
+        """``site`` (a site process) did ``what`` now: its instance must
+        not be reaped (SCALE.md "Fencing" rules 1 and 3)."""
+        instance = self._instance_of(site)
+        if instance is None:
+            return
+        row = self._one("SELECT reaped_at, reaped_by FROM site_instance WHERE id = ?", (instance,))
+        if row is not None and row[0] is not None:
+            self.fail(
+                "fencing",
+                f"{site} (instance {instance}) {what} after instance {row[1]} reaped it"
+                f" at {row[0]}",
             )
 
     # -- after the run --------------------------------------------------------------------

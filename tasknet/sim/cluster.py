@@ -121,6 +121,8 @@ class SimCluster:
         self._frame_seq = 0
         #: Called with each frame record as it is delivered (the cheap checks).
         self.on_frame: list[Callable[[dict[str, Any]], None]] = []
+        #: Called with (site, the storage functions) right after a write of a site commits.
+        self.on_committed: list[Callable[[str, tuple[str, ...]], None]] = []
         #: site -> (which transactions, what then) to run right after one commits.
         self._after_commit: dict[
             str, list[tuple[Callable[[tuple[str, ...]], bool], Callable[[], None]]]
@@ -247,6 +249,29 @@ class SimCluster:
         else:
             sessions_end()
 
+    def cut_off(self, name: str, incarnation: int) -> None:
+        """Site ``name`` (still incarnation ``incarnation``) is paused and
+        its host lost its network (a VM migration): as after a power loss,
+        the PostgreSQL server ends its sessions, its lease lock with them, so
+        another site may reap it while it is stopped (SCALE.md "Fencing").
+        Nothing on SQLite (the flock stays with the living process)."""
+        site = self.sites.get(name)
+        reactor = site.reactor if site is not None else None
+        if site is None or site.service is None or reactor is None or not reactor.alive:
+            return
+        if reactor.incarnation != incarnation:
+            return
+        lease, db = site.service.parts.instance.lease, site.service.parts.db
+        if not lease.shared:
+            return
+        self.world.note("fault", f"the server ends the sessions of paused {name}")
+        if site.runs and site.runs[-1]["fenced"] is None:
+            # D9: its lease ended while it was stopped (as S23's by hand):
+            # it counts as dead from now on, and reaping it must happen.
+            site.runs[-1]["fenced"] = self.world.now
+        lease.drop()
+        db.drop()
+
     def crash(self, name: str, how: str = "kill") -> None:
         """End process ``name`` (a site, a node, the upstream) at once."""
         process = self.world.processes.get(name)
@@ -256,6 +281,17 @@ class SimCluster:
         site = self.sites.get(name)
         if site is not None and site.runs and site.runs[-1]["ended"] is None:
             site.runs[-1]["ended"], site.runs[-1]["how"] = self.world.now, how
+
+    def instance_of(self, name: str) -> int | None:
+        """The instance id site process ``name`` runs as now (``None``: not
+        a site, or not started)."""
+        site = self.sites.get(name)
+        if site is None or site.service is None:
+            return None
+        try:
+            return int(site.service.parts.instance.lease.instance_id)
+        except (AttributeError, TypeError):
+            return None  # still starting: no instance yet
 
     def live_instances(self) -> set[int]:
         """The instance ids of the site processes alive now."""
@@ -281,6 +317,8 @@ class SimCluster:
 
         def fault(point: str, connection: Any, functions: tuple[str, ...] = ()) -> None:
             if point == "committed":
+                for heard_committed in self.on_committed:
+                    heard_committed(site, functions)
                 self._committed(site, functions)
                 return
             plan = self._storage_plans.get(site) or {}

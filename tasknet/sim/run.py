@@ -29,6 +29,7 @@ from tasknet.sim.cluster import METERED_SQL, NO_ANSWER, SimCluster
 from tasknet.sim.schedule import Schedule, Step
 from tasknet.sim.trace import failure_name
 from tasknet.sim.world import World
+from tasknet.site.storage.lease import SILENT_CLIENT_NOTICED_WITHIN
 
 __all__ = ["Outcome", "run_schedule"]
 
@@ -115,6 +116,12 @@ class _Run:
             lambda: self.cluster.journal,
             self.cluster.ledger.generations,
             lambda: {s.nodes_port for s in self.cluster.sites.values()},
+            self.cluster.instance_of,
+        )
+        self.cluster.on_committed.append(
+            lambda site, functions: self.checks.not_reaped(
+                site, f"committed a write ({', '.join(functions)})"
+            )
         )
         #: gid -> journal POSTs for it when its latest create was sent (resolve's evidence).
         self._posts_at_create: dict[int, int] = {}
@@ -370,6 +377,17 @@ class _Run:
             if process is not None and process.alive:
                 self._fired(step.kind)
                 process.pause(step.lasts)
+                if step.lasts > SILENT_CLIENT_NOTICED_WITHIN:
+                    # Long enough for a VM migration: the host's network is
+                    # gone meanwhile and the server ends the site's sessions,
+                    # so the other site can reap it before it resumes.
+                    self._later(
+                        SILENT_CLIENT_NOTICED_WITHIN,
+                        self.cluster.cut_off,
+                        step.target,
+                        process.incarnation,
+                        what=f"cut off {step.target}",
+                    )
 
         self.cluster.after_commit(step.target, lambda functions: "begin_submit" in functions, pause)
 
