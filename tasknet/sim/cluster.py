@@ -211,6 +211,7 @@ class SimCluster:
         )
         _audit_metering(self.db)  # the schema exists once build_site returned
         reactor.at_death(lambda: self._site_died(reactor, service))
+        service.parts.instance.fenced.addCallback(lambda _reason: self._exited(name, reactor))
         service.startService()
         reactor.addSystemEventTrigger("before", "shutdown", service.stopService)
         reactor.startRunning()
@@ -329,6 +330,25 @@ class SimCluster:
                     raise _driver_error(kind, postgres)
 
         return fault
+
+    def _exited(self, name: str, reactor: SimReactor) -> None:
+        """A site that lost its lease stops and exits 1 (under twistd);
+        its supervisor starts it again ``SUPERVISOR_RESTART`` seconds later
+        (deploy/systemd: ``Restart=on-failure``, ``RestartSec=5s``)."""
+
+        def exit_then_restart() -> None:
+            if self.sites[name].reactor is reactor and reactor.alive:
+                self.crash(name, "kill")
+                self.world.call_later(
+                    SUPERVISOR_RESTART, self._restart, name, what=f"supervisor restarts {name}"
+                )
+
+        # After the stop it began (one event later: its stop runs first).
+        self.world.call_later(0.0, exit_then_restart, owner=reactor, what=f"{name} exits 1")
+
+    def _restart(self, name: str) -> None:
+        if not self.sites[name].alive:
+            self.start_site(name)
 
     def _server_clock(self) -> float:
         return self.world.now
@@ -469,6 +489,8 @@ class SimCluster:
 
 
 _STORAGE_FAULTS = ("busy", "commit", "full")
+#: Seconds before a site's supervisor starts it again after it exited 1.
+SUPERVISOR_RESTART = 5.0
 
 #: The harness's witness of metering (D2's ledger): a row for every
 #: generation the moment its ``metered`` flag is set, kept when a re-create

@@ -129,6 +129,8 @@ class _Run:
         #: gid -> creates sent and not answered (one left unanswered may still land).
         self._creates_open: dict[int, int] = {}
         self.fired: dict[str, int] = {}
+        #: Users' requests sent and not answered yet.
+        self._open_requests = 0
 
     # -- the run ---------------------------------------------------------------------------
 
@@ -201,7 +203,7 @@ class _Run:
         self._posts_at_create[gid] = journal.posts.get(gid, 0) if journal is not None else 0
         # Counted now: a create whose answer is lost may still have reserved.
         ledger.generations[gid] += 1
-        answer = self.cluster.api("POST", "/api/tasks", {"gid": gid, "token": "sim"}, site=site)
+        answer = self._ask("POST", "/api/tasks", {"gid": gid, "token": "sim"}, site=site)
         answer.addCallback(self._created, gid)
 
     def _created(self, result: tuple[int, Any], gid: int) -> None:
@@ -213,6 +215,18 @@ class _Run:
             # later, for quota or by the upstream, may have reserved a
             # generation and released it: it stays counted.)
             self.cluster.ledger.generations[gid] -= 1
+
+    def _ask(self, method: str, path: str, body: Any = None, *, site: str) -> Any:
+        """A user's request; the run does not settle while one is unanswered
+        (its last steps' requests reach the site before the run ends)."""
+        self._open_requests += 1
+        answer = self.cluster.api(method, path, body, site=site)
+
+        def answered(result: Any) -> Any:
+            self._open_requests -= 1
+            return result
+
+        return answer.addBoth(answered)
 
     def _do_create(self, step: Step) -> None:
         self._create(int(step.target), step.param("site", "site"))
@@ -227,7 +241,7 @@ class _Run:
 
     def _do_delete(self, step: Step) -> None:
         gid = int(step.target)
-        answer = self.cluster.api("DELETE", f"/api/tasks/{gid}", site=step.param("site", "site"))
+        answer = self._ask("DELETE", f"/api/tasks/{gid}", site=step.param("site", "site"))
 
         def answered(result: tuple[int, Any]) -> None:
             if 200 <= result[0] < 300:
@@ -243,7 +257,7 @@ class _Run:
         if not step.param("honest", True):
             submitted = not submitted
         verdict = "submitted" if submitted else "not_submitted"
-        self.cluster.api(
+        self._ask(
             "POST",
             f"/api/admin/tasks/{gid}/resolve",
             {"verdict": verdict},
@@ -393,12 +407,16 @@ class _Run:
 
     def _do_crash_at_commit(self, step: Step) -> None:
         """The site dies right after one of its next write transactions
+        (of those running ``of``, a storage function, unless ``any``)
         commits, before its answer, ACK or notification goes anywhere."""
         if not self.cluster.sites[step.target].alive:
             return
         left = [int(step.param("commits", 1))]
+        of = step.param("of", "any")
 
-        def nth(_functions: tuple[str, ...]) -> bool:
+        def nth(functions: tuple[str, ...]) -> bool:
+            if of != "any" and of not in functions:
+                return False
             left[0] -= 1
             return left[0] <= 0
 
@@ -481,10 +499,12 @@ class _Run:
         return waiting
 
     def _settled_now(self) -> bool:
-        return not self._unsettled()
+        return not self._open_requests and not self._unsettled()
 
     def _unsettled_detail(self) -> str:
         waiting = self._unsettled()
+        if self._open_requests:
+            waiting.insert(0, f"{self._open_requests} request(s) unanswered")
         return (
             f"not settled {self.schedule.settle_within:.0f} s after the last heal: "
             + "; ".join(waiting[:4])

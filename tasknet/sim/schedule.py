@@ -231,8 +231,15 @@ def _fault(
     if kind == "crash_at_commit":
         how = rng.choice(("kill", "kill", "power"))
         commits = rng.randint(1, 6)
+        # Half of them after a node report's transaction: what a report
+        # changed and announced must land together, or neither.
+        of = rng.choice(("any", "apply_reports"))
         return Step(
-            at, kind, site, round(rng.uniform(0.05, 8), 3), (("how", how), ("commits", commits))
+            at,
+            kind,
+            site,
+            round(rng.uniform(0.05, 8), 3),
+            (("how", how), ("commits", commits), ("of", of)),
         )
     if kind == "pause_node":
         return Step(at, kind, node, round(rng.uniform(0.5, 30), 3))
