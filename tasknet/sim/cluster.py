@@ -363,7 +363,7 @@ class SimCluster:
         self._after_commit.setdefault(site, []).append((matches, then))
 
     def forget_after_commit(self) -> None:
-        """Drop what :meth:`after_commit` armed and did not run (the heal)."""
+        """Drop what :meth:`after_commit` armed and did not run (after the last step)."""
         self._after_commit.clear()
 
     def _committed(self, site: str, functions: tuple[str, ...]) -> None:

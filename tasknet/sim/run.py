@@ -156,6 +156,8 @@ class _Run:
         last_step = begin + max((step.at for step in schedule.steps), default=0.0)
         if last_step > world.now:
             world.run_until(until=last_step)
+        # A crash or pause armed for a commit that has not come by now never strikes.
+        self.cluster.forget_after_commit()
         settled = self._wait_settled(schedule.settle_within)
         outcome = Outcome(seed=schedule.seed)
         outcome.failures += self.checks.failures
@@ -451,7 +453,6 @@ class _Run:
 
     def _heal_all(self) -> None:
         """After the last fault: every link mended, every process up."""
-        self.cluster.forget_after_commit()
         network = self.world.network
         network.heal()
         for connection in list(network.connections.values()):
