@@ -167,6 +167,14 @@ def generate(
         kind = rng.choice(faults)
         at = round(rng.uniform(0.5, duration), 3)
         plan.append(_fault(rng, kind, at, nodes, site_names, processes))
+    if len(site_names) > 1 and "pause_at_submitting" in faults:
+        # Several sites: every seed has the SCALE.md "Fencing" case, a site
+        # stopped between SUBMITTING and its POST past its lease, which the
+        # other reaps before it wakes.
+        at = round(rng.uniform(0.5, duration / 2), 3)
+        plan.append(
+            Step(at, "pause_at_submitting", rng.choice(site_names), round(rng.uniform(12, 40), 3))
+        )
     plan.sort(key=lambda s: (s.at, s.kind, s.target))
     ordered = tuple(plan)
     return Schedule(
