@@ -261,3 +261,28 @@ class DatabasePool:
             self.server.drop_database(name)
             raise
         self._free.append(name)
+
+
+class FailingCommits:
+    """A pool's storage faults (``open_pool(storage_faults=...)``): the next
+    ``left`` write transactions fail at their ``COMMIT`` with the driver's
+    own error of either backend, an I/O error or (``disk_full``) a full
+    disk, as the storage layer would meet a real one.  ``left`` may be set
+    later (armed at the instant a test chooses)."""
+
+    def __init__(self, target: str, left: int = 0, *, disk_full: bool = False) -> None:
+        self.postgres = is_postgres(target)
+        self.left = left
+        self.disk_full = disk_full
+
+    def __call__(self, point: str, connection: Any, functions: tuple[str, ...] = ()) -> None:
+        if point != "commit" or self.left <= 0:
+            return
+        self.left -= 1
+        if self.postgres:
+            if self.disk_full:
+                raise psycopg.errors.DiskFull("could not extend file: No space left on device")
+            raise psycopg.errors.IoError("could not write to file: Input/output error")
+        raise sqlite3.OperationalError(
+            "database or disk is full" if self.disk_full else "disk I/O error"
+        )

@@ -7,36 +7,20 @@ both backends; the pipeline's backoff runs on a ``task.Clock``."""
 
 from __future__ import annotations
 
-import sqlite3
 from typing import Any
 
-import psycopg
 import pytest_twisted
 from twisted.internet.task import Clock
 
 from tasknet.protocol.messages import DeleteResult, StatusReport, TaskEntry
 from tasknet.site.report_pipeline import LEGACY_RETRY_FIRST, ReportPipeline
 from tasknet.site.storage import delete
-from tasknet.site.storage.engine.database import connect, is_postgres, open_pool, run_write
+from tasknet.site.storage.engine.database import connect, open_pool, run_write
+from tests.backends import FailingCommits
 from tests.eventually import eventually
 from tests.runtime import site_runtime
 from tests.site.helpers import RecordingSession, one, settle
 from tests.site_protocol.harness import add_task, add_user
-
-
-class FailingCommits:
-    """Fails the next ``times`` commits with the driver's I/O error."""
-
-    def __init__(self, target: str, times: int) -> None:
-        self.postgres = is_postgres(target)
-        self.left = times
-
-    def __call__(self, point: str, connection: Any, functions: tuple[str, ...] = ()) -> None:
-        if point == "commit" and self.left > 0:
-            self.left -= 1
-            if self.postgres:
-                raise psycopg.errors.IoError("could not write to file: Input/output error")
-            raise sqlite3.OperationalError("disk I/O error")
 
 
 def _task_on_n1(conn: Any, gid: int, status: int) -> None:

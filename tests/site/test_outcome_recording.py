@@ -14,7 +14,6 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
-import psycopg
 import pytest
 import pytest_twisted
 from twisted.internet import reactor
@@ -23,9 +22,9 @@ from twisted.logger import globalLogPublisher
 from tasknet.runtime import SystemEntropy
 from tasknet.site.lifecycle import NO_ARCHIVE_URL, Lifecycle
 from tasknet.site.storage import create, eligibility, reconcile, usage
-from tasknet.site.storage.engine.database import Database, is_postgres, open_pool, run_write
+from tasknet.site.storage.engine.database import Database, open_pool, run_write
 from tasknet.site.storage.engine.errors import TaskError
-from tests.backends import WriteLock
+from tests.backends import FailingCommits, WriteLock
 from tests.eventually import eventually
 from tests.runtime import site_runtime
 from tests.site.helpers import Env, fault, lifecycle_env, one, raw
@@ -248,22 +247,6 @@ async def test_resolve_submitted_without_any_url_says_so_and_is_not_dispatchable
         assert dispatchable == 0
 
 
-class FailingCommits:
-    """Fails the next ``times`` commits with the driver's "disk full" error
-    (the storage layer's fault point), once armed."""
-
-    def __init__(self, target: str) -> None:
-        self.postgres = is_postgres(target)
-        self.left = 0
-
-    def __call__(self, point: str, connection: Any, functions: tuple[str, ...] = ()) -> None:
-        if point == "commit" and self.left > 0:
-            self.left -= 1
-            if self.postgres:
-                raise psycopg.errors.DiskFull("could not extend file: No space left on device")
-            raise sqlite3.OperationalError("database or disk is full")
-
-
 @pytest_twisted.ensureDeferred
 async def test_a_failed_submitting_write_posts_nothing_and_releases_the_gid(db_target):
     """Simulator seed 1491: the disk was full at SUBMITTING's commit and at
@@ -271,7 +254,7 @@ async def test_a_failed_submitting_write_posts_nothing_and_releases_the_gid(db_t
     good (no retry, no release).  Now nothing is POSTed, the answer says
     so, and the release lands in the background."""
     async with lifecycle_env(db_target) as env:
-        faults = FailingCommits(db_target)
+        faults = FailingCommits(db_target, disk_full=True)
         db = open_pool(env.path, storage_faults=faults, **site_runtime())
         env.lifecycle = Lifecycle(
             db,

@@ -10,7 +10,6 @@ from __future__ import annotations
 import sqlite3
 from typing import Any
 
-import psycopg
 import pytest
 import pytest_twisted
 from twisted.internet import reactor
@@ -27,13 +26,12 @@ from tasknet.site.storage import outbox
 from tasknet.site.storage.engine.database import (
     Database,
     connect,
-    is_postgres,
     open_pool,
     run_write,
 )
 from tasknet.site.storage.engine.errors import TaskError
 from tasknet.site.storage.engine.schema import prepare_database
-from tests.backends import WriteLock
+from tests.backends import FailingCommits, WriteLock
 from tests.eventually import eventually
 from tests.runtime import site_runtime
 from tests.site.helpers import RecordingSession, fault, lifecycle_env, one
@@ -306,27 +304,12 @@ async def test_the_dispatchers_periodic_pass_assigns_tasks_written_elsewhere(
     assert clock.getDelayedCalls() == []
 
 
-class ArmedCommitFailures:
-    """Fails the next ``left`` commits with the driver's I/O error, once set."""
-
-    def __init__(self, target: str) -> None:
-        self.postgres = is_postgres(target)
-        self.left = 0
-
-    def __call__(self, point: str, connection: Any, functions: tuple[str, ...] = ()) -> None:
-        if point == "commit" and self.left > 0:
-            self.left -= 1
-            if self.postgres:
-                raise psycopg.errors.IoError("could not write to file: Input/output error")
-            raise sqlite3.OperationalError("disk I/O error")
-
-
 class ArmingReceiver(Resource):
     """Answers 204, and arms the database's commit failures as it does."""
 
     isLeaf = True
 
-    def __init__(self, failures: ArmedCommitFailures, times: int) -> None:
+    def __init__(self, failures: FailingCommits, times: int) -> None:
         super().__init__()
         self.failures, self.times, self.posts = failures, times, 0
 
@@ -342,7 +325,7 @@ async def test_a_delivery_whose_outcome_failed_to_commit_is_recorded_later(site_
     """Simulator seed 1534: a delivered notification whose outcome write met
     an I/O error stayed pending for the rest of the run (to be sent again
     after the next start).  The outcome is written again on the clock."""
-    failures = ArmedCommitFailures(site_db)
+    failures = FailingCommits(site_db)
     receiver = ArmingReceiver(failures, times=2)
     port: Any = reactor.listenTCP(0, Site(receiver), interface="127.0.0.1")  # type: ignore[attr-defined]
     clock = Clock()
