@@ -311,7 +311,7 @@ class ReportPipeline:
                 why=why,
             )
             return None
-        delay = self._legacy_backoff(attempt + 1)
+        delay = self._legacy_backoff(attempt)
         log.error(
             "legacy {type} from {node} not committed: {why}; the site tries it again in"
             " {delay:.0f} s (a legacy node never sends it again)",

@@ -92,7 +92,7 @@ async def test_a_legacy_delete_result_that_failed_to_commit_lands_on_a_later_try
     )
     try:
         assert not done
-        await _advance_until(pipeline, clock, done, LEGACY_RETRY_FIRST + 1)
+        await _advance_until(pipeline, clock, done, LEGACY_RETRY_FIRST)  # the first try: 1 s on
         assert done
         assert one(db_target, "SELECT state FROM task_operation WHERE gid = 102")[0] == "DELETED"
     finally:
