@@ -23,6 +23,7 @@ import ipaddress
 from typing import Any
 
 from twisted.internet.endpoints import HostnameEndpoint, TCP4ClientEndpoint, wrapClientTLS
+from twisted.internet.interfaces import IReactorTCP
 from twisted.web.client import (
     URI,
     BrowserLikePolicyForHTTPS,
@@ -56,7 +57,7 @@ def is_ip_literal(host: str | bytes) -> bool:
 
 
 def tcp_endpoint(
-    reactor: Any, host: str | bytes, port: int, timeout: float = CONNECT_TIMEOUT
+    reactor: IReactorTCP, host: str | bytes, port: int, timeout: float = CONNECT_TIMEOUT
 ) -> Any:
     """A TCP client endpoint for ``host:port``: connecting straight to an IP
     literal (``reactor.connectTCP`` takes IPv6 literals too), resolving a
@@ -74,7 +75,7 @@ class DirectEndpoints:
     once per scheme, host and port (the stock factory builds one, IDNA
     encoding the host, for every request)."""
 
-    def __init__(self, reactor: Any, timeout: float = CONNECT_TIMEOUT) -> None:
+    def __init__(self, reactor: IReactorTCP, timeout: float = CONNECT_TIMEOUT) -> None:
         self._reactor = reactor
         self._timeout = timeout
         self._tls = BrowserLikePolicyForHTTPS()
@@ -106,5 +107,7 @@ class QuietHTTPConnectionPool(HTTPConnectionPool):
     _factory = _QuietHTTP11ClientFactory
 
 
-def quiet_pool(reactor: Any, persistent: bool = True) -> QuietHTTPConnectionPool:
+def quiet_pool(reactor: IReactorTCP, persistent: bool = True) -> QuietHTTPConnectionPool:
+    """A quiet pool on ``reactor``: what its connections are made on (through
+    the agent's endpoints), and what times its cached ones out."""
     return QuietHTTPConnectionPool(reactor, persistent=persistent)

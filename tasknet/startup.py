@@ -29,7 +29,8 @@ import os
 import stat
 import sys
 from collections.abc import Sequence
-from typing import Any
+
+from twisted.internet.interfaces import IReactorCore
 
 __all__ = ["exit_after_stop", "keep_files_private", "twistd_log_file"]
 
@@ -51,7 +52,7 @@ def _exit_with_status() -> None:
     os._exit(_exit_status)
 
 
-def exit_after_stop(reactor: Any, status: int = 1) -> None:
+def exit_after_stop(reactor: IReactorCore, status: int = 1) -> None:
     """Stop ``reactor`` (now, or as soon as it runs) and make the process
     exit with ``status`` when the interpreter exits."""
     global _exit_status

@@ -11,7 +11,8 @@ costs no transaction and leaves no trace.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+
+from twisted.internet.interfaces import IReactorTime
 
 #: Defaults of ``--create-rate`` / ``--create-burst``: far above what one
 #: user needs by hand and above the B2 benchmark (32 clients in a closed
@@ -35,7 +36,7 @@ class CreateRateLimiter:
     reactor, or a ``task.Clock`` in tests; only ``seconds()`` is used)."""
 
     def __init__(
-        self, rate: float, burst: int, clock: Any, *, max_tracked: int = MAX_TRACKED
+        self, rate: float, burst: int, clock: IReactorTime, *, max_tracked: int = MAX_TRACKED
     ) -> None:
         if not rate > 0 or burst < 1 or max_tracked < 1:
             raise ValueError("the create rate must be > 0 and the burst >= 1")

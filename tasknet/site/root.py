@@ -292,7 +292,7 @@ def _assemble(
         http=BoundedSite(
             make_web_resource(web),
             max_body=options["max-body"],
-            reactor=reactor,
+            reactor=clock,
             access_log=options.get("access-log"),
         ),
         health=health,

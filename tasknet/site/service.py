@@ -39,7 +39,7 @@ from twisted.application.internet import TimerService
 from twisted.internet.defer import CancelledError, Deferred, maybeDeferred
 from twisted.internet.endpoints import serverFromString
 from twisted.internet.error import CannotListenError
-from twisted.internet.interfaces import IReactorTime
+from twisted.internet.interfaces import IReactorCore, IReactorTCP, IReactorTime
 from twisted.internet.task import deferLater
 from twisted.logger import Logger
 from twisted.python import usage
@@ -287,7 +287,7 @@ class Health:
         }
 
     async def probe(
-        self, ping: Callable[[], Deferred[None]], clock: Any, *, timeout: float = 2.0
+        self, ping: Callable[[], Deferred[None]], clock: IReactorTime, *, timeout: float = 2.0
     ) -> dict[str, str]:
         """Ask the database for an answer within ``timeout`` seconds (on
         ``clock``), note whether it answered, and return :meth:`document`."""
@@ -396,7 +396,7 @@ class SiteService(service.MultiService):
         *,
         http_endpoint: str,
         nodes_endpoint: str,
-        reactor: Any,
+        reactor: IReactorTCP,
         node_keys_refresh: float = NODE_KEYS_REFRESH,
         exit_on_failure: bool = False,
     ) -> None:
@@ -437,7 +437,7 @@ class SiteService(service.MultiService):
         the site and, under twistd, exit 1."""
         log.critical("tasknet-site lost its lease ({reason}): stopping", reason=reason)
         if self.exit_on_failure:
-            exit_after_stop(self._reactor, 1)  # twistd stops the site on the way out
+            exit_after_stop(IReactorCore(self._reactor), 1)  # twistd stops the site on the way out
         else:
             self.stopService()
 
@@ -463,7 +463,7 @@ class SiteService(service.MultiService):
         except Exception:
             log.failure("undoing the failed start-up failed")
         if self.exit_on_failure:
-            exit_after_stop(self._reactor, 1)
+            exit_after_stop(IReactorCore(self._reactor), 1)
         return failure
 
     async def _start(self) -> None:

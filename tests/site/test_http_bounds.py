@@ -216,7 +216,7 @@ def test_the_deadline_restarts_with_the_next_request_on_a_kept_connection():
 async def test_a_slow_client_over_tcp_gets_408_and_is_closed():
     root = Resource()
     root.putChild(b"hello", Data(b"hi", "text/plain"))
-    site = BoundedSite(root, request_timeout=0.3, linger=0.2)
+    site = BoundedSite(root, request_timeout=0.3, linger=0.2, reactor=reactor)
     port = await TCP4ServerEndpoint(reactor, 0, interface="127.0.0.1").listen(site)
     try:
         client = await connect(port.getHost().port)

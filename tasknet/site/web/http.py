@@ -37,7 +37,7 @@ import re
 from typing import Any, cast
 from urllib.parse import unquote_to_bytes
 
-from twisted.internet.interfaces import IConsumer, IDelayedCall
+from twisted.internet.interfaces import IConsumer, IDelayedCall, IReactorTime
 from twisted.logger import Logger
 from twisted.web import http, server
 from twisted.web.iweb import IAccessLogFormatter
@@ -296,7 +296,7 @@ class BoundedSite(QuietSite):
         request_timeout: float = REQUEST_TIMEOUT,
         idle_timeout: float = IDLE_TIMEOUT,
         linger: float = LINGER_SECONDS,
-        reactor: Any = None,
+        reactor: IReactorTime,
         access_log: str | None = None,
     ) -> None:
         super().__init__(
