@@ -58,7 +58,8 @@ _CONFIRMED = frozenset({"SUBMITTED", "DELETE_PENDING", "DELETED"})
 class CheapChecks:
     """Watches one run (see the module doc).  ``journal``: a callable
     giving the upstream's journal now; ``generations``: the ledger's count
-    of generations by gid; ``sites_ports``: the node ports of the sites."""
+    of generations by gid; ``node_ports``: the node ports of the sites;
+    ``instance_of``: the instance id a site process runs as (fencing)."""
 
     def __init__(
         self,
@@ -67,7 +68,7 @@ class CheapChecks:
         journal: Callable[[], Any],
         generations: Any,
         node_ports: Callable[[], set[int]],
-        instance_of: Callable[[str], int | None] = lambda _site: None,
+        instance_of: Callable[[str], int | None],
     ) -> None:
         self.world = world
         self.db = db

@@ -235,20 +235,15 @@ class SimCluster:
         kernel sends FIN), after the lease session's keepalives give up
         when the machine lost power (nothing is sent).  The pool's sessions
         end with it: none holds a transaction across events."""
-        lease, db = service.parts.instance.lease, service.parts.db
-
-        def sessions_end() -> None:
-            lease.drop()
-            db.drop()
-
-        if reactor.death == "power" and lease.shared:
+        if reactor.death == "power" and service.parts.instance.lease.shared:
             self.world.call_later(
                 SILENT_CLIENT_NOTICED_WITHIN,
-                sessions_end,
+                _end_sessions,
+                service,
                 what=f"the server ends the sessions of {reactor.name}#{reactor.incarnation}",
             )
         else:
-            sessions_end()
+            _end_sessions(service)
 
     def cut_off(self, name: str, incarnation: int) -> None:
         """Site ``name`` (still incarnation ``incarnation``) is paused and
@@ -262,16 +257,14 @@ class SimCluster:
             return
         if reactor.incarnation != incarnation:
             return
-        lease, db = site.service.parts.instance.lease, site.service.parts.db
-        if not lease.shared:
+        if not site.service.parts.instance.lease.shared:
             return
         self.world.note("fault", f"the server ends the sessions of paused {name}")
         if site.runs and site.runs[-1]["fenced"] is None:
             # D9: its lease ended while it was stopped (as S23's by hand):
             # it counts as dead from now on, and reaping it must happen.
             site.runs[-1]["fenced"] = self.world.now
-        lease.drop()
-        db.drop()
+        _end_sessions(site.service)
 
     def crash(self, name: str, how: str = "kill") -> None:
         """End process ``name`` (a site, a node, the upstream) at once."""
@@ -518,6 +511,13 @@ _AUDIT_POSTGRES = (
 )
 #: Every generation ever metered (the witness above).
 METERED_SQL = "SELECT gid, operation_id, cost FROM sim_metered"
+
+
+def _end_sessions(service: Any) -> None:
+    """The database sessions of a site end (what the server does when the
+    site's process or host is gone): its lease lock goes with them."""
+    service.parts.instance.lease.drop()
+    service.parts.db.drop()
 
 
 def _audit_metering(db: str) -> None:
