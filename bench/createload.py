@@ -97,6 +97,7 @@ async def open_loop(reactor: Any, http: HTTPClient, args: argparse.Namespace) ->
         "latencies_ms": [],
         "service_ms": [],
         "lag_ms": [],
+        "intended_s": [],
         "failures": [],
         "max_in_flight": 0,
     }
@@ -119,6 +120,7 @@ async def open_loop(reactor: Any, http: HTTPClient, args: argparse.Namespace) ->
             out["latencies_ms"].append((now - intended) * 1000)
             out["service_ms"].append((now - sent) * 1000)
             out["lag_ms"].append((sent - intended) * 1000)
+            out["intended_s"].append(intended - t0)
             if code != 201:
                 _failure(out, gid, code, content)
         if state["done"] == len(gids) and not finished.called:

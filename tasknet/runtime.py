@@ -26,11 +26,13 @@ given reactor (``cp_reactor``) and a pool from a given :class:`IThreadPools`,
 in place of the ``ThreadPool`` it would make itself.
 
 The only defaults are at the entry points (``makeService``): twistd's
-global reactor, the OS's entropy and processes, real threads.
+global reactor, the OS's entropy and processes, real threads; and there,
+for a process of its own, :func:`freeze_startup_heap`.
 """
 
 from __future__ import annotations
 
+import gc
 import os
 import random
 import socket
@@ -39,6 +41,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from twisted.enterprise import adbapi
+from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IReactorCore
 from twisted.python.threadpool import ThreadPool
 from zope.interface import Interface, implementer
@@ -53,6 +56,7 @@ __all__ = [
     "SeededEntropy",
     "SystemEntropy",
     "ThreadedConnectionPool",
+    "freeze_startup_heap",
 ]
 
 
@@ -219,3 +223,22 @@ class ThreadedConnectionPool(adbapi.ConnectionPool):
     def start(self) -> None:
         self._use_given_pool()
         super().start()
+
+
+def freeze_startup_heap(ready: Deferred[Any]) -> None:
+    """When ``ready`` fires (the role has started), move every object alive
+    then (modules, the reactor, the schema, caches) out of the cyclic
+    garbage collector's sight (``gc.freeze``).  A full collection then walks
+    only what was allocated since, where before it paused the whole process
+    (reactor and database threads) for every object of the program: 27 ms
+    every 4 s under B2's create load, most of its p99 (bench/README.md).
+    Only for a process of its own (twistd's): frozen objects are never
+    collected, which is right for what lives as long as the process, and
+    wrong for a test or a simulation that builds many roles in one."""
+
+    def freeze(result: Any) -> Any:
+        gc.collect()  # what start-up left behind goes now, not frozen forever
+        gc.freeze()
+        return result
+
+    ready.addCallback(freeze)

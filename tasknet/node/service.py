@@ -30,7 +30,13 @@ from tasknet.node.store import NodeStore
 from tasknet.node.worker import Worker
 from tasknet.protocol.messages import NODE_ID, Message, TaskReportAck
 from tasknet.protocol.session import INodeHandler, ISiteLink
-from tasknet.runtime import IEntropy, IThreadPools, RealThreadPools, SystemEntropy
+from tasknet.runtime import (
+    IEntropy,
+    IThreadPools,
+    RealThreadPools,
+    SystemEntropy,
+    freeze_startup_heap,
+)
 from tasknet.startup import exit_after_stop
 from tasknet.version import version_option
 
@@ -505,6 +511,7 @@ def makeService(
     """The node as ``twistd -n tasknet-node`` builds it: from its options,
     on twistd's reactor, real threads and the OS's entropy unless given
     others (the simulation's).  The node's only defaults are these."""
+    own_process = reactor is None
     if reactor is None:
         from twisted.internet import reactor as global_reactor
 
@@ -527,6 +534,8 @@ def makeService(
         max_archive_bytes=options["max-archive-bytes"],
     )
     node.exit_on_failure = True
+    if own_process:
+        freeze_startup_heap(node.ready)
     return node
 
 

@@ -54,6 +54,7 @@ from tasknet.runtime import (
     OSProcesses,
     RealThreadPools,
     SystemEntropy,
+    freeze_startup_heap,
 )
 from tasknet.site import fault_points, ratelimit
 from tasknet.site.connected_nodes import CHECK_INTERVAL as NODE_CHECK_INTERVAL
@@ -555,6 +556,7 @@ def makeService(
     """The site as ``twistd -n tasknet-site`` builds it: on twistd's reactor,
     the process's monotonic clock, real threads, the OS's entropy and the
     kernel's processes unless given others (a simulation's)."""
+    own_process = reactor is None
     if reactor is None:
         from twisted.internet import reactor as global_reactor
 
@@ -621,4 +623,6 @@ def makeService(
             )
 
     site.ready.addErrback(start_failed)
+    if own_process:
+        freeze_startup_heap(site.ready)
     return site
