@@ -244,3 +244,37 @@ def test_max_body_option_defaults_to_1_mib_and_must_be_positive():
         except UsageError:
             continue
         raise AssertionError(f"--max-body {bad} was accepted")
+
+
+class _Args(Resource):
+    isLeaf = True
+
+    def render_POST(self, request):
+        request.setHeader(b"content-type", b"application/json")
+        args = {k.decode(): [v.decode() for v in vs] for k, vs in request.args.items()}
+        return json.dumps({"args": args, "body": request.content.read().decode()}).encode()
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_form_body_is_never_parsed_into_the_request_args():
+    # request.args holds the query only: a form body's "token" is not a
+    # credential (web/auth.py reads args for ?token=), and no body is parsed
+    # before its endpoint reads it as JSON.
+    site = BoundedSite(_Args(), reactor=reactor)
+    port = await TCP4ServerEndpoint(reactor, 0, interface="127.0.0.1").listen(site)
+    try:
+        for content_type, body in (
+            ("application/x-www-form-urlencoded", b"token=secret&x=1"),
+            (
+                "multipart/form-data; boundary=b",
+                b'--b\r\nContent-Disposition: form-data; name="token"\r\n\r\nsecret\r\n--b--\r\n',
+            ),
+        ):
+            answer, _ = await exchange(
+                port.getHost().port,
+                request_bytes("POST", "/echo?view=1", {"Content-Type": content_type}, body),
+            )
+            assert answer.status == 200
+            assert answer.json() == {"args": {"view": ["1"]}, "body": body.decode()}
+    finally:
+        await port.stopListening()
