@@ -440,6 +440,7 @@ COPIED_TABLES = (
     "throughput_total",
     "throughput_node",
     "report_receipt",
+    "task_count",
 )
 #: Identity columns to move past the copied ids.
 IDENTITIES = (("user", "id"), ("gallery", "id"))

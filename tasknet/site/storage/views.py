@@ -24,6 +24,9 @@ stored display-status key (``gallery.status_key``, kept by triggers:
 :func:`stored_key`), one index range per key; a search of three characters
 or more takes its candidates from a trigram index (SQLite FTS5, PostgreSQL
 pg_trgm) and the same ``LIKE`` decides, so it answers what the scan did.
+Schema v9 keeps the counts per user and key (``task_count``, by triggers):
+``/api/tasks/counts`` without a search, and the total of a page filtered
+by owner and status only, read those rows, not the tasks.
 """
 
 from __future__ import annotations
@@ -588,7 +591,12 @@ def list_tasks(
     where, params = _filters(
         query.user_id, query.statuses, query.text, query.favorite_of, query.node
     )
-    total = int(cursor.execute(_COUNT + _where(where), params).fetchone()[0])
+    if query.text or query.favorite_of is not None or query.node is not None:
+        total = int(cursor.execute(_COUNT + _where(where), params).fetchone()[0])
+    else:  # owner and status only: what task_count keeps
+        kept = _kept_counts(cursor, query.user_id)
+        wanted = _stored_keys(query.statuses) if query.statuses else kept
+        total = sum(kept.get(key, 0) for key in wanted)
     search = "matches" if total <= MATCHES_FIRST_UP_TO else "scan"
     if len(query.text) >= TRIGRAM:
         where, params = _filters(
@@ -643,6 +651,22 @@ def list_tasks(
     return views_in_order(cursor, [row[0] for row in rows]), following, total
 
 
+# The task rows per stored key, as schema v9's triggers keep them
+# (migrate_v9.sql): one row per user and key, whatever the number of tasks.
+_KEPT_COUNTS_OF_USER = sql("SELECT status_key, n FROM task_count WHERE user_id = ?")
+_KEPT_COUNTS = sql("SELECT status_key, SUM(n) FROM task_count GROUP BY status_key")
+
+
+def _kept_counts(cursor: sqlite3.Cursor, user_id: int | None) -> dict[str, int]:
+    """The task rows of ``user_id`` (None: everyone's) per stored key, from
+    ``task_count``: what ``COUNT(*) … GROUP BY status_key`` would count."""
+    if user_id is None:
+        rows = cursor.execute(_KEPT_COUNTS).fetchall()
+    else:
+        rows = cursor.execute(_KEPT_COUNTS_OF_USER, (user_id,)).fetchall()
+    return {str(key): int(n) for key, n in rows}
+
+
 def count_by_status(
     cursor: sqlite3.Cursor, user_id: int | None, text: str = "", with_queued: bool = False
 ) -> dict[str, int]:
@@ -650,10 +674,15 @@ def count_by_status(
     None counts everyone's, ``text`` as the search of :class:`TaskQuery`.
     ``with_queued`` adds :data:`QUEUED` (the SUBMITTED tasks queued on a
     node, also counted in ``SUBMITTED``)."""
-    where, params = _filters(user_id, frozenset(), text)
+    by_key: Iterable[tuple[str, int]]
+    if text:
+        where, params = _filters(user_id, frozenset(), text)
+        by_key = cursor.execute(_COUNT_BY_STATUS + _where(where) + _BY_STATUS, params)
+    else:
+        by_key = _kept_counts(cursor, user_id).items()
     counts = {status.value: 0 for status in TaskStatus}
     queued_count = 0
-    for key, n in cursor.execute(_COUNT_BY_STATUS + _where(where) + _BY_STATUS, params):
+    for key, n in by_key:
         status = _KEY_STATUS.get(key)
         if status is None:
             continue  # a DELETED row on its way out: no display status

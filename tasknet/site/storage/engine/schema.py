@@ -49,7 +49,9 @@ V7_SCRIPT = "migrate_v7.sql"  # each node's tasks counted from an index (issue 2
 V7_POSTGRES_SCRIPT = "migrate_v7_postgres.sql"
 V8_SCRIPT = "migrate_v8.sql"  # /api/stats from rollups (issue 23, item 4)
 V8_POSTGRES_SCRIPT = "migrate_v8_postgres.sql"
-CURRENT_VERSION = 8
+V9_SCRIPT = "migrate_v9.sql"  # the task counts kept by triggers (issue 23)
+V9_POSTGRES_SCRIPT = "migrate_v9_postgres.sql"
+CURRENT_VERSION = 9
 
 # Scripts that take a database from the version before them to their own.
 # v3 is additive (new tables and columns only), so the site applies it by
@@ -62,6 +64,7 @@ UPGRADES = {
     6: V6_SCRIPT,
     7: V7_SCRIPT,
     8: V8_SCRIPT,
+    9: V9_SCRIPT,
 }
 AUTOMATIC_FROM = 2
 
@@ -75,6 +78,7 @@ UPGRADES_POSTGRES = {
     6: V6_POSTGRES_SCRIPT,
     7: V7_POSTGRES_SCRIPT,
     8: V8_POSTGRES_SCRIPT,
+    9: V9_POSTGRES_SCRIPT,
 }
 
 #: What one engine has and the other has not (v6's search indexes), left
