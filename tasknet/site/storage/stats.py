@@ -1,12 +1,10 @@
-"""``GET /api/stats``: one-minute buckets of throughput, and weekly usage;
-what ``/api/admin/nodes`` shows of each node (:func:`admin_listing`).
+"""``GET /api/stats``: buckets of throughput, and weekly usage; what
+``/api/admin/nodes`` shows of each node (:func:`admin_listing`).
 
-Read from ``throughput_minute`` (written by
-:mod:`tasknet.site.storage.throughput` in each report's transaction) and
-``weekly_usage``.  Every minute of the window is present, zeros included,
-oldest first; the last bucket is the current, partial minute.  ``usage`` is
-always the caller's own (the quota is per user), even for an admin, whose
-buckets cover every user.
+The buckets are :func:`tasknet.site.storage.throughput.window_stats`'s
+(from the rollups each report's transaction writes); ``usage`` is always
+the caller's own (the quota is per user), even for an admin, whose buckets
+cover every user.
 """
 
 from __future__ import annotations
@@ -30,18 +28,8 @@ DEFAULT_WINDOW = 3600
 USAGE_WEEKS = 8
 
 
-def _minute_start(minute: int) -> str:
-    return iso(minute * BUCKET_SECONDS)
-
-
 _QUOTA_SQL = sql('SELECT quota FROM "user" WHERE id = ?')
 _WEEKS_SQL = sql("SELECT week, used FROM weekly_usage WHERE user_id = ? AND week {in_array}")
-_BUCKETS = (
-    "SELECT minute, node_id, SUM(bytes), SUM(completed) FROM throughput_minute"
-    " WHERE minute BETWEEN ? AND ?"
-)
-_BUCKETS_SQL = sql(f"{_BUCKETS} GROUP BY minute, node_id")
-_USER_BUCKETS_SQL = sql(f"{_BUCKETS} AND user_id = ? GROUP BY minute, node_id")
 _SEEN_SQL = sql("SELECT * FROM node_seen WHERE last_seen_at >= ? OR node_id {in_array}")
 _NODE_TASKS_SQL = sql(
     "SELECT node_id, COUNT(*),"
@@ -81,37 +69,11 @@ def stats(
     now: float,
 ) -> dict[str, Any]:
     """The ``/api/stats`` answer for ``window`` seconds up to ``now`` (unix
-    seconds); ``scope_user`` None covers every user's tasks (admin)."""
-    last = int(now // BUCKET_SECONDS)
-    count = max(1, -(-window // BUCKET_SECONDS))
-    first = last - count + 1
-    if scope_user is None:
-        rows = cursor.execute(_BUCKETS_SQL, (first, last)).fetchall()
-    else:
-        rows = cursor.execute(_USER_BUCKETS_SQL, (first, last, scope_user)).fetchall()
-    nodes = sorted({row[1] for row in rows})
-    buckets = [
-        {
-            "start": _minute_start(minute),
-            "completed": 0,
-            "bytes": 0,
-            "byNode": dict.fromkeys(nodes, 0),
-        }
-        for minute in range(first, last + 1)
-    ]
-    for minute, node_id, gained, completed in rows:
-        bucket = buckets[minute - first]
-        bucket["bytes"] += int(gained)
-        bucket["completed"] += int(completed)
-        bucket["byNode"][node_id] += int(gained)
-    moment = datetime.fromtimestamp(now, UTC)
-    return {
-        "window": window,
-        "bucketSeconds": BUCKET_SECONDS,
-        "nodes": nodes,
-        "buckets": buckets,
-        "usage": weekly_usage(cursor, caller_id, last_weeks(moment)),
-    }
+    seconds), in one read: the buckets (``scope_user`` None covers every
+    user's tasks: admin) and the caller's own weekly usage and quota."""
+    answer = throughput.window_stats(cursor, scope_user, window, now)
+    answer["usage"] = weekly_usage(cursor, caller_id, last_weeks(datetime.fromtimestamp(now, UTC)))
+    return answer
 
 
 SEEN_DAYS = 7

@@ -47,7 +47,6 @@ import json
 import math
 import re
 from collections.abc import Awaitable, Callable, Iterable
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, cast
 from urllib.parse import unquote
@@ -64,7 +63,7 @@ from werkzeug.routing import Map, Rule
 
 from tasknet.deferreds import shield
 from tasknet.site import metrics
-from tasknet.site.storage import delete, favorites, reconcile, stats, throughput, usage
+from tasknet.site.storage import delete, favorites, reconcile, stats, usage
 from tasknet.site.storage.engine.errors import DatabaseBusy, TaskError
 from tasknet.site.storage.instances import LeaseLost
 from tasknet.site.storage.users import User
@@ -307,19 +306,6 @@ def _scope(user: User) -> int | None:
     return None if user.is_admin else user.id
 
 
-def _stats_answer(
-    cursor: Any, caller_id: int, scope: int | None, window: int, now: float
-) -> dict[str, Any]:
-    """``GET /api/stats`` in one read: the buckets
-    (:func:`~tasknet.site.storage.throughput.window_stats`) and the caller's
-    own weekly usage and quota (even an admin's, whose buckets cover every
-    user)."""
-    answer = throughput.window_stats(cursor, scope, window, now)
-    weeks = stats.last_weeks(datetime.fromtimestamp(now, UTC))
-    answer["usage"] = stats.weekly_usage(cursor, caller_id, weeks)
-    return answer
-
-
 # -- the API ---------------------------------------------------------------------
 
 
@@ -468,7 +454,7 @@ class SiteApi:
         user = await self._user(request)
         window = stats_window(request)
         now = self.clock.seconds()
-        answer = await self.db.read(_stats_answer, user.id, _scope(user), window, now)
+        answer = await self.db.read(stats.stats, user.id, _scope(user), window, now)
         return 200, answer
 
     @app.route("/api/tasks/<gid>", methods=["GET"])
