@@ -441,6 +441,7 @@ COPIED_TABLES = (
     "throughput_node",
     "report_receipt",
     "task_count",
+    "node_task_count",
 )
 #: Identity columns to move past the copied ids.
 IDENTITIES = (("user", "id"), ("gallery", "id"))

@@ -69,6 +69,11 @@ def _expected_keys(connection: Any) -> dict[int, tuple[str, str]]:
 
 _COUNTED = sql("SELECT user_id, status_key, COUNT(*) FROM gallery GROUP BY user_id, status_key")
 _KEPT = sql("SELECT user_id, status_key, n FROM task_count WHERE n <> 0")
+_NODE_COUNTED = sql(
+    "SELECT node_id, COALESCE(status, -1), queued, COUNT(*) FROM gallery"
+    " WHERE node_id IS NOT NULL GROUP BY node_id, COALESCE(status, -1), queued"
+)
+_NODE_KEPT = sql("SELECT node_id, status, queued, n FROM node_task_count WHERE n <> 0")
 
 
 def _assert_keys_right(connection: Any) -> None:
@@ -82,6 +87,9 @@ def _assert_counts_kept(connection: Any) -> None:
     """Schema v9's task_count says what counting the task rows says."""
     counted = {(int(u), k): int(n) for u, k, n in connection.execute(_COUNTED).fetchall()}
     kept = {(int(u), k): int(n) for u, k, n in connection.execute(_KEPT).fetchall()}
+    assert kept == counted
+    counted = {tuple(row[:3]): int(row[3]) for row in connection.execute(_NODE_COUNTED)}
+    kept = {tuple(row[:3]): int(row[3]) for row in connection.execute(_NODE_KEPT)}
     assert kept == counted
 
 
@@ -102,7 +110,8 @@ def test_the_stored_key_is_display_status_for_every_row_and_change(conn: Any) ->
     for state, code, failed, queued in combos:
         if failed and state != "DELETE_PENDING":
             continue
-        add_task(conn, gid, alice, state, status=code)
+        node = None if gid % 4 == 0 else f"n{gid % 3}"  # schema v9's per-node counts too
+        add_task(conn, gid, alice, state, status=code, node_id=node)
         placed[gid] = (state, code, failed, queued)
         gid += 1
 
@@ -171,6 +180,8 @@ def test_the_stored_key_is_display_status_for_every_row_and_change(conn: Any) ->
     def move_and_remove(c: Any) -> None:
         c.execute("UPDATE gallery SET user_id = ? WHERE gid % 3 = 0", (bob,))
         c.execute("UPDATE gallery SET user_id = ?, status = 4 WHERE gid % 3 = 1", (bob,))
+        c.execute("UPDATE gallery SET node_id = 'n9' WHERE gid % 5 = 0")
+        c.execute("UPDATE gallery SET node_id = NULL WHERE gid % 7 = 0")
         c.execute("DELETE FROM gallery WHERE gid % 4 = 0")
 
     dbmod.run_write(conn, move_and_remove)

@@ -229,9 +229,10 @@ ORDER BY o.gid LIMIT ?
 """
 )
 _MARK_DISPATCHED_SQL = sql("UPDATE task_operation SET dispatched = 1 WHERE gid {in_array}")
+# From schema v9's kept counts (``node_task_count``: a status of NULL is -1).
 _COUNT_BY_NODE_SQL = sql(
-    "SELECT node_id, COUNT(*) FROM gallery WHERE node_id {in_array}"
-    " AND (? = 0 OR status IS NULL OR status <> ?) GROUP BY node_id"
+    "SELECT node_id, SUM(n) FROM node_task_count WHERE node_id {in_array}"
+    " AND (? = 0 OR status <> ?) GROUP BY node_id"
 )
 _ASSIGN_SQL = sql(
     "UPDATE gallery SET node_id = ?, updated_at = {now} WHERE gid = ? AND node_id IS NULL"
@@ -262,7 +263,7 @@ def _count_by_node(
     counts = dict.fromkeys(node_ids, 0)
     rows = cursor.execute(_COUNT_BY_NODE_SQL, (list(node_ids), int(open_only), _COMPLETED))
     for node_id, count in rows:
-        counts[node_id] = count
+        counts[node_id] = int(count)  # PostgreSQL's SUM is a numeric
     return counts
 
 

@@ -31,12 +31,13 @@ USAGE_WEEKS = 8
 _QUOTA_SQL = sql('SELECT quota FROM "user" WHERE id = ?')
 _WEEKS_SQL = sql("SELECT week, used FROM weekly_usage WHERE user_id = ? AND week {in_array}")
 _SEEN_SQL = sql("SELECT * FROM node_seen WHERE last_seen_at >= ? OR node_id {in_array}")
+# From schema v9's kept counts (``node_task_count``: a status of NULL is -1).
 _NODE_TASKS_SQL = sql(
-    "SELECT node_id, COUNT(*),"
-    " SUM(CASE WHEN status IS NOT DISTINCT FROM ?1 THEN 0 ELSE 1 END),"
-    " SUM(CASE WHEN status = ?2 AND queued = 1 THEN 1 ELSE 0 END),"
-    " SUM(CASE WHEN (status = ?2 AND queued = 0) OR status IN (?3, ?4) THEN 1 ELSE 0 END)"
-    " FROM gallery WHERE node_id {in_array:?5} GROUP BY node_id"
+    "SELECT node_id, SUM(n),"
+    " SUM(CASE WHEN status = ?1 THEN 0 ELSE n END),"
+    " SUM(CASE WHEN status = ?2 AND queued = 1 THEN n ELSE 0 END),"
+    " SUM(CASE WHEN (status = ?2 AND queued = 0) OR status IN (?3, ?4) THEN n ELSE 0 END)"
+    " FROM node_task_count WHERE node_id {in_array:?5} GROUP BY node_id"
 )
 _RATES_SQL = sql(
     "SELECT node_id, SUM(bytes) FROM throughput_minute"
