@@ -318,3 +318,23 @@ def test_v5_gives_report_receipts_a_key_of_their_own_in_their_order(db_target: s
         assert [tuple(r) for r in connection.execute(_RECEIPTS)][-1] == (4, "r4")
     finally:
         connection.close()
+
+
+def test_the_backup_reports_its_progress_by_tenths_not_by_step(tmp_path: pathlib.Path) -> None:
+    from tasknet.site.storage.engine.migrate import backup
+
+    path = str(tmp_path / "big.sqlite")
+    source = sqlite3.connect(path)
+    source.execute("CREATE TABLE filler (b BLOB)")
+    source.executemany("INSERT INTO filler VALUES (zeroblob(4000))", [()] * 3000)  # ~3,000 pages
+    source.commit()
+    lines: list[str] = []
+    try:
+        copy = backup(source, path, lines.append)
+    finally:
+        source.close()
+    steps = [line for line in lines if line.startswith("backup: ")]
+    assert 2 <= len(steps) <= 11, steps  # a 1.6 GB file printed 1,568 of these
+    total = steps[-1].split("/")[1].split()[0]
+    assert steps[-1] == f"backup: {total}/{total} pages"
+    assert int(total) > 2000 and lines[-1] == f"backup written to {copy}"

@@ -131,9 +131,14 @@ def backup(connection: sqlite3.Connection, path: str, progress: Progress) -> str
     create_private(target_path)
     target = sqlite3.connect(target_path)
     try:
+        shown = [-1]  # the last tenth reported: a line per 10 %, not per step
 
         def step(status: int, remaining: int, total: int) -> None:
-            progress(f"backup: {total - remaining}/{total} pages")
+            done = total - remaining
+            tenth = done * 10 // total if total else 10
+            if tenth > shown[0]:
+                shown[0] = tenth
+                progress(f"backup: {done}/{total} pages")
 
         connection.backup(target, pages=256, progress=step)
     finally:
