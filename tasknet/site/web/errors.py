@@ -3,9 +3,9 @@ with the codes and statuses of INTERFACES.md."""
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
+import orjson
 from twisted.web.iweb import IRequest
 
 STATUS: dict[str, int] = {
@@ -52,7 +52,12 @@ class ApiError(Exception):
 
 
 def json_bytes(document: Any) -> bytes:
-    return json.dumps(document, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+    """Compact UTF-8 JSON, by orjson (C): a 300 kB node panel or a page of
+    100 tasks was milliseconds of the reactor's time with the standard
+    library (B9).  Integer keys are written as strings, as ``json`` does; a
+    float that is not finite is ``null`` (``json`` wrote ``NaN``, which is
+    not JSON)."""
+    return orjson.dumps(document, option=orjson.OPT_NON_STR_KEYS)
 
 
 def write_json(request: IRequest, status: int, document: Any) -> bytes:
