@@ -359,18 +359,28 @@ _TASKS = "FROM gallery AS g"
 @dataclass(frozen=True)
 class _Page:
     """The fragments of one order's page: the select (its sort key), the
-    keyset condition after the previous page's last task, and the tail."""
+    keyset condition after the previous page's last task, and the tail;
+    ``matches_tail`` is the tail of a page made of a search index's
+    matches (:data:`MATCHES_FIRST_UP_TO`): the same order, which SQLite
+    must not take from an index (the unary ``+``), so that it looks each
+    match up by the filters' index (the owner's ``(user_id, gid)``) rather
+    than walk the owner's tasks in order testing each."""
 
     select: Sql
     after: Sql
     tail: Sql
+    matches_tail: Sql
 
 
-def _page(key: str, after: str, order: str) -> _Page:
+def _page(key: str, after: str, terms: list[str]) -> _Page:
+    order, unindexed = ", ".join(terms), ", ".join(f"+{term}" for term in terms)
     return _Page(
         fragment(f"SELECT g.gid, {key} AS sort_key {_TASKS}"),  # noqa: S608 (constant text)
         fragment(after),
         fragment(f" ORDER BY {order} LIMIT ?"),
+        _per_backend_fragment(
+            sqlite=f" ORDER BY {unindexed} LIMIT ?", postgres=f" ORDER BY {order} LIMIT ?"
+        ),
     )
 
 
@@ -379,18 +389,9 @@ def _keyed_page(key: str, key_desc: bool, gid_desc: bool) -> _Page:
     return _page(
         key,
         f"({key} {than} ? OR ({key} = ? AND g.gid {gid_than} ?))",
-        f"{key} {'DESC' if key_desc else 'ASC'}, g.gid {'DESC' if gid_desc else 'ASC'}",
+        [f"{key} {'DESC' if key_desc else 'ASC'}", f"g.gid {'DESC' if gid_desc else 'ASC'}"],
     )
 
-
-_PAGES: dict[Order, _Page] = {
-    Order.NEWEST: _page(
-        "g.created_at", "(g.created_at, g.gid) < (?, ?)", "g.created_at DESC, g.gid DESC"
-    ),
-    Order.OLDEST: _page("g.created_at", "(g.created_at, g.gid) > (?, ?)", "g.created_at, g.gid"),
-    Order.GID: _page("g.created_at", "g.gid > ?", "g.gid"),
-    **{order: _keyed_page(*keyed) for order, keyed in _KEYED.items()},
-}
 
 # The filters, each a condition of its own.
 _OWNED_BY = fragment("g.user_id = ?")
@@ -429,11 +430,16 @@ _TEXT_INDEXED = _per_backend_fragment(
         " AND CAST(? AS TEXT) IS NOT NULL"
     ),
 )
-# The owner, not by its index: SQLite then reads the index's matches first
-# (``gid IN``) rather than walk the user's tasks in the page's order testing
-# each (the unary ``+`` keeps the planner off an index); PostgreSQL's
-# planner weighs both by its statistics.
-_OWNED_BY_AFTER_MATCHES = _per_backend_fragment(sqlite="+g.user_id = ?", postgres="g.user_id = ?")
+_PAGES: dict[Order, _Page] = {
+    Order.NEWEST: _page(
+        "g.created_at", "(g.created_at, g.gid) < (?, ?)", ["g.created_at DESC", "g.gid DESC"]
+    ),
+    Order.OLDEST: _page(
+        "g.created_at", "(g.created_at, g.gid) > (?, ?)", ["g.created_at", "g.gid"]
+    ),
+    Order.GID: _page("g.created_at", "g.gid > ?", ["g.gid"]),
+    **{order: _keyed_page(*keyed) for order, keyed in _KEYED.items()},
+}
 #: A search of at most this many matches reads them first and sorts them;
 #: one of more walks the page's order (a frequent word: the page fills
 #: soon), matching each row by the scan's condition.
@@ -542,7 +548,7 @@ def _filters(
     params: list[Any] = []
     indexed = len(text) >= TRIGRAM
     if query_user is not None:
-        where.append(_OWNED_BY_AFTER_MATCHES if indexed and search == "matches" else _OWNED_BY)
+        where.append(_OWNED_BY)
         params.append(query_user)
     if statuses:
         keys = _stored_keys(statuses)
@@ -603,6 +609,7 @@ def list_tasks(
             query.user_id, query.statuses, query.text, query.favorite_of, query.node, search
         )
     page = _PAGES[query.order]
+    tail = page.matches_tail if len(query.text) >= TRIGRAM and search == "matches" else page.tail
     after: list[Any] = []
     if query.after is not None:
         if query.order is Order.GID:
@@ -626,16 +633,14 @@ def list_tasks(
         params = []
         for number, key in enumerate(keys):
             conditions = [*base, _STATUS_IS, *([page.after] if after else [])]
-            parts.append(
-                _PART_OPEN + page.select + _where(conditions) + page.tail + _PART_CLOSE[number]
-            )
+            parts.append(_PART_OPEN + page.select + _where(conditions) + tail + _PART_CLOSE[number])
             params += [*base_params, key, *after, query.limit + 1]
         statement = _MERGE_OPEN + _UNION_ALL.join(parts) + _MERGED[query.order]
     else:
         if after:
             where.append(page.after)
             params += after
-        statement = page.select + _where(where) + page.tail
+        statement = page.select + _where(where) + tail
     rows = cursor.execute(statement, (*params, query.limit + 1)).fetchall()
     more = len(rows) > query.limit
     rows = rows[: query.limit]
