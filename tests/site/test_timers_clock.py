@@ -8,6 +8,8 @@ stay as the integration tests of the same paths)."""
 from __future__ import annotations
 
 import sqlite3
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 import pytest
@@ -224,23 +226,43 @@ def webhook_state(path: str, row_id: int) -> sqlite3.Row:
     )
 
 
-@pytest_twisted.ensureDeferred
-async def test_a_failing_webhook_is_retried_after_a_doubling_delay(site_db: str) -> None:
-    receiver = FlakyReceiver(failures=2)
+@asynccontextmanager
+async def webhook_outbox(
+    site_db: str,
+    receiver: Resource,
+    clock: Clock,
+    *,
+    storage_faults: FailingCommits | None = None,
+    **sender_options: Any,
+) -> AsyncIterator[tuple[WebhookSender, OutboxExecutor]]:
+    """A real webhook sender to ``receiver`` (over loopback HTTP) driven by
+    an outbox executor, both on ``clock``, on a pool of ``site_db`` with
+    ``storage_faults``; ``sender_options`` go to the sender (``backoff``)."""
     port: Any = reactor.listenTCP(0, Site(receiver), interface="127.0.0.1")  # type: ignore[attr-defined]
-    clock = Clock()
-    db = open_pool(site_db, **site_runtime())
+    db = open_pool(site_db, storage_faults=storage_faults, **site_runtime())
     webhook = WebhookSender(
         f"http://127.0.0.1:{port.getHost().port}/hook",
         db,
-        backoff=1.0,
         clock=clock,
         reactor=reactor,
+        **sender_options,
     )
     executor = OutboxExecutor(
         db, None, webhook, poll_interval=None, prune_interval=None, clock=clock
     )
     try:
+        yield webhook, executor
+    finally:
+        await executor.stopService()  # stops the webhook sender too
+        db.close()
+        await port.stopListening()
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_failing_webhook_is_retried_after_a_doubling_delay(site_db: str) -> None:
+    receiver = FlakyReceiver(failures=2)
+    clock = Clock()
+    async with webhook_outbox(site_db, receiver, clock, backoff=1.0) as (webhook, executor):
         row_id = enqueue(site_db, 1)
         executor.startService()
         executor.wake()
@@ -261,10 +283,6 @@ async def test_a_failing_webhook_is_retried_after_a_doubling_delay(site_db: str)
         assert receiver.posts == 3
         row = webhook_state(site_db, row_id)
         assert (row[0], row[1]) == (outbox.WEBHOOK_DELIVERED, 3)
-    finally:
-        await executor.stopService()  # stops the webhook sender too
-        db.close()
-        await port.stopListening()
     assert clock.getDelayedCalls() == []
 
 
@@ -327,16 +345,11 @@ async def test_a_delivery_whose_outcome_failed_to_commit_is_recorded_later(site_
     after the next start).  The outcome is written again on the clock."""
     failures = FailingCommits(site_db)
     receiver = ArmingReceiver(failures, times=2)
-    port: Any = reactor.listenTCP(0, Site(receiver), interface="127.0.0.1")  # type: ignore[attr-defined]
     clock = Clock()
-    db = open_pool(site_db, storage_faults=failures, **site_runtime())
-    webhook = WebhookSender(
-        f"http://127.0.0.1:{port.getHost().port}/hook", db, clock=clock, reactor=reactor
-    )
-    executor = OutboxExecutor(
-        db, None, webhook, poll_interval=None, prune_interval=None, clock=clock
-    )
-    try:
+    async with webhook_outbox(site_db, receiver, clock, storage_faults=failures) as (
+        webhook,
+        executor,
+    ):
         row_id = enqueue(site_db, 1)
         executor.startService()
         executor.wake()
@@ -358,7 +371,3 @@ async def test_a_delivery_whose_outcome_failed_to_commit_is_recorded_later(site_
         row = webhook_state(site_db, row_id)
         assert (row[0], row[1]) == (outbox.WEBHOOK_DELIVERED, 1)
         assert receiver.posts == 1  # recorded, never sent again
-    finally:
-        await executor.stopService()
-        db.close()
-        await port.stopListening()
