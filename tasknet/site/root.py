@@ -95,6 +95,7 @@ from tasknet.site.storage.engine.errors import DatabaseError
 from tasknet.site.storage.engine.listen import NoWakeups, Wakeups, open_wakeups
 from tasknet.site.storage.engine.schema import SchemaError, prepare_database
 from tasknet.site.storage.engine.sources import Sources, StorageFaults
+from tasknet.site.storage.engine.sqlite import stop_memory_statistics
 from tasknet.site.storage.lease import Lease, application_name, take_lease
 from tasknet.site.upstream_client import UpstreamClient
 from tasknet.site.web.admin_nodes import nodes_view
@@ -570,6 +571,8 @@ def makeService(
         problem = sqlite_path_problem(path)
         if problem is not None:
             _refuse(f"tasknet-site could not start: {problem}")
+    if own_process and not stop_memory_statistics():
+        log.info("SQLite's memory statistics stay on: its allocations take one mutex")
     created = NewDatabaseFiles(path)
     try:
         tuning = Tuning(before_post_gate=fault_points.pause_before_post(os.environ))

@@ -26,10 +26,13 @@
 * A new database file is created 0600 (:func:`create_private`): it and its
   backups hold node secrets and users' upstream tokens.
 * SQLite's ``SQLITE_BUSY``/``SQLITE_LOCKED`` is "busy" (:func:`is_busy`).
+* A site process of its own turns SQLite's memory statistics off before
+  it opens a connection (:func:`stop_memory_statistics`).
 """
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import sqlite3
@@ -150,3 +153,44 @@ def is_busy(error: sqlite3.Error) -> bool:
     return isinstance(error, sqlite3.OperationalError) and (
         "locked" in str(error) or "busy" in str(error)
     )
+
+
+# sqlite3_config's verb for the memory statistics (sqlite3.h).
+_SQLITE_CONFIG_MEMSTATUS = 9
+_memory_statistics_stopped = False
+
+
+def stop_memory_statistics() -> bool:
+    """Turn SQLite's memory statistics off for this process
+    (``SQLITE_CONFIG_MEMSTATUS``; Debian's library has them on).  While they
+    are on, every allocation of every connection takes one process-wide
+    mutex, so the site's reader threads, which run their statements with
+    the GIL released, ran one at a time and slower than one alone (B9 with
+    8 clients; bench/README.md).
+
+    SQLite takes the setting only between ``sqlite3_shutdown`` and
+    ``sqlite3_initialize``, which must not run while anything of the
+    library is in use: so only when nothing is allocated (no connection
+    open).  True if the statistics are off (now or by an earlier call),
+    False if they were left on (a connection is open, or the library's
+    symbols cannot be reached)."""
+    global _memory_statistics_stopped
+    if _memory_statistics_stopped:
+        return True
+    import _sqlite3
+
+    try:
+        library = ctypes.CDLL(_sqlite3.__file__)
+        memory_used = library.sqlite3_memory_used
+        configure = library.sqlite3_config
+    except (OSError, AttributeError):
+        return False
+    memory_used.restype = ctypes.c_int64
+    if memory_used() != 0:
+        return False
+    configure.argtypes = [ctypes.c_int, ctypes.c_int]
+    library.sqlite3_shutdown()
+    stopped = configure(_SQLITE_CONFIG_MEMSTATUS, 0) == 0
+    library.sqlite3_initialize()
+    _memory_statistics_stopped = stopped
+    return stopped
