@@ -32,6 +32,7 @@ from tasknet.site.storage import views
 from tasknet.site.storage.engine import database as dbmod
 from tasknet.site.storage.engine.schema import (
     UPGRADES,
+    UPGRADES_POSTGRES,
     apply_statements,
     load_script,
     postgres_upgrade_scripts,
@@ -259,29 +260,30 @@ def test_the_site_writes_keep_it_and_tabs_and_counts_equal_the_views(conn: Any) 
 # -- the upgrade -------------------------------------------------------------------------
 
 
-def _at_v5(target: str) -> None:
+def _at(target: str, version: int) -> None:
+    """A new database at schema ``version``, as the releases before made it."""
     connection = dbmod.connect(target)
     try:
         if is_postgres(target):
             connection.execute(BEGIN_WRITE[SERIALIZABLE])
             for script in postgres_upgrade_scripts(0):
-                if "v6" in script:
+                if script == UPGRADES_POSTGRES.get(version + 1):
                     break
                 connection.run_script(load_script(script))  # type: ignore[union-attr]
         else:
             cursor: Any = connection.cursor()
             cursor.execute(BEGIN_WRITE[SERIALIZABLE])
             apply_statements(cursor, split_statements(load_script("schema_v1.sql")))
-            for version in (2, 3, 4, 5):
-                apply_statements(cursor, split_statements(load_script(UPGRADES[version])))
+            for step in range(2, version + 1):
+                apply_statements(cursor, split_statements(load_script(UPGRADES[step])))
         connection.execute(COMMIT)
-        assert schema_version(connection) == 5
+        assert schema_version(connection) == version
     finally:
         connection.close()
 
 
 def test_the_v6_upgrade_backfills_the_key_and_the_search(db_target: str) -> None:
-    _at_v5(db_target)
+    _at(db_target, 5)
     connection = dbmod.connect(db_target)
     try:
         alice, _ = add_user(connection, "alice")
@@ -308,6 +310,38 @@ def test_the_v6_upgrade_backfills_the_key_and_the_search(db_target: str) -> None
         connection.close()
 
 
+def test_the_v10_upgrade_makes_the_search_table_exact(db_target: str) -> None:
+    """Tasks written at v9 (the trigram table of the names as they are) are
+    found by v10's (the names' ASCII letters lowered), renames after it too."""
+    _at(db_target, 9)
+    connection = dbmod.connect(db_target)
+    try:
+        alice, _ = add_user(connection, "alice")
+        for gid, name in ((501, "Old PHOENIX"), (502, "\u212aelvin"), (503, "plain")):
+            add_task(connection, gid, alice)
+            dbmod.run_write(connection, lambda c, n=name, g=gid: c.execute(_RENAME, (n, g)))
+    finally:
+        connection.close()
+    assert prepare_database(db_target) is False
+    connection = dbmod.connect(db_target)
+    try:
+        assert schema_version(connection) == 10
+        _check_fts(connection)
+        for scope in (alice, None):
+            assert _search(connection, scope, "phoenix") == [501]
+            assert _search(connection, scope, "OLD PH") == [501]
+            assert _search(connection, scope, "kelvin") == []
+            assert _search(connection, scope, "\u212aelvin") == [502]
+            assert _search(connection, scope, "503") == [503]
+        dbmod.run_write(connection, lambda c: c.execute(_RENAME, ("Phoenix Renamed", 503)))
+        dbmod.run_write(connection, lambda c: c.execute(_FORGET, (501,)))
+        _check_fts(connection)
+        assert _search(connection, None, "phoenix") == [503]
+        assert _search(connection, alice, "plain") == []
+    finally:
+        connection.close()
+
+
 # -- the search --------------------------------------------------------------------------
 
 NAMES = {
@@ -323,6 +357,10 @@ NAMES = {
     110: "",
     2012345: "twelve thousand",
     112345: "gid only",
+    # Letters Unicode folds to ASCII ones (the Kelvin sign to k, the dotted
+    # capital I to i) and LIKE does not: no match for "kelvin", "istanbul".
+    111: "\u212aelvin scale",
+    113: "\u0130stanbul",
 }
 QUERIES = [
     "phoenix",
@@ -362,6 +400,13 @@ QUERIES = [
     "\\",
     "a\\b",
     "10 ",
+    "kelvin",
+    "KELVIN",
+    "\u212aelvin",
+    "elvin",
+    "istanbul",
+    "\u0130stan",
+    "stanbul",
 ]
 
 

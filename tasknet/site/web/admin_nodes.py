@@ -43,10 +43,10 @@ each sorted by id, each
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Any
 
+import orjson
 from twisted.internet.interfaces import IReactorTime
 
 from tasknet.site.connected_nodes import ConnectedNodes
@@ -113,7 +113,7 @@ async def nodes_view(
         if connection is not None:
             protocol, features = connection.protocol, connection.features
         elif seen is not None:
-            protocol, features = seen["protocol"], json.loads(seen["features"])
+            protocol, features = seen["protocol"], orjson.loads(seen["features"])
         else:  # its connection went before its login was recorded as seen
             protocol, features = None, []
         ours = connection is not None and connection.site == nodes.site_name

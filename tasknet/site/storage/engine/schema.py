@@ -51,7 +51,9 @@ V8_SCRIPT = "migrate_v8.sql"  # /api/stats from rollups (issue 23, item 4)
 V8_POSTGRES_SCRIPT = "migrate_v8_postgres.sql"
 V9_SCRIPT = "migrate_v9.sql"  # the task counts kept by triggers (issue 23)
 V9_POSTGRES_SCRIPT = "migrate_v9_postgres.sql"
-CURRENT_VERSION = 9
+V10_SCRIPT = "migrate_v10.sql"  # the search's trigram table answers exactly (issue 23)
+V10_POSTGRES_SCRIPT = "migrate_v10_postgres.sql"
+CURRENT_VERSION = 10
 
 # Scripts that take a database from the version before them to their own.
 # v3 is additive (new tables and columns only), so the site applies it by
@@ -65,6 +67,7 @@ UPGRADES = {
     7: V7_SCRIPT,
     8: V8_SCRIPT,
     9: V9_SCRIPT,
+    10: V10_SCRIPT,
 }
 AUTOMATIC_FROM = 2
 
@@ -79,6 +82,7 @@ UPGRADES_POSTGRES = {
     7: V7_POSTGRES_SCRIPT,
     8: V8_POSTGRES_SCRIPT,
     9: V9_POSTGRES_SCRIPT,
+    10: V10_POSTGRES_SCRIPT,
 }
 
 #: What one engine has and the other has not (v6's search indexes), left
