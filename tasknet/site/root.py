@@ -88,6 +88,7 @@ from tasknet.site.storage.engine.database import (
     describe,
     is_postgres,
     open_pool,
+    reader_count,
     redact,
     run_write,
 )
@@ -145,6 +146,9 @@ class Tuning:
     #: real thread of its own); the sites learn of each other's changes by
     #: the polls above alone (a simulation: its world has one thread).
     listen: bool = True
+    #: Reader connections of the database; None: ``DEFAULT_READERS``
+    #: (``makeService`` gives a process of its own :func:`reader_count`).
+    db_readers: int | None = None
 
 
 def build_site(
@@ -221,6 +225,7 @@ def build_site(
                 clock=clock,
                 fence=lease,
                 storage_faults=tuning.storage_faults,
+                **({} if tuning.db_readers is None else {"readers": tuning.db_readers}),
                 application_name=application_name(lease.instance_id, "writer"),
                 reader_application_name=application_name(lease.instance_id, "reader"),
             )
@@ -575,7 +580,10 @@ def makeService(
         log.info("SQLite's memory statistics stay on: its allocations take one mutex")
     created = NewDatabaseFiles(path)
     try:
-        tuning = Tuning(before_post_gate=fault_points.pause_before_post(os.environ))
+        tuning = Tuning(
+            before_post_gate=fault_points.pause_before_post(os.environ),
+            db_readers=reader_count(path, os.cpu_count()) if own_process else None,
+        )
         site = build_site(
             options,
             reactor,

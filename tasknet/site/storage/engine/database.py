@@ -135,6 +135,7 @@ __all__ = [
     "BUSY_TIMEOUT_MS",
     "DEFAULT_MAX_BATCH",
     "DEFAULT_READERS",
+    "reader_count",
     "POSTGRESQL",
     "PRIVATE_MODE",
     "READ_COMMITTED",
@@ -219,6 +220,19 @@ class Retry:
 #: views took 8 times as long as one).  A deployment with many API clients
 #: may give more (``readers``).
 DEFAULT_READERS = 4
+
+
+def reader_count(target: str, cpus: int | None) -> int:
+    """The reader connections a site process of its own opens on ``target``
+    on a machine of ``cpus`` cores (None: unknown).  PostgreSQL:
+    :data:`DEFAULT_READERS` (a reader mostly waits for the server).  SQLite:
+    one per core, at least 2 and at most :data:`DEFAULT_READERS`: a reader
+    runs SQLite in this process, and more readers than cores only take the
+    GIL from each other between rows (B9 on 2 cores, 8 clients: the worst
+    p99 of the stats 57 ms with 4 readers, 44 ms with 2)."""
+    if is_postgres(target) or cpus is None:
+        return DEFAULT_READERS
+    return max(2, min(DEFAULT_READERS, cpus))
 
 
 class Database:

@@ -1,9 +1,10 @@
-"""SQLite's memory statistics are off in a site process of its own.
+"""What a site process of its own sets up for SQLite.
 
-With them on (Debian's build), every allocation of every connection takes
-one process-wide mutex, so the reader threads ran one at a time.  The switch
-can only be thrown while nothing of the library is in use, so each case
-runs in a fresh interpreter.
+Its memory statistics are off: with them on (Debian's build), every
+allocation of every connection takes one process-wide mutex, so the reader
+threads ran one at a time.  The switch can only be thrown while nothing of
+the library is in use, so each of those cases runs in a fresh interpreter.
+Its reader connections follow the machine's cores.
 """
 
 from __future__ import annotations
@@ -12,6 +13,10 @@ import json
 import subprocess
 import sys
 import textwrap
+
+import pytest
+
+from tasknet.site.storage.engine.database import DEFAULT_READERS, reader_count
 
 # What the child reports: whether the switch took, and the bytes SQLite
 # counts as in use with a connection open and a table written (always 0 with
@@ -60,3 +65,15 @@ def test_an_open_connection_leaves_them_on_and_working() -> None:
     assert found["again"] is False
     assert found["rows"] == 1000
     assert isinstance(found["counted"], int) and found["counted"] > 0
+
+
+@pytest.mark.parametrize(
+    ("cpus", "readers"), [(None, DEFAULT_READERS), (1, 2), (2, 2), (3, 3), (4, 4), (64, 4)]
+)
+def test_sqlite_readers_follow_the_cores(cpus: int | None, readers: int) -> None:
+    # More SQLite readers than cores take the GIL from each other.
+    assert reader_count("/var/lib/tasknet/site.sqlite", cpus) == readers
+
+
+def test_postgresql_readers_do_not() -> None:
+    assert reader_count("postgresql://tasknet@127.0.0.1/site", 1) == DEFAULT_READERS
