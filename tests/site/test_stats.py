@@ -205,8 +205,17 @@ def test_node_activity_counts_open_tasks_and_keeps_recently_seen(
     activity = run_read(conn, stats.node_activity, ["n1"], now)
     assert sorted(activity) == ["gone", "n1"]  # "old" was last seen 8 days ago
     assert activity["n1"]["assigned"] == 3 and activity["n1"]["activeTasks"] == 2
+    assert activity["n1"]["seen"]["features"] == ["reliable-task-v2"]
     assert activity["gone"]["seen"]["connected_at"] is None
     assert activity["gone"]["seen"]["last_seen_at"] == throughput.iso(now - 3600)
+    assert activity["gone"]["assigned"] == 0 and activity["gone"]["bytesPerSecond"] == 0.0
+    # Connected ids are listed whenever last seen, and when never recorded.
+    add_task(conn, 4, alice, node_id="never", status=1, progress=0.5)
+    activity = run_read(conn, stats.node_activity, ["n1", "old", "never"], now)
+    assert sorted(activity) == ["gone", "n1", "never", "old"]
+    assert activity["old"]["seen"]["last_seen_at"] == throughput.iso(now - 8 * 86400)
+    assert activity["never"]["seen"] is None
+    assert activity["never"]["assigned"] == 1 and activity["never"]["runningTasks"] == 1
 
 
 def test_counts_and_filters_follow_display_status(conn: sqlite3.Connection) -> None:

@@ -27,7 +27,7 @@ each sorted by id, each
   disconnected node, and for a node another site holds): an internal
   counter, not for display;
 * ``bytesPerSecond`` is the node's bytes over the last full minute
-  (``stats.node_rates``): the same bytes as ``/api/stats``' ``byNode``
+  (``stats.node_activity``): the same bytes as ``/api/stats``' ``byNode``
   of that bucket, divided by 60 -- not a sum of task speeds;
 * ``lastSeenAt``/``lastReportAt`` are ISO 8601 UTC, from the ``node_seen``
   table; ``connectedAt`` (the holding connection's accept time, null while
@@ -46,7 +46,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-import orjson
 from twisted.internet.interfaces import IReactorTime
 
 from tasknet.site.connected_nodes import ConnectedNodes
@@ -113,7 +112,7 @@ async def nodes_view(
         if connection is not None:
             protocol, features = connection.protocol, connection.features
         elif seen is not None:
-            protocol, features = seen["protocol"], orjson.loads(seen["features"])
+            protocol, features = seen["protocol"], seen["features"]
         else:  # its connection went before its login was recorded as seen
             protocol, features = None, []
         ours = connection is not None and connection.site == nodes.site_name
