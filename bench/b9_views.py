@@ -115,19 +115,6 @@ def _page(
     return ViewQuery(f"{scope_name}: {name}", path, token, views.list_tasks, (task_query,))
 
 
-def _admin_listing() -> Callable[..., Any]:
-    """What ``/api/admin/nodes`` reads (``stats.admin_listing``; before the
-    storage rewrite ``node_sessions.admin_listing``)."""
-    from tasknet.site.storage import stats
-
-    found = getattr(stats, "admin_listing", None)
-    if found is None:
-        from tasknet.site.storage import node_sessions
-
-        found = node_sessions.admin_listing  # type: ignore[attr-defined]
-    return found  # type: ignore[no-any-return]
-
-
 #: A quick run's status tabs (the others are the same statement).
 QUICK_TABS = ("SUBMITTED", "QUEUED")
 
@@ -177,13 +164,15 @@ def build_queries(
                 (caller, scope, STATS_WINDOW, now),
             )
         )
+    from tasknet.site.storage import node_panel
+
     out.append(
         ViewQuery(
             "admin: node panel",
             "/api/admin/nodes",
             seed.admin_token,
-            _admin_listing(),
-            (now, []),
+            node_panel.node_panel,
+            (now, node_panel.Registry("site", None, shared=False)),
         )
     )
     return out

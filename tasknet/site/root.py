@@ -332,7 +332,7 @@ def _web_dependencies(
         else None
     )
 
-    def admin_nodes() -> Deferred[list[dict[str, Any]]]:
+    def admin_nodes() -> Deferred[str]:
         return Deferred.fromCoroutine(nodes_view(db, node_side.nodes, clock))
 
     authenticator = Authenticator(db, clock, session_settings(options), entropy=entropy)

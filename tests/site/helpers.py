@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -23,6 +23,7 @@ from tasknet.site.lifecycle import Lifecycle
 from tasknet.site.root import Tuning, build_site
 from tasknet.site.service import Options, SiteParts, SiteService
 from tasknet.site.session_states import ITrackedSession, SessionLife
+from tasknet.site.storage import node_panel as panel
 from tasknet.site.storage import users
 from tasknet.site.storage.engine.database import (
     Connection,
@@ -30,9 +31,11 @@ from tasknet.site.storage.engine.database import (
     Database,
     connect,
     open_pool,
+    run_read,
     run_write,
 )
 from tasknet.site.storage.engine.schema import prepare_database
+from tasknet.site.storage.engine.timestamps import iso
 from tasknet.site.upstream_client import UpstreamClient
 from tasknet.upstream.testing import RunningUpstream, start_upstream
 from tests.backends import add_failing_trigger
@@ -305,3 +308,17 @@ def lease_timeout_passed(target: str, instance_id: int, *, seconds: float = 9.0)
         )
     finally:
         connection.close()
+
+
+def node_panel(connection: Any, now: float, connected: Sequence[str] = ()) -> dict[str, Any]:
+    """``/api/admin/nodes``'s nodes as the storage renders them at ``now``,
+    by id in their order, with ``connected`` the ids connected to this
+    (SQLite) site."""
+    registry = panel.Registry(
+        "site",
+        None,
+        False,
+        tuple(panel.Registered(n, None, 2, (), iso(now), None) for n in connected),
+    )
+    text = run_read(connection, panel.node_panel, now, registry)
+    return {node["id"]: node for node in json.loads(text)}

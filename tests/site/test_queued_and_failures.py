@@ -14,6 +14,7 @@ import pytest
 from tasknet.protocol.messages import TaskEntry, TaskReport
 from tasknet.site.storage import node_sessions, reports, stats, throughput, views
 from tasknet.site.storage.engine.database import run_read, run_write
+from tests.site.helpers import node_panel
 from tests.site_protocol.harness import add_task, add_user
 
 T0 = 1_796_000_000.0
@@ -54,7 +55,7 @@ def test_queued_is_submitted_with_its_detail_counted_apart(conn: sqlite3.Connect
     assert [t["gid"] for t in run_read(conn, views.list_tasks, query)[0]] == [1, 3]
     query = views.TaskQuery(uid, 50, views.Order.GID, frozenset({"DOWNLOADING"}))
     assert [t["gid"] for t in run_read(conn, views.list_tasks, query)[0]] == [2]
-    activity = run_read(conn, stats.node_activity, ["n1"], T0)["n1"]
+    activity = node_panel(conn, T0, ["n1"])["n1"]
     assert activity["queuedTasks"] == 2 and activity["runningTasks"] == 1
     assert activity["activeTasks"] == 3
 
@@ -127,7 +128,7 @@ def test_node_speed_is_the_bytes_of_the_stats_buckets(conn: sqlite3.Connection) 
             )
 
     run_write(conn, write)
-    activity = run_read(conn, stats.node_activity, ["n1", "n2", "n3"], T0)
+    activity = node_panel(conn, T0, ["n1", "n2", "n3"])
     rates = {node: activity[node]["bytesPerSecond"] for node in activity}
     assert rates == {"n1": 600.0, "n2": 20.0, "n3": 0.0}
     charts = run_read(conn, stats.stats, uid, None, 180, T0)

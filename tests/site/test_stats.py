@@ -16,6 +16,7 @@ from tasknet.site.storage.engine.database import connect, run_read, run_write
 from tasknet.site.storage.engine.schema import prepare_database
 from tasknet.site.storage.usage import meter
 from tests.backends import NewTarget
+from tests.site.helpers import node_panel
 from tests.site_protocol.harness import add_task, add_user
 
 SIZE = 1_000_000
@@ -191,9 +192,7 @@ def test_usage_has_eight_weeks_with_zeros_and_the_quota(conn: sqlite3.Connection
     assert [w["used"] for w in usage["weeks"]] == [0, 0, 0, 7, 0, 0, 0, 30]
 
 
-def test_node_activity_counts_open_tasks_and_keeps_recently_seen(
-    conn: sqlite3.Connection,
-) -> None:
+def test_node_panel_counts_open_tasks_and_keeps_recently_seen(conn: sqlite3.Connection) -> None:
     alice, _ = add_user(conn, "alice")
     add_task(conn, 1, alice, node_id="n1", status=4, progress=1.0)
     add_task(conn, 2, alice, node_id="n1", status=1, progress=0.5)
@@ -202,20 +201,28 @@ def test_node_activity_counts_open_tasks_and_keeps_recently_seen(
     run_write(conn, throughput.record_node_seen, "n1", 2, ["reliable-task-v2"], True, now - 5)
     run_write(conn, throughput.record_node_seen, "old", 2, [], False, now - 8 * 86400)
     run_write(conn, throughput.record_node_seen, "gone", 1, [], False, now - 3600)
-    activity = run_read(conn, stats.node_activity, ["n1"], now)
-    assert sorted(activity) == ["gone", "n1"]  # "old" was last seen 8 days ago
-    assert activity["n1"]["assigned"] == 3 and activity["n1"]["activeTasks"] == 2
-    assert activity["n1"]["seen"]["features"] == ["reliable-task-v2"]
-    assert activity["gone"]["seen"]["connected_at"] is None
-    assert activity["gone"]["seen"]["last_seen_at"] == throughput.iso(now - 3600)
-    assert activity["gone"]["assigned"] == 0 and activity["gone"]["bytesPerSecond"] == 0.0
-    # Connected ids are listed whenever last seen, and when never recorded.
+    panel = node_panel(conn, now)
+    assert list(panel) == ["gone", "n1"]  # "old" was last seen 8 days ago
+    n1 = panel["n1"]
+    assert n1["assigned"] == 3 and n1["activeTasks"] == 2 and n1["runningTasks"] == 1
+    assert n1["connected"] is False and n1["site"] is None and n1["connectedAt"] is None
+    assert n1["protocol"] == 2 and n1["features"] == ["reliable-task-v2"]
+    assert n1["lastSeenAt"] == throughput.iso(now - 5) and n1["lastReportAt"] is None
+    gone = panel["gone"]
+    assert gone["lastSeenAt"] == throughput.iso(now - 3600) and gone["lastReportAt"] is None
+    assert gone["assigned"] == 0 and gone["bytesPerSecond"] == 0.0
+    assert gone["droppedEntries"] == {} and gone["lastRevision"] is None
+    # Connected ids come first, listed whenever last seen, and when never
+    # recorded; their protocol and features are the connection's.
     add_task(conn, 4, alice, node_id="never", status=1, progress=0.5)
-    activity = run_read(conn, stats.node_activity, ["n1", "old", "never"], now)
-    assert sorted(activity) == ["gone", "n1", "never", "old"]
-    assert activity["old"]["seen"]["last_seen_at"] == throughput.iso(now - 8 * 86400)
-    assert activity["never"]["seen"] is None
-    assert activity["never"]["assigned"] == 1 and activity["never"]["runningTasks"] == 1
+    panel = node_panel(conn, now, ["n1", "old", "never"])
+    assert list(panel) == ["n1", "never", "old", "gone"]
+    assert [panel[n]["connected"] for n in panel] == [True, True, True, False]
+    assert panel["n1"]["features"] == [] and panel["n1"]["site"] == "site"
+    assert panel["old"]["lastSeenAt"] == throughput.iso(now)
+    assert panel["old"]["connectedAt"] == throughput.iso(now)
+    assert panel["never"]["assigned"] == 1 and panel["never"]["runningTasks"] == 1
+    assert panel["never"]["lastReportAt"] is None
 
 
 def test_counts_and_filters_follow_display_status(conn: sqlite3.Connection) -> None:

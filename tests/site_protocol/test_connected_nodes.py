@@ -6,6 +6,8 @@ holds and ``/api/admin/nodes`` lists it: all over real TCP, one registry.
 
 from __future__ import annotations
 
+import json
+
 import pytest_twisted
 from twisted.internet import reactor
 
@@ -24,7 +26,8 @@ POLL = 0.05
 
 
 async def _connected(site: Site) -> dict[str, bool]:
-    return {n["id"]: n["connected"] for n in await nodes_view(site.db, site.side.nodes, reactor)}
+    listed = json.loads(await nodes_view(site.db, site.side.nodes, reactor))
+    return {n["id"]: n["connected"] for n in listed}
 
 
 @pytest_twisted.ensureDeferred

@@ -5,6 +5,7 @@ tombstones are ignored and ACKed."""
 
 from __future__ import annotations
 
+import json
 import sqlite3
 
 import pytest
@@ -90,7 +91,7 @@ async def test_a_node_forging_another_nodes_tasks_over_v2_changes_nothing(site: 
     # Counted per node and reason: in the metric and in the database.
     assert _dropped("n2", reports.NOT_OWNER) - metric_before == 3
     assert _persisted_drops(conn)["n2"] == {reports.NOT_OWNER: 3}
-    listed = {n["id"]: n for n in await nodes_view(site.db, site.side.nodes, reactor)}
+    listed = {n["id"]: n for n in json.loads(await nodes_view(site.db, site.side.nodes, reactor))}
     assert listed["n2"]["droppedEntries"] == {reports.NOT_OWNER: 3}
     # (n1 listed gid 2 while it was being deleted: dropped too, by its state.)
     assert listed["n1"]["droppedEntries"] == {"DELETE_PENDING": 1}

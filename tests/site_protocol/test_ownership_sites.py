@@ -11,6 +11,7 @@ site holding it.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest_twisted
@@ -42,7 +43,8 @@ async def connect_held(site: SharedSite, node_id: str) -> ScriptedNode:
 
 
 async def listed(site: SharedSite, node_id: str) -> list[dict[str, Any]]:
-    return [n for n in await nodes_view(site.db, site.side.nodes, reactor) if n["id"] == node_id]
+    listed = json.loads(await nodes_view(site.db, site.side.nodes, reactor))
+    return [n for n in listed if n["id"] == node_id]
 
 
 def holder_rows(site: SharedSite) -> list[tuple[str, str]]:

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IReactorTime
@@ -36,8 +35,9 @@ class WebDependencies:
     lifecycle: Lifecycle
     #: ``/api/events``: the WebSocket resource over the site's event hub.
     events: IResource
-    #: ``/api/admin/nodes``: fires with the node list (``web/admin_nodes.py`` format).
-    admin_nodes: Callable[[], Deferred[list[dict[str, Any]]]]
+    #: ``/api/admin/nodes``: fires with the node list, a JSON array's text
+    #: (``storage/node_panel.py``).
+    admin_nodes: Callable[[], Deferred[str]]
     #: ``/healthz``: ``{"recovery": ..., "dispatch": ..., "database": ...}``
     #: once the database was asked for an answer (``"database": "ok"`` or
     #: ``"failing since …"``, which is a 503).
