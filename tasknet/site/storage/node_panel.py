@@ -138,27 +138,29 @@ def connections(holders: list[node_sessions.Holder], registry: Registry) -> list
 # connections()'s objects), ?2 the oldest last_seen_at listed, ?3 now (ISO),
 # ?4-?7 the node codes (completed, downloading, waiting for compression,
 # compressing), ?8 and ?9 the rate's first and last minute, ?10 its seconds.
-# The task counts are schema v9's (a status of NULL is -1), looked up per
-# listed node; the order is connected first, then the id's code points.
+# Listed: the connections, then the nodes seen lately that are not among
+# them (a set the engine indexes: ten thousand connections are not compared
+# with each node); the task counts are schema v9's (a status of NULL is -1),
+# looked up per listed node; the order is connected first, then the id's
+# code points.  SQLite joins the objects as text (group_concat, in the
+# order of its subquery): they are JSON already.
 _NODE_PANEL_SQL = per_backend(
     sqlite="""
-WITH connection(node_id, c) AS (
+WITH listed(node_id, c) AS (
     SELECT json_extract(value, '$.id'), value FROM json_each(?1)
+    UNION ALL
+    SELECT node_id, NULL FROM node_seen WHERE last_seen_at >= ?2
+        AND node_id NOT IN (SELECT json_extract(value, '$.id') FROM json_each(?1))
 ),
-listed(node_id) AS (
-    SELECT node_id FROM node_seen WHERE last_seen_at >= ?2
-    UNION SELECT node_id FROM connection
-),
-tasks(node_id, counts) AS (
-    SELECT l.node_id, (
-        SELECT json_array(
-            COALESCE(SUM(n), 0),
-            COALESCE(SUM(CASE WHEN status = ?4 THEN 0 ELSE n END), 0),
-            COALESCE(SUM(CASE WHEN status = ?5 AND queued = 1 THEN n ELSE 0 END), 0),
-            COALESCE(SUM(CASE WHEN (status = ?5 AND queued = 0) OR status IN (?6, ?7)
-                              THEN n ELSE 0 END), 0))
-        FROM node_task_count WHERE node_id = l.node_id)
-    FROM listed AS l
+tasks(node_id, c, assigned, active, queued, running) AS (
+    SELECT l.node_id, l.c,
+           COALESCE(SUM(k.n), 0),
+           COALESCE(SUM(CASE WHEN k.status = ?4 THEN 0 ELSE k.n END), 0),
+           COALESCE(SUM(CASE WHEN k.status = ?5 AND k.queued = 1 THEN k.n ELSE 0 END), 0),
+           COALESCE(SUM(CASE WHEN (k.status = ?5 AND k.queued = 0) OR k.status IN (?6, ?7)
+                             THEN k.n ELSE 0 END), 0)
+    FROM listed AS l LEFT JOIN node_task_count AS k ON k.node_id = l.node_id
+    GROUP BY l.node_id
 ),
 rate(node_id, bytes) AS (
     SELECT node_id, SUM(bytes) FROM throughput_minute
@@ -168,44 +170,43 @@ dropped(node_id, reasons) AS (
     SELECT node_id, json_group_object(reason, count) FROM node_dropped_entry
     WHERE node_id IN (SELECT node_id FROM listed) GROUP BY node_id
 )
-SELECT json_group_array(json(node)) FROM (
+SELECT '[' || COALESCE(group_concat(node, ','), '') || ']' FROM (
     SELECT json_object(
         'id', t.node_id,
-        'connected', json(CASE WHEN c.c IS NULL THEN 'false' ELSE 'true' END),
-        'site', json_extract(c.c, '$.site'),
-        'protocol', CASE WHEN c.c IS NULL THEN s.protocol
-                         ELSE json_extract(c.c, '$.protocol') END,
-        'features', json(CASE WHEN c.c IS NULL THEN COALESCE(s.features, '[]')
-                              ELSE json_extract(c.c, '$.features') END),
-        'lastRevision', json_extract(c.c, '$.lastRevision'),
-        'assigned', json_extract(t.counts, '$[0]'),
-        'activeTasks', json_extract(t.counts, '$[1]'),
-        'runningTasks', json_extract(t.counts, '$[3]'),
-        'queuedTasks', json_extract(t.counts, '$[2]'),
-        'connectedAt', json_extract(c.c, '$.connectedAt'),
-        'lastSeenAt', CASE WHEN c.c IS NULL AND s.node_id IS NOT NULL THEN s.last_seen_at
+        'connected', json(CASE WHEN t.c IS NULL THEN 'false' ELSE 'true' END),
+        'site', json_extract(t.c, '$.site'),
+        'protocol', CASE WHEN t.c IS NULL THEN s.protocol
+                         ELSE json_extract(t.c, '$.protocol') END,
+        'features', json(CASE WHEN t.c IS NULL THEN COALESCE(s.features, '[]')
+                              ELSE json_extract(t.c, '$.features') END),
+        'lastRevision', json_extract(t.c, '$.lastRevision'),
+        'assigned', t.assigned,
+        'activeTasks', t.active,
+        'runningTasks', t.running,
+        'queuedTasks', t.queued,
+        'connectedAt', json_extract(t.c, '$.connectedAt'),
+        'lastSeenAt', CASE WHEN t.c IS NULL AND s.node_id IS NOT NULL THEN s.last_seen_at
                            ELSE ?3 END,
         'lastReportAt', s.last_report_at,
         'bytesPerSecond', ((COALESCE(r.bytes, 0) * 10 + ?10 / 2) / ?10) / 10.0,
         'droppedEntries', json(COALESCE(d.reasons, '{}'))) AS node
     FROM tasks AS t
-    LEFT JOIN connection AS c ON c.node_id = t.node_id
     LEFT JOIN node_seen AS s ON s.node_id = t.node_id
     LEFT JOIN rate AS r ON r.node_id = t.node_id
     LEFT JOIN dropped AS d ON d.node_id = t.node_id
-    ORDER BY c.c IS NULL, t.node_id
+    ORDER BY t.c IS NULL, t.node_id
 )
 """,
     postgres="""
-WITH connection(node_id, c) AS (
+WITH listed(node_id, c) AS (
     SELECT c ->> 'id', c FROM json_array_elements(CAST(?1 AS JSON)) AS c
+    UNION ALL
+    SELECT node_id, NULL FROM node_seen WHERE last_seen_at >= ?2
+        AND node_id NOT IN (
+            SELECT c ->> 'id' FROM json_array_elements(CAST(?1 AS JSON)) AS c)
 ),
-listed(node_id) AS (
-    SELECT node_id FROM node_seen WHERE last_seen_at >= ?2
-    UNION SELECT node_id FROM connection
-),
-tasks(node_id, assigned, active, queued, running) AS (
-    SELECT l.node_id,
+tasks(node_id, c, assigned, active, queued, running) AS (
+    SELECT l.node_id, MIN(CAST(l.c AS TEXT)),
            COALESCE(SUM(k.n), 0),
            COALESCE(SUM(CASE WHEN k.status = ?4 THEN 0 ELSE k.n END), 0),
            COALESCE(SUM(CASE WHEN k.status = ?5 AND k.queued = 1 THEN k.n ELSE 0 END), 0),
@@ -224,27 +225,27 @@ dropped(node_id, reasons) AS (
 )
 SELECT CAST(json_agg(json_build_object(
         'id', t.node_id,
-        'connected', c.c IS NOT NULL,
-        'site', c.c -> 'site',
-        'protocol', CASE WHEN c.c IS NULL THEN to_json(s.protocol) ELSE c.c -> 'protocol' END,
-        'features', CASE WHEN c.c IS NULL THEN CAST(COALESCE(s.features, '[]') AS JSON)
-                         ELSE c.c -> 'features' END,
-        'lastRevision', c.c -> 'lastRevision',
+        'connected', t.c IS NOT NULL,
+        'site', CAST(t.c AS JSON) -> 'site',
+        'protocol', CASE WHEN t.c IS NULL THEN to_json(s.protocol)
+                         ELSE CAST(t.c AS JSON) -> 'protocol' END,
+        'features', CASE WHEN t.c IS NULL THEN CAST(COALESCE(s.features, '[]') AS JSON)
+                         ELSE CAST(t.c AS JSON) -> 'features' END,
+        'lastRevision', CAST(t.c AS JSON) -> 'lastRevision',
         'assigned', t.assigned,
         'activeTasks', t.active,
         'runningTasks', t.running,
         'queuedTasks', t.queued,
-        'connectedAt', c.c -> 'connectedAt',
-        'lastSeenAt', CASE WHEN c.c IS NULL AND s.node_id IS NOT NULL THEN s.last_seen_at
+        'connectedAt', CAST(t.c AS JSON) -> 'connectedAt',
+        'lastSeenAt', CASE WHEN t.c IS NULL AND s.node_id IS NOT NULL THEN s.last_seen_at
                            ELSE ?3 END,
         'lastReportAt', s.last_report_at,
         'bytesPerSecond',
             CAST((CAST(COALESCE(r.bytes, 0) AS BIGINT) * 10 + ?10 / 2) / ?10 AS DOUBLE PRECISION)
             / 10,
         'droppedEntries', COALESCE(d.reasons, CAST('{}' AS JSON)))
-    ORDER BY c.c IS NULL, t.node_id COLLATE "C") AS TEXT)
+    ORDER BY t.c IS NULL, t.node_id COLLATE "C") AS TEXT)
 FROM tasks AS t
-LEFT JOIN connection AS c ON c.node_id = t.node_id
 LEFT JOIN node_seen AS s ON s.node_id = t.node_id
 LEFT JOIN rate AS r ON r.node_id = t.node_id
 LEFT JOIN dropped AS d ON d.node_id = t.node_id
