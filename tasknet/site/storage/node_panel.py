@@ -144,16 +144,9 @@ def connections(holders: list[node_sessions.Holder], registry: Registry) -> list
 # looked up per listed node; the order is connected first, then the id's
 # code points.  SQLite joins the objects as text (group_concat, in the
 # order of its subquery): they are JSON already.
-_NODE_PANEL_SQL = per_backend(
-    sqlite="""
-WITH listed(node_id, c) AS (
-    SELECT json_extract(value, '$.id'), value FROM json_each(?1)
-    UNION ALL
-    SELECT node_id, NULL FROM node_seen WHERE last_seen_at >= ?2
-        AND node_id NOT IN (SELECT json_extract(value, '$.id') FROM json_each(?1))
-),
-tasks(node_id, c, assigned, active, queued, running) AS (
-    SELECT l.node_id, l.c,
+# Both engines alike: each listed node's kept task counts (all, not
+# completed, queued, running) and the rate's bytes per node.
+_COUNTS_AND_RATE = """\
            COALESCE(SUM(k.n), 0),
            COALESCE(SUM(CASE WHEN k.status = ?4 THEN 0 ELSE k.n END), 0),
            COALESCE(SUM(CASE WHEN k.status = ?5 AND k.queued = 1 THEN k.n ELSE 0 END), 0),
@@ -165,7 +158,18 @@ tasks(node_id, c, assigned, active, queued, running) AS (
 rate(node_id, bytes) AS (
     SELECT node_id, SUM(bytes) FROM throughput_minute
     WHERE minute BETWEEN ?8 AND ?9 GROUP BY node_id
+),"""
+_NODE_PANEL_SQL = per_backend(
+    sqlite=f"""
+WITH listed(node_id, c) AS (
+    SELECT json_extract(value, '$.id'), value FROM json_each(?1)
+    UNION ALL
+    SELECT node_id, NULL FROM node_seen WHERE last_seen_at >= ?2
+        AND node_id NOT IN (SELECT json_extract(value, '$.id') FROM json_each(?1))
 ),
+tasks(node_id, c, assigned, active, queued, running) AS (
+    SELECT l.node_id, l.c,
+{_COUNTS_AND_RATE}
 dropped(node_id, reasons) AS (
     SELECT node_id, json_group_object(reason, count) FROM node_dropped_entry
     WHERE node_id IN (SELECT node_id FROM listed) GROUP BY node_id
@@ -189,15 +193,15 @@ SELECT '[' || COALESCE(group_concat(node, ','), '') || ']' FROM (
                            ELSE ?3 END,
         'lastReportAt', s.last_report_at,
         'bytesPerSecond', ((COALESCE(r.bytes, 0) * 10 + ?10 / 2) / ?10) / 10.0,
-        'droppedEntries', json(COALESCE(d.reasons, '{}'))) AS node
+        'droppedEntries', json(COALESCE(d.reasons, '{{}}'))) AS node
     FROM tasks AS t
     LEFT JOIN node_seen AS s ON s.node_id = t.node_id
     LEFT JOIN rate AS r ON r.node_id = t.node_id
     LEFT JOIN dropped AS d ON d.node_id = t.node_id
     ORDER BY t.c IS NULL, t.node_id
 )
-""",
-    postgres="""
+""",  # noqa: S608 (constant text)
+    postgres=f"""
 WITH listed(node_id, c) AS (
     SELECT c ->> 'id', c FROM json_array_elements(CAST(?1 AS JSON)) AS c
     UNION ALL
@@ -207,18 +211,7 @@ WITH listed(node_id, c) AS (
 ),
 tasks(node_id, c, assigned, active, queued, running) AS (
     SELECT l.node_id, MIN(CAST(l.c AS TEXT)),
-           COALESCE(SUM(k.n), 0),
-           COALESCE(SUM(CASE WHEN k.status = ?4 THEN 0 ELSE k.n END), 0),
-           COALESCE(SUM(CASE WHEN k.status = ?5 AND k.queued = 1 THEN k.n ELSE 0 END), 0),
-           COALESCE(SUM(CASE WHEN (k.status = ?5 AND k.queued = 0) OR k.status IN (?6, ?7)
-                             THEN k.n ELSE 0 END), 0)
-    FROM listed AS l LEFT JOIN node_task_count AS k ON k.node_id = l.node_id
-    GROUP BY l.node_id
-),
-rate(node_id, bytes) AS (
-    SELECT node_id, SUM(bytes) FROM throughput_minute
-    WHERE minute BETWEEN ?8 AND ?9 GROUP BY node_id
-),
+{_COUNTS_AND_RATE}
 dropped(node_id, reasons) AS (
     SELECT node_id, json_object_agg(reason, count) FROM node_dropped_entry
     WHERE node_id IN (SELECT node_id FROM listed) GROUP BY node_id
@@ -243,13 +236,13 @@ SELECT CAST(json_agg(json_build_object(
         'bytesPerSecond',
             CAST((CAST(COALESCE(r.bytes, 0) AS BIGINT) * 10 + ?10 / 2) / ?10 AS DOUBLE PRECISION)
             / 10,
-        'droppedEntries', COALESCE(d.reasons, CAST('{}' AS JSON)))
+        'droppedEntries', COALESCE(d.reasons, CAST('{{}}' AS JSON)))
     ORDER BY t.c IS NULL, t.node_id COLLATE "C") AS TEXT)
 FROM tasks AS t
 LEFT JOIN node_seen AS s ON s.node_id = t.node_id
 LEFT JOIN rate AS r ON r.node_id = t.node_id
 LEFT JOIN dropped AS d ON d.node_id = t.node_id
-""",
+""",  # noqa: S608 (constant text)
 )
 
 
