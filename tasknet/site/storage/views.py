@@ -370,10 +370,18 @@ class _Page:
     after: Sql
     tail: Sql
     matches_tail: Sql
+    #: The keyset condition and the tail on the rows of :data:`_COUNTED`
+    #: (``m.gid``, ``m.sort_key``).
+    counted_after: Sql
+    counted_tail: Sql
 
 
 def _page(key: str, after: str, terms: list[str]) -> _Page:
     order, unindexed = ", ".join(terms), ", ".join(f"+{term}" for term in terms)
+
+    def counted(text: str) -> str:
+        return text.replace(key, "m.sort_key").replace("g.gid", "m.gid")
+
     return _Page(
         fragment(f"SELECT g.gid, {key} AS sort_key {_TASKS}"),  # noqa: S608 (constant text)
         fragment(after),
@@ -381,6 +389,8 @@ def _page(key: str, after: str, terms: list[str]) -> _Page:
         _per_backend_fragment(
             sqlite=f" ORDER BY {unindexed} LIMIT ?", postgres=f" ORDER BY {order} LIMIT ?"
         ),
+        fragment(" WHERE " + counted(after)),
+        fragment(f" ORDER BY {counted(order)} LIMIT ?"),
     )
 
 
@@ -465,6 +475,15 @@ _PAGES: dict[Order, _Page] = {
 #: one of more walks the page's order (a frequent word: the page fills
 #: soon), matching each row by the scan's condition.
 MATCHES_FIRST_UP_TO = 5_000
+# A search's page and its total from one reading of its matches (at most
+# MATCHES_FIRST_UP_TO + 1 of them: the first ?): every match is looked up
+# once, where a count and then the page looked each up twice (B9's heavy
+# user, 'phoenix': 5,016 lookups each time).  Then the keyset condition and
+# the page's order on those rows (_Page.counted_after, .counted_tail).
+_COUNTED_OPEN = fragment(
+    "SELECT gid, sort_key, total FROM (SELECT gid, sort_key, COUNT(*) OVER () AS total FROM ("
+)
+_COUNTED_CLOSE = fragment(" LIMIT ?) AS c) AS m")
 _FAVORITE_OF = fragment(
     "EXISTS (SELECT 1 FROM favorite AS f WHERE f.user_id = ? AND f.gid = g.gid)"
 )
@@ -634,6 +653,14 @@ def list_tasks(
     the next page (None on the last page), the third how many tasks match
     the filters (the cursor aside).  ``user_id`` None lists everyone's
     (admin)."""
+    page = _PAGES[query.order]
+    after = _after_parameters(query)
+    keys = _stored_keys(query.statuses)
+    merged = len(keys) > 1 and query.order in _MERGED
+    if len(query.text) >= TRIGRAM and not merged and not _text_only(query):
+        counted = _counted_matches(cursor, query, page, after)
+        if counted is not None:
+            return _answer(cursor, query, *counted)
     where, params = _filters(
         query.user_id, query.statuses, query.text, query.favorite_of, query.node
     )
@@ -650,21 +677,8 @@ def list_tasks(
         where, params = _filters(
             query.user_id, query.statuses, query.text, query.favorite_of, query.node, search
         )
-    page = _PAGES[query.order]
     tail = page.matches_tail if len(query.text) >= TRIGRAM and search == "matches" else page.tail
-    after: list[Any] = []
-    if query.after is not None:
-        if query.order is Order.GID:
-            after.append(query.after)
-        elif query.order in _KEYED:
-            assert isinstance(query.after, tuple)
-            after_key, after_gid = query.after
-            after += [after_key, after_key, after_gid]
-        else:
-            created, _, gid = str(query.after).rpartition("~")
-            after += [created, int(gid)]
-    keys = _stored_keys(query.statuses)
-    if len(keys) > 1 and query.order in _MERGED:
+    if merged:
         # Several stored keys (the SUBMITTED tab: SUBMITTED and QUEUED),
         # newest or oldest first: each key's page from its own index range,
         # in order, then merged; a set of keys would be read whole and sorted.
@@ -684,6 +698,54 @@ def list_tasks(
             params += after
         statement = page.select + _where(where) + tail
     rows = cursor.execute(statement, (*params, query.limit + 1)).fetchall()
+    return _answer(cursor, query, rows, total)
+
+
+def _after_parameters(query: TaskQuery) -> list[Any]:
+    """The parameters of the page's keyset condition (none on the first page)."""
+    if query.after is None:
+        return []
+    if query.order is Order.GID:
+        return [query.after]
+    if query.order in _KEYED:
+        assert isinstance(query.after, tuple)
+        after_key, after_gid = query.after
+        return [after_key, after_key, after_gid]
+    created, _, gid = str(query.after).rpartition("~")
+    return [created, int(gid)]
+
+
+def _counted_matches(
+    cursor: sqlite3.Cursor, query: TaskQuery, page: _Page, after: list[Any]
+) -> tuple[list[Any], int] | None:
+    """The page of a search by index and its total in one statement
+    (:data:`_COUNTED_OPEN`), when it has at most :data:`MATCHES_FIRST_UP_TO`
+    matches and the page has a task; None otherwise (the caller counts,
+    then reads the page as the total decides)."""
+    where, params = _filters(
+        query.user_id, query.statuses, query.text, query.favorite_of, query.node, "matches"
+    )
+    statement = (
+        _COUNTED_OPEN
+        + page.select
+        + _where(where)
+        + _COUNTED_CLOSE
+        + (page.counted_after if after else EMPTY)
+        + page.counted_tail
+    )
+    rows = cursor.execute(
+        statement, (*params, MATCHES_FIRST_UP_TO + 1, *after, query.limit + 1)
+    ).fetchall()
+    if not rows or int(rows[0][2]) > MATCHES_FIRST_UP_TO:
+        return None
+    return rows, int(rows[0][2])
+
+
+def _answer(
+    cursor: sqlite3.Cursor, query: TaskQuery, rows: list[Any], total: int
+) -> tuple[list[dict[str, Any]], str | int | None, int]:
+    """:func:`list_tasks`'s answer from the page's rows (``gid``,
+    ``sort_key``, ...; one past the limit when there is a next page)."""
     more = len(rows) > query.limit
     rows = rows[: query.limit]
     following: str | int | None = None
