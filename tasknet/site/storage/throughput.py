@@ -45,6 +45,8 @@ import weakref
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
+import orjson
+
 from tasknet.site.storage.engine.sources import now_of
 from tasknet.site.storage.engine.sql import per_backend, sql
 from tasknet.site.storage.engine.timestamps import iso
@@ -338,13 +340,19 @@ def bucket_seconds(window: int) -> int:
     return 60 if window <= 3600 else QUARTER
 
 
-# Every statement below answers few rows (at most one per bucket, or the
-# top nodes): with several reader threads, each row fetched is a hand-off
-# of the GIL, and a thousand rows per statement made 8 concurrent requests
-# slower than one after the other.  The sums are SQL's.
-_TOTALS_READ_SQL = sql(
-    "SELECT minute / ?4, SUM(bytes), SUM(completed) FROM throughput_total"
-    " WHERE user_id = ?1 AND minute BETWEEN ?2 AND ?3 GROUP BY 1"
+# Every statement below answers one row: the rows it sums, as one JSON text
+# where there are several (a bucket each).  With several reader threads,
+# each row fetched is a hand-off of the GIL: a thousand rows per statement
+# made 8 concurrent requests slower than one after the other, and a row per
+# bucket (96 over 24 hours) still queued them.  The sums are SQL's.
+# ``[[bucket, bytes, completed], ...]``:
+_TOTALS_READ_SQL = per_backend(
+    sqlite="SELECT json_group_array(json_array(b, gained, done)) FROM ("
+    " SELECT minute / ?4 AS b, SUM(bytes) AS gained, SUM(completed) AS done"
+    " FROM throughput_total WHERE user_id = ?1 AND minute BETWEEN ?2 AND ?3 GROUP BY 1)",
+    postgres="SELECT CAST(json_agg(json_build_array(b, gained, done)) AS TEXT) FROM ("
+    " SELECT minute / ?4 AS b, SUM(bytes) AS gained, SUM(completed) AS done"
+    " FROM throughput_total WHERE user_id = ?1 AND minute BETWEEN ?2 AND ?3 GROUP BY 1) AS t",
 )
 # The top nodes from a minute on (?7..), and how many nodes have bytes
 # there: the minutes are split into whole six-hour slots (?2..), the hours
@@ -366,26 +374,31 @@ _RANK_SQL = sql(
     ") AS t WHERE total > 0 ORDER BY total DESC, node_id LIMIT ?9"
 )
 # The top nodes' bytes in each quarter (one index lookup per slot and
-# node), one row per quarter: ``{node: bytes}`` as JSON text.
+# node): ``{slot: {node: bytes}}``.
 _TOP_QUARTERS_SQL = per_backend(
-    sqlite="SELECT slot, json_group_object(node_id, bytes) FROM throughput_node"
+    sqlite="SELECT json_group_object(slot, json(by_node)) FROM ("
+    " SELECT slot, json_group_object(node_id, bytes) AS by_node FROM throughput_node"
     " WHERE user_id = ?1 AND grain = 900 AND slot IN (SELECT value FROM json_each(?2))"
-    " AND node_id IN (SELECT value FROM json_each(?3)) GROUP BY slot",
-    postgres="SELECT slot, CAST(json_object_agg(node_id, bytes) AS TEXT) FROM throughput_node"
+    " AND node_id IN (SELECT value FROM json_each(?3)) GROUP BY slot)",
+    postgres="SELECT CAST(json_object_agg(slot, by_node) AS TEXT) FROM ("
+    " SELECT slot, json_object_agg(node_id, bytes) AS by_node FROM throughput_node"
     " WHERE user_id = ?1 AND grain = 900 AND slot = ANY(?2) AND node_id = ANY(?3)"
-    " GROUP BY slot",
+    " GROUP BY slot) AS q",
 )
-# ... and in each minute, from the raw rows (one lookup per minute and node).
+# ... and in each minute, from the raw rows (one lookup per minute and
+# node): ``{minute: {node: bytes}}``.
 _TOP_MINUTES_SQL = per_backend(
-    sqlite="SELECT minute, json_group_object(node_id, bytes) FROM ("
+    sqlite="SELECT json_group_object(minute, json(by_node)) FROM ("
+    " SELECT minute, json_group_object(node_id, bytes) AS by_node FROM ("
     " SELECT minute, node_id, SUM(bytes) AS bytes FROM throughput_minute"
     " WHERE minute IN (SELECT value FROM json_each(?2))"
     " AND node_id IN (SELECT value FROM json_each(?3)) AND (?1 = 0 OR user_id = ?1)"
-    " GROUP BY minute, node_id) AS m GROUP BY minute",
-    postgres="SELECT minute, CAST(json_object_agg(node_id, bytes) AS TEXT) FROM ("
+    " GROUP BY minute, node_id) AS m GROUP BY minute)",
+    postgres="SELECT CAST(json_object_agg(minute, by_node) AS TEXT) FROM ("
+    " SELECT minute, json_object_agg(node_id, bytes) AS by_node FROM ("
     " SELECT minute, node_id, SUM(bytes) AS bytes FROM throughput_minute"
     " WHERE minute = ANY(?2) AND node_id = ANY(?3) AND (?1 = 0 OR user_id = ?1)"
-    " GROUP BY minute, node_id) AS m GROUP BY minute",
+    " GROUP BY minute, node_id) AS m GROUP BY minute) AS q",
 )
 _EMPTY = (1, 0)  # a range of no slot
 
@@ -449,21 +462,20 @@ def window_stats(
         }
         for b in range(first, last + 1)
     ]
-    for at, gained, completed in cursor.execute(
-        _TOTALS_READ_SQL, (user, first_minute, end_minute, per)
-    ):
+    totals = cursor.execute(_TOTALS_READ_SQL, (user, first_minute, end_minute, per)).fetchone()
+    for at, gained, completed in orjson.loads(totals[0] or "[]"):
         bucket = buckets[int(at) - first]
         bucket["bytes"] = int(gained)
         bucket["completed"] = int(completed)
     if top:
         if seconds == QUARTER:
-            rows = cursor.execute(_TOP_QUARTERS_SQL, (user, list(range(first, last + 1)), top))
+            found = cursor.execute(_TOP_QUARTERS_SQL, (user, list(range(first, last + 1)), top))
         else:
             minutes = list(range(first_minute, end_minute + 1))
-            rows = cursor.execute(_TOP_MINUTES_SQL, (user, minutes, top))
-        for at, by_node in rows:
+            found = cursor.execute(_TOP_MINUTES_SQL, (user, minutes, top))
+        for at, by_node in orjson.loads(found.fetchone()[0] or "{}").items():
             index = int(at) // (1 if seconds == QUARTER else per) - first
-            for node_id, gained in json.loads(by_node).items():
+            for node_id, gained in by_node.items():
                 buckets[index]["byNode"][node_id] += int(gained)
     for bucket in buckets:
         bucket["other"] = max(0, bucket["bytes"] - sum(bucket["byNode"].values()))
