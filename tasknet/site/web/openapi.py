@@ -443,9 +443,10 @@ def _node_schema() -> Schema:
             "bytesPerSecond": {
                 "type": "number",
                 "minimum": 0,
-                "description": "The node's bytes over the last full minute / 60: the same "
-                "bytes as that minute's bucket of `/api/stats` (an hour's window) has for "
-                "it in `byNode`, or in `other` when it is not among the top nodes.",
+                "description": "The node's bytes over the last full minute / 60, to a tenth "
+                "(a half rounded up): the same bytes as that minute's bucket of `/api/stats` "
+                "(an hour's window) has for it in `byNode`, or in `other` when it is not among "
+                "the top nodes.",
             },
             "droppedEntries": {"type": "object", "additionalProperties": {"type": "integer"}},
         },
