@@ -411,3 +411,15 @@ async def events_client(
         await client.closed
         raise
     return client
+
+
+def dropped_entries(cursor: Any) -> dict[str, dict[str, int]]:
+    """The report entries and deletions the site dropped, per node and reason,
+    as it keeps them (``node_dropped_entry``; ``droppedEntries`` of
+    ``/api/admin/nodes``)."""
+    found: dict[str, dict[str, int]] = {}
+    for node_id, reason, count in cursor.execute(
+        "SELECT node_id, reason, count FROM node_dropped_entry"
+    ).fetchall():
+        found.setdefault(node_id, {})[reason] = int(count)
+    return found

@@ -31,7 +31,7 @@ from tasknet.site.storage.engine import database as dbmod
 from tasknet.site.storage.engine.schema import load_script, prepare_database, split_statements
 from tasknet.site.web.admin_nodes import nodes_view
 from tests.eventually import eventually
-from tests.site_protocol.harness import ScriptedNode, Site, add_task, add_user, row
+from tests.site_protocol.harness import ScriptedNode, Site, add_task, add_user, dropped_entries, row
 
 FAR_FUTURE = 2**62
 
@@ -44,7 +44,7 @@ def _dropped(node: str, reason: str) -> float:
 
 
 def _persisted_drops(conn: sqlite3.Connection) -> dict[str, dict[str, int]]:
-    return reports.dropped_entries_by_node(conn.cursor())
+    return dropped_entries(conn.cursor())
 
 
 def _snapshot(conn: sqlite3.Connection, *gids: int) -> list[object]:

@@ -21,7 +21,7 @@ from tasknet.site.storage import reports, stats, throughput
 from tasknet.site.storage.engine import database as dbmod
 from tasknet.site.storage.engine.schema import prepare_database
 from tests.backends import add_failing_trigger
-from tests.site_protocol.harness import add_task, add_user, outbox_count, row
+from tests.site_protocol.harness import add_task, add_user, dropped_entries, outbox_count, row
 
 
 @pytest.fixture
@@ -350,7 +350,7 @@ def _counted(conn: sqlite3.Connection, node: str = "n1") -> dict[str, int]:
     """What the site counted: ``/api/stats``'s completions and bytes (the
     last hour, every user), the node's byte counter and its regressed drops."""
     answer = dbmod.run_read(conn, stats.stats, 0, None, 3600, time.time())
-    drops = dbmod.run_read(conn, reports.dropped_entries_by_node, [node]).get(node, {})
+    drops = dbmod.run_read(conn, dropped_entries).get(node, {})
     return {
         "completed": sum(b["completed"] for b in answer["buckets"]),
         "bytes": sum(b["bytes"] for b in answer["buckets"]),
@@ -448,7 +448,7 @@ def test_regressed_entries_in_one_group_commit_equal_one_per_transaction(target,
         ]
         assert got[1].applied == [71] and got[1].changed == []
         assert [row(conn, g)["status"] for g in (70, 71, 72)] == [4, 4, 4]
-        drops = dbmod.run_read(conn, reports.dropped_entries_by_node, None)
+        drops = dbmod.run_read(conn, dropped_entries)
         assert drops == {"n1": {reports.REGRESSED: 2}, "n3": {reports.REGRESSED: 1}}
         assert dbmod.run_read(conn, throughput.node_byte_totals) == {}
     finally:

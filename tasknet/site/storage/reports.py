@@ -302,10 +302,6 @@ _COUNT_DROPS_SQL = sql(
     " SET count = node_dropped_entry.count + excluded.count,"
     " last_at = {now}"
 )
-_ALL_DROPS_SQL = sql("SELECT node_id, reason, count FROM node_dropped_entry")
-_DROPS_OF_SQL = sql(
-    "SELECT node_id, reason, count FROM node_dropped_entry WHERE node_id {in_array}"
-)
 _DELETE_ID_SQL = sql("SELECT delete_operation_id FROM task_operation WHERE gid = ?")
 _DELETE_STATE_SQL = sql(
     "SELECT o.state, o.delete_operation_id, g.node_id FROM task_operation AS o"
@@ -357,21 +353,6 @@ def count_drops(cursor: sqlite3.Cursor, node_id: str, outcome: ReportOutcome) ->
         cursor.executemany(
             _COUNT_DROPS_SQL, [(node_id, r, n) for r, n in sorted(outcome.drop_counts.items())]
         )
-
-
-def dropped_entries_by_node(
-    cursor: sqlite3.Cursor, node_ids: Sequence[str] | None = None
-) -> dict[str, dict[str, int]]:
-    """Dropped report entries per node and reason (``/api/admin/nodes``),
-    for ``node_ids`` (every node when ``None``)."""
-    if node_ids is None:
-        rows = cursor.execute(_ALL_DROPS_SQL)
-    else:
-        rows = cursor.execute(_DROPS_OF_SQL, (list(node_ids),))
-    found: dict[str, dict[str, int]] = {}
-    for node_id, reason, count in rows:
-        found.setdefault(node_id, {})[reason] = count
-    return found
 
 
 class _Changes:
