@@ -81,6 +81,7 @@ from tasknet.site.storage import users
 from tasknet.site.storage.dispatch import PAGE_SIZE
 from tasknet.site.storage.engine import file_lock as instance_lock
 from tasknet.site.storage.engine.database import (
+    DEFAULT_READERS,
     PRIVATE_MODE,
     Database,
     classify,
@@ -146,9 +147,9 @@ class Tuning:
     #: real thread of its own); the sites learn of each other's changes by
     #: the polls above alone (a simulation: its world has one thread).
     listen: bool = True
-    #: Reader connections of the database; None: ``DEFAULT_READERS``
-    #: (``makeService`` gives a process of its own :func:`reader_count`).
-    db_readers: int | None = None
+    #: Reader connections of the database (``makeService`` gives a process
+    #: of its own :func:`reader_count`).
+    db_readers: int = DEFAULT_READERS
 
 
 def build_site(
@@ -225,7 +226,7 @@ def build_site(
                 clock=clock,
                 fence=lease,
                 storage_faults=tuning.storage_faults,
-                **({} if tuning.db_readers is None else {"readers": tuning.db_readers}),
+                readers=tuning.db_readers,
                 application_name=application_name(lease.instance_id, "writer"),
                 reader_application_name=application_name(lease.instance_id, "reader"),
             )
@@ -582,7 +583,7 @@ def makeService(
     try:
         tuning = Tuning(
             before_post_gate=fault_points.pause_before_post(os.environ),
-            db_readers=reader_count(path, os.cpu_count()) if own_process else None,
+            db_readers=reader_count(path, os.cpu_count()) if own_process else DEFAULT_READERS,
         )
         site = build_site(
             options,

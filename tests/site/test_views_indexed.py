@@ -439,7 +439,8 @@ _FORGET = sql("DELETE FROM gallery WHERE gid = ?")
 
 
 def _check_fts(connection: Any) -> None:
-    """SQLite: the trigram table agrees with its content (FTS5's own check)."""
+    """SQLite: the trigram table is consistent (FTS5's own check; contentless
+    since v10, so of its index alone: the searches test what it holds)."""
     if isinstance(connection, sqlite3.Connection):
         dbmod.run_write(
             connection,

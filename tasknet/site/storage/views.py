@@ -370,7 +370,7 @@ class _Page:
     after: Sql
     tail: Sql
     matches_tail: Sql
-    #: The keyset condition and the tail on the rows of :data:`_COUNTED`
+    #: The keyset condition and the tail on the rows of :data:`_COUNTED_OPEN`
     #: (``m.gid``, ``m.sort_key``).
     counted_after: Sql
     counted_tail: Sql
