@@ -1,4 +1,4 @@
-"""The sixteen message types of the site ⇄ node protocol (PROTOCOL.md).
+"""The eighteen message types of the site ⇄ node protocol (PROTOCOL.md).
 
 Each message is a frozen dataclass with snake_case attributes; on the wire the
 payload is a compact JSON object with camelCase names in the order the spec
@@ -29,6 +29,7 @@ from typing import Any, ClassVar, NamedTuple
 import orjson
 
 __all__ = [
+    "ACTION_CANCEL",
     "ACTION_DELETE",
     "ACTION_DOWNLOAD",
     "ACK_APPLIED",
@@ -38,6 +39,7 @@ __all__ = [
     "DELETE_NOT_FOUND",
     "DETAIL_MAX",
     "ERROR_CODES",
+    "FEATURE_ARCHIVE_INVENTORY",
     "FEATURE_RELIABLE",
     "FEATURE_SITE_PROOF",
     "GID_MAX",
@@ -45,6 +47,7 @@ __all__ = [
     "HEADER",
     "IDENTIFIER_MAX",
     "INT63_MAX",
+    "INVENTORY_PART_MAX",
     "LEGACY_TYPES",
     "MESSAGE_TYPES",
     "MAX_PAYLOAD",
@@ -53,6 +56,11 @@ __all__ = [
     "PRE_LOGIN_MAX_PAYLOAD",
     "PRE_LOGIN_TYPES",
     "PROTOCOL_VERSION",
+    "RELEASE_REASONS",
+    "SHA256_HEX",
+    "URL_MAX",
+    "ArchiveInventory",
+    "ArchiveInventoryAck",
     "DeleteGallery",
     "DeleteResult",
     "DeletedEntry",
@@ -67,6 +75,8 @@ __all__ = [
     "NodeChallenge",
     "ProtocolError",
     "ProtocolHello",
+    "ReleasedEntry",
+    "HeldArchive",
     "SiteProof",
     "StatusReport",
     "TaskCommand",
@@ -91,6 +101,8 @@ FEATURE_RELIABLE = "reliable-task-v2"
 #: A node that announces it wants the site to prove itself (PROTOCOL.md,
 #: "Mutual authentication (v2)"): NodeChallenge after LoginResult, SiteProof back.
 FEATURE_SITE_PROOF = "site-proof"
+#: A node that sends ArchiveInventory (types 16 and 17) once proven (PROTOCOL.md, "Archives").
+FEATURE_ARCHIVE_INVENTORY = "archive-inventory"
 
 #: A valid ``Login.nodeId`` (PROTOCOL.md); match with ``NODE_ID.fullmatch``.
 #: The one definition: the site, its node-key table and the node all use it.
@@ -114,15 +126,19 @@ ERROR_CODES = frozenset(
 
 ACTION_DOWNLOAD = "DOWNLOAD"
 ACTION_DELETE = "DELETE"
+#: v2 only: stop that generation, remove its files, release it (PROTOCOL.md, "Archives").
+ACTION_CANCEL = "CANCEL"
 ACK_APPLIED = "APPLIED"
 ACK_DUPLICATE = "DUPLICATE"
 DELETE_DELETED = "DELETED"
 DELETE_NOT_FOUND = "NOT_FOUND"
 DELETE_FAILED = "FAILED"
 
-_ACTIONS = frozenset({ACTION_DOWNLOAD, ACTION_DELETE})
+_ACTIONS = frozenset({ACTION_DOWNLOAD, ACTION_DELETE, ACTION_CANCEL})
 _ACK_RESULTS = frozenset({ACK_APPLIED, ACK_DUPLICATE})
 _DELETE_RESULTS = frozenset({DELETE_DELETED, DELETE_NOT_FOUND, DELETE_FAILED})
+#: Why a node stopped holding an archive (a ``released`` entry's ``reason``).
+RELEASE_REASONS = frozenset({"EXPIRED", "DISK_BUDGET", "CORRUPT", "MISSING", "CANCELLED"})
 _STR_ONLY = frozenset({str})
 
 # PROTOCOL.md "Bounds (both sides)": a received value outside these is
@@ -137,6 +153,12 @@ IDENTIFIER_MAX = 128
 NAME_MAX = 1024
 #: A TaskReport entry's ``detail``: at most 256 characters.
 DETAIL_MAX = 256
+#: ``archiveUrl`` and ``serveUrl`` of a ProtocolHello: at most this many characters.
+URL_MAX = 2048
+#: An ArchiveInventory part lists at most this many archives.
+INVENTORY_PART_MAX = 10_000
+#: An archive digest on the wire: exactly 64 lowercase hex characters.
+SHA256_HEX = re.compile(r"[0-9a-f]{64}")
 _GID_DIGITS_MAX = len(str(GID_MAX))
 # No string of any message may hold a NUL (PROTOCOL.md "Bounds"); raw control
 # characters are not JSON at all, so a NUL can only arrive as this escape.
@@ -172,6 +194,8 @@ class TaskEntry(NamedTuple):
     ``queued`` (held, not started) and ``detail`` (at most 256 characters,
     what a person should know) are carried by v2 TaskReport entries only,
     and only when they say something; a legacy StatusReport never has them.
+    A v2 completion (status 4) may carry the archive's ``size`` and
+    ``sha256`` (together; ``sha256`` ``""`` means neither was sent).
     """
 
     gid: int
@@ -179,6 +203,25 @@ class TaskEntry(NamedTuple):
     progress: float
     queued: bool = False
     detail: str = ""
+    size: int = 0
+    sha256: str = ""
+
+
+class ReleasedEntry(NamedTuple):
+    """One ``released`` entry of a TaskReport: the node no longer holds that generation."""
+
+    gid: int
+    operation_id: str
+    reason: str
+
+
+class HeldArchive(NamedTuple):
+    """One ``archives`` entry of an ArchiveInventory: a generation the node holds whole."""
+
+    gid: int
+    operation_id: str
+    size: int
+    sha256: str
 
 
 class DeletedEntry(NamedTuple):
@@ -270,6 +313,10 @@ class ProtocolHello:
     TYPE: ClassVar[int] = 10
     protocol_version: int = PROTOCOL_VERSION
     features: tuple[str, ...] = (FEATURE_RELIABLE,)
+    #: Where users reach the node's archive endpoint ("" = none: through the site).
+    archive_url: str = ""
+    #: Where the site reaches it ("" = the node does not serve).
+    serve_url: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -292,6 +339,7 @@ class TaskReport:
     gallery_tasks: tuple[TaskEntry, ...]
     operation_ids: Mapping[int, str]
     deleted: tuple[DeletedEntry, ...] = ()
+    released: tuple[ReleasedEntry, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -316,6 +364,25 @@ class SiteProof:
     signature: str
 
 
+# ---------------------------------------------------------------- messages 16-17 (archives)
+
+
+@dataclass(frozen=True, slots=True)
+class ArchiveInventory:
+    TYPE: ClassVar[int] = 16
+    inventory_id: str
+    part: int
+    parts: int
+    archives: tuple[HeldArchive, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class ArchiveInventoryAck:
+    TYPE: ClassVar[int] = 17
+    inventory_id: str
+    part: int
+
+
 Message = (
     Identity
     | Login
@@ -333,6 +400,8 @@ Message = (
     | TaskReportAck
     | NodeChallenge
     | SiteProof
+    | ArchiveInventory
+    | ArchiveInventoryAck
 )
 
 # ---------------------------------------------------------------- encoding
@@ -356,24 +425,26 @@ def _entries_json(tasks: tuple[TaskEntry, ...]) -> str:
     return ",".join(
         [
             f'{{"gid":{g},"status":{s},"progress":{float(p)!r}}}'
-            if not (q or d)
-            else _entry_json_extra(g, s, p, q, d)
-            for g, s, p, q, d in tasks
+            if not (q or d or h)
+            else _entry_json_extra(g, s, p, q, d, n, h)
+            for g, s, p, q, d, n, h in tasks
         ]
     )
 
 
-def _entry_json_extra(g: int, s: int, p: float, q: bool, d: str) -> str:
-    """A v2 entry that says more: ``queued`` only when true, ``detail`` only when not empty."""
+def _entry_json_extra(g: int, s: int, p: float, q: bool, d: str, n: int, h: str) -> str:
+    """A v2 entry that says more: ``queued`` only when true, ``detail`` only when
+    not empty, ``size`` and ``sha256`` only when a digest is known."""
     queued = ',"queued":true' if q else ""
     detail = f',"detail":{_dumps(d)}' if d else ""
-    return f'{{"gid":{g},"status":{s},"progress":{float(p)!r}{queued}{detail}}}'
+    digest = f',"size":{n},"sha256":{_dumps(h)}' if h else ""
+    return f'{{"gid":{g},"status":{s},"progress":{float(p)!r}{queued}{detail}{digest}}}'
 
 
 def _legacy_entries_json(tasks: tuple[TaskEntry, ...]) -> str:
     """A StatusReport's entries: the three frozen fields, never ``queued``/``detail``."""
     return ",".join(
-        [f'{{"gid":{g},"status":{s},"progress":{float(p)!r}}}' for g, s, p, _q, _d in tasks]
+        [f'{{"gid":{g},"status":{s},"progress":{float(p)!r}}}' for g, s, p, *_ in tasks]
     )
 
 
@@ -384,11 +455,16 @@ def _task_report_json(m: TaskReport) -> str:
     deleted = _dumps(
         [{"gid": g, "operationId": o, "result": r, "reason": why} for g, o, r, why in m.deleted]
     )
+    released = f',"released":{_dumps(_released_objects(m.released))}' if m.released else ""
     return (
         f'{{"reportId":{_dumps(m.report_id)},"revision":{m.revision},'
         f'"galleryTasks":[{_entries_json(m.gallery_tasks)}],'
-        f'"operationIds":{ids_json},"deleted":{deleted}}}'
+        f'"operationIds":{ids_json},"deleted":{deleted}{released}}}'
     )
+
+
+def _released_objects(released: tuple[ReleasedEntry, ...]) -> list[dict[str, Any]]:
+    return [{"gid": g, "operationId": o, "reason": why} for g, o, why in released]
 
 
 def _fast_floats(tasks: tuple[TaskEntry, ...]) -> bool:
@@ -407,39 +483,43 @@ def _fast_floats(tasks: tuple[TaskEntry, ...]) -> bool:
 
 def _entry_objects(tasks: tuple[TaskEntry, ...]) -> list[dict[str, Any]]:
     return [
-        {"gid": g, "status": s, "progress": p} if not (q or d) else _entry_object(g, s, p, q, d)
-        for g, s, p, q, d in tasks
+        {"gid": g, "status": s, "progress": p}
+        if not (q or d or h)
+        else _entry_object(g, s, p, q, d, n, h)
+        for g, s, p, q, d, n, h in tasks
     ]
 
 
-def _entry_object(g: int, s: int, p: float, q: bool, d: str) -> dict[str, Any]:
+def _entry_object(g: int, s: int, p: float, q: bool, d: str, n: int, h: str) -> dict[str, Any]:
     entry: dict[str, Any] = {"gid": g, "status": s, "progress": p}
     if q:
         entry["queued"] = True
     if d:
         entry["detail"] = d
+    if h:
+        entry["size"] = n
+        entry["sha256"] = h
     return entry
 
 
 def _legacy_entry_objects(tasks: tuple[TaskEntry, ...]) -> list[dict[str, Any]]:
-    return [{"gid": g, "status": s, "progress": p} for g, s, p, _q, _d in tasks]
+    return [{"gid": g, "status": s, "progress": p} for g, s, p, *_ in tasks]
 
 
 def _task_report_fast(m: TaskReport) -> bytes:
     ids = m.operation_ids
-    return _fast_dumps(
-        {
-            "reportId": m.report_id,
-            "revision": m.revision,
-            "galleryTasks": _entry_objects(m.gallery_tasks),
-            "operationIds": ids if type(ids) is dict else dict(ids),
-            "deleted": [
-                {"gid": g, "operationId": o, "result": r, "reason": why}
-                for g, o, r, why in m.deleted
-            ],
-        },
-        option=_INT_KEYS,
-    )
+    body: dict[str, Any] = {
+        "reportId": m.report_id,
+        "revision": m.revision,
+        "galleryTasks": _entry_objects(m.gallery_tasks),
+        "operationIds": ids if type(ids) is dict else dict(ids),
+        "deleted": [
+            {"gid": g, "operationId": o, "result": r, "reason": why} for g, o, r, why in m.deleted
+        ],
+    }
+    if m.released:
+        body["released"] = _released_objects(m.released)
+    return _fast_dumps(body, option=_INT_KEYS)
 
 
 def _fast_payload(message: Message) -> bytes:
@@ -491,11 +571,30 @@ def _wire(message: Message) -> dict[str, Any]:
     if t == 9:
         return {"reason": m.reason}
     if t == 10:
-        return {"protocolVersion": m.protocol_version, "features": list(m.features)}
+        hello: dict[str, Any] = {
+            "protocolVersion": m.protocol_version,
+            "features": list(m.features),
+        }
+        if m.archive_url:
+            hello["archiveUrl"] = m.archive_url
+        if m.serve_url:
+            hello["serveUrl"] = m.serve_url
+        return hello
     if t == 14:
         return {"nonce": m.nonce}
     if t == 15:
         return {"signature": m.signature}
+    if t == 16:
+        return {
+            "inventoryId": m.inventory_id,
+            "part": m.part,
+            "parts": m.parts,
+            "archives": [
+                {"gid": g, "operationId": o, "size": n, "sha256": h} for g, o, n, h in m.archives
+            ],
+        }
+    if t == 17:
+        return {"inventoryId": m.inventory_id, "part": m.part}
     raise TypeError(f"not a protocol message: {message!r}")
 
 
@@ -606,12 +705,14 @@ def _task_entries(raw: Any, where: str, strict: bool, v2: bool) -> tuple[TaskEnt
         if not 0.0 <= p <= 1.0:
             raise _bad(f"{where}.galleryTasks progress must be 0.0..1.0: {p!r}")
         if len(e) == 3:  # the common case: nothing more to read
-            out.append(new(TaskEntry, (g, s, p, False, "")))
+            out.append(new(TaskEntry, (g, s, p, False, "", 0, "")))
             continue
         if strict:
             raise _bad(f"{where}.galleryTasks entry has unknown fields: {sorted(e)}")
         q: Any = False
         d: Any = ""
+        n: Any = 0
+        h: Any = ""
         if v2:
             q = e.get("queued", False)
             d = e.get("detail", "")
@@ -624,8 +725,34 @@ def _task_entries(raw: Any, where: str, strict: bool, v2: bool) -> tuple[TaskEnt
                     f"{where}.galleryTasks detail must be at most {DETAIL_MAX} characters,"
                     f" got {len(d)}"
                 )
-        out.append(new(TaskEntry, (g, s, p, q, d)))
+            if "size" in e or "sha256" in e:
+                n, h = _archive_digest(e, s, where)
+        out.append(new(TaskEntry, (g, s, p, q, d, n, h)))
     return tuple(out)
+
+
+def _archive_digest(e: dict[str, Any], status: int, where: str) -> tuple[int, str]:
+    """A completion's ``size`` and ``sha256``: both or neither, status 4 only."""
+    if status != 4:
+        raise _bad(f"{where}.galleryTasks size and sha256 belong to status 4 only")
+    n = _int63(e, f"{where}.galleryTasks", "size")
+    return n, _sha256(e, f"{where}.galleryTasks")
+
+
+def _sha256(d: dict[str, Any], where: str) -> str:
+    value = _field(d, where, "sha256", str)
+    if SHA256_HEX.fullmatch(value) is None:
+        raise _bad(f"{where}.sha256 must be 64 lowercase hex characters: {value!r:.80}")
+    return value
+
+
+def _url(d: dict[str, Any], where: str, key: str) -> str:
+    if key not in d:
+        return ""
+    value = _field(d, where, key, str)
+    if len(value) > URL_MAX:
+        raise _bad(f"{where}.{key} must be at most {URL_MAX} characters, got {len(value)}")
+    return value
 
 
 def _d_identity(d: dict[str, Any], strict: bool) -> Identity:
@@ -686,7 +813,7 @@ def _d_hello(d: dict[str, Any], strict: bool) -> ProtocolHello:
     for f in features:
         if type(f) is not str:
             raise _bad(f"{w}.features must be a list of str: {f!r}")
-    return ProtocolHello(version, tuple(features))
+    return ProtocolHello(version, tuple(features), _url(d, w, "archiveUrl"), _url(d, w, "serveUrl"))
 
 
 def _d_task_command(d: dict[str, Any], strict: bool) -> TaskCommand:
@@ -694,7 +821,7 @@ def _d_task_command(d: dict[str, Any], strict: bool) -> TaskCommand:
     operation_id = _identifier(d, w, "operationId")
     action = _field(d, w, "action", str)
     if action not in _ACTIONS:
-        raise _bad(f"{w}.action must be DOWNLOAD or DELETE, got {action!r}")
+        raise _bad(f"{w}.action must be DOWNLOAD, DELETE or CANCEL, got {action!r}")
     gid = _gid(d, w)
     name = _name(d, w)
     url = _field(d, w, "url", str)
@@ -753,7 +880,21 @@ def _d_task_report(d: dict[str, Any], strict: bool) -> TaskReport:
                 _field(e, "TaskReport.deleted", "reason", str),
             )
         )
-    return TaskReport(report_id, revision, tasks, operation_ids, tuple(deleted))
+    released = []
+    for e in _field(d, w, "released", list) if "released" in d else ():
+        if type(e) is not dict:
+            raise _bad(f"{w}.released entry must be an object")
+        reason = _field(e, "TaskReport.released", "reason", str)
+        if reason not in RELEASE_REASONS:
+            raise _bad(f"{w}.released reason must be one of {sorted(RELEASE_REASONS)}: {reason!r}")
+        released.append(
+            ReleasedEntry(
+                _gid(e, "TaskReport.released"),
+                _identifier(e, "TaskReport.released", "operationId"),
+                reason,
+            )
+        )
+    return TaskReport(report_id, revision, tasks, operation_ids, tuple(deleted), tuple(released))
 
 
 def _d_task_report_ack(d: dict[str, Any], strict: bool) -> TaskReportAck:
@@ -771,6 +912,44 @@ def _d_node_challenge(d: dict[str, Any], strict: bool) -> NodeChallenge:
 
 def _d_site_proof(d: dict[str, Any], strict: bool) -> SiteProof:
     return SiteProof(_identifier(d, "SiteProof", "signature"))
+
+
+def _part(d: dict[str, Any], where: str) -> int:
+    part = _field(d, where, "part", int)
+    if part < 1:
+        raise _bad(f"{where}.part must be at least 1, got {part}")
+    return part
+
+
+def _d_archive_inventory(d: dict[str, Any], strict: bool) -> ArchiveInventory:
+    w = "ArchiveInventory"
+    inventory_id = _identifier(d, w, "inventoryId")
+    part = _part(d, w)
+    parts = _field(d, w, "parts", int)
+    if not part <= parts <= INT63_MAX:
+        raise _bad(f"{w}.part must be 1..parts, got part {part} of {parts}")
+    raw = _field(d, w, "archives", list)
+    if len(raw) > INVENTORY_PART_MAX:
+        raise _bad(f"{w}.archives must hold at most {INVENTORY_PART_MAX}, got {len(raw)}")
+    where = f"{w}.archives"
+    archives = []
+    for e in raw:
+        if type(e) is not dict:
+            raise _bad(f"{where} entry must be an object")
+        archives.append(
+            HeldArchive(
+                _gid(e, where),
+                _identifier(e, where, "operationId"),
+                _int63(e, where, "size"),
+                _sha256(e, where),
+            )
+        )
+    return ArchiveInventory(inventory_id, part, parts, tuple(archives))
+
+
+def _d_archive_inventory_ack(d: dict[str, Any], strict: bool) -> ArchiveInventoryAck:
+    w = "ArchiveInventoryAck"
+    return ArchiveInventoryAck(_identifier(d, w, "inventoryId"), _part(d, w))
 
 
 class MessageType(NamedTuple):
@@ -812,6 +991,8 @@ MESSAGE_TYPES: dict[int, MessageType] = {
         # After LoginResult only: never before login (PROTOCOL.md, mutual authentication).
         MessageType(NodeChallenge, _d_node_challenge, None, False),
         MessageType(SiteProof, _d_site_proof, None, False),
+        MessageType(ArchiveInventory, _d_archive_inventory, None, False),
+        MessageType(ArchiveInventoryAck, _d_archive_inventory_ack, None, False),
     )
 }
 

@@ -21,6 +21,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tasknet.protocol.messages import (
+    ArchiveInventory,
+    ArchiveInventoryAck,
     DeletedEntry,
     DeleteGallery,
     DeleteResult,
@@ -342,8 +344,12 @@ def in_bounds_problems(message: Message) -> list[str]:
             problems.append(f"{where} name of length {len(value)}")
 
     def entries(tasks: tuple[TaskEntry, ...], where: str, v2: bool) -> None:
-        for g, status, progress, queued, detail in tasks:
+        for g, status, progress, queued, detail, size, sha256 in tasks:
             gid(g, where)
+            if sha256:
+                int63(size, f"{where} size")
+                if not v2 or status != 4 or re.fullmatch(r"[0-9a-f]{64}", sha256) is None:
+                    problems.append(f"{where} sha256 {sha256!r}")
             if type(status) is not int or not 1 <= status <= 4:
                 problems.append(f"{where} status {status!r}")
             if type(progress) is not float or not 0.0 <= progress <= 1.0:
@@ -387,12 +393,31 @@ def in_bounds_problems(message: Message) -> list[str]:
         for entry_gid, operation_id, _result, _reason in m.deleted:
             gid(entry_gid, "deleted")
             identifier(operation_id, "deleted.operationId")
+        for entry_gid, operation_id, _reason in m.released:
+            gid(entry_gid, "released")
+            identifier(operation_id, "released.operationId")
     elif isinstance(m, TaskReportAck):
         identifier(m.report_id, "TaskReportAck.reportId")
     elif isinstance(m, NodeChallenge):
         identifier(m.nonce, "NodeChallenge.nonce")
     elif isinstance(m, SiteProof):
         identifier(m.signature, "SiteProof.signature")
+    elif isinstance(m, ProtocolHello):
+        for url in (m.archive_url, m.serve_url):
+            if len(url) > 2048:
+                problems.append(f"ProtocolHello URL of length {len(url)}")
+    elif isinstance(m, ArchiveInventory):
+        identifier(m.inventory_id, "ArchiveInventory.inventoryId")
+        if not 1 <= m.part <= m.parts:
+            problems.append(f"ArchiveInventory part {m.part} of {m.parts}")
+        for entry_gid, operation_id, size, sha256 in m.archives:
+            gid(entry_gid, "ArchiveInventory")
+            identifier(operation_id, "ArchiveInventory.operationId")
+            int63(size, "ArchiveInventory.size")
+            if re.fullmatch(r"[0-9a-f]{64}", sha256) is None:
+                problems.append(f"ArchiveInventory sha256 {sha256!r}")
+    elif isinstance(m, ArchiveInventoryAck):
+        identifier(m.inventory_id, "ArchiveInventoryAck.inventoryId")
     return problems
 
 

@@ -9,10 +9,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tasknet.protocol.archive_links import ArchiveLink, link_key, verify_link
 from tasknet.protocol.messages import (
     HEADER,
     MAX_PAYLOAD,
     NODE_ID,
+    ArchiveInventory,
+    ArchiveInventoryAck,
     DeletedEntry,
     DeleteGallery,
     DeleteResult,
@@ -20,6 +23,7 @@ from tasknet.protocol.messages import (
     Error,
     Goodbye,
     Heartbeat,
+    HeldArchive,
     Identity,
     Login,
     LoginResult,
@@ -27,6 +31,7 @@ from tasknet.protocol.messages import (
     NodeChallenge,
     ProtocolError,
     ProtocolHello,
+    ReleasedEntry,
     SiteProof,
     StatusReport,
     TaskCommand,
@@ -63,6 +68,8 @@ CLASSES = {
         TaskReportAck,
         NodeChallenge,
         SiteProof,
+        ArchiveInventory,
+        ArchiveInventoryAck,
     )
 }
 
@@ -72,7 +79,7 @@ def test_max_payload_matches_the_spec() -> None:
 
 
 def test_every_type_has_a_vector() -> None:
-    assert {c["type"] for c in VECTORS["valid"]} == set(range(16)) == set(CLASSES)
+    assert {c["type"] for c in VECTORS["valid"]} == set(range(18)) == set(CLASSES)
 
 
 def test_every_section_of_the_vectors_is_tested() -> None:
@@ -80,6 +87,7 @@ def test_every_section_of_the_vectors_is_tested() -> None:
     assert set(VECTORS) == {
         "about",
         "login_example",
+        "archive_link_example",
         "max_payload",
         "valid",
         "invalid",
@@ -148,7 +156,11 @@ def test_a_command_of_the_previous_release_has_size_0() -> None:
 def test_the_new_v2_fields_decode_to_typed_attributes() -> None:
     valid = {(c["name"], json.dumps(c["fields"])): c for c in VECTORS["valid"]}
     commands = [decode(11, frame(c)[5:]) for (n, _), c in valid.items() if n == "TaskCommand"]
-    assert [(c.action, c.size) for c in commands] == [("DOWNLOAD", 632255), ("DELETE", 0)]
+    assert [(c.action, c.size) for c in commands] == [
+        ("DOWNLOAD", 632255),
+        ("DELETE", 0),
+        ("CANCEL", 0),
+    ]
     [r3] = [
         decode(12, frame(c)[5:])
         for c in VECTORS["valid"]
@@ -159,6 +171,63 @@ def test_the_new_v2_fields_decode_to_typed_attributes() -> None:
         TaskEntry(2203, 1, 0.0, True, ""),
         TaskEntry(2204, 1, 0.42, False, "retrying in 8 s: connection refused"),
     )
+
+
+def test_the_archive_fields_decode_to_typed_attributes() -> None:
+    by_type: dict[int, list[Message]] = {}
+    for c in VECTORS["valid"]:
+        by_type.setdefault(c["type"], []).append(decode(c["type"], frame(c)[5:]))
+    hello = by_type[10][-1]
+    assert isinstance(hello, ProtocolHello)
+    assert (hello.archive_url, hello.serve_url) == (
+        "https://node-1.example.org:7443/",
+        "http://10.0.0.11:7300/",
+    )
+    [r4] = [r for r in by_type[12] if isinstance(r, TaskReport) and r.report_id == "r-0004"]
+    digest = "8b7bee815494a698b8a8536313021e3834d5488c51d3843c6b177f5c31821141"
+    assert r4.gallery_tasks == (TaskEntry(2201, 4, 1.0, False, "", 632255, digest),)
+    assert r4.released == (ReleasedEntry(2205, "op-81ac", "EXPIRED"),)
+    assert [c.action for c in by_type[11] if isinstance(c, TaskCommand)][-1] == "CANCEL"
+    first, second = by_type[16]
+    assert first == ArchiveInventory(
+        "inv-01", 1, 2, (HeldArchive(2201, "op-7f3c", 632255, digest),)
+    )
+    assert second == ArchiveInventory("inv-01", 2, 2, ())
+    assert by_type[17] == [ArchiveInventoryAck("inv-01", 1)]
+
+
+def test_archive_fields_are_written_only_when_they_say_something() -> None:
+    assert (
+        encode_payload(ProtocolHello()) == b'{"protocolVersion":2,"features":["reliable-task-v2"]}'
+    )
+    report = TaskReport("r", 1, (TaskEntry(1, 4, 1.0),), {1: "o"}, ())
+    assert b"released" not in encode(report) and b"sha256" not in encode(report)
+    # A legacy StatusReport never carries them.
+    legacy = StatusReport((TaskEntry(1, 4, 1.0, False, "", 5, "a" * 64),))
+    assert encode_payload(legacy) == b'{"galleryTasks":[{"gid":1,"status":4,"progress":1.0}]}'
+
+
+def test_archive_link_example() -> None:
+    ex = VECTORS["archive_link_example"]
+    key = link_key(ex["secret"])
+    assert key.hex() == ex["linkKey"]
+    link = ArchiveLink.sign(key, ex["gid"], ex["operationId"], ex["exp"], ex["user"])
+    assert link.sig == ex["sig"]
+    assert link.path == ex["path"]
+    assert verify_link(key, ex["gid"], ex["operationId"], ex["exp"], ex["user"], ex["sig"])
+    # Every part is signed: another gid, operation, expiry or user does not verify.
+    for changed in (
+        (ex["gid"] + 1, ex["operationId"], ex["exp"], ex["user"]),
+        (ex["gid"], ex["operationId"] + "x", ex["exp"], ex["user"]),
+        (ex["gid"], ex["operationId"], ex["exp"] + 1, ex["user"]),
+        (ex["gid"], ex["operationId"], ex["exp"], ex["user"] + 1),
+    ):
+        assert not verify_link(key, *changed, ex["sig"])
+    # The secret itself never signs a link.
+    assert not verify_link(
+        ex["secret"].encode(), ex["gid"], ex["operationId"], ex["exp"], ex["user"], ex["sig"]
+    )
+    assert not verify_link(key, ex["gid"], ex["operationId"], ex["exp"], ex["user"], "é" * 64)
 
 
 def test_queued_and_detail_are_written_only_when_they_say_something() -> None:
@@ -247,6 +316,66 @@ def test_site_proof_example_signature() -> None:
             b'"deleted":[{"gid":1,"operationId":"d","result":"GONE","reason":""}]}',
             "bad_message",
         ),
+        # size without sha256, a digest on a status that is not 4, a short size
+        (
+            12,
+            b'{"reportId":"r","revision":1,"galleryTasks":[{"gid":1,"status":4,"progress":1.0,'
+            b'"size":5}],"operationIds":{},"deleted":[]}',
+            "bad_message",
+        ),
+        (
+            12,
+            b'{"reportId":"r","revision":1,"galleryTasks":[{"gid":1,"status":1,"progress":1.0,'
+            b'"size":5,"sha256":"' + b"a" * 64 + b'"}],"operationIds":{},"deleted":[]}',
+            "bad_message",
+        ),
+        (
+            12,
+            b'{"reportId":"r","revision":1,"galleryTasks":[{"gid":1,"status":4,"progress":1.0,'
+            b'"size":-1,"sha256":"' + b"a" * 64 + b'"}],"operationIds":{},"deleted":[]}',
+            "bad_message",
+        ),
+        (
+            12,
+            b'{"reportId":"r","revision":1,"galleryTasks":[],"operationIds":{},"deleted":[],'
+            b'"released":[{"gid":1,"operationId":"","reason":"EXPIRED"}]}',
+            "bad_message",
+        ),
+        (
+            12,
+            b'{"reportId":"r","revision":1,"galleryTasks":[],"operationIds":{},"deleted":[],'
+            b'"released":{}}',
+            "bad_message",
+        ),
+        (10, b'{"protocolVersion":2,"features":[],"archiveUrl":1}', "bad_message"),
+        (
+            10,
+            b'{"protocolVersion":2,"features":[],"serveUrl":"' + b"u" * 2049 + b'"}',
+            "bad_message",
+        ),
+        (
+            11,
+            b'{"operationId":"o","action":"PAUSE","gid":1,"name":"","url":"","size":0}',
+            "bad_message",
+        ),
+        (16, b'{"inventoryId":"i","part":0,"parts":1,"archives":[]}', "bad_message"),
+        (
+            16,
+            b'{"inventoryId":"i","part":1,"parts":1,"archives":[{"gid":1,"operationId":"o",'
+            b'"size":1,"sha256":"' + b"A" * 64 + b'"}]}',
+            "bad_message",
+        ),
+        (
+            16,
+            b'{"inventoryId":"i","part":1,"parts":1,"archives":['
+            + b",".join(
+                [b'{"gid":1,"operationId":"o","size":1,"sha256":"' + b"a" * 64 + b'"}'] * 10_001
+            )
+            + b"]}",
+            "bad_message",
+        ),
+        (16, b'{"inventoryId":"","part":1,"parts":1,"archives":[]}', "bad_message"),
+        (17, b'{"inventoryId":"i","part":0}', "bad_message"),
         (13, b'{"reportId":"r","result":"OK"}', "bad_message"),
         (0, b"[" * 100000, "bad_json"),
     ],
@@ -270,11 +399,11 @@ def test_tolerant_reader_ignores_unknown_fields_and_order() -> None:
 
 
 def test_strict_reader_treats_v2_types_as_unknown() -> None:
-    for type_ in (10, 11, 12, 13, 14, 15):
+    for type_ in (10, 11, 12, 13, 14, 15, 16, 17):
         with pytest.raises(UnknownMessageType):
             decode(type_, b"{}", strict=True)
     with pytest.raises(UnknownMessageType):
-        decode(16, b"{}")
+        decode(18, b"{}")
 
 
 def test_strict_reader_rejects_unknown_fields_in_entries() -> None:
@@ -303,6 +432,8 @@ entries = st.builds(
     st.floats(min_value=0.0, max_value=1.0),
     st.just(False),
     st.just(""),
+    st.just(0),
+    st.just(""),
 )
 v2_entries = st.builds(
     TaskEntry,
@@ -311,8 +442,29 @@ v2_entries = st.builds(
     st.floats(min_value=0.0, max_value=1.0),
     st.booleans(),
     st.text(chars, max_size=256),
+    st.just(0),
+    st.just(""),
 )
 sizes = st.integers(min_value=0, max_value=2**63 - 1)
+digests = st.from_regex(r"[0-9a-f]{64}", fullmatch=True)
+completions = st.builds(
+    TaskEntry,
+    gids,
+    st.just(4),
+    st.floats(min_value=0.0, max_value=1.0),
+    st.booleans(),
+    st.text(chars, max_size=256),
+    sizes,
+    digests,
+)
+released = st.builds(
+    ReleasedEntry,
+    gids,
+    ids,
+    st.sampled_from(["EXPIRED", "DISK_BUDGET", "CORRUPT", "MISSING", "CANCELLED"]),
+)
+held = st.builds(HeldArchive, gids, ids, sizes, digests)
+urls = st.text(chars, max_size=40)
 deleted = st.builds(
     DeletedEntry, gids, ids, st.sampled_from(["DELETED", "NOT_FOUND", "FAILED"]), texts
 )
@@ -328,19 +480,38 @@ MESSAGES: st.SearchStrategy[Message] = st.one_of(
     st.builds(DeleteResult, gids, st.booleans(), texts),
     st.builds(Error, texts, texts),
     st.builds(Goodbye, texts),
-    st.builds(ProtocolHello, ints, st.lists(texts, max_size=3).map(tuple)),
-    st.builds(TaskCommand, ids, st.sampled_from(["DOWNLOAD", "DELETE"]), gids, texts, texts, sizes),
+    st.builds(ProtocolHello, ints, st.lists(texts, max_size=3).map(tuple), urls, urls),
+    st.builds(
+        TaskCommand,
+        ids,
+        st.sampled_from(["DOWNLOAD", "DELETE", "CANCEL"]),
+        gids,
+        texts,
+        texts,
+        sizes,
+    ),
     st.builds(
         TaskReport,
         ids,
         times,
-        st.lists(st.one_of(entries, v2_entries), max_size=5).map(tuple),
+        st.lists(st.one_of(entries, v2_entries, completions), max_size=5).map(tuple),
         st.dictionaries(gids, ids, max_size=5),
         st.lists(deleted, max_size=3).map(tuple),
+        st.lists(released, max_size=3).map(tuple),
     ),
     st.builds(TaskReportAck, ids, st.sampled_from(["APPLIED", "DUPLICATE"])),
     st.builds(NodeChallenge, ids),
     st.builds(SiteProof, ids),
+    st.integers(min_value=1, max_value=5).flatmap(
+        lambda parts: st.builds(
+            ArchiveInventory,
+            ids,
+            st.integers(min_value=1, max_value=parts),
+            st.just(parts),
+            st.lists(held, max_size=3).map(tuple),
+        )
+    ),
+    st.builds(ArchiveInventoryAck, ids, st.integers(min_value=1, max_value=2**63 - 1)),
 )
 
 

@@ -8,7 +8,7 @@ from tasknet.protocol.messages import LEGACY_TYPES, MESSAGE_TYPES, PRE_LOGIN_TYP
 
 
 def test_the_table_is_keyed_by_each_classs_type_number() -> None:
-    assert sorted(MESSAGE_TYPES) == list(range(16))
+    assert sorted(MESSAGE_TYPES) == list(range(18))
     for number, row in MESSAGE_TYPES.items():
         assert row.cls.TYPE == number
 
@@ -20,7 +20,7 @@ def test_the_derived_sets_are_the_spec_ones() -> None:
     assert PRE_LOGIN_TYPES == frozenset({0, 1, 2, 3, 8, 9, 10})
     assert connection.PRE_LOGIN_TYPES is PRE_LOGIN_TYPES
     # NodeChallenge and SiteProof: v2 only, after LoginResult only.
-    for number in (14, 15):
+    for number in (14, 15, 16, 17):
         assert MESSAGE_TYPES[number].legacy_fields is None
         assert number not in PRE_LOGIN_TYPES
 
