@@ -53,7 +53,9 @@ V9_SCRIPT = "migrate_v9.sql"  # the task counts kept by triggers (issue 23)
 V9_POSTGRES_SCRIPT = "migrate_v9_postgres.sql"
 V10_SCRIPT = "migrate_v10.sql"  # the search's trigram table answers exactly (issue 23)
 V10_POSTGRES_SCRIPT = "migrate_v10_postgres.sql"
-CURRENT_VERSION = 10
+V11_SCRIPT = "migrate_v11.sql"  # a completed task's archive size and SHA-256 (DELIVERY.md)
+V11_POSTGRES_SCRIPT = "migrate_v11_postgres.sql"
+CURRENT_VERSION = 11
 
 # Scripts that take a database from the version before them to their own.
 # v3 is additive (new tables and columns only), so the site applies it by
@@ -68,6 +70,7 @@ UPGRADES = {
     8: V8_SCRIPT,
     9: V9_SCRIPT,
     10: V10_SCRIPT,
+    11: V11_SCRIPT,
 }
 AUTOMATIC_FROM = 2
 
@@ -83,6 +86,7 @@ UPGRADES_POSTGRES = {
     8: V8_POSTGRES_SCRIPT,
     9: V9_POSTGRES_SCRIPT,
     10: V10_POSTGRES_SCRIPT,
+    11: V11_POSTGRES_SCRIPT,
 }
 
 #: What one engine has and the other has not (v6's search indexes), left
