@@ -26,6 +26,15 @@ class INodeSession(Interface):
     protocol_version = Attribute("int: 2 when v2 is in force, 1 for a legacy connection")
     features = Attribute("tuple[str, ...]: features of the node's Hello (empty if legacy)")
     connected_at = Attribute("float: Unix seconds at which the connection was accepted")
+    archive_url = Attribute(
+        "str: the base URL users reach the node's archive endpoint at (its v2 Hello's"
+        " archiveUrl), set once the node is logged in and, with site-proof, proven;"
+        " '' when none, not an http(s) URL, or on a legacy session"
+    )
+    serve_url = Attribute(
+        "str: the base URL the site reaches the node's archive endpoint at (its v2"
+        " Hello's serveUrl), believed as archive_url is; '' when the node does not serve"
+    )
 
     def send_download(
         operation_id: str, gid: int, token: str, name: str, url: str, size: int = 0

@@ -20,6 +20,13 @@ else such a node sends first, or no challenge within ``login_timeout`` of
 the LoginResult, closes the connection.  A node without ``site-proof`` (the
 previous release) is attached at login, as before, and gets no proof.
 
+Where a v2 node serves its archives (its Hello's ``archiveUrl`` and
+``serveUrl``, DELIVERY.md "Serving (node)") is believed only as the session
+is attached: once logged in and, with ``site-proof``, proven.  Until then,
+on a legacy session, and for a value that is not an ``http://`` or
+``https://`` URL with a host (logged), the session's ``archive_url`` and
+``serve_url`` are ``""``.
+
 Logins are admitted at a pace (:meth:`NodeListenerFactory.admit`): at most
 :data:`LOGINS_PER_TURN` per turn of the reactor, and at most
 :data:`LOGINS_IN_FLIGHT` whose take and first report are still under way;
@@ -48,6 +55,7 @@ import itertools
 from collections import deque
 from collections.abc import Mapping
 from typing import Any
+from urllib.parse import urlsplit
 
 from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IReactorTime
@@ -86,7 +94,7 @@ from tasknet.runtime import IEntropy
 from tasknet.site.connected_nodes import ConnectedNodes, NodeOwnership
 from tasknet.site.session_states import ITrackedSession, SessionLife, SessionState
 
-__all__ = ["NODES_BACKLOG", "NodeListenerFactory", "NodeSession"]
+__all__ = ["NODES_BACKLOG", "NodeListenerFactory", "NodeSession", "announced_url"]
 
 log = Logger()
 
@@ -99,6 +107,27 @@ def _wire_text(value: str) -> str:
 def _wire_url(value: str) -> str:
     """A URL for the wire: a NUL percent-encoded, as it would be in a URL."""
     return value.replace("\x00", "%00") if "\x00" in value else value
+
+
+def announced_url(value: str) -> str | None:
+    """``value`` if it is a base URL the site may use (``http://`` or
+    ``https://``, a host, a valid port, no credentials, query nor fragment,
+    no whitespace or control character), else ``None``.  ``""`` (none) is
+    returned as it is."""
+    if value == "":
+        return value
+    if any(c <= " " or c == "\x7f" for c in value):
+        return None
+    try:
+        parts = urlsplit(value)
+        parts.port  # noqa: B018 -- raises ValueError for a port out of range or not a number
+    except ValueError:
+        return None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        return None
+    if parts.username is not None or parts.password is not None or parts.query or parts.fragment:
+        return None
+    return value
 
 
 #: The listen backlog of the site's default ``--nodes`` endpoint: after a
@@ -148,6 +177,9 @@ class NodeSession(PeerProtocol):
         self.node_id = ""
         self.features: tuple[str, ...] = ()
         self.connected_at = 0.0
+        #: Where the node serves archives: its Hello's, believed at attach.
+        self.archive_url = ""
+        self.serve_url = ""
         self._hello: ProtocolHello | None = None
         #: Where this connection is in its life (``session_states.py``).
         self.life = SessionLife()
@@ -223,6 +255,7 @@ class NodeSession(PeerProtocol):
             self.life.to(SessionState.REPLACED)
             self.close(REPLACED)
             return
+        self._believe_urls()
         self.factory.attach(self)
 
     def _challenge_timed_out(self) -> None:
@@ -301,7 +334,29 @@ class NodeSession(PeerProtocol):
                 self.factory.login_timeout, self._challenge_timed_out
             )
             return
+        self._believe_urls()
         self.factory.attach(self)
+
+    def _believe_urls(self) -> None:
+        """Take the URLs of the node's Hello, as it is attached (logged in
+        and, with site-proof, proven): a v2 session's only."""
+        if self.protocol_version < 2 or self._hello is None:
+            return
+        self.archive_url = self._checked_url("archiveUrl", self._hello.archive_url)
+        self.serve_url = self._checked_url("serveUrl", self._hello.serve_url)
+
+    def _checked_url(self, field: str, value: str) -> str:
+        checked = announced_url(value)
+        if checked is not None:
+            return checked
+        self.factory.repeated_log.emit(
+            ("bad url", self.node_id, field),
+            "node {node_id} announced {field} {value!r}, not an http(s) URL with a host; ignored",
+            node_id=self.node_id,
+            field=field,
+            value=value[:200],
+        )
+        return ""
 
     def _refuse(self, node_id: str, reason: str) -> None:
         # A node with a wrong secret retries for ever: one line per node and

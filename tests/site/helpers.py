@@ -265,6 +265,8 @@ class RecordingSession:
 
     protocol_version = 2
     features: tuple[str, ...] = ()
+    archive_url = ""
+    serve_url = ""
 
     def __init__(self, node_id: str) -> None:
         self.node_id = node_id

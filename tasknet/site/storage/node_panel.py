@@ -6,7 +6,7 @@ seen in the last :data:`SEEN_DAYS` days (``"connected": false``), each
 sorted by id (code points), each ``{"id", "connected", "site", "protocol",
 "features", "lastRevision", "assigned", "activeTasks", "runningTasks",
 "queuedTasks", "connectedAt", "lastSeenAt", "lastReportAt",
-"bytesPerSecond", "droppedEntries"}``:
+"bytesPerSecond", "droppedEntries", "archiveUrl", "serveUrl"}``:
 
 * every node connected to *any* site of the database is listed once, with
   ``site`` the ``--name`` of the site holding it (``node_session``, read in
@@ -35,6 +35,10 @@ sorted by id (code points), each ``{"id", "connected", "site", "protocol",
   recorded); ``connectedAt`` (the holding connection's accept time, null
   while disconnected) and ``protocol``/``features`` of a connected node
   from its connection, of another from its ``node_seen`` row;
+* ``archiveUrl`` and ``serveUrl`` are where a node connected to this site
+  serves its archives, as its v2 Hello said once it was proven
+  (``node_listener.py``); ``""`` when it serves none, for a legacy or
+  disconnected node, and for one another site holds (its Hello went there);
 * ``droppedEntries`` is ``{reason: count}`` of report entries and
   deletions the site dropped from the node (``not_owner``, ``stale``, ...;
   ``node_dropped_entry``, kept across restarts).
@@ -79,6 +83,9 @@ class Registered:
     features: tuple[str, ...]
     connected_at: str
     last_revision: int | None
+    #: Where it serves archives (its believed Hello; "" when none).
+    archive_url: str = ""
+    serve_url: str = ""
 
 
 @dataclass(frozen=True)
@@ -111,6 +118,8 @@ def connections(holders: list[node_sessions.Holder], registry: Registry) -> list
             "features": list(h.features),
             "connectedAt": h.connected_at,
             "lastRevision": revisions.get(h.node_id) if h.site_name == registry.site_name else None,
+            "archiveUrl": "",
+            "serveUrl": "",
         }
         for h in holders
         if registry.shared and not ours(h)
@@ -130,6 +139,8 @@ def connections(holders: list[node_sessions.Holder], registry: Registry) -> list
                 "features": list(mine.features),
                 "connectedAt": mine.connected_at,
                 "lastRevision": mine.last_revision,
+                "archiveUrl": mine.archive_url,
+                "serveUrl": mine.serve_url,
             }
     return list(found.values())
 
@@ -193,7 +204,9 @@ SELECT '[' || COALESCE(group_concat(node, ','), '') || ']' FROM (
                            ELSE ?3 END,
         'lastReportAt', s.last_report_at,
         'bytesPerSecond', ((COALESCE(r.bytes, 0) * 10 + ?10 / 2) / ?10) / 10.0,
-        'droppedEntries', json(COALESCE(d.reasons, '{{}}'))) AS node
+        'droppedEntries', json(COALESCE(d.reasons, '{{}}')),
+        'archiveUrl', COALESCE(json_extract(t.c, '$.archiveUrl'), ''),
+        'serveUrl', COALESCE(json_extract(t.c, '$.serveUrl'), '')) AS node
     FROM tasks AS t
     LEFT JOIN node_seen AS s ON s.node_id = t.node_id
     LEFT JOIN rate AS r ON r.node_id = t.node_id
@@ -236,7 +249,9 @@ SELECT CAST(json_agg(json_build_object(
         'bytesPerSecond',
             CAST((CAST(COALESCE(r.bytes, 0) AS BIGINT) * 10 + ?10 / 2) / ?10 AS DOUBLE PRECISION)
             / 10,
-        'droppedEntries', COALESCE(d.reasons, CAST('{{}}' AS JSON)))
+        'droppedEntries', COALESCE(d.reasons, CAST('{{}}' AS JSON)),
+        'archiveUrl', COALESCE(CAST(t.c AS JSON) ->> 'archiveUrl', ''),
+        'serveUrl', COALESCE(CAST(t.c AS JSON) ->> 'serveUrl', ''))
     ORDER BY t.c IS NULL, t.node_id COLLATE "C") AS TEXT)
 FROM tasks AS t
 LEFT JOIN node_seen AS s ON s.node_id = t.node_id

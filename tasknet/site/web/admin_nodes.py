@@ -34,6 +34,8 @@ def registry_of(nodes: ConnectedNodes, shared: bool) -> node_panel.Registry:
                 tuple(session.features),
                 throughput.iso(session.connected_at),
                 nodes.last_revision(node_id),
+                session.archive_url,
+                session.serve_url,
             )
         )
     return node_panel.Registry(nodes.site_name, nodes.instance_id, shared, tuple(registered))
