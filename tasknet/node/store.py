@@ -15,6 +15,12 @@ tables:
   whose (gid, operationId) was received before is a no-op, even after the
   task row is gone (completed and ACKed).
 - ``settled_deletion``: gids whose delete the site has taken (see below).
+- ``archive``: the archives the node holds, one row per (gid, operationId),
+  with the size and SHA-256 computed while it was written.  Written in the
+  transaction that marks the task complete; it outlives the ``task`` row
+  (dropped once the completion is ACKed) and goes with the files: a DELETE
+  that removed them, a new generation of the gid, or ``set_aside`` (the
+  scrub found it damaged: the file moves to ``corrupt/``).
 
 Housekeeping (``docs/operations.md``): a gid's ``received_command`` rows up to
 a DELETE are pruned once that delete is settled, a DELETED or NOT_FOUND
@@ -30,6 +36,7 @@ The wait only keeps the record for drills and operators.
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -37,11 +44,14 @@ from typing import Any
 
 from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IReactorCore, IReactorTime
+from twisted.logger import Logger
 
 from tasknet.node.paths import DataDir
 from tasknet.protocol.messages import TaskEntry
 from tasknet.runtime import IThreadPools, ThreadedConnectionPool
 from tasknet.status import NodeCode
+
+log = Logger()
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS task (
@@ -93,6 +103,19 @@ CREATE TABLE IF NOT EXISTS settled_deletion (
     settled_at   REAL    NOT NULL
 );
 CREATE INDEX IF NOT EXISTS settled_deletion_by_time ON settled_deletion (settled_at);
+CREATE TABLE IF NOT EXISTS archive (
+    gid          INTEGER NOT NULL,
+    operation_id TEXT    NOT NULL,
+    name         TEXT    NOT NULL,           -- the task's name (the DOWNLOAD command's)
+    file         TEXT    NOT NULL,           -- file name under archives/
+    size         INTEGER NOT NULL,           -- bytes of the archive file
+    sha256       TEXT    NOT NULL,           -- of exactly those bytes, lowercase hex
+    completed_at REAL    NOT NULL,
+    served_at    REAL,                       -- last served (NULL: never)
+    scrubbed_at  REAL,                       -- last re-read whole by the scrub (NULL: never)
+    PRIMARY KEY (gid, operation_id)
+);
+CREATE INDEX IF NOT EXISTS archive_by_scrub ON archive (COALESCE(scrubbed_at, completed_at));
 """
 
 #: Columns added after the first release, with their definitions: a database
@@ -130,6 +153,9 @@ _SET_STATUS = (
     " WHERE gid = ? AND operation_id = ?"
 )
 _SET_ERROR = "UPDATE task SET error = ?, updated_at = ? WHERE gid = ? AND operation_id = ?"
+_ARCHIVE_COLUMNS = (
+    "gid, operation_id, name, file, size, sha256, completed_at, served_at, scrubbed_at"
+)
 _COMPLETE = (
     "UPDATE task SET status = 4, progress = 1.0, archive = ?, error = NULL, updated_at = ?"
     " WHERE gid = ? AND operation_id = ?"
@@ -150,6 +176,26 @@ class TaskRow:
     error: str | None
     #: The archive size the site expects (TaskCommand.size); 0: unknown.
     expected_size: int = 0
+
+
+@dataclass(frozen=True)
+class ArchiveRow:
+    """An archive the node holds: ``file`` under ``archives/``
+    (``DataDir.archive_file``), ``size`` bytes hashing to ``sha256``."""
+
+    gid: int
+    operation_id: str
+    #: The task's name, from its DOWNLOAD command.
+    name: str
+    file: str
+    size: int
+    #: Lowercase hex SHA-256 of the file's bytes.
+    sha256: str
+    #: Unix seconds (the store's clock).
+    completed_at: float
+    served_at: float | None = None
+    #: When the scrub last found it whole (None: not yet).
+    scrubbed_at: float | None = None
 
 
 @dataclass(frozen=True)
@@ -174,10 +220,9 @@ class PendingReport:
     def to_json(self) -> str:
         return json.dumps(
             {
-                # [gid, status, progress], plus queued and detail when they say something.
-                "galleryTasks": [
-                    list(t) if (t.queued or t.detail) else list(t[:3]) for t in self.gallery_tasks
-                ],
+                # [gid, status, progress], plus queued and detail when they
+                # say something, plus size and sha256 when a digest is known.
+                "galleryTasks": [_entry_json(t) for t in self.gallery_tasks],
                 "operationIds": {str(k): v for k, v in self.operation_ids.items()},
                 "deleted": [list(d) for d in self.deleted],
             },
@@ -190,17 +235,33 @@ class PendingReport:
         return cls(
             report_id=report_id,
             revision=revision,
-            # A report persisted by an older node has three-element entries.
+            # A report persisted by an older node has three- or five-element entries.
             gallery_tasks=tuple(_entry(*t) for t in data["galleryTasks"]),
             operation_ids={int(k): str(v) for k, v in data["operationIds"].items()},
             deleted=tuple((int(g), str(o), str(r), str(w)) for g, o, r, w in data["deleted"]),
         )
 
 
+def _entry_json(entry: TaskEntry) -> list[Any]:
+    if entry.sha256:
+        return list(entry)
+    if entry.queued or entry.detail:
+        return list(entry[:5])
+    return list(entry[:3])
+
+
 def _entry(
-    gid: Any, status: Any, progress: Any, queued: Any = False, detail: Any = ""
+    gid: Any,
+    status: Any,
+    progress: Any,
+    queued: Any = False,
+    detail: Any = "",
+    size: Any = 0,
+    sha256: Any = "",
 ) -> TaskEntry:
-    return TaskEntry(int(gid), int(status), float(progress), bool(queued), str(detail))
+    return TaskEntry(
+        int(gid), int(status), float(progress), bool(queued), str(detail), int(size), str(sha256)
+    )
 
 
 def report_detail(error: str | None) -> str:
@@ -231,6 +292,31 @@ class DeleteBegun:
 
 def _task(row: tuple[Any, ...]) -> TaskRow:
     return TaskRow(*row)
+
+
+def _archive(row: tuple[Any, ...]) -> ArchiveRow:
+    return ArchiveRow(*row)
+
+
+def _get_archive(cursor: sqlite3.Cursor, gid: int, operation_id: str) -> ArchiveRow | None:
+    cursor.execute(
+        f"SELECT {_ARCHIVE_COLUMNS} FROM archive WHERE gid = ? AND operation_id = ?",  # noqa: S608 (constant)
+        (gid, operation_id),
+    )
+    row = cursor.fetchone()
+    return _archive(row) if row else None
+
+
+def _drop_archives_of(cursor: sqlite3.Cursor, gid: int, keep: str | None = None) -> list[str]:
+    """Forget the archives of ``gid`` (but generation ``keep``); their operation ids."""
+    cursor.execute(
+        "SELECT operation_id FROM archive WHERE gid = ? AND operation_id IS NOT ?"
+        " ORDER BY operation_id",
+        (gid, keep),
+    )
+    dropped = [row[0] for row in cursor.fetchall()]
+    cursor.execute("DELETE FROM archive WHERE gid = ? AND operation_id IS NOT ?", (gid, keep))
+    return dropped
 
 
 def _record_command(
@@ -288,9 +374,14 @@ def _accept_download(
         " VALUES (?, ?, ?, ?, ?, ?, 0, NULL, NULL, NULL, ?, ?)",
         (gid, operation_id, name, url, protocol, int(NodeCode.DOWNLOADING), now, size),
     )
-    if current is None:
-        return DownloadAccepted("new", operation_id)
-    return DownloadAccepted("new_generation", operation_id, current.operation_id)
+    # The archive of an older generation (its task row gone once its
+    # completion was ACKed) is replaced too: the caller removes its files.
+    replaced = _drop_archives_of(cursor, gid, keep=operation_id)
+    if current is not None:
+        return DownloadAccepted("new_generation", operation_id, current.operation_id)
+    if replaced:
+        return DownloadAccepted("new_generation", operation_id, replaced[-1])
+    return DownloadAccepted("new", operation_id)
 
 
 def _begin_delete(
@@ -322,6 +413,27 @@ def _finish_delete(
     )
     if result != FAILED:
         cursor.execute("DELETE FROM task WHERE gid = ?", (gid,))
+        _drop_archives_of(cursor, gid)
+
+
+def _complete(
+    cursor: sqlite3.Cursor,
+    now: float,
+    gid: int,
+    operation_id: str,
+    archive: str,
+    size: int,
+    sha256: str,
+) -> bool:
+    if not _set_state(cursor, now, _COMPLETE, gid, operation_id, archive):
+        return False
+    cursor.execute(
+        f"INSERT OR REPLACE INTO archive ({_ARCHIVE_COLUMNS})"  # noqa: S608 (constant)
+        " SELECT gid, operation_id, name, ?, ?, ?, ?, NULL, NULL FROM task"
+        " WHERE gid = ? AND operation_id = ?",
+        (archive, size, sha256, now, gid, operation_id),
+    )
+    return True
 
 
 def _set_state(
@@ -376,10 +488,19 @@ def _create_report(
     # The site reads operationIds only for galleryTasks gids (docs/protocol.md).
     operation_ids = {d.gid: d.operation_id for d in deletions}
     operation_ids.update({t.gid: t.operation_id for t in tasks})
+    # The digests of the completions in the snapshot (a completion from
+    # before the archive table has none: its entry carries neither).
+    cursor.execute(
+        f"SELECT {_ARCHIVE_COLUMNS} FROM archive WHERE (gid, operation_id) IN"  # noqa: S608 (constant)
+        " (SELECT gid, operation_id FROM task WHERE status = 4)"
+    )
+    held = {(a.gid, a.operation_id): a for a in map(_archive, cursor.fetchall())}
     report = PendingReport(
         report_id=report_id,
         revision=revision,
-        gallery_tasks=tuple(snapshot_entry(t, queued) for t in tasks),
+        gallery_tasks=tuple(
+            snapshot_entry(t, queued, held.get((t.gid, t.operation_id))) for t in tasks
+        ),
         operation_ids=operation_ids,
         deleted=tuple((d.gid, d.operation_id, d.result or "", d.reason) for d in deletions),
     )
@@ -394,12 +515,18 @@ def _create_report(
     return report
 
 
-def snapshot_entry(task: TaskRow, queued: frozenset[int] = frozenset()) -> TaskEntry:
+def snapshot_entry(
+    task: TaskRow, queued: frozenset[int] = frozenset(), archive: ArchiveRow | None = None
+) -> TaskEntry:
     """A task as a report shows it: ``queued`` while it waits for its first
-    download slot (status 1, nothing received), ``detail`` its last error."""
+    download slot (status 1, nothing received), ``detail`` its last error;
+    a completion carries its ``archive``'s size and sha256 when held."""
     waiting = task.status == NodeCode.DOWNLOADING and task.progress == 0 and task.gid in queued
-    detail = report_detail(task.error) if task.status != NodeCode.COMPLETED else ""
-    return TaskEntry(task.gid, task.status, task.progress, waiting, detail)
+    if task.status != NodeCode.COMPLETED:
+        return TaskEntry(task.gid, task.status, task.progress, waiting, report_detail(task.error))
+    if archive is None or (archive.gid, archive.operation_id) != (task.gid, task.operation_id):
+        return TaskEntry(task.gid, task.status, task.progress)
+    return TaskEntry(task.gid, task.status, task.progress, size=archive.size, sha256=archive.sha256)
 
 
 def _acknowledge(cursor: sqlite3.Cursor, now: float, report_id: str) -> bool:
@@ -479,6 +606,28 @@ def _prune_commands(
         deleted += cursor.rowcount
         cursor.execute("DELETE FROM settled_deletion WHERE gid = ?", (gid,))
     return deleted
+
+
+def _set_aside(
+    cursor: sqlite3.Cursor, data: DataDir, gid: int, operation_id: str
+) -> tuple[ArchiveRow | None, str]:
+    """Forget the archive and move its file to ``corrupt/``; the row and
+    what became of the file (for the log)."""
+    row = _get_archive(cursor, gid, operation_id)
+    if row is None:
+        return None, ""
+    cursor.execute("DELETE FROM archive WHERE gid = ? AND operation_id = ?", (gid, operation_id))
+    # The row is gone either way: whatever happens to the file, it is never
+    # served again.  The move is a rename within --data (quick, in the
+    # transaction's thread).
+    try:
+        source = data.archive_file(row)
+        os.replace(source, data.corrupt / source.name)
+        return row, f"moved to {data.corrupt / source.name}"
+    except FileNotFoundError:
+        return row, "its file was already gone"
+    except (OSError, ValueError) as exc:
+        return row, f"cannot move its file: {exc}"
 
 
 def _query(cursor: sqlite3.Cursor, sql: str, params: Iterable[Any] = ()) -> list[tuple[Any, ...]]:
@@ -594,8 +743,13 @@ class NodeStore:
     def set_error(self, gid: int, operation_id: str, error: str | None) -> Deferred[bool]:
         return self._run_at(_set_state, _SET_ERROR, gid, operation_id, error)
 
-    def complete(self, gid: int, operation_id: str, archive: str) -> Deferred[bool]:
-        return self._run_at(_set_state, _COMPLETE, gid, operation_id, archive)
+    def complete(
+        self, gid: int, operation_id: str, archive: str, *, size: int, sha256: str
+    ) -> Deferred[bool]:
+        """Mark the generation complete and hold its archive (``archive`` the
+        file name under ``archives/``, ``size`` bytes hashing to ``sha256``),
+        in one transaction; False when the generation is no longer current."""
+        return self._run_at(_complete, gid, operation_id, archive, size, sha256)
 
     def tasks(self) -> Deferred[list[TaskRow]]:
         def read(cursor: sqlite3.Cursor) -> list[TaskRow]:
@@ -639,6 +793,79 @@ class NodeStore:
     def drop_deletion(self, gid: int, operation_id: str) -> Deferred[None]:
         """Forget a reported deletion (legacy wire: once its result is sent)."""
         return self._run_at(_drop_deletion, gid, operation_id)
+
+    # archives -----------------------------------------------------------
+    def archive(self, gid: int, operation_id: str) -> Deferred[ArchiveRow | None]:
+        """The archive of that generation, if the node holds it."""
+        return self._run(_get_archive, gid, operation_id)
+
+    def archives(self) -> Deferred[list[ArchiveRow]]:
+        """Every archive the node holds, by gid."""
+
+        def read(cursor: sqlite3.Cursor) -> list[ArchiveRow]:
+            sql = f"SELECT {_ARCHIVE_COLUMNS} FROM archive ORDER BY gid, operation_id"  # noqa: S608 (constant)
+            return [_archive(r) for r in _query(cursor, sql)]
+
+        return self._run(read)
+
+    def archives_to_scrub(self, limit: int) -> Deferred[list[ArchiveRow]]:
+        """Up to ``limit`` archives, the one scrubbed longest ago (or, never
+        scrubbed, completed longest ago) first."""
+
+        def read(cursor: sqlite3.Cursor) -> list[ArchiveRow]:
+            sql = (
+                f"SELECT {_ARCHIVE_COLUMNS} FROM archive"  # noqa: S608 (constant)
+                " ORDER BY COALESCE(scrubbed_at, completed_at), gid, operation_id LIMIT ?"
+            )
+            return [_archive(r) for r in _query(cursor, sql, (limit,))]
+
+        return self._run(read)
+
+    def mark_served(self, gid: int, operation_id: str) -> Deferred[None]:
+        """Record that the archive was served now (retention: oldest-served first)."""
+
+        def mark(cursor: sqlite3.Cursor, now: float) -> None:
+            cursor.execute(
+                "UPDATE archive SET served_at = ? WHERE gid = ? AND operation_id = ?",
+                (now, gid, operation_id),
+            )
+
+        return self._run_at(mark)
+
+    def mark_scrubbed(self, gid: int, operation_id: str, sha256: str) -> Deferred[bool]:
+        """Record that the scrub found the archive whole now; False when it is
+        no longer held as that digest (replaced or set aside meanwhile)."""
+
+        def mark(cursor: sqlite3.Cursor, now: float) -> bool:
+            cursor.execute(
+                "UPDATE archive SET scrubbed_at = ? WHERE gid = ? AND operation_id = ?"
+                " AND sha256 = ?",
+                (now, gid, operation_id, sha256),
+            )
+            return cursor.rowcount == 1
+
+        return self._run_at(mark)
+
+    def set_aside(self, gid: int, operation_id: str, why: str) -> Deferred[None]:
+        """Stop holding the archive because of ``why`` (damaged, wrong size):
+        its row goes and its file moves to ``corrupt/``; logged.  Nothing
+        happens when it is not held."""
+
+        def logged(result: tuple[ArchiveRow | None, str]) -> None:
+            row, file = result
+            if row is not None:
+                log.error(
+                    "gid {gid}: archive {operation_id} set aside ({why}): {file}",
+                    gid=gid,
+                    operation_id=operation_id,
+                    why=why,
+                    file=file,
+                )
+
+        d: Deferred[tuple[ArchiveRow | None, str]] = self._run(
+            _set_aside, self.data, gid, operation_id
+        )
+        return d.addCallback(logged)
 
     # housekeeping -------------------------------------------------------
     def prune_commands(

@@ -41,7 +41,7 @@ from twisted.web.client import Agent
 
 from tasknet.deferreds import shield
 from tasknet.netclient import DirectEndpoints, quiet_pool
-from tasknet.node.compress import CompressionAborted, build_archive
+from tasknet.node.compress import BuiltArchive, CompressionAborted, build_archive
 from tasknet.node.download import (
     DEFAULT_MAX_ARCHIVE_BYTES,
     DownloadError,
@@ -384,7 +384,7 @@ class Worker:
                 try:
                     # Cancelling the job must not forget the thread: cancel()
                     # waits on the thread itself before removing files.
-                    await shield(job.thread, expected=(CompressionAborted,))
+                    built: BuiltArchive = await shield(job.thread, expected=(CompressionAborted,))
                     break
                 except OSError as exc:
                     error: Exception = storage_error(exc, final) or DownloadError(
@@ -398,7 +398,15 @@ class Worker:
                     job.thread = None
         finally:
             self._compressors.release()
-        if await self.store.complete(job.gid, job.operation_id, final.name):
+        if await self.store.complete(
+            job.gid, job.operation_id, final.name, size=built.size, sha256=built.sha256
+        ):
             part.unlink(missing_ok=True)
-            log.info("gid {gid}: archive ready: {archive}", gid=job.gid, archive=str(final))
+            log.info(
+                "gid {gid}: archive ready: {archive} ({size} bytes, sha256 {sha256})",
+                gid=job.gid,
+                archive=str(final),
+                size=built.size,
+                sha256=built.sha256,
+            )
             self.on_change()

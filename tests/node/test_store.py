@@ -22,6 +22,8 @@ from tasknet.node.store import (
 from tasknet.protocol.messages import TaskEntry
 from tasknet.runtime import RealThreadPools
 
+DIGEST = "ab" * 32  # any 64 hex characters: the store does not read the file
+
 
 async def open_store(path: Path) -> NodeStore:
     store = NodeStore(DataDir(path), reactor=reactor, clock=reactor, threads=RealThreadPools())
@@ -62,7 +64,7 @@ async def test_writes_of_an_old_generation_are_ignored(tmp_path: Path) -> None:
     try:
         await store.accept_download(7, "op-a", "n", "http://x/7", 2)
         await store.accept_download(7, "op-b", "n", "http://x/7", 2)
-        assert not await store.complete(7, "op-a", "7-old.zip")
+        assert not await store.complete(7, "op-a", "7-old.zip", size=10, sha256=DIGEST)
         assert not await store.set_status(7, "op-a", 3, 1.0)
         task = await store.get_task(7)
     finally:
@@ -93,7 +95,7 @@ async def test_revision_is_strictly_increasing_and_starts_at_unix_ms(tmp_path: P
 async def test_in_flight_report_survives_reopen_unchanged(tmp_path: Path) -> None:
     store = await open_store(tmp_path)
     await store.accept_download(1, "op-1", "n", "http://x/1", 2)
-    await store.complete(1, "op-1", "1.zip")
+    await store.complete(1, "op-1", "1.zip", size=10, sha256=DIGEST)
     await store.accept_download(2, "op-2", "n", "http://x/2", 2)
     await store.set_progress(2, "op-2", 0.1 + 0.2, 1000)  # a float that must round-trip
     await store.begin_delete(3, "del-3", 2)
@@ -107,7 +109,10 @@ async def test_in_flight_report_survives_reopen_unchanged(tmp_path: Path) -> Non
         store.close()
     assert again == sent
     assert sent is not None
-    assert sent.gallery_tasks == (TaskEntry(1, 4, 1.0), TaskEntry(2, 1, 0.1 + 0.2))
+    assert sent.gallery_tasks == (
+        TaskEntry(1, 4, 1.0, size=10, sha256=DIGEST),
+        TaskEntry(2, 1, 0.1 + 0.2),
+    )
     assert sent.operation_ids == {1: "op-1", 2: "op-2", 3: "del-3"}
     assert sent.deleted == ((3, "del-3", NOT_FOUND, "nothing here"),)
 
@@ -117,14 +122,14 @@ async def test_ack_removes_only_what_the_report_carried(tmp_path: Path) -> None:
     store = await open_store(tmp_path)
     try:
         await store.accept_download(1, "op-1", "n", "http://x/1", 2)
-        await store.complete(1, "op-1", "1.zip")
+        await store.complete(1, "op-1", "1.zip", size=10, sha256=DIGEST)
         await store.begin_delete(3, "del-3", 2)
         await store.finish_delete(3, "del-3", NOT_FOUND, "")
         report = await store.create_report("rep", 1)
         assert report is not None
         # Completed after the snapshot: not carried, so not forgotten.
         await store.accept_download(2, "op-2", "n", "http://x/2", 2)
-        await store.complete(2, "op-2", "2.zip")
+        await store.complete(2, "op-2", "2.zip", size=10, sha256=DIGEST)
         assert not await store.acknowledge("some-other-report")
         assert await store.acknowledge("rep")
         assert not await store.acknowledge("rep")  # a second ACK changes nothing

@@ -24,6 +24,8 @@ from tasknet.runtime import RealThreadPools
 
 URL = "http://127.0.0.1:9/f"
 
+DIGEST = "ab" * 32  # any 64 hex characters: the store does not read the file
+
 
 @asynccontextmanager
 async def opened(path: Path) -> AsyncIterator[NodeStore]:
@@ -123,7 +125,7 @@ async def test_a_not_found_delete_settles_a_failed_one_does_not(tmp_path: Path) 
 async def test_a_completed_generation_stays_guarded(tmp_path: Path) -> None:
     async with opened(tmp_path) as store:
         await store.accept_download(9, "op-9", "n", URL, 2)
-        assert await store.complete(9, "op-9", "9.zip")
+        assert await store.complete(9, "op-9", "9.zip", size=10, sha256=DIGEST)
         report = await store.create_report("r1", int(time.time() * 1000))
         assert report is not None and await store.acknowledge("r1")
         assert await store.get_task(9) is None  # forgotten after the ACK
@@ -138,7 +140,7 @@ async def test_the_ack_itself_prunes_what_is_due(tmp_path: Path) -> None:
         await delete_and_ack(store, 7, "del-1", DELETED)
         backdate_settled(tmp_path, 8)
         await store.accept_download(8, "op-8", "n", URL, 2)
-        await store.complete(8, "op-8", "8.zip")
+        await store.complete(8, "op-8", "8.zip", size=10, sha256=DIGEST)
         report = await store.create_report("r2", int(time.time() * 1000))
         assert report is not None and await store.acknowledge("r2")
         assert commands(tmp_path) == [(8, "op-8", "DOWNLOAD")]
