@@ -7,7 +7,7 @@ target), 1 when one of them failed to run.
 
 ``--db`` (default ``both``) chooses the backends of B1, B2 and B9: ``B1`` on
 SQLite, ``B1-pg`` on a throwaway PostgreSQL server; B7 runs on PostgreSQL
-only (left out by ``--db sqlite``); B3-B6 and B10 do not depend on it.
+only (left out by ``--db sqlite``); B3-B6, B10 and B11 do not depend on it.
 B4 and B9 keep their seeded databases in ``--cache`` between runs of the
 same size (seeding a million tasks takes minutes).
 """
@@ -51,6 +51,11 @@ BENCHMARKS: dict[str, tuple[str, str, str]] = {
     "B8": ("bench.b8_simulator", "simulator", ">= 100 seeds/min, simulated >= 100x wall"),
     "B9": ("bench.b9_views", "views", "p99 < 50 ms (PostgreSQL 100 ms)"),
     "B10": ("bench.b10_restart", "restart storm", "< 30 s, answers within 1 s"),
+    "B11": (
+        "bench.b11_serving",
+        "serving",
+        "node >= 0.8x nginx; via site >= 0.5x; link p99 < 20 ms",
+    ),
 }
 #: Benchmarks with a site database under them that run on either backend.
 EITHER_BACKEND = frozenset({"B1", "B2", "B9"})
@@ -71,7 +76,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument(
         "benchmarks",
         nargs="*",
-        metavar="B1..B10|all",
+        metavar="B1..B11|all",
         help="benchmarks to run (default: all)",
     )
     parser.add_argument(

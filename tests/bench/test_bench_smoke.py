@@ -23,7 +23,7 @@ import pytest
 from tasknet.drill.pgserver import INSTALL_HINT, installed
 
 REPO = Path(__file__).resolve().parents[2]
-SQLITE_IDS = ["B1", "B2a", "B2b", "B3", "B4", "B5", "B6", "B8", "B9", "B10"]
+SQLITE_IDS = ["B1", "B2a", "B2b", "B3", "B4", "B5", "B6", "B8", "B9", "B10", "B11a", "B11b", "B11c"]
 ALL_IDS = [
     "B1",
     "B1-pg",
@@ -40,10 +40,30 @@ ALL_IDS = [
     "B9",
     "B9-pg",
     "B10",
+    "B11a",
+    "B11b",
+    "B11c",
 ]
 # The rows with a same-run baseline.
-WITH_BASELINE = ("B1", "B1-pg", "B2a", "B2b", "B2a-pg", "B2b-pg", "B3", "B6", "B7", "B9", "B9-pg")
-ROW = re.compile(r"^B\d+[ab]?(-pg)?  ")
+WITH_BASELINE = (
+    "B1",
+    "B1-pg",
+    "B2a",
+    "B2b",
+    "B2a-pg",
+    "B2b-pg",
+    "B3",
+    "B6",
+    "B7",
+    "B9",
+    "B9-pg",
+    "B11a",
+    "B11b",
+)
+ROW = re.compile(r"^B\d+[abc]?(-pg)?  ")
+#: B11's rows whose part of the feature may not be in the tree yet say so in
+#: their first note instead of a figure (bench/b11_serving.py NOT_MEASURED).
+MAY_BE_UNMEASURED = ("B11a", "B11b", "B11c")
 
 
 def _with_postgres() -> bool:
@@ -92,6 +112,9 @@ def test_quick_run_prints_every_row_and_writes_results(tmp_path: Path) -> None:
     assert [row["bench"] for row in document["rows"]] == ids
     for row in document["rows"]:
         assert row["error"] is None
+        if row["bench"] in MAY_BE_UNMEASURED and row["figure"] is None:
+            assert row["notes"][0].startswith("not measured: "), row
+            continue
         assert row["figure"] is not None
         # B5 is the CPU share of a site holding idle connections: in a
         # quick run's 2 s it may use less than one clock tick (0.0).
@@ -100,6 +123,8 @@ def test_quick_run_prints_every_row_and_writes_results(tmp_path: Path) -> None:
     for bench_id in WITH_BASELINE:
         if bench_id in ids:
             row = next(r for r in document["rows"] if r["bench"] == bench_id)
+            if bench_id in MAY_BE_UNMEASURED and row["figure"] is None:
+                continue
             assert row["baseline"] > 0 and row["ratio"] > 0
     machine = document["machine"]
     for key in ("nproc", "python", "sqlite", "twisted", "synchronous", "postgresql"):
@@ -137,11 +162,11 @@ def test_quick_run_prints_every_row_and_writes_results(tmp_path: Path) -> None:
 
 def test_unknown_benchmark_is_refused_with_the_valid_names() -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "bench", "B11"], cwd=REPO, capture_output=True, text=True, timeout=60
+        [sys.executable, "-m", "bench", "B12"], cwd=REPO, capture_output=True, text=True, timeout=60
     )
     assert done.returncode == 2
-    assert "unknown benchmark(s) B11" in done.stderr
-    assert "B1, B2, B3, B4, B5, B6, B7, B8, B9, B10" in done.stderr
+    assert "unknown benchmark(s) B12" in done.stderr
+    assert "B1, B2, B3, B4, B5, B6, B7, B8, B9, B10, B11" in done.stderr
 
 
 def test_load_nodes_reconnect_with_the_real_nodes_backoff() -> None:
