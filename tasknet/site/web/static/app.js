@@ -138,7 +138,25 @@
       liveNodesOffline: "{nodes} 离线", liveManyOffline: "{n} 个节点离线",
       waitingOfflineSince: "等待 {node}（自 {since} 起离线）",
       createdMoved: "已创建任务 {gid}。",
-      createQuotaUnsettled: "本周额度不够创建这个任务，没有扣费：这个任务需要 {cost}，本周已用 {used} 点 / 额度 {quota} 点，另有 {unsettled} 点属于结果未定的提交（也计入额度）。"
+      createQuotaUnsettled: "本周额度不够创建这个任务，没有扣费：这个任务需要 {cost}，本周已用 {used} 点 / 额度 {quota} 点，另有 {unsettled} 点属于结果未定的提交（也计入额度）。",
+      download: "下载", details: "详情", archiveSize: "归档大小", archiveSha256: "SHA-256", archiveNode: "节点",
+      archiveSizeValue: "{human}（{bytes} 字节）", notReported: "未报告",
+      archiveGoneFact: "归档", archiveGoneValue: "已不在节点上：{reason}（{at}）",
+      copy: "复制", copySha: "复制 SHA-256", copied: "已复制", copyFailed: "无法复制：请选中后手动复制。",
+      downloadStarted: "gid {gid} 的下载已开始：浏览器会保存文件。",
+      archiveNotReady: "尚未完成：gid {gid} 的归档还没有准备好。",
+      archiveGone: "gid {gid} 的归档已不在节点上：{reason}。", archiveGoneNoReason: "gid {gid} 的归档已不在节点上。",
+      archiveNodeOffline: "保存 gid {gid} 归档的节点离线；请在 {n}后重试。", archiveNodeOfflineNoN: "保存 gid {gid} 归档的节点离线；请稍后再试。",
+      archiveNotServed: "保存 gid {gid} 归档的节点不提供归档下载。",
+      archiveTooMany: "你经站点同时进行的下载太多了：等其中一个结束后再试。",
+      goneExpired: "超过了保留期限", goneDiskBudget: "为腾出磁盘空间被删除", goneCorrupt: "文件已损坏",
+      goneMissing: "节点上找不到了", goneCancelled: "已取消", goneRetired: "节点已退役",
+      bulkLinks: "aria2 下载链接", linksWorking: "正在生成链接……",
+      linksNone: "所选的任务都还没有完成：没有可以生成的链接。",
+      linksSaved: "已保存 tasknet-links.txt（{n} 个链接）。", linksSavedOne: "已保存 tasknet-links.txt（1 个链接）。",
+      linksSkipped: "跳过（未完成）：{n} 个。", linksMissing: "现在无法取得（节点离线或归档已不在）：{n} 个。",
+      linksHint: "用 aria2c -i tasknet-links.txt 下载并校验每个归档；链接会过期（默认 10 分钟），请尽快使用。",
+      linksFailed: "没有生成链接：{message}"
     },
     en: {
       skip: "Skip to content", signOut: "Sign out", navTasks: "Tasks", navAdmin: "Admin",
@@ -262,7 +280,25 @@
       liveNodesOffline: "{nodes} offline", liveManyOffline: "{n} nodes offline",
       waitingOfflineSince: "waiting for {node} (offline since {since})",
       createdMoved: "Task {gid} created.",
-      createQuotaUnsettled: "Not enough quota left this week for this task; nothing was charged: it costs {cost}; this week {used} of {quota} cost units are used, and {unsettled} more are held by submissions whose outcome is not settled yet (they count too)."
+      createQuotaUnsettled: "Not enough quota left this week for this task; nothing was charged: it costs {cost}; this week {used} of {quota} cost units are used, and {unsettled} more are held by submissions whose outcome is not settled yet (they count too).",
+      download: "Download", details: "Details", archiveSize: "Size on disk", archiveSha256: "SHA-256", archiveNode: "Node",
+      archiveSizeValue: "{human} ({bytes} bytes)", notReported: "not reported",
+      archiveGoneFact: "Archive", archiveGoneValue: "no longer held: {reason} ({at})",
+      copy: "Copy", copySha: "Copy SHA-256", copied: "Copied", copyFailed: "Could not copy: select it and copy it by hand.",
+      downloadStarted: "The download of gid {gid} has started: your browser saves the file.",
+      archiveNotReady: "Not complete yet: the archive of gid {gid} is not ready.",
+      archiveGone: "The archive of gid {gid} is no longer held: {reason}.", archiveGoneNoReason: "The archive of gid {gid} is no longer held.",
+      archiveNodeOffline: "The node holding the archive of gid {gid} is offline; try again in {n}.", archiveNodeOfflineNoN: "The node holding the archive of gid {gid} is offline; try again later.",
+      archiveNotServed: "The node holding the archive of gid {gid} does not serve archives.",
+      archiveTooMany: "You have too many downloads through the site at once: wait for one to finish and try again.",
+      goneExpired: "kept past its retention time", goneDiskBudget: "removed to free disk space", goneCorrupt: "its file was damaged",
+      goneMissing: "missing from its node", goneCancelled: "cancelled", goneRetired: "its node was retired",
+      bulkLinks: "Links for aria2", linksWorking: "Making links…",
+      linksNone: "None of the selected tasks is complete: there are no links to make.",
+      linksSaved: "Saved tasknet-links.txt ({n} links).", linksSavedOne: "Saved tasknet-links.txt (1 link).",
+      linksSkipped: "Skipped (not complete): {n}.", linksMissing: "Not available now (node offline or archive gone): {n}.",
+      linksHint: "Fetch and verify every archive with aria2c -i tasknet-links.txt; the links expire (after 10 minutes by default), so use it soon.",
+      linksFailed: "No links were made: {message}"
     }
   };
 
@@ -314,7 +350,11 @@
     wantedView: "tasks",   // the view the hash asks for (admin is known only after /api/me)
     usageTimer: null,
     reachTimer: null,
-    knownNodes: new Set()
+    knownNodes: new Set(),
+    detailsOpen: new Set(),  // gids whose details are open (kept across re-renders)
+    archiveBusy: new Set(),  // gids whose Download is asking for a link
+    linksResult: null,       // the last "Links for aria2" outcome (renderLinksResult)
+    archiveNotes: new Map()  // gid -> why its last Download did not start (shown on the row)
   };
 
   function $(id) { return document.getElementById(id); }
@@ -430,7 +470,7 @@
         var data = null;
         if (text) { try { data = JSON.parse(text); } catch (e) { data = null; } }
         if (response.status !== 0) { siteAnswered(); }
-        return { status: response.status, ok: response.ok, data: data };
+        return { status: response.status, ok: response.ok, data: data, retryAfter: response.headers.get("Retry-After") };
       });
     }, function () {
       return { status: 0, ok: false, data: null };
@@ -505,6 +545,9 @@
     state.nodeSince.clear();
     $("task-list").textContent = "";
     state.selected.clear();
+    state.detailsOpen.clear();
+    state.archiveNotes.clear();
+    showLinksResult(null);
     state.me = null;
     renderWho();
     showSignedIn(false);
@@ -791,6 +834,7 @@
     state.gone.delete(task.gid);
     state.pushedAt.set(task.gid, ++state.pushSeq);
     if (!previous || previous.status !== task.status || !!previous.queued !== !!task.queued) { scheduleCounts(); scheduleUsage(); }
+    if (previous && previous.status !== task.status) { state.archiveNotes.delete(task.gid); }
     noteNode(task.node);
     settleCreateResult(task);
     if (!previous) {
@@ -1152,6 +1196,20 @@
 
     var favoriteText = favorite ? t("unfavorite") : t("favorite");
     var actions = el("div", { className: "task-actions" });
+    if (task.status === "COMPLETED") {
+      actions.appendChild(el("button", {
+        type: "button", className: "primary", "data-action": "download", disabled: state.archiveBusy.has(task.gid),
+        "aria-busy": state.archiveBusy.has(task.gid) ? "true" : null,
+        "aria-label": actionLabel(t("download"), task), text: t("download")
+      }));
+    }
+    var detailsOpen = hasDetails(task) && state.detailsOpen.has(task.gid);
+    if (hasDetails(task)) {
+      actions.appendChild(el("button", {
+        type: "button", "data-action": "details", "aria-expanded": detailsOpen ? "true" : "false",
+        "aria-controls": "task-details-" + task.gid, "aria-label": actionLabel(t("details"), task), text: t("details")
+      }));
+    }
     if (canDelete(task)) {
       var deleteText = task.status === "DELETE_FAILED" ? t("retryDelete") : t("delete");
       actions.appendChild(el("button", {
@@ -1188,6 +1246,10 @@
 
     var notes = [];
     if (note) { notes.push(el("span", { className: "row-note note-" + note.kind, "data-role": "note", "data-kind": note.kind, text: note.text })); }
+    var archiveNote = state.archiveNotes.get(task.gid);
+    if (archiveNote) {
+      notes.push(el("span", { className: "row-note note-archive", "data-role": "archive-note", "data-code": archiveNote.code, text: archiveNote.text }));
+    }
     if (detail) {
       notes.push(el("span", { className: "row-detail", "data-role": "detail", title: detail.raw || null, text: detail.text }));
       if (detail.raw) { notes.push(el("code", { className: "row-raw", lang: "en", text: detail.raw })); }
@@ -1217,8 +1279,252 @@
         bar, el("span", { className: "percent", "aria-hidden": "true", text: percent + "%" }),
         el("span", { className: "stale-mark", "data-i18n": "staleMark", text: t("staleMark") })
       ]),
-      actions
+      actions,
+      detailsOpen ? archiveDetails(task) : null
     ]);
+  }
+
+  // ---- archive: details, download, links for aria2 ------------------------------
+
+  // Details are offered where there is an archive to describe (or one that went).
+  function hasDetails(task) {
+    return task.status === "COMPLETED" || !!task.archiveGone || typeof task.archiveSha256 === "string";
+  }
+
+  var GONE_REASONS = {
+    EXPIRED: "goneExpired", DISK_BUDGET: "goneDiskBudget", CORRUPT: "goneCorrupt",
+    MISSING: "goneMissing", CANCELLED: "goneCancelled", NODE_RETIRED: "goneRetired"
+  };
+
+  function goneReason(reason) {
+    if (!reason) { return ""; }
+    return GONE_REASONS[reason] ? t(GONE_REASONS[reason]) : String(reason);
+  }
+
+  // The archive as the node reported it: size on disk (readable and exact),
+  // the SHA-256 with a Copy button, the node.  null is "not reported" (a
+  // legacy node, or an archive completed before the site recorded them).
+  function archiveDetails(task) {
+    var rows = [];
+    function item(label, role, children) {
+      rows.push(el("div", { className: "detail" }, [el("dt", { text: label }), el("dd", { "data-role": role }, children)]));
+    }
+    function text(value) { return document.createTextNode(value); }
+    var size = typeof task.archiveSize === "number" ? task.archiveSize : null;
+    item(t("archiveSize"), "archive-size", [el("span", {
+      className: size === null ? "not-reported" : null, "data-bytes": size === null ? null : String(size),
+      text: size === null ? t("notReported") : t("archiveSizeValue", { human: F.bytes(size, state.lang), bytes: num(size) })
+    })]);
+    var sha = typeof task.archiveSha256 === "string" && task.archiveSha256 ? task.archiveSha256 : null;
+    item(t("archiveSha256"), "archive-sha256", sha ? [
+      el("code", { className: "sha256", lang: "en", "data-role": "sha256", text: sha }),
+      text(" "),
+      el("button", { type: "button", className: "copy", "data-action": "copy-sha", "aria-label": actionLabel(t("copySha"), task), text: t("copy") })
+    ] : [el("span", { className: "not-reported", text: t("notReported") })]);
+    item(t("archiveNode"), "archive-node", [text(task.node || "—")]);
+    var gone = task.archiveGone;
+    if (gone && typeof gone === "object") {
+      item(t("archiveGoneFact"), "archive-gone", [text(t("archiveGoneValue", { reason: goneReason(gone.reason) || "—", at: gone.at ? formatTime(gone.at) : "—" }))]);
+    }
+    return el("div", { className: "task-details", id: "task-details-" + task.gid, "data-role": "details" }, [
+      el("dl", { className: "details-list" }, rows)
+    ]);
+  }
+
+  function toggleDetails(gid) {
+    if (state.detailsOpen.has(gid)) { state.detailsOpen.delete(gid); } else { state.detailsOpen.add(gid); }
+    rerenderRow(gid);
+    var button = document.querySelector('#task-list > li[data-gid="' + gid + '"] button[data-action="details"]');
+    if (button) { button.focus(); }
+  }
+
+  // The clipboard API where the page may use it, else a selected textarea
+  // and execCommand("copy"); resolves to whether the text was copied.
+  function copyText(value) {
+    function fallback() {
+      var box = el("textarea", { className: "copy-buffer", readonly: true, "aria-hidden": "true", tabindex: "-1" });
+      box.value = value;
+      document.body.appendChild(box);
+      box.select();
+      var copied = false;
+      try { copied = document.execCommand("copy"); } catch (e) { copied = false; }
+      box.remove();
+      return copied;
+    }
+    if (navigator.clipboard && navigator.clipboard.writeText && window.isSecureContext) {
+      return navigator.clipboard.writeText(value).then(function () { return true; }, fallback);
+    }
+    return Promise.resolve(fallback());
+  }
+
+  function copySha(gid, button) {
+    var task = state.tasks.get(gid);
+    var sha = task && task.archiveSha256;
+    if (!sha) { return; }
+    copyText(sha).then(function (copied) {
+      if (document.contains(button)) { button.focus(); }
+      if (copied) {
+        notify(t("copied"));
+        if (document.contains(button)) {
+          button.textContent = t("copied");
+          button.setAttribute("data-copied", "true");
+          setTimeout(function () { button.textContent = t("copy"); button.removeAttribute("data-copied"); }, 2000);
+        }
+        return;
+      }
+      // Not copied: the hash is selected, ready for the reader's own copy.
+      var code = button.parentNode && button.parentNode.querySelector('[data-role="sha256"]');
+      if (code) { window.getSelection().selectAllChildren(code); }
+      notify(t("copyFailed"), true);
+    });
+  }
+
+  // Let the browser fetch ``url`` as a download: a node's signed link (it
+  // answers with Content-Disposition: attachment, so the page stays) or the
+  // site's own streaming path (same origin: the session cookie goes along).
+  function saveFrom(url, name) {
+    var link = el("a", { href: url, download: name || "", className: "visually-hidden", tabindex: "-1" });
+    document.body.appendChild(link);
+    link.click();
+    link.remove();
+  }
+
+  // Why the archive could not be fetched, in the reader's words.
+  function archiveErrorText(gid, result) {
+    var code = errorCode(result);
+    var err = (result.data && result.data.error) || {};
+    if (result.status === 0) { return t("cannotReach"); }
+    if (code === "archive_not_ready") { return t("archiveNotReady", { gid: gid }); }
+    if (code === "archive_gone") {
+      var reason = goneReason(err.reason || (err.archiveGone && err.archiveGone.reason));
+      return reason ? t("archiveGone", { gid: gid, reason: reason }) : t("archiveGoneNoReason", { gid: gid });
+    }
+    if (code === "node_offline") {
+      var wait = Number(result.retryAfter || err.retryAfter);
+      return wait > 0 ? t("archiveNodeOffline", { gid: gid, n: F.duration(wait, state.lang) }) : t("archiveNodeOfflineNoN", { gid: gid });
+    }
+    if (code === "archive_not_served") { return t("archiveNotServed", { gid: gid }); }
+    if (code === "too_many_streams") { return t("archiveTooMany"); }
+    return errorSentence(result);
+  }
+
+  // Download: ask for a link first (JSON), so an offline node or a gone
+  // archive is a sentence on the row, never an error page in the tab.
+  function downloadArchive(gid) {
+    if (state.archiveBusy.has(gid)) { return; }
+    state.archiveBusy.add(gid);
+    state.archiveNotes.delete(gid);
+    rerenderRow(gid);
+    api("GET", "/api/tasks/" + gid + "/archive").then(function (result) {
+      state.archiveBusy.delete(gid);
+      if (result.status === 401) { signOut(); notify(t("errUnauthorized"), true); return; }
+      if (result.ok && result.data && result.data.url) {
+        saveFrom(result.data.url);
+        notify(t("downloadStarted", { gid: gid }));
+      } else {
+        var text = archiveErrorText(gid, result);
+        state.archiveNotes.set(gid, { code: errorCode(result) || String(result.status), text: text });
+        notify(text, true);
+        // Not ready or gone: the row itself is out of date; read it again.
+        if (result.status === 409 || result.status === 410) {
+          api("GET", "/api/tasks/" + gid).then(function (fresh) {
+            if (fresh.ok && fresh.data && fresh.data.task) { upsertTask(fresh.data.task); }
+          });
+        }
+      }
+      rerenderRow(gid);
+    });
+  }
+
+  // POST /api/tasks/archive-links answered as text (an aria2 input file).
+  function postForText(path, body) {
+    return fetch(path, {
+      method: "POST", headers: { "Accept": "text/plain", "Content-Type": "application/json" }, body: JSON.stringify(body)
+    }).then(function (response) {
+      return response.text().then(function (text) {
+        var data = null;
+        if (!response.ok && text) { try { data = JSON.parse(text); } catch (e) { data = null; } }
+        siteAnswered();
+        return { status: response.status, ok: response.ok, text: text, data: data };
+      });
+    }, function () {
+      return { status: 0, ok: false, text: "", data: null };
+    });
+  }
+
+  // The links in an aria2 input file: each unindented line that is not a comment.
+  function countLinks(text) {
+    return text.split(/\r?\n/).filter(function (line) { return line && !/^[\s#]/.test(line); }).length;
+  }
+
+  // "Links for aria2": one file for the completed tasks of the selection
+  // (1,000 gids a request); the others are skipped and counted.
+  function bulkLinks() {
+    var chosen = state.order.filter(function (g) { return state.selected.has(g); });
+    var completed = chosen.filter(function (g) { var task = state.tasks.get(g); return task && task.status === "COMPLETED"; });
+    var skipped = chosen.length - completed.length;
+    if (!completed.length) { showLinksResult({ kind: "warn", none: true, skipped: skipped }); return; }
+    var button = $("bulk-links");
+    button.disabled = true;
+    showLinksResult({ kind: "", working: true });
+    var texts = [];
+    var chunks = [];
+    for (var i = 0; i < completed.length; i += 1000) { chunks.push(completed.slice(i, i + 1000)); }
+    chunks.reduce(function (chain, chunk) {
+      return chain.then(function (failed) {
+        if (failed) { return failed; }
+        return postForText("/api/tasks/archive-links", { gids: chunk }).then(function (result) {
+          if (!result.ok) { return result; }
+          texts.push(result.text.replace(/\s+$/, ""));
+          return null;
+        });
+      });
+    }, Promise.resolve(null)).then(function (failed) {
+      button.disabled = false;
+      if (failed) {
+        if (failed.status === 401) { signOut(); notify(t("errUnauthorized"), true); return; }
+        showLinksResult({ kind: "error", failed: errorSentence(failed) });
+        return;
+      }
+      var text = texts.filter(Boolean).join("\n") + "\n";
+      var links = countLinks(text);
+      if (links) { saveFrom(URL.createObjectURL(new Blob([text], { type: "text/plain" })), "tasknet-links.txt"); }
+      showLinksResult({ kind: links ? "ok" : "warn", links: links, skipped: skipped, missing: completed.length - links, none: !links });
+    });
+  }
+
+  // The bulk links' outcome stays under the list bar (with how to use the
+  // file) until the next one; it follows a change of language.
+  function showLinksResult(outcome) {
+    state.linksResult = outcome;
+    renderLinksResult();
+  }
+
+  function renderLinksResult() {
+    var box = $("links-result");
+    var outcome = state.linksResult;
+    box.textContent = "";
+    box.className = "result links-result" + (outcome && outcome.kind ? " " + outcome.kind : "");
+    box.hidden = !outcome;
+    if (!outcome) { return; }
+    if (outcome.working) { box.textContent = t("linksWorking"); return; }
+    if (outcome.failed) { box.textContent = t("linksFailed", { message: outcome.failed }); return; }
+    var parts = [];
+    if (outcome.none) { parts.push(t("linksNone")); } else { parts.push(outcome.links === 1 ? t("linksSavedOne") : t("linksSaved", { n: num(outcome.links) })); }
+    if (outcome.skipped) { parts.push(t("linksSkipped", { n: num(outcome.skipped) })); }
+    if (outcome.missing) { parts.push(t("linksMissing", { n: num(outcome.missing) })); }
+    box.appendChild(el("span", { "data-role": "links-outcome", text: parts.join(" ") }));
+    if (!outcome.none) {
+      // The command is code: split the sentence around it.
+      var hint = el("span", { className: "links-hint", "data-role": "links-hint" });
+      var words = t("linksHint").split("aria2c -i tasknet-links.txt");
+      hint.appendChild(document.createTextNode(words[0]));
+      if (words.length > 1) {
+        hint.appendChild(el("code", { lang: "en", text: "aria2c -i tasknet-links.txt" }));
+        hint.appendChild(document.createTextNode(words.slice(1).join("aria2c -i tasknet-links.txt")));
+      }
+      box.appendChild(hint);
+    }
   }
 
   function canDelete(task) {
@@ -1696,6 +2002,9 @@
     if (button.dataset.action === "favorite") { toggleFavorite(gid); }
     else if (button.dataset.action === "delete") { deleteTask(gid); }
     else if (button.dataset.action === "force-delete") { forceDelete(gid); }
+    else if (button.dataset.action === "download") { downloadArchive(gid); }
+    else if (button.dataset.action === "details") { toggleDetails(gid); }
+    else if (button.dataset.action === "copy-sha") { copySha(gid, button); }
   }
 
   function onTaskListChange(event) {
@@ -2120,6 +2429,7 @@
     toggle.setAttribute("aria-label", state.lang === "zh" ? "Switch to English" : "切换到中文");
     if (state.usage) { renderUsage(state.usage); }
     renderWho();
+    renderLinksResult();
     if (state.signedIn) {
       renderTaskList();
       setLive(state.socket !== null && state.socket.readyState === WebSocket.OPEN);
@@ -2184,6 +2494,7 @@
     $("select-all").addEventListener("change", function () { selectAllShown($("select-all").checked); });
     $("bulk-delete").addEventListener("click", function () { bulkAction("delete"); });
     $("bulk-retry").addEventListener("click", function () { bulkAction("retry"); });
+    $("bulk-links").addEventListener("click", bulkLinks);
     $("bulk-clear").addEventListener("click", function () { selectAllShown(false); state.selected.clear(); renderSelection(); });
     $("create-gid").addEventListener("input", function () {
       var box = $("create-gid");
