@@ -101,6 +101,18 @@ _entries = st.lists(
     ),
     max_size=4,
 )
+# A v2 completion may carry its archive's size and SHA-256 (two digests: a
+# later one for the same generation replaces the first).
+_digests = st.sampled_from([None, (1000, "a" * 64), (2000, "b" * 64)])
+
+
+def _v2_entry(entry: tuple[int, int, float], digest: tuple[int, str] | None) -> TaskEntry:
+    gid, status, progress = entry
+    if digest is None or status != 4:
+        return TaskEntry(gid, status, progress)
+    return TaskEntry(gid, status, progress, False, "", *digest)
+
+
 _deleted = st.lists(
     st.tuples(
         st.sampled_from([5, 9, 4, 1]),
@@ -118,7 +130,7 @@ def _task_report(draw: st.DrawFn) -> TaskReport:
         # A small pool of ids: some repeat within a batch or across batches.
         report_id=draw(st.sampled_from(["a", "b", "c", "d", "e", "f", "g"])),
         revision=draw(st.sampled_from([100, 200, 300])),
-        gallery_tasks=tuple(TaskEntry(*e) for e in entries),
+        gallery_tasks=tuple(_v2_entry(e, draw(_digests)) for e in entries),
         operation_ids={
             g: f"op-{g}" if kind == "own" else kind
             for g, _, _ in entries
@@ -164,6 +176,7 @@ def _state(path: str) -> dict[str, Any]:
             )
         return {
             "gallery": rows("SELECT gid, status, progress, node_id FROM gallery ORDER BY gid"),
+            "archives": rows("SELECT gid, archive_size, archive_sha256 FROM gallery ORDER BY gid"),
             "operations": rows(
                 "SELECT gid, operation_id, state, last_revision, legacy, dispatched,"
                 " delete_operation_id, delete_result, delete_reason"

@@ -34,6 +34,14 @@ next completion would count the task and its bytes again.  Only a new
 generation (a new operationId, which starts from no status) downloads it
 again.  The rule holds for legacy ``StatusReport`` entries too.
 
+The archive's digest (DELIVERY.md "Integrity"): an applied status-4 entry
+that carries ``size`` and ``sha256`` writes them to ``gallery.archive_size``
+and ``archive_sha256`` in the same statement as its status (a differing
+digest is a change of the task, announced like one); an entry without them
+(a legacy node, an older v2 node) writes neither, so they stay NULL.  A
+dropped entry writes nothing, and a new generation starts from a new task
+row (``storage/create.py``), with neither.
+
 Ownership (PROTOCOL.md "Ownership"): a node may change only tasks assigned
 to it (``gallery.node_id``).  A legacy row with a node status but no recorded
 node (*claimable*: no generation or a backfilled one, ``status`` set,
@@ -215,14 +223,15 @@ def _ids(gids: Iterable[int]) -> list[int]:
 _ROWS_SQL = sql("""
 SELECT g.gid, g.status, g.progress, g.node_id,
        o.operation_id, o.state, o.last_revision, o.legacy,
-       g.user_id, g.size, g.speed, g.sampled_at, g.moved_at, g.queued, g.detail
+       g.user_id, g.size, g.speed, g.sampled_at, g.moved_at, g.queued, g.detail,
+       g.archive_size, g.archive_sha256
 FROM gallery AS g LEFT JOIN task_operation AS o ON o.gid = g.gid
 WHERE g.gid {in_array}
 """)
 # Where the judging reads a row of _ROWS_SQL by position: every entry of every
 # report is judged, and a name lookup on a sqlite3.Row scans its columns.
 _STATUS, _PROGRESS, _NODE_ID, _OPERATION_ID, _STATE, _LAST_REVISION, _LEGACY = range(1, 8)
-_QUEUED, _DETAIL = 13, 14
+_QUEUED, _DETAIL, _ARCHIVE_SIZE, _ARCHIVE_SHA256 = 13, 14, 15, 16
 
 
 def _task_rows(cursor: sqlite3.Cursor, gids: Iterable[int]) -> dict[int, sqlite3.Row]:
@@ -265,13 +274,17 @@ _RECORDED_SQL = sql("SELECT report_id FROM report_receipt WHERE report_id {in_ar
 _RECEIPT_SQL = sql(
     "INSERT INTO report_receipt (report_id, node_id, revision, received_at) VALUES (?, ?, ?, {now})"
 )
+# The archive's digest rides along with the completion that carries it
+# (NULL parameters keep what is recorded: an entry without one changes none).
 _UPDATE_TASK_SQL = sql(
     "UPDATE gallery SET status = ?, progress = ?, queued = ?, detail = ?,"
+    " archive_size = COALESCE(?, archive_size), archive_sha256 = COALESCE(?, archive_sha256),"
     " updated_at = {now} WHERE gid = ?"
 )
 # A change that is also a throughput sample writes both in one statement.
 _UPDATE_SAMPLED_TASK_SQL = sql(
     "UPDATE gallery SET status = ?, progress = ?, queued = ?, detail = ?,"
+    " archive_size = COALESCE(?, archive_size), archive_sha256 = COALESCE(?, archive_sha256),"
     " updated_at = {now}, speed = ?, sampled_at = ?, moved_at = ?,"
     " completed_at = COALESCE(completed_at, ?) WHERE gid = ?"
 )
@@ -361,8 +374,8 @@ class _Changes:
     with one view query."""
 
     def __init__(self) -> None:
-        # (status, progress, queued, detail, gid)
-        self.tasks: list[tuple[int, float, int, str | None, int]] = []
+        # (status, progress, queued, detail, archive_size, archive_sha256, gid)
+        self.tasks: list[tuple[int, float, int, str | None, int | None, str | None, int]] = []
         self.claims: list[tuple[str, int]] = []
         self.revisions: list[tuple[int, list[int]]] = []
         self.announce: list[int] = []
@@ -384,20 +397,35 @@ class _Changes:
         changed = []
         for g in outcome.applied:
             row, entry = rows[g], entries[g]
-            # ``queued`` and ``detail`` (v2 entries; a legacy entry has
-            # neither) are part of what a person sees: a change of either
-            # is a change of the task.
+            # ``queued``, ``detail`` and a completion's digest (v2 entries; a
+            # legacy entry has none) are part of what a person sees: a
+            # change of any is a change of the task.
             if (
                 row[_STATUS] != entry.status
                 or float(row[_PROGRESS]) != entry.progress
                 or bool(row[_QUEUED]) != entry.queued
                 or (row[_DETAIL] or "") != entry.detail
+                or (
+                    entry.sha256 != ""
+                    and entry.status == _COMPLETED
+                    and (row[_ARCHIVE_SHA256] != entry.sha256 or row[_ARCHIVE_SIZE] != entry.size)
+                )
             ):
                 changed.append(g)
         for g in changed:
             entry = entries[g]
+            # A digest only with a completion ("" = not sent): recorded as is.
+            digest = entry.status == _COMPLETED and entry.sha256 != ""
             self.tasks.append(
-                (entry.status, entry.progress, int(entry.queued), entry.detail or None, g)
+                (
+                    entry.status,
+                    entry.progress,
+                    int(entry.queued),
+                    entry.detail or None,
+                    entry.size if digest else None,
+                    entry.sha256 if digest else None,
+                    g,
+                )
             )
         if revision is not None and changed:
             self.revisions.append((revision, changed))
@@ -413,7 +441,9 @@ class _Changes:
         if samples:
             plain = [t for t in self.tasks if t[-1] not in samples]
             sampled = [
-                (st, pr, qu, de, *samples[g], g) for st, pr, qu, de, g in self.tasks if g in samples
+                (st, pr, qu, de, size, sha, *samples[g], g)
+                for st, pr, qu, de, size, sha, g in self.tasks
+                if g in samples
             ]
             cursor.executemany(_UPDATE_SAMPLED_TASK_SQL, sampled)
         else:

@@ -64,7 +64,7 @@ SELECT g.gid, g.name, g.user_id AS owner, g.status AS node_code, g.progress, g.n
        COALESCE(o.cost, g.cost) AS cost, g.created_at, g.updated_at,
        o.state, o.operation_id, o.delete_operation_id, o.delete_result, 1 AS has_row,
        u.name AS owner_name, g.size, g.completed_at, g.speed, g.moved_at,
-       g.queued, g.detail, g.sampled_at,
+       g.queued, g.detail, g.sampled_at, g.archive_size, g.archive_sha256,
        CASE WHEN g.node_id IS NULL THEN NULL
        WHEN EXISTS (SELECT 1 FROM node_session AS s WHERE s.node_id = g.node_id
                     AND s.connected_at IS NOT NULL AND (s.instance_id IS NULL OR s.instance_id IN
@@ -78,7 +78,7 @@ SELECT o.gid, '', o.user_id, NULL, 0, NULL,
        o.cost, o.created_at, o.updated_at,
        o.state, o.operation_id, o.delete_operation_id, o.delete_result, 0,
        (SELECT name FROM "user" WHERE id = o.user_id), NULL, NULL, NULL, NULL,
-       0, NULL, NULL, NULL
+       0, NULL, NULL, NULL, NULL, NULL
 FROM task_operation AS o
 WHERE o.gid {match} AND NOT EXISTS (SELECT 1 FROM gallery AS g WHERE g.gid = o.gid)
 """
@@ -109,6 +109,8 @@ def gone_view(gid: int, state: str | None = None, **known: Any) -> dict[str, Any
         "speed": None,
         "eta": None,
         "completedAt": None,
+        "archiveSize": None,
+        "archiveSha256": None,
         "queued": False,
         "detail": None,
         "nodeConnected": None,
@@ -168,7 +170,7 @@ def _view_of_row(row: sqlite3.Row, now: float) -> dict[str, Any] | None:
     gid, name, _owner, node_code, progress, node_id, cost, created_at = row[:8]
     updated_at, state, operation_id, delete_operation_id, delete_result, has_row = row[8:14]
     owner_name, size, completed_at, speed, moved_at = row[14:19]
-    queued_flag, detail, sampled_at, node_connected = row[19:]
+    queued_flag, detail, sampled_at, archive_size, archive_sha256, node_connected = row[19:]
     if not has_row:
         # No task row left: a DELETED tombstone is shown as gone; any other
         # bare generation has no view.
@@ -213,6 +215,8 @@ def _view_of_row(row: sqlite3.Row, now: float) -> dict[str, Any] | None:
         "speed": speed,
         "eta": throughput.eta(size, done, speed),
         "completedAt": completed_at,
+        "archiveSize": archive_size,
+        "archiveSha256": archive_sha256,
         "queued": queued,
         "detail": detail or None,
         "nodeConnected": connected,
