@@ -134,7 +134,10 @@ class SiteLink(PeerProtocol):
         super().connectionMade()
         if self.factory.wire_protocol >= 2:
             # Before Login, so the site can decide at Login without a timer.
-            self.sendMessage(ProtocolHello(features=NODE_FEATURES))
+            archive_url, serve_url = self.factory.hello_urls()
+            self.sendMessage(
+                ProtocolHello(features=NODE_FEATURES, archive_url=archive_url, serve_url=serve_url)
+            )
 
     def connectionLost(self, reason: Failure | None = None) -> None:
         super().connectionLost(reason)
@@ -318,7 +321,9 @@ class SiteLinkFactory(PeerFactory):
     (it cannot prove itself); ``dialled_tls()`` says whether the current
     attempt dialled a ``tls:`` endpoint (set by :func:`site_client_service`),
     which also makes a legacy site acceptable.  ``proof_timeout``: seconds
-    for the site's SiteProof after an accepted LoginResult.
+    for the site's SiteProof after an accepted LoginResult.  ``hello_urls``
+    says, at each connection, where the node serves archives (its Hello's
+    ``archiveUrl`` and ``serveUrl``; ``("", "")`` when it does not serve).
     """
 
     def __init__(
@@ -337,6 +342,7 @@ class SiteLinkFactory(PeerFactory):
         trust_legacy_site: bool = False,
         proof_timeout: float = PROOF_TIMEOUT,
         entropy: IEntropy,
+        hello_urls: Callable[[], tuple[str, str]] = lambda: ("", ""),
     ) -> None:
         if protocol not in (1, 2):
             raise ValueError(f"protocol must be 1 or 2, got {protocol!r}")
@@ -358,6 +364,7 @@ class SiteLinkFactory(PeerFactory):
         #: The nonces of the site's proof (NodeChallenge) come from it.
         self.entropy: IEntropy = entropy
         self.dialled_tls: Callable[[], bool] = lambda: False
+        self.hello_urls = hello_urls
 
     def buildProtocol(self, addr: Any) -> Any:  # Any: Factory's generic typing wants more
         return SiteLink(self)
@@ -547,6 +554,7 @@ def site_client_service(
     trust_legacy_site: bool = False,
     proof_timeout: float = PROOF_TIMEOUT,
     entropy: IEntropy,
+    hello_urls: Callable[[], tuple[str, str]] = lambda: ("", ""),
 ) -> SiteClientService:
     """A service that keeps the node connected (and logged in) to the site.
 
@@ -561,7 +569,7 @@ def site_client_service(
     ``trust_legacy_site``: see :class:`SiteLinkFactory`.  ``entropy`` gives
     the site's challenges and the default policy's jitter.  ``reactor``
     (whose TCP, TLS and UNIX connections the endpoints use) and ``entropy``
-    are the node root's.
+    are the node root's.  ``hello_urls``: see :class:`SiteLinkFactory`.
     """
     if clock is None:
         clock = IReactorTime(reactor)
@@ -578,6 +586,7 @@ def site_client_service(
         trust_legacy_site=trust_legacy_site,
         proof_timeout=proof_timeout,
         entropy=entropy,
+        hello_urls=hello_urls,
     )
     # One attempt at a time: the endpoint dialled last is the connection's.
     factory.dialled_tls = lambda: (endpoints.dialled or "").startswith("tls:")

@@ -26,6 +26,8 @@ from tasknet.node.commands import BadCommand, CommandHandler
 from tasknet.node.download import DEFAULT_MAX_ARCHIVE_BYTES
 from tasknet.node.paths import DataDir
 from tasknet.node.reporter import Reporter
+from tasknet.node.serve import DEFAULT_SERVE_MAX, ArchiveServer, listening_url
+from tasknet.node.serve import IDLE_TIMEOUT as SERVE_IDLE_TIMEOUT
 from tasknet.node.store import NodeStore
 from tasknet.node.worker import Worker
 from tasknet.protocol.messages import NODE_ID, Message, TaskReportAck
@@ -124,6 +126,34 @@ def _secret(option: str | None, path: str | None, environment: str | None) -> st
     raise usage.UsageError(f"--secret is required (or --secret-file PATH, or {SECRET_ENV})")
 
 
+def _check_serve_options(options: usage.Options) -> None:
+    """--serve, --public-url and --serve-url (tasknet.node.serve), each a
+    clear one-line :class:`usage.UsageError` when wrong."""
+    from twisted.internet import reactor
+    from twisted.internet.endpoints import serverFromString
+
+    from tasknet.node.serve import serve_endpoint_problem, url_problem
+
+    serve = options["serve"]
+    for option in ("public-url", "serve-url"):
+        if options[option] is None:
+            continue
+        if serve is None:
+            raise usage.UsageError(f"--{option} needs --serve (the endpoint it names)")
+        problem = url_problem(option, options[option])
+        if problem is not None:
+            raise usage.UsageError(problem)
+    if serve is None:
+        return
+    problem = serve_endpoint_problem(serve)
+    if problem is not None:
+        raise usage.UsageError(problem)
+    try:
+        serverFromString(reactor, serve)  # parses it (and, for ssl:, reads the key files)
+    except Exception as exc:
+        raise usage.UsageError(f"--serve {serve}: {exc}") from exc
+
+
 def _archive_bytes(value: str) -> int:
     number = int(value)
     if number < 1:
@@ -184,6 +214,34 @@ class Options(LogOptions, usage.Options):
             "serve Prometheus metrics on this endpoint (tcp:9101 binds to 127.0.0.1; "
             "name another interface with tcp:9101:interface=ADDRESS)",
         ],
+        [
+            "serve",
+            None,
+            None,
+            "serve archives over HTTP on this endpoint (tcp:7300:interface=0.0.0.0, or "
+            "ssl:7443:privateKey=KEY:certKey=CERT) [default: off]",
+        ],
+        [
+            "public-url",
+            None,
+            None,
+            "the base URL users' browsers reach --serve at (https://node-1.example.org:7443/); "
+            "without it users get archives through the site",
+        ],
+        [
+            "serve-url",
+            None,
+            None,
+            "the base URL the site reaches --serve at [default: derived from a tcp: --serve "
+            "on loopback]",
+        ],
+        [
+            "serve-max",
+            None,
+            DEFAULT_SERVE_MAX,
+            "concurrent archive transfers; past it 503",
+            _positive_int("serve-max"),
+        ],
     ]
 
     opt_version = version_option("tasknet-node")
@@ -213,6 +271,7 @@ class Options(LogOptions, usage.Options):
             raise usage.UsageError(
                 f"--node-id must match {NODE_ID.pattern}, got {self['node-id']!r}"
             )
+        _check_serve_options(self)
 
 
 @implementer(INodeHandler)
@@ -247,6 +306,11 @@ class NodeService(MultiService):
         debounce: float = 0.3,
         retry_policy: Any = None,
         metrics: str | None = None,
+        serve: str | None = None,
+        public_url: str | None = None,
+        serve_url: str | None = None,
+        serve_max: int = DEFAULT_SERVE_MAX,
+        serve_idle_timeout: float = SERVE_IDLE_TIMEOUT,
         trust_legacy_site: bool = False,
         max_archive_bytes: int = DEFAULT_MAX_ARCHIVE_BYTES,
         proof_timeout: float | None = None,
@@ -283,6 +347,14 @@ class NodeService(MultiService):
         self.max_archive_bytes = max_archive_bytes
         self.proof_timeout = proof_timeout  # None: link.PROOF_TIMEOUT
         self.metrics_port: Any = None
+        # --serve: the archive endpoint (tasknet.node.serve), its URLs for the Hello.
+        self.serve = serve
+        self.public_url = public_url
+        self.serve_url = serve_url
+        self.serve_max = serve_max
+        self.serve_idle_timeout = serve_idle_timeout
+        self.archive_server: ArchiveServer | None = None
+        self.serve_port: Any = None
         self.store: NodeStore | None = None
         self.worker: Worker | None = None
         self.reporter: Reporter | None = None
@@ -339,6 +411,7 @@ class NodeService(MultiService):
             retry_policy=self.retry_policy,
             trust_legacy_site=self.trust_legacy_site,
             proof_timeout=PROOF_TIMEOUT if self.proof_timeout is None else self.proof_timeout,
+            hello_urls=self.hello_urls,
         )
         store = self.store = NodeStore(
             self.data, reactor=self.reactor, clock=self.clock, threads=self.threads
@@ -374,6 +447,8 @@ class NodeService(MultiService):
         await worker.resume_all()
         if self.metrics is not None:  # before dialling: a taken port fails the start
             await self._serve_metrics(self.metrics)
+        if self.serve is not None:  # likewise
+            await self._serve_archives(self.serve)
         log.info(
             "node {node_id} ready (protocol {protocol}, data {data}); dialling {connect}",
             node_id=self.node_id,
@@ -398,6 +473,40 @@ class NodeService(MultiService):
             metrics_site(registry, self.clock)
         )
         log.info("metrics on {endpoint}", endpoint=endpoint)
+
+    async def _serve_archives(self, endpoint: str) -> None:
+        from twisted.internet.endpoints import serverFromString
+
+        assert self.store is not None
+        self.archive_server = ArchiveServer(
+            self.store,
+            self.data,
+            self.secret,
+            clock=self.clock,
+            serve_max=self.serve_max,
+            idle_timeout=self.serve_idle_timeout,
+        )
+        self.serve_port = await serverFromString(self.tcp, endpoint).listen(
+            self.archive_server.site()
+        )
+        archive_url, serve_url = self.hello_urls()
+        log.info(
+            "serving archives on {endpoint} (public URL {archive_url}, site's URL {serve_url})",
+            endpoint=endpoint,
+            archive_url=archive_url or "none",
+            serve_url=serve_url or "none",
+        )
+
+    def hello_urls(self) -> tuple[str, str]:
+        """The Hello's archiveUrl and serveUrl: --public-url, and --serve-url
+        or the one derived from where --serve listens ("" when not serving)."""
+        if self.serve_port is None:
+            return "", ""
+        serve_url = self.serve_url
+        if serve_url is None:
+            kind = (self.serve or "").partition(":")[0].lower()
+            serve_url = listening_url(kind, self.serve_port)
+        return self.public_url or "", serve_url
 
     async def _recover(self) -> None:
         """Finish deletes a crash interrupted; remove leftovers of old generations."""
@@ -449,6 +558,9 @@ class NodeService(MultiService):
     async def _release(self) -> None:
         if self.metrics_port is not None:
             port, self.metrics_port = self.metrics_port, None
+            await port.stopListening()
+        if self.serve_port is not None:
+            port, self.serve_port = self.serve_port, None
             await port.stopListening()
         if self.running:
             await MultiService.stopService(self)  # type: ignore[misc]
@@ -530,6 +642,10 @@ def makeService(
         compressors=options["compressors"],
         ack_timeout=options["ack-timeout"],
         metrics=options["metrics"],
+        serve=options["serve"],
+        public_url=options["public-url"],
+        serve_url=options["serve-url"],
+        serve_max=options["serve-max"],
         trust_legacy_site=bool(options["trust-legacy-site"]),
         max_archive_bytes=options["max-archive-bytes"],
     )
