@@ -238,8 +238,11 @@ def safe_name(name: str, gid: int) -> str:
     """The task's name as a file name (without ``.zip``): no path separator,
     control character or character Windows refuses; no leading dot (nor
     ``..``); at most :data:`MAX_NAME_BYTES` bytes of UTF-8; the gid when
-    nothing is left."""
+    nothing is left.  The site's ``name`` is the file name with ``.zip``
+    already; a name without it is taken as it is."""
     text = unicodedata.normalize("NFC", name)
+    if text.lower().endswith(".zip"):
+        text = text[: -len(".zip")]
     text = " ".join(text.split())  # runs of white space (tabs, newlines) as one space
     text = _UNSAFE.sub("_", text)
     text = text.strip(" .")

@@ -249,7 +249,7 @@ class _Handler(BaseHTTPRequestHandler):
             "expiresAt": datetime.fromtimestamp(expires, UTC).isoformat().replace("+00:00", "Z"),
             "size": archive.size,
             "sha256": archive.sha256,
-            "name": archive.name,
+            "name": f"{archive.name}.zip",  # as the site names it
         }
 
     def _list(self) -> None:

@@ -410,6 +410,8 @@ def test_interrupt_keeps_the_part(script: Script, peer: ArchivePeer, tmp_path: P
 def test_safe_names() -> None:
     assert get.safe_name('a/b\\c:d*e?f"g<h>i|j', 1) == "a_b_c_d_e_f_g_h_i_j"
     assert get.safe_name("..", 7) == "7"
+    assert get.safe_name("Title.zip", 7) == get.safe_name("Title", 7) == "Title"
+    assert get.safe_name(".zip", 7) == "7"
     assert get.safe_name(" .hidden. ", 7) == "hidden"
     assert get.safe_name("tab\there\nnew", 7) == "tab here new"
     long = get.safe_name("漢" * 100, 7)
