@@ -7,9 +7,12 @@ or a ``postgresql://`` URL (several sites may share that database; the
 command works beside them).  ``unknown`` and ``resolve`` go
 through :class:`tasknet.site.lifecycle.Lifecycle` exactly as
 ``GET /api/admin/unknown`` and ``POST /api/admin/tasks/{gid}/resolve`` do:
-the evidence includes the upstream's read-only audit answer (``--upstream``;
-if it cannot be reached the evidence says so and resolving still works), and
-neither ever POSTs upstream.  The site may keep running meanwhile (WAL,
+the evidence includes the upstream's read-only audit answer, read from the
+upstream the site uses (its ``--upstream``, which the site records in the
+database at each start; ``--upstream`` here overrides it).  If the audit
+cannot be read the evidence says so, and a verdict then needs ``--note``
+(nothing confirms it; without one the command is refused, exit 1).
+Neither ever POSTs upstream.  The site may keep running meanwhile (WAL,
 ``busy_timeout``).  This module holds no SQL.
 
 Commands::
@@ -38,7 +41,8 @@ Commands::
                                             refused (exit 1, naming the time) while a
                                             reaped submission's verdict wait runs
                                             (not_submitted); --note is required when the
-                                            verdict contradicts the upstream's audit
+                                            verdict contradicts the upstream's audit or
+                                            the audit could not be read
     force-delete GID --note TEXT            complete a stuck DELETE_PENDING whose node
                                             is gone for good (audited; a repeat on the
                                             tombstone it left prints the same result)
@@ -125,8 +129,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--upstream",
-        default="http://127.0.0.1:7200",
-        help="upstream base URL, asked (read-only) for audit evidence by unknown/resolve",
+        default=None,
+        help="upstream base URL, asked (read-only) for audit evidence by unknown/resolve;"
+        " by default the one the site was last started with (recorded in the database)",
     )
     parser.add_argument(
         "--audit-timeout",
@@ -234,7 +239,7 @@ def _add_reconcile_commands(
         "--note",
         default="",
         help="why (kept in the audit log); required when the verdict contradicts the"
-        " upstream's audit",
+        " upstream's audit or the audit could not be read",
     )
 
     force = commands.add_parser(
@@ -316,11 +321,33 @@ def run(args: argparse.Namespace, out: TextIO) -> None:
         connection.close()
 
 
+def _audit_upstream(args: argparse.Namespace) -> str:
+    """The upstream to read the audit from: ``--upstream``, else the one the
+    site recorded at its last start (never a default of this tool's own: a
+    wrong upstream's silence looked like evidence)."""
+    if args.upstream is not None:
+        if not args.upstream.startswith(("http://", "https://")):
+            raise AdminError(f"--upstream must be an http(s) URL, got {args.upstream!r}")
+        return str(args.upstream)
+    connection = storage_db.connect(args.db)
+    try:
+        recorded = _read(connection, reconcile.recorded_upstream)
+    finally:
+        connection.close()
+    if recorded is None:
+        raise AdminError(
+            "this database records no upstream (a site records its --upstream at each start;"
+            " start it once with this version), so the audit cannot be read: give --upstream URL"
+        )
+    return recorded
+
+
 def _run_with_lifecycle(args: argparse.Namespace, out: TextIO) -> None:
     """Run ``unknown``/``resolve`` on a reactor, with the site's Lifecycle."""
     from twisted.internet import reactor as global_reactor  # an entry point: the real one
 
     reactor: Any = global_reactor
+    base_url = _audit_upstream(args)
 
     async def body() -> None:
         database = storage_db.open_pool(
@@ -332,7 +359,7 @@ def _run_with_lifecycle(args: argparse.Namespace, out: TextIO) -> None:
             monotonic=time.monotonic,
         )
         upstream = UpstreamClient(
-            args.upstream, reactor=reactor, persistent=False, audit_timeout=args.audit_timeout
+            base_url, reactor=reactor, persistent=False, audit_timeout=args.audit_timeout
         )
         lifecycle = Lifecycle(
             database,

@@ -77,7 +77,7 @@ from tasknet.site.service import (
     SiteService,
 )
 from tasknet.site.session_handler import SiteHandler
-from tasknet.site.storage import users
+from tasknet.site.storage import reconcile, users
 from tasknet.site.storage.dispatch import PAGE_SIZE
 from tasknet.site.storage.engine import file_lock as instance_lock
 from tasknet.site.storage.engine.database import (
@@ -102,6 +102,8 @@ from tasknet.site.storage.lease import Lease, application_name, take_lease
 from tasknet.site.upstream_client import UpstreamClient
 from tasknet.site.web.admin_nodes import nodes_view
 from tasknet.site.web.api import make_web_resource
+from tasknet.site.web.archive_stream import ArchiveStreams
+from tasknet.site.web.archives import ArchiveDelivery
 from tasknet.site.web.auth import Authenticator, SessionSettings, parse_public_url
 from tasknet.site.web.events import EventHub, events_resource
 from tasknet.site.web.http import BoundedSite
@@ -287,7 +289,9 @@ def _assemble(
         lease, db, lifecycle.reap_gone, interval=tuning.instance_interval, clock=clock
     )
     health = Health(site=options["name"], backend=db.backend)
-    web = _web_dependencies(options, clock, entropy, db, lifecycle, node_side, health, wake_outbox)
+    web = _web_dependencies(
+        options, reactor, clock, entropy, db, lifecycle, node_side, health, wake_outbox
+    )
     parts = SiteParts(
         db=db,
         upstream=upstream,
@@ -318,6 +322,7 @@ def _assemble(
 
 def _web_dependencies(
     options: Options,
+    reactor: IReactorTCP,
     clock: IReactorTime,
     entropy: IEntropy,
     db: Database,
@@ -337,6 +342,19 @@ def _web_dependencies(
         return Deferred.fromCoroutine(nodes_view(db, node_side.nodes, clock))
 
     authenticator = Authenticator(db, clock, session_settings(options), entropy=entropy)
+    listener = node_side.listener
+
+    def node_secret(node_id: str) -> str | None:
+        # The keys the listener checks logins with (the table and --node-key).
+        return listener.node_keys.get(node_id)
+
+    archives = ArchiveDelivery(
+        node_side.nodes,
+        node_secret,
+        clock,
+        link_ttl=options["link-ttl"],
+        streams=ArchiveStreams(reactor, clock, per_user=options["archive-streams-per-user"]),
+    )
     return WebDependencies(
         db=db,
         lifecycle=lifecycle,
@@ -352,6 +370,7 @@ def _web_dependencies(
         create_limiter=create_limiter,
         clock=clock,
         auth=authenticator,
+        archives=archives,
         site_name=options["name"],
     )
 
@@ -469,6 +488,8 @@ def _prepare_database(
         # tasknet-admin gives new users this quota while this setting stands.
         jitter = entropy.random()
         run_write(connection, users.set_default_quota, options["default-quota"], jitter=jitter)
+        # tasknet-admin unknown/resolve read the audit from this upstream.
+        run_write(connection, reconcile.record_upstream, options["upstream"], jitter=jitter)
         if fresh and options["demo"]:
             run_write(
                 connection,

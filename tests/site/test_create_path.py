@@ -70,7 +70,7 @@ def test_one_unknown_operation_is_read_by_its_key(conn: sqlite3.Connection) -> N
         assert one_view == listed[gid]
         assert one_view["evidence"]["operationId"] == op
     assert dbmod.run_read(conn, reconcile.unknown_operation, 99) is None  # no such task
-    dbmod.run_write(conn, reconcile.resolve_unknown, 12, "not_submitted", "ops", "", None, None)
+    dbmod.run_write(conn, reconcile.resolve_unknown, 12, "not_submitted", "ops", "x", None, None)
     assert dbmod.run_read(conn, reconcile.unknown_operation, 12) is None  # no longer UNKNOWN
 
 

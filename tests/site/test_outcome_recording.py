@@ -229,7 +229,8 @@ async def test_resolve_submitted_without_any_url_says_so_and_is_not_dispatchable
         listed = await env.lifecycle.unknown_with_evidence()
         assert listed[0]["evidence"]["archiveUrl"] is None
         assert listed[0]["evidence"]["warning"] == NO_ARCHIVE_URL
-        view = await env.lifecycle.resolve(GID, "submitted", "ops", "")
+        # No readable audit and no stored answer: the verdict needs a note (issue 38).
+        view = await env.lifecycle.resolve(GID, "submitted", "ops", "invoice shows it")
         assert view is not None and view["state"] == "SUBMITTED"
         assert view["warning"] == NO_ARCHIVE_URL
         op = op_row(env.path)

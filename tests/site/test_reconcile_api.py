@@ -175,17 +175,23 @@ async def test_a_verdict_against_the_audit_needs_a_note(db_target):
 
 
 @pytest_twisted.ensureDeferred
-async def test_an_unavailable_audit_claims_no_contradiction(db_target):
+async def test_an_unavailable_audit_confirms_no_verdict(db_target):
+    """Issue 38 (tests/site/test_reconcile_unreadable.py has the rest)."""
+
     async def test(f: SiteWithUsers) -> None:
         await _make_unknown(f, 81, "commit_then_drop")  # 1 POST, but the audit will not say
         f.upstream.set_faults([fault("error", "GET", AUDIT, status=503, charged=False)])
         evidence = (await _evidence(f))[81]
         assert evidence["upstream"]["available"] is False
-        assert evidence["contradictions"] == {}
+        assert set(evidence["contradictions"]) == {"submitted", "not_submitted"}
         status, document, _ = await _resolve(f, 81, "not_submitted")
+        assert status == 409 and document["error"]["code"] == "note_required", document
+        assert _state(f, 81) == "UNKNOWN"
+        status, document, _ = await _resolve(f, 81, "not_submitted", "refunded by the upstream")
         assert status == 200, document
         audit = one(f.path, "SELECT evidence FROM reconciliation_audit WHERE gid = 81")
-        assert json.loads(audit["evidence"])["contradicts"] is False
+        stored = json.loads(audit["evidence"])
+        assert stored["contradicts"] is True and stored["evidence"] == "unavailable"
 
     await with_fixture(db_target, test)
 

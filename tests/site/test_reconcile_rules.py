@@ -6,7 +6,9 @@ databases, either backend; ``tasknet/site/storage/reconcile.py``):
   clock is refused (``verdict_too_early``, with the moment); ``submitted``
   is allowed at any time;
 * a verdict the upstream's audit contradicts needs a note
-  (``note_required``), and its audit row says it contradicted the evidence.
+  (``note_required``), and its audit row says it contradicted the evidence;
+  so does a verdict with no readable audit (issue 38: nothing confirms it),
+  and its audit row says ``"evidence": "unavailable"`` and why.
 
 The tests set ``verdict_not_before`` in the row directly (a reap writes it in
 the product), to a moment an hour ahead or an hour behind."""
@@ -116,7 +118,7 @@ def test_not_submitted_after_the_wait_is_taken(conn):
 
 def test_no_wait_recorded_means_no_wait(conn):
     _unknown(conn)
-    assert _resolve(conn, "not_submitted", "", None) is None
+    assert _resolve(conn, "not_submitted", "", _audit(0)) is None
     assert _state(conn) is None
 
 
@@ -126,9 +128,9 @@ def test_now_is_the_database_clock(conn):
     ahead of it does not."""
     _unknown(conn, GID, not_before="2000-01-01T00:00:00.000Z")
     _unknown(conn, GID + 1, not_before="2999-01-01T00:00:00.000Z")
-    assert _resolve(conn, "not_submitted", gid=GID) is None
+    assert _resolve(conn, "not_submitted", evidence=_audit(0), gid=GID) is None
     with pytest.raises(reconcile.VerdictTooEarly) as refused:
-        _resolve(conn, "not_submitted", gid=GID + 1)
+        _resolve(conn, "not_submitted", evidence=_audit(0), gid=GID + 1)
     assert refused.value.not_before == "2999-01-01T00:00:00.000Z"
     database_now = reconcile._database_now(conn.cursor())
     seconds = (datetime(2999, 1, 1, tzinfo=UTC) - database_now).total_seconds()
@@ -151,7 +153,7 @@ def test_the_list_shows_when_not_submitted_becomes_possible(conn):
 def test_a_repeat_after_the_verdict_is_not_held_by_the_wait(conn):
     """The same verdict again answers the same, whatever is stored."""
     _unknown(conn, not_before=throughput.iso(time.time() - 1))
-    assert _resolve(conn, "not_submitted") is None
+    assert _resolve(conn, "not_submitted", evidence=_audit(0)) is None
     assert _resolve(conn, "not_submitted") is None
 
 
@@ -191,9 +193,6 @@ def test_submitted_against_an_audit_of_no_post_needs_a_note(conn):
     [
         ("not_submitted", _audit(0)),
         ("submitted", _audit(1)),
-        ("not_submitted", _audit(3, available=False)),
-        ("submitted", _audit(0, available=False)),
-        ("submitted", _audit(None)),  # an audit that says nothing usable
     ],
 )
 def test_no_contradiction_needs_no_note(conn, verdict, evidence):
@@ -202,6 +201,33 @@ def test_no_contradiction_needs_no_note(conn, verdict, evidence):
     (audit,) = _audits(conn)
     stored = json.loads(audit["evidence"])
     assert stored["contradicts"] is False and "contradiction" not in stored
+    assert stored["evidence"] == "read" and "evidenceError" not in stored
+
+
+@pytest.mark.parametrize("verdict", ["not_submitted", "submitted"])
+@pytest.mark.parametrize(
+    ("evidence", "why"),
+    [
+        (_audit(3, available=False), "upstream audit unavailable: down"),
+        (_audit(None), "no usable 'submissions' count"),  # an audit that says nothing usable
+        ({}, "was not read"),
+        (None, "was not read"),
+    ],
+)
+def test_no_readable_evidence_needs_a_note(conn, verdict, evidence, why):
+    """Issue 38: an audit that could not be read confirms no verdict (before,
+    it "contradicted nothing" and a 503 re-opened a charged gid)."""
+    _unknown(conn)
+    with pytest.raises(TaskError) as refused:
+        _resolve(conn, verdict, " ", evidence)
+    assert refused.value.code == reconcile.NOTE_REQUIRED
+    assert "no readable evidence" in refused.value.message and why in refused.value.message
+    assert _state(conn) == "UNKNOWN" and _audits(conn) == []
+    _resolve(conn, verdict, "the upstream's support answered by mail", evidence)
+    (audit,) = _audits(conn)
+    stored = json.loads(audit["evidence"])
+    assert stored["evidence"] == "unavailable" and why in stored["evidenceError"]
+    assert stored["contradicts"] is True and "no readable evidence" in stored["contradiction"]
 
 
 def test_the_wait_is_judged_before_the_note(conn):
@@ -216,8 +242,9 @@ def test_the_wait_is_judged_before_the_note(conn):
 def test_contradictions_by_verdict():
     assert set(reconcile.contradictions(7, _audit(1))) == {"not_submitted"}
     assert set(reconcile.contradictions(7, _audit(0))) == {"submitted"}
-    assert reconcile.contradictions(7, _audit(1, available=False)) == {}
-    assert reconcile.contradictions(7, {}) == {}
+    unreadable = set(reconcile.VERDICTS)
+    assert set(reconcile.contradictions(7, _audit(1, available=False))) == unreadable
+    assert set(reconcile.contradictions(7, {})) == unreadable
 
 
 def test_the_audits_last_post_is_named_in_iso_8601():
@@ -227,3 +254,15 @@ def test_the_audits_last_post_is_named_in_iso_8601():
     evidence["upstream"]["audit"]["lastAt"] = 1_796_000_000.25
     why = reconcile.contradiction(7, "not_submitted", evidence)
     assert why is not None and "the last at 2026-11-30T" in why and why.count(".250Z") == 1
+
+
+def test_without_a_readable_audit_a_stored_post_answer_confirms_submitted():
+    """The POST's own answer (stored when its persist failed) is the one
+    evidence left when the audit cannot be read: it confirms ``submitted``
+    and stands against ``not_submitted``."""
+    down = _audit(1, available=False)
+    assert reconcile.contradiction(7, "submitted", down, posted=True) is None
+    against = reconcile.contradiction(7, "not_submitted", down, posted=True)
+    assert against is not None and "POST's answer is stored" in against
+    listed = {**down, "archiveUrlSource": "submit"}
+    assert set(reconcile.contradictions(7, listed)) == {"not_submitted"}

@@ -34,7 +34,9 @@ async def test_task_resolved_by_another_process_is_dispatched_once(db_target: st
         other = dbmod.connect(site.path)
         dbmod.run_write(
             other,
-            lambda c: reconcile.resolve_unknown(c, 3, "submitted", "admin", "", None, "http://u/3"),
+            lambda c: reconcile.resolve_unknown(
+                c, 3, "submitted", "admin", "x", None, "http://u/3"
+            ),
         )
         other.close()
 

@@ -17,8 +17,16 @@ Two rules guard a verdict (docs/operations.md, "Reconcile UNKNOWN operations"):
   least one archive POST and the verdict is ``not_submitted``, or none and
   the verdict is ``submitted``, the verdict is refused without a non-empty
   note (code ``note_required``); with one it is taken, and the audit row's
-  evidence says ``"contradicts": true`` and why.  An audit that was not
-  available contradicts nothing.
+  evidence says ``"contradicts": true`` and why.
+* **No readable evidence counts as contradicting** (issue 38).  When the
+  audit could not be read (the upstream answered 5xx, timed out, refused
+  the connection, or answered without a usable ``submissions`` count), or
+  none was fetched, a verdict needs a note, unless it is ``submitted`` and
+  the POST's own answer is stored (``task_operation.archive_url``: the
+  upstream answered it); the audit row says ``"evidence": "unavailable"``
+  and ``"evidenceError"`` (why).  Before, such a verdict went through unchecked: a
+  ``not_submitted`` while the audit answered 503 re-opened a gid the
+  upstream had charged.
 """
 
 from __future__ import annotations
@@ -91,6 +99,31 @@ _SETTLED_ROW = sql(
 )
 
 
+# The site's --upstream, recorded at each start in site_setting (schema v4),
+# so ``tasknet-admin unknown/resolve`` read the audit where the site would:
+# a default port of the tool's own once sent it to another upstream.
+_UPSTREAM_SETTING = "upstream_url"
+_SET_SETTING = sql(
+    "INSERT INTO site_setting (name, value) VALUES (?, ?) "
+    "ON CONFLICT (name) DO UPDATE SET value = excluded.value"
+)
+_SETTING = sql("SELECT value FROM site_setting WHERE name = ?")
+
+
+def record_upstream(cursor: sqlite3.Cursor, base_url: str) -> None:
+    """Record the site's ``--upstream`` base URL (written at each site start)."""
+    if not base_url.startswith(("http://", "https://")):
+        raise TaskError("invalid_request", f"the upstream must be an http(s) URL, got {base_url!r}")
+    cursor.execute(_SET_SETTING, (_UPSTREAM_SETTING, base_url))
+
+
+def recorded_upstream(cursor: sqlite3.Cursor) -> str | None:
+    """The ``--upstream`` of the site's last start (None: no site of this
+    version has started on the database yet)."""
+    row = cursor.execute(_SETTING, (_UPSTREAM_SETTING,)).fetchone()
+    return None if row is None else str(row["value"])
+
+
 def _database_now(cursor: sqlite3.Cursor) -> datetime:
     return parse(cursor.execute(_NOW).fetchone()[0])
 
@@ -109,18 +142,49 @@ def verdict_wait(
     return iso(moment.timestamp()), max(0.0, (moment - now).total_seconds())
 
 
-def contradiction(gid: int, verdict: str, evidence: Mapping[str, Any] | None) -> str | None:
-    """What the upstream's audit in ``evidence`` says against ``verdict``,
-    or None: the audit agrees, says nothing usable, or was unavailable."""
+#: The audit row's ``evidence["evidence"]``: whether the upstream's audit was read.
+EVIDENCE_READ = "read"
+EVIDENCE_UNAVAILABLE = "unavailable"
+
+
+def unreadable(evidence: Mapping[str, Any] | None) -> str | None:
+    """Why ``evidence`` holds no readable upstream audit (None: it does).
+    Readable means fetched, answered, and a non-negative integer
+    ``submissions``: anything less confirms no verdict."""
     upstream = (evidence or {}).get("upstream")
-    if not isinstance(upstream, Mapping) or upstream.get("available") is not True:
-        return None
+    if not isinstance(upstream, Mapping):
+        return "the upstream's audit was not read"
+    if upstream.get("available") is not True:
+        error = upstream.get("error")
+        return str(error) if isinstance(error, str) and error else "upstream audit unavailable"
     audit = upstream.get("audit")
-    if not isinstance(audit, Mapping):
-        return None
-    submissions = audit.get("submissions")
+    submissions = audit.get("submissions") if isinstance(audit, Mapping) else None
     if isinstance(submissions, bool) or not isinstance(submissions, int) or submissions < 0:
-        return None
+        return "the upstream's audit answer has no usable 'submissions' count"
+    return None
+
+
+def contradiction(
+    gid: int, verdict: str, evidence: Mapping[str, Any] | None, posted: bool | None = None
+) -> str | None:
+    """What stands against ``verdict``, or None (the audit agrees): the
+    upstream's audit in ``evidence``, or that it could not be read.  Then
+    only the POST's own stored answer (``posted``; None: as ``evidence``'s
+    ``archiveUrlSource`` says) is evidence: it confirms ``submitted``;
+    anything else needs a note."""
+    why = unreadable(evidence)
+    if why is not None:
+        if posted is None:
+            posted = (evidence or {}).get("archiveUrlSource") == "submit"
+        if posted and verdict == "submitted":
+            return None
+        answered = " though its POST's answer is stored" if posted else ""
+        return (
+            f"no readable evidence for gid {gid} ({why}){answered}: nothing confirms the"
+            f" verdict {verdict!r}"
+        )
+    audit = evidence["upstream"]["audit"]  # type: ignore[index]  # unreadable() checked it
+    submissions = audit["submissions"]
     if verdict == "not_submitted" and submissions > 0:
         last = _when(audit.get("lastAt"))
         when = f", the last at {last}" if last else ""
@@ -230,9 +294,12 @@ def resolve_unknown(
 
     Refused, changing nothing: ``not_submitted`` before the task's
     ``verdict_not_before`` (:class:`VerdictTooEarly`), and a verdict the
-    upstream's audit in ``evidence`` contradicts without a note
-    (``note_required``; see the module doc).  With a note, the stored
-    evidence says ``"contradicts": true`` and ``"contradiction"``."""
+    upstream's audit in ``evidence`` contradicts, or with no readable audit
+    (``evidence`` None included), without a note (``note_required``; see the
+    module doc).  With a note, the stored evidence says ``"contradicts":
+    true`` and ``"contradiction"``; it always says ``"evidence"``
+    (:data:`EVIDENCE_READ` or :data:`EVIDENCE_UNAVAILABLE`, then with
+    ``"evidenceError"``)."""
     if verdict not in VERDICTS:
         raise TaskError("invalid_request", f"verdict must be one of {VERDICTS}")
     op = operation_row(cursor, gid)
@@ -243,14 +310,20 @@ def resolve_unknown(
         not_before, wait = verdict_wait(cursor, op["verdict_not_before"])
         if not_before is not None and wait > 0:
             raise VerdictTooEarly(gid, not_before, wait)
-    against = contradiction(gid, verdict, evidence)
+    against = contradiction(gid, verdict, evidence, posted=bool(op["archive_url"]))
     if against is not None and not note.strip():
         raise TaskError(NOTE_REQUIRED, f"{against}; a note saying why is required")
-    if evidence is not None:
-        evidence = {**evidence, "contradicts": against is not None}
-        if against is not None:
-            evidence["contradiction"] = against
-    _audit(cursor, gid, op["operation_id"], verdict, actor, note, evidence)
+    unavailable = unreadable(evidence)
+    stored: dict[str, Any] = {
+        **(evidence or {}),
+        "contradicts": against is not None,
+        "evidence": EVIDENCE_READ if unavailable is None else EVIDENCE_UNAVAILABLE,
+    }
+    if unavailable is not None:
+        stored["evidenceError"] = unavailable
+    if against is not None:
+        stored["contradiction"] = against
+    _audit(cursor, gid, op["operation_id"], verdict, actor, note, stored)
     if verdict == "not_submitted":
         remove_generation(cursor, gid, op["operation_id"], OperationState.UNKNOWN)
         return None
