@@ -1,17 +1,22 @@
-"""``tasknet-demo``: upstream + site + two nodes on loopback, one command.
+"""``tasknet-demo``: upstream + site + three nodes on loopback, one command.
 
 Starts real ``twistd -n`` children (the mock upstream, a site with ``--demo``
-on an embedded SQLite file, a v2 node ``node-1`` and a legacy ``--protocol 1``
-node ``node-2``) on free loopback ports, waits until they are ready, prints
-the URL, the demo token, the database (for ``tasknet-admin --db``) and where the
-logs are, and stops them all (nodes first, upstream last) on Ctrl-C or
-SIGTERM.
+on an embedded SQLite file, and three nodes: ``node-1`` (v2) serves its
+archives with ``--serve`` and ``--public-url``, so a user's Download is a
+303 to it; ``node-2`` speaks the legacy ``--protocol 1`` and serves nothing
+(the known boundary: its archives answer ``archive_not_served``); ``node-3``
+(v2) serves without a public URL, so its archives come through the site) on
+free loopback ports, waits until they are ready, prints the URL, the demo
+token and a file holding it, how to fetch an archive (browser, tasknet-get,
+aria2c), the database (for ``tasknet-admin --db``) and where the logs are,
+and stops them all (nodes first, upstream last) on Ctrl-C or SIGTERM.
 
 ``--postgres``: a throwaway PostgreSQL server (``tasknet.drill.pgserver``)
 in the data directory and two sites on one database of it (``site-1``,
 ``site-2``: own ``--name``, HTTP and node ports), each node given both sites
-with ``--connect`` (node-1 site-1 first, node-2 site-2 first), so each site
-holds one node and each site's node list shows both; the server stops last.
+with ``--connect`` (node-1 and node-3 site-1 first, node-2 site-2 first), so
+each site holds a node and each site's node list shows them all; the server
+stops last.
 
 A child that dies does not end the demo (:class:`Supervisor`): one line
 says which, its exit status and its log, the others keep running (the
@@ -68,16 +73,28 @@ class DemoError(Exception):
     """The demo could not start (a child died, a wait timed out)."""
 
 
+#: How a node of the demo serves its archives (``NodeSpec.serve``).
+SERVES_NOTHING = ""
+#: ``--serve`` and ``--public-url``: users get a 303 to the node.
+SERVES_USERS = "users"
+#: ``--serve`` only: the site streams the archive from the node to users.
+SERVES_SITE = "site"
+#: The file beside the data holding the demo token, for ``tasknet-get --token-file``.
+TOKEN_FILE = "demo-token"
+
+
 @dataclass(frozen=True)
 class NodeSpec:
     node_id: str
     protocol: int
     secret: str
+    serve: str = SERVES_NOTHING
 
 
 DEFAULT_NODES = (
-    NodeSpec("node-1", 2, "demo-secret-node-1"),
+    NodeSpec("node-1", 2, "demo-secret-node-1", SERVES_USERS),
     NodeSpec("node-2", 1, "demo-secret-node-2"),
+    NodeSpec("node-3", 2, "demo-secret-node-3", SERVES_SITE),
 )
 
 
@@ -120,6 +137,8 @@ class DemoStack:
     nodes_port: int = 0
     server: ThrowawayPostgres | None = None
     database_url: str | None = None
+    #: node id -> the loopback port its ``--serve`` listens on.
+    serve_ports: dict[str, int] = field(default_factory=dict)
 
     @property
     def url(self) -> str:
@@ -157,6 +176,8 @@ class DemoStack:
         if not self.upstream_port:
             self.upstream_port = free_port()
         self.nodes_port = free_port()
+        self.serve_ports = {n.node_id: free_port() for n in self.nodes if n.serve}
+        self._write_token_file()
         self.sites = [SiteSpec("site-1" if self.postgres else "", self.http_port, self.nodes_port)]
         if self.postgres:
             self.sites.append(SiteSpec("site-2", self.second_http_port or free_port(), free_port()))
@@ -189,6 +210,22 @@ class DemoStack:
             self.database_url = server.ensure_database(POSTGRES_DATABASE)
         except (PostgresNotInstalled, PostgresFailed) as error:
             raise DemoError(f"--postgres: {error}") from error
+
+    @property
+    def token_file(self) -> Path:
+        """The demo token in a file of its own (``tasknet-get --token-file``)."""
+        return self.data_dir / TOKEN_FILE
+
+    def _write_token_file(self) -> None:
+        # Created private, as a real token file should be.
+        descriptor = os.open(self.token_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(descriptor, "w", encoding="utf-8") as out:
+            out.write(DEMO_TOKEN + "\n")
+
+    def serve_url(self, spec: NodeSpec) -> str:
+        """Where ``spec``'s ``--serve`` listens ("" when it serves nothing)."""
+        port = self.serve_ports.get(spec.node_id)
+        return f"http://{LOOPBACK}:{port}/" if port else ""
 
     @property
     def postgres_dir(self) -> Path:
@@ -277,6 +314,11 @@ class DemoStack:
             "--protocol",
             str(spec.protocol),
         ]
+        if spec.serve:
+            port = self.serve_ports[spec.node_id]
+            args += ["--serve", f"tcp:{port}:interface={LOOPBACK}"]
+            if spec.serve == SERVES_USERS:
+                args += ["--public-url", self.serve_url(spec)]
         self._twistd(spec.node_id, "tasknet-node", args)
 
     def _wait_nodes(self) -> None:
@@ -480,7 +522,8 @@ def _on_sigterm(signum: int, frame: FrameType | None) -> None:
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="tasknet-demo",
-        description="Run the mock upstream, a site and two nodes (v2 and legacy) on loopback.",
+        description="Run the mock upstream, a site and three nodes (two v2 nodes serving"
+        " archives, one legacy) on loopback.",
     )
     parser.add_argument(
         "--postgres",
@@ -547,6 +590,7 @@ def _banner(stack: DemoStack, temporary: bool = False) -> str:
             f"  upstream: {stack.upstream_url}",
             f"  nodes: {nodes}",
         ]
+    lines += _fetching(stack)
     kept = "removed at the end" if temporary else "kept: start again with the same --data"
     lines += [
         f"  logs: {stack.log_dir}",
@@ -554,6 +598,33 @@ def _banner(stack: DemoStack, temporary: bool = False) -> str:
         "Press Ctrl-C to stop.",
     ]
     return "\n".join(lines)
+
+
+def _fetching(stack: DemoStack) -> list[str]:
+    """How a user fetches a completed task's archive, with this run's URL and token."""
+    url = stack.url
+    lines = ["  archives:"]
+    for spec in stack.nodes:
+        if spec.serve == SERVES_USERS:
+            how = f"serves at {stack.serve_url(spec)} (--public-url: Download is a 303 to it)"
+        elif spec.serve == SERVES_SITE:
+            how = f"serves at {stack.serve_url(spec)}, no --public-url: through the site"
+        else:
+            how = "legacy protocol, serves nothing: its archives answer archive_not_served"
+        lines.append(f"    {spec.node_id} {how}")
+    links = (
+        f"curl -fsS -H 'Authorization: Bearer {DEMO_TOKEN}' -H 'Accept: text/plain'"
+        f" -H 'Content-Type: application/json' -d '{{\"gids\": [GID]}}'"
+        f" {url}api/tasks/archive-links > links.txt"
+    )
+    lines += [
+        "  fetch a completed task's archive (GID: its gid):",
+        "    browser: Download on its row",
+        f"    tasknet-get --site {url} --token-file {stack.token_file} GID",
+        f"    {links}",
+        "    aria2c -i links.txt   (fetches and checks each SHA-256)",
+    ]
+    return lines
 
 
 #: In a kept data directory: the upstream's port of the last run.  Archive

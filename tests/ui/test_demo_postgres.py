@@ -1,5 +1,5 @@
 """``tasknet-demo --postgres`` as a real subprocess: a throwaway PostgreSQL
-server, two sites on one database of it, two nodes each given both sites; a
+server, two sites on one database of it, three nodes each given both sites; a
 task created through one site completes as seen through the other; SIGTERM
 stops every process (the server included) and removes the temp directory;
 with ``--data DIR`` the cluster is kept and reused by the next run.
@@ -111,11 +111,11 @@ def test_postgres_demo_runs_two_sites_and_stops_on_sigterm() -> None:
             assert health.body["site"] == name
             assert health.body["backend"] == "postgresql"
             assert health.body["dispatch"] == "enabled"
-        # Each node started with a different site first; either site lists both.
+        # The nodes start with different sites first; either site lists them all.
         nodes = request("GET", site2 + "api/admin/nodes", token=DEMO_TOKEN)
         assert nodes.status == 200, nodes.brief()
         connected = {n["id"]: n["site"] for n in nodes.body["nodes"] if n["connected"]}
-        assert set(connected) == {"node-1", "node-2"}, nodes.body
+        assert set(connected) == {"node-1", "node-2", "node-3"}, nodes.body
         assert set(connected.values()) == {"site-1", "site-2"}, nodes.body
 
         created = request(
@@ -123,11 +123,11 @@ def test_postgres_demo_runs_two_sites_and_stops_on_sigterm() -> None:
         )
         assert created.status in (200, 201), created.brief()
         task = _wait_completed(site2, GID)
-        assert task["node"] in ("node-1", "node-2")
+        assert task["node"] in ("node-1", "node-2", "node-3")
 
         children = _processes_under(data)
-        # upstream, two sites, two nodes, and the PostgreSQL server's processes.
-        assert len(children) > 5, children
+        # upstream, two sites, three nodes, and the PostgreSQL server's processes.
+        assert len(children) > 6, children
 
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=60) == 0, "".join(output)
