@@ -561,7 +561,7 @@ class RichReporter(Reporter):
 
         super().__init__(out)
         self._progress = Progress(
-            TextColumn("{task.description}", justify="left"),
+            TextColumn("{task.description}", justify="left", markup=False),
             BarColumn(),
             DownloadColumn(),
             TransferSpeedColumn(),
@@ -573,12 +573,14 @@ class RichReporter(Reporter):
         self._sizes: dict[int, int] = {}
         self._counted: dict[int, int] = {}
         self._total: Any = None
+        self._total_bytes = 0
 
     def begin(self, links: Sequence[ArchiveLink]) -> None:
         self._sizes = {link.gid: link.size or 0 for link in links}
+        self._total_bytes = sum(self._sizes.values())
         self._progress.start()
         self._total = self._progress.add_task(
-            f"total ({len(links)})", total=sum(self._sizes.values()) or None
+            f"total ({len(links)})", total=self._total_bytes or None
         )
 
     def started(self, link: ArchiveLink, path: Path, offset: int) -> None:
@@ -592,7 +594,7 @@ class RichReporter(Reporter):
 
     def restarted(self, gid: int, why: str) -> None:
         self._count(gid, -self._counted.get(gid, 0))
-        self._progress.console.print(f"note {gid}: {why}")
+        self._print(f"note {gid}: {why}")
 
     def _count(self, gid: int, amount: int) -> None:
         with self._lock:
@@ -611,10 +613,17 @@ class RichReporter(Reporter):
             # What was not fetched (skipped, failed) leaves the total's bar.
             left = self._sizes.pop(outcome.gid, 0) - self._counted.pop(outcome.gid, 0)
             if outcome.result != "saved" and left > 0 and self._total is not None:
-                total = self._progress.tasks[self._total].total or 0
-                self._progress.update(self._total, total=max(0, total - left))
-        word = {"saved": "done", "present": "skip", "failed": "[red]FAILED[/red]"}
-        self._progress.console.print(f"{word[outcome.result]} {outcome.gid}: {outcome.message}")
+                self._total_bytes = max(0, self._total_bytes - left)
+                self._progress.update(self._total, total=self._total_bytes)
+        word = {"saved": "done", "present": "skip", "failed": "FAILED"}[outcome.result]
+        failed = outcome.result == "failed"
+        self._print(f"{word} {outcome.gid}: {outcome.message}", "red" if failed else None)
+
+    def _print(self, line: str, style: str | None = None) -> None:
+        # A task's name is text, never rich markup ("[Group] Title").
+        self._progress.console.print(
+            line, markup=False, highlight=False, style=style, soft_wrap=True
+        )
 
     def end(self) -> None:
         self._progress.stop()
@@ -733,7 +742,9 @@ class Downloader:
                 failures = 1 if err.received else failures + 1
                 if failures > self.retries:
                     raise GetError(f"{err} (tried {failures} times)") from None
-                self._sleep(err.wait or min(2.0 ** (failures - 1), MAX_RETRY_AFTER))
+                # After progress the path works: reconnect at once.
+                backoff = 0.0 if err.received else min(2.0 ** (failures - 1), MAX_RETRY_AFTER)
+                self._sleep(err.wait or backoff)
                 continue
             problem = self._verify(link, part)
             if problem is None:
@@ -835,7 +846,7 @@ class Downloader:
         retry_after = _retry_after(answer.header("Retry-After"))
         if answer.status == 403 and code in ("link_expired", "link_invalid"):
             raise _RefreshLink(describe_code(code))
-        if answer.status in (429, 503) and code != "node_offline":
+        if answer.status in (429, 502, 503, 504) and code != "node_offline":
             if retry_after is not None and retry_after <= MAX_RETRY_AFTER:
                 raise _Transient(describe_code(code, error), wait=max(retry_after, 0.1))
             if retry_after is None:

@@ -76,6 +76,10 @@ class Script:
     expire_next: set[int] = field(default_factory=set)
     #: ...and keep answering it (a link the node never takes).
     expire_always: bool = False
+    #: gid -> how many node requests answer 503 with ``Retry-After: 0`` first.
+    busy: dict[int, int] = field(default_factory=dict)
+    #: gid -> a status every node request answers (an error page, no envelope).
+    broken: dict[int, int] = field(default_factory=dict)
     #: gids whose node ignores Range (answers 200 with the whole file).
     ignore_range: set[int] = field(default_factory=set)
     #: While clear, the node holds every answer before its body.
@@ -174,8 +178,11 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(raw)
 
-    def _error(self, status: int, code: str, **extra: Any) -> None:
-        self._json(status, {"error": {"code": code, "message": code.replace("_", " "), **extra}})
+    def _error(
+        self, status: int, code: str, headers: dict[str, str] | None = None, **extra: Any
+    ) -> None:
+        error = {"code": code, "message": code.replace("_", " "), **extra}
+        self._json(status, {"error": error}, headers)
 
     def _authorized(self) -> bool:
         if self.headers.get("Authorization") == f"Bearer {self.peer.script.token}":
@@ -201,6 +208,17 @@ class _Handler(BaseHTTPRequestHandler):
                 if not self.peer.script.expire_always:
                     self.peer.script.expire_next.discard(gid)
                 self._error(403, "link_expired")
+                return
+            if self.peer.script.busy.get(gid):
+                self.peer.script.busy[gid] -= 1
+                self._error(503, "busy", headers={"Retry-After": "0"})
+                return
+            if gid in self.peer.script.broken:
+                self.send_response(self.peer.script.broken[gid])
+                self.send_header("Content-Type", "text/html")
+                self.send_header("Content-Length", "6")
+                self.end_headers()
+                self.wfile.write(b"<html>")
                 return
             self._serve(gid)
             return

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import pty
 import signal
 import subprocess
 import sys
@@ -244,6 +245,40 @@ def test_plain_lines_when_not_a_terminal(script: Script, peer: ArchivePeer, tmp_
     ]
 
 
+def test_progress_bars_on_a_terminal(script: Script, peer: ArchivePeer, tmp_path: Path) -> None:
+    script.archives[73] = Archive(73, "[Group] shown", _data(73, 300_000))
+    leader, follower = pty.openpty()
+    env = {**os.environ, "TASKNET_TOKEN": TOKEN, "COLUMNS": "120", "TERM": "xterm"}
+    try:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "tasknet.cli.get", "--site", peer.site_url]
+            + ["-d", str(tmp_path), "73"],
+            stdout=subprocess.PIPE,
+            stderr=follower,
+            env=env,
+        )
+        os.close(follower)
+        shown = b""
+        while True:  # read until the child closes its end (EIO on Linux)
+            try:
+                chunk = os.read(leader, 65536)
+            except OSError:
+                break
+            if not chunk:
+                break
+            shown += chunk
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        os.close(leader)
+    assert proc.returncode == 0
+    text = shown.decode("utf-8", "replace")
+    assert "total (1)" in text and "\x1b[" in text
+    assert f"done 73: {tmp_path / '[Group] shown.zip'} (293.0 KiB, SHA-256 verified)" in text
+    assert "300.0/300.0 kB" in text
+    assert "1 archive: 1 saved, 0 already there, 0 failed" in text
+    assert out == b""  # the plain lines are for a pipe; a terminal gets the bars
+
+
 def test_token_goes_to_the_site_only(
     script: Script, peer: ArchivePeer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -296,6 +331,33 @@ def test_link_the_node_keeps_refusing_fails(
     assert "failed 93: the link expired [link_expired] (3 fresh links did not help)" in err
     assert len(peer.requests("node", "/archives/93/")) == 4
     assert not (tmp_path / "refused.zip").exists()
+
+
+def test_a_busy_node_and_a_broken_connection_are_retried(
+    script: Script, peer: ArchivePeer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    data = _data(94, 600_000)
+    script.archives[94] = Archive(94, "retried", data)
+    script.busy[94] = 2
+    script.stall_at[94] = 250_000
+    peer.released.set()  # the stalled answer closes at once: a broken transfer
+    code, _, err = _run(peer, tmp_path, "94", capsys=capsys)
+    assert code == 0, err
+    assert (tmp_path / "retried.zip").read_bytes() == data
+    ranges = [s.headers.get("Range") for s in peer.requests("node", "/archives/94/")]
+    assert ranges == [None, None, None, "bytes=250000-"]
+
+
+def test_an_http_error_is_named_without_the_signature(
+    script: Script, peer: ArchivePeer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    script.archives[95] = Archive(95, "broken", _data(95, 1_000))
+    script.broken[95] = 500
+    code, _, err = _run(peer, tmp_path, "95", capsys=capsys)
+    assert code == 1
+    assert f"failed 95: HTTP 500 from {peer.node_url}archives/95/op-95\n" in err
+    assert "sig=" not in err
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_legacy_archive_without_digest_checks_the_size(
