@@ -435,7 +435,8 @@ class SiteClient:
         if data is not None:
             headers["Content-Type"] = "application/json"
         try:
-            answer = self.http.open(method, path, headers=headers, body=data)
+            # Relative to the site's URL, so a site under a path prefix works.
+            answer = self.http.open(method, path.lstrip("/"), headers=headers, body=data)
         except _Transient as err:
             raise GetError(f"cannot reach the site: {err}") from None
         try:
@@ -771,6 +772,8 @@ class Downloader:
 
     def _transfer(self, link: ArchiveLink, part: Path, offset: int) -> None:
         """One request, its body written to ``part`` from ``offset`` on."""
+        if offset and offset == link.size:
+            return  # an earlier run got every byte: only the check is left
         headers = {"Accept": "application/zip, application/octet-stream"}
         if offset:
             headers["Range"] = f"bytes={offset}-"

@@ -135,6 +135,19 @@ def test_resumed_part_of_other_bytes_is_fetched_again(
     assert "the resumed file did not verify" in out
 
 
+def test_a_complete_part_is_checked_and_renamed_without_a_request(
+    script: Script, peer: ArchivePeer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    data = _data(24, 70_000)
+    script.archives[24] = Archive(24, "complete", data)
+    (tmp_path / "complete.zip.part").write_bytes(data)
+    code, out, err = _run(peer, tmp_path, "24", capsys=capsys)
+    assert code == 0, err
+    assert (tmp_path / "complete.zip").read_bytes() == data
+    assert not (tmp_path / "complete.zip.part").exists()
+    assert peer.requests("node") == []
+
+
 def test_whole_file_answer_to_a_range_restarts_from_zero(
     script: Script, peer: ArchivePeer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
