@@ -401,6 +401,11 @@ def test_completed_since_pages_and_filters(
     assert sorted(p.name for p in tmp_path.iterdir()) == ["c111.zip", "c114.zip"]
     assert len(peer.requests("site", "/api/tasks?")) == 2  # two pages
 
+    code, out, err = _run(peer, tmp_path, "--completed", "--all-users", capsys=capsys)
+    assert code == 0, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == [f"c{g}.zip" for g in range(111, 115)]
+    assert "4 archives: 2 saved, 2 already there, 0 failed" in err
+
 
 def test_bad_usage_exits_2(
     peer: ArchivePeer, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch
