@@ -26,6 +26,14 @@ Counters (``.labels(...).inc()``):
     ``old_generation``, ``missing_operation``, ``delete_id_mismatch``,
     ``not_delete_pending`` or the task's state (``DELETE_PENDING``, ...).
 
+``ARCHIVE_LINKS``  ``tasknet_archive_links_total{via}``
+    one per archive link issued (``GET /api/tasks/{gid}/archive`` in any
+    form, each link of ``POST /api/tasks/archive-links``).  ``via``:
+    ``node`` (a signed link to the node's public URL) or ``site`` (the site
+    streams it from the node's ``serveUrl``).
+``ARCHIVE_STREAM_BYTES``  ``tasknet_archive_stream_bytes_total``
+    archive bytes the site relayed from nodes to clients.
+
 Histograms (``.observe(seconds)``, or :func:`observe_since`):
 
 ``UPSTREAM_LATENCY``  ``tasknet_upstream_call_seconds{call}``
@@ -39,6 +47,8 @@ Gauges:
 
 ``CONNECTED_NODES``  ``tasknet_connected_nodes{protocol}``
     ``.labels(protocol="2").inc()`` on attach, ``.dec()`` on detach.
+``ARCHIVE_STREAMS``  ``tasknet_archive_streams``
+    archive streams the site is relaying now.
 ``OUTBOX_BACKLOG``  ``tasknet_outbox_backlog``
     undelivered notification rows; ``.set(n)``.
 ``TASKS``  ``tasknet_tasks{state}``
@@ -182,6 +192,23 @@ OUTBOX_BACKLOG = Gauge(
 )
 WEBHOOK_FAILURES = Counter(
     "tasknet_webhook_failures", "Failed webhook delivery attempts.", registry=REGISTRY
+)
+ARCHIVE_LINKS = Counter(
+    "tasknet_archive_links",
+    "Archive links issued, by how the archive travels (node: a signed link to the "
+    "node; site: streamed by the site).",
+    ["via"],
+    registry=REGISTRY,
+)
+for _via in ("node", "site"):
+    ARCHIVE_LINKS.labels(via=_via)  # both series from the start, at 0
+ARCHIVE_STREAM_BYTES = Counter(
+    "tasknet_archive_stream_bytes",
+    "Archive bytes the site relayed from nodes to clients.",
+    registry=REGISTRY,
+)
+ARCHIVE_STREAMS = Gauge(
+    "tasknet_archive_streams", "Archive streams the site is relaying now.", registry=REGISTRY
 )
 TASKS = Gauge("tasknet_tasks", "Tasks by task_operation state.", ["state"], registry=REGISTRY)
 TASK_STATUSES = Gauge(

@@ -64,6 +64,7 @@ from tasknet.site.web.events import EventHub
 from tasknet.site.web.http import DEFAULT_MAX_BODY, BoundedSite
 from tasknet.site.web.interfaces import WebDependencies
 from tasknet.startup import exit_after_stop
+from tasknet.units import parse_duration
 from tasknet.version import version_option
 
 log = Logger()
@@ -151,6 +152,22 @@ class Options(LogOptions, usage.Options):
             "Host, https over TLS); an https URL also marks the cookie Secure.",
         ],
         [
+            "link-ttl",
+            None,
+            "10m",
+            "How long an archive link the site issues stays valid (seconds, or a number "
+            "with s, m, h or d).",
+        ],
+        [
+            "archive-streams-per-user",
+            None,
+            4,
+            "Archives one user may fetch through the site at once (those of nodes "
+            "without --public-url); past it GET /api/tasks/{gid}/archive answers 429 "
+            "too_many_streams.",
+            int,
+        ],
+        [
             "session-idle",
             None,
             auth.DEFAULT_SESSION_IDLE,
@@ -211,6 +228,14 @@ class Options(LogOptions, usage.Options):
             raise usage.UsageError("--webhook must be an http:// or https:// URL")
         if not self["session-idle"] > 0 or not self["session-max-age"] > 0:
             raise usage.UsageError("--session-idle and --session-max-age must be > 0")
+        try:
+            self["link-ttl"] = parse_duration(str(self["link-ttl"]))
+        except ValueError as e:
+            raise usage.UsageError(f"--link-ttl: {e}") from None
+        if not self["link-ttl"] >= 1:
+            raise usage.UsageError("--link-ttl must be at least 1 second")
+        if self["archive-streams-per-user"] < 1:
+            raise usage.UsageError("--archive-streams-per-user must be >= 1")
         if self["public-url"] is not None:
             try:
                 auth.parse_public_url(self["public-url"])

@@ -47,6 +47,7 @@ import json
 import math
 import re
 from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 from urllib.parse import unquote
@@ -64,7 +65,7 @@ from werkzeug.routing import Map, Rule
 
 from tasknet.deferreds import shield
 from tasknet.site import metrics
-from tasknet.site.storage import delete, favorites, reconcile, stats, usage
+from tasknet.site.storage import archives, delete, favorites, reconcile, stats, usage
 from tasknet.site.storage.engine.errors import DatabaseBusy, TaskError
 from tasknet.site.storage.instances import LeaseLost
 from tasknet.site.storage.users import User
@@ -77,8 +78,9 @@ from tasknet.site.storage.views import (
     visible_task,
 )
 from tasknet.site.web import openapi
-from tasknet.site.web.auth import request_credentials, require_admin
-from tasknet.site.web.errors import STATUS, ApiError, write_error, write_json
+from tasknet.site.web.archives import MAX_LINKS, IssuedLink, aria2_input
+from tasknet.site.web.auth import own_origin, request_credentials, require_admin
+from tasknet.site.web.errors import STATUS, ApiError, write_api_error, write_error, write_json
 from tasknet.site.web.http import StaticFiles
 from tasknet.site.web.interfaces import WebDependencies
 from tasknet.site.web.task_queries import search_text, stats_window, task_query
@@ -97,6 +99,17 @@ _GID_TEXT = re.compile(r"[0-9]{1,10}")
 
 Reply = tuple[int, Any]
 Handler = Callable[..., Awaitable[Reply]]
+
+
+@dataclass(frozen=True)
+class PlainText:
+    """A reply's document that is text, not JSON (an aria2 input file)."""
+
+    text: str
+
+
+#: A reply's document when the route has answered by itself (a stream).
+STREAMED = object()
 
 
 def _create_outcome(status: int, code: str | None) -> str:
@@ -122,6 +135,13 @@ async def answer(request: Request, reply: Awaitable[Reply]) -> tuple[bytes, str 
     other exception a logged ``500 internal``."""
     try:
         status, document = await reply
+        if document is STREAMED:
+            return b"", None
+        if isinstance(document, PlainText):
+            request.setResponseCode(status)
+            request.setHeader(b"Content-Type", b"text/plain; charset=utf-8")
+            request.setHeader(b"Cache-Control", b"no-store")
+            return document.text.encode("utf-8"), None
         # An error answered with a document of its own (a quota_exceeded with
         # its numbers, a verdict too early with its notBefore).
         error = document.get("error") if status >= 400 and isinstance(document, dict) else None
@@ -130,7 +150,11 @@ async def answer(request: Request, reply: Awaitable[Reply]) -> tuple[bytes, str 
         )
     except CancelledError:
         raise  # the client went away; nothing to answer
-    except (ApiError, TaskError) as e:
+    except ApiError as e:
+        if e.code == "unavailable" and e.retry_after is None:
+            request.setHeader(b"Retry-After", b"5")
+        return write_api_error(request, e), e.code
+    except TaskError as e:
         if e.code == "unavailable":
             request.setHeader(b"Retry-After", b"5")
         return write_error(request, e.code, e.message), e.code
@@ -475,6 +499,65 @@ class SiteApi:
             return 200, {"deleted": outcome.gid}
         return 202, {"task": outcome.task}
 
+    # archives (DELIVERY.md "Getting an archive (site)"; web/archives.py)
+
+    @app.route("/api/tasks/<gid>/archive", methods=["GET", "HEAD"])
+    @endpoint
+    async def task_archive(self, request: Request, gid: str) -> Reply:
+        """A 303 to the node's link, the archive streamed through the site,
+        or (``Accept: application/json``) the link as JSON."""
+        user = await self._user(request)
+        number = parse_gid(gid)
+        task = await self.db.read(archives.archive_of, number, _scope(user))
+        delivery = self.deps.archives
+        link = delivery.issue(task, user.id, self._site_archive_url(request, number))
+        if _accepts(request, "application/json"):
+            delivery.count(link)
+            return 200, link.document()
+        if link.via == "node":
+            delivery.count(link)
+            request.setHeader(b"Location", link.url.encode("utf-8"))
+            return 303, {"url": link.url, "expiresAt": link.expires_at}
+        with delivery.streams.slot(user.id):
+            delivery.count(link)
+            await delivery.streams.relay(request, link.node_url)
+        return 200, STREAMED
+
+    @app.route("/api/tasks/archive-links", methods=["POST"])
+    @endpoint
+    async def archive_links(self, request: Request) -> Reply:
+        """Links for many tasks: JSON, or (``Accept: text/plain``) an aria2
+        input file."""
+        user = await self._user(request)
+        gids = _link_gids(json_body(request))
+        tasks = await self.db.read(archives.archives_of, gids, _scope(user))
+        delivery = self.deps.archives
+        links: list[IssuedLink] = []
+        missing: list[dict[str, Any]] = []
+        for gid in gids:
+            task = tasks.get(gid)
+            if task is None:
+                missing.append({"gid": gid, "code": "not_found"})
+                continue
+            try:
+                link = delivery.issue(task, user.id, self._site_archive_url(request, gid))
+            except ApiError as e:
+                missing.append({"gid": gid, "code": e.code})
+                continue
+            delivery.count(link)
+            links.append(link)
+        if _prefers_text(request):
+            credentials = request_credentials(request)
+            bearer = credentials.secret if credentials and credentials.source == "header" else None
+            lines = [f"# gid {m['gid']}: {m['code']}\n" for m in missing]
+            return 200, PlainText("".join(lines) + aria2_input(links, bearer))
+        return 200, {"links": [link.entry() for link in links], "missing": missing}
+
+    def _site_archive_url(self, request: Request, gid: int) -> str:
+        """The site's own URL of ``gid``'s archive (a ``via: site`` link)."""
+        origin = own_origin(request, self.auth.settings)
+        return f"{origin or ''}/api/tasks/{gid}/archive"
+
     # favorites
 
     @app.route("/api/favorites/<gid>", methods=["PUT"])
@@ -652,6 +735,50 @@ class SiteApi:
         error = failure.value
         allowed = error.valid_methods if isinstance(error, MethodNotAllowed) else None
         return _method_not_allowed(request, allowed or [])
+
+
+def _link_gids(document: dict[str, Any]) -> list[int]:
+    """``POST /api/tasks/archive-links``' gids: 1 to :data:`MAX_LINKS` JSON
+    integers, each a gid; repeats answered once, in the order first given."""
+    gids = document.get("gids")
+    if not isinstance(gids, list) or not 1 <= len(gids) <= MAX_LINKS:
+        raise ApiError("invalid_request", f"'gids' must be an array of 1 to {MAX_LINKS} gids")
+    numbers = []
+    for gid in gids:
+        if isinstance(gid, str):
+            raise ApiError("invalid_request", "each of 'gids' must be a JSON integer")
+        numbers.append(parse_gid(gid))
+    return list(dict.fromkeys(numbers))
+
+
+def _accepted(request: Request) -> list[str]:
+    """The media types of ``Accept`` the client takes (``q`` above 0), in order."""
+    types = []
+    for value in request.requestHeaders.getRawHeaders(b"accept") or []:
+        for item in value.decode("latin-1").split(","):
+            media, *parameters = item.split(";")
+            refused = any(
+                p.strip().lower().replace(" ", "") in ("q=0", "q=0.0", "q=0.00", "q=0.000")
+                for p in parameters
+            )
+            if media.strip() and not refused:
+                types.append(media.strip().lower())
+    return types
+
+
+def _accepts(request: Request, media: str) -> bool:
+    """The client named ``media`` in ``Accept`` (not by a wildcard)."""
+    return media in _accepted(request)
+
+
+def _prefers_text(request: Request) -> bool:
+    """``Accept`` names ``text/plain`` before (or without) ``application/json``."""
+    accepted = _accepted(request)
+    if "text/plain" not in accepted:
+        return False
+    return "application/json" not in accepted or (
+        accepted.index("text/plain") < accepted.index("application/json")
+    )
 
 
 def _header_tokens(request: Request, name: bytes) -> set[bytes]:

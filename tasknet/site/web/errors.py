@@ -16,6 +16,22 @@ STATUS: dict[str, int] = {
     "method_not_allowed": 405,
     "request_timeout": 408,  # no complete request in time (web.http)
     "conflict": 409,
+    # GET /api/tasks/{gid}/archive and POST /api/tasks/archive-links
+    # (DELIVERY.md "Getting an archive (site)", web/archives.py): the task is
+    # not COMPLETED (with its status); its node is connected but serves
+    # nothing (a legacy node, or one without --serve); the archive is gone
+    # (with the reason); the node is not connected to this site, cannot be
+    # reached, is at its --serve-max or refused the site's link (with
+    # Retry-After where waiting helps); the user's streams through the site
+    # are all taken.
+    "archive_not_ready": 409,
+    "archive_not_served": 409,
+    "archive_gone": 410,
+    "too_many_streams": 429,
+    "node_unreachable": 502,
+    "node_error": 502,
+    "node_offline": 503,
+    "node_busy": 503,
     # POST /api/admin/tasks/{gid}/resolve (docs/operations.md, "Reconcile UNKNOWN operations"):
     # "not_submitted" inside a reaped submission's verdict wait (with notBefore
     # and Retry-After), and a verdict the upstream's audit contradicts, without a note.
@@ -37,14 +53,25 @@ STATUS: dict[str, int] = {
 
 
 class ApiError(Exception):
-    """Answer with ``code`` (and its status) and ``message``."""
+    """Answer with ``code`` (and its status) and ``message``; ``details``
+    are more fields of the error object (an archive's task ``status``),
+    ``retry_after`` the seconds of a ``Retry-After`` header."""
 
-    def __init__(self, code: str, message: str) -> None:
+    def __init__(
+        self,
+        code: str,
+        message: str,
+        *,
+        retry_after: int | None = None,
+        **details: Any,
+    ) -> None:
         if code not in STATUS:
             raise ValueError(f"unknown error code {code!r}")
         super().__init__(message)
         self.code = code
         self.message = message
+        self.retry_after = retry_after
+        self.details = details
 
     @property
     def status(self) -> int:
@@ -68,7 +95,15 @@ def write_json(request: IRequest, status: int, document: Any) -> bytes:
     return json_bytes(document)
 
 
-def write_error(request: IRequest, code: str, message: str) -> bytes:
+def write_error(request: IRequest, code: str, message: str, **details: Any) -> bytes:
     if code == "unauthorized":
         request.setHeader(b"WWW-Authenticate", b'Bearer realm="tasknet"')
-    return write_json(request, STATUS[code], {"error": {"code": code, "message": message}})
+    error = {"code": code, "message": message, **details}
+    return write_json(request, STATUS[code], {"error": error})
+
+
+def write_api_error(request: IRequest, error: ApiError) -> bytes:
+    """:func:`write_error` of ``error``, with its ``Retry-After``."""
+    if error.retry_after is not None:
+        request.setHeader(b"Retry-After", str(error.retry_after).encode("ascii"))
+    return write_error(request, error.code, error.message, **error.details)

@@ -6,8 +6,8 @@ The composition root (:mod:`tasknet.site.root`) builds one
 imports the module that builds it (``root``) nor the running service
 (``service``): it sees the lifecycle and the database through their own
 types, and everything else (the WebSocket resource, the admin node view,
-health, the outbox) as the objects or callables below, each given when the
-dependencies are made, so none of them is ever missing.
+health, the outbox, the archive links) as the objects or callables below,
+each given when the dependencies are made, so none of them is ever missing.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from twisted.web.resource import IResource
 from tasknet.site.lifecycle import Lifecycle
 from tasknet.site.ratelimit import CreateRateLimiter
 from tasknet.site.storage.engine.database import Database
+from tasknet.site.web.archives import ArchiveDelivery
 from tasknet.site.web.auth import Authenticator
 
 
@@ -51,5 +52,7 @@ class WebDependencies:
     #: Tokens, browser sessions and the same-origin rule (``web/auth.py``),
     #: the same one ``/api/events`` looks its sockets up with.
     auth: Authenticator
+    #: Archive links and the streams through the site (``web/archives.py``).
+    archives: ArchiveDelivery
     #: The site's ``--name`` (``/api/me``'s ``site``: which site this is).
     site_name: str = ""

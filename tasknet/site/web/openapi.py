@@ -58,6 +58,7 @@ MIN_WINDOW = 60
 MAX_WINDOW = 86400
 MAX_NODE_ID = 128
 MAX_BULK = 500
+MAX_ARCHIVE_LINKS = 1000
 #: ``GET /api/tasks``' orders and the ``QUEUED`` filter key (``storage.views``).
 ORDERS = ["newest", "oldest", "gid", "size", "progress", "status"]
 QUEUED = "QUEUED"
@@ -69,6 +70,9 @@ _REASONS = {
     200: "OK",
     201: "Created",
     202: "Accepted",
+    206: "Partial Content",
+    303: "See Other",
+    304: "Not Modified",
     400: "Bad Request",
     401: "Unauthorized",
     403: "Forbidden",
@@ -76,7 +80,9 @@ _REASONS = {
     405: "Method Not Allowed",
     408: "Request Timeout",
     409: "Conflict",
+    410: "Gone",
     413: "Content Too Large",
+    416: "Range Not Satisfiable",
     422: "Unprocessable Content",
     426: "Upgrade Required",
     429: "Too Many Requests",
@@ -846,7 +852,14 @@ def _task_operations() -> dict[str, Schema]:
                     "internal",
                 ),
             ),
-            (502, _error(502, "`prepare` failed before any POST; the reservation was released.")),
+            (
+                502,
+                _error(
+                    502,
+                    "`prepare` failed before any POST; the reservation was released.",
+                    "upstream_unavailable",
+                ),
+            ),
         ),
         tag="tasks",
         body=_body(
@@ -1069,6 +1082,237 @@ def _task_operations() -> dict[str, Schema]:
         "delete": delete,
         "bulk": bulk,
     }
+
+
+def _archive_operations() -> dict[str, Schema]:
+    """``GET /api/tasks/{gid}/archive`` and ``POST /api/tasks/archive-links``
+    (DELIVERY.md "Getting an archive (site)"; ``web/archives.py``)."""
+    sha256 = _nullable(_string("The archive's SHA-256 (64 lowercase hex) as its node reported it."))
+    size = _nullable(_integer("The archive's bytes as its node reported them.", minimum=0))
+    expires = _string(
+        "When the link stops working (ISO 8601 UTC): `--link-ttl` (default 10 minutes) after "
+        "it was issued."
+    )
+    name = _string(
+        "The file to save it as: the task's name made safe for a file system (no `/`, `\\`, "
+        "control characters or leading dots), `.zip` added; the gid when nothing is left."
+    )
+    url = _string(
+        "Where to fetch the archive: a signed link to the node (`via: node`: it names the user "
+        "it was issued to and expires), or the site's own `/api/tasks/{gid}/archive` (`via: "
+        "site`: fetched with the caller's own credentials)."
+    )
+    link = _object(
+        {
+            "url": url,
+            "expiresAt": expires,
+            "size": size,
+            "sha256": sha256,
+            "name": name,
+            "node": _string("The node that holds the archive."),
+            "via": _string(
+                "`node`: the link goes to the node's public URL; `site`: the site streams it "
+                "from the node.",
+                enum=["node", "site"],
+            ),
+        }
+    )
+    not_found = _error(404, "No such task (or not the caller's).")
+    not_ready = _error(
+        409,
+        "The task is not `COMPLETED` (`archive_not_ready`: the error object's `status` is its "
+        "status), or its node is connected but serves no archives (`archive_not_served`: a "
+        "legacy node, or one without `--serve`).",
+        "archive_not_ready",
+        "archive_not_served",
+    )
+    gone = _error(
+        410,
+        "The completed task's archive is no longer held by its node (the error's message says "
+        "why).",
+        "archive_gone",
+    )
+    offline = _error(
+        503,
+        "`node_offline`: the node holding the archive is not connected to this site; "
+        "`node_busy`: it serves as many transfers as it may (`--serve-max`); `unavailable`: "
+        "the site's database does not answer. Try again after `Retry-After`.",
+        "node_offline",
+        "node_busy",
+        "unavailable",
+        headers={**_RETRY_AFTER},
+    )
+    node_failed = _error(
+        502,
+        "The site streams the archive and its node could not be reached or sent no headers in "
+        "time (`node_unreachable`, with `Retry-After`), or refused the site's link "
+        "(`node_error`, naming its status).",
+        "node_unreachable",
+        "node_error",
+    )
+    archive_headers = {
+        name: {"description": text, "schema": {"type": "string"}}
+        for name, text in (
+            ("Content-Length", "The bytes of this answer's body."),
+            ("Content-Range", "`bytes FIRST-LAST/SIZE` (206), `bytes */SIZE` (416)."),
+            ("Accept-Ranges", "`bytes`."),
+            ("ETag", '`"sha256-HEX"`: `If-Range` and `If-None-Match` take it.'),
+            (
+                "Content-Disposition",
+                "`attachment; filename=\"ASCII\"; filename*=UTF-8''NAME` (RFC 6266).",
+            ),
+        )
+    }
+    zip_body = {"application/zip": {"schema": {"type": "string", "format": "binary"}}}
+    get = _operation(
+        "getTaskArchive",
+        "Get a task's archive",
+        "The archive of a `COMPLETED` task, for its owner or an admin. With `Accept: "
+        "application/json`: the link as JSON (`200`). Otherwise, when the node holding it has a "
+        "public URL (`--public-url`): `303` to a signed link to the node, valid for "
+        "`--link-ttl`; else the site streams it from the node (`200`, or `206` for a `Range`; "
+        "`Range`, `If-Range` and `If-None-Match` are passed to the node, and its `Content-"
+        "Length`, `Content-Range`, `Accept-Ranges`, `ETag`, `Content-Type`, `Content-"
+        "Disposition` and `Last-Modified` back). At most `--archive-streams-per-user` (default "
+        "4) streams through the site at once per user (`429 too_many_streams`). A transfer the "
+        "node breaks off after the headers ends the connection early: resume it with `Range`. "
+        "`HEAD` answers the same headers without the body.",
+        _responses(
+            {
+                "200": {
+                    "description": "The link (`Accept: application/json`), or the whole "
+                    "archive streamed by the site.",
+                    "headers": archive_headers,
+                    "content": {JSON: {"schema": link}, **zip_body},
+                },
+                "206": {
+                    "description": "The `Range` asked for, streamed by the site.",
+                    "headers": archive_headers,
+                    "content": zip_body,
+                },
+                "303": _json_response(
+                    "Go to the node: `Location` is the signed link (also in the body).",
+                    _object({"url": url, "expiresAt": expires}),
+                    headers={
+                        "Location": {
+                            "description": "The signed link to the node.",
+                            "required": True,
+                            "schema": {"type": "string"},
+                        }
+                    },
+                ),
+                "304": {"description": "`If-None-Match` named the archive's `ETag`."},
+                "416": {
+                    "description": "The `Range` is past the archive's end: `Content-Range: "
+                    "bytes */SIZE`.",
+                    "headers": {"Content-Range": archive_headers["Content-Range"]},
+                },
+            },
+            (400, _bad_request(_BAD_GID)),
+            (401, _common("Unauthorized")),
+            (404, not_found),
+            (409, not_ready),
+            (410, gone),
+            (
+                429,
+                _error(
+                    429,
+                    "The caller already has `--archive-streams-per-user` archives streaming "
+                    "through the site.",
+                    "too_many_streams",
+                    headers={**_RETRY_AFTER},
+                ),
+            ),
+            (502, node_failed),
+            (503, offline),
+        ),
+        tag="tasks",
+        parameters=[_GID_PARAMETER],
+    )
+    links = _operation(
+        "getArchiveLinks",
+        "Links for many archives",
+        f"One to {MAX_ARCHIVE_LINKS} gids (a gid given twice is answered once, where first "
+        "given): a link for each `COMPLETED` task of the caller's (an admin's: any) whose node "
+        "can serve it, as `GET /api/tasks/{gid}/archive` would give it; every other gid in "
+        "`missing` with the error code that route would answer (`not_found`, "
+        "`archive_not_ready`, `archive_not_served`, `archive_gone`, `node_offline`). With "
+        "`Accept: text/plain`: an aria2 input file (`aria2c -i FILE` fetches and verifies "
+        "every archive): each link's URL on a line, then `  out=NAME` and `  "
+        "checksum=sha-256=HEX` (when the digest is known); a missing gid is a `# gid G: CODE` "
+        "comment. A link through the site (`via: site`) needs the caller's credentials: the "
+        "file carries `  header=Authorization: Bearer TOKEN` when the request itself was made "
+        "with that bearer token, never for a browser session. An aria2 user whose file has no "
+        "such line (it was fetched with the session cookie) asks again with `Authorization: "
+        "Bearer TOKEN`, or passes `--header='Authorization: Bearer TOKEN'` to aria2c.",
+        _responses(
+            {
+                "200": {
+                    "description": "The links and the gids without one.",
+                    "content": {
+                        JSON: {
+                            "schema": _object(
+                                {
+                                    "links": {
+                                        "type": "array",
+                                        "items": _object(
+                                            {
+                                                "gid": _integer(minimum=GID_MIN, maximum=GID_MAX),
+                                                "url": url,
+                                                "expiresAt": expires,
+                                                "size": size,
+                                                "sha256": sha256,
+                                                "name": name,
+                                            }
+                                        ),
+                                    },
+                                    "missing": {
+                                        "type": "array",
+                                        "items": _object(
+                                            {
+                                                "gid": _integer(minimum=GID_MIN, maximum=GID_MAX),
+                                                "code": _string(
+                                                    "Why there is no link (the error code of "
+                                                    "`GET /api/tasks/{gid}/archive`)."
+                                                ),
+                                            }
+                                        ),
+                                    },
+                                }
+                            )
+                        },
+                        "text/plain": {
+                            "schema": _string("An aria2 input file (`Accept: text/plain`).")
+                        },
+                    },
+                },
+            },
+            (
+                400,
+                _bad_request(
+                    f"Not a JSON object; `gids` not an array of 1 to {MAX_ARCHIVE_LINKS} gids "
+                    "(JSON integers)."
+                ),
+            ),
+            (401, _common("Unauthorized")),
+            (403, _error(403, _COOKIE_FORBIDDEN, "forbidden")),
+        ),
+        tag="tasks",
+        body=_body(
+            _object(
+                {
+                    "gids": {
+                        "type": "array",
+                        "items": _integer(minimum=GID_MIN, maximum=GID_MAX),
+                        "minItems": 1,
+                        "maxItems": MAX_ARCHIVE_LINKS,
+                    }
+                },
+                required=["gids"],
+            )
+        ),
+    )
+    return {"get": get, "links": links}
 
 
 def _favorite_operations() -> dict[str, Schema]:
@@ -1446,11 +1690,14 @@ def _document() -> str:
     session = _session_operations()
     admin = _admin_operations()
     other = _other_operations()
+    archives = _archive_operations()
     paths = {
         "/api/tasks": {"get": tasks["list"], "post": tasks["create"]},
         "/api/tasks/counts": {"get": tasks["counts"]},
         "/api/tasks/bulk": {"post": tasks["bulk"]},
         "/api/tasks/{gid}": {"get": tasks["get"], "delete": tasks["delete"]},
+        "/api/tasks/{gid}/archive": {"get": archives["get"]},
+        "/api/tasks/archive-links": {"post": archives["links"]},
         "/api/stats": {"get": tasks["stats"]},
         "/api/favorites": {"get": favorites["list"]},
         "/api/favorites/{gid}": {"put": favorites["add"], "delete": favorites["remove"]},

@@ -1,0 +1,288 @@
+"""The site's stream of an archive from the node that holds it
+(DELIVERY.md, "Getting an archive (site)": a node without a public URL).
+
+The site asks the node's ``serveUrl`` for a signed link it just made and
+relays the answer: ``200``, ``206``, ``304`` and ``416`` with their headers
+(:data:`PASSED_RESPONSE_HEADERS`), the client's ``Range``, ``If-Range`` and
+``If-None-Match`` passed on (:data:`PASSED_REQUEST_HEADERS`).  The body is
+relayed with back-pressure: the node's body transport is the producer
+registered on the client's request, so when the client reads slowly the
+site stops reading the node's socket, and at most a socket read or two
+(tens of KiB) is in the site's memory per transfer.  A client that goes
+away stops the node's transfer (its connection is closed).
+
+Nothing here hangs or answers ``500``: a node that cannot be reached, or
+sends no headers within :data:`HEADERS_TIMEOUT`, is ``502 node_unreachable``
+(with ``Retry-After``); a node at its ``--serve-max`` is ``503 node_busy``;
+any other answer of the node is ``502 node_error`` naming it.  Once the
+headers went out, a node that fails mid-body makes the site close the
+client's connection (the client sees fewer bytes than ``Content-Length``
+and resumes with ``Range``), never a complete-looking short file.
+
+At most ``per_user`` streams run at once per user (``--archive-streams-per-
+user``): past it ``429 too_many_streams``.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import orjson
+from twisted.internet.defer import CancelledError, Deferred
+from twisted.internet.defer import TimeoutError as DeferredTimeout
+from twisted.internet.error import ConnectError, ConnectingCancelledError, DNSLookupError
+from twisted.internet.interfaces import IReactorTCP, IReactorTime
+from twisted.internet.protocol import Protocol
+from twisted.logger import Logger
+from twisted.python.failure import Failure
+from twisted.web.client import (
+    Agent,
+    PartialDownloadError,
+    ResponseDone,
+    ResponseFailed,
+    ResponseNeverReceived,
+)
+from twisted.web.http import PotentialDataLoss
+from twisted.web.http_headers import Headers
+from twisted.web.iweb import UNKNOWN_LENGTH, IResponse
+from twisted.web.server import Request
+
+from tasknet.netclient import DirectEndpoints, quiet_pool
+from tasknet.site import metrics
+from tasknet.site.web.errors import ApiError
+
+__all__ = [
+    "CONNECT_TIMEOUT",
+    "HEADERS_TIMEOUT",
+    "PASSED_REQUEST_HEADERS",
+    "PASSED_RESPONSE_HEADERS",
+    "ArchiveStreams",
+]
+
+log = Logger()
+
+#: Seconds to connect to a node's serve endpoint, and then to get its headers.
+CONNECT_TIMEOUT = 10.0
+HEADERS_TIMEOUT = 30.0
+#: How long a client is told to wait after the node could not be reached.
+RETRY_AFTER = 10
+
+PASSED_REQUEST_HEADERS = (b"range", b"if-range", b"if-none-match", b"if-modified-since")
+PASSED_RESPONSE_HEADERS = (
+    b"content-length",
+    b"content-range",
+    b"accept-ranges",
+    b"etag",
+    b"content-type",
+    b"content-disposition",
+    b"last-modified",
+)
+#: The node's answers relayed as they are; any other is a JSON error.
+PASSED_STATUSES = frozenset({200, 206, 304, 416})
+#: The most of a node's error body read (to name its error code).
+ERROR_BODY_LIMIT = 4096
+
+
+class _Relay(Protocol):
+    """Writes the node's body to the client's request as it arrives; the
+    node's body transport is the request's producer (back-pressure)."""
+
+    def __init__(self, request: Request, done: Deferred[None]) -> None:
+        self.request = request
+        self.done = done
+        self.relayed = 0
+
+    def connectionMade(self) -> None:
+        # The client's transport pauses and resumes the node's socket.
+        self.request.registerProducer(self.transport, True)
+
+    def dataReceived(self, data: bytes) -> None:
+        self.request.write(data)
+        self.relayed += len(data)
+        metrics.ARCHIVE_STREAM_BYTES.inc(len(data))
+
+    def connectionLost(self, reason: Failure = Failure(ResponseDone())) -> None:
+        if self.request.producer is not None:
+            self.request.unregisterProducer()
+        if reason.check(ResponseDone, PotentialDataLoss):
+            self.done.callback(None)
+        else:
+            self.done.errback(reason)
+
+    def stop(self) -> None:
+        """The client went away: close the node's transfer."""
+        transport: Any = self.transport
+        if transport is not None:
+            transport.stopProducing()
+
+
+class _ErrorBody(Protocol):
+    """Reads at most :data:`ERROR_BODY_LIMIT` bytes of a node's error answer."""
+
+    def __init__(self, done: Deferred[bytes]) -> None:
+        self.done = done
+        self.data = b""
+
+    def dataReceived(self, data: bytes) -> None:
+        self.data += data[: max(0, ERROR_BODY_LIMIT - len(self.data))]
+
+    def connectionLost(self, reason: Failure = Failure(ResponseDone())) -> None:
+        self.done.callback(self.data)
+
+
+def _node_error_code(body: bytes) -> str:
+    try:
+        document = orjson.loads(body)
+        code = document["error"]["code"]
+    except (orjson.JSONDecodeError, KeyError, TypeError):
+        return ""
+    return code if isinstance(code, str) else ""
+
+
+class ArchiveStreams:
+    """The site's archive streams: the per-user bound and the HTTP client
+    that reaches the nodes' serve endpoints (on ``reactor``, timed on
+    ``clock``)."""
+
+    def __init__(
+        self,
+        reactor: IReactorTCP,
+        clock: IReactorTime,
+        *,
+        per_user: int,
+        connect_timeout: float = CONNECT_TIMEOUT,
+        headers_timeout: float = HEADERS_TIMEOUT,
+    ) -> None:
+        if per_user < 1:
+            raise ValueError("per_user must be >= 1")
+        self.per_user = per_user
+        self._clock = clock
+        self._headers_timeout = headers_timeout
+        # A connection per transfer: none is left open when the site stops,
+        # and a transfer the client abandoned closes its own.
+        self._agent = Agent.usingEndpointFactory(
+            reactor,
+            DirectEndpoints(reactor, connect_timeout),
+            pool=quiet_pool(reactor, persistent=False),
+        )
+        self._active: Counter[int] = Counter()
+
+    def active(self, user_id: int | None = None) -> int:
+        """Streams running now: ``user_id``'s, or everyone's."""
+        if user_id is None:
+            return sum(self._active.values())
+        return self._active[user_id]
+
+    @contextmanager
+    def slot(self, user_id: int) -> Iterator[None]:
+        """Hold one of ``user_id``'s streams while the block runs; ``429
+        too_many_streams`` when all are taken."""
+        if self._active[user_id] >= self.per_user:
+            raise ApiError(
+                "too_many_streams",
+                f"at most {self.per_user} archives at once through the site per user: "
+                "wait for one to finish",
+                retry_after=1,
+            )
+        self._active[user_id] += 1
+        metrics.ARCHIVE_STREAMS.inc()
+        try:
+            yield
+        finally:
+            metrics.ARCHIVE_STREAMS.dec()
+            self._active[user_id] -= 1
+            if self._active[user_id] <= 0:
+                del self._active[user_id]
+
+    async def relay(self, request: Request, url: str) -> None:
+        """Answer ``request`` (GET or HEAD) with the node's answer to
+        ``url`` (a signed link under its ``serveUrl``).  Raises
+        :class:`ApiError` while nothing was written; after the headers went
+        out, a failure closes the client's connection."""
+        method = b"HEAD" if request.method == b"HEAD" else b"GET"
+        headers = Headers()
+        for name in PASSED_REQUEST_HEADERS:
+            values = request.requestHeaders.getRawHeaders(name)
+            if values:
+                headers.setRawHeaders(name, values)
+        response = await self._headers_of(method, url, headers)
+        if response.code not in PASSED_STATUSES:
+            await self._refusal(response)
+        request.setResponseCode(response.code)
+        for name in PASSED_RESPONSE_HEADERS:
+            values = response.headers.getRawHeaders(name)
+            if values:
+                request.responseHeaders.setRawHeaders(name, values)
+        if method == b"GET" and response.code != 304 and response.length is not UNKNOWN_LENGTH:
+            # Twisted's client keeps a GET's Content-Length as the body's length.
+            request.setHeader(b"content-length", str(response.length).encode("ascii"))
+        request.responseHeaders.setRawHeaders(b"cache-control", [b"private, no-store"])
+        done: Deferred[None] = Deferred()
+        relay = _Relay(request, done)
+        response.deliverBody(relay)
+        try:
+            await done
+        except CancelledError:
+            relay.stop()  # the client went away
+            raise
+        except Exception as e:
+            log.info(
+                "the node's transfer of {url} broke after {n} bytes: {why}",
+                url=url.split("?", 1)[0],
+                n=relay.relayed,
+                why=e,
+            )
+            # The headers went out: the client must not take this for the
+            # whole file.
+            request.loseConnection()
+            try:
+                await request.notifyFinish()  # klein cancels this answer then
+            except Exception:
+                pass
+            raise CancelledError() from None
+
+    async def _headers_of(self, method: bytes, url: str, headers: Headers) -> IResponse:
+        asked = self._agent.request(method, url.encode("ascii"), headers)
+        asked.addTimeout(self._headers_timeout, self._clock)
+        try:
+            return await asked
+        except CancelledError:
+            raise
+        except (
+            ConnectError,
+            ConnectingCancelledError,
+            DNSLookupError,
+            DeferredTimeout,
+            ResponseNeverReceived,
+            ResponseFailed,
+        ) as e:
+            raise ApiError(
+                "node_unreachable",
+                f"the node holding the archive did not answer the site: {type(e).__name__}",
+                retry_after=RETRY_AFTER,
+            ) from None
+
+    async def _refusal(self, response: IResponse) -> None:
+        """Raise the JSON error for a node's answer the site does not relay."""
+        body: Deferred[bytes] = Deferred()
+        response.deliverBody(_ErrorBody(body))
+        try:
+            code = _node_error_code(await body.addTimeout(self._headers_timeout, self._clock))
+        except (DeferredTimeout, PartialDownloadError):
+            code = ""
+        if response.code == 503:
+            after = response.headers.getRawHeaders(b"retry-after") or [b""]
+            seconds = int(after[0]) if after[0].isdigit() else RETRY_AFTER
+            raise ApiError(
+                "node_busy",
+                "the node holding the archive serves as many transfers as it may: try again",
+                retry_after=min(seconds, 3600),
+            )
+        named = f" ({code})" if code else ""
+        raise ApiError(
+            "node_error",
+            f"the node holding the archive refused the site's link: HTTP {response.code}{named}",
+        )
