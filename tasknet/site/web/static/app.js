@@ -1248,7 +1248,7 @@
     if (note) { notes.push(el("span", { className: "row-note note-" + note.kind, "data-role": "note", "data-kind": note.kind, text: note.text })); }
     var archiveNote = state.archiveNotes.get(task.gid);
     if (archiveNote) {
-      notes.push(el("span", { className: "row-note note-archive", "data-role": "archive-note", "data-code": archiveNote.code, text: archiveNote.text }));
+      notes.push(el("span", { className: "row-note note-archive", "data-role": "archive-note", "data-code": archiveNote.code, text: archiveNote.describe() }));
     }
     if (detail) {
       notes.push(el("span", { className: "row-detail", "data-role": "detail", title: detail.raw || null, text: detail.text }));
@@ -1422,9 +1422,10 @@
         saveFrom(result.data.url);
         notify(t("downloadStarted", { gid: gid }));
       } else {
-        var text = archiveErrorText(gid, result);
-        state.archiveNotes.set(gid, { code: errorCode(result) || String(result.status), text: text });
-        notify(text, true);
+        // Worded when shown, so a change of language rewords it.
+        var describe = function () { return archiveErrorText(gid, result); };
+        state.archiveNotes.set(gid, { code: errorCode(result) || String(result.status), describe: describe });
+        notify(describe(), true);
         // Not ready or gone: the row itself is out of date; read it again.
         if (result.status === 409 || result.status === 410) {
           api("GET", "/api/tasks/" + gid).then(function (fresh) {
@@ -1513,7 +1514,7 @@
     if (outcome.none) { parts.push(t("linksNone")); } else { parts.push(outcome.links === 1 ? t("linksSavedOne") : t("linksSaved", { n: num(outcome.links) })); }
     if (outcome.skipped) { parts.push(t("linksSkipped", { n: num(outcome.skipped) })); }
     if (outcome.missing) { parts.push(t("linksMissing", { n: num(outcome.missing) })); }
-    box.appendChild(el("span", { "data-role": "links-outcome", text: parts.join(" ") }));
+    box.appendChild(el("span", { "data-role": "links-outcome", text: parts.join(state.lang === "zh" ? "" : " ") }));
     if (!outcome.none) {
       // The command is code: split the sentence around it.
       var hint = el("span", { className: "links-hint", "data-role": "links-hint" });
