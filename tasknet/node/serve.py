@@ -349,6 +349,8 @@ class ArchiveServer:
         self.transfers = 0
         #: Transfers that sent every byte (and were marked served).
         self.completed = 0
+        #: Open HTTP connections.
+        self.connections = 0
         self.resource = _ArchiveResource(self)
 
     def site(self) -> ServeSite:
@@ -365,9 +367,13 @@ class ArchiveServer:
             if method != b"GET":
                 request.setHeader(b"Allow", b"GET")
                 return _answer_error(request, "method_not_allowed")
-            body = json.dumps(
-                {"status": "ok", "transfers": self.transfers, "serveMax": self.serve_max}
-            ).encode("ascii")
+            health = {
+                "status": "ok",
+                "transfers": self.transfers,
+                "serveMax": self.serve_max,
+                "connections": self.connections,
+            }
+            body = json.dumps(health).encode("ascii")
             request.setHeader(b"Content-Type", b"application/json")
             request.setHeader(b"Cache-Control", b"no-store")
             return body
@@ -543,6 +549,7 @@ class ServeChannel(http.HTTPChannel):
 
     def connectionMade(self) -> None:
         super().connectionMade()
+        self.site.archives.connections += 1
         self._start_deadline()
 
     def dataReceived(self, data: bytes) -> None:
@@ -563,6 +570,7 @@ class ServeChannel(http.HTTPChannel):
         super().allContentReceived()
 
     def connectionLost(self, reason: Any = None) -> None:
+        self.site.archives.connections -= 1
         self._cancel_deadline()
         super().connectionLost(reason)
 

@@ -211,7 +211,12 @@ async def test_only_get_and_head_on_links_and_get_on_healthz(tmp_path: Path) -> 
             assert error_code(answer) == "method_not_allowed"
         health = await served.get("/healthz")
         assert health.status == 200
-        assert json.loads(health.body) == {"status": "ok", "transfers": 0, "serveMax": 64}
+        assert json.loads(health.body) == {
+            "status": "ok",
+            "transfers": 0,
+            "serveMax": 64,
+            "connections": 1,
+        }
         assert (await served.get("/healthz", method="POST")).status == 405
         assert (await served.get("/nowhere", method="POST")).status == 404
 
