@@ -254,6 +254,25 @@ def test_download_details_and_links(stack: DemoStack, tmp_path: Path) -> None:
             row.evaluate("e => e.scrollIntoView({block: 'center'})")
             page.screenshot(path=str(shots / "archive-download-en.png"))
 
+            # --- a task that is not complete: the words of archive_not_ready -----
+            # Such a row has no Download (it comes with the completion), so the
+            # race it covers (the task changed meanwhile) is made by giving the
+            # row the button the list's own click handler answers.
+            pending = row_of(page, unfinished)
+            expect(pending.locator('button[data-action="download"]')).to_have_count(0)
+            pending.locator(".task-actions").evaluate(
+                "box => { const b = document.createElement('button');"
+                " b.type = 'button'; b.dataset.action = 'download'; b.textContent = 'x';"
+                " b.id = 'raced-download'; box.prepend(b); }"
+            )
+            page.click("#raced-download")
+            not_ready = pending.locator('[data-role="archive-note"]')
+            expect(not_ready).to_have_attribute("data-code", "archive_not_ready")
+            expect(not_ready).to_have_text(
+                f"Not complete yet: the archive of gid {unfinished} is not ready."
+            )
+            expect(pending.locator('button[data-action="download"]')).to_have_count(0)
+
             # --- Chinese: the same details in the other language ------------------
             page.click("#lang-toggle")
             expect(details.locator("dt").first).to_have_text("归档大小")
