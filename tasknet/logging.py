@@ -14,7 +14,11 @@ Choosing the output (docs/operations.md, "Logs"):
   ``--logger``) writing where twistd would have: stdout under ``-n``, else
   ``--logfile`` (``twistd.log`` for a daemon), reopened on SIGUSR1 as
   twistd's own, on the reactor the role's ``makeService`` gives
-  :func:`rotate_on` (twistd builds the service before its logger).
+  :func:`rotate_on` (twistd builds the service before its logger).  That
+  file rotates at ``--log-max-size`` (default 10 MB) and keeps
+  ``--log-keep`` rotated files (default 9), removing older ones: the log
+  takes at most (keep + 1) × max-size of disk, whatever arrives (twistd's
+  own kept every rotated file: issue 38's flood left 99 of them).
   twistd's ``--syslog`` or a ``--logger`` of another's is left alone;
 * without the options the environment decides: ``TASKNET_LOG_FORMAT=json``
   (or the older ``TASKNET_LOG_JSON=1``) and ``TASKNET_LOG_LEVEL=debug``;
@@ -68,6 +72,8 @@ from twisted.logger import (
 )
 from zope.interface import provider
 
+from tasknet.units import parse_size
+
 JSON_ENV = "TASKNET_LOG_JSON"
 FORMAT_ENV = "TASKNET_LOG_FORMAT"
 LEVEL_ENV = "TASKNET_LOG_LEVEL"
@@ -97,6 +103,14 @@ class _Chosen:
     path: str | None = None
     #: The reactor a SIGUSR1 rotates that file on (:func:`rotate_on`).
     reactor: IReactorFromThreads | None = None
+    #: Bytes at which that file rotates, and how many rotated files are kept.
+    max_size: int = 0
+    keep: int = 0
+
+
+#: ``--log-max-size`` and ``--log-keep`` by default: at most 100 MB of log.
+DEFAULT_LOG_MAX_SIZE = "10MB"
+DEFAULT_LOG_KEEP = 9
 
 
 _chosen = _Chosen()
@@ -222,7 +236,11 @@ def _destination() -> IO[str]:
         return sys.stdout
     from twisted.python.logfile import LogFile
 
-    log_file = LogFile.fromFullPath(_chosen.path)
+    log_file = LogFile.fromFullPath(
+        _chosen.path,
+        rotateLength=_chosen.max_size or parse_size(DEFAULT_LOG_MAX_SIZE),
+        maxRotatedFiles=_chosen.keep or DEFAULT_LOG_KEEP,
+    )
     # As twistd's own log file: SIGUSR1 rotates it (unless a handler is set),
     # on the role's reactor, between two of its writes.
     reactor = _chosen.reactor
@@ -264,6 +282,19 @@ class LogOptions:
             "The lowest level logged: debug (adds HTTP access lines, report ACKs, login "
             f"steps), info, warn or error. Default: ${LEVEL_ENV}, else info.",
         ],
+        [
+            "log-max-size",
+            None,
+            DEFAULT_LOG_MAX_SIZE,
+            "Size at which twistd's --logfile is rotated (e.g. 10MB, 1GiB).",
+        ],
+        [
+            "log-keep",
+            None,
+            str(DEFAULT_LOG_KEEP),
+            "Rotated log files kept (FILE.1 .. FILE.N); older ones are removed, so the "
+            "log takes at most (N + 1) x --log-max-size.",
+        ],
     ]
 
 
@@ -288,10 +319,12 @@ def use_for_twistd(options: Any) -> None:
         level = level.strip().lower()
         if level not in LEVELS:
             raise usage.UsageError(f"--log-level must be debug, info, warn or error, got {level!r}")
+    max_size, keep = _rotation(options)
     parent = getattr(options, "parent", None)
     if parent is None:
         return
     _chosen.format, _chosen.level = fmt, level
+    _chosen.max_size, _chosen.keep = max_size, keep
     logger = parent.get("logger")
     if parent.get("syslog") or logger not in (None, OBSERVER):
         if fmt is not None or level is not None:
@@ -311,6 +344,33 @@ def use_for_twistd(options: Any) -> None:
         logfile = "twistd.log"
     _chosen.path = logfile
     parent["logger"] = OBSERVER
+
+
+#: Below this a log file would rotate on every few lines.
+MIN_LOG_MAX_SIZE = 10_000
+
+
+def _rotation(options: Any) -> tuple[int, int]:
+    """``(--log-max-size in bytes, --log-keep)``, checked (``UsageError``)."""
+    from twisted.python import usage
+
+    size_text = options.get("log-max-size") or DEFAULT_LOG_MAX_SIZE
+    keep_text = options.get("log-keep") or str(DEFAULT_LOG_KEEP)
+    try:
+        max_size = parse_size(str(size_text))
+    except ValueError as e:
+        raise usage.UsageError(f"--log-max-size: {e}") from None
+    if max_size < MIN_LOG_MAX_SIZE:
+        raise usage.UsageError(
+            f"--log-max-size must be at least {MIN_LOG_MAX_SIZE} bytes, got {size_text!r}"
+        )
+    try:
+        keep = int(str(keep_text))
+    except ValueError:
+        keep = 0
+    if not 1 <= keep <= 1000:
+        raise usage.UsageError(f"--log-keep must be a whole number 1..1000, got {keep_text!r}")
+    return max_size, keep
 
 
 def twistd_logger_args() -> list[str]:

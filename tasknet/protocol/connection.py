@@ -9,6 +9,13 @@ carry at most ``pre_login_max_payload`` bytes and the login must complete
 within ``login_timeout`` seconds of connecting, whatever the peer sends
 meanwhile (PROTOCOL.md, "Bounds").  The site session and the node link
 subclass it.
+
+Every line a peer can cause (its ``Error`` or ``Goodbye``, a protocol error,
+an unknown frame type, a Hello after login, its silence, a message our
+handler failed on) is rate-limited per peer (:class:`RateLimitedLog`: its
+host, and who it logged in as) and carries the peer's text clipped
+(:func:`~tasknet.protocol.ratelog.clip`): no stream of connections can fill
+a disk through the log (issue 38).
 """
 
 from __future__ import annotations
@@ -19,7 +26,7 @@ from typing import Any, ClassVar
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.internet.protocol import Factory
 from twisted.internet.task import LoopingCall
-from twisted.logger import Logger
+from twisted.logger import Logger, LogLevel
 from twisted.protocols.policies import TimeoutMixin
 from twisted.python.failure import Failure
 
@@ -39,7 +46,7 @@ from tasknet.protocol.messages import (
     UnknownMessageType,
     decode,
 )
-from tasknet.protocol.ratelog import RateLimitedLog
+from tasknet.protocol.ratelog import RateLimitedLog, clip
 
 __all__ = ["LOGIN_TIMEOUT", "PRE_LOGIN_TYPES", "PeerFactory", "PeerProtocol", "hello_is_v2"]
 
@@ -185,11 +192,18 @@ class PeerProtocol(FrameProtocol, TimeoutMixin):
         except Exception:  # not an IP transport (unix:, a test transport)
             return self._peer()
 
+    def _logKey(self, event: str) -> tuple[str, str, str]:
+        """The rate-limit key of a line a peer caused: per host (a new
+        connection's port is new, its host is not) and, once logged in, per
+        who it is (several nodes may share a host)."""
+        return (event, self._peerHost(), self.describePeer() if self.authenticated else "")
+
     def _beat(self) -> None:
         self.sendMessage(Heartbeat(int(self.clock.seconds() * 1000)))
 
     def timeoutConnection(self) -> None:
-        self.log.warn(
+        self.factory.repeated_log.emit(
+            self._logKey("idle"),
             "no frame from {peer} for {timeout} s, dropping the connection",
             peer=self._peer(),
             timeout=self.idle_timeout,
@@ -213,8 +227,12 @@ class PeerProtocol(FrameProtocol, TimeoutMixin):
             # A v2 peer's Hello before login is what a legacy reader expects
             # to ignore (negotiation): debug.  Anything else is worth a line.
             expected = not self.authenticated and type_ == ProtocolHello.TYPE
-            (self.log.debug if expected else self.log.info)(
-                "ignoring a frame of unknown type {type} from {peer}", type=type_, peer=self._peer()
+            self.factory.repeated_log.emit(
+                self._logKey("unknown type"),
+                "ignoring a frame of unknown type {type} from {peer}",
+                level=LogLevel.debug if expected else LogLevel.info,
+                type=type_,
+                peer=self._peer(),
             )
             return
         except ProtocolError as e:
@@ -224,7 +242,13 @@ class PeerProtocol(FrameProtocol, TimeoutMixin):
             self.messageReceived(message)
         except Exception:
             # A bug above us must not leave the peer guessing: say so and close.
-            self.log.failure("handling {message!r} failed", message=message)
+            self.factory.repeated_log.emit(
+                self._logKey("handler failed"),
+                "handling {message} failed",
+                level=LogLevel.critical,
+                log_failure=Failure(),
+                message=clip(repr(message)),
+            )
             self.sendError("internal", "internal error")
 
     # -- routing
@@ -235,14 +259,23 @@ class PeerProtocol(FrameProtocol, TimeoutMixin):
         if kind is Heartbeat:
             return  # its frame already reset the idle timeout
         if kind is Error or kind is Goodbye:
-            self.log.info(
-                "{peer} says {message!r}; closing", peer=self.describePeer(), message=message
+            self.factory.repeated_log.emit(
+                self._logKey("says"),
+                "{peer} says {message}; closing",
+                level=LogLevel.info,
+                peer=self.describePeer(),
+                message=clip(repr(message)),
             )
             self.closeConnection()
         elif not self.authenticated:
             self.beforeLogin(message)
         elif kind is ProtocolHello:
-            self.log.info("{peer} sent a Hello after login; ignored", peer=self.describePeer())
+            self.factory.repeated_log.emit(
+                self._logKey("hello after login"),
+                "{peer} sent a Hello after login; ignored",
+                level=LogLevel.info,
+                peer=self.describePeer(),
+            )
         elif message.TYPE in self.incoming_legacy or (
             message.TYPE in self.incoming_v2 and self.protocol_version >= 2
         ):
@@ -253,6 +286,20 @@ class PeerProtocol(FrameProtocol, TimeoutMixin):
                 f"{kind.__name__} is not a {self.peer_role} message on a "
                 f"protocol {self.protocol_version} connection",
             )
+
+    def sendError(self, code: str, message: str) -> None:
+        """Send ``Error{code, message}``, then close; the line rate-limited per
+        peer and code (a peer can provoke it at will), the text clipped (it
+        may quote the peer)."""
+        self.factory.repeated_log.emit(
+            self._logKey(f"protocol error {code}"),
+            "protocol error {code} ({message}), closing {peer}",
+            code=code,
+            message=clip(message),
+            peer=self._peer(),
+        )
+        self.sendMessage(Error(code, message))
+        self.closeConnection()
 
     def describePeer(self) -> str:
         """The other end, for log lines."""

@@ -11,6 +11,10 @@ No timers: the clock is only read, so nothing is left scheduled when the
 listener stops.  At most ``max_keys`` keys are tracked (expired ones are
 forgotten first); past that, events share one overflow key, so a flood of
 distinct keys costs bounded memory.
+
+What a peer sends goes into a line only through :func:`clip`: a 65,000
+character ``Goodbye`` reason is 200 characters and its length (issue 38: a
+thousand of them were 65 MB of log in four seconds).
 """
 
 from __future__ import annotations
@@ -21,10 +25,20 @@ from typing import Any
 from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger, LogLevel
 
-__all__ = ["OVERFLOW_KEY", "RateLimitedLog"]
+__all__ = ["LOG_TEXT_LIMIT", "OVERFLOW_KEY", "RateLimitedLog", "clip"]
 
 #: The key under which events are counted once ``max_keys`` keys are tracked.
 OVERFLOW_KEY = ("(other keys)",)
+
+#: How much of a peer's text a log line carries.
+LOG_TEXT_LIMIT = 200
+
+
+def clip(text: str, limit: int = LOG_TEXT_LIMIT) -> str:
+    """``text`` cut to ``limit`` characters, saying how long it was when cut."""
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}… ({len(text):,} characters in all)"
 
 
 class RateLimitedLog:
@@ -47,8 +61,11 @@ class RateLimitedLog:
         #: key -> [time of the last line logged, events dropped since]
         self._windows: dict[Hashable, list[float]] = {}
 
-    def emit(self, key: Hashable, format: str, **fields: Any) -> None:
-        """Log ``format`` unless ``key`` was logged less than ``interval`` seconds ago."""
+    def emit(
+        self, key: Hashable, format: str, *, level: LogLevel | None = None, **fields: Any
+    ) -> None:
+        """Log ``format`` (at ``level``, default the instance's) unless ``key``
+        was logged less than ``interval`` seconds ago."""
         now = self.clock.seconds()
         windows = self._windows
         if key not in windows and len(windows) >= self.max_keys:
@@ -63,7 +80,7 @@ class RateLimitedLog:
         windows[key] = [now, 0]
         if repeats:
             format += " ({repeats} more since the last line)"
-        self.log.emit(self.level, format, repeats=repeats, **fields)
+        self.log.emit(self.level if level is None else level, format, repeats=repeats, **fields)
 
     def _forget_expired(self, now: float) -> None:
         # A key whose interval is over and that dropped nothing has nothing to
