@@ -11,11 +11,13 @@ import json
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
+import pytest
 import pytest_twisted
 import treq
 from prometheus_client.parser import text_string_to_metric_families
 from twisted.internet import reactor
 from twisted.internet.endpoints import TCP4ClientEndpoint, connectProtocol
+from twisted.python import usage
 
 from tasknet.protocol.archive_links import link_key, verify_link
 from tasknet.protocol.messages import ProtocolHello, TaskCommand, TaskReportAck
@@ -211,6 +213,11 @@ async def test_json_and_303_links_are_signed_for_the_owner_and_an_admin(db_targe
         location = headers.getRawHeaders(b"location")[0].decode()
         assert _valid("n1", location, 701, operation_id, alice)
         assert body["url"] == location
+        # HEAD answers the same, without a body.
+        status, headers, body = await f.http("HEAD", "/api/tasks/701/archive", f.alice)
+        assert status == 303 and body == b"" and headers.getRawHeaders(b"location")
+        status, _, body = await f.http("HEAD", "/api/tasks/701/archive", f.alice, JSON)
+        assert status == 200 and body == b""
 
         # Another user's task answers as a missing one; an admin gets a link in their name.
         assert_error(
@@ -225,7 +232,7 @@ async def test_json_and_303_links_are_signed_for_the_owner_and_an_admin(db_targe
         assert_error(
             (await f.http("GET", "/api/tasks/701/archive", None, JSON))[::2], 401, "unauthorized"
         )
-        assert await f.metric("tasknet_archive_links_total", via="node") == issued_before + 3
+        assert await f.metric("tasknet_archive_links_total", via="node") == issued_before + 5
 
     await with_fixture(db_target, test)
 
@@ -421,3 +428,21 @@ async def test_link_ttl_option(db_target: str) -> None:
         assert 85 <= _link_parts(link["url"])[3] - reactor.seconds() <= 91
 
     await with_fixture(db_target, test, "--link-ttl", "1.5m")
+
+
+def test_the_options() -> None:
+    options = site_options("x.sqlite", "http://127.0.0.1:1")
+    assert options["link-ttl"] == 600.0 and options["archive-streams-per-user"] == 4
+    options = site_options("x.sqlite", "http://127.0.0.1:1", "--link-ttl", "2h")
+    assert options["link-ttl"] == 7200.0
+    options = site_options("x.sqlite", "http://127.0.0.1:1", "--link-ttl", "45")
+    assert options["link-ttl"] == 45.0
+    for bad in (
+        ["--link-ttl", "ten"],
+        ["--link-ttl", "0"],
+        ["--link-ttl", "5x"],
+        ["--archive-streams-per-user", "0"],
+        ["--archive-streams-per-user", "two"],
+    ):
+        with pytest.raises(usage.UsageError):
+            site_options("x.sqlite", "http://127.0.0.1:1", *bad)

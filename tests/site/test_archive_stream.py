@@ -11,17 +11,22 @@ import hashlib
 from pathlib import Path
 from typing import Any
 
+import pytest
 import pytest_twisted
 from twisted.internet import reactor
 from twisted.internet.defer import Deferred
 from twisted.internet.endpoints import TCP4ClientEndpoint, TCP4ServerEndpoint, connectProtocol
 from twisted.internet.interfaces import IPushProducer
-from twisted.internet.protocol import Protocol
+from twisted.internet.protocol import Factory, Protocol
+from twisted.internet.task import Clock
 from twisted.web import server, static
 from twisted.web.resource import Resource
+from twisted.web.test.requesthelper import DummyRequest
 from zope.interface import implementer
 
 from tasknet.protocol.archive_links import link_key, verify_link
+from tasknet.site.web.archive_stream import ArchiveStreams
+from tasknet.site.web.errors import ApiError
 from tests.eventually import eventually
 from tests.site.helpers import assert_error
 from tests.site.test_archive_links import JSON, Fixture, with_fixture
@@ -340,3 +345,48 @@ async def test_streams_per_user_are_bounded(tmp_path: Path, db_target: str) -> N
         await second.lost
 
     await _stream_fixture(tmp_path, db_target, test, "--archive-streams-per-user", "2")
+
+
+class Silent(Protocol):
+    """A node's serve endpoint that accepts and never answers."""
+
+    connected: list[Silent] = []
+
+    def connectionMade(self) -> None:
+        Silent.connected.append(self)
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_node_that_never_answers_is_502_at_the_headers_timeout() -> None:
+    factory = Factory.forProtocol(Silent)
+    port = await TCP4ServerEndpoint(reactor, 0, interface="127.0.0.1").listen(factory)
+    clock = Clock()
+    streams = ArchiveStreams(reactor, clock, per_user=1, headers_timeout=30.0)
+    request = DummyRequest([b"archives"])
+    url = f"http://127.0.0.1:{port.getHost().port}/archives/1/op?exp=1&user=1&sig=x"
+    try:
+        relayed = Deferred.fromCoroutine(streams.relay(request, url))
+        await eventually(lambda: Silent.connected)
+        clock.advance(29.0)
+        assert not relayed.called
+        clock.advance(1.0)
+        with pytest.raises(ApiError) as refused:
+            await relayed
+        assert refused.value.code == "node_unreachable" and refused.value.retry_after
+        assert not request.written  # nothing went to the client
+    finally:
+        for protocol in Silent.connected:
+            protocol.transport.loseConnection()  # type: ignore[union-attr]
+        Silent.connected.clear()
+        await port.stopListening()
+
+
+def test_the_streams_per_user_bound() -> None:
+    streams = ArchiveStreams(reactor, Clock(), per_user=2)
+    with streams.slot(1), streams.slot(1):
+        with pytest.raises(ApiError) as refused, streams.slot(1):
+            pass
+        assert refused.value.code == "too_many_streams"
+        with streams.slot(2):  # another user's own
+            assert streams.active(1) == 2 and streams.active() == 3
+    assert streams.active() == 0

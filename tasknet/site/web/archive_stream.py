@@ -94,19 +94,25 @@ class _Relay(Protocol):
         self.request = request
         self.done = done
         self.relayed = 0
+        self.stopped = False
 
     def connectionMade(self) -> None:
         # The client's transport pauses and resumes the node's socket.
         self.request.registerProducer(self.transport, True)
 
     def dataReceived(self, data: bytes) -> None:
+        if self.stopped:
+            return  # the client is gone; the node's connection is closing
         self.request.write(data)
         self.relayed += len(data)
         metrics.ARCHIVE_STREAM_BYTES.inc(len(data))
 
     def connectionLost(self, reason: Failure = Failure(ResponseDone())) -> None:
-        if self.request.producer is not None:
+        # A request whose client went away has no channel left to unregister from.
+        if self.request.producer is not None and self.request.channel is not None:
             self.request.unregisterProducer()
+        if self.done.called:
+            return  # cancelled: the client went away first
         if reason.check(ResponseDone, PotentialDataLoss):
             self.done.callback(None)
         else:
@@ -114,6 +120,7 @@ class _Relay(Protocol):
 
     def stop(self) -> None:
         """The client went away: close the node's transfer."""
+        self.stopped = True
         transport: Any = self.transport
         if transport is not None:
             transport.stopProducing()
