@@ -142,7 +142,11 @@ class ConnectedNodes(Mapping[str, ITrackedSession]):
     also remembers the last report revision applied for each node since the
     site started.  ``site_name`` and ``instance_id`` say who this site is
     in the ``node_session`` rows (the admin view tells its own rows from
-    others').
+    others').  Each session says where its node serves archives
+    (``archive_url``, ``serve_url``: ``""`` when none), believed as it was
+    attached (``node_listener.py``): ``nodes.get(node_id)`` is how the
+    archive routes find them.  A node held by another site of the database
+    is not here, whatever it serves.
     """
 
     def __init__(self, site_name: str = "", instance_id: int | None = None) -> None:
