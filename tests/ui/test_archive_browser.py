@@ -213,11 +213,8 @@ def test_download_details_and_links(stack: DemoStack, tmp_path: Path) -> None:
             expect(row_of(page, unfinished)).to_have_attribute(
                 "data-status", "DOWNLOADING", timeout=WAIT_MS
             )
-            # A cookie session's file has no credentials for a link through
-            # the site (aria2c could not fetch it): node-3's is not selected.
-            for gid in (unfinished, legacy["gid"], served["gid"]):
-                row_of(page, gid).locator('input[data-action="select"]').check()
-            expect(page.locator("#bulk-count")).to_have_text("3 selected")
+            page.check("#select-all")
+            expect(page.locator("#bulk-count")).to_have_text("4 selected")
             with page.expect_download(timeout=WAIT_MS) as saving:
                 page.click("#bulk-links")
             links = saving.value
@@ -226,30 +223,54 @@ def test_download_details_and_links(stack: DemoStack, tmp_path: Path) -> None:
             lines = text.splitlines()
             # Each link on an unindented line (a "#" line is aria2's comment).
             urls = [line for line in lines if line and not line[0].isspace() and line[0] != "#"]
-            assert len(urls) == 1, text
+            assert len(urls) == 2, text
             node_url = stack.serve_url(NODES[0])
-            assert urls[0].startswith(f"{node_url}archives/{served['gid']}/"), text
-            assert f"  out={served['name']}.zip" in lines, text
-            assert f"  checksum=sha-256={served['archiveSha256']}" in lines, text
+            assert any(u.startswith(f"{node_url}archives/{served['gid']}/") for u in urls), text
+            # node-3 has no public URL: its link is the site's own.
+            assert f"{stack.url}api/tasks/{relayed['gid']}/archive" in urls, text
+            for done in (served, relayed):
+                assert f"  out={done['name']}.zip" in lines, text
+                assert f"  checksum=sha-256={done['archiveSha256']}" in lines, text
             outcome = page.locator("#links-result")
-            expect(outcome).to_contain_text("Saved tasknet-links.txt (1 link)")
+            expect(outcome).to_contain_text("Saved tasknet-links.txt (2 links)")
             expect(outcome).to_contain_text("Skipped (not complete): 1")
             expect(outcome).to_contain_text("Not available now (node offline or archive gone): 1")
-            expect(outcome.locator("code")).to_have_text("aria2c -i tasknet-links.txt")
+            expect(outcome.locator('[data-role="links-hint"] code')).to_have_text(
+                "aria2c -i tasknet-links.txt"
+            )
+            # A session's file holds no credentials: the link through the site
+            # needs the user's token, and the page says how to give it.
+            expect(outcome.locator('[data-role="links-via-site"]')).to_contain_text(
+                "Links that go through the site: 1."
+            )
+            command = outcome.locator('[data-role="links-via-site"] code').inner_text()
+            assert command == (
+                'aria2c -i tasknet-links.txt --header="Authorization: Bearer YOUR_TOKEN"'
+            )
             aria2c = shutil.which("aria2c")
             if aria2c is None and os.environ.get("TASKNET_REQUIRE_ARIA2") == "1":
                 pytest.fail("TASKNET_REQUIRE_ARIA2=1 but aria2c is missing")
             if aria2c is not None:
+                # The command as the page gives it, the token filled in.
                 into = tmp_path / "aria2"
                 into.mkdir()
                 fetched = subprocess.run(
-                    [aria2c, "-q", "-d", str(into), "-i", links.path()],
+                    [
+                        aria2c,
+                        "-q",
+                        "-d",
+                        str(into),
+                        "-i",
+                        links.path(),
+                        f"--header=Authorization: Bearer {DEMO_TOKEN}",
+                    ],
                     capture_output=True,
                     text=True,
                     timeout=120,
                 )
                 assert fetched.returncode == 0, fetched.stdout + fetched.stderr
-                assert sha256_of(into / f"{served['name']}.zip") == served["archiveSha256"]
+                for done in (served, relayed):
+                    assert sha256_of(into / f"{done['name']}.zip") == done["archiveSha256"]
 
             row.evaluate("e => e.scrollIntoView({block: 'center'})")
             page.screenshot(path=str(shots / "archive-download-en.png"))

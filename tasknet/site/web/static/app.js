@@ -156,7 +156,9 @@
       linksSaved: "已保存 tasknet-links.txt（{n} 个链接）。", linksSavedOne: "已保存 tasknet-links.txt（1 个链接）。",
       linksSkipped: "跳过（未完成）：{n} 个。", linksMissing: "现在无法取得（节点离线或归档已不在）：{n} 个。",
       linksHint: "用 aria2c -i tasknet-links.txt 下载并校验每个归档；链接会过期（默认 10 分钟），请尽快使用。",
-      linksFailed: "没有生成链接：{message}"
+      linksFailed: "没有生成链接：{message}",
+      linksViaSite: "经站点下载的链接：{n} 个，aria2c 需要你的 API 令牌：{command}",
+      linksViaSiteCommand: "aria2c -i tasknet-links.txt --header=\"Authorization: Bearer 你的令牌\""
     },
     en: {
       skip: "Skip to content", signOut: "Sign out", navTasks: "Tasks", navAdmin: "Admin",
@@ -298,7 +300,9 @@
       linksSaved: "Saved tasknet-links.txt ({n} links).", linksSavedOne: "Saved tasknet-links.txt (1 link).",
       linksSkipped: "Skipped (not complete): {n}.", linksMissing: "Not available now (node offline or archive gone): {n}.",
       linksHint: "Fetch and verify every archive with aria2c -i tasknet-links.txt; the links expire (after 10 minutes by default), so use it soon.",
-      linksFailed: "No links were made: {message}"
+      linksFailed: "No links were made: {message}",
+      linksViaSite: "Links that go through the site: {n}. For them aria2c needs your API token: {command}",
+      linksViaSiteCommand: "aria2c -i tasknet-links.txt --header=\"Authorization: Bearer YOUR_TOKEN\""
     }
   };
 
@@ -1198,7 +1202,7 @@
     var actions = el("div", { className: "task-actions" });
     if (task.status === "COMPLETED") {
       actions.appendChild(el("button", {
-        type: "button", className: "primary", "data-action": "download", disabled: state.archiveBusy.has(task.gid),
+        type: "button", className: "download", "data-action": "download", disabled: state.archiveBusy.has(task.gid),
         "aria-busy": state.archiveBusy.has(task.gid) ? "true" : null,
         "aria-label": actionLabel(t("download"), task), text: t("download")
       }));
@@ -1207,7 +1211,7 @@
     if (hasDetails(task)) {
       actions.appendChild(el("button", {
         type: "button", "data-action": "details", "aria-expanded": detailsOpen ? "true" : "false",
-        "aria-controls": "task-details-" + task.gid, "aria-label": actionLabel(t("details"), task), text: t("details")
+        "aria-controls": detailsOpen ? "task-details-" + task.gid : null, "aria-label": actionLabel(t("details"), task), text: t("details")
       }));
     }
     if (canDelete(task)) {
@@ -1453,6 +1457,20 @@
     });
   }
 
+  // Links through the site (via: site) that carry no credentials: a
+  // session's file never holds its cookie, so aria2c needs the user's token.
+  function siteLinks(text) {
+    var own = location.origin + "/api/";
+    var lines = text.split(/\r?\n/);
+    return lines.filter(function (line, i) {
+      if (line.indexOf(own) !== 0) { return false; }
+      for (var j = i + 1; j < lines.length && /^\s/.test(lines[j]); j++) {
+        if (/^\s+header=Authorization:/i.test(lines[j])) { return false; }
+      }
+      return true;
+    }).length;
+  }
+
   // The links in an aria2 input file: each unindented line that is not a comment.
   function countLinks(text) {
     return text.split(/\r?\n/).filter(function (line) { return line && !/^[\s#]/.test(line); }).length;
@@ -1490,7 +1508,10 @@
       var text = texts.filter(Boolean).join("\n") + "\n";
       var links = countLinks(text);
       if (links) { saveFrom(URL.createObjectURL(new Blob([text], { type: "text/plain" })), "tasknet-links.txt"); }
-      showLinksResult({ kind: links ? "ok" : "warn", links: links, skipped: skipped, missing: completed.length - links, none: !links });
+      showLinksResult({
+        kind: links ? "ok" : "warn", links: links, skipped: skipped, missing: completed.length - links, none: !links,
+        viaSite: siteLinks(text)
+      });
     });
   }
 
@@ -1525,6 +1546,14 @@
         hint.appendChild(document.createTextNode(words.slice(1).join("aria2c -i tasknet-links.txt")));
       }
       box.appendChild(hint);
+    }
+    if (outcome.viaSite) {
+      var command = t("linksViaSiteCommand");
+      var sentence = t("linksViaSite", { n: num(outcome.viaSite), command: "\u0001" }).split("\u0001");
+      box.appendChild(el("span", { className: "links-hint", "data-role": "links-via-site" }, [
+        document.createTextNode(sentence[0]), el("code", { lang: "en", text: command }),
+        document.createTextNode(sentence.slice(1).join(""))
+      ]));
     }
   }
 
