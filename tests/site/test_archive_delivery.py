@@ -11,6 +11,9 @@ from __future__ import annotations
 import hashlib
 import http.client
 import json
+import os
+import shutil
+import subprocess
 import time
 import uuid
 from collections.abc import Iterator
@@ -88,10 +91,13 @@ def stack(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[DemoStack]
             server.drop_database(name)
 
 
-def test_archives_through_the_node_link_and_the_site_stream(stack: DemoStack) -> None:
+def test_archives_through_the_node_link_and_the_site_stream(
+    stack: DemoStack, tmp_path: Path
+) -> None:
     site = stack.url
     auth = {"Authorization": f"Bearer {TOKEN}"}
     tasks = _completed_on_each_node(site, 4101)
+    names: dict[int, str] = {}
     for node_id, task in tasks.items():
         gid = task["gid"]
         digest, size = task["archiveSha256"], task["archiveSize"]
@@ -104,6 +110,7 @@ def test_archives_through_the_node_link_and_the_site_stream(stack: DemoStack) ->
         assert link["node"] == node_id and link["sha256"] == digest and link["size"] == size
         via = "node" if node_id == "node-1" else "site"
         assert link["via"] == via
+        names[gid] = link["name"]
 
         status, headers, body = _fetch(f"{site}api/tasks/{gid}/archive", auth)
         if via == "node":
@@ -135,6 +142,24 @@ def test_archives_through_the_node_link_and_the_site_stream(stack: DemoStack) ->
     for task in tasks.values():
         assert f"  checksum=sha-256={task['archiveSha256']}" in text
     assert f"  header=Authorization: Bearer {TOKEN}" in text  # node-3's goes through the site
+    aria2c = shutil.which("aria2c")
+    if aria2c is None:
+        if os.environ.get("TASKNET_REQUIRE_ARIA2") == "1":
+            pytest.fail("TASKNET_REQUIRE_ARIA2=1 but aria2c is not installed")
+        return
+    # aria2c fetches every archive of the file and checks each digest.
+    (tmp_path / "links.txt").write_text(text)
+    saved = tmp_path / "by-aria2"
+    done = subprocess.run(
+        [aria2c, "-q", "-i", str(tmp_path / "links.txt"), "-d", str(saved)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    for task in tasks.values():
+        data = (saved / names[task["gid"]]).read_bytes()
+        assert hashlib.sha256(data).hexdigest() == task["archiveSha256"]
 
 
 def _fetch_post_links(site: str, gids: list[int]) -> tuple[int, dict[str, str], str]:
