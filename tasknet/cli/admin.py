@@ -49,6 +49,9 @@ Commands::
 
 Exit status: 0 done, 1 refused (the message says why; nothing changed),
 2 bad usage.
+
+Listings show what others wrote (task names are the upstream's titles)
+with control characters escaped (:func:`tasknet.cli.args.printable`).
 """
 
 from __future__ import annotations
@@ -66,7 +69,7 @@ from typing import Any, TextIO, TypeVar
 from twisted.internet.defer import Deferred
 from twisted.python.failure import Failure
 
-from tasknet.cli.args import parse
+from tasknet.cli.args import parse, printable, printable_json
 from tasknet.runtime import RealThreadPools, SystemEntropy
 from tasknet.site.lifecycle import Lifecycle
 from tasknet.site.storage import delete, reconcile, sessions, users
@@ -418,8 +421,10 @@ def _user_command(connection: storage_db.Connection, args: argparse.Namespace, o
         for user in rows:
             state = f"disabled since {user.disabled_at}" if user.disabled else "enabled"
             print(
-                f"{user.id:>4}  {user.name:<24} {'yes' if user.is_admin else 'no':<5} "
-                f"{user.quota:>8}  {user.created_at:<24}  {state}",
+                printable(
+                    f"{user.id:>4}  {user.name:<24} {'yes' if user.is_admin else 'no':<5} "
+                    f"{user.quota:>8}  {user.created_at:<24}  {state}"
+                ),
                 file=out,
             )
     elif args.action == "quota":
@@ -479,7 +484,7 @@ def _session_command(
                 f"{row.prefix:<{sessions.PREFIX_LENGTH}}  {row.user:<16} {row.created_at:<24} "
                 f"{row.last_seen_at:<24} {row.ends_at:<24}"
             )
-            print(line + (f"  {row.state(now)}" if args.all else ""), file=out)
+            print(printable(line + (f"  {row.state(now)}" if args.all else "")), file=out)
     elif args.user is not None:
         count = _write(connection, sessions.end_sessions_of, args.user, f"ended by {_actor()}", now)
         print(f"user {args.user}: {count} session(s) ended", file=out)
@@ -487,7 +492,7 @@ def _session_command(
         ended = _write(
             connection, sessions.end_session_by_prefix, args.id, f"ended by {_actor()}", now
         )
-        print(f"session {ended.prefix} of {ended.user} ended", file=out)
+        print(printable(f"session {ended.prefix} of {ended.user} ended"), file=out)
 
 
 def _node_key_command(
@@ -506,7 +511,8 @@ def _node_key_command(
                 file=out,
             )
         for node_id, secret in keys.items():
-            print(f"{node_id}\t{secret if args.show_secrets else _mask(secret)}", file=out)
+            shown = secret if args.show_secrets else _mask(secret)
+            print(f"{printable(node_id)}\t{printable(shown)}", file=out)
     elif args.action == "remove":
         if not _write(connection, users.remove_node_key, args.node_id):
             raise AdminError(f"no node key {args.node_id!r}")
@@ -519,14 +525,18 @@ def _force_delete_command(
     forced = _write(connection, delete.force_delete, args.gid, _actor(), args.note)
     if forced.repeated:
         print(
-            f"gid {forced.gid}: already force-deleted at {forced.forced_at} by {forced.actor}; "
-            "nothing changed",
+            printable(
+                f"gid {forced.gid}: already force-deleted at {forced.forced_at} by"
+                f" {forced.actor}; nothing changed"
+            ),
             file=out,
         )
         return
     print(
-        f"gid {forced.gid}: DELETED (forced; node {forced.node or '(none)'} never confirmed "
-        f"delete {forced.delete_operation_id}); audited as {forced.actor}",
+        printable(
+            f"gid {forced.gid}: DELETED (forced; node {forced.node or '(none)'} never confirmed"
+            f" delete {forced.delete_operation_id}); audited as {forced.actor}"
+        ),
         file=out,
     )
 
@@ -534,7 +544,7 @@ def _force_delete_command(
 async def _unknown_command(lifecycle: Lifecycle, args: argparse.Namespace, out: TextIO) -> None:
     operations = await lifecycle.unknown_with_evidence()
     if args.json:
-        json.dump({"tasks": operations}, out, ensure_ascii=False, indent=2)
+        out.write(printable_json(json.dumps({"tasks": operations}, ensure_ascii=False, indent=2)))
         out.write("\n")
         return
     if not operations:
@@ -542,11 +552,12 @@ async def _unknown_command(lifecycle: Lifecycle, args: argparse.Namespace, out: 
         return
     for task in operations:
         evidence = task.get("evidence") or {}
-        print(f"gid {task['gid']}  {task.get('name') or ''}  cost {task.get('cost')}", file=out)
+        name = printable(task.get("name") or "")
+        print(f"gid {task['gid']}  {name}  cost {task.get('cost')}", file=out)
         for key, value in evidence.items():
             if isinstance(value, dict):
                 value = json.dumps(value, ensure_ascii=False)
-            print(f"    {key}: {value}", file=out)
+            print(printable(f"    {key}: {value}"), file=out)
 
 
 async def _resolve_command(lifecycle: Lifecycle, args: argparse.Namespace, out: TextIO) -> None:
@@ -580,7 +591,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         run(args, sys.stdout)
     except AdminError as error:
-        print(f"tasknet-admin: {storage_db.redact(str(error), args.db)}", file=sys.stderr)
+        message = printable(storage_db.redact(str(error), args.db))
+        print(f"tasknet-admin: {message}", file=sys.stderr)
         return 1
     except Exception as error:
         # e.g. locked past busy_timeout: the driver's error from the tools,
