@@ -55,7 +55,7 @@ from pathlib import Path
 from typing import Any, TextIO
 from urllib.parse import urlencode, urljoin, urlsplit
 
-from tasknet.cli.args import parse
+from tasknet.cli.args import parse, printable
 from tasknet.units import parse_duration
 from tasknet.version import version_line
 
@@ -241,6 +241,9 @@ def safe_name(name: str, gid: int) -> str:
     nothing is left.  The site's ``name`` is the file name with ``.zip``
     already; a name without it is taken as it is."""
     text = unicodedata.normalize("NFC", name)
+    # Control, format (bidirectional overrides) and unassigned characters: a
+    # space, as the site's file_name does.
+    text = "".join(" " if unicodedata.category(c).startswith("C") else c for c in text)
     if text.lower().endswith(".zip"):
         text = text[: -len(".zip")]
     text = " ".join(text.split())  # runs of white space (tabs, newlines) as one space
@@ -543,7 +546,7 @@ class Reporter:
 
     def _line(self, text: str) -> None:
         with self._lock:
-            print(text, file=self._out, flush=True)
+            print(printable(text), file=self._out, flush=True)
 
 
 class RichReporter(Reporter):
@@ -623,7 +626,7 @@ class RichReporter(Reporter):
     def _print(self, line: str, style: str | None = None) -> None:
         # A task's name is text, never rich markup ("[Group] Title").
         self._progress.console.print(
-            line, markup=False, highlight=False, style=style, soft_wrap=True
+            printable(line), markup=False, highlight=False, style=style, soft_wrap=True
         )
 
     def end(self) -> None:
@@ -1198,7 +1201,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             gids = list(dict.fromkeys(args.gids))
         links, missing = site.links(gids)
     except GetError as err:
-        print(f"{PROGRAM}: {err}", file=sys.stderr)
+        print(printable(f"{PROGRAM}: {err}"), file=sys.stderr)
         return EXIT_FAILED
 
     reporter.begin(links)
@@ -1231,7 +1234,7 @@ def _summary(outcomes: list[Outcome], asked: int) -> int:
     if not failed:
         return EXIT_OK
     for outcome in failed:
-        print(f"  failed {outcome.gid}: {outcome.message}", file=sys.stderr)
+        print(printable(f"  failed {outcome.gid}: {outcome.message}"), file=sys.stderr)
     return EXIT_FAILED
 
 

@@ -292,6 +292,16 @@ def test_progress_bars_on_a_terminal(script: Script, peer: ArchivePeer, tmp_path
     assert out == b""  # the plain lines are for a pipe; a terminal gets the bars
 
 
+def test_what_the_servers_say_is_printed_without_control_characters(
+    script: Script, peer: ArchivePeer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    script.missing[74] = {"code": "\x1b[2Jweird", "status": "\x1b]0;title\x07"}
+    code, out, err = _run(peer, tmp_path, "74", capsys=capsys)
+    assert code == 1
+    assert "\x1b" not in out + err and "\x07" not in out + err
+    assert "failed 74: \\x1b[2Jweird (status \\x1b]0;title\\x07)" in err
+
+
 def test_token_goes_to_the_site_only(
     script: Script, peer: ArchivePeer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -494,5 +504,6 @@ def test_safe_names() -> None:
     assert get.safe_name(".zip", 7) == "7"
     assert get.safe_name(" .hidden. ", 7) == "hidden"
     assert get.safe_name("tab\there\nnew", 7) == "tab here new"
+    assert get.safe_name("evil\u202egpj.exe\x9b2J", 7) == "evil gpj.exe 2J"
     long = get.safe_name("漢" * 100, 7)
     assert len(long.encode()) <= get.MAX_NAME_BYTES and long == "漢" * 66
