@@ -127,10 +127,11 @@ async def test_tasknet_get_fetches_and_verifies_a_completed_archive(
 
     again = await _run(
         sys.executable, "-m", "tasknet.cli.get", "--site", stack.site.base_url, "-d", str(out),
-        str(GID),
+        "--completed", "--since", "1h",
     )  # fmt: skip
     assert again.returncode == 0, again.stderr
-    assert "already there (SHA-256 matches)" in again.stdout
+    assert f"skip {GID}: {saved} already there (SHA-256 matches)" in again.stdout
+    assert "1 archive: 0 saved, 1 already there, 0 failed" in again.stderr
 
 
 @pytest_twisted.ensureDeferred
