@@ -135,6 +135,34 @@ async def test_tasknet_get_fetches_and_verifies_a_completed_archive(
 
 
 @pytest_twisted.ensureDeferred
+async def test_tasknet_get_resumes_a_partial_file_from_the_real_server(
+    stack: Stack, tmp_path: Path
+) -> None:
+    """The node (or the site's stream) answers the Range and If-Range the
+    client sends: half a file on disk, the other half fetched."""
+    out = tmp_path / "out"
+    first = await _run(
+        sys.executable, "-m", "tasknet.cli.get", "--site", stack.site.base_url, "-d", str(out),
+        str(GID),
+    )  # fmt: skip
+    assert first.returncode == 0, first.stderr
+    (saved,) = out.iterdir()
+    whole = saved.read_bytes()
+    saved.unlink()
+    half = len(whole) // 2
+    part = saved.with_name(saved.name + ".part")
+    part.write_bytes(whole[:half])
+
+    resumed = await _run(
+        sys.executable, "-m", "tasknet.cli.get", "--site", stack.site.base_url, "-d", str(out),
+        str(GID),
+    )  # fmt: skip
+    assert resumed.returncode == 0, resumed.stderr
+    assert "resuming at" in resumed.stdout and "from zero" not in resumed.stdout
+    assert saved.read_bytes() == whole and not part.exists()
+
+
+@pytest_twisted.ensureDeferred
 async def test_aria2_fetches_and_verifies_the_links_file(stack: Stack, tmp_path: Path) -> None:
     aria2c = shutil.which("aria2c")
     if aria2c is None:
