@@ -1,0 +1,122 @@
+"""Issue 38, Build 3: credential guessing is slowed per client address and
+logged rate-limited (the real site over HTTP on loopback, either backend;
+the limiter itself on a ``task.Clock``).
+
+Before: 3,000 wrong sign-ins took 2.4 s, 3,000 wrong bearer tokens 2.7 s,
+each a database lookup, with no log line.  Now an address gets 50 wrong
+tokens at once, then one every 2 s: past that, ``429 rate_limited`` with
+``Retry-After`` and no lookup; a right token gives its attempt back; one
+line a minute per address says so."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import pytest
+import pytest_twisted
+from twisted.internet.task import Clock
+from twisted.logger import globalLogPublisher
+
+from tasknet.site.ratelimit import DEFAULT_AUTH_FAILURES, AuthFailureLimiter
+from tasknet.upstream.testing import start_upstream
+from tests.site.helpers import SiteWithUsers, assert_error, running_site, site_options
+
+ATTEMPTS = 80
+
+
+async def with_fixture(target: str, test: Any) -> None:
+    upstream = await start_upstream()
+    try:
+        async with running_site(site_options(target, upstream.base_url, "--demo")) as site:
+            await test(SiteWithUsers(site, target, upstream))
+    finally:
+        await upstream.stop()
+
+
+@contextmanager
+def _events() -> Iterator[list[dict[str, Any]]]:
+    events: list[dict[str, Any]] = []
+    globalLogPublisher.addObserver(events.append)
+    try:
+        yield events
+    finally:
+        globalLogPublisher.removeObserver(events.append)
+
+
+def _lines(events: list[dict[str, Any]], start: str) -> list[dict[str, Any]]:
+    return [e for e in events if str(e.get("log_format", "")).startswith(start)]
+
+
+@pytest_twisted.ensureDeferred
+async def test_wrong_bearer_tokens_are_slowed_then_refused_without_a_lookup(db_target):
+    async def test(f: SiteWithUsers) -> None:
+        # Right tokens cost nothing, however many.
+        for _ in range(DEFAULT_AUTH_FAILURES + 10):
+            status, _ = await f.site.request("GET", "/api/me", token=f.alice)
+            assert status == 200
+        statuses = []
+        with _events() as events:
+            for n in range(ATTEMPTS):
+                status, document = await f.site.request("GET", "/api/me", token=f"guess-{n}")
+                statuses.append(status)
+        assert statuses == [401] * DEFAULT_AUTH_FAILURES + [429] * (
+            ATTEMPTS - DEFAULT_AUTH_FAILURES
+        )
+        assert document["error"]["code"] == "rate_limited"
+        assert "wrong tokens from this address" in document["error"]["message"]
+        # While slowed, the address is refused before any lookup, right token or not.
+        response = await f.site.request("GET", "/api/me", token=f.alice)
+        assert_error(response, 429, "rate_limited")
+        # One line per kind a minute, not one per guess.
+        assert len(_lines(events, "a wrong token from")) == 1
+        assert len(_lines(events, "authentication from")) == 1
+
+    await with_fixture(db_target, test)
+
+
+@pytest_twisted.ensureDeferred
+async def test_wrong_sign_ins_are_slowed(db_target):
+    async def test(f: SiteWithUsers) -> None:
+        origin = {"Origin": [f.site.base_url]}
+        statuses = []
+        for n in range(ATTEMPTS):
+            status, _ = await f.site.request(
+                "POST", "/api/session", body={"token": f"guess-{n}"}, headers=origin
+            )
+            statuses.append(status)
+        assert statuses.count(401) == DEFAULT_AUTH_FAILURES
+        assert statuses[DEFAULT_AUTH_FAILURES:] == [429] * (ATTEMPTS - DEFAULT_AUTH_FAILURES)
+
+    await with_fixture(db_target, test)
+
+
+def test_the_bucket_refills_and_a_right_token_gives_back() -> None:
+    clock = Clock()
+    limiter = AuthFailureLimiter(clock, threshold=3, rate=0.5)
+    assert [limiter.take("192.0.2.1") for _ in range(3)] == [0.0, 0.0, 0.0]
+    assert limiter.take("192.0.2.1") == pytest.approx(2.0)
+    assert limiter.take("192.0.2.9") == 0.0  # another address is its own
+    clock.advance(2)
+    assert limiter.take("192.0.2.1") == 0.0
+    assert limiter.take("192.0.2.1") > 0
+    limiter.give_back("192.0.2.1")  # that attempt found its user
+    assert limiter.take("192.0.2.1") == 0.0
+
+
+def test_an_ipv6_host_counts_by_its_64() -> None:
+    limiter = AuthFailureLimiter(Clock(), threshold=2, rate=0.5)
+    assert limiter.take("2001:db8:1:2::1") == 0.0
+    assert limiter.take("2001:db8:1:2:ffff::7") == 0.0
+    assert limiter.take("2001:db8:1:2:abcd::9") > 0  # the same /64
+    assert limiter.take("2001:db8:1:3::1") == 0.0
+    assert limiter.key("::ffff:192.0.2.1") == "192.0.2.1"
+    assert limiter.key("local") == "local"
+
+
+def test_memory_is_bounded_by_max_tracked() -> None:
+    limiter = AuthFailureLimiter(Clock(), threshold=2, rate=0.5, max_tracked=100)
+    for n in range(1000):
+        limiter.take(f"10.0.{n // 256}.{n % 256}")
+    assert limiter.tracked <= 100
