@@ -51,7 +51,7 @@ IGNORED = shutil.ignore_patterns(
     "*.sqlite-*",
 )
 PLUGINS = ("tasknet-site", "tasknet-node", "tasknet-upstream")
-TOOLS = ("tasknet-admin", "tasknet-migrate", "tasknet-drill", "tasknet-demo")
+TOOLS = ("tasknet-admin", "tasknet-migrate", "tasknet-drill", "tasknet-demo", "tasknet-get")
 READY_TIMEOUT = 60.0
 SECRET = "release-s3cret"
 GID = 31337
@@ -147,6 +147,7 @@ def test_the_wheel_metadata_names_its_dependencies_with_lower_bounds(release: Re
     runtime = [r for r in metadata.get_all("Requires-Dist") if "extra ==" not in r]
     names = {r.split("[")[0].split("<")[0].split(">")[0].strip().lower() for r in runtime}
     needed = {"twisted", "treq", "klein", "autobahn", "prometheus-client", "orjson", "psycopg"}
+    needed |= {"rich"}  # tasknet-get's progress bars
     assert needed | {"werkzeug", "hyperlink", "zope.interface"} <= names, runtime
     for requirement in runtime:
         assert ">=" in requirement, f"no lower bound: {requirement}"
