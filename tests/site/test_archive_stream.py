@@ -24,7 +24,7 @@ from twisted.web.resource import Resource
 from twisted.web.test.requesthelper import DummyRequest
 from zope.interface import implementer
 
-from tasknet.protocol.archive_links import link_key, verify_link
+from tasknet.protocol.archive_links import ArchiveLink, link_key, verify_link
 from tasknet.site.web.archive_stream import ArchiveStreams
 from tasknet.site.web.errors import ApiError
 from tests.eventually import eventually
@@ -390,3 +390,47 @@ def test_the_streams_per_user_bound() -> None:
         with streams.slot(2):  # another user's own
             assert streams.active(1) == 2 and streams.active() == 3
     assert streams.active() == 0
+
+
+class Relaying(Resource):
+    """A site of the test's own: every GET relays ``url`` through ``streams``."""
+
+    isLeaf = True
+
+    def __init__(self, streams: ArchiveStreams, url: str) -> None:
+        super().__init__()
+        self.streams = streams
+        self.url = url
+
+    def render_GET(self, request: server.Request) -> Any:
+        relayed = Deferred.fromCoroutine(self.streams.relay(request, self.url))
+        relayed.addCallbacks(lambda _: request.finish(), lambda _: None)
+        return server.NOT_DONE_YET
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_node_that_stalls_mid_body_is_cut_at_the_idle_timeout(tmp_path: Path) -> None:
+    fake, node_port = await serve_fake(tmp_path)
+    fake.mode = "hold"  # 10 of 100 bytes, then nothing
+    clock = Clock()
+    streams = ArchiveStreams(reactor, clock, per_user=1, body_idle_timeout=60.0)
+    signed = ArchiveLink.sign(link_key(secret_of("n1")), 1, "op", 1, 1)
+    url = signed.url(f"http://127.0.0.1:{node_port.getHost().port}/")
+    site = server.Site(Relaying(streams, url))
+    site.noisy = False
+    port = await TCP4ServerEndpoint(reactor, 0, interface="127.0.0.1").listen(site)
+    try:
+        reader = Reader()
+        where = TCP4ClientEndpoint(reactor, "127.0.0.1", port.getHost().port)
+        await connectProtocol(where, reader)
+        reader.transport.write(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")  # type: ignore[union-attr]
+        await eventually(lambda: reader.data.endswith(b"x" * 10))
+        clock.advance(59.0)
+        assert not reader.lost.called
+        clock.advance(1.0)
+        await reader.lost  # cut short: 10 of the 100 bytes Content-Length promised
+        assert b"Content-Length: 100" in reader.data
+        await eventually(lambda: fake.gone, what="the node's transfer closed")
+    finally:
+        await port.stopListening()
+        await node_port.stopListening()

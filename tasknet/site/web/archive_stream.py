@@ -5,11 +5,11 @@ The site asks the node's ``serveUrl`` for a signed link it just made and
 relays the answer: ``200``, ``206``, ``304`` and ``416`` with their headers
 (:data:`PASSED_RESPONSE_HEADERS`), the client's ``Range``, ``If-Range`` and
 ``If-None-Match`` passed on (:data:`PASSED_REQUEST_HEADERS`).  The body is
-relayed with back-pressure: the node's body transport is the producer
-registered on the client's request, so when the client reads slowly the
-site stops reading the node's socket, and at most a socket read or two
-(tens of KiB) is in the site's memory per transfer.  A client that goes
-away stops the node's transfer (its connection is closed).
+relayed with back-pressure: the relay is the producer registered on the
+client's request and pauses the node's body transport, so when the client
+reads slowly the site stops reading the node's socket, and at most a read
+or two of the socket (tens of KiB) is in the site's memory per transfer.  A
+client that goes away stops the node's transfer (its connection is closed).
 
 Nothing here hangs or answers ``500``: a node that cannot be reached, or
 sends no headers within :data:`HEADERS_TIMEOUT`, is ``502 node_unreachable``
@@ -17,7 +17,10 @@ sends no headers within :data:`HEADERS_TIMEOUT`, is ``502 node_unreachable``
 any other answer of the node is ``502 node_error`` naming it.  Once the
 headers went out, a node that fails mid-body makes the site close the
 client's connection (the client sees fewer bytes than ``Content-Length``
-and resumes with ``Range``), never a complete-looking short file.
+and resumes with ``Range``), never a complete-looking short file; so does
+a node that sends nothing for :data:`BODY_IDLE_TIMEOUT` while the client is
+ready for more (a client that reads slowly pauses the node, and the node's
+own idle timeout bounds how long it waits).
 
 At most ``per_user`` streams run at once per user (``--archive-streams-per-
 user``): past it ``429 too_many_streams``.
@@ -34,7 +37,7 @@ import orjson
 from twisted.internet.defer import CancelledError, Deferred
 from twisted.internet.defer import TimeoutError as DeferredTimeout
 from twisted.internet.error import ConnectError, ConnectingCancelledError, DNSLookupError
-from twisted.internet.interfaces import IReactorTCP, IReactorTime
+from twisted.internet.interfaces import IDelayedCall, IPushProducer, IReactorTCP, IReactorTime
 from twisted.internet.protocol import Protocol
 from twisted.logger import Logger
 from twisted.python.failure import Failure
@@ -49,12 +52,14 @@ from twisted.web.http import PotentialDataLoss
 from twisted.web.http_headers import Headers
 from twisted.web.iweb import UNKNOWN_LENGTH, IResponse
 from twisted.web.server import Request
+from zope.interface import implementer
 
 from tasknet.netclient import DirectEndpoints, quiet_pool
 from tasknet.site import metrics
 from tasknet.site.web.errors import ApiError
 
 __all__ = [
+    "BODY_IDLE_TIMEOUT",
     "CONNECT_TIMEOUT",
     "HEADERS_TIMEOUT",
     "PASSED_REQUEST_HEADERS",
@@ -67,6 +72,8 @@ log = Logger()
 #: Seconds to connect to a node's serve endpoint, and then to get its headers.
 CONNECT_TIMEOUT = 10.0
 HEADERS_TIMEOUT = 30.0
+#: Seconds a node may send nothing of a body the client is ready for.
+BODY_IDLE_TIMEOUT = 60.0
 #: How long a client is told to wait after the node could not be reached.
 RETRY_AFTER = 10
 
@@ -86,28 +93,40 @@ PASSED_STATUSES = frozenset({200, 206, 304, 416})
 ERROR_BODY_LIMIT = 4096
 
 
+@implementer(IPushProducer)
 class _Relay(Protocol):
-    """Writes the node's body to the client's request as it arrives; the
-    node's body transport is the request's producer (back-pressure)."""
+    """Writes the node's body to the client's request as it arrives.  It is
+    the request's producer: the client's transport pauses and resumes the
+    node's socket through it (back-pressure).  While not paused, a node that
+    sends nothing for ``idle_timeout`` seconds (on ``clock``) has its
+    connection closed: the transfer fails rather than hangs."""
 
-    def __init__(self, request: Request, done: Deferred[None]) -> None:
+    def __init__(
+        self, request: Request, done: Deferred[None], clock: IReactorTime, idle_timeout: float
+    ) -> None:
         self.request = request
         self.done = done
         self.relayed = 0
         self.stopped = False
+        self.paused = False
+        self._clock = clock
+        self._idle_timeout = idle_timeout
+        self._idle: IDelayedCall | None = None
 
     def connectionMade(self) -> None:
-        # The client's transport pauses and resumes the node's socket.
-        self.request.registerProducer(self.transport, True)
+        self.request.registerProducer(self, True)
+        self._watch()
 
     def dataReceived(self, data: bytes) -> None:
         if self.stopped:
             return  # the client is gone; the node's connection is closing
+        self._watch()
         self.request.write(data)
         self.relayed += len(data)
         metrics.ARCHIVE_STREAM_BYTES.inc(len(data))
 
     def connectionLost(self, reason: Failure = Failure(ResponseDone())) -> None:
+        self._unwatch()
         # A request whose client went away has no channel left to unregister from.
         if self.request.producer is not None and self.request.channel is not None:
             self.request.unregisterProducer()
@@ -118,12 +137,51 @@ class _Relay(Protocol):
         else:
             self.done.errback(reason)
 
+    # -- the request's producer
+
+    def pauseProducing(self) -> None:
+        self.paused = True
+        self._unwatch()  # the client is slow, not the node
+        self._node().pauseProducing()
+
+    def resumeProducing(self) -> None:
+        self.paused = False
+        self._watch()
+        self._node().resumeProducing()
+
+    def stopProducing(self) -> None:
+        self.stop()
+
     def stop(self) -> None:
         """The client went away: close the node's transfer."""
         self.stopped = True
-        transport: Any = self.transport
-        if transport is not None:
-            transport.stopProducing()
+        self._unwatch()
+        if self.transport is not None:
+            self._node().stopProducing()
+
+    # -- the idle timer
+
+    def _node(self) -> Any:
+        # Twisted's client gives the body's protocol a transport that is
+        # also the push producer of the node's socket.
+        return self.transport
+
+    def _watch(self) -> None:
+        self._unwatch()
+        if not self.paused and not self.stopped:
+            self._idle = self._clock.callLater(self._idle_timeout, self._went_idle)
+
+    def _unwatch(self) -> None:
+        if self._idle is not None and self._idle.active():
+            self._idle.cancel()
+        self._idle = None
+
+    def _went_idle(self) -> None:
+        self._idle = None
+        log.info(
+            "the node sent nothing for {seconds}s: closing its transfer", seconds=self._idle_timeout
+        )
+        self._node().stopProducing()
 
 
 class _ErrorBody(Protocol):
@@ -162,12 +220,14 @@ class ArchiveStreams:
         per_user: int,
         connect_timeout: float = CONNECT_TIMEOUT,
         headers_timeout: float = HEADERS_TIMEOUT,
+        body_idle_timeout: float = BODY_IDLE_TIMEOUT,
     ) -> None:
         if per_user < 1:
             raise ValueError("per_user must be >= 1")
         self.per_user = per_user
         self._clock = clock
         self._headers_timeout = headers_timeout
+        self._body_idle_timeout = body_idle_timeout
         # A connection per transfer: none is left open when the site stops,
         # and a transfer the client abandoned closes its own.
         self._agent = Agent.usingEndpointFactory(
@@ -228,7 +288,7 @@ class ArchiveStreams:
             request.setHeader(b"content-length", str(response.length).encode("ascii"))
         request.responseHeaders.setRawHeaders(b"cache-control", [b"private, no-store"])
         done: Deferred[None] = Deferred()
-        relay = _Relay(request, done)
+        relay = _Relay(request, done, self._clock, self._body_idle_timeout)
         response.deliverBody(relay)
         try:
             await done
