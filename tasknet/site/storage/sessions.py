@@ -17,7 +17,10 @@ It ends (``ended_at``, ``ended_why``) at sign-out, when its user's token is
 rotated or revoked (:mod:`.users`), or by an admin (``tasknet-admin session
 end``).  Rows that stopped being usable more than :data:`RETENTION` seconds
 ago are deleted at the next sign-in, so the table grows with the sessions
-in use, not with every sign-in ever made.
+in use, not with every sign-in ever made.  A user has at most
+``max_live`` usable sessions (:data:`DEFAULT_MAX_LIVE`): a sign-in past
+that ends the user's oldest ones (issue 38: 3,000 sign-ins left 3,000 live
+sessions).
 
 Time is always given, never read here: ``now`` is Unix seconds from the
 caller's clock (the site's reactor, a test's ``task.Clock``, or the
@@ -47,6 +50,11 @@ MIN_PREFIX = 6
 #: Seconds a session row is kept after it stopped being usable (ended or
 #: expired), for ``tasknet-admin session list --all``.
 RETENTION = 7 * 24 * 3600.0
+
+#: Usable sessions a user may have at once; a sign-in past it ends the oldest.
+DEFAULT_MAX_LIVE = 20
+#: ``ended_why`` of a session ended by the cap.
+ENDED_BY_CAP = "ended by a newer sign-in: at most {limit} sessions per user"
 
 _SESSION_ID = re.compile(r"[A-Za-z0-9_-]{43}")
 _HEX = re.compile(r"[0-9a-f]+")
@@ -133,6 +141,11 @@ _TOUCH = sql(
     "idle_until = CASE WHEN expires_at < ? THEN expires_at ELSE ? END "
     "WHERE id = ? AND ended_at IS NULL"
 )
+_LIVE_OF_USER = sql(
+    "SELECT id FROM web_session "  # noqa: S608
+    f"WHERE user_id = ? AND {_USABLE} ORDER BY id DESC"
+)
+_END_BY_ID = sql("UPDATE web_session SET ended_at = ?, ended_why = ? WHERE id = ?")
 _END = sql(
     "UPDATE web_session SET ended_at = ?, ended_why = ? WHERE id_hash = ? AND ended_at IS NULL"
 )
@@ -152,11 +165,16 @@ def start_session(
     idle: float,
     max_age: float,
     replaces: str | None = None,
-) -> None:
+    max_live: int = DEFAULT_MAX_LIVE,
+) -> int:
     """Record a new session of ``user_id`` signed in at ``now``: usable for
     ``idle`` seconds unless used, ``max_age`` seconds at most.  The session
     whose id hashes to ``replaces`` (the browser's previous one), if still
-    open, ends; rows past :data:`RETENTION` go; all in this transaction."""
+    open, ends; so do the user's oldest usable sessions beyond ``max_live``
+    (the new one counted); rows past :data:`RETENTION` go; all in this
+    transaction.  Returns how many sessions the cap ended."""
+    if max_live < 1:
+        raise SessionError(f"max_live must be at least 1, got {max_live}")
     stamp = iso(now)
     cutoff = iso(now - RETENTION)
     if replaces is not None:
@@ -166,6 +184,11 @@ def start_session(
         _START,
         (id_hash, user_id, stamp, stamp, iso(now + min(idle, max_age)), iso(now + max_age)),
     )
+    live = [row["id"] for row in cursor.execute(_LIVE_OF_USER, (user_id, stamp, stamp))]
+    over = live[max_live:]  # newest first: the oldest are past the cap
+    why = ENDED_BY_CAP.format(limit=max_live)
+    cursor.executemany(_END_BY_ID, [(stamp, why, session) for session in over])
+    return len(over)
 
 
 def active_session(cursor: sqlite3.Cursor, id_hash: str, now: float) -> ActiveSession | None:

@@ -18,10 +18,12 @@ An ``Authorization`` header wins over the cookie, the cookie over
 
 Sessions.  A session is usable until its idle expiry (``--session-idle``,
 default 12 h) or its absolute one (``--session-max-age``, default 7 days),
-whichever comes first.  Each authenticated use slides the idle expiry, but
-the slide is written only when the stored ``last_seen_at`` is at least
-:data:`TOUCH_INTERVAL` seconds old, so a busy page is not a write per
-request (the idle expiry is therefore exact to within that interval).  A
+whichever comes first.  A user has at most ``max_per_user`` usable sessions
+(default 20): a sign-in past that ends the user's oldest.  Each
+authenticated use slides the idle expiry, but the slide is written only
+when the stored ``last_seen_at`` is at least :data:`TOUCH_INTERVAL`
+seconds old, so a busy page is not a write per request (the idle expiry
+is therefore exact to within that interval).  A
 failed slide is logged and the request goes on.  All times come from the
 clock the :class:`Authenticator` is given (the site's reactor; a test's
 ``task.Clock``).  Rotating or revoking a token ends its user's sessions
@@ -65,7 +67,7 @@ from urllib.parse import urlsplit
 
 from twisted.internet.defer import Deferred, succeed
 from twisted.internet.interfaces import IReactorTime
-from twisted.logger import Logger
+from twisted.logger import Logger, LogLevel
 from twisted.web.server import Request
 
 from tasknet.protocol.ratelog import RateLimitedLog
@@ -150,6 +152,8 @@ class SessionSettings:
     #: ``--public-url``: the site's own origin, instead of ``Host``.
     public_origin: Origin | None = None
     touch_interval: float = TOUCH_INTERVAL
+    #: Usable sessions a user may have; a sign-in past it ends the oldest.
+    max_per_user: int = sessions.DEFAULT_MAX_LIVE
 
 
 @dataclass(frozen=True)
@@ -369,7 +373,7 @@ class Authenticator:
             if previous is not None and sessions.well_formed(previous)
             else None
         )
-        await self.db.write(
+        capped = await self.db.write(
             sessions.start_session,
             user.id,
             sessions.hash_session_id(session_id),
@@ -377,7 +381,17 @@ class Authenticator:
             self.settings.idle,
             self.settings.max_age,
             replaced,
+            self.settings.max_per_user,
         )
+        if capped:
+            self._guess_log.emit(
+                ("session cap", user.id),
+                "user {user} signed in past {limit} sessions: its oldest {ended} ended",
+                level=LogLevel.info,
+                user=user.name,
+                limit=self.settings.max_per_user,
+                ended=capped,
+            )
         self._set_cookie(request, session_id)
         return user
 
