@@ -425,10 +425,13 @@ async def test_a_node_that_stalls_mid_body_is_cut_at_the_idle_timeout(tmp_path: 
         await connectProtocol(where, reader)
         reader.transport.write(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")  # type: ignore[union-attr]
         await eventually(lambda: reader.data.endswith(b"x" * 10))
-        clock.advance(59.0)
+        clock.advance(40.0)
+        fake.open[0].write(b"z" * 10)  # the node sends a little more
+        await eventually(lambda: reader.data.endswith(b"z" * 10))
+        clock.advance(40.0)  # 80 s since the start, 40 since the last bytes
         assert not reader.lost.called
-        clock.advance(1.0)
-        await reader.lost  # cut short: 10 of the 100 bytes Content-Length promised
+        clock.advance(20.0)
+        await reader.lost  # cut short: 20 of the 100 bytes Content-Length promised
         assert b"Content-Length: 100" in reader.data
         await eventually(lambda: fake.gone, what="the node's transfer closed")
     finally:

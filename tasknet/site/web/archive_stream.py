@@ -112,6 +112,7 @@ class _Relay(Protocol):
         self._clock = clock
         self._idle_timeout = idle_timeout
         self._idle: IDelayedCall | None = None
+        self._last_data = clock.seconds()
 
     def connectionMade(self) -> None:
         self.request.registerProducer(self, True)
@@ -120,7 +121,8 @@ class _Relay(Protocol):
     def dataReceived(self, data: bytes) -> None:
         if self.stopped:
             return  # the client is gone; the node's connection is closing
-        self._watch()
+        # Read by the timer when it fires (no timer moved per piece of body).
+        self._last_data = self._clock.seconds()
         self.request.write(data)
         self.relayed += len(data)
         metrics.ARCHIVE_STREAM_BYTES.inc(len(data))
@@ -167,7 +169,10 @@ class _Relay(Protocol):
         return self.transport
 
     def _watch(self) -> None:
+        """Time the node from now (its transfer starts, or the client is
+        ready again)."""
         self._unwatch()
+        self._last_data = self._clock.seconds()
         if not self.paused and not self.stopped:
             self._idle = self._clock.callLater(self._idle_timeout, self._went_idle)
 
@@ -178,6 +183,11 @@ class _Relay(Protocol):
 
     def _went_idle(self) -> None:
         self._idle = None
+        quiet = self._clock.seconds() - self._last_data
+        if quiet < self._idle_timeout:
+            # Data came meanwhile: wait for what is left of the timeout.
+            self._idle = self._clock.callLater(self._idle_timeout - quiet, self._went_idle)
+            return
         log.info(
             "the node sent nothing for {seconds}s: closing its transfer", seconds=self._idle_timeout
         )
