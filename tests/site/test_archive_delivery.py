@@ -134,6 +134,19 @@ def test_archives_through_the_node_link_and_the_site_stream(
         assert status == 206, rest[:200]
         assert headers["content-range"] == f"bytes {offset}-{size - 1}/{size}"
         assert hashlib.sha256(body[:offset] + rest).hexdigest() == digest
+        if via == "site":
+            # The validators reach the node and its answers come back.
+            etag = f'"sha256-{digest}"'
+            status, _, empty = _fetch(
+                f"{site}api/tasks/{gid}/archive", {**auth, "If-None-Match": etag}
+            )
+            assert status == 304 and empty == b""
+            changed = {**ranged, "If-Range": '"sha256-' + "0" * 64 + '"'}
+            status, _, whole = _fetch(f"{site}api/tasks/{gid}/archive", changed)
+            assert status == 200 and whole == body  # not the same file: all of it
+            past = {**auth, "Range": f"bytes={size + 10}-"}
+            status, headers, _ = _fetch(f"{site}api/tasks/{gid}/archive", past)
+            assert status == 416 and headers["content-range"] == f"bytes */{size}"
 
     # The aria2 input file names every archive with its digest.
     gids = [task["gid"] for task in tasks.values()]
