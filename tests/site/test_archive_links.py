@@ -22,6 +22,7 @@ from twisted.python import usage
 from tasknet.protocol.archive_links import link_key, verify_link
 from tasknet.protocol.messages import ProtocolHello, TaskCommand, TaskReportAck
 from tasknet.site.storage.engine.timestamps import iso
+from tasknet.site.web import openapi
 from tasknet.upstream.testing import start_upstream
 from tests.eventually import eventually
 from tests.site.helpers import SiteWithUsers, assert_error, one, running_site, site_options
@@ -162,6 +163,12 @@ async def with_fixture(target: str, test: Any, *extra: str) -> None:
         await upstream.stop()
 
 
+def documented_error(answer: dict[str, Any]) -> None:
+    """The error object has only fields the OpenAPI document's ``Error`` names."""
+    error = openapi.document()["components"]["schemas"]["Error"]["properties"]["error"]
+    assert set(answer["error"]) <= set(error["properties"]), answer
+
+
 def _link_parts(url: str) -> tuple[str, int, str, int, int, str]:
     """``(base, gid, operationId, exp, user, sig)`` of a signed node link."""
     parts = urlsplit(url)
@@ -247,6 +254,7 @@ async def test_refusals_not_ready_offline_and_not_served(db_target: str) -> None
         status, _, answer = await f.http("GET", "/api/tasks/801/archive", f.alice, JSON)
         assert_error((status, answer), 409, "archive_not_ready")
         assert answer["error"]["status"] == "SUBMITTED"
+        documented_error(answer)
         await serving.finish(801)
         status, _, link = await f.http("GET", "/api/tasks/801/archive", f.alice, JSON)
         assert status == 200 and link["via"] == "site", link
@@ -260,6 +268,8 @@ async def test_refusals_not_ready_offline_and_not_served(db_target: str) -> None
         status, headers, answer = await f.http("GET", "/api/tasks/801/archive", f.alice, JSON)
         assert_error((status, answer), 503, "node_offline")
         assert int(headers.getRawHeaders(b"retry-after")[0]) > 0
+        assert answer["error"]["node"] == "n1"
+        documented_error(answer)
         status, headers, answer = await f.http("GET", "/api/tasks/801/archive", f.alice)
         assert_error((status, answer), 503, "node_offline")
 
@@ -270,6 +280,7 @@ async def test_refusals_not_ready_offline_and_not_served(db_target: str) -> None
         await quiet.finish(802, None)
         status, _, answer = await f.http("GET", "/api/tasks/802/archive", f.alice, JSON)
         assert_error((status, answer), 409, "archive_not_served")
+        documented_error(answer)
         # A completion without size and SHA-256 is still linked, with nulls.
         await quiet.disconnect()
         f.nodes.remove(quiet)

@@ -510,6 +510,16 @@ def _schemas() -> dict[str, Schema]:
                             )
                         },
                         "week": _string("Only with `quota_exceeded`: the ISO week checked."),
+                        "status": _string(
+                            "Only with `archive_not_ready`: the task's status.",
+                            enum=_STATUS_KEYS,
+                        ),
+                        "node": _nullable(
+                            _string(
+                                "Only with `node_offline` and `archive_not_served`: the node "
+                                "that holds the archive."
+                            )
+                        ),
                     },
                     required=["code", "message"],
                 )
