@@ -282,6 +282,8 @@ class SitePart:
     rates: dict[str, list[dict[str, Any]]] | None = None
     nginx_rates: dict[str, list[dict[str, Any]]] | None = None
     link_ms: list[float] = field(default_factory=list)
+    #: Link requests not answered 200, by status.
+    link_refused: dict[str, int] = field(default_factory=dict)
     skipped: str | None = None
     stream_error: str | None = None
     notes: list[str] = field(default_factory=list)
@@ -393,6 +395,8 @@ def via_site(
             elapsed = (time.perf_counter() - t0) * 1000
             if status == 200:
                 part.link_ms.append(elapsed)
+            else:
+                part.link_refused[str(status)] = part.link_refused.get(str(status), 0) + 1
         streamed = Server("site", url, site.proc, [f"Authorization: Bearer {seed.admin_token}"])
         sides = [streamed] + ([nginx] if nginx is not None else [])
         try:
@@ -545,6 +549,7 @@ def _link_row(link_row: Row, part: SitePart) -> None:
     link_row.lower_is_better = True
     link_row.notes.append(
         f"{len(part.link_ms)} link issues (GET /api/tasks/{{gid}}/archive, Accept:"
-        " application/json, admin token), one client"
+        " application/json, admin token), one client, a new connection each (urllib)"
+        + (f"; not answered 200: {part.link_refused}" if part.link_refused else "")
     )
     link_row.met = link_row.figure is not None and link_row.figure < TARGET_LINK_P99_MS
