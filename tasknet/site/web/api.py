@@ -510,7 +510,8 @@ class SiteApi:
         number = parse_gid(gid)
         task = await self.db.read(archives.archive_of, number, _scope(user))
         delivery = self.deps.archives
-        link = delivery.issue(task, user.id, self._site_archive_url(request, number))
+        site_url = f"{self._site_origin(request)}/api/tasks/{number}/archive"
+        link = delivery.issue(task, user.id, site_url)
         if _accepts(request, "application/json"):
             delivery.count(link)
             return 200, link.document()
@@ -532,6 +533,7 @@ class SiteApi:
         gids = _link_gids(json_body(request))
         tasks = await self.db.read(archives.archives_of, gids, _scope(user))
         delivery = self.deps.archives
+        origin = self._site_origin(request)
         links: list[IssuedLink] = []
         missing: list[dict[str, Any]] = []
         for gid in gids:
@@ -540,7 +542,7 @@ class SiteApi:
                 missing.append({"gid": gid, "code": "not_found"})
                 continue
             try:
-                link = delivery.issue(task, user.id, self._site_archive_url(request, gid))
+                link = delivery.issue(task, user.id, f"{origin}/api/tasks/{gid}/archive")
             except ApiError as e:
                 missing.append({"gid": gid, "code": e.code})
                 continue
@@ -553,10 +555,11 @@ class SiteApi:
             return 200, PlainText("".join(lines) + aria2_input(links, bearer))
         return 200, {"links": [link.entry() for link in links], "missing": missing}
 
-    def _site_archive_url(self, request: Request, gid: int) -> str:
-        """The site's own URL of ``gid``'s archive (a ``via: site`` link)."""
+    def _site_origin(self, request: Request) -> str:
+        """The site's own origin, which a ``via: site`` link's URL starts
+        with (``""``: an unusable ``Host``, the URL is then a path)."""
         origin = own_origin(request, self.auth.settings)
-        return f"{origin or ''}/api/tasks/{gid}/archive"
+        return "" if origin is None else str(origin)
 
     # favorites
 
