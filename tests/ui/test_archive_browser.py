@@ -281,12 +281,12 @@ def test_download_details_and_links(stack: DemoStack, tmp_path: Path) -> None:
             # row the button the list's own click handler answers.
             pending = row_of(page, unfinished)
             expect(pending.locator('button[data-action="download"]')).to_have_count(0)
+            # Added and clicked in one step: a progress push re-renders the row.
             pending.locator(".task-actions").evaluate(
                 "box => { const b = document.createElement('button');"
                 " b.type = 'button'; b.dataset.action = 'download'; b.textContent = 'x';"
-                " b.id = 'raced-download'; box.prepend(b); }"
+                " box.prepend(b); b.click(); }"
             )
-            page.click("#raced-download")
             not_ready = pending.locator('[data-role="archive-note"]')
             expect(not_ready).to_have_attribute("data-code", "archive_not_ready")
             expect(not_ready).to_have_text(
