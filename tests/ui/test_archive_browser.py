@@ -312,6 +312,8 @@ def test_download_details_and_links(stack: DemoStack, tmp_path: Path) -> None:
             page.set_viewport_size({"width": 360, "height": 780})
             width = page.evaluate("document.documentElement.scrollWidth")
             assert width <= 360, f"page is {width}px wide at 360px"
+            row.evaluate("e => e.scrollIntoView({block: 'center'})")
+            page.screenshot(path=str(shots / "archive-download-mobile-en.png"))
             page.set_viewport_size(DESKTOP)
 
             # --- its node offline: when to try again -------------------------------
