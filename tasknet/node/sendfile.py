@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import errno
 import os
+from collections.abc import Callable
 from typing import Any, BinaryIO
 
 from twisted.internet import tcp
@@ -76,16 +77,14 @@ def send_file_range(
     *,
     clock: IReactorTime,
     idle_timeout: float,
+    on_progress: Callable[[int], None] = lambda sent: None,
 ) -> Deferred[bool]:
     """Send the response's headers and ``length`` bytes of ``file`` from
     ``offset``, then finish ``request`` (module doc); the file is closed
-    when the Deferred fires."""
-    sender: _Sender
-    if kernel_sendable(request):
-        sender = _KernelSender(request, file, offset, length, clock, idle_timeout)
-    else:
-        sender = _ReadSender(request, file, offset, length, clock, idle_timeout)
-    return sender.start()
+    when the Deferred fires.  ``on_progress(n)``: ``n`` more body bytes
+    went to the transport."""
+    kind = _KernelSender if kernel_sendable(request) else _ReadSender
+    return kind(request, file, offset, length, clock, idle_timeout, on_progress).start()
 
 
 class _Sender:
@@ -99,8 +98,10 @@ class _Sender:
         length: int,
         clock: IReactorTime,
         idle_timeout: float,
+        on_progress: Callable[[int], None],
     ) -> None:
         self.request = request
+        self.on_progress = on_progress
         self.file = file
         self.offset = offset
         self.remaining = length
@@ -124,6 +125,7 @@ class _Sender:
         self.remaining -= sent
         self.offset += sent
         self.request.sentLength += sent  # the access log's byte count
+        self.on_progress(sent)
         if self._idle is not None and self._idle.active():
             self._idle.reset(self.idle_timeout)
 

@@ -47,7 +47,9 @@ from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IDelayedCall, IListeningPort, IReactorTime
 from twisted.logger import Logger
 from twisted.web import http, server
+from twisted.web.iweb import IAccessLogFormatter
 from twisted.web.resource import Resource
+from zope.interface import provider
 
 from tasknet.node.paths import DataDir
 from tasknet.node.sendfile import send_file_range
@@ -351,6 +353,8 @@ class ArchiveServer:
         self.completed = 0
         #: Open HTTP connections.
         self.connections = 0
+        #: Body bytes handed to the transports, all transfers together.
+        self.bytes_sent = 0
         self.resource = _ArchiveResource(self)
 
     def site(self) -> ServeSite:
@@ -389,66 +393,69 @@ class ArchiveServer:
         if self.clock.seconds() > target.exp:
             return _answer_error(request, "link_expired")
         body_wanted = method == b"GET"
-        if body_wanted and self.transfers >= self.serve_max:
-            return _answer_error(request, "busy")
         if body_wanted:
-            self.transfers += 1  # held from the lookup on: the bound is never passed
+            if self.transfers >= self.serve_max:
+                return _answer_error(request, "busy")
+            # Held from the lookup on, so the bound is never passed.
+            self.transfers += 1
         answered = Deferred.fromCoroutine(self._answer(request, target, body_wanted))
-        answered.addErrback(self._failed, request, body_wanted)
+        answered.addErrback(self._failed, request)
         return server.NOT_DONE_YET
 
-    def _failed(self, failure: Any, request: server.Request, slot: bool) -> None:
+    def _failed(self, failure: Any, request: server.Request) -> None:
         log.failure("answering an archive link failed", failure)
-        if slot:
-            self.transfers -= 1
         if not request.startedWriting and not request.finished and not request._disconnected:
             request.write(_answer_error(request, "internal"))
             request.finish()
 
-    def _finish_error(self, request: server.Request, code: str, slot: bool) -> None:
-        if slot:
-            self.transfers -= 1
-        if not request._disconnected:
-            request.write(_answer_error(request, code))
-            request.finish()
-
     async def _answer(self, request: server.Request, link: LinkParams, slot: bool) -> None:
+        """Answer a valid link; with ``slot`` (a GET holding one) the body
+        too, and the slot is freed when it is sent or abandoned."""
+        try:
+            sent = await self._send(request, link, send_body=slot)
+        finally:
+            if slot:
+                self.transfers -= 1
+        if sent is not None:
+            self.completed += 1
+            await self.store.mark_served(sent.gid, sent.operation_id)
+
+    async def _send(
+        self, request: server.Request, link: LinkParams, *, send_body: bool
+    ) -> ArchiveRow | None:
+        """The answer to a valid link; its archive's row when a body went out whole."""
         row = await self.store.archive(link.gid, link.operation_id)
-        if row is None:
-            self._finish_error(request, "link_invalid", slot)
-            return
-        file = await self._open(row)
-        if file is None:
-            self._finish_error(request, "link_invalid", slot)
-            return
+        file = None if row is None else await self._open(row)
+        if row is None or file is None:
+            if not request._disconnected:
+                request.write(_answer_error(request, "link_invalid"))
+                request.finish()
+            return None
+        handed_over = False
         try:
             status, first, length = self._prepare(request, row)
-        except Exception:
-            file.close()
-            raise
-        if request._disconnected:
-            file.close()
-            if slot:
-                self.transfers -= 1
-            return
-        if status in (304, 416) or not slot or length == 0:
-            file.close()
-            if slot:
-                self.transfers -= 1
-            request.finish()
-            if slot and status in (200, 206):
-                await self._served(row)
-            return
-        complete = await send_file_range(
-            request, file, first, length, clock=self.clock, idle_timeout=self.idle_timeout
-        )
-        self.transfers -= 1
-        if complete:
-            await self._served(row)
+            if request._disconnected:
+                return None
+            if status in (304, 416) or not send_body or length == 0:
+                request.finish()
+                return row if send_body and status in (200, 206) else None
+            handed_over = True  # the sender closes the file
+            complete = await send_file_range(
+                request,
+                file,
+                first,
+                length,
+                clock=self.clock,
+                idle_timeout=self.idle_timeout,
+                on_progress=self._sent,
+            )
+            return row if complete else None
+        finally:
+            if not handed_over:
+                file.close()
 
-    async def _served(self, row: ArchiveRow) -> None:
-        self.completed += 1
-        await self.store.mark_served(row.gid, row.operation_id)
+    def _sent(self, count: int) -> None:
+        self.bytes_sent += count
 
     async def _open(self, row: ArchiveRow) -> BinaryIO | None:
         """The archive's file, opened, when it is whole on disk; otherwise
@@ -594,6 +601,16 @@ class ServeChannel(http.HTTPChannel):
         self._deadline = None
 
 
+_LINK_SIGNATURE = re.compile(r"(?i)(\bsig=)[^\s&\"]*")
+
+
+@provider(IAccessLogFormatter)
+def access_log_line(timestamp: str, request: Any) -> str:
+    """twisted.web's combined access line, a link's signature left out (a
+    link is a credential until it expires)."""
+    return _LINK_SIGNATURE.sub(r"\1***", http.combinedLogFormatter(timestamp, request))
+
+
 class ServeSite(QuietSite):
     """The ``--serve`` listener's factory: :class:`ServeChannel`, timers on
     the server's clock, access lines at debug (tasknet.weblog)."""
@@ -601,7 +618,12 @@ class ServeSite(QuietSite):
     requestFactory = ServeRequest
 
     def __init__(self, archives: ArchiveServer) -> None:
-        super().__init__(archives.resource, timeout=archives.idle_timeout, reactor=archives.clock)
+        super().__init__(
+            archives.resource,
+            timeout=archives.idle_timeout,
+            reactor=archives.clock,
+            logFormatter=access_log_line,
+        )
         self.archives = archives
 
     def protocol(self) -> ServeChannel:  # type: ignore[override]

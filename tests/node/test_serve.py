@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest_twisted
 from hypothesis import given
 from hypothesis import strategies as st
+from twisted.logger import globalLogPublisher
 
 from tasknet.node.serve import (
     NAME_CAP,
@@ -22,6 +23,7 @@ from tasknet.node.serve import (
     parse_target,
 )
 from tasknet.protocol.archive_links import ArchiveLink, link_key, sign_link, verify_link
+from tasknet.weblog import ACCESS_NAMESPACE
 from tests.node.test_serve_support import NOW, USER, Answer, content_of, serving
 from tests.protocol.vectors import VECTORS
 
@@ -422,3 +424,24 @@ def test_parse_range_examples() -> None:
         except Unsatisfiable:
             continue
         raise AssertionError(unsatisfiable)
+
+
+@pytest_twisted.ensureDeferred
+async def test_the_access_line_leaves_the_link_signature_out(tmp_path: Path) -> None:
+    lines: list[str] = []
+
+    def observe(event: dict) -> None:
+        if event.get("log_namespace") == ACCESS_NAMESPACE:
+            lines.append(event["access_line"])
+
+    globalLogPublisher.addObserver(observe)
+    try:
+        async with serving(tmp_path) as served:
+            await served.hold(GID, content_of(100))
+            link = served.link(GID)
+            assert (await served.get(link.path)).status == 200
+    finally:
+        globalLogPublisher.removeObserver(observe)
+    (line,) = lines
+    assert f"/archives/{GID}/op-{GID}?exp={link.exp}&user={USER}&sig=*** HTTP/1.1" in line
+    assert link.sig not in line

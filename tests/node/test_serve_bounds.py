@@ -5,15 +5,13 @@ sockets on loopback; every timer on the test's clock."""
 
 from __future__ import annotations
 
-import fcntl
 import json
 import socket
-import struct
-import termios
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 
+import pytest
 import pytest_twisted
 
 from tests.eventually import eventually
@@ -79,32 +77,6 @@ def drain(client: socket.socket, at_most: int = 256 * 1024) -> bytes:
         return b""
 
 
-def settled(client: socket.socket) -> Callable[[], bool]:
-    """A check that holds once ``client``'s receive queue is full: bytes
-    queued, and no more than at the previous check (the server waits)."""
-    last = [-1]
-
-    def check() -> bool:
-        queued = struct.unpack("i", fcntl.ioctl(client, termios.FIONREAD, b"\0" * 4))[0]
-        same, last[0] = queued == last[0], queued
-        return same and queued > 0
-
-    return check
-
-
-async def read_past(client: socket.socket, count: int) -> None:
-    """Read until ``count`` bytes came: more than the kernel's buffers on
-    both sides hold, so the server must have sent some of them since."""
-    received = [0]
-
-    def more() -> bool:
-        while data := drain(client, 1 << 20):
-            received[0] += len(data)
-        return received[0] >= count
-
-    await eventually(more, what=f"{count} bytes read")
-
-
 def closed_by_server(client: socket.socket) -> bool:
     try:
         while client.recv(1 << 20):
@@ -140,30 +112,49 @@ async def test_past_serve_max_transfers_a_request_is_503_busy(tmp_path: Path) ->
         assert served.server.completed == 1
 
 
+def server_waits(served: Served) -> Callable[[], bool]:
+    """A check that holds once the one transfer sends nothing more (no
+    byte since the previous check: the client's buffers are full)."""
+    last = [-1]
+
+    def check() -> bool:
+        sent = served.server.bytes_sent
+        same, last[0] = sent == last[0], sent
+        return same and sent > 0 and served.server.transfers == 1
+
+    return check
+
+
+@pytest.mark.parametrize("tls", [False, True], ids=["tcp", "tls"])
 @pytest_twisted.ensureDeferred
 async def test_a_client_that_stalls_mid_body_is_dropped_and_its_slot_freed(
-    tmp_path: Path,
+    tmp_path: Path, tls: bool
 ) -> None:
-    async with serving(tmp_path, serve_max=1, idle_timeout=60.0) as served:
+    async with serving(tmp_path, serve_max=1, idle_timeout=60.0, tls=tls) as served:
         archive = await served.hold(GID, content_of(8 * SIZE))
         path = served.data.archive_file(archive.row)
         target = served.link(GID).path
-        async with stalled_readers(served, 1, target, receive_buffer=None) as (client,):
-            await eventually(lambda: drain(client), what="the first bytes")
-            served.clock.advance(59)
-            assert served.server.transfers == 1
-            # Reading makes room: the server sends more, which feeds its timer.
-            await read_past(client, 2 * SIZE)
-            served.clock.advance(59)
-            assert served.server.transfers == 1
-            assert (await served.get(served.link(GID).path)).status == 503
-            # Then nothing is read for 60 s: dropped.
-            await eventually(settled(client), what="the client's buffer full")
-            served.clock.advance(60)
-            assert served.server.transfers == 0
-            await eventually(lambda: closed_by_server(client), what="the connection closed")
-            await eventually(lambda: open_files_of(path) == 0, what="the file closed")
-        answer = await served.get(served.link(GID).path)
+        client = await served.client(request_bytes(target), pause_at=1)
+        await eventually(server_waits(served), what="the server waiting on the client")
+        served.clock.advance(59)
+        assert served.server.transfers == 1
+        # Reading makes room: the server sends more (more than the buffers
+        # on both sides hold), which feeds its timer.
+        client.reading(True)
+        await eventually(lambda: len(client.data) > 2 * SIZE, what="more bytes read")
+        client.reading(False)
+        served.clock.advance(59)
+        assert served.server.transfers == 1
+        assert (await served.get(target)).status == 503
+        # Then nothing is read for 60 s: dropped.
+        await eventually(server_waits(served), what="the server waiting again")
+        served.clock.advance(60)
+        assert served.server.transfers == 0
+        client.reading(True)  # to see the connection go
+        received = await client.closed
+        assert len(received) < len(archive.content)
+        await eventually(lambda: open_files_of(path) == 0, what="the file closed")
+        answer = await served.get(target)
         assert answer.status == 200 and answer.body == archive.content
         row = await served.store.archive(GID, archive.operation_id)
         assert row is not None and served.server.completed == 1

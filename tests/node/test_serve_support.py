@@ -71,10 +71,14 @@ def parse_answers(data: bytes, *, head: bool = False) -> list[Answer]:
 class RawClient(Protocol):
     """Writes ``request`` bytes, keeps every byte received until the close."""
 
-    def __init__(self, request: bytes, *, read_at_most: int | None = None) -> None:
+    def __init__(
+        self, request: bytes, *, read_at_most: int | None = None, pause_at: int | None = None
+    ) -> None:
         self.request = request
         self.data = bytearray()
         self.read_at_most = read_at_most
+        #: Stop reading once this many bytes came (``reading(True)`` goes on).
+        self.pause_at = pause_at
         self.closed: Deferred[bytes] = Deferred()
 
     def connectionMade(self) -> None:
@@ -86,6 +90,17 @@ class RawClient(Protocol):
         if self.read_at_most is not None and len(self.data) >= self.read_at_most:
             assert self.transport is not None
             self.transport.abortConnection()  # a client that goes away mid-body
+        if self.pause_at is not None and len(self.data) >= self.pause_at:
+            self.reading(False)
+
+    def reading(self, on: bool) -> None:
+        """Read (or stop reading: a client that stalls)."""
+        transport: Any = self.transport
+        if on:
+            self.pause_at = None
+            transport.resumeProducing()
+        else:
+            transport.pauseProducing()
 
     def connectionLost(self, reason: Failure | None = None) -> None:
         self.closed.callback(bytes(self.data))
