@@ -26,6 +26,15 @@ from tasknet.node.commands import BadCommand, CommandHandler
 from tasknet.node.download import DEFAULT_MAX_ARCHIVE_BYTES
 from tasknet.node.paths import DataDir
 from tasknet.node.reporter import Reporter
+from tasknet.node.scrub import (
+    DEFAULT_SCRUB_EVERY,
+    DEFAULT_SCRUB_RATE,
+    SCRUB_EVERY_OPTION,
+    SCRUB_RATE_OPTION,
+    Scrubber,
+    scrub_every_option,
+    scrub_rate_option,
+)
 from tasknet.node.serve import DEFAULT_SERVE_MAX, ArchiveServer, listening_url
 from tasknet.node.serve import IDLE_TIMEOUT as SERVE_IDLE_TIMEOUT
 from tasknet.node.store import NodeStore
@@ -242,6 +251,21 @@ class Options(LogOptions, usage.Options):
             "concurrent archive transfers; past it 503",
             _positive_int("serve-max"),
         ],
+        [
+            "scrub-every",
+            None,
+            SCRUB_EVERY_OPTION,
+            "re-read every held archive at least this often (7d, 12h; seconds) and set "
+            "aside one whose bytes no longer hash to its recorded SHA-256",
+            scrub_every_option,
+        ],
+        [
+            "scrub-rate",
+            None,
+            SCRUB_RATE_OPTION,
+            "the scrub reads at most this many bytes per second (50MB/s, 200MiB/s)",
+            scrub_rate_option,
+        ],
     ]
 
     opt_version = version_option("tasknet-node")
@@ -311,6 +335,8 @@ class NodeService(MultiService):
         serve_url: str | None = None,
         serve_max: int = DEFAULT_SERVE_MAX,
         serve_idle_timeout: float = SERVE_IDLE_TIMEOUT,
+        scrub_every: float = DEFAULT_SCRUB_EVERY,
+        scrub_rate: int = DEFAULT_SCRUB_RATE,
         trust_legacy_site: bool = False,
         max_archive_bytes: int = DEFAULT_MAX_ARCHIVE_BYTES,
         proof_timeout: float | None = None,
@@ -355,6 +381,10 @@ class NodeService(MultiService):
         self.serve_idle_timeout = serve_idle_timeout
         self.archive_server: ArchiveServer | None = None
         self.serve_port: Any = None
+        # --scrub-every, --scrub-rate (tasknet.node.scrub).
+        self.scrub_every = scrub_every
+        self.scrub_rate = scrub_rate
+        self.scrubber: Scrubber | None = None
         self.store: NodeStore | None = None
         self.worker: Worker | None = None
         self.reporter: Reporter | None = None
@@ -445,6 +475,16 @@ class NodeService(MultiService):
         )
         await self._recover()
         await worker.resume_all()
+        self.scrubber = Scrubber(
+            store,
+            self.data,
+            every=self.scrub_every,
+            rate=self.scrub_rate,
+            clock=self.clock,
+            reactor=IReactorFromThreads(self.clock),
+            threads=self.threads,
+        )
+        self.scrubber.setServiceParent(self)  # stopped with the node, before the store
         if self.metrics is not None:  # before dialling: a taken port fails the start
             await self._serve_metrics(self.metrics)
         if self.serve is not None:  # likewise
@@ -648,6 +688,8 @@ def makeService(
         serve_max=options["serve-max"],
         trust_legacy_site=bool(options["trust-legacy-site"]),
         max_archive_bytes=options["max-archive-bytes"],
+        scrub_every=scrub_every_option(options["scrub-every"]),
+        scrub_rate=scrub_rate_option(options["scrub-rate"]),
     )
     node.exit_on_failure = True
     if own_process:
