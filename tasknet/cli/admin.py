@@ -574,6 +574,14 @@ async def _resolve_command(lifecycle: Lifecycle, args: argparse.Namespace, out: 
                 f"refused, nothing changed: {refused.message}: give --note TEXT"
             ) from refused
         raise
+    evidence = await lifecycle.db.read(reconcile.last_evidence, args.gid)
+    if evidence is not None and evidence.get("evidence") == reconcile.EVIDENCE_UNAVAILABLE:
+        why = printable(evidence.get("evidenceError") or "")
+        print(
+            f"warning: the upstream's audit could not be read ({why}): the verdict was taken"
+            " on your note alone, and the audit log says so",
+            file=sys.stderr,
+        )
     if task is None:
         print(f"gid {args.gid}: not submitted; the task was released and the gid is free", file=out)
     else:

@@ -166,6 +166,8 @@ async def test_cli_reads_the_sites_upstream_and_refuses_without_a_note(db_target
             f.path, "resolve", "6004", "submitted", "--note", "the upstream's invoice shows it"
         )
         assert result.returncode == 0, result.stderr
+        assert "warning: the upstream's audit could not be read" in result.stderr
+        assert "on your note alone" in result.stderr
         assert _state(f, 6004) == "SUBMITTED"
         stored = json.loads(
             one(f.path, "SELECT evidence FROM reconciliation_audit WHERE gid = 6004")[0]

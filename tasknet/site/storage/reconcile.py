@@ -263,6 +263,21 @@ def _with_evidence(cursor: sqlite3.Cursor, rows: list[Any]) -> list[dict[str, An
     return result
 
 
+_LAST_EVIDENCE = sql(
+    "SELECT evidence FROM reconciliation_audit WHERE gid = ? ORDER BY id DESC LIMIT 1"
+)
+
+
+def last_evidence(cursor: sqlite3.Cursor, gid: int) -> dict[str, Any] | None:
+    """The evidence the last verdict on ``gid`` was taken on (None: no
+    verdict, or none stored)."""
+    row = cursor.execute(_LAST_EVIDENCE, (gid,)).fetchone()
+    if row is None or row["evidence"] is None:
+        return None
+    evidence = json.loads(row["evidence"])
+    return evidence if isinstance(evidence, dict) else None
+
+
 def _last_verdict(cursor: sqlite3.Cursor, gid: int) -> sqlite3.Row | None:
     row: sqlite3.Row | None = cursor.execute(_LAST_VERDICT, (gid,)).fetchone()
     return row
