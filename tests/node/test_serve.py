@@ -5,15 +5,22 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Iterator
 from pathlib import Path
 
+import pytest
 import pytest_twisted
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
+from twisted.internet import reactor
+from twisted.internet.task import Clock
 from twisted.logger import globalLogPublisher
+from twisted.web.test.requesthelper import DummyRequest
 
+from tasknet.node.paths import DataDir
 from tasknet.node.serve import (
     NAME_CAP,
+    ArchiveServer,
     BadLink,
     Health,
     LinkParams,
@@ -22,7 +29,9 @@ from tasknet.node.serve import (
     parse_range,
     parse_target,
 )
+from tasknet.node.store import NodeStore
 from tasknet.protocol.archive_links import ArchiveLink, link_key, sign_link, verify_link
+from tasknet.runtime import RealThreadPools
 from tasknet.weblog import ACCESS_NAMESPACE
 from tests.node.test_serve_support import NOW, USER, Answer, content_of, serving
 from tests.protocol.vectors import VECTORS
@@ -354,6 +363,7 @@ def test_download_names() -> None:
     )
 
 
+@settings(deadline=None)  # no wall-clock limit on a shared machine
 @given(st.text(max_size=400), st.integers(1, 2**63 - 1))
 def test_download_names_are_always_safe(name: str, gid: int) -> None:
     fallback, encoded = download_names(name, gid)
@@ -364,6 +374,7 @@ def test_download_names_are_always_safe(name: str, gid: int) -> None:
     assert not fallback.startswith((".", " "))
 
 
+@settings(max_examples=500, deadline=None)
 @given(st.binary(max_size=300))
 def test_parse_target_never_raises(uri: bytes) -> None:
     target = parse_target(uri)
@@ -384,6 +395,7 @@ _QUERY = st.lists(
 )
 
 
+@settings(max_examples=500, deadline=None)
 @given(st.lists(_SEGMENT, max_size=5), _QUERY)
 def test_parse_target_on_link_like_uris(segments: list[str], query: list[tuple[str, str]]) -> None:
     uri = ("/" + "/".join(segments) + "?" + "&".join(f"{k}={v}" for k, v in query)).encode(
@@ -397,6 +409,7 @@ def test_parse_target_on_link_like_uris(segments: list[str], query: list[tuple[s
         assert target.gid > 0 and 0 <= target.user < 2**63 and 0 <= target.exp < 2**63
 
 
+@settings(deadline=None)
 @given(st.binary(max_size=60), st.integers(0, 10**12))
 def test_parse_range_never_raises_but_unsatisfiable(header: bytes, size: int) -> None:
     try:
@@ -445,3 +458,45 @@ async def test_the_access_line_leaves_the_link_signature_out(tmp_path: Path) -> 
     (line,) = lines
     assert f"/archives/{GID}/op-{GID}?exp={link.exp}&user={USER}&sig=*** HTTP/1.1" in line
     assert link.sig not in line
+
+
+@pytest.fixture(scope="module")
+def idle_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ArchiveServer]:
+    """An endpoint over an empty store, for answers that never reach it."""
+    data = DataDir(tmp_path_factory.mktemp("fuzz") / "node")
+    store = NodeStore(data, reactor=reactor, clock=Clock(), threads=RealThreadPools())
+    yield ArchiveServer(store, data, "fuzz secret", clock=Clock())
+    store.close()
+
+
+_TARGETS = st.one_of(
+    st.binary(max_size=200),
+    st.builds(
+        lambda segments, query: ("/" + "/".join(segments) + "?" + query).encode(
+            "utf-8", "surrogatepass"
+        ),
+        st.lists(_SEGMENT, max_size=5),
+        st.text(max_size=120),
+    ),
+)
+
+
+_METHODS = st.sampled_from([b"GET", b"HEAD", b"POST", b"PUT", b"DELETE", b"OPTIONS", b"BREW"])
+
+
+@settings(max_examples=400, deadline=None)
+@given(_TARGETS, _METHODS)
+def test_any_request_target_gets_a_small_json_4xx(
+    idle_server: ArchiveServer, uri: bytes, method: bytes
+) -> None:
+    request = DummyRequest([])
+    request.uri, request.method = uri, method
+    body = idle_server.render(request)
+    assert isinstance(body, bytes)  # answered at once: no store work for a bad link
+    if uri.partition(b"?")[0] == b"/healthz" and method == b"GET":
+        assert request.responseCode in (None, 200)
+        return
+    assert request.responseCode in (403, 404, 405)
+    error = json.loads(body)["error"]
+    assert error["code"] in ("link_invalid", "not_found", "method_not_allowed")
+    assert idle_server.transfers == 0
