@@ -2,10 +2,12 @@
 
 :func:`send_file_range` writes the response's headers, then
 ``[offset, offset + length)`` of the file, then finishes the request; its
-Deferred fires ``True`` once every byte went to the socket, ``False`` when
-the transfer ended early (the client went away, stalled for
-``idle_timeout`` seconds, or the file turned out shorter than said).
-Either way the file is closed when it fires: the caller frees its slot then.
+Deferred fires with the :class:`Outcome`: ``SENT`` once every byte went to
+the socket, ``CUT`` when the client went away or stalled for
+``idle_timeout`` seconds, ``SHORT`` when the file ended before the range
+did (the connection is aborted: a client never takes a short body for a
+whole one).  Either way the file is closed when it fires: the caller frees
+its slot then.
 
 * **Plain TCP** (the transport is Twisted's own socket connection, no TLS):
   the kernel copies the bytes (``os.sendfile``), never through Python.  The
@@ -29,6 +31,7 @@ being answered, so a sender keeps its own: no progress for
 
 from __future__ import annotations
 
+import enum
 import errno
 import os
 from collections.abc import Callable
@@ -47,7 +50,7 @@ from twisted.logger import Logger
 from twisted.web.server import Request
 from zope.interface import implementer
 
-__all__ = ["BLOCK", "kernel_sendable", "send_file_range"]
+__all__ = ["BLOCK", "Outcome", "kernel_sendable", "send_file_range"]
 
 log = Logger()
 
@@ -55,6 +58,15 @@ log = Logger()
 BLOCK = 256 * 1024
 #: Bytes sent per reactor turn before letting other connections run.
 TURN = 4 * 1024 * 1024
+
+
+class Outcome(enum.Enum):
+    """How a transfer ended."""
+
+    SENT = "sent"
+    CUT = "cut"
+    SHORT = "short"
+
 
 _GONE = (errno.EPIPE, errno.ECONNRESET, errno.ENOTCONN, errno.ESHUTDOWN, errno.EBADF)
 
@@ -78,7 +90,7 @@ def send_file_range(
     clock: IReactorTime,
     idle_timeout: float,
     on_progress: Callable[[int], None] = lambda sent: None,
-) -> Deferred[bool]:
+) -> Deferred[Outcome]:
     """Send the response's headers and ``length`` bytes of ``file`` from
     ``offset``, then finish ``request`` (module doc); the file is closed
     when the Deferred fires.  ``on_progress(n)``: ``n`` more body bytes
@@ -107,14 +119,14 @@ class _Sender:
         self.remaining = length
         self.clock = clock
         self.idle_timeout = idle_timeout
-        self.done: Deferred[bool] = Deferred()
+        self.done: Deferred[Outcome] = Deferred()
         self._idle: IDelayedCall | None = None
         self._ended = False
 
-    def start(self) -> Deferred[bool]:
+    def start(self) -> Deferred[Outcome]:
         self._idle = self.clock.callLater(self.idle_timeout, self._stalled)
         # The client may go while the body is being sent: stop then.
-        self.request.notifyFinish().addErrback(lambda _: self._end(False))
+        self.request.notifyFinish().addErrback(lambda _: self._end(Outcome.CUT))
         self._begin()
         return self.done
 
@@ -138,13 +150,13 @@ class _Sender:
         )
         self._abort()
 
-    def _abort(self) -> None:
+    def _abort(self, outcome: Outcome = Outcome.CUT) -> None:
         transport: Any = self.request.channel.transport if self.request.channel else None
-        self._end(False)
+        self._end(outcome)
         if transport is not None:
             transport.abortConnection()
 
-    def _end(self, complete: bool) -> None:
+    def _end(self, outcome: Outcome) -> None:
         if self._ended:
             return
         self._ended = True
@@ -155,9 +167,10 @@ class _Sender:
         try:
             self.file.close()
         finally:
-            if complete and not self.request.finished and not self.request._disconnected:
+            sent = outcome is Outcome.SENT
+            if sent and not self.request.finished and not self.request._disconnected:
                 self.request.finish()
-            self.done.callback(complete)
+            self.done.callback(outcome)
 
     def _detach(self) -> None:
         """Stop being anyone's producer."""
@@ -211,13 +224,12 @@ class _KernelSender(_Sender):
             if sent == 0:
                 # The file ends before the range does: never claim a whole
                 # transfer; the client sees a short body and retries.
-                log.error("archive file shorter than its recorded size; transfer cut")
-                self._abort()
+                self._abort(Outcome.SHORT)
                 return
             sent_this_turn += sent
             self._progress(sent)
         if self.remaining == 0:
-            self._end(True)
+            self._end(Outcome.SENT)
             return
         # Socket full (or this turn's share sent): doWrite resumes us when
         # it can take more.
@@ -226,7 +238,7 @@ class _KernelSender(_Sender):
     def stopProducing(self) -> None:
         # The transport lost its connection (it unregisters us itself).
         self._registered = False
-        self._end(False)
+        self._end(Outcome.CUT)
 
     def _detach(self) -> None:
         if self._registered:
@@ -264,14 +276,13 @@ class _ReadSender(_Sender):
                 return
             data = self.file.read(min(self.remaining, BLOCK))
             if not data:
-                log.error("archive file shorter than its recorded size; transfer cut")
-                self._abort()
+                self._abort(Outcome.SHORT)
                 return
             blocks += 1
             self._progress(len(data))
             self.request.write(data)
         if not self._ended and self.remaining == 0:
-            self._end(True)
+            self._end(Outcome.SENT)
 
     def pauseProducing(self) -> None:
         self._paused = True
@@ -284,7 +295,7 @@ class _ReadSender(_Sender):
             self._produce()
 
     def stopProducing(self) -> None:
-        self._end(False)
+        self._end(Outcome.CUT)
 
     def _detach(self) -> None:
         if self._scheduled is not None and self._scheduled.active():

@@ -52,7 +52,7 @@ from twisted.web.resource import Resource
 from zope.interface import provider
 
 from tasknet.node.paths import DataDir
-from tasknet.node.sendfile import send_file_range
+from tasknet.node.sendfile import Outcome, send_file_range
 from tasknet.node.store import ArchiveRow, NodeStore
 from tasknet.protocol.archive_links import link_key, verify_link
 from tasknet.protocol.messages import IDENTIFIER_MAX
@@ -440,7 +440,7 @@ class ArchiveServer:
                 request.finish()
                 return row if send_body and status in (200, 206) else None
             handed_over = True  # the sender closes the file
-            complete = await send_file_range(
+            outcome = await send_file_range(
                 request,
                 file,
                 first,
@@ -449,7 +449,10 @@ class ArchiveServer:
                 idle_timeout=self.idle_timeout,
                 on_progress=self._sent,
             )
-            return row if complete else None
+            if outcome is Outcome.SHORT:
+                # Shortened on disk since it was opened: never served again.
+                await self.store.set_aside(row.gid, row.operation_id, "shorter than recorded")
+            return row if outcome is Outcome.SENT else None
         finally:
             if not handed_over:
                 file.close()

@@ -97,3 +97,24 @@ async def test_a_client_gone_mid_body_frees_the_slot_and_the_file(
         # And the next client is served whole.
         again = await served.get(served.link(GID).path)
         assert hashlib.sha256(again.body).hexdigest() == archive.sha256
+
+
+@pytest.mark.parametrize("tls", [False, True], ids=["tcp", "tls"])
+@pytest_twisted.ensureDeferred
+async def test_a_file_shortened_while_sent_is_cut_and_set_aside(tmp_path: Path, tls: bool) -> None:
+    async with serving(tmp_path, tls=tls) as served:
+        size = 64 * 1024 * 1024
+        archive = await served.hold(GID, content_of(size))
+        path = served.data.archive_file(archive.row)
+        client = await served.client(request_bytes(served.link(GID).path), pause_at=1)
+        await eventually(lambda: served.server.bytes_sent > 0, what="the transfer under way")
+        os.truncate(path, size // 2)  # far past what the buffers took so far
+        assert served.server.bytes_sent < size // 2
+        client.reading(True)
+        received = await client.closed
+        assert len(received) < size  # the client sees a short body, never a whole one
+        await eventually(lambda: served.server.transfers == 0, what="the slot freed")
+        assert served.server.completed == 0
+        assert await served.store.archive(GID, archive.operation_id) is None
+        assert (served.data.corrupt / path.name).stat().st_size == size // 2
+        assert open_files_of(served.data.corrupt / path.name) == 0
