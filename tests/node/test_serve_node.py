@@ -10,14 +10,17 @@ import pytest
 import pytest_twisted
 import treq
 from twisted.internet import reactor
+from twisted.internet.endpoints import TCP4ServerEndpoint
 from twisted.python import usage
 from twisted.web.client import HTTPConnectionPool
+from twisted.web.resource import Resource
+from twisted.web.server import Site
 
 from tasknet.node.serve import DEFAULT_SERVE_MAX, derived_serve_url
 from tasknet.node.service import NodeService, Options, makeService
 from tasknet.protocol.archive_links import ArchiveLink, link_key
 from tasknet.protocol.messages import ProtocolHello
-from tests.node.harness import SECRET, logged_in_node
+from tests.node.harness import SECRET, logged_in_node, start_node
 from tests.node.site_peer import ScriptedSite
 from tests.node.test_serve_support import content_of
 from tests.tls_certs import make_ca, make_site_cert
@@ -150,3 +153,18 @@ async def test_a_real_node_serves_a_link_signed_with_its_secret(tmp_path: Path) 
     finally:
         await pool.closeCachedConnections()
         await site.stop()
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_taken_serve_port_fails_the_start(tmp_path: Path) -> None:
+    taken = await TCP4ServerEndpoint(reactor, 0, interface="127.0.0.1").listen(Site(Resource()))
+    site = ScriptedSite(SECRET)
+    await site.listen()
+    try:
+        endpoint = f"tcp:{taken.getHost().port}:interface=127.0.0.1"
+        with pytest.raises(Exception, match="Address already in use|Couldn't listen"):
+            await start_node(site, tmp_path / "node", serve=endpoint)
+        assert site.logins == 0  # it never dialled the site
+    finally:
+        await site.stop()
+        await taken.stopListening()
