@@ -286,6 +286,8 @@ class SitePart:
     link_refused: dict[str, int] = field(default_factory=dict)
     skipped: str | None = None
     stream_error: str | None = None
+    #: The site's database, in words (its size and where it came from).
+    database: str = ""
     notes: list[str] = field(default_factory=list)
 
 
@@ -300,6 +302,36 @@ def completed_gids(path: str, node: str, limit: int) -> list[int]:
     finally:
         connection.close()
     return [int(r[0]) for r in rows]
+
+
+#: Without B9's million-task database in the cache, a run seeds this many
+#: instead (seeding a million takes from 15 minutes to an hour here).
+STAND_IN_TASKS = 20_000
+
+
+def link_database(ctx: Context) -> tuple[viewseed.ViewSizes, str]:
+    """B9's database for the site part: its full size when the cache holds
+    it (B9 ran before, as in ``python -m bench all``) or B9's size is set
+    (``TASKNET_BENCH_B9_TASKS``); else a small one of the same shape, and
+    the note saying so."""
+    full = viewseed.ViewSizes.of(ctx.quick)
+    if ctx.quick or os.environ.get(viewseed.TASKS_ENV):
+        return full, ""
+    cached = ctx.cache is not None and (ctx.cache / f"{viewseed.cache_key(full)}.sqlite").exists()
+    if cached:
+        return full, ""
+    stand_in = viewseed.ViewSizes(
+        tasks=STAND_IN_TASKS,
+        users=20,
+        heavy_tasks=STAND_IN_TASKS // 10,
+        nodes=20,
+        history_minutes=60,
+    )
+    return stand_in, (
+        f"B9's {full.tasks:,}-task database is not in the cache: a {STAND_IN_TASKS:,}-task one"
+        " of the same shape instead (run B9 first, e.g. python -m bench B9 B11, for the"
+        " link figure at full size)"
+    )
 
 
 def make_held(path: str, gid: int, size: int, sha256: str) -> str:
@@ -341,7 +373,14 @@ def via_site(
     ctx: Context, directory: Path, archive: Path, sha256: str, sizes: Sizes, nginx: Server | None
 ) -> SitePart:
     part = SitePart()
-    seed = viewseed.prepare(directory, viewseed.ViewSizes.of(ctx.quick), ctx.cache)
+    view_sizes, why = link_database(ctx)
+    if why:
+        part.notes.append(why)
+    seed = viewseed.prepare(directory, view_sizes, ctx.cache)
+    part.database = (
+        f"a site on B9's database of {seed.sizes.tasks:,} tasks"
+        f" ({'from the cache' if seed.from_cache else 'seeded now'})"
+    )
     gids = completed_gids(seed.path, NODE_ID, sizes.link_samples + 1)
     if not gids:
         part.skipped = f"no completed task of {NODE_ID} in the seeded database"
@@ -407,9 +446,7 @@ def via_site(
         part.rates = results["site"]
         part.nginx_rates = results.get("nginx")
         part.notes.append(
-            f"site CPU {cpu_per_gib(streamed) or 0:.2f} s per GiB streamed;"
-            f" database {seed.sizes.tasks} tasks"
-            f" ({'from the cache' if seed.from_cache else 'seeded now'})"
+            f"site CPU {cpu_per_gib(streamed) or 0:.2f} s per GiB streamed; {part.database}"
         )
     finally:
         if node is not None:
@@ -551,5 +588,7 @@ def _link_row(link_row: Row, part: SitePart) -> None:
         f"{len(part.link_ms)} link issues (GET /api/tasks/{{gid}}/archive, Accept:"
         " application/json, admin token), one client, a new connection each (urllib)"
         + (f"; not answered 200: {part.link_refused}" if part.link_refused else "")
+        + f"; {part.database}"
     )
+    link_row.notes.extend(note for note in part.notes if "not in the cache" in note)
     link_row.met = link_row.figure is not None and link_row.figure < TARGET_LINK_P99_MS
