@@ -82,8 +82,9 @@ HEADER_TIMEOUT = 30.0
 IDLE_TIMEOUT = 60.0
 #: Bytes of request body accepted (GET and HEAD have none worth reading).
 MAX_BODY = 16 * 1024
-#: Characters of the task's name kept in the download's file name.
-NAME_CAP = 150
+#: UTF-8 bytes of the task's name kept in the download's file name (file
+#: systems take 255 bytes a name: room for ``.zip`` and a ``.part``).
+NAME_CAP = 200
 
 _DECIMAL = re.compile(rb"0|[1-9][0-9]{0,18}")
 _SIG = re.compile(r"[0-9a-f]{64}")
@@ -218,7 +219,7 @@ def download_names(name: str, gid: int) -> tuple[str, str]:
     """The archive's file name for ``Content-Disposition``: its ASCII
     fallback and its RFC 5987 ``UTF-8''`` value.  The task's name with no
     path separator, control character, quote or other character file
-    systems refuse, at most :data:`NAME_CAP` characters, ``.zip`` added;
+    systems refuse, at most :data:`NAME_CAP` bytes of UTF-8, ``.zip`` added;
     the gid when nothing is left."""
     text = unicodedata.normalize("NFC", name)
     text = "".join(" " if unicodedata.category(ch)[0] in "CZ" else ch for ch in text)
@@ -226,7 +227,7 @@ def download_names(name: str, gid: int) -> tuple[str, str]:
     text = " ".join(text.split()).strip(". ")
     if text.lower().endswith(".zip"):
         text = text[:-4].rstrip(". ")
-    text = text[:NAME_CAP].rstrip(". ") or str(gid)
+    text = text.encode("utf-8")[:NAME_CAP].decode("utf-8", "ignore").rstrip(". ") or str(gid)
     full = text + ".zip"
     fallback = "".join(ch if " " <= ch <= "~" else "_" for ch in full)
     return fallback, quote(full, safe=_ATTR_CHAR_SAFE)

@@ -7,6 +7,7 @@ import hashlib
 import json
 from collections.abc import Iterator
 from pathlib import Path
+from urllib.parse import unquote
 
 import pytest
 import pytest_twisted
@@ -369,6 +370,7 @@ def test_download_names_are_always_safe(name: str, gid: int) -> None:
     fallback, encoded = download_names(name, gid)
     assert fallback.endswith(".zip") and fallback.isascii()
     assert len(fallback) <= NAME_CAP + 4
+    assert len(unquote(encoded).encode("utf-8")) <= NAME_CAP + 4
     assert not set(fallback) & set('/\\"%;') and all(" " <= ch <= "~" for ch in fallback)
     assert encoded.isascii() and all(ch.isalnum() or ch in "%!#$&+-.^_`|~" for ch in encoded)
     assert not fallback.startswith((".", " "))
@@ -500,3 +502,10 @@ def test_any_request_target_gets_a_small_json_4xx(
     error = json.loads(body)["error"]
     assert error["code"] in ("link_invalid", "not_found", "method_not_allowed")
     assert idle_server.transfers == 0
+
+
+def test_a_long_name_is_cut_to_what_file_systems_take() -> None:
+    fallback, encoded = download_names("東" * 300, 1)
+    assert len(unquote(encoded).encode("utf-8")) <= 255 - len(".part")
+    assert unquote(encoded) == "東" * (NAME_CAP // 3) + ".zip"
+    assert fallback == "_" * (NAME_CAP // 3) + ".zip"
