@@ -576,6 +576,8 @@ def run(ctx: Context) -> list[Row]:
         site_row.baseline_label = "the same nginx, same clients, same run"
         site_row.details["nginx"] = part.nginx_rates
         site_row.met = (site_row.ratio or 0) >= TARGET_SITE
+    else:
+        site_row.notes.append("nginx is not installed: no baseline (apt-get install nginx-light)")
     return rows
 
 
