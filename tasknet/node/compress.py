@@ -18,6 +18,7 @@ import hashlib
 import io
 import os
 import threading
+import time
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -80,10 +81,29 @@ class HashingWriter:
         return self._hash.hexdigest()
 
 
+#: The earliest time a zip entry can carry.
+_ZIP_EPOCH = (1980, 1, 1, 0, 0, 0)
+
+
+def zip_date_time(seconds: float) -> tuple[int, int, int, int, int, int]:
+    """A zip entry's local date and time for Unix ``seconds`` (1980 at the earliest)."""
+    stamp = time.localtime(seconds)[:6]
+    return max(stamp, _ZIP_EPOCH)
+
+
 def build_archive(
-    source: Path, tmp: Path, final: Path, member: str, abort: threading.Event
+    source: Path,
+    tmp: Path,
+    final: Path,
+    member: str,
+    abort: threading.Event,
+    modified: float | None = None,
 ) -> BuiltArchive:
-    """Zip ``source`` as ``member`` into ``final``; return its size and SHA-256."""
+    """Zip ``source`` as ``member`` into ``final``; return its size and SHA-256.
+
+    ``modified`` (Unix seconds) dates the member, by default the source's
+    mtime; the worker gives its clock's time, so the same run on the same
+    clock gives the same bytes (and digest)."""
     try:
         with open(tmp, "wb") as file:
             out = HashingWriter(file)
@@ -92,6 +112,8 @@ def build_archive(
                 zip_out, "w", zipfile.ZIP_DEFLATED, compresslevel=COMPRESS_LEVEL
             ) as zf:
                 info = zipfile.ZipInfo.from_file(source, member)
+                if modified is not None:
+                    info.date_time = zip_date_time(modified)
                 info.compress_type = zipfile.ZIP_DEFLATED
                 with open(source, "rb") as src, zf.open(info, "w", force_zip64=True) as dst:
                     while block := src.read(BLOCK):

@@ -380,6 +380,7 @@ class Worker:
                     final,
                     member_name(task),
                     job.abort,
+                    self.clock.seconds(),
                 )
                 try:
                     # Cancelling the job must not forget the thread: cancel()

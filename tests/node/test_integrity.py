@@ -117,3 +117,50 @@ async def test_a_legacy_status_report_never_carries_them(tmp_path: Path) -> None
     assert node_rows(data, "SELECT size, sha256 FROM archive") == [
         (archive.stat().st_size, sha256_of(archive))
     ]
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_new_generation_replaces_the_held_archive(tmp_path: Path) -> None:
+    data = tmp_path / "node"
+    async with running(tmp_path) as (site, up):
+        async with logged_in_node(site, data):
+            site.download("op-1", GID, up.file_url(GID))
+            await eventually(
+                lambda: (
+                    node_rows(data, "SELECT operation_id FROM archive") == [("op-1",)]
+                    and not node_rows(data, "SELECT * FROM task")
+                ),
+                what="op-1 held and ACKed",
+            )
+            # The task row of op-1 is gone; its archive still makes op-2 a new
+            # generation, whose start removes op-1's file.
+            site.download("op-2", GID, up.file_url(GID))
+            await eventually(
+                lambda: node_rows(data, "SELECT operation_id FROM archive") == [("op-2",)],
+                what="op-2 held",
+            )
+    [archive] = (data / "archives").iterdir()
+    assert node_rows(data, "SELECT file, sha256 FROM archive") == [
+        (archive.name, sha256_of(archive))
+    ]
+
+
+def test_the_same_source_and_time_give_the_same_digest(tmp_path: Path) -> None:
+    source = tmp_path / "source.part"
+    source.write_bytes(SOURCES["small"])
+    built = [
+        build_archive(
+            source, tmp_path / f"{n}.tmp", tmp_path / f"{n}.zip", MEMBER, threading.Event(), 0.0
+        )
+        for n in ("a", "b")
+    ]
+    os.utime(source, (1_900_000_000, 1_900_000_000))  # the file's own time does not count
+    built.append(
+        build_archive(
+            source, tmp_path / "c.tmp", tmp_path / "c.zip", MEMBER, threading.Event(), 0.0
+        )
+    )
+    assert len({b.sha256 for b in built}) == 1
+    with zipfile.ZipFile(tmp_path / "a.zip") as zf:
+        # Unix time 0 is before zip's epoch: the earliest date a zip can carry.
+        assert zf.getinfo(MEMBER).date_time == (1980, 1, 1, 0, 0, 0)
