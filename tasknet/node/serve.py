@@ -304,7 +304,7 @@ _ERRORS: dict[str, tuple[int, str]] = {
     "not_found": (404, "nothing is served here"),
     "method_not_allowed": (405, "method not allowed"),
     "busy": (503, "too many transfers at once; try again"),
-    "internal": (500, "internal error"),
+    "unavailable": (503, "the archive cannot be read now; try again"),
 }
 
 
@@ -315,7 +315,7 @@ def _answer_error(request: server.Request, code: str) -> bytes:
     request.setHeader(b"Content-Type", b"application/json")
     request.setHeader(b"Cache-Control", b"no-store")
     request.setHeader(b"Content-Length", b"%d" % len(body))
-    if code == "busy":
+    if code in ("busy", "unavailable"):
         request.setHeader(b"Retry-After", b"1")
     return body
 
@@ -404,9 +404,11 @@ class ArchiveServer:
         return server.NOT_DONE_YET
 
     def _failed(self, failure: Any, request: server.Request) -> None:
+        # The store could not be read (or a bug): logged, and the client
+        # told to retry, not given a 500.
         log.failure("answering an archive link failed", failure)
         if not request.startedWriting and not request.finished and not request._disconnected:
-            request.write(_answer_error(request, "internal"))
+            request.write(_answer_error(request, "unavailable"))
             request.finish()
 
     async def _answer(self, request: server.Request, link: LinkParams, slot: bool) -> None:

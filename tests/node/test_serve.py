@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import unquote
@@ -509,3 +510,16 @@ def test_a_long_name_is_cut_to_what_file_systems_take() -> None:
     assert len(unquote(encoded).encode("utf-8")) <= 255 - len(".part")
     assert unquote(encoded) == "東" * (NAME_CAP // 3) + ".zip"
     assert fallback == "_" * (NAME_CAP // 3) + ".zip"
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_store_that_cannot_be_read_is_503_not_500(tmp_path: Path) -> None:
+    async with serving(tmp_path) as served:
+        await served.hold(GID, content_of(100))
+        with sqlite3.connect(served.data.database) as db:  # a damaged database
+            db.execute("DROP TABLE archive")
+        answer = await served.get(served.link(GID).path)
+        assert answer.status == 503
+        assert answer.header("retry-after") == "1"
+        assert error_code(answer) == "unavailable"
+        assert served.server.transfers == 0
