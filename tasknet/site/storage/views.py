@@ -527,6 +527,11 @@ _CURSOR = re.compile(r"([^~\x00-\x1f]{1,64})~([0-9]{1,10})")
 # ``key~gid`` of the keyed orders: an integer (size, status) or a number.
 _KEY_CURSOR = re.compile(r"(-?[0-9]{1,20}(?:\.[0-9]{1,20})?(?:[eE]-?[0-9]{1,3})?)~([0-9]{1,10})")
 
+#: The bounds of an integer key in ``after`` (``order=size``/``status``):
+#: a signed 64-bit integer, what both engines store and bind.
+CURSOR_KEY_MIN = -(2**63)
+CURSOR_KEY_MAX = 2**63 - 1
+
 Cursor = str | int | tuple[float, int] | tuple[int, int]
 
 
@@ -569,7 +574,15 @@ def parse_cursor(order: Order, text: str) -> Cursor:
         if order is not Order.PROGRESS:  # size, status: integer keys
             if not re.fullmatch(r"-?[0-9]{1,20}", found.group(1)):
                 raise ValueError("'after' must be the 'next' of the previous page")
-            return (int(found.group(1)), int(found.group(2)))
+            whole = int(found.group(1))
+            # SQLite binds only signed 64-bit integers (a wider one is an
+            # OverflowError, a 500); no stored key is outside them anyway.
+            if not CURSOR_KEY_MIN <= whole <= CURSOR_KEY_MAX:
+                raise ValueError(
+                    f"for order={order.value}, the key of 'after' must be between"
+                    f" {CURSOR_KEY_MIN} and {CURSOR_KEY_MAX}"
+                )
+            return (whole, int(found.group(2)))
         return (key, int(found.group(2)))
     if _CURSOR.fullmatch(text) is None:
         raise ValueError("'after' must be the 'next' of the previous page")
