@@ -251,7 +251,9 @@ def remove_user(cursor: sqlite3.Cursor, name: str) -> User:
     tasks first, or disable it.  What goes with it: its sessions, its
     favourites and its weekly usage rows; its ``DELETED`` tombstones stay,
     owned by nobody (so their gids stay settled), and the throughput history
-    keeps its numbers.  Returns the user as it was."""
+    keeps its numbers under the removed id, which names no one from then on:
+    ids are never given twice (schema v12's ``user_id_high``), so only the
+    admin's site-wide totals count them.  Returns the user as it was."""
     user = _existing(cursor, name)
     live = live_task_count(cursor, user.id)
     if live:

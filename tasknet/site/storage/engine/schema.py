@@ -55,7 +55,9 @@ V10_SCRIPT = "migrate_v10.sql"  # the search's trigram table answers exactly (is
 V10_POSTGRES_SCRIPT = "migrate_v10_postgres.sql"
 V11_SCRIPT = "migrate_v11.sql"  # a completed task's archive size and SHA-256 (DELIVERY.md)
 V11_POSTGRES_SCRIPT = "migrate_v11_postgres.sql"
-CURRENT_VERSION = 11
+V12_SCRIPT = "migrate_v12.sql"  # a user id is never given twice (issue 38)
+V12_POSTGRES_SCRIPT = "migrate_v12_postgres.sql"
+CURRENT_VERSION = 12
 
 # Scripts that take a database from the version before them to their own.
 # v3 is additive (new tables and columns only), so the site applies it by
@@ -71,6 +73,7 @@ UPGRADES = {
     9: V9_SCRIPT,
     10: V10_SCRIPT,
     11: V11_SCRIPT,
+    12: V12_SCRIPT,
 }
 AUTOMATIC_FROM = 2
 
@@ -87,6 +90,7 @@ UPGRADES_POSTGRES = {
     9: V9_POSTGRES_SCRIPT,
     10: V10_POSTGRES_SCRIPT,
     11: V11_POSTGRES_SCRIPT,
+    12: V12_POSTGRES_SCRIPT,
 }
 
 #: What one engine has and the other has not (v6's search indexes), left
