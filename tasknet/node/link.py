@@ -36,6 +36,7 @@ the next site, with the same backoff between attempts.
 from __future__ import annotations
 
 import ipaddress
+import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -99,6 +100,8 @@ log = Logger()
 
 #: Seconds after an accepted LoginResult by which the site's SiteProof must be in.
 PROOF_TIMEOUT = 10.0
+#: The only Identity.nonce the node signs (PROTOCOL.md: 32 hex characters).
+SITE_NONCE = re.compile(r"[0-9a-fA-F]{32}")
 #: The features a v2 node announces in its Hello.
 NODE_FEATURES = (FEATURE_RELIABLE, FEATURE_SITE_PROOF)
 
@@ -174,6 +177,15 @@ class SiteLink(PeerProtocol):
         if type(message) is Identity:
             if self._logged_in:
                 self.sendError("protocol_violation", "a second Identity")
+                return
+            if not SITE_NONCE.fullmatch(message.nonce):
+                # Signed as is, another shape of nonce could make our Login
+                # equal some other HMAC of this secret (a SiteProof: issue 38).
+                self.sendError(
+                    "bad_message",
+                    f"Identity.nonce must be 32 hex characters (PROTOCOL.md); got "
+                    f"{len(message.nonce)} characters: {message.nonce[:40]!r}",
+                )
                 return
             self._logged_in = True
             self._site_name = message.name

@@ -101,19 +101,19 @@ class Dialler:
         self.transport = StringTransport(peerAddress=IPv4Address("TCP", host, port))
         self.protocol = factory.buildProtocol(IPv4Address("TCP", host, port))
         self.protocol.makeConnection(self.transport)
-        self.protocol.dataReceived(encode(Identity(site, "nonce")) + encode(ProtocolHello()))
+        self.protocol.dataReceived(encode(Identity(site, "0" * 32)) + encode(ProtocolHello()))
 
     def answer_login(self, accepted: bool) -> None:
         assert self.transport is not None
         login = [m for m in frames(self.transport.value()) if isinstance(m, Login)][-1]
-        assert verify_login(SECRET, "nonce", login.node_id, login.signature)
+        assert verify_login(SECRET, "0" * 32, login.node_id, login.signature)
         self.protocol.dataReceived(encode(LoginResult(accepted, "" if accepted else "bad key")))
 
     def prove(self) -> None:
         """Answer the node's NodeChallenge with the site's proof."""
         assert self.transport is not None
         [challenge] = [m for m in frames(self.transport.value()) if isinstance(m, NodeChallenge)]
-        proof = sign_site_proof(SECRET, challenge.nonce, "nonce", "node-1")
+        proof = sign_site_proof(SECRET, challenge.nonce, "0" * 32, "node-1")
         self.protocol.dataReceived(encode(SiteProof(proof)))
 
     def log_in(self, site: str) -> None:

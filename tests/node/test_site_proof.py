@@ -212,7 +212,7 @@ def legacy_login(*, tls: bool, dialled_tls: bool) -> tuple[NodeRecorder, StringT
         directlyProvides(transport, ISSLTransport)
     link: Any = factory.buildProtocol(None)
     link.makeConnection(transport)
-    link.dataReceived(encode(Identity("legacy", "nonce")) + encode(LoginResult(True, "")))
+    link.dataReceived(encode(Identity("legacy", "0" * 32)) + encode(LoginResult(True, "")))
     return node, transport
 
 
@@ -237,7 +237,7 @@ def test_the_legacy_emulation_never_challenges() -> None:
     link: Any = factory.buildProtocol(None)
     link.makeConnection(transport)
     link.dataReceived(
-        encode(Identity("site", "nonce")) + encode(ProtocolHello()) + encode(LoginResult(True, ""))
+        encode(Identity("site", "0" * 32)) + encode(ProtocolHello()) + encode(LoginResult(True, ""))
     )
     assert node.kinds() == ["up"]
     assert [type(m) for m in frames(transport.value())] == [Login]
