@@ -48,7 +48,7 @@ from tasknet.runtime import (
     SystemEntropy,
     freeze_startup_heap,
 )
-from tasknet.startup import exit_after_stop
+from tasknet.startup import exit_after_stop, keep_files_private
 from tasknet.version import version_option
 
 log = Logger()
@@ -664,6 +664,10 @@ def makeService(
     on twistd's reactor, real threads and the OS's entropy unless given
     others (the simulation's).  The node's only defaults are these."""
     own_process = reactor is None
+    # Under twistd: umask 077 before anything is created (node.sqlite and its
+    # -wal/-shm, archives, partial files, corrupt/, the log): the node's own
+    # endpoint serves its archives, no other reader needs them (issue 38).
+    keep_files_private("tasknet-node")
     if reactor is None:
         from twisted.internet import reactor as global_reactor
 
