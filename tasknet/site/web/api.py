@@ -414,7 +414,9 @@ class SiteApi:
     @endpoint
     async def bulk_tasks(self, request: Request) -> Reply:
         """Delete or retry many tasks: each gid as its single operation
-        would answer, in the order given (``results``)."""
+        would answer, in the order first given (``results``); a repeated gid
+        is acted on once (one command to its node), and ``duplicates`` says
+        how many repeats were dropped."""
         user = await self._user(request)
         document = json_body(request)
         action = document.get("action")
@@ -430,8 +432,9 @@ class SiteApi:
             if isinstance(gid, str):
                 raise ApiError("invalid_request", "each of 'gids' must be a JSON integer")
             numbers.append(parse_gid(gid))
-        results = [await self._bulk_one(user, action, number) for number in numbers]
-        return 200, {"results": results}
+        distinct = list(dict.fromkeys(numbers))
+        results = [await self._bulk_one(user, action, number) for number in distinct]
+        return 200, {"results": results, "duplicates": len(numbers) - len(distinct)}
 
     async def _bulk_one(self, user: User, action: str, gid: int) -> dict[str, Any]:
         """One gid of ``POST /api/tasks/bulk``: the status and body its

@@ -575,9 +575,15 @@ def _schemas() -> dict[str, Schema]:
                         },
                         required=["gid", "status"],
                     ),
-                }
+                },
+                "duplicates": _integer(
+                    "How many gids of the request repeated an earlier one: each gid is "
+                    "acted on and answered once, where it first appears.",
+                    minimum=0,
+                    maximum=MAX_BULK - 1,
+                ),
             },
-            required=["results"],
+            required=["results", "duplicates"],
         ),
         "Counts": _object(
             {
@@ -1052,12 +1058,18 @@ def _task_operations() -> dict[str, Schema]:
         "bulkTasks",
         "Delete or retry many tasks",
         f"At most {MAX_BULK} gids, each handled as its single operation would be and answered "
-        "in order with the HTTP status that operation would give: `delete` as "
+        "in order with the HTTP status that operation would give (a repeated gid once, where "
+        "it first appears; `duplicates` counts the repeats dropped): `delete` as "
         "`DELETE /api/tasks/{gid}` (`200` deleted at once, `202` with the pending `task`, or "
         "its error), `retry` the same for a `DELETE_FAILED` task and `409` for any other. "
         "An admin acts on any task, as with the single routes.",
         _responses(
-            {"200": _json_response("One result per gid, in order.", _ref("BulkResults"))},
+            {
+                "200": _json_response(
+                    "One result per distinct gid, in the order first given.",
+                    _ref("BulkResults"),
+                )
+            },
             (
                 400,
                 _bad_request(
