@@ -8,7 +8,9 @@ pass is still re-read in time; the archive scrubbed longest ago goes first.
 An archive whose size on disk differs from the recorded one, or whose bytes
 no longer hash to the recorded SHA-256, or that cannot be read (EIO), is
 ``NodeStore.set_aside``: forgotten (never served again), its file moved to
-``corrupt/``, logged with its gid, operationId and why.
+``corrupt/``, logged with its gid, operationId and why.  At start every
+held archive's file is looked at (a stat, no read): one missing or of
+another size than recorded is set aside at once.
 
 Reads run on a one-thread pool, a chunk at a time; the pacing between chunks
 is on the node's clock, so a test measures it with ``task.Clock``.
@@ -20,6 +22,7 @@ import errno
 import hashlib
 import os
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, BinaryIO, TypeVar
 
 from twisted.application.service import Service
@@ -82,6 +85,21 @@ def scrub_rate_option(value: str | int) -> int:
     return rate
 
 
+def _sizes_on_disk(paths: list[Path | None]) -> list[int | None | OSError]:
+    """Each file's size; None when it is missing (or not a valid name); the
+    error when it cannot be learnt now (logged by the caller, not here in
+    the thread)."""
+    sizes: list[int | None | OSError] = []
+    for path in paths:
+        try:
+            sizes.append(None if path is None else path.stat().st_size)
+        except FileNotFoundError:
+            sizes.append(None)
+        except OSError as exc:
+            sizes.append(exc)
+    return sizes
+
+
 class _Reader:
     """One archive file open for the scrub (its methods run in the thread)."""
 
@@ -92,7 +110,7 @@ class _Reader:
         self.hash = hashlib.sha256()
 
     @classmethod
-    def open(cls, path: os.PathLike[str]) -> _Reader:
+    def open(cls, path: Path) -> _Reader:
         file = open(path, "rb")  # noqa: SIM115 (closed by close(), on the thread)
         try:
             return cls(file, os.fstat(file.fileno()).st_size)
@@ -203,6 +221,10 @@ class Scrubber(Service):
             self._pool_started = False
 
     async def _run(self) -> None:
+        try:
+            await self.check_files()
+        except Exception:
+            log.failure("scrub: checking the archive files at start failed")
         while not self._stopping:
             try:
                 next_due = await self.run_pass()
@@ -230,6 +252,35 @@ class Scrubber(Service):
         return not self._stopping
 
     # passes ------------------------------------------------------------------
+    async def check_files(self) -> int:
+        """At start, without reading them: set aside every held archive whose
+        file is missing or of another size than recorded (a crash, a disk
+        swapped, a file an operator removed); the number set aside."""
+        self._ensure_pool()
+        rows = await self.store.archives()
+        paths: list[Path | None] = []
+        for row in rows:
+            try:
+                paths.append(self.data.archive_file(row))
+            except ValueError:
+                paths.append(None)
+        sizes = await self._in_thread(_sizes_on_disk, paths)
+        found = 0
+        for row, size in zip(rows, sizes, strict=True):
+            if isinstance(size, OSError):
+                self._unreadable(row, size)
+                continue
+            if size == row.size:
+                continue
+            if size is None:
+                await self._set_aside(row, "its file is missing")
+            else:
+                await self._set_aside(
+                    row, f"size on disk {size} differs from the recorded {row.size}"
+                )
+            found += 1
+        return found
+
     def _last(self, row: ArchiveRow) -> float:
         return row.scrubbed_at if row.scrubbed_at is not None else row.completed_at
 

@@ -225,6 +225,31 @@ async def test_the_service_rereads_each_archive_within_every(tmp_path: Path) -> 
 
 
 @pytest_twisted.ensureDeferred
+async def test_at_start_a_missing_or_resized_file_is_set_aside_at_once(tmp_path: Path) -> None:
+    clock = Clock()
+    async with opened(tmp_path, clock) as store:
+        await raw_archive(store, 1, b"whole")
+        missing = await raw_archive(store, 2, b"missing")
+        grown = await raw_archive(store, 3, b"grown")
+        damaged = await raw_archive(store, 4, b"same size, other bytes")
+        missing.unlink()
+        with open(grown, "ab") as f:
+            f.write(b"!")
+        flip_a_byte(damaged, 0)  # the size is right: only a read finds it
+        scrub = scrubber(store, clock)
+        scrub.startService()  # nothing is due yet: no archive is read
+        try:
+            await eventually(lambda: scrub.set_aside == 2, what="the files checked")
+            await eventually(lambda: paused(clock), what="the first pause")
+        finally:
+            await scrub.stopService()
+        held = await store.archives()
+    assert [a.gid for a in held] == [1, 4]
+    assert scrub.bytes_read == 0
+    assert [p.name for p in DataDir(tmp_path).corrupt.iterdir()] == [grown.name]
+
+
+@pytest_twisted.ensureDeferred
 async def test_stopping_mid_archive_changes_nothing(tmp_path: Path) -> None:
     clock = Clock()
     async with opened(tmp_path, clock) as store:
