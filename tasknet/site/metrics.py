@@ -33,6 +33,15 @@ Counters (``.labels(...).inc()``):
     streams it from the node's ``serveUrl``).
 ``ARCHIVE_STREAM_BYTES``  ``tasknet_archive_stream_bytes_total``
     archive bytes the site relayed from nodes to clients.
+``AUTH_FAILURES``  ``tasknet_auth_failures_total{kind}``
+    one per credential that was looked up and found nobody.  ``kind``:
+    ``token`` (a bearer token or ``?token=``), ``sign_in`` (the token of
+    ``POST /api/session``), ``node_secret`` (a node's Login: an unknown
+    node or a bad signature).
+``AUTH_THROTTLED``  ``tasknet_auth_throttled_total{kind}``
+    one per credential refused without a lookup because its client address
+    sent too many wrong ones (``429 rate_limited``, or a refused Login);
+    same ``kind``.
 
 Histograms (``.observe(seconds)``, or :func:`observe_since`):
 
@@ -207,6 +216,23 @@ ARCHIVE_STREAM_BYTES = Counter(
     "Archive bytes the site relayed from nodes to clients.",
     registry=REGISTRY,
 )
+#: The kinds of credential of AUTH_FAILURES and AUTH_THROTTLED.
+AUTH_KINDS = ("token", "sign_in", "node_secret")
+AUTH_FAILURES = Counter(
+    "tasknet_auth_failures",
+    "Credentials looked up that found nobody, by kind (token, sign_in, node_secret).",
+    ["kind"],
+    registry=REGISTRY,
+)
+AUTH_THROTTLED = Counter(
+    "tasknet_auth_throttled",
+    "Credentials refused without a lookup: their address sent too many wrong ones.",
+    ["kind"],
+    registry=REGISTRY,
+)
+for _kind in AUTH_KINDS:
+    AUTH_FAILURES.labels(kind=_kind)  # every series from the start, at 0
+    AUTH_THROTTLED.labels(kind=_kind)
 ARCHIVE_STREAMS = Gauge(
     "tasknet_archive_streams", "Archive streams the site is relaying now.", registry=REGISTRY
 )

@@ -27,6 +27,16 @@ on a legacy session, and for a value that is not an ``http://`` or
 ``https://`` URL with a host (logged), the session's ``archive_url`` and
 ``serve_url`` are ``""``.
 
+Node-secret guessing is slowed per client address (an
+:class:`~tasknet.site.ratelimit.AuthFailureLimiter`, ``login_guesses``):
+each Login takes an attempt from its address's bucket before it waits its
+turn or anything is looked up, and an accepted one gives it back.  An empty
+bucket refuses the Login at once (``LoginResult{false, "too many failed
+logins from this address: retry in N s"}``, then close), one log line a
+minute per address; ``tasknet_auth_failures_total{kind="node_secret"}``
+counts wrong secrets and unknown nodes, ``tasknet_auth_throttled_total
+{kind="node_secret"}`` the Logins refused unjudged.
+
 Logins are admitted at a pace (:meth:`NodeListenerFactory.admit`): at most
 :data:`LOGINS_PER_TURN` per turn of the reactor, and at most
 :data:`LOGINS_IN_FLIGHT` whose take and first report are still under way;
@@ -52,6 +62,7 @@ again"}``.  A held session that went gives its node back.
 from __future__ import annotations
 
 import itertools
+import math
 from collections import deque
 from collections.abc import Mapping
 from typing import Any
@@ -91,7 +102,9 @@ from tasknet.protocol.messages import (
 )
 from tasknet.protocol.session import INodeSession, ISiteHandler
 from tasknet.runtime import IEntropy
+from tasknet.site import metrics
 from tasknet.site.connected_nodes import ConnectedNodes, NodeOwnership
+from tasknet.site.ratelimit import AuthFailureLimiter
 from tasknet.site.session_states import ITrackedSession, SessionLife, SessionState
 
 __all__ = ["NODES_BACKLOG", "NodeListenerFactory", "NodeSession", "announced_url"]
@@ -154,6 +167,12 @@ LOGINS_IN_FLIGHT = 64
 #: Seconds a login whose node sends no report (a legacy node, an idle one)
 #: stays in flight after its take.
 LOGIN_GRACE = 0.1
+
+#: Failed node Logins per client address at once, then a second: a node
+#: with a wrong secret retries a few times a minute (its backoff), so only
+#: a guesser meets the limit (issue 38: 3,000 guesses in 1.1 s before).
+DEFAULT_NODE_LOGIN_FAILURES = 100
+DEFAULT_NODE_LOGIN_FAILURE_RATE = 1.0
 
 #: The Goodbye of a session whose node a newer connection took.
 REPLACED = "replaced by a newer connection"
@@ -286,6 +305,12 @@ class NodeSession(PeerProtocol):
             if self.login_waiting:
                 self.sendError("protocol_violation", "a second Login")
                 return
+            # Before the login waits its turn or any secret is looked up: an
+            # address guessing node secrets is refused at once (issue 38).
+            wait = self.factory.login_guesses.take(self._peerHost())
+            if wait > 0:
+                self._slowed(message.node_id, wait)
+                return
             self.factory.admit(self, message)
         else:  # Identity or LoginResult: not something a node sends
             self.sendError("protocol_violation", f"{type(message).__name__} from a node")
@@ -305,11 +330,14 @@ class NodeSession(PeerProtocol):
         # --node-key and the node_key table, refreshed every few seconds.
         secret = self.factory.node_keys.get(node_id)
         if secret is None:
+            metrics.AUTH_FAILURES.labels(kind="node_secret").inc()
             self._refuse(node_id, "unknown node")
             return
         if not verify_login(secret, self.nonce, node_id, login.signature):
+            metrics.AUTH_FAILURES.labels(kind="node_secret").inc()
             self._refuse(node_id, "bad signature")
             return
+        self.factory.login_guesses.give_back(self._peerHost())  # a right secret costs nothing
         self.node_id = node_id
         self._secret = secret
         if hello_is_v2(self._hello):
@@ -357,6 +385,25 @@ class NodeSession(PeerProtocol):
             value=value[:200],
         )
         return ""
+
+    def _slowed(self, node_id: str, wait: float) -> None:
+        """Refuse a Login unjudged: this address sent too many wrong ones."""
+        metrics.AUTH_THROTTLED.labels(kind="node_secret").inc()
+        limiter = self.factory.login_guesses
+        self.factory.repeated_log.emit(
+            ("login slowed", limiter.key(self._peerHost())),
+            "node logins from {peer} slowed: more than {threshold} refused;"
+            " refused without a lookup",
+            peer=self._peerHost(),
+            threshold=limiter.threshold,
+        )
+        self.sendMessage(
+            LoginResult(
+                False,
+                f"too many failed logins from this address: retry in {max(1, math.ceil(wait))} s",
+            )
+        )
+        self.closeConnection()
 
     def _refuse(self, node_id: str, reason: str) -> None:
         # A node with a wrong secret retries for ever: one line per node and
@@ -442,6 +489,7 @@ class NodeListenerFactory(PeerFactory):
         pre_login_max_payload: int = PRE_LOGIN_MAX_PAYLOAD,
         login_timeout: float = LOGIN_TIMEOUT,
         log_interval: float = 60.0,
+        login_guesses: AuthFailureLimiter | None = None,
     ) -> None:
         super().__init__(
             clock=clock,
@@ -459,6 +507,14 @@ class NodeListenerFactory(PeerFactory):
         self.ownership = ownership
         #: Where each connection's Identity nonce comes from.
         self.entropy = entropy
+        #: Failed Logins per client address (node-secret guessing, issue 38).
+        self.login_guesses = (
+            login_guesses
+            if login_guesses is not None
+            else AuthFailureLimiter(
+                clock, threshold=DEFAULT_NODE_LOGIN_FAILURES, rate=DEFAULT_NODE_LOGIN_FAILURE_RATE
+            )
+        )
         # Insertion-ordered (a dict, not a set): connections are closed and
         # aborted in the order they came, whatever their ids.
         self.connections: dict[NodeSession, None] = {}

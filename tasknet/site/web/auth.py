@@ -72,6 +72,7 @@ from twisted.web.server import Request
 
 from tasknet.protocol.ratelog import RateLimitedLog
 from tasknet.runtime import IEntropy
+from tasknet.site import metrics
 from tasknet.site.ratelimit import AuthFailureLimiter
 from tasknet.site.storage import sessions, users
 from tasknet.site.storage.engine.database import Database
@@ -299,14 +300,17 @@ class Authenticator:
                 log.failure("sliding the idle expiry of session {id} failed", id=session.id)
         return user
 
-    async def guarded_token_user(self, request: Request, token: str) -> User:
+    async def guarded_token_user(self, request: Request, token: str, kind: str = "token") -> User:
         """The user of ``token`` presented by ``request``'s client, counted
         against its address (the module doc, "Guessing"): ``429
         rate_limited`` (with ``Retry-After``) while the address is slowed,
-        ``401`` for a wrong token."""
+        ``401`` for a wrong token.  ``kind`` (``token``, ``sign_in``) labels
+        the metrics ``tasknet_auth_failures_total`` and
+        ``tasknet_auth_throttled_total``."""
         address = client_address(request)
         wait = self.guesses.take(address)
         if wait > 0:
+            metrics.AUTH_THROTTLED.labels(kind=kind).inc()
             seconds = max(1, math.ceil(wait))
             request.setHeader(b"Retry-After", str(seconds).encode("ascii"))
             self._guess_log.emit(
@@ -325,6 +329,7 @@ class Authenticator:
             self.guesses.give_back(address)  # not a wrong token: the lookup failed
             raise
         if user is None:
+            metrics.AUTH_FAILURES.labels(kind=kind).inc()
             self._guess_log.emit(
                 ("wrong token", self.guesses.key(address)),
                 "a wrong token from {address}",
@@ -365,7 +370,7 @@ class Authenticator:
         """A new session for the user of ``token``, its id in the cookie.
         The session the request's cookie named, if any, ends."""
         self.check_origin(request)
-        user = await self.guarded_token_user(request, token)
+        user = await self.guarded_token_user(request, token, "sign_in")
         session_id = sessions.new_session_id(self.entropy)
         previous = session_cookie(request)
         replaced = (
