@@ -268,6 +268,9 @@ def _assemble(
         webhook_url=options["webhook"],
         tuning=tuning,
         instance_id=lease.instance_id,
+        login_guesses=ratelimit.AuthFailureLimiter(
+            clock, threshold=options["node-auth-burst"], rate=options["node-auth-rate"]
+        ),
     )
     outbox, dispatcher = node_side.outbox, node_side.dispatcher
 
@@ -341,7 +344,15 @@ def _web_dependencies(
     def admin_nodes() -> Deferred[str]:
         return Deferred.fromCoroutine(nodes_view(db, node_side.nodes, clock))
 
-    authenticator = Authenticator(db, clock, session_settings(options), entropy=entropy)
+    authenticator = Authenticator(
+        db,
+        clock,
+        session_settings(options),
+        entropy=entropy,
+        guesses=ratelimit.AuthFailureLimiter(
+            clock, threshold=options["auth-burst"], rate=options["auth-rate"]
+        ),
+    )
     listener = node_side.listener
 
     def node_secret(node_id: str) -> str | None:
@@ -383,6 +394,7 @@ def session_settings(options: Options) -> SessionSettings:
         max_age=options["session-max-age"],
         cookie_secure=bool(options["cookie-secure"]),
         public_origin=None if public_url is None else parse_public_url(public_url),
+        max_per_user=options["max-sessions-per-user"],
     )
 
 
@@ -398,6 +410,7 @@ def build_node_side(
     tuning: Tuning = Tuning(),
     instance_id: int | None = None,
     wakeups: Wakeups | None = None,
+    login_guesses: ratelimit.AuthFailureLimiter | None = None,
 ) -> NodeSide:
     """The parts node connections reach, over ``db``, timed on ``clock``;
     ``reactor`` (default: ``clock``, which is then a reactor) is what the
@@ -409,7 +422,9 @@ def build_node_side(
     ``instance_id`` (this site's instance) and ``wakeups`` (default: a
     LISTEN connection of its own on PostgreSQL, nothing on SQLite) make it
     one of several sites on the database: node ownership, the outbox tail
-    and webhook claims per instance, wake-ups between sites."""
+    and webhook claims per instance, wake-ups between sites.
+    ``login_guesses`` slows failed node Logins per address (default: the
+    listener's defaults)."""
     if reactor is None:
         reactor = cast(IReactorTCP, clock)  # the same object (the docstring)
     if wakeups is None and not tuning.listen:
@@ -457,7 +472,14 @@ def build_node_side(
     )
     handler = SiteHandler(reports, dispatcher, db, ownership)
     listener = NodeListenerFactory(
-        handler, nodes, node_keys, site_name, ownership=ownership, clock=clock, entropy=entropy
+        handler,
+        nodes,
+        node_keys,
+        site_name,
+        ownership=ownership,
+        clock=clock,
+        entropy=entropy,
+        login_guesses=login_guesses,
     )
     return NodeSide(nodes, ownership, reports, dispatcher, outbox, hub, listener)
 

@@ -52,10 +52,15 @@ from tasknet.site.dispatcher import Dispatcher
 from tasknet.site.housekeeping import Housekeeping
 from tasknet.site.instance_service import InstanceService
 from tasknet.site.lifecycle import Lifecycle
-from tasknet.site.node_listener import NODES_BACKLOG, NodeListenerFactory
+from tasknet.site.node_listener import (
+    DEFAULT_NODE_LOGIN_FAILURE_RATE,
+    DEFAULT_NODE_LOGIN_FAILURES,
+    NODES_BACKLOG,
+    NodeListenerFactory,
+)
 from tasknet.site.notify import OutboxExecutor
 from tasknet.site.report_pipeline import ReportPipeline
-from tasknet.site.storage import users
+from tasknet.site.storage import sessions, users
 from tasknet.site.storage.engine.database import Database
 from tasknet.site.storage.throughput import iso
 from tasknet.site.upstream_client import UpstreamClient
@@ -75,6 +80,14 @@ NODE_KEYS_REFRESH = 5.0
 #: (doubled each time up to the maximum).
 RECOVERY_RETRY = 5.0
 RECOVERY_RETRY_MAX = 60.0
+
+
+#: Bounds of --auth-burst/--node-auth-burst, --auth-rate/--node-auth-rate
+#: and --max-sessions-per-user: far above any sensible value, low enough that
+#: a typo (an extra digit or three) is refused rather than disabling a limit.
+MAX_AUTH_BURST = 1_000_000
+MAX_AUTH_RATE = 10_000.0
+MAX_SESSIONS_PER_USER = 10_000
 
 
 class Options(LogOptions, usage.Options):
@@ -143,6 +156,47 @@ class Options(LogOptions, usage.Options):
             float,
         ],
         ["create-burst", None, ratelimit.DEFAULT_BURST, "Creates one user may make at once.", int],
+        [
+            "auth-burst",
+            None,
+            ratelimit.DEFAULT_AUTH_FAILURES,
+            "Wrong tokens (bearer, ?token=, sign-in) one client address may send at once "
+            f"(1..{MAX_AUTH_BURST:,}); past it every token from that address answers 429 "
+            "rate_limited, unlooked-up, until --auth-rate refills it.",
+            int,
+        ],
+        [
+            "auth-rate",
+            None,
+            ratelimit.DEFAULT_AUTH_FAILURE_RATE,
+            "Wrong tokens a second one client address regains after --auth-burst "
+            f"(> 0, at most {MAX_AUTH_RATE:,}).",
+            float,
+        ],
+        [
+            "node-auth-burst",
+            None,
+            DEFAULT_NODE_LOGIN_FAILURES,
+            "Failed node Logins (unknown node, bad signature) one address may make at once "
+            f"(1..{MAX_AUTH_BURST:,}); past it its Logins are refused unjudged.",
+            int,
+        ],
+        [
+            "node-auth-rate",
+            None,
+            DEFAULT_NODE_LOGIN_FAILURE_RATE,
+            "Failed node Logins a second one address regains after --node-auth-burst "
+            f"(> 0, at most {MAX_AUTH_RATE:,}).",
+            float,
+        ],
+        [
+            "max-sessions-per-user",
+            None,
+            sessions.DEFAULT_MAX_LIVE,
+            f"Browser sessions one user may have (1..{MAX_SESSIONS_PER_USER:,}); a sign-in "
+            "past it ends the user's oldest.",
+            int,
+        ],
         [
             "public-url",
             None,
@@ -221,6 +275,16 @@ class Options(LogOptions, usage.Options):
             raise usage.UsageError("--max-body must be >= 1")
         if self["create-rate"] < 0 or self["create-burst"] < 1:
             raise usage.UsageError("--create-rate must be >= 0 and --create-burst >= 1")
+        for burst, rate in (("auth-burst", "auth-rate"), ("node-auth-burst", "node-auth-rate")):
+            if not 1 <= self[burst] <= MAX_AUTH_BURST:
+                raise usage.UsageError(f"--{burst} must be 1 to {MAX_AUTH_BURST:,}")
+            # not (0 < x <= max): NaN is refused too.
+            if not 0 < self[rate] <= MAX_AUTH_RATE:
+                raise usage.UsageError(f"--{rate} must be > 0 and at most {MAX_AUTH_RATE:,}")
+        if not 1 <= self["max-sessions-per-user"] <= MAX_SESSIONS_PER_USER:
+            raise usage.UsageError(
+                f"--max-sessions-per-user must be 1 to {MAX_SESSIONS_PER_USER:,}"
+            )
         if not self["upstream"].startswith(("http://", "https://")):
             raise usage.UsageError("--upstream must be an http:// or https:// URL")
         webhook = self["webhook"]
