@@ -91,8 +91,11 @@
       againstPosts: "上游审计记录了这个 gid 的 {n} 次提交：判为“没有提交”与之矛盾，必须写明理由（备注）。",
       againstPostsAt: "上游审计记录了这个 gid 的 {n} 次提交（最近一次：{at}）：判为“没有提交”与之矛盾，必须写明理由（备注）。",
       againstNoPost: "上游审计没有这个 gid 的提交记录：判为“确实已提交”与之矛盾，必须写明理由（备注）。",
+      againstUnavailable: "无法读取上游审计，没有证据能证实这个结论：必须写明理由（备注）。",
+      noteRequiredUnavailableText: "没有可读取的证据：上游审计无法读取。请在备注里写明作出这个结论的理由；审计日志会记下备注，并标明证据不可用。",
       noteRequiredText: "这个结论与上游的审计记录矛盾，必须在备注里写明理由；审计日志会记下备注，并标明它与证据矛盾。",
       noteRequired: "gid {gid}：这个结论与上游审计矛盾，必须写备注。",
+      noteRequiredUnavailable: "gid {gid}：无法读取上游审计，没有证据证实这个结论，必须写备注。",
       nodesTitle: "节点", noNodes: "最近 7 天没有节点连接过。", nodeId: "节点", protocol: "协议",
       queue: "已分配任务", revision: "修订号", connectedAt: "连接时间", legacy: "旧版 v1", v2: "v2",
       liveOn: "实时更新中", liveOff: "实时连接断开，正在重连……", loadFailed: "加载失败（HTTP {code}）：{message}",
@@ -235,8 +238,11 @@
       againstPosts: "The upstream's audit records {n} submission(s) for this gid: “It was not submitted” contradicts it and needs a note saying why.",
       againstPostsAt: "The upstream's audit records {n} submission(s) for this gid (last: {at}): “It was not submitted” contradicts it and needs a note saying why.",
       againstNoPost: "The upstream's audit records no submission for this gid: “It was submitted” contradicts it and needs a note saying why.",
+      againstUnavailable: "The upstream's audit could not be read, so nothing confirms this verdict: a note saying why is required.",
+      noteRequiredUnavailableText: "No readable evidence: the upstream's audit could not be read. Say in the note why you take this verdict; the audit log keeps the note and marks the evidence as unavailable.",
       noteRequiredText: "This verdict contradicts the upstream's audit record: say why in the note. The audit log keeps the note and marks the verdict as contradicting the evidence.",
       noteRequired: "gid {gid}: this verdict contradicts the upstream's audit and needs a note.",
+      noteRequiredUnavailable: "gid {gid}: the upstream's audit could not be read, so nothing confirms this verdict; it needs a note.",
       nodesTitle: "Nodes", noNodes: "No node was connected in the last 7 days.", nodeId: "Node", protocol: "Protocol",
       queue: "Assigned", revision: "Revision", connectedAt: "Connected", legacy: "legacy v1", v2: "v2",
       liveOn: "Live", liveOff: "Live updates disconnected; reconnecting…", loadFailed: "Loading failed (HTTP {code}): {message}",
@@ -2228,8 +2234,16 @@
     return found && typeof found === "object" ? found : {};
   }
 
+  // No audit to judge by (the upstream's audit could not be read): every
+  // verdict needs a note, and no submission count may be shown as if read.
+  function auditUnavailable(task) {
+    var upstream = (task.evidence || {}).upstream;
+    return !upstream || !upstream.available;
+  }
+
   // What the audit says against ``verdict``, in the reader's language.
   function againstText(task, verdict) {
+    if (auditUnavailable(task)) { return t("againstUnavailable"); }
     var upstream = (task.evidence || {}).upstream || {};
     var audit = upstream.audit || {};
     if (verdict === "submitted") { return t("againstNoPost"); }
@@ -2317,7 +2331,7 @@
       title: t(submitted ? "resolveSubmittedTitle" : "resolveNotSubmittedTitle"),
       text: t(submitted ? "resolveSubmittedText" : "resolveNotSubmittedText", { gid: gid }),
       ok: t(submitted ? "wasSubmitted" : "wasNotSubmitted"), note: true,
-      warning: against ? t("noteRequiredText") + " " + against : null,
+      warning: against ? t(auditUnavailable(task) ? "noteRequiredUnavailableText" : "noteRequiredText") + " " + against : null,
       noteRequired: !!against
     }).then(function (answer) {
       if (!answer) { return; }
@@ -2336,7 +2350,9 @@
         } else if (result.status === 409 && errorCode(result) === "verdict_too_early") {
           notify(t("verdictTooEarly", { gid: gid, at: formatTime(result.data.error.notBefore) }), true);
         } else if (result.status === 409 && errorCode(result) === "note_required") {
-          notify(t("noteRequired", { gid: gid, message: errorMessage(result) }), true);
+          // The site's reason: the audit contradicts the verdict, or could not be read.
+          var unreadable = /no readable evidence/.test(errorMessage(result) || "");
+          notify(t(unreadable ? "noteRequiredUnavailable" : "noteRequired", { gid: gid, message: errorMessage(result) }), true);
         } else if (result.status === 409) {
           notify(t("resolveConflict", { gid: gid }), true);
         } else {
