@@ -25,6 +25,7 @@ from tasknet.logging import LogOptions, rotate_on, use_for_twistd
 from tasknet.node.commands import BadCommand, CommandHandler
 from tasknet.node.download import DEFAULT_MAX_ARCHIVE_BYTES
 from tasknet.node.paths import DataDir
+from tasknet.node.private import tighten
 from tasknet.node.reporter import Reporter
 from tasknet.node.scrub import (
     DEFAULT_SCRUB_EVERY,
@@ -668,6 +669,8 @@ def makeService(
     # -wal/-shm, archives, partial files, corrupt/, the log): the node's own
     # endpoint serves its archives, no other reader needs them (issue 38).
     keep_files_private("tasknet-node")
+    if own_process:
+        tighten(options["data"])  # what an older release left 0644/0755
     if reactor is None:
         from twisted.internet import reactor as global_reactor
 

@@ -23,6 +23,7 @@ from twisted.internet import reactor
 from twisted.internet.defer import Deferred
 from twisted.internet.protocol import ProcessProtocol
 
+from tasknet.node.private import tighten
 from tasknet.node.service import SECRET_ENV
 from tests.eventually import eventually
 from tests.node.harness import SECRET, running
@@ -66,8 +67,15 @@ def not_private(root: Path) -> dict[str, str]:
 
 @pytest_twisted.ensureDeferred
 async def test_every_file_and_directory_the_node_creates_is_private(tmp_path: Path) -> None:
-    data = tmp_path / "data"  # the node creates it
+    data = tmp_path / "data"
     log = tmp_path / "node.log"
+    # What an older release left: open to others; the node takes it in.
+    (data / "corrupt").mkdir(parents=True)
+    data.chmod(0o755)
+    (data / "corrupt").chmod(0o755)
+    old = data / "corrupt" / "7000-000000000000.zip"
+    old.write_bytes(b"set aside by an older release")
+    old.chmod(0o644)
     async with running(tmp_path) as (site, up):
         ended = Ended()
         process = reactor.spawnProcess(
@@ -102,9 +110,40 @@ async def test_every_file_and_directory_the_node_creates_is_private(tmp_path: Pa
             assert any(name.startswith("archives/") for name in created), created
             assert {"node.sqlite", "node.sqlite-wal", "node.sqlite-shm"} <= set(created)
             assert not_private(data) == {}
+            assert old.read_bytes() == b"set aside by an older release"
         finally:
             process.signalProcess("TERM")
             await ended.ended
     assert not_private(data) == {}
     assert stat.S_IMODE(log.stat().st_mode) == 0o600, ended.output
     assert "Server Shut Down" in log.read_text()
+
+
+def test_tighten_takes_in_what_an_older_release_left(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    for directory in ("archives", "partial", "corrupt"):
+        (data / directory).mkdir(parents=True)
+        (data / directory).chmod(0o755)
+    data.chmod(0o755)
+    files = [
+        data / "node.sqlite",
+        data / "node.sqlite-wal",
+        data / "archives" / "1-000000000000.zip",
+        data / "partial" / "2-000000000000.part",
+        data / "corrupt" / "3-000000000000.zip",
+    ]
+    for path in files:
+        path.write_bytes(b"x")
+        path.chmod(0o644)
+    outside = tmp_path / "elsewhere.txt"
+    outside.write_bytes(b"not the node's")
+    outside.chmod(0o644)
+    (data / "archives" / "link.zip").symlink_to(outside)
+    (data / "archives" / "private.zip").write_bytes(b"x")
+    (data / "archives" / "private.zip").chmod(0o600)
+
+    assert tighten(data) == 4 + len(files)  # the four directories and the files
+    assert not_private(data) == {"archives/link.zip": "0o777"}  # the link itself, untouched
+    assert stat.S_IMODE(outside.stat().st_mode) == 0o644  # nor its target
+    assert tighten(data) == 0  # once is enough
+    assert tighten(tmp_path / "not yet") == 0
