@@ -41,7 +41,7 @@ from typing import Any
 
 from tasknet import __version__
 from tasknet.site.storage.throughput import TOP_NODES
-from tasknet.site.storage.views import GID_MAX, GID_MIN
+from tasknet.site.storage.views import CURSOR_KEY_MAX, CURSOR_KEY_MIN, GID_MAX, GID_MIN
 from tasknet.site.web.errors import STATUS
 from tasknet.status import OperationState, TaskStatus
 
@@ -62,6 +62,9 @@ MAX_ARCHIVE_LINKS = 1000
 #: ``GET /api/tasks``' orders and the ``QUEUED`` filter key (``storage.views``).
 ORDERS = ["newest", "oldest", "gid", "size", "progress", "status"]
 QUEUED = "QUEUED"
+#: ``after`` of ``GET /api/tasks``: the union of every order's cursor shape
+#: (``views.parse_cursor`` takes one of them per order).
+AFTER_PATTERN = "^([^~\\u0000-\\u001f]{1,64}~[0-9]{1,10}|[0-9]{1,10})$"
 
 Schema = dict[str, Any]
 
@@ -229,6 +232,14 @@ _COMMON_RESPONSES: dict[str, Schema] = {
         },
     ),
     "Unauthorized": _unauthorized(),
+    "RateLimited": _error(
+        429,
+        "Too many wrong tokens from the caller's address (bearer header, `?token=` or a "
+        "sign-in's body): until `Retry-After` no token from that address is looked up, a "
+        "right one included. 1,000 wrong tokens at once, then ten a second.",
+        "rate_limited",
+        headers={**_RETRY_AFTER},
+    ),
     "Unavailable": _error(
         503,
         "This site cannot act now: its database is busy or unreachable, or the site "
@@ -798,8 +809,15 @@ def _operation(
     if body is not None:
         operation["requestBody"] = body
     operation["security"] = _AUTH if security is None else security
+    if _checks_a_token(operation["security"]) and "429" not in responses:
+        # Every token presented is counted against the caller's address.
+        responses = dict(sorted({**responses, "429": _common("RateLimited")}.items()))
     operation["responses"] = responses
     return operation
+
+
+def _checks_a_token(security: list[Schema]) -> bool:
+    return any("bearer" in scheme or "query" in scheme for scheme in security)
 
 
 def _task_operations() -> dict[str, Schema]:
@@ -847,7 +865,8 @@ def _task_operations() -> dict[str, Schema]:
                     "known after `prepare`; unmetered `UNKNOWN` operations count); the "
                     "envelope adds the numbers: `cost`, `used`, `quota`, `unsettled` (the "
                     "unmetered operations counted) and `week`. "
-                    "`rate_limited`: too many creates; `Retry-After` says when to try again.",
+                    "`rate_limited`: too many creates, or too many wrong tokens from the "
+                    "caller's address; `Retry-After` says when to try again.",
                     "quota_exceeded",
                     "rate_limited",
                     headers={
@@ -957,10 +976,15 @@ def _task_operations() -> dict[str, Schema]:
             ),
             _query(
                 "after",
-                _string(pattern="^([^~\\u0000-\\u001f]{1,64}~[0-9]{1,10}|[0-9]{1,10})$"),
-                "The `next` of the previous page, verbatim, with the same `order` "
-                "(`CREATEDAT~GID`, a gid for `order=gid`, `KEY~GID` for `size`, `progress`, "
-                "`status`; another form is `400`).",
+                _string(pattern=AFTER_PATTERN),
+                "The `next` of the previous page, verbatim, with the same `order`. Its shape "
+                "depends on `order` (a pattern cannot tie the two, so the pattern is the union "
+                "of the shapes; another order's shape is `400`): `order=gid`: a gid "
+                "(`[0-9]{1,10}`); `size`, `status`: `KEY~GID` with `KEY` an integer from "
+                f"{CURSOR_KEY_MIN} to {CURSOR_KEY_MAX} (a signed 64-bit integer; outside is "
+                "`400`); `progress`: `KEY~GID` with `KEY` a finite decimal number; `newest`, "
+                "`oldest`: `CREATEDAT~GID`, opaque (up to 64 characters before the `~`, no "
+                "`~` or control character). `GID` is `[0-9]{1,10}`.",
             ),
         ],
     )
@@ -1021,8 +1045,12 @@ def _task_operations() -> dict[str, Schema]:
     delete = _operation(
         "deleteTask",
         "Delete a task",
-        "Starts (or retries) the delete: the node holding the archive is told to delete it "
-        "and confirms. A task no node holds is deleted at once.",
+        "Starts (or retries) the delete. A task no node holds is deleted at once (`200`; then "
+        "`GET` answers `404`). Otherwise the delete is asynchronous: `202` with the task in "
+        "`DELETE_PENDING`, and the task stays (`GET` answers it, `DELETE_PENDING`; a second "
+        "`DELETE` answers `202` again) until the node holding the archive confirms it deleted "
+        "the file; only then is the task gone (`404`). A node that reports failure leaves it "
+        "`DELETE_FAILED` (`DELETE` again retries; an admin may force-delete).",
         _responses(
             {
                 "200": _json_response(
@@ -1030,7 +1058,11 @@ def _task_operations() -> dict[str, Schema]:
                     _object({"deleted": _integer(minimum=GID_MIN, maximum=GID_MAX)}),
                 ),
                 "202": _with_links(
-                    _json_response("The delete is pending (`DELETE_PENDING`).", task_answer),
+                    _json_response(
+                        "The delete is pending: the task, `DELETE_PENDING`, stays until its "
+                        "node confirms (not gone yet: reading it is no use after free).",
+                        task_answer,
+                    ),
                     _links(
                         ("GetTask", "getTask", _TASK_GID),
                         ("ForceDelete", "forceDeleteTask", _TASK_GID),
@@ -1239,9 +1271,11 @@ def _archive_operations() -> dict[str, Schema]:
                 429,
                 _error(
                     429,
-                    "The caller already has `--archive-streams-per-user` archives streaming "
-                    "through the site.",
+                    "`too_many_streams`: the caller already has `--archive-streams-per-user` "
+                    "archives streaming through the site. `rate_limited`: too many wrong "
+                    "tokens from the caller's address.",
                     "too_many_streams",
+                    "rate_limited",
                     headers={**_RETRY_AFTER},
                 ),
             ),
@@ -1397,8 +1431,11 @@ def _session_operations() -> dict[str, Schema]:
             "signIn",
             "Sign in (browser session)",
             "Trades the API token for a server-side session; the cookie holds the session's "
-            "random id, never the token. Needs the site's own `Origin` and a JSON body "
-            "typed `application/json`.",
+            "random id, never the token. The one credential is the body's `token` (an "
+            "`Authorization` header or a session cookie does not sign anyone in; a cookie "
+            "sent along names the session this one replaces, which ends). Needs the site's own "
+            "`Origin` and a JSON body typed `application/json`. A wrong token counts against "
+            "the caller's address (`429 rate_limited` past the limit).",
             _responses(
                 {"200": _json_response("Signed in.", _ref("UserAnswer"), headers=set_cookie)},
                 (
@@ -1407,8 +1444,9 @@ def _session_operations() -> dict[str, Schema]:
                         _BAD_BODY + " Here the body must always be typed `application/json`."
                     ),
                 ),
-                (401, _common("Unauthorized")),
+                (401, _error(401, "The body's token is unknown or its user disabled.")),
                 (403, origin_forbidden),
+                (429, _common("RateLimited")),
             ),
             tag="session",
             security=[],
@@ -1425,8 +1463,11 @@ def _session_operations() -> dict[str, Schema]:
         "delete": _operation(
             "signOut",
             "Sign out",
-            "Ends the cookie's session on the server (if any) and clears the cookie. Needs "
-            "the site's own `Origin`.",
+            "Ends the session the cookie names on the server (if any: without a cookie, or "
+            "with one of an ended session, it still answers `200`) and clears the cookie. The "
+            "session cookie is the only credential it reads (a bearer token is ignored: a "
+            "token has no session to end). There is no CSRF token: like every cookie request, "
+            "it needs the site's own `Origin` (else `403`).",
             _responses(
                 {
                     "200": _json_response(
@@ -1437,7 +1478,8 @@ def _session_operations() -> dict[str, Schema]:
                 (403, origin_forbidden),
             ),
             tag="session",
-            security=[],
+            # The cookie is optional: without one there is nothing to end.
+            security=[{"session": []}, {}],
         ),
         "me": _operation(
             "getMe",
@@ -1466,9 +1508,14 @@ def _admin_operations() -> dict[str, Schema]:
             "answer fetched now.",
             _responses(
                 {
-                    "200": _json_response(
-                        "The operations.",
-                        _object({"tasks": {"type": "array", "items": _ref("UnknownTask")}}),
+                    "200": _with_links(
+                        _json_response(
+                            "The operations.",
+                            _object({"tasks": {"type": "array", "items": _ref("UnknownTask")}}),
+                        ),
+                        _links(
+                            ("ResolveFirstUnknown", "resolveTask", "$response.body#/tasks/0/gid")
+                        ),
                     )
                 },
                 (401, _common("Unauthorized")),
