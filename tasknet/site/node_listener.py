@@ -29,8 +29,8 @@ on a legacy session, and for a value that is not an ``http://`` or
 
 Node-secret guessing is slowed per client address (an
 :class:`~tasknet.site.ratelimit.AuthFailureLimiter`, ``login_guesses``):
-each Login takes an attempt from its address's bucket before it waits its
-turn or anything is looked up, and an accepted one gives it back.  An empty
+each Login takes an attempt from its address's bucket when its turn comes,
+before anything is looked up, and an accepted one gives it back.  An empty
 bucket refuses the Login at once (``LoginResult{false, "too many failed
 logins from this address: retry in N s"}``, then close), one log line a
 minute per address; ``tasknet_auth_failures_total{kind="node_secret"}``
@@ -305,12 +305,6 @@ class NodeSession(PeerProtocol):
             if self.login_waiting:
                 self.sendError("protocol_violation", "a second Login")
                 return
-            # Before the login waits its turn or any secret is looked up: an
-            # address guessing node secrets is refused at once (issue 38).
-            wait = self.factory.login_guesses.take(self._peerHost())
-            if wait > 0:
-                self._slowed(message.node_id, wait)
-                return
             self.factory.admit(self, message)
         else:  # Identity or LoginResult: not something a node sends
             self.sendError("protocol_violation", f"{type(message).__name__} from a node")
@@ -325,6 +319,13 @@ class NodeSession(PeerProtocol):
 
     def _login(self, login: Login) -> None:
         node_id = login.node_id  # matches NODE_ID: the decoder refuses any other
+        # Taken here, not as the Login arrives: an attempt is held only while
+        # it is judged, so a storm of right Logins from one address (a NAT's
+        # nodes after a restart) waiting their turn never empties the bucket.
+        wait = self.factory.login_guesses.take(self._peerHost())
+        if wait > 0:
+            self._slowed(node_id, wait)  # before any secret is looked up (issue 38)
+            return
         # Looked up in factory.node_keys at each Login, so a change to that
         # mapping applies from the next Login.  The site service fills it from
         # --node-key and the node_key table, refreshed every few seconds.

@@ -162,3 +162,25 @@ async def test_a_right_secret_gives_its_attempt_back() -> None:
         assert factory.login_guesses.threshold == 2
     finally:
         await harness.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_storm_of_right_logins_from_one_address_is_not_slowed() -> None:
+    # A NAT's nodes after a site restart: more right Logins at once than a
+    # turn admits (they wait their turn) and than the limit; none refused.
+    harness = Harness()
+    try:
+        factory, port = await harness.site(
+            login_guesses=AuthFailureLimiter(reactor, threshold=5, rate=0.01)
+        )
+        count = 80
+        factory.node_keys = {f"storm-{n}": f"secret-{n}" for n in range(count)}
+        peers = [await harness.raw(port) for _ in range(count)]
+        await eventually(lambda: all(p.of_type(Identity) for p in peers), what="identities")
+        for n, peer in enumerate(peers):
+            nonce = peer.of_type(Identity)[0].nonce
+            peer.send(Login(f"storm-{n}", sign_login(f"secret-{n}", nonce, f"storm-{n}")))
+        await eventually(lambda: all(p.of_type(LoginResult) for p in peers), what="answers")
+        assert {p.of_type(LoginResult)[0] for p in peers} == {LoginResult(True, "")}
+    finally:
+        await harness.close()
