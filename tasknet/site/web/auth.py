@@ -50,11 +50,14 @@ readable by another origin.
 Guessing.  Every token presented (a bearer token, ``?token=``, a sign-in's)
 takes an attempt from its client address's bucket before it is looked up,
 and a token that finds its user gives it back
-(:class:`~tasknet.site.ratelimit.AuthFailureLimiter`: 1,000 wrong tokens
-at once, then ten a second); an empty bucket answers ``429 rate_limited``
-with ``Retry-After`` without a lookup.  Wrong tokens and the slowing are
-logged at most once a minute per address, with the count between
-(issue 38: 3,000 wrong sign-ins took 2.4 s and left no trace).
+(:class:`~tasknet.site.ratelimit.AuthFailureLimiter`: ``--auth-burst``
+wrong tokens at once, 1,000 by default, then ``--auth-rate`` a second, 10);
+an empty bucket answers ``429 rate_limited`` with ``Retry-After`` without a
+lookup.  Wrong tokens and the slowing are logged at most once a minute per
+address, with the count between, and counted in
+``tasknet_auth_failures_total`` and ``tasknet_auth_throttled_total``
+(``kind``: ``token`` or ``sign_in``) (issue 38: 3,000 wrong sign-ins took
+2.4 s and left no trace).
 """
 
 from __future__ import annotations
