@@ -258,6 +258,8 @@ class Scrubber(Service):
         swapped, a file an operator removed); the number set aside."""
         self._ensure_pool()
         rows = await self.store.archives()
+        if not rows:
+            return 0
         paths: list[Path | None] = []
         for row in rows:
             try:
