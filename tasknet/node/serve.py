@@ -39,6 +39,7 @@ import json
 import os
 import re
 import unicodedata
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, BinaryIO
 from urllib.parse import parse_qsl, quote, unquote_to_bytes, urlsplit
@@ -85,6 +86,18 @@ MAX_BODY = 16 * 1024
 #: UTF-8 bytes of the task's name kept in the download's file name (file
 #: systems take 255 bytes a name: room for ``.zip`` and a ``.part``).
 NAME_CAP = 200
+
+#: Seconds between two ``served_at`` marks of one archive: a commit per
+#: 1 MiB range (``synchronous=FULL``, the store's one thread) cost more than
+#: the range itself, and retention only needs the minute.
+MARK_SERVED_EVERY = 60.0
+#: Seconds a looked-up archive row is reused by the next request for it
+#: (a client's ranges on a kept-alive connection): the file's size is still
+#: checked against it before every body, and a set-aside archive's file is
+#: gone, so a stale row is never served (module doc).
+ROW_REUSE_SECONDS = 2.0
+#: Archives remembered for either note (the oldest forgotten first).
+NOTES_MAX = 4096
 
 _DECIMAL = re.compile(rb"0|[1-9][0-9]{0,18}")
 _SIG = re.compile(r"[0-9a-f]{64}")
@@ -357,6 +370,10 @@ class ArchiveServer:
         #: Body bytes handed to the transports, all transfers together.
         self.bytes_sent = 0
         self.resource = _ArchiveResource(self)
+        #: When each archive was last marked served (MARK_SERVED_EVERY).
+        self._marked: OrderedDict[tuple[int, str], float] = OrderedDict()
+        #: Recently looked-up rows and when (ROW_REUSE_SECONDS).
+        self._rows: OrderedDict[tuple[int, str], tuple[ArchiveRow, float]] = OrderedDict()
 
     def site(self) -> ServeSite:
         return ServeSite(self)
@@ -421,14 +438,48 @@ class ArchiveServer:
                 self.transfers -= 1
         if sent is not None:
             self.completed += 1
-            await self.store.mark_served(sent.gid, sent.operation_id)
+            if self._due_for_mark(sent):
+                await self.store.mark_served(sent.gid, sent.operation_id)
+
+    def _due_for_mark(self, row: ArchiveRow) -> bool:
+        """Whether ``served_at`` should be written now (at most once per
+        :data:`MARK_SERVED_EVERY` per archive); notes the mark when it is."""
+        key = (row.gid, row.operation_id)
+        now = self.clock.seconds()
+        last = self._marked.get(key)
+        if last is not None and now - last < MARK_SERVED_EVERY:
+            return False
+        self._marked[key] = now
+        self._marked.move_to_end(key)
+        while len(self._marked) > NOTES_MAX:
+            self._marked.popitem(last=False)
+        return True
+
+    async def _held(self, gid: int, operation_id: str) -> tuple[ArchiveRow | None, BinaryIO | None]:
+        """The archive's row and its file opened, whole on disk; a row
+        looked up in the last :data:`ROW_REUSE_SECONDS` is reused, but a
+        file that does not match it sends the request to the store again
+        (it may have been set aside or replaced meanwhile)."""
+        key = (gid, operation_id)
+        noted = self._rows.get(key)
+        if noted is not None and self.clock.seconds() - noted[1] < ROW_REUSE_SECONDS:
+            file = self._open_whole(noted[0])
+            if file is not None:
+                return noted[0], file
+        self._rows.pop(key, None)
+        row = await self.store.archive(gid, operation_id)
+        file = None if row is None else await self._open(row)
+        if row is not None and file is not None:
+            self._rows[key] = (row, self.clock.seconds())
+            while len(self._rows) > NOTES_MAX:
+                self._rows.popitem(last=False)
+        return row, file
 
     async def _send(
         self, request: server.Request, link: LinkParams, *, send_body: bool
     ) -> ArchiveRow | None:
         """The answer to a valid link; its archive's row when a body went out whole."""
-        row = await self.store.archive(link.gid, link.operation_id)
-        file = None if row is None else await self._open(row)
+        row, file = await self._held(link.gid, link.operation_id)
         if row is None or file is None:
             if not request._disconnected:
                 request.write(_answer_error(request, "link_invalid"))
@@ -454,6 +505,7 @@ class ArchiveServer:
             )
             if outcome is Outcome.SHORT:
                 # Shortened on disk since it was opened: never served again.
+                self._rows.pop((row.gid, row.operation_id), None)
                 await self.store.set_aside(row.gid, row.operation_id, "shorter than recorded")
             return row if outcome is Outcome.SENT else None
         finally:
@@ -462,6 +514,17 @@ class ArchiveServer:
 
     def _sent(self, count: int) -> None:
         self.bytes_sent += count
+
+    def _open_whole(self, row: ArchiveRow) -> BinaryIO | None:
+        """The archive's file, opened, when its size on disk is the row's; else None."""
+        try:
+            file = open(self.data.archive_file(row), "rb")  # noqa: SIM115 (closed by the sender)
+        except (OSError, ValueError):
+            return None
+        if os.fstat(file.fileno()).st_size == row.size:
+            return file
+        file.close()
+        return None
 
     async def _open(self, row: ArchiveRow) -> BinaryIO | None:
         """The archive's file, opened, when it is whole on disk; otherwise

@@ -21,6 +21,7 @@ from twisted.web.test.requesthelper import DummyRequest
 
 from tasknet.node.paths import DataDir
 from tasknet.node.serve import (
+    MARK_SERVED_EVERY,
     NAME_CAP,
     ArchiveServer,
     BadLink,
@@ -330,6 +331,44 @@ async def test_a_file_truncated_on_disk_is_set_aside_never_served_short(tmp_path
         served.data.archive_file(other.row).unlink()
         assert (await served.get(served.link(OTHER).path, method="HEAD")).status == 403
         assert await served.store.archive(OTHER, other.operation_id) is None
+
+
+@pytest_twisted.ensureDeferred
+async def test_served_at_is_written_at_most_once_a_minute_per_archive(tmp_path: Path) -> None:
+    async with serving(tmp_path) as served:
+        archive = await served.hold(GID, content_of(1000))
+        link = served.link(GID, exp=NOW + 3600)
+        assert (await served.get(link.path)).status == 200
+        served.clock.advance(MARK_SERVED_EVERY - 1)
+        assert (await served.get(link.path, headers={"Range": "bytes=0-9"})).status == 206
+        row = await served.store.archive(GID, archive.operation_id)
+        assert row is not None and row.served_at == NOW  # not written again within the minute
+        served.clock.advance(1)
+        assert (await served.get(link.path)).status == 200
+        row = await served.store.archive(GID, archive.operation_id)
+        assert row is not None and row.served_at == NOW + MARK_SERVED_EVERY
+        assert served.server.completed == 3
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_reused_row_never_serves_an_archive_set_aside_or_cut_meanwhile(
+    tmp_path: Path,
+) -> None:
+    async with serving(tmp_path) as served:
+        archive = await served.hold(GID, content_of(5000))
+        link = served.link(GID)
+        assert (await served.get(link.path)).status == 200  # the row is noted now
+        # Set aside by the scrub within the row's reuse time: its file is gone.
+        await served.store.set_aside(GID, archive.operation_id, "digest differs")
+        assert_refused(await served.get(link.path))
+        # Cut short on disk right after a transfer: refused and set aside.
+        other = await served.hold(OTHER, content_of(5000, seed=2))
+        assert (await served.get(served.link(OTHER).path)).status == 200
+        path = served.data.archive_file(other.row)
+        path.write_bytes(other.content[:10])
+        assert_refused(await served.get(served.link(OTHER).path))
+        assert await served.store.archive(OTHER, other.operation_id) is None
+        assert served.server.completed == 2
 
 
 @pytest_twisted.ensureDeferred
