@@ -7,8 +7,11 @@ relays the answer: ``200``, ``206``, ``304`` and ``416`` with their headers
 ``If-None-Match`` passed on (:data:`PASSED_REQUEST_HEADERS`).  The body is
 relayed with back-pressure: the relay is the producer registered on the
 client's request and pauses the node's body transport, so when the client
-reads slowly the site stops reading the node's socket, and at most a read
-or two of the socket (tens of KiB) is in the site's memory per transfer.  A
+reads slowly the site stops reading the node's socket.  The node's socket is
+read :data:`RELAY_READ` bytes at a time and the client's transport takes up
+to :data:`RELAY_BUFFERED` before it pauses the node (Twisted's 64 KiB for
+both made the relay pay a read, a pause and a resume per 64 KiB: B11), so at
+most about their sum (half a MiB) is in the site's memory per transfer.  A
 client that goes away stops the node's transfer (its connection is closed).
 
 Nothing here hangs or answers ``500``: a node that cannot be reached, or
@@ -34,14 +37,23 @@ from contextlib import contextmanager
 from typing import Any
 
 import orjson
+from twisted.internet.abstract import FileDescriptor
 from twisted.internet.defer import CancelledError, Deferred
 from twisted.internet.defer import TimeoutError as DeferredTimeout
 from twisted.internet.error import ConnectError, ConnectingCancelledError, DNSLookupError
-from twisted.internet.interfaces import IDelayedCall, IPushProducer, IReactorTCP, IReactorTime
+from twisted.internet.interfaces import (
+    IDelayedCall,
+    IProtocolFactory,
+    IPushProducer,
+    IReactorTCP,
+    IReactorTime,
+    IStreamClientEndpoint,
+)
 from twisted.internet.protocol import Protocol
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 from twisted.web.client import (
+    URI,
     Agent,
     PartialDownloadError,
     ResponseDone,
@@ -91,6 +103,47 @@ PASSED_RESPONSE_HEADERS = (
 PASSED_STATUSES = frozenset({200, 206, 304, 416})
 #: The most of a node's error body read (to name its error code).
 ERROR_BODY_LIMIT = 4096
+#: Bytes read from a node's socket at once (Twisted reads 64 KiB).
+RELAY_READ = 256 * 1024
+#: Bytes the client's transport holds before it pauses the node (and the
+#: most it sends at once).
+RELAY_BUFFERED = 256 * 1024
+#: Relayed bytes counted into the metric at least this often (not per read).
+METRIC_EVERY = 64 * 1024 * 1024
+
+
+def _widen(transport: Any, *, read: int, buffered: int) -> tuple[int, int] | None:
+    """Give a plain TCP ``transport`` larger reads, write buffer and sends;
+    its old sizes (None for another kind, e.g. TLS: left as it is)."""
+    if not isinstance(transport, FileDescriptor):
+        return None
+    old = (transport.bufferSize, transport.SEND_LIMIT)
+    transport.bufferSize = max(read, buffered)
+    transport.SEND_LIMIT = buffered
+    return old
+
+
+@implementer(IStreamClientEndpoint)
+class _WideReadEndpoint:
+    """An endpoint whose plain TCP connections read :data:`RELAY_READ` at once."""
+
+    def __init__(self, endpoint: Any) -> None:
+        self._endpoint = endpoint
+
+    def connect(self, factory: IProtocolFactory) -> Deferred[Any]:
+        def widen(protocol: Any) -> Any:
+            transport = getattr(protocol, "transport", None)
+            if isinstance(transport, FileDescriptor):
+                transport.bufferSize = RELAY_READ
+            return protocol
+
+        connecting: Deferred[Any] = self._endpoint.connect(factory)
+        return connecting.addCallback(widen)
+
+
+class _WideReadEndpoints(DirectEndpoints):
+    def endpointForURI(self, uri: URI) -> Any:
+        return _WideReadEndpoint(super().endpointForURI(uri))
 
 
 @implementer(IPushProducer)
@@ -113,8 +166,13 @@ class _Relay(Protocol):
         self._idle_timeout = idle_timeout
         self._idle: IDelayedCall | None = None
         self._last_data = clock.seconds()
+        self._counted = 0
+        self._client_sizes: tuple[int, int] | None = None
 
     def connectionMade(self) -> None:
+        channel = self.request.channel
+        if channel is not None:
+            self._client_sizes = _widen(channel.transport, read=RELAY_READ, buffered=RELAY_BUFFERED)
         self.request.registerProducer(self, True)
         self._watch()
 
@@ -125,10 +183,26 @@ class _Relay(Protocol):
         self._last_data = self._clock.seconds()
         self.request.write(data)
         self.relayed += len(data)
-        metrics.ARCHIVE_STREAM_BYTES.inc(len(data))
+        if self.relayed - self._counted >= METRIC_EVERY:
+            self._count()
+
+    def _count(self) -> None:
+        metrics.ARCHIVE_STREAM_BYTES.inc(self.relayed - self._counted)
+        self._counted = self.relayed
+
+    def _narrow(self) -> None:
+        """The client's connection back to Twisted's sizes (it is kept alive
+        for other requests)."""
+        sizes, self._client_sizes = self._client_sizes, None
+        channel = self.request.channel
+        transport: Any = channel.transport if channel is not None else None
+        if sizes is not None and isinstance(transport, FileDescriptor):
+            transport.bufferSize, transport.SEND_LIMIT = sizes
 
     def connectionLost(self, reason: Failure = Failure(ResponseDone())) -> None:
         self._unwatch()
+        self._count()
+        self._narrow()
         # A request whose client went away has no channel left to unregister from.
         if self.request.producer is not None and self.request.channel is not None:
             self.request.unregisterProducer()
@@ -242,7 +316,7 @@ class ArchiveStreams:
         # and a transfer the client abandoned closes its own.
         self._agent = Agent.usingEndpointFactory(
             reactor,
-            DirectEndpoints(reactor, connect_timeout),
+            _WideReadEndpoints(reactor, connect_timeout),
             pool=quiet_pool(reactor, persistent=False),
         )
         self._active: Counter[int] = Counter()
