@@ -36,6 +36,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import secrets
+import sys
 import uuid
 from collections import Counter
 from collections.abc import Iterator
@@ -245,11 +246,13 @@ def _report_counts(request: pytest.FixtureRequest) -> Iterator[None]:
 
 @pytest.fixture(scope="module", autouse=True)
 def _say_the_seed(request: pytest.FixtureRequest) -> None:
-    reporter = request.config.pluginmanager.get_plugin("terminalreporter")
+    """The seed on the console, under pytest-xdist too (a worker's standard
+    error is the console's; its terminal reporter is not)."""
     capture = request.config.pluginmanager.get_plugin("capturemanager")
-    if reporter is not None and capture is not None:
+    if capture is not None:
         with capture.global_and_fixture_disabled():
-            reporter.write_line(f"\n{REPLAY}")
+            sys.stderr.write(f"\n{REPLAY}\n")
+            sys.stderr.flush()
 
 
 def _call(case: Any, site: LiveSite) -> None:
