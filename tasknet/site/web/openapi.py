@@ -236,7 +236,8 @@ _COMMON_RESPONSES: dict[str, Schema] = {
         429,
         "Too many wrong tokens from the caller's address (bearer header, `?token=` or a "
         "sign-in's body): until `Retry-After` no token from that address is looked up, a "
-        "right one included. 1,000 wrong tokens at once, then ten a second.",
+        "right one included. By default 1,000 wrong tokens at once, then ten a second "
+        "(`--auth-burst`, `--auth-rate`).",
         "rate_limited",
         headers={**_RETRY_AFTER},
     ),
