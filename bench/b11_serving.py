@@ -16,14 +16,16 @@ the servers take turns, three rounds: the figure is the median of the
 three.  The node's CPU seconds (``/proc/PID/stat``) per GiB it sent are
 reported.
 
-Through the site (``via: site``): a site on B9's database (1,000,000 tasks
-from the bench cache; ``--quick``: a small one), the node logged in to it as
+Through the site (``via: site``): a site on B9's database (1,000,000 tasks)
+when the bench cache holds it, else on 1,000,000 tasks of its status mix
+seeded by SQL (``bench.linkseed``, cached too; ``--quick``: B9's small one),
+the node logged in to it as
 one of that database's nodes, without ``--public-url``, holding the archive
 as one of its completed tasks; the clients fetch ``GET
 /api/tasks/{gid}/archive`` with the admin's token (8 clients, whole and
 ranges), against nginx again.  Link issue latency: ``GET
 /api/tasks/{gid}/archive`` with ``Accept: application/json`` over the
-node's completed tasks, p50 and p99 (one client).  A site without that
+node's completed tasks drawn at random, p50 and p99 (one client).  A site without that
 route yet (or that refuses it) leaves those two rows with the reason.
 
 Targets (DELIVERY.md "Performance"): the node >= 0.8x nginx at 8 clients
@@ -47,7 +49,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench import plan, viewseed
+from bench import linkseed, plan, viewseed
 from bench.harness import Context, Row, percentile
 from bench.procs import REPO_ROOT, BenchError, Proc, twistd
 from bench.services import spawn_site, wait_site
@@ -291,12 +293,15 @@ class SitePart:
     notes: list[str] = field(default_factory=list)
 
 
-def completed_gids(path: str, node: str, limit: int) -> list[int]:
-    """Completed tasks of ``node`` in the seeded database (the link issue's)."""
+def completed_gids(path: str, node: str, limit: int, *, at_random: bool = False) -> list[int]:
+    """Completed tasks of ``node`` in the seeded database: the first ones by
+    gid, or ``at_random`` (the link issue's, spread over the whole table)."""
+    order = "random()" if at_random else "gid"
     connection = sqlite3.connect(path)
     try:
         rows = connection.execute(
-            "SELECT gid FROM gallery WHERE node_id = ? AND status = 4 ORDER BY gid LIMIT ?",
+            "SELECT gid FROM gallery WHERE node_id = ? AND status = 4"  # noqa: S608 (constant)
+            f" ORDER BY {order} LIMIT ?",
             (node, limit),
         ).fetchall()
     finally:
@@ -304,33 +309,29 @@ def completed_gids(path: str, node: str, limit: int) -> list[int]:
     return [int(r[0]) for r in rows]
 
 
-#: Without B9's million-task database in the cache, a run seeds this many
-#: instead (seeding a million takes from 15 minutes to an hour here).
-STAND_IN_TASKS = 20_000
+#: The link issue's database when B9's million is not in the cache: this
+#: many tasks seeded by SQL (bench.linkseed: a few minutes, then cached).
+LINK_TASKS = 1_000_000
 
 
-def link_database(ctx: Context) -> tuple[viewseed.ViewSizes, str]:
-    """B9's database for the site part: its full size when the cache holds
-    it (B9 ran before, as in ``python -m bench all``) or B9's size is set
-    (``TASKNET_BENCH_B9_TASKS``); else a small one of the same shape, and
-    the note saying so."""
+def link_database(ctx: Context, directory: Path) -> tuple[viewseed.ViewSeed, str]:
+    """The site's database for the site part and how it is described: B9's
+    (1,000,000 tasks) when the cache holds it (B9 ran before, as in ``python
+    -m bench all``) or B9's size is set (``TASKNET_BENCH_B9_TASKS``), or for
+    ``--quick`` B9's tiny one; else :data:`LINK_TASKS` tasks of B9's status
+    mix copied by SQL from a small template (``bench.linkseed``)."""
     full = viewseed.ViewSizes.of(ctx.quick)
-    if ctx.quick or os.environ.get(viewseed.TASKS_ENV):
-        return full, ""
     cached = ctx.cache is not None and (ctx.cache / f"{viewseed.cache_key(full)}.sqlite").exists()
-    if cached:
-        return full, ""
-    stand_in = viewseed.ViewSizes(
-        tasks=STAND_IN_TASKS,
-        users=20,
-        heavy_tasks=STAND_IN_TASKS // 10,
-        nodes=20,
-        history_minutes=60,
-    )
-    return stand_in, (
-        f"B9's {full.tasks:,}-task database is not in the cache: a {STAND_IN_TASKS:,}-task one"
-        " of the same shape instead (run B9 first, e.g. python -m bench B9 B11, for the"
-        " link figure at full size)"
+    if ctx.quick or os.environ.get(viewseed.TASKS_ENV) or cached:
+        seed = viewseed.prepare(directory, full, ctx.cache)
+        where = "from the cache" if seed.from_cache else "seeded now"
+        return seed, f"a site on B9's database of {seed.sizes.tasks:,} tasks ({where})"
+    seed = linkseed.prepare(directory, LINK_TASKS, ctx.cache)
+    where = "from the cache" if seed.from_cache else f"seeded now in {seed.seed_seconds:.0f}s"
+    return seed, (
+        f"a site on {seed.sizes.tasks:,} tasks of B9's status mix over {seed.sizes.users} users"
+        f" and {seed.sizes.nodes} nodes, a {linkseed.TEMPLATE_TASKS:,}-task template copied"
+        f" by SQL (bench/linkseed.py; {where})"
     )
 
 
@@ -373,19 +374,17 @@ def via_site(
     ctx: Context, directory: Path, archive: Path, sha256: str, sizes: Sizes, nginx: Server | None
 ) -> SitePart:
     part = SitePart()
-    view_sizes, why = link_database(ctx)
-    if why:
-        part.notes.append(why)
-    seed = viewseed.prepare(directory, view_sizes, ctx.cache)
-    part.database = (
-        f"a site on B9's database of {seed.sizes.tasks:,} tasks"
-        f" ({'from the cache' if seed.from_cache else 'seeded now'})"
-    )
-    gids = completed_gids(seed.path, NODE_ID, sizes.link_samples + 1)
-    if not gids:
+    seed, part.database = link_database(ctx, directory)
+    first = completed_gids(seed.path, NODE_ID, 1)
+    if not first:
         part.skipped = f"no completed task of {NODE_ID} in the seeded database"
         return part
-    held = gids[0]
+    held = first[0]
+    gids = [held] + [
+        gid
+        for gid in completed_gids(seed.path, NODE_ID, sizes.link_samples + 1, at_random=True)
+        if gid != held
+    ]
     operation_id = make_held(seed.path, held, archive.stat().st_size, sha256)
     from tasknet.node.paths import DataDir
 
@@ -588,9 +587,9 @@ def _link_row(link_row: Row, part: SitePart) -> None:
     link_row.lower_is_better = True
     link_row.notes.append(
         f"{len(part.link_ms)} link issues (GET /api/tasks/{{gid}}/archive, Accept:"
-        " application/json, admin token), one client, a new connection each (urllib)"
+        " application/json, admin token) of the node's completed tasks at random, one client,"
+        " a new connection each (urllib)"
         + (f"; not answered 200: {part.link_refused}" if part.link_refused else "")
         + f"; {part.database}"
     )
-    link_row.notes.extend(note for note in part.notes if "not in the cache" in note)
     link_row.met = link_row.figure is not None and link_row.figure < TARGET_LINK_P99_MS
