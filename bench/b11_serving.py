@@ -241,7 +241,8 @@ def load(server: Server, clients: int, mode: str, size: int, seconds: float) -> 
     if server.proc is not None:
         if not server.proc.alive:
             raise server.proc.died(f"serving {clients} clients")
-        server.cpu_seconds += server.proc.cpu_seconds() - cpu0
+        result["cpu_seconds"] = server.proc.cpu_seconds() - cpu0
+        server.cpu_seconds += result["cpu_seconds"]
     server.bytes_sent += result["bytes"]
     if result["bad"]:
         raise BenchError(f"{server.label} answered badly to {mode} x{clients}: {result['bad']}")
@@ -268,6 +269,23 @@ def measure(
 
 def median_rate(results: list[dict[str, Any]]) -> float:
     return statistics.median(r["mib_s"] for r in results)
+
+
+def phase_cpu_per_gib(results: list[dict[str, Any]]) -> float | None:
+    """CPU seconds per GiB sent over one phase's rounds (None without a process)."""
+    sent = sum(r["bytes"] for r in results)
+    if not sent or any("cpu_seconds" not in r for r in results):
+        return None
+    return sum(r["cpu_seconds"] for r in results) / (sent / GIB)
+
+
+def _fmt_cpu(label: str, rates: dict[str, list[dict[str, Any]]]) -> str:
+    parts = []
+    for phase, results in rates.items():
+        cpu = phase_cpu_per_gib(results)
+        if cpu is not None:
+            parts.append(f"{phase} {cpu:.2f}")
+    return f"{label} CPU s per GiB by phase: " + ", ".join(parts)
 
 
 def cpu_per_gib(server: Server) -> float | None:
@@ -528,6 +546,7 @@ def run(ctx: Context) -> list[Row]:
         + _fmt_rates("node", node_rates)
     )
     node_row.notes.append(f"node CPU {cpu_per_gib(ours) or 0:.2f} s per GiB served")
+    node_row.notes.append(_fmt_cpu("node", node_rates))
     if nginx is not None:
         nginx_rates = results["nginx"]
         node_row.baseline = median_rate(nginx_rates["whole x8"])
@@ -568,6 +587,7 @@ def run(ctx: Context) -> list[Row]:
         return rows
     site_row.figure = median_rate(part.rates[f"whole x{SITE_CLIENTS}"])
     site_row.notes.append(_fmt_rates("via site", part.rates))
+    site_row.notes.append(_fmt_cpu("site", part.rates))
     site_row.notes.extend(part.notes)
     site_row.details = {"site": part.rates}
     if part.nginx_rates is not None:
