@@ -30,7 +30,10 @@ import tasknet
 from tasknet.cli.jsonhttp import request
 from tasknet.process import LOOPBACK, Child, free_port
 
-pytestmark = pytest.mark.slow
+# Building the sdist and the wheel and installing it into a fresh virtualenv
+# takes about two minutes on a quiet machine: more than the suite's 180 s per
+# test on a busy one.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 REPO = Path(__file__).resolve().parents[2]
 VERSION = tasknet.__version__
