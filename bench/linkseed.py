@@ -135,6 +135,7 @@ def seed(path: Path, tasks: int, log: Any = print) -> dict[str, Any]:
     meta = viewseed.seed_tasks(path, template_sizes(template), log)
     log(f"   B11 links: a {template:,}-task template in {time.monotonic() - started:.0f}s")
     connection = connect(str(path))
+    assert isinstance(connection, sqlite3.Connection)  # a file path: SQLite
     try:
         run_write(connection, _node_keys, template_sizes().nodes)
         per_chunk = max(1, CHUNK // template)
