@@ -34,6 +34,7 @@ from __future__ import annotations
 import enum
 import errno
 import os
+from abc import ABC, abstractmethod
 from collections.abc import Callable
 from typing import Any, BinaryIO
 
@@ -99,7 +100,7 @@ def send_file_range(
     return kind(request, file, offset, length, clock, idle_timeout, on_progress).start()
 
 
-class _Sender:
+class _Sender(ABC):
     """What both ways share: the file, the count, the idle timer, the end."""
 
     def __init__(
@@ -130,8 +131,9 @@ class _Sender:
         self._begin()
         return self.done
 
+    @abstractmethod
     def _begin(self) -> None:
-        raise NotImplementedError
+        """Start moving the body: by the kernel, or by blocks."""
 
     def _progress(self, sent: int) -> None:
         self.remaining -= sent
@@ -172,6 +174,7 @@ class _Sender:
                 self.request.finish()
             self.done.callback(outcome)
 
+    @abstractmethod
     def _detach(self) -> None:
         """Stop being anyone's producer."""
 
