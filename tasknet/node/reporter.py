@@ -7,12 +7,14 @@ is persisted before it is sent and resent unchanged (same reportId and
 revision) on reconnect and whenever no ACK arrives within ``ack_timeout``.
 Changes made meanwhile only mark the state dirty and go into the next
 snapshot, taken once the in-flight one is ACKed.
-Completed and deleted entries leave the node in the ACK's own transaction.
+Completed, deleted and released entries leave the node in the ACK's own
+transaction.
 
 Legacy (``--protocol 1``, or a v2 node on a legacy site): a StatusReport of
 every task and a DeleteResult per finished delete, and — the old behaviour,
 kept on purpose — a finished task is dropped right after its status was sent,
-ACK or not (docs/protocol.md, "The legacy boundary").
+ACK or not (docs/protocol.md, "The legacy boundary").  The legacy wire has
+no ``released``: releases stay in the store until a v2 link carries them.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from tasknet.protocol.messages import (
     ACK_APPLIED,
     DeletedEntry,
     DeleteResult,
+    ReleasedEntry,
     StatusReport,
     TaskEntry,
     TaskReport,
@@ -51,6 +54,7 @@ def to_message(report: PendingReport) -> TaskReport:
         gallery_tasks=tuple(report.gallery_tasks),
         operation_ids=dict(report.operation_ids),
         deleted=tuple(DeletedEntry(*d) for d in report.deleted),
+        released=tuple(ReleasedEntry(*r) for r in report.released),
     )
 
 

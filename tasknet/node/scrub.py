@@ -8,9 +8,10 @@ pass is still re-read in time; the archive scrubbed longest ago goes first.
 An archive whose size on disk differs from the recorded one, or whose bytes
 no longer hash to the recorded SHA-256, or that cannot be read (EIO), is
 ``NodeStore.set_aside``: forgotten (never served again), its file moved to
-``corrupt/``, logged with its gid, operationId and why.  At start every
-held archive's file is looked at (a stat, no read): one missing or of
-another size than recorded is set aside at once.
+``corrupt/``, logged with its gid, operationId and why, and released
+(``CORRUPT``; ``MISSING`` when its file is gone: the site learns it in the
+next report).  At start every held archive's file is looked at (a stat, no
+read): one missing or of another size than recorded is set aside at once.
 
 Reads run on a one-thread pool, a chunk at a time; the pacing between chunks
 is on the node's clock, so a test measures it with ``task.Clock``.
@@ -33,7 +34,7 @@ from twisted.internet.threads import deferToThreadPool
 from twisted.logger import Logger
 
 from tasknet.node.paths import DataDir
-from tasknet.node.store import ArchiveRow, NodeStore
+from tasknet.node.store import CORRUPT, MISSING, ArchiveRow, NodeStore
 from tasknet.runtime import IThreadPools
 from tasknet.units import parse_duration, parse_rate
 
@@ -275,7 +276,7 @@ class Scrubber(Service):
             if size == row.size:
                 continue
             if size is None:
-                await self._set_aside(row, "its file is missing")
+                await self._set_aside(row, "its file is missing", MISSING)
             else:
                 await self._set_aside(
                     row, f"size on disk {size} differs from the recorded {row.size}"
@@ -346,7 +347,7 @@ class Scrubber(Service):
         try:
             reader = await self._in_thread(_Reader.open, path)
         except FileNotFoundError:
-            return await self._set_aside(row, "its file is missing")
+            return await self._set_aside(row, "its file is missing", MISSING)
         except OSError as exc:
             return self._unreadable(row, exc)
         try:
@@ -384,8 +385,8 @@ class Scrubber(Service):
         self.scrubbed += 1
         return INTACT
 
-    async def _set_aside(self, row: ArchiveRow, why: str) -> str:
-        await self.store.set_aside(row.gid, row.operation_id, f"scrub: {why}")
+    async def _set_aside(self, row: ArchiveRow, why: str, reason: str = CORRUPT) -> str:
+        await self.store.set_aside(row.gid, row.operation_id, f"scrub: {why}", reason=reason)
         self.set_aside += 1
         return SET_ASIDE
 

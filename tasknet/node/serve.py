@@ -54,7 +54,7 @@ from zope.interface import provider
 
 from tasknet.node.paths import DataDir
 from tasknet.node.sendfile import Outcome, send_file_range
-from tasknet.node.store import ArchiveRow, NodeStore
+from tasknet.node.store import CORRUPT, MISSING, ArchiveRow, NodeStore
 from tasknet.protocol.archive_links import link_key, verify_link
 from tasknet.protocol.messages import IDENTIFIER_MAX
 from tasknet.weblog import QuietSite
@@ -529,18 +529,21 @@ class ArchiveServer:
     async def _open(self, row: ArchiveRow) -> BinaryIO | None:
         """The archive's file, opened, when it is whole on disk; otherwise
         it is set aside (never served short) and None."""
+        reason = CORRUPT
         try:
             path = self.data.archive_file(row)
             file = open(path, "rb")  # noqa: SIM115 (closed by the sender)
         except (OSError, ValueError) as exc:
             why = f"cannot open its file: {exc.__class__.__name__}"
+            if isinstance(exc, FileNotFoundError):
+                reason = MISSING
         else:
             actual = os.fstat(file.fileno()).st_size
             if actual == row.size:
                 return file
             file.close()
             why = f"{actual} bytes on disk, {row.size} recorded"
-        await self.store.set_aside(row.gid, row.operation_id, why)
+        await self.store.set_aside(row.gid, row.operation_id, why, reason=reason)
         return None
 
     def _prepare(self, request: server.Request, row: ArchiveRow) -> tuple[int, int, int]:

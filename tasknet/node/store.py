@@ -13,7 +13,8 @@ tables:
 - ``received_command``: the commands received (drills read it).  A DOWNLOAD
   row is also the guard against downloading a generation twice: a DOWNLOAD
   whose (gid, operationId) was received before is a no-op, even after the
-  task row is gone (completed and ACKed).
+  task row is gone (completed and ACKed), unless a CANCEL of that generation
+  came after it (then it starts again).
 - ``settled_deletion``: gids whose delete the site has taken (see below).
 - ``archive``: the archives the node holds, one row per (gid, operationId),
   with the size and SHA-256 computed while it was written.  Written in the
@@ -21,6 +22,12 @@ tables:
   (dropped once the completion is ACKed) and goes with the files: a DELETE
   that removed them, a new generation of the gid, or ``set_aside`` (the
   scrub found it damaged: the file moves to ``corrupt/``).
+- ``released``: the generations the node stopped holding on its own
+  (PROTOCOL.md "Archives (v2)": ``EXPIRED``, ``DISK_BUDGET``, ``CORRUPT``,
+  ``MISSING``, ``CANCELLED``), each written in the transaction that removed
+  its ``archive`` row (or, for a CANCEL, its task), and kept until an ACK for
+  a v2 report that carried it, exactly as ``deletion`` rows are.  A legacy
+  link never sends them: they wait for the next v2 connection.
 
 Housekeeping (``docs/operations.md``): a gid's ``received_command`` rows up to
 a DELETE are pruned once that delete is settled, a DELETED or NOT_FOUND
@@ -116,6 +123,15 @@ CREATE TABLE IF NOT EXISTS archive (
     PRIMARY KEY (gid, operation_id)
 );
 CREATE INDEX IF NOT EXISTS archive_by_scrub ON archive (COALESCE(scrubbed_at, completed_at));
+CREATE INDEX IF NOT EXISTS archive_by_use ON archive (COALESCE(served_at, completed_at));
+CREATE TABLE IF NOT EXISTS released (
+    gid          INTEGER NOT NULL,
+    operation_id TEXT    NOT NULL,
+    reason       TEXT    NOT NULL CHECK (reason IN
+                     ('EXPIRED', 'DISK_BUDGET', 'CORRUPT', 'MISSING', 'CANCELLED')),
+    at           REAL    NOT NULL,
+    PRIMARY KEY (gid, operation_id)
+);
 """
 
 #: Columns added after the first release, with their definitions: a database
@@ -135,6 +151,14 @@ NOT_FOUND = "NOT_FOUND"
 FAILED = "FAILED"
 LEGACY_DELETE_ID = ""  # a DeleteGallery carries no delete operation id
 DELETE_RESULTS = (DELETED, NOT_FOUND, FAILED)
+
+# Why the node stopped holding a generation (a ``released`` entry's reason).
+EXPIRED = "EXPIRED"
+DISK_BUDGET = "DISK_BUDGET"
+CORRUPT = "CORRUPT"
+MISSING = "MISSING"
+CANCELLED = "CANCELLED"
+RELEASE_REASONS = (EXPIRED, DISK_BUDGET, CORRUPT, MISSING, CANCELLED)
 
 _TASK_COLUMNS = (
     "gid, operation_id, name, url, protocol, status, progress, size, archive, error, expected_size"
@@ -216,18 +240,20 @@ class PendingReport:
     gallery_tasks: tuple[TaskEntry, ...]
     operation_ids: dict[int, str]
     deleted: tuple[tuple[int, str, str, str], ...]
+    #: (gid, operationId, reason) of the generations released (PROTOCOL.md).
+    released: tuple[tuple[int, str, str], ...] = ()
 
     def to_json(self) -> str:
-        return json.dumps(
-            {
-                # [gid, status, progress], plus queued and detail when they
-                # say something, plus size and sha256 when a digest is known.
-                "galleryTasks": [_entry_json(t) for t in self.gallery_tasks],
-                "operationIds": {str(k): v for k, v in self.operation_ids.items()},
-                "deleted": [list(d) for d in self.deleted],
-            },
-            separators=(",", ":"),
-        )
+        body: dict[str, Any] = {
+            # [gid, status, progress], plus queued and detail when they
+            # say something, plus size and sha256 when a digest is known.
+            "galleryTasks": [_entry_json(t) for t in self.gallery_tasks],
+            "operationIds": {str(k): v for k, v in self.operation_ids.items()},
+            "deleted": [list(d) for d in self.deleted],
+        }
+        if self.released:
+            body["released"] = [list(r) for r in self.released]
+        return json.dumps(body, separators=(",", ":"))
 
     @classmethod
     def from_row(cls, report_id: str, revision: int, body: str) -> PendingReport:
@@ -239,6 +265,8 @@ class PendingReport:
             gallery_tasks=tuple(_entry(*t) for t in data["galleryTasks"]),
             operation_ids={int(k): str(v) for k, v in data["operationIds"].items()},
             deleted=tuple((int(g), str(o), str(r), str(w)) for g, o, r, w in data["deleted"]),
+            # A report persisted by an older node has none.
+            released=tuple((int(g), str(o), str(r)) for g, o, r in data.get("released", ())),
         )
 
 
@@ -360,9 +388,14 @@ def _accept_download(
             return DownloadAccepted("duplicate", current.operation_id)
         operation_id = legacy_operation_id
     else:
+        # Received before, and not cancelled since (a CANCEL ends a
+        # generation here: the site may send it again later, e.g. after
+        # moving it back to this node).
         cursor.execute(
-            "SELECT 1 FROM received_command WHERE gid = ? AND operation_id = ? AND action = ?",
-            (gid, operation_id, "DOWNLOAD"),
+            "SELECT 1 FROM received_command WHERE gid = ? AND operation_id = ? AND action = ?"
+            " AND id > (SELECT COALESCE(MAX(id), 0) FROM received_command"
+            "  WHERE gid = ? AND operation_id = ? AND action = 'CANCEL')",
+            (gid, operation_id, "DOWNLOAD", gid, operation_id),
         )
         seen_before = cursor.fetchone() is not None
         _record_command(cursor, now, gid, operation_id, "DOWNLOAD", protocol)
@@ -374,6 +407,8 @@ def _accept_download(
         " VALUES (?, ?, ?, ?, ?, ?, 0, NULL, NULL, NULL, ?, ?)",
         (gid, operation_id, name, url, protocol, int(NodeCode.DOWNLOADING), now, size),
     )
+    # Held again: a release of this generation not yet reported is void.
+    cursor.execute("DELETE FROM released WHERE gid = ? AND operation_id = ?", (gid, operation_id))
     # The archive of an older generation (its task row gone once its
     # completion was ACKed) is replaced too: the caller removes its files.
     replaced = _drop_archives_of(cursor, gid, keep=operation_id)
@@ -479,7 +514,8 @@ def _create_report(
     # not carry an empty one (PROTOCOL.md "Bounds"): it stays held until the
     # site sends its DELETE again over v2 with the id, which replaces it.
     deletions = [d for d in deletions if d.operation_id != LEGACY_DELETE_ID]
-    if not tasks and not deletions:
+    released = _read_released(cursor)
+    if not tasks and not deletions and not released:
         return None  # nothing held: a report would tell the site nothing
     previous = _last_revision(cursor)
     revision = now_ms if previous is None else max(previous + 1, now_ms)
@@ -503,6 +539,7 @@ def _create_report(
         ),
         operation_ids=operation_ids,
         deleted=tuple((d.gid, d.operation_id, d.result or "", d.reason) for d in deletions),
+        released=released,
     )
     cursor.execute(
         "INSERT OR REPLACE INTO meta (key, value) VALUES ('revision', ?)", (str(revision),)
@@ -513,6 +550,66 @@ def _create_report(
         (report_id, revision, report.to_json(), now),
     )
     return report
+
+
+def _read_released(cursor: sqlite3.Cursor) -> tuple[tuple[int, str, str], ...]:
+    cursor.execute("SELECT gid, operation_id, reason FROM released ORDER BY gid, operation_id")
+    return tuple((int(g), str(o), str(r)) for g, o, r in cursor.fetchall())
+
+
+def _release(cursor: sqlite3.Cursor, now: float, gid: int, operation_id: str, reason: str) -> None:
+    """Record that generation ``(gid, operation_id)`` is no longer held, for
+    ``reason``; the next v2 reports carry it until one of them is ACKed.  A
+    later release of the same generation replaces an earlier one not yet
+    reported (a CANCEL after an expiry: the site settles its CANCEL)."""
+    if reason not in RELEASE_REASONS:
+        raise ValueError(f"unknown release reason {reason!r}")
+    cursor.execute(
+        "INSERT OR REPLACE INTO released (gid, operation_id, reason, at) VALUES (?, ?, ?, ?)",
+        (gid, operation_id, reason, now),
+    )
+
+
+def _release_archive(
+    cursor: sqlite3.Cursor, now: float, gid: int, operation_id: str, reason: str
+) -> ArchiveRow | None:
+    """Stop holding the archive of ``(gid, operation_id)`` (retention): its
+    row goes and the release is recorded in the same transaction; the row,
+    or None when it was no longer held (the caller then removes nothing).
+    An archive whose completion the site has not yet ACKed is not released
+    (the task row still holds it): the site would not know it completed."""
+    row = _get_archive(cursor, gid, operation_id)
+    if row is None:
+        return None
+    task = _get_task(cursor, gid)
+    if task is not None and task.operation_id == operation_id:
+        return None
+    cursor.execute("DELETE FROM archive WHERE gid = ? AND operation_id = ?", (gid, operation_id))
+    _release(cursor, now, gid, operation_id, reason)
+    return row
+
+
+@dataclass(frozen=True)
+class Cancelled:
+    """What a CANCEL did: ``held`` (the task or archive of that generation
+    was there and is gone now) or not; the archive row removed, if any."""
+
+    held: bool
+    archive: ArchiveRow | None
+
+
+def _cancel(cursor: sqlite3.Cursor, now: float, gid: int, operation_id: str) -> Cancelled:
+    """Forget generation ``(gid, operation_id)`` (its task row and its
+    archive), never another generation of the gid, and release it
+    (``CANCELLED``), held or not.  Recorded as a received CANCEL: a DOWNLOAD
+    of that generation after it is a new start, not a repeat."""
+    _record_command(cursor, now, gid, operation_id, "CANCEL", 2)
+    archive = _get_archive(cursor, gid, operation_id)
+    cursor.execute("DELETE FROM task WHERE gid = ? AND operation_id = ?", (gid, operation_id))
+    held = cursor.rowcount == 1 or archive is not None
+    cursor.execute("DELETE FROM archive WHERE gid = ? AND operation_id = ?", (gid, operation_id))
+    _release(cursor, now, gid, operation_id, CANCELLED)
+    return Cancelled(held, archive)
 
 
 def snapshot_entry(
@@ -545,6 +642,11 @@ def _acknowledge(cursor: sqlite3.Cursor, now: float, report_id: str) -> bool:
             (gid, operation_id, result),
         )
         _settle(cursor, now, gid, operation_id, result)
+    # A release replaced meanwhile (another reason) stays for the next report.
+    cursor.executemany(
+        "DELETE FROM released WHERE gid = ? AND operation_id = ? AND reason = ?",
+        report.released,
+    )
     cursor.execute("DELETE FROM in_flight_report WHERE id = 1")
     _prune_commands(cursor, now, COMMAND_RETENTION_DAYS * 86400.0, PRUNE_BATCH)
     return True
@@ -609,14 +711,16 @@ def _prune_commands(
 
 
 def _set_aside(
-    cursor: sqlite3.Cursor, data: DataDir, gid: int, operation_id: str
+    cursor: sqlite3.Cursor, now: float, data: DataDir, gid: int, operation_id: str, reason: str
 ) -> tuple[ArchiveRow | None, str]:
-    """Forget the archive and move its file to ``corrupt/``; the row and
-    what became of the file (for the log)."""
+    """Forget the archive, release it (``reason``: ``CORRUPT`` or
+    ``MISSING``) and move its file to ``corrupt/``; the row and what became
+    of the file (for the log)."""
     row = _get_archive(cursor, gid, operation_id)
     if row is None:
         return None, ""
     cursor.execute("DELETE FROM archive WHERE gid = ? AND operation_id = ?", (gid, operation_id))
+    _release(cursor, now, gid, operation_id, reason)
     # The row is gone either way: whatever happens to the file, it is never
     # served again.  The move is a rename within --data (quick, in the
     # transaction's thread).
@@ -846,26 +950,78 @@ class NodeStore:
 
         return self._run_at(mark)
 
-    def set_aside(self, gid: int, operation_id: str, why: str) -> Deferred[None]:
+    def set_aside(
+        self, gid: int, operation_id: str, why: str, *, reason: str = CORRUPT
+    ) -> Deferred[None]:
         """Stop holding the archive because of ``why`` (damaged, wrong size):
-        its row goes and its file moves to ``corrupt/``; logged.  Nothing
-        happens when it is not held."""
+        its row goes, it is released with ``reason`` (``CORRUPT``, or
+        ``MISSING`` when its file is gone) and its file moves to ``corrupt/``;
+        logged.  Nothing happens when it is not held."""
+        if reason not in (CORRUPT, MISSING):
+            raise ValueError(f"an archive is set aside as CORRUPT or MISSING, not {reason!r}")
 
         def logged(result: tuple[ArchiveRow | None, str]) -> None:
             row, file = result
             if row is not None:
                 log.error(
-                    "gid {gid}: archive {operation_id} set aside ({why}): {file}",
+                    "gid {gid}: archive {operation_id} set aside ({why}), released {reason}:"
+                    " {file}",
                     gid=gid,
                     operation_id=operation_id,
                     why=why,
+                    reason=reason,
                     file=file,
                 )
 
-        d: Deferred[tuple[ArchiveRow | None, str]] = self._run(
-            _set_aside, self.data, gid, operation_id
+        d: Deferred[tuple[ArchiveRow | None, str]] = self._run_at(
+            _set_aside, self.data, gid, operation_id, reason
         )
         return d.addCallback(logged)
+
+    def release_archive(
+        self, gid: int, operation_id: str, reason: str
+    ) -> Deferred[ArchiveRow | None]:
+        """Stop holding an archive (retention: ``EXPIRED``, ``DISK_BUDGET``)
+        and release it, in one transaction; the row forgotten (its file is the
+        caller's to remove), or None when it was not held or its completion
+        is not yet ACKed."""
+        return self._run_at(_release_archive, gid, operation_id, reason)
+
+    def cancel(self, gid: int, operation_id: str) -> Deferred[Cancelled]:
+        """Forget generation ``(gid, operation_id)`` and release it
+        ``CANCELLED`` (held or not); the caller stopped its job first and
+        removes its files after."""
+        return self._run_at(_cancel, gid, operation_id)
+
+    def released(self) -> Deferred[list[tuple[int, str, str]]]:
+        """The releases not yet ACKed: (gid, operationId, reason)."""
+        return self._run(lambda cursor: list(_read_released(cursor)))
+
+    def eviction_candidates(self, limit: int) -> Deferred[list[ArchiveRow]]:
+        """Up to ``limit`` archives retention may remove, the one served
+        longest ago (never served: completed longest ago) first; an archive
+        whose completion the site has not ACKed yet is not one."""
+
+        def read(cursor: sqlite3.Cursor) -> list[ArchiveRow]:
+            sql = (
+                f"SELECT {_ARCHIVE_COLUMNS} FROM archive a"  # noqa: S608 (constant)
+                " WHERE NOT EXISTS (SELECT 1 FROM task t"
+                "  WHERE t.gid = a.gid AND t.operation_id = a.operation_id)"
+                " ORDER BY COALESCE(served_at, completed_at), gid, operation_id LIMIT ?"
+            )
+            return [_archive(r) for r in _query(cursor, sql, (limit,))]
+
+        return self._run(read)
+
+    def archive_totals(self) -> Deferred[tuple[int, int]]:
+        """The archives held: (count, bytes)."""
+
+        def read(cursor: sqlite3.Cursor) -> tuple[int, int]:
+            cursor.execute("SELECT COUNT(*), COALESCE(SUM(size), 0) FROM archive")
+            count, size = cursor.fetchone()
+            return int(count), int(size)
+
+        return self._run(read)
 
     # housekeeping -------------------------------------------------------
     def prune_commands(
