@@ -1,4 +1,4 @@
-"""Applying the site's commands: DOWNLOAD and DELETE, on either wire.
+"""Applying the site's commands: DOWNLOAD and DELETE on either wire, CANCEL on v2.
 
 A command is recorded (``received_command``) and its effect persisted before
 any work starts.  Commands for one gid are applied one at a time (a per-gid
@@ -11,6 +11,11 @@ lock), so a DELETE never races the DOWNLOAD before it.
   (``DELETED``, ``NOT_FOUND`` when the node held nothing, or ``FAILED`` with
   the reason) recorded under the delete operation id.  Repeating a delete that
   succeeded changes nothing; repeating a failed one tries again.
+- CANCEL (v2 only, PROTOCOL.md "Archives (v2)"): that generation's job is
+  stopped if it runs, its files (partial and archive) removed, and it is
+  released ``CANCELLED``; a CANCEL for a generation the node does not hold is
+  released at once, so the site's record settles.  Repeating it is safe, and
+  it never touches another generation of the gid.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from tasknet.node.paths import DataDir
 from tasknet.node.store import DELETED, FAILED, LEGACY_DELETE_ID, NOT_FOUND, NodeStore
 from tasknet.node.worker import Worker
 from tasknet.protocol.messages import (
+    ACTION_CANCEL,
     ACTION_DELETE,
     ACTION_DOWNLOAD,
     DeleteGallery,
@@ -104,6 +110,12 @@ class CommandHandler:
                 return self._serialised(
                     message.gid, self._delete, message.gid, message.operation_id, 2
                 )
+            if message.action == ACTION_CANCEL:
+                if message.gid <= 0:
+                    raise BadCommand(f"gid must be positive, got {message.gid}")
+                return self._serialised(
+                    message.gid, self._cancel, message.gid, message.operation_id
+                )
             raise BadCommand(f"unknown action {message.action!r}")
         if isinstance(message, DownloadPost):
             _check_download(message.gid, message.url)
@@ -164,6 +176,37 @@ class CommandHandler:
             )
         self.on_change()
         self.worker.run(gid, accepted.operation_id)
+
+    async def _cancel(self, gid: int, operation_id: str) -> None:
+        # Only that generation's job: a newer one of the gid keeps running.
+        if self.worker.active().get(gid) == operation_id:
+            await self.worker.cancel(gid)
+        # Forgotten (never served again) before its files go.
+        cancelled = await self.store.cancel(gid, operation_id)
+        failures = []
+        for path in (
+            self.data.part_path(gid, operation_id),
+            self.data.archive_tmp_path(gid, operation_id),
+            self.data.archive_path(gid, operation_id),
+        ):
+            try:
+                path.unlink(missing_ok=True)
+            except OSError as exc:
+                failures.append(f"cannot remove {path.name}: {exc.strerror or exc}")
+        if failures:
+            log.error(
+                "gid {gid}: CANCEL {operation_id}: {failures}",
+                gid=gid,
+                operation_id=operation_id,
+                failures="; ".join(failures),
+            )
+        log.info(
+            "gid {gid}: CANCEL {operation_id}: {what}; released CANCELLED",
+            gid=gid,
+            operation_id=operation_id,
+            what="stopped and removed" if cancelled.held else "not held",
+        )
+        self.on_change()
 
     async def _delete(self, gid: int, operation_id: str, protocol: int) -> None:
         begun = await self.store.begin_delete(gid, operation_id, protocol)

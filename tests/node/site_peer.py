@@ -210,6 +210,9 @@ class ScriptedSite(Factory):
     def delete(self, operation_id: str, gid: int) -> None:
         self.current().send(TaskCommand(operation_id, "DELETE", gid, f"g{gid}", ""))
 
+    def cancel(self, operation_id: str, gid: int) -> None:
+        self.current().send(TaskCommand(operation_id, "CANCEL", gid, f"g{gid}", ""))
+
     def legacy_download(self, gid: int, url: str) -> None:
         self.current().send(DownloadPost(gid, "token", f"g{gid}", url))
 
