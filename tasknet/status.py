@@ -48,6 +48,9 @@ class TaskStatus(enum.StrEnum):
     SUBMIT_UNKNOWN = "SUBMIT_UNKNOWN"
     DELETE_PENDING = "DELETE_PENDING"
     DELETE_FAILED = "DELETE_FAILED"
+    #: The task's generation was completed, and no node holds its archive any
+    #: more (released, missing from an inventory, its node retired): DELIVERY.md.
+    ARCHIVE_GONE = "ARCHIVE_GONE"
 
     @property
     def label(self) -> Label:
@@ -72,6 +75,7 @@ LABELS: dict[TaskStatus, Label] = {
     TaskStatus.SUBMIT_UNKNOWN: Label("提交未知", "Submission unknown"),
     TaskStatus.DELETE_PENDING: Label("待删除", "Delete pending"),
     TaskStatus.DELETE_FAILED: Label("删除失败", "Delete failed"),
+    TaskStatus.ARCHIVE_GONE: Label("归档已失效", "Archive gone"),
 }
 
 NODE_CODE_STATUS: dict[NodeCode, TaskStatus] = {
@@ -104,6 +108,7 @@ def display_status(
     node_code: int | None,
     delete_failed: bool = False,
     queued: bool = False,
+    archive_gone: bool = False,
 ) -> TaskStatus:
     """The display key of a task.
 
@@ -113,6 +118,9 @@ def display_status(
     gallery row and so no display status: asking for one is a bug.
     ``queued``: the node holds the task but has not started it (a v2 entry's
     ``queued``, status 1): it is ``SUBMITTED``, not ``DOWNLOADING``.
+    ``archive_gone``: the generation's archive is held by no node any more
+    (``gallery.archive_gone_reason``); it outranks the node code, not a
+    delete or an unsettled submission.
     """
     if state is not None:
         state = OperationState(state)
@@ -122,6 +130,8 @@ def display_status(
             return TaskStatus.DELETE_FAILED
         if state in _STATE_STATUS:
             return _STATE_STATUS[state]
+    if archive_gone:
+        return TaskStatus.ARCHIVE_GONE
     if node_code:
         if queued and node_code == NodeCode.DOWNLOADING:
             return TaskStatus.SUBMITTED

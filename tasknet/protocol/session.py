@@ -48,6 +48,13 @@ class INodeSession(Interface):
     def send_ack(report_id: str, result: str) -> None:
         """v2 only: TaskReportAck (dropped with an error log on a legacy session)."""
 
+    def send_cancel(operation_id: str, gid: int) -> None:
+        """v2 only: TaskCommand CANCEL for that generation (custody: a task moved
+        off this node); dropped with an error log on a legacy session."""
+
+    def send_inventory_ack(inventory_id: str, part: int) -> None:
+        """v2 only: ArchiveInventoryAck for one part of the node's inventory."""
+
     def close(reason: str) -> None:
         """Send Goodbye{reason} and close the connection."""
 

@@ -76,12 +76,14 @@ from zope.interface import implementer
 
 from tasknet.protocol.connection import LOGIN_TIMEOUT, PeerFactory, PeerProtocol, hello_is_v2
 from tasknet.protocol.messages import (
+    ACTION_CANCEL,
     ACTION_DELETE,
     ACTION_DOWNLOAD,
     FEATURE_SITE_PROOF,
     INT63_MAX,
     MAX_PAYLOAD,
     PRE_LOGIN_MAX_PAYLOAD,
+    ArchiveInventoryAck,
     DeleteGallery,
     DeleteResult,
     DownloadPost,
@@ -450,6 +452,24 @@ class NodeSession(PeerProtocol):
             return
         self.sendMessage(TaskReportAck(report_id, result))
         self.factory.settled(self)  # a report applied: its login is done
+
+    def send_cancel(self, operation_id: str, gid: int) -> None:
+        if self.protocol_version < 2:
+            log.error(
+                "not sending CANCEL {operation_id} to legacy node {node_id}",
+                operation_id=operation_id,
+                node_id=self.node_id,
+            )
+            return
+        self.sendMessage(TaskCommand(operation_id, ACTION_CANCEL, gid, "", "", 0))
+
+    def send_inventory_ack(self, inventory_id: str, part: int) -> None:
+        if self.protocol_version < 2:
+            log.error(
+                "not sending ArchiveInventoryAck to legacy node {node_id}", node_id=self.node_id
+            )
+            return
+        self.sendMessage(ArchiveInventoryAck(inventory_id, part))
 
     def close(self, reason: str) -> None:
         self.sendMessage(Goodbye(reason))

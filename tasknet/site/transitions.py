@@ -14,6 +14,7 @@ ALLOWED: frozenset[tuple[S | None, S | None]] = frozenset(
     {
         (None, S.RESERVED),  # create
         (S.DELETED, S.RESERVED),  # create again after a delete (new operationId)
+        (S.SUBMITTED, S.RESERVED),  # create again after its archive is gone (confirmCharge)
         (None, S.SUBMITTED),  # backfill: a legacy row's one generation
         (S.RESERVED, S.SUBMITTING),  # prepare ok
         (S.RESERVED, None),  # prepare failed / quota / recovery: released

@@ -193,6 +193,9 @@ PATHS = _paths()
 PAIRS = [(old, new) for old in STATES for new in STATES if old != new]
 
 
+RECREATE_AFTER_GONE = (OperationState.SUBMITTED, OperationState.RESERVED)
+
+
 def _name(state: State) -> str:
     return "none" if state is None else state.value.lower()
 
@@ -227,6 +230,15 @@ class RawSession:
             self.pg.execute(sql.replace("?", "%s"), params)
         else:
             self.lite.execute(sql, params)
+
+    def fetch_one(self, sql: str) -> Any:
+        """The first column of the first row of ``sql``."""
+        if self.postgres:
+            row = self.pg.execute(sql).fetchone()
+        else:
+            row = self.lite.execute(sql).fetchone()
+        assert row is not None
+        return row[0]
 
     def close(self) -> None:
         if self.postgres:
@@ -272,10 +284,41 @@ def test_the_trigger_allows_exactly_the_allowed_transitions(
         for step in PATHS[old]:  # reach ``old`` (every step is allowed)
             _move(session.execute, before, step)
             before = step
-        if (old, new) in transitions.ALLOWED:
+        if (old, new) == RECREATE_AFTER_GONE:
+            # allowed only while the generation's archive is gone (schema v13)
+            with pytest.raises(DRIVER_ERRORS, match=REFUSAL):
+                _move(session.execute, old, new)
+        elif (old, new) in transitions.ALLOWED:
             _move(session.execute, old, new)
         else:
             with pytest.raises(DRIVER_ERRORS, match=REFUSAL):
                 _move(session.execute, old, new)
+    finally:
+        session.close()
+
+
+def test_a_submitted_generation_is_created_again_only_when_its_archive_is_gone(
+    prepared: str,
+) -> None:
+    """SUBMITTED -> RESERVED with a new operationId (confirmCharge) passes the
+    triggers once the task row says its archive is gone, and its stored
+    status key says ARCHIVE_GONE until then."""
+    session = RawSession(prepared)
+    try:
+        session.execute("""INSERT INTO "user" (name, token_hash) VALUES ('u', 'h')""")
+        session.execute(
+            "INSERT INTO task_operation (gid, operation_id, state) VALUES (1, 'op-1', 'SUBMITTED')"
+        )
+        session.execute(
+            """INSERT INTO gallery (gid, user_id, status)"""
+            """ VALUES (1, (SELECT id FROM "user" WHERE name = 'u'), 4)"""
+        )
+        assert session.fetch_one("SELECT status_key FROM gallery WHERE gid = 1") == "COMPLETED"
+        session.execute("UPDATE gallery SET archive_gone_reason = 'EXPIRED' WHERE gid = 1")
+        assert session.fetch_one("SELECT status_key FROM gallery WHERE gid = 1") == "ARCHIVE_GONE"
+        session.execute(
+            "UPDATE task_operation SET state = 'RESERVED', operation_id = 'op-2' WHERE gid = 1"
+        )
+        assert session.fetch_one("SELECT status_key FROM gallery WHERE gid = 1") == "SUBMITTING"
     finally:
         session.close()

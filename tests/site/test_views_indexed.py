@@ -54,7 +54,8 @@ _LEGACY_ROWS = sql(
     " WHERE NOT EXISTS (SELECT 1 FROM task_operation AS o WHERE o.gid = g.gid)"
 )
 _INPUTS = sql(
-    "SELECT g.gid, o.state, g.status, o.delete_result, g.queued, g.status_key"
+    "SELECT g.gid, o.state, g.status, o.delete_result, g.queued, g.status_key,"
+    " g.archive_gone_reason"
     " FROM gallery AS g LEFT JOIN task_operation AS o ON o.gid = g.gid ORDER BY g.gid"
 )
 
@@ -62,8 +63,8 @@ _INPUTS = sql(
 def _expected_keys(connection: Any) -> dict[int, tuple[str, str]]:
     """Per gid: (the stored key, the key Python computes from the row)."""
     out = {}
-    for gid, state, code, result, queued, stored in connection.execute(_INPUTS).fetchall():
-        want = views.stored_key(state, code, result == "FAILED", bool(queued))
+    for gid, state, code, result, queued, stored, gone in connection.execute(_INPUTS).fetchall():
+        want = views.stored_key(state, code, result == "FAILED", bool(queued), gone is not None)
         out[int(gid)] = (stored, want)
     return out
 
@@ -130,6 +131,15 @@ def test_the_stored_key_is_display_status_for_every_row_and_change(conn: Any) ->
     stored = dict(tuple(r) for r in conn.execute(_KEYS).fetchall())
     for number, (state, code, failed, queued) in placed.items():
         assert stored[number] == views.stored_key(state, code, failed, queued)
+
+    # Archives gone (schema v13) on a third of the rows, then back on some.
+    def archives_gone(c: Any) -> None:
+        c.execute("UPDATE gallery SET archive_gone_reason = 'EXPIRED' WHERE gid % 3 = 0")
+        c.execute("UPDATE gallery SET archive_gone_reason = NULL WHERE gid % 9 = 0")
+
+    dbmod.run_write(conn, archives_gone)
+    _assert_keys_right(conn)
+    assert "ARCHIVE_GONE" in {r[1] for r in conn.execute(_KEYS).fetchall()}
 
     # Operation row first, the task row after it (the create path's order).
     def operation_first(c: Any) -> None:

@@ -300,6 +300,7 @@ STATUS_ORDER = [
     TaskStatus.WAITING_COMPRESSION,
     TaskStatus.COMPRESSING,
     TaskStatus.COMPLETED,
+    TaskStatus.ARCHIVE_GONE,
     TaskStatus.DELETE_PENDING,
     TaskStatus.DELETE_FAILED,
 ]
@@ -311,11 +312,17 @@ STATUS_ORDER = [
 # stored keys and a tab is one index range (``gallery_user_status``,
 # ``gallery_status``).  The database's triggers keep it (migrate_v6*.sql);
 # :func:`stored_key` is the same function in Python (a test compares them).
-def stored_key(state: str | None, node_code: int | None, failed: bool, queued: bool) -> str:
+def stored_key(
+    state: str | None,
+    node_code: int | None,
+    failed: bool,
+    queued: bool,
+    archive_gone: bool = False,
+) -> str:
     """``gallery.status_key`` of a row (``DELETED`` for a tombstone's)."""
     if state == OperationState.DELETED.value:
         return OperationState.DELETED.value
-    status = display_status(state, node_code, failed, queued)
+    status = display_status(state, node_code, failed, queued, archive_gone)
     if queued and status is TaskStatus.SUBMITTED and node_code == _DOWNLOADING:
         return QUEUED
     return status.value

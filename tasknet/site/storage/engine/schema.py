@@ -57,7 +57,9 @@ V11_SCRIPT = "migrate_v11.sql"  # a completed task's archive size and SHA-256 (D
 V11_POSTGRES_SCRIPT = "migrate_v11_postgres.sql"
 V12_SCRIPT = "migrate_v12.sql"  # a user id is never given twice (issue 38)
 V12_POSTGRES_SCRIPT = "migrate_v12_postgres.sql"
-CURRENT_VERSION = 12
+V13_SCRIPT = "migrate_v13.sql"  # custody: archives gone, CANCELs owed, inventories (issue 34)
+V13_POSTGRES_SCRIPT = "migrate_v13_postgres.sql"
+CURRENT_VERSION = 13
 
 # Scripts that take a database from the version before them to their own.
 # v3 is additive (new tables and columns only), so the site applies it by
@@ -74,6 +76,7 @@ UPGRADES = {
     10: V10_SCRIPT,
     11: V11_SCRIPT,
     12: V12_SCRIPT,
+    13: V13_SCRIPT,
 }
 AUTOMATIC_FROM = 2
 
@@ -91,6 +94,7 @@ UPGRADES_POSTGRES = {
     10: V10_POSTGRES_SCRIPT,
     11: V11_POSTGRES_SCRIPT,
     12: V12_POSTGRES_SCRIPT,
+    13: V13_POSTGRES_SCRIPT,
 }
 
 #: What one engine has and the other has not (v6's search indexes), left

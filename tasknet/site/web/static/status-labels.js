@@ -16,7 +16,8 @@ window.TASKNET_STATUS_LABELS = Object.freeze(
   "COMPLETED": {"zh": "下载完成", "en": "Download complete"},
   "SUBMIT_UNKNOWN": {"zh": "提交未知", "en": "Submission unknown"},
   "DELETE_PENDING": {"zh": "待删除", "en": "Delete pending"},
-  "DELETE_FAILED": {"zh": "删除失败", "en": "Delete failed"}
+  "DELETE_FAILED": {"zh": "删除失败", "en": "Delete failed"},
+  "ARCHIVE_GONE": {"zh": "归档已失效", "en": "Archive gone"}
 }
 /* END STATUS LABELS */
 );
