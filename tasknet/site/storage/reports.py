@@ -42,6 +42,31 @@ digest is a change of the task, announced like one); an entry without them
 dropped entry writes nothing, and a new generation starts from a new task
 row (``storage/create.py``), with neither.
 
+Releases (DELIVERY.md "Custody"): a ``released`` entry ``{gid, operationId,
+reason}`` says the node no longer holds that generation's archive.  Judged
+after the report's ``galleryTasks`` and ``deleted``, in the same
+transaction, in order (the first that matches wins):
+
+========================================  =========================================
+the entry / the site has …                outcome
+========================================  =========================================
+``CANCELLED`` and a ``node_cancel`` row   the row is settled (the CANCEL the site
+of that node and operationId              owed a node a task moved away from);
+                                          no task changes
+no row for the gid / a tombstone          ``ignored`` (``unknown`` / ``tombstone``)
+another node assigned (or none)           ``dropped`` (``not_owner``)
+another operationId than the current,    ``dropped`` (``old_generation``)
+or a row without a generation
+not ``SUBMITTED`` (a delete, a re-create) ``dropped`` (the state's name)
+a task not ``COMPLETED`` (status 4)       ``dropped`` (``not_completed``)
+its archive already gone                  ``ignored`` (``already_gone``)
+otherwise                                 ``ARCHIVE_GONE`` (``custody.mark_archive_gone``)
+========================================  =========================================
+
+A release has no revision rule: it only ever takes a generation's archive
+away, so a repeat (the node keeps it in its snapshots until an ACK) or a
+late one changes nothing more.  A release never claims a legacy row.
+
 Ownership (PROTOCOL.md "Ownership"): a node may change only tasks assigned
 to it (``gallery.node_id``).  A legacy row with a node status but no recorded
 node (*claimable*: no generation or a backfilled one, ``status`` set,
@@ -135,11 +160,13 @@ from tasknet.protocol.messages import (
     ACK_DUPLICATE,
     DELETE_FAILED,
     DeleteResult,
+    ReleasedEntry,
     StatusReport,
     TaskEntry,
     TaskReport,
 )
 from tasknet.site.storage import outbox, throughput
+from tasknet.site.storage.custody import mark_archive_gone, settle_cancel
 from tasknet.site.storage.delete import complete_delete, mark_delete_failed
 from tasknet.site.storage.eligibility import awaits_claim
 from tasknet.site.storage.engine.sql import postgres_only, sql
@@ -158,6 +185,11 @@ NOT_OWNER = "not_owner"
 DELETE_ID_MISMATCH = "delete_id_mismatch"
 NOT_DELETE_PENDING = "not_delete_pending"
 REGRESSED = "regressed"
+#: A release of a generation that is not complete (nothing the site sent
+#: asks a node to cancel its own unfinished task).
+NOT_COMPLETED = "not_completed"
+#: A release of an archive the site already knows is gone (not a drop).
+ALREADY_GONE = "already_gone"
 
 _NOT_REPORTABLE = frozenset(
     {
@@ -201,6 +233,10 @@ class ReportOutcome:
     new_epoch: bool = False
     deletes_completed: list[int] = field(default_factory=list)
     deletes_failed: list[int] = field(default_factory=list)
+    #: Tasks a ``released`` entry made ``ARCHIVE_GONE``.
+    released: list[int] = field(default_factory=list)
+    #: Gids whose ``node_cancel`` row a ``CANCELLED`` release settled.
+    cancels_settled: list[int] = field(default_factory=list)
     notifications: int = 0
 
     def drop(self, gid: int, reason: str) -> None:
@@ -520,7 +556,11 @@ def _stale(revision: int, last: int | None, high: int | None) -> bool:
 
 
 def _report_gids(report: TaskReport) -> set[int]:
-    return {e.gid for e in report.gallery_tasks} | {d.gid for d in report.deleted}
+    return (
+        {e.gid for e in report.gallery_tasks}
+        | {d.gid for d in report.deleted}
+        | {r.gid for r in report.released}
+    )
 
 
 def _apply_task_reports(
@@ -569,6 +609,7 @@ def _apply_task_reports(
         applied[report.report_id] = outcome
     # One set of throughput statements for the whole run (no gid is in two reports).
     changes.write(cursor, throughput.sample_reports(cursor, samples, rows))
+    now: str | None = None  # the transaction's time, read once when a release needs it
     for node_id, report in fresh:
         outcome = applied[report.report_id]
         for deleted in report.deleted:
@@ -582,11 +623,54 @@ def _apply_task_reports(
                 reason=deleted.reason,
                 gid_is_tombstone=deleted.gid in tombstones,
             )
+        if report.released:
+            now = now or cursor.execute(_NOW_SQL).fetchone()[0]
+            for released in report.released:
+                _apply_release(cursor, outcome, node_id, released, now)
         count_drops(cursor, node_id, outcome)
     return [
         applied.get(report.report_id) or ReportOutcome(ACK_DUPLICATE, report.revision)
         for _, report in reports
     ]
+
+
+_NOW_SQL = sql("SELECT {now}")
+_RELEASE_ROW_SQL = sql(
+    "SELECT g.node_id, g.status, g.archive_gone_reason, o.state, o.operation_id"
+    " FROM gallery AS g LEFT JOIN task_operation AS o ON o.gid = g.gid WHERE g.gid = ?"
+)
+
+
+def _apply_release(
+    cursor: sqlite3.Cursor, outcome: ReportOutcome, node_id: str, entry: ReleasedEntry, now: str
+) -> None:
+    """One ``released`` entry from ``node_id`` (the module's release rules)."""
+    gid, operation_id, reason = entry
+    if reason == "CANCELLED" and settle_cancel(cursor, node_id=node_id, operation_id=operation_id):
+        outcome.cancels_settled.append(gid)
+        return
+    row = cursor.execute(_RELEASE_ROW_SQL, (gid,)).fetchone()
+    if row is None:
+        outcome.ignored[gid] = TOMBSTONE if _tombstones(cursor, [gid]) else UNKNOWN_GID
+        return
+    node, status, gone, state, current = row
+    if state == _DELETED:
+        outcome.ignored[gid] = TOMBSTONE
+    elif node != node_id:
+        outcome.drop(gid, NOT_OWNER)
+    elif state is None or operation_id != current:
+        outcome.drop(gid, OLD_GENERATION)
+    elif state != _SUBMITTED:
+        outcome.drop(gid, state)
+    elif status != _COMPLETED:
+        outcome.drop(gid, NOT_COMPLETED)
+    elif gone is not None:
+        outcome.ignored[gid] = ALREADY_GONE
+    elif mark_archive_gone(
+        cursor, gid=gid, operation_id=operation_id, reason=reason, node_id=node_id, now=now
+    ):
+        outcome.released.append(gid)
+        outcome.notifications += 1
 
 
 @read_committed
