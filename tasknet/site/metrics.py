@@ -43,6 +43,24 @@ Counters (``.labels(...).inc()``):
     sent too many wrong ones (``429 rate_limited``, or a refused Login);
     same ``kind``.
 
+Custody (DELIVERY.md "Custody"; each counted once its transaction committed):
+
+``ARCHIVES_RELEASED``  ``tasknet_archives_released_total{reason}``
+    one per task whose archive the site marked gone
+    (``custody.mark_archive_gone`` returned True): a node's ``released``
+    entry, an inventory's ``MISSING``, a retirement's ``NODE_RETIRED``.
+    ``reason``: :data:`RELEASE_REASONS`, every series from the start.
+``INVENTORIES``  ``tasknet_inventories_total{result}``
+    one per complete inventory judged.  ``result``: ``clean`` (the site's
+    view matched), ``missing`` (archives were missing), ``orphans`` (none
+    missing, orphans found); see :func:`count_inventory`.
+``INVENTORY_MISSING``  ``tasknet_inventory_missing_total``
+    archives found missing by judged inventories (each made ``MISSING``).
+``TASKS_REASSIGNED``  ``tasknet_tasks_reassigned_total{cause}``
+    unfinished tasks moved off a node.  ``cause``: ``timeout`` (gone past
+    ``--reassign-after``), ``admin`` (``node reassign``), ``retire``
+    (``node retire``).
+
 Histograms (``.observe(seconds)``, or :func:`observe_since`):
 
 ``UPSTREAM_LATENCY``  ``tasknet_upstream_call_seconds{call}``
@@ -101,7 +119,7 @@ series exists only for what the last sample holds):
 
 No ``_created`` series are exported.
 
-Helpers: :func:`record_upstream_call`, :func:`observe_since`,
+Helpers: :func:`record_upstream_call`, :func:`observe_since`, :func:`count_inventory`,
 :func:`set_task_counts`, :func:`set_sampled`, :func:`set_health`,
 :func:`render_latest`, :func:`metrics_resource`.
 
@@ -280,6 +298,42 @@ DROPPED_ENTRIES = Counter(
     registry=REGISTRY,
 )
 
+#: The ``reason`` of ARCHIVES_RELEASED (schema v13's archive_gone_reason).
+RELEASE_REASONS = ("EXPIRED", "DISK_BUDGET", "CORRUPT", "MISSING", "CANCELLED", "NODE_RETIRED")
+ARCHIVES_RELEASED = Counter(
+    "tasknet_archives_released",
+    "Archives of completed tasks the site marked gone (ARCHIVE_GONE), by reason.",
+    ["reason"],
+    registry=REGISTRY,
+)
+for _reason in RELEASE_REASONS:
+    ARCHIVES_RELEASED.labels(reason=_reason)  # every series from the start, at 0
+#: The ``result`` of INVENTORIES.
+INVENTORY_RESULTS = ("clean", "missing", "orphans")
+INVENTORIES = Counter(
+    "tasknet_inventories",
+    "Complete node inventories judged, by result (clean, missing, orphans).",
+    ["result"],
+    registry=REGISTRY,
+)
+for _result in INVENTORY_RESULTS:
+    INVENTORIES.labels(result=_result)
+INVENTORY_MISSING = Counter(
+    "tasknet_inventory_missing",
+    "Archives judged inventories found missing (each made ARCHIVE_GONE, MISSING).",
+    registry=REGISTRY,
+)
+#: The ``cause`` of TASKS_REASSIGNED.
+REASSIGN_CAUSES = ("timeout", "admin", "retire")
+TASKS_REASSIGNED = Counter(
+    "tasknet_tasks_reassigned",
+    "Unfinished tasks moved off a node, by cause (timeout, admin, retire).",
+    ["cause"],
+    registry=REGISTRY,
+)
+for _cause in REASSIGN_CAUSES:
+    TASKS_REASSIGNED.labels(cause=_cause)
+
 DATABASE_UP = Gauge(
     "tasknet_database_up",
     "1 if the database answered the read made for this scrape, 0 if it failed.",
@@ -401,6 +455,15 @@ def set_sampled(sample: Mapping[str, Any]) -> None:
         }
     if "instances" in sample:
         SAMPLED.instances = {status: int(n) for status, n in sample["instances"].items()}
+
+
+def count_inventory(missing: int, orphans: int) -> None:
+    """Count one judged inventory that found ``missing`` archives missing
+    and ``orphans`` orphans (call after its transaction committed)."""
+    result = "missing" if missing else "orphans" if orphans else "clean"
+    INVENTORIES.labels(result=result).inc()
+    if missing:
+        INVENTORY_MISSING.inc(missing)
 
 
 _health_database_ok = True
