@@ -120,6 +120,7 @@ series exists only for what the last sample holds):
 No ``_created`` series are exported.
 
 Helpers: :func:`record_upstream_call`, :func:`observe_since`, :func:`count_inventory`,
+:func:`count_releases`,
 :func:`set_task_counts`, :func:`set_sampled`, :func:`set_health`,
 :func:`render_latest`, :func:`metrics_resource`.
 
@@ -129,7 +130,7 @@ Helpers: :func:`record_upstream_call`, :func:`observe_since`, :func:`count_inven
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, cast
 
 from prometheus_client import (
@@ -148,6 +149,7 @@ from twisted.logger import Logger
 from twisted.web.resource import IResource, Resource
 from twisted.web.server import NOT_DONE_YET, Request
 
+from tasknet.protocol.messages import ReleasedEntry
 from tasknet.status import OperationState, TaskStatus
 
 log = Logger()
@@ -455,6 +457,16 @@ def set_sampled(sample: Mapping[str, Any]) -> None:
         }
     if "instances" in sample:
         SAMPLED.instances = {status: int(n) for status, n in sample["instances"].items()}
+
+
+def count_releases(entries: Iterable[ReleasedEntry], made_gone: Iterable[int]) -> None:
+    """Count the ``released`` entries of a committed report that made their
+    task ``ARCHIVE_GONE`` (``made_gone``: their gids), by reason."""
+    gone = set(made_gone)
+    for entry in entries:
+        if entry.gid in gone:
+            gone.discard(entry.gid)  # one count per task, whatever the repeats
+            ARCHIVES_RELEASED.labels(reason=entry.reason).inc()
 
 
 def count_inventory(missing: int, orphans: int) -> None:

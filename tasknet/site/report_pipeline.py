@@ -237,6 +237,8 @@ class ReportPipeline:
             session.send_ack(message.report_id, outcome.result)
             metrics.observe_since(metrics.ACK_LATENCY, arrived, self._clock.seconds())
         metrics.REPORTS.labels(result=outcome.result).inc()
+        if isinstance(message, TaskReport) and outcome.released:
+            metrics.count_releases(message.released, outcome.released)
         self._log_outcome(session.node_id, outcome)
         if self._on_applied is not None:
             try:
