@@ -18,6 +18,14 @@ with ``--connect`` (node-1 and node-3 site-1 first, node-2 site-2 first), so
 each site holds a node and each site's node list shows them all; the server
 stops last.
 
+``--postgres --ha``: instead of one server, a pg_auto_failover cluster
+(``tasknet.drill.pgcluster``: its monitor, a primary and a synchronous
+standby, in a fresh directory under the data directory, removed at the
+end), two sites on its multi-host URL and two nodes (``node-1``,
+``node-3``); a site that exits (its lease died with the primary) is started
+again as with ``--restart-children``.  The banner says how to watch the
+formation, kill the primary and see the sites come back.
+
 A child that dies does not end the demo (:class:`Supervisor`): one line
 says which, its exit status and its log, the others keep running (the
 site shows a dead node offline by itself), and nothing is restarted unless
@@ -96,6 +104,8 @@ DEFAULT_NODES = (
     NodeSpec("node-2", 1, "demo-secret-node-2"),
     NodeSpec("node-3", 2, "demo-secret-node-3", SERVES_SITE),
 )
+#: ``--postgres --ha``: two nodes, both v2 (one serving users, one through the site).
+HA_NODES = (DEFAULT_NODES[0], DEFAULT_NODES[2])
 
 
 @dataclass
@@ -130,12 +140,16 @@ class DemoStack:
     upstream_timeout: float | None = None
     ready_timeout: float = 60.0
     postgres: bool = False
+    #: ``postgres`` on a failover cluster (monitor, primary, synchronous standby).
+    ha: bool = False
     second_http_port: int = 0
     children: list[Child] = field(default_factory=list)
     sites: list[SiteSpec] = field(default_factory=list)
     upstream_port: int = 0
     nodes_port: int = 0
     server: ThrowawayPostgres | None = None
+    #: The failover cluster of ``ha`` (a :class:`~tasknet.drill.pgcluster.PgCluster`).
+    cluster: Any = None
     database_url: str | None = None
     #: node id -> the loopback port its ``--serve`` listens on.
     serve_ports: dict[str, int] = field(default_factory=dict)
@@ -201,6 +215,9 @@ class DemoStack:
             # The server then runs as the postgres user: it must be able to
             # pass through the data directory (not list it).
             self.data_dir.chmod(self.data_dir.stat().st_mode | 0o111)
+        if self.ha:
+            self._start_cluster()
+            return
         # The cluster lives in DATA/postgres and outlives the server: a
         # second run on the same --data starts it again with its database.
         server = ThrowawayPostgres(directory=str(self.postgres_dir))
@@ -210,6 +227,19 @@ class DemoStack:
             self.database_url = server.ensure_database(POSTGRES_DATABASE)
         except (PostgresNotInstalled, PostgresFailed) as error:
             raise DemoError(f"--postgres: {error}") from error
+
+    def _start_cluster(self) -> None:
+        from tasknet.drill.pgcluster import PgCluster
+
+        # A fresh cluster each run (pg_autoctl's nodes are not reused across
+        # --data runs): its directory under the data directory goes at stop.
+        cluster = PgCluster(base_dir=str(self.data_dir))
+        try:
+            cluster.start()
+        except (PostgresNotInstalled, PostgresFailed) as error:
+            raise DemoError(f"--postgres --ha: {error}") from error
+        self.cluster = cluster
+        self.database_url = cluster.uri
 
     @property
     def token_file(self) -> Path:
@@ -372,6 +402,9 @@ class DemoStack:
         server, self.server = self.server, None
         if server is not None:
             server.stop()
+        cluster, self.cluster = self.cluster, None
+        if cluster is not None:
+            cluster.stop()
 
     def __enter__(self) -> DemoStack:
         self.start()
@@ -533,6 +566,14 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         " connected with both; the second site's port is --port + 1 when that is free",
     )
     parser.add_argument(
+        "--ha",
+        action="store_true",
+        help="with --postgres: a failover cluster instead of one server (pg_auto_failover's"
+        " monitor, a primary and a synchronous standby; Debian's postgresql-15-auto-failover),"
+        " two sites and two nodes; a site that exits is restarted; prints how to kill the"
+        " primary and watch the sites come back",
+    )
+    parser.add_argument(
         "--data",
         type=Path,
         help="directory for everything (databases, the PostgreSQL cluster, node queues,"
@@ -560,6 +601,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         parser.error("--port must be 0..65535")
     if args.bandwidth < 0:
         parser.error("--bandwidth must be >= 0")
+    if args.ha and not args.postgres:
+        parser.error("--ha needs --postgres (a failover cluster of PostgreSQL servers)")
     return args
 
 
@@ -582,8 +625,13 @@ def _banner(stack: DemoStack, temporary: bool = False) -> str:
             f"{' then '.join(by_endpoint[e] for e in order[n.node_id])})"
             for n in stack.nodes
         )
+        what = (
+            "a PostgreSQL primary with a synchronous standby (pg_auto_failover)"
+            if stack.ha
+            else "one PostgreSQL database"
+        )
         lines = [
-            "tasknet demo is ready: two sites on one PostgreSQL database",
+            f"tasknet demo is ready: two sites on {what}",
             *(f"  URL: {site.url}  ({site.name})" for site in stack.sites),
             f"  token: {DEMO_TOKEN}",
             f"  database: {stack.database}  (tasknet-admin --db {stack.database} ...)",
@@ -591,6 +639,8 @@ def _banner(stack: DemoStack, temporary: bool = False) -> str:
             f"  nodes: {nodes}",
         ]
     lines += _fetching(stack)
+    if stack.cluster is not None:
+        lines += _failover_lines(stack)
     kept = "removed at the end" if temporary else "kept: start again with the same --data"
     lines += [
         f"  logs: {stack.log_dir}",
@@ -598,6 +648,38 @@ def _banner(stack: DemoStack, temporary: bool = False) -> str:
         "Press Ctrl-C to stop.",
     ]
     return "\n".join(lines)
+
+
+def _failover_lines(stack: DemoStack) -> list[str]:
+    """How to watch the formation, kill the primary and see the sites come back."""
+    cluster = stack.cluster
+    primary = cluster.primary()
+    kills = []
+    for name in cluster.node_names:
+        group = _process_group(Path(cluster.directory) / name / "postmaster.pid")
+        role = "primary now" if name == primary else "standby now"
+        if group is not None:
+            kills.append(f"    {name} ({role}): kill -KILL -- -{group}")
+    health = " ".join(f"{site.url}healthz" for site in stack.sites)
+    return [
+        "  failover (pg_auto_failover; a site that exits is restarted):",
+        f"    the formation: pg_autoctl show state --monitor '{cluster.monitor_uri}'",
+        "    kill a node as a machine dies (its postmaster and its keeper):",
+        *kills,
+        f"    the sites: watch -n1 curl -s {health}",
+        "    (database: failing, then ok again within about 45 s on the promoted standby;"
+        " replication: async until the killed node comes back)",
+    ]
+
+
+def _process_group(pid_file: Path) -> int | None:
+    """The process group of the postmaster named in ``pid_file`` (its
+    pg_autoctl keeper's: one kill ends both)."""
+    try:
+        pid = int(pid_file.read_text(encoding="utf-8").split("\n", 1)[0])
+        return os.getpgid(pid)
+    except (OSError, ValueError):
+        return None
 
 
 def _fetching(stack: DemoStack) -> list[str]:
@@ -672,6 +754,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         bandwidth=args.bandwidth or None,
         ready_timeout=args.timeout,
         postgres=args.postgres,
+        ha=args.ha,
+        nodes=HA_NODES if args.ha else DEFAULT_NODES,
         second_http_port=second_port,
         upstream_port=0 if temp else remembered_upstream_port(data_dir),
     )
@@ -685,7 +769,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"{' (again: what it holds is kept)' if again else ''} ...",
         flush=True,
     )
-    supervisor = Supervisor(stack, restart=args.restart_children)
+    # --ha: a site whose lease died with the primary exits; it is started
+    # again, as its supervisor would in a deployment.
+    supervisor = Supervisor(stack, restart=args.restart_children or args.ha)
     try:
         stack.start()
         if not temp:

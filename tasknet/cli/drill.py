@@ -1,10 +1,12 @@
 """``tasknet-drill``: fault drills against real processes (DRILLS.md).
 
-    tasknet-drill [SCENARIO...] [--db sqlite|postgres|URL] [--repeat N] [--report FILE]
-                  [--keep] [--quick] [--netns]
+    tasknet-drill [SCENARIO...] [--db sqlite|postgres|postgres-ha|URL] [--repeat N]
+                  [--report FILE] [--keep] [--quick] [--netns]
 
 With no scenario, all of the database's run: S1–S19 on SQLite, S1–S23 on
-PostgreSQL (S20–S23, several sites on one database, run only there).
+PostgreSQL (S20–S23, several sites on one database, run only there), S24–S26
+on ``postgres-ha`` (a pg_auto_failover cluster per run: the database fails
+over under load; the recovery times are printed after the table).
 Exit status: 0 when every run passed, 1 when any invariant or expectation
 FAILed, 2 on a usage error.
 """
@@ -14,14 +16,17 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import statistics
 import sys
 import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from tasknet.drill import reactor_thread
 from tasknet.drill.databases import (
+    POSTGRES_HA_CHOICE,
     SQLITE_CHOICE,
     DatabaseChoiceError,
     Databases,
@@ -33,7 +38,7 @@ from tasknet.drill.netns import available as netns_available
 from tasknet.drill.pgserver import PostgresFailed, PostgresNotInstalled
 from tasknet.drill.report import Progress, RunResult, failures, table, to_json
 from tasknet.drill.runner import run_all
-from tasknet.drill.scenarios import QUICK, QUICK_POSTGRES, SCENARIOS, Scenario
+from tasknet.drill.scenarios import QUICK, QUICK_FAILOVER, QUICK_POSTGRES, SCENARIOS, Scenario
 from tasknet.site.storage.engine.database import POSTGRESQL, SQLITE, describe, redact
 from tasknet.version import version_line
 
@@ -61,15 +66,17 @@ def _parser() -> argparse.ArgumentParser:
         "--db",
         type=_db_option,
         default=SQLITE_CHOICE,
-        metavar="sqlite|postgres|URL",
+        metavar="sqlite|postgres|postgres-ha|URL",
         help="the sites' database: sqlite (default, a file per run), postgres (a throwaway "
-        "PostgreSQL server, a database per run) or a postgresql:// URL of an existing "
-        "server (a database per run is created on it: the user needs CREATEDB)",
+        "PostgreSQL server, a database per run), postgres-ha (a pg_auto_failover cluster per "
+        "run: monitor, primary, synchronous standby; S24-S26) or a postgresql:// URL of an "
+        "existing server (a database per run is created on it: the user needs CREATEDB)",
     )
     p.add_argument(
         "--quick",
         action="store_true",
-        help=f"the CI set: {' '.join(QUICK)} (with --db postgres: {' '.join(QUICK_POSTGRES)})",
+        help=f"the CI set: {' '.join(QUICK)} (with --db postgres: {' '.join(QUICK_POSTGRES)};"
+        f" with --db postgres-ha: {' '.join(QUICK_FAILOVER)})",
     )
     p.add_argument("--repeat", type=int, default=1, metavar="N", help="run each scenario N times")
     p.add_argument("--report", type=Path, metavar="FILE", help="write the JSON report here")
@@ -93,7 +100,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         for s in SCENARIOS.values():
             print(f"{s.id:<4} {s.title}{_tags(s)}")
         return 0
-    backend = SQLITE if args.db == SQLITE_CHOICE else POSTGRESQL
+    backend = _backend(args.db)
     chosen = _chosen(parser, args, backend)
     if args.repeat < 1:
         parser.error("--repeat must be >= 1")
@@ -132,6 +139,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if netns is not None:
             netns.destroy()
     _print_results(results)
+    _print_recovery(results)
     if args.report:
         report = to_json(results, started, sys.argv if argv is None else list(argv))
         report["seed"] = seed
@@ -148,13 +156,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 1 if any(r.failed for r in results) else 0
 
 
+def _backend(db: str) -> str:
+    """Which scenarios the ``--db`` runs: sqlite, postgresql or postgres-ha."""
+    if db == SQLITE_CHOICE:
+        return SQLITE
+    return POSTGRES_HA_CHOICE if db == POSTGRES_HA_CHOICE else POSTGRESQL
+
+
 def _tags(scenario: Scenario) -> str:
     tags = []
     if scenario.id in QUICK:
         tags.append("quick")
     if scenario.id in QUICK_POSTGRES:
         tags.append("quick with --db postgres")
-    if SQLITE not in scenario.backends:
+    if scenario.id in QUICK_FAILOVER:
+        tags.append("quick with --db postgres-ha")
+    if scenario.backends == (POSTGRES_HA_CHOICE,):
+        tags.append("postgres-ha only")
+    elif SQLITE not in scenario.backends:
         tags.append("postgres only")
     return f"  ({', '.join(tags)})" if tags else ""
 
@@ -167,17 +186,27 @@ def _chosen(
     the database cannot run."""
     names = [n.upper() for n in args.scenarios]
     if args.quick:
-        quick = QUICK if backend == SQLITE else QUICK_POSTGRES
+        quick = {SQLITE: QUICK, POSTGRESQL: QUICK_POSTGRES}.get(backend, QUICK_FAILOVER)
         names += [n for n in quick if n not in names]
     unknown = [n for n in names if n not in SCENARIOS]
     if unknown:
         parser.error(f"unknown scenario(s) {', '.join(unknown)}; known: {', '.join(SCENARIOS)}")
     elsewhere = [n for n in names if backend not in SCENARIOS[n].backends]
     if elsewhere:
-        parser.error(
-            f"{', '.join(elsewhere)} run(s) only with --db postgres"
-            " (several sites on one PostgreSQL database)"
-        )
+        failover = [n for n in elsewhere if SCENARIOS[n].backends == (POSTGRES_HA_CHOICE,)]
+        multi_site = [n for n in elsewhere if n not in failover]
+        needs = []
+        if multi_site:
+            needs.append(
+                f"{', '.join(multi_site)} run(s) only with --db postgres"
+                " (several sites on one PostgreSQL database)"
+            )
+        if failover:
+            needs.append(
+                f"{', '.join(failover)} run(s) only with --db postgres-ha"
+                " (a pg_auto_failover cluster: the database fails over)"
+            )
+        parser.error("; ".join(needs))
     if not names:
         return [s for s in SCENARIOS.values() if backend in s.backends]
     return [SCENARIOS[n] for n in names]
@@ -217,6 +246,52 @@ def _netns_or_loopback() -> Netns | None:
         return None
     print(f"--netns: site in namespace {netns.site}, nodes in {netns.nodes} (veth)")
     return netns
+
+
+#: The recovery figures of S24-S26 printed after the table (seconds).
+RECOVERY_PARTS = ("recovery_s", "detection_s", "promotion_s", "reconnect_s", "back_s")
+
+
+def recovery_figures(results: list[RunResult]) -> dict[str, dict[str, Any]]:
+    """scenario -> part -> {"runs": [...], "median", "worst"} of the
+    failover drills' figures (the E verdict's evidence), for the table
+    printed after the runs and for docs/operations.md."""
+    out: dict[str, dict[str, Any]] = {}
+    for result in results:
+        figures = _figures_of(result)
+        for part in RECOVERY_PARTS:
+            value = figures.get(part)
+            if isinstance(value, (int, float)):
+                entry = out.setdefault(result.scenario, {}).setdefault(part, {"runs": []})
+                entry["runs"].append(value)
+    for parts in out.values():
+        for entry in parts.values():
+            entry["median"] = round(statistics.median(entry["runs"]), 2)
+            entry["worst"] = max(entry["runs"])
+    return out
+
+
+def _figures_of(result: RunResult) -> dict[str, Any]:
+    for verdict in result.verdicts:
+        if verdict.invariant == "E":
+            for item in verdict.evidence:
+                if isinstance(item, dict) and isinstance(item.get("figures"), dict):
+                    return dict(item["figures"])
+    return {}
+
+
+def _print_recovery(results: list[RunResult]) -> None:
+    figures = recovery_figures(results)
+    if not figures:
+        return
+    print()
+    print("recovery (s): median / worst over the runs")
+    for scenario, parts in figures.items():
+        cells = [
+            f"{part.removesuffix('_s')} {entry['median']:.1f} / {entry['worst']:.1f}"
+            for part, entry in parts.items()
+        ]
+        print(f"  {scenario}: {', '.join(cells)}")
 
 
 def _print_results(results: list[RunResult]) -> None:

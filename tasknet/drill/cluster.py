@@ -83,6 +83,9 @@ class SiteDatabase:
     admin: Callable[[str], None] | None = None
     #: The role the sites connect as (PostgreSQL), for GRANT/REVOKE.
     role: str | None = None
+    #: The failover cluster behind ``target`` (``--db postgres-ha``: a
+    #: :class:`~tasknet.drill.pgcluster.PgCluster`), None on one server.
+    failover: Any = None
 
     @property
     def backend(self) -> str:
@@ -487,6 +490,23 @@ class Cluster:
 
     def create(self, gid: int, timeout: float = 30, site: str | None = None) -> Reply:
         return self.api("POST", "/api/tasks", {"gid": gid, "token": "drill"}, timeout, site)
+
+    def create_with_headers(
+        self, gid: int, timeout: float = 30, site: str | None = None
+    ) -> tuple[Reply, dict[str, str]]:
+        """:meth:`create`, and the answer's headers (lower-case names:
+        ``retry-after`` of a ``503``), for the failover drills' load."""
+        url = self._site_named(site).url + "/api/tasks"
+        body = {"gid": gid, "token": "drill"}
+        if self.netns is not None:
+            return self.netns.in_site(_request_with_headers, "POST", url, body, timeout=timeout)  # type: ignore[no-any-return]
+        return _request_with_headers("POST", url, body, timeout=timeout)
+
+    def metrics_text(self, site: str | None = None) -> str | None:
+        """``/metrics`` of ``site`` (None: no answer)."""
+        url = self._site_named(site).url + "/metrics"
+        reply = self._request("GET", url, token=ADMIN_TOKEN, timeout=3)
+        return reply.text if reply.status == 200 else None
 
     def task(self, gid: int, site: str | None = None) -> dict[str, Any] | None:
         reply = self.api("GET", f"/api/tasks/{gid}", site=site)

@@ -6,6 +6,12 @@
   database on it per run, owned by a role of its own that is not a
   superuser (so that S15 can take its privileges away), dropped when the run
   passed.
+* ``postgres-ha``: a failover cluster per run
+  (:class:`~tasknet.drill.pgcluster.PgCluster`: pg_auto_failover's monitor,
+  a primary and a synchronous standby on loopback); the sites' ``--db`` is
+  its multi-host URL, and the scenarios (S24–S26) break the cluster itself.
+  A cluster that lived through a failover is not reused: each run starts
+  from a healthy primary + standby.
 * ``postgresql://…`` (or ``postgres://…``): an existing server; each run
   gets a fresh database of its own on it (the URL's user needs
   ``CREATEDB``; the URL's database is only where ``CREATE DATABASE`` is
@@ -29,6 +35,8 @@ from tasknet.site.storage.engine.database import POSTGRESQL, SQLITE, is_postgres
 #: The ``--db`` words (a URL is the third form).
 SQLITE_CHOICE = "sqlite"
 POSTGRES_CHOICE = "postgres"
+#: A pg_auto_failover cluster per run (S24–S26).
+POSTGRES_HA_CHOICE = "postgres-ha"
 
 #: The role the sites of a throwaway server connect as.
 SITE_ROLE = "tasknet_drill"
@@ -49,6 +57,8 @@ def parse_db_option(value: str) -> str:
         return SQLITE_CHOICE
     if word.lower() in (POSTGRES_CHOICE, POSTGRESQL):
         return POSTGRES_CHOICE
+    if word.lower() == POSTGRES_HA_CHOICE:
+        return POSTGRES_HA_CHOICE
     if is_postgres(word):
         parts = urlsplit(word)
         if not parts.hostname and "host=" not in parts.query:
@@ -56,7 +66,8 @@ def parse_db_option(value: str) -> str:
         return word
     raise DatabaseChoiceError(
         f"--db {value!r}: use sqlite (the default), postgres (a throwaway PostgreSQL"
-        " server) or a postgresql:// URL of an existing server"
+        " server), postgres-ha (a throwaway failover cluster: a primary and a synchronous"
+        " standby under pg_auto_failover) or a postgresql:// URL of an existing server"
     )
 
 
@@ -207,6 +218,66 @@ class ExistingServer:
         return f"PostgreSQL at {parts.hostname}:{parts.port or 5432}, a database per run"
 
 
+class FailoverClusters:
+    """A pg_auto_failover cluster per run (``--db postgres-ha``): the sites
+    use its database through the multi-host URL as its ``tasknet`` role (not
+    a superuser), the scenario breaks the cluster
+    (:attr:`SiteDatabase.failover`), and the cluster is stopped and removed
+    when the run ends (kept, with its logs, when the run is kept).
+
+    ``monitor_settings``: the monitor's timings (pg_auto_failover's defaults
+    when None)."""
+
+    backend = POSTGRESQL
+
+    def __init__(
+        self,
+        base_dir: str | None = None,
+        *,
+        monitor_settings: dict[str, object] | None = None,
+    ) -> None:
+        self.base_dir = base_dir
+        self.monitor_settings = monitor_settings
+        self.started_seconds: list[float] = []
+
+    def start(self) -> None:
+        from tasknet.drill.pgcluster import INSTALL_HINT, AutoFailoverNotInstalled, installed
+
+        if not installed():
+            raise AutoFailoverNotInstalled(f"pg_auto_failover is not installed: {INSTALL_HINT}")
+
+    def new(self, name: str, directory: Path) -> SiteDatabase:
+        from tasknet.drill.pgcluster import ROLE, PgCluster
+
+        cluster = PgCluster(self.base_dir, monitor_settings=self.monitor_settings)
+        cluster.start()
+        if cluster.start_seconds is not None:
+            self.started_seconds.append(cluster.start_seconds)
+
+        def admin(statement: str) -> None:
+            cluster.psql(statement)
+
+        return SiteDatabase(cluster.uri, admin=admin, role=ROLE, failover=cluster)
+
+    def release(self, database: SiteDatabase, *, keep: bool) -> None:
+        cluster = database.failover
+        if cluster is None:
+            return
+        if keep and cluster.directory is not None:
+            # The logs and data directories outlive the run for a post-mortem.
+            cluster.directory = None
+        cluster.stop()
+
+    def close(self) -> None:
+        pass
+
+    def describe(self) -> str:
+        return (
+            "a pg_auto_failover cluster per run (monitor, primary, synchronous standby on"
+            " loopback), the sites on its multi-host URL"
+        )
+
+
 def _dbname(url: str) -> str:
     return urlsplit(url).path.lstrip("/")
 
@@ -221,4 +292,6 @@ def databases_for(choice: str, *, base_dir: str | None = None, socket: bool = Fa
         return SqliteFiles()
     if choice == POSTGRES_CHOICE:
         return ThrowawayServer(base_dir, socket=socket)
+    if choice == POSTGRES_HA_CHOICE:
+        return FailoverClusters(base_dir)
     return ExistingServer(choice)

@@ -76,6 +76,10 @@ class Ledger:
     # a report it sent before that, committed but never ACKed, was lost
     # with the node's store, not by the site (D6).
     wiped_at: dict[str, list[float]] = field(default_factory=dict)
+    # [start, end] wall-clock spans when no database server took writes (a
+    # primary killed until the standby was promoted, S24-S26): no site could
+    # reap then, so D9's 30 s count from a span's end.
+    database_down: list[list[float]] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -87,6 +91,7 @@ class Ledger:
             "forged": self.forged,
             "site_runs": self.site_runs,
             "wiped_at": self.wiped_at,
+            "database_down": self.database_down,
         }
 
 
@@ -819,7 +824,13 @@ def _reap_deadline(world: World, run: dict[str, Any]) -> float | None:
             could.append(end)
         elif other["started"] > end:
             could.append(other["started"])
-    return min(could) + REAP_BOUND if could else None
+    if not could:
+        return None
+    first = min(could)
+    for start, stop in sorted(world.ledger.database_down):
+        if start <= first + REAP_BOUND and stop > first:
+            first = max(first, stop)  # no site could reap while no server took writes
+    return first + REAP_BOUND
 
 
 def _who(instance_id: Any, world: World) -> str:

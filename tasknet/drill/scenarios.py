@@ -1,4 +1,4 @@
-"""Scenarios S1–S23 of DRILLS.md: each injects one fault into real processes.
+"""Scenarios S1–S26 of DRILLS.md: each injects one fault into real processes.
 
 A scenario drives a :class:`Cluster` and records its own expectations (the
 "expected" column of DRILLS.md) through :class:`Expect`; the invariants
@@ -7,7 +7,8 @@ wait is bounded and says what it was waiting for.
 
 S1–S19 run on either database (S6, S15 and S18 fault the database in the
 backend's own way); S20–S23, several sites on one database, only on
-PostgreSQL.
+PostgreSQL; S24–S26, the database failing over under load, only on a
+pg_auto_failover cluster (``--db postgres-ha``).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from typing import Any
 
 from tasknet.cli.jsonhttp import Reply
 from tasknet.drill.cluster import Cluster, node_secret
+from tasknet.drill.databases import POSTGRES_HA_CHOICE as FAILOVER
 from tasknet.drill.exhaustion import Swarm, rss_kib
 from tasknet.drill.invariants import FAIL, PASS, Verdict
 from tasknet.drill.peer import ScriptedPeer, send_late_report
@@ -50,6 +52,9 @@ class Expect:
         self.failures: list[dict[str, Any]] = []
         self.passed: list[str] = []
         self.current = "setup"
+        #: Measurements a scenario reports beside its verdict (S24-S26:
+        #: recovery times and their parts), kept as the E verdict's evidence.
+        self.figures: dict[str, Any] = {}
 
     def step(self, text: str) -> None:
         self.current = text
@@ -79,10 +84,11 @@ class Expect:
         )
 
     def verdict(self) -> Verdict:
+        figures = [{"figures": self.figures}] if self.figures else []
         if self.failures:
             more = f" (+{len(self.failures) - 1} more)" if len(self.failures) > 1 else ""
-            return Verdict("E", FAIL, self.failures[0]["what"] + more, self.failures)
-        return Verdict("E", PASS, f"{len(self.passed)} expectation(s) met")
+            return Verdict("E", FAIL, self.failures[0]["what"] + more, self.failures + figures)
+        return Verdict("E", PASS, f"{len(self.passed)} expectation(s) met", figures)
 
 
 @dataclass(frozen=True)
@@ -1498,6 +1504,641 @@ def s23_site_paused_mid_post(c: Cluster, x: Expect, rng: random.Random) -> None:
     completed(c, x, gid_b)
 
 
+# -- S24..S26: the sites' PostgreSQL fails over (pg_auto_failover) --------------------
+
+#: SCALE.md "Database failover" 3: creates and reports served again within this
+#: many seconds of the primary's death.
+FAILOVER_BOUND = 45.0
+#: How long a drill waits for the manager to promote the standby (past the
+#: bound the figure is still measured, and judged).
+PROMOTION_TIMEOUT = 150.0
+#: The steady load: creates per second, spread over the two sites in turn.
+LOAD_RATE = 4.0
+#: Small archives at this rate per response: each download takes a second or
+#: two, so the nodes report all the time without a backlog.
+LOAD_BANDWIDTH = 400_000
+LOAD_SIZES = {"min_size": 20_000, "max_size": 300_000}
+#: How long the load runs before the fault (and after recovery).
+LOAD_BEFORE = 6.0
+LOAD_AFTER = 6.0
+#: A site that exits (its lease died with the primary) is started again this
+#: long after, as a supervisor (systemd's ``Restart=``) would.
+RESTART_DELAY = 1.0
+#: The lease check's interval plus its timeout (SCALE.md "Fencing" 1), and a
+#: margin: the replication state is checked at every lease check.
+LEASE_CHECK_BOUND = 3.0 + 5.0 + 4.0
+#: Quota large enough that the load never meets it (the demo user's default
+#: is 5,000 cost units a week).
+FAILOVER_SITE_OPTIONS = ("--default-quota", "1000000000")
+#: The answers a create may get while the database fails over (S25): done,
+#: or refused before anything was sent upstream.
+ANSWERED = frozenset({200, 201, 202})
+
+
+@dataclass
+class CreateAnswer:
+    """One create of the steady load: when it was sent and answered, by
+    which site, and how (``status`` 0: no HTTP answer)."""
+
+    gid: int
+    site: str
+    sent: float
+    answered: float
+    status: int
+    code: str | None = None
+    retry_after: str | None = None
+    error: str = ""
+
+    @property
+    def refused_unsent(self) -> bool:
+        """Refused before the site could act: ``503`` with ``Retry-After``,
+        or the connection refused (the site process was not there)."""
+        if self.status == 503:
+            return self.retry_after is not None
+        return self.status == 0 and "refused" in self.error.lower()
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "gid": self.gid,
+            "site": self.site,
+            "sent": round(self.sent, 3),
+            "answered": round(self.answered, 3),
+            "status": self.status,
+            "code": self.code,
+            "retryAfter": self.retry_after,
+            "error": self.error,
+        }
+
+
+class CreateLoad:
+    """Creates at a steady rate through the sites in turn, open loop: each
+    is sent at its intended time from a pool of threads, so a create held
+    through the failover does not hold back the next."""
+
+    def __init__(self, c: Cluster, rng: random.Random, sites: list[str], rate: float) -> None:
+        self.c = c
+        self.rng = rng
+        self.sites = sites
+        self.interval = 1.0 / rate
+        self.answers: list[CreateAnswer] = []
+        self._gids: set[int] = set()
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._pool = ThreadPoolExecutor(16, thread_name_prefix="drill-load")
+        self._thread = threading.Thread(target=self._run, name="drill-load", daemon=True)
+
+    def start(self) -> CreateLoad:
+        self._thread.start()
+        return self
+
+    def _next_gid(self) -> int:
+        while True:
+            gid = pick_gid(self.rng, **LOAD_SIZES)
+            if gid not in self._gids:
+                self._gids.add(gid)
+                return gid
+
+    def _run(self) -> None:
+        due = time.monotonic()
+        turn = 0
+        while not self._stop.is_set():
+            site = self.sites[turn % len(self.sites)]
+            turn += 1
+            self._pool.submit(self._create, self._next_gid(), site)
+            due += self.interval
+            self._stop.wait(max(0.0, due - time.monotonic()))
+
+    def _create(self, gid: int, site: str) -> None:
+        sent = time.time()
+        reply, headers = self.c.create_with_headers(gid, timeout=90, site=site)
+        body = reply.body if isinstance(reply.body, dict) else {}
+        error = body.get("error") if isinstance(body.get("error"), dict) else {}
+        answer = CreateAnswer(
+            gid,
+            site,
+            sent,
+            time.time(),
+            reply.status,
+            error.get("code") if error else None,
+            headers.get("retry-after"),
+            reply.error,
+        )
+        with self._lock:
+            self.answers.append(answer)
+            if reply.ok:
+                self.c.ledger.expect_completed.add(gid)
+
+    def stop(self, timeout: float = 120.0) -> list[CreateAnswer]:
+        """Send no more; wait (bounded) for the creates in flight; every answer."""
+        self._stop.set()
+        self._thread.join(10)
+        self._pool.shutdown(wait=False)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with self._lock:
+                if len(self.answers) >= len(self._gids):
+                    break
+            time.sleep(0.2)
+        with self._lock:
+            return sorted(self.answers, key=lambda a: a.sent)
+
+    def snapshot(self) -> list[CreateAnswer]:
+        with self._lock:
+            return list(self.answers)
+
+
+@dataclass
+class SiteExit:
+    site: str
+    pid: int | None
+    returncode: int | None
+    seen: float
+    restarted: float | None = None
+
+
+class SiteSupervisor:
+    """What a deployment's supervisor does for the sites (systemd's
+    ``Restart=``): a site process that exits is started again after
+    :data:`RESTART_DELAY`, on its ports and the same ``--db``.  A site whose
+    lease died with the primary exits as a fenced site does (SCALE.md
+    "Database failover" 3); its restart opens a new lease on the new primary."""
+
+    def __init__(self, c: Cluster) -> None:
+        self.c = c
+        self.exits: list[SiteExit] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="drill-supervisor", daemon=True)
+
+    def start(self) -> SiteSupervisor:
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.2):
+            for site in list(self.c.sites.values()):
+                if site.alive or self._stop.is_set():
+                    continue
+                gone = SiteExit(site.name, site.proc.pid, site.proc.returncode, time.time())
+                self.exits.append(gone)
+                if self._stop.wait(RESTART_DELAY):
+                    return
+                try:
+                    self.c.resume_site(site.name, wait_ready=False)
+                    gone.restarted = time.time()
+                except DrillError:
+                    pass  # tried again on the next round
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(10)
+
+    def to_json(self) -> list[dict[str, Any]]:
+        return [
+            {
+                "site": e.site,
+                "pid": e.pid,
+                "exit": e.returncode,
+                "seen": round(e.seen, 3),
+                "restarted": None if e.restarted is None else round(e.restarted, 3),
+            }
+            for e in self.exits
+        ]
+
+
+def _failover_cluster(c: Cluster) -> Any:
+    """The run's :class:`~tasknet.drill.pgcluster.PgCluster` (``--db postgres-ha``)."""
+    pg = c.database.failover
+    if pg is None:
+        raise DrillError("S24-S26 need the failover cluster: tasknet-drill --db postgres-ha")
+    return pg
+
+
+def _failover_system(c: Cluster, x: Expect) -> tuple[Any, list[str]]:
+    """The failover cluster, the upstream, two sites on its multi-host URL
+    and three nodes that list both sites; the sites' names."""
+    pg = _failover_cluster(c)
+    x.step(f"primary {pg.primary()} + synchronous standby; upstream, two sites on {c.db}")
+    x.that(pg.in_sync(), "the standby is in sync before the fault")
+    first, second = two_sites(
+        c, upstream_timeout=10.0, bandwidth=LOAD_BANDWIDTH, extra=FAILOVER_SITE_OPTIONS
+    )
+    for node_id, order in (
+        ("n1", (first, second)),
+        ("n2", (second, first)),
+        ("n3", (first, second)),
+    ):
+        c.start_node(node_id, sites=order, wait=False)
+    c.wait_connected("n1", "n2", "n3")
+    return pg, [first, second]
+
+
+def _monitor_events(pg: Any, since: float) -> list[dict[str, Any]]:
+    """The monitor's own log of state changes (``pgautofailover.event``)
+    from ``since`` on: when it judged a node unhealthy, assigned new goals
+    and heard each node report them (the timings' source)."""
+    import psycopg
+
+    with psycopg.connect(pg.monitor_uri, autocommit=True, connect_timeout=5) as conn:
+        rows = conn.execute(
+            "SELECT extract(epoch FROM eventtime)::float8, nodename, reportedstate::text,"
+            " goalstate::text, description FROM pgautofailover.event"
+            " WHERE eventtime >= to_timestamp(%s) ORDER BY eventid",
+            (since - 1.0,),
+        ).fetchall()
+    return [
+        {
+            "at": r[0],
+            "node": _text(r[1]),
+            "reported": _text(r[2]),
+            "goal": _text(r[3]),
+            "description": _text(r[4]),
+        }
+        for r in rows
+    ]
+
+
+def _text(value: Any) -> str:
+    # The monitor's database is SQL_ASCII: psycopg hands its text over as bytes.
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+
+
+def _first_event(
+    events: list[dict[str, Any]], match: Callable[[dict[str, Any]], bool]
+) -> float | None:
+    for event in events:
+        if match(event):
+            return float(event["at"])
+    return None
+
+
+def _first_ack_after(c: Cluster, moment: float) -> dict[str, float]:
+    """site --name -> when the first TaskReportAck after ``moment`` went
+    to a node through it (a report applied and committed again)."""
+    firsts: dict[str, float] = {}
+    for node in c.nodes.values():
+        for site_name in node.proxies:
+            acks = node.call("frames", TaskReportAck.TYPE, TO_CLIENT, site=site_name)
+            later = [r.at for r in acks if r.at > moment and r.action == "forwarded"]
+            if later:
+                firsts[site_name] = min(firsts.get(site_name, later[0]), min(later))
+    return firsts
+
+
+def _serving_again(
+    answers: list[CreateAnswer], sites: list[str], moment: float
+) -> dict[str, float]:
+    """site -> when it answered the first successful create sent after ``moment``."""
+    firsts: dict[str, float] = {}
+    for answer in answers:
+        if answer.sent > moment and 200 <= answer.status < 300:
+            firsts[answer.site] = min(firsts.get(answer.site, answer.answered), answer.answered)
+    return {s: firsts[s] for s in sites if s in firsts}
+
+
+def _committed_gids(c: Cluster, gids: list[int]) -> set[int]:
+    """Those of ``gids`` with an operation row on the (new) primary."""
+    rows = site_rows(c.db, "SELECT gid FROM task_operation")
+    present = {int(r["gid"]) for r in rows}
+    return {g for g in gids if g in present}
+
+
+def _charged_twice(c: Cluster, gids: list[int]) -> list[int]:
+    """Those of ``gids`` the upstream saw POSTed more than once (each is
+    created once by the load: a second POST would charge the user again)."""
+    posts = c.upstream_stats().get("posts", {})
+    return sorted(g for g in gids if int(posts.get(str(g), 0)) > 1)
+
+
+def _wait_all_serving(c: Cluster, sites: list[str], timeout: float) -> None:
+    wait_for(
+        lambda: all(c.sites[s].alive and c.healthz(s).status == 200 for s in sites),
+        timeout,
+        "both sites alive and /healthz 200",
+        procs=[],
+    )
+
+
+def _recovery_figures(
+    c: Cluster,
+    x: Expect,
+    pg: Any,
+    killed_at: float,
+    promoted_seen: float,
+    answers: list[CreateAnswer],
+    sites: list[str],
+    old_primary: str,
+    new_primary: str,
+) -> dict[str, Any]:
+    """Where the seconds went: detection (the kill to the monitor judging
+    the primary unhealthy), promotion (to the new primary reporting a
+    writable state), the sites' reconnect (to the last site answering a
+    create and ACKing a report again); the total against the 45 s bound."""
+    events = _monitor_events(pg, killed_at)
+    unhealthy = _first_event(
+        events,
+        lambda e: e["node"] == old_primary and "unhealthy" in str(e["description"]).lower(),
+    )
+    decided = _first_event(
+        events,
+        lambda e: (
+            e["node"] == new_primary and e["goal"] in ("prepare_promotion", "stop_replication")
+        ),
+    )
+    promoted = _first_event(
+        events,
+        lambda e: (
+            e["node"] == new_primary
+            and e["reported"] in ("wait_primary", "primary")
+            and e["goal"] in ("wait_primary", "primary")
+        ),
+    )
+    serving = _serving_again(answers, sites, killed_at)
+    acks = _first_ack_after(c, promoted or promoted_seen)
+    back = [serving.get(s) for s in sites] + [acks.get(s) for s in sites]
+    recovered = max(b for b in back if b is not None) if all(b is not None for b in back) else None
+    promoted_at = promoted or promoted_seen
+
+    def span(a: float | None, b: float | None) -> float | None:
+        return None if a is None or b is None else round(b - a, 2)
+
+    figures: dict[str, Any] = {
+        "killed_at": round(killed_at, 3),
+        "detection_s": span(killed_at, unhealthy),
+        "decision_s": span(unhealthy, decided),
+        "promotion_s": span(unhealthy, promoted_at),
+        "reconnect_s": span(promoted_at, recovered),
+        "recovery_s": span(killed_at, recovered),
+        "per_site_serving_s": {s: span(killed_at, serving.get(s)) for s in sites},
+        "per_site_report_ack_s": {s: span(killed_at, acks.get(s)) for s in sites},
+        "old_primary": old_primary,
+        "new_primary": new_primary,
+        "monitor_events": events,
+    }
+    total = figures["recovery_s"]
+    x.that(
+        total is not None and total <= FAILOVER_BOUND,
+        f"creates and reports served by both sites again {total} s after the primary's death"
+        f" (bound {FAILOVER_BOUND:.0f} s; detection {figures['detection_s']} s, promotion"
+        f" {figures['promotion_s']} s, reconnect {figures['reconnect_s']} s)",
+        serving=figures["per_site_serving_s"],
+        acks=figures["per_site_report_ack_s"],
+    )
+    return figures
+
+
+def _load_summary(answers: list[CreateAnswer]) -> dict[str, Any]:
+    statuses = Counter(str(a.status) for a in answers)
+    return {
+        "creates": len(answers),
+        "statuses": dict(sorted(statuses.items())),
+        "not_2xx": [a.to_json() for a in answers if not 200 <= a.status < 300],
+    }
+
+
+#: How long the created tasks may take to complete once the load stopped.
+COMPLETE_TIMEOUT = 180.0
+
+
+def _wait_completed(c: Cluster, x: Expect, answers: list[CreateAnswer]) -> None:
+    """Every create answered 2xx reaches 下载完成 (the nodes' reports were
+    applied again after the failover); D3 then checks each."""
+    done = [a.gid for a in answers if 200 <= a.status < 300]
+    x.step(f"waiting for the {len(done)} created task(s) to be 下载完成")
+    missing: list[int] = []
+
+    def complete() -> bool:
+        missing[:] = sorted(set(done) - c.completed_gids(done))
+        return not missing
+
+    try:
+        wait_for(complete, COMPLETE_TIMEOUT, "every created task 下载完成", procs=[])
+    except DrillError as err:
+        x.that(False, f"{err}: {len(missing)} not done", missing=missing[:50])
+
+
+def _expect_committed(c: Cluster, x: Expect, answers: list[CreateAnswer], before: float) -> None:
+    """Every create answered 2xx is on the (new) primary: the ones answered
+    before the fault (the synchronous standby had them) and the rest."""
+    done = [a.gid for a in answers if 200 <= a.status < 300]
+    early = [a.gid for a in answers if 200 <= a.status < 300 and a.answered < before]
+    present = _committed_gids(c, done)
+    x.that(bool(early), f"{len(early)} create(s) answered 2xx before the fault")
+    x.equal(
+        sorted(set(done) - present), [], "2xx creates missing on the new primary", early=len(early)
+    )
+
+
+def _expect_no_double_charge(c: Cluster, x: Expect, answers: list[CreateAnswer]) -> list[int]:
+    twice = _charged_twice(c, [a.gid for a in answers])
+    x.equal(twice, [], "gids POSTed (charged) twice upstream")
+    return twice
+
+
+def _expect_no_500(x: Expect, answers: list[CreateAnswer]) -> None:
+    x.equal(
+        [a.to_json() for a in answers if a.status >= 500 and a.status != 503],
+        [],
+        "creates answered 5xx other than 503",
+    )
+
+
+def _failover_run(
+    c: Cluster,
+    x: Expect,
+    rng: random.Random,
+    fault: Callable[[Any], float],
+    what: str,
+    *,
+    strict_answers: bool,
+) -> None:
+    """The shape of S24 and S25: steady load, ``fault`` (returns its time),
+    the standby promoted, both sites back, the load a while longer; then
+    the checks and the figures."""
+    pg, sites = _failover_system(c, x)
+    supervisor = SiteSupervisor(c).start()
+    load = CreateLoad(c, rng, sites, LOAD_RATE).start()
+    try:
+        time.sleep(LOAD_BEFORE)
+        old_primary = pg.primary()
+        x.step(f"{what} ({old_primary}) under load")
+        for site in c.live_sites():
+            site.proc.note_fenced()  # the leases live in the primary's sessions
+        fault_at = fault(pg)
+        promoted_seen = pg.wait_primary(PROMOTION_TIMEOUT)
+        c.ledger.database_down.append([fault_at, promoted_seen])
+        new_primary = pg.primary()
+        x.that(
+            new_primary is not None and new_primary != old_primary,
+            f"the standby was promoted ({old_primary} -> {new_primary})",
+        )
+        x.step(f"{new_primary} is primary; waiting for both sites to serve again")
+        _wait_all_serving(c, sites, PROMOTION_TIMEOUT)
+        time.sleep(LOAD_AFTER)
+    finally:
+        answers = load.stop()
+    try:
+        _wait_all_serving(c, sites, 60)
+    finally:
+        supervisor.stop()
+    x.step("checking what the failover did to the creates")
+    figures = _recovery_figures(
+        c, x, pg, fault_at, promoted_seen, answers, sites, old_primary, str(new_primary)
+    )
+    figures["load"] = _load_summary(answers)
+    figures["site_exits"] = supervisor.to_json()
+    _expect_committed(c, x, answers, fault_at)
+    _wait_completed(c, x, answers)
+    figures["charged_twice"] = _expect_no_double_charge(c, x, answers)
+    if strict_answers:
+        x.equal(
+            [a.to_json() for a in answers if not (a.status in ANSWERED or a.refused_unsent)],
+            [],
+            "creates neither answered 2xx nor refused (503 with Retry-After) before any POST",
+        )
+    else:
+        _expect_no_500(x, answers)
+    x.figures.update(figures)
+
+
+def s24_primary_killed(c: Cluster, x: Expect, rng: random.Random) -> None:
+    def kill(pg: Any) -> float:
+        return float(pg.kill_primary())
+
+    _failover_run(
+        c, x, rng, kill, "SIGKILL the primary's postmaster and keeper", strict_answers=False
+    )
+
+
+def s25_switchover(c: Cluster, x: Expect, rng: random.Random) -> None:
+    started: list[float] = []
+
+    def switchover(pg: Any) -> float:
+        started.append(time.time())
+        pg.switchover()
+        return started[0]
+
+    _failover_run(c, x, rng, switchover, "pg_autoctl perform switchover", strict_answers=True)
+
+
+def _replication_of(c: Cluster, site: str) -> str | None:
+    """``/healthz``'s ``replication`` (``sync``, ``async since …``, ``none``)."""
+    body = c.healthz(site).body
+    if not isinstance(body, dict):
+        return None
+    value = body.get("replication")
+    return str(value) if value is not None else None
+
+
+def _replication_metrics(c: Cluster, site: str) -> list[str]:
+    """The lines of ``site``'s ``/metrics`` about replication (evidence)."""
+    text = c.metrics_text(site) or ""
+    return [
+        line for line in text.splitlines() if "replication" in line and not line.startswith("#")
+    ]
+
+
+def s26_standby_lost_then_primary(c: Cluster, x: Expect, rng: random.Random) -> None:
+    pg, sites = _failover_system(c, x)
+    supervisor = SiteSupervisor(c).start()
+    figures: dict[str, Any] = {}
+    x.that(
+        all((_replication_of(c, s) or "").startswith("sync") for s in sites),
+        f"/healthz says replication sync on both sites: {[_replication_of(c, s) for s in sites]}",
+    )
+    load = CreateLoad(c, rng, sites, LOAD_RATE).start()
+    try:
+        time.sleep(LOAD_BEFORE)
+        primary = pg.primary()
+        x.step(f"stop the standby; {primary} goes to wait_primary")
+        standby = pg.stop_standby()
+        stopped_at = time.time()
+        pg.wait_state(primary, ["wait_primary"], 90)
+        wait_primary_at = time.time()
+        x.step("waiting for both sites to say replication: async")
+        seen: dict[str, float] = {}
+
+        def all_async() -> bool:
+            for s in sites:
+                if s not in seen and (_replication_of(c, s) or "").startswith("async"):
+                    seen[s] = time.time()
+            return len(seen) == len(sites)
+
+        try:
+            wait_for(all_async, 60, "/healthz replication: async on both sites", procs=[])
+        except DrillError as err:
+            x.that(False, str(err), replication={s: _replication_of(c, s) for s in sites})
+        for s in sites:
+            at = seen.get(s)
+            x.that(
+                at is not None and at - wait_primary_at <= LEASE_CHECK_BOUND,
+                f"{s} said async {None if at is None else round(at - wait_primary_at, 1)} s"
+                f" after the primary's wait_primary (bound: one lease check,"
+                f" {LEASE_CHECK_BOUND:.0f} s)",
+            )
+        metrics = {s: _replication_metrics(c, s) for s in sites}
+        x.that(
+            all(metrics.values()),
+            "both sites' /metrics show the replication state",
+            metrics=metrics,
+        )
+        time.sleep(LOAD_BEFORE)  # creates go on, in the window
+        x.step(f"SIGKILL the primary {primary} too")
+        for site in c.live_sites():
+            site.proc.note_fenced()
+        killed_at = pg.kill_primary()
+        at_kill = load.snapshot()
+        x.step(f"start the standby {standby} again; does the monitor promote it?")
+        pg.start_node(standby)
+        promoted: str | None = None
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and promoted is None:
+            candidate = pg.primary()
+            promoted = candidate if candidate == standby and pg.writable(standby) else None
+            time.sleep(0.5)
+        figures["standby_promoted"] = promoted is not None
+        if promoted is None:
+            x.step(
+                f"not promoted (it missed the window's commits): the operator brings {primary} back"
+            )
+            pg.start_node(primary)
+        back_at = pg.wait_primary(PROMOTION_TIMEOUT)
+        c.ledger.database_down.append([killed_at, back_at])
+        _wait_all_serving(c, sites, PROMOTION_TIMEOUT)
+        time.sleep(LOAD_AFTER)
+    finally:
+        answers = load.stop()
+    try:
+        _wait_all_serving(c, sites, 60)
+    finally:
+        supervisor.stop()
+    window = [a for a in at_kill if 200 <= a.status < 300 and a.answered >= stopped_at]
+    present = _committed_gids(c, [a.gid for a in answers if 200 <= a.status < 300])
+    lost = sorted(a.gid for a in answers if 200 <= a.status < 300 and a.gid not in present)
+    figures.update(
+        {
+            "stopped_standby": standby,
+            "stopped_at": round(stopped_at, 3),
+            "wait_primary_s": round(wait_primary_at - stopped_at, 2),
+            "async_seen_s": {s: round(seen[s] - wait_primary_at, 2) for s in seen},
+            "metrics": metrics,
+            "created_in_window": len(window),
+            "killed_at": round(killed_at, 3),
+            "back_s": round(back_at - killed_at, 2),
+            "lost": lost,
+            "load": _load_summary(answers),
+            "site_exits": supervisor.to_json(),
+            "monitor_events": _monitor_events(pg, stopped_at),
+        }
+    )
+    x.that(bool(window), f"{len(window)} create(s) answered 2xx in the async window")
+    _wait_completed(c, x, [a for a in answers if a.gid not in lost])
+    figures["charged_twice"] = _expect_no_double_charge(c, x, answers)
+    if not figures["standby_promoted"]:
+        x.equal(lost, [], "2xx creates lost (the old primary came back: none may be)")
+    _expect_no_500(x, answers)
+    x.figures.update(figures)
+
+
 SCENARIOS: dict[str, Scenario] = {
     s.id: s
     for s in (
@@ -1548,8 +2189,31 @@ SCENARIOS: dict[str, Scenario] = {
             s23_site_paused_mid_post,
             backends=(POSTGRESQL,),
         ),
+        Scenario(
+            "S24",
+            "the primary PostgreSQL SIGKILLed under a create and report load",
+            s24_primary_killed,
+            90,
+            backends=(FAILOVER,),
+        ),
+        Scenario(
+            "S25",
+            "a planned switchover under a create and report load",
+            s25_switchover,
+            90,
+            backends=(FAILOVER,),
+        ),
+        Scenario(
+            "S26",
+            "the standby lost (wait_primary, async), then the primary",
+            s26_standby_lost_then_primary,
+            90,
+            backends=(FAILOVER,),
+        ),
     )
 }
 QUICK = ("S1", "S2", "S4", "S7", "S10", "S12", "S13", "S16", "S17", "S18")
 #: What CI runs with --db postgres (several sites: the S20 crash).
 QUICK_POSTGRES = ("S20",)
+#: What CI runs with --db postgres-ha (the primary killed under load).
+QUICK_FAILOVER = ("S24",)

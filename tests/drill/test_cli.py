@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 import argparse
+import re
 from pathlib import Path
 
 import pytest
 
-from tasknet.cli.drill import _chosen, _parser, main
+from tasknet.cli.drill import _backend, _chosen, _parser, main
 from tasknet.drill.databases import (
     POSTGRES_CHOICE,
+    POSTGRES_HA_CHOICE,
     SQLITE_CHOICE,
     DatabaseChoiceError,
     ExistingServer,
+    FailoverClusters,
     SqliteFiles,
     ThrowawayServer,
     databases_for,
@@ -20,11 +23,11 @@ from tasknet.drill.databases import (
     run_database_name,
     with_database,
 )
-from tasknet.drill.scenarios import QUICK, QUICK_POSTGRES, SCENARIOS
+from tasknet.drill.scenarios import QUICK, QUICK_FAILOVER, QUICK_POSTGRES, SCENARIOS
 from tasknet.process import free_port
-from tasknet.site.storage.engine.database import POSTGRESQL, SQLITE
 
 MULTI_SITE = ("S20", "S21", "S22", "S23")
+FAILOVER = ("S24", "S25", "S26")
 
 
 def test_list_names_every_scenario_and_marks_the_quick_sets(
@@ -32,13 +35,17 @@ def test_list_names_every_scenario_and_marks_the_quick_sets(
 ) -> None:
     assert main(["--list"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert [line.split()[0] for line in lines] == [f"S{i}" for i in range(1, 24)]
+    assert [line.split()[0] for line in lines][:26] == [f"S{i}" for i in range(1, 27)]
     assert [line.split()[0] for line in lines if line.endswith("(quick)")] == list(QUICK)
     assert [line.split()[0] for line in lines if "postgres only" in line] == list(MULTI_SITE)
-    assert [line.split()[0] for line in lines if "quick with --db postgres" in line] == list(
-        QUICK_POSTGRES
+    assert [
+        line.split()[0] for line in lines if re.search(r"quick with --db postgres\b(?!-)", line)
+    ] == list(QUICK_POSTGRES)
+    assert [line.split()[0] for line in lines if "postgres-ha only" in line] == list(FAILOVER)
+    assert [line.split()[0] for line in lines if "quick with --db postgres-ha" in line] == list(
+        QUICK_FAILOVER
     )
-    assert set(QUICK) | set(QUICK_POSTGRES) <= set(SCENARIOS)
+    assert set(QUICK) | set(QUICK_POSTGRES) | set(QUICK_FAILOVER) <= set(SCENARIOS)
 
 
 @pytest.mark.parametrize(
@@ -53,6 +60,8 @@ def test_list_names_every_scenario_and_marks_the_quick_sets(
         (["S20"], "S20 run(s) only with --db postgres"),
         (["--db", "sqlite", "S1", "s21", "S22"], "S21, S22 run(s) only with --db postgres"),
         (["S23"], "S23 run(s) only with --db postgres"),
+        (["S24"], "S24 run(s) only with --db postgres-ha"),
+        (["--db", "postgres", "S20", "S25", "S26"], "S25, S26 run(s) only with --db postgres-ha"),
     ],
 )
 def test_bad_arguments_exit_2_with_a_clear_error(
@@ -71,6 +80,8 @@ def test_bad_arguments_exit_2_with_a_clear_error(
         ("SQLite", SQLITE_CHOICE),
         ("postgres", POSTGRES_CHOICE),
         ("postgresql", POSTGRES_CHOICE),
+        ("postgres-ha", POSTGRES_HA_CHOICE),
+        ("Postgres-HA", POSTGRES_HA_CHOICE),
         (
             "postgresql://drill@127.0.0.1:5432/postgres",
             "postgresql://drill@127.0.0.1:5432/postgres",
@@ -92,6 +103,7 @@ def test_db_option_forms(value: str, parsed: str) -> None:
 def test_db_option_chooses_where_databases_come_from() -> None:
     assert isinstance(databases_for(SQLITE_CHOICE), SqliteFiles)
     assert isinstance(databases_for(POSTGRES_CHOICE), ThrowawayServer)
+    assert isinstance(databases_for(POSTGRES_HA_CHOICE), FailoverClusters)
     existing = databases_for("postgresql://u@db.example:6543/maint")
     assert isinstance(existing, ExistingServer)
     assert existing.describe() == "PostgreSQL at db.example:6543, a database per run"
@@ -111,7 +123,7 @@ def test_each_run_gets_its_own_database_name_and_url() -> None:
 def _choose(argv: list[str]) -> tuple[list[str], str]:
     parser = _parser()
     args = parser.parse_args(argv)
-    backend = SQLITE if args.db == SQLITE_CHOICE else POSTGRESQL
+    backend = _backend(args.db)
     return [s.id for s in _chosen(parser, args, backend)], args.db
 
 
@@ -120,11 +132,14 @@ def test_the_default_set_is_the_databases_own() -> None:
     assert db == SQLITE_CHOICE and sqlite_set == [f"S{i}" for i in range(1, 20)]
     postgres_set, db = _choose(["--db", "postgres"])
     assert db == POSTGRES_CHOICE and postgres_set == [f"S{i}" for i in range(1, 24)]
+    failover_set, db = _choose(["--db", "postgres-ha"])
+    assert db == POSTGRES_HA_CHOICE and failover_set == list(FAILOVER)
 
 
 def test_quick_is_the_ci_set_of_the_database() -> None:
     assert _choose(["--quick"])[0] == list(QUICK)
     assert _choose(["--quick", "--db", "postgres"])[0] == list(QUICK_POSTGRES)
+    assert _choose(["--quick", "--db", "postgres-ha"])[0] == list(QUICK_FAILOVER) == ["S24"]
     assert _choose(["--db", "postgres", "s1", "S20"])[0] == ["S1", "S20"]
     assert _choose(["--db", "postgres", "s23"])[0] == ["S23"]
 
