@@ -24,6 +24,7 @@ Modules: :mod:`~tasknet.sim.world` (the world and its event loop),
 :mod:`~tasknet.sim.schedule` (a seed's workload and faults),
 :mod:`~tasknet.sim.run` (one run and its checks),
 :mod:`~tasknet.sim.checks` (the invariants checked at every event),
+:mod:`~tasknet.sim.custody` (the checks of what each node holds),
 :mod:`~tasknet.sim.shrink` (the smallest failing schedule),
 :mod:`~tasknet.sim.no_global_reactor` (Twisted's global reactor forbidden).
 

@@ -19,6 +19,9 @@
   writes commits after its instance was reaped (rule 3): so when a site
   process sends a POST, or a write transaction of it commits, its own
   ``site_instance`` row is not reaped in the committed database;
+* **one node at a time has a generation's DOWNLOAD** (issue 34): a second
+  node is sent one only after a ``CANCEL`` to the first or once the first's
+  task was moved away (:class:`~tasknet.sim.custody.OneHolder`);
 * **no state outside the transition table**: the database's trigger
   refuses one; after the run every state read is one of the table's.
 
@@ -37,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from tasknet.drill.proxy import FrameSplitter
+from tasknet.sim.custody import OneHolder
 from tasknet.sim.network import SimConnection, SimTransport
 from tasknet.sim.world import World
 from tasknet.site.storage.engine.database import is_postgres
@@ -81,6 +85,7 @@ class CheapChecks:
         self._splitters: dict[tuple[int, int], FrameSplitter] = {}
         self._reader: Any = None
         self.failures: list[tuple[str, str]] = []
+        self.one_holder = OneHolder(self._moved_away)
         world.after_event.append(self._after_event)
         world.network.send_taps.append(self._sent)
 
@@ -148,6 +153,9 @@ class CheapChecks:
                 self._ack_after_commit(payload, connection)
             elif type_ == TYPE_DOWNLOAD_POST or payload.get("action") == "DOWNLOAD":
                 self._download_dispatchable(payload, connection)
+            elif payload.get("action") == "CANCEL":
+                node = connection.client.reactor.name
+                self.one_holder.cancel(node, str(payload.get("operationId")))
 
     def _ack_after_commit(self, payload: dict[str, Any], connection: SimConnection) -> None:
         report_id = payload.get("reportId")
@@ -174,6 +182,30 @@ class CheapChecks:
             self.fail(
                 "D5", f"gid {gid}: DOWNLOAD of operation {operation_id} sent while {row[1]} is"
             )
+        # A legacy DownloadPost names no generation: the one it was decided for.
+        generation = operation_id if operation_id is not None else (row[1] if row else None)
+        if generation is not None:
+            number = gid if isinstance(gid, int) else -1
+            failure = self.one_holder.download(node, number, str(generation))
+            if failure is not None:
+                self.fail("one-holder", failure)
+
+    def _moved_away(self, node: str, operation_id: str) -> bool:
+        """Whether the committed database says the site moved ``node``'s task
+        of ``operation_id`` away: a CANCEL owed to it, or its tasks reassigned
+        or the node retired (schema v13)."""
+        owed = self._one(
+            "SELECT 1 FROM node_cancel WHERE node_id = ? AND operation_id = ?",
+            (node, operation_id),
+        )
+        if owed is not None:
+            return True
+        audited = self._one(
+            "SELECT 1 FROM node_custody_audit"
+            " WHERE node_id = ? AND action IN ('REASSIGN', 'RETIRE')",
+            (node,),
+        )
+        return audited is not None
 
     # -- fencing ----------------------------------------------------------------------------
 

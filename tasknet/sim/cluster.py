@@ -46,7 +46,7 @@ from tasknet.drill.snapshot import read_node, read_site
 from tasknet.runtime import SeededEntropy
 from tasknet.sim.network import SimConnection, SimTransport
 from tasknet.sim.reactor import SimReactor
-from tasknet.sim.world import World
+from tasknet.sim.world import SimulationError, World
 from tasknet.site.storage.engine.database import is_postgres
 from tasknet.site.storage.engine.sources import StorageFaults
 from tasknet.site.storage.lease import SILENT_CLIENT_NOTICED_WITHIN
@@ -62,6 +62,11 @@ HTTP_PORT = 8080
 NODES_PORT = 7100
 #: The API's answer when the request got none (the site died, the link broke).
 NO_ANSWER = 0
+#: The site's ``--reassign-after`` (DELIVERY.md "A node that is gone"): past
+#: every outage the other faults make (a crash's 8 s, a partition's or a
+#: stall's 20 s, a paused node's 30 s), so only a node gone for good has its
+#: tasks moved, well inside the 240 s a run gives its tasks to settle.
+REASSIGN_AFTER = 60.0
 
 
 def node_secret(node_id: str) -> str:
@@ -119,6 +124,7 @@ class SimCluster:
         self.quota = 5000
         self._splitters: dict[tuple[int, str], FrameSplitter] = {}
         self._frame_seq = 0
+        self._backups = 0
         #: Called with each frame record as it is delivered (the cheap checks).
         self.on_frame: list[Callable[[dict[str, Any]], None]] = []
         #: Called with (site, the storage functions) right after a write of a site commits.
@@ -191,6 +197,8 @@ class SimCluster:
         args += ["--webhook", f"http://127.0.0.1:{WEBHOOK_PORT}/hook"]
         for node_id in sorted(self.nodes):
             args += ["--node-key", f"{node_id}:{node_secret(node_id)}"]
+        if self.site_reassigns:
+            args += ["--reassign-after", f"{REASSIGN_AFTER:g}"]
         options.parseOptions(args)
         service = build_site(
             options,
@@ -227,6 +235,15 @@ class SimCluster:
                 "fenced": None,
             }
         )
+
+    @property
+    def site_reassigns(self) -> bool:
+        """Whether the site moves a gone node's unfinished tasks
+        (``--reassign-after``, issue 34): a node gone for good leaves its
+        tasks waiting for ever on a site without it."""
+        from tasknet.site.service import Options
+
+        return "reassign-after" in Options() or hasattr(Options, "opt_reassign_after")
 
     def _site_died(self, reactor: SimReactor, service: Any) -> None:
         """The kernel closes a dead site's files and sockets: its SQLite
@@ -408,6 +425,38 @@ class SimCluster:
         reactor.addSystemEventTrigger("before", "shutdown", service.stopService)
         reactor.startRunning()
         node.reactor, node.service = reactor, service
+
+    def back_up(self, node_id: str) -> Path | None:
+        """A copy of node ``node_id``'s data directory as it is now (its
+        store's files, archives and partials), as a backup tool run at this
+        instant would take it; ``None`` when there is no directory yet.
+        Between two events no transaction of the store is open (a thread's
+        job runs whole), so the copy is what a crash now would leave."""
+        node = self.nodes[node_id]
+        if not node.data.exists():
+            return None
+        self._backups += 1
+        copy = self.root / "backups" / f"{node_id}-{self._backups}"
+        shutil.copytree(node.data, copy)
+        self.world.note("world", f"backup {copy.name} of {node_id} taken")
+        return copy
+
+    def restore(self, node_id: str, backup: Path | None) -> None:
+        """Put ``backup`` (from :meth:`back_up`; ``None``: the node had no
+        data directory then) in place of node ``node_id``'s data directory
+        while the node is down."""
+        node = self.nodes[node_id]
+        if node.alive:
+            raise SimulationError(f"{node_id} is running: a backup is restored while it is down")
+        if node.data.exists():
+            shutil.rmtree(node.data)
+        if backup is not None:
+            shutil.copytree(backup, node.data)
+        # What the node reported since the backup is forgotten, as after a
+        # wipe (D6: its unacknowledged reports were lost with its store).
+        self.ledger.wiped_at.setdefault(node_id, []).append(self.world.now)
+        source = backup.name if backup is not None else "nothing (no directory then)"
+        self.world.note("fault", f"restore_node_backup {node_id} from {source}")
 
     # -- the client: the HTTP API ----------------------------------------------------
 

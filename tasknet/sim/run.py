@@ -27,6 +27,12 @@ from tasknet.drill.invariants import FAIL, Verdict, check_all
 from tasknet.drill.snapshot import read_site
 from tasknet.sim.checks import CheapChecks
 from tasknet.sim.cluster import METERED_SQL, NO_ANSWER, SimCluster
+from tasknet.sim.custody import (
+    InventoryWatch,
+    excuse_restored,
+    node_holdings,
+    unheld_completions,
+)
 from tasknet.sim.schedule import Schedule, Step
 from tasknet.sim.trace import failure_name
 from tasknet.sim.world import World
@@ -38,6 +44,12 @@ __all__ = ["Outcome", "run_schedule"]
 SETTLE_POLL = 1.0
 #: Operation states that need nothing more from anyone.
 SETTLED_STATES = ("DELETED", "UNKNOWN")
+#: The unfinished tasks of a node, by generation (the checker's own read).
+UNFINISHED_SQL = (
+    "SELECT o.gid, o.operation_id FROM task_operation o JOIN gallery g ON g.gid = o.gid"
+    " WHERE g.node_id = ? AND o.state = 'SUBMITTED' AND COALESCE(g.status, 0) <> 4"
+    " ORDER BY o.gid"
+)
 
 
 @dataclass
@@ -128,6 +140,15 @@ class _Run:
             lambda: {s.nodes_port for s in self.cluster.sites.values()},
             self.cluster.instance_of,
         )
+        self.inventories = InventoryWatch(lambda: self.world.network.connections)
+        self.cluster.on_frame.append(self.inventories.frame)
+        #: Nodes gone for good: never started again.
+        self._gone: set[str] = set()
+        #: Nodes whose data directory was restored from a backup.
+        self._restored: set[str] = set()
+        #: (node, gid, operation id) of the unfinished tasks a node had when
+        #: it went for good: another node finishes them, same generation.
+        self._stranded_tasks: list[tuple[str, int, str]] = []
         self.cluster.on_committed.append(
             lambda site, functions: self.checks.not_reaped(
                 site, f"committed a write ({', '.join(functions)})"
@@ -173,10 +194,15 @@ class _Run:
         outcome.failures += self.checks.failures
         if not settled:
             outcome.failures.append(("liveness", self._unsettled_detail()))
+        else:
+            outcome.failures += [("custody", f) for f in self._unheld_completions()]
+            outcome.failures += [("reassign", f) for f in self._left_behind()]
         evidence = cluster.observe()
         self._finish_ledger(evidence)
         self.checks.states_in_table(evidence.site.operations)
-        outcome.verdicts = check_all(evidence)
+        outcome.verdicts = excuse_restored(
+            check_all(evidence), self._restored, self.inventories.announced()
+        )
         outcome.failures += [(v.invariant, v.detail) for v in outcome.verdicts if v.status == FAIL]
         outcome.failures += [
             ("errors", f"{failure_name(f)}: {f.getErrorMessage()}") for f in world.errors
@@ -306,8 +332,43 @@ class _Run:
         self._do_crash_node(step, wiped=True)
 
     def _restart_node(self, node_id: str, wiped: bool) -> None:
-        if not self.cluster.nodes[node_id].alive:
+        if not self.cluster.nodes[node_id].alive and node_id not in self._gone:
             self.cluster.start_node(node_id, wiped=wiped)
+
+    def _do_restore_node_backup(self, step: Step) -> None:
+        """A backup of the node's data directory now; ``restore_after``
+        seconds later the node is killed, the backup put in place of its
+        directory, and it starts on it after the rest of ``lasts``."""
+        node_id = step.target
+        if node_id in self._gone:
+            return
+        backup = self.cluster.back_up(node_id)
+        later = float(step.param("restore_after", 0.0))
+        down = max(step.lasts - later, 0.0)
+        self._later(
+            later, self._restore, node_id, backup, down, what=f"restore {node_id} from a backup"
+        )
+
+    def _restore(self, node_id: str, backup: Any, down: float) -> None:
+        if node_id in self._gone:
+            return
+        self._fired("restore_node_backup")
+        self._restored.add(node_id)
+        self.cluster.crash(node_id, "kill")
+        self.cluster.restore(node_id, backup)
+        self._later(down, self._restart_node, node_id, False, what=f"restart {node_id}")
+
+    def _do_node_gone_for_good(self, step: Step) -> None:
+        """The node is killed and never starts again (its machine is gone):
+        the site moves its unfinished tasks (``--reassign-after``)."""
+        node_id = step.target
+        if node_id in self._gone:
+            return
+        self._fired(step.kind)
+        self._gone.add(node_id)
+        self.cluster.crash(node_id, "kill")
+        for gid, operation_id in self.checks.rows(UNFINISHED_SQL, (node_id,)):
+            self._stranded_tasks.append((node_id, int(gid), str(operation_id)))
 
     def _do_crash_upstream(self, step: Step) -> None:
         if self.cluster.upstream_alive:
@@ -475,7 +536,7 @@ class _Run:
             if not site.alive:
                 self.cluster.start_site(name)
         for node_id, node in self.cluster.nodes.items():
-            if not node.alive:
+            if not node.alive and node_id not in self._gone:
                 self.cluster.start_node(node_id)
 
     # -- settling and the ledger ------------------------------------------------------------
@@ -489,6 +550,8 @@ class _Run:
                 continue
             gallery = snap.galleries.get(gid) or {}
             if op["state"] == "SUBMITTED" and gallery.get("status") == 4:
+                continue
+            if self._stranded(gallery):
                 continue
             if op["state"] == "SUBMITTED" and not op.get("archive_url") and not op.get("legacy"):
                 # Resolved "submitted" with no archive URL known: metered,
@@ -507,7 +570,45 @@ class _Run:
                 waiting.append(f"{node.node_id}: not logged in at a live site")
             elif _has_unacked(node):
                 waiting.append(f"{node.node_id}: a report unacknowledged")
+        waiting += [f"{n}: an inventory not acknowledged whole" for n in self.inventories.waiting()]
         return waiting
+
+    def _stranded(self, gallery: dict[str, Any]) -> bool:
+        """A task left on a node gone for good by a site that cannot move
+        it (no ``--reassign-after``: what issue 34 builds)."""
+        return gallery.get("node_id") in self._gone and not self.cluster.site_reassigns
+
+    def _left_behind(self) -> list[str]:
+        """The tasks a node gone for good had unfinished: each, unless deleted
+        or created again since, finished by another node in the same
+        generation (one POST, ever: D1 counts them)."""
+        if not self.cluster.site_reassigns:
+            return []
+        snap = read_site(self.cluster.db)
+        failures = []
+        for node_id, gid, operation_id in self._stranded_tasks:
+            op = snap.operations.get(gid) or {}
+            if op.get("state") != "SUBMITTED" or op.get("operation_id") != operation_id:
+                continue
+            gallery = snap.galleries.get(gid) or {}
+            if gallery.get("node_id") == node_id or gallery.get("status") != 4:
+                failures.append(
+                    f"gid {gid}: unfinished on {node_id} when it went for good, now on"
+                    f" {gallery.get('node_id')} status {gallery.get('status')}: another node"
+                    f" should have finished {operation_id}"
+                )
+        return failures
+
+    def _unheld_completions(self) -> list[str]:
+        """D3's archive clause, once settled (:mod:`tasknet.sim.custody`)."""
+        snap = read_site(self.cluster.db)
+        holdings = {n.node_id: node_holdings(n.data) for n in self.cluster.nodes.values()}
+        judged = {n for n in self.inventories.judged() if self.cluster.nodes[n].alive}
+        notes = {}
+        for node_id, times in self.cluster.ledger.wiped_at.items():
+            at = ", ".join(f"{t - self.world.epoch:.1f} s" for t in times)
+            notes[node_id] = f"{node_id} wiped or restored from a backup at {at}"
+        return unheld_completions(snap.operations, snap.galleries, holdings, judged, notes)
 
     def _settled_now(self) -> bool:
         return not self._open_requests and not self._unsettled()

@@ -5,13 +5,16 @@
 clients at once, delete, re-create, a reconcile verdict, right or wrong)
 or a fault (a crash and the restart after it, a partition and its heal, a
 reset, a slow link, a connection stalled mid-frame, an upstream fault, a
-database fault, a wall-clock jump), at a simulated time.  Every fault is
-healed by :attr:`Schedule.healed_at`; the workload steps after that still
-run, and then the run only waits for the tasks to settle (liveness).
+database fault, a wall-clock jump; a node restored from a backup, a node
+gone for good), at a simulated time.  Every fault is healed by
+:attr:`Schedule.healed_at` (but a node gone for good: it never returns);
+the workload steps after that still run, and then the run only waits for
+the tasks to settle (liveness).
 
 A schedule is data: :mod:`tasknet.sim.shrink` removes steps from it, and
 :meth:`Schedule.describe` prints it for a person.  The same seed always
-gives the same schedule (one ``random.Random(seed)``, nothing else).
+gives the same schedule (``random.Random(seed)``, and one generator of
+their own for the custody faults; nothing else).
 """
 
 from __future__ import annotations
@@ -20,13 +23,23 @@ import random
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-__all__ = ["FAULT_KINDS", "WORKLOAD_KINDS", "Schedule", "Step", "generate"]
+__all__ = [
+    "BASE_FAULT_KINDS",
+    "CUSTODY_FAULT_KINDS",
+    "FAULT_KINDS",
+    "WORKLOAD_KINDS",
+    "Schedule",
+    "Step",
+    "generate",
+]
 
 #: The user's actions.
 WORKLOAD_KINDS = ("create", "create_twice", "delete", "recreate", "resolve")
 
-#: Every fault kind, as ``--faults`` names them and the last line counts them.
-FAULT_KINDS = (
+#: The faults drawn from the seed's own generator (their draws, and so every
+#: schedule made of them, are those of the seeds that found the defects in
+#: tests/sim/test_world.py).
+BASE_FAULT_KINDS = (
     "crash_site",
     "crash_node",
     "crash_upstream",
@@ -48,6 +61,20 @@ FAULT_KINDS = (
     "pause_at_submitting",
     "crash_at_commit",
 )
+
+#: The faults of what a node holds (issue 34), drawn from a generator of
+#: their own so that adding them changed none of the draws above: a node's
+#: data directory restored from a backup taken earlier in the run, and a
+#: node that never comes back (its unfinished tasks moved by the site's
+#: ``--reassign-after``).
+CUSTODY_FAULT_KINDS = ("restore_node_backup", "node_gone_for_good")
+
+#: Every fault kind, as ``--faults`` names them and the last line counts them.
+FAULT_KINDS = BASE_FAULT_KINDS + CUSTODY_FAULT_KINDS
+
+#: In a schedule of every kind, how often a seed draws a custody fault.
+RESTORE_CHANCE = 0.25
+GONE_CHANCE = 0.2
 
 #: Faults that need several sites on one PostgreSQL (``--db postgres``).
 POSTGRES_FAULT_KINDS: tuple[str, ...] = ()
@@ -125,7 +152,9 @@ def generate(
 ) -> Schedule:
     """The schedule of ``seed``: two to four nodes (at least one v2 and,
     from three up, one legacy), ``steps`` workload steps over ``duration``
-    simulated seconds and three to eight faults among ``faults``."""
+    simulated seconds, three to eight faults among the base kinds of
+    ``faults`` and, drawn apart, the custody kinds among them (sometimes; each
+    one asked for always when no base kind is)."""
     rng = random.Random(seed)
     node_count = rng.randint(2, 4)
     nodes = tuple(
@@ -163,8 +192,9 @@ def generate(
                 )
             )
     processes = [n for n, _ in nodes] + list(site_names) + ["upstream"]
-    for _ in range(rng.randint(3, 8)) if faults else ():
-        kind = rng.choice(faults)
+    base = tuple(k for k in faults if k not in CUSTODY_FAULT_KINDS)
+    for _ in range(rng.randint(3, 8)) if base else ():
+        kind = rng.choice(base)
         at = round(rng.uniform(0.5, duration), 3)
         plan.append(_fault(rng, kind, at, nodes, site_names, processes))
     if len(site_names) > 1 and "pause_at_submitting" in faults:
@@ -175,6 +205,7 @@ def generate(
         plan.append(
             Step(at, "pause_at_submitting", rng.choice(site_names), round(rng.uniform(12, 40), 3))
         )
+    plan += _custody_faults(seed, faults, nodes, duration, only=not base)
     plan.sort(key=lambda s: (s.at, s.kind, s.target))
     ordered = tuple(plan)
     return Schedule(
@@ -185,6 +216,44 @@ def generate(
         quota=rng.choice((60, 200, 5000)),
         healed_at=_healed_at(ordered),
     )
+
+
+def _custody_faults(
+    seed: int,
+    faults: tuple[str, ...],
+    nodes: tuple[tuple[str, int], ...],
+    duration: float,
+    *,
+    only: bool,
+) -> list[Step]:
+    """The custody faults of ``seed``, from a generator of their own (a
+    string seed: the same in every process and under any hash seed).
+    ``only``: no other kind was asked for, so each kind asked for fires."""
+    rng = random.Random(f"custody {seed}")
+    steps: list[Step] = []
+    if "restore_node_backup" in faults:
+        count = rng.randint(1, 2) if only else int(rng.random() < RESTORE_CHANCE)
+        for _ in range(count):
+            # The backup is taken at ``at``; ``restore_after`` seconds later the
+            # node is killed, its data directory replaced by the backup, and it
+            # starts again on it ``lasts - restore_after`` seconds after that.
+            at = round(rng.uniform(0.5, duration * 0.7), 3)
+            later = round(rng.uniform(2, 30), 3)
+            down = round(rng.uniform(0.05, 5), 3)
+            steps.append(
+                Step(
+                    at,
+                    "restore_node_backup",
+                    rng.choice(nodes)[0],
+                    round(later + down, 3),
+                    (("restore_after", later),),
+                )
+            )
+    if "node_gone_for_good" in faults and (only or rng.random() < GONE_CHANCE):
+        # One a seed: every seed has two nodes or more, so one is left.
+        at = round(rng.uniform(0.5, duration), 3)
+        steps.append(Step(at, "node_gone_for_good", rng.choice(nodes)[0]))
+    return steps
 
 
 def _fault(
