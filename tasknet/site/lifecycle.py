@@ -299,15 +299,21 @@ class Lifecycle:
 
     # -- create ------------------------------------------------------------
 
-    def create(self, user_id: int, gid: int, token: str, name: str = "") -> Deferred[Created]:
+    def create(
+        self, user_id: int, gid: int, token: str, name: str = "", *, confirm_charge: bool = False
+    ) -> Deferred[Created]:
         """Run the create chain; fails with :class:`TaskError` on a business
-        refusal (nothing left behind), fires :class:`Created` otherwise."""
-        return Deferred.fromCoroutine(self._create(user_id, gid, token, name))
+        refusal (nothing left behind), fires :class:`Created` otherwise.
+        ``confirm_charge``: the caller accepts a new charge for a task whose
+        archive is gone (``create.reserve``)."""
+        return Deferred.fromCoroutine(self._create(user_id, gid, token, name, confirm_charge))
 
-    async def _create(self, user_id: int, gid: int, token: str, name: str) -> Created:
+    async def _create(
+        self, user_id: int, gid: int, token: str, name: str, confirm_charge: bool = False
+    ) -> Created:
         week = usage.iso_week(datetime.fromtimestamp(self._clock.seconds(), UTC))
         # 1. The intent and its placeholder row, durable before anything upstream.
-        operation_id = await self._reserve(gid, user_id, name, token, week)
+        operation_id = await self._reserve(gid, user_id, name, token, week, confirm_charge)
         # 2. Read-only prepare: learn the cost; nothing is charged.
         prepared = await self._prepare(gid, token, operation_id)
         # 3. Quota with the known cost, then SUBMITTING, committed before the
@@ -324,15 +330,27 @@ class Lifecycle:
         # 5. Task row + weekly usage in one transaction, guarded by the generation.
         return await self._persist(gid, operation_id, submitted, week)
 
-    async def _reserve(self, gid: int, user_id: int, name: str, token: str, week: str) -> str:
+    async def _reserve(
+        self, gid: int, user_id: int, name: str, token: str, week: str, confirm_charge: bool
+    ) -> str:
         """The reservation, under an operationId chosen here: should its
         COMMIT's answer be lost, the reservation that may exist is released
         in the background (nothing was sent for it)."""
         operation_id = generation.new_operation_id(self._entropy)
+        # The placeholder is not announced (create.reserve): no wake-up; a
+        # new generation over a gone one is (its task row was visible).
+        write = self._write if confirm_charge else self._commit
         try:
-            # The placeholder is not announced (create.reserve): no wake-up.
-            return await self._commit(
-                create.reserve, gid, user_id, name, token, week, self._instance_id, operation_id
+            return await write(
+                create.reserve,
+                gid,
+                user_id,
+                name,
+                token,
+                week,
+                self._instance_id,
+                operation_id,
+                confirm_charge,
             )
         except CommitUnknown:
             self._settle_later(f"release of gid {gid}", create.release_unsent, gid, operation_id)

@@ -28,7 +28,7 @@ __all__ = ["ArchiveTask", "archive_of", "archives_of"]
 # triggers); QUEUED is a part of SUBMITTED.
 _ARCHIVES_SQL = """
 SELECT g.gid, g.user_id, g.name, g.status_key, o.operation_id, g.node_id,
-       g.archive_size, g.archive_sha256
+       g.archive_size, g.archive_sha256, g.archive_gone_reason, g.archive_gone_at
 FROM gallery AS g LEFT JOIN task_operation AS o ON o.gid = g.gid
 WHERE g.gid {match}
 """
@@ -53,6 +53,9 @@ class ArchiveTask:
     #: Bytes and lowercase hex SHA-256 the node reported (``None``: not reported).
     archive_size: int | None
     archive_sha256: str | None
+    #: Why and when no node holds the archive any more (``None``: not gone).
+    gone_reason: str | None = None
+    gone_at: str | None = None
 
     @property
     def completed(self) -> bool:
@@ -60,7 +63,7 @@ class ArchiveTask:
 
 
 def _task(row: sqlite3.Row) -> ArchiveTask:
-    gid, owner, name, key, operation_id, node_id, size, sha256 = tuple(row)
+    gid, owner, name, key, operation_id, node_id, size, sha256, gone_reason, gone_at = tuple(row)
     status = TaskStatus.SUBMITTED.value if key == QUEUED else str(key)
     return ArchiveTask(
         gid=int(gid),
@@ -71,6 +74,8 @@ def _task(row: sqlite3.Row) -> ArchiveTask:
         node_id=node_id,
         archive_size=None if size is None else int(size),
         archive_sha256=sha256,
+        gone_reason=gone_reason,
+        gone_at=gone_at,
     )
 
 

@@ -29,7 +29,7 @@ from tasknet.site.storage.engine.timestamps import iso
 from tasknet.site.storage.generation import change_state, new_operation_id, remove_generation, touch
 from tasknet.site.storage.usage import in_flight_cost, meter, usage
 from tasknet.site.storage.views import operation_row
-from tasknet.status import OperationState
+from tasknet.status import NodeCode, OperationState
 
 _NEW_GENERATION = sql(
     "INSERT INTO task_operation (gid, operation_id, state, user_id, step, instance_id, "
@@ -47,6 +47,25 @@ _OVER_TOMBSTONE = sql(
     "delete_reason = NULL, created_at = {now}, "
     "updated_at = {now} "
     "WHERE gid = ? AND state = ?"
+)
+# Getting an archive again (DELIVERY.md "Custody"): the gone generation's
+# task row starts afresh as a placeholder would (its id, gid and owner kept),
+# after its generation left SUBMITTED (the trigger allows SUBMITTED ->
+# RESERVED only while archive_gone_reason is still set).
+_RESET_GONE_ROW = sql(
+    "UPDATE gallery SET name = CASE WHEN ? = '' THEN name ELSE ? END, token = ?, url = '',"
+    " status = NULL, progress = 0, node_id = NULL, cost = 0, size = NULL, completed_at = NULL,"
+    " speed = NULL, sampled_at = NULL, moved_at = NULL, queued = 0, detail = NULL,"
+    " archive_size = NULL, archive_sha256 = NULL, archive_gone_reason = NULL,"
+    " archive_gone_at = NULL, archive_gone_node = NULL, created_at = {now}, updated_at = {now}"
+    " WHERE gid = ? AND user_id = ? AND archive_gone_reason IS NOT NULL"
+)
+#: ``task_operation.step`` of a reservation made over a gone generation: its
+#: task row was visible before, so giving it back is announced.
+RECREATE_STEP = "recreate"
+_RECREATE_STEP_SQL = sql("UPDATE task_operation SET step = ? WHERE gid = ? AND operation_id = ?")
+_RESERVATION_STEP = sql(
+    "SELECT step, user_id FROM task_operation WHERE gid = ? AND operation_id = ? AND state = ?"
 )
 # ON CONFLICT, not a caught IntegrityError: on PostgreSQL a failed
 # statement would abort the whole transaction.
@@ -73,6 +92,7 @@ def reserve(
     week: str,
     instance_id: int | None = None,
     operation_id: str | None = None,
+    confirm_charge: bool = False,
 ) -> str:
     """Invariant 1: write the CREATE intent (``RESERVED``, fresh operationId)
     and the placeholder task row; return the operationId.
@@ -87,7 +107,16 @@ def reserve(
     not checked here: the cost is known only after ``prepare``
     (:func:`begin_submit` checks ``used + in-flight + cost > quota``), and a
     conflict answers 409 whatever the quota.  ``instance_id``: the site
-    instance creating it (None: one that records none, tools and tests)."""
+    instance creating it (None: one that records none, tools and tests).
+
+    The caller's own ``ARCHIVE_GONE`` task (DELIVERY.md "Getting it again")
+    is a new generation and a new charge: without ``confirm_charge`` it is
+    ``charge_confirmation_required`` with the last generation's ``cost``;
+    with it, ``quota_exceeded`` when that cost would not fit this week (so
+    the gone task is kept), else the generation goes ``SUBMITTED ->
+    RESERVED`` with a fresh operationId and the task row starts afresh.  The
+    caller's ``COMPLETED`` task whose archive is held is
+    ``already_completed`` (nothing to fetch again)."""
     if instance_id is not None:
         instances.require_open(cursor, instance_id)
     op = operation_row(cursor, gid)
@@ -98,6 +127,9 @@ def reserve(
         and op["state"] == OperationState.RESERVED.value
     ):
         return operation_id  # this very reservation committed already
+    if op is not None and op["state"] == OperationState.SUBMITTED.value:
+        if _may_create_again(cursor, gid, user_id, op, week, confirm_charge):
+            return _reserve_over_gone(cursor, gid, user_id, name, token, instance_id, operation_id)
     if op is not None and op["state"] != OperationState.DELETED.value:
         raise TaskError("conflict", f"gid {gid} already has a task ({op['state']})")
     operation_id = operation_id or new_operation_id(entropy_of(cursor))
@@ -130,10 +162,99 @@ def reserve(
     return operation_id
 
 
+def _may_create_again(
+    cursor: sqlite3.Cursor,
+    gid: int,
+    user_id: int,
+    op: sqlite3.Row,
+    week: str,
+    confirm_charge: bool,
+) -> bool:
+    """For ``reserve`` over a ``SUBMITTED`` generation: whether
+    ``user_id``'s task is ``ARCHIVE_GONE`` and may be created again now;
+    ``False`` when it is not the caller's or not finished (the caller
+    answers ``conflict``, as for any live task).  Raises the refusals of
+    :func:`reserve`'s doc."""
+    row = views.gallery_row(cursor, gid)
+    if row is None or row["user_id"] != user_id:
+        return False
+    last_cost = int(op["cost"] if op["cost"] is not None else row["cost"] or 0)
+    if row["archive_gone_reason"] is None:
+        if row["status"] == _COMPLETED:
+            raise TaskError(
+                "already_completed",
+                f"gid {gid} is completed and its archive is held: fetch it"
+                f" (GET /api/tasks/{gid}/archive); nothing is charged",
+            )
+        return False
+    if not confirm_charge:
+        raise TaskError(
+            "charge_confirmation_required",
+            f"gid {gid}'s archive is gone ({row['archive_gone_reason']}): fetching it again is"
+            f' a new charge (last time {last_cost}); send "confirmCharge": true to accept it',
+            cost=last_cost,
+        )
+    current = usage(cursor, user_id, week)
+    if current["used"] + in_flight_cost(cursor, user_id) + last_cost > current["quota"]:
+        raise TaskError(
+            "quota_exceeded",
+            f"gid {gid} cost {last_cost} last time: that would exceed this week's quota",
+            cost=last_cost,
+        )
+    return True
+
+
+def _reserve_over_gone(
+    cursor: sqlite3.Cursor,
+    gid: int,
+    user_id: int,
+    name: str,
+    token: str,
+    instance_id: int | None,
+    operation_id: str | None,
+) -> str:
+    """:func:`reserve` of a new generation over the caller's gone one."""
+    operation_id = operation_id or new_operation_id(entropy_of(cursor))
+    transitions.check(OperationState.SUBMITTED, OperationState.RESERVED)
+    # The generation first, while the row still says gone (the trigger's rule).
+    cursor.execute(
+        _OVER_TOMBSTONE,
+        (
+            operation_id,
+            OperationState.RESERVED.value,
+            user_id,
+            instance_id,
+            gid,
+            OperationState.SUBMITTED.value,
+        ),
+    )
+    if cursor.rowcount != 1:
+        raise TaskError("conflict", f"gid {gid} changed while it was being created")
+    cursor.execute(_RECREATE_STEP_SQL, (RECREATE_STEP, gid, operation_id))
+    cursor.execute(_RESET_GONE_ROW, (name, name, token, gid, user_id))
+    if cursor.rowcount != 1:
+        raise TaskError("conflict", f"gid {gid} changed while it was being created")
+    # Unlike a placeholder, this row was visible (ARCHIVE_GONE): its owner's
+    # other pages learn it is being submitted again.
+    outbox.enqueue_task_change(cursor, gid)
+    return operation_id
+
+
+_COMPLETED = int(NodeCode.COMPLETED)
+
+
 def release(cursor: sqlite3.Cursor, gid: int, operation_id: str) -> bool:
     """Release a ``RESERVED`` generation (prepare failed, quota, recovery):
-    its intent and its placeholder row, nothing of any other generation."""
-    return remove_generation(cursor, gid, operation_id, OperationState.RESERVED)
+    its intent and its placeholder row, nothing of any other generation.
+    A reservation made over a gone generation had a visible row: its end is
+    announced."""
+    reservation = cursor.execute(
+        _RESERVATION_STEP, (gid, operation_id, OperationState.RESERVED.value)
+    ).fetchone()
+    released = remove_generation(cursor, gid, operation_id, OperationState.RESERVED)
+    if released and reservation is not None and reservation["step"] == RECREATE_STEP:
+        outbox.enqueue_task_change(cursor, gid, user_id=reservation["user_id"])
+    return released
 
 
 def begin_submit(
@@ -272,9 +393,9 @@ def release_unsent(cursor: sqlite3.Cursor, gid: int, operation_id: str) -> bool:
     only by the instance holding it, through the write fence, so a
     generation another site already reaped (now ``UNKNOWN``) is never
     touched."""
-    return remove_generation(
-        cursor, gid, operation_id, OperationState.RESERVED
-    ) or remove_generation(cursor, gid, operation_id, OperationState.SUBMITTING)
+    return release(cursor, gid, operation_id) or remove_generation(
+        cursor, gid, operation_id, OperationState.SUBMITTING
+    )
 
 
 # Recovery at start (invariant 10)

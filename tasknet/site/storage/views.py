@@ -65,6 +65,7 @@ SELECT g.gid, g.name, g.user_id AS owner, g.status AS node_code, g.progress, g.n
        o.state, o.operation_id, o.delete_operation_id, o.delete_result, 1 AS has_row,
        u.name AS owner_name, g.size, g.completed_at, g.speed, g.moved_at,
        g.queued, g.detail, g.sampled_at, g.archive_size, g.archive_sha256,
+       g.archive_gone_reason, g.archive_gone_at, g.archive_gone_node,
        CASE WHEN g.node_id IS NULL THEN NULL
        WHEN EXISTS (SELECT 1 FROM node_session AS s WHERE s.node_id = g.node_id
                     AND s.connected_at IS NOT NULL AND (s.instance_id IS NULL OR s.instance_id IN
@@ -78,7 +79,7 @@ SELECT o.gid, '', o.user_id, NULL, 0, NULL,
        o.cost, o.created_at, o.updated_at,
        o.state, o.operation_id, o.delete_operation_id, o.delete_result, 0,
        (SELECT name FROM "user" WHERE id = o.user_id), NULL, NULL, NULL, NULL,
-       0, NULL, NULL, NULL, NULL, NULL
+       0, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL
 FROM task_operation AS o
 WHERE o.gid {match} AND NOT EXISTS (SELECT 1 FROM gallery AS g WHERE g.gid = o.gid)
 """
@@ -111,6 +112,7 @@ def gone_view(gid: int, state: str | None = None, **known: Any) -> dict[str, Any
         "completedAt": None,
         "archiveSize": None,
         "archiveSha256": None,
+        "archiveGone": None,
         "queued": False,
         "detail": None,
         "nodeConnected": None,
@@ -170,7 +172,8 @@ def _view_of_row(row: sqlite3.Row, now: float) -> dict[str, Any] | None:
     gid, name, _owner, node_code, progress, node_id, cost, created_at = row[:8]
     updated_at, state, operation_id, delete_operation_id, delete_result, has_row = row[8:14]
     owner_name, size, completed_at, speed, moved_at = row[14:19]
-    queued_flag, detail, sampled_at, archive_size, archive_sha256, node_connected = row[19:]
+    queued_flag, detail, sampled_at, archive_size, archive_sha256 = row[19:24]
+    gone_reason, gone_at, gone_node, node_connected = row[24:]
     if not has_row:
         # No task row left: a DELETED tombstone is shown as gone; any other
         # bare generation has no view.
@@ -186,7 +189,9 @@ def _view_of_row(row: sqlite3.Row, now: float) -> dict[str, Any] | None:
             updatedAt=updated_at,
             owner=owner_name,
         )
-    status = _display_status(state, node_code, delete_result == "FAILED", bool(queued_flag))
+    status = _display_status(
+        state, node_code, delete_result == "FAILED", bool(queued_flag), gone_reason is not None
+    )
     queued = bool(queued_flag) and status is TaskStatus.SUBMITTED and node_code == _DOWNLOADING
     progress = float(progress)
     done = throughput.bytes_done(node_code, progress, size)
@@ -217,6 +222,12 @@ def _view_of_row(row: sqlite3.Row, now: float) -> dict[str, Any] | None:
         "completedAt": completed_at,
         "archiveSize": archive_size,
         "archiveSha256": archive_sha256,
+        # No node holds this generation's archive any more (DELIVERY.md "Custody").
+        "archiveGone": (
+            None
+            if gone_reason is None
+            else {"reason": gone_reason, "at": gone_at, "node": gone_node}
+        ),
         "queued": queued,
         "detail": detail or None,
         "nodeConnected": connected,

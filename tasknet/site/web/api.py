@@ -119,6 +119,8 @@ def _create_outcome(status: int, code: str | None) -> str:
         return "unknown"
     return {
         "conflict": "conflict",
+        "already_completed": "conflict",
+        "charge_confirmation_required": "conflict",
         "upstream_rejected": "rejected",
         "quota_exceeded": "quota_exceeded",
         "rate_limited": "rate_limited",
@@ -376,9 +378,19 @@ class SiteApi:
             raise ApiError("invalid_request", "'gid' must be a JSON integer")
         token = string_field(document, "token", required=True, limit=MAX_TOKEN)
         name = string_field(document, "name", required=False, limit=MAX_NAME)
+        # DELIVERY.md "Getting it again": fetching a gone archive again is a new charge.
+        confirm = document.get("confirmCharge", False)
+        if not isinstance(confirm, bool):
+            raise ApiError("invalid_request", "'confirmCharge' must be true or false")
         try:
-            created = await shield(self.lifecycle.create(user.id, gid, token, name))
+            created = await shield(
+                self.lifecycle.create(user.id, gid, token, name, confirm_charge=confirm)
+            )
         except TaskError as e:
+            if e.code == "charge_confirmation_required":
+                return STATUS[e.code], {
+                    "error": {"code": e.code, "message": e.message, **e.details}
+                }
             if e.code != "quota_exceeded":
                 raise
             return STATUS[e.code], {"error": await self._quota_error(user, e)}

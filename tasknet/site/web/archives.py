@@ -19,9 +19,10 @@ Refusals, in the order they are decided: another user's task or none:
 archive_not_ready`` with its ``status``; its node not connected to this
 site: ``503 node_offline`` with ``Retry-After``; connected but serving
 nothing (a legacy node, one without ``--serve``), or a task without an
-operationId (a legacy row): ``409 archive_not_served``.  ``410
-archive_gone`` (custody: an archive a node released) is decided by the
-custody work, not here yet.
+operationId (a legacy row): ``409 archive_not_served``.  Before all but
+``not_found``: a task whose archive no node holds any more (``ARCHIVE_GONE``,
+DELIVERY.md "Custody") is ``410 archive_gone`` with its ``reason`` and
+``at``; creating it again is a new charge.
 
 Decisions the spec leaves open:
 
@@ -156,6 +157,15 @@ class ArchiveDelivery:
         admin: the caller checked; :meth:`count` it once answered); ``site_url``
         is the site's own archive URL of the task (``via: site``).  Raises
         :class:`ApiError` with the refusal."""
+        if task.gone_reason is not None:
+            raise ApiError(
+                "archive_gone",
+                f"task {task.gid}'s archive is held by no node any more ({task.gone_reason}):"
+                " creating the task again fetches it again, at a new charge",
+                status=task.status,
+                reason=task.gone_reason,
+                at=task.gone_at,
+            )
         if not task.completed:
             raise ApiError(
                 "archive_not_ready",

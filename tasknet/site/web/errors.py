@@ -16,6 +16,11 @@ STATUS: dict[str, int] = {
     "method_not_allowed": 405,
     "request_timeout": 408,  # no complete request in time (web.http)
     "conflict": 409,
+    # POST /api/tasks (DELIVERY.md "Getting it again"): the caller's task is
+    # ARCHIVE_GONE and the body has no "confirmCharge": true (with the last
+    # generation's cost); the caller's task is COMPLETED with its archive held.
+    "charge_confirmation_required": 409,
+    "already_completed": 409,
     # GET /api/tasks/{gid}/archive and POST /api/tasks/archive-links
     # (DELIVERY.md "Getting an archive (site)", web/archives.py): the task is
     # not COMPLETED (with its status); its node is connected but serves

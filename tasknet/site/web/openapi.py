@@ -40,6 +40,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from tasknet import __version__
+from tasknet.site.storage.custody import GONE_REASONS
 from tasknet.site.storage.throughput import TOP_NODES
 from tasknet.site.storage.views import CURSOR_KEY_MAX, CURSOR_KEY_MIN, GID_MAX, GID_MIN
 from tasknet.site.web.errors import STATUS
@@ -347,6 +348,25 @@ def _task_schema() -> Schema:
                     pattern="^[0-9a-f]{64}$",
                 )
             ),
+            "archiveGone": _nullable(
+                _object(
+                    {
+                        "reason": _string(
+                            "Why no node holds the archive any more: released by its node "
+                            "(`EXPIRED`, `DISK_BUDGET`, `CORRUPT`, `MISSING`, `CANCELLED`), "
+                            "missing from its node's inventory (`MISSING`), or its node "
+                            "retired (`NODE_RETIRED`).",
+                            enum=sorted(GONE_REASONS),
+                        ),
+                        "at": _TIME,
+                        "node": _string("The node that held it."),
+                    },
+                    required=["reason", "at", "node"],
+                    description="Set when `status` is `ARCHIVE_GONE` (归档已失效): the task "
+                    "was completed and its archive is held by no node any more; creating the "
+                    'gid again is a new charge (`"confirmCharge": true`).',
+                )
+            ),
             "queued": {
                 "type": "boolean",
                 "description": "Its node holds it but has not started it (`status` is "
@@ -399,6 +419,7 @@ def _task_schema() -> Schema:
             "completedAt",
             "archiveSize",
             "archiveSha256",
+            "archiveGone",
             "queued",
             "detail",
             "nodeConnected",
@@ -507,10 +528,15 @@ def _schemas() -> dict[str, Schema]:
                         "code": _string(enum=list(STATUS)),
                         "message": _string(minLength=1),
                         "notBefore": _string("Only with `verdict_too_early`."),
+                        "cost": _integer(
+                            "With `quota_exceeded`: the refused task's cost. With "
+                            "`charge_confirmation_required`: what the task's last generation "
+                            "cost (fetching it again is a new charge).",
+                            minimum=0,
+                        ),
                         **{
                             name: _integer(f"Only with `quota_exceeded`: {what}", minimum=0)
                             for name, what in (
-                                ("cost", "the refused task's cost."),
                                 ("used", "this ISO week's metered usage (as `GET /api/usage`)."),
                                 ("quota", "the weekly quota."),
                                 (
@@ -523,8 +549,16 @@ def _schemas() -> dict[str, Schema]:
                         },
                         "week": _string("Only with `quota_exceeded`: the ISO week checked."),
                         "status": _string(
-                            "Only with `archive_not_ready`: the task's status.",
+                            "Only with `archive_not_ready` and `archive_gone`: the task's status.",
                             enum=_STATUS_KEYS,
+                        ),
+                        "reason": _string(
+                            "Only with `archive_gone`: why no node holds the archive any more "
+                            "(the task's `archiveGone.reason`).",
+                            enum=sorted(GONE_REASONS),
+                        ),
+                        "at": _string(
+                            "Only with `archive_gone`: since when (the task's `archiveGone.at`)."
                         ),
                         "node": _nullable(
                             _string(
@@ -854,7 +888,16 @@ def _task_operations() -> dict[str, Schema]:
             (
                 409,
                 _error(
-                    409, "The gid already has a task (or changed while being created).", "conflict"
+                    409,
+                    "`conflict`: the gid already has a task (or changed while being created). "
+                    "`already_completed`: the caller's task is `COMPLETED` and its archive is "
+                    "held: fetch it, nothing is charged. `charge_confirmation_required`: the "
+                    "caller's task is `ARCHIVE_GONE`; fetching it again is a new generation and "
+                    'a new charge, so the body must say `"confirmCharge": true`; the envelope '
+                    "adds `cost`, what its last generation cost.",
+                    "conflict",
+                    "already_completed",
+                    "charge_confirmation_required",
                 ),
             ),
             (422, _error(422, "The upstream definitely refused; nothing was charged.")),
@@ -913,6 +956,15 @@ def _task_operations() -> dict[str, Schema]:
                         maxLength=MAX_NAME,
                         pattern=_NO_NUL,
                     ),
+                    "confirmCharge": {
+                        "type": "boolean",
+                        "default": False,
+                        "description": "`true` accepts a new charge to fetch again the "
+                        "archive of the caller's `ARCHIVE_GONE` task (a new generation: a new "
+                        "`operationId`, a new POST, counted by the quota); without it such a "
+                        "create is `409 charge_confirmation_required`. No effect on any other "
+                        "gid.",
+                    },
                 },
                 required=["gid", "token"],
             )
@@ -1183,8 +1235,9 @@ def _archive_operations() -> dict[str, Schema]:
     )
     gone = _error(
         410,
-        "The completed task's archive is no longer held by its node (the error's message says "
-        "why).",
+        "The task was completed and its archive is held by no node any more (`ARCHIVE_GONE`: "
+        "the error's `reason` and `at` say why and since when). Creating the gid again fetches "
+        'it again, at a new charge (`"confirmCharge": true`).',
         "archive_gone",
     )
     offline = _error(
