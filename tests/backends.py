@@ -27,6 +27,13 @@ from tasknet.site.storage.engine.database import (
 )
 from tasknet.site.storage.engine.database import is_postgres
 
+
+def replication_of(target: str) -> str:
+    """What ``/healthz`` says of replication on the suite's databases: the
+    one throwaway server has no standby (``none``); SQLite has none to have."""
+    return "none" if is_postgres(target) else "n/a"
+
+
 #: The backends a ``db_target`` test runs on (its parameter ids).
 BACKENDS = ("sqlite", "postgresql")
 

@@ -95,6 +95,12 @@ Gauges:
     what ``/healthz`` says, as a number: 1 while the site dispatches, 0 when
     its start-up recovery failed.  Both set with :func:`set_health` at each
     scrape.
+``REPLICATION_SYNC``  ``tasknet_db_replication_sync`` and
+``REPLICATION_ASYNC_SINCE``  ``tasknet_db_replication_async_since_seconds``
+    ``/healthz``'s ``replication`` (the lease's check, SCALE.md "Database
+    failover" 2): 1 while it is ``sync``; the Unix time since which it has
+    been ``async`` (or ``unknown``), 0 otherwise (the alert
+    ``TasknetReplicationAsync``).  Set with :func:`set_health`.
 
 Counters read from the database (:func:`set_byte_totals`):
 ``tasknet_bytes_downloaded_total`` and
@@ -131,6 +137,7 @@ Helpers: :func:`record_upstream_call`, :func:`observe_since`, :func:`count_inven
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
+from datetime import UTC, datetime
 from typing import Any, cast
 
 from prometheus_client import (
@@ -341,6 +348,18 @@ DATABASE_UP = Gauge(
     "1 if the database answered the read made for this scrape, 0 if it failed.",
     registry=REGISTRY,
 )
+REPLICATION_SYNC = Gauge(
+    "tasknet_db_replication_sync",
+    "1 while the PostgreSQL primary replicates synchronously to a standby (/healthz "
+    "replication: sync), else 0 (async, none, unknown, or SQLite).",
+    registry=REGISTRY,
+)
+REPLICATION_ASYNC_SINCE = Gauge(
+    "tasknet_db_replication_async_since_seconds",
+    "Unix time since which a standby is configured but none is in sync (/healthz "
+    "replication: async since ...); 0 otherwise.",
+    registry=REGISTRY,
+)
 DISPATCH_ENABLED = Gauge(
     "tasknet_dispatch_enabled",
     "1 while the site dispatches (/healthz); 0: its start-up recovery failed.",
@@ -486,9 +505,27 @@ def set_health(document: Mapping[str, str]) -> bool:
     gauges; whether the database answered (then read the sample)."""
     global _health_database_ok
     DISPATCH_ENABLED.set(1 if document.get("dispatch") == "enabled" else 0)
+    replication = document.get("replication", "n/a")
+    REPLICATION_SYNC.set(1 if replication == "sync" else 0)
+    REPLICATION_ASYNC_SINCE.set(_since(replication))
     _health_database_ok = document.get("database", "ok") == "ok"
     DATABASE_UP.set(1 if _health_database_ok else 0)
     return _health_database_ok
+
+
+def _since(replication: str) -> float:
+    """The Unix time in ``async since <ISO time>`` (``unknown since`` too:
+    no standby is known to be in sync); 0 for any other answer."""
+    _, marker, when = replication.partition(" since ")
+    if not marker:
+        return 0.0
+    try:
+        moment = datetime.fromisoformat(when)
+    except ValueError:
+        return 0.0
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    return moment.timestamp()
 
 
 def set_task_counts(counts: Mapping[str, int]) -> None:

@@ -291,7 +291,13 @@ def _assemble(
     instance = InstanceService(
         lease, db, lifecycle.reap_gone, interval=tuning.instance_interval, clock=clock
     )
-    health = Health(site=options["name"], backend=db.backend)
+    health = Health(
+        site=options["name"],
+        backend=db.backend,
+        replication_of=(lambda: (lease.replication, lease.replication_since))
+        if lease.shared
+        else None,
+    )
     web = _web_dependencies(
         options, reactor, clock, entropy, db, lifecycle, node_side, health, wake_outbox
     )

@@ -359,6 +359,18 @@ class Health:
     #: When the database last stopped answering (ISO 8601 UTC), ``None``
     #: while it answers (SCALE.md "Fencing" 4: ``/healthz`` is 503 then).
     database_failing_since: str | None = None
+    #: The lease's replication check (SCALE.md "Database failover" 2):
+    #: ``(answer, since)``, ``since`` the Unix time it stopped being
+    #: ``sync`` (storage.lease.Lease.replication); None: ``n/a``.
+    replication_of: Callable[[], tuple[str, float | None]] | None = None
+
+    def replication(self) -> str:
+        """``sync``, ``async since <time>``, ``unknown since <time>``,
+        ``none`` or ``n/a`` (SQLite)."""
+        if self.replication_of is None:
+            return "n/a"
+        answer, since = self.replication_of()
+        return answer if since is None else f"{answer} since {iso(since)}"
 
     @property
     def database_ok(self) -> bool:
@@ -373,6 +385,7 @@ class Health:
             "database": "ok"
             if self.database_failing_since is None
             else f"failing since {self.database_failing_since}",
+            "replication": self.replication(),
         }
 
     async def probe(

@@ -10,7 +10,7 @@ from twisted.internet.defer import Deferred, DeferredList
 
 from tasknet.upstream import catalog
 from tasknet.upstream.testing import start_upstream
-from tests.backends import add_failing_trigger, backend_of
+from tests.backends import add_failing_trigger, backend_of, replication_of
 from tests.site.helpers import (
     SiteWithUsers,
     add_user,
@@ -359,6 +359,7 @@ async def test_health_metrics_ui_and_admin_nodes(db_target):
                 "recovery": "done",
                 "dispatch": "enabled",
                 "database": "ok",
+                "replication": replication_of(db_target),
             },
         )
         assert f.site.site.health.site == f"{socket.gethostname()}:0"  # --name's default

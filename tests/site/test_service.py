@@ -27,7 +27,7 @@ from tasknet.site.storage import create, usage, users
 from tasknet.site.storage.engine.database import connect, run_read, run_write
 from tasknet.site.storage.engine.schema import load_script, prepare_database
 from tasknet.upstream.testing import start_upstream
-from tests.backends import WriteLock, add_failing_trigger, backend_of
+from tests.backends import WriteLock, add_failing_trigger, backend_of, replication_of
 from tests.eventually import eventually
 from tests.site.helpers import (
     add_user,
@@ -160,6 +160,7 @@ async def test_start_runs_recovery_before_enabling_dispatch(db_target):
                 "recovery": "done",
                 "dispatch": "enabled",
                 "database": "ok",
+                "replication": replication_of(db_target),
             }
         finally:
             await pool.closeCachedConnections()
@@ -225,6 +226,7 @@ async def test_failed_recovery_accepts_nodes_but_dispatches_nothing(db_target):
                     "recovery": "failed",
                     "dispatch": "disabled",
                     "database": "ok",
+                    "replication": replication_of(path),
                 },
             )
             # The dispatcher service was never started; the outbox was.

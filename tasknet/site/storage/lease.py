@@ -37,6 +37,21 @@ Each site names its database sessions after its instance
 instance it reaps (:meth:`Lease.end_sessions_of`) and no transaction left
 open by a paused site can hold the reap up.
 
+Replication (SCALE.md "Database failover" 2).  At start and at every
+lease check the lease session asks its server whether commits wait for a
+standby (:func:`replication_state`): ``sync`` (``synchronous_standby_names``
+set, this session's ``synchronous_commit`` ``on`` or ``remote_apply``, and a
+standby in ``pg_stat_replication`` with ``sync_state`` ``sync`` or
+``quorum``), ``async`` (a standby is configured, by that setting, a
+replication slot or a connected standby, but none is in sync: a failover
+now can lose the last commits), ``none`` (no standby at all) or ``unknown``
+(the site's role may not read ``pg_stat_replication``'s states: grant it
+``pg_monitor``).  The lease keeps the answer and since when (on the site's
+wall clock) it has not been ``sync`` (:attr:`Lease.replication`,
+:attr:`Lease.replication_since`); on SQLite it is ``n/a``.  The answer is
+taken *before* the check's confirmation is written, so it is known even when
+that write waits for a standby that is gone.
+
 The lease connection is used from one thread of its own (psycopg is
 blocking; one connection, one thread at a time); its methods answer
 Deferreds on the reactor.
@@ -94,6 +109,16 @@ CHECK_TIMEOUT = 5.0
 #: long (plus the upstream timeout) after its reap.
 LEASE_TIMEOUT = CHECK_INTERVAL + CHECK_TIMEOUT
 
+#: The answers of the replication check (:func:`replication_state`).
+REPLICATION_SYNC = "sync"
+REPLICATION_ASYNC = "async"
+REPLICATION_NONE = "none"
+REPLICATION_UNKNOWN = "unknown"
+REPLICATION_NOT_APPLICABLE = "n/a"
+#: The ``synchronous_commit`` values under which a commit waits for the
+#: standby to have it (``remote_write`` and ``local`` do not wait for its disk).
+SYNCHRONOUS_COMMITS = frozenset({"on", "remote_apply"})
+
 #: Periodic jobs that must run at one site at a time (:func:`once`).
 PRUNE_JOB = 1
 OUTBOX_PRUNE_JOB = 2
@@ -139,6 +164,51 @@ def once(cursor: Cursor, job: int) -> bool:
     it).  The lock ends with the transaction."""
     row = cursor.execute(_ONCE_SQL, (job,)).fetchone()
     return bool(row[0])
+
+
+# One read, on the session being judged (its own synchronous_commit): the
+# settings, the standbys in sync, the standbys there are (connected or
+# not: a slot outlives a standby that stopped; pg_auto_failover empties
+# synchronous_standby_names while its primary waits alone), and the rows
+# whose state this role may not see (NULL without pg_read_all_stats).
+_REPLICATION_SQL = postgres_only(
+    "SELECT current_setting('synchronous_standby_names') AS names,"
+    " current_setting('synchronous_commit') AS commit,"
+    " (SELECT count(*) FROM pg_stat_replication"
+    "  WHERE sync_state IN ('sync', 'quorum')) AS in_sync,"
+    " (SELECT count(*) FROM pg_stat_replication) AS connected,"
+    " (SELECT count(*) FROM pg_replication_slots WHERE slot_type = 'physical') AS slots,"
+    " (SELECT count(*) FROM pg_stat_replication WHERE sync_state IS NULL) AS hidden"
+)
+
+
+def judge_replication(
+    names: str, commit: str, in_sync: int, connected: int, slots: int, hidden: int = 0
+) -> str:
+    """The replication check's answer from what the server said (see the
+    module doc): ``sync``, ``async``, ``none`` or ``unknown``."""
+    configured = bool(names.strip()) or connected > 0 or slots > 0
+    if not configured:
+        return REPLICATION_NONE
+    if names.strip() and commit in SYNCHRONOUS_COMMITS and in_sync > 0:
+        return REPLICATION_SYNC
+    if hidden > 0:
+        return REPLICATION_UNKNOWN
+    return REPLICATION_ASYNC
+
+
+def replication_state(cursor: Cursor) -> str:
+    """Whether commits on ``cursor``'s session wait for a standby: ``sync``,
+    ``async``, ``none`` or ``unknown`` (PostgreSQL; see the module doc)."""
+    row = cursor.execute(_REPLICATION_SQL).fetchone()
+    return judge_replication(
+        str(row["names"] or ""),
+        str(row["commit"] or ""),
+        int(row["in_sync"]),
+        int(row["connected"]),
+        int(row["slots"]),
+        int(row["hidden"]),
+    )
 
 
 def dead_here(gone: instances.Instance, processes: IProcesses) -> bool:
@@ -190,6 +260,12 @@ class Lease(ABC):
         #: When (``monotonic``) the lease was last confirmed: taken, or the
         #: start of the last check that found it held.
         self.confirmed_at = monotonic()
+        #: The last answer of the replication check (the module doc).
+        self.replication = REPLICATION_NOT_APPLICABLE
+        #: Since when (the site's wall clock, Unix seconds) the answer has
+        #: been something other than ``sync`` while a standby is configured
+        #: (``async`` or ``unknown``); ``None`` otherwise.
+        self.replication_since: float | None = None
 
     def now(self) -> float:
         """This instance's monotonic clock (the one freshness is judged on)."""
@@ -229,6 +305,27 @@ class Lease(ABC):
         """A check that started at ``since`` found the lease held."""
         if since > self.confirmed_at:
             self.confirmed_at = since
+
+    def note_replication(self, state: str, wall: float) -> None:
+        """Record a replication check's answer, found at ``wall`` (the
+        site's wall clock): the first answer of a run of ``async`` /
+        ``unknown`` starts :attr:`replication_since`."""
+        if state in (REPLICATION_ASYNC, REPLICATION_UNKNOWN):
+            if self.replication_since is None or self.replication not in (
+                REPLICATION_ASYNC,
+                REPLICATION_UNKNOWN,
+            ):
+                self.replication_since = wall
+                log.warn(
+                    "replication: {state}: no standby is in sync with the primary; a failover "
+                    "now can lose the last commits (docs/operations.md, TasknetReplicationAsync)",
+                    state=state,
+                )
+        else:
+            if self.replication_since is not None:
+                log.info("replication: {state} again", state=state)
+            self.replication_since = None
+        self.replication = state
 
     @property
     def lost(self) -> str | None:
@@ -516,6 +613,8 @@ class PostgresLease(Lease):
                 upstream_timeout,
                 jitter=entropy.random(),
             )
+            # The start's replication check (SCALE.md "Database failover" 2).
+            replication = replication_state(connection.cursor())  # type: ignore[arg-type]
         except BaseException:
             connection.close()
             raise
@@ -525,7 +624,7 @@ class PostgresLease(Lease):
             name=name,
             pid=lease_pid,
         )
-        return cls(
+        lease = cls(
             connection,
             instance_id,
             lease_pid,
@@ -536,6 +635,8 @@ class PostgresLease(Lease):
             processes=processes,
             monotonic=monotonic,
         )
+        lease.note_replication(replication, wall())
+        return lease
 
     def _in_thread(self, fn: Callable[[], T]) -> Deferred[T]:
         def guarded() -> T:
@@ -564,6 +665,11 @@ class PostgresLease(Lease):
         since = self._monotonic()
 
         def held() -> None:
+            # Replication first: the confirmation below is a commit, which
+            # waits while the primary still waits for a standby that is gone.
+            state = replication_state(self._connection.cursor())  # type: ignore[arg-type]
+            wall = self._connection.sources.wall()
+            self._reactor.callFromThread(self.note_replication, state, wall)
             # The confirmation's time is never earlier than ``since``.
             row = self._connection.execute(
                 _CHECK_SQL, (self.instance_id, self.instance_id)

@@ -750,6 +750,14 @@ def _schemas() -> dict[str, Schema]:
                 "database": _string(
                     "`ok`, or `failing since <time>`.", pattern="^(ok|failing since .+)$"
                 ),
+                "replication": _string(
+                    "Whether commits wait for a PostgreSQL standby (the lease's check, "
+                    "docs/operations.md): `sync`, `async since <time>` (a standby is "
+                    "configured but none is in sync), `unknown since <time>` (the site's "
+                    "role may not read the standbys' state), `none` (no standby) or `n/a` "
+                    "(SQLite).",
+                    pattern="^(sync|none|n/a|(async|unknown) since .+)$",
+                ),
             }
         ),
     }
