@@ -59,11 +59,13 @@ from zope.interface import implementer
 
 from tasknet.protocol.connection import LOGIN_TIMEOUT, PeerFactory, PeerProtocol, hello_is_v2
 from tasknet.protocol.messages import (
+    FEATURE_ARCHIVE_INVENTORY,
     FEATURE_RELIABLE,
     FEATURE_SITE_PROOF,
     LEGACY_TYPES,
     MAX_PAYLOAD,
     PRE_LOGIN_MAX_PAYLOAD,
+    ArchiveInventoryAck,
     DeleteGallery,
     DownloadPost,
     Error,
@@ -103,7 +105,7 @@ PROOF_TIMEOUT = 10.0
 #: The only Identity.nonce the node signs (PROTOCOL.md: 32 hex characters).
 SITE_NONCE = re.compile(r"[0-9a-fA-F]{32}")
 #: The features a v2 node announces in its Hello.
-NODE_FEATURES = (FEATURE_RELIABLE, FEATURE_SITE_PROOF)
+NODE_FEATURES = (FEATURE_RELIABLE, FEATURE_SITE_PROOF, FEATURE_ARCHIVE_INVENTORY)
 
 
 @implementer(ISiteLink)
@@ -111,10 +113,12 @@ class SiteLink(PeerProtocol):
     """One connection to the site; an :class:`ISiteLink` once logged in."""
 
     factory: SiteLinkFactory
-    # What the site may send a logged-in node (commands; v2 adds the ACK and
+    # What the site may send a logged-in node (commands; v2 adds the ACKs and
     # the site's proof).
     incoming_legacy = frozenset({DownloadPost.TYPE, DeleteGallery.TYPE})
-    incoming_v2 = frozenset({TaskCommand.TYPE, TaskReportAck.TYPE, SiteProof.TYPE})
+    incoming_v2 = frozenset(
+        {TaskCommand.TYPE, TaskReportAck.TYPE, SiteProof.TYPE, ArchiveInventoryAck.TYPE}
+    )
     peer_role = "site"
 
     def __init__(self, factory: SiteLinkFactory) -> None:

@@ -24,6 +24,7 @@ from zope.interface import implementer
 from tasknet.logging import LogOptions, rotate_on, use_for_twistd
 from tasknet.node.commands import BadCommand, CommandHandler
 from tasknet.node.download import DEFAULT_MAX_ARCHIVE_BYTES
+from tasknet.node.inventory import InventorySender
 from tasknet.node.paths import DataDir
 from tasknet.node.private import tighten
 from tasknet.node.reporter import Reporter
@@ -40,7 +41,7 @@ from tasknet.node.serve import DEFAULT_SERVE_MAX, ArchiveServer, listening_url
 from tasknet.node.serve import IDLE_TIMEOUT as SERVE_IDLE_TIMEOUT
 from tasknet.node.store import NodeStore
 from tasknet.node.worker import Worker
-from tasknet.protocol.messages import NODE_ID, Message, TaskReportAck
+from tasknet.protocol.messages import NODE_ID, ArchiveInventoryAck, Message, TaskReportAck
 from tasknet.protocol.session import INodeHandler, ISiteLink
 from tasknet.runtime import (
     IEntropy,
@@ -390,6 +391,7 @@ class NodeService(MultiService):
         self.worker: Worker | None = None
         self.reporter: Reporter | None = None
         self.commands: CommandHandler | None = None
+        self.inventory: InventorySender | None = None
         self.link: ISiteLink | None = None
         self.client: Any = None
         self.ready: Deferred[None] = Deferred()
@@ -458,6 +460,7 @@ class NodeService(MultiService):
             queued=lambda: self.worker.waiting() if self.worker is not None else frozenset(),
         )
         await reporter.load()
+        self.inventory = InventorySender(store, entropy=self.entropy)
         worker = self.worker = Worker(
             store,
             self.data,
@@ -622,6 +625,8 @@ class NodeService(MultiService):
         )
         if self.reporter is not None:
             self.reporter.link_up(link)
+        if self.inventory is not None:  # after the report: it says what was released
+            self.inventory.link_up(link)
 
     def link_down(self, link: ISiteLink) -> None:
         if self.link is link:
@@ -629,6 +634,8 @@ class NodeService(MultiService):
         log.info("link to the site down")
         if self.reporter is not None:
             self.reporter.link_down(link)
+        if self.inventory is not None:
+            self.inventory.link_down(link)
 
     def message_received(self, link: ISiteLink, message: Message) -> None:
         if isinstance(message, TaskReportAck):
@@ -636,6 +643,10 @@ class NodeService(MultiService):
                 self.reporter.ack_received(message).addErrback(
                     lambda f: log.failure("ACK {report_id} failed", f, report_id=message.report_id)
                 )
+            return
+        if isinstance(message, ArchiveInventoryAck):
+            if self.inventory is not None:
+                self.inventory.ack_received(message)
             return
         if self.commands is None:
             return

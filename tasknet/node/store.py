@@ -54,7 +54,7 @@ from twisted.internet.interfaces import IReactorCore, IReactorTime
 from twisted.logger import Logger
 
 from tasknet.node.paths import DataDir
-from tasknet.protocol.messages import TaskEntry
+from tasknet.protocol.messages import HeldArchive, TaskEntry
 from tasknet.runtime import IThreadPools, ThreadedConnectionPool
 from tasknet.status import NodeCode
 
@@ -1010,6 +1010,15 @@ class NodeStore:
                 " ORDER BY COALESCE(served_at, completed_at), gid, operation_id LIMIT ?"
             )
             return [_archive(r) for r in _query(cursor, sql, (limit,))]
+
+        return self._run(read)
+
+    def inventory(self) -> Deferred[list[HeldArchive]]:
+        """Every archive held, as an inventory lists it, by gid and operationId."""
+
+        def read(cursor: sqlite3.Cursor) -> list[HeldArchive]:
+            sql = "SELECT gid, operation_id, size, sha256 FROM archive ORDER BY gid, operation_id"
+            return [HeldArchive(*r) for r in _query(cursor, sql)]
 
         return self._run(read)
 

@@ -5,7 +5,8 @@ on accept it sends Identity (and ProtocolHello unless ``legacy``), checks the
 Login signature, answers LoginResult, answers a NodeChallenge with the
 SiteProof (``proof="good"``; ``"wrong"`` sends a wrong one, ``"none"`` none:
 a listener that is not the site), records every frame the node sends, and
-ACKs TaskReports automatically unless told to withhold them.
+ACKs TaskReports and ArchiveInventory parts automatically unless told to
+withhold them.
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ from twisted.internet.protocol import Factory, Protocol
 from tasknet.protocol.messages import (
     FEATURE_SITE_PROOF,
     HEADER,
+    ArchiveInventory,
+    ArchiveInventoryAck,
     DeleteGallery,
     DownloadPost,
     Identity,
@@ -110,6 +113,8 @@ class SiteConnection(Protocol):
         elif isinstance(message, TaskReport) and site.auto_ack:
             self.send(TaskReportAck(message.report_id, "APPLIED"))
             site.acked.append(message.report_id)
+        elif isinstance(message, ArchiveInventory) and site.auto_ack:
+            self.send(ArchiveInventoryAck(message.inventory_id, message.part))
 
     def _logged_in(self) -> None:
         self.logged_in = True

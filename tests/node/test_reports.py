@@ -64,6 +64,9 @@ async def test_unacked_report_is_resent_unchanged_then_the_next_one_follows_the_
     tmp_path: Path,
 ) -> None:
     async with running(tmp_path, auto_ack=False) as (site, up):
+        # Slow enough that the first report is not the last one (complete:
+        # once ACKed the node would have nothing more to say).
+        up.set_faults(file_fault("slow_body", bytes_per_s=catalog.gallery(GID).size / 3))
         async with logged_in_node(site, tmp_path / "node", ack_timeout=0.2):
             site.download("op-1", GID, up.file_url(GID))
             await eventually(lambda: len(site.reports()) >= 3, what="two resends")

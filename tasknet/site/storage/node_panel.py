@@ -39,6 +39,14 @@ sorted by id (code points), each ``{"id", "connected", "site", "protocol",
   serves its archives, as its v2 Hello said once it was proven
   (``node_listener.py``); ``""`` when it serves none, for a legacy or
   disconnected node, and for one another site holds (its Hello went there);
+* ``disk`` is what a node connected to this site with a ``serveUrl``
+  last said of its disk on its serve endpoint's ``/healthz``
+  (:mod:`tasknet.site.node_disk`, read at most every 30 s when the panel
+  is asked): ``{"archives", "bytes", "free", "budget", "minFree", "at"}``
+  (the archives it holds, their bytes, the free bytes under its
+  ``--data``, its ``--disk-budget`` or null, its ``--min-free``; a figure
+  it did not give is null); ``null`` when unknown (no ``serveUrl``, held
+  by another site, not answering);
 * ``droppedEntries`` is ``{reason: count}`` of report entries and
   deletions the site dropped from the node (``not_owner``, ``stale``, ...;
   ``node_dropped_entry``, kept across restarts).
@@ -86,6 +94,9 @@ class Registered:
     #: Where it serves archives (its believed Hello; "" when none).
     archive_url: str = ""
     serve_url: str = ""
+    #: What its serve endpoint's /healthz last said of its disk
+    #: (``tasknet.site.node_disk``; None: unknown).
+    disk: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -110,7 +121,7 @@ def connections(holders: list[node_sessions.Holder], registry: Registry) -> list
         return (holder.instance_id, holder.site_name) == (registry.instance_id, registry.site_name)
 
     revisions = {r.node_id: r.last_revision for r in registry.connections}
-    found = {
+    found: dict[str, dict[str, Any]] = {
         h.node_id: {
             "id": h.node_id,
             "site": h.site_name,
@@ -120,6 +131,7 @@ def connections(holders: list[node_sessions.Holder], registry: Registry) -> list
             "lastRevision": revisions.get(h.node_id) if h.site_name == registry.site_name else None,
             "archiveUrl": "",
             "serveUrl": "",
+            "disk": None,
         }
         for h in holders
         if registry.shared and not ours(h)
@@ -141,6 +153,7 @@ def connections(holders: list[node_sessions.Holder], registry: Registry) -> list
                 "lastRevision": mine.last_revision,
                 "archiveUrl": mine.archive_url,
                 "serveUrl": mine.serve_url,
+                "disk": mine.disk,
             }
     return list(found.values())
 
@@ -206,7 +219,8 @@ SELECT '[' || COALESCE(group_concat(node, ','), '') || ']' FROM (
         'bytesPerSecond', ((COALESCE(r.bytes, 0) * 10 + ?10 / 2) / ?10) / 10.0,
         'droppedEntries', json(COALESCE(d.reasons, '{{}}')),
         'archiveUrl', COALESCE(json_extract(t.c, '$.archiveUrl'), ''),
-        'serveUrl', COALESCE(json_extract(t.c, '$.serveUrl'), '')) AS node
+        'serveUrl', COALESCE(json_extract(t.c, '$.serveUrl'), ''),
+        'disk', json(COALESCE(json_extract(t.c, '$.disk'), 'null'))) AS node
     FROM tasks AS t
     LEFT JOIN node_seen AS s ON s.node_id = t.node_id
     LEFT JOIN rate AS r ON r.node_id = t.node_id
@@ -251,7 +265,8 @@ SELECT CAST(json_agg(json_build_object(
             / 10,
         'droppedEntries', COALESCE(d.reasons, CAST('{{}}' AS JSON)),
         'archiveUrl', COALESCE(CAST(t.c AS JSON) ->> 'archiveUrl', ''),
-        'serveUrl', COALESCE(CAST(t.c AS JSON) ->> 'serveUrl', ''))
+        'serveUrl', COALESCE(CAST(t.c AS JSON) ->> 'serveUrl', ''),
+        'disk', CAST(t.c AS JSON) -> 'disk')
     ORDER BY t.c IS NULL, t.node_id COLLATE "C") AS TEXT)
 FROM tasks AS t
 LEFT JOIN node_seen AS s ON s.node_id = t.node_id
