@@ -154,6 +154,11 @@
       archiveTooMany: "你经站点同时进行的下载太多了：等其中一个结束后再试。",
       goneExpired: "超过了保留期限", goneDiskBudget: "为腾出磁盘空间被删除", goneCorrupt: "文件已损坏",
       goneMissing: "节点上找不到了", goneCancelled: "已取消", goneRetired: "节点已退役",
+      goneNote: "归档已失效：{reason}（{at}）", fetchAgain: "重新获取",
+      fetchAgainHint: "已填好 gid {gid}：输入上游令牌后点“创建”。重新获取是一次新的扣费，创建前会先请你确认。",
+      chargeTitle: "重新获取要再扣费", chargeText: "gid {gid} 的归档已不在任何节点上。重新获取会再向上游提交一次，扣费 {cost}（上次的费用；以上游这次的报价为准），计入本周额度。",
+      chargeConfirm: "确认扣费并获取", chargeDeclined: "没有重新获取 gid {gid}，没有扣费。",
+      createAlreadyCompleted: "gid {gid} 已经下载完成，归档还在：直接下载即可，没有重复提交，也没有扣费。",
       bulkLinks: "aria2 下载链接", linksWorking: "正在生成链接……",
       linksNone: "所选的任务都还没有完成：没有可以生成的链接。",
       linksSaved: "已保存 tasknet-links.txt（{n} 个链接）。", linksSavedOne: "已保存 tasknet-links.txt（1 个链接）。",
@@ -301,6 +306,11 @@
       archiveTooMany: "You have too many downloads through the site at once: wait for one to finish and try again.",
       goneExpired: "kept past its retention time", goneDiskBudget: "removed to free disk space", goneCorrupt: "its file was damaged",
       goneMissing: "missing from its node", goneCancelled: "cancelled", goneRetired: "its node was retired",
+      goneNote: "Archive gone: {reason} ({at})", fetchAgain: "Get it again",
+      fetchAgainHint: "gid {gid} is filled in: enter the upstream token and press Create. Getting it again is a new charge; you will be asked to confirm it first.",
+      chargeTitle: "Getting it again is a new charge", chargeText: "No node holds the archive of gid {gid} any more. Getting it again submits it to the upstream once more and charges {cost} (what it cost last time; the upstream's price now decides), counted in this week's quota.",
+      chargeConfirm: "Accept the charge and get it", chargeDeclined: "gid {gid} was not fetched again; nothing was charged.",
+      createAlreadyCompleted: "gid {gid} is already complete and its archive is held: download it. Nothing was resubmitted or charged.",
       bulkLinks: "Links for aria2", linksWorking: "Making links…",
       linksNone: "None of the selected tasks is complete: there are no links to make.",
       linksSaved: "Saved tasknet-links.txt ({n} links).", linksSavedOne: "Saved tasknet-links.txt (1 link).",
@@ -659,7 +669,7 @@
     // Held by a node, not started (GET /api/tasks?status=QUEUED; counts.QUEUED).
     queued: ["QUEUED"],
     completed: ["COMPLETED"],
-    attention: ["SUBMIT_UNKNOWN", "DELETE_PENDING", "DELETE_FAILED"]
+    attention: ["SUBMIT_UNKNOWN", "DELETE_PENDING", "DELETE_FAILED", "ARCHIVE_GONE"]
   };
   var ORDERS = ["newest", "oldest", "gid", "size", "progress", "status"];
   var PAGE_SIZES = [50, 100, 200, 500];
@@ -1179,6 +1189,10 @@
       if (!offline) { return { kind: "wait", text: t("waitingNode", { node: node }) }; }
       return { kind: "offline", text: since ? t("waitingOfflineSince", { node: node, since: since }) : t("waitingOffline", { node: node }) };
     }
+    if (task.status === "ARCHIVE_GONE") {
+      var gone = task.archiveGone || {};
+      return { kind: "gone", text: t("goneNote", { reason: goneReason(gone.reason) || "—", at: gone.at ? formatTime(gone.at) : "—" }) };
+    }
     if (task.status === "COMPLETED" || task.status === "DELETE_FAILED" || task.status === "SUBMIT_UNKNOWN") { return null; }
     if (offline && node) {
       return { kind: "offline", text: since ? t("nodeOfflineSince", { node: node, since: since }) : t("nodeOffline", { node: node }) };
@@ -1211,6 +1225,12 @@
         type: "button", className: "download", "data-action": "download", disabled: state.archiveBusy.has(task.gid),
         "aria-busy": state.archiveBusy.has(task.gid) ? "true" : null,
         "aria-label": actionLabel(t("download"), task), text: t("download")
+      }));
+    }
+    if (task.status === "ARCHIVE_GONE") {
+      actions.appendChild(el("button", {
+        type: "button", "data-action": "fetch-again",
+        "aria-label": actionLabel(t("fetchAgain"), task), text: t("fetchAgain")
       }));
     }
     var detailsOpen = hasDetails(task) && state.detailsOpen.has(task.gid);
@@ -1854,6 +1874,13 @@
     var gid = Number(gidText);
     var body = { gid: gid, token: token };
     if (name) { body.name = name; }
+    submitCreate(gid, body);
+  }
+
+  // The create POST and its answer in the form; a gone archive's charge is
+  // asked for (with its cost) and, once accepted, the create is sent again.
+  function submitCreate(gid, body) {
+    var result = $("create-result");
     var button = $("create-submit");
     button.disabled = true;
     var started = Date.now();
@@ -1861,15 +1888,22 @@
     showCreating(started);
     state.createTimer = setInterval(function () { showCreating(started); }, 1000);
     api("POST", "/api/tasks", body).then(function (response) {
-      if (response.status === 409) { return explainConflict(gid).then(function (key) { return [response, key]; }); }
+      if (response.status === 409 && errorCode(response) === "conflict") {
+        return explainConflict(gid).then(function (key) { return [response, key]; });
+      }
       return [response, null];
     }).then(function (pair) {
       var response = pair[0], conflict = pair[1];
       stopCreating();
       button.disabled = false;
+      if (response.status === 409 && errorCode(response) === "charge_confirmation_required" && !body.confirmCharge) {
+        confirmCharge(gid, body, response.data.error);
+        return;
+      }
       var params = { gid: gid, message: "", code: response.status };
       var outcome = createOutcome(response.status, errorCode(response));
       if (conflict) { outcome = { key: conflict.key, tone: "warn" }; params.status = conflict.status; params.owner = conflict.owner; }
+      if (errorCode(response) === "already_completed") { outcome = { key: "createAlreadyCompleted", tone: "warn" }; }
       var err = (response.data && response.data.error) || {};
       if (outcome.key === "createQuota") {
         // The numbers: the answer's, else this week's usage as the site says now.
@@ -1913,6 +1947,27 @@
       }
       if (response.status === 401) { signOut(); notify(t("createUnauthorized"), true); }
       if (response.status === 0) { watchReach(); }
+    });
+  }
+
+  function confirmCharge(gid, body, error) {
+    var result = $("create-result");
+    clearCreateResult();
+    var cost = error && typeof error.cost === "number" ? t("costUnits", { n: num(error.cost) }) : "—";
+    confirmDialog({
+      title: t("chargeTitle"), text: t("chargeText", { gid: gid, cost: cost }), ok: t("chargeConfirm")
+    }).then(function (answer) {
+      if (!answer) {
+        clearCreateResult();
+        result.textContent = t("chargeDeclined", { gid: gid });
+        result.classList.add("warn");
+        result.setAttribute("data-outcome", "declined");
+        result.setAttribute("data-gid", String(gid));
+        return;
+      }
+      var again = { gid: body.gid, token: body.token, confirmCharge: true };
+      if (body.name) { again.name = body.name; }
+      submitCreate(gid, again);
     });
   }
 
@@ -2039,8 +2094,22 @@
     else if (button.dataset.action === "delete") { deleteTask(gid); }
     else if (button.dataset.action === "force-delete") { forceDelete(gid); }
     else if (button.dataset.action === "download") { downloadArchive(gid); }
+    else if (button.dataset.action === "fetch-again") { fetchAgain(gid); }
     else if (button.dataset.action === "details") { toggleDetails(gid); }
     else if (button.dataset.action === "copy-sha") { copySha(gid, button); }
+  }
+
+  // A gone archive is fetched again by creating its gid again, with the
+  // user's upstream token: the create form is filled and asks for it.
+  function fetchAgain(gid) {
+    var task = state.tasks.get(gid);
+    clearCreateResult();
+    $("create-gid").value = String(gid);
+    if (task && task.name) { $("create-name").value = task.name; }
+    var result = $("create-result");
+    result.textContent = t("fetchAgainHint", { gid: gid });
+    result.classList.add("warn");
+    $("create-token").focus();
   }
 
   function onTaskListChange(event) {
