@@ -29,6 +29,25 @@ recovery succeeded (``startService``).  Then:
   it runs the periodic pass at once.  A lost notification costs one
   ``poll_interval``.
 
+* a node that is gone (DELIVERY.md "A node that is gone";
+  ``reassign_after`` seconds, ``--reassign-after``, ``0``: never): every
+  ``reassign_check`` seconds a read finds the nodes holding unfinished tasks
+  that no site holds (:func:`~tasknet.site.storage.reassign.stranded_nodes`);
+  each is timed on the site's clock from its disconnect here (or from the
+  first check that found it gone: after a restart, or gone at another
+  site).  Once gone that long, with no login anywhere since (the epoch of
+  its ``node_session`` row unchanged), its unfinished tasks move in one
+  transaction to this site's least loaded connected node (or back to
+  waiting, for whichever site next has a node), with the same operationId,
+  and a ``CANCEL`` is owed to it (``storage/reassign.py``).  The operator's
+  :meth:`Dispatcher.reassign_now` and :meth:`Dispatcher.retire` do the same
+  at once (audited); a retired node's live session here is closed.
+* ``CANCEL`` (v2 only): a node that logs in is sent, before anything else,
+  a ``CANCEL`` for every generation moved off it (``node_cancel``), decided
+  in a write transaction like every command.  A legacy node cannot be
+  cancelled: its rows wait for a v2 login, its late reports are
+  ``not_owner`` and its files stay.
+
 Only what :mod:`tasknet.site.storage.dispatch` returns is ever sent: the
 eligibility rule lives there (and in ``storage.eligibility.is_dispatchable``).
 Every set of commands is decided inside a write transaction and sent on the
@@ -39,7 +58,7 @@ sets go a page (one transaction) at a time; between pages the reactor runs.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from twisted.application.internet import TimerService
@@ -51,8 +70,10 @@ from twisted.logger import Logger
 from tasknet.coalesce import CoalescingRunner
 from tasknet.protocol.messages import ACTION_DELETE
 from tasknet.protocol.session import INodeSession
+from tasknet.site import metrics
 from tasknet.site.connected_nodes import ConnectedNodes
 from tasknet.site.storage import dispatch as storage
+from tasknet.site.storage import reassign
 from tasknet.site.storage.engine import listen
 from tasknet.site.storage.engine.database import Database
 
@@ -61,6 +82,19 @@ log = Logger()
 #: Seconds between two counts of every connected node's open tasks (the
 #: loads new tasks are balanced by; each login counts its own node's).
 LOADS_REFRESH = 60.0
+
+#: The longest wait between two looks for nodes gone past ``reassign_after``
+#: (a tenth of it when shorter, at least a second): how late a move may come.
+REASSIGN_CHECK_MAX = 30.0
+
+#: The epoch of a node whose disconnect this site saw and whose row it has
+#: not read since (the next check fills it in).
+_UNREAD = -2
+
+
+def reassign_check_interval(reassign_after: float) -> float:
+    """Seconds between two checks for gone nodes, for ``reassign_after``."""
+    return max(1.0, min(reassign_after / 10.0, REASSIGN_CHECK_MAX))
 
 
 def send_command(session: INodeSession, command: storage.Command) -> None:
@@ -92,7 +126,12 @@ class Dispatcher(MultiService):
         poll_interval: float | None = 5.0,
         clock: IReactorTime,
         wakeups: listen.Wakeups | None = None,
+        reassign_after: float = 0.0,
+        reassign_check: float | None = None,
+        on_committed: Callable[[], object] | None = None,
     ) -> None:
+        if reassign_after < 0:
+            raise ValueError(f"reassign_after must be >= 0, got {reassign_after}")
         if page_size < 1:
             raise ValueError(f"page_size must be >= 1, got {page_size}")
         if assign_delay < 0:
@@ -106,6 +145,22 @@ class Dispatcher(MultiService):
             poll.clock = self._clock
             poll.setServiceParent(self)
         self._polling = False
+        #: Seconds a node may stay gone before its unfinished tasks move
+        #: (0: never), and each gone node's (since, epoch) on our clock.
+        self.reassign_after = reassign_after
+        self._gone_since: dict[str, tuple[float, int | None]] = {}
+        self._reassigning = False
+        if reassign_after > 0:
+            check = TimerService(
+                reassign_check or reassign_check_interval(reassign_after), self._reassign_tick
+            )
+            check.clock = self._clock
+            check.setServiceParent(self)
+        #: Told after a commit that enqueued notifications (wakes the outbox).
+        self._on_committed = on_committed
+        #: Tasks moved off gone nodes, CANCELs sent (tests, logs).
+        self.reassigned = 0
+        self.cancels_sent = 0
         self._assign_delay = assign_delay
         self._assign_call: Any = None
         self._db = db
@@ -196,6 +251,7 @@ class Dispatcher(MultiService):
         Logins that arrive while a login pass runs are caught up together
         by the next one (fires when the pass covering this login is done)."""
         self._deletes_sent[session.node_id] = set()  # a new connection has had none
+        self._gone_since.pop(session.node_id, None)  # back: its timer starts again when it goes
         if not self.enabled:
             return succeed(None)
         self._arrived[session.node_id] = session
@@ -205,6 +261,8 @@ class Dispatcher(MultiService):
         """A node's session went: forget the deletes sent on it, unless a
         newer session of the node has already taken its place."""
         if session.node_id not in self._nodes:
+            # Gone from here (perhaps to another site: the check reads that).
+            self._gone_since[session.node_id] = (self._clock.seconds(), _UNREAD)
             self._deletes_sent.pop(session.node_id, None)
             self._loads.pop(session.node_id, None)
             if self._arrived.get(session.node_id) is session:
@@ -255,6 +313,10 @@ class Dispatcher(MultiService):
         loads, then hand out unassigned tasks.  Costs what these nodes hold,
         whatever the number of nodes connected."""
         sessions = list(sessions)
+        try:
+            await self._cancel_pass(sessions)
+        except Exception:
+            log.failure("sending CANCELs owed to nodes failed")
         try:
             await self._node_pass(sessions)
         except Exception:
@@ -321,6 +383,145 @@ class Dispatcher(MultiService):
         # Never started (recovery failed): no timer to stop.
         stopped: Deferred[Any] = super().stopService() if self.running else succeed(None)
         return stopped.addCallback(lambda _: self.idle())
+
+    async def _cancel_pass(self, sessions: list[INodeSession]) -> None:
+        """Each v2 session of ``sessions`` gets a ``CANCEL`` for every
+        generation moved off its node, before its other commands.  Decided
+        in a write transaction and sent right after its commit: a later
+        assignment of one of them back to this node (which forgets its row)
+        sends its DOWNLOAD after this CANCEL, never before."""
+        v2 = [s for s in sessions if s.protocol_version >= 2 and self._nodes.is_current(s)]
+        if not v2:
+            return
+        owed = await self._db.write(reassign.cancels_owed_all, [s.node_id for s in v2])
+        for session in v2:
+            if not self._nodes.is_current(session):
+                continue  # replaced meanwhile: the new session's pass sends them
+            self._send_cancels(session, owed.get(session.node_id, []))
+
+    def _send_cancels(self, session: INodeSession, cancels: list[tuple[str, int]]) -> None:
+        for operation_id, gid in cancels:
+            session.send_cancel(operation_id, gid)
+        self.cancels_sent += len(cancels)
+        if cancels:
+            log.info(
+                "sent {n} CANCEL(s) to node {node} for tasks moved off it",
+                n=len(cancels),
+                node=session.node_id,
+            )
+
+    # -- a node that is gone
+
+    def _reassign_tick(self) -> None:
+        # Not returned to the timer (a failure would stop it); a tick
+        # while the previous check still runs is skipped.
+        if not self.enabled or self._reassigning:
+            return
+        self._reassigning = True
+
+        def done(_: object) -> None:
+            self._reassigning = False
+
+        d = Deferred.fromCoroutine(self._reassign_pass())
+        d.addErrback(lambda f: log.failure("reassigning the tasks of gone nodes failed", f))
+        self._track(d).addBoth(done)
+
+    async def _reassign_pass(self) -> None:
+        """Time each gone node; move the tasks of those gone long enough."""
+        stranded = await self._db.read(reassign.stranded_nodes)
+        now = self._clock.seconds()
+        for node_id in list(self._gone_since):
+            if node_id not in stranded:
+                del self._gone_since[node_id]  # back somewhere, or nothing left to move
+        due: list[tuple[str, int | None]] = []
+        for node_id, epoch in stranded.items():
+            if node_id in self._nodes:
+                self._gone_since.pop(node_id, None)
+                continue
+            seen = self._gone_since.get(node_id)
+            if seen is None or (seen[1] != _UNREAD and seen[1] != epoch):
+                # First seen gone, or it logged in (somewhere) since: from now.
+                self._gone_since[node_id] = (now, epoch)
+                continue
+            since = seen[0]
+            self._gone_since[node_id] = (since, epoch)
+            if now - since >= self.reassign_after:
+                due.append((node_id, epoch))
+        for node_id, epoch in due:
+            if not self.enabled:
+                return
+            moved = await self._move(node_id, reassign.reassign_node, epoch=epoch)
+            if not moved.skipped:
+                self._gone_since.pop(node_id, None)
+                self._moved(moved, "timeout")
+
+    async def _move(self, node_id: str, fn: Any, **kwargs: Any) -> Any:
+        """Run the move ``fn`` (a :mod:`~tasknet.site.storage.reassign`
+        transaction) for ``node_id`` towards this site's other connected
+        nodes, and send its DOWNLOADs right after its commit."""
+        targets = [other for other in self._nodes.ids() if other != node_id]
+        loads = {other: self._loads.get(other, 0) for other in targets} if targets else None
+        result = await self._db.write(fn, node_id, targets, loads=loads, **kwargs)
+        moved: reassign.Reassigned = (
+            result.reassigned if isinstance(result, reassign.Retired) else result
+        )
+        self._send_all(moved.commands)
+        for other, load in moved.loads.items():
+            if other in self._nodes:
+                self._loads[other] = load
+        if moved.tasks and self._on_committed is not None:
+            self._on_committed()
+        return result
+
+    def _moved(self, moved: reassign.Reassigned, cause: str) -> None:
+        if not moved.tasks:
+            return
+        self.reassigned += moved.tasks
+        metrics.TASKS_REASSIGNED.labels(cause=cause).inc(moved.tasks)
+        log.info(
+            "moved {n} unfinished task(s) off node {node} ({cause}): {sent} sent to other"
+            " nodes, {waiting} waiting for a node",
+            n=moved.tasks,
+            node=moved.node_id,
+            cause=cause,
+            sent=len(moved.commands),
+            waiting=len(moved.waiting),
+        )
+
+    async def reassign_now(self, node_id: str, *, actor: str, note: str) -> reassign.Reassigned:
+        """The operator's "reassign this node's unfinished tasks now"
+        (whatever the timer; audited).  A v2 session of the node here gets
+        its ``CANCEL``s at once.  :class:`~tasknet.site.storage.reassign.UnknownNode`
+        for a node the site never heard of."""
+        moved: reassign.Reassigned = await self._move(
+            node_id, reassign.operator_reassign, actor=actor, note=note
+        )
+        self._gone_since.pop(node_id, None)
+        self._moved(moved, "admin")
+        session = self._nodes.get(node_id)
+        if session is not None and session.protocol_version >= 2:
+            self._send_cancels(session, moved.cancels)
+        return moved
+
+    async def retire(self, node_id: str, *, actor: str, note: str) -> reassign.Retired:
+        """The operator's "retire this node": its unfinished tasks move now,
+        its completed ones show ``ARCHIVE_GONE`` (``NODE_RETIRED``), its key
+        goes, and its session here is closed (audited).
+        :class:`~tasknet.site.storage.reassign.UnknownNode` for a node the
+        site never heard of."""
+        retired: reassign.Retired = await self._move(
+            node_id, reassign.retire_node, actor=actor, note=note
+        )
+        self._gone_since.pop(node_id, None)
+        self._moved(retired.reassigned, "retire")
+        if retired.archives:
+            metrics.ARCHIVES_RELEASED.labels(reason="NODE_RETIRED").inc(retired.archives)
+            if self._on_committed is not None:
+                self._on_committed()
+        session = self._nodes.get(node_id)
+        if session is not None:
+            session.close("node retired")
+        return retired
 
     async def _node_pass(self, sessions: list[INodeSession]) -> None:
         """Resend each session's tasks: the pages of several nodes in one

@@ -99,6 +99,7 @@ from tasknet.site.storage.engine.schema import SchemaError, prepare_database
 from tasknet.site.storage.engine.sources import Sources, StorageFaults
 from tasknet.site.storage.engine.sqlite import stop_memory_statistics
 from tasknet.site.storage.lease import Lease, application_name, take_lease
+from tasknet.site.storage.reassign import Retired
 from tasknet.site.upstream_client import UpstreamClient
 from tasknet.site.web.admin_nodes import nodes_view
 from tasknet.site.web.api import make_web_resource
@@ -271,6 +272,7 @@ def _assemble(
         login_guesses=ratelimit.AuthFailureLimiter(
             clock, threshold=options["node-auth-burst"], rate=options["node-auth-rate"]
         ),
+        reassign_after=options["reassign-after"],
     )
     outbox, dispatcher = node_side.outbox, node_side.dispatcher
 
@@ -365,6 +367,17 @@ def _web_dependencies(
         # The keys the listener checks logins with (the table and --node-key).
         return listener.node_keys.get(node_id)
 
+    async def retire(node_id: str, actor: str, note: str) -> Retired:
+        retired = await node_side.dispatcher.retire(node_id, actor=actor, note=note)
+        # Its next Login here fails now, not at the next re-read of the keys
+        # (a key given with --node-key stays while the option does).
+        if node_id not in options["node-keys"]:
+            listener.node_keys = {k: v for k, v in listener.node_keys.items() if k != node_id}
+        return retired
+
+    def retire_node(node_id: str, actor: str, note: str) -> Deferred[Retired]:
+        return Deferred.fromCoroutine(retire(node_id, actor, note))
+
     archives = ArchiveDelivery(
         node_side.nodes,
         node_secret,
@@ -388,6 +401,10 @@ def _web_dependencies(
         clock=clock,
         auth=authenticator,
         archives=archives,
+        reassign_node=lambda node_id, actor, note: Deferred.fromCoroutine(
+            node_side.dispatcher.reassign_now(node_id, actor=actor, note=note)
+        ),
+        retire_node=retire_node,
         site_name=options["name"],
     )
 
@@ -417,6 +434,7 @@ def build_node_side(
     instance_id: int | None = None,
     wakeups: Wakeups | None = None,
     login_guesses: ratelimit.AuthFailureLimiter | None = None,
+    reassign_after: float = 0.0,
 ) -> NodeSide:
     """The parts node connections reach, over ``db``, timed on ``clock``;
     ``reactor`` (default: ``clock``, which is then a reactor) is what the
@@ -430,7 +448,8 @@ def build_node_side(
     one of several sites on the database: node ownership, the outbox tail
     and webhook claims per instance, wake-ups between sites.
     ``login_guesses`` slows failed node Logins per address (default: the
-    listener's defaults)."""
+    listener's defaults).  ``reassign_after`` (``--reassign-after``; 0:
+    never) is how long a node may be gone before its unfinished tasks move."""
     if reactor is None:
         reactor = cast(IReactorTCP, clock)  # the same object (the docstring)
     if wakeups is None and not tuning.listen:
@@ -475,6 +494,8 @@ def build_node_side(
         poll_interval=tuning.dispatch_poll_interval,
         clock=clock,
         wakeups=wakeups,
+        reassign_after=reassign_after,
+        on_committed=outbox.wake,
     )
     handler = SiteHandler(reports, dispatcher, db, ownership)
     listener = NodeListenerFactory(

@@ -213,6 +213,14 @@ class Options(LogOptions, usage.Options):
             "with s, m, h or d).",
         ],
         [
+            "reassign-after",
+            None,
+            "15m",
+            "Move the unfinished tasks of a node gone (disconnected from every site) this "
+            "long to a connected node, same operationId, nothing charged again (seconds, or "
+            "a number with s, m, h or d; 0: never).",
+        ],
+        [
             "archive-streams-per-user",
             None,
             4,
@@ -298,6 +306,12 @@ class Options(LogOptions, usage.Options):
             raise usage.UsageError(f"--link-ttl: {e}") from None
         if not self["link-ttl"] >= 1:
             raise usage.UsageError("--link-ttl must be at least 1 second")
+        try:
+            self["reassign-after"] = parse_duration(str(self["reassign-after"]))
+        except ValueError as e:
+            raise usage.UsageError(f"--reassign-after: {e}") from None
+        if not self["reassign-after"] >= 0:
+            raise usage.UsageError("--reassign-after must be >= 0 (0: never)")
         if self["archive-streams-per-user"] < 1:
             raise usage.UsageError("--archive-streams-per-user must be >= 1")
         if self["public-url"] is not None:

@@ -71,10 +71,11 @@ async def test_every_part_and_every_timer_runs_on_the_sites_clock(db_target: str
         }
         assert {name: c for name, c in clocks.items() if c is not clock} == {}
         timers = [s for s in _tree(site) if isinstance(s, TimerService)]
-        # node keys; the dispatcher's poll; the outbox's poll and prune; housekeeping.
+        # node keys; the dispatcher's poll and reassignment check; the outbox's
+        # poll and prune; housekeeping.
         shared = [t for t in timers if t.parent in (parts.instance, side.ownership)]
         others = [t for t in timers if t not in shared]
-        assert len(others) == 5
+        assert len(others) == 6
         # On PostgreSQL the instance's lease check, heartbeat and reaping, and the
         # ownership's check that this site's nodes are still its own; none on SQLite.
         assert len(shared) == (2 if parts.instance.lease.shared else 0)
@@ -103,7 +104,8 @@ async def test_the_timed_parts_are_named_children_of_the_site(db_target: str) ->
         for part in (side.dispatcher, side.outbox, site.parts.housekeeping, side.ownership):
             assert isinstance(part, MultiService)
         assert isinstance(side.dispatcher, Dispatcher)
-        assert [t.step for t in side.dispatcher] == [2.0]
+        # Its poll, and the check for nodes gone past --reassign-after (15m: every 30 s).
+        assert [t.step for t in side.dispatcher] == [2.0, 30.0]
         assert isinstance(side.outbox, OutboxExecutor)
         assert sorted(t.step for t in side.outbox) == [3.0, 3600.0]  # poll, prune
         assert isinstance(site.parts.housekeeping, Housekeeping)
@@ -118,7 +120,7 @@ async def test_the_timed_parts_are_named_children_of_the_site(db_target: str) ->
 @pytest_twisted.ensureDeferred
 async def test_no_poll_interval_means_no_timer(db_target: str) -> None:
     tuning = Tuning(dispatch_poll_interval=None, outbox_poll_interval=None)
-    site = _build(db_target, _Clock(), tuning=tuning)
+    site = _build(db_target, _Clock(), "--reassign-after", "0", tuning=tuning)
     try:
         assert list(site.parts.node_side.dispatcher) == []
         assert [t.step for t in site.parts.node_side.outbox] == [3600.0]  # the prune only

@@ -74,7 +74,9 @@ class Command:
     size: int = 0
 
 
-_COLUMNS = """
+#: The columns every command is decided from (a task and its generation);
+#: ``storage/reassign.py`` reads its pages with them too.
+TASK_COLUMNS = """
 SELECT g.gid, g.name, g.token, g.url, g.status, g.progress, g.node_id, g.user_id, g.cost,
        g.created_at, g.updated_at, g.size,
        o.state, o.operation_id, o.delete_operation_id, o.delete_result, o.archive_url,
@@ -85,7 +87,7 @@ FROM gallery AS g LEFT JOIN task_operation AS o ON o.gid = g.gid
 _COMPLETED = int(NodeCode.COMPLETED)
 
 _NODE_PAGE_SQL = sql(
-    _COLUMNS
+    TASK_COLUMNS
     + f"""
 WHERE g.node_id = ? AND g.gid > ?
   AND (o.state = 'DELETE_PENDING' OR g.status IS NULL OR g.status <> {_COMPLETED})
@@ -94,7 +96,7 @@ ORDER BY g.gid LIMIT ?
 )
 
 _UNASSIGNED_PAGE_SQL = sql(
-    _COLUMNS
+    TASK_COLUMNS
     + f"""
 WHERE g.node_id IS NULL AND g.gid > ?
   AND {DISPATCHABLE_SQL} AND NOT {AWAITS_CLAIM_SQL}
@@ -102,7 +104,7 @@ WHERE g.node_id IS NULL AND g.gid > ?
 ORDER BY g.gid LIMIT ?
 """
 )
-_ONE_TASK_SQL = sql(_COLUMNS + " WHERE g.gid = ?")
+_ONE_TASK_SQL = sql(TASK_COLUMNS + " WHERE g.gid = ?")
 
 
 def _download_ok(row: sqlite3.Row) -> bool:
@@ -220,7 +222,7 @@ def claim_nodes_pages(
 
 
 _PENDING_DELETES_SQL = sql(
-    _COLUMNS
+    TASK_COLUMNS
     + """
 WHERE o.state = 'DELETE_PENDING' AND o.gid > ?
   AND o.delete_result IS NULL AND o.delete_operation_id IS NOT NULL
@@ -237,6 +239,7 @@ _COUNT_BY_NODE_SQL = sql(
 _ASSIGN_SQL = sql(
     "UPDATE gallery SET node_id = ?, updated_at = {now} WHERE gid = ? AND node_id IS NULL"
 )
+_FORGET_CANCEL_SQL = sql("DELETE FROM node_cancel WHERE node_id = ? AND operation_id = ?")
 
 
 def pending_deletes_page(
@@ -272,13 +275,13 @@ def node_loads(cursor: sqlite3.Cursor, node_ids: Sequence[str]) -> dict[str, int
     return _count_by_node(cursor, node_ids, open_only=True)
 
 
-def _assign(
+def assign(
     cursor: sqlite3.Cursor,
     rows: Sequence[sqlite3.Row],
     node_ids: Sequence[str],
     loads: dict[str, int] | None = None,
 ) -> tuple[list[Command], dict[str, int]]:
-    """Assign ``rows`` (eligible, unassigned) to the least loaded of
+    """Assign ``rows`` (eligible, unassigned; :data:`TASK_COLUMNS`) to the least loaded of
     ``node_ids``, mark them dispatched, and return their commands and the
     loads after it (``loads`` from the previous page, else counted here)."""
     if not rows or not node_ids:
@@ -299,6 +302,11 @@ def _assign(
         heapq.heappush(heap, (load + 1, node_id))
     cursor.executemany(_ASSIGN_SQL, assignments)
     _mark_dispatched(cursor, [gid for _, gid in assignments])
+    # A generation given back to a node it was once moved off: that node
+    # owns it again, so the CANCEL still owed to it (node_cancel) must not go.
+    cursor.executemany(
+        _FORGET_CANCEL_SQL, [(command.node_id, command.operation_id) for command in commands]
+    )
     return commands, {node_id: load for load, node_id in heap}
 
 
@@ -313,7 +321,7 @@ def claim_unassigned_page(
     ``node_ids`` (least loaded first) and return their commands.  Pass the
     previous page's ``loads`` on to the next page (counted once per pass)."""
     rows = cursor.execute(_UNASSIGNED_PAGE_SQL, (after_gid, limit)).fetchall()
-    commands, loads = _assign(cursor, [r for r in rows if _download_ok(r)], node_ids, loads)
+    commands, loads = assign(cursor, [r for r in rows if _download_ok(r)], node_ids, loads)
     return Page(commands, _next_after(rows, limit), loads)
 
 
@@ -347,5 +355,5 @@ def claim_task(
         # Also a pending delete without a node (request_delete completes at
         # once what no node can hold): it waits for a claim or an operator.
         return None
-    commands, _ = _assign(cursor, [row], node_ids, loads)
+    commands, _ = assign(cursor, [row], node_ids, loads)
     return commands[0] if commands else None

@@ -1,4 +1,7 @@
-"""``GET /api/admin/nodes``: the nodes, connected or seen lately (admin only).
+"""``GET /api/admin/nodes``: the nodes, connected or seen lately (admin only);
+``POST /api/admin/nodes/{id}/reassign`` and ``/retire``: an operator's
+custody actions on one node (DELIVERY.md "A node that is gone"), answered
+by :func:`reassign_answer` and :func:`retire_answer`.
 
 The API module (``web/api.py``) checks the caller is an admin and answers
 ``{"nodes": <what nodes_view gives>}``; what each node shows, and which
@@ -15,12 +18,17 @@ from __future__ import annotations
 
 from weakref import ref
 
+from collections.abc import Awaitable, Callable
+from typing import Any
+
 from twisted.internet.interfaces import IReactorTime
 
 from tasknet.site.connected_nodes import ConnectedNodes
 from tasknet.site.node_disk import NodeDiskFigures
-from tasknet.site.storage import node_panel, throughput
+from tasknet.site.storage import node_panel, reassign, throughput
 from tasknet.site.storage.engine.database import Database
+from tasknet.site.storage.users import NODE_ID_PATTERN
+from tasknet.site.web.errors import ApiError
 
 
 def registry_of(
@@ -78,3 +86,54 @@ async def nodes_view(db: Database, nodes: ConnectedNodes, clock: IReactorTime) -
     # One site per SQLite file: a row of another instance is an earlier run's.
     registry = registry_of(nodes, shared=db.backend == "postgresql", disks=disks)
     return await db.read(node_panel.node_panel, clock.seconds(), registry)
+
+
+def _known_id(node_id: str) -> str:
+    """``node_id`` of a path, or ``404 not_found`` when it cannot be a node's."""
+    if not NODE_ID_PATTERN.fullmatch(node_id):
+        raise ApiError("not_found", f"no node {node_id!r}: not a node id")
+    return node_id
+
+
+def _moved(moved: reassign.Reassigned) -> dict[str, Any]:
+    return {
+        "node": moved.node_id,
+        "tasks": moved.tasks,
+        "sent": len(moved.commands),
+        "waiting": len(moved.waiting),
+    }
+
+
+async def reassign_answer(
+    action: Callable[[str, str, str], Awaitable[reassign.Reassigned]],
+    node_id: str,
+    actor: str,
+    note: str,
+) -> dict[str, Any]:
+    """Reassign the unfinished tasks of ``node_id`` now (``action``: the
+    dispatcher's) and say what moved; ``404 not_found`` for a node the site
+    never heard of (nothing changed)."""
+    try:
+        moved = await action(_known_id(node_id), actor, note)
+    except reassign.UnknownNode as unknown:
+        raise ApiError("not_found", str(unknown)) from None
+    return _moved(moved) | {"cancels": len(moved.cancels)}
+
+
+async def retire_answer(
+    action: Callable[[str, str, str], Awaitable[reassign.Retired]],
+    node_id: str,
+    actor: str,
+    note: str,
+) -> dict[str, Any]:
+    """Retire ``node_id`` (``action``: the dispatcher's) and say what it
+    did; ``404 not_found`` for a node the site never heard of (nothing
+    changed)."""
+    try:
+        retired = await action(_known_id(node_id), actor, note)
+    except reassign.UnknownNode as unknown:
+        raise ApiError("not_found", str(unknown)) from None
+    return _moved(retired.reassigned) | {
+        "archives": retired.archives,
+        "keyRemoved": retired.key_removed,
+    }

@@ -77,7 +77,7 @@ from tasknet.site.storage.views import (
     list_tasks,
     visible_task,
 )
-from tasknet.site.web import openapi
+from tasknet.site.web import admin_nodes, openapi
 from tasknet.site.web.archives import MAX_LINKS, IssuedLink, aria2_input
 from tasknet.site.web.auth import own_origin, request_credentials, require_admin
 from tasknet.site.web.errors import STATUS, ApiError, write_api_error, write_error, write_json
@@ -683,6 +683,30 @@ class SiteApi:
         require_admin(await self._user(request))
         # The engine's text as it is (parsing it back would cost what it saved).
         return 200, {"nodes": orjson.Fragment(await self.deps.admin_nodes())}
+
+    @app.route("/api/admin/nodes/<node>/reassign", methods=["POST"])
+    @endpoint
+    async def reassign_node(self, request: Request, node: str) -> Reply:
+        """Move the node's unfinished tasks to connected nodes now (audited)."""
+        user = await self._user(request)
+        require_admin(user)
+        note = string_field(json_body(request), "note", required=False, limit=MAX_NOTE)
+        action = self.deps.reassign_node
+        return 200, await shield(
+            Deferred.fromCoroutine(admin_nodes.reassign_answer(action, node, user.name, note))
+        )
+
+    @app.route("/api/admin/nodes/<node>/retire", methods=["POST"])
+    @endpoint
+    async def retire_node(self, request: Request, node: str) -> Reply:
+        """Retire the node: its tasks move, its archives are gone, its key goes (audited)."""
+        user = await self._user(request)
+        require_admin(user)
+        note = string_field(json_body(request), "note", required=False, limit=MAX_NOTE)
+        action = self.deps.retire_node
+        return 200, await shield(
+            Deferred.fromCoroutine(admin_nodes.retire_answer(action, node, user.name, note))
+        )
 
     @app.route("/api/events", methods=["GET"])
     async def events(self, request: Request) -> IResource | bytes:

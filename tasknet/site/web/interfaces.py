@@ -22,6 +22,7 @@ from twisted.web.resource import IResource
 from tasknet.site.lifecycle import Lifecycle
 from tasknet.site.ratelimit import CreateRateLimiter
 from tasknet.site.storage.engine.database import Database
+from tasknet.site.storage.reassign import Reassigned, Retired
 from tasknet.site.web.archives import ArchiveDelivery
 from tasknet.site.web.auth import Authenticator
 
@@ -54,5 +55,10 @@ class WebDependencies:
     auth: Authenticator
     #: Archive links and the streams through the site (``web/archives.py``).
     archives: ArchiveDelivery
+    #: ``POST /api/admin/nodes/{id}/reassign`` and ``/retire``
+    #: (``dispatcher.py``): ``(node_id, actor, note)``; fail with
+    #: ``storage.reassign.UnknownNode`` for a node never heard of.
+    reassign_node: Callable[[str, str, str], Deferred[Reassigned]]
+    retire_node: Callable[[str, str, str], Deferred[Retired]]
     #: The site's ``--name`` (``/api/me``'s ``site``: which site this is).
     site_name: str = ""

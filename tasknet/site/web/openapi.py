@@ -774,6 +774,15 @@ _GID_PARAMETER: Schema = {
 }
 
 
+_NODE_PARAMETER: Schema = {
+    "name": "node",
+    "in": "path",
+    "required": True,
+    "description": "A node's id, as it logs in.",
+    "schema": _string(pattern="^[A-Za-z0-9_.-]{1,64}$"),
+}
+
+
 def _query(name: str, schema: Schema, description: str, **extra: Any) -> Schema:
     return {
         "name": name,
@@ -1677,6 +1686,95 @@ def _admin_operations() -> dict[str, Schema]:
                 )
             ),
         ),
+        "reassign": _operation(
+            "reassignNode",
+            "Reassign a node's unfinished tasks now",
+            "Whatever `--reassign-after` says: every `SUBMITTED` task of the node not yet "
+            "completed (and not being deleted) moves, with the same operationId (nothing is "
+            "POSTed or charged again; only the download is repeated), to the least loaded node "
+            "connected to this site, or back to waiting for a node when there is none. The "
+            "node's later reports about them are dropped (`not_owner`); a `CANCEL` of each is "
+            "sent to it now if it is connected here over v2, else when it next logs in. "
+            "Audited (`node_custody_audit`: actor, note, tasks).",
+            _responses(
+                {
+                    "200": _json_response(
+                        "What moved.",
+                        _object(
+                            {
+                                "node": _string(),
+                                "tasks": _integer("Tasks moved off the node.", minimum=0),
+                                "sent": _integer("Of them, sent to a connected node.", minimum=0),
+                                "waiting": _integer("Of them, waiting for a node.", minimum=0),
+                                "cancels": _integer("CANCELs owed to the node.", minimum=0),
+                            },
+                            required=["node", "tasks", "sent", "waiting", "cancels"],
+                        ),
+                    )
+                },
+                (400, _bad_request(_BAD_BODY)),
+                (401, _common("Unauthorized")),
+                (403, admin_forbidden),
+                (404, _error(404, "No such node: never logged in, no key, no task.")),
+            ),
+            tag="admin",
+            parameters=[_NODE_PARAMETER],
+            body=_body(
+                _object(
+                    {
+                        "note": _string(
+                            "Why (kept in the audit row).", maxLength=MAX_NOTE, pattern=_NO_NUL
+                        )
+                    }
+                )
+            ),
+        ),
+        "retire": _operation(
+            "retireNode",
+            "Retire a node",
+            "The node is gone for good: its unfinished tasks move now (as `reassignNode`), "
+            "every task it completed shows `ARCHIVE_GONE` (`NODE_RETIRED`), its key is removed "
+            "(its next Login fails; a key given with `--node-key` stays while the option does) "
+            "and its connection to this site is closed. Audited (actor, note, tasks, archives).",
+            _responses(
+                {
+                    "200": _json_response(
+                        "What was done.",
+                        _object(
+                            {
+                                "node": _string(),
+                                "tasks": _integer("Tasks moved off the node.", minimum=0),
+                                "sent": _integer("Of them, sent to a connected node.", minimum=0),
+                                "waiting": _integer("Of them, waiting for a node.", minimum=0),
+                                "archives": _integer(
+                                    "Completed tasks now `ARCHIVE_GONE`.", minimum=0
+                                ),
+                                "keyRemoved": {
+                                    "type": "boolean",
+                                    "description": "Whether the node had a key in the database.",
+                                },
+                            },
+                            required=["node", "tasks", "sent", "waiting", "archives", "keyRemoved"],
+                        ),
+                    )
+                },
+                (400, _bad_request(_BAD_BODY)),
+                (401, _common("Unauthorized")),
+                (403, admin_forbidden),
+                (404, _error(404, "No such node: never logged in, no key, no task.")),
+            ),
+            tag="admin",
+            parameters=[_NODE_PARAMETER],
+            body=_body(
+                _object(
+                    {
+                        "note": _string(
+                            "Why (kept in the audit row).", maxLength=MAX_NOTE, pattern=_NO_NUL
+                        )
+                    }
+                )
+            ),
+        ),
         "nodes": _operation(
             "listNodes",
             "List nodes",
@@ -1850,6 +1948,8 @@ def _document() -> str:
         "/api/admin/tasks/{gid}/resolve": {"post": admin["resolve"]},
         "/api/admin/tasks/{gid}/force-delete": {"post": admin["force"]},
         "/api/admin/nodes": {"get": admin["nodes"]},
+        "/api/admin/nodes/{node}/reassign": {"post": admin["reassign"]},
+        "/api/admin/nodes/{node}/retire": {"post": admin["retire"]},
         "/api/events": {"get": other["events"]},
         "/api/openapi.json": {"get": other["openapi"]},
         "/healthz": {"get": other["health"]},
