@@ -49,8 +49,12 @@ now can lose the last commits), ``none`` (no standby at all) or ``unknown``
 ``pg_monitor``).  The lease keeps the answer and since when (on the site's
 wall clock) it has not been ``sync`` (:attr:`Lease.replication`,
 :attr:`Lease.replication_since`); on SQLite it is ``n/a``.  The answer is
-taken *before* the check's confirmation is written, so it is known even when
-that write waits for a standby that is gone.
+taken *before* the check's confirmation is written.  That confirmation
+alone commits with ``synchronous_commit = local``: while the manager has not
+yet noticed that the standby is gone (pg_auto_failover: about 20 s) every
+commit that waits for it hangs, and a lease check that hung would fence every
+site; a confirmation lost in a failover costs nothing (every lease session
+ends with its primary, and a reaper's waits count from its own reap).
 
 The lease connection is used from one thread of its own (psycopg is
 blocking; one connection, one thread at a time); its methods answer
@@ -84,6 +88,7 @@ from tasknet.site.storage.engine.database import Cursor, IWriteFence, connect, r
 from tasknet.site.storage.engine.file_lock import InstanceLock
 from tasknet.site.storage.engine.sources import Sources
 from tasknet.site.storage.engine.sql import postgres_only
+from tasknet.site.storage.engine.transactions import READ_COMMITTED, write_once
 from tasknet.site.storage.instances import LeaseLost, LeaseStale
 
 if TYPE_CHECKING:
@@ -505,6 +510,12 @@ _CHECK_SQL = postgres_only(
     "ON CONFLICT (instance_id) DO UPDATE SET confirmed_at = excluded.confirmed_at "
     "RETURNING pg_backend_pid() AS pid"
 )
+# The confirmation does not wait for a standby: it is the one commit of a
+# site whose loss in a failover costs nothing (every lease session ends with
+# its primary, and a reaper on the new one counts from its own reap), and
+# waiting would fence every site while the manager takes the time to notice
+# that the standby is gone (the primary's commits wait until it does).
+_CONFIRM_LOCALLY_SQL = postgres_only("SET LOCAL synchronous_commit = local")
 _JUDGE_SQL = postgres_only(f"SELECT pg_try_advisory_lock({LEASE_CLASS}, ?)")
 _FORGET_SQL = postgres_only(f"SELECT pg_advisory_unlock({LEASE_CLASS}, ?)")
 # pg_terminate_backend(pid, timeout) waits until the session is gone (its
@@ -541,6 +552,14 @@ def _register_locked(
     instances.lease_confirmed(cursor, instance_id)
     cursor.execute(_NAME_SESSION_SQL, (application_name(instance_id, "lease"),))
     return instance_id, lease_pid
+
+
+def _confirm(cursor: sqlite3.Cursor, instance_id: int) -> int | None:
+    """The lease check's write (see ``_CHECK_SQL``): the server pid of the
+    session that holds the lock, or None if this one does not."""
+    cursor.execute(_CONFIRM_LOCALLY_SQL)
+    row = cursor.execute(_CHECK_SQL, (instance_id, instance_id)).fetchone()
+    return None if row is None else int(row["pid"])
 
 
 def _daemon_thread(*args: Any, **kwargs: Any) -> threading.Thread:
@@ -665,16 +684,21 @@ class PostgresLease(Lease):
         since = self._monotonic()
 
         def held() -> None:
-            # Replication first: the confirmation below is a commit, which
-            # waits while the primary still waits for a standby that is gone.
+            # Replication first: it is known even if the confirmation below
+            # fails or waits.
             state = replication_state(self._connection.cursor())  # type: ignore[arg-type]
             wall = self._connection.sources.wall()
             self._reactor.callFromThread(self.note_replication, state, wall)
-            # The confirmation's time is never earlier than ``since``.
-            row = self._connection.execute(
-                _CHECK_SQL, (self.instance_id, self.instance_id)
-            ).fetchone()
-            if row is None or int(row["pid"]) != self.lease_pid:
+            # The confirmation's time is never earlier than ``since``.  One
+            # transaction, never retried on another session (which would
+            # not hold the lock): any failure loses the lease.
+            pid = write_once(
+                self._connection,  # type: ignore[arg-type]
+                _confirm,
+                self.instance_id,
+                isolation=READ_COMMITTED,
+            )
+            if pid != self.lease_pid:
                 raise LeaseLost("the lease session no longer holds the instance's lock")
 
         return self._in_thread(held).addCallback(lambda _: self.confirmed(since))
