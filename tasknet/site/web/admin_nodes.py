@@ -16,10 +16,9 @@ snapshot.
 
 from __future__ import annotations
 
-from weakref import ref
-
 from collections.abc import Awaitable, Callable
 from typing import Any
+from weakref import ref
 
 from twisted.internet.interfaces import IReactorTime
 
