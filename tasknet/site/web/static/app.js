@@ -46,6 +46,8 @@
       chartUsageLabel: "最近 8 周的用量（点），本周已用 {used} 点 / 额度 {quota} 点。", quotaLine: "额度 {quota} 点",
       nodeState: "状态", activeTasks: "任务", nodeSpeed: "速度", nodeSite: "站点", runningQueued: "{running} 个运行中，{queued} 个排队", lastReport: "上次报告",
       droppedEntries: "丢弃的报告", connectedSince: "连接 / 最后在线",
+      nodeArchives: "归档", nodeBytesHeld: "占用空间", nodeFree: "剩余空间",
+      diskFromInventory: "上次清点（{at}）的数字", diskFromNode: "节点 {at} 报告的数字", diskBudget: "磁盘预算 {budget}", diskNoBudget: "无磁盘预算", diskMinFree: "最少剩余 {minFree}",
       connected: "已连接", disconnected: "已断开", connectedAgo: "连接于 {ago}", lastSeen: "最后在线 {ago}",
       none: "无", never: "从未",
       dropStale: "过时", dropOldGeneration: "旧的任务代", dropDuplicate: "重复", dropUnknownTask: "未知任务",
@@ -198,6 +200,8 @@
       chartUsageLabel: "Usage over the last 8 weeks, in cost units; this week {used} of {quota}.", quotaLine: "quota {quota} cost units",
       nodeState: "State", activeTasks: "Tasks", nodeSpeed: "Speed", nodeSite: "Site", runningQueued: "{running} running, {queued} queued", lastReport: "Last report",
       droppedEntries: "Dropped reports", connectedSince: "Connected / last seen",
+      nodeArchives: "Archives", nodeBytesHeld: "Held", nodeFree: "Free space",
+      diskFromInventory: "As its last inventory counted them ({at})", diskFromNode: "As the node said at {at}", diskBudget: "disk budget {budget}", diskNoBudget: "no disk budget", diskMinFree: "minimum free {minFree}",
       connected: "Connected", disconnected: "Disconnected", connectedAgo: "connected {ago}", lastSeen: "last seen {ago}",
       none: "none", never: "never",
       dropStale: "stale", dropOldGeneration: "old generation", dropDuplicate: "duplicate", dropUnknownTask: "unknown task",
@@ -2495,6 +2499,27 @@
     document.querySelectorAll("[data-ago]").forEach(function (cell) { cell.textContent = agoText(cell); });
   }
 
+  // A node's archives, bytes held and free space: what the node said of its
+  // disk (disk), else what its last inventory counted (inventory, no free
+  // space), else "—".
+  function diskCells(node) {
+    var disk = node.disk || null;
+    var inventory = node.inventory || null;
+    var from = disk && (disk.archives !== null || disk.bytes !== null) ? disk : inventory;
+    var title = from === disk && disk ? t("diskFromNode", { at: formatTime(disk.at) })
+      : from ? t("diskFromInventory", { at: formatTime(from.judgedAt) }) : null;
+    var dash = function (v, fmt) { return typeof v === "number" ? fmt(v) : "—"; };
+    var freeTitle = disk ? [
+      typeof disk.budget === "number" ? t("diskBudget", { budget: F.bytes(disk.budget, state.lang) }) : t("diskNoBudget"),
+      typeof disk.minFree === "number" ? t("diskMinFree", { minFree: F.bytes(disk.minFree, state.lang) }) : null
+    ].filter(Boolean).join(" · ") : null;
+    return [
+      el("td", { "data-label": t("nodeArchives"), "data-role": "archives", title: title, text: dash(from && from.archives, num) }),
+      el("td", { "data-label": t("nodeBytesHeld"), "data-role": "held", title: title, text: dash(from && from.bytes, function (v) { return F.bytes(v, state.lang); }) }),
+      el("td", { "data-label": t("nodeFree"), "data-role": "free", title: freeTitle, text: dash(disk && disk.free, function (v) { return F.bytes(v, state.lang); }) })
+    ];
+  }
+
   function renderNodes() {
     var nodes = state.nodes;
     var body = $("nodes-body");
@@ -2523,8 +2548,9 @@
         el("td", { "data-label": t("nodeSpeed"), "data-role": "speed", text: F.speed(node.bytesPerSecond, state.lang) }),
         agoCell(t("lastReport"), node.lastReportAt),
         el("td", { "data-label": t("droppedEntries"), "data-role": "dropped", text: droppedText(node.droppedEntries) }),
+      ].concat(diskCells(node), [
         connected ? agoCell(t("connectedSince"), node.connectedAt, "connectedAgo") : agoCell(t("connectedSince"), node.lastSeenAt, "lastSeen")
-      ]));
+      ])));
     });
     $("nodes-table").hidden = nodes.length === 0;
     $("nodes-empty").hidden = nodes.length > 0;
