@@ -1,4 +1,4 @@
-"""``python -m bench [B1 ...|all] [--db sqlite|postgres|both] [--quick] [--workdir DIR] [--keep]``.
+"""``python -m bench [B1 ...|all] [--db CHOICE] [--quick] [--workdir DIR] [--keep]``.
 
 Runs the chosen benchmarks one after another (never in parallel: they would
 measure each other), prints the table and writes ``bench/results.json``.
@@ -8,6 +8,9 @@ target), 1 when one of them failed to run.
 ``--db`` (default ``both``) chooses the backends of B1, B2 and B9: ``B1`` on
 SQLite, ``B1-pg`` on a throwaway PostgreSQL server; B7 runs on PostgreSQL
 only (left out by ``--db sqlite``); B3-B6, B10 and B11 do not depend on it.
+``--db postgres-ha`` runs B1 and B2 against a primary with a synchronous
+standby (pg_auto_failover on loopback; rows ``B1-pg-sync``, ``B2a-pg-sync``,
+``B2b-pg-sync``), ``--db postgres+ha`` both beside each other in one run.
 B4 and B9 keep their seeded databases in ``--cache`` between runs of the
 same size (seeding a million tasks takes minutes).
 """
@@ -27,6 +30,7 @@ from pathlib import Path
 from bench.harness import (
     CACHE_ENV,
     POSTGRES,
+    POSTGRES_HA,
     RESULTS_PATH,
     SQLITE,
     Context,
@@ -62,12 +66,23 @@ EITHER_BACKEND = frozenset({"B1", "B2", "B9"})
 #: Benchmarks that need PostgreSQL.
 POSTGRES_ONLY = frozenset({"B7"})
 #: --db value -> the backends it runs B1, B2 and B9 on.
-DB_CHOICES = {"sqlite": (SQLITE,), "postgres": (POSTGRES,), "both": (SQLITE, POSTGRES)}
+DB_CHOICES = {
+    "sqlite": (SQLITE,),
+    "postgres": (POSTGRES,),
+    "both": (SQLITE, POSTGRES),
+    "postgres-ha": (POSTGRES_HA,),
+    "postgres+ha": (POSTGRES, POSTGRES_HA),
+}
+#: Benchmarks that also run against a synchronous standby (the price per commit).
+STANDBY_BENCHMARKS = frozenset({"B1", "B2"})
 
 
 def _backends(bench_id: str, db: str) -> tuple[str, ...]:
     if bench_id in EITHER_BACKEND:
-        return DB_CHOICES[db]
+        chosen = DB_CHOICES[db]
+        if bench_id not in STANDBY_BENCHMARKS:
+            chosen = tuple(b for b in chosen if b != POSTGRES_HA)
+        return chosen
     return (POSTGRES,) if bench_id in POSTGRES_ONLY else (SQLITE,)
 
 
@@ -84,7 +99,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         choices=sorted(DB_CHOICES),
         default="both",
         help="backends for B1, B2 and B9 (default both: SQLite rows B1/B2a/B2b/B9, "
-        "PostgreSQL rows B1-pg/B2a-pg/B2b-pg/B9-pg on a throwaway server); B7 needs "
+        "PostgreSQL rows B1-pg/B2a-pg/B2b-pg/B9-pg on a throwaway server); postgres-ha: B1 and "
+        "B2 against a primary with a synchronous standby (rows B1-pg-sync, B2a-pg-sync, "
+        "B2b-pg-sync), postgres+ha: the single server's rows and those side by side; B7 needs "
         "PostgreSQL, sqlite leaves it out",
     )
     parser.add_argument("--quick", action="store_true", help="tiny sizes: proves they still run")
@@ -129,7 +146,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 def run_one(bench_id: str, ctx: Context) -> list[Row]:
     module_name, title, target = BENCHMARKS[bench_id]
-    if ctx.on_postgres and bench_id in EITHER_BACKEND:
+    if ctx.backend == POSTGRES_HA and bench_id in EITHER_BACKEND:
+        bench_id, title = f"{bench_id}-pg-sync", f"{title} (PostgreSQL, synchronous standby)"
+    elif ctx.on_postgres and bench_id in EITHER_BACKEND:
         bench_id, title = f"{bench_id}-pg", f"{title} (PostgreSQL)"
     started = time.monotonic()
     try:
@@ -191,10 +210,13 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"   {row.bench} done ({status})", flush=True)
             if ctx.pg.server is not None:
                 machine["postgresql_server"] = ctx.pg.facts()
+            if ctx.pg_ha.server is not None:
+                machine["postgresql_synchronous_standby"] = ctx.pg_ha.facts()
             # Write after every row, so an interrupted full run keeps what it measured.
             write_results(args.results, rows, machine, args.quick, started)
     finally:
         ctx.pg.stop()
+        ctx.pg_ha.stop()
         if args.workdir is None and not args.keep:
             shutil.rmtree(workdir, ignore_errors=True)
     print()

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import plan
-from bench.harness import Context, Row, percentile
+from bench.harness import POSTGRES_HA, Context, Row, percentile
 from bench.load import LoadFleet
 from bench.loadnode import write_tasks
 from bench.pg_baseline import BenchPostgres, cpu_delta, synchronous_commit_of
@@ -62,8 +62,18 @@ def node_tasks(
 
 
 def row_id(ctx: Context, bench: str) -> str:
-    """``B1`` on SQLite, ``B1-pg`` on PostgreSQL."""
+    """``B1`` on SQLite, ``B1-pg`` on PostgreSQL, ``B1-pg-sync`` on a
+    primary with a synchronous standby."""
+    if ctx.backend == POSTGRES_HA:
+        return f"{bench}-pg-sync"
     return f"{bench}-pg" if ctx.on_postgres else bench
+
+
+def backend_title(ctx: Context) -> str:
+    """The row title's suffix naming the database."""
+    if ctx.backend == POSTGRES_HA:
+        return " (PostgreSQL, synchronous standby)"
+    return " (PostgreSQL)" if ctx.on_postgres else ""
 
 
 class RawApplier:
@@ -302,7 +312,7 @@ def _run_site(
             size=size,
             entries=entries,
             watch={"site": site.proc},
-            pg=ctx.pg if ctx.on_postgres else None,
+            pg=ctx.postgres if ctx.on_postgres else None,
             during_load=profile if ctx.profile else None,
         )
         ours["rss"] = site.proc.memory().get("VmHWM")
@@ -345,7 +355,7 @@ def run(ctx: Context) -> Row:
 
     row = Row(
         bench=row_id(ctx, "B1"),
-        title="report apply" + (" (PostgreSQL)" if ctx.on_postgres else ""),
+        title="report apply" + backend_title(ctx),
         unit="reports/s",
         figure=ours["rate"],
         baseline=base["rate"],

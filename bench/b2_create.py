@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from bench.b1_reports import row_id
+from bench.b1_reports import backend_title, row_id
 from bench.harness import Context, Row, percentile
 from bench.pg_baseline import cpu_delta
 from bench.procs import REPO_ROOT, BenchError
@@ -144,7 +144,7 @@ def run(ctx: Context) -> list[Row]:
     directory = ctx.scratch(row_id(ctx, "b2").lower())
     size = _sizes(ctx.quick)
     creates = int(size["creates"])
-    pg = ctx.pg if ctx.on_postgres else None
+    pg = ctx.postgres if ctx.on_postgres else None
     upstream = start_upstream(directory)
     try:
         base_db = ctx.database(directory, "baseline")
@@ -219,7 +219,7 @@ def run(ctx: Context) -> list[Row]:
             )
     raw = "raw PostgreSQL (psycopg, synchronous_commit=on)" if pg else "raw sqlite3"
     p99_target = TARGET_P99_MS_PG if pg else TARGET_P99_MS
-    suffix = " (PostgreSQL)" if pg else ""
+    suffix = backend_title(ctx)
     base_note = (
         f"baseline {base_before['rate']:.0f} before / {base_after['rate']:.0f} after, "
         f"p50/p99 {percentile(base_latencies, 50):.1f}/{percentile(base_latencies, 99):.1f} ms "

@@ -21,6 +21,9 @@ RESULTS_PATH = Path(__file__).with_name("results.json")
 
 SQLITE = "sqlite"
 POSTGRES = "postgresql"
+#: PostgreSQL as a primary with a synchronous standby (pg_auto_failover on
+#: loopback): B1 and B2 measure what not losing a commit costs.
+POSTGRES_HA = "postgresql-ha"
 #: Where seeded databases are kept between runs (``--cache``).
 CACHE_ENV = "TASKNET_BENCH_CACHE"
 
@@ -39,6 +42,12 @@ def _no_postgres_yet() -> BenchPostgres:
     return BenchPostgres()
 
 
+def _no_failover_cluster_yet() -> BenchPostgres:
+    from bench.pg_baseline import BenchPostgres
+
+    return BenchPostgres(standby=True)
+
+
 @dataclass
 class Context:
     """How a benchmark should run: size (``quick``), where to put its files,
@@ -55,10 +64,18 @@ class Context:
     backend: str = SQLITE
     pg: BenchPostgres = field(default_factory=_no_postgres_yet)
     cache: Path | None = None
+    #: The run's failover cluster (``--db postgres-ha``), started when first needed.
+    pg_ha: BenchPostgres = field(default_factory=_no_failover_cluster_yet)
 
     @property
     def on_postgres(self) -> bool:
-        return self.backend == POSTGRES
+        """On PostgreSQL: one server, or a primary with a synchronous standby."""
+        return self.backend in (POSTGRES, POSTGRES_HA)
+
+    @property
+    def postgres(self) -> BenchPostgres:
+        """This context's PostgreSQL: the single server or the failover cluster."""
+        return self.pg_ha if self.backend == POSTGRES_HA else self.pg
 
     def scratch(self, name: str) -> Path:
         """A fresh directory for one benchmark's databases, logs and files."""
@@ -71,7 +88,7 @@ class Context:
         ``directory/name.sqlite`` (removed first if a kept work directory has
         it) or a new PostgreSQL database's URL."""
         if self.on_postgres:
-            return self.pg.database(name)
+            return self.postgres.database(name)
         path = directory / f"{name}.sqlite"
         for suffix in ("", "-wal", "-shm"):
             Path(f"{path}{suffix}").unlink(missing_ok=True)

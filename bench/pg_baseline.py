@@ -54,10 +54,19 @@ def server_version() -> str | None:
 
 
 class BenchPostgres:
-    """The run's throwaway PostgreSQL server, started on first use."""
+    """The run's throwaway PostgreSQL server, started on first use.
 
-    def __init__(self) -> None:
+    ``standby``: a failover cluster instead
+    (:class:`tasknet.drill.pgcluster.PgCluster`: pg_auto_failover's monitor,
+    a primary and a synchronous standby on loopback, the same settings):
+    every commit waits for the standby's flush too.  The databases are made
+    on the primary, owned by the cluster's ``tasknet`` role, and reached by
+    the multi-host URL the sites would use; the CPU counted is the
+    primary's."""
+
+    def __init__(self, *, standby: bool = False) -> None:
         self.server: Any = None
+        self.standby = standby
         self._numbers = itertools.count(1)
         self.settings: dict[str, str] = {}
 
@@ -66,11 +75,42 @@ class BenchPostgres:
         ``prepare_database`` creates the schema); its URL."""
         if self.server is None:
             self._start()
-        return str(self.server.create_database(f"{name}_{next(self._numbers)}"))
+        dbname = f"{name}_{next(self._numbers)}"
+        if self.standby:
+            from tasknet.drill.databases import with_database
+            from tasknet.drill.pgcluster import ROLE
+
+            self.server.psql(f'CREATE DATABASE "{dbname}" OWNER "{ROLE}"', dbname="postgres")
+            return with_database(self.server.uri, dbname)
+        return str(self.server.create_database(dbname))
+
+    def _start_cluster(self) -> None:
+        from tasknet.drill.pgcluster import INSTALL_HINT, PgCluster
+        from tasknet.drill.pgcluster import installed as cluster_installed
+
+        if not cluster_installed():
+            raise BenchError(f"pg_auto_failover is not installed: {INSTALL_HINT}")
+        cluster = PgCluster()
+        cluster.start()
+        self.server = cluster
+        self.settings = read_settings(cluster.uri)
+        from tasknet.site.storage.engine.database import connect
+
+        connection = connect(cluster.uri)
+        try:
+            names = connection.execute("SHOW synchronous_standby_names").fetchone()[0]
+        finally:
+            connection.close()
+        if not names:
+            raise BenchError("the cluster's primary has no synchronous standby")
+        self.settings["synchronous_standby_names"] = str(names)
 
     def _start(self) -> None:
         from tasknet.drill.pgserver import ThrowawayPostgres
 
+        if self.standby:
+            self._start_cluster()
+            return
         if not installed():
             raise BenchError(
                 "PostgreSQL is not installed (apt-get install postgresql); "
@@ -92,15 +132,22 @@ class BenchPostgres:
 
         return {
             **self.settings,
-            "data_filesystem": filesystem_of(self.server.data_dir),
+            "data_filesystem": filesystem_of(self._data_dir()),
         }
+
+    def _data_dir(self) -> Path:
+        """The (primary) server's data directory."""
+        if self.standby:
+            primary = self.server.primary() or "node1"
+            return Path(self.server.directory) / primary
+        return Path(self.server.data_dir)
 
     @property
     def postmaster_pid(self) -> int:
-        """The server's main process (line 1 of ``postmaster.pid``)."""
+        """The (primary) server's main process (line 1 of ``postmaster.pid``)."""
         if self.server is None:
             raise BenchError("the PostgreSQL server is not running")
-        text = (Path(self.server.data_dir) / "postmaster.pid").read_text()
+        text = (self._data_dir() / "postmaster.pid").read_text()
         return int(text.splitlines()[0])
 
     def cpu_seconds(self) -> dict[int, float]:
