@@ -1,9 +1,9 @@
 """What each connected node says of its disk, for the node panel
-(``/api/admin/nodes``' ``disk``): the ``disk`` object of the node's serve
-endpoint's ``GET /healthz`` (``{"archives", "bytes", "free", "budget",
-"minFree"}``: the archives it holds, their bytes, the free bytes of the
-disk under its ``--data``, its ``--disk-budget`` (null: none) and its
-``--min-free``).
+(``/api/admin/nodes``' ``disk``): the disk figures of the node's serve
+endpoint's ``GET /healthz`` (``archives``, ``archiveBytes``, ``diskFree``,
+``diskBudget``: the archives it holds, their bytes, the free bytes of the
+disk under its ``--data`` and its ``--disk-budget``; null when unknown or
+none), shown as ``{"archives", "bytes", "free", "budget", "at"}``.
 
 Kept cheap: a node is read again only when the panel asks and its last
 read (whatever it answered) is older than :data:`REFRESH_SECONDS`; the
@@ -43,8 +43,13 @@ FETCH_TIMEOUT = 2.0
 PANEL_WAIT = 1.0
 #: A /healthz body longer than this is not read (it is a few hundred bytes).
 MAX_BODY = 64 * 1024
-#: The fields of the ``disk`` object, as the node spells them.
-FIELDS = ("archives", "bytes", "free", "budget", "minFree")
+#: The /healthz fields read, as the node spells them, and as the panel does.
+FIELDS = {
+    "archives": "archives",
+    "archiveBytes": "bytes",
+    "diskFree": "free",
+    "diskBudget": "budget",
+}
 
 
 @dataclass(frozen=True)
@@ -58,7 +63,6 @@ class DiskFigures:
     bytes: int | None
     free: int | None
     budget: int | None
-    min_free: int | None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -66,26 +70,26 @@ class DiskFigures:
             "bytes": self.bytes,
             "free": self.free,
             "budget": self.budget,
-            "minFree": self.min_free,
             "at": iso(self.at),
         }
 
 
 def parse_health(body: bytes) -> dict[str, int | None] | None:
-    """The ``disk`` figures of a /healthz body (each a whole number ≥ 0, or
-    None when absent or not one); None when the body has no ``disk`` object."""
+    """The disk figures of a /healthz body, by the panel's names (each a
+    whole number ≥ 0, or None when absent, null or not one); None when the
+    body is not a JSON object or gives none of them (a node that says
+    nothing of its disk)."""
     try:
         document = json.loads(body)
     except ValueError:
         return None
-    disk = document.get("disk") if isinstance(document, dict) else None
-    if not isinstance(disk, dict):
+    if not isinstance(document, dict) or not any(k in document for k in FIELDS):
         return None
     figures: dict[str, int | None] = {}
-    for name in FIELDS:
-        value = disk.get(name)
+    for given, shown in FIELDS.items():
+        value = document.get(given)
         ok = isinstance(value, int) and not isinstance(value, bool) and value >= 0
-        figures[name] = value if ok else None
+        figures[shown] = value if ok else None
     return figures
 
 
@@ -203,7 +207,6 @@ class NodeDiskFigures:
             figures["bytes"],
             figures["free"],
             figures["budget"],
-            figures["minFree"],
         )
 
     def figures(self, node_id: str, serve_url: str) -> DiskFigures | None:

@@ -26,7 +26,9 @@ from tests.site.helpers import running_site, site_options
 from tests.site.test_node_urls import AnnouncingNode, _connect, _panel
 from tests.site_protocol.harness import secret_of
 
-DISK = {"archives": 12, "bytes": 3_000_000, "free": 9_000_000_000, "budget": None, "minFree": 1024}
+#: A node's /healthz disk figures, and the panel's ``disk`` made of them.
+HEALTH = {"archives": 12, "archiveBytes": 3_000_000, "diskFree": 9_000_000_000, "diskBudget": None}
+DISK = {"archives": 12, "bytes": 3_000_000, "free": 9_000_000_000, "budget": None}
 
 
 class Health(Resource):
@@ -61,25 +63,19 @@ async def _serve(health: Health) -> tuple[str, Any]:
 
 
 def test_the_disk_object_of_a_health_body() -> None:
-    assert parse_health(json.dumps({"status": "ok", "disk": DISK}).encode()) == DISK
+    assert parse_health(json.dumps({"status": "ok", **HEALTH}).encode()) == DISK
     # A figure that is not a whole number >= 0 is unknown; the rest stay.
-    odd = {"archives": -1, "bytes": True, "free": "9", "budget": 2.5, "minFree": 0}
-    assert parse_health(json.dumps({"disk": odd}).encode()) == {
-        "archives": None,
-        "bytes": None,
-        "free": None,
-        "budget": None,
-        "minFree": 0,
-    }
+    odd = {"archives": -1, "archiveBytes": True, "diskFree": "9", "diskBudget": 2.5}
+    assert parse_health(json.dumps(odd).encode()) == dict.fromkeys(DISK)
+    assert parse_health(b'{"diskFree": 5}') == {**dict.fromkeys(DISK), "free": 5}
     assert parse_health(b'{"status": "ok"}') is None  # a node that says nothing of its disk
-    assert parse_health(b'{"disk": [1, 2]}') is None
     assert parse_health(b"[]") is None
     assert parse_health(b"not json") is None
 
 
 @pytest_twisted.ensureDeferred
 async def test_figures_are_read_when_stale_kept_on_failure_and_forgotten() -> None:
-    health = Health({"status": "ok", "disk": DISK})
+    health = Health({"status": "ok", **HEALTH})
     url, port = await _serve(health)
     clock = Clock()
     clock.advance(1_000_000)
@@ -107,7 +103,7 @@ async def test_figures_are_read_when_stale_kept_on_failure_and_forgotten() -> No
         await disks.refresh({"n1": url})
         assert disks.figures("n1", url) is None
         # Read again, then silent past FORGET_SECONDS: forgotten.
-        health.body = {"disk": DISK}
+        health.body = HEALTH
         clock.advance(node_disk.REFRESH_SECONDS)
         await disks.refresh({"n1": url})
         assert disks.figures("n1", url) is not None
@@ -119,7 +115,7 @@ async def test_figures_are_read_when_stale_kept_on_failure_and_forgotten() -> No
 
 @pytest_twisted.ensureDeferred
 async def test_a_node_that_does_not_answer_delays_the_panel_by_the_wait_only() -> None:
-    health = Health({"disk": DISK}, hang=True)
+    health = Health(HEALTH, hang=True)
     url, port = await _serve(health)
     clock = Clock()
     disks = NodeDiskFigures(reactor, clock)  # type: ignore[arg-type]
@@ -147,7 +143,7 @@ async def test_a_node_that_does_not_answer_delays_the_panel_by_the_wait_only() -
 
 @pytest_twisted.ensureDeferred
 async def test_the_panel_shows_each_connected_nodes_disk_or_null(db_target: str) -> None:
-    answering = Health({"status": "ok", "disk": DISK})
+    answering = Health({"status": "ok", **HEALTH})
     silent = Health({"status": "ok"})  # a node that does not give its disk
     answering_url, answering_port = await _serve(answering)
     silent_url, silent_port = await _serve(silent)

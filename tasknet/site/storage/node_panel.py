@@ -42,11 +42,11 @@ sorted by id (code points), each ``{"id", "connected", "site", "protocol",
 * ``disk`` is what a node connected to this site with a ``serveUrl``
   last said of its disk on its serve endpoint's ``/healthz``
   (:mod:`tasknet.site.node_disk`, read at most every 30 s when the panel
-  is asked): ``{"archives", "bytes", "free", "budget", "minFree", "at"}``
-  (the archives it holds, their bytes, the free bytes under its
-  ``--data``, its ``--disk-budget`` or null, its ``--min-free``; a figure
-  it did not give is null); ``null`` when unknown (no ``serveUrl``, held
-  by another site, not answering);
+  is asked): ``{"archives", "bytes", "free", "budget", "at"}`` (the
+  archives it holds, their bytes, the free bytes under its ``--data``,
+  its ``--disk-budget`` or null; a figure it did not give is null);
+  ``null`` when unknown (no ``serveUrl``, held by another site, not
+  answering);
 * ``droppedEntries`` is ``{reason: count}`` of report entries and
   deletions the site dropped from the node (``not_owner``, ``stale``, ...;
   ``node_dropped_entry``, kept across restarts).

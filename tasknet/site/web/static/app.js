@@ -47,7 +47,7 @@
       nodeState: "状态", activeTasks: "任务", nodeSpeed: "速度", nodeSite: "站点", runningQueued: "{running} 个运行中，{queued} 个排队", lastReport: "上次报告",
       droppedEntries: "丢弃的报告", connectedSince: "连接 / 最后在线",
       nodeArchives: "归档", nodeBytesHeld: "占用空间", nodeFree: "剩余空间",
-      diskFromInventory: "上次清点（{at}）的数字", diskFromNode: "节点 {at} 报告的数字", diskBudget: "磁盘预算 {budget}", diskNoBudget: "无磁盘预算", diskMinFree: "最少剩余 {minFree}",
+      diskFromInventory: "上次清点（{at}）的数字", diskFromNode: "节点 {at} 报告的数字", diskBudget: "磁盘预算 {budget}", diskNoBudget: "无磁盘预算",
       connected: "已连接", disconnected: "已断开", connectedAgo: "连接于 {ago}", lastSeen: "最后在线 {ago}",
       none: "无", never: "从未",
       dropStale: "过时", dropOldGeneration: "旧的任务代", dropDuplicate: "重复", dropUnknownTask: "未知任务",
@@ -201,7 +201,7 @@
       nodeState: "State", activeTasks: "Tasks", nodeSpeed: "Speed", nodeSite: "Site", runningQueued: "{running} running, {queued} queued", lastReport: "Last report",
       droppedEntries: "Dropped reports", connectedSince: "Connected / last seen",
       nodeArchives: "Archives", nodeBytesHeld: "Held", nodeFree: "Free space",
-      diskFromInventory: "As its last inventory counted them ({at})", diskFromNode: "As the node said at {at}", diskBudget: "disk budget {budget}", diskNoBudget: "no disk budget", diskMinFree: "minimum free {minFree}",
+      diskFromInventory: "As its last inventory counted them ({at})", diskFromNode: "As the node said at {at}", diskBudget: "disk budget {budget}", diskNoBudget: "no disk budget",
       connected: "Connected", disconnected: "Disconnected", connectedAgo: "connected {ago}", lastSeen: "last seen {ago}",
       none: "none", never: "never",
       dropStale: "stale", dropOldGeneration: "old generation", dropDuplicate: "duplicate", dropUnknownTask: "unknown task",
@@ -2509,10 +2509,8 @@
     var title = from === disk && disk ? t("diskFromNode", { at: formatTime(disk.at) })
       : from ? t("diskFromInventory", { at: formatTime(from.judgedAt) }) : null;
     var dash = function (v, fmt) { return typeof v === "number" ? fmt(v) : "—"; };
-    var freeTitle = disk ? [
-      typeof disk.budget === "number" ? t("diskBudget", { budget: F.bytes(disk.budget, state.lang) }) : t("diskNoBudget"),
-      typeof disk.minFree === "number" ? t("diskMinFree", { minFree: F.bytes(disk.minFree, state.lang) }) : null
-    ].filter(Boolean).join(" · ") : null;
+    var freeTitle = !disk ? null : typeof disk.budget === "number"
+      ? t("diskBudget", { budget: F.bytes(disk.budget, state.lang) }) : t("diskNoBudget");
     return [
       el("td", { "data-label": t("nodeArchives"), "data-role": "archives", title: title, text: dash(from && from.archives, num) }),
       el("td", { "data-label": t("nodeBytesHeld"), "data-role": "held", title: title, text: dash(from && from.bytes, function (v) { return F.bytes(v, state.lang); }) }),
