@@ -52,7 +52,7 @@ from tasknet.site.storage.engine.sources import StorageFaults
 from tasknet.site.storage.lease import SILENT_CLIENT_NOTICED_WITHIN
 from tasknet.site.upstream_client import BytesBody
 
-__all__ = ["ADMIN_TOKEN", "SimCluster", "SiteProcess", "NodeProcess"]
+__all__ = ["ADMIN_TOKEN", "SimCluster", "SiteProcess", "NodeProcess", "site_reassigns"]
 
 #: Created by ``--demo`` on a fresh database (the drills' admin).
 ADMIN_TOKEN = "demo"
@@ -238,12 +238,7 @@ class SimCluster:
 
     @property
     def site_reassigns(self) -> bool:
-        """Whether the site moves a gone node's unfinished tasks
-        (``--reassign-after``, issue 34): a node gone for good leaves its
-        tasks waiting for ever on a site without it."""
-        from tasknet.site.service import Options
-
-        return "reassign-after" in Options() or hasattr(Options, "opt_reassign_after")
+        return site_reassigns()
 
     def _site_died(self, reactor: SimReactor, service: Any) -> None:
         """The kernel closes a dead site's files and sockets: its SQLite
@@ -560,6 +555,15 @@ _AUDIT_POSTGRES = (
 )
 #: Every generation ever metered (the witness above).
 METERED_SQL = "SELECT gid, operation_id, cost FROM sim_metered"
+
+
+def site_reassigns() -> bool:
+    """Whether the site moves a gone node's unfinished tasks
+    (``--reassign-after``, issue 34): a node gone for good leaves its tasks
+    waiting for ever on a site without it."""
+    from tasknet.site.service import Options
+
+    return "reassign-after" in Options() or hasattr(Options, "opt_reassign_after")
 
 
 def _end_sessions(service: Any) -> None:

@@ -42,8 +42,16 @@ __all__ = ["Outcome", "run_schedule"]
 
 #: How often (simulated seconds) the run looks whether everything settled.
 SETTLE_POLL = 1.0
+#: A legacy DownloadPost (PROTOCOL.md).
+TYPE_DOWNLOAD_POST = 4
 #: Operation states that need nothing more from anyone.
 SETTLED_STATES = ("DELETED", "UNKNOWN")
+#: The tasks a node completed, by generation, the archive not known gone.
+COMPLETED_SQL = (
+    "SELECT o.gid, o.operation_id FROM task_operation o JOIN gallery g ON g.gid = o.gid"
+    " WHERE g.node_id = ? AND o.state = 'SUBMITTED' AND g.status = 4"
+    " AND g.archive_gone_reason IS NULL ORDER BY o.gid"
+)
 #: The unfinished tasks of a node, by generation (the checker's own read).
 UNFINISHED_SQL = (
     "SELECT o.gid, o.operation_id FROM task_operation o JOIN gallery g ON g.gid = o.gid"
@@ -63,6 +71,12 @@ class Outcome:
     faults: dict[str, int] = field(default_factory=dict)
     digest: str = ""
     trace: list[str] = field(default_factory=list)
+    #: (node, gid, operation id) of the tasks a node gone for good had
+    #: unfinished when it went (another node finishes them: ``reassign``).
+    left_on_gone: list[tuple[str, int, str]] = field(default_factory=list)
+    #: (node, gid, operation id) of the tasks the site showed COMPLETED on a
+    #: node when it was wiped (ARCHIVE_GONE, MISSING, due: ``custody``).
+    wiped_completions: list[tuple[str, int, str]] = field(default_factory=list)
 
     @property
     def failed(self) -> bool:
@@ -149,6 +163,12 @@ class _Run:
         #: (node, gid, operation id) of the unfinished tasks a node had when
         #: it went for good: another node finishes them, same generation.
         self._stranded_tasks: list[tuple[str, int, str]] = []
+        #: Nodes that go for good at their next DOWNLOAD.
+        self._gone_armed: set[str] = set()
+        self.cluster.on_frame.append(self._gone_at_download)
+        #: (node, gid, operation id) of the tasks the site showed COMPLETED on
+        #: a node when its data directory was wiped: ARCHIVE_GONE (MISSING) due.
+        self._wiped_completions: list[tuple[str, int, str]] = []
         self.cluster.on_committed.append(
             lambda site, functions: self.checks.not_reaped(
                 site, f"committed a write ({', '.join(functions)})"
@@ -187,8 +207,12 @@ class _Run:
         last_step = begin + max((step.at for step in schedule.steps), default=0.0)
         if last_step > world.now:
             world.run_until(until=last_step)
-        # A crash or pause armed for a commit that has not come by now never strikes.
+        # A crash or pause armed for a commit that has not come by now never
+        # strikes; a node armed to go at its next DOWNLOAD goes now.
         self.cluster.forget_after_commit()
+        for node_id in sorted(self._gone_armed):
+            self._go_for_good(node_id)
+        self._gone_armed.clear()
         settled = self._wait_settled(schedule.settle_within)
         outcome = Outcome(seed=schedule.seed)
         outcome.failures += self.checks.failures
@@ -196,6 +220,7 @@ class _Run:
             outcome.failures.append(("liveness", self._unsettled_detail()))
         else:
             outcome.failures += [("custody", f) for f in self._unheld_completions()]
+            outcome.failures += [("custody", f) for f in self._wiped_not_gone()]
             outcome.failures += [("reassign", f) for f in self._left_behind()]
         evidence = cluster.observe()
         self._finish_ledger(evidence)
@@ -217,6 +242,8 @@ class _Run:
         outcome.faults = dict(sorted(self.fired.items()))
         outcome.digest = world.trace.hexdigest()
         outcome.trace = list(world.trace.lines)
+        outcome.left_on_gone = list(self._stranded_tasks)
+        outcome.wiped_completions = list(self._wiped_completions)
         return outcome
 
     def _wait_settled(self, within: float) -> bool:
@@ -333,6 +360,9 @@ class _Run:
 
     def _restart_node(self, node_id: str, wiped: bool) -> None:
         if not self.cluster.nodes[node_id].alive and node_id not in self._gone:
+            if wiped:
+                for gid, operation_id in self.checks.rows(COMPLETED_SQL, (node_id,)):
+                    self._wiped_completions.append((node_id, int(gid), str(operation_id)))
             self.cluster.start_node(node_id, wiped=wiped)
 
     def _do_restore_node_backup(self, step: Step) -> None:
@@ -359,12 +389,28 @@ class _Run:
         self._later(down, self._restart_node, node_id, False, what=f"restart {node_id}")
 
     def _do_node_gone_for_good(self, step: Step) -> None:
-        """The node is killed and never starts again (its machine is gone):
-        the site moves its unfinished tasks (``--reassign-after``)."""
-        node_id = step.target
+        """The node is killed and never starts again (its machine is gone),
+        at once or (``at=download``) right after the site's next DOWNLOAD
+        reaches it: the site moves its unfinished tasks
+        (``--reassign-after``)."""
+        if step.param("at") == "download":
+            self._gone_armed.add(step.target)
+        else:
+            self._go_for_good(step.target)
+
+    def _gone_at_download(self, record: dict[str, Any]) -> None:
+        node_id = record["node"]
+        if node_id not in self._gone_armed or record["direction"] != "to_client":
+            return
+        payload = record["payload"] if isinstance(record["payload"], dict) else {}
+        if record["type"] == TYPE_DOWNLOAD_POST or payload.get("action") == "DOWNLOAD":
+            self._gone_armed.discard(node_id)
+            self._later(0.0, self._go_for_good, node_id, what=f"{node_id} goes for good")
+
+    def _go_for_good(self, node_id: str) -> None:
         if node_id in self._gone:
             return
-        self._fired(step.kind)
+        self._fired("node_gone_for_good")
         self._gone.add(node_id)
         self.cluster.crash(node_id, "kill")
         for gid, operation_id in self.checks.rows(UNFINISHED_SQL, (node_id,)):
@@ -551,7 +597,7 @@ class _Run:
             gallery = snap.galleries.get(gid) or {}
             if op["state"] == "SUBMITTED" and gallery.get("status") == 4:
                 continue
-            if self._stranded(gallery):
+            if self._stranded(op, gallery):
                 continue
             if op["state"] == "SUBMITTED" and not op.get("archive_url") and not op.get("legacy"):
                 # Resolved "submitted" with no archive URL known: metered,
@@ -573,10 +619,14 @@ class _Run:
         waiting += [f"{n}: an inventory not acknowledged whole" for n in self.inventories.waiting()]
         return waiting
 
-    def _stranded(self, gallery: dict[str, Any]) -> bool:
-        """A task left on a node gone for good by a site that cannot move
-        it (no ``--reassign-after``: what issue 34 builds)."""
-        return gallery.get("node_id") in self._gone and not self.cluster.site_reassigns
+    def _stranded(self, op: dict[str, Any], gallery: dict[str, Any]) -> bool:
+        """A task a node gone for good leaves waiting, as it would in
+        production until an operator retires the node: its delete (only the
+        node that holds the files confirms one), and, on a site that cannot
+        move tasks (no ``--reassign-after``: what issue 34 builds), any."""
+        if gallery.get("node_id") not in self._gone:
+            return False
+        return op["state"] == "DELETE_PENDING" or not self.cluster.site_reassigns
 
     def _left_behind(self) -> list[str]:
         """The tasks a node gone for good had unfinished: each, unless deleted
@@ -596,6 +646,28 @@ class _Run:
                     f"gid {gid}: unfinished on {node_id} when it went for good, now on"
                     f" {gallery.get('node_id')} status {gallery.get('status')}: another node"
                     f" should have finished {operation_id}"
+                )
+        return failures
+
+    def _wiped_not_gone(self) -> list[str]:
+        """The tasks the site showed COMPLETED on a node when it was wiped:
+        once the node's inventory was judged, each (still that generation)
+        shows ARCHIVE_GONE with reason MISSING, not COMPLETED."""
+        judged = {n for n in self.inventories.judged() if self.cluster.nodes[n].alive}
+        snap = read_site(self.cluster.db)
+        failures = []
+        for node_id, gid, operation_id in self._wiped_completions:
+            op = snap.operations.get(gid) or {}
+            if node_id not in judged or op.get("operation_id") != operation_id:
+                continue
+            if op.get("state") != "SUBMITTED":
+                continue
+            gallery = snap.galleries.get(gid) or {}
+            if gallery.get("archive_gone_reason") != "MISSING":
+                failures.append(
+                    f"gid {gid}: COMPLETED on {node_id} when it was wiped, now status"
+                    f" {gallery.get('status')} archive gone"
+                    f" {gallery.get('archive_gone_reason')!r}: ARCHIVE_GONE (MISSING) was due"
                 )
         return failures
 

@@ -75,6 +75,8 @@ FAULT_KINDS = BASE_FAULT_KINDS + CUSTODY_FAULT_KINDS
 #: In a schedule of every kind, how often a seed draws a custody fault.
 RESTORE_CHANCE = 0.25
 GONE_CHANCE = 0.2
+#: How often a node gone for good goes at its next DOWNLOAD rather than at once.
+GONE_AT_DOWNLOAD = 0.75
 
 #: Faults that need several sites on one PostgreSQL (``--db postgres``).
 POSTGRES_FAULT_KINDS: tuple[str, ...] = ()
@@ -250,9 +252,13 @@ def _custody_faults(
                 )
             )
     if "node_gone_for_good" in faults and (only or rng.random() < GONE_CHANCE):
-        # One a seed: every seed has two nodes or more, so one is left.
+        # One a seed: every seed has two nodes or more, so one is left.  Most
+        # go right after the site sends them a DOWNLOAD (a uniform instant
+        # almost never finds a node with unfinished work: the simulated
+        # downloads are short), so that the site has a task to move.
         at = round(rng.uniform(0.5, duration), 3)
-        steps.append(Step(at, "node_gone_for_good", rng.choice(nodes)[0]))
+        when = "download" if rng.random() < GONE_AT_DOWNLOAD else "now"
+        steps.append(Step(at, "node_gone_for_good", rng.choice(nodes)[0], params=(("at", when),)))
     return steps
 
 

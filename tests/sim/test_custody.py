@@ -11,12 +11,14 @@
 from __future__ import annotations
 
 import json
+import sqlite3
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tasknet.drill.invariants import FAIL, PASS, Verdict
+from tasknet.sim.cluster import site_reassigns
 from tasknet.sim.custody import (
     InventoryWatch,
     OneHolder,
@@ -231,3 +233,66 @@ def test_a_node_gone_for_good_never_comes_back(seed: int, tmp_path: Path) -> Non
     started = [line for line in outcome.trace if f"process {gone} " in line]
     assert len(started) == 1, started  # started once, never again
     assert json.dumps(outcome.faults) == '{"node_gone_for_good": 1}'
+
+
+def test_a_gone_node_s_unfinished_task_is_finished_by_another_in_its_generation(
+    tmp_path: Path,
+) -> None:
+    """Seed 12 (node_gone_for_good only): the node goes right after the
+    site's DOWNLOAD of gid 124 reached it; past --reassign-after the site
+    sends the same generation to another node, which finishes it, and the
+    upstream saw one POST for it (D1, checked at every event)."""
+    if not site_reassigns():
+        pytest.skip("the site has no --reassign-after yet (issue 34)")
+    schedule = generate(12, faults=("node_gone_for_good",))
+    outcome = run_schedule(schedule, workdir=tmp_path)
+    assert not outcome.failed, outcome.failures
+    assert outcome.left_on_gone, "the gone node had nothing unfinished"
+    site_db = sqlite3.connect(tmp_path / "site.db")
+    for gone, gid, operation_id in outcome.left_on_gone:
+        node, status, current = site_db.execute(
+            "SELECT g.node_id, g.status, o.operation_id FROM gallery g"
+            " JOIN task_operation o ON o.gid = g.gid WHERE g.gid = ?",
+            (gid,),
+        ).fetchone()
+        assert (status, current) == (4, operation_id) and node != gone
+        # The node that finished it was sent that very generation.
+        store = sqlite3.connect(tmp_path / node / "node.sqlite")
+        sent = store.execute(
+            "SELECT operation_id FROM received_command WHERE gid = ? AND action = 'DOWNLOAD'",
+            (gid,),
+        ).fetchall()
+        assert (operation_id,) in sent
+        # What let the one-holder check pass the second DOWNLOAD: the CANCEL
+        # owed to the gone node, which never comes back to take it.
+        owed = site_db.execute(
+            "SELECT 1 FROM node_cancel WHERE node_id = ? AND operation_id = ?",
+            (gone, operation_id),
+        ).fetchone()
+        assert owed is not None
+
+
+def test_a_wiped_node_s_completed_tasks_end_archive_gone_missing(tmp_path: Path) -> None:
+    """Seed 1 (wipe_node only): both nodes are wiped with tasks the site
+    showed COMPLETED; once each has reconnected and its inventory was
+    judged, those still of that generation show ARCHIVE_GONE, reason
+    MISSING, the wiped node named (the custody check holds it at every
+    seed; here it is seen to bite)."""
+    from tasknet.node.link import NODE_FEATURES
+
+    if "archive-inventory" not in NODE_FEATURES:
+        pytest.skip("the node sends no inventory yet (issue 34)")
+    outcome = run_schedule(generate(1, faults=("wipe_node",)), workdir=tmp_path)
+    assert not outcome.failed, outcome.failures
+    site_db = sqlite3.connect(tmp_path / "site.db")
+    gone = []
+    for node, gid, operation_id in outcome.wiped_completions:
+        row = site_db.execute(
+            "SELECT o.state, o.operation_id, g.status, g.archive_gone_reason, g.archive_gone_node"
+            " FROM task_operation o LEFT JOIN gallery g ON g.gid = o.gid WHERE o.gid = ?",
+            (gid,),
+        ).fetchone()
+        if row[:2] == ("SUBMITTED", operation_id):
+            assert row[2:] == (4, "MISSING", node), (gid, row)
+            gone.append(gid)
+    assert gone, outcome.wiped_completions
