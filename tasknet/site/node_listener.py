@@ -79,15 +79,18 @@ from tasknet.protocol.messages import (
     ACTION_CANCEL,
     ACTION_DELETE,
     ACTION_DOWNLOAD,
+    FEATURE_ARCHIVE_INVENTORY,
     FEATURE_SITE_PROOF,
     INT63_MAX,
     MAX_PAYLOAD,
     PRE_LOGIN_MAX_PAYLOAD,
+    ArchiveInventory,
     ArchiveInventoryAck,
     DeleteGallery,
     DeleteResult,
     DownloadPost,
     Goodbye,
+    HeldArchive,
     Identity,
     Login,
     LoginResult,
@@ -109,7 +112,13 @@ from tasknet.site.connected_nodes import ConnectedNodes, NodeOwnership
 from tasknet.site.ratelimit import AuthFailureLimiter
 from tasknet.site.session_states import ITrackedSession, SessionLife, SessionState
 
-__all__ = ["NODES_BACKLOG", "NodeListenerFactory", "NodeSession", "announced_url"]
+__all__ = [
+    "INVENTORY_PARTS_MAX",
+    "NODES_BACKLOG",
+    "NodeListenerFactory",
+    "NodeSession",
+    "announced_url",
+]
 
 log = Logger()
 
@@ -179,6 +188,28 @@ DEFAULT_NODE_LOGIN_FAILURE_RATE = 1.0
 #: The Goodbye of a session whose node a newer connection took.
 REPLACED = "replaced by a newer connection"
 
+#: An ArchiveInventory of more parts is ``bad_message``: a connection holds
+#: at most one unfinished inventory, so at most this many parts of
+#: ``INVENTORY_PART_MAX`` archives (ten million) in memory.
+INVENTORY_PARTS_MAX = 1_000
+
+
+class _PartialInventory:
+    """The parts of one inventory received so far on a connection."""
+
+    __slots__ = ("inventory_id", "parts", "received")
+
+    def __init__(self, inventory_id: str, parts: int) -> None:
+        self.inventory_id = inventory_id
+        self.parts = parts
+        self.received: dict[int, tuple[HeldArchive, ...]] = {}
+
+    def whole(self, last_part: int) -> ArchiveInventory:
+        """Every part's archives in part order, as one ArchiveInventory whose
+        ``part`` is the one that completed it (its ACK follows the judgement)."""
+        archives = tuple(a for n in range(1, self.parts + 1) for a in self.received[n])
+        return ArchiveInventory(self.inventory_id, last_part, self.parts, archives)
+
 
 @implementer(ITrackedSession)
 class NodeSession(PeerProtocol):
@@ -187,9 +218,10 @@ class NodeSession(PeerProtocol):
 
     factory: NodeListenerFactory
     # What a node may send the site once logged in (reports; v2 adds TaskReport,
-    # and the challenge of a node that wants the site to prove itself).
+    # the challenge of a node that wants the site to prove itself, and the
+    # inventory of a node that announced archive-inventory).
     incoming_legacy = frozenset({StatusReport.TYPE, DeleteResult.TYPE})
-    incoming_v2 = frozenset({TaskReport.TYPE, NodeChallenge.TYPE})
+    incoming_v2 = frozenset({TaskReport.TYPE, NodeChallenge.TYPE, ArchiveInventory.TYPE})
     peer_role = "node"
 
     def __init__(self, factory: NodeListenerFactory) -> None:
@@ -216,6 +248,9 @@ class NodeSession(PeerProtocol):
         self.login_waiting = False
         #: Settles its login :data:`LOGIN_GRACE` after its take (an IDelayedCall).
         self.login_grace: Any = None
+        #: The inventory whose parts are arriving (one at a time; lost with
+        #: the connection, so an inventory cut halfway changes nothing).
+        self._inventory: _PartialInventory | None = None
 
     # -- connection
 
@@ -249,8 +284,46 @@ class NodeSession(PeerProtocol):
                 "protocol_violation",
                 f"{type(message).__name__} before NodeChallenge (the node announced site-proof)",
             )
+        elif type(message) is ArchiveInventory:
+            self._inventory_part(message)
         elif self.life.attached:  # once replaced, moved or dropped, nothing goes up
             self.factory.handler.message_received(self, message)
+
+    def _inventory_part(self, part: ArchiveInventory) -> None:
+        """One part of the node's inventory (PROTOCOL.md "Archives (v2)"):
+        kept until every part of that inventory arrived on this connection,
+        then handed up whole.  Every part but the completing one is ACKed at
+        once; that one once its judgement committed (the handler's)."""
+        if FEATURE_ARCHIVE_INVENTORY not in self.features:
+            self.sendError(
+                "protocol_violation",
+                f"ArchiveInventory from a node that did not announce {FEATURE_ARCHIVE_INVENTORY}",
+            )
+            return
+        if part.parts > INVENTORY_PARTS_MAX:
+            self.sendError(
+                "bad_message",
+                f"ArchiveInventory.parts must be at most {INVENTORY_PARTS_MAX}, got {part.parts}",
+            )
+            return
+        partial = self._inventory
+        if partial is None or partial.inventory_id != part.inventory_id:
+            # A new inventory replaces an unfinished one (the node started over).
+            partial = self._inventory = _PartialInventory(part.inventory_id, part.parts)
+        elif partial.parts != part.parts:
+            self.sendError(
+                "bad_message",
+                f"ArchiveInventory {part.inventory_id}: parts {part.parts},"
+                f" not {partial.parts} as before",
+            )
+            return
+        partial.received[part.part] = part.archives  # a part repeated replaces itself
+        if len(partial.received) < partial.parts:
+            self.send_inventory_ack(part.inventory_id, part.part)
+            return
+        self._inventory = None
+        if self.life.attached:  # once replaced, moved or dropped, nothing goes up
+            self.factory.handler.message_received(self, partial.whole(part.part))
 
     def _challenge(self, challenge: NodeChallenge) -> None:
         """Prove this site to the node: the HMAC only a holder of its secret can make."""

@@ -497,7 +497,7 @@ def build_node_side(
         reassign_after=reassign_after,
         on_committed=outbox.wake,
     )
-    handler = SiteHandler(reports, dispatcher, db, ownership)
+    handler = SiteHandler(reports, dispatcher, db, ownership, wake_outbox=outbox.wake)
     listener = NodeListenerFactory(
         handler,
         nodes,

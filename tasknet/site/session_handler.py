@@ -21,24 +21,37 @@ already in flight in the pipeline: a stopping site waits for it before it
 closes node connections, so its ACK still goes out.  A session closed
 because another site took its node (``MOVED``) is not recorded as gone in
 ``node_seen`` (its node is still connected).
+
+A node's archive inventory (PROTOCOL.md "Archives (v2)") comes up whole,
+assembled by its session (``node_listener.py``): it is judged in one
+transaction (:func:`~tasknet.site.storage.inventory.judge_inventory`,
+against the session's hold on its node when there is an ownership), and
+once that committed the ``DELETE`` of each orphan with a tombstone goes to
+the node, its completing part is ACKed and the outbox is woken (tasks
+marked ``ARCHIVE_GONE``).  A judgement that failed (the database down) is
+logged: the node sends a new inventory on its next connection.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 from twisted.internet.defer import Deferred
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 from zope.interface import implementer
 
-from tasknet.protocol.messages import DeleteResult, StatusReport, TaskReport
+from tasknet.protocol.messages import ArchiveInventory, DeleteResult, StatusReport, TaskReport
 from tasknet.protocol.session import INodeSession, ISiteHandler
 from tasknet.site import metrics
 from tasknet.site.connected_nodes import JoinedWrites, NodeOwnership
 from tasknet.site.dispatcher import Dispatcher
 from tasknet.site.report_pipeline import ReportPipeline
 from tasknet.site.session_states import ITrackedSession, SessionState
-from tasknet.site.storage import node_sessions
+from tasknet.site.storage import inventory, node_sessions
 from tasknet.site.storage.engine.database import Database
+from tasknet.site.storage.engine.timestamps import iso
+from tasknet.site.storage.node_sessions import Holding
 
 __all__ = ["SiteHandler", "record_seen"]
 
@@ -55,6 +68,8 @@ class SiteHandler:
         dispatcher: Dispatcher,
         db: Database,
         ownership: NodeOwnership | None = None,
+        *,
+        wake_outbox: Callable[[], object] | None = None,
     ) -> None:
         self.reports = reports
         self.dispatcher = dispatcher
@@ -66,6 +81,11 @@ class SiteHandler:
         self.ownership = ownership
         #: Reports not applied because their session no longer held its node.
         self.refused_reports = 0
+        #: Called after an inventory's judgement changed tasks (the outbox's wake).
+        self.wake_outbox = wake_outbox
+        #: Inventories judged (committed) since the start, and the last verdict (tests).
+        self.inventories_judged = 0
+        self.last_verdict: inventory.InventoryVerdict | None = None
 
     def node_attached(self, session: INodeSession) -> None:
         record_seen(self._seen, session, connected=True)
@@ -83,12 +103,77 @@ class SiteHandler:
                 self.ownership.holding(ITrackedSession(session)),
                 refused=lambda: self._refused(session, message),
             )
+        elif isinstance(message, ArchiveInventory):
+            self.judge_inventory(session, message)
         else:
             log.warn(
                 "node {node}: unexpected {type}; ignored",
                 node=session.node_id,
                 type=type(message).__name__,
             )
+
+    def judge_inventory(self, session: INodeSession, whole: ArchiveInventory) -> Deferred[None]:
+        """Judge ``session``'s whole inventory (its parts assembled by the
+        session), then send what it owes the node (see the module doc).
+        Fires once done (never fails: a failure is logged)."""
+        return Deferred.fromCoroutine(self._judge_inventory(session, whole))
+
+    async def _judge_inventory(self, session: INodeSession, whole: ArchiveInventory) -> None:
+        try:
+            held: Holding | None = None
+            if self.ownership is not None:
+                held = await self.ownership.holding(ITrackedSession(session))
+                if held is None:
+                    self._not_held_inventory(session, whole)
+                    return
+            verdict = await self.db.write(
+                inventory.judge_inventory_now,
+                node_id=session.node_id,
+                inventory_id=whole.inventory_id,
+                archives=whole.archives,
+                completed_before=iso(session.connected_at),
+                holding=held,
+            )
+        except Exception:
+            log.failure(
+                "judging inventory {inventory_id} of node {node} failed; the node sends"
+                " another on its next connection",
+                inventory_id=whole.inventory_id,
+                node=session.node_id,
+            )
+            return
+        if verdict.not_held:
+            self._not_held_inventory(session, whole)
+            return
+        self.inventories_judged += 1
+        self.last_verdict = verdict
+        for delete in verdict.deletes:
+            session.send_delete(delete.delete_operation_id, delete.gid, delete.name)
+        session.send_inventory_ack(whole.inventory_id, whole.part)
+        if (verdict.missing or verdict.corrupt) and self.wake_outbox is not None:
+            self.wake_outbox()
+        log.info(
+            "node {node}: inventory {inventory_id} judged: {archives} archives ({bytes} bytes),"
+            " {missing} missing, {corrupt} not as recorded, {deletes} deleted (tombstones),"
+            " {orphans} orphans",
+            node=session.node_id,
+            inventory_id=whole.inventory_id,
+            archives=verdict.archives,
+            bytes=verdict.bytes,
+            missing=len(verdict.missing),
+            corrupt=len(verdict.corrupt),
+            deletes=len(verdict.deletes),
+            orphans=len(verdict.orphans),
+        )
+
+    def _not_held_inventory(self, session: INodeSession, whole: ArchiveInventory) -> None:
+        log.info(
+            "node {node}: inventory {inventory_id} on a connection that no longer holds the"
+            " node; not judged, closing it",
+            node=session.node_id,
+            inventory_id=whole.inventory_id,
+        )
+        session.close("replaced by a newer connection")
 
     def _refused(
         self, session: INodeSession, message: TaskReport | StatusReport | DeleteResult

@@ -6,7 +6,8 @@ seen in the last :data:`SEEN_DAYS` days (``"connected": false``), each
 sorted by id (code points), each ``{"id", "connected", "site", "protocol",
 "features", "lastRevision", "assigned", "activeTasks", "runningTasks",
 "queuedTasks", "connectedAt", "lastSeenAt", "lastReportAt",
-"bytesPerSecond", "droppedEntries", "archiveUrl", "serveUrl"}``:
+"bytesPerSecond", "droppedEntries", "archiveUrl", "serveUrl", "orphans",
+"inventory"}``:
 
 * every node connected to *any* site of the database is listed once, with
   ``site`` the ``--name`` of the site holding it (``node_session``, read in
@@ -49,7 +50,15 @@ sorted by id (code points), each ``{"id", "connected", "site", "protocol",
   answering);
 * ``droppedEntries`` is ``{reason: count}`` of report entries and
   deletions the site dropped from the node (``not_owner``, ``stale``, ...;
-  ``node_dropped_entry``, kept across restarts).
+  ``node_dropped_entry``, kept across restarts);
+* ``orphans`` lists the archives the node's last inventory held that the
+  site has no live generation for on it and no delete to remove them with
+  (``node_archive_orphan``, :mod:`~tasknet.site.storage.inventory`), each
+  ``{"gid", "operationId", "size", "sha256", "foundAt"}``, by gid: the
+  first :data:`ORPHANS_LISTED` (``inventory.orphans`` counts them all);
+* ``inventory`` is the node's last judged inventory (``node_inventory``):
+  ``{"inventoryId", "archives", "bytes", "missing", "orphans",
+  "judgedAt"}``, ``null`` before its first.
 
 The engine builds the whole list as one JSON text, which the API answers
 as it is: a thousand nodes cross to Python as one value, not a row each,
@@ -77,6 +86,9 @@ SEEN_DAYS = 7
 #: ``bytesPerSecond``: over the last this many full minutes of
 #: ``throughput_minute`` (the buckets of ``/api/stats``).
 RATE_MINUTES = 1
+#: A node's ``orphans``: at most this many listed (the panel stays small
+#: after a node restored from another site's backup).
+ORPHANS_LISTED = 100
 
 
 @dataclass(frozen=True)
@@ -197,6 +209,14 @@ tasks(node_id, c, assigned, active, queued, running) AS (
 dropped(node_id, reasons) AS (
     SELECT node_id, json_group_object(reason, count) FROM node_dropped_entry
     WHERE node_id IN (SELECT node_id FROM listed) GROUP BY node_id
+),
+orphan(node_id, list) AS (
+    SELECT node_id, json_group_array(json_object('gid', gid, 'operationId', operation_id,
+        'size', size, 'sha256', sha256, 'foundAt', found_at)) FROM (
+        SELECT *, row_number() OVER (PARTITION BY node_id ORDER BY gid, operation_id) AS n
+        FROM node_archive_orphan WHERE node_id IN (SELECT node_id FROM listed)
+        ORDER BY node_id, gid, operation_id)
+    WHERE n <= {ORPHANS_LISTED} GROUP BY node_id
 )
 SELECT '[' || COALESCE(group_concat(node, ','), '') || ']' FROM (
     SELECT json_object(
@@ -220,11 +240,17 @@ SELECT '[' || COALESCE(group_concat(node, ','), '') || ']' FROM (
         'droppedEntries', json(COALESCE(d.reasons, '{{}}')),
         'archiveUrl', COALESCE(json_extract(t.c, '$.archiveUrl'), ''),
         'serveUrl', COALESCE(json_extract(t.c, '$.serveUrl'), ''),
-        'disk', json(COALESCE(json_extract(t.c, '$.disk'), 'null'))) AS node
+        'disk', json(COALESCE(json_extract(t.c, '$.disk'), 'null')),
+        'orphans', json(COALESCE(o.list, '[]')),
+        'inventory', json(CASE WHEN v.node_id IS NULL THEN 'null' ELSE json_object(
+            'inventoryId', v.inventory_id, 'archives', v.archives, 'bytes', v.bytes,
+            'missing', v.missing, 'orphans', v.orphans, 'judgedAt', v.judged_at) END)) AS node
     FROM tasks AS t
     LEFT JOIN node_seen AS s ON s.node_id = t.node_id
     LEFT JOIN rate AS r ON r.node_id = t.node_id
     LEFT JOIN dropped AS d ON d.node_id = t.node_id
+    LEFT JOIN orphan AS o ON o.node_id = t.node_id
+    LEFT JOIN node_inventory AS v ON v.node_id = t.node_id
     ORDER BY t.c IS NULL, t.node_id
 )
 """,  # noqa: S608 (constant text)
@@ -242,6 +268,14 @@ tasks(node_id, c, assigned, active, queued, running) AS (
 dropped(node_id, reasons) AS (
     SELECT node_id, json_object_agg(reason, count) FROM node_dropped_entry
     WHERE node_id IN (SELECT node_id FROM listed) GROUP BY node_id
+),
+orphan(node_id, list) AS (
+    SELECT node_id, json_agg(json_build_object('gid', gid, 'operationId', operation_id,
+        'size', size, 'sha256', sha256, 'foundAt', found_at) ORDER BY gid, operation_id)
+    FROM (
+        SELECT *, row_number() OVER (PARTITION BY node_id ORDER BY gid, operation_id) AS n
+        FROM node_archive_orphan WHERE node_id IN (SELECT node_id FROM listed)) AS numbered
+    WHERE n <= {ORPHANS_LISTED} GROUP BY node_id
 )
 SELECT CAST(json_agg(json_build_object(
         'id', t.node_id,
@@ -266,12 +300,18 @@ SELECT CAST(json_agg(json_build_object(
         'droppedEntries', COALESCE(d.reasons, CAST('{{}}' AS JSON)),
         'archiveUrl', COALESCE(CAST(t.c AS JSON) ->> 'archiveUrl', ''),
         'serveUrl', COALESCE(CAST(t.c AS JSON) ->> 'serveUrl', ''),
-        'disk', CAST(t.c AS JSON) -> 'disk')
+        'disk', CAST(t.c AS JSON) -> 'disk',
+        'orphans', COALESCE(o.list, CAST('[]' AS JSON)),
+        'inventory', CASE WHEN v.node_id IS NULL THEN NULL ELSE json_build_object(
+            'inventoryId', v.inventory_id, 'archives', v.archives, 'bytes', v.bytes,
+            'missing', v.missing, 'orphans', v.orphans, 'judgedAt', v.judged_at) END)
     ORDER BY t.c IS NULL, t.node_id COLLATE "C") AS TEXT)
 FROM tasks AS t
 LEFT JOIN node_seen AS s ON s.node_id = t.node_id
 LEFT JOIN rate AS r ON r.node_id = t.node_id
 LEFT JOIN dropped AS d ON d.node_id = t.node_id
+LEFT JOIN orphan AS o ON o.node_id = t.node_id
+LEFT JOIN node_inventory AS v ON v.node_id = t.node_id
 """,  # noqa: S608 (constant text)
 )
 
