@@ -163,6 +163,10 @@ class Cluster:
         self.webhook: WebhookSink | None = None
         self.ledger = Ledger()
         self.helpers: list[subprocess.Popen[bytes]] = []
+        #: Called first at :meth:`shutdown`, whatever the scenario did: a
+        #: drill's own threads that act on the processes (a supervisor
+        #: restarting sites) stop before the processes do.
+        self.stoppers: list[Callable[[], None]] = []
 
     # -- the database -----------------------------------------------------------
 
@@ -911,6 +915,8 @@ class Cluster:
 
     def shutdown(self) -> None:
         """Stop everything this cluster started (processes, proxies, helpers, webhook)."""
+        for stop in self.stoppers:
+            stop()
         self.heal_partition()
         for helper in self.helpers:
             if helper.poll() is None:

@@ -1591,6 +1591,7 @@ class CreateLoad:
         self._thread = threading.Thread(target=self._run, name="drill-load", daemon=True)
 
     def start(self) -> CreateLoad:
+        self.c.stoppers.append(self._stop.set)  # no create after the run, whatever happens
         self._thread.start()
         return self
 
@@ -1673,6 +1674,7 @@ class SiteSupervisor:
         self._thread = threading.Thread(target=self._run, name="drill-supervisor", daemon=True)
 
     def start(self) -> SiteSupervisor:
+        self.c.stoppers.append(self.stop)  # stopped at the run's end, whatever happens
         self._thread.start()
         return self
 
@@ -1693,7 +1695,8 @@ class SiteSupervisor:
 
     def stop(self) -> None:
         self._stop.set()
-        self._thread.join(10)
+        if self._thread.is_alive():
+            self._thread.join(10)
 
     def to_json(self) -> list[dict[str, Any]]:
         return [
