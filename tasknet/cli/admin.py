@@ -36,6 +36,14 @@ Commands::
     node-key add ID [SECRET]                prints the secret (generated if omitted)
     node-key list [--show-secrets]
     node-key remove ID
+    node reassign ID [--yes] [--note TEXT]  move the node's unfinished tasks off it now (same
+                                            operationId, nothing charged again): they wait
+                                            for a node, which a running site assigns at its
+                                            next pass; the node is sent CANCEL when it next
+                                            logs in (audited)
+    node retire ID [--yes] [--note TEXT]    the node is gone for good: reassign as above,
+                                            its completed tasks become ARCHIVE_GONE
+                                            (NODE_RETIRED), its key is removed (audited)
     [--upstream URL] unknown [--json]       UNKNOWN operations with their evidence
     [--upstream URL] resolve GID submitted|not_submitted [--note TEXT]
                                             refused (exit 1, naming the time) while a
@@ -72,7 +80,7 @@ from twisted.python.failure import Failure
 from tasknet.cli.args import parse, printable, printable_json
 from tasknet.runtime import RealThreadPools, SystemEntropy
 from tasknet.site.lifecycle import Lifecycle
-from tasknet.site.storage import delete, reconcile, sessions, users
+from tasknet.site.storage import delete, reassign, reconcile, sessions, users
 from tasknet.site.storage.engine import database as storage_db
 from tasknet.site.storage.engine import errors
 from tasknet.site.storage.engine.schema import SchemaError, prepare_database
@@ -146,6 +154,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_user_commands(commands)
     _add_session_commands(commands)
     _add_node_key_commands(commands)
+    _add_node_commands(commands)
     _add_reconcile_commands(commands)
     return parser
 
@@ -223,6 +232,32 @@ def _add_node_key_commands(
     key_list.add_argument("--show-secrets", action="store_true")
     key_remove = key_commands.add_parser("remove", help="stop allowing a node")
     key_remove.add_argument("node_id", metavar="ID")
+
+
+def _add_node_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """``node reassign`` and ``node retire``: custody of a node that is gone."""
+    node = commands.add_parser("node", help="a node that is gone: reassign its tasks, retire it")
+    node_commands = node.add_subparsers(dest="action", required=True, metavar="ACTION")
+    for action, text in (
+        ("reassign", "move the node's unfinished tasks off it now (asks first)"),
+        (
+            "retire",
+            "retire the node for good: its tasks move, its archives are gone, its key "
+            "goes (asks first)",
+        ),
+    ):
+        sub = node_commands.add_parser(action, help=text)
+        sub.add_argument("node_id", metavar="ID", type=_node_id)
+        sub.add_argument("--yes", action="store_true", help="do not ask for confirmation")
+        sub.add_argument("--note", type=_note, default=None, help="why (kept in the audit row)")
+
+
+def _node_id(text: str) -> str:
+    if not users.NODE_ID_PATTERN.fullmatch(text):
+        raise argparse.ArgumentTypeError(
+            f"a node id is 1 to 64 of A-Z a-z 0-9 _ . -, got {printable(text)!r}"
+        )
+    return text
 
 
 def _add_reconcile_commands(
@@ -305,7 +340,13 @@ def _mask(secret: str) -> str:
     return secret[:2] + "…" if len(secret) > 4 else "…"
 
 
-def run(args: argparse.Namespace, out: TextIO) -> None:
+def _ask_terminal(question: str) -> str:
+    """The operator's answer to ``question`` on the terminal ("" at end of input)."""
+    print(question, end=" ", file=sys.stderr, flush=True)
+    return sys.stdin.readline().strip()
+
+
+def run(args: argparse.Namespace, out: TextIO, ask: Callable[[str], str] = _ask_terminal) -> None:
     _check_database(args.db)
     if args.command in ("unknown", "resolve"):
         _run_with_lifecycle(args, out)
@@ -320,6 +361,8 @@ def run(args: argparse.Namespace, out: TextIO) -> None:
             _node_key_command(connection, args, out)
         elif args.command == "force-delete":
             _force_delete_command(connection, args, out)
+        elif args.command == "node":
+            _node_command(connection, args, out, ask)
     finally:
         connection.close()
 
@@ -517,6 +560,64 @@ def _node_key_command(
         if not _write(connection, users.remove_node_key, args.node_id):
             raise AdminError(f"no node key {args.node_id!r}")
         print(f"node {args.node_id} removed", file=out)
+
+
+def _node_command(
+    connection: storage_db.Connection,
+    args: argparse.Namespace,
+    out: TextIO,
+    ask: Callable[[str], str],
+) -> None:
+    try:
+        summary = _read(connection, reassign.node_summary, args.node_id)
+    except reassign.UnknownNode as unknown:
+        raise AdminError(f"{unknown}; nothing changed") from unknown
+    where = f"connected to {summary.connected_to}" if summary.connected_to else "not connected"
+    if args.action == "reassign":
+        question = (
+            f"Move the {summary.unfinished} unfinished task(s) of node {args.node_id} ({where})"
+            " to other nodes? [y/N]"
+        )
+    else:
+        question = (
+            f"Retire node {args.node_id} ({where}): move its {summary.unfinished} unfinished"
+            f" task(s), mark the archives of its {summary.completed} completed task(s) gone"
+            " and remove its key? [y/N]"
+        )
+    if not args.yes and ask(printable(question)).lower() not in ("y", "yes"):
+        raise AdminError("not confirmed; nothing changed (answer y, or give --yes)")
+    if args.action == "reassign":
+        moved = _write(
+            connection,
+            reassign.operator_reassign,
+            args.node_id,
+            [],
+            actor=_actor(),
+            note=args.note or "",
+        )
+        print(
+            f"node {args.node_id}: {moved.tasks} unfinished task(s) moved off it, waiting for"
+            f" a node; {len(moved.cancels)} CANCEL(s) owed to it at its next login; audited",
+            file=out,
+        )
+        return
+    retired = _write(
+        connection, reassign.retire_node, args.node_id, [], actor=_actor(), note=args.note or ""
+    )
+    key = "its key removed" if retired.key_removed else "it had no key in the database"
+    print(
+        f"node {args.node_id} retired: {retired.reassigned.tasks} unfinished task(s) moved off"
+        f" it, waiting for a node; {retired.archives} archive(s) marked gone (NODE_RETIRED);"
+        f" {key}; audited",
+        file=out,
+    )
+    if summary.connected_to:
+        print(
+            f"note: node {args.node_id} is still connected to {summary.connected_to}: its"
+            " reports are no longer applied, and its next login fails once that site has"
+            " re-read its keys",
+            file=out,
+        )
 
 
 def _force_delete_command(

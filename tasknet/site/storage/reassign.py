@@ -316,6 +316,47 @@ def retire_node(
     )
 
 
+_COUNT_UNFINISHED_SQL = sql(
+    "SELECT COUNT(*) FROM gallery AS g LEFT JOIN task_operation AS o ON o.gid = g.gid"  # noqa: S608
+    f" WHERE {_UNFINISHED_SQL}"
+)
+_COUNT_COMPLETED_SQL = sql(
+    "SELECT COUNT(*) FROM gallery AS g JOIN task_operation AS o ON o.gid = g.gid"  # noqa: S608
+    f" WHERE g.node_id = ? AND g.status = {_COMPLETED} AND o.state = 'SUBMITTED'"
+    " AND g.archive_gone_reason IS NULL"
+)
+_CONNECTED_SQL = sql(
+    f"SELECT s.site_name FROM node_session AS s WHERE s.node_id = ? AND {_LIVE_SQL}"  # noqa: S608
+)
+
+
+@dataclass(frozen=True)
+class NodeSummary:
+    """What an operator is asked to confirm: the node's unfinished tasks
+    (what a reassignment moves), its completed ones whose archives it holds
+    (what a retirement marks gone), and the site holding it now (``None``:
+    not connected)."""
+
+    node_id: str
+    unfinished: int
+    completed: int
+    connected_to: str | None
+
+
+def node_summary(cursor: sqlite3.Cursor, node_id: str) -> NodeSummary:
+    """A read: :class:`NodeSummary` of ``node_id``; :class:`UnknownNode` for
+    a node the site never heard of."""
+    if not is_known_node(cursor, node_id):
+        raise UnknownNode(node_id)
+    held = cursor.execute(_CONNECTED_SQL, (node_id,)).fetchone()
+    return NodeSummary(
+        node_id,
+        int(cursor.execute(_COUNT_UNFINISHED_SQL, (node_id,)).fetchone()[0]),
+        int(cursor.execute(_COUNT_COMPLETED_SQL, (node_id,)).fetchone()[0]),
+        None if held is None else str(held[0]),
+    )
+
+
 def cancels_owed(cursor: sqlite3.Cursor, node_id: str) -> list[tuple[str, int]]:
     """A read: the ``CANCEL``s owed to ``node_id`` (``(operationId, gid)``,
     oldest first), sent when it logs in."""
