@@ -513,6 +513,37 @@ def _node_schema() -> Schema:
                 'once proven; `""` when it does not serve, and for a node not connected to '
                 "this site."
             ),
+            "orphans": {
+                "type": "array",
+                "description": "Archives the node's last inventory listed that the site has no "
+                "live generation for on it and no delete to remove them with (an unknown gid, "
+                "an older generation, or another node's task), by gid: the first 100.",
+                "items": _object(
+                    {
+                        "gid": _integer(minimum=1),
+                        "operationId": _string(),
+                        "size": _integer(minimum=0),
+                        "sha256": _string(pattern="^[0-9a-f]{64}$"),
+                        "foundAt": _TIME,
+                    }
+                ),
+            },
+            "inventory": _nullable(
+                _object(
+                    {
+                        "inventoryId": _string(),
+                        "archives": _integer(minimum=0),
+                        "bytes": _integer(minimum=0),
+                        "missing": _integer(
+                            "Tasks that inventory made `ARCHIVE_GONE` (`MISSING` or `CORRUPT`).",
+                            minimum=0,
+                        ),
+                        "orphans": _integer(minimum=0),
+                        "judgedAt": _TIME,
+                    },
+                    description="The node's last judged archive inventory; null before its first.",
+                )
+            ),
         },
         description="A node connected to any site of the database, or seen in the last 7 days.",
     )
