@@ -15,6 +15,14 @@ reporter at scrape time, so nothing has to be kept in step:
     flight): a site that stops ACKing shows as a growing age.
 ``tasknet_node_connected``
     1 while logged in to the site, else 0.
+``tasknet_node_archives_held``, ``tasknet_node_archive_bytes``
+    the archives the node holds, and their bytes (as of retention's last run).
+``tasknet_node_disk_free_bytes``
+    free bytes on the disk of ``--data`` (absent while unknown).
+``tasknet_node_disk_budget_bytes``
+    ``--disk-budget`` (absent when none is set).
+``tasknet_node_archives_released_total{reason}``
+    archives retention removed since the start (``EXPIRED``, ``DISK_BUDGET``).
 
 No ``_created`` series are exported.  The page is served at ``/metrics``
 (and ``/``) of the endpoint, without authentication: ``tcp:PORT`` binds to
@@ -71,9 +79,16 @@ class NodeCollector(Collector):
     current worker and reporter (``None`` before they exist, e.g. while the
     node is starting: then every value is 0)."""
 
-    def __init__(self, source: Callable[[], tuple[Any, Any, bool]], clock: IReactorTime) -> None:
+    def __init__(
+        self,
+        source: Callable[[], tuple[Any, Any, bool]],
+        clock: IReactorTime,
+        retention: Callable[[], Any] = lambda: None,
+    ) -> None:
         self._source = source
         self._clock = clock
+        #: The node's Retention (None before it exists).
+        self._retention = retention
 
     def collect(self) -> Iterator[Metric]:
         worker, reporter, connected = self._source()
@@ -105,14 +120,53 @@ class NodeCollector(Collector):
         yield GaugeMetricFamily(
             "tasknet_node_connected", "1 while logged in to the site.", value=float(connected)
         )
+        yield from self._disk()
+
+    def _disk(self) -> Iterator[Metric]:
+        retention = self._retention()
+        figures = retention.figures() if retention is not None else None
+        yield GaugeMetricFamily(
+            "tasknet_node_archives_held",
+            "Archives the node holds.",
+            value=float(figures.archives if figures else 0),
+        )
+        yield GaugeMetricFamily(
+            "tasknet_node_archive_bytes",
+            "Bytes of the archives the node holds.",
+            value=float(figures.archive_bytes if figures else 0),
+        )
+        if figures is not None and figures.free is not None:
+            yield GaugeMetricFamily(
+                "tasknet_node_disk_free_bytes",
+                "Free bytes on the disk of the node's data directory.",
+                value=float(figures.free),
+            )
+        if figures is not None and figures.budget is not None:
+            yield GaugeMetricFamily(
+                "tasknet_node_disk_budget_bytes",
+                "The node's --disk-budget in bytes.",
+                value=float(figures.budget),
+            )
+        released = CounterMetricFamily(
+            "tasknet_node_archives_released",
+            "Archives retention removed since the start, by reason.",
+            labels=["reason"],
+        )
+        counts = retention.released if retention is not None else {}
+        for reason in ("EXPIRED", "DISK_BUDGET"):
+            released.add_metric([reason], float(counts.get(reason, 0)))
+        yield released
 
 
 def node_registry(
-    source: Callable[[], tuple[Any, Any, bool]], clock: IReactorTime
+    source: Callable[[], tuple[Any, Any, bool]],
+    clock: IReactorTime,
+    retention: Callable[[], Any] = lambda: None,
 ) -> CollectorRegistry:
-    """A registry holding only the node's metrics."""
+    """A registry holding only the node's metrics (``retention()``: the
+    node's Retention, for the disk figures)."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(NodeCollector(source, clock))
+    registry.register(NodeCollector(source, clock, retention))
     return registry
 
 

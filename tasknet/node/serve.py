@@ -10,7 +10,9 @@
   ``403 link_invalid`` (bad or tampered signature, malformed parameters, a
   generation not held, a file whose size on disk is not the recorded one)
   or ``403 link_expired``; none says which part was wrong or names a file.
-* ``GET /healthz``.
+* ``GET /healthz``: the transfers and connections, and the node's disk
+  figures (``archives``, ``archiveBytes``, ``diskFree``, ``diskBudget``;
+  null when unknown or none).
 
 Anything else is ``404 not_found`` (other methods on those two paths:
 ``405``), with a small JSON error that does not echo the path.
@@ -39,7 +41,8 @@ import json
 import os
 import re
 import unicodedata
-from collections import OrderedDict
+from collections import Counter, OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, BinaryIO
 from urllib.parse import parse_qsl, quote, unquote_to_bytes, urlsplit
@@ -53,6 +56,7 @@ from twisted.web.resource import Resource
 from zope.interface import provider
 
 from tasknet.node.paths import DataDir
+from tasknet.node.retention import DiskFigures
 from tasknet.node.sendfile import Outcome, send_file_range
 from tasknet.node.store import CORRUPT, MISSING, ArchiveRow, NodeStore
 from tasknet.protocol.archive_links import link_key, verify_link
@@ -363,6 +367,11 @@ class ArchiveServer:
         self.header_timeout = header_timeout
         #: Bodies being sent now (each holds a slot).
         self.transfers = 0
+        #: The archives whose bytes are being sent now, and by how many
+        #: transfers (retention leaves them alone: :meth:`serving`).
+        self._sending: Counter[tuple[int, str]] = Counter()
+        #: The node's disk figures for /healthz (None: not known here).
+        self.disk_figures: Callable[[], DiskFigures | None] = lambda: None
         #: Transfers that sent every byte (and were marked served).
         self.completed = 0
         #: Open HTTP connections.
@@ -389,12 +398,20 @@ class ArchiveServer:
             if method != b"GET":
                 request.setHeader(b"Allow", b"GET")
                 return _answer_error(request, "method_not_allowed")
-            health = {
+            health: dict[str, Any] = {
                 "status": "ok",
                 "transfers": self.transfers,
                 "serveMax": self.serve_max,
                 "connections": self.connections,
             }
+            figures = self.disk_figures()
+            if figures is not None:
+                health.update(
+                    archives=figures.archives,
+                    archiveBytes=figures.archive_bytes,
+                    diskFree=figures.free,
+                    diskBudget=figures.budget,
+                )
             body = json.dumps(health).encode("ascii")
             request.setHeader(b"Content-Type", b"application/json")
             request.setHeader(b"Cache-Control", b"no-store")
@@ -494,15 +511,22 @@ class ArchiveServer:
                 request.finish()
                 return row if send_body and status in (200, 206) else None
             handed_over = True  # the sender closes the file
-            outcome = await send_file_range(
-                request,
-                file,
-                first,
-                length,
-                clock=self.clock,
-                idle_timeout=self.idle_timeout,
-                on_progress=self._sent,
-            )
+            key = (row.gid, row.operation_id)
+            self._sending[key] += 1
+            try:
+                outcome = await send_file_range(
+                    request,
+                    file,
+                    first,
+                    length,
+                    clock=self.clock,
+                    idle_timeout=self.idle_timeout,
+                    on_progress=self._sent,
+                )
+            finally:
+                self._sending[key] -= 1
+                if self._sending[key] <= 0:
+                    del self._sending[key]
             if outcome is Outcome.SHORT:
                 # Shortened on disk since it was opened: never served again.
                 self._rows.pop((row.gid, row.operation_id), None)
@@ -511,6 +535,10 @@ class ArchiveServer:
         finally:
             if not handed_over:
                 file.close()
+
+    def serving(self) -> frozenset[tuple[int, str]]:
+        """The (gid, operationId) of the archives being sent right now."""
+        return frozenset(self._sending)
 
     def _sent(self, count: int) -> None:
         self.bytes_sent += count

@@ -1,8 +1,9 @@
 """``twistd -n tasknet-node``: options and the node service.
 
 Start order: parse the site endpoints → open the store → pick up the report
-left in flight → finish deletes interrupted by a crash → resume unfinished
-work → dial the site (each ``--connect`` in turn, link.RotatingEndpoint).
+left in flight → start retention → finish deletes interrupted by a crash →
+resume unfinished work → dial the site (each ``--connect`` in turn,
+link.RotatingEndpoint).
 Stop order: Goodbye to the site, hang up, stop the jobs (``.part`` files stay
 and resume with Range next time), close the store.
 """
@@ -10,6 +11,7 @@ and resume with Range next time), close the store.
 from __future__ import annotations
 
 import os
+import shutil
 from collections.abc import Sequence
 from typing import Any
 
@@ -28,6 +30,16 @@ from tasknet.node.inventory import InventorySender
 from tasknet.node.paths import DataDir
 from tasknet.node.private import tighten
 from tasknet.node.reporter import Reporter
+from tasknet.node.retention import (
+    DEFAULT_KEEP_DAYS,
+    DEFAULT_MIN_FREE,
+    MIN_FREE_OPTION,
+    DiskFigures,
+    DiskUsage,
+    Retention,
+    keep_days_option,
+    size_option,
+)
 from tasknet.node.scrub import (
     DEFAULT_SCRUB_EVERY,
     DEFAULT_SCRUB_RATE,
@@ -268,6 +280,30 @@ class Options(LogOptions, usage.Options):
             "the scrub reads at most this many bytes per second (50MB/s, 200MiB/s)",
             scrub_rate_option,
         ],
+        [
+            "keep-days",
+            None,
+            DEFAULT_KEEP_DAYS,
+            "remove an archive not served for this many days (never served: since it "
+            "completed) and tell the site; 0 keeps archives for ever",
+            keep_days_option,
+        ],
+        [
+            "disk-budget",
+            None,
+            None,
+            "the archives held and the downloads under way stay within this size (500GB, "
+            "2TiB): the archive served longest ago goes first, and a download waits for "
+            "room [default: none]",
+            size_option("disk-budget"),
+        ],
+        [
+            "min-free",
+            None,
+            MIN_FREE_OPTION,
+            "keep this much free on the disk of --data, likewise (0 to not look)",
+            size_option("min-free"),
+        ],
     ]
 
     opt_version = version_option("tasknet-node")
@@ -339,6 +375,10 @@ class NodeService(MultiService):
         serve_idle_timeout: float = SERVE_IDLE_TIMEOUT,
         scrub_every: float = DEFAULT_SCRUB_EVERY,
         scrub_rate: int = DEFAULT_SCRUB_RATE,
+        keep_days: int = DEFAULT_KEEP_DAYS,
+        disk_budget: int | None = None,
+        min_free: int = DEFAULT_MIN_FREE,
+        disk_usage: DiskUsage | None = None,
         trust_legacy_site: bool = False,
         max_archive_bytes: int = DEFAULT_MAX_ARCHIVE_BYTES,
         proof_timeout: float | None = None,
@@ -387,6 +427,13 @@ class NodeService(MultiService):
         self.scrub_every = scrub_every
         self.scrub_rate = scrub_rate
         self.scrubber: Scrubber | None = None
+        # --keep-days, --disk-budget, --min-free (tasknet.node.retention);
+        # disk_usage: where free space is read (shutil.disk_usage unless given).
+        self.keep_days = keep_days
+        self.disk_budget = disk_budget
+        self.min_free = min_free
+        self.disk_usage = disk_usage
+        self.retention: Retention | None = None
         self.store: NodeStore | None = None
         self.worker: Worker | None = None
         self.reporter: Reporter | None = None
@@ -461,6 +508,18 @@ class NodeService(MultiService):
         )
         await reporter.load()
         self.inventory = InventorySender(store, entropy=self.entropy)
+        retention = self.retention = Retention(
+            store,
+            self.data,
+            clock=self.clock,
+            keep_days=self.keep_days,
+            disk_budget=self.disk_budget,
+            min_free=self.min_free,
+            disk_usage=shutil.disk_usage if self.disk_usage is None else self.disk_usage,
+            busy=self._serving,
+            on_release=reporter.changed,
+        )
+        retention.setServiceParent(self)  # stopped with the node, before the store
         worker = self.worker = Worker(
             store,
             self.data,
@@ -472,10 +531,16 @@ class NodeService(MultiService):
             max_archive_bytes=self.max_archive_bytes,
             threads=self.threads,
             rng=self.entropy.random(),
+            space=retention,
         )
         worker.start()
+
+        def command_applied() -> None:
+            reporter.changed()
+            retention.poke()  # a delete or a cancel may have freed room
+
         self.commands = CommandHandler(
-            store, self.data, worker, reporter.changed, entropy=self.entropy
+            store, self.data, worker, command_applied, entropy=self.entropy
         )
         await self._recover()
         await worker.resume_all()
@@ -509,7 +574,9 @@ class NodeService(MultiService):
         from tasknet.node.metrics import loopback_by_default, metrics_site, node_registry
 
         registry = node_registry(
-            lambda: (self.worker, self.reporter, self.link is not None), self.clock
+            lambda: (self.worker, self.reporter, self.link is not None),
+            self.clock,
+            lambda: self.retention,
         )
         # No authentication on that page: tcp:PORT means loopback only.
         endpoint = loopback_by_default(endpoint)
@@ -530,6 +597,7 @@ class NodeService(MultiService):
             serve_max=self.serve_max,
             idle_timeout=self.serve_idle_timeout,
         )
+        self.archive_server.disk_figures = self._disk_figures
         self.serve_port = await serverFromString(self.tcp, endpoint).listen(
             self.archive_server.site()
         )
@@ -540,6 +608,19 @@ class NodeService(MultiService):
             archive_url=archive_url or "none",
             serve_url=serve_url or "none",
         )
+
+    def _acked(self, _: object) -> None:
+        # An ACKed completion may be removed now: a download waiting for
+        # room need not wait for retention's next look.
+        if self.retention is not None and self.retention.waiting():
+            self.retention.poke()
+
+    def _serving(self) -> frozenset[tuple[int, str]]:
+        server = self.archive_server
+        return server.serving() if server is not None else frozenset()
+
+    def _disk_figures(self) -> DiskFigures | None:
+        return self.retention.figures() if self.retention is not None else None
 
     def hello_urls(self) -> tuple[str, str]:
         """The Hello's archiveUrl and serveUrl: --public-url, and --serve-url
@@ -640,7 +721,9 @@ class NodeService(MultiService):
     def message_received(self, link: ISiteLink, message: Message) -> None:
         if isinstance(message, TaskReportAck):
             if self.reporter is not None:
-                self.reporter.ack_received(message).addErrback(
+                acked = self.reporter.ack_received(message)
+                acked.addCallback(self._acked)
+                acked.addErrback(
                     lambda f: log.failure("ACK {report_id} failed", f, report_id=message.report_id)
                 )
             return
@@ -708,6 +791,9 @@ def makeService(
         max_archive_bytes=options["max-archive-bytes"],
         scrub_every=scrub_every_option(options["scrub-every"]),
         scrub_rate=scrub_rate_option(options["scrub-rate"]),
+        keep_days=keep_days_option(options["keep-days"]),
+        disk_budget=options["disk-budget"],
+        min_free=size_option("min-free")(options["min-free"]),
     )
     node.exit_on_failure = True
     if own_process:

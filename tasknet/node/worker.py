@@ -11,6 +11,10 @@ retried with exponential backoff; the bytes already downloaded are kept.  Disk
 errors (full, read-only, permission) are logged at error level and stored in
 the task's ``error`` column, and retried with backoff until an operator frees
 the disk (the wire has no "failed" node status: see docs/protocol.md, "The legacy boundary").
+
+With a ``space`` keeper (``tasknet.node.retention``), a download first asks
+for room for its expected size and waits, reported ``queued`` with its reason
+as the ``detail``, until it is given; its room is held until its job ends.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ import random
 import re
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 from urllib.parse import unquote, urlsplit
 
 from treq.client import HTTPClient
@@ -77,6 +81,18 @@ def backoff(
 
 def _no_jitter() -> float:
     return 0.0
+
+
+class SpaceKeeper(Protocol):
+    """What the worker asks of retention (``tasknet.node.retention.Retention``)."""
+
+    def admit(
+        self, gid: int, operation_id: str, need: int, *, on_wait: Callable[[], None]
+    ) -> Deferred[None]: ...
+
+    def done(self, gid: int) -> None: ...
+
+    def why_waiting(self, need: int) -> str: ...
 
 
 #: Characters never in an archive member's name: path separators and the
@@ -144,6 +160,7 @@ class Worker:
         max_archive_bytes: int = DEFAULT_MAX_ARCHIVE_BYTES,
         threads: IThreadPools,
         rng: random.Random,
+        space: SpaceKeeper | None = None,
     ) -> None:
         """``clock``: the reactor its timers and HTTP connections run on
         (``IReactorTime``, ``IReactorTCP`` and ``IReactorFromThreads``);
@@ -162,6 +179,8 @@ class Worker:
         self._downloads = DeferredSemaphore(downloads)
         self._compressors = DeferredSemaphore(compressors)
         self._rng = rng
+        #: Room for downloads (retention), None: not asked.
+        self.space = space
         self._threads: ThreadPool = threads.thread_pool(0, compressors, "tasknet-compress")
         # Quiet (no factory start/stop lines), and an IP literal dialled
         # straight, never through the resolver thread (tasknet.netclient);
@@ -246,6 +265,8 @@ class Worker:
     def _job_ended(self, _result: Any, job: _Job) -> None:
         if self._jobs.get(job.gid) is job:
             del self._jobs[job.gid]
+            if self.space is not None:
+                self.space.done(job.gid)
         for d in job.ended:
             d.callback(None)
         job.ended.clear()
@@ -264,6 +285,7 @@ class Worker:
 
     # download -------------------------------------------------------------------
     async def _download(self, job: _Job, task: TaskRow) -> None:
+        await self._wait_for_space(job, task)
         await self._acquire_download_slot(job)
         try:
             part = self.data.part_path(task.gid, task.operation_id)
@@ -303,6 +325,35 @@ class Worker:
             job.gid, job.operation_id, NodeCode.WAITING_COMPRESSION, 1.0
         ):
             log.info("gid {gid}: downloaded, queued for compression", gid=job.gid)
+            self.on_change()
+
+    async def _wait_for_space(self, job: _Job, task: TaskRow) -> None:
+        """Room for the archive (its size from the command, else what the
+        upstream said); queued, with the reason as its detail, until given."""
+        if self.space is None:
+            return
+        space = self.space
+        need = task.expected_size or task.size or 0
+        waited = False
+
+        def queued() -> None:
+            nonlocal waited
+            waited = True
+            self._waiting.add(job.gid)
+            why = space.why_waiting(need)
+            log.warn("gid {gid}: {why}", gid=job.gid, why=why)
+            written = self.store.set_error(job.gid, job.operation_id, why)
+            written.addCallbacks(
+                lambda _: self.on_change(),
+                lambda f: log.failure("gid {gid}: noting the wait failed", f, gid=job.gid),
+            )
+
+        try:
+            await space.admit(job.gid, job.operation_id, need, on_wait=queued)
+        finally:
+            if waited:
+                self._waiting.discard(job.gid)
+        if waited and await self.store.set_error(job.gid, job.operation_id, None):
             self.on_change()
 
     async def _acquire_download_slot(self, job: _Job) -> None:
