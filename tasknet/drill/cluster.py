@@ -363,9 +363,11 @@ class Cluster:
         downloads: int = 4,
         wait: bool = True,
         sites: Iterable[str] | None = None,
+        extra: Iterable[str] = (),
     ) -> Node:
         """Start a node dialling ``sites`` in that order (default: the
-        primary), each through a fault proxy of its own."""
+        primary), each through a fault proxy of its own; ``extra``: more
+        options (``--disk-budget``, ``--serve``, ...)."""
         if node_id not in NODE_IDS:
             raise DrillError(f"node id must be one of {NODE_IDS}")
         order = tuple(sites) if sites is not None else (self._site_named(None).name,)
@@ -394,6 +396,7 @@ class Cluster:
             str(downloads),
             "--ack-timeout",
             str(ack_timeout),
+            *extra,
         ]
         proc = self._proc(node_id, "tasknet-node", args, site_side=False)
         node = Node(node_id, proc, proxies, data, protocol, order)

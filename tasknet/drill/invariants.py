@@ -1041,15 +1041,26 @@ def _check_held_once(f: _Failures, world: World, node_id: str) -> None:
 
 
 def _check_one_node_per_task(f: _Failures, world: World) -> None:
-    """Each current generation is on (was sent to) one node: the one it is assigned to."""
+    """Each current generation is on (was sent to) one node: the one it is
+    assigned to.  A node that was sent a ``CANCEL`` of the generation after
+    its ``DOWNLOAD`` (its task moved to another node: DELIVERY.md "A node
+    that is gone") no longer counts, unless it still holds the task."""
     held: dict[tuple[int, str], set[str]] = defaultdict(set)
     for node_id, node in world.nodes.items():
         for gid, task in node.tasks.items():
             if task.get("operation_id"):
                 held[(gid, str(task["operation_id"]))].add(node_id)
-        for cmd in node.commands:
-            if cmd.get("action") == "DOWNLOAD" and cmd.get("operation_id"):
-                held[(cmd["gid"], str(cmd["operation_id"]))].add(node_id)
+        sent: set[tuple[int, str]] = set()
+        for cmd in node.commands:  # in the order received
+            if not cmd.get("operation_id"):
+                continue
+            key = (int(cmd["gid"]), str(cmd["operation_id"]))
+            if cmd.get("action") == "DOWNLOAD":
+                sent.add(key)
+            elif cmd.get("action") == "CANCEL":
+                sent.discard(key)
+        for gid, operation_id in sent:
+            held[(gid, operation_id)].add(node_id)
     for gid, op in sorted(world.site.operations.items()):
         if op.get("state") not in ("SUBMITTED", "DELETE_PENDING"):
             continue

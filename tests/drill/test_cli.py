@@ -129,9 +129,11 @@ def _choose(argv: list[str]) -> tuple[list[str], str]:
 
 def test_the_default_set_is_the_databases_own() -> None:
     sqlite_set, db = _choose([])
-    assert db == SQLITE_CHOICE and sqlite_set == [f"S{i}" for i in range(1, 20)]
+    custody = ["S27", "S28", "S29"]  # issue 34: on either database, not quick
+    assert db == SQLITE_CHOICE and sqlite_set == [f"S{i}" for i in range(1, 20)] + custody
     postgres_set, db = _choose(["--db", "postgres"])
-    assert db == POSTGRES_CHOICE and postgres_set == [f"S{i}" for i in range(1, 24)]
+    assert db == POSTGRES_CHOICE and postgres_set == [f"S{i}" for i in range(1, 24)] + custody
+    assert not set(custody) & (set(QUICK) | set(QUICK_POSTGRES))
     failover_set, db = _choose(["--db", "postgres-ha"])
     assert db == POSTGRES_HA_CHOICE and failover_set == list(FAILOVER)
 
