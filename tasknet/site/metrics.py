@@ -52,8 +52,8 @@ Custody (DELIVERY.md "Custody"; each counted once its transaction committed):
     ``reason``: :data:`RELEASE_REASONS`, every series from the start.
 ``INVENTORIES``  ``tasknet_inventories_total{result}``
     one per complete inventory judged.  ``result``: ``clean`` (the site's
-    view matched), ``missing`` (archives were missing), ``orphans`` (none
-    missing, orphans found); see :func:`count_inventory`.
+    view matched), ``missing`` (archives were missing, or not as recorded),
+    ``orphans`` (none missing, orphans found); see :func:`count_inventory`.
 ``INVENTORY_MISSING``  ``tasknet_inventory_missing_total``
     archives found missing by judged inventories (each made ``MISSING``).
 ``TASKS_REASSIGNED``  ``tasknet_tasks_reassigned_total{cause}``
@@ -488,13 +488,18 @@ def count_releases(entries: Iterable[ReleasedEntry], made_gone: Iterable[int]) -
             ARCHIVES_RELEASED.labels(reason=entry.reason).inc()
 
 
-def count_inventory(missing: int, orphans: int) -> None:
-    """Count one judged inventory that found ``missing`` archives missing
-    and ``orphans`` orphans (call after its transaction committed)."""
-    result = "missing" if missing else "orphans" if orphans else "clean"
+def count_inventory(missing: int, orphans: int, corrupt: int = 0) -> None:
+    """Count one judged inventory (after its transaction committed) that
+    made ``missing`` archives ``MISSING`` and ``corrupt`` ones ``CORRUPT``
+    (listed, but not as the site recorded them), and found ``orphans``
+    (deleted with their tombstone's id, or listed)."""
+    result = "missing" if missing or corrupt else "orphans" if orphans else "clean"
     INVENTORIES.labels(result=result).inc()
     if missing:
         INVENTORY_MISSING.inc(missing)
+        ARCHIVES_RELEASED.labels(reason="MISSING").inc(missing)
+    if corrupt:
+        ARCHIVES_RELEASED.labels(reason="CORRUPT").inc(corrupt)
 
 
 _health_database_ok = True

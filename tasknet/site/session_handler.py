@@ -147,6 +147,9 @@ class SiteHandler:
             return
         self.inventories_judged += 1
         self.last_verdict = verdict
+        metrics.count_inventory(
+            len(verdict.missing), len(verdict.orphans) + len(verdict.deletes), len(verdict.corrupt)
+        )
         for delete in verdict.deletes:
             session.send_delete(delete.delete_operation_id, delete.gid, delete.name)
         session.send_inventory_ack(whole.inventory_id, whole.part)

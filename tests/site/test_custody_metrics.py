@@ -64,10 +64,13 @@ def test_an_inventory_is_counted_by_what_it_found() -> None:
     metrics.count_inventory(0, 0)
     metrics.count_inventory(3, 2)
     metrics.count_inventory(0, 5)
+    metrics.count_inventory(0, 0, corrupt=2)  # listed, but not as recorded
     assert grew("tasknet_inventories_total", (("result", "clean"),)) == 1
-    assert grew("tasknet_inventories_total", (("result", "missing"),)) == 1
+    assert grew("tasknet_inventories_total", (("result", "missing"),)) == 2
     assert grew("tasknet_inventories_total", (("result", "orphans"),)) == 1
     assert grew("tasknet_inventory_missing_total") == 3
+    assert grew("tasknet_archives_released_total", (("reason", "MISSING"),)) == 3
+    assert grew("tasknet_archives_released_total", (("reason", "CORRUPT"),)) == 2
 
 
 @pytest_twisted.ensureDeferred
