@@ -362,11 +362,26 @@ class PgCluster:
         return None
 
     def in_sync(self) -> bool:
-        """Whether one node is ``primary`` and another ``secondary`` (both
-        reported and assigned): the formation is healthy and commits wait
-        for the standby."""
-        states = {(n.reported, n.assigned) for n in self.nodes()}
-        return ("primary", "primary") in states and ("secondary", "secondary") in states
+        """Whether the formation is healthy and commits wait for the
+        standby: the monitor says one node is ``primary`` and another
+        ``secondary`` (reported and assigned), and that primary itself has
+        ``synchronous_standby_names`` set and a standby whose
+        ``sync_state`` is ``sync`` or ``quorum`` (the monitor alone lags a
+        standby that stopped and came back before it noticed)."""
+        nodes = self.nodes()
+        states = {(n.reported, n.assigned) for n in nodes}
+        if ("primary", "primary") not in states or ("secondary", "secondary") not in states:
+            return False
+        primary = next(n.name for n in nodes if (n.reported, n.assigned) == ("primary", "primary"))
+        answer = self._psql(
+            self._require_node(primary).port,
+            "SELECT current_setting('synchronous_standby_names') <> ''"
+            " AND EXISTS (SELECT 1 FROM pg_stat_replication"
+            " WHERE sync_state IN ('sync', 'quorum'))",
+            dbname="postgres",
+            timeout=10,
+        )
+        return answer.strip() == "t"
 
     def writable(self, name: str) -> bool:
         """Whether node ``name`` accepts a write now (asked of the server,
