@@ -122,6 +122,9 @@ def _schema() -> Any:
         check.expected_statuses = ["101", *check.expected_statuses]
     # 422: the upstream refused a valid create (UPSTREAM_FAULTS); bad input is 400.
     checks.positive_data_acceptance.expected_statuses.append("422")
+    # 410: a valid archive request for a task whose archive is gone (ARCHIVE_GONE:
+    # the state machine retires a node, whose completed tasks' archives go with it).
+    checks.positive_data_acceptance.expected_statuses.append("410")
     # 426: /api/events refuses a handshake of another version (RFC 6455 4.2.2)
     # or a request that is no handshake at all (no Upgrade header).
     for refusing in (checks.negative_data_rejection, checks.missing_required_header):
