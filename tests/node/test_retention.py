@@ -279,3 +279,45 @@ async def test_a_node_on_its_budget_queues_the_next_download_then_makes_room(
     health = figures
     assert health["diskBudget"] == expected + expected // 2
     assert isinstance(health["diskFree"], int)
+
+
+@pytest_twisted.ensureDeferred
+async def test_the_metrics_show_the_archives_the_free_space_and_the_budget(
+    tmp_path: Path,
+) -> None:
+    from tests.node.test_metrics import scrape, value
+
+    data = tmp_path / "node"
+    disk = Disk(data / "archives", 10**9)
+    async with running(tmp_path) as (site, up):
+        options = {"metrics": "tcp:0:interface=127.0.0.1", "disk_usage": disk, "min_free": 0}
+        async with logged_in_node(site, data, disk_budget=5 * 10**8, **options) as node:
+            site.download("op-1", 77, up.file_url(77))
+            await eventually(lambda: completed(site, 77, "op-1"), what="downloaded")
+            kept = node.retention
+            assert kept is not None
+            await eventually(lambda: kept.figures().archives == 1, what="the figures")
+            samples = await scrape(node)
+    [(size,)] = node_rows(data, "SELECT size FROM archive")
+    assert value(samples, "tasknet_node_archives_held") == 1
+    assert value(samples, "tasknet_node_archive_bytes") == size
+    assert value(samples, "tasknet_node_disk_free_bytes") == 10**9 - size
+    assert value(samples, "tasknet_node_disk_budget_bytes") == 5 * 10**8
+    assert value(samples, "tasknet_node_archives_released_total", reason="EXPIRED") == 0
+
+
+@pytest_twisted.ensureDeferred
+async def test_the_serve_endpoint_says_which_archives_it_is_sending(tmp_path: Path) -> None:
+    from tests.node.test_serve_bounds import SIZE, server_waits
+    from tests.node.test_serve_support import content_of, request_bytes, serving
+
+    async with serving(tmp_path, serve_max=2, idle_timeout=60.0) as served:
+        archive = await served.hold(9, content_of(8 * SIZE))
+        assert served.server.serving() == frozenset()
+        client = await served.client(request_bytes(served.link(9).path), pause_at=1)
+        await eventually(server_waits(served), what="a transfer under way")
+        assert served.server.serving() == {(9, archive.operation_id)}
+        served.clock.advance(60)  # the stalled client is dropped
+        client.reading(True)
+        await client.closed
+        await eventually(lambda: served.server.serving() == frozenset(), what="sent no more")
