@@ -21,6 +21,8 @@ reporter at scrape time, so nothing has to be kept in step:
     free bytes on the disk of ``--data`` (absent while unknown).
 ``tasknet_node_disk_budget_bytes``
     ``--disk-budget`` (absent when none is set).
+``tasknet_node_min_free_bytes``
+    ``--min-free``.
 ``tasknet_node_archives_released_total{reason}``
     archives retention removed since the start (``EXPIRED``, ``DISK_BUDGET``).
 
@@ -146,6 +148,12 @@ class NodeCollector(Collector):
                 "tasknet_node_disk_budget_bytes",
                 "The node's --disk-budget in bytes.",
                 value=float(figures.budget),
+            )
+        if retention is not None:  # what the near-budget alert compares free space with
+            yield GaugeMetricFamily(
+                "tasknet_node_min_free_bytes",
+                "The node's --min-free in bytes.",
+                value=float(retention.min_free),
             )
         released = CounterMetricFamily(
             "tasknet_node_archives_released",

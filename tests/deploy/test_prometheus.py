@@ -42,6 +42,7 @@ OPERATIONS = REPO / "docs" / "operations.md"
 REQUIRE = "TASKNET_REQUIRE_PROMTOOL"
 GID = 4242
 NODE = "node-t"  # tests.node.harness.start_node's node id
+BUDGET = 10 * 1024**3
 
 
 @pytest.fixture(scope="module")
@@ -151,7 +152,11 @@ async def test_live_site_and_node_metrics_pass_promtool(tmp_path: Path, promtool
         async with running_site(options) as site:
             nodes = f"tcp:127.0.0.1:{site.service.nodes_port.getHost().port}"
             metrics = "tcp:0:interface=127.0.0.1"
-            node = await start_node(nodes, tmp_path / "node", secret=SECRET, metrics=metrics)
+            # A disk budget: its gauge (which the near-budget alert reads) is
+            # shown only when one is set.
+            node = await start_node(
+                nodes, tmp_path / "node", secret=SECRET, metrics=metrics, disk_budget=BUDGET
+            )
             try:
                 status, body = await site.request(
                     "POST", "/api/tasks", token="demo", body={"gid": GID, "token": "t"}
@@ -179,6 +184,9 @@ async def test_live_site_and_node_metrics_pass_promtool(tmp_path: Path, promtool
     assert "tasknet_node_unfinished_tasks" in site_page  # no node holds unfinished tasks: no sample
     assert _value(node_page, "tasknet_node_connected") == 1
     assert _value(node_page, "tasknet_node_bytes_downloaded_total") > 0
+    assert _value(node_page, "tasknet_node_disk_budget_bytes") == BUDGET
+    assert _value(node_page, "tasknet_node_min_free_bytes") == 1024**3  # --min-free's default
+    assert _value(site_page, "tasknet_archives_released_total", reason="DISK_BUDGET") == 0
     # Every metric the rules name is on one of the pages (as a family, or
     # a sample such as NAME_total or NAME_bucket).
     shown = {
