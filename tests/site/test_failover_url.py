@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 import pytest_twisted
 
+from tasknet.cli import admin, migrate
 from tasknet.drill.pgserver import ThrowawayPostgres
 from tasknet.process import free_port
 from tasknet.site import metrics
@@ -127,3 +128,20 @@ def test_the_replication_gauges_follow_healthz() -> Any:
     _, body = yield _scrape(refresh)
     assert _sample(body, "tasknet_db_replication_sync") == 0
     assert _sample(body, "tasknet_db_replication_async_since_seconds") == 0
+
+
+def test_tasknet_migrate_and_tasknet_admin_take_a_multi_host_url(
+    pg_server: ThrowawayPostgres, capsys: pytest.CaptureFixture[str]
+) -> None:
+    name = "failover_url_cli"
+    pg_server.drop_database(name)
+    pg_server.create_database(name)
+    url = multi_host(pg_server, name)
+    try:
+        assert migrate.main(["--db", url]) == 0
+        assert admin.main(["--db", url, "user", "add", "alice"]) == 0
+        capsys.readouterr()
+        assert admin.main(["--db", url, "user", "list"]) == 0
+        assert "alice" in capsys.readouterr().out
+    finally:
+        pg_server.drop_database(name)
