@@ -22,6 +22,7 @@ from tasknet.protocol.messages import (
     TaskReport,
     TaskReportAck,
 )
+from tests.site.test_archive_digest import _events, _push_of
 from tests.site.test_views_api import Fixture, with_fixture
 from tests.site_protocol.harness import ScriptedNode
 
@@ -79,7 +80,17 @@ async def test_confirm_charge_absent_false_and_true_on_a_gone_archive(db_target:
         status, body = await _post(f, {"gid": GID, "token": "t", "confirmCharge": True})
         assert (status, body["error"]["code"]) == (409, "already_completed")
 
-        await _report(node, "gone", 11, released=[(GID, first_op, "EXPIRED")])
+        events = await _events(f, f.alice)
+        try:
+            await _report(node, "gone", 11, released=[(GID, first_op, "EXPIRED")])
+            pushed = await _push_of(events, GID, "ARCHIVE_GONE")
+        finally:
+            await events.shut()
+        assert pushed["archiveGone"]["reason"] == "EXPIRED"
+        status, body = await f.site.request(
+            "POST", "/api/tasks/archive-links", token=f.alice, body={"gids": [GID]}
+        )
+        assert status == 200 and body["missing"] == [{"gid": GID, "code": "archive_gone"}]
         status, body = await f.get(f"/api/tasks/{GID}")
         gone = body["task"]
         assert (gone["status"], gone["statusText"]) == ("ARCHIVE_GONE", "归档已失效")
