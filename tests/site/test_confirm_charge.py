@@ -91,6 +91,11 @@ async def test_confirm_charge_absent_false_and_true_on_a_gone_archive(db_target:
             "POST", "/api/tasks/archive-links", token=f.alice, body={"gids": [GID]}
         )
         assert status == 200 and body["missing"] == [{"gid": GID, "code": "archive_gone"}]
+        # The list's filter and counts know the status (the UI's "needs attention" tab).
+        status, body = await f.get("/api/tasks?status=ARCHIVE_GONE")
+        assert status == 200 and [t["gid"] for t in body["tasks"]] == [GID]
+        status, body = await f.get("/api/tasks/counts")
+        assert status == 200 and body["counts"]["ARCHIVE_GONE"] == 1, body
         status, body = await f.get(f"/api/tasks/{GID}")
         gone = body["task"]
         assert (gone["status"], gone["statusText"]) == ("ARCHIVE_GONE", "归档已失效")
