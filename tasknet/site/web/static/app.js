@@ -47,6 +47,14 @@
       nodeState: "状态", activeTasks: "任务", nodeSpeed: "速度", nodeSite: "站点", runningQueued: "{running} 个运行中，{queued} 个排队", lastReport: "上次报告",
       droppedEntries: "丢弃的报告", connectedSince: "连接 / 最后在线",
       nodeArchives: "归档", nodeBytesHeld: "占用空间", nodeFree: "剩余空间",
+      nodeActions: "操作", reassignNode: "转移任务", retireNode: "退役",
+      reassignTitle: "转移 {node} 的未完成任务？",
+      reassignText: "{node} 上未完成的任务会立即交给其他已连接的节点（没有已连接的节点时，等待节点），沿用原来的操作 ID：不会再次向上游提交，也不会再次扣费，只是重新下载。{node} 回来时会收到取消命令。审计日志会记下你的备注。",
+      retireTitle: "让 {node} 退役？",
+      retireText: "{node} 将永久停用：未完成的任务转给其他节点，它已完成的任务的归档标记为已失效（节点已退役），它的密钥被删除，不能再登录，当前连接会被断开。审计日志会记下你的备注。",
+      reassigned: "已从 {node} 转移 {n} 个任务（{sent} 个已发给其他节点，{waiting} 个等待节点）。",
+      retired: "{node} 已退役：转移 {n} 个任务，{archives} 个归档标记为已失效。",
+      nodeActionFailed: "操作失败：{message}",
       diskFromInventory: "上次清点（{at}）的数字", diskFromNode: "节点 {at} 报告的数字", diskBudget: "磁盘预算 {budget}", diskNoBudget: "无磁盘预算",
       connected: "已连接", disconnected: "已断开", connectedAgo: "连接于 {ago}", lastSeen: "最后在线 {ago}",
       none: "无", never: "从未",
@@ -201,6 +209,14 @@
       nodeState: "State", activeTasks: "Tasks", nodeSpeed: "Speed", nodeSite: "Site", runningQueued: "{running} running, {queued} queued", lastReport: "Last report",
       droppedEntries: "Dropped reports", connectedSince: "Connected / last seen",
       nodeArchives: "Archives", nodeBytesHeld: "Held", nodeFree: "Free space",
+      nodeActions: "Actions", reassignNode: "Reassign tasks", retireNode: "Retire",
+      reassignTitle: "Reassign the unfinished tasks of {node}?",
+      reassignText: "The unfinished tasks of {node} go to other connected nodes now (or wait for one), with the same operation ids: nothing is submitted or charged again upstream, only the download repeats. {node} is told to cancel them when it returns. The audit log keeps your note.",
+      retireTitle: "Retire {node}?",
+      retireText: "{node} is gone for good: its unfinished tasks go to other nodes, the archives of its completed tasks are marked gone (node retired), its key is removed so it can no longer log in, and its connection is closed. The audit log keeps your note.",
+      reassigned: "{n} task(s) moved off {node} ({sent} sent to other nodes, {waiting} waiting for a node).",
+      retired: "{node} retired: {n} task(s) moved, {archives} archive(s) marked gone.",
+      nodeActionFailed: "The action failed: {message}",
       diskFromInventory: "As its last inventory counted them ({at})", diskFromNode: "As the node said at {at}", diskBudget: "disk budget {budget}", diskNoBudget: "no disk budget",
       connected: "Connected", disconnected: "Disconnected", connectedAgo: "connected {ago}", lastSeen: "last seen {ago}",
       none: "none", never: "never",
@@ -2547,11 +2563,44 @@
         agoCell(t("lastReport"), node.lastReportAt),
         el("td", { "data-label": t("droppedEntries"), "data-role": "dropped", text: droppedText(node.droppedEntries) }),
       ].concat(diskCells(node), [
-        connected ? agoCell(t("connectedSince"), node.connectedAt, "connectedAgo") : agoCell(t("connectedSince"), node.lastSeenAt, "lastSeen")
+        connected ? agoCell(t("connectedSince"), node.connectedAt, "connectedAgo") : agoCell(t("connectedSince"), node.lastSeenAt, "lastSeen"),
+        nodeActionsCell(node.id)
       ])));
     });
     $("nodes-table").hidden = nodes.length === 0;
     $("nodes-empty").hidden = nodes.length > 0;
+  }
+
+  // An admin's custody actions on one node (DELIVERY.md "A node that is gone"),
+  // each confirmed in a dialog that says what it does; audited with the note.
+  function nodeActionsCell(id) {
+    return el("td", { "data-label": t("nodeActions"), "data-role": "actions", className: "actions" }, [
+      el("button", { type: "button", "data-node-action": "reassign", "data-node": id, "aria-label": t("reassignNode") + " " + id, text: t("reassignNode") }),
+      el("button", { type: "button", className: "danger", "data-node-action": "retire", "data-node": id, "aria-label": t("retireNode") + " " + id, text: t("retireNode") })
+    ]);
+  }
+
+  function onNodesClick(event) {
+    var button = event.target.closest("button[data-node-action]");
+    if (!button) { return; }
+    var id = button.getAttribute("data-node");
+    var retire = button.getAttribute("data-node-action") === "retire";
+    confirmDialog({
+      title: t(retire ? "retireTitle" : "reassignTitle", { node: id }),
+      text: t(retire ? "retireText" : "reassignText", { node: id }),
+      ok: t(retire ? "retireNode" : "reassignNode"), danger: retire, note: true
+    }).then(function (answer) {
+      if (!answer) { return; }
+      var path = "/api/admin/nodes/" + encodeURIComponent(id) + (retire ? "/retire" : "/reassign");
+      api("POST", path, { note: answer.note }).then(function (result) {
+        if (!result.ok) { notify(t("nodeActionFailed", { message: failureText("", result) }), true); return; }
+        var done = result.data || {};
+        notify(retire
+          ? t("retired", { node: id, n: num(done.tasks), archives: num(done.archives) })
+          : t("reassigned", { node: id, n: num(done.tasks), sent: num(done.sent), waiting: num(done.waiting) }));
+        loadNodes();
+      });
+    });
   }
 
   // ---- language -----------------------------------------------------------------
@@ -2688,6 +2737,7 @@
     $("unknown-list").addEventListener("click", onUnknownClick);
     $("unknown-refresh").addEventListener("click", loadUnknown);
     $("nodes-refresh").addEventListener("click", loadNodes);
+    $("nodes-body").addEventListener("click", onNodesClick);
     $("nav").addEventListener("click", function (event) {
       var link = event.target.closest("a[data-view]");
       if (!link) { return; }
