@@ -37,6 +37,8 @@ from tasknet.drill.proxy import TO_CLIENT
 from tasknet.drill.snapshot import site_rows
 from tasknet.node.paths import DataDir
 from tasknet.protocol.messages import TaskCommand
+from tasknet.site.node_disk import REFRESH_SECONDS
+from tasknet.site.storage.engine.timestamps import iso
 from tasknet.upstream.catalog import gallery
 
 if TYPE_CHECKING:  # scenarios.py imports this module to register S27–S29
@@ -52,6 +54,9 @@ CUSTODY_METRICS = (
     "tasknet_inventory_missing_total",
     "tasknet_tasks_reassigned_total",
 )
+#: A node's --serve: the site reaches it on loopback (its serveUrl), reads
+#: its disk figures there (the node panel) and streams its archives.
+SERVE_LOOPBACK = "tcp:0:interface=127.0.0.1"
 #: S28's --reassign-after: short, so the drill waits seconds, not minutes.
 REASSIGN_AFTER = 4.0
 #: How long past --reassign-after the move may take (the site's sweep
@@ -110,20 +115,49 @@ def custody_counters(c: Cluster) -> dict[str, float]:
 
 
 def panel_disk(c: Cluster) -> dict[str, Any]:
-    """Each listed node's disk figures as the node panel shows them."""
+    """Each listed node's disk figures as the node panel shows them (what
+    the node said, and what its last inventory counted)."""
     listed = c.node_listing() or []
-    return {
-        str(n.get("id")): {
+    found: dict[str, Any] = {}
+    for n in listed:
+        inventory = n.get("inventory") or {}
+        found[str(n.get("id"))] = {
             "connected": n.get("connected"),
             "disk": n.get("disk"),
+            "inventory": {k: inventory.get(k) for k in ("archives", "bytes", "missing")}
+            if inventory
+            else None,
         }
-        for n in listed
-    }
+    return found
 
 
-def record(c: Cluster, x: Expect, moment: str, gids: list[int]) -> dict[str, Any]:
+def fresh_disks(c: Cluster) -> None:
+    """Wait (bounded) until the node panel shows every connected node's
+    disk figures as read after now (the site reads them at most every
+    ``node_disk.REFRESH_SECONDS``); what it shows after the bound will do."""
+    since = iso(time.time())
+
+    def fresh() -> bool:
+        listed = c.node_listing() or []
+        return all(
+            not n.get("connected") or not n.get("disk") or str(n["disk"].get("at")) >= since
+            for n in listed
+        )
+
+    try:
+        wait_for(fresh, REFRESH_SECONDS + 3, "the node panel's disk figures read again")
+    except DrillError:
+        pass
+
+
+def record(
+    c: Cluster, x: Expect, moment: str, gids: list[int], *, fresh: bool = True
+) -> dict[str, Any]:
     """What the site shows at ``moment`` (``before``/``after``): printed as
-    progress lines and kept in the verdict's figures."""
+    progress lines and kept in the verdict's figures.  ``fresh``: first wait
+    for the node panel's disk figures to be read again."""
+    if fresh:
+        fresh_disks(c)
     view = {
         "tasks": {str(gid): shown(c, gid) for gid in gids},
         "nodes": panel_disk(c),
@@ -191,8 +225,8 @@ def s27_node_wiped_while_site_down(c: Cluster, x: Expect, rng: random.Random) ->
     x.step("start upstream, site, nodes n1 and n2; four tasks completed")
     c.start_upstream()
     c.start_site()
-    c.start_node("n1")
-    c.start_node("n2")
+    c.start_node("n1", extra=["--serve", SERVE_LOOPBACK])
+    c.start_node("n2", extra=["--serve", SERVE_LOOPBACK])
     for gid in gids:
         x.status(c.create(gid), 201, f"create {gid}")
     for gid in gids:
@@ -257,8 +291,8 @@ def s28_node_gone_past_reassign_after(c: Cluster, x: Expect, rng: random.Random)
     x.step(f"start upstream (100 kB/s per response), site (--reassign-after {REASSIGN_AFTER:g}s)")
     c.start_upstream(bandwidth=100_000)
     c.start_site(extra=["--reassign-after", f"{REASSIGN_AFTER:g}s"])
-    c.start_node("n1")
-    c.start_node("n2")
+    c.start_node("n1", extra=["--serve", SERVE_LOOPBACK])
+    c.start_node("n2", extra=["--serve", SERVE_LOOPBACK])
     for gid in gids:
         x.status(c.create(gid), 201, f"create {gid}")
     wait_for(
@@ -271,7 +305,7 @@ def s28_node_gone_past_reassign_after(c: Cluster, x: Expect, rng: random.Random)
     gone = max(("n1", "n2"), key=lambda n: sum(1 for g in gids if placed[g] == n))
     other = "n2" if gone == "n1" else "n1"
     moved = [g for g in gids if placed[g] == gone]
-    record(c, x, "before", gids)
+    record(c, x, "before", gids, fresh=False)  # the downloads run: no waiting
     x.step(f"SIGKILL {gone} mid-download ({len(moved)} task(s)); wait past --reassign-after")
     c.nodes[gone].proc.kill()
     killed = time.monotonic()
@@ -329,8 +363,6 @@ def s28_node_gone_past_reassign_after(c: Cluster, x: Expect, rng: random.Random)
 #: S29's archives and node budget: three fit (3 x 500 kB), four do not (4 x 400 kB).
 S29_SIZE = {"min_size": 400_000, "max_size": 500_000}
 S29_BUDGET = 1_550_000
-#: S29's node serves the site (its archives are fetched through it).
-S29_SERVE = "tcp:0:interface=127.0.0.1"
 
 
 def _fetch_archive(c: Cluster, gid: int) -> int:
@@ -351,7 +383,7 @@ def s29_disk_budget_mid_downloads(c: Cluster, x: Expect, rng: random.Random) -> 
     c.start_upstream(bandwidth=300_000)
     c.start_site()
     c.start_node(
-        "n1", extra=["--disk-budget", str(S29_BUDGET), "--min-free", "0", "--serve", S29_SERVE]
+        "n1", extra=["--disk-budget", str(S29_BUDGET), "--min-free", "0", "--serve", SERVE_LOOPBACK]
     )
     for gid in (served, unserved):
         x.status(c.create(gid), 201, f"create {gid}")

@@ -33,8 +33,8 @@ from tasknet.site.storage.engine.timestamps import iso
 
 log = Logger()
 
-#: A node's figures are read again when older than this (seconds).
-REFRESH_SECONDS = 30.0
+#: A node is read again when its last read is older than this (seconds).
+REFRESH_SECONDS = 10.0
 #: Figures older than this are not shown (the node stopped answering).
 FORGET_SECONDS = 300.0
 #: One read of a node's /healthz gives up after this long.

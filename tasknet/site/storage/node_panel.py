@@ -42,7 +42,7 @@ sorted by id (code points), each ``{"id", "connected", "site", "protocol",
   disconnected node, and for one another site holds (its Hello went there);
 * ``disk`` is what a node connected to this site with a ``serveUrl``
   last said of its disk on its serve endpoint's ``/healthz``
-  (:mod:`tasknet.site.node_disk`, read at most every 30 s when the panel
+  (:mod:`tasknet.site.node_disk`, read at most every 10 s when the panel
   is asked): ``{"archives", "bytes", "free", "budget", "at"}`` (the
   archives it holds, their bytes, the free bytes under its ``--data``,
   its ``--disk-budget`` or null; a figure it did not give is null);

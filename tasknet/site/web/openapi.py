@@ -544,6 +544,25 @@ def _node_schema() -> Schema:
                     description="The node's last judged archive inventory; null before its first.",
                 )
             ),
+            "disk": _nullable(
+                _object(
+                    {
+                        "archives": _nullable(_integer("Archives the node holds.", minimum=0)),
+                        "bytes": _nullable(_integer("Their bytes.", minimum=0)),
+                        "free": _nullable(
+                            _integer("Free bytes on the disk of its `--data`.", minimum=0)
+                        ),
+                        "budget": _nullable(
+                            _integer("Its `--disk-budget`; null when none.", minimum=0)
+                        ),
+                        "at": _TIME,
+                    },
+                    description="What a node connected to this site with a `serveUrl` last "
+                    "said of its disk on its serve endpoint's `/healthz` (read at most every "
+                    "10 s when this list is asked for, forgotten after 5 minutes); a figure it "
+                    "did not give is null; null when unknown.",
+                )
+            ),
         },
         description="A node connected to any site of the database, or seen in the last 7 days.",
     )
