@@ -98,7 +98,8 @@ from tasknet.site.storage.engine.listen import NoWakeups, Wakeups, open_wakeups
 from tasknet.site.storage.engine.schema import SchemaError, prepare_database
 from tasknet.site.storage.engine.sources import Sources, StorageFaults
 from tasknet.site.storage.engine.sqlite import stop_memory_statistics
-from tasknet.site.storage.lease import Lease, application_name, take_lease
+from tasknet.site.storage.engine.targets import several_hosts
+from tasknet.site.storage.lease import Lease, application_name, take_lease, wait_for_primary
 from tasknet.site.storage.reassign import Retired
 from tasknet.site.upstream_client import UpstreamClient
 from tasknet.site.web.admin_nodes import nodes_view
@@ -651,6 +652,10 @@ def makeService(
         log.info("SQLite's memory statistics stay on: its allocations take one mutex")
     created = NewDatabaseFiles(path)
     try:
+        if own_process and several_hosts(path):
+            # A site fenced by a failover waits here for the new primary
+            # rather than fail its starts until then (storage.lease.PRIMARY_WAIT).
+            wait_for_primary(path)
         tuning = Tuning(
             before_post_gate=fault_points.pause_before_post(os.environ),
             db_readers=reader_count(path, os.cpu_count()) if own_process else DEFAULT_READERS,

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import psycopg
 import pytest
 import pytest_twisted
 
@@ -16,7 +17,8 @@ from tasknet.process import free_port
 from tasknet.site import metrics
 from tasknet.site.storage.engine.database import connect, describe, redact
 from tasknet.site.storage.engine.schema import prepare_database
-from tasknet.site.storage.lease import judge_replication
+from tasknet.site.storage.engine.targets import several_hosts
+from tasknet.site.storage.lease import judge_replication, wait_for_primary
 from tasknet.upstream.testing import start_upstream
 from tests.site.helpers import running_site, site_options
 from tests.ui.test_metrics import _sample, _scrape
@@ -145,3 +147,83 @@ def test_tasknet_migrate_and_tasknet_admin_take_a_multi_host_url(
         assert "alice" in capsys.readouterr().out
     finally:
         pg_server.drop_database(name)
+
+
+class FakeTime:
+    """The wait's clock and pause: a pause moves the clock, nothing sleeps."""
+
+    def __init__(self, on_pause: Any = None) -> None:
+        self.now = 0.0
+        self.pauses = 0
+        self._on_pause = on_pause
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.pauses += 1
+        self.now += seconds
+        if self._on_pause is not None:
+            self._on_pause(self.pauses)
+
+
+def test_a_starting_site_waits_for_the_primary_then_connects() -> None:
+    port = free_port()
+    server = ThrowawayPostgres(port=port, settings={"fsync": "off"})
+
+    def on_pause(pauses: int) -> None:
+        if pauses == 3:  # the primary comes up while the site waits
+            server.start()
+
+    clock = FakeTime(on_pause)
+    try:
+        waited = wait_for_primary(
+            f"postgresql://postgres@127.0.0.1:{free_port()},127.0.0.1:{port}/postgres"
+            "?target_session_attrs=read-write",
+            30,
+            pause=0.5,
+            monotonic=clock.monotonic,
+            sleep=clock.sleep,
+        )
+    finally:
+        server.stop()
+    assert clock.pauses == 3 and waited == 1.5
+
+
+def test_the_wait_for_the_primary_gives_up_after_its_timeout() -> None:
+    clock = FakeTime()
+    with pytest.raises(psycopg.OperationalError):
+        wait_for_primary(
+            f"postgresql://postgres@127.0.0.1:{free_port()}/postgres",
+            10,
+            pause=0.5,
+            monotonic=clock.monotonic,
+            sleep=clock.sleep,
+        )
+    assert clock.now == 10.0 and clock.pauses == 20
+
+
+def test_the_wait_for_the_primary_does_not_wait_for_a_database_that_does_not_exist(
+    pg_server: ThrowawayPostgres,
+) -> None:
+    clock = FakeTime()
+    with pytest.raises(psycopg.OperationalError, match="does not exist"):
+        wait_for_primary(
+            pg_server.url("no_such_database"), 10, monotonic=clock.monotonic, sleep=clock.sleep
+        )
+    assert clock.pauses == 0
+
+
+@pytest.mark.parametrize(
+    ("target", "several"),
+    [
+        ("postgresql://u@h1:5432,h2:5432/tasknet?target_session_attrs=read-write", True),
+        ("postgres://h1,h2/tasknet", True),
+        ("host=h1,h2 port=5432,5433 dbname=tasknet", False),  # not a --db URL form
+        ("postgresql://u@h1:5432/tasknet", False),
+        ("site.sqlite", False),
+        ("postgresql://u:pw@[::1/broken", False),
+    ],
+)
+def test_a_failover_target_names_several_hosts(target: str, several: bool) -> None:
+    assert several_hosts(target) is several

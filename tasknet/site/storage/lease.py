@@ -88,6 +88,7 @@ from tasknet.site.storage.engine.database import Cursor, IWriteFence, connect, r
 from tasknet.site.storage.engine.file_lock import InstanceLock
 from tasknet.site.storage.engine.sources import Sources
 from tasknet.site.storage.engine.sql import postgres_only
+from tasknet.site.storage.engine.targets import redact
 from tasknet.site.storage.engine.transactions import READ_COMMITTED, write_once
 from tasknet.site.storage.instances import LeaseLost, LeaseStale
 
@@ -753,6 +754,62 @@ class PostgresLease(Lease):
             log.failure("could not mark site instance {id} ended", id=self.instance_id)
         finally:
             self._connection.close()  # the session, and its lock, end
+
+
+#: How long a starting site (under twistd, its ``--db`` naming several hosts:
+#: a failover deployment) waits for a writable PostgreSQL primary before it
+#: gives up and exits 1: longer than a failover takes
+#: (SCALE.md "Database failover" 3: 45 s), so that a site fenced by one is
+#: back as soon as the new primary is, instead of failing its starts until
+#: then (its supervisor's pause each time: systemd's RestartSec=5s, and its
+#: start limit: 10 in 5 minutes).
+PRIMARY_WAIT = 60.0
+#: Seconds between two attempts while waiting.
+PRIMARY_WAIT_PAUSE = 0.5
+# Connection failures that waiting does not cure (libpq reports them with no
+# SQLSTATE): said at once.
+_NOT_TRANSIENT = ("password authentication failed", "does not exist", "no pg_hba.conf entry")
+
+
+def wait_for_primary(
+    target: str,
+    timeout: float = PRIMARY_WAIT,
+    *,
+    pause: float = PRIMARY_WAIT_PAUSE,
+    monotonic: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], object] = time.sleep,
+) -> float:
+    """Block until a session on the PostgreSQL database ``target`` opens
+    (with ``target_session_attrs=read-write`` in a multi-host URL: on the
+    writable primary), trying every ``pause`` seconds for up to ``timeout``;
+    the seconds waited.  Raises the last error once ``timeout`` has passed,
+    and at once one that waiting does not cure (a wrong password, no such
+    database or role).  For the site's start under twistd (blocking: nothing
+    else runs yet)."""
+    from tasknet.site.storage.engine import postgres  # the driver only when PostgreSQL is used
+
+    began = monotonic()
+    said = began
+    while True:
+        try:
+            postgres.connect(target, application_name="tasknet-site start").close()
+        except Exception as e:
+            text = str(e)
+            if not postgres.is_connection_lost(e) or any(m in text for m in _NOT_TRANSIENT):
+                raise
+            now = monotonic()
+            if now - began >= timeout:
+                raise
+            if now - said >= 5 or said == began:
+                said = now
+                log.warn(
+                    "no writable PostgreSQL primary yet ({e}); waiting up to {left:.0f} s more",
+                    e=redact(text.splitlines()[0], target) if text else type(e).__name__,
+                    left=timeout - (now - began),
+                )
+            sleep(pause)
+            continue
+        return monotonic() - began
 
 
 def take_lease(

@@ -32,6 +32,22 @@ def backend_of(target: str) -> str:
     return POSTGRESQL if is_postgres(target) else SQLITE
 
 
+def several_hosts(target: str) -> bool:
+    """Whether ``target`` (a ``--db`` value) is a PostgreSQL URL or conninfo
+    naming several servers (``postgresql://h1:p1,h2:p2/db``, libpq tries them
+    in turn): a failover deployment (SCALE.md "Database failover" 1)."""
+    if not is_postgres(target):
+        return False
+    # Imported here: a site on SQLite never loads the PostgreSQL driver.
+    from psycopg import conninfo
+
+    try:
+        params = conninfo.conninfo_to_dict(target)
+    except Exception:
+        return False  # a broken URL: the connection says what is wrong with it
+    return any("," in str(params.get(key) or "") for key in ("host", "hostaddr"))
+
+
 def _passwords(target: str) -> set[str]:
     """Every spelling of the passwords in a ``--db`` URL: the userinfo's
     (``user:PW@``; up to the last ``@`` of the authority, or of the whole
