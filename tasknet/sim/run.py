@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from tasknet.drill.invariants import FAIL, Verdict, check_all
-from tasknet.drill.snapshot import read_site
+from tasknet.drill.snapshot import SiteSnapshot, read_site
 from tasknet.sim.checks import CheapChecks
 from tasknet.sim.cluster import METERED_SQL, NO_ANSWER, SimCluster
 from tasknet.sim.custody import (
@@ -218,11 +218,12 @@ class _Run:
         outcome.failures += self.checks.failures
         if not settled:
             outcome.failures.append(("liveness", self._unsettled_detail()))
-        else:
-            outcome.failures += [("custody", f) for f in self._unheld_completions()]
-            outcome.failures += [("custody", f) for f in self._wiped_not_gone()]
-            outcome.failures += [("reassign", f) for f in self._left_behind()]
         evidence = cluster.observe()
+        if settled:
+            snap = evidence.site
+            outcome.failures += [("custody", f) for f in self._unheld_completions(snap)]
+            outcome.failures += [("custody", f) for f in self._wiped_not_gone(snap)]
+            outcome.failures += [("reassign", f) for f in self._left_behind(snap)]
         self._finish_ledger(evidence)
         self.checks.states_in_table(evidence.site.operations)
         outcome.verdicts = excuse_restored(
@@ -628,13 +629,12 @@ class _Run:
             return False
         return op["state"] == "DELETE_PENDING" or not self.cluster.site_reassigns
 
-    def _left_behind(self) -> list[str]:
+    def _left_behind(self, snap: SiteSnapshot) -> list[str]:
         """The tasks a node gone for good had unfinished: each, unless deleted
         or created again since, finished by another node in the same
         generation (one POST, ever: D1 counts them)."""
         if not self.cluster.site_reassigns:
             return []
-        snap = read_site(self.cluster.db)
         failures = []
         for node_id, gid, operation_id in self._stranded_tasks:
             op = snap.operations.get(gid) or {}
@@ -649,12 +649,11 @@ class _Run:
                 )
         return failures
 
-    def _wiped_not_gone(self) -> list[str]:
+    def _wiped_not_gone(self, snap: SiteSnapshot) -> list[str]:
         """The tasks the site showed COMPLETED on a node when it was wiped:
         once the node's inventory was judged, each (still that generation)
         shows ARCHIVE_GONE with reason MISSING, not COMPLETED."""
         judged = {n for n in self.inventories.judged() if self.cluster.nodes[n].alive}
-        snap = read_site(self.cluster.db)
         failures = []
         for node_id, gid, operation_id in self._wiped_completions:
             op = snap.operations.get(gid) or {}
@@ -671,9 +670,8 @@ class _Run:
                 )
         return failures
 
-    def _unheld_completions(self) -> list[str]:
+    def _unheld_completions(self, snap: SiteSnapshot) -> list[str]:
         """D3's archive clause, once settled (:mod:`tasknet.sim.custody`)."""
-        snap = read_site(self.cluster.db)
         holdings = {n.node_id: node_holdings(n.data) for n in self.cluster.nodes.values()}
         judged = {n for n in self.inventories.judged() if self.cluster.nodes[n].alive}
         notes = {}
