@@ -181,6 +181,18 @@ class NodeState:
         return self.reported in WRITABLE_STATES and self.assigned in WRITABLE_STATES
 
 
+@dataclass(frozen=True)
+class Event:
+    """One event of the monitor (``pgautofailover.event``)."""
+
+    #: When (Unix time, the monitor's clock: this machine's).
+    at: float
+    node: str
+    reported: str
+    goal: str
+    description: str
+
+
 @dataclass
 class _Node:
     name: str
@@ -394,6 +406,56 @@ class PgCluster:
         except PostgresFailed:
             return False
         return answer.strip() == "f"
+
+    def events(self, since: float | None = None) -> list[Event]:
+        """The monitor's events (``pg_autoctl show events``: each state it
+        assigned, each state a node reported, each health change), oldest
+        first; ``since``: only those at or after that time (``time.time()``)."""
+        monitor = self._require_monitor()
+        where = "" if since is None else f" WHERE eventtime >= to_timestamp({float(since)!r})"
+        columns = (
+            "extract(epoch FROM eventtime), nodename, reportedstate, goalstate,"
+            " replace(replace(description, E'\\n', ' '), '|', '/')"
+        )
+        query = f"SELECT {columns} FROM pgautofailover.event{where} ORDER BY eventid"  # noqa: S608
+        output = self._psql(monitor.port, query, dbname="pg_auto_failover", timeout=10)
+        events = []
+        for line in output.splitlines():
+            parts = line.split("|", 4)
+            if len(parts) == 5:
+                at, node, reported, goal, description = parts
+                events.append(Event(float(at), node, reported, goal, description))
+        return events
+
+    def failover_timeline(self, since: float, old_primary: str) -> dict[str, float]:
+        """When, after ``since``, the monitor found ``old_primary``
+        unhealthy (``unhealthy``), set another node on its way to promotion
+        (``promotion_started``), and that node reported a writable state
+        (``promoted``); each a ``time.time()``, missing if it did not
+        happen.  Detection is ``unhealthy - since``, promotion
+        ``promoted - unhealthy`` (a switchover has no ``unhealthy``)."""
+        timeline: dict[str, float] = {}
+        for event in self.events(since):
+            if (
+                "unhealthy" not in timeline
+                and event.node == old_primary
+                and "unhealthy" in event.description
+            ):
+                timeline["unhealthy"] = event.at
+            elif (
+                "promotion_started" not in timeline
+                and event.node != old_primary
+                and event.goal in ("prepare_promotion", "stop_replication")
+            ):
+                timeline["promotion_started"] = event.at
+            elif (
+                "promoted" not in timeline
+                and event.node != old_primary
+                and event.reported in WRITABLE_STATES
+                and "promotion_started" in timeline
+            ):
+                timeline["promoted"] = event.at
+        return timeline
 
     # ------------------------------------------------------------ faults and changes
 
@@ -892,6 +954,7 @@ def _pg_config(bindir: Path, flag: str) -> str | None:
 __all__ = [
     "DATABASE",
     "DEFAULT_TIMINGS",
+    "Event",
     "PG_AUTO_FAILOVER_DEFAULTS",
     "REQUIRE_ENV",
     "ROLE",
