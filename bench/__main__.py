@@ -201,7 +201,8 @@ def main(argv: list[str] | None = None) -> int:
     rows: list[Row] = []
     try:
         for bench_id, backend in args.plan:
-            on = " (PostgreSQL)" if backend == POSTGRES and bench_id in EITHER_BACKEND else ""
+            labels = {POSTGRES: " (PostgreSQL)", POSTGRES_HA: " (PostgreSQL, synchronous standby)"}
+            on = labels.get(backend, "") if bench_id in EITHER_BACKEND else ""
             print(f"== {bench_id} {BENCHMARKS[bench_id][1]}{on} ...", flush=True)
             done = run_one(bench_id, dataclasses.replace(ctx, backend=backend))
             rows.extend(done)
