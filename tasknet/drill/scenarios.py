@@ -30,6 +30,11 @@ from typing import Any
 
 from tasknet.cli.jsonhttp import Reply
 from tasknet.drill.cluster import Cluster, node_secret
+from tasknet.drill.custody_scenarios import (
+    s27_node_wiped_while_site_down,
+    s28_node_gone_past_reassign_after,
+    s29_disk_budget_mid_downloads,
+)
 from tasknet.drill.databases import POSTGRES_HA_CHOICE as FAILOVER
 from tasknet.drill.exhaustion import Swarm, rss_kib
 from tasknet.drill.invariants import FAIL, PASS, Verdict
@@ -2335,3 +2340,23 @@ QUICK = ("S1", "S2", "S4", "S7", "S10", "S12", "S13", "S16", "S17", "S18")
 QUICK_POSTGRES = ("S20",)
 #: What CI runs with --db postgres-ha (the primary killed under load).
 QUICK_FAILOVER = ("S24",)
+
+# S27–S29: custody (issue 34), in tasknet/drill/custody_scenarios.py; not in
+# the quick sets (each starts several processes and waits on downloads).
+SCENARIOS.update(
+    {
+        s.id: s
+        for s in (
+            Scenario("S27", "a node wiped while the site is down", s27_node_wiped_while_site_down),
+            Scenario(
+                "S28",
+                "a node gone past --reassign-after, then back",
+                s28_node_gone_past_reassign_after,
+                60,
+            ),
+            Scenario(
+                "S29", "a disk budget reached mid-download", s29_disk_budget_mid_downloads, 60
+            ),
+        )
+    }
+)
