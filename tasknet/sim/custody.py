@@ -18,6 +18,11 @@ feed it a trace made by hand:
   tasks keep 下载完成 (the known boundary), and a node gone for good is
   never judged again.
 
+Two more, of the faults themselves: :func:`wiped_not_gone` (what the site
+showed completed on a node when it was wiped ends ``ARCHIVE_GONE``,
+``MISSING``) and :func:`left_behind` (what a node gone for good left
+unfinished another node finishes, in the same generation).
+
 :func:`excuse_restored` keeps D4 from judging a node restored from a
 backup that sends no inventory (its orphans only an inventory reports).
 """
@@ -37,8 +42,10 @@ __all__ = [
     "InventoryWatch",
     "OneHolder",
     "excuse_restored",
+    "left_behind",
     "node_holdings",
     "unheld_completions",
+    "wiped_not_gone",
 ]
 
 #: The frame types these checks read (PROTOCOL.md).
@@ -244,3 +251,62 @@ def excuse_restored(
         more = f" (+{len(items) - 1} more)" if len(items) > 1 else ""
         kept.append(replace(verdict, detail=items[0]["what"] + more, evidence=items))
     return kept
+
+
+#: (node, gid, operation id): a generation a node had when a fault struck it.
+Generation = tuple[str, int, str]
+
+
+def wiped_not_gone(
+    completed: Iterable[Generation],
+    operations: Mapping[int, Mapping[str, Any]],
+    galleries: Mapping[int, Mapping[str, Any]],
+    holdings: Mapping[str, set[tuple[int, str]]],
+    judged: set[str],
+) -> list[str]:
+    """The generations the site showed ``COMPLETED`` on a node when its
+    data directory was wiped (``completed``): once that node's inventory
+    was judged (``judged``), each that is still the gid's generation and
+    that no node holds again (a backup restored since may have brought it
+    back) shows ``ARCHIVE_GONE`` with reason ``MISSING``."""
+    held = set().union(*holdings.values()) if holdings else set()
+    failures = []
+    for node, gid, operation_id in completed:
+        op = operations.get(gid) or {}
+        if node not in judged or (gid, operation_id) in held:
+            continue
+        if op.get("state") != "SUBMITTED" or op.get("operation_id") != operation_id:
+            continue  # deleted, or created again since
+        gallery = galleries.get(gid) or {}
+        if gallery.get("archive_gone_reason") != "MISSING":
+            failures.append(
+                f"gid {gid}: COMPLETED on {node} when it was wiped, now status"
+                f" {gallery.get('status')} with archive gone"
+                f" {gallery.get('archive_gone_reason')!r}: ARCHIVE_GONE (MISSING) was due"
+                " once its inventory was judged"
+            )
+    return failures
+
+
+def left_behind(
+    unfinished: Iterable[Generation],
+    operations: Mapping[int, Mapping[str, Any]],
+    galleries: Mapping[int, Mapping[str, Any]],
+) -> list[str]:
+    """The generations a node gone for good had unfinished when it went
+    (``unfinished``): each that is still the gid's generation is finished
+    (status 4) by another node, the same operationId (so no second POST:
+    D1 counts them at every event)."""
+    failures = []
+    for node, gid, operation_id in unfinished:
+        op = operations.get(gid) or {}
+        if op.get("state") != "SUBMITTED" or op.get("operation_id") != operation_id:
+            continue  # deleted, or created again since
+        gallery = galleries.get(gid) or {}
+        if gallery.get("node_id") == node or gallery.get("status") != COMPLETED_CODE:
+            failures.append(
+                f"gid {gid}: unfinished on {node} when it went for good, now on"
+                f" {gallery.get('node_id')} with status {gallery.get('status')}:"
+                f" another node should have finished {operation_id}"
+            )
+    return failures

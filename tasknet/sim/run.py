@@ -30,8 +30,10 @@ from tasknet.sim.cluster import METERED_SQL, NO_ANSWER, SimCluster
 from tasknet.sim.custody import (
     InventoryWatch,
     excuse_restored,
+    left_behind,
     node_holdings,
     unheld_completions,
+    wiped_not_gone,
 )
 from tasknet.sim.schedule import Schedule, Step
 from tasknet.sim.trace import failure_name
@@ -630,45 +632,18 @@ class _Run:
         return op["state"] == "DELETE_PENDING" or not self.cluster.site_reassigns
 
     def _left_behind(self, snap: SiteSnapshot) -> list[str]:
-        """The tasks a node gone for good had unfinished: each, unless deleted
-        or created again since, finished by another node in the same
-        generation (one POST, ever: D1 counts them)."""
+        """:func:`~tasknet.sim.custody.left_behind`, on a site that moves tasks."""
         if not self.cluster.site_reassigns:
             return []
-        failures = []
-        for node_id, gid, operation_id in self._stranded_tasks:
-            op = snap.operations.get(gid) or {}
-            if op.get("state") != "SUBMITTED" or op.get("operation_id") != operation_id:
-                continue
-            gallery = snap.galleries.get(gid) or {}
-            if gallery.get("node_id") == node_id or gallery.get("status") != 4:
-                failures.append(
-                    f"gid {gid}: unfinished on {node_id} when it went for good, now on"
-                    f" {gallery.get('node_id')} status {gallery.get('status')}: another node"
-                    f" should have finished {operation_id}"
-                )
-        return failures
+        return left_behind(self._stranded_tasks, snap.operations, snap.galleries)
 
     def _wiped_not_gone(self, snap: SiteSnapshot) -> list[str]:
-        """The tasks the site showed COMPLETED on a node when it was wiped:
-        once the node's inventory was judged, each (still that generation)
-        shows ARCHIVE_GONE with reason MISSING, not COMPLETED."""
+        """:func:`~tasknet.sim.custody.wiped_not_gone` of the nodes judged."""
         judged = {n for n in self.inventories.judged() if self.cluster.nodes[n].alive}
-        failures = []
-        for node_id, gid, operation_id in self._wiped_completions:
-            op = snap.operations.get(gid) or {}
-            if node_id not in judged or op.get("operation_id") != operation_id:
-                continue
-            if op.get("state") != "SUBMITTED":
-                continue
-            gallery = snap.galleries.get(gid) or {}
-            if gallery.get("archive_gone_reason") != "MISSING":
-                failures.append(
-                    f"gid {gid}: COMPLETED on {node_id} when it was wiped, now status"
-                    f" {gallery.get('status')} archive gone"
-                    f" {gallery.get('archive_gone_reason')!r}: ARCHIVE_GONE (MISSING) was due"
-                )
-        return failures
+        holdings = {n.node_id: node_holdings(n.data) for n in self.cluster.nodes.values()}
+        return wiped_not_gone(
+            self._wiped_completions, snap.operations, snap.galleries, holdings, judged
+        )
 
     def _unheld_completions(self, snap: SiteSnapshot) -> list[str]:
         """D3's archive clause, once settled (:mod:`tasknet.sim.custody`)."""

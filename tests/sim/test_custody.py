@@ -23,8 +23,10 @@ from tasknet.sim.custody import (
     InventoryWatch,
     OneHolder,
     excuse_restored,
+    left_behind,
     node_holdings,
     unheld_completions,
+    wiped_not_gone,
 )
 from tasknet.sim.run import run_schedule
 from tasknet.sim.schedule import (
@@ -296,3 +298,40 @@ def test_a_wiped_node_s_completed_tasks_end_archive_gone_missing(tmp_path: Path)
             assert row[2:] == (4, "MISSING", node), (gid, row)
             gone.append(gid)
     assert gone, outcome.wiped_completions
+
+
+def test_a_wiped_node_s_completion_still_shown_completed_fails() -> None:
+    operations, galleries = site(
+        (101, "op-a", "n1", 4, None),  # still COMPLETED: fails
+        (102, "op-b", "n1", 4, "MISSING"),  # gone, as due
+        (103, "op-c", "n1", 4, "CORRUPT"),  # gone, but not for the wipe: fails
+        (104, "op-new", "n1", 1, None),  # created again since
+        (105, "op-e", "n1", 4, None),  # a restored backup brought it back
+    )
+    wiped = [("n1", g, f"op-{c}") for g, c in ((101, "a"), (102, "b"), (103, "c"), (104, "d"))]
+    wiped.append(("n1", 105, "op-e"))
+    failures = wiped_not_gone(wiped, operations, galleries, {"n1": {(105, "op-e")}}, {"n1"})
+    assert failures == [
+        "gid 101: COMPLETED on n1 when it was wiped, now status 4 with archive gone None:"
+        " ARCHIVE_GONE (MISSING) was due once its inventory was judged",
+        "gid 103: COMPLETED on n1 when it was wiped, now status 4 with archive gone 'CORRUPT':"
+        " ARCHIVE_GONE (MISSING) was due once its inventory was judged",
+    ]
+    # Not judged yet (not reconnected, or a node that sends no inventory): nothing due.
+    assert wiped_not_gone(wiped, operations, galleries, {}, set()) == []
+
+
+def test_a_gone_node_s_task_not_finished_elsewhere_fails() -> None:
+    operations, galleries = site(
+        (101, "op-a", "n1", 1, None),  # still on the gone node
+        (102, "op-b", "n2", 1, None),  # moved, not finished
+        (103, "op-c", "n2", 4, None),  # moved and finished: as due
+        (104, "op-new", "n2", 4, None),  # created again since
+    )
+    left = [("n1", 101, "op-a"), ("n1", 102, "op-b"), ("n1", 103, "op-c"), ("n1", 104, "op-d")]
+    assert left_behind(left, operations, galleries) == [
+        "gid 101: unfinished on n1 when it went for good, now on n1 with status 1:"
+        " another node should have finished op-a",
+        "gid 102: unfinished on n1 when it went for good, now on n2 with status 1:"
+        " another node should have finished op-b",
+    ]
