@@ -8,6 +8,8 @@ from typing import Any
 
 import pytest
 
+from tasknet.protocol.messages import ReleasedEntry, TaskEntry, TaskReport
+from tasknet.site.storage import reports
 from tasknet.site.storage.custody import mark_archive_gone, settle_cancel
 from tasknet.site.storage.engine import database as dbmod
 from tests.site_protocol.harness import add_task, add_user, outbox_count
@@ -88,3 +90,41 @@ def test_settle_cancel_forgets_only_that_nodes_row(conn: Any) -> None:
     assert not settle("n1", "op-1")
     rows = conn.execute("SELECT node_id, operation_id FROM node_cancel").fetchall()
     assert [tuple(r) for r in rows] == [("n2", "op-2")]
+
+
+def test_releases_of_several_nodes_apply_in_one_batch(conn: Any) -> None:
+    """The pipeline's coalesced write (``reports.apply_reports``): a release
+    counts as an entry of its report -- reports of different nodes apply
+    together, each by its own rules, and one naming another's gid is not
+    mixed into the same run."""
+    user, _ = add_user(conn, "alice")
+    add_task(conn, 1, user, node_id="n1", status=4, progress=1.0)
+    add_task(conn, 2, user, node_id="n2", status=4, progress=1.0)
+    add_task(conn, 3, user, node_id="n3", status=1, progress=0.5)
+
+    def report(report_id: str, released: list[tuple[int, str, str]], tasks: Any = ()) -> Any:
+        return TaskReport(
+            report_id,
+            5,
+            tuple(TaskEntry(*t) for t in tasks),
+            {t[0]: f"op-{t[0]}" for t in tasks},
+            (),
+            tuple(ReleasedEntry(*r) for r in released),
+        )
+
+    queued = [
+        reports.QueuedReport("n1", report("a", [(1, "op-1", "EXPIRED")])),
+        reports.QueuedReport(
+            "n2", report("b", [(2, "op-2", "DISK_BUDGET"), (3, "op-3", "CORRUPT")])
+        ),
+        # n3 names gid 3 too: not in the run above, applied after it.
+        reports.QueuedReport("n3", report("c", [], [(3, 1, 0.75)])),
+    ]
+    outcomes = dbmod.run_write(conn, lambda c: reports.apply_reports(c, queued))
+    assert [o.result for o in outcomes] == ["APPLIED"] * 3
+    assert (outcomes[0].released, outcomes[1].released) == ([1], [2])
+    assert outcomes[1].dropped == {3: reports.NOT_OWNER}
+    assert _gone(conn, 1)[0] == "EXPIRED" and _gone(conn, 2)[0] == "DISK_BUDGET"
+    assert _gone(conn, 3)[0] is None
+    assert conn.execute("SELECT progress FROM gallery WHERE gid = 3").fetchone()[0] == 0.75
+    assert reports._independent_run(queued, 0) == queued[:2]
