@@ -354,8 +354,12 @@ def s28_node_gone_past_reassign_after(c: Cluster, x: Expect, rng: random.Random)
     x.equal(left, [], f"{gone}'s partial files of the moved tasks")
     for gid in gids:
         x.equal(c.posts(gid), 1, f"upstream POSTs for gid {gid}")
-        x.equal(shown(c, gid), f"{COMPLETED} on {other if gid in moved else placed[gid]}", "")
-    record(c, x, "after", gids)
+        x.equal(
+            shown(c, gid), f"{COMPLETED} on {other if gid in moved else placed[gid]}", f"gid {gid}"
+        )
+    after = record(c, x, "after", gids)
+    counted = after["metrics"].get("tasknet_tasks_reassigned_total{cause=timeout}", 0)
+    x.equal(counted, float(len(moved)), "tasks reassigned after the timeout (the site's counter)")
 
 
 # -- S29 --------------------------------------------------------------------------------
