@@ -20,7 +20,13 @@ from twisted.internet.endpoints import TCP4ServerEndpoint
 from twisted.internet.task import Clock
 from twisted.python import usage
 
-from tasknet.protocol.messages import TaskCommand, TaskReportAck
+from tasknet.protocol.messages import (
+    DownloadPost,
+    StatusReport,
+    TaskCommand,
+    TaskEntry,
+    TaskReportAck,
+)
 from tasknet.site import metrics
 from tasknet.site.dispatcher import reassign_check_interval
 from tasknet.site.root import Tuning, build_node_side
@@ -186,6 +192,34 @@ async def test_a_node_gone_past_the_limit_loses_its_unfinished_tasks_to_a_connec
 
 
 @pytest_twisted.ensureDeferred
+async def test_a_legacy_node_is_never_sent_cancel_and_its_late_report_is_not_owner(
+    db_target: str,
+) -> None:
+    site = await _clocked(db_target)
+    conn = site.sql()
+    try:
+        uid, _ = add_user(conn, "alice")
+        add_task(conn, 1, uid, node_id="old", status=1, progress=0.4)
+        old = await site.connect("old", v2=False)
+        assert isinstance(await old.next(DownloadPost), DownloadPost)
+        n2 = await site.connect("n2")
+        await _gone(site, old)
+        await site.advance(LIMIT)
+        assert (await n2.next(TaskCommand)).operation_id == "op-1"
+        # The CANCEL owed to it waits (for a v2 login of that node, if ever).
+        assert _cancels(conn) == [("old", 1, "op-1")]
+        old = await site.connect("old", v2=False)
+        old.sendMessage(StatusReport((TaskEntry(1, 4, 1.0),)))
+        await eventually(lambda: dropped_entries(conn.cursor()).get("old") == {"not_owner": 1})
+        assert row(conn, 1)["node_id"] == "n2" and row(conn, 1)["status"] is None
+        assert site.side.dispatcher.cancels_sent == 0
+        assert [t for t, _ in old.frames if t == TaskCommand.TYPE] == []
+    finally:
+        conn.close()
+        await site.stop()
+
+
+@pytest_twisted.ensureDeferred
 async def test_a_node_back_a_second_before_the_limit_keeps_its_tasks(db_target: str) -> None:
     site = await _clocked(db_target)
     conn = site.sql()
@@ -237,6 +271,33 @@ async def test_with_no_node_connected_the_tasks_wait_and_go_to_the_next_node(
         # here n1 returns and is told to cancel.
         n1 = await site.connect("n1")
         assert (await n1.next(TaskCommand)).action == "CANCEL"
+    finally:
+        conn.close()
+        await site.stop()
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_task_given_back_to_its_old_node_comes_after_the_cancel_and_is_not_owed(
+    db_target: str,
+) -> None:
+    site = await _clocked(db_target)
+    conn = site.sql()
+    try:
+        uid, _ = add_user(conn, "alice")
+        add_task(conn, 1, uid, node_id="n1", status=1, progress=0.4)
+        await site.advance(6.0)
+        await site.advance(LIMIT)
+        assert row(conn, 1)["node_id"] is None and _cancels(conn) == [("n1", 1, "op-1")]
+        # n1 is the only node when it returns: CANCEL, then the same
+        # generation's DOWNLOAD again (the node starts it again), nothing owed.
+        n1 = await site.connect("n1")
+        first, second = await n1.next(TaskCommand), await n1.next(TaskCommand)
+        assert [(c.action, c.operation_id) for c in (first, second)] == [
+            ("CANCEL", "op-1"),
+            ("DOWNLOAD", "op-1"),
+        ]
+        assert row(conn, 1)["node_id"] == "n1"
+        assert _cancels(conn) == []
     finally:
         conn.close()
         await site.stop()

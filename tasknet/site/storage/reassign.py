@@ -110,12 +110,14 @@ _AUDITS_SQL = sql(
     "SELECT id, node_id, action, actor, note, tasks, archives, at FROM node_custody_audit"
     " WHERE node_id = ? ORDER BY id"
 )
-# A node the site has heard of: a key, a login, a task.
+# A node the site has heard of: a key, a login, a task, an operator's action
+# (a retired node stays known: retiring it again changes nothing).
 _KNOWN_SQL = sql(
     "SELECT 1 WHERE EXISTS (SELECT 1 FROM node_key WHERE node_id = ?1)"
     " OR EXISTS (SELECT 1 FROM node_session WHERE node_id = ?1)"
     " OR EXISTS (SELECT 1 FROM node_seen WHERE node_id = ?1)"
     " OR EXISTS (SELECT 1 FROM gallery WHERE node_id = ?1)"
+    " OR EXISTS (SELECT 1 FROM node_custody_audit WHERE node_id = ?1)"
 )
 
 REASSIGN = "REASSIGN"
