@@ -1247,7 +1247,9 @@
         "aria-label": actionLabel(t("download"), task), text: t("download")
       }));
     }
-    if (task.status === "ARCHIVE_GONE") {
+    // Only its owner can get it again (an admin seeing another's task cannot).
+    var mine = !task.owner || !state.me || task.owner === state.me.name;
+    if (task.status === "ARCHIVE_GONE" && mine) {
       actions.appendChild(el("button", {
         type: "button", "data-action": "fetch-again",
         "aria-label": actionLabel(t("fetchAgain"), task), text: t("fetchAgain")
