@@ -25,7 +25,11 @@ Fencing: when 1 or 2 fails the lease is lost: the service stops its timer,
 the lifecycle refuses every further write (:class:`LeaseLost`) and
 :attr:`InstanceService.fenced` fires with the reason; the site service
 stops and, under twistd, exits non-zero.  A tick still running when the next
-is due is skipped, not queued.
+is due is skipped, not queued, but for its lease check: when the last tick's
+heartbeat or reaping is slow (a database in failover retries its
+connections for seconds) the lease is still checked on time, on its own
+session, so the site keeps its lease fresh or learns at once that it lost
+it (SCALE.md "Database failover" 3).
 
 On SQLite the flock is the lease and the site is alone on its file: there is
 nothing to check or reap while it runs, so there is no timer at all.
@@ -41,6 +45,7 @@ from twisted.application.service import MultiService
 from twisted.internet.defer import Deferred, TimeoutError, succeed
 from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
+from twisted.python.failure import Failure
 
 from tasknet.site.storage import instances
 from tasknet.site.storage.engine.database import Database
@@ -84,6 +89,10 @@ class InstanceService(MultiService):
             self._timer.clock = self._clock
             self._timer.setServiceParent(self)
         self._running: Deferred[None] | None = None
+        # A lease check under way (a tick's, or one on its own while a
+        # tick's heartbeat or reaping is slow).
+        self._checking: Deferred[bool] | None = None
+        self._check_waiters: list[Deferred[bool]] = []
         #: Fires once, with the reason, when the lease is lost.
         self.fenced: Deferred[str] = Deferred()
         #: Ticks finished (tests, logs).
@@ -95,16 +104,41 @@ class InstanceService(MultiService):
 
     def _in_background(self) -> None:
         # Not returned to the timer: a failed or slow tick must not stop it.
-        if self._running is None and not self.fenced.called:
+        if self.fenced.called:
+            return
+        if self._running is None:
             self._running = Deferred.fromCoroutine(self.tick())
             self._running.addErrback(lambda f: log.failure("instance tick failed", f))
             self._running.addBoth(self._tick_ended)
+        elif self._checking is None:
+            # The last tick is still at its heartbeat or reaping: check anyway.
+            check = self._check()
+            check.addErrback(lambda f: log.failure("lease check failed", f))
 
     def _tick_ended(self, _: object) -> None:
         self._running = None
 
-    async def tick(self) -> None:
-        """One round: lease, heartbeat, reaping (see the module doc)."""
+    def _check(self) -> Deferred[bool]:
+        """Check the lease (within the check timeout), or wait for the
+        check under way; fires True if it holds, False once it was found
+        lost (the site is then fenced)."""
+        waiter: Deferred[bool] = Deferred()
+        self._check_waiters.append(waiter)
+        if self._checking is None:
+            self._checking = Deferred.fromCoroutine(self._check_lease())
+            self._checking.addBoth(self._check_ended)
+        return waiter
+
+    def _check_ended(self, result: bool | Failure) -> None:
+        self._checking = None
+        waiters, self._check_waiters = self._check_waiters, []
+        for waiter in waiters:
+            if isinstance(result, Failure):
+                waiter.errback(result)
+            else:
+                waiter.callback(result)
+
+    async def _check_lease(self) -> bool:
         try:
             await self.lease.check().addTimeout(self._check_timeout, self._clock)
         except (LeaseLost, TimeoutError) as e:
@@ -113,6 +147,12 @@ class InstanceService(MultiService):
                 if isinstance(e, LeaseLost)
                 else f"the lease check did not answer within {self._check_timeout} s"
             )
+            return False
+        return True
+
+    async def tick(self) -> None:
+        """One round: lease, heartbeat, reaping (see the module doc)."""
+        if not await self._check():
             return
         try:
             still_open = await self._db.write(instances.heartbeat, self.instance_id)

@@ -334,6 +334,39 @@ async def test_the_service_ticks_on_its_clock_and_fences_when_the_lease_session_
 
 
 @pytest_twisted.ensureDeferred
+async def test_the_lease_is_checked_on_time_while_a_tick_is_slow(pg_url: str) -> None:
+    clock = Clock()
+    lease = take_lease(pg_url, "a", flock=None, **lease_runtime())
+    db = open_pool(pg_url, **site_runtime())
+    held: Deferred[Any] = Deferred()
+    passes: list[float] = []
+
+    def reap() -> Deferred[Any]:
+        passes.append(lease.confirmed_at)
+        return held
+
+    service = InstanceService(lease, db, reap, interval=INTERVAL, clock=clock)
+    reasons: list[str] = []
+    service.fenced.addCallback(reasons.append)
+    try:
+        service.startService()  # the first tick: its reaping pass hangs
+        await eventually(lambda: bool(passes))
+        first = passes[0]  # the tick's own check confirmed the lease before it
+        clock.advance(INTERVAL)  # the next tick is skipped, its lease check is not
+        await eventually(lambda: lease.confirmed_at > first)
+        assert service.ticks == 0
+        _terminate(pg_url, lease.lease_pid)
+        clock.advance(INTERVAL)
+        await eventually(lambda: bool(reasons))  # fenced while the pass still hangs
+        assert "lease" in reasons[0] and lease.lost
+    finally:
+        held.callback([])
+        await service.stopService()
+        db.close()
+        lease.release()
+
+
+@pytest_twisted.ensureDeferred
 async def test_the_service_fences_when_the_database_says_it_was_reaped(pg_url: str) -> None:
     clock = Clock()
     lease = take_lease(pg_url, "a", flock=None, **lease_runtime())
