@@ -243,6 +243,7 @@ def test_counts_and_filters_follow_display_status(conn: sqlite3.Connection) -> N
         "SUBMIT_UNKNOWN": 1,
         "DELETE_PENDING": 1,
         "DELETE_FAILED": 0,
+        "ARCHIVE_GONE": 0,
     }
     query = views.TaskQuery(alice, 50, views.Order.GID, frozenset({views.TaskStatus.COMPLETED}))
     tasks, _, _ = run_read(conn, views.list_tasks, query)
