@@ -332,6 +332,8 @@ async def _failover_under_creates(
         site.watch()
         stream = Deferred.fromCoroutine(creates.stream(done))
         await sleep(1.0)  # creates flowing
+        old_primary = await deferToThread(cluster.primary)
+        assert old_primary is not None
         if fault == "kill":
             began = await deferToThread(cluster.kill_primary)
         else:
@@ -339,11 +341,16 @@ async def _failover_under_creates(
             await deferToThread(cluster.switchover)
         writable = await deferToThread(cluster.wait_primary, 90)
         figures["primary_writable"] = writable - began
+        timeline = await deferToThread(cluster.failover_timeline, began, old_primary)
+        figures.update({f"monitor_{k}": at - began for k, at in timeline.items()})
+        # Served again: the first 2xx of a create sent once the standby was
+        # promoted (a switchover's command returns seconds after that).
+        promoted = timeline.get("promoted", writable)
         deadline = time.monotonic() + 90
-        while creates.served_again(max(writable, began)) is None:
+        while creates.served_again(promoted) is None:
             assert time.monotonic() < deadline, "creates were not served again"
             await sleep(0.1)
-        served = creates.served_again(max(writable, began))
+        served = creates.served_again(promoted)
         assert served is not None
         figures["creates_served"] = served - began
         if site.restarts:
