@@ -161,6 +161,8 @@ class Retention(Service):
         self._timer: IDelayedCall | None = None
         self._held = (0, 0)
         self._free: int | None = None
+        #: The bounds are broken and retention cannot mend them (warned once).
+        self._stuck = False
         #: Archives released by retention since the start, by reason.
         self.released: Counter[str] = Counter()
 
@@ -316,28 +318,48 @@ class Retention(Service):
     async def _make_room(self, need: int, released: Counter[str], part: int = 0) -> bool:
         """Remove archives, served longest ago first, until ``need`` more
         bytes (``part`` of them already on disk) fit both bounds; whether
-        they fit."""
+        they fit.  Nothing is removed unless removing enough would make them
+        fit: archives are never thrown away for room that cannot be had."""
         short = await self._shortfall(need, part)
         if short <= 0:
             return True
-        busy = set(self.busy())
-        skipped: set[tuple[int, str]] = set()
-        while short > 0:
-            batch = await self.store.eviction_candidates(BATCH + len(skipped))
-            rows = [a for a in batch if (a.gid, a.operation_id) not in skipped]
-            if not rows:
-                return False
-            for row in rows:
-                key = (row.gid, row.operation_id)
-                if key in busy or not await self._remove(row, DISK_BUDGET):
-                    skipped.add(key)
-                    continue
+        plan = await self._plan(short)
+        if plan is None:
+            if need == 0 and not self._stuck:
+                log.warn(
+                    "retention: {short} bytes over --disk-budget or under --min-free, and the"
+                    " archives it may remove do not cover them: nothing removed",
+                    short=short,
+                )
+            self._stuck = need == 0 or self._stuck
+            return False
+        self._stuck = False
+        for row in plan:
+            if await self._remove(row, DISK_BUDGET):
                 released[DISK_BUDGET] += 1
-                short -= row.size
-                if short <= 0:
-                    break
         # What was removed is gone from the disk now: measure, not guess.
         return await self._shortfall(need, part) <= 0
+
+    async def _plan(self, short: int) -> list[ArchiveRow] | None:
+        """The archives to remove, served longest ago first, whose bytes
+        cover ``short``; None when all retention may remove would not."""
+        busy = set(self.busy())
+        plan: list[ArchiveRow] = []
+        covered = 0
+        offset = 0
+        while covered < short:
+            batch = await self.store.eviction_candidates(BATCH, offset=offset)
+            if not batch:
+                return None
+            offset += len(batch)
+            for row in batch:
+                if (row.gid, row.operation_id) in busy:
+                    continue
+                plan.append(row)
+                covered += row.size
+                if covered >= short:
+                    break
+        return plan
 
     async def _remove(self, row: ArchiveRow, reason: str) -> bool:
         forgotten = await self.store.release_archive(row.gid, row.operation_id, reason)

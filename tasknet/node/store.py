@@ -997,19 +997,21 @@ class NodeStore:
         """The releases not yet ACKed: (gid, operationId, reason)."""
         return self._run(lambda cursor: list(_read_released(cursor)))
 
-    def eviction_candidates(self, limit: int) -> Deferred[list[ArchiveRow]]:
-        """Up to ``limit`` archives retention may remove, the one served
-        longest ago (never served: completed longest ago) first; an archive
-        whose completion the site has not ACKed yet is not one."""
+    def eviction_candidates(self, limit: int, *, offset: int = 0) -> Deferred[list[ArchiveRow]]:
+        """Up to ``limit`` archives retention may remove (after the first
+        ``offset``), the one served longest ago (never served: completed
+        longest ago) first; an archive whose completion the site has not
+        ACKed yet is not one."""
 
         def read(cursor: sqlite3.Cursor) -> list[ArchiveRow]:
             sql = (
                 f"SELECT {_ARCHIVE_COLUMNS} FROM archive a"  # noqa: S608 (constant)
                 " WHERE NOT EXISTS (SELECT 1 FROM task t"
                 "  WHERE t.gid = a.gid AND t.operation_id = a.operation_id)"
-                " ORDER BY COALESCE(served_at, completed_at), gid, operation_id LIMIT ?"
+                " ORDER BY COALESCE(served_at, completed_at), gid, operation_id"
+                " LIMIT ? OFFSET ?"
             )
-            return [_archive(r) for r in _query(cursor, sql, (limit,))]
+            return [_archive(r) for r in _query(cursor, sql, (limit, offset))]
 
         return self._run(read)
 

@@ -321,3 +321,25 @@ async def test_the_serve_endpoint_says_which_archives_it_is_sending(tmp_path: Pa
         client.reading(True)
         await client.closed
         await eventually(lambda: served.server.serving() == frozenset(), what="sent no more")
+
+
+@pytest_twisted.ensureDeferred
+async def test_archives_are_never_removed_for_room_that_cannot_be_had(tmp_path: Path) -> None:
+    clock = Clock()
+    async with opened(tmp_path, clock) as store:
+        await archive(store, 1, 100)
+        await archive(store, 2, 100)
+        async with retention(store, clock, disk_budget=250) as kept:
+            waits: list[int] = []
+            kept.admit(3, "op-3", 300, on_wait=lambda: waits.append(3))
+            await eventually(lambda: waits == [3], what="queued: more than the whole budget")
+            await kept.run()
+            assert held(tmp_path) == [1, 2]
+        # The disk is full of something else: removing every archive would not do.
+        full = SimpleNamespace(free=0)
+        async with retention(store, clock, min_free=1000, disk_usage=lambda _: full) as kept:
+            await kept.run()
+            assert held(tmp_path) == [1, 2] and released_rows(tmp_path) == []
+            full.free = 850  # now two archives' worth short of it: both go
+            await kept.run()
+            assert held(tmp_path) == [] and kept.released == {DISK_BUDGET: 2}
