@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest_twisted
 
 from tasknet.site.storage import delete
+from tasknet.upstream import catalog
 from tasknet.upstream.testing import RunningUpstream, start_upstream
 from tests.eventually import eventually
 from tests.node.harness import node_rows, start_node
@@ -68,5 +69,48 @@ async def test_the_nodes_delete_report_settles_the_delete_on_the_site(
             await node.stopService()
         assert sent_delete_id == delete_id
         assert row(conn, GID)["delete_operation_id"] == delete_id
+    finally:
+        conn.close()
+
+
+def gone(conn: object, gid: int) -> tuple[str | None, str | None]:
+    found = conn.execute(  # type: ignore[attr-defined]
+        "SELECT archive_gone_reason, archive_gone_node FROM gallery WHERE gid = ?", (gid,)
+    ).fetchone()
+    return (found[0], found[1]) if found else (None, None)
+
+
+@pytest_twisted.ensureDeferred
+async def test_an_archive_the_nodes_budget_removes_is_gone_on_the_site(
+    tmp_path: Path, site_and_upstream: tuple[Site, RunningUpstream]
+) -> None:
+    site, up = site_and_upstream
+    conn = site.sql()
+    first, second = GID + 1, GID + 2
+    data = tmp_path / "node"
+    try:
+        uid, _ = add_user(conn, "bob")
+        endpoint = f"tcp:127.0.0.1:{site.port.getHost().port}"
+        # Room for one archive of either: the second one's completion
+        # pushes the first (served longest ago: never) out.
+        budget = max(catalog.gallery(first).size, catalog.gallery(second).size) * 3 // 2
+        node = await start_node(
+            endpoint, data, secret=secret_of(NODE), disk_budget=budget, min_free=0
+        )
+        try:
+            await eventually(lambda: NODE in site.factory.nodes, what="login")
+            add_task(conn, first, uid, dispatched=0, url=up.file_url(first))
+            await site.side.dispatcher.task_changed(first)
+            await eventually(lambda: row(conn, first)["status"] == 4, what="the first complete")
+            add_task(conn, second, uid, dispatched=0, url=up.file_url(second))
+            await site.side.dispatcher.task_changed(second)
+            await eventually(lambda: row(conn, second)["status"] == 4, what="the second complete")
+            await eventually(lambda: gone(conn, first)[0] is not None, what="the first gone")
+            await eventually(lambda: not node_rows(data, "SELECT * FROM released"), what="ACK")
+        finally:
+            await node.stopService()
+        assert gone(conn, first) == ("DISK_BUDGET", NODE)
+        assert gone(conn, second) == (None, None)
+        assert node_rows(data, "SELECT gid FROM archive") == [(second,)]
     finally:
         conn.close()
