@@ -495,7 +495,10 @@ class PgCluster:
         """Start node ``name``'s pg_autoctl again (after :meth:`kill_node` or
         :meth:`stop_standby`); it rejoins as the monitor says (an old primary
         is rewound and becomes the standby).  Returns once it is started; use
-        :meth:`wait_in_sync` to wait for the formation."""
+        :meth:`wait_in_sync` to wait for the formation.  As for
+        :meth:`start`: call it from a thread that outlives the node (the
+        parent-death signal is the calling thread's; a reactor's thread pool
+        thread is fine until the reactor stops)."""
         node = self._require_node(name)
         if node.child is not None and node.child.alive:
             return
