@@ -27,6 +27,9 @@ async def start_node(
 ) -> NodeService:
     """Node ``node-t`` on ``data``, dialling ``site`` (or that endpoint string)."""
     options.setdefault("debounce", 0.05)
+    # Not the free space of whatever disk the test runs on (a small /dev/shm
+    # would make every download wait): the retention tests set their own.
+    options.setdefault("min_free", 0)
     options.setdefault("reactor", reactor)
     options.setdefault("threads", RealThreadPools())
     options.setdefault("entropy", SystemEntropy())
