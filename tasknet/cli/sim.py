@@ -25,6 +25,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from tasknet.version import version_line
+
 __all__ = ["main"]
 
 #: Sites of a PostgreSQL run (several sites on one database, SCALE.md).
@@ -60,6 +62,7 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="tasknet-sim", description="The deterministic simulator (SIMULATION.md)."
     )
+    parser.add_argument("--version", action="version", version=version_line("tasknet-sim"))
     commands = parser.add_subparsers(dest="command", required=True)
     run = commands.add_parser("run", help="run many seeds and check every one")
     run.add_argument("--seeds", type=_seeds, default=range(0, 100), help="A..B (both included)")

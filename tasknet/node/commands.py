@@ -24,6 +24,7 @@ from collections.abc import Callable
 from urllib.parse import urlsplit
 
 from twisted.internet.defer import Deferred, DeferredLock
+from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.logger import Logger
 
 from tasknet.node.paths import DataDir
@@ -73,6 +74,12 @@ def _check_download(gid: int, url: str) -> None:
         raise BadCommand(f"gid {gid}: url must be http(s)://host/..., got {url[:200]!r}")
 
 
+#: Repeated DOWNLOADs within this many seconds of the first are one log line.
+REPEATED_SUMMARY_DELAY = 1.0
+#: How many of their gids that line names.
+REPEATED_GIDS_SHOWN = 10
+
+
 class CommandHandler:
     def __init__(
         self,
@@ -82,8 +89,14 @@ class CommandHandler:
         on_change: Callable[[], None],
         *,
         entropy: IEntropy,
+        clock: IReactorTime | None = None,
     ) -> None:
         self.store = store
+        #: Repeated DOWNLOADs are logged as one line per burst, on this clock
+        #: (None: each at once, as a test without a clock wants).
+        self.clock = clock
+        self._repeated: list[int] = []
+        self._repeated_summary: IDelayedCall | None = None
         #: The ids of legacy downloads (which carry no operationId) come from it.
         self.entropy = entropy
         self.data = data
@@ -126,6 +139,43 @@ class CommandHandler:
             return self._serialised(message.gid, self._delete, message.gid, LEGACY_DELETE_ID, 1)
         return None
 
+    def _repeated_download(self, gid: int, operation_id: str) -> None:
+        """A DOWNLOAD of an operation already held: nothing to do.  A site
+        sends every held task again when a node reconnects, so these come
+        by the thousand: one summary line per burst, not one per gid."""
+        if self.clock is None:
+            log.info(
+                "gid {gid}: DOWNLOAD {operation_id} again: nothing to do",
+                gid=gid,
+                operation_id=operation_id,
+            )
+            return
+        self._repeated.append(gid)
+        if self._repeated_summary is None or not self._repeated_summary.active():
+            self._repeated_summary = self.clock.callLater(
+                REPEATED_SUMMARY_DELAY, self._log_repeated
+            )
+
+    def _log_repeated(self) -> None:
+        gids, self._repeated = self._repeated, []
+        if not gids:
+            return
+        shown = ", ".join(str(gid) for gid in gids[:REPEATED_GIDS_SHOWN])
+        more = len(gids) - REPEATED_GIDS_SHOWN
+        log.info(
+            "DOWNLOAD again for {count} task(s) already held: nothing to do (gids {gids}{more})",
+            count=len(gids),
+            gids=shown,
+            more=f" and {more} more" if more > 0 else "",
+        )
+
+    def stop(self) -> None:
+        """Log what :meth:`_repeated_download` still holds (the node stops)."""
+        if self._repeated_summary is not None and self._repeated_summary.active():
+            self._repeated_summary.cancel()
+        self._repeated_summary = None
+        self._log_repeated()
+
     def _serialised(self, gid: int, fn, *args) -> Deferred[None]:  # type: ignore[no-untyped-def]
         lock = self._locks.setdefault(gid, DeferredLock())
 
@@ -151,11 +201,7 @@ class CommandHandler:
             size=size,
         )
         if accepted.kind == "duplicate":
-            log.info(
-                "gid {gid}: DOWNLOAD {operation_id} again: nothing to do",
-                gid=gid,
-                operation_id=accepted.operation_id,
-            )
+            self._repeated_download(gid, accepted.operation_id)
             return
         if accepted.kind == "new_generation":
             log.info(

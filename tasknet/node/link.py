@@ -153,6 +153,16 @@ class SiteLink(PeerProtocol):
             # Refused, the site never completed the login, never proved
             # itself, or is a legacy site we do not trust: back off further.
             self.factory.failed_logins += 1
+            tls_failure = tls_failure_text(reason)
+            if tls_failure is not None:
+                # ClientService's own line ("Scheduling retry") says only that it retries.
+                log.warn(
+                    "TLS with the site at {endpoint} failed: {why}; check that --connect's"
+                    " trustRoots= holds the CA that signed the site's certificate and that"
+                    " the host name is one the certificate names",
+                    endpoint=self.factory.dialled_endpoint() or "?",
+                    why=tls_failure,
+                )
         if self._up:
             self._up = False
             log.info(
@@ -380,10 +390,30 @@ class SiteLinkFactory(PeerFactory):
         #: The nonces of the site's proof (NodeChallenge) come from it.
         self.entropy: IEntropy = entropy
         self.dialled_tls: Callable[[], bool] = lambda: False
+        #: The ``--connect`` string of the current attempt (None before one).
+        self.dialled_endpoint: Callable[[], str | None] = lambda: None
         self.hello_urls = hello_urls
 
     def buildProtocol(self, addr: Any) -> Any:  # Any: Factory's generic typing wants more
         return SiteLink(self)
+
+
+def tls_failure_text(reason: Failure | None) -> str | None:
+    """Why a TLS handshake failed, in OpenSSL's words (``certificate verify
+    failed``), or None when ``reason`` is not a TLS failure."""
+    if reason is None:
+        return None
+    from OpenSSL import SSL  # twisted[tls]: only a tls: link gets here with one
+
+    if not reason.check(SSL.Error):
+        return None
+    texts = [
+        str(entry[-1])
+        for group in getattr(reason.value, "args", ())
+        for entry in (group if isinstance(group, list) else [group])
+        if isinstance(entry, tuple) and entry and entry[-1]
+    ]
+    return "; ".join(dict.fromkeys(texts)) or "the handshake was refused"
 
 
 def retry_policy_of(entropy: IEntropy) -> Callable[[int], float]:
@@ -606,6 +636,7 @@ def site_client_service(
     )
     # One attempt at a time: the endpoint dialled last is the connection's.
     factory.dialled_tls = lambda: (endpoints.dialled or "").startswith("tls:")
+    factory.dialled_endpoint = lambda: endpoints.dialled
     return SiteClientService(
         endpoints,
         factory,

@@ -540,7 +540,7 @@ class NodeService(MultiService):
             retention.poke()  # a delete or a cancel may have freed room
 
         self.commands = CommandHandler(
-            store, self.data, worker, command_applied, entropy=self.entropy
+            store, self.data, worker, command_applied, entropy=self.entropy, clock=self.clock
         )
         await self._recover()
         await worker.resume_all()
@@ -691,6 +691,8 @@ class NodeService(MultiService):
             await MultiService.stopService(self)  # type: ignore[misc]
         if self.reporter is not None:
             self.reporter.stop()
+        if self.commands is not None:
+            self.commands.stop()  # its pending summary line, now
         if self.worker is not None:
             await self.worker.stop()
         if self.store is not None:

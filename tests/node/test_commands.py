@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest_twisted
+from twisted.logger import formatEvent, globalLogPublisher
 
 from tasknet.protocol.messages import Error, TaskReport
 from tasknet.upstream import catalog
@@ -43,6 +44,36 @@ async def test_the_same_operation_twice_downloads_once(tmp_path: Path) -> None:
             await eventually(lambda: len(node_rows(data, "SELECT * FROM received_command")) == 3)
         assert up.stats()["fileGets"] == {f"{GID}-1.bin": 1}
     assert node_rows(data, "SELECT * FROM task") == []
+
+
+@pytest_twisted.ensureDeferred
+async def test_downloads_sent_again_are_one_summary_line(tmp_path: Path) -> None:
+    """A site sends every held task again when a node reconnects: one line
+    says so, not one per gid (issue 36, item 12)."""
+    data = tmp_path / "node"
+    events: list[dict] = []
+    globalLogPublisher.addObserver(events.append)
+    try:
+        async with running(tmp_path) as (site, up):
+            async with logged_in_node(site, data):
+                gids = list(range(GID, GID + 12))
+                for gid in gids:
+                    site.download(f"op-{gid}", gid, up.file_url(gid))
+                await eventually(lambda: all(completed(site, gid, f"op-{gid}") for gid in gids))
+                for gid in gids:  # as after a reconnect
+                    site.download(f"op-{gid}", gid, up.file_url(gid))
+                summaries = await eventually(
+                    lambda: [e for e in events if "DOWNLOAD again for" in formatEvent(e)],
+                    what="the summary line",
+                )
+    finally:
+        globalLogPublisher.removeObserver(events.append)
+    assert [formatEvent(e) for e in summaries] == [
+        "DOWNLOAD again for 12 task(s) already held: nothing to do (gids "
+        + ", ".join(str(gid) for gid in gids[:10])
+        + " and 2 more)"
+    ]
+    assert not [e for e in events if "again: nothing to do" in formatEvent(e)]
 
 
 @pytest_twisted.ensureDeferred

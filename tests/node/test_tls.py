@@ -85,6 +85,13 @@ async def test_node_over_tls_logs_in_and_refuses_a_site_from_another_ca(tmp_path
                 assert stranger.link is None
                 retries = [e for e in events if "Scheduling retry" in str(e.get("log_format"))]
                 assert len(retries) >= 2  # it dialled, refused the handshake, dialled again
+                # ... and says why (issue 36, item 12), not only "Scheduling retry".
+                why = [
+                    e["why"]
+                    for e in events
+                    if str(e.get("log_format", "")).startswith("TLS with the site at")
+                ]
+                assert why and all("certificate verify failed" in text for text in why)
             finally:
                 await stranger.stopService()
             response = await treq.get(

@@ -98,6 +98,8 @@ class InstanceLock:
         self.holder = holder
         self._fd: int | None = fd
         self._held = True
+        #: :func:`acquire` made the lock file (there was none before it).
+        self.created = False
 
     @property
     def held(self) -> bool:
@@ -111,6 +113,18 @@ class InstanceLock:
         fd, self._fd = self._fd, None
         if fd is not None:
             os.close(fd)
+
+    def release_refused(self) -> None:
+        """:meth:`release` after a tool refused to act: the lock file goes
+        too when :meth:`acquire` made it, so a refusal leaves the directory
+        as it found it.  Unlinked while the flock is still held: a process
+        that opens the path after this makes a new file and locks that."""
+        if self.created and self.path is not None and self._fd is not None:
+            try:
+                os.unlink(self.path)
+            except FileNotFoundError:
+                pass
+        self.release()
 
     def release(self) -> None:
         self._held = False
@@ -148,7 +162,12 @@ def acquire(
     if is_postgres(database):
         return InstanceLock(database, None, _this_process(role, process))
     path = lock_path(database)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        created = True
+    except FileExistsError:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        created = False
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -161,4 +180,6 @@ def acquire(
     holder = _this_process(role, process)
     os.ftruncate(fd, 0)
     os.pwrite(fd, json.dumps(holder.__dict__).encode("utf-8") + b"\n", 0)
-    return InstanceLock(database, fd, holder)
+    held = InstanceLock(database, fd, holder)
+    held.created = created
+    return held

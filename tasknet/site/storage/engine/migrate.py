@@ -170,9 +170,12 @@ def migrate(path: str, progress: Progress = print) -> MigrationResult:
         raise SchemaError(f"no database at {path!r}")
     held = lock.acquire(path, role="tasknet-migrate")
     try:
-        return _migrate_locked(path, progress)
-    finally:
-        held.release()
+        result = _migrate_locked(path, progress)
+    except BaseException:
+        held.release_refused()  # no NAME.lock left behind by a refusal
+        raise
+    held.release()
+    return result
 
 
 def _migrate_postgres(target: str, progress: Progress) -> MigrationResult:
