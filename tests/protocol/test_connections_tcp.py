@@ -52,7 +52,7 @@ async def test_v2_site_and_v2_node_speak_v2(harness: Harness) -> None:
     session = factory.nodes["node-1"]
     assert (session.protocol_version, session.features) == (
         2,
-        ("reliable-task-v2", "site-proof"),
+        ("reliable-task-v2", "site-proof", "archive-inventory"),
     )
     assert session.proved  # the node asked, the site proved itself
     assert node.link.protocol_version == 2
