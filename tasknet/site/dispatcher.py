@@ -314,10 +314,6 @@ class Dispatcher(MultiService):
         whatever the number of nodes connected."""
         sessions = list(sessions)
         try:
-            await self._cancel_pass(sessions)
-        except Exception:
-            log.failure("sending CANCELs owed to nodes failed")
-        try:
             await self._node_pass(sessions)
         except Exception:
             log.failure("dispatch pass failed")
@@ -383,21 +379,6 @@ class Dispatcher(MultiService):
         # Never started (recovery failed): no timer to stop.
         stopped: Deferred[Any] = super().stopService() if self.running else succeed(None)
         return stopped.addCallback(lambda _: self.idle())
-
-    async def _cancel_pass(self, sessions: list[INodeSession]) -> None:
-        """Each v2 session of ``sessions`` gets a ``CANCEL`` for every
-        generation moved off its node, before its other commands.  Decided
-        in a write transaction and sent right after its commit: a later
-        assignment of one of them back to this node (which forgets its row)
-        sends its DOWNLOAD after this CANCEL, never before."""
-        v2 = [s for s in sessions if s.protocol_version >= 2 and self._nodes.is_current(s)]
-        if not v2:
-            return
-        owed = await self._db.write(reassign.cancels_owed_all, [s.node_id for s in v2])
-        for session in v2:
-            if not self._nodes.is_current(session):
-                continue  # replaced meanwhile: the new session's pass sends them
-            self._send_cancels(session, owed.get(session.node_id, []))
 
     def _send_cancels(self, session: INodeSession, cancels: list[tuple[str, int]]) -> None:
         for operation_id, gid in cancels:
@@ -529,17 +510,27 @@ class Dispatcher(MultiService):
         each node's in gid order."""
         todo = [(session, 0) for session in sessions]
         resent: dict[str, int] = {}
+        first = True
         while todo:
             todo = [(s, after) for s, after in todo if self._nodes.is_current(s)]
             if not todo:
                 break
             # Decided in a write transaction; sent right after its commit
             # with no yield in between (see the module doc).
-            pages = await self._db.write(
-                storage.claim_nodes_pages,
-                [(s.node_id, after) for s, after in todo],
-                self._page_size,
-            )
+            wanted = [(s.node_id, after) for s, after in todo]
+            if first:
+                # The CANCELs owed to these nodes (v2 only) go first, decided
+                # in the same transaction as their first pages.
+                first = False
+                v2 = [s for s, _ in todo if s.protocol_version >= 2]
+                owed, pages = await self._db.write(
+                    reassign.login_pages, [s.node_id for s in v2], wanted, self._page_size
+                )
+                for session in v2:
+                    if self._nodes.is_current(session):
+                        self._send_cancels(session, owed.get(session.node_id, []))
+            else:
+                pages = await self._db.write(storage.claim_nodes_pages, wanted, self._page_size)
             more = []
             for (session, _), page in zip(todo, pages, strict=False):
                 if not self._nodes.is_current(session):

@@ -375,6 +375,20 @@ def cancels_owed_all(
     return {node_id: cancels_owed(cursor, node_id) for node_id in node_ids}
 
 
+def login_pages(
+    cursor: sqlite3.Cursor,
+    cancel_for: Sequence[str],
+    wanted: Sequence[tuple[str, int]],
+    limit: int = dispatch.PAGE_SIZE,
+) -> tuple[dict[str, list[tuple[str, int]]], list[dispatch.Page]]:
+    """A write: the first transaction of a burst of logins: the ``CANCEL``s
+    owed to ``cancel_for`` (their v2 sessions) and the first pages of
+    :func:`~tasknet.site.storage.dispatch.claim_nodes_pages`, decided
+    together (the dispatcher sends the ``CANCEL``s, then the pages' commands,
+    right after its commit)."""
+    return cancels_owed_all(cursor, cancel_for), dispatch.claim_nodes_pages(cursor, wanted, limit)
+
+
 @dataclass(frozen=True)
 class AuditEntry:
     id: int
