@@ -407,6 +407,7 @@ def _web_dependencies(
         ),
         retire_node=retire_node,
         site_name=options["name"],
+        demo=bool(options["demo"]),
     )
 
 

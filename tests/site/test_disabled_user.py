@@ -4,6 +4,8 @@ refused; enabled again, its token works (issue 21, item 8)."""
 
 from __future__ import annotations
 
+import json
+
 import pytest_twisted
 
 from tasknet.site.storage import users
@@ -18,8 +20,13 @@ async def test_a_disabled_users_token_and_sessions_are_refused(db_target):
 
         _write(path, users.disable_user, "alice")
         assert await _me(port, session) == 401
-        assert (await _call(port, "GET", "/api/me", bearer=token)).status == 401
-        assert (await _sign_in(port, token)).status == 401
+        # Its token is refused, and says why (issue 36, item 8).
+        for refused in (
+            await _call(port, "GET", "/api/me", bearer=token),
+            await _sign_in(port, token),
+        ):
+            assert refused.status == 403
+            assert json.loads(refused.body)["error"]["code"] == "account_disabled"
 
         _write(path, users.enable_user, "alice")
         answer = await _call(port, "GET", "/api/me", bearer=token)

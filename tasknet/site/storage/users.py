@@ -24,6 +24,7 @@ from tasknet.runtime import IEntropy
 from tasknet.site.storage import sessions
 from tasknet.site.storage.engine.sources import entropy_of, token_urlsafe
 from tasknet.site.storage.engine.sql import sql
+from tasknet.site.storage.engine.timestamps import iso
 
 #: The weekly quota of a new user when no site has recorded its
 #: ``--default-quota`` in this database yet.
@@ -88,6 +89,14 @@ _USER_NAMED = sql('SELECT * FROM "user" WHERE name = ?')
 _USER_BY_TOKEN = sql('SELECT * FROM "user" WHERE token_hash = ? AND disabled_at IS NULL')
 _ENABLED_USER = sql('SELECT * FROM "user" WHERE id = ? AND disabled_at IS NULL')
 _USERS = sql('SELECT * FROM "user" ORDER BY id')
+_DISABLED_BY_TOKEN = sql('SELECT * FROM "user" WHERE token_hash = ? AND disabled_at IS NOT NULL')
+# Each user with how many of its browser sessions are usable now (the
+# admin UI's Users section).
+_USERS_WITH_SESSIONS = sql(
+    "SELECT u.*, (SELECT count(*) FROM web_session AS s WHERE s.user_id = u.id"
+    " AND s.ended_at IS NULL AND s.idle_until > ? AND s.expires_at > ?) AS open_sessions"
+    ' FROM "user" AS u ORDER BY u.id'
+)
 _SET_QUOTA = sql('UPDATE "user" SET quota = ? WHERE name = ?')
 _SET_TOKEN = sql('UPDATE "user" SET token_hash = ? WHERE name = ?')
 _DISABLE = sql('UPDATE "user" SET disabled_at = {now} WHERE id = ?')
@@ -147,6 +156,20 @@ def user_by_session(
 
 def list_users(cursor: sqlite3.Cursor) -> list[User]:
     return [_user(row) for row in cursor.execute(_USERS).fetchall()]
+
+
+def disabled_user_by_token(cursor: sqlite3.Cursor, token: str) -> User | None:
+    """The disabled user whose API token is ``token``, or None: a sign-in
+    with it is told the account is disabled, not that the token is wrong."""
+    row = cursor.execute(_DISABLED_BY_TOKEN, (hash_token(token),)).fetchone()
+    return None if row is None else _user(row)
+
+
+def list_users_with_sessions(cursor: sqlite3.Cursor, now: float) -> list[tuple[User, int]]:
+    """Every user, oldest first, with how many browser sessions it has usable at ``now``."""
+    stamp = iso(now)
+    rows = cursor.execute(_USERS_WITH_SESSIONS, (stamp, stamp)).fetchall()
+    return [(_user(row), int(row["open_sessions"])) for row in rows]
 
 
 def set_quota(cursor: sqlite3.Cursor, name: str, quota: int) -> User:

@@ -65,7 +65,16 @@ from werkzeug.routing import Map, Rule
 
 from tasknet.deferreds import shield
 from tasknet.site import metrics
-from tasknet.site.storage import archives, delete, favorites, reconcile, stats, usage
+from tasknet.site.storage import (
+    archives,
+    delete,
+    favorites,
+    reconcile,
+    sessions,
+    stats,
+    usage,
+    users,
+)
 from tasknet.site.storage.engine.errors import DatabaseBusy, TaskError
 from tasknet.site.storage.instances import LeaseLost
 from tasknet.site.storage.users import User
@@ -77,7 +86,7 @@ from tasknet.site.storage.views import (
     list_tasks,
     visible_task,
 )
-from tasknet.site.web import admin_nodes, openapi
+from tasknet.site.web import admin_nodes, admin_users, openapi
 from tasknet.site.web.archives import MAX_LINKS, IssuedLink, aria2_input
 from tasknet.site.web.auth import own_origin, request_credentials, require_admin
 from tasknet.site.web.errors import STATUS, ApiError, write_api_error, write_error, write_json
@@ -611,6 +620,13 @@ class SiteApi:
         user = await self.auth.sign_in(request, token)
         return 200, {"user": _me(user)}
 
+    @app.route("/api/session", methods=["GET"])
+    @endpoint
+    async def sign_in_page(self, request: Request) -> Reply:
+        # Public: what the sign-in page says before anyone signs in (the
+        # demo token only on a site started with --demo).
+        return 200, {"demo": self.deps.demo}
+
     @app.route("/api/session", methods=["DELETE"])
     @endpoint
     async def sign_out(self, request: Request) -> Reply:
@@ -707,6 +723,93 @@ class SiteApi:
         return 200, await shield(
             Deferred.fromCoroutine(admin_nodes.retire_answer(action, node, user.name, note))
         )
+
+    # admin: users (the admin UI's Users section; web/admin_users.py)
+
+    @app.route("/api/admin/users", methods=["GET"])
+    @endpoint
+    async def list_users(self, request: Request) -> Reply:
+        require_admin(await self._user(request))
+        listed = await self.db.read(users.list_users_with_sessions, self.clock.seconds())
+        return 200, {"users": [admin_users.user_view(user, count) for user, count in listed]}
+
+    @app.route("/api/admin/users", methods=["POST"])
+    @endpoint
+    async def add_user(self, request: Request) -> Reply:
+        actor = await self._user(request)
+        require_admin(actor)
+        document = json_body(request)
+        name = admin_users.user_name(string_field(document, "name", required=True, limit=64))
+        admin = document.get("admin", False)
+        if not isinstance(admin, bool):
+            raise ApiError("invalid_request", "'admin' must be true or false")
+        quota = admin_users.quota_field(document, required=False)
+
+        async def create() -> tuple[User, str]:
+            chosen = quota if quota is not None else await self.db.read(users.default_quota)
+            return await self.db.write(users.create_user, name, admin=admin, quota=chosen)
+
+        user, token = await admin_users.guarded(create)
+        log.info("admin {actor} added user {name}", actor=actor.name, name=user.name)
+        return 201, {"user": admin_users.user_view(user, 0), "token": token}
+
+    @app.route("/api/admin/users/<name>/quota", methods=["PUT"])
+    @endpoint
+    async def set_user_quota(self, request: Request, name: str) -> Reply:
+        require_admin(await self._user(request))
+        admin_users.user_name(name)
+        quota = admin_users.required_quota(json_body(request))
+        user = await admin_users.guarded(lambda: self.db.write(users.set_quota, name, quota))
+        return 200, {"user": admin_users.user_view(user)}
+
+    @app.route("/api/admin/users/<name>/disable", methods=["POST"])
+    @endpoint
+    async def disable_user(self, request: Request, name: str) -> Reply:
+        actor = await self._user(request)
+        require_admin(actor)
+        admin_users.user_name(name)
+        if name == actor.name:
+            raise ApiError("invalid_request", "you cannot disable your own account")
+        user, ended = await admin_users.guarded(lambda: self.db.write(users.disable_user, name))
+        log.info("admin {actor} disabled user {name}", actor=actor.name, name=name)
+        return 200, {
+            "user": admin_users.user_view(user),
+            "changed": ended is not None,
+            "sessionsEnded": ended or 0,
+        }
+
+    @app.route("/api/admin/users/<name>/enable", methods=["POST"])
+    @endpoint
+    async def enable_user(self, request: Request, name: str) -> Reply:
+        actor = await self._user(request)
+        require_admin(actor)
+        admin_users.user_name(name)
+        user, changed = await admin_users.guarded(lambda: self.db.write(users.enable_user, name))
+        log.info("admin {actor} enabled user {name}", actor=actor.name, name=name)
+        return 200, {"user": admin_users.user_view(user), "changed": changed}
+
+    @app.route("/api/admin/users/<name>/token", methods=["POST"])
+    @endpoint
+    async def rotate_user_token(self, request: Request, name: str) -> Reply:
+        """A new API token for the user (shown once); the old one and its sessions stop."""
+        actor = await self._user(request)
+        require_admin(actor)
+        admin_users.user_name(name)
+        token = await admin_users.guarded(lambda: self.db.write(users.rotate_token, name))
+        log.info("admin {actor} rotated the token of {name}", actor=actor.name, name=name)
+        return 200, {"name": name, "token": token}
+
+    @app.route("/api/admin/users/<name>/sessions", methods=["DELETE"])
+    @endpoint
+    async def end_user_sessions(self, request: Request, name: str) -> Reply:
+        actor = await self._user(request)
+        require_admin(actor)
+        admin_users.user_name(name)
+        why = f"ended by {actor.name}"
+        ended = await admin_users.guarded(
+            lambda: self.db.write(sessions.end_sessions_of, name, why, self.clock.seconds())
+        )
+        return 200, {"name": name, "sessionsEnded": ended}
 
     @app.route("/api/events", methods=["GET"])
     async def events(self, request: Request) -> IResource | bytes:

@@ -331,6 +331,16 @@ class Authenticator:
         except BaseException:
             self.guesses.give_back(address)  # not a wrong token: the lookup failed
             raise
+        if user is None and token and len(token) <= MAX_TOKEN:
+            disabled = await self.db.read(users.disabled_user_by_token, token)
+            if disabled is not None:
+                # The right token of a disabled account: not a guess, and
+                # its holder is told why (issue 36, item 8).
+                self.guesses.give_back(address)
+                raise ApiError(
+                    "account_disabled",
+                    f"the account {disabled.name} is disabled: an admin can enable it again",
+                )
         if user is None:
             metrics.AUTH_FAILURES.labels(kind=kind).inc()
             self._guess_log.emit(

@@ -12,6 +12,9 @@ STATUS: dict[str, int] = {
     "invalid_request": 400,
     "unauthorized": 401,
     "forbidden": 403,
+    # The right token of a user an admin disabled (tasknet-admin user disable,
+    # the admin UI's Users section): told so, not "unknown token".
+    "account_disabled": 403,
     "not_found": 404,
     "method_not_allowed": 405,
     "request_timeout": 408,  # no complete request in time (web.http)

@@ -62,3 +62,6 @@ class WebDependencies:
     retire_node: Callable[[str, str, str], Deferred[Retired]]
     #: The site's ``--name`` (``/api/me``'s ``site``: which site this is).
     site_name: str = ""
+    #: Started with ``--demo`` (``GET /api/session``: the sign-in page names
+    #: the demo token only then).
+    demo: bool = False

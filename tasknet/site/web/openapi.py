@@ -43,6 +43,7 @@ from tasknet import __version__
 from tasknet.site.storage.custody import GONE_REASONS
 from tasknet.site.storage.throughput import TOP_NODES
 from tasknet.site.storage.views import CURSOR_KEY_MAX, CURSOR_KEY_MIN, GID_MAX, GID_MIN
+from tasknet.site.web.admin_users import MAX_QUOTA
 from tasknet.site.web.errors import STATUS
 from tasknet.status import OperationState, TaskStatus
 
@@ -1565,8 +1566,17 @@ def _session_operations() -> dict[str, Schema]:
                         _BAD_BODY + " Here the body must always be typed `application/json`."
                     ),
                 ),
-                (401, _error(401, "The body's token is unknown or its user disabled.")),
-                (403, origin_forbidden),
+                (401, _error(401, "The body's token is unknown.")),
+                (
+                    403,
+                    _error(
+                        403,
+                        "No `Origin` header equal to the site's own (`forbidden`), or the "
+                        "token of a user an admin disabled (`account_disabled`).",
+                        "forbidden",
+                        "account_disabled",
+                    ),
+                ),
                 (429, _common("RateLimited")),
             ),
             tag="session",
@@ -1602,6 +1612,23 @@ def _session_operations() -> dict[str, Schema]:
             # The cookie is optional: without one there is nothing to end.
             security=[{"session": []}, {}],
         ),
+        "page": _operation(
+            "getSignInPage",
+            "What the sign-in page says",
+            "Public: whether this site runs with `--demo` (then, and only then, the sign-in "
+            "page names the demo token).",
+            _responses(
+                {
+                    "200": _json_response(
+                        "The sign-in page's facts.",
+                        _object({"demo": {"type": "boolean"}}, required=["demo"]),
+                    )
+                },
+                db=False,
+            ),
+            tag="session",
+            security=[],
+        ),
         "me": _operation(
             "getMe",
             "Who is signed in",
@@ -1611,6 +1638,138 @@ def _session_operations() -> dict[str, Schema]:
                 (401, _common("Unauthorized")),
             ),
             tag="session",
+        ),
+    }
+
+
+def _user_operations() -> dict[str, Schema]:
+    """The admin UI's Users section (issue 36, item 8; web/admin_users.py)."""
+    admin_forbidden = _error(403, _ADMIN_FORBIDDEN + " Or: " + _COOKIE_FORBIDDEN, "forbidden")
+    name = {
+        "name": "name",
+        "in": "path",
+        "required": True,
+        "description": "A user's name.",
+        "schema": _string(pattern="^[A-Za-z0-9_.-]{1,64}$"),
+    }
+    quota = _integer("Weekly quota (cost units).", minimum=0, maximum=MAX_QUOTA)
+    user = _object(
+        {
+            "name": _string(),
+            "admin": {"type": "boolean"},
+            "quota": quota,
+            "createdAt": _TIME,
+            "disabledAt": _nullable(_TIME),
+            "sessions": _integer("Browser sessions usable now.", minimum=0),
+        },
+        required=["name", "admin", "quota", "createdAt", "disabledAt"],
+    )
+    no_user = (404, _error(404, "No such user."))
+    token = _string("The new API token: shown this once (only its hash is kept).")
+
+    def acting(
+        operation_id: str, summary: str, description: str, answer: Schema, **extra: Any
+    ) -> Schema:
+        return _operation(
+            operation_id,
+            summary,
+            description,
+            _responses(
+                {"200": _json_response("Done.", answer)},
+                (400, _bad_request("A malformed name." + " Or: " + _BAD_BODY)),
+                (401, _common("Unauthorized")),
+                (403, admin_forbidden),
+                no_user,
+            ),
+            tag="admin",
+            parameters=[name],
+            **extra,
+        )
+
+    return {
+        "list": _operation(
+            "listUsers",
+            "List users",
+            "Every user, oldest first, with its quota, whether it is disabled and how many "
+            "browser sessions it has usable now.",
+            _responses(
+                {
+                    "200": _json_response(
+                        "The users.", _object({"users": {"type": "array", "items": user}})
+                    )
+                },
+                (401, _common("Unauthorized")),
+                (403, admin_forbidden),
+            ),
+            tag="admin",
+        ),
+        "add": _operation(
+            "addUser",
+            "Add a user",
+            "Creates the user (quota: the body's, else the site's `--default-quota`) and "
+            "answers its API token, once.",
+            _responses(
+                {
+                    "201": _json_response(
+                        "Created.",
+                        _object({"user": user, "token": token}, required=["user", "token"]),
+                    )
+                },
+                (400, _bad_request("A malformed name, `admin` or `quota`. Or: " + _BAD_BODY)),
+                (401, _common("Unauthorized")),
+                (403, admin_forbidden),
+                (409, _error(409, "A user of that name exists.", "conflict")),
+            ),
+            tag="admin",
+            body=_body(
+                _object(
+                    {
+                        "name": _string(pattern="^[A-Za-z0-9_.-]{1,64}$"),
+                        "admin": {"type": "boolean"},
+                        "quota": quota,
+                    },
+                    required=["name"],
+                )
+            ),
+        ),
+        "quota": acting(
+            "setUserQuota",
+            "Set a user's weekly quota",
+            "The new quota applies to the creates that follow.",
+            _object({"user": user}),
+            body=_body(_object({"quota": quota}, required=["quota"])),
+        ),
+        "disable": acting(
+            "disableUser",
+            "Disable a user",
+            "Its token and browser sessions stop working at once (its sessions end); its "
+            "tasks stay and go on. A sign-in with its token is told `account_disabled`. An "
+            "admin cannot disable their own account.",
+            _object(
+                {
+                    "user": user,
+                    "changed": {"type": "boolean", "description": "false: it was disabled."},
+                    "sessionsEnded": _integer(minimum=0),
+                }
+            ),
+        ),
+        "enable": acting(
+            "enableUser",
+            "Enable a user again",
+            "Its token works again (sessions ended by the disable stay ended).",
+            _object({"user": user, "changed": {"type": "boolean"}}),
+        ),
+        "token": acting(
+            "rotateUserToken",
+            "Give a user a new API token",
+            "The old token and every browser session of the user stop working.",
+            _object({"name": _string(), "token": token}),
+        ),
+        "sessions": acting(
+            "endUserSessions",
+            "End a user's browser sessions",
+            "Every open session of the user ends (its token still works).",
+            _object({"name": _string(), "sessionsEnded": _integer(minimum=0)}),
         ),
     }
 
@@ -1968,6 +2127,7 @@ def _document() -> str:
     favorites = _favorite_operations()
     session = _session_operations()
     admin = _admin_operations()
+    people = _user_operations()
     other = _other_operations()
     archives = _archive_operations()
     paths = {
@@ -1980,7 +2140,11 @@ def _document() -> str:
         "/api/stats": {"get": tasks["stats"]},
         "/api/favorites": {"get": favorites["list"]},
         "/api/favorites/{gid}": {"put": favorites["add"], "delete": favorites["remove"]},
-        "/api/session": {"post": session["create"], "delete": session["delete"]},
+        "/api/session": {
+            "get": session["page"],
+            "post": session["create"],
+            "delete": session["delete"],
+        },
         "/api/me": {"get": session["me"]},
         "/api/usage": {
             "get": _operation(
@@ -2000,6 +2164,12 @@ def _document() -> str:
         "/api/admin/nodes": {"get": admin["nodes"]},
         "/api/admin/nodes/{node}/reassign": {"post": admin["reassign"]},
         "/api/admin/nodes/{node}/retire": {"post": admin["retire"]},
+        "/api/admin/users": {"get": people["list"], "post": people["add"]},
+        "/api/admin/users/{name}/quota": {"put": people["quota"]},
+        "/api/admin/users/{name}/disable": {"post": people["disable"]},
+        "/api/admin/users/{name}/enable": {"post": people["enable"]},
+        "/api/admin/users/{name}/token": {"post": people["token"]},
+        "/api/admin/users/{name}/sessions": {"delete": people["sessions"]},
         "/api/events": {"get": other["events"]},
         "/api/openapi.json": {"get": other["openapi"]},
         "/healthz": {"get": other["health"]},
