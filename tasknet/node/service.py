@@ -507,6 +507,7 @@ class NodeService(MultiService):
             queued=lambda: self.worker.waiting() if self.worker is not None else frozenset(),
         )
         await reporter.load()
+        store.on_release = reporter.changed  # the scrub's and the serve endpoint's set-asides
         self.inventory = InventorySender(store, entropy=self.entropy)
         retention = self.retention = Retention(
             store,

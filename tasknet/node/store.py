@@ -45,7 +45,7 @@ from __future__ import annotations
 import json
 import os
 import sqlite3
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -768,6 +768,9 @@ class NodeStore:
     ) -> None:
         self.data = data
         self._clock: IReactorTime = clock
+        #: Called after ``set_aside`` released an archive (the node's root
+        #: hands the reporter's ``changed``: the release is reported soon).
+        self.on_release: Callable[[], None] = lambda: None
         data.create()
         self._pool = ThreadedConnectionPool(
             reactor,
@@ -972,6 +975,7 @@ class NodeStore:
                     reason=reason,
                     file=file,
                 )
+                self.on_release()
 
         d: Deferred[tuple[ArchiveRow | None, str]] = self._run_at(
             _set_aside, self.data, gid, operation_id, reason

@@ -156,3 +156,29 @@ async def test_a_legacy_link_keeps_releases_for_the_next_v2_link(tmp_path: Path)
             await eventually(lambda: released_entries(site), what="the release on v2")
             await eventually(lambda: node_rows(data, "SELECT * FROM released") == [], what="ACK")
     assert released_entries(site)[0][1] == (ReleasedEntry(GID, "op-1", MISSING),)
+
+
+@pytest_twisted.ensureDeferred
+async def test_an_archive_the_scrub_sets_aside_while_running_is_reported_corrupt(
+    tmp_path: Path,
+) -> None:
+    from tests.node.test_scrub import flip_a_byte
+
+    data = tmp_path / "node"
+    async with running(tmp_path) as (site, up):
+        # The real clock: a pass every 0.1 s.
+        async with logged_in_node(site, data, scrub_every=0.2):
+            site.download("op-1", GID, up.file_url(GID))
+            await eventually(
+                lambda: (
+                    node_rows(data, "SELECT scrubbed_at FROM archive") not in ([], [(None,)])
+                    and not node_rows(data, "SELECT * FROM task")
+                ),
+                what="held whole and ACKed",
+            )
+            [archive] = (data / "archives").iterdir()
+            flip_a_byte(archive, archive.stat().st_size - 30)
+            # Nothing else changes: the release alone makes the next report.
+            await eventually(lambda: released_entries(site), what="the release reported")
+            await eventually(lambda: not node_rows(data, "SELECT * FROM released"), what="ACK")
+    assert released_entries(site)[0][1] == (ReleasedEntry(GID, "op-1", CORRUPT),)
