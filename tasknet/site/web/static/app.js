@@ -19,8 +19,24 @@
     zh: {
       skip: "跳到内容", signOut: "退出", navTasks: "任务", navAdmin: "管理",
       signInTitle: "登录", tokenLabel: "API 令牌", signIn: "登录",
-      tokenHint: "令牌由管理员用 tasknet-admin 生成；演示环境的令牌是 demo。",
+      tokenHint: "令牌由管理员生成（管理 → 用户，或 tasknet-admin user add）。",
       tokenMissing: "请输入令牌。", tokenRejected: "令牌无效，请检查后重试。",
+      firstAdminHint: "第一个管理员在站点主机上创建：tasknet-admin --db 站点数据库 user add 名字 --admin（它会打印令牌）。",
+      demoHint: "这是演示站点（--demo）：令牌是 demo。",
+      accountDisabled: "这个账户已被管理员停用：请联系管理员重新启用。",
+      usersTitle: "用户", userName: "用户名", userRole: "角色", roleAdmin: "管理员", roleUser: "普通用户",
+      userQuota: "每周额度（点）", userState: "状态", userEnabled: "正常", userDisabledSince: "已停用（{at}）",
+      userSessions: "会话", userCreated: "创建于", userActions: "操作", userYou: "{name}（你）",
+      userAdd: "添加用户", userAdminBox: "管理员（可查看所有任务，管理节点和用户）", userQuotaDefault: "留空：站点默认额度",
+      userSaveQuota: "保存额度", userDisable: "停用", userEnable: "启用", userRotate: "更换令牌", userEndSessions: "结束会话",
+      userDisableTitle: "停用 {name}？", userDisableText: "{name} 的令牌和所有浏览器会话会立即失效；它的任务保留并继续。以后可以重新启用。",
+      userRotateTitle: "给 {name} 换一个新令牌？", userRotateText: "旧令牌和 {name} 的所有浏览器会话会立即失效。新令牌只显示这一次。",
+      userEndTitle: "结束 {name} 的所有会话？", userEndText: "{name} 的浏览器需要重新登录；令牌仍然有效。",
+      userAdded: "已添加用户 {name}。", userTokenShown: "{name} 的令牌（只显示这一次：请现在复制，并安全地交给对方）：",
+      userDisabledDone: "{name} 已停用（结束了 {n} 个会话）。", userEnabledDone: "{name} 已重新启用。",
+      userQuotaSaved: "{name} 的每周额度现在是 {quota} 点。", userSessionsEnded: "已结束 {name} 的 {n} 个会话。",
+      userNameInvalid: "用户名是 1 到 64 个字母、数字、“_”、“.” 或 “-”。", userQuotaInvalid: "额度是 0 到 1,000,000,000 之间的整数。",
+      userExists: "已经有名为 {name} 的用户了。", userSelf: "不能停用你自己的账户。", userActionFailed: "没有完成：{message}", userRotated: "{name} 有了新令牌（见下方）。",
       cannotReach: "站点无法访问：请检查网络连接后再试。",
       usageTitle: "本周用量", usageText: "{week}：已用 {used} 点 / 额度 {quota} 点（剩余 {left} 点）",
       createTitle: "新建任务", upstreamToken: "上游令牌", nameOptional: "名称（可选）", create: "创建",
@@ -127,6 +143,21 @@
       bulkRetryTitle: "重试 {n} 个任务？", bulkRetryText: "重新请求所选的 {n} 个任务（删除失败的会再次删除）。",
       bulkWorking: "正在处理 {done} / {n}……", bulkDone: "{action}：{ok} 个成功，{failed} 个没有完成。",
       bulkFailedSome: "没有完成的 gid：{list}",
+      viewLabel: "视图", viewCards: "卡片", viewTable: "表格", tableColumns: "列",
+      colGid: "gid", colName: "名称", colStatus: "状态", colProgress: "进度", colSize: "大小", colSpeed: "速度",
+      colNode: "节点", colOwner: "用户", colCost: "费用", colCreated: "创建时间",
+      pageFirst: "第一页", pagePrev: "上一页", pageNext: "下一页", pageOf: "第 {page} 页，共 {pages} 页", pageN: "第 {page} 页",
+      pagerLabel: "分页",
+      selectMatching: "选择全部 {n} 个符合条件的任务", matchingSelected: "已选全部 {n} 个符合条件的任务",
+      matchingTooMany: "一次最多处理 {max} 个任务，现在有 {n} 个符合条件：请缩小筛选范围。",
+      bulkRetryN: "重试删除（{n}）", bulkRetryOnly: "所选任务中有 {n} 个删除失败，会再次删除。其余 {skip} 个不受影响（重试只适用于删除失败的任务）。",
+      bulkMatchingDeleteText: "删除符合当前筛选和搜索的全部 {n} 个任务？节点确认删除文件之前，它们会显示为“待删除”。",
+      bulkMatchingRetryText: "再次删除符合当前筛选和搜索、且删除失败的任务（最多 {n} 个）。其他任务不受影响。",
+      bulkCollecting: "正在读取符合条件的任务……{done} / {n}",
+      bulkResultTitle: "{action}：{ok} 个成功，{failed} 个没有完成，{skipped} 个不适用。",
+      bulkReasonConflict: "{n} 个状态不允许此操作", bulkReasonGone: "{n} 个已不存在", bulkReasonBusy: "{n} 个因网站繁忙未完成，请重试",
+      bulkReasonOther: "{n} 个被拒绝", bulkReasonNoRetry: "{n} 个不是删除失败的任务，重试不适用", bulkResultGids: "gid：{list}",
+      bulkResultDismiss: "关闭",
       costUnits: "{n} 点", gidHint: "gid：上游图库的编号（1 到 2147483647 的整数，可以用全角数字）。",
       upstreamTokenHint: "上游令牌：上游网站给你的令牌，站点提交时代为转交。",
       creatingSlowN: "上游答复很慢。站点最多等到它的超时时间（{n} 秒）；仍没有明确答复时，任务会标为“提交未知”，不会重复提交或扣费。",
@@ -181,8 +212,24 @@
     en: {
       skip: "Skip to content", signOut: "Sign out", navTasks: "Tasks", navAdmin: "Admin",
       signInTitle: "Sign in", tokenLabel: "API token", signIn: "Sign in",
-      tokenHint: "An admin makes tokens with tasknet-admin; the demo token is demo.",
+      tokenHint: "An admin makes tokens (Admin → Users, or tasknet-admin user add).",
       tokenMissing: "Enter a token.", tokenRejected: "That token was not accepted. Check it and try again.",
+      firstAdminHint: "The first admin is made on the site's host: tasknet-admin --db SITE_DB user add NAME --admin (it prints the token).",
+      demoHint: "This is a demo site (--demo): the token is demo.",
+      accountDisabled: "This account has been disabled by an admin: ask an admin to enable it again.",
+      usersTitle: "Users", userName: "Name", userRole: "Role", roleAdmin: "Admin", roleUser: "User",
+      userQuota: "Weekly quota (cost units)", userState: "State", userEnabled: "Enabled", userDisabledSince: "Disabled since {at}",
+      userSessions: "Sessions", userCreated: "Created", userActions: "Actions", userYou: "{name} (you)",
+      userAdd: "Add user", userAdminBox: "Admin (sees every task, manages nodes and users)", userQuotaDefault: "Empty: the site's default",
+      userSaveQuota: "Save quota", userDisable: "Disable", userEnable: "Enable", userRotate: "New token", userEndSessions: "End sessions",
+      userDisableTitle: "Disable {name}?", userDisableText: "{name}'s token and every browser session stop working at once; its tasks stay and go on. You can enable it again later.",
+      userRotateTitle: "Give {name} a new token?", userRotateText: "The old token and every browser session of {name} stop working at once. The new token is shown this once.",
+      userEndTitle: "End every session of {name}?", userEndText: "{name}'s browsers must sign in again; the token still works.",
+      userAdded: "User {name} added.", userTokenShown: "{name}'s token (shown this once: copy it now and hand it over safely):",
+      userDisabledDone: "{name} is disabled ({n} sessions ended).", userEnabledDone: "{name} is enabled again.",
+      userQuotaSaved: "{name}'s weekly quota is now {quota} cost units.", userSessionsEnded: "{n} sessions of {name} ended.",
+      userNameInvalid: "A name is 1 to 64 letters, digits, “_”, “.” or “-”.", userQuotaInvalid: "A quota is a whole number from 0 to 1,000,000,000.",
+      userExists: "There is already a user named {name}.", userSelf: "You cannot disable your own account.", userActionFailed: "Not done: {message}", userRotated: "{name} has a new token (below).",
       cannotReach: "The site is not reachable. Check your connection and try again.",
       usageTitle: "This week's usage", usageText: "{week}: used {used} of {quota} cost units ({left} left)",
       createTitle: "New task", upstreamToken: "Upstream token", nameOptional: "Name (optional)", create: "Create",
@@ -289,6 +336,21 @@
       bulkRetryTitle: "Retry {n} tasks?", bulkRetryText: "Retry the {n} selected tasks (a failed delete is tried again).",
       bulkWorking: "Working… {done} of {n}", bulkDone: "{action}: {ok} done, {failed} not done.",
       bulkFailedSome: "Not done: gid {list}",
+      viewLabel: "View", viewCards: "Cards", viewTable: "Table", tableColumns: "Columns",
+      colGid: "gid", colName: "Name", colStatus: "Status", colProgress: "Progress", colSize: "Size", colSpeed: "Speed",
+      colNode: "Node", colOwner: "Owner", colCost: "Cost", colCreated: "Created",
+      pageFirst: "First", pagePrev: "Previous", pageNext: "Next", pageOf: "Page {page} of {pages}", pageN: "Page {page}",
+      pagerLabel: "Pages",
+      selectMatching: "Select all {n} matching", matchingSelected: "All {n} matching selected",
+      matchingTooMany: "At most {max} tasks at once and {n} match: narrow the filter.",
+      bulkRetryN: "Retry delete ({n})", bulkRetryOnly: "{n} of the selected tasks are failed deletes: their delete is tried again. The other {skip} are left as they are (retry only applies to a failed delete).",
+      bulkMatchingDeleteText: "Delete all {n} tasks matching the current filter and search? Until their nodes confirm the files are gone they show “Delete pending”.",
+      bulkMatchingRetryText: "Try the delete again of the failed deletes among the {n} tasks matching the current filter and search. Other tasks are left as they are.",
+      bulkCollecting: "Reading the matching tasks… {done} of {n}",
+      bulkResultTitle: "{action}: {ok} done, {failed} not done, {skipped} not applicable.",
+      bulkReasonConflict: "{n} not in a state that allows it", bulkReasonGone: "{n} no longer exist", bulkReasonBusy: "{n} not done because the site was busy: try again",
+      bulkReasonOther: "{n} refused", bulkReasonNoRetry: "{n} are not failed deletes: retry does not apply", bulkResultGids: "gid {list}",
+      bulkResultDismiss: "Dismiss",
       costUnits: "{n} cost units", gidHint: "gid: the gallery's number at the upstream (a whole number from 1 to 2147483647; full-width digits are fine).",
       upstreamTokenHint: "Upstream token: the token the upstream site gave you; the site passes it on when it submits.",
       creatingSlowN: "The upstream is slow to answer. The site waits up to its timeout ({n} s); without a clear answer by then the task is marked “Submission unknown”, and it is never resubmitted or charged twice.",
@@ -384,6 +446,10 @@
     nodeFilter: "",        // #tasks?node=ID
     pageSize: PAGE_SIZE,   // #tasks?size=N
     selected: new Set(),   // gids ticked for a bulk action
+    selectMatching: false, // "Select all N matching": the bulk action acts on the whole view
+    bulkResult: null,      // the last bulk action's outcome (renderBulkResult)
+    tableView: false,      // the dense table instead of the cards (localStorage)
+    pageStarts: [],        // the table's pages: the keyset cursor each page before this one started at
     total: null,           // tasks matching the view (the list answer's total)
     me: null,              // /api/me: {name, admin}, site
     site: null,
@@ -467,7 +533,7 @@
     unauthorized: "errUnauthorized", forbidden: "errForbidden", not_found: "errNotFound",
     conflict: "errConflict", rate_limited: "errRateLimited", unavailable: "errUnavailable",
     internal: "errInternal", payload_too_large: "errTooLarge", upstream_unavailable: "errUpstream",
-    request_timeout: "errInternal"
+    request_timeout: "errInternal", account_disabled: "accountDisabled"
   };
   function errorSentence(result) {
     if (result.status === 0) { return t("cannotReach"); }
@@ -757,9 +823,11 @@
     });
   }
 
-  // As many rows as are shown (at least a page), in pages of at most 500.
+  // As many rows as are shown (at least a page), in pages of at most 500;
+  // the table: its one page, from where that page starts.
   function readShown() {
-    var keep = Math.max(state.pageSize, state.order.length);
+    var keep = state.tableView ? state.pageSize : Math.max(state.pageSize, state.order.length);
+    var start = state.tableView && state.pageCursor !== undefined ? state.pageCursor : null;
     var answer = { result: null, tasks: [], total: undefined, next: null };
     function page(after) {
       var limit = Math.min(500, keep - answer.tasks.length);
@@ -768,14 +836,14 @@
         if (!result.ok) { return answer; }
         var data = result.data || {};
         var got = data.tasks || [];
-        if (after === null) { answer.total = data.total; }
+        if (answer.total === undefined) { answer.total = data.total; }
         answer.tasks = answer.tasks.concat(got);
         answer.next = data.next === undefined ? null : data.next;
         if (answer.tasks.length < keep && answer.next !== null && got.length) { return page(answer.next); }
         return answer;
       });
     }
-    return page(null);
+    return page(start);
   }
 
   // Is version ``a`` of a task strictly newer than ``b`` (pushes can overtake an answer)?
@@ -853,6 +921,7 @@
   // not shown until that page is loaded, so rows never jump.
   function insertAt(task) {
     if (!matchesView(task)) { return -1; }
+    if (state.tableView && state.pageStarts.length) { return -1; }  // a later page of the table: not its top
     var hasMore = state.next !== null && state.next !== undefined;
     if (state.orderBy !== "newest" && state.orderBy !== "oldest" && state.orderBy !== "gid") { return hasMore ? -1 : state.order.length; }
     for (var i = 0; i < state.order.length; i++) {
@@ -884,6 +953,7 @@
       if (state.total !== null) { state.total += 1; }
     }
     state.tasks.set(task.gid, task);
+    if (state.tableView) { updateTableRow(task.gid); showEmpty(); learnNodes([task]); return null; }
     var fresh = renderTask(task);
     var updates = row ? Number(row.getAttribute("data-live-updates") || 0) : 0;
     fresh.setAttribute("data-live-updates", String(updates));
@@ -984,6 +1054,7 @@
     state.selected.delete(gid);
     state.order = state.order.filter(function (g) { return g !== gid; });
     state.favorites.delete(gid);
+    if (state.tableView) { updateTableRow(gid); }
     var row = document.querySelector('#task-list > li[data-gid="' + gid + '"]');
     if (row) {
       var hadFocus = row.contains(document.activeElement);
@@ -1044,94 +1115,205 @@
 
   // ---- bulk select -----------------------------------------------------------
 
+  // "Select all N matching" acts on the whole view (filter, search, node,
+  // favourites) through the API, at most this many tasks at once.
+  var MAX_MATCHING = 10000;
+
+  function selectedGids() { return state.order.filter(function (g) { return state.selected.has(g); }); }
+
+  // Retry applies only to a failed delete: the button says how many it acts on.
+  function retryableCount() {
+    if (state.selectMatching) {
+      var keys = FILTERS[state.filter];
+      var counts = state.counts || {};
+      var inView = !keys || keys.indexOf("DELETE_FAILED") !== -1;
+      return inView ? Number(counts.DELETE_FAILED) || 0 : 0;
+    }
+    return selectedGids().filter(function (g) { var task = state.tasks.get(g); return task && task.status === "DELETE_FAILED"; }).length;
+  }
+
   function renderSelection() {
-    var n = state.selected.size;
+    var matching = !!state.selectMatching;
+    var n = matching ? (state.total || 0) : state.selected.size;
     $("bulk-bar").hidden = n === 0;
-    $("bulk-count").textContent = t("selectedN", { n: num(n) });
+    $("bulk-count").textContent = matching ? t("matchingSelected", { n: num(n) }) : t("selectedN", { n: num(n) });
     var all = $("select-all");
     var shown = state.order.length;
     var ticked = state.order.filter(function (g) { return state.selected.has(g); }).length;
     all.checked = shown > 0 && ticked === shown;
     all.indeterminate = ticked > 0 && ticked < shown;
     all.disabled = shown === 0;
+    var retryable = retryableCount();
+    var retry = $("bulk-retry");
+    retry.hidden = retryable === 0;
+    retry.textContent = t("bulkRetryN", { n: num(retryable) });
+    $("bulk-links").hidden = matching;
+    // Offered once every shown row is ticked and more match than are shown.
+    var more = $("select-matching");
+    var total = typeof state.total === "number" ? state.total : 0;
+    more.hidden = matching || !(shown > 0 && ticked === shown && total > shown);
+    more.textContent = t("selectMatching", { n: num(total) });
   }
 
   function selectAllShown(on) {
+    if (!on) { state.selectMatching = false; }
     state.order.forEach(function (gid) { if (on) { state.selected.add(gid); } else { state.selected.delete(gid); } });
-    document.querySelectorAll('#task-list input[data-action="select"]').forEach(function (box) { box.checked = on; });
+    document.querySelectorAll('#task-list input[data-action="select"], #task-table input[data-action="select"]').forEach(function (box) { box.checked = on; });
     renderSelection();
+  }
+
+  // The last bulk action's outcome stays under the list bar, with why each
+  // task was not done, until it is dismissed or the next one; it follows a
+  // change of language.
+  function showBulkResult(outcome) {
+    state.bulkResult = outcome;
+    renderBulkResult();
+  }
+
+  var BULK_REASONS = { conflict: "bulkReasonConflict", not_found: "bulkReasonGone", unavailable: "bulkReasonBusy", not_retryable: "bulkReasonNoRetry" };
+
+  function renderBulkResult() {
+    var box = $("bulk-result");
+    if (!box) { return; }
+    var outcome = state.bulkResult;
+    box.textContent = "";
+    box.hidden = !outcome;
+    if (!outcome) { return; }
+    box.className = "result bulk-result" + (outcome.failed || outcome.tooMany ? " warn" : "");
+    if (outcome.working) { box.appendChild(el("span", { "data-role": "bulk-progress", text: outcome.working() })); return; }
+    if (outcome.tooMany) {
+      box.appendChild(el("span", { "data-role": "bulk-outcome", text: t("matchingTooMany", { max: num(MAX_MATCHING), n: num(outcome.tooMany) }) }));
+    } else {
+      box.appendChild(el("span", { "data-role": "bulk-outcome", text: t("bulkResultTitle", {
+        action: t(outcome.action === "delete" ? "bulkDelete" : "bulkRetry"),
+        ok: num(outcome.ok), failed: num(outcome.failed), skipped: num(outcome.skipped) }) }));
+      var list = el("ul", { className: "bulk-reasons" });
+      Object.keys(outcome.reasons).forEach(function (code) {
+        var gids = outcome.reasons[code];
+        var words = t(BULK_REASONS[code] || "bulkReasonOther", { n: num(gids.length) });
+        var shown = gids.slice(0, 10).join(", ") + (gids.length > 10 ? "…" : "");
+        list.appendChild(el("li", { "data-reason": code, text: words + " (" + t("bulkResultGids", { list: shown }) + ")" }));
+      });
+      if (list.childNodes.length) { box.appendChild(list); }
+    }
+    var dismiss = el("button", { type: "button", className: "link-button", "data-role": "bulk-dismiss", text: t("bulkResultDismiss") });
+    dismiss.addEventListener("click", function () { showBulkResult(null); });
+    box.appendChild(dismiss);
+  }
+
+  // Every gid (with its status) of the view, read page by page through the API.
+  function collectMatching(progress) {
+    var found = [];
+    function page(after) {
+      return api("GET", listPath(after !== null, 500, after)).then(function (result) {
+        if (!result.ok) { throw result; }
+        var data = result.data || {};
+        (data.tasks || []).forEach(function (task) { if (!isGone(task)) { found.push({ gid: task.gid, status: task.status }); } });
+        progress(found.length);
+        var next = data.next === undefined ? null : data.next;
+        if (next !== null && (data.tasks || []).length && found.length < MAX_MATCHING) { return page(next); }
+        return found;
+      });
+    }
+    return page(null);
   }
 
   // POST /api/tasks/bulk in chunks of 500; a site without it gets one call per task.
   function bulkAction(action) {
-    var gids = state.order.filter(function (g) { return state.selected.has(g); });
-    if (!gids.length) { return; }
     var del = action === "delete";
+    var matching = !!state.selectMatching;
+    var total = matching ? (state.total || 0) : state.selected.size;
+    if (!total) { return; }
+    if (matching && total > MAX_MATCHING) { showBulkResult({ tooMany: total }); return; }
+    var chosen = selectedGids();
+    var retryable = del ? chosen : chosen.filter(function (g) { var task = state.tasks.get(g); return task && task.status === "DELETE_FAILED"; });
+    var text;
+    if (matching) { text = t(del ? "bulkMatchingDeleteText" : "bulkMatchingRetryText", { n: num(total) }); }
+    else if (del) { text = t("bulkDeleteText", { n: num(chosen.length) }); }
+    else { text = t("bulkRetryOnly", { n: num(retryable.length), skip: num(chosen.length - retryable.length) }); }
     confirmDialog({
-      title: t(del ? "bulkDeleteTitle" : "bulkRetryTitle", { n: num(gids.length) }),
-      text: t(del ? "bulkDeleteText" : "bulkRetryText", { n: num(gids.length) }),
-      ok: t(del ? "bulkDelete" : "bulkRetry"), danger: del
+      title: t(del ? "bulkDeleteTitle" : "bulkRetryTitle", { n: num(matching || del ? total : retryable.length) }),
+      text: text,
+      ok: del ? t("bulkDelete") : t("bulkRetryN", { n: num(matching ? retryableCount() : retryable.length) }), danger: del
     }).then(function (answer) {
       if (!answer) { return; }
-      var ok = 0, failed = [], done = 0;
-      var box = $("bulk-count");
-      function progress() { box.textContent = t("bulkWorking", { done: num(done), n: num(gids.length) }); }
-      function settle(item) {
-        done += 1;
-        var gid = Number(item.gid);
-        if (item.error) { failed.push(gid); return; }
-        ok += 1;
-        state.selected.delete(gid);
-        if (item.task && !isGone(item.task)) { upsertTask(item.task); }
-        else { removeTask(gid, { quiet: true }); }
-      }
-      function one(gid) {
-        if (!del) {
-          var task = state.tasks.get(gid);
-          if (!task || task.status !== "DELETE_FAILED") { return Promise.resolve({ gid: gid, error: "not_retryable" }); }
-        }
-        return api("DELETE", "/api/tasks/" + gid).then(function (result) {
-          if (result.ok || result.status === 404) { return { gid: gid, task: result.data && result.data.task }; }
-          return { gid: gid, error: errorCode(result) || String(result.status) };
-        });
-      }
-      function fallback(chunk) {
-        var queue = chunk.slice();
-        function worker() {
-          var gid = queue.shift();
-          if (gid === undefined) { return Promise.resolve(); }
-          return one(gid).then(function (item) { settle(item); progress(); return worker(); });
-        }
-        var workers = [];
-        for (var i = 0; i < 8; i++) { workers.push(worker()); }
-        return Promise.all(workers);
-      }
-      var chunks = [];
-      for (var i = 0; i < gids.length; i += 500) { chunks.push(gids.slice(i, i + 500)); }
-      var useFallback = false;
-      progress();
-      chunks.reduce(function (chain, chunk) {
-        return chain.then(function () {
-          if (useFallback) { return fallback(chunk); }
-          return api("POST", "/api/tasks/bulk", { action: action, gids: chunk }).then(function (result) {
-            if (result.status === 404 || result.status === 405) { useFallback = true; return fallback(chunk); }
-            if (!result.ok || !result.data || !Array.isArray(result.data.results)) {
-              chunk.forEach(function (gid) { settle({ gid: gid, error: "failed" }); });
-              return;
-            }
-            result.data.results.forEach(settle);
-            progress();
-          });
-        });
-      }, Promise.resolve()).then(function () {
-        var text = t("bulkDone", { action: t(del ? "bulkDelete" : "bulkRetry"), ok: num(ok), failed: num(failed.length) });
-        if (failed.length) { text += " " + t("bulkFailedSome", { list: failed.slice(0, 10).join(", ") + (failed.length > 10 ? "…" : "") }); }
-        notify(text, failed.length > 0);
-        renderSelection();
-        loadCounts();
-        loadUsage();
-        if (del && state.order.length === 0 && state.next) { loadTasks(false); }
+      var targets = matching ? collectMatching(function (n) {
+        showBulkResult({ working: function () { return t("bulkCollecting", { done: num(n), n: num(total) }); } });
+      }).then(function (found) {
+        var keep = del ? found : found.filter(function (item) { return item.status === "DELETE_FAILED"; });
+        return { gids: keep.map(function (item) { return item.gid; }), skipped: found.length - keep.length };
+      }) : Promise.resolve({ gids: retryable, skipped: chosen.length - retryable.length });
+      return targets.then(function (plan) { return runBulk(action, plan.gids, plan.skipped, chosen); }, function (result) {
+        notify(failureText("loadFailed", result || { status: 0 }), true);
+        showBulkResult(null);
       });
+    });
+  }
+
+  function runBulk(action, gids, skipped, chosen) {
+    var del = action === "delete";
+    var ok = 0, failedN = 0, done = 0, reasons = {};
+    if (!del && skipped && !state.selectMatching) {
+      reasons.not_retryable = chosen.filter(function (g) { return gids.indexOf(g) === -1; });
+    }
+    function progress() {
+      showBulkResult({ working: function () { return t("bulkWorking", { done: num(done), n: num(gids.length) }); } });
+    }
+    function settle(item) {
+      done += 1;
+      var gid = Number(item.gid);
+      if (item.error) {
+        failedN += 1;
+        var code = typeof item.error === "string" ? item.error : (item.error.code || "other");
+        (reasons[code] = reasons[code] || []).push(gid);
+        return;
+      }
+      ok += 1;
+      state.selected.delete(gid);
+      if (item.task && !isGone(item.task)) { upsertTask(item.task); }
+      else { removeTask(gid, { quiet: true }); }
+    }
+    function one(gid) {
+      return api("DELETE", "/api/tasks/" + gid).then(function (result) {
+        if (result.ok || result.status === 404) { return { gid: gid, task: result.data && result.data.task }; }
+        return { gid: gid, error: errorCode(result) || "other" };
+      });
+    }
+    function fallback(chunk) {
+      var queue = chunk.slice();
+      function worker() {
+        var gid = queue.shift();
+        if (gid === undefined) { return Promise.resolve(); }
+        return one(gid).then(function (item) { settle(item); progress(); return worker(); });
+      }
+      var workers = [];
+      for (var i = 0; i < 8; i++) { workers.push(worker()); }
+      return Promise.all(workers);
+    }
+    var chunks = [];
+    for (var i = 0; i < gids.length; i += 500) { chunks.push(gids.slice(i, i + 500)); }
+    var useFallback = false;
+    progress();
+    return chunks.reduce(function (chain, chunk) {
+      return chain.then(function () {
+        if (useFallback) { return fallback(chunk); }
+        return api("POST", "/api/tasks/bulk", { action: action, gids: chunk }).then(function (result) {
+          if (result.status === 404 || result.status === 405) { useFallback = true; return fallback(chunk); }
+          if (!result.ok || !result.data || !Array.isArray(result.data.results)) {
+            chunk.forEach(function (gid) { settle({ gid: gid, error: errorCode(result) || "other" }); });
+            return;
+          }
+          result.data.results.forEach(settle);
+          progress();
+        });
+      });
+    }, Promise.resolve()).then(function () {
+      state.selectMatching = false;
+      showBulkResult({ action: action, ok: ok, failed: failedN, skipped: skipped, reasons: reasons });
+      renderSelection();
+      loadCounts();
+      loadUsage();
+      if (del) { loadTasks(false); }
     });
   }
 
@@ -1149,11 +1331,191 @@
   function renderTaskList() {
     var list = $("task-list");
     list.textContent = "";
-    state.order.forEach(function (gid) { list.appendChild(renderTask(state.tasks.get(gid))); });
+    var table = !!state.tableView;
+    list.hidden = table;
+    $("task-table-wrap").hidden = !table;
+    if (table) { renderTable(); } else {
+      $("task-table").textContent = "";
+      renderPager();
+      state.order.forEach(function (gid) { list.appendChild(renderTask(state.tasks.get(gid))); });
+    }
     showEmpty();
-    $("tasks-more").hidden = state.next === null || state.next === undefined;
+    $("tasks-more").hidden = table || state.next === null || state.next === undefined;
     schedulePendingPoll();
     scheduleLiveText();
+  }
+
+  // ---- the table view ----------------------------------------------------------
+  //
+  // A dense table beside the cards: one line a task, the columns a person
+  // chose (kept in localStorage), sorted by a click on a column the API
+  // sorts by.  It shows one page at a time on the keyset cursor (First,
+  // Previous, Next): every page is one bounded read and replaces the last,
+  // so page 60 costs what page 1 does and the page does not grow.
+
+  var TABLE_KEY = "tasknet.listView";
+  var COLUMNS_KEY = "tasknet.tableColumns";
+  // [key, label, the order a click asks for (null: not sortable)]
+  var TABLE_COLUMNS = [
+    ["gid", "colGid", "gid"], ["name", "colName", null], ["status", "colStatus", "status"],
+    ["progress", "colProgress", "progress"], ["size", "colSize", "size"], ["speed", "colSpeed", null],
+    ["node", "colNode", null], ["owner", "colOwner", null], ["cost", "colCost", null], ["created", "colCreated", "newest"]
+  ];
+  var DEFAULT_COLUMNS = ["gid", "name", "status", "progress", "size", "speed", "node", "created"];
+
+  function tableColumns() {
+    var saved = null;
+    try { saved = JSON.parse(localStorage.getItem(COLUMNS_KEY) || "null"); } catch (e) { saved = null; }
+    var known = TABLE_COLUMNS.map(function (c) { return c[0]; });
+    var chosen = Array.isArray(saved) ? saved.filter(function (k) { return known.indexOf(k) !== -1; }) : DEFAULT_COLUMNS;
+    return chosen.length ? chosen : DEFAULT_COLUMNS;
+  }
+
+  function setTableView(on) {
+    if (state.tableView === on) { return; }
+    state.tableView = on;
+    localStorage.setItem(TABLE_KEY, on ? "table" : "cards");
+    state.pageStarts = [];
+    state.pageCursor = null;
+    renderViewToggle();
+    resetListLoads();
+    loadTasks(false);
+  }
+
+  function renderViewToggle() {
+    $("view-cards").setAttribute("aria-pressed", state.tableView ? "false" : "true");
+    $("view-table").setAttribute("aria-pressed", state.tableView ? "true" : "false");
+    $("table-columns").hidden = !state.tableView;
+    var chosen = tableColumns();
+    var menu = $("table-columns-list");
+    menu.textContent = "";
+    TABLE_COLUMNS.forEach(function (column) {
+      var id = "column-" + column[0];
+      menu.appendChild(el("li", { className: "check" }, [
+        el("input", { type: "checkbox", id: id, "data-column": column[0], checked: chosen.indexOf(column[0]) !== -1 }),
+        el("label", { htmlFor: id, text: t(column[1]) })
+      ]));
+    });
+  }
+
+  function onColumnChoice(event) {
+    var box = event.target.closest("input[data-column]");
+    if (!box) { return; }
+    var chosen = Array.from(document.querySelectorAll("#table-columns-list input[data-column]"))
+      .filter(function (b) { return b.checked; }).map(function (b) { return b.getAttribute("data-column"); });
+    if (!chosen.length) { box.checked = true; return; }  // a table keeps one column at least
+    localStorage.setItem(COLUMNS_KEY, JSON.stringify(chosen));
+    renderTaskList();
+  }
+
+  function tableCell(key, task) {
+    var size = typeof task.size === "number" ? task.size : null;
+    var percent = Math.round(Math.max(0, Math.min(1, Number(task.progress) || 0)) * 100);
+    if (task.status === "COMPLETED") { percent = 100; }
+    switch (key) {
+      case "gid": return el("td", { className: "num", text: String(task.gid) });
+      case "name": return el("td", { className: "name", title: taskName(task), text: taskName(task) });
+      case "status": {
+        var note = rowNote(task);
+        return el("td", { "data-status": task.status, text: statusLabel(task) + (note ? " · " + note.text : "") });
+      }
+      case "progress": return el("td", { className: "num", text: F.number(percent, state.lang, 0) + "%" });
+      case "size": return el("td", { className: "num", text: size === null ? "—" : F.bytes(size, state.lang) });
+      case "speed": {
+        var live = task.status === "DOWNLOADING" && task.nodeConnected !== false && typeof task.speed === "number";
+        return el("td", { className: "num", text: live ? F.speed(task.speed, state.lang) : "—" });
+      }
+      case "node": return el("td", { text: task.node || "—" });
+      case "owner": return el("td", { text: task.owner || "—" });
+      case "cost": return el("td", { className: "num", text: task.cost === null || task.cost === undefined ? "—" : num(task.cost) });
+      case "created": return el("td", { className: "num", text: task.createdAt ? clock(task.createdAt) : "—" });
+    }
+    return el("td", { text: "" });
+  }
+
+  function renderTableRow(task, columns) {
+    var label = t("selectTask") + " " + task.gid + (task.name ? " (" + task.name + ")" : "");
+    var cells = [el("td", { className: "pick" }, [
+      el("input", { type: "checkbox", "data-action": "select", "aria-label": label, checked: state.selected.has(task.gid) })
+    ])];
+    columns.forEach(function (key) { cells.push(tableCell(key, task)); });
+    return el("tr", { "data-gid": task.gid, "data-status": task.status }, cells);
+  }
+
+  function renderTable() {
+    var columns = tableColumns();
+    var head = el("tr", null, [el("th", { scope: "col", className: "pick" }, [el("span", { className: "visually-hidden", text: t("selectTask") })])]);
+    TABLE_COLUMNS.forEach(function (column) {
+      if (columns.indexOf(column[0]) === -1) { return; }
+      var order = column[2];
+      var th = el("th", { scope: "col", "data-column": column[0] });
+      if (!order) { th.textContent = t(column[1]); head.appendChild(th); return; }
+      // Created sorts both ways; the others as the API sorts them.
+      var sorted = order === "newest" ? (state.orderBy === "newest" || state.orderBy === "oldest") : state.orderBy === order;
+      var next = order === "newest" && state.orderBy === "newest" ? "oldest" : order;
+      th.setAttribute("aria-sort", !sorted ? "none" : (state.orderBy === "oldest" || state.orderBy === "gid" ? "ascending" : "descending"));
+      th.appendChild(el("button", { type: "button", className: "sort", "data-order": next, text: t(column[1]) }));
+      head.appendChild(th);
+    });
+    var body = el("tbody");
+    state.order.forEach(function (gid) { body.appendChild(renderTableRow(state.tasks.get(gid), columns)); });
+    var table = $("task-table");
+    table.textContent = "";
+    table.appendChild(el("caption", { className: "visually-hidden", text: t("tasksTitle") }));
+    table.appendChild(el("thead", null, [head]));
+    table.appendChild(body);
+    renderPager();
+  }
+
+  function updateTableRow(gid) {
+    var row = document.querySelector('#task-table tr[data-gid="' + gid + '"]');
+    var task = state.tasks.get(gid);
+    if (!task) { if (row) { row.remove(); } return; }
+    var fresh = renderTableRow(task, tableColumns());
+    if (row) { keepFocus(row, fresh); row.replaceWith(fresh); return; }
+    var body = document.querySelector("#task-table tbody");
+    if (!body) { return; }
+    var index = state.order.indexOf(gid);
+    var after = index + 1 < state.order.length ? body.querySelector('tr[data-gid="' + state.order[index + 1] + '"]') : null;
+    body.insertBefore(fresh, after);
+  }
+
+  function pageCount() {
+    return typeof state.total === "number" ? Math.max(1, Math.ceil(state.total / state.pageSize)) : null;
+  }
+
+  function renderPager() {
+    var pager = $("table-pager");
+    pager.hidden = !state.tableView;
+    if (!state.tableView) { return; }
+    var page = state.pageStarts.length + 1;
+    var pages = pageCount();
+    var hasNext = state.next !== null && state.next !== undefined;
+    $("page-first").disabled = page === 1;
+    $("page-prev").disabled = page === 1;
+    $("page-next").disabled = !hasNext;
+    var where = $("page-where");
+    where.textContent = pages === null ? t("pageN", { page: num(page) }) : t("pageOf", { page: num(page), pages: num(Math.max(pages, page)) });
+    where.setAttribute("data-page", String(page));
+  }
+
+  function turnPage(to) {
+    if (to === "next") {
+      if (state.next === null || state.next === undefined) { return; }
+      state.pageStarts.push(state.pageCursor === undefined ? null : state.pageCursor);
+      state.pageCursor = state.next;
+    } else if (to === "prev") {
+      if (!state.pageStarts.length) { return; }
+      state.pageCursor = state.pageStarts.pop();
+    } else {
+      state.pageStarts = [];
+      state.pageCursor = null;
+    }
+    resetListLoads();
+    loadTasks(false).then(function () {
+      var top = $("task-table");
+      if (top && top.getBoundingClientRect().top < 0) { top.scrollIntoView(); }
+    });
   }
 
   // A fact on the row's second line: its label is for screen readers when
@@ -1694,6 +2056,9 @@
     change();
     state.query = asciiDigits($("task-search").value).trim().slice(0, 256);
     state.selected.clear();
+    state.selectMatching = false;
+    state.pageStarts = [];
+    state.pageCursor = null;
     state.total = null;
     writeHash();
     renderListControls();
@@ -2138,7 +2503,7 @@
     var box = event.target.closest('input[data-action="select"]');
     if (!box) { return; }
     var gid = Number(box.closest("li[data-gid]").getAttribute("data-gid"));
-    if (box.checked) { state.selected.add(gid); } else { state.selected.delete(gid); }
+    if (box.checked) { state.selected.add(gid); } else { state.selected.delete(gid); state.selectMatching = false; }
     renderSelection();
   }
 
@@ -2243,6 +2608,7 @@
       if (!result.ok) { return; }
       renderUnknown(result.data);
       loadNodes();
+      loadUsers();
       if (!state.unknownTimer) {
         state.unknownTimer = setInterval(function () { loadNodes(); }, 10000);
       }
@@ -2605,6 +2971,154 @@
     });
   }
 
+  // ---- admin: users (issue 36, item 8) ------------------------------------------
+
+  var USER_NAME = /^[A-Za-z0-9_.-]{1,64}$/;
+  var MAX_QUOTA = 1000000000;
+
+  // The sign-in page names the demo token only on a site started with --demo.
+  function showDemoHint() {
+    api("GET", "/api/session").then(function (result) {
+      $("demo-hint").hidden = !(result.ok && result.data && result.data.demo === true);
+    });
+  }
+
+  function loadUsers() {
+    return api("GET", "/api/admin/users").then(function (result) {
+      if (!result.ok) { return; }
+      state.users = (result.data && result.data.users) || [];
+      renderUsers();
+    });
+  }
+
+  function renderUsers() {
+    var body = $("users-body");
+    body.textContent = "";
+    (state.users || []).forEach(function (user) {
+      var me = !!(state.me && state.me.name === user.name);
+      var disabled = !!user.disabledAt;
+      var button = function (action, key, danger) {
+        return el("button", { type: "button", className: danger ? "danger" : "", "data-user-action": action, "data-user": user.name, "aria-label": t(key) + " " + user.name, text: t(key) });
+      };
+      var quota = el("input", { type: "number", min: "0", max: String(MAX_QUOTA), step: "1", inputmode: "numeric", value: String(user.quota), "data-user-quota": user.name, "aria-label": t("userQuota") + " " + user.name });
+      body.appendChild(el("tr", { "data-user": user.name, "data-disabled": disabled ? "true" : "false", className: disabled ? "disabled" : "" }, [
+        el("th", { scope: "row", text: me ? t("userYou", { name: user.name }) : user.name }),
+        el("td", { "data-label": t("userRole"), text: t(user.admin ? "roleAdmin" : "roleUser") }),
+        el("td", { "data-label": t("userQuota"), className: "quota" }, [quota, button("quota", "userSaveQuota")]),
+        el("td", { "data-label": t("userState"), "data-role": "user-state", text: disabled ? t("userDisabledSince", { at: formatTime(user.disabledAt) }) : t("userEnabled") }),
+        el("td", { "data-label": t("userSessions"), "data-role": "sessions", text: num(user.sessions) }),
+        el("td", { "data-label": t("userCreated"), text: formatTime(user.createdAt) }),
+        el("td", { "data-label": t("userActions"), className: "actions" }, [
+          disabled ? button("enable", "userEnable") : me ? null : button("disable", "userDisable", true),
+          button("token", "userRotate"),
+          button("sessions", "userEndSessions")
+        ])
+      ]));
+    });
+    $("users-table").hidden = !(state.users || []).length;
+  }
+
+  // The API's refusal in the reader's language.
+  function userFailure(result, name) {
+    var message = errorMessage(result);
+    if (errorCode(result) === "conflict") { return t("userExists", { name: name }); }
+    if (/own account/.test(message)) { return t("userSelf"); }
+    return t("userActionFailed", { message: failureText("", result) });
+  }
+
+  // A new token, shown once, in words the reader can copy.
+  function showUserToken(name, token) {
+    var box = $("user-token");
+    box.textContent = "";
+    if (!token) { box.hidden = true; return; }
+    box.appendChild(el("span", { text: t("userTokenShown", { name: name }) + " " }));
+    box.appendChild(el("code", { "data-role": "token", text: token }));
+    box.hidden = false;
+  }
+
+  function quotaValue(text) {
+    if (!/^\d+$/.test(text.trim())) { return null; }
+    var value = Number(text.trim());
+    return value <= MAX_QUOTA ? value : null;
+  }
+
+  function onAddUser(event) {
+    event.preventDefault();
+    var name = $("user-add-name").value.trim();
+    var quotaText = $("user-add-quota").value.trim();
+    var error = $("user-add-error");
+    error.textContent = "";
+    if (!USER_NAME.test(name)) { error.textContent = t("userNameInvalid"); $("user-add-name").focus(); return; }
+    var body = { name: name, admin: $("user-add-admin").checked };
+    if (quotaText) {
+      var quota = quotaValue(quotaText);
+      if (quota === null) { error.textContent = t("userQuotaInvalid"); $("user-add-quota").focus(); return; }
+      body.quota = quota;
+    }
+    api("POST", "/api/admin/users", body).then(function (result) {
+      if (!result.ok) { error.textContent = userFailure(result, name); return; }
+      $("user-add-form").reset();
+      notify(t("userAdded", { name: name }));
+      showUserToken(name, result.data.token);
+      loadUsers();
+    });
+  }
+
+  function onUsersClick(event) {
+    var button = event.target.closest("button[data-user-action]");
+    if (!button) { return; }
+    var name = button.getAttribute("data-user");
+    var action = button.getAttribute("data-user-action");
+    var path = "/api/admin/users/" + encodeURIComponent(name);
+    var done = function (result, text) {
+      if (!result.ok) { notify(userFailure(result, name), true); return; }
+      notify(text(result.data || {}));
+      loadUsers();
+    };
+    if (action === "quota") {
+      var input = button.parentNode.querySelector("input[data-user-quota]");
+      var quota = quotaValue(input.value);
+      if (quota === null) { notify(t("userQuotaInvalid"), true); input.focus(); return; }
+      api("PUT", path + "/quota", { quota: quota }).then(function (result) {
+        done(result, function (data) { return t("userQuotaSaved", { name: name, quota: num(data.user.quota) }); });
+      });
+      return;
+    }
+    if (action === "enable") {
+      api("POST", path + "/enable").then(function (result) {
+        done(result, function () { return t("userEnabledDone", { name: name }); });
+      });
+      return;
+    }
+    var dialogs = {
+      disable: { title: "userDisableTitle", text: "userDisableText", ok: "userDisable", danger: true },
+      token: { title: "userRotateTitle", text: "userRotateText", ok: "userRotate" },
+      sessions: { title: "userEndTitle", text: "userEndText", ok: "userEndSessions" }
+    };
+    var dialog = dialogs[action];
+    if (!dialog) { return; }
+    confirmDialog({
+      title: t(dialog.title, { name: name }), text: t(dialog.text, { name: name }),
+      ok: t(dialog.ok), danger: !!dialog.danger, note: false
+    }).then(function (answer) {
+      if (!answer) { return; }
+      if (action === "disable") {
+        api("POST", path + "/disable").then(function (result) {
+          done(result, function (data) { return t("userDisabledDone", { name: name, n: num(data.sessionsEnded) }); });
+        });
+      } else if (action === "token") {
+        api("POST", path + "/token").then(function (result) {
+          done(result, function () { return t("userRotated", { name: name }); });
+          if (result.ok) { showUserToken(name, result.data.token); }
+        });
+      } else {
+        api("DELETE", path + "/sessions").then(function (result) {
+          done(result, function (data) { return t("userSessionsEnded", { name: name, n: num(data.sessionsEnded) }); });
+        });
+      }
+    });
+  }
+
   // ---- language -----------------------------------------------------------------
 
   function applyLanguage() {
@@ -2620,6 +3134,9 @@
     if (state.usage) { renderUsage(state.usage); }
     renderWho();
     renderLinksResult();
+    renderBulkResult();
+    renderSelection();
+    renderViewToggle();
     if (state.signedIn) {
       renderTaskList();
       setLive(state.socket !== null && state.socket.readyState === WebSocket.OPEN);
@@ -2686,6 +3203,7 @@
     $("bulk-retry").addEventListener("click", function () { bulkAction("retry"); });
     $("bulk-links").addEventListener("click", bulkLinks);
     $("bulk-clear").addEventListener("click", function () { selectAllShown(false); state.selected.clear(); renderSelection(); });
+    $("select-matching").addEventListener("click", function () { state.selectMatching = true; renderSelection(); });
     $("create-gid").addEventListener("input", function () {
       var box = $("create-gid");
       var fixed = asciiDigits(box.value);
@@ -2711,6 +3229,7 @@
   function init() {
     var savedLang = localStorage.getItem(LANG_KEY);
     state.lang = savedLang === "en" || savedLang === "zh" ? savedLang : browserLanguage();
+    state.tableView = localStorage.getItem(TABLE_KEY) === "table";
     applyLanguage();
     listenForViews();
 
@@ -2736,10 +3255,30 @@
     $("task-list").addEventListener("change", onTaskListChange);
     $("tasks-refresh").addEventListener("click", function () { loadTasks(false); loadUsage(); });
     $("tasks-more").addEventListener("click", function () { loadTasks(true); });
+    $("view-cards").addEventListener("click", function () { setTableView(false); });
+    $("view-table").addEventListener("click", function () { setTableView(true); });
+    $("table-columns-list").addEventListener("change", onColumnChoice);
+    $("page-first").addEventListener("click", function () { turnPage("first"); });
+    $("page-prev").addEventListener("click", function () { turnPage("prev"); });
+    $("page-next").addEventListener("click", function () { turnPage("next"); });
+    $("task-table").addEventListener("click", function (event) {
+      var sort = event.target.closest("button[data-order]");
+      if (sort) { var order = sort.getAttribute("data-order"); changeList(function () { state.orderBy = order; }); }
+    });
+    $("task-table").addEventListener("change", function (event) {
+      var box = event.target.closest('input[data-action="select"]');
+      if (!box) { return; }
+      var gid = Number(box.closest("tr[data-gid]").getAttribute("data-gid"));
+      if (box.checked) { state.selected.add(gid); } else { state.selected.delete(gid); state.selectMatching = false; }
+      renderSelection();
+    });
     $("unknown-list").addEventListener("click", onUnknownClick);
     $("unknown-refresh").addEventListener("click", loadUnknown);
     $("nodes-refresh").addEventListener("click", loadNodes);
     $("nodes-body").addEventListener("click", onNodesClick);
+    $("users-refresh").addEventListener("click", loadUsers);
+    $("users-body").addEventListener("click", onUsersClick);
+    $("user-add-form").addEventListener("submit", onAddUser);
     $("nav").addEventListener("click", function (event) {
       var link = event.target.closest("a[data-view]");
       if (!link) { return; }
@@ -2750,6 +3289,7 @@
 
     localStorage.removeItem(OLD_TOKEN_KEY);
     showSignedIn(false);
+    showDemoHint();
     resumeSession().then(function (outcome) {
       // No (valid) session cookie is simply "not signed in".
       if (!outcome.ok && !outcome.unauthorized) { $("sign-in-error").textContent = outcome.message; }
