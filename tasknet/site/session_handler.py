@@ -28,13 +28,18 @@ transaction (:func:`~tasknet.site.storage.inventory.judge_inventory`,
 against the session's hold on its node when there is an ownership), and
 once that committed the ``DELETE`` of each orphan with a tombstone goes to
 the node, its completing part is ACKed and the outbox is woken (tasks
-marked ``ARCHIVE_GONE``).  A judgement that failed (the database down) is
-logged: the node sends a new inventory on its next connection.
+marked ``ARCHIVE_GONE``).  What it found gone beyond the first
+:data:`~tasknet.site.storage.inventory.GONE_PER_TRANSACTION` is marked in
+transactions of that many each, after (a wiped node's thousands would hold
+the writer for minutes in one on PostgreSQL).  A judgement that failed (the
+database down) is logged: the node sends a new inventory on its next
+connection.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 
 from twisted.internet.defer import Deferred
 from twisted.logger import Logger
@@ -145,16 +150,18 @@ class SiteHandler:
         if verdict.not_held:
             self._not_held_inventory(session, whole)
             return
-        self.inventories_judged += 1
-        self.last_verdict = verdict
-        metrics.count_inventory(
-            len(verdict.missing), len(verdict.orphans) + len(verdict.deletes), len(verdict.corrupt)
-        )
         for delete in verdict.deletes:
             session.send_delete(delete.delete_operation_id, delete.gid, delete.name)
         session.send_inventory_ack(whole.inventory_id, whole.part)
         if (verdict.missing or verdict.corrupt) and self.wake_outbox is not None:
             self.wake_outbox()
+        if verdict.pending:
+            verdict = await self._mark_pending(session, verdict)
+        self.inventories_judged += 1
+        self.last_verdict = verdict
+        metrics.count_inventory(
+            len(verdict.missing), len(verdict.orphans) + len(verdict.deletes), len(verdict.corrupt)
+        )
         log.info(
             "node {node}: inventory {inventory_id} judged: {archives} archives ({bytes} bytes),"
             " {missing} missing, {corrupt} not as recorded, {deletes} deleted (tombstones),"
@@ -168,6 +175,33 @@ class SiteHandler:
             deletes=len(verdict.deletes),
             orphans=len(verdict.orphans),
         )
+
+    async def _mark_pending(
+        self, session: INodeSession, verdict: inventory.InventoryVerdict
+    ) -> inventory.InventoryVerdict:
+        """Mark the rest of what the inventory found gone, a transaction per
+        :data:`~tasknet.site.storage.inventory.GONE_PER_TRANSACTION` (a
+        failure is logged: the node's next inventory finds them again)."""
+        missing, corrupt = list(verdict.missing), list(verdict.corrupt)
+        pending = verdict.pending
+        step = inventory.GONE_PER_TRANSACTION
+        try:
+            for start in range(0, len(pending), step):
+                more_missing, more_corrupt = await self.db.write(
+                    inventory.mark_gone,
+                    node_id=session.node_id,
+                    generations=pending[start : start + step],
+                )
+                missing += more_missing
+                corrupt += more_corrupt
+                if self.wake_outbox is not None:
+                    self.wake_outbox()
+        except Exception:
+            log.failure(
+                "node {node}: marking the archives its inventory misses failed",
+                node=session.node_id,
+            )
+        return replace(verdict, missing=tuple(missing), corrupt=tuple(corrupt), pending=())
 
     def _not_held_inventory(self, session: INodeSession, whole: ArchiveInventory) -> None:
         log.info(

@@ -35,6 +35,7 @@ from tasknet.protocol.messages import (
 )
 from tasknet.site.node_listener import INVENTORY_PARTS_MAX
 from tasknet.site.storage.engine import database as dbmod
+from tasknet.site.storage.inventory import GONE_PER_TRANSACTION
 from tasknet.site.web.admin_nodes import nodes_view
 from tests.eventually import eventually
 from tests.site_protocol.harness import (
@@ -126,6 +127,36 @@ async def connect(site: Site, node_id: str, **kw: Any) -> InventoryNode:
 def completed(conn: dbmod.Connection, gid: int, user: int, node_id: str, **kw: Any) -> str:
     """A COMPLETED task of ``node_id``; its operationId."""
     return str(add_task(conn, gid, user, node_id=node_id, status=4, **kw)["operation_id"])
+
+
+def completed_many(conn: dbmod.Connection, user: int, first: int, count: int, node_id: str) -> None:
+    """``count`` COMPLETED tasks of ``node_id`` from gid ``first`` (operationId
+    ``op-GID``, size GID), 2,500 a statement and a transaction: a row at a
+    time takes minutes on PostgreSQL, and so does one transaction (every
+    row moves its user's one kept count); the generations first, so the
+    task rows' triggers find them at once."""
+    numbers = (
+        "WITH RECURSIVE n(i) AS"
+        " (SELECT CAST(? AS BIGINT) UNION ALL SELECT i + 1 FROM n WHERE i < ?) "
+    )
+
+    def bulk(c: dbmod.Cursor, start: int, last: int) -> None:
+        c.execute(
+            numbers + "INSERT INTO task_operation (gid, operation_id, state, user_id, cost,"
+            " metered, dispatched) SELECT i, 'op-' || i, 'SUBMITTED', ?, 10, 1, 1 FROM n",
+            (start, last, user),
+        )
+        c.execute(
+            numbers + "INSERT INTO gallery (gid, user_id, name, token, url, status, progress,"
+            " node_id, cost, archive_size, archive_sha256) SELECT i, ?, 'g' || i, 'tok',"
+            " 'http://u/f', 4, 1.0, ?, 10, i, ? FROM n",
+            (start, last, user, node_id, SHA_A),
+        )
+
+    end = first + count
+    for start in range(first, end, 2_500):
+        last = min(start + 2_499, end - 1)
+        dbmod.run_write(conn, lambda c, s=start, e=last: bulk(c, s, e))  # type: ignore[misc]
 
 
 def held(gid: int, op: str | None = None, size: int = 100, sha: str = SHA_A) -> HeldArchive:
@@ -360,30 +391,7 @@ async def test_25000_archives_in_three_parts(site: Site) -> None:
     user, _ = add_user(conn, "alice")
     count = 25_000
 
-    # A statement per 2,500 tasks, each its own transaction: a row at a time
-    # takes minutes on PostgreSQL, and so does one transaction (every row
-    # updates the node's one kept count, node_task_count); the generations
-    # first, so the task rows' triggers find them at once.
-    numbers = (
-        "WITH RECURSIVE n(i) AS"
-        " (SELECT CAST(? AS BIGINT) UNION ALL SELECT i + 1 FROM n WHERE i < ?) "
-    )
-
-    def bulk(c: dbmod.Cursor, first: int, last: int) -> None:
-        c.execute(
-            numbers + "INSERT INTO task_operation (gid, operation_id, state, user_id, cost,"
-            " metered, dispatched) SELECT i, 'op-' || i, 'SUBMITTED', ?, 10, 1, 1 FROM n",
-            (first, last, user),
-        )
-        c.execute(
-            numbers + "INSERT INTO gallery (gid, user_id, name, token, url, status, progress,"
-            " node_id, cost, archive_size, archive_sha256) SELECT i, ?, 'g' || i, 'tok',"
-            " 'http://u/f', 4, 1.0, 'n1', 10, i, ? FROM n",
-            (first, last, user, SHA_A),
-        )
-
-    for first in range(1, count + 1, 2_500):
-        dbmod.run_write(conn, lambda c, f=first: bulk(c, f, f + 2_499))  # type: ignore[misc]
+    completed_many(conn, user, 1, count, "n1")
     completed(conn, count + 1, user, "n1")  # the one the node lost
     node = await connect(site, "n1")
     archives = [held(gid, size=gid) for gid in range(1, count + 1)] + [held(10**9, "op-x", 1)]
@@ -399,6 +407,32 @@ async def test_25000_archives_in_three_parts(site: Site) -> None:
     assert gone(conn, 1) == ("COMPLETED", None, None)
     row = conn.execute("SELECT archives, bytes, missing, orphans FROM node_inventory").fetchone()
     assert tuple(row) == (count + 1, count * (count + 1) // 2 + 1, 1, 1)
+    conn.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_wiped_node_s_thousands_are_marked_a_few_hundred_a_transaction(
+    site: Site,
+) -> None:
+    conn = site.sql()
+    user, _ = add_user(conn, "alice")
+    count = 2 * GONE_PER_TRANSACTION + 100
+    completed_many(conn, user, 1, count, "n1")
+    node = await connect(site, "n1")
+    started = time.monotonic()
+    node.send_inventory([held(count + 7, "op-unknown")])
+    await node.next(ArchiveInventoryAck, timeout=60)
+    handler: Any = site.factory.handler
+    await eventually(lambda: handler.inventories_judged == 1, timeout=120)
+    print(f"\n{count} MISSING in 3 transactions: {time.monotonic() - started:.2f} s")
+    assert len(handler.last_verdict.missing) == count
+    assert handler.last_verdict.pending == ()
+    left = conn.execute(
+        "SELECT COUNT(*) FROM gallery WHERE archive_gone_reason IS NULL"
+    ).fetchone()[0]
+    assert left == 0
+    row = conn.execute("SELECT archives, missing, orphans FROM node_inventory").fetchone()
+    assert tuple(row) == (1, count, 1)
     conn.close()
 
 

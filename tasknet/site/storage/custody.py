@@ -13,9 +13,12 @@ commits one).
 from __future__ import annotations
 
 import sqlite3
+from collections.abc import Sequence
+
+import orjson
 
 from tasknet.site.storage import outbox
-from tasknet.site.storage.engine.sql import sql
+from tasknet.site.storage.engine.sql import per_backend, postgres_only, sql
 from tasknet.status import NodeCode, OperationState
 
 #: Why no node holds a generation's archive any more (``archive_gone_reason``,
@@ -71,3 +74,56 @@ def settle_cancel(cursor: sqlite3.Cursor, *, node_id: str, operation_id: str) ->
     there was one."""
     cursor.execute(_SETTLE_CANCEL_SQL, (node_id, operation_id))
     return cursor.rowcount == 1
+
+
+# -- many at once (an inventory that finds a wiped node) ---------------------
+
+_LOCK_GENERATIONS_SQL = postgres_only(
+    "SELECT COUNT(*) FROM (SELECT gid FROM task_operation"
+    " WHERE gid {in_array} ORDER BY gid {for_update}) AS locked",
+    sqlite_answer="0",
+)
+# mark_archive_gone's rules for every (gid, operationId) pair of ?5 (a JSON
+# array of [gid, operationId]) in one statement; updated_at is ?2 (now).
+_MARK_MANY_GONE_SQL = per_backend(
+    sqlite="UPDATE gallery SET archive_gone_reason = ?1, archive_gone_at = ?2,"
+    " archive_gone_node = ?3, updated_at = ?2"
+    " WHERE status = ?4 AND node_id = ?3 AND archive_gone_reason IS NULL AND gid IN ("
+    "SELECT o.gid FROM json_each(?5) AS e JOIN task_operation AS o"
+    " ON o.gid = json_extract(e.value, '$[0]') AND o.operation_id = json_extract(e.value, '$[1]')"
+    " WHERE o.state = ?6) RETURNING gid",
+    postgres="UPDATE gallery SET archive_gone_reason = ?1, archive_gone_at = ?2,"
+    " archive_gone_node = ?3, updated_at = ?2"
+    " WHERE status = ?4 AND node_id = ?3 AND archive_gone_reason IS NULL AND gid IN ("
+    "SELECT o.gid FROM json_array_elements(CAST(?5 AS JSON)) AS e JOIN task_operation AS o"
+    " ON o.gid = CAST(e ->> 0 AS BIGINT) AND o.operation_id = e ->> 1"
+    " WHERE o.state = ?6) RETURNING gid",
+)
+
+
+def mark_archives_gone(
+    cursor: sqlite3.Cursor,
+    *,
+    generations: Sequence[tuple[int, str]],
+    reason: str,
+    node_id: str,
+    now: str,
+) -> list[int]:
+    """:func:`mark_archive_gone` for each ``(gid, operationId)`` of
+    ``generations``, by the same rules, in a few statements whatever their
+    number (an inventory of a wiped node: 25,000 one by one take minutes
+    on PostgreSQL).  Returns the gids it changed, in gid order, each
+    announced in the outbox."""
+    if reason not in GONE_REASONS:
+        raise ValueError(f"not an archive-gone reason: {reason!r}")
+    if not generations:
+        return []
+    cursor.execute(_LOCK_GENERATIONS_SQL, (sorted({g for g, _ in generations}),)).fetchone()
+    pairs = orjson.dumps([[g, op] for g, op in generations]).decode()
+    rows = cursor.execute(
+        _MARK_MANY_GONE_SQL,
+        (reason, now, node_id, int(NodeCode.COMPLETED), pairs, OperationState.SUBMITTED.value),
+    ).fetchall()
+    changed = sorted(int(r[0]) for r in rows)
+    outbox.enqueue_task_changes(cursor, changed)
+    return changed

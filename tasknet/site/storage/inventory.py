@@ -11,7 +11,7 @@ the site has …                              outcome
 ==========================================  ======================================
 a ``COMPLETED`` generation assigned to the  ``ARCHIVE_GONE`` ``MISSING``
 node, not gone, not listed                  (:func:`~tasknet.site.storage.custody.
-                                            mark_archive_gone`)
+                                            mark_archives_gone`)
 … listed with another size or SHA-256       ``ARCHIVE_GONE`` ``CORRUPT``: the
 than the site recorded                      archive held is not the one the
                                             site promised (a verified download
@@ -36,6 +36,12 @@ no delete of that gid was ever asked for, and the copy may be the only one
 left (its own node wiped): which copy to keep is an operator's call
 (docs/operations.md, "Inventories").
 
+At most :data:`GONE_PER_TRANSACTION` generations are marked gone in that
+transaction; the rest come back in the verdict (``pending``) for
+:func:`mark_gone`, a transaction per as many (``session_handler.py``): each
+is checked again by the same rules, and one left unmarked (a failure) is
+found again by the node's next inventory.
+
 A completion applied after ``completed_before`` (the time the inventory's
 connection was accepted) is not judged missing: the node may have
 completed it after it read its archives for the inventory; the next
@@ -59,7 +65,7 @@ from dataclasses import dataclass
 import orjson
 
 from tasknet.protocol.messages import HeldArchive
-from tasknet.site.storage.custody import mark_archive_gone
+from tasknet.site.storage.custody import mark_archives_gone
 from tasknet.site.storage.engine.sources import now_of
 from tasknet.site.storage.engine.sql import per_backend, postgres_only, sql
 from tasknet.site.storage.engine.timestamps import iso
@@ -69,13 +75,22 @@ from tasknet.site.storage.reports import REPORT_NODE_CLASS
 from tasknet.status import NodeCode, OperationState
 
 __all__ = [
+    "GONE_PER_TRANSACTION",
     "InventoryDelete",
     "InventoryVerdict",
     "Orphan",
     "judge_inventory",
     "judge_inventory_now",
+    "mark_gone",
     "node_orphans",
 ]
+
+#: Generations marked gone in one transaction at most.  On PostgreSQL each
+#: one moves its user's kept count (``task_count``, one row per user and
+#: status): one transaction updating the same row n times costs n^2 (every
+#: update walks the row's versions), so 25,000 of one user took more than
+#: 17 minutes holding the site's writer; in 500s, seconds.
+GONE_PER_TRANSACTION = 500
 
 _DELETED = OperationState.DELETED.value
 _SUBMITTED = OperationState.SUBMITTED.value
@@ -119,6 +134,10 @@ class InventoryVerdict:
     orphans: tuple[Orphan, ...] = ()
     #: Listed generations the site owes the node a ``CANCEL`` for (left alone).
     cancelling: int = 0
+    #: ``(gid, operationId, reason)`` found gone beyond the first
+    #: :data:`GONE_PER_TRANSACTION`: for :func:`mark_gone`, in transactions
+    #: of their own.
+    pending: tuple[tuple[int, str, str], ...] = ()
 
 
 _LOCK_NODE_SQL = postgres_only(f"SELECT pg_advisory_xact_lock({REPORT_NODE_CLASS}, hashtext(?))")
@@ -228,13 +247,8 @@ def judge_inventory(
     if to_lock:
         cursor.execute(_LOCK_OPERATIONS_SQL, (to_lock,)).fetchone()
 
-    missing: list[int] = []
-    corrupt: list[int] = []
-    for gid, operation_id, reason in sorted(gone):
-        if mark_archive_gone(
-            cursor, gid=gid, operation_id=operation_id, reason=reason, node_id=node_id, now=now
-        ):
-            (missing if reason == "MISSING" else corrupt).append(gid)
+    gone.sort()
+    missing, corrupt = _mark(cursor, node_id, gone[:GONE_PER_TRANSACTION], now)
 
     deletes: dict[int, InventoryDelete] = {}
     orphans: list[Orphan] = []
@@ -264,7 +278,7 @@ def judge_inventory(
     total = sum(a.size for a in listed.values())
     cursor.execute(
         _RECORD_INVENTORY_SQL,
-        (node_id, inventory_id, len(listed), total, len(missing) + len(corrupt), len(orphans), now),
+        (node_id, inventory_id, len(listed), total, len(gone), len(orphans), now),
     )
     return InventoryVerdict(
         archives=len(listed),
@@ -274,7 +288,38 @@ def judge_inventory(
         deletes=tuple(deletes[g] for g in sorted(deletes)),
         orphans=tuple(orphans),
         cancelling=cancelling,
+        pending=tuple(gone[GONE_PER_TRANSACTION:]),
     )
+
+
+def _mark(
+    cursor: sqlite3.Cursor, node_id: str, gone: Sequence[tuple[int, str, str]], now: str
+) -> tuple[list[int], list[int]]:
+    """Mark ``gone`` (``(gid, operationId, reason)``): the gids changed,
+    ``MISSING`` and ``CORRUPT``."""
+    missing, corrupt = (
+        mark_archives_gone(
+            cursor,
+            generations=[(g, op) for g, op, why in gone if why == reason],
+            reason=reason,
+            node_id=node_id,
+            now=now,
+        )
+        for reason in ("MISSING", "CORRUPT")
+    )
+    return missing, corrupt
+
+
+@read_committed
+def mark_gone(
+    cursor: sqlite3.Cursor, *, node_id: str, generations: Sequence[tuple[int, str, str]]
+) -> tuple[list[int], list[int]]:
+    """The next :data:`GONE_PER_TRANSACTION` of a verdict's ``pending``,
+    at the connection's wall clock, under the node's report lock; each
+    checked again by :func:`~tasknet.site.storage.custody.mark_archives_gone`'s
+    rules.  The gids changed, ``MISSING`` and ``CORRUPT``."""
+    cursor.execute(_LOCK_NODE_SQL, (node_id,))
+    return _mark(cursor, node_id, generations, iso(now_of(cursor)))
 
 
 def _replace_orphans(
