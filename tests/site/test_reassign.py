@@ -22,9 +22,11 @@ from twisted.python import usage
 
 from tasknet.protocol.messages import (
     DownloadPost,
+    ReleasedEntry,
     StatusReport,
     TaskCommand,
     TaskEntry,
+    TaskReport,
     TaskReportAck,
 )
 from tasknet.site import metrics
@@ -181,6 +183,13 @@ async def test_a_node_gone_past_the_limit_loses_its_unfinished_tasks_to_a_connec
         assert await n1.next(TaskReportAck) == TaskReportAck("late", "APPLIED")
         assert row(conn, 1)["node_id"] == "n2" and row(conn, 1)["status"] is None
         assert dropped_entries(conn.cursor())["n1"] == {"not_owner": 1}
+        # It cancels and releases the generation CANCELLED: what it owed is settled.
+        n1.sendMessage(
+            TaskReport("released", 5001, (), {}, (), (ReleasedEntry(1, "op-1", "CANCELLED"),))
+        )
+        assert await n1.next(TaskReportAck) == TaskReportAck("released", "APPLIED")
+        assert _cancels(conn) == []
+        assert row(conn, 1)["node_id"] == "n2"
 
         # The new node's completion applies (its revisions are its own).
         n2.report("done", 1, [(1, 4, 1.0)], {1: "op-1"})
