@@ -536,7 +536,8 @@ def _node_schema() -> Schema:
                         "archives": _integer(minimum=0),
                         "bytes": _integer(minimum=0),
                         "missing": _integer(
-                            "Tasks that inventory made `ARCHIVE_GONE` (`MISSING` or `CORRUPT`).",
+                            "Completed tasks that inventory found not held as recorded "
+                            "(`MISSING` or `CORRUPT`).",
                             minimum=0,
                         ),
                         "orphans": _integer(minimum=0),
