@@ -2034,12 +2034,30 @@ def s24_primary_killed(c: Cluster, x: Expect, rng: random.Random) -> None:
     _failover_run(c, x, rng, kill, "SIGKILL the primary's postmaster and keeper", planned=False)
 
 
+#: ``pg_autoctl perform switchover`` attempts: the monitor can refuse one
+#: with "deadlock detected" while the keepers report (seen under load); an
+#: operator runs it again, and so does S25, saying so in its figures.
+SWITCHOVER_ATTEMPTS = 3
+
+
 def s25_switchover(c: Cluster, x: Expect, rng: random.Random) -> None:
     started: list[float] = []
 
     def switchover(pg: Any) -> float:
+        from tasknet.drill.pgserver import PostgresFailed
+
         started.append(time.time())
-        pg.switchover()
+        refused: list[str] = []
+        for attempt in range(1, SWITCHOVER_ATTEMPTS + 1):
+            try:
+                pg.switchover()
+                break
+            except PostgresFailed as err:
+                if "deadlock detected" not in str(err) or attempt == SWITCHOVER_ATTEMPTS:
+                    raise
+                refused.append(str(err)[:500])
+                time.sleep(1.0)
+        x.figures["switchover_refused"] = refused
         return started[0]
 
     _failover_run(c, x, rng, switchover, "pg_autoctl perform switchover", planned=True)
