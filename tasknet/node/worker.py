@@ -44,6 +44,7 @@ from twisted.python.threadpool import ThreadPool
 from twisted.web.client import Agent
 
 from tasknet.deferreds import shield
+from tasknet.failures import plain_words
 from tasknet.netclient import DirectEndpoints, quiet_pool
 from tasknet.node.compress import BuiltArchive, CompressionAborted, build_archive
 from tasknet.node.download import (
@@ -122,7 +123,8 @@ def member_name(task: TaskRow) -> str:
 
 def retry_detail(delay: float, error: Exception) -> str:
     """What a report says of a failed attempt: ``retrying in 8 s: WHY``."""
-    return f"retrying in {round(delay, 1):g} s: {error}"
+    # A network or disk failure in words (issue 36, item 9), the rest as it says.
+    return f"retrying in {round(delay, 1):g} s: {plain_words(error) or error}"
 
 
 class _Job:

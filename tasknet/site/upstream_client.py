@@ -57,6 +57,7 @@ from twisted.web.http_headers import Headers
 from twisted.web.iweb import IAgentEndpointFactory, IBodyProducer
 from zope.interface import implementer
 
+from tasknet.failures import plain_words
 from tasknet.netclient import DirectEndpoints, quiet_pool
 from tasknet.site import metrics
 
@@ -239,11 +240,18 @@ def _describe(failure: Failure) -> str:
     if failure.check(CancelledError):
         return "cancelled before an answer arrived"
     value = failure.value
+    # Words, not an exception's text (it reaches API messages and the
+    # evidence a person reads: issue 36, item 9); the rest as before.
     # ResponseFailed / ResponseNeverReceived wrap the real reasons.
     reasons = getattr(value, "reasons", None)
     if reasons:
-        inner = "; ".join(f"{r.type.__name__}: {r.getErrorMessage()}" for r in reasons)
-        return f"{type(value).__name__} ({inner})"
+        said = [
+            plain_words(r.value) or f"{r.type.__name__}: {r.getErrorMessage()}" for r in reasons
+        ]
+        return "; ".join(dict.fromkeys(said))
+    words = None if value is None else plain_words(value)
+    if words is not None:
+        return words
     return f"{type(value).__name__}: {failure.getErrorMessage()}"
 
 

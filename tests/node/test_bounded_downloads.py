@@ -14,6 +14,7 @@ import zipfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+from urllib.error import URLError
 
 import pytest
 import pytest_twisted
@@ -200,8 +201,13 @@ def test_the_limit_and_its_words() -> None:
     assert str(SizeLimit(1000).exceeded(5_000_000)) == (
         "archive larger than expected: 5,000,000 > 1,000 bytes"
     )
+    # A network failure in words, with its errno (issue 36, item 9).
     assert retry_detail(8.04, ConnectionRefusedError("connection refused")) == (
-        "retrying in 8 s: connection refused"
+        "retrying in 8 s: the connection was refused (nothing answers at that address)"
+    )
+    refused = URLError(ConnectionRefusedError(111, "Connection refused"))
+    assert retry_detail(26, refused) == (
+        "retrying in 26 s: the connection was refused (nothing answers at that address) (errno 111)"
     )
     assert retry_detail(0.123, ValueError("x")) == "retrying in 0.1 s: x"
 

@@ -37,6 +37,8 @@
       userQuotaSaved: "{name} 的每周额度现在是 {quota} 点。", userSessionsEnded: "已结束 {name} 的 {n} 个会话。",
       userNameInvalid: "用户名是 1 到 64 个字母、数字、“_”、“.” 或 “-”。", userQuotaInvalid: "额度是 0 到 1,000,000,000 之间的整数。",
       userExists: "已经有名为 {name} 的用户了。", userSelf: "不能停用你自己的账户。", userActionFailed: "没有完成：{message}", userRotated: "{name} 有了新令牌（见下方）。",
+      upstreamDownCreate: "上游没有响应（刚才的创建请求连不上它）：它恢复之前无法提交新任务；没有扣费。",
+      upstreamDownDownloads: "上游没有响应：{n} 个下载连不上它，会自动重试。",
       cannotReach: "站点无法访问：请检查网络连接后再试。",
       usageTitle: "本周用量", usageText: "{week}：已用 {used} 点 / 额度 {quota} 点（剩余 {left} 点）",
       createTitle: "新建任务", upstreamToken: "上游令牌", nameOptional: "名称（可选）", create: "创建",
@@ -230,6 +232,8 @@
       userQuotaSaved: "{name}'s weekly quota is now {quota} cost units.", userSessionsEnded: "{n} sessions of {name} ended.",
       userNameInvalid: "A name is 1 to 64 letters, digits, “_”, “.” or “-”.", userQuotaInvalid: "A quota is a whole number from 0 to 1,000,000,000.",
       userExists: "There is already a user named {name}.", userSelf: "You cannot disable your own account.", userActionFailed: "Not done: {message}", userRotated: "{name} has a new token (below).",
+      upstreamDownCreate: "The upstream is not answering (a create just now could not reach it): new tasks cannot be submitted until it is back; nothing was charged.",
+      upstreamDownDownloads: "The upstream is not answering: {n} downloads cannot reach it and retry by themselves.",
       cannotReach: "The site is not reachable. Check your connection and try again.",
       usageTitle: "This week's usage", usageText: "{week}: used {used} of {quota} cost units ({left} left)",
       createTitle: "New task", upstreamToken: "Upstream token", nameOptional: "Name (optional)", create: "Create",
@@ -1541,7 +1545,7 @@
     [/disk full|no space|ENOSPC/i, "reasonDiskFull"], [/reset|closed|lost/i, "reasonReset"],
     [/DNS|hostname|not known/i, "reasonDns"]
   ];
-  function detailText(detail) {
+  function detailText(detail, saidAt) {
     var text = String(detail || "").trim();
     if (!text) { return null; }
     var reason = null;
@@ -1551,13 +1555,50 @@
     var retry = /retry(?:ing)? in (\d+(?:\.\d+)?) ?s/i.exec(text);
     if (retry) {
       // "retrying in 0 s" says nothing: under a second is "in a moment".
-      var soon = Number(retry[1]) < 1;
-      var n = F.duration(Number(retry[1]), state.lang);
-      var key = soon ? (reason ? "detailRetryingSoon" : "detailRetryingSoonNoReason") : (reason ? "detailRetrying" : "detailRetryingNoReason");
-      return { text: t(key, { n: n, reason: reason }), raw: reason ? null : text };
+      // The node said it when it reported (saidAt): the countdown ticks
+      // from there (tickRetries), not frozen until the next report.
+      var said = Date.parse(saidAt || "");
+      var retryAt = (isNaN(said) ? Date.now() : Math.min(said, Date.now())) + Number(retry[1]) * 1000;
+      return { text: retryText(retryAt, reason), raw: reason ? null : text, retryAt: retryAt, reason: reason };
     }
     if (reason) { return { text: reason, raw: null }; }
     return { text: state.lang === "en" ? text : t("reasonOther"), raw: state.lang === "en" ? null : text };
+  }
+
+  // "retrying in 12 s: the upstream refused the connection", as of now.
+  function retryText(retryAt, reason) {
+    var left = Math.max(0, (retryAt - Date.now()) / 1000);
+    var soon = left < 1;
+    var key = soon ? (reason ? "detailRetryingSoon" : "detailRetryingSoonNoReason") : (reason ? "detailRetrying" : "detailRetryingNoReason");
+    return t(key, { n: F.duration(Math.ceil(left), state.lang), reason: reason });
+  }
+
+  function tickRetries() {
+    var unreachable = 0;
+    var cannotReach = [t("reasonRefused"), t("reasonUnreachable"), t("reasonDns"), t("reasonTimeout")];
+    document.querySelectorAll("[data-retry-at]").forEach(function (span) {
+      var reason = span.getAttribute("data-retry-reason") || null;
+      span.textContent = retryText(Number(span.getAttribute("data-retry-at")), reason);
+      if (reason && cannotReach.indexOf(reason) >= 0) { unreachable += 1; }
+    });
+    renderUpstreamBanner(unreachable);
+  }
+
+  // A site-wide banner while the upstream looks down: a create could not
+  // reach it (for 10 minutes, or until a create gets through), or downloads
+  // shown here cannot reach it and are retrying.
+  var UPSTREAM_DOWN_MS = 10 * 60 * 1000;
+  function noteUpstream(down) {
+    state.upstreamDownAt = down ? Date.now() : null;
+    tickRetries();
+  }
+
+  function renderUpstreamBanner(unreachable) {
+    var banner = $("upstream-banner");
+    var createDown = !!state.upstreamDownAt && Date.now() - state.upstreamDownAt < UPSTREAM_DOWN_MS;
+    var text = createDown ? t("upstreamDownCreate") : unreachable > 0 ? t("upstreamDownDownloads", { n: num(unreachable) }) : "";
+    if (banner.textContent !== text) { banner.textContent = text; }
+    banner.hidden = !text || !state.signedIn;
   }
 
   // What the row says instead of speed and ETA when the numbers are not
@@ -1591,7 +1632,7 @@
     var favorite = state.favorites.has(task.gid);
     var titleId = "task-title-" + task.gid;
     var note = rowNote(task);
-    var detail = task.status === "COMPLETED" ? null : detailText(task.detail);
+    var detail = task.status === "COMPLETED" ? null : detailText(task.detail, task.updatedAt);
 
     var fill = el("div", { className: "bar-fill" });
     fill.style.width = percent + "%";  // CSSOM, allowed under the CSP (a style="" attribute is not)
@@ -1665,7 +1706,10 @@
       notes.push(el("span", { className: "row-note note-archive", "data-role": "archive-note", "data-code": archiveNote.code, text: archiveNote.describe() }));
     }
     if (detail) {
-      notes.push(el("span", { className: "row-detail", "data-role": "detail", title: detail.raw || null, text: detail.text }));
+      notes.push(el("span", {
+        className: "row-detail", "data-role": "detail", title: detail.raw || null, text: detail.text,
+        "data-retry-at": detail.retryAt ? String(detail.retryAt) : null, "data-retry-reason": detail.retryAt ? detail.reason : null
+      }));
       if (detail.raw) { notes.push(el("code", { className: "row-raw", lang: "en", text: detail.raw })); }
     }
 
@@ -2318,6 +2362,8 @@
       result.classList.add(outcome.tone);
       result.setAttribute("data-outcome", String(response.status));
       result.setAttribute("data-gid", String(gid));
+      if (response.ok) { noteUpstream(false); }
+      else if (errorCode(response) === "upstream_unavailable") { noteUpstream(true); }
       if (conflict && conflict.key === "createConflictOther") {
         result.setAttribute("data-conflict", "other");
         $("create-gid").focus(); $("create-gid").select();
@@ -2881,6 +2927,7 @@
 
   function tickAgo() {
     document.querySelectorAll("[data-ago]").forEach(function (cell) { cell.textContent = agoText(cell); });
+    tickRetries();
   }
 
   // A node's archives, bytes held and free space: what the node said of its
