@@ -24,6 +24,7 @@ the runs of each site process.
 
 from __future__ import annotations
 
+import functools
 import json
 import shutil
 import sqlite3
@@ -557,6 +558,7 @@ _AUDIT_POSTGRES = (
 METERED_SQL = "SELECT gid, operation_id, cost FROM sim_metered"
 
 
+@functools.cache
 def site_reassigns() -> bool:
     """Whether the site moves a gone node's unfinished tasks
     (``--reassign-after``, issue 34): a node gone for good leaves its tasks

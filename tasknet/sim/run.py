@@ -223,8 +223,17 @@ class _Run:
         evidence = cluster.observe()
         if settled:
             snap = evidence.site
-            outcome.failures += [("custody", f) for f in self._unheld_completions(snap)]
-            outcome.failures += [("custody", f) for f in self._wiped_not_gone(snap)]
+            holdings = {n.node_id: node_holdings(n.data) for n in cluster.nodes.values()}
+            judged = {n for n in self.inventories.judged() if cluster.nodes[n].alive}
+            outcome.failures += [
+                ("custody", f) for f in self._unheld_completions(snap, holdings, judged)
+            ]
+            outcome.failures += [
+                ("custody", f)
+                for f in wiped_not_gone(
+                    self._wiped_completions, snap.operations, snap.galleries, holdings, judged
+                )
+            ]
             outcome.failures += [("reassign", f) for f in self._left_behind(snap)]
         self._finish_ledger(evidence)
         self.checks.states_in_table(evidence.site.operations)
@@ -637,18 +646,10 @@ class _Run:
             return []
         return left_behind(self._stranded_tasks, snap.operations, snap.galleries)
 
-    def _wiped_not_gone(self, snap: SiteSnapshot) -> list[str]:
-        """:func:`~tasknet.sim.custody.wiped_not_gone` of the nodes judged."""
-        judged = {n for n in self.inventories.judged() if self.cluster.nodes[n].alive}
-        holdings = {n.node_id: node_holdings(n.data) for n in self.cluster.nodes.values()}
-        return wiped_not_gone(
-            self._wiped_completions, snap.operations, snap.galleries, holdings, judged
-        )
-
-    def _unheld_completions(self, snap: SiteSnapshot) -> list[str]:
+    def _unheld_completions(
+        self, snap: SiteSnapshot, holdings: dict[str, set[tuple[int, str]]], judged: set[str]
+    ) -> list[str]:
         """D3's archive clause, once settled (:mod:`tasknet.sim.custody`)."""
-        holdings = {n.node_id: node_holdings(n.data) for n in self.cluster.nodes.values()}
-        judged = {n for n in self.inventories.judged() if self.cluster.nodes[n].alive}
         notes = {}
         for node_id, times in self.cluster.ledger.wiped_at.items():
             at = ", ".join(f"{t - self.world.epoch:.1f} s" for t in times)
