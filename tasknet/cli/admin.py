@@ -65,6 +65,7 @@ with control characters escaped (:func:`tasknet.cli.args.printable`).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import getpass
 import json
 import sqlite3
@@ -604,6 +605,10 @@ def _node_command(
     retired = _write(
         connection, reassign.retire_node, args.node_id, [], actor=_actor(), note=args.note or ""
     )
+    more = retired.archives
+    while more:  # the rest of a big node's archives, a transaction per batch
+        more = _write(connection, reassign.mark_retired_archives_gone, args.node_id)
+        retired = dataclasses.replace(retired, archives=retired.archives + more)
     key = "its key removed" if retired.key_removed else "it had no key in the database"
     print(
         f"node {args.node_id} retired: {retired.reassigned.tasks} unfinished task(s) moved off"

@@ -58,6 +58,7 @@ sets go a page (one transaction) at a time; between pages the reactor runs.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -493,6 +494,10 @@ class Dispatcher(MultiService):
         retired: reassign.Retired = await self._move(
             node_id, reassign.retire_node, actor=actor, note=note
         )
+        more = retired.archives
+        while more:  # the rest of a big node's archives, a transaction per batch
+            more = await self._db.write(reassign.mark_retired_archives_gone, node_id)
+            retired = dataclasses.replace(retired, archives=retired.archives + more)
         self._gone_since.pop(node_id, None)
         self._moved(retired.reassigned, "retire")
         if retired.archives:

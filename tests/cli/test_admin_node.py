@@ -114,6 +114,27 @@ def test_retire_moves_marks_gone_removes_the_key_and_is_audited(dbpath: str) -> 
     assert (entry.action, entry.note, entry.tasks, entry.archives) == ("RETIRE", "sold", 2, 1)
 
 
+def test_retiring_a_big_node_marks_every_archive_gone_in_batches(db_target: str) -> None:
+    """More completed tasks than one transaction marks: every one is gone,
+    and the audit and the tool count them all."""
+    many = 2 * reassign.RETIRED_GONE_PER_TRANSACTION + 1
+    assert prepare_database(db_target) is True
+    with closing(db.connect(db_target)) as conn:
+        uid, _ = add_user(conn, "alice")
+        for gid in range(1, many + 1):
+            add_task(conn, gid, uid, node_id="big", status=4, progress=1.0)
+    code, out, _, _ = _cli(db_target, "node", "retire", "big", "--yes", "--note", "gone")
+    assert code == 0, out
+    assert f"{many} archive(s) marked gone (NODE_RETIRED)" in out
+    with closing(db.connect(db_target)) as conn:
+        keys = conn.execute(
+            "SELECT status_key, COUNT(*) FROM gallery GROUP BY status_key"
+        ).fetchall()
+    assert [tuple(k) for k in keys] == [("ARCHIVE_GONE", many)]
+    [entry] = _audit(db_target, "big")
+    assert (entry.action, entry.archives) == ("RETIRE", many)
+
+
 @pytest.mark.parametrize("answer", ["", "n", "no", "maybe"])
 def test_not_confirmed_changes_nothing(dbpath: str, answer: str) -> None:
     before = _state(dbpath)

@@ -97,10 +97,17 @@ _CANCELS_SQL = sql(
     "SELECT operation_id, gid FROM node_cancel WHERE node_id = ? ORDER BY queued_at, operation_id"
 )
 _FORGET_CANCELS_SQL = sql("DELETE FROM node_cancel WHERE node_id = ?")
-_COMPLETED_SQL = sql(
+
+#: Completed tasks of a retired node marked gone in one transaction at most:
+#: each moves its user's kept count (``task_count``), and PostgreSQL walks
+#: a row's versions on every update of it in one transaction (n^2), as
+#: :data:`~tasknet.site.storage.inventory.GONE_PER_TRANSACTION` says.
+RETIRED_GONE_PER_TRANSACTION = 500
+
+_NEXT_COMPLETED_SQL = sql(
     "SELECT g.gid, o.operation_id FROM gallery AS g JOIN task_operation AS o ON o.gid = g.gid"  # noqa: S608
     f" WHERE g.node_id = ? AND g.status = {_COMPLETED} AND o.state = 'SUBMITTED'"
-    " AND g.archive_gone_reason IS NULL ORDER BY g.gid"
+    " AND g.archive_gone_reason IS NULL ORDER BY g.gid LIMIT ?"
 )
 _AUDIT_SQL = sql(
     "INSERT INTO node_custody_audit (node_id, action, actor, note, tasks, archives, at)"
@@ -296,26 +303,35 @@ def retire_node(
     if not is_known_node(cursor, node_id):
         raise UnknownNode(node_id)
     moved = _move(cursor, node_id, node_ids, loads)
-    now = iso(now_of(cursor))
-    archives = 0
-    for row in cursor.execute(_COMPLETED_SQL, (node_id,)).fetchall():
-        if custody.mark_archive_gone(
-            cursor,
-            gid=int(row["gid"]),
-            operation_id=str(row["operation_id"]),
-            reason="NODE_RETIRED",
-            node_id=node_id,
-            now=now,
-        ):
-            archives += 1
+    held = int(cursor.execute(_COUNT_COMPLETED_SQL, (node_id,)).fetchone()[0])
+    archives = mark_retired_archives_gone(cursor, node_id)
     cursor.execute(_FORGET_CANCELS_SQL, (node_id,))
     key_removed = users.remove_node_key(cursor, node_id)
-    _audit(cursor, node_id, RETIRE, actor, note, moved.tasks, archives)
+    _audit(cursor, node_id, RETIRE, actor, note, moved.tasks, held)
     return Retired(
         Reassigned(node_id, moved.commands, moved.waiting, [], moved.loads),
         archives,
         key_removed,
     )
+
+
+def mark_retired_archives_gone(cursor: sqlite3.Cursor, node_id: str) -> int:
+    """The next :data:`RETIRED_GONE_PER_TRANSACTION` completed tasks of a
+    retired node marked ``ARCHIVE_GONE`` (``NODE_RETIRED``); how many.  The
+    caller runs it, a transaction each, until it answers 0: one transaction
+    marking a big node's every archive would hold the writer for minutes on
+    PostgreSQL (see :data:`RETIRED_GONE_PER_TRANSACTION`).  Running it again
+    after a crash finishes the retirement (the node's key is already gone)."""
+    rows = cursor.execute(_NEXT_COMPLETED_SQL, (node_id, RETIRED_GONE_PER_TRANSACTION)).fetchall()
+    generations = [(int(r["gid"]), str(r["operation_id"])) for r in rows]
+    changed = custody.mark_archives_gone(
+        cursor,
+        generations=generations,
+        reason="NODE_RETIRED",
+        node_id=node_id,
+        now=iso(now_of(cursor)),
+    )
+    return len(changed)
 
 
 _COUNT_UNFINISHED_SQL = sql(
