@@ -72,6 +72,7 @@ from tasknet.site.storage import (
     reconcile,
     sessions,
     stats,
+    task_history,
     usage,
     users,
 )
@@ -512,6 +513,15 @@ class SiteApi:
         user = await self._user(request)
         view = await self.db.read(visible_task, _path_gid(request, gid), _scope(user))
         return 200, {"task": view}
+
+    @app.route("/api/tasks/<gid>/details", methods=["GET"])
+    @endpoint
+    async def task_details(self, request: Request, gid: str) -> Reply:
+        """One task's ids, cost, evidence and history (issue 36, item 5):
+        its owner or an admin; anyone else gets ``not_found``."""
+        user = await self._user(request)
+        number = _path_gid(request, gid)
+        return 200, await self.db.read(task_history.task_details, number, _scope(user))
 
     @app.route("/api/tasks/<gid>", methods=["DELETE"])
     @endpoint

@@ -640,6 +640,7 @@ def _schemas() -> dict[str, Schema]:
         },
         "Task": _task_schema(),
         "TaskAnswer": _object({"task": _ref("Task")}),
+        "TaskDetails": _task_details_schema(),
         "TaskList": _object(
             {
                 "tasks": {"type": "array", "items": _ref("Task")},
@@ -924,6 +925,68 @@ def _checks_a_token(security: list[Schema]) -> bool:
     return any("bearer" in scheme or "query" in scheme for scheme in security)
 
 
+def _task_details_schema() -> Schema:
+    text = _nullable(_string())
+    entry = _object(
+        {
+            "at": _string("When (UTC, ISO 8601)."),
+            "kind": _string(
+                "`status`: the task's view changed (from the notification outbox); "
+                "`verdict`: an admin reconciled it; `forceDelete`: an admin force-deleted it.",
+                enum=["status", "verdict", "forceDelete"],
+            ),
+        },
+        description="One entry of the history; the other fields depend on `kind`: `status`, "
+        "`state`, `node`, `detail`, `archiveGone` (status); `verdict`, `actor`, `note` "
+        "(verdict); `node`, `actor`, `note` (forceDelete).",
+        additional=_ref("JsonValue"),
+    )
+    operation = _object(
+        {
+            "operationId": _string(),
+            "state": _string(),
+            "cost": _nullable(_integer(minimum=0)),
+            "metered": {"type": "boolean"},
+            "meteredWeek": text,
+            "step": _nullable(_string("The last lifecycle step reached.")),
+            "error": _nullable(_string("Why it became `UNKNOWN`.")),
+            "unknownAt": text,
+            "archiveUrl": text,
+            "legacy": {"type": "boolean"},
+            "deleteOperationId": text,
+            "deleteResult": text,
+            "deleteReason": text,
+            "createdAt": _string(),
+            "updatedAt": _string(),
+        },
+        description="The current generation's operation row.",
+    )
+    return _object(
+        {
+            "task": _ref("Task"),
+            "operation": _nullable(operation),
+            "evidence": _nullable(
+                _object(
+                    {},
+                    required=[],
+                    description="The evidence the last verdict was taken on (the upstream's "
+                    "audit among it), as stored.",
+                    additional=_ref("JsonValue"),
+                )
+            ),
+            "history": {"type": "array", "items": entry},
+            "historyFrom": _nullable(
+                _string("The first recorded change kept (older outbox rows are pruned).")
+            ),
+            "historyTruncated": {
+                "type": "boolean",
+                "description": "Only the newest 2,000 recorded changes were read.",
+            },
+        },
+        description="One task's details: its current generation only.",
+    )
+
+
 def _task_operations() -> dict[str, Schema]:
     task_answer = _ref("TaskAnswer")
     create = _operation(
@@ -1164,6 +1227,22 @@ def _task_operations() -> dict[str, Schema]:
         tag="tasks",
         parameters=[_GID_PARAMETER],
     )
+    details = _operation(
+        "getTaskDetails",
+        "Get a task's details",
+        "The task, its operation row (ids, cost, metering, the step reached and why it became "
+        "`UNKNOWN`), the evidence of its last verdict and its history, oldest first: each "
+        "change with when and why, each verdict and force-delete with who and the note. "
+        "Its owner or an admin; another user's task answers exactly like a missing one.",
+        _responses(
+            {"200": _json_response("The details.", _ref("TaskDetails"))},
+            (400, _bad_request(_BAD_GID)),
+            (401, _common("Unauthorized")),
+            (404, _error(404, "No such task (or not the caller's).")),
+        ),
+        tag="tasks",
+        parameters=[_GID_PARAMETER],
+    )
     delete = _operation(
         "deleteTask",
         "Delete a task",
@@ -1255,6 +1334,7 @@ def _task_operations() -> dict[str, Schema]:
         "counts": counts,
         "stats": stats,
         "get": get,
+        "details": details,
         "delete": delete,
         "bulk": bulk,
     }
@@ -2136,6 +2216,7 @@ def _document() -> str:
         "/api/tasks/counts": {"get": tasks["counts"]},
         "/api/tasks/bulk": {"post": tasks["bulk"]},
         "/api/tasks/{gid}": {"get": tasks["get"], "delete": tasks["delete"]},
+        "/api/tasks/{gid}/details": {"get": tasks["details"]},
         "/api/tasks/{gid}/archive": {"get": archives["get"]},
         "/api/tasks/archive-links": {"post": archives["links"]},
         "/api/stats": {"get": tasks["stats"]},

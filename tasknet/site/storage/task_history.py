@@ -1,0 +1,160 @@
+"""One task's details (issue 36, item 5): ``GET /api/tasks/{gid}/details``.
+
+What the site recorded of the task's current generation, read in one
+transaction: the task view, its operation row (ids, cost and metering, the
+step reached and why it became ``UNKNOWN``), the upstream's evidence the last
+verdict was taken on, and its history, oldest first, merged from
+
+* the notification outbox (each row is the task's view at a change: a new
+  entry whenever its status, node or detail changed; consecutive rows
+  saying the same are one entry, at the first one's time),
+* the reconciliation audit (each verdict: who, when, the note) and
+* the force-delete audit (who, when, the note).
+
+Only rows of the current generation (its ``operationId``) are read: a gid
+deleted and created again by someone else never shows the earlier owner's
+history.  Finished outbox rows are pruned after the outbox retention, so the
+history of an old task starts at ``historyFrom`` (said, not hidden).
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from typing import Any
+
+from tasknet.site.storage.engine.sql import sql
+from tasknet.site.storage.views import visible_task
+
+#: At most this many outbox rows of one task are read (newest first): a
+#: task reported on for days must not make its details page slow.
+MAX_OUTBOX_ROWS = 2000
+
+_OPERATION_SQL = sql(
+    "SELECT operation_id, state, cost, metered, metered_week, step, error, unknown_at,"
+    " archive_url, legacy, delete_operation_id, delete_result, delete_reason,"
+    " created_at, updated_at FROM task_operation WHERE gid = ?"
+)
+_OUTBOX_SQL = sql(
+    "SELECT id, created_at, payload FROM notification_outbox WHERE gid = ? ORDER BY id DESC LIMIT ?"
+)
+_VERDICTS_SQL = sql(
+    "SELECT verdict, actor, note, evidence, resolved_at FROM reconciliation_audit"
+    " WHERE gid = ? AND operation_id = ? ORDER BY id"
+)
+_FORCED_SQL = sql(
+    "SELECT node_id, actor, note, forced_at FROM force_delete_audit"
+    " WHERE gid = ? AND operation_id = ? ORDER BY id"
+)
+
+
+def _json(text: str | None) -> Any:
+    if text is None:
+        return None
+    try:
+        return json.loads(text)
+    except ValueError:
+        return None
+
+
+def _state_entries(
+    cursor: sqlite3.Cursor, gid: int, operation_id: str
+) -> tuple[list[dict[str, Any]], bool]:
+    rows = cursor.execute(_OUTBOX_SQL, (gid, MAX_OUTBOX_ROWS)).fetchall()
+    entries: list[dict[str, Any]] = []
+    last: tuple[Any, ...] | None = None
+    for row in reversed(rows):
+        payload = _json(row["payload"])
+        task = payload.get("task") if isinstance(payload, dict) else None
+        if not isinstance(task, dict) or task.get("operationId") != operation_id:
+            continue
+        said = (task.get("status"), task.get("node"), task.get("detail"), task.get("archiveGone"))
+        if said == last:
+            continue
+        last = said
+        entries.append(
+            {
+                "at": row["created_at"],
+                "kind": "status",
+                "status": task.get("status"),
+                "state": task.get("state"),
+                "node": task.get("node"),
+                "detail": task.get("detail"),
+                "archiveGone": task.get("archiveGone"),
+            }
+        )
+    return entries, len(rows) >= MAX_OUTBOX_ROWS
+
+
+def task_details(cursor: sqlite3.Cursor, gid: int, user_id: int | None) -> dict[str, Any]:
+    """The details of ``gid`` if ``user_id`` may see it (None: an admin),
+    else ``not_found`` (another user's task answers like a missing one).
+
+    ``{"task": <view>, "operation": {...}, "evidence": {...} | None,
+    "history": [...], "historyFrom": <time> | None, "historyTruncated": bool}``;
+    each history entry has ``at`` and ``kind`` (``status``, ``verdict`` or
+    ``forceDelete``), see docs/api.md."""
+    view = visible_task(cursor, gid, user_id)
+    op = cursor.execute(_OPERATION_SQL, (gid,)).fetchone()
+    if op is None:
+        # A legacy row without an operation: the view is all there is.
+        return {
+            "task": view,
+            "operation": None,
+            "evidence": None,
+            "history": [],
+            "historyFrom": None,
+            "historyTruncated": False,
+        }
+    operation_id = op["operation_id"]
+    history, truncated = _state_entries(cursor, gid, operation_id)
+    history_from = history[0]["at"] if history else None
+    evidence = None
+    for row in cursor.execute(_VERDICTS_SQL, (gid, operation_id)).fetchall():
+        evidence = _json(row["evidence"])
+        history.append(
+            {
+                "at": row["resolved_at"],
+                "kind": "verdict",
+                "verdict": row["verdict"],
+                "actor": row["actor"],
+                "note": row["note"],
+            }
+        )
+    for row in cursor.execute(_FORCED_SQL, (gid, operation_id)).fetchall():
+        history.append(
+            {
+                "at": row["forced_at"],
+                "kind": "forceDelete",
+                "node": row["node_id"],
+                "actor": row["actor"],
+                "note": row["note"],
+            }
+        )
+    # ISO-8601 UTC texts of one format sort as times; an admin's action comes
+    # before the change it made when both were written in one transaction.
+    history.sort(key=lambda entry: (str(entry["at"]), entry["kind"] == "status"))
+    return {
+        "task": view,
+        "operation": {
+            "operationId": operation_id,
+            "state": op["state"],
+            "cost": op["cost"],
+            "metered": bool(op["metered"]),
+            "meteredWeek": op["metered_week"],
+            "step": op["step"],
+            "error": op["error"],
+            "unknownAt": op["unknown_at"],
+            "archiveUrl": op["archive_url"] or None,
+            "legacy": bool(op["legacy"]),
+            "deleteOperationId": op["delete_operation_id"],
+            "deleteResult": op["delete_result"],
+            "deleteReason": op["delete_reason"],
+            "createdAt": op["created_at"],
+            "updatedAt": op["updated_at"],
+        },
+        "evidence": evidence if isinstance(evidence, dict) else None,
+        "history": history,
+        "historyFrom": history_from,
+        "historyTruncated": truncated,
+    }
