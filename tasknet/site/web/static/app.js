@@ -17,6 +17,16 @@
 
   var STRINGS = {
     zh: {
+      taskOpen: "历史与详情", taskTitle: "任务 {gid}", taskBack: "返回任务列表", taskLoading: "正在读取……",
+      taskOwner: "所有者", taskNode: "节点", taskOperationId: "生成（operationId）", taskDeleteOperationId: "删除操作（deleteOperationId）",
+      taskCost: "费用", taskCostPoints: "{cost} 点", taskMetered: "已计入 {week} 的额度", taskNotMetered: "未计费",
+      taskStep: "最后到达的步骤", taskError: "变为未知的原因", taskUnknownAt: "变为未知于", taskCreatedAt: "创建于", taskUpdatedAt: "最后变化于",
+      taskArchiveGone: "归档已不在：{reason}（{at}，节点 {node}）", taskDeleteReason: "删除失败的原因",
+      historyTitle: "历史", historyEmpty: "没有记录的变化。", historyOnNode: "节点 {node}",
+      historyVerdict: "{actor} 裁定：{verdict}", verdictSubmitted: "已提交", verdictNotSubmitted: "未提交",
+      historyForceDelete: "{actor} 强制删除（节点 {node}）", historyNote: "备注：{note}",
+      historyFrom: "更早的变化已按保留期清理：从 {at} 开始。", historyTruncated: "只显示最近 2,000 次记录的变化。",
+      evidenceTitle: "上游的证据（最后一次裁定所依据的）", taskReconcile: "去核对这个任务", taskNotFound: "没有这个任务（或不是你的）。",
       skip: "跳到内容", signOut: "退出", navTasks: "任务", navAdmin: "管理",
       signInTitle: "登录", tokenLabel: "API 令牌", signIn: "登录",
       tokenHint: "令牌由管理员生成（管理 → 用户，或 tasknet-admin user add）。",
@@ -39,6 +49,7 @@
       userExists: "已经有名为 {name} 的用户了。", userSelf: "不能停用你自己的账户。", userActionFailed: "没有完成：{message}", userRotated: "{name} 有了新令牌（见下方）。",
       upstreamDownCreate: "上游没有响应（刚才的创建请求连不上它）：它恢复之前无法提交新任务；没有扣费。",
       upstreamDownDownloads: "上游没有响应：{n} 个下载连不上它，会自动重试。",
+      speedNotYet: "尚未测出（等待节点的下一次报告）", speedLegacy: "旧版节点不报告速度（只报告进度）",
       cannotReach: "站点无法访问：请检查网络连接后再试。",
       usageTitle: "本周用量", usageText: "{week}：已用 {used} 点 / 额度 {quota} 点（剩余 {left} 点）",
       createTitle: "新建任务", upstreamToken: "上游令牌", nameOptional: "名称（可选）", create: "创建",
@@ -212,6 +223,16 @@
       linksViaSiteCommand: "aria2c -i tasknet-links.txt --header=\"Authorization: Bearer 你的令牌\""
     },
     en: {
+      taskOpen: "History and details", taskTitle: "Task {gid}", taskBack: "Back to tasks", taskLoading: "Loading…",
+      taskOwner: "Owner", taskNode: "Node", taskOperationId: "Generation (operationId)", taskDeleteOperationId: "Delete operation (deleteOperationId)",
+      taskCost: "Cost", taskCostPoints: "{cost} points", taskMetered: "counted in {week}", taskNotMetered: "not charged",
+      taskStep: "Last step reached", taskError: "Why it became unknown", taskUnknownAt: "Unknown since", taskCreatedAt: "Created", taskUpdatedAt: "Last changed",
+      taskArchiveGone: "Archive gone: {reason} ({at}, node {node})", taskDeleteReason: "Why the delete failed",
+      historyTitle: "History", historyEmpty: "No recorded changes.", historyOnNode: "node {node}",
+      historyVerdict: "{actor} reconciled it: {verdict}", verdictSubmitted: "submitted", verdictNotSubmitted: "not submitted",
+      historyForceDelete: "{actor} force-deleted it (node {node})", historyNote: "Note: {note}",
+      historyFrom: "Older changes were pruned after the retention: from {at}.", historyTruncated: "Only the newest 2,000 recorded changes are shown.",
+      evidenceTitle: "The upstream's evidence (the last verdict was taken on)", taskReconcile: "Reconcile this task", taskNotFound: "No such task (or not yours).",
       skip: "Skip to content", signOut: "Sign out", navTasks: "Tasks", navAdmin: "Admin",
       signInTitle: "Sign in", tokenLabel: "API token", signIn: "Sign in",
       tokenHint: "An admin makes tokens (Admin → Users, or tasknet-admin user add).",
@@ -234,6 +255,7 @@
       userExists: "There is already a user named {name}.", userSelf: "You cannot disable your own account.", userActionFailed: "Not done: {message}", userRotated: "{name} has a new token (below).",
       upstreamDownCreate: "The upstream is not answering (a create just now could not reach it): new tasks cannot be submitted until it is back; nothing was charged.",
       upstreamDownDownloads: "The upstream is not answering: {n} downloads cannot reach it and retry by themselves.",
+      speedNotYet: "not measured yet (waiting for the node's next report)", speedLegacy: "not reported by this legacy node (progress only)",
       cannotReach: "The site is not reachable. Check your connection and try again.",
       usageTitle: "This week's usage", usageText: "{week}: used {used} of {quota} cost units ({left} left)",
       createTitle: "New task", upstreamToken: "Upstream token", nameOptional: "Name (optional)", create: "Create",
@@ -1573,6 +1595,11 @@
     return t(key, { n: F.duration(Math.ceil(left), state.lang), reason: reason });
   }
 
+  // The admin's node panel knows each node's wire; a user's page does not.
+  function nodeIsLegacy(id) {
+    return !!id && (state.nodes || []).some(function (node) { return node.id === id && node.protocol === 1; });
+  }
+
   function tickRetries() {
     var unreachable = 0;
     var cannotReach = [t("reasonRefused"), t("reasonUnreachable"), t("reasonDns"), t("reasonTimeout")];
@@ -1665,6 +1692,16 @@
         "aria-controls": detailsOpen ? "task-details-" + task.gid : null, "aria-label": actionLabel(t("details"), task), text: t("details")
       }));
     }
+    if (task.status === "SUBMIT_UNKNOWN" && state.isAdmin) {
+      actions.appendChild(el("a", {
+        href: "#admin", className: "task-open", "data-reconcile": task.gid,
+        "aria-label": actionLabel(t("taskReconcile"), task), text: t("taskReconcile")
+      }));
+    }
+    actions.appendChild(el("a", {
+      href: "#task/" + task.gid, className: "task-open", "data-action": "open",
+      "aria-label": actionLabel(t("taskOpen"), task), text: t("taskOpen")
+    }));
     if (canDelete(task)) {
       var deleteText = task.status === "DELETE_FAILED" ? t("retryDelete") : t("delete");
       actions.appendChild(el("button", {
@@ -1689,7 +1726,12 @@
     } else {
       facts.push(fact(t("size"), size === null ? "—" : F.bytes(size, state.lang), "bytes", true));
     }
-    if (live) {
+    var unmeasured = (task.speed === null || task.speed === undefined) && (task.eta === null || task.eta === undefined);
+    if (live && unmeasured) {
+      // Not "— —": say why there are no numbers (a legacy node reports
+      // progress only; any node's first report has no speed yet).
+      facts.push(fact(t("speed"), t(nodeIsLegacy(task.node) ? "speedLegacy" : "speedNotYet"), "speed"));
+    } else if (live) {
       facts.push(fact(t("speed"), F.speed(task.speed, state.lang), "speed", true));
       facts.push(fact(t("eta"), task.eta === null || task.eta === undefined ? "—" : F.eta(task.eta, state.lang), "eta", true));
     }
@@ -2068,7 +2110,13 @@
     var hash = location.hash.replace(/^#/, "");
     var parts = hash.split("?");
     var view = parts[0] || "tasks";
-    state.wantedView = ["tasks", "charts", "admin"].indexOf(view) === -1 ? "tasks" : view;
+    // A task's details: #task/GID (a deep link, with its own history entry).
+    var taskMatch = /^task\/([0-9]{1,10})$/.exec(view);
+    state.detailGid = taskMatch ? Number(taskMatch[1]) : null;
+    if (taskMatch) { view = "task"; }
+    state.wantedView = ["tasks", "charts", "admin", "task"].indexOf(view) === -1 ? "tasks" : view;
+    // The list keeps its filters behind a task's page (Back returns to them).
+    if (taskMatch) { state.view = view; return; }
     state.view = state.wantedView;
     var params = new URLSearchParams(parts[1] || "");
     var status = String(params.get("status") || "").toLowerCase();
@@ -2081,7 +2129,9 @@
     state.pageSize = PAGE_SIZES.indexOf(size) === -1 ? PAGE_SIZE : size;
   }
 
-  function writeHash() {
+  // push: a new entry in the browser's history (a view the person chose),
+  // so Back and Forward walk through the views; otherwise the entry is replaced.
+  function writeHash(push) {
     var params = new URLSearchParams();
     if (state.filter !== "all") { params.set("status", state.filter); }
     if (state.query) { params.set("q", state.query); }
@@ -2091,7 +2141,9 @@
     if (state.pageSize !== PAGE_SIZE) { params.set("size", String(state.pageSize)); }
     var text = params.toString();
     var hash = "#" + state.view + (state.view === "tasks" && text ? "?" + text : "");
-    if (location.hash !== hash) { history.replaceState(null, "", hash); }
+    if (state.view === "task" && state.detailGid) { hash = "#task/" + state.detailGid; }
+    if (location.hash === hash) { return; }
+    if (push) { history.pushState(null, "", hash); } else { history.replaceState(null, "", hash); }
   }
 
   // The search box is the source of the query (a search still being typed
@@ -2134,6 +2186,7 @@
     });
     if (view === "charts" && state.signedIn) { loadCharts(); }
     if (view === "admin" && state.isAdmin) { loadNodes(); loadUnknown(); }
+    if (view === "task" && state.signedIn && state.detailGid) { loadTaskDetails(state.detailGid); }
   }
 
   // While a delete waits for the node, ask now and then whether it finished,
@@ -2165,6 +2218,97 @@
         else if (result.ok && result.data && result.data.task) { upsertTask(result.data.task); }
       });
     });
+  }
+
+  // ---- one task's details (#task/GID) ---------------------------------------------
+
+  function loadTaskDetails(gid) {
+    var box = $("task-page-body");
+    $("task-page-title").textContent = t("taskTitle", { gid: gid });
+    box.replaceChildren(el("p", { className: "hint", text: t("taskLoading") }));
+    state.detailSeq = (state.detailSeq || 0) + 1;
+    var seq = state.detailSeq;
+    return api("GET", "/api/tasks/" + gid + "/details").then(function (result) {
+      if (seq !== state.detailSeq || state.view !== "task") { return; }
+      if (result.status === 404) { box.replaceChildren(el("p", { className: "empty", text: t("taskNotFound") })); return; }
+      if (!result.ok) { box.replaceChildren(el("p", { className: "error", text: failureText("loadFailed", result) })); return; }
+      state.detailData = result.data;
+      renderTaskDetails();
+    });
+  }
+
+  function renderTaskDetails() {
+    var data = state.detailData;
+    if (!data || !data.task || data.task.gid !== state.detailGid) { return; }
+    var task = data.task;
+    var op = data.operation || {};
+    var box = $("task-page-body");
+    var rows = [];
+    function add(label, value, code) {
+      if (value === null || value === undefined || value === "") { return; }
+      rows.push(el("dt", { text: label }));
+      rows.push(el("dd", {}, [code ? el("code", { text: String(value) }) : document.createTextNode(String(value))]));
+    }
+    $("task-page-title").textContent = t("taskTitle", { gid: task.gid }) + (task.name ? " · " + task.name : "");
+    add(t("colStatus"), statusLabel(task));
+    add(t("taskOwner"), task.owner);
+    add(t("taskNode"), task.node);
+    add(t("taskOperationId"), op.operationId || task.operationId, true);
+    add(t("taskDeleteOperationId"), op.deleteOperationId || task.deleteOperationId, true);
+    if (typeof (op.cost === undefined ? task.cost : op.cost) === "number") {
+      var cost = op.cost === undefined ? task.cost : op.cost;
+      add(t("taskCost"), t("taskCostPoints", { cost: num(cost) }) + " · " +
+        (op.metered ? t("taskMetered", { week: op.meteredWeek || "" }) : t("taskNotMetered")));
+    }
+    add(t("taskCreatedAt"), formatTime(op.createdAt || task.createdAt));
+    add(t("taskUpdatedAt"), formatTime(task.updatedAt));
+    add(t("taskStep"), op.step, true);
+    add(t("taskUnknownAt"), op.unknownAt ? formatTime(op.unknownAt) : null);
+    add(t("taskError"), op.error);
+    add(t("taskDeleteReason"), op.deleteReason);
+    if (task.archiveGone) {
+      add(t("archiveGoneFact"), t("taskArchiveGone", {
+        reason: task.archiveGone.reason, at: formatTime(task.archiveGone.at), node: task.archiveGone.node || "—"
+      }));
+    }
+    var parts = [el("dl", { className: "task-facts" }, rows)];
+    if (task.status === "SUBMIT_UNKNOWN" && state.isAdmin) {
+      parts.push(el("p", {}, [el("a", { href: "#admin", "data-reconcile": task.gid, id: "task-page-reconcile", text: t("taskReconcile") })]));
+    }
+    parts.push(el("h3", { text: t("historyTitle") }));
+    var history = data.history || [];
+    if (!history.length) { parts.push(el("p", { className: "empty", text: t("historyEmpty") })); }
+    var list = el("ol", { className: "task-history", id: "task-history" });
+    history.forEach(function (entry) {
+      var words;
+      if (entry.kind === "verdict") {
+        words = t("historyVerdict", { actor: entry.actor, verdict: t(entry.verdict === "submitted" ? "verdictSubmitted" : "verdictNotSubmitted") });
+      } else if (entry.kind === "forceDelete") {
+        words = t("historyForceDelete", { actor: entry.actor, node: entry.node || "—" });
+      } else {
+        words = entry.status ? statusLabel({ status: entry.status }) : String(entry.state || "—");
+        if (entry.node) { words += " · " + t("historyOnNode", { node: entry.node }); }
+      }
+      var why = [];
+      if (entry.detail) { why.push(detailText(entry.detail, entry.at) || ""); }
+      if (entry.note) { why.push(t("historyNote", { note: entry.note })); }
+      if (entry.kind === "status" && entry.status === "SUBMIT_UNKNOWN" && op.error) { why.push(op.error); }
+      list.appendChild(el("li", { "data-kind": entry.kind, "data-status": entry.status || entry.verdict || "" }, [
+        el("time", { datetime: entry.at, text: formatTime(entry.at) }),
+        el("span", { className: "history-what", text: words }),
+        why.filter(Boolean).length ? el("span", { className: "history-why", text: why.filter(Boolean).join(" · ") }) : null
+      ]));
+    });
+    if (history.length) { parts.push(list); }
+    if (data.historyTruncated) { parts.push(el("p", { className: "hint", text: t("historyTruncated") })); }
+    else if (data.historyFrom && op.createdAt && data.historyFrom.slice(0, 19) > op.createdAt.slice(0, 19)) {
+      parts.push(el("p", { className: "hint", text: t("historyFrom", { at: formatTime(data.historyFrom) }) }));
+    }
+    if (data.evidence) {
+      parts.push(el("h3", { text: t("evidenceTitle") }));
+      parts.push(el("pre", { className: "evidence", text: JSON.stringify(data.evidence, null, 2) }));
+    }
+    box.replaceChildren.apply(box, parts);
   }
 
   // ---- charts -------------------------------------------------------------------
@@ -2770,6 +2914,7 @@
   }
 
   function renderUnknown(data) {
+    setTimeout(focusReconcile, 0);  // after the rebuild (or none): a link asked for one card
     var list = $("unknown-list");
     var tasks = (data && data.tasks) || [];
     // Rebuild only when something a reader sees changed (the wait's countdown
@@ -2815,6 +2960,19 @@
       var delay = Math.min(soonest * 1000 + 250, 3600 * 1000);
       state.verdictTimer = setTimeout(function () { state.verdictTimer = null; loadUnknown(); }, delay);
     }
+  }
+
+  // A link to a task's reconcile card (its row, its details page) leads to
+  // Admin; the card is brought into view and focused once it is listed.
+  function focusReconcile() {
+    if (!state.reconcileGid || state.view !== "admin") { return; }
+    var item = $("unknown-list").querySelector('li[data-gid="' + state.reconcileGid + '"]');
+    if (!item) { return; }
+    state.reconcileGid = null;
+    item.setAttribute("tabindex", "-1");
+    item.classList.add("target");
+    item.scrollIntoView({ block: "start" });
+    item.focus();
   }
 
   function unknownTask(gid) {
@@ -3326,12 +3484,16 @@
     $("users-refresh").addEventListener("click", loadUsers);
     $("users-body").addEventListener("click", onUsersClick);
     $("user-add-form").addEventListener("submit", onAddUser);
+    document.addEventListener("click", function (event) {
+      var link = event.target.closest && event.target.closest("a[data-reconcile]");
+      if (link) { state.reconcileGid = Number(link.getAttribute("data-reconcile")); setTimeout(focusReconcile, 0); }
+    });
     $("nav").addEventListener("click", function (event) {
       var link = event.target.closest("a[data-view]");
       if (!link) { return; }
       event.preventDefault();
       showView(link.getAttribute("data-view"));
-      writeHash();
+      writeHash(true);
     });
 
     localStorage.removeItem(OLD_TOKEN_KEY);
