@@ -214,8 +214,9 @@ class ExistingServer:
         pass
 
     def describe(self) -> str:
-        parts = urlsplit(self.url)
-        return f"PostgreSQL at {parts.hostname}:{parts.port or 5432}, a database per run"
+        # netloc, not hostname/port: a multi-host URL (h1:p1,h2:p2) has no one port
+        hosts = urlsplit(self.url).netloc.rpartition("@")[2]
+        return f"PostgreSQL at {hosts}, a database per run"
 
 
 class FailoverClusters:

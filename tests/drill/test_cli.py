@@ -107,6 +107,10 @@ def test_db_option_chooses_where_databases_come_from() -> None:
     existing = databases_for("postgresql://u@db.example:6543/maint")
     assert isinstance(existing, ExistingServer)
     assert existing.describe() == "PostgreSQL at db.example:6543, a database per run"
+    several = databases_for(
+        "postgresql://u:pw@h1:5432,h2:5433/maint?target_session_attrs=read-write"
+    )
+    assert several.describe() == "PostgreSQL at h1:5432,h2:5433, a database per run"
     with pytest.raises(DatabaseChoiceError):
         parse_db_option("oracle://x")
 
