@@ -3215,7 +3215,7 @@
         el("td", { "data-label": t("userCreated"), text: formatTime(user.createdAt) }),
         el("td", { "data-label": t("userActions"), className: "actions" }, [
           disabled ? button("enable", "userEnable") : me ? null : button("disable", "userDisable", true),
-          button("token", "userRotate"),
+          me ? null : button("token", "userRotate"),
           button("sessions", "userEndSessions")
         ])
       ]));
