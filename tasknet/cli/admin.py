@@ -44,6 +44,13 @@ Commands::
     node retire ID [--yes] [--note TEXT]    the node is gone for good: reassign as above,
                                             its completed tasks become ARCHIVE_GONE
                                             (NODE_RETIRED), its key is removed (audited)
+    node drain ID [--note TEXT]             no new task goes to the node; what it holds
+                                            finishes (the panel says drained when done)
+    node pause ID [--note TEXT]             no new task goes to the node until resumed
+    node resume ID [--note TEXT]            new tasks go to it again
+    node limit ID N|none [--note TEXT]      at most N of its tasks not yet completed at a
+                                            time (the site assigns less: v2 and legacy
+                                            nodes alike); none: no bound
     [--upstream URL] unknown [--json]       UNKNOWN operations with their evidence
     [--upstream URL] resolve GID submitted|not_submitted [--note TEXT]
                                             refused (exit 1, naming the time) while a
@@ -81,7 +88,7 @@ from twisted.python.failure import Failure
 from tasknet.cli.args import parse, printable, printable_json
 from tasknet.runtime import RealThreadPools, SystemEntropy
 from tasknet.site.lifecycle import Lifecycle
-from tasknet.site.storage import delete, reassign, reconcile, sessions, users
+from tasknet.site.storage import delete, node_control, reassign, reconcile, sessions, users
 from tasknet.site.storage.engine import database as storage_db
 from tasknet.site.storage.engine import errors
 from tasknet.site.storage.engine.schema import SchemaError, prepare_database
@@ -237,7 +244,9 @@ def _add_node_key_commands(
 
 def _add_node_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """``node reassign`` and ``node retire``: custody of a node that is gone."""
-    node = commands.add_parser("node", help="a node that is gone: reassign its tasks, retire it")
+    node = commands.add_parser(
+        "node", help="a node: drain, pause, resume, limit; reassign its tasks, retire it"
+    )
     node_commands = node.add_subparsers(dest="action", required=True, metavar="ACTION")
     for action, text in (
         ("reassign", "move the node's unfinished tasks off it now (asks first)"),
@@ -251,6 +260,29 @@ def _add_node_commands(commands: argparse._SubParsersAction[argparse.ArgumentPar
         sub.add_argument("node_id", metavar="ID", type=_node_id)
         sub.add_argument("--yes", action="store_true", help="do not ask for confirmation")
         sub.add_argument("--note", type=_note, default=None, help="why (kept in the audit row)")
+    for action, text in (
+        ("drain", "no new task goes to the node; what it holds finishes"),
+        ("pause", "no new task goes to the node until it is resumed"),
+        ("resume", "new tasks go to the node again"),
+        ("limit", "at most N of the node's tasks not yet completed at a time (none: no bound)"),
+    ):
+        sub = node_commands.add_parser(action, help=text)
+        sub.add_argument("node_id", metavar="ID", type=_node_id)
+        if action == "limit":
+            sub.add_argument("limit", metavar="N|none", type=_download_limit)
+        sub.add_argument("--note", type=_note, default=None, help="why (kept with the control)")
+
+
+def _download_limit(text: str) -> int | None:
+    if text.strip().lower() == "none":
+        return None
+    try:
+        return node_control.check_limit(int(text, 10))
+    except (ValueError, node_control.BadControl):
+        raise argparse.ArgumentTypeError(
+            f"a download limit is a whole number from 1 to {node_control.MAX_LIMIT:,}"
+            f" or none, got {printable(text)!r}"
+        ) from None
 
 
 def _node_id(text: str) -> str:
@@ -569,6 +601,9 @@ def _node_command(
     out: TextIO,
     ask: Callable[[str], str],
 ) -> None:
+    if args.action in _CONTROL_MODES:
+        _control_command(connection, args, out)
+        return
     try:
         summary = _read(connection, reassign.node_summary, args.node_id)
     except reassign.UnknownNode as unknown:
@@ -623,6 +658,44 @@ def _node_command(
             " re-read its keys",
             file=out,
         )
+
+
+#: ``node drain|pause|resume|limit``: the mode each sets (None: kept).
+_CONTROL_MODES = {
+    "drain": node_control.DRAINING,
+    "pause": node_control.PAUSED,
+    "resume": node_control.ACTIVE,
+    "limit": None,
+}
+_CONTROL_WORDS = {
+    node_control.ACTIVE: "active (new tasks go to it)",
+    node_control.DRAINING: "draining (no new task; what it holds finishes)",
+    node_control.PAUSED: "paused (no new task until resumed)",
+}
+
+
+def _control_command(
+    connection: storage_db.Connection, args: argparse.Namespace, out: TextIO
+) -> None:
+    """Drain, pause, resume or bound a node (``storage/node_control.py``)."""
+    try:
+        control = _write(
+            connection,
+            node_control.set_control,
+            args.node_id,
+            mode=_CONTROL_MODES[args.action],
+            limit=args.limit if args.action == "limit" else "keep",
+            actor=_actor(),
+            note=args.note or "",
+        )
+    except node_control.UnknownNode as unknown:
+        raise AdminError(f"{unknown}; nothing changed") from unknown
+    limit = f"at most {control.limit:,}" if control.limit is not None else "no bound"
+    print(
+        f"node {args.node_id}: {_CONTROL_WORDS[control.mode]}; download limit: {limit}"
+        " (a running site obeys it at its next assignment)",
+        file=out,
+    )
 
 
 def _force_delete_command(

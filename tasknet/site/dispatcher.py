@@ -74,7 +74,7 @@ from tasknet.protocol.session import INodeSession
 from tasknet.site import metrics
 from tasknet.site.connected_nodes import ConnectedNodes
 from tasknet.site.storage import dispatch as storage
-from tasknet.site.storage import reassign
+from tasknet.site.storage import node_control, reassign
 from tasknet.site.storage.engine import listen
 from tasknet.site.storage.engine.database import Database
 
@@ -181,6 +181,11 @@ class Dispatcher(MultiService):
         self._loads: dict[str, int] = {}
         self._loads_counted_at: float | None = None
         self._page_size = page_size
+        #: Nodes an operator drained or paused, and those with a download
+        #: limit, as last read here (node_control): who new tasks skip.
+        self._closed: set[str] = set()
+        self._bounded: set[str] = set()
+        self._controls_known: dict[str, node_control.Control] = {}
         self.enabled = False
         # One unassigned pass at a time; a request during a pass runs one more after it.
         self._unassigned = CoalescingRunner(self._assign_all)
@@ -239,6 +244,7 @@ class Dispatcher(MultiService):
         self._track(Deferred.fromCoroutine(self._periodic_pass())).addBoth(done)
 
     async def _periodic_pass(self) -> None:
+        await self._read_controls()
         await self._guarded_unassigned_pass()
         await self._guarded_deletes_pass()
         if (
@@ -470,6 +476,53 @@ class Dispatcher(MultiService):
             waiting=len(moved.waiting),
         )
 
+    async def _read_controls(self) -> None:
+        """Which nodes an operator drained, paused or bounded (another
+        process's ``tasknet-admin node ...`` is learnt here at the next
+        periodic pass; the assignment itself always reads them afresh)."""
+        try:
+            found = await self._db.read(node_control.controls)
+        except Exception:
+            log.failure("reading the nodes' controls failed")
+            return
+        self._note_controls(found.values())
+
+    def _note_controls(self, found: Iterable[node_control.Control]) -> None:
+        self._closed = {c.node_id for c in found if not c.takes_new_work}
+        self._bounded = {c.node_id for c in found if c.limit is not None}
+        self._controls_known = {c.node_id: c for c in found}
+
+    async def control_node(
+        self,
+        node_id: str,
+        *,
+        mode: str | None = None,
+        limit: int | None | str = "keep",
+        actor: str,
+        note: str = "",
+    ) -> node_control.Control:
+        """An operator's drain, pause or resume of ``node_id`` (``mode``)
+        and its download limit (``limit``: ``"keep"``, None for no bound);
+        obeyed by the next assignment, and a node given room again is
+        handed unassigned tasks at once.  :class:`node_control.UnknownNode`
+        or :class:`node_control.BadControl`: nothing changed."""
+        control: node_control.Control = await self._db.write(
+            node_control.set_control, node_id, mode=mode, limit=limit, actor=actor, note=note
+        )
+        known = dict(self._controls_known)
+        known[node_id] = control
+        self._note_controls(known.values())
+        log.info(
+            "node {node}: {mode}, download limit {limit} (by {actor})",
+            node=node_id,
+            mode=control.mode,
+            limit=control.limit if control.limit is not None else "none",
+            actor=actor,
+        )
+        if self.enabled and control.takes_new_work and self._nodes:
+            self._track(Deferred.fromCoroutine(self._guarded_unassigned_pass()))
+        return control
+
     async def reassign_now(self, node_id: str, *, actor: str, note: str) -> reassign.Reassigned:
         """The operator's "reassign this node's unfinished tasks now"
         (whatever the timer; audited).  A v2 session of the node here gets
@@ -624,11 +677,17 @@ class Dispatcher(MultiService):
         if not self._nodes:
             return  # gone meanwhile: the next login's catch-up reads the task
         # The least loaded node as counted here (ties: the lowest id), so
-        # the transaction counts nobody's tasks.
-        target = min(self._nodes, key=lambda node: (self._loads.get(node, 0), node))
-        command = await self._db.write(
-            storage.claim_task, gid, [target], {target: self._loads.get(target, 0)}
-        )
+        # the transaction counts nobody's tasks; a drained or paused node
+        # (as last read here) is passed over.  A bounded node's room is
+        # counted in the transaction: all open nodes go, loads counted there.
+        open_nodes = [node for node in self._nodes if node not in self._closed] or list(self._nodes)
+        target = min(open_nodes, key=lambda node: (self._loads.get(node, 0), node))
+        if target in self._bounded:
+            command = await self._db.write(storage.claim_task, gid, open_nodes)
+        else:
+            command = await self._db.write(
+                storage.claim_task, gid, [target], {target: self._loads.get(target, 0)}
+            )
         if command is not None:
             if command.action != ACTION_DELETE and command.node_id in self._nodes:
                 self._loads[command.node_id] = self._loads.get(command.node_id, 0) + 1

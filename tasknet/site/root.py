@@ -406,6 +406,11 @@ def _web_dependencies(
             node_side.dispatcher.reassign_now(node_id, actor=actor, note=note)
         ),
         retire_node=retire_node,
+        control_node=lambda node_id, mode, limit, actor, note: Deferred.fromCoroutine(
+            node_side.dispatcher.control_node(
+                node_id, mode=mode, limit=limit, actor=actor, note=note
+            )
+        ),
         site_name=options["name"],
         demo=bool(options["demo"]),
     )

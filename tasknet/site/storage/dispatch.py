@@ -44,6 +44,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from tasknet.protocol.messages import ACTION_DELETE, ACTION_DOWNLOAD
+from tasknet.site.storage import node_control
 from tasknet.site.storage.eligibility import (
     AWAITS_CLAIM_SQL,
     DISPATCHABLE_SQL,
@@ -288,18 +289,30 @@ def assign(
         return [], loads if loads is not None else {}
     if loads is None or set(loads) != set(node_ids):
         loads = node_loads(cursor, node_ids)
-    heap = [(load, node_id) for node_id, load in loads.items()]
+    # An operator's drain, pause or limit (node_control), read in this
+    # transaction: a node with no room left is given nothing more.
+    room = node_control.capacities(cursor, node_ids)
+    heap = [(load, node_id) for node_id, load in loads.items() if room.get(node_id) != 0]
     heapq.heapify(heap)
+    full = {node_id: load for node_id, load in loads.items() if room.get(node_id) == 0}
     commands = []
     assignments = []
     for row in rows:
+        if not heap:
+            break  # every node is full: the rest wait, unassigned
         load, node_id = heapq.heappop(heap)
         op = row["operation_id"]
         if row["state"] is None:
             op = backfill_legacy(cursor, row["gid"])
         assignments.append((node_id, row["gid"]))
         commands.append(_command(node_id, row, op))
-        heapq.heappush(heap, (load + 1, node_id))
+        left = room.get(node_id)
+        if left is not None:
+            room[node_id] = left - 1
+        if room.get(node_id) == 0:
+            full[node_id] = load + 1
+        else:
+            heapq.heappush(heap, (load + 1, node_id))
     cursor.executemany(_ASSIGN_SQL, assignments)
     _mark_dispatched(cursor, [gid for _, gid in assignments])
     # A generation given back to a node it was once moved off: that node
@@ -307,7 +320,7 @@ def assign(
     cursor.executemany(
         _FORGET_CANCEL_SQL, [(command.node_id, command.operation_id) for command in commands]
     )
-    return commands, {node_id: load for load, node_id in heap}
+    return commands, {node_id: load for load, node_id in heap} | full
 
 
 def claim_unassigned_page(

@@ -30,7 +30,8 @@ sorted by id (code points), each ``{"id", "connected", "site", "protocol",
 * ``bytesPerSecond`` is the node's bytes over the last
   :data:`RATE_MINUTES` full minutes (``throughput_minute``: the same bytes
   as ``/api/stats``' ``byNode`` of those buckets, every user's) divided by
-  their seconds, to a tenth (halves up) -- not a sum of task speeds;
+  their seconds, to a tenth (halves up) -- not a sum of task speeds; 0
+  for a node not connected (issue 36, item 2: a gone node shows no speed);
 * ``lastSeenAt``/``lastReportAt`` are ISO 8601 UTC, from the ``node_seen``
   table (``lastSeenAt`` is now for a connected node, and for one never
   recorded); ``connectedAt`` (the holding connection's accept time, null
@@ -56,6 +57,10 @@ sorted by id (code points), each ``{"id", "connected", "site", "protocol",
   (``node_archive_orphan``, :mod:`~tasknet.site.storage.inventory`), each
   ``{"gid", "operationId", "size", "sha256", "foundAt"}``, by gid: the
   first :data:`ORPHANS_LISTED` (``inventory.orphans`` counts them all);
+* ``control`` is an operator's drain, pause or download limit of the node
+  (``node_control``, :mod:`~tasknet.site.storage.node_control`):
+  ``{"mode", "downloadLimit", "actor", "note", "changedAt"}``, ``null``
+  when active with no bound;
 * ``inventory`` is the node's last judged inventory (``node_inventory``):
   ``{"inventoryId", "archives", "bytes", "missing", "orphans",
   "judgedAt"}``, ``null`` before its first.
@@ -236,7 +241,8 @@ SELECT '[' || COALESCE(group_concat(node, ','), '') || ']' FROM (
         'lastSeenAt', CASE WHEN t.c IS NULL AND s.node_id IS NOT NULL THEN s.last_seen_at
                            ELSE ?3 END,
         'lastReportAt', s.last_report_at,
-        'bytesPerSecond', ((COALESCE(r.bytes, 0) * 10 + ?10 / 2) / ?10) / 10.0,
+        'bytesPerSecond', CASE WHEN t.c IS NULL THEN 0.0
+                               ELSE ((COALESCE(r.bytes, 0) * 10 + ?10 / 2) / ?10) / 10.0 END,
         'droppedEntries', json(COALESCE(d.reasons, '{{}}')),
         'archiveUrl', COALESCE(json_extract(t.c, '$.archiveUrl'), ''),
         'serveUrl', COALESCE(json_extract(t.c, '$.serveUrl'), ''),
@@ -244,13 +250,17 @@ SELECT '[' || COALESCE(group_concat(node, ','), '') || ']' FROM (
         'orphans', json(COALESCE(o.list, '[]')),
         'inventory', json(CASE WHEN v.node_id IS NULL THEN 'null' ELSE json_object(
             'inventoryId', v.inventory_id, 'archives', v.archives, 'bytes', v.bytes,
-            'missing', v.missing, 'orphans', v.orphans, 'judgedAt', v.judged_at) END)) AS node
+            'missing', v.missing, 'orphans', v.orphans, 'judgedAt', v.judged_at) END),
+        'control', json(CASE WHEN nc.node_id IS NULL THEN 'null' ELSE json_object(
+            'mode', nc.mode, 'downloadLimit', nc.download_limit, 'actor', nc.actor,
+            'note', nc.note, 'changedAt', nc.changed_at) END)) AS node
     FROM tasks AS t
     LEFT JOIN node_seen AS s ON s.node_id = t.node_id
     LEFT JOIN rate AS r ON r.node_id = t.node_id
     LEFT JOIN dropped AS d ON d.node_id = t.node_id
     LEFT JOIN orphan AS o ON o.node_id = t.node_id
     LEFT JOIN node_inventory AS v ON v.node_id = t.node_id
+    LEFT JOIN node_control AS nc ON nc.node_id = t.node_id
     ORDER BY t.c IS NULL, t.node_id
 )
 """,  # noqa: S608 (constant text)
@@ -294,9 +304,9 @@ SELECT CAST(json_agg(json_build_object(
         'lastSeenAt', CASE WHEN t.c IS NULL AND s.node_id IS NOT NULL THEN s.last_seen_at
                            ELSE ?3 END,
         'lastReportAt', s.last_report_at,
-        'bytesPerSecond',
+        'bytesPerSecond', CASE WHEN t.c IS NULL THEN 0 ELSE
             CAST((CAST(COALESCE(r.bytes, 0) AS BIGINT) * 10 + ?10 / 2) / ?10 AS DOUBLE PRECISION)
-            / 10,
+            / 10 END,
         'droppedEntries', COALESCE(d.reasons, CAST('{{}}' AS JSON)),
         'archiveUrl', COALESCE(CAST(t.c AS JSON) ->> 'archiveUrl', ''),
         'serveUrl', COALESCE(CAST(t.c AS JSON) ->> 'serveUrl', ''),
@@ -304,7 +314,10 @@ SELECT CAST(json_agg(json_build_object(
         'orphans', COALESCE(o.list, CAST('[]' AS JSON)),
         'inventory', CASE WHEN v.node_id IS NULL THEN NULL ELSE json_build_object(
             'inventoryId', v.inventory_id, 'archives', v.archives, 'bytes', v.bytes,
-            'missing', v.missing, 'orphans', v.orphans, 'judgedAt', v.judged_at) END)
+            'missing', v.missing, 'orphans', v.orphans, 'judgedAt', v.judged_at) END,
+        'control', CASE WHEN nc.node_id IS NULL THEN NULL ELSE json_build_object(
+            'mode', nc.mode, 'downloadLimit', nc.download_limit, 'actor', nc.actor,
+            'note', nc.note, 'changedAt', nc.changed_at) END)
     ORDER BY t.c IS NULL, t.node_id COLLATE "C") AS TEXT)
 FROM tasks AS t
 LEFT JOIN node_seen AS s ON s.node_id = t.node_id
@@ -312,6 +325,7 @@ LEFT JOIN rate AS r ON r.node_id = t.node_id
 LEFT JOIN dropped AS d ON d.node_id = t.node_id
 LEFT JOIN orphan AS o ON o.node_id = t.node_id
 LEFT JOIN node_inventory AS v ON v.node_id = t.node_id
+LEFT JOIN node_control AS nc ON nc.node_id = t.node_id
 """,  # noqa: S608 (constant text)
 )
 

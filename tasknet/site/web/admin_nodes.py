@@ -1,7 +1,9 @@
 """``GET /api/admin/nodes``: the nodes, connected or seen lately (admin only);
 ``POST /api/admin/nodes/{id}/reassign`` and ``/retire``: an operator's
 custody actions on one node (DELIVERY.md "A node that is gone"), answered
-by :func:`reassign_answer` and :func:`retire_answer`.
+by :func:`reassign_answer` and :func:`retire_answer`;
+``POST /api/admin/nodes/{id}/control``: drain, pause, resume and a download
+limit (:func:`control_answer`, :mod:`tasknet.site.storage.node_control`).
 
 The API module (``web/api.py``) checks the caller is an admin and answers
 ``{"nodes": <what nodes_view gives>}``; what each node shows, and which
@@ -24,7 +26,7 @@ from twisted.internet.interfaces import IReactorTime
 
 from tasknet.site.connected_nodes import ConnectedNodes
 from tasknet.site.node_disk import NodeDiskFigures
-from tasknet.site.storage import node_panel, reassign, throughput
+from tasknet.site.storage import node_control, node_panel, reassign, throughput
 from tasknet.site.storage.engine.database import Database
 from tasknet.site.storage.users import NODE_ID_PATTERN
 from tasknet.site.web.errors import ApiError
@@ -136,3 +138,49 @@ async def retire_answer(
         "archives": retired.archives,
         "keyRemoved": retired.key_removed,
     }
+
+
+#: ``POST /api/admin/nodes/{id}/control``'s body fields beside ``note``.
+CONTROL_FIELDS = ("mode", "downloadLimit")
+
+
+def control_request(document: dict[str, Any]) -> tuple[str | None, int | None | str]:
+    """``(mode, limit)`` of a control body: ``mode`` one of
+    :data:`~tasknet.site.storage.node_control.MODES` or absent (None: keep),
+    ``downloadLimit`` a whole number, null (no bound) or absent (``"keep"``);
+    ``400 invalid_request`` for anything else (nothing changed)."""
+    unknown = sorted(set(document) - {*CONTROL_FIELDS, "note"})
+    if unknown:
+        raise ApiError("invalid_request", f"unknown field(s): {', '.join(unknown)}")
+    mode = document.get("mode")
+    if mode is not None and mode not in node_control.MODES:
+        raise ApiError(
+            "invalid_request", f"'mode' is one of {', '.join(node_control.MODES)}, got {mode!r}"
+        )
+    if mode is None and "downloadLimit" not in document:
+        raise ApiError("invalid_request", "give 'mode', 'downloadLimit' or both")
+    limit: int | None | str = document.get("downloadLimit", "keep")
+    if limit != "keep":
+        try:
+            node_control.check_limit(limit)  # type: ignore[arg-type]
+        except node_control.BadControl as bad:
+            raise ApiError("invalid_request", f"'downloadLimit': {bad}") from None
+    return mode, limit
+
+
+async def control_answer(
+    action: Callable[[str, str | None, int | None | str, str, str], Awaitable[Any]],
+    node_id: str,
+    document: dict[str, Any],
+    actor: str,
+    note: str,
+) -> dict[str, Any]:
+    """Drain, pause or resume ``node_id`` and set its download limit
+    (``action``: the dispatcher's ``control_node``) and say what it is now;
+    ``404 not_found`` for a node the site never heard of (nothing changed)."""
+    mode, limit = control_request(document)
+    try:
+        control = await action(_known_id(node_id), mode, limit, actor, note)
+    except node_control.UnknownNode as unknown:
+        raise ApiError("not_found", str(unknown)) from None
+    return {"node": node_id} | control.to_json()

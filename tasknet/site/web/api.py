@@ -734,6 +734,21 @@ class SiteApi:
             Deferred.fromCoroutine(admin_nodes.retire_answer(action, node, user.name, note))
         )
 
+    @app.route("/api/admin/nodes/<node>/control", methods=["POST"])
+    @endpoint
+    async def control_node(self, request: Request, node: str) -> Reply:
+        """Drain, pause or resume the node and set its download limit."""
+        user = await self._user(request)
+        require_admin(user)
+        document = json_body(request)
+        note = string_field(document, "note", required=False, limit=MAX_NOTE)
+        action = self.deps.control_node
+        return 200, await shield(
+            Deferred.fromCoroutine(
+                admin_nodes.control_answer(action, node, document, user.name, note)
+            )
+        )
+
     # admin: users (the admin UI's Users section; web/admin_users.py)
 
     @app.route("/api/admin/users", methods=["GET"])

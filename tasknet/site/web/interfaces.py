@@ -22,6 +22,7 @@ from twisted.web.resource import IResource
 from tasknet.site.lifecycle import Lifecycle
 from tasknet.site.ratelimit import CreateRateLimiter
 from tasknet.site.storage.engine.database import Database
+from tasknet.site.storage.node_control import Control
 from tasknet.site.storage.reassign import Reassigned, Retired
 from tasknet.site.web.archives import ArchiveDelivery
 from tasknet.site.web.auth import Authenticator
@@ -60,6 +61,9 @@ class WebDependencies:
     #: ``storage.reassign.UnknownNode`` for a node never heard of.
     reassign_node: Callable[[str, str, str], Deferred[Reassigned]]
     retire_node: Callable[[str, str, str], Deferred[Retired]]
+    #: ``POST /api/admin/nodes/{id}/control`` (``dispatcher.control_node``):
+    #: ``(node_id, mode or None, limit or None or "keep", actor, note)``.
+    control_node: Callable[[str, str | None, int | None | str, str, str], Deferred[Control]]
     #: The site's ``--name`` (``/api/me``'s ``site``: which site this is).
     site_name: str = ""
     #: Started with ``--demo`` (``GET /api/session``: the sign-in page names

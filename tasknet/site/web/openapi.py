@@ -2065,6 +2065,66 @@ def _admin_operations() -> dict[str, Schema]:
                 )
             ),
         ),
+        "control": _operation(
+            "controlNode",
+            "Drain, pause or resume a node; set its download limit",
+            "`mode`: `DRAINING` (no new task goes to the node; what it holds finishes, then it "
+            "is drained), `PAUSED` (no new task until resumed) or `ACTIVE` (resume). "
+            "`downloadLimit`: at most this many of its tasks not yet completed at a time "
+            "(`null`: no bound); the site's dispatcher obeys it by assigning less, since the "
+            "wire has no message for a limit, so a v2 node and a legacy one alike are "
+            "dispatched less, and tasks it held before stay with it. Nothing stops a download "
+            "a node already has. Kept across restarts (`node_control`); at least one of the "
+            "two fields.",
+            _responses(
+                {
+                    "200": _json_response(
+                        "The node's control now.",
+                        _object(
+                            {
+                                "node": _string(),
+                                "mode": _string(enum=["ACTIVE", "DRAINING", "PAUSED"]),
+                                "downloadLimit": {
+                                    "type": ["integer", "null"],
+                                    "minimum": 1,
+                                    "description": "At most this many open tasks; null: none.",
+                                },
+                                "actor": _string("Who set it last (empty when never set)."),
+                                "note": _string(),
+                                "changedAt": {
+                                    "type": ["string", "null"],
+                                    "description": "When (ISO 8601 UTC); null when never set.",
+                                },
+                            },
+                            required=["node", "mode", "downloadLimit"],
+                        ),
+                    )
+                },
+                (400, _bad_request(_BAD_BODY)),
+                (401, _common("Unauthorized")),
+                (403, admin_forbidden),
+                (404, _error(404, "No such node: never logged in, no key, no task.")),
+            ),
+            tag="admin",
+            parameters=[_NODE_PARAMETER],
+            body=_body(
+                _object(
+                    {
+                        "mode": _string(enum=["ACTIVE", "DRAINING", "PAUSED"]),
+                        "downloadLimit": {
+                            "type": ["integer", "null"],
+                            "minimum": 1,
+                            "maximum": 100000,
+                        },
+                        "note": _string(
+                            "Why (kept with the control).", maxLength=MAX_NOTE, pattern=_NO_NUL
+                        ),
+                    },
+                    required=[],
+                    additional=False,
+                )
+            ),
+        ),
         "nodes": _operation(
             "listNodes",
             "List nodes",
@@ -2246,6 +2306,7 @@ def _document() -> str:
         "/api/admin/nodes": {"get": admin["nodes"]},
         "/api/admin/nodes/{node}/reassign": {"post": admin["reassign"]},
         "/api/admin/nodes/{node}/retire": {"post": admin["retire"]},
+        "/api/admin/nodes/{node}/control": {"post": admin["control"]},
         "/api/admin/users": {"get": people["list"], "post": people["add"]},
         "/api/admin/users/{name}/quota": {"put": people["quota"]},
         "/api/admin/users/{name}/disable": {"post": people["disable"]},

@@ -59,7 +59,9 @@ V12_SCRIPT = "migrate_v12.sql"  # a user id is never given twice (issue 38)
 V12_POSTGRES_SCRIPT = "migrate_v12_postgres.sql"
 V13_SCRIPT = "migrate_v13.sql"  # custody: archives gone, CANCELs owed, inventories (issue 34)
 V13_POSTGRES_SCRIPT = "migrate_v13_postgres.sql"
-CURRENT_VERSION = 13
+V14_SCRIPT = "migrate_v14.sql"  # an operator's control of a node (issue 36, item 6)
+V14_POSTGRES_SCRIPT = "migrate_v14_postgres.sql"
+CURRENT_VERSION = 14
 
 # Scripts that take a database from the version before them to their own.
 # v3 is additive (new tables and columns only), so the site applies it by
@@ -77,6 +79,7 @@ UPGRADES = {
     11: V11_SCRIPT,
     12: V12_SCRIPT,
     13: V13_SCRIPT,
+    14: V14_SCRIPT,
 }
 AUTOMATIC_FROM = 2
 
@@ -95,6 +98,7 @@ UPGRADES_POSTGRES = {
     11: V11_POSTGRES_SCRIPT,
     12: V12_POSTGRES_SCRIPT,
     13: V13_POSTGRES_SCRIPT,
+    14: V14_POSTGRES_SCRIPT,
 }
 
 #: What one engine has and the other has not (v6's search indexes), left
