@@ -26,11 +26,25 @@ each acts only on the expected operationId in the expected state, so a
 repeat can never change another generation or call the upstream.  They are
 retried with backoff for ``record_retry_for`` seconds while the client waits
 (so a lock held past ``busy_timeout`` still ends in the right answer, e.g.
-``202`` with ``UNKNOWN``); after that the client gets ``500 internal``
-saying the outcome is being recorded, and the write keeps being retried in
-the background every ``settle_interval`` seconds until it lands.  Only a
-crash (or a stop) before that leaves ``RESERVED``/``SUBMITTING`` for
+``202`` with ``UNKNOWN``); after that the write keeps being retried in the
+background every ``settle_interval`` seconds until it lands.  Only a crash
+(or a stop) before that leaves ``RESERVED``/``SUBMITTING`` for
 :meth:`Lifecycle.recover` at the next start.
+
+Every create is answered, and never ``500`` for an outcome it cannot record
+(SCALE.md "Database failover", DRILLS.md S25): once its POST may have
+reached the upstream (the POST gate let it go), a create whose ``UNKNOWN``
+(or the view of it) cannot be written or read now (the database busy,
+failed or gone, the lease lost) is answered ``202`` with the task as it
+will be settled, ``UNKNOWN`` (``SUBMIT_UNKNOWN``): by the background retry,
+a reap or the next start's recovery on the surviving database, or by the
+persist if that lands after all.  Before that point nothing was sent, and a
+create the site cannot carry on is answered ``503 unavailable`` (the
+API adds ``Retry-After``).  When the site is fenced or stops
+(:meth:`Lifecycle.answer_in_flight`) every create still under way is
+answered at once by that rule, whatever it waits for (a write that hangs on
+a database in failover, a POST), and no POST is sent after it: the gate
+refuses; its chain goes on to its end unanswered (logged).
 
 Several sites on one database (SCALE.md 2): the lifecycle of a site instance
 holds its lease (:mod:`tasknet.site.storage.lease`).  Its reservations and
@@ -55,6 +69,7 @@ from twisted.internet.defer import CancelledError, Deferred, DeferredLock
 from twisted.internet.interfaces import IReactorTime
 from twisted.internet.task import deferLater
 from twisted.logger import Logger
+from twisted.python.failure import Failure
 
 from tasknet.runtime import IEntropy
 from tasknet.site.storage import (
@@ -72,6 +87,7 @@ from tasknet.site.storage.engine.database import Database, Retry
 from tasknet.site.storage.engine.errors import (
     CommitUnknown,
     DatabaseBusy,
+    DatabaseError,
     DatabaseFailed,
     TaskError,
 )
@@ -86,6 +102,7 @@ from tasknet.site.upstream_client import (
     UpstreamClient,
     UpstreamError,
 )
+from tasknet.status import OperationState, TaskStatus
 
 log = Logger()
 
@@ -104,12 +121,34 @@ class Unrecorded(Exception):
     within ``record_retry_for``; it goes on being retried in the background."""
 
 
+class Closed(LeaseLost):
+    """The site is fenced or stops (:meth:`Lifecycle.answer_in_flight`):
+    the creates still under way, answered already, write nothing more; a
+    reap or the next start's recovery settles what they left."""
+
+
 @dataclass(frozen=True)
 class Created:
     """The answer of a create: ``201`` (``SUBMITTED``) or ``202`` (``UNKNOWN``)."""
 
     status: int
     task: dict[str, Any]
+
+
+@dataclass(eq=False)
+class _Flight:
+    """A create under way, as far as answering it needs: its caller's
+    ``answer`` (fired by the chain's end, or earlier by
+    :meth:`Lifecycle.answer_in_flight`) and what the chain learnt so far."""
+
+    gid: int
+    name: str
+    answer: Deferred[Created]
+    operation_id: str | None = None
+    prepared: PrepareResult | None = None
+    #: The POST gate let the POST go: from here on it may have reached the
+    #: upstream (before, nothing was sent, and after a fence nothing will be).
+    posted: bool = False
 
 
 @dataclass(frozen=True)
@@ -187,6 +226,10 @@ class Lifecycle:
         self._before_post_gate = before_post_gate
         # One reaping pass at a time (the start's recovery and the ticks).
         self._reaping = DeferredLock()
+        #: Creates under way, in the order they began.
+        self._flights: dict[_Flight, None] = {}
+        # Why this lifecycle sends no more POSTs (fenced, stopping), once so.
+        self._closed: str | None = None
 
     def _woken(self) -> None:
         try:
@@ -197,6 +240,12 @@ class Lifecycle:
     def _refuse_if_fenced(self) -> None:
         if self.lease is not None:
             self.lease.refuse_if_lost()
+
+    def _refuse_if_closed(self) -> None:
+        """Before each write of a create's chain: none once it may have
+        been answered early (the answer stands; nothing contradicts it)."""
+        if self._closed is not None:
+            raise Closed(f"this site writes no more creates ({self._closed}); nothing was written")
 
     async def _write(self, fn: Callable[..., T], *args: Any, **kw: Any) -> T:
         """A write whose commit may have enqueued notifications: the outbox
@@ -223,6 +272,7 @@ class Lifecycle:
         land while the site lives, not wait for its next start (a task
         left ``SUBMITTING`` shows 提交中 for ever)."""
         self._refuse_if_fenced()
+        self._refuse_if_closed()
         backoff = backoffPolicy(self.retry_initial, self.retry_max, factor=2.0, jitter=lambda: 0.0)
         try:
             result = await self.db.write_retrying(
@@ -241,6 +291,8 @@ class Lifecycle:
             if background:
                 self._settle_later(what, fn, *args)
             raise Unrecorded(f"{what}: {e}") from e
+        except LeaseLost:
+            raise  # this site writes nothing more: a reap or its next start settles it
         except DatabaseFailed as e:
             if background:
                 log.error(
@@ -268,6 +320,9 @@ class Lifecycle:
                 try:
                     await self.db.write_retrying(every, fn, *args)
                     break
+                except LeaseLost as e:
+                    log.warn("{what}: {e}; left for a reap or the next start", what=what, e=e)
+                    return
                 except DatabaseFailed as e:  # the write is guarded: a repeat is a no-op
                     log.warn("{what}: {error}; retrying", what=what, error=e)
         except CancelledError:
@@ -285,11 +340,51 @@ class Lifecycle:
         """Outcome writes still being retried in the background."""
         return len(self._settling)
 
+    @property
+    def closed(self) -> str | None:
+        """Why this site takes no more creates (fenced, stopping), or ``None``."""
+        return self._closed
+
+    @property
+    def in_flight(self) -> int:
+        """Creates whose chain has not ended (answered early or not)."""
+        return len(self._flights)
+
     def stop(self) -> None:
-        """Stop the background retries (what they had not recorded is left
+        """Answer the creates still under way (:meth:`answer_in_flight`) and
+        stop the background retries (what they had not recorded is left
         ``RESERVED``/``SUBMITTING`` for recovery at the next start)."""
+        self.answer_in_flight("this site is stopping")
         for d in list(self._settling):
             d.cancel()
+
+    def answer_in_flight(self, why: str) -> int:
+        """This site can record no more outcomes (``why``: its lease is
+        lost, it stops): from now on no POST is sent, and every create
+        still under way is answered at once: ``202`` with the task as
+        ``UNKNOWN`` if its POST may have reached the upstream (a reap or
+        the recovery on the database settles it), else ``503 unavailable``
+        (nothing was sent; try again, through another site).  Their chains
+        run on to their end, unanswered.  Returns how many were answered."""
+        if self._closed is None:
+            self._closed = why
+        answered = 0
+        for flight in list(self._flights):
+            if flight.answer.called:
+                continue
+            answered += 1
+            if flight.posted:
+                log.warn(
+                    "gid {gid}: its POST may have reached the upstream and this site can "
+                    "record nothing more ({why}): answered 202 SUBMIT_UNKNOWN (提交未知); "
+                    "a reap or the recovery on the database settles it",
+                    gid=flight.gid,
+                    why=why,
+                )
+                flight.answer.callback(Created(202, self._unrecorded_view(flight)))
+            else:
+                flight.answer.errback(_not_submitted(flight.gid, why))
+        return answered
 
     def _changed(self, gid: int) -> None:
         try:
@@ -305,17 +400,54 @@ class Lifecycle:
         """Run the create chain; fails with :class:`TaskError` on a business
         refusal (nothing left behind), fires :class:`Created` otherwise.
         ``confirm_charge``: the caller accepts a new charge for a task whose
-        archive is gone (``create.reserve``)."""
-        return Deferred.fromCoroutine(self._create(user_id, gid, token, name, confirm_charge))
+        archive is gone (``create.reserve``).  Answered early when the site
+        is fenced or stops (:meth:`answer_in_flight`); cancelling the answer
+        cancels the chain."""
+        chain: Deferred[Created] | None = None
+
+        def cancel(_: Deferred[Created]) -> None:
+            if chain is not None:
+                chain.cancel()
+
+        flight = _Flight(gid, name, Deferred(cancel))
+        self._flights[flight] = None
+        chain = Deferred.fromCoroutine(self._create(flight, user_id, token, confirm_charge))
+        chain.addBoth(self._flight_ended, flight)
+        return flight.answer
+
+    def _flight_ended(self, result: Created | Failure, flight: _Flight) -> None:
+        """The chain's end: its answer, unless the create was answered already."""
+        self._flights.pop(flight, None)
+        if not flight.answer.called:
+            if isinstance(result, Failure):
+                flight.answer.errback(result)
+            else:
+                flight.answer.callback(result)
+            return
+        if isinstance(result, Failure):
+            if result.check(TaskError, DatabaseError, CancelledError) is None:
+                log.failure("the create chain of gid {gid} failed", result, gid=flight.gid)
+                return
+            ended = f"{type(result.value).__name__}: {result.getErrorMessage()}"
+        else:
+            ended = f"{result.status} {result.task.get('state')}"
+        log.info(
+            "gid {gid}: its create chain ended ({ended}) after it was answered",
+            gid=flight.gid,
+            ended=ended,
+        )
 
     async def _create(
-        self, user_id: int, gid: int, token: str, name: str, confirm_charge: bool = False
+        self, flight: _Flight, user_id: int, token: str, confirm_charge: bool = False
     ) -> Created:
+        gid, name = flight.gid, flight.name
         week = usage.iso_week(datetime.fromtimestamp(self._clock.seconds(), UTC))
         # 1. The intent and its placeholder row, durable before anything upstream.
         operation_id = await self._reserve(gid, user_id, name, token, week, confirm_charge)
+        flight.operation_id = operation_id
         # 2. Read-only prepare: learn the cost; nothing is charged.
         prepared = await self._prepare(gid, token, operation_id)
+        flight.prepared = prepared
         # 3. Quota with the known cost, then SUBMITTING, committed before the
         # POST.  The POST gate counts from before that write: a commit heard
         # late (the process paused after its COMMIT, a slow writer) leaves
@@ -323,12 +455,11 @@ class Lifecycle:
         submitting_at = self._monotonic()
         await self._begin_submit(gid, operation_id, prepared, week)
         # 4. The one POST, sent only while the lease is fresh.
-        submitted = await self._submit(gid, token, operation_id, submitting_at)
+        submitted = await self._submit(flight, token, submitting_at)
         if submitted.outcome is Outcome.AMBIGUOUS:
-            await self._mark_unknown(gid, operation_id, "submit", submitted.error)
-            return await self._answer(gid)
+            return await self._unknown(flight, "submit", submitted.error)
         # 5. Task row + weekly usage in one transaction, guarded by the generation.
-        return await self._persist(gid, operation_id, submitted, week)
+        return await self._persist(flight, submitted, week)
 
     async def _reserve(
         self, gid: int, user_id: int, name: str, token: str, week: str, confirm_charge: bool
@@ -340,6 +471,7 @@ class Lifecycle:
         # The placeholder is not announced (create.reserve): no wake-up; a
         # new generation over a gone one is (its task row was visible).
         write = self._write if confirm_charge else self._commit
+        self._refuse_if_closed()
         try:
             return await write(
                 create.reserve,
@@ -385,10 +517,13 @@ class Lifecycle:
             # Perhaps SUBMITTING after all (a COMMIT whose answer was lost),
             # but nothing was or will be POSTed: give it back either way.
             await self._release_unsent(gid, operation_id)
-            why = "is busy" if isinstance(e, Unrecorded) else "failed (logged)"
-            raise TaskError(
-                "internal", f"the database {why}; nothing was submitted for gid {gid}"
-            ) from e
+            if isinstance(e, LeaseLost):
+                why = str(e)
+            else:
+                why = "the database " + (
+                    "is busy or unreachable" if isinstance(e, Unrecorded) else "failed (logged)"
+                )
+            raise _not_submitted(gid, why) from e
         if not started:
             raise TaskError(
                 "quota_exceeded",
@@ -396,11 +531,21 @@ class Lifecycle:
                 cost=prepared.cost,
             )
 
-    def _post_gate(self, submitting_at: float) -> str | None:
+    def _post_gate(self, flight: _Flight, submitting_at: float) -> str | None:
         """SCALE.md "Fencing" 1, asked once the POST's connection is up and
-        before its first byte: why it must not be sent, or ``None``."""
+        before its first byte: why it must not be sent, or ``None`` (and the
+        create's POST may reach the upstream from here on)."""
         if self._before_post_gate is not None:
             self._before_post_gate()
+        why = self._why_not_post(submitting_at)
+        if why is None:
+            flight.posted = True
+        return why
+
+    def _why_not_post(self, submitting_at: float) -> str | None:
+        if self._closed is not None:
+            # Its create may have been answered "nothing was submitted".
+            return f"this site submits nothing more ({self._closed})"
         if self.lease is not None:
             if self.lease.lost is not None:
                 return f"this site lost its lease ({self.lease.lost})"
@@ -418,13 +563,12 @@ class Lifecycle:
             )
         return None
 
-    async def _submit(
-        self, gid: int, token: str, operation_id: str, submitting_at: float
-    ) -> SubmitResult:
+    async def _submit(self, flight: _Flight, token: str, submitting_at: float) -> SubmitResult:
         """The one POST; a refusal releases the generation and is raised, and
         so does a POST its gate stopped (nothing sent)."""
+        gid, operation_id = flight.gid, _operation_of(flight)
         submitted = await self.upstream.submit(
-            gid, token, self.upstream_timeout, gate=lambda: self._post_gate(submitting_at)
+            gid, token, self.upstream_timeout, gate=lambda: self._post_gate(flight, submitting_at)
         )
         if submitted.outcome is Outcome.NOT_SENT:
             log.critical(
@@ -433,11 +577,7 @@ class Lifecycle:
                 why=submitted.error,
             )
             await self._release_unsent(gid, operation_id)
-            raise TaskError(
-                "unavailable",
-                f"nothing was submitted for gid {gid}: {submitted.error}; try again "
-                "(through another site if this one stays unavailable)",
-            )
+            raise _not_submitted(gid, submitted.error)
         if submitted.outcome is Outcome.REFUSED:
             try:
                 await self._record(
@@ -450,11 +590,11 @@ class Lifecycle:
             )
         return submitted
 
-    async def _persist(
-        self, gid: int, operation_id: str, submitted: SubmitResult, week: str
-    ) -> Created:
+    async def _persist(self, flight: _Flight, submitted: SubmitResult, week: str) -> Created:
         """Record an accepted POST; if that fails the task is UNKNOWN, never lost."""
+        gid, operation_id = flight.gid, _operation_of(flight)
         try:
+            self._refuse_if_closed()
             view = await self._write(
                 create.persist_and_view,
                 gid,
@@ -464,17 +604,22 @@ class Lifecycle:
                 week,
             )
         except Exception as e:
-            log.failure("persisting the submitted gid {gid} failed; marking it UNKNOWN", gid=gid)
-            await self._mark_unknown(
-                gid,
-                operation_id,
+            if isinstance(e, DatabaseError):
+                log.error(
+                    "persisting the submitted gid {gid} failed ({error}); marking it UNKNOWN",
+                    gid=gid,
+                    error=e,
+                )
+            else:
+                log.failure("persisting the submitted gid {gid} failed; UNKNOWN it is", gid=gid)
+            return await self._unknown(
+                flight,
                 "persist",
                 f"the upstream accepted the POST (cost {submitted.cost}, "
                 f"{submitted.archive_url}) but recording it failed: {type(e).__name__}: {e}",
                 submitted.archive_url,
                 submitted.cost,
             )
-            return await self._answer(gid)
         return self._created(gid, view)
 
     async def _release_unsent(self, gid: int, operation_id: str) -> None:
@@ -499,43 +644,93 @@ class Lifecycle:
         except (Unrecorded, DatabaseFailed):
             pass  # logged; retried in the background until it lands
 
-    async def _mark_unknown(
+    async def _unknown(
         self,
-        gid: int,
-        operation_id: str,
+        flight: _Flight,
         step: str,
         error: str,
         archive_url: str | None = None,
         cost: int | None = None,
-    ) -> None:
-        """Record ``UNKNOWN`` (with what the POST answered, when it did).
-        Never a resend: the write is retried, the upstream never called."""
+    ) -> Created:
+        """Record ``UNKNOWN`` (with what the POST answered, when it did) and
+        answer ``202`` with the task.  Never a resend: the write is retried,
+        the upstream never called.  Should it not be recorded (or read back)
+        now, the answer is still ``202`` with the task as ``UNKNOWN``, as it
+        will be once settled: by the background retry, a reap or the
+        recovery at the next start (the module doc)."""
+        gid = flight.gid
+        settled_by = "its recovery at the next start"
         try:
             await self._record(
                 f"UNKNOWN of gid {gid}",
                 create.mark_unknown,
                 gid,
-                operation_id,
+                _operation_of(flight),
                 step,
                 error,
                 archive_url,
                 cost,
             )
-        except Unrecorded as e:
-            raise TaskError(
-                "internal",
-                f"the outcome for gid {gid} is unknown (the upstream may have charged it) and "
-                "the database is busy: it is being recorded and will show as SUBMIT_UNKNOWN "
-                "(提交未知) for reconciliation; do not create it again",
-            ) from e
-        except Exception as e:
+        except (Unrecorded, LeaseLost, DatabaseFailed) as e:
+            settled_by = (
+                "a reap or the recovery on the database"
+                if isinstance(e, LeaseLost)
+                else "the background retry of its UNKNOWN"
+            )
+        except CancelledError:
+            raise
+        except Exception:
             log.failure("could not record gid {gid} as UNKNOWN", gid=gid)
-            raise TaskError(
-                "internal",
-                f"the outcome for gid {gid} is unknown (the upstream may have charged it) and "
-                f"could not be recorded ({type(e).__name__}: {e}); the site's recovery at its "
-                "next start records it as SUBMIT_UNKNOWN (提交未知); do not create it again",
-            ) from e
+        else:
+            try:
+                return await self._answer(gid)
+            except DatabaseError as e:
+                log.warn("gid {gid} is UNKNOWN; reading it back failed: {e}", gid=gid, e=e)
+                return Created(202, self._unrecorded_view(flight))
+        log.warn(
+            "gid {gid}: its outcome is unknown (the upstream may have charged it) and not "
+            "recorded yet: answered 202 SUBMIT_UNKNOWN (提交未知); {settled_by} records it",
+            gid=gid,
+            settled_by=settled_by,
+        )
+        return Created(202, self._unrecorded_view(flight))
+
+    def _unrecorded_view(self, flight: _Flight) -> dict[str, Any]:
+        """The task object (``views.task_view``'s fields) of a create whose
+        outcome is unknown and not recorded (or not readable) yet, from what
+        its chain knows: ``UNKNOWN``, as every way of settling it leaves it
+        (or ``SUBMITTED``, should its persist land after all); what only the
+        database knows (times, owner) is ``null``."""
+        prepared = flight.prepared
+        size = prepared.size if prepared is not None else None
+        status = TaskStatus.SUBMIT_UNKNOWN
+        return {
+            "gid": flight.gid,
+            "name": flight.name or (prepared.title if prepared is not None else ""),
+            "state": OperationState.UNKNOWN.value,
+            "status": status.value,
+            "statusText": status.zh,
+            "progress": 0.0,
+            "operationId": flight.operation_id,
+            "deleteOperationId": None,
+            "node": None,
+            "cost": prepared.cost if prepared is not None else None,
+            "createdAt": None,
+            "updatedAt": None,
+            "owner": None,
+            "size": size,
+            "bytesDone": None if size is None else 0,
+            "speed": None,
+            "eta": None,
+            "completedAt": None,
+            "archiveSize": None,
+            "archiveSha256": None,
+            "archiveGone": None,
+            "queued": False,
+            "detail": None,
+            "nodeConnected": None,
+            "stalledSince": None,
+        }
 
     async def _answer(self, gid: int) -> Created:
         return self._created(gid, await self.db.read(views.task_view, gid))
@@ -763,6 +958,20 @@ def _archive_url_evidence(evidence: dict[str, Any]) -> None:
         evidence["archiveUrl"] = None
         evidence["archiveUrlSource"] = None
         evidence["warning"] = NO_ARCHIVE_URL
+
+
+def _operation_of(flight: _Flight) -> str:
+    assert flight.operation_id is not None, "reserved before anything is sent"
+    return flight.operation_id
+
+
+def _not_submitted(gid: int, why: str) -> TaskError:
+    """``503 unavailable``: nothing reached the upstream; the create may be tried again."""
+    return TaskError(
+        "unavailable",
+        f"nothing was submitted for gid {gid}: {why}; try again "
+        "(through another site if this one stays unavailable)",
+    )
 
 
 def _prepare_error(gid: int, outcome: PrepareOutcome, error: str) -> TaskError:

@@ -550,8 +550,11 @@ class SiteService(service.MultiService):
 
     def _fenced(self, reason: str) -> None:
         """The lease is lost: the lifecycle already refuses to write; stop
-        the site and, under twistd, exit 1."""
+        the site and, under twistd, exit 1.  Every create under way is
+        answered first (a create that waits on a database in failover
+        would otherwise wait for the exit)."""
         log.critical("tasknet-site lost its lease ({reason}): stopping", reason=reason)
+        self.parts.lifecycle.answer_in_flight(f"this site lost its lease ({reason})")
         if self.exit_on_failure:
             exit_after_stop(IReactorCore(self._reactor), 1)  # twistd stops the site on the way out
         else:

@@ -113,7 +113,7 @@ async def test_outcome_writes_retry_for_the_window_then_settle_in_the_background
                 expected = doubling(0.1, 2.0, 30.0)
                 assert waits == expected + expected
                 assert round(clock.seconds(), 6) == round(2 * sum(expected), 6)
-                assert refused.value.code == "internal"
+                assert refused.value.code == "unavailable"
                 assert "nothing was submitted" in refused.value.message
                 # The release goes on in the background, every settle_interval.
                 assert lifecycle.settling == 1

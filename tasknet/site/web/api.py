@@ -372,6 +372,11 @@ class SiteApi:
         return Deferred.fromCoroutine(run())
 
     async def _create_task(self, request: Request) -> Reply:
+        closed = self.lifecycle.closed
+        if closed is not None:
+            # Fenced or stopping: answered now, before any read (its
+            # database may be gone); nothing is sent for a create from here on.
+            raise ApiError("unavailable", f"nothing was submitted: {closed}; try again")
         user = await self._user(request)
         # Per-user rate limit (tasknet.site.ratelimit) before anything is
         # read or written: a refused create leaves no trace.
