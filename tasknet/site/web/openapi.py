@@ -1004,7 +1004,12 @@ def _task_operations() -> dict[str, Schema]:
                 "202": _with_links(
                     _json_response(
                         "The upstream may or may not have acted: the task is `UNKNOWN` "
-                        "(`SUBMIT_UNKNOWN`), for an admin to reconcile; do not create it again.",
+                        "(`SUBMIT_UNKNOWN`), for an admin to reconcile; do not create it again. "
+                        "Also when the POST may have gone out and the site could not record "
+                        "the outcome (its database failed or went away, its lease was lost in "
+                        "a failover): the task is then the one it will be once settled (by the "
+                        "site's retry, a reap or the recovery on the surviving database), "
+                        "with `createdAt`, `updatedAt` and `owner` `null`.",
                         task_answer,
                     ),
                     {
@@ -1057,9 +1062,11 @@ def _task_operations() -> dict[str, Schema]:
                 500,
                 _error(
                     500,
-                    "The outcome is unknown (the upstream may have charged it) and could not "
-                    "be recorded yet, or the database refused the submission before the POST: "
-                    "the message says which; do not create it again.",
+                    "A failure the site did not expect (logged), such as its database "
+                    "refusing the reservation. Never for an outcome the site could not "
+                    "record (that is `202`), nor for a create that sent nothing because the "
+                    "database is busy or gone or the site is fenced or stopping (that is "
+                    "`503` with `Retry-After`: try again, here or through another site).",
                     "internal",
                 ),
             ),
