@@ -206,6 +206,7 @@ _SUBMITTED = OperationState.SUBMITTED.value
 _DELETED = OperationState.DELETED.value
 _DELETE_PENDING = OperationState.DELETE_PENDING.value
 _COMPLETED = int(NodeCode.COMPLETED)
+_DOWNLOADING = int(NodeCode.DOWNLOADING)
 
 NodeReport = TaskReport | StatusReport | DeleteResult
 
@@ -683,12 +684,28 @@ def apply_task_report(
     return _apply_task_reports(cursor, [(node_id, report)], [first_after_login])[0]
 
 
+def _legacy_queued(entry: TaskEntry, row: sqlite3.Row | None) -> TaskEntry:
+    """A legacy entry as the site can tell it (issue 36, item 1): a legacy
+    node cannot say "queued", so an entry at status 1 whose progress has
+    never left 0 (in this report and in the row) is held, not started --
+    shown QUEUED, not as a download that stalled; it is downloading from
+    the first report that moves it."""
+    if (
+        entry.status == _DOWNLOADING
+        and entry.progress == 0.0
+        and (row is None or not row[_PROGRESS])
+    ):
+        return entry._replace(queued=True)
+    return entry
+
+
 def _apply_status_report(
     cursor: sqlite3.Cursor, node_id: str, report: StatusReport
 ) -> ReportOutcome:
     outcome = ReportOutcome(LEGACY)
     entries = {e.gid: e for e in report.gallery_tasks}
     rows = _task_rows(cursor, entries)
+    entries = {gid: _legacy_queued(entry, rows.get(gid)) for gid, entry in entries.items()}
     for gid in entries:
         row = rows.get(gid)
         if row is None:
