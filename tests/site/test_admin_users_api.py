@@ -52,6 +52,8 @@ async def test_an_admin_manages_users_through_the_api(db_target):
         # Quota.
         answer = await _admin(port, root, "PUT", "/api/admin/users/bob/quota", {"quota": 120})
         assert (answer.status, _body(answer)["user"]["quota"]) == (200, 120)
+        answer = await _admin(port, root, "PUT", "/api/admin/users/bob/quota", {"quota": 130.0})
+        assert (answer.status, _body(answer)["user"]["quota"]) == (200, 130)
 
         # Sessions: counted, then ended.
         await _signed_in(port, bob["token"])
@@ -77,7 +79,10 @@ async def test_an_admin_manages_users_through_the_api(db_target):
         assert _body(again)["changed"] is False
         # An admin cannot lock themselves out.
         answer = await _admin(port, root, "POST", "/api/admin/users/root/disable")
-        assert answer.status == 400
+        assert answer.status == 409
+        answer = await _admin(port, root, "POST", "/api/admin/users/root/token")
+        assert answer.status == 409
+        assert "tasknet-admin user token root" in _body(answer)["error"]["message"]
 
         # Enable, then rotate: the old token stops.
         answer = await _admin(port, root, "POST", "/api/admin/users/bob/enable")
@@ -104,6 +109,7 @@ async def test_bad_user_requests_are_clear_and_change_nothing(db_target):
             ("POST", "/api/admin/users", {"name": "c", "admin": "yes"}, 400, "'admin'"),
             ("PUT", "/api/admin/users/alice/quota", {}, 400, "'quota' is required"),
             ("PUT", "/api/admin/users/alice/quota", {"quota": 10**12}, 400, "1,000,000,000"),
+            ("PUT", "/api/admin/users/alice/quota", {"quota": 1.5}, 400, "whole number"),
             ("PUT", "/api/admin/users/nobody/quota", {"quota": 1}, 404, "no user"),
             ("POST", "/api/admin/users/nobody/disable", None, 404, "no user"),
             ("POST", "/api/admin/users/nobody/enable", None, 404, "no user"),

@@ -56,6 +56,8 @@ def quota_field(document: dict[str, Any], *, required: bool) -> int | None:
             raise ApiError("invalid_request", "'quota' is required")
         return None
     quota = document["quota"]
+    if isinstance(quota, float) and quota.is_integer():
+        quota = int(quota)  # 450.0 is 450 in JSON
     if isinstance(quota, bool) or not isinstance(quota, int) or not 0 <= quota <= MAX_QUOTA:
         raise ApiError("invalid_request", f"'quota' must be a whole number from 0 to {MAX_QUOTA:,}")
     return quota

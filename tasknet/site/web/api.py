@@ -799,7 +799,7 @@ class SiteApi:
         require_admin(actor)
         admin_users.user_name(name)
         if name == actor.name:
-            raise ApiError("invalid_request", "you cannot disable your own account")
+            raise ApiError("conflict", "you cannot disable your own account")
         user, ended = await admin_users.guarded(lambda: self.db.write(users.disable_user, name))
         log.info("admin {actor} disabled user {name}", actor=actor.name, name=name)
         return 200, {
@@ -825,6 +825,12 @@ class SiteApi:
         actor = await self._user(request)
         require_admin(actor)
         admin_users.user_name(name)
+        if name == actor.name:
+            # It would end the very session asking (and lock out a script's token).
+            raise ApiError(
+                "conflict",
+                f"you cannot replace your own token here: tasknet-admin user token {name}",
+            )
         token = await admin_users.guarded(lambda: self.db.write(users.rotate_token, name))
         log.info("admin {actor} rotated the token of {name}", actor=actor.name, name=name)
         return 200, {"name": name, "token": token}

@@ -1756,7 +1756,12 @@ def _user_operations() -> dict[str, Schema]:
     token = _string("The new API token: shown this once (only its hash is kept).")
 
     def acting(
-        operation_id: str, summary: str, description: str, answer: Schema, **extra: Any
+        operation_id: str,
+        summary: str,
+        description: str,
+        answer: Schema,
+        *refusals: tuple[int, Schema],
+        **extra: Any,
     ) -> Schema:
         return _operation(
             operation_id,
@@ -1768,6 +1773,7 @@ def _user_operations() -> dict[str, Schema]:
                 (401, _common("Unauthorized")),
                 (403, admin_forbidden),
                 no_user,
+                *refusals,
             ),
             tag="admin",
             parameters=[name],
@@ -1832,7 +1838,7 @@ def _user_operations() -> dict[str, Schema]:
             "Disable a user",
             "Its token and browser sessions stop working at once (its sessions end); its "
             "tasks stay and go on. A sign-in with its token is told `account_disabled`. An "
-            "admin cannot disable their own account.",
+            "admin cannot disable their own account (`409`).",
             _object(
                 {
                     "user": user,
@@ -1840,6 +1846,7 @@ def _user_operations() -> dict[str, Schema]:
                     "sessionsEnded": _integer(minimum=0),
                 }
             ),
+            (409, _error(409, "The caller's own account.", "conflict")),
         ),
         "enable": acting(
             "enableUser",
@@ -1850,8 +1857,10 @@ def _user_operations() -> dict[str, Schema]:
         "token": acting(
             "rotateUserToken",
             "Give a user a new API token",
-            "The old token and every browser session of the user stop working.",
+            "The old token and every browser session of the user stop working. An admin's "
+            "own token is replaced with `tasknet-admin user token` (`409` here).",
             _object({"name": _string(), "token": token}),
+            (409, _error(409, "The caller's own token.", "conflict")),
         ),
         "sessions": acting(
             "endUserSessions",

@@ -84,6 +84,16 @@
       reassigned: "已从 {node} 转移 {n} 个任务（{sent} 个已发给其他节点，{waiting} 个等待节点）。",
       retired: "{node} 已退役：转移 {n} 个任务，{archives} 个归档标记为已失效。",
       nodeActionFailed: "操作失败：{message}",
+      heldTasks: "持有 {n} 个（离线，未在下载）",
+      drainNode: "排空", pauseNode: "暂停派发", resumeNode: "恢复", nodeLimit: "下载上限", setLimit: "设置",
+      noLimit: "不限", limitShown: "上限 {n}", modeDraining: "排空中，还剩 {n} 个", modeDrained: "已排空",
+      modePaused: "已暂停派发",
+      drainTitle: "排空 {node}？", drainText: "不再给 {node} 派发新任务；它已有的任务会继续完成，完成后显示“已排空”。",
+      pauseTitle: "暂停向 {node} 派发？", pauseText: "在恢复之前不再给 {node} 派发新任务；它已经在下载的任务不会停下（节点协议没有暂停命令）。",
+      resumeTitle: "恢复 {node}？", resumeText: "{node} 重新接收新任务，等待中的任务会立即派发给它。",
+      limitTitle: "把 {node} 的下载上限设为 {limit}？", limitText: "站点同一时间最多给 {node} 派发这么多个未完成的任务（协议里没有限速消息，新旧节点都只是少派发）；它已有的任务不受影响。",
+      limitInvalid: "上限是 1 到 100,000 的整数，留空表示不限。",
+      nodeControlled: "{node}：{what}。",
       diskFromInventory: "上次清点（{at}）的数字", diskFromNode: "节点 {at} 报告的数字", diskBudget: "磁盘预算 {budget}", diskNoBudget: "无磁盘预算",
       connected: "已连接", disconnected: "已断开", connectedAgo: "连接于 {ago}", lastSeen: "最后在线 {ago}",
       none: "无", never: "从未",
@@ -290,6 +300,16 @@
       reassigned: "{n} task(s) moved off {node} ({sent} sent to other nodes, {waiting} waiting for a node).",
       retired: "{node} retired: {n} task(s) moved, {archives} archive(s) marked gone.",
       nodeActionFailed: "The action failed: {message}",
+      heldTasks: "{n} held (offline, not downloading)",
+      drainNode: "Drain", pauseNode: "Pause", resumeNode: "Resume", nodeLimit: "Download limit", setLimit: "Set",
+      noLimit: "no limit", limitShown: "limit {n}", modeDraining: "draining, {n} left", modeDrained: "drained",
+      modePaused: "paused",
+      drainTitle: "Drain {node}?", drainText: "{node} gets no new task; what it holds finishes, and then it shows as drained.",
+      pauseTitle: "Pause dispatch to {node}?", pauseText: "{node} gets no new task until it is resumed; downloads it already runs go on (the node protocol has no pause command).",
+      resumeTitle: "Resume {node}?", resumeText: "{node} takes new tasks again; waiting tasks go to it at once.",
+      limitTitle: "Set the download limit of {node} to {limit}?", limitText: "The site gives {node} at most this many unfinished tasks at a time (the protocol has no limit message, so new and legacy nodes alike are simply dispatched less); tasks it already holds stay.",
+      limitInvalid: "A limit is a whole number from 1 to 100,000; leave it empty for no limit.",
+      nodeControlled: "{node}: {what}.",
       diskFromInventory: "As its last inventory counted them ({at})", diskFromNode: "As the node said at {at}", diskBudget: "disk budget {budget}", diskNoBudget: "no disk budget",
       connected: "Connected", disconnected: "Disconnected", connectedAgo: "connected {ago}", lastSeen: "last seen {ago}",
       none: "none", never: "never",
@@ -3226,8 +3246,8 @@
   // The API's refusal in the reader's language.
   function userFailure(result, name) {
     var message = errorMessage(result);
-    if (errorCode(result) === "conflict") { return t("userExists", { name: name }); }
     if (/own account/.test(message)) { return t("userSelf"); }
+    if (errorCode(result) === "conflict" && /already exists/.test(message)) { return t("userExists", { name: name }); }
     return t("userActionFailed", { message: failureText("", result) });
   }
 
