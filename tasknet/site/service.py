@@ -461,7 +461,7 @@ class NodeSide:
     hub: EventHub
     listener: NodeListenerFactory
 
-    async def stop(self) -> None:
+    async def stop(self, *, fenced: bool = False) -> None:
         """Shut the node side down (call it after the node listener stopped
         accepting): stop dispatching, finish the reports in flight while
         their connections are still open (their ACKs go out, so no node
@@ -469,12 +469,16 @@ class NodeSide:
         connections, finish what arrived meanwhile, stop delivery and close
         the WebSocket clients.  The ownership's watch stops first, with the
         listener that no longer accepts.  Legacy reports waiting to be tried
-        again are given up (lost, as on the wire)."""
+        again are given up (lost, as on the wire).  A ``fenced`` site (its
+        lease lost) commits nothing more, so it waits for no ACK: it closes
+        the node connections at once and its nodes send their reports to
+        another site instead of again to this one."""
         if self.ownership.running:
             await self.ownership.stopService()
         await self.dispatcher.stopService()
         self.reports.stop_retrying()
-        await self.reports.idle()
+        if not fenced:
+            await self.reports.idle()
         await self.listener.close_all("site stopping")
         await self.reports.idle()
         await self.outbox.stopService()
@@ -694,9 +698,10 @@ class SiteService(service.MultiService):
         for port in (self.http_port, self.nodes_port):
             if port is not None:
                 await maybeDeferred(port.stopListening)
-        # Reports in flight are ACKed before the node connections close.
+        # Reports in flight are ACKed before the node connections close
+        # (unless fenced: none can commit).
         try:
-            await parts.node_side.stop()
+            await parts.node_side.stop(fenced=parts.instance.fenced.called)
         except Exception:
             log.failure("stopping the node side failed")
         await parts.housekeeping.stopService()

@@ -76,6 +76,7 @@ from tasknet.site.storage.engine.transactions import (
     is_conflict,
     isolation_of,
     reconnect_pause,
+    refuse_if_fenced,
     strictest,
     unavailable,
     write_once,
@@ -277,6 +278,11 @@ def _run_together(
     started = transactions.monotonic()
     committing = False
     try:
+        try:
+            refuse_if_fenced(transactions.fence)
+        except Exception:
+            _fail([w for unit in units for w in unit], classified_failure())
+            return []
         try:
             begin(
                 connection,

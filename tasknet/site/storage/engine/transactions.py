@@ -62,7 +62,10 @@ site instance's lease, :class:`IWriteFence`) asks it, before every
 it check, inside the transaction, that the instance is still open (on
 PostgreSQL a ``FOR SHARE`` read of its ``site_instance`` row, which a
 reaper's update must wait for).  So nothing a fenced site writes commits
-after its reap.
+after its reap.  A refusal before the ``BEGIN`` is never taken for a dead
+connection (:func:`refuse_if_fenced`), even when the connection is broken
+too (its primary died with the lease): a fenced site's writes fail at once
+with ``LeaseLost``, never rerun, so its queue drains and it can exit.
 
 Isolation (PostgreSQL), decided by measurement (issue 13, BENCH.md B7).
 With every write ``SERIALIZABLE``, two sites applying reports for
@@ -210,13 +213,21 @@ def strictest(levels: Iterable[str]) -> str:
     return max(levels, key=_STRICTNESS.__getitem__, default=SERIALIZABLE)
 
 
+def refuse_if_fenced(fence: IWriteFence | None) -> None:
+    """The fence's check before a write transaction (the module doc): call
+    it before :func:`begin`, outside what is classified as a dead
+    connection.  Its refusal (a lost or stale lease) is its answer even when
+    the connection is broken too: a fenced site never reruns a write on a
+    fresh connection (nor reopens one)."""
+    if fence is not None:
+        fence.before_transaction()
+
+
 def begin(
     connection: Connection, cursor: Cursor, isolation: str, fence: IWriteFence | None
 ) -> None:
-    """The ``BEGIN`` of a write at ``isolation``, behind the fence's checks
-    (the module doc)."""
-    if fence is not None:
-        fence.before_transaction()
+    """The ``BEGIN`` of a write at ``isolation`` and the fence's check
+    inside it (the module doc; :func:`refuse_if_fenced` comes first)."""
     fault_point(connection, "begin")
     cursor.execute(BEGIN_WRITE[isolation])
     if fence is not None:
@@ -381,6 +392,7 @@ def write_once(
     as it was raised.  ``functions``: the storage functions ``fn`` runs, as
     its fault points name them (default: ``fn``'s own name)."""
     functions = functions or (_name(fn),)
+    refuse_if_fenced(fence)
     cursor = connection.cursor()
     committing = False
     try:
