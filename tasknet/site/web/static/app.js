@@ -87,7 +87,7 @@
       heldTasks: "持有 {n} 个（离线，未在下载）",
       drainNode: "排空", pauseNode: "暂停派发", resumeNode: "恢复", nodeLimit: "下载上限", setLimit: "设置",
       noLimit: "不限", limitShown: "上限 {n}", modeDraining: "排空中，还剩 {n} 个", modeDrained: "已排空",
-      modePaused: "已暂停派发",
+      modePaused: "已暂停派发", modeActive: "接收新任务", modeDrainingShort: "排空中",
       drainTitle: "排空 {node}？", drainText: "不再给 {node} 派发新任务；它已有的任务会继续完成，完成后显示“已排空”。",
       pauseTitle: "暂停向 {node} 派发？", pauseText: "在恢复之前不再给 {node} 派发新任务；它已经在下载的任务不会停下（节点协议没有暂停命令）。",
       resumeTitle: "恢复 {node}？", resumeText: "{node} 重新接收新任务，等待中的任务会立即派发给它。",
@@ -303,7 +303,7 @@
       heldTasks: "{n} held (offline, not downloading)",
       drainNode: "Drain", pauseNode: "Pause", resumeNode: "Resume", nodeLimit: "Download limit", setLimit: "Set",
       noLimit: "no limit", limitShown: "limit {n}", modeDraining: "draining, {n} left", modeDrained: "drained",
-      modePaused: "paused",
+      modePaused: "paused", modeActive: "takes new tasks", modeDrainingShort: "draining",
       drainTitle: "Drain {node}?", drainText: "{node} gets no new task; what it holds finishes, and then it shows as drained.",
       pauseTitle: "Pause dispatch to {node}?", pauseText: "{node} gets no new task until it is resumed; downloads it already runs go on (the node protocol has no pause command).",
       resumeTitle: "Resume {node}?", resumeText: "{node} takes new tasks again; waiting tasks go to it at once.",
@@ -3139,12 +3139,16 @@
       var hasSplit = typeof node.runningTasks === "number" || typeof node.queuedTasks === "number";
       var tasksText = hasSplit ? t("runningQueued", { running: num(node.runningTasks), queued: num(node.queuedTasks) })
         : node.activeTasks === undefined || node.activeTasks === null ? "—" : num(node.activeTasks);
+      // An offline node runs nothing: what it holds, not "running" (issue 36, item 2).
+      if (!connected && typeof node.activeTasks === "number") { tasksText = t("heldTasks", { n: num(node.activeTasks) }); }
+      var controlText = nodeControlText(node);
       // One span for the dot and the words: on a phone the cell is a grid of
       // its label (::before) and one value.
       var stateCell = el("td", { "data-label": t("nodeState"), "data-role": "state" }, [
         el("span", {}, [
           el("span", { className: "dot", "aria-hidden": "true", text: "●" }),
-          document.createTextNode((connected ? t("connected") : t("disconnected")) + (protocol ? " · " + protocol : ""))
+          document.createTextNode((connected ? t("connected") : t("disconnected")) + (protocol ? " · " + protocol : "")),
+          controlText ? el("span", { className: "node-control", "data-role": "control", text: " · " + controlText }) : null
         ])
       ]);
       body.appendChild(el("tr", { "data-node": node.id, "data-connected": connected ? "true" : "false", className: connected ? "" : "disconnected" }, [
@@ -3152,12 +3156,12 @@
         stateCell,
         el("td", { "data-label": t("nodeSite"), "data-role": "site", text: node.site || "—" }),
         el("td", { "data-label": t("activeTasks"), "data-role": "active", "data-running": hasSplit ? String(node.runningTasks) : null, "data-queued": hasSplit ? String(node.queuedTasks) : null, text: tasksText }),
-        el("td", { "data-label": t("nodeSpeed"), "data-role": "speed", text: F.speed(node.bytesPerSecond, state.lang) }),
+        el("td", { "data-label": t("nodeSpeed"), "data-role": "speed", text: connected ? F.speed(node.bytesPerSecond, state.lang) : "—" }),
         agoCell(t("lastReport"), node.lastReportAt),
         el("td", { "data-label": t("droppedEntries"), "data-role": "dropped", text: droppedText(node.droppedEntries) }),
       ].concat(diskCells(node), [
         connected ? agoCell(t("connectedSince"), node.connectedAt, "connectedAgo") : agoCell(t("connectedSince"), node.lastSeenAt, "lastSeen"),
-        nodeActionsCell(node.id)
+        nodeActionsCell(node)
       ])));
     });
     $("nodes-table").hidden = nodes.length === 0;
@@ -3166,18 +3170,84 @@
 
   // An admin's custody actions on one node (DELIVERY.md "A node that is gone"),
   // each confirmed in a dialog that says what it does; audited with the note.
-  function nodeActionsCell(id) {
-    return el("td", { "data-label": t("nodeActions"), "data-role": "actions", className: "actions" }, [
-      el("button", { type: "button", "data-node-action": "reassign", "data-node": id, "aria-label": t("reassignNode") + " " + id, text: t("reassignNode") }),
-      el("button", { type: "button", className: "danger", "data-node-action": "retire", "data-node": id, "aria-label": t("retireNode") + " " + id, text: t("retireNode") })
-    ]);
+  // Drain, pause, resume and the download limit (issue 36, item 6) beside them.
+  function nodeActionsCell(node) {
+    var id = node.id;
+    var control = node.control || null;
+    var mode = control ? control.mode : "ACTIVE";
+    var limit = control && typeof control.downloadLimit === "number" ? control.downloadLimit : null;
+    function action(name, label, extra) {
+      return el("button", Object.assign({ type: "button", "data-node-action": name, "data-node": id, "aria-label": t(label) + " " + id, text: t(label) }, extra || {}));
+    }
+    var modeButtons = mode === "ACTIVE" ? [action("drain", "drainNode"), action("pause", "pauseNode")]
+      : [action("resume", "resumeNode", { className: "primary" })];
+    var limitInput = el("input", { type: "number", min: "1", max: "100000", step: "1", inputmode: "numeric", placeholder: t("noLimit"), value: limit === null ? "" : String(limit), "data-node-limit": id, "aria-label": t("nodeLimit") + " " + id });
+    return el("td", { "data-label": t("nodeActions"), "data-role": "actions", className: "actions" }, modeButtons.concat([
+      el("span", { className: "node-limit" }, [limitInput, action("limit", "setLimit", { "aria-label": t("nodeLimit") + " " + id + ": " + t("setLimit") })]),
+      action("reassign", "reassignNode"),
+      action("retire", "retireNode", { className: "danger" })
+    ]));
+  }
+
+  // What an operator set on the node, in words: "draining, 12 left", "paused", "limit 4".
+  function nodeControlText(node) {
+    var control = node.control || null;
+    if (!control) { return ""; }
+    var parts = [];
+    if (control.mode === "DRAINING") {
+      var left = Number(node.activeTasks) || 0;
+      parts.push(left > 0 ? t("modeDraining", { n: num(left) }) : t("modeDrained"));
+    } else if (control.mode === "PAUSED") {
+      parts.push(t("modePaused"));
+    }
+    if (typeof control.downloadLimit === "number") { parts.push(t("limitShown", { n: num(control.downloadLimit) })); }
+    return parts.join(" · ");
+  }
+
+  var NODE_MODES = { drain: "DRAINING", pause: "PAUSED", resume: "ACTIVE" };
+
+  function controlNode(button, id, name) {
+    var body;
+    var limitText = "";
+    if (name === "limit") {
+      var input = button.closest("td").querySelector("input[data-node-limit]");
+      var raw = input.value.trim();
+      var value = raw === "" ? null : Number(raw);
+      if (value !== null && !(Number.isInteger(value) && value >= 1 && value <= 100000)) {
+        notify(t("limitInvalid"), true);
+        input.focus();
+        return;
+      }
+      body = { downloadLimit: value };
+      limitText = value === null ? t("noLimit") : num(value);
+    } else {
+      body = { mode: NODE_MODES[name] };
+    }
+    confirmDialog({
+      title: t(name + "Title", { node: id, limit: limitText }),
+      text: t(name + "Text", { node: id }),
+      ok: t(name === "limit" ? "setLimit" : name + "Node"), note: true
+    }).then(function (answer) {
+      if (!answer) { return; }
+      body.note = answer.note;
+      api("POST", "/api/admin/nodes/" + encodeURIComponent(id) + "/control", body).then(function (result) {
+        if (!result.ok) { notify(t("nodeActionFailed", { message: failureText("", result) }), true); return; }
+        var done = result.data || {};
+        var words = [done.mode === "DRAINING" ? t("modeDrainingShort") : done.mode === "PAUSED" ? t("modePaused") : t("modeActive")];
+        words.push(typeof done.downloadLimit === "number" ? t("limitShown", { n: num(done.downloadLimit) }) : t("noLimit"));
+        notify(t("nodeControlled", { node: id, what: words.join(" · ") }));
+        loadNodes();
+      });
+    });
   }
 
   function onNodesClick(event) {
     var button = event.target.closest("button[data-node-action]");
     if (!button) { return; }
     var id = button.getAttribute("data-node");
-    var retire = button.getAttribute("data-node-action") === "retire";
+    var name = button.getAttribute("data-node-action");
+    if (name !== "reassign" && name !== "retire") { controlNode(button, id, name); return; }
+    var retire = name === "retire";
     confirmDialog({
       title: t(retire ? "retireTitle" : "reassignTitle", { node: id }),
       text: t(retire ? "retireText" : "reassignText", { node: id }),

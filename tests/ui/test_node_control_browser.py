@@ -1,0 +1,176 @@
+"""An admin drains, pauses and resumes a node and sets its download limit in
+the web UI (issue 36, item 6), in headless Chromium against real processes
+(the demo's upstream, site and two v2 nodes on a slow upstream, so a task
+stays downloading throughout).
+
+Drain: the node's row says "draining, 1 left" and the next task goes to
+the other node, while the node's own download goes on; Resume, then Pause
+("paused"); a limit of 1 on the other node ("limit 1"), a limit of 0
+refused with words and nothing changed; in Chinese the dialog asks in
+Chinese; on a phone the controls are on screen.  Page errors, console
+errors (other than the 401 before signing in) and CSP violations fail.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import closing
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tasknet.cli.demo import DEMO_TOKEN, SERVES_USERS, DemoStack, NodeSpec
+from tasknet.cli.jsonhttp import Reply, request
+from tasknet.site.storage.engine import database as dbmod
+from tests.eventually import eventually_blocking
+from tests.ui.conftest import CHROMIUM, CHROMIUM_ARGS, demo_running, gid_with_size, require_browser
+
+pytestmark = [pytest.mark.browser, pytest.mark.slow]
+
+WAIT_MS = 60_000
+_CSP_WATCH = """
+window.__csp = [];
+document.addEventListener('securitypolicyviolation', e => {
+  window.__csp.push(e.violatedDirective + ' ' + (e.blockedURI || ''));
+});
+"""
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DemoStack]:
+    require_browser()
+    nodes = (
+        NodeSpec("node-1", 2, "control-secret-1", SERVES_USERS),
+        NodeSpec("node-2", 2, "control-secret-2", SERVES_USERS),
+    )
+    # A slow upstream: a large archive stays downloading for the whole test.
+    root: Path = tmp_path_factory.mktemp("node-control")
+    demo = DemoStack(root / "stack", bandwidth=5_000, nodes=nodes, ready_timeout=90.0)
+    with demo_running(demo):
+        yield demo
+
+
+def api(stack: DemoStack, method: str, path: str, body: Any = None) -> Reply:
+    return request(method, f"{stack.url}{path.lstrip('/')}", body, token=DEMO_TOKEN)
+
+
+def task(stack: DemoStack, gid: int) -> dict[str, Any]:
+    reply = api(stack, "GET", f"/api/tasks/{gid}")
+    assert reply.status == 200, reply.brief()
+    found: dict[str, Any] = reply.body["task"]
+    return found
+
+
+def create(stack: DemoStack, gid: int) -> dict[str, Any]:
+    created = api(stack, "POST", "/api/tasks", {"gid": gid, "token": "upstream-token"})
+    assert created.status == 201, created.brief()
+    eventually_blocking(lambda: task(stack, gid).get("node") is not None, timeout=60.0)
+    return task(stack, gid)
+
+
+def controls(stack: DemoStack) -> list[tuple[str, str, int | None, str]]:
+    with closing(dbmod.connect(str(stack.sqlite_path))) as connection:
+        return [
+            (r[0], r[1], r[2], r[3])
+            for r in connection.execute(
+                "SELECT node_id, mode, download_limit, note FROM node_control ORDER BY node_id"
+            ).fetchall()
+        ]
+
+
+def test_an_admin_drains_pauses_resumes_and_limits_a_node(stack: DemoStack) -> None:
+    sync_api = require_browser()
+    expect = sync_api.expect
+    first = create(stack, gid_with_size(600_000, 2_000_000, 5_200_001))
+    holder = first["node"]
+    other = "node-2" if holder == "node-1" else "node-1"
+
+    console_errors: list[str] = []
+    page_errors: list[str] = []
+    with sync_api.sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            context = browser.new_context(locale="en-US", viewport={"width": 1280, "height": 800})
+            context.add_init_script(_CSP_WATCH)
+            page = context.new_page()
+            page.on(
+                "console", lambda m: console_errors.append(m.text) if m.type == "error" else None
+            )
+            page.on("pageerror", lambda e: page_errors.append(str(e)))
+            page.goto(stack.url)
+            page.fill("#token-input", DEMO_TOKEN)
+            page.press("#token-input", "Enter")
+            expect(page.locator("#live")).to_have_attribute("data-state", "online", timeout=WAIT_MS)
+            if page.locator("html").get_attribute("lang") != "en":
+                page.click("#lang-toggle")
+            page.click("#nav-admin")
+            row = page.locator(f'#nodes-body tr[data-node="{holder}"]')
+            expect(row).to_be_visible(timeout=WAIT_MS)
+            dialog = page.locator("#confirm-dialog")
+
+            def act(node: str, action: str, note: str = "") -> None:
+                target = page.locator(f'#nodes-body tr[data-node="{node}"]')
+                target.locator(f'button[data-node-action="{action}"]').click()
+                expect(dialog).to_be_visible(timeout=WAIT_MS)
+                if note:
+                    page.fill("#confirm-note", note)
+                page.click("#confirm-ok")
+                expect(dialog).to_be_hidden()
+
+            # Drain: the row says so, the next task goes to the other node,
+            # and the drained node's own download goes on.
+            act(holder, "drain", "swapping its disk")
+            expect(page.locator("#notice")).to_have_text(
+                f"{holder}: draining · no limit.", timeout=WAIT_MS
+            )
+            state = row.locator('[data-role="control"]')
+            expect(state).to_have_text(" · draining, 1 left", timeout=WAIT_MS)
+            assert controls(stack) == [(holder, "DRAINING", None, "swapping its disk")]
+            second = create(stack, gid_with_size(600_000, 2_000_000, 5_300_001))
+            assert second["node"] == other
+            assert row.locator('button[data-node-action="drain"]').count() == 0
+
+            # Resume, then Pause: "paused"; the first download still runs there.
+            act(holder, "resume")
+            expect(state).to_have_count(0, timeout=WAIT_MS)
+            act(holder, "pause")
+            expect(state).to_have_text(" · paused", timeout=WAIT_MS)
+            now = task(stack, first["gid"])
+            assert (now["node"], now["status"]) == (holder, "DOWNLOADING")
+
+            # A limit on the other node; 0 is refused with words, nothing changed.
+            other_row = page.locator(f'#nodes-body tr[data-node="{other}"]')
+            other_row.locator("input[data-node-limit]").fill("0")
+            other_row.locator('button[data-node-action="limit"]').click()
+            expect(page.locator("#notice")).to_have_text(
+                "A limit is a whole number from 1 to 100,000; leave it empty for no limit.",
+                timeout=WAIT_MS,
+            )
+            expect(dialog).to_be_hidden()
+            other_row.locator("input[data-node-limit]").fill("1")
+            act(other, "limit")
+            expect(other_row.locator('[data-role="control"]')).to_have_text(
+                " · limit 1", timeout=WAIT_MS
+            )
+            assert controls(stack) == [(holder, "PAUSED", None, ""), (other, "ACTIVE", 1, "")]
+
+            # In Chinese, on a phone: the words and the controls are there.
+            page.click("#lang-toggle")
+            expect(page.locator("html")).to_have_attribute("lang", "zh-CN")
+            page.set_viewport_size({"width": 360, "height": 740})
+            expect(row.locator('[data-role="control"]')).to_have_text(" · 已暂停派发")
+            resume = row.locator('button[data-node-action="resume"]')
+            resume.scroll_into_view_if_needed()
+            expect(resume).to_be_visible()
+            resume.click()
+            expect(page.locator("#confirm-title")).to_have_text(f"恢复 {holder}？")
+            page.click("#confirm-ok")
+            expect(row.locator('[data-role="control"]')).to_have_count(0, timeout=WAIT_MS)
+            assert controls(stack) == [(other, "ACTIVE", 1, "")]
+            csp = page.evaluate("window.__csp")
+        finally:
+            browser.close()
+    assert page_errors == []
+    assert csp == []
+    assert [e for e in console_errors if "status of 401" not in e] == []
