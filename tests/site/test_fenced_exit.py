@@ -20,13 +20,16 @@ from typing import Any
 import pytest_twisted
 from twisted.internet import reactor
 from twisted.internet.defer import Deferred, DeferredList
-from twisted.internet.task import Clock
+from twisted.internet.endpoints import TCP4ClientEndpoint, connectProtocol
+from twisted.internet.task import Clock, LoopingCall
 
+from tasknet.protocol.messages import TaskReportAck
 from tasknet.site.instance_service import INTERVAL, InstanceService
 from tasknet.site.storage.engine.database import Database, Retry, connect, open_pool
 from tasknet.site.storage.engine.errors import DatabaseUnavailable
 from tasknet.site.storage.instances import LeaseLost
 from tasknet.site.storage.lease import PostgresLease, application_name, take_lease
+from tasknet.upstream.testing import start_upstream
 from tests.eventually import eventually
 from tests.runtime import lease_runtime, site_runtime
 
@@ -137,3 +140,60 @@ async def test_a_fenced_sites_writes_on_a_dead_connection_fail_at_once_with_leas
         lease.release()
     names = {row[0] for row in _sql(pg_url, "SELECT name FROM site_setting")}
     assert "before" in names and not any(n.startswith(("plain", "item", "retried")) for n in names)
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_site_fenced_while_a_node_keeps_resending_stops_at_once_without_acks(
+    pg_url: str,
+) -> None:
+    """The whole site: a node keeps (re)sending reports while the database
+    is gone and the site's own lease check fences it.  The site closes the
+    node's connection without waiting for ACKs that cannot come, and stops."""
+    from tests.site.helpers import running_site, site_options
+    from tests.site_protocol.harness import ScriptedNode, secret_of
+
+    upstream = await start_upstream()
+    try:
+        options = site_options(pg_url, upstream.base_url, "--node-key", f"n1:{secret_of('n1')}")
+        async with running_site(options) as site:
+            service = site.service
+            node = ScriptedNode("n1")
+            port = service.nodes_port.getHost().port
+            await connectProtocol(TCP4ClientEndpoint(reactor, "127.0.0.1", port), node)
+            assert await node.logged_in
+            fenced: list[str] = []
+            site.site.instance.fenced.addCallback(fenced.append)
+            lease = site.site.instance.lease
+            assert isinstance(lease, PostgresLease)
+            # A SUBMITTING-like write retried "while busy" for ever.
+            retried = site.site.db.write_retrying(
+                Retry("SUBMITTING", math.inf, lambda _: 0.1), _note, "retried"
+            )
+            retried.addErrback(lambda _: None)
+            reports = 0
+
+            def resend() -> None:
+                nonlocal reports
+                reports += 1
+                node.report(f"r{reports}", reports, [(91, 1, 0.5)])
+
+            sending = LoopingCall(resend)
+            sending.start(0.05)
+            try:
+                async with _unreachable(
+                    pg_url, application_name(lease.instance_id, "writer"), lease.lease_pid
+                ):
+                    # The site's own lease check (every few seconds) fences it.
+                    await eventually(lambda: bool(fenced), timeout=15.0)
+                    started = time.monotonic()
+                    await node.lost.addTimeout(10, reactor)
+                    await service.stopService().addTimeout(10, reactor)
+                    took = time.monotonic() - started
+            finally:
+                if sending.running:
+                    sending.stop()
+            assert took < PROMPTLY
+            assert not node.pending(TaskReportAck)
+            assert retried.called
+    finally:
+        await upstream.stop()
