@@ -97,6 +97,7 @@ _KNOWN_SQL = sql(
     " OR EXISTS (SELECT 1 FROM node_session WHERE node_id = ?1)"
     " OR EXISTS (SELECT 1 FROM node_seen WHERE node_id = ?1)"
     " OR EXISTS (SELECT 1 FROM gallery WHERE node_id = ?1)"
+    " OR EXISTS (SELECT 1 FROM node_custody_audit WHERE node_id = ?1)"
     " OR EXISTS (SELECT 1 FROM node_control WHERE node_id = ?1)"
 )
 _FORGET_SQL = sql("DELETE FROM node_control WHERE node_id = ?")
