@@ -63,16 +63,18 @@ async def test_details_of_a_task_that_went_unknown_and_was_reconciled(db_target)
         unknown_at = kinds.index(("status", "SUBMIT_UNKNOWN"))
         verdict_at = kinds.index(("verdict", "submitted"))
         assert unknown_at < verdict_at, kinds
-        # After the verdict the task is submitted again: a later status entry.
-        assert any(
-            kind == "status" and status != "SUBMIT_UNKNOWN" for kind, status in kinds[verdict_at:]
+        assert history[0]["kind"] == "created" and history[0]["cost"] == operation["cost"]
+        assert history[0]["at"] == operation["createdAt"]
+        assert history[unknown_at]["at"] <= operation["unknownAt"] or any(
+            entry.get("source") == "outbox" for entry in history
         )
         verdict = history[verdict_at]
         assert (
             verdict["actor"] == "demo" and verdict["note"] == "the upstream's audit counts one POST"
         )
         assert [entry["at"] for entry in history] == sorted(entry["at"] for entry in history)
-        assert details["historyFrom"] == history[0]["at"]
+        outbox = [entry["at"] for entry in history if entry.get("source") == "outbox"]
+        assert details["historyFrom"] == (outbox[0] if outbox else None)
         assert details["historyTruncated"] is False
         assert isinstance(details["evidence"], dict) and details["evidence"]
 

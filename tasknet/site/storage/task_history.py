@@ -5,16 +5,20 @@ transaction: the task view, its operation row (ids, cost and metering, the
 step reached and why it became ``UNKNOWN``), the upstream's evidence the last
 verdict was taken on, and its history, oldest first, merged from
 
-* the notification outbox (each row is the task's view at a change: a new
-  entry whenever its status, node or detail changed; consecutive rows
-  saying the same are one entry, at the first one's time),
+* the task's own rows (created, when and why it became ``UNKNOWN``,
+  completed, archive gone, a delete asked: they stay as long as the task),
+* the notification outbox while it keeps the rows (each row is the task's
+  view at a change: a new entry whenever its status, node or detail changed;
+  consecutive rows saying the same are one entry, at the first one's time;
+  a site without ``--webhook`` deletes its rows once pushed, so there the
+  finer steps are seen only while the push is pending),
 * the reconciliation audit (each verdict: who, when, the note) and
 * the force-delete audit (who, when, the note).
 
 Only rows of the current generation (its ``operationId``) are read: a gid
 deleted and created again by someone else never shows the earlier owner's
-history.  Finished outbox rows are pruned after the outbox retention, so the
-history of an old task starts at ``historyFrom`` (said, not hidden).
+history.  Finished outbox rows are pruned after the outbox retention;
+``historyFrom`` is the first outbox entry kept.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from typing import Any
 
 from tasknet.site.storage.engine.sql import sql
 from tasknet.site.storage.views import visible_task
+from tasknet.status import OperationState, TaskStatus
 
 #: At most this many outbox rows of one task are read (newest first): a
 #: task reported on for days must not make its details page slow.
@@ -86,14 +91,40 @@ def _state_entries(
     return entries, len(rows) >= MAX_OUTBOX_ROWS
 
 
+def _add_recorded(history: list[dict[str, Any]], op: sqlite3.Row, view: dict[str, Any]) -> None:
+    """The milestones the task's own rows keep (the outbox is emptied once
+    its rows are pushed on a site without a webhook): created, unknown
+    (when and why), completed, archive gone, a delete asked; each only when
+    no outbox entry already says that status."""
+    said = {entry["status"] for entry in history}
+    history.insert(
+        0, {"at": op["created_at"], "kind": "created", "cost": op["cost"], "source": "record"}
+    )
+
+    def add(at: Any, status: TaskStatus, **more: Any) -> None:
+        if at and status.value not in said:
+            history.append(
+                {"at": at, "kind": "status", "status": status.value, "source": "record", **more}
+            )
+
+    add(op["unknown_at"], TaskStatus.SUBMIT_UNKNOWN, state=OperationState.UNKNOWN.value)
+    add(view.get("completedAt"), TaskStatus.COMPLETED, node=view.get("node"))
+    gone = view.get("archiveGone")
+    if isinstance(gone, dict):
+        add(gone.get("at"), TaskStatus.ARCHIVE_GONE, node=gone.get("node"), archiveGone=gone)
+    if op["state"] == OperationState.DELETE_PENDING.value:
+        status = TaskStatus(view["status"]) if view.get("status") else TaskStatus.DELETE_PENDING
+        add(op["updated_at"], status, node=view.get("node"), detail=op["delete_reason"])
+
+
 def task_details(cursor: sqlite3.Cursor, gid: int, user_id: int | None) -> dict[str, Any]:
     """The details of ``gid`` if ``user_id`` may see it (None: an admin),
     else ``not_found`` (another user's task answers like a missing one).
 
     ``{"task": <view>, "operation": {...}, "evidence": {...} | None,
     "history": [...], "historyFrom": <time> | None, "historyTruncated": bool}``;
-    each history entry has ``at`` and ``kind`` (``status``, ``verdict`` or
-    ``forceDelete``), see docs/api.md."""
+    each history entry has ``at`` and ``kind`` (``created``, ``status``,
+    ``verdict`` or ``forceDelete``), see docs/api.md."""
     view = visible_task(cursor, gid, user_id)
     op = cursor.execute(_OPERATION_SQL, (gid,)).fetchone()
     if op is None:
@@ -109,6 +140,9 @@ def task_details(cursor: sqlite3.Cursor, gid: int, user_id: int | None) -> dict[
     operation_id = op["operation_id"]
     history, truncated = _state_entries(cursor, gid, operation_id)
     history_from = history[0]["at"] if history else None
+    for entry in history:
+        entry["source"] = "outbox"
+    _add_recorded(history, op, view)
     evidence = None
     for row in cursor.execute(_VERDICTS_SQL, (gid, operation_id)).fetchall():
         evidence = _json(row["evidence"])

@@ -931,14 +931,16 @@ def _task_details_schema() -> Schema:
         {
             "at": _string("When (UTC, ISO 8601)."),
             "kind": _string(
-                "`status`: the task's view changed (from the notification outbox); "
-                "`verdict`: an admin reconciled it; `forceDelete`: an admin force-deleted it.",
-                enum=["status", "verdict", "forceDelete"],
+                "`created`: the generation was reserved; `status`: the task reached a status "
+                "(`source`: `record`, from the task's own rows, or `outbox`, a pushed change "
+                "while the outbox keeps it); `verdict`: an admin reconciled it; `forceDelete`: "
+                "an admin force-deleted it.",
+                enum=["created", "status", "verdict", "forceDelete"],
             ),
         },
-        description="One entry of the history; the other fields depend on `kind`: `status`, "
-        "`state`, `node`, `detail`, `archiveGone` (status); `verdict`, `actor`, `note` "
-        "(verdict); `node`, `actor`, `note` (forceDelete).",
+        description="One entry of the history; the other fields depend on `kind`: `cost` "
+        "(created); `status`, `state`, `node`, `detail`, `archiveGone`, `source` (status); "
+        "`verdict`, `actor`, `note` (verdict); `node`, `actor`, `note` (forceDelete).",
         additional=_ref("JsonValue"),
     )
     operation = _object(

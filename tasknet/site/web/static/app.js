@@ -25,7 +25,7 @@
       historyTitle: "历史", historyEmpty: "没有记录的变化。", historyOnNode: "节点 {node}",
       historyVerdict: "{actor} 裁定：{verdict}", verdictSubmitted: "已提交", verdictNotSubmitted: "未提交",
       historyForceDelete: "{actor} 强制删除（节点 {node}）", historyNote: "备注：{note}",
-      historyFrom: "更早的变化已按保留期清理：从 {at} 开始。", historyTruncated: "只显示最近 2,000 次记录的变化。",
+      historyCreated: "创建", historyCreatedCost: "创建（费用 {cost} 点）", historyTruncated: "只显示最近 2,000 次记录的变化。",
       evidenceTitle: "上游的证据（最后一次裁定所依据的）", taskReconcile: "去核对这个任务", taskNotFound: "没有这个任务（或不是你的）。",
       skip: "跳到内容", signOut: "退出", navTasks: "任务", navAdmin: "管理",
       signInTitle: "登录", tokenLabel: "API 令牌", signIn: "登录",
@@ -241,7 +241,7 @@
       historyTitle: "History", historyEmpty: "No recorded changes.", historyOnNode: "node {node}",
       historyVerdict: "{actor} reconciled it: {verdict}", verdictSubmitted: "submitted", verdictNotSubmitted: "not submitted",
       historyForceDelete: "{actor} force-deleted it (node {node})", historyNote: "Note: {note}",
-      historyFrom: "Older changes were pruned after the retention: from {at}.", historyTruncated: "Only the newest 2,000 recorded changes are shown.",
+      historyCreated: "Created", historyCreatedCost: "Created (cost {cost} points)", historyTruncated: "Only the newest 2,000 recorded changes are shown.",
       evidenceTitle: "The upstream's evidence (the last verdict was taken on)", taskReconcile: "Reconcile this task", taskNotFound: "No such task (or not yours).",
       skip: "Skip to content", signOut: "Sign out", navTasks: "Tasks", navAdmin: "Admin",
       signInTitle: "Sign in", tokenLabel: "API token", signIn: "Sign in",
@@ -2301,7 +2301,9 @@
     var list = el("ol", { className: "task-history", id: "task-history" });
     history.forEach(function (entry) {
       var words;
-      if (entry.kind === "verdict") {
+      if (entry.kind === "created") {
+        words = typeof entry.cost === "number" ? t("historyCreatedCost", { cost: num(entry.cost) }) : t("historyCreated");
+      } else if (entry.kind === "verdict") {
         words = t("historyVerdict", { actor: entry.actor, verdict: t(entry.verdict === "submitted" ? "verdictSubmitted" : "verdictNotSubmitted") });
       } else if (entry.kind === "forceDelete") {
         words = t("historyForceDelete", { actor: entry.actor, node: entry.node || "—" });
@@ -2321,9 +2323,6 @@
     });
     if (history.length) { parts.push(list); }
     if (data.historyTruncated) { parts.push(el("p", { className: "hint", text: t("historyTruncated") })); }
-    else if (data.historyFrom && op.createdAt && data.historyFrom.slice(0, 19) > op.createdAt.slice(0, 19)) {
-      parts.push(el("p", { className: "hint", text: t("historyFrom", { at: formatTime(data.historyFrom) }) }));
-    }
     if (data.evidence) {
       parts.push(el("h3", { text: t("evidenceTitle") }));
       parts.push(el("pre", { className: "evidence", text: JSON.stringify(data.evidence, null, 2) }));
