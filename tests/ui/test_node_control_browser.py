@@ -161,7 +161,6 @@ def test_an_admin_drains_pauses_resumes_and_limits_a_node(stack: DemoStack) -> N
             page.set_viewport_size({"width": 360, "height": 740})
             expect(row.locator('[data-role="control"]')).to_have_text(" · 已暂停派发")
             resume = row.locator('button[data-node-action="resume"]')
-            resume.scroll_into_view_if_needed()
             expect(resume).to_be_visible()
             resume.click()
             expect(page.locator("#confirm-title")).to_have_text(f"恢复 {holder}？")
@@ -174,3 +173,24 @@ def test_an_admin_drains_pauses_resumes_and_limits_a_node(stack: DemoStack) -> N
     assert page_errors == []
     assert csp == []
     assert [e for e in console_errors if "status of 401" not in e] == []
+
+
+def test_the_control_api_refuses_what_it_cannot_do_and_changes_nothing(stack: DemoStack) -> None:
+    before = controls(stack)
+    for body, words in (
+        ({}, "give 'mode', 'downloadLimit' or both"),
+        ({"mode": "STOPPED"}, "'mode' is one of ACTIVE, DRAINING, PAUSED, got 'STOPPED'"),
+        ({"downloadLimit": 0}, "a download limit is a whole number from 1 to 100,000"),
+        ({"downloadLimit": "keep"}, "a download limit is a whole number from 1 to 100,000"),
+        ({"downloadLimit": 2.5}, "a download limit is a whole number from 1 to 100,000"),
+        ({"mode": "PAUSED", "speed": 3}, "unknown field(s): speed"),
+        ({"mode": "PAUSED", "note": 7}, "'note' must be a string"),
+    ):
+        reply = api(stack, "POST", "/api/admin/nodes/node-1/control", body)
+        error = reply.body["error"]
+        assert (reply.status, error["code"]) == (400, "invalid_request"), body
+        assert words in error["message"], reply.body
+    reply = api(stack, "POST", "/api/admin/nodes/ghost/control", {"mode": "PAUSED"})
+    assert (reply.status, reply.body["error"]["code"]) == (404, "not_found")
+    assert reply.body["error"]["message"] == "no node 'ghost' is known to this site"
+    assert controls(stack) == before

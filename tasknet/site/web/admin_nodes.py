@@ -159,13 +159,12 @@ def control_request(document: dict[str, Any]) -> tuple[str | None, int | None | 
         )
     if mode is None and "downloadLimit" not in document:
         raise ApiError("invalid_request", "give 'mode', 'downloadLimit' or both")
-    limit: int | None | str = document.get("downloadLimit", "keep")
-    if limit != "keep":
-        try:
-            node_control.check_limit(limit)  # type: ignore[arg-type]
-        except node_control.BadControl as bad:
-            raise ApiError("invalid_request", f"'downloadLimit': {bad}") from None
-    return mode, limit
+    if "downloadLimit" not in document:
+        return mode, "keep"
+    try:
+        return mode, node_control.check_limit(document["downloadLimit"])
+    except node_control.BadControl as bad:
+        raise ApiError("invalid_request", f"'downloadLimit': {bad}") from None
 
 
 async def control_answer(

@@ -3129,6 +3129,13 @@
   function renderNodes() {
     var nodes = state.nodes;
     var body = $("nodes-body");
+    // A limit being typed survives the panel's refresh (and keeps its focus).
+    var typed = {};
+    body.querySelectorAll("input[data-node-limit]").forEach(function (input) {
+      if (input.value !== input.defaultValue) {
+        typed[input.getAttribute("data-node-limit")] = { value: input.value, focused: document.activeElement === input };
+      }
+    });
     body.textContent = "";
     nodes.forEach(function (node) {
       var connected = node.connected !== false;
@@ -3162,6 +3169,12 @@
         connected ? agoCell(t("connectedSince"), node.connectedAt, "connectedAgo") : agoCell(t("connectedSince"), node.lastSeenAt, "lastSeen"),
         nodeActionsCell(node)
       ])));
+    });
+    Object.keys(typed).forEach(function (id) {
+      var input = body.querySelector('input[data-node-limit="' + CSS.escape(id) + '"]');
+      if (!input) { return; }
+      input.value = typed[id].value;
+      if (typed[id].focused) { input.focus(); }
     });
     $("nodes-table").hidden = nodes.length === 0;
     $("nodes-empty").hidden = nodes.length > 0;
