@@ -87,6 +87,9 @@ def test_an_unreadable_audit_is_said_and_needs_a_note(
         expect()(warning).to_contain_text("No readable evidence")
         expect()(warning).to_contain_text("could not be read")
         expect()(warning).not_to_contain_text("submission(s)")
+        # Said once (issue 36, item 10): not the card's line again after it.
+        said = warning.inner_text()
+        assert said.count("could not be read") == 1, said
         expect()(page.locator("#confirm-ok")).to_be_disabled()
         page.fill("#confirm-note", "the upstream's support says no POST arrived")
         expect()(page.locator("#confirm-ok")).to_be_enabled()

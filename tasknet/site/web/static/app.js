@@ -3011,7 +3011,9 @@
       title: t(submitted ? "resolveSubmittedTitle" : "resolveNotSubmittedTitle"),
       text: t(submitted ? "resolveSubmittedText" : "resolveNotSubmittedText", { gid: gid }),
       ok: t(submitted ? "wasSubmitted" : "wasNotSubmitted"), note: true,
-      warning: against ? t(auditUnavailable(task) ? "noteRequiredUnavailableText" : "noteRequiredText") + " " + against : null,
+      // Said once: with no readable audit the note's reason is the whole warning
+      // (the card's "could not be read" line would repeat it).
+      warning: !against ? null : auditUnavailable(task) ? t("noteRequiredUnavailableText") : t("noteRequiredText") + " " + against,
       noteRequired: !!against
     }).then(function (answer) {
       if (!answer) { return; }
