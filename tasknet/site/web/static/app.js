@@ -70,7 +70,8 @@
       window15m: "最近 15 分钟", window1h: "最近 1 小时", window6h: "最近 6 小时", window24h: "最近 24 小时",
       option15m: "最近 15 分钟", option1h: "最近 1 小时", option6h: "最近 6 小时", option24h: "最近 24 小时",
       chartThroughput: "下载速度", chartNodes: "各节点下载量", chartUsage: "每周用量与额度",
-      chartThroughputLabel: "{window}的下载速度：共 {bytes}，峰值 {peak}，完成 {completed} 个任务。",
+      chartThroughputLabel: "{window}的下载速度：共 {bytes}，峰值 {peak}（每 {bucket}的平均速度），完成 {completed} 个任务。",
+      bucketMinute: "1 分钟", bucketMinutes: "{n} 分钟",
       chartNodesEmpty: "{window}没有节点下载。", chartNodesLabel: "{window}各节点的下载量：{list}。", chartOtherNodes: "其他 {n} 个节点",
       chartUsageLabel: "最近 8 周的用量（点），本周已用 {used} 点 / 额度 {quota} 点。", quotaLine: "额度 {quota} 点",
       nodeState: "状态", activeTasks: "任务", nodeSpeed: "速度", nodeSite: "站点", runningQueued: "{running} 个运行中，{queued} 个排队", lastReport: "上次报告",
@@ -286,7 +287,8 @@
       window15m: "last 15 minutes", window1h: "last hour", window6h: "last 6 hours", window24h: "last 24 hours",
       option15m: "Last 15 minutes", option1h: "Last hour", option6h: "Last 6 hours", option24h: "Last 24 hours",
       chartThroughput: "Download speed", chartNodes: "Downloaded per node", chartUsage: "Weekly usage against quota",
-      chartThroughputLabel: "Download speed in the {window}: {bytes} in all, peak {peak}, {completed} tasks completed.",
+      chartThroughputLabel: "Download speed in the {window}: {bytes} in all, peak {peak} (the average over {bucket}), {completed} tasks completed.",
+      bucketMinute: "1 minute", bucketMinutes: "{n} minutes",
       chartNodesEmpty: "No node downloaded anything in the {window}.", chartNodesLabel: "Downloaded per node in the {window}: {list}.", chartOtherNodes: "{n} other nodes",
       chartUsageLabel: "Usage over the last 8 weeks, in cost units; this week {used} of {quota}.", quotaLine: "quota {quota} cost units",
       nodeState: "State", activeTasks: "Tasks", nodeSpeed: "Speed", nodeSite: "Site", runningQueued: "{running} running, {queued} queued", lastReport: "Last report",
@@ -2381,7 +2383,10 @@
     var completed = buckets.reduce(function (sum, b) { return sum + (Number(b.completed) || 0); }, 0);
     var peak = points.reduce(function (m, p) { return Math.max(m, p.v); }, 0);
     var period = t(WINDOWS[String(stats.window)] || "window1h");
-    var label = t("chartThroughputLabel", { window: period, bytes: F.bytes(total, lang), peak: F.speed(peak, lang), completed: completed });
+    // The peak is of one bucket's average: 1 min over 1 h, 15 min over 24 h, so it says which.
+    var minutes = Math.max(1, Math.round(seconds / 60));
+    var bucket = minutes === 1 ? t("bucketMinute") : t("bucketMinutes", { n: num(minutes) });
+    var label = t("chartThroughputLabel", { window: period, bytes: F.bytes(total, lang), peak: F.speed(peak, lang), bucket: bucket, completed: num(completed) });
     if (total > 0) {
       window.TasknetCharts.area($("chart-throughput"), {
         points: points, label: label,

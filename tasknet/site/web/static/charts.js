@@ -70,6 +70,14 @@ window.TasknetCharts = (function () {
     return ticks;
   }
 
+  // A label centred on ``at`` unless that would cross an edge of the chart
+  // ("12:00 A" clipped on the right): then it ends (or starts) at the edge.
+  function placed(at, width, chartWidth) {
+    if (at + width / 2 > chartWidth - 2) { return { x: chartWidth - 2, anchor: "end", from: chartWidth - 2 - width, to: chartWidth - 2 }; }
+    if (at - width / 2 < 2) { return { x: 2, anchor: "start", from: 2, to: 2 + width }; }
+    return { x: at, anchor: "middle", from: at - width / 2, to: at + width / 2 };
+  }
+
   /* Values over time: options.points = [{t: Date, v: number}], options.format(v)
    * for the axis, options.time(Date) for the x labels. */
   function area(container, options) {
@@ -98,10 +106,15 @@ window.TasknetCharts = (function () {
         }
       });
       var t0 = points[0].t.getTime(), t1 = points[points.length - 1].t.getTime();
+      var taken = -Infinity;  // where the last label drawn ends
       timeTicks(t0, t1, w, options.time).forEach(function (tick) {
         var at = left + (t1 > t0 ? ((tick.getTime() - t0) / (t1 - t0)) * w : w / 2);
         f.svg.appendChild(svgEl("line", { x1: at, x2: at, y1: top + h, y2: top + h + 4, class: "grid" }));
-        f.svg.appendChild(svgEl("text", { x: at, y: f.height - 6, "text-anchor": "middle", class: "axis", "data-role": "time-tick" }, options.time(tick)));
+        var text = options.time(tick);
+        var span = placed(at, textWidth(text), f.width);
+        if (span.from < taken + 8) { return; }  // would overlap the previous label
+        taken = span.to;
+        f.svg.appendChild(svgEl("text", { x: span.x, y: f.height - 6, "text-anchor": span.anchor, class: "axis", "data-role": "time-tick" }, text));
       });
     }
     return f.svg;
@@ -150,6 +163,7 @@ window.TasknetCharts = (function () {
     var labelOf = options.weekLabel;
     if (options.shortWeekLabel && widest(labelOf) + 6 > slot) { labelOf = options.shortWeekLabel; }
     var every = Math.max(1, Math.ceil((widest(labelOf) + 6) / Math.max(1, slot)));
+    var valueTaken = -Infinity;
     weeks.forEach(function (wk, i) {
       var over = options.quota > 0 && wk.used > options.quota;
       var x = left + i * slot + slot * 0.15;
@@ -159,12 +173,23 @@ window.TasknetCharts = (function () {
         class: "week-bar" + (i === weeks.length - 1 ? " current" : "") + (over ? " over" : ""),
         "data-role": "series", "data-value": wk.used
       }), options.weekLabel(wk.week) + ": " + number(wk.used) + " / " + number(options.quota)));
-      if (wk.used > 0) {
-        f.svg.appendChild(svgEl("text", { x: x + slot * 0.35, y: y(0) - height - 4, "text-anchor": "middle", class: "value" }, number(wk.used)));
+      // A value over its bar only where it fits beside its neighbours'
+      // ("31,609" and "20" ran together as "31,60920" on a phone); the bar's
+      // title and the chart's label still give every value.
+      var valueText = number(wk.used);
+      var fits = textWidth(valueText) + 4 <= slot || i === weeks.length - 1;
+      if (wk.used > 0 && fits) {
+        var value = placed(x + slot * 0.35, textWidth(valueText), f.width);
+        if (value.from >= valueTaken + 4) {
+          valueTaken = value.to;
+          f.svg.appendChild(svgEl("text", { x: value.x, y: Math.max(10, y(0) - height - 4), "text-anchor": value.anchor, class: "value", "data-role": "week-value" }, valueText));
+        }
       }
       // Counted from the current week (the last), so it is always labelled.
       if ((weeks.length - 1 - i) % every === 0) {
-        f.svg.appendChild(svgEl("text", { x: x + slot * 0.35, y: f.height - 6, "text-anchor": "middle", class: "axis", "data-role": "week-label" }, labelOf(wk.week)));
+        var weekText = labelOf(wk.week);
+        var where = placed(x + slot * 0.35, textWidth(weekText), f.width);
+        f.svg.appendChild(svgEl("text", { x: where.x, y: f.height - 6, "text-anchor": where.anchor, class: "axis", "data-role": "week-label" }, weekText));;
       }
     });
     if (options.quota > 0) {
