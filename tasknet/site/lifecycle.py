@@ -365,7 +365,8 @@ class Lifecycle:
         ``UNKNOWN`` if its POST may have reached the upstream (a reap or
         the recovery on the database settles it), else ``503 unavailable``
         (nothing was sent; try again, through another site).  Their chains
-        run on to their end, unanswered.  Returns how many were answered."""
+        run on to their end and write nothing more (:class:`Closed`).
+        Returns how many were answered."""
         if self._closed is None:
             self._closed = why
         answered = 0
