@@ -55,6 +55,9 @@ pytestmark = pytest.mark.slow
 
 #: How long a failover may take, site included (SCALE.md rule 3).
 RECOVERY_BOUND = 45.0
+#: What a lease check may come late by on a loaded machine (real processes,
+#: wall clock): the claim is one check, the slack is the machine's.
+SCHEDULING_SLACK = 5.0
 #: The pause of the test's supervisor between two starts of the site.
 RESTART_PAUSE = 0.5
 #: A create not answered within this long counts as unanswered.
@@ -286,7 +289,7 @@ async def test_healthz_says_async_within_one_lease_check_of_the_standby_stopping
             health = await healthz(site.base_url, pool)
             if health["replication"].startswith("async since "):
                 break
-            assert time.monotonic() - stopped < CHECK_INTERVAL + 2, health
+            assert time.monotonic() - stopped < CHECK_INTERVAL + SCHEDULING_SLACK, health
             await sleep(0.1)
         print(f"\nreplication said async {time.monotonic() - stopped:.1f} s after the stop")
         response = await treq.get(f"{site.base_url}/metrics", pool=pool)
@@ -299,7 +302,7 @@ async def test_healthz_says_async_within_one_lease_check_of_the_standby_stopping
         await deferToThread(cluster.wait_in_sync, 120)
         back = time.monotonic()
         while (await healthz(site.base_url, pool))["replication"] != "sync":
-            assert time.monotonic() - back < CHECK_INTERVAL + 2
+            assert time.monotonic() - back < CHECK_INTERVAL + SCHEDULING_SLACK
             await sleep(0.1)
         print(f"sync again {time.monotonic() - back:.1f} s after in sync")
         assert site.service.running, "the site was fenced while the standby was away"
