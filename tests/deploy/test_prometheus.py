@@ -43,6 +43,7 @@ REQUIRE = "TASKNET_REQUIRE_PROMTOOL"
 GID = 4242
 NODE = "node-t"  # tests.node.harness.start_node's node id
 BUDGET = 10 * 1024**3
+MIN_FREE = 1024**2
 
 
 @pytest.fixture(scope="module")
@@ -153,9 +154,15 @@ async def test_live_site_and_node_metrics_pass_promtool(tmp_path: Path, promtool
             nodes = f"tcp:127.0.0.1:{site.service.nodes_port.getHost().port}"
             metrics = "tcp:0:interface=127.0.0.1"
             # A disk budget: its gauge (which the near-budget alert reads) is
-            # shown only when one is set.
+            # shown only when one is set.  A small --min-free, so the download
+            # does not wait on a small test disk.
             node = await start_node(
-                nodes, tmp_path / "node", secret=SECRET, metrics=metrics, disk_budget=BUDGET
+                nodes,
+                tmp_path / "node",
+                secret=SECRET,
+                metrics=metrics,
+                disk_budget=BUDGET,
+                min_free=MIN_FREE,
             )
             try:
                 status, body = await site.request(
@@ -185,7 +192,7 @@ async def test_live_site_and_node_metrics_pass_promtool(tmp_path: Path, promtool
     assert _value(node_page, "tasknet_node_connected") == 1
     assert _value(node_page, "tasknet_node_bytes_downloaded_total") > 0
     assert _value(node_page, "tasknet_node_disk_budget_bytes") == BUDGET
-    assert _value(node_page, "tasknet_node_min_free_bytes") == 1024**3  # --min-free's default
+    assert _value(node_page, "tasknet_node_min_free_bytes") == MIN_FREE
     assert _value(site_page, "tasknet_archives_released_total", reason="DISK_BUDGET") == 0
     # Every metric the rules name is on one of the pages (as a family, or
     # a sample such as NAME_total or NAME_bucket).

@@ -161,8 +161,11 @@ def control_request(document: dict[str, Any]) -> tuple[str | None, int | None | 
         raise ApiError("invalid_request", "give 'mode', 'downloadLimit' or both")
     if "downloadLimit" not in document:
         return mode, "keep"
+    limit = document["downloadLimit"]
+    if isinstance(limit, float) and limit.is_integer():
+        limit = int(limit)  # 3.0 is 3 in JSON
     try:
-        return mode, node_control.check_limit(document["downloadLimit"])
+        return mode, node_control.check_limit(limit)
     except node_control.BadControl as bad:
         raise ApiError("invalid_request", f"'downloadLimit': {bad}") from None
 

@@ -854,11 +854,12 @@ def _header(name: str, schema: Schema) -> Schema:
 
 def _body(schema: Schema, description: str | None = None) -> Schema:
     """A JSON object body; fields the site does not know are ignored (any
-    JSON value, as long as no string or key of it holds a NUL)."""
+    JSON value, as long as no string or key of it holds a NUL), unless
+    ``schema`` says ``additionalProperties: false`` (the body is refused)."""
     schema = {
+        "additionalProperties": _ref("JsonValue"),
         **schema,
         "propertyNames": {"pattern": _NO_NUL},
-        "additionalProperties": _ref("JsonValue"),
     }
     body: Schema = {"required": True, "content": {JSON: {"schema": schema}}}
     if description:
@@ -2033,7 +2034,8 @@ def _admin_operations() -> dict[str, Schema]:
                         "note": _string(
                             "Why (kept in the audit row).", maxLength=MAX_NOTE, pattern=_NO_NUL
                         )
-                    }
+                    },
+                    required=[],
                 )
             ),
         ),
@@ -2079,7 +2081,8 @@ def _admin_operations() -> dict[str, Schema]:
                         "note": _string(
                             "Why (kept in the audit row).", maxLength=MAX_NOTE, pattern=_NO_NUL
                         )
-                    }
+                    },
+                    required=[],
                 )
             ),
         ),
@@ -2093,7 +2096,8 @@ def _admin_operations() -> dict[str, Schema]:
             "wire has no message for a limit, so a v2 node and a legacy one alike are "
             "dispatched less, and tasks it held before stay with it. Nothing stops a download "
             "a node already has. Kept across restarts (`node_control`); at least one of the "
-            "two fields.",
+            "two fields. A field it does not know is refused (`400 invalid_request`), not "
+            "ignored: a misspelt `downloadLimit` must not pause a node without its limit.",
             _responses(
                 {
                     "200": _json_response(
@@ -2141,6 +2145,7 @@ def _admin_operations() -> dict[str, Schema]:
                     required=[],
                     additional=False,
                 )
+                | {"anyOf": [{"required": ["mode"]}, {"required": ["downloadLimit"]}]}
             ),
         ),
         "nodes": _operation(
