@@ -28,6 +28,7 @@ import getopt
 import os
 import stat
 import sys
+import threading
 from collections.abc import Sequence
 
 from twisted.internet.interfaces import IReactorCore
@@ -52,17 +53,42 @@ def _exit_with_status() -> None:
     os._exit(_exit_status)
 
 
-def exit_after_stop(reactor: IReactorCore, status: int = 1) -> None:
+def exit_after_stop(
+    reactor: IReactorCore, status: int = 1, *, deadline: float | None = None
+) -> threading.Timer | None:
     """Stop ``reactor`` (now, or as soon as it runs) and make the process
-    exit with ``status`` when the interpreter exits."""
+    exit with ``status`` when the interpreter exits.  ``deadline``: seconds
+    after which the process exits with ``status`` even if the stop has not
+    finished (a thread blocked on a server that answers nothing would hold
+    it until its TCP timeouts); the timer (a daemon thread), for a test to
+    cancel."""
     global _exit_status
     if _exit_status is None:
         atexit.register(_exit_with_status)
     _exit_status = status
+    timer = None
+    if deadline is not None:
+        timer = threading.Timer(deadline, _exit_now, (status, deadline))
+        timer.daemon = True
+        timer.start()
     if reactor.running:
         reactor.stop()
     else:
         reactor.callWhenRunning(reactor.stop)
+    return timer
+
+
+def _exit_now(status: int, deadline: float) -> None:
+    try:
+        sys.stderr.write(f"the stop did not finish within {deadline:g} s: exiting {status}\n")
+    except (OSError, ValueError):
+        pass
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(status)
 
 
 def _twistd_options(command: str, argv: Sequence[str]) -> dict[str, str] | None:

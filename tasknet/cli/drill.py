@@ -3,6 +3,11 @@
     tasknet-drill [SCENARIO...] [--db sqlite|postgres|postgres-ha|URL] [--repeat N]
                   [--report FILE] [--keep] [--quick] [--netns]
 
+``--netns`` with ``--db postgres-ha``: the primary's host in a network
+namespace of its own; S24 then cuts that host off the network (DRILLS.md's
+second run of S24) instead of SIGKILLing it, and its figures are reported
+as "S24 (host cut off)".
+
 With no scenario, all of the database's run: S1–S19 on SQLite, S1–S23 on
 PostgreSQL (S20–S23, several sites on one database, run only there), S24–S26
 on ``postgres-ha`` (a pg_auto_failover cluster per run: the database fails
@@ -87,7 +92,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--netns",
         action="store_true",
-        help="site and nodes in separate network namespaces joined by veth (root only)",
+        help="site and nodes in separate network namespaces joined by veth (root only); with "
+        "--db postgres-ha the primary's host in a namespace of its own, and S24 cuts it off the "
+        "network instead of killing it",
     )
     p.add_argument("--version", action="version", version=version_line("tasknet-drill"))
     return p
@@ -104,9 +111,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     chosen = _chosen(parser, args, backend)
     if args.repeat < 1:
         parser.error("--repeat must be >= 1")
-    netns = _netns_or_loopback() if args.netns else None
+    primary_netns = args.netns and backend == POSTGRES_HA_CHOICE
+    if primary_netns:
+        # postgres-ha: the namespace is the primary's host's (S24 cuts it
+        # off); sites and nodes stay on loopback.
+        why_not_netns = netns_available()
+        if why_not_netns:
+            print(f"tasknet-drill: --db postgres-ha --netns: {why_not_netns}", file=sys.stderr)
+            return 2
+        print("--netns: the primary's host in a network namespace of its own (veth)")
+    netns = _netns_or_loopback() if args.netns and not primary_netns else None
     seed = args.seed if args.seed is not None else random.randrange(1 << 30)
-    databases = databases_for(args.db, socket=netns is not None)
+    databases = databases_for(args.db, socket=netns is not None, primary_netns=primary_netns)
     why_not = _start(databases)
     if why_not:
         print(
@@ -259,10 +275,12 @@ def recovery_figures(results: list[RunResult]) -> dict[str, dict[str, Any]]:
     out: dict[str, dict[str, Any]] = {}
     for result in results:
         figures = _figures_of(result)
+        variant = figures.get("variant")
+        label = f"{result.scenario} ({variant})" if variant else result.scenario
         for part in RECOVERY_PARTS:
             value = figures.get(part)
             if isinstance(value, (int, float)):
-                entry = out.setdefault(result.scenario, {}).setdefault(part, {"runs": []})
+                entry = out.setdefault(label, {}).setdefault(part, {"runs": []})
                 entry["runs"].append(value)
     for parts in out.values():
         for entry in parts.values():

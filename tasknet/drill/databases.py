@@ -227,7 +227,9 @@ class FailoverClusters:
     when the run ends (kept, with its logs, when the run is kept).
 
     ``monitor_settings``: the monitor's timings (pg_auto_failover's defaults
-    when None)."""
+    when None).  ``primary_netns`` (``--netns``, root only): the primary's
+    host in a network namespace of its own, so that S24 cuts it off the
+    network instead of killing it."""
 
     backend = POSTGRESQL
 
@@ -236,9 +238,11 @@ class FailoverClusters:
         base_dir: str | None = None,
         *,
         monitor_settings: dict[str, object] | None = None,
+        primary_netns: bool = False,
     ) -> None:
         self.base_dir = base_dir
         self.monitor_settings = monitor_settings
+        self.primary_netns = primary_netns
         self.started_seconds: list[float] = []
 
     def start(self) -> None:
@@ -250,7 +254,11 @@ class FailoverClusters:
     def new(self, name: str, directory: Path) -> SiteDatabase:
         from tasknet.drill.pgcluster import ROLE, PgCluster
 
-        cluster = PgCluster(self.base_dir, monitor_settings=self.monitor_settings)
+        cluster = PgCluster(
+            self.base_dir,
+            monitor_settings=self.monitor_settings,
+            primary_netns=self.primary_netns,
+        )
         cluster.start()
         if cluster.start_seconds is not None:
             self.started_seconds.append(cluster.start_seconds)
@@ -273,6 +281,12 @@ class FailoverClusters:
         pass
 
     def describe(self) -> str:
+        if self.primary_netns:
+            return (
+                "a pg_auto_failover cluster per run (monitor, synchronous standby on the root"
+                " side of a veth, the primary's host in a network namespace of its own), the"
+                " sites on its multi-host URL"
+            )
         return (
             "a pg_auto_failover cluster per run (monitor, primary, synchronous standby on"
             " loopback), the sites on its multi-host URL"
@@ -287,12 +301,20 @@ def _user(url: str) -> str | None:
     return urlsplit(url).username
 
 
-def databases_for(choice: str, *, base_dir: str | None = None, socket: bool = False) -> Databases:
-    """The :class:`Databases` of a parsed ``--db`` value (not started yet)."""
+def databases_for(
+    choice: str,
+    *,
+    base_dir: str | None = None,
+    socket: bool = False,
+    primary_netns: bool = False,
+) -> Databases:
+    """The :class:`Databases` of a parsed ``--db`` value (not started yet);
+    ``primary_netns``: ``postgres-ha`` with the primary's host in a network
+    namespace (``--netns``)."""
     if choice == SQLITE_CHOICE:
         return SqliteFiles()
     if choice == POSTGRES_CHOICE:
         return ThrowawayServer(base_dir, socket=socket)
     if choice == POSTGRES_HA_CHOICE:
-        return FailoverClusters(base_dir)
+        return FailoverClusters(base_dir, primary_netns=primary_netns)
     return ExistingServer(choice)

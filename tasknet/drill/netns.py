@@ -112,3 +112,74 @@ class Netns:
                 16, thread_name_prefix="netns-site", initializer=enter, initargs=(self.site,)
             )
         return self._pool.submit(fn, *args, **kwargs).result()
+
+
+#: ``--db postgres-ha --netns``: the primary's host in a namespace of its own
+#: (S24's "host cut off" run).  A /30 of its own, apart from the site/nodes one.
+HOST_ROOT_ADDR = "10.232.0.1"
+HOST_ADDR = "10.232.0.2"
+HOST_NETWORK = "10.232.0.0/30"
+#: A locally administered MAC no interface has: frames sent to it are
+#: dropped by the receiving end as another host's.
+NOWHERE_MAC = "02:00:00:00:00:01"
+
+_hosts_made = 0
+
+
+class HostNetns:
+    """One database host in a network namespace of its own, joined to the
+    root namespace by a veth pair (root side :data:`HOST_ROOT_ADDR`, the
+    host :data:`HOST_ADDR`, a /30).  :meth:`cut_off` makes every packet
+    between the two ends vanish on the far side, both ways, the links up:
+    each end's neighbour entry for the other is pinned to a MAC nobody has,
+    so the frames arrive for another host and are dropped without an
+    answer.  Senders see silence (no RST, no ICMP, no local error), as when
+    a machine's network fails past its switch; TCP retransmits and gives up
+    by its own timers (a link taken down instead would fail the sends
+    locally, and Linux then retries them for ever, ``tcp_user_timeout`` or
+    not).  The root side's address stays a local one: what listens on it
+    (the monitor, the standby) stays reachable from the root namespace.
+    :meth:`destroy` removes the namespace and the pair."""
+
+    def __init__(self, tag: str | None = None) -> None:
+        global _hosts_made
+        _hosts_made += 1
+        tag = tag or f"tpg{os.getpid()}x{_hosts_made}"
+        self.name = tag
+        self.root_link = f"{tag}r"
+        self.link = "vh"
+        self.created = False
+
+    def create(self) -> None:
+        _ip("netns", "add", self.name)
+        self.created = True
+        _ip("-n", self.name, "link", "set", "lo", "up")
+        _ip("link", "add", self.root_link, "type", "veth", "peer", "name", self.link,
+            "netns", self.name)  # fmt: skip
+        _ip("addr", "add", f"{HOST_ROOT_ADDR}/{PREFIX}", "dev", self.root_link)
+        _ip("-n", self.name, "addr", "add", f"{HOST_ADDR}/{PREFIX}", "dev", self.link)
+        _ip("link", "set", self.root_link, "up")
+        _ip("-n", self.name, "link", "set", self.link, "up")
+
+    def cut_off(self) -> None:
+        """The host's network fails: nothing passes either way, silently."""
+        _ip("neigh", "replace", HOST_ADDR, "lladdr", NOWHERE_MAC, "dev", self.root_link,
+            "nud", "permanent")  # fmt: skip
+        _ip("-n", self.name, "neigh", "replace", HOST_ROOT_ADDR, "lladdr", NOWHERE_MAC,
+            "dev", self.link, "nud", "permanent")  # fmt: skip
+
+    def reconnect(self) -> None:
+        """The host's network is back (the neighbours are learnt again)."""
+        _ip("neigh", "del", HOST_ADDR, "dev", self.root_link)
+        _ip("-n", self.name, "neigh", "del", HOST_ROOT_ADDR, "dev", self.link)
+
+    def exec_prefix(self) -> list[str]:
+        return ["ip", "netns", "exec", self.name]
+
+    def destroy(self) -> None:
+        """Remove the namespace and the veth pair.  Idempotent."""
+        if not self.created:
+            return
+        subprocess.run(["ip", "link", "del", self.root_link], capture_output=True)
+        subprocess.run(["ip", "netns", "del", self.name], capture_output=True)
+        self.created = False

@@ -20,6 +20,13 @@ on purpose (the drills S24-S26, the failover tests, ``scripts/demo --ha``).
   our own ``initdb`` (locale C, as :mod:`~tasknet.drill.pgserver`, and our
   settings, e.g. ``max_connections``) before pg_autoctl takes it over; the
   standby is pg_autoctl's ``pg_basebackup`` of it, settings included.
+* ``primary_netns`` (``tasknet-drill --db postgres-ha --netns``, root only):
+  the primary (``node1``) runs in a network namespace of its own
+  (:class:`~tasknet.drill.netns.HostNetns`) and listens on and is known to
+  the monitor and the sites as 10.232.0.2; the monitor and the standby
+  listen on the root side of its veth, 10.232.0.1, reachable from both
+  namespaces; ``trust`` is extended to that /30.
+  :meth:`PgCluster.cut_off_primary` then cuts that host off the network.
 * The database the sites use (``tasknet``) is owned by a role of that name
   (LOGIN, no superuser; member of ``pg_signal_backend`` to end a reaped
   site's sessions and ``pg_read_all_stats`` to read ``pg_stat_replication``).
@@ -54,6 +61,7 @@ Use it as a context manager or call :meth:`PgCluster.start` /
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import shutil
@@ -67,6 +75,7 @@ from pathlib import Path
 from types import TracebackType
 from urllib.parse import urlsplit, urlunsplit
 
+from tasknet.drill.netns import HOST_ADDR, HOST_NETWORK, HOST_ROOT_ADDR, HostNetns
 from tasknet.drill.pgserver import (
     DEFAULT_SETTINGS,
     SYSTEM_USER,
@@ -123,6 +132,20 @@ DEFAULT_TIMINGS: Mapping[str, int] = {
 #: spread checkpoint, which otherwise makes it wait 0.9 x
 #: ``checkpoint_timeout`` (over four minutes) on a quiet server.
 NODE_SETTINGS: Mapping[str, str] = {"checkpoint_completion_target": "0"}
+
+#: Settings of the data nodes when the primary's host can be cut off
+#: (``primary_netns``).  A primary cut off from the monitor demotes itself
+#: only when it has lost its standby too (its keeper's partition check:
+#: ``pg_stat_replication``), and the standby's replication session, cut
+#: without a FIN or RST, lingers there until ``wal_sender_timeout`` (60 s by
+#: default): past the promotion, about 30 s after the cut.  Measured: the
+#: old primary still "primary", its keeper saying "still have a standby:
+#: we're not in a network partition", 50 s after the cut.  The keeper's
+#: partition clock starts at the last sight of the standby, so the old
+#: primary demotes itself ``wal_sender_timeout`` + ``network_partition_timeout``
+#: (20 s) after the cut, and the standby is promoted about 30 s after it:
+#: 5 s keeps the demotion first (10 s, measured: 1.5 s after the promotion).
+CUT_OFF_SETTINGS: Mapping[str, str] = {"wal_sender_timeout": "5s"}
 
 START_TIMEOUT = 120.0
 COMMAND_TIMEOUT = 120.0
@@ -200,6 +223,8 @@ class _Node:
     pgdata: Path
     log_path: Path
     child: Child | None = None
+    #: The address it listens on and is registered with the monitor as.
+    host: str = LOOPBACK
 
 
 class PgCluster:
@@ -222,11 +247,18 @@ class PgCluster:
         *,
         settings: Mapping[str, object] | None = None,
         monitor_settings: Mapping[str, object] | None = None,
+        primary_netns: bool = False,
     ) -> None:
         self.base_dir = base_dir
+        #: ``primary_netns``: node1's host in a network namespace of its own
+        #: (:class:`~tasknet.drill.netns.HostNetns`, root only), so that
+        #: :meth:`cut_off_primary` can cut it off the network.
+        self.primary_netns = primary_netns
+        self.host_netns: HostNetns | None = None
         self.settings = {
             **DEFAULT_SETTINGS,
             **NODE_SETTINGS,
+            **(CUT_OFF_SETTINGS if primary_netns else {}),
             **{k: str(v) for k, v in (settings or {}).items()},
         }
         self.monitor_settings = {
@@ -249,7 +281,9 @@ class PgCluster:
     def monitor_uri(self) -> str:
         """The monitor's libpq URL (``pg_autoctl show uri --monitor``)."""
         monitor = self._require_monitor()
-        return f"postgres://autoctl_node@{LOOPBACK}:{monitor.port}/pg_auto_failover?sslmode=prefer"
+        return (
+            f"postgres://autoctl_node@{monitor.host}:{monitor.port}/pg_auto_failover?sslmode=prefer"
+        )
 
     @property
     def uri(self) -> str:
@@ -264,7 +298,7 @@ class PgCluster:
     def node_uri(self, name: str, dbname: str = DATABASE, user: str = ROLE) -> str:
         """One node's own URL (no failover: e.g. to look at a given server)."""
         node = self._require_node(name)
-        return f"postgresql://{user}@{LOOPBACK}:{node.port}/{dbname}"
+        return f"postgresql://{user}@{node.host}:{node.port}/{dbname}"
 
     @property
     def node_names(self) -> tuple[str, ...]:
@@ -292,6 +326,10 @@ class PgCluster:
             )
         self.directory = self._make_directory()
         try:
+            if self.primary_netns:
+                self.host_netns = HostNetns()
+                atexit.register(self.host_netns.destroy)
+                self.host_netns.create()
             primary = self._add_node("node1")
             # The primary's initdb runs while pg_autoctl makes the monitor.
             initdb = self._start_initdb(primary)
@@ -329,6 +367,10 @@ class PgCluster:
         directory, self.directory = self.directory, None
         if directory is not None:
             shutil.rmtree(directory, ignore_errors=True)
+        host_netns, self.host_netns = self.host_netns, None
+        if host_netns is not None:
+            host_netns.destroy()
+            atexit.unregister(host_netns.destroy)
 
     def __enter__(self) -> PgCluster:
         return self.start()
@@ -385,13 +427,15 @@ class PgCluster:
         if ("primary", "primary") not in states or ("secondary", "secondary") not in states:
             return False
         primary = next(n.name for n in nodes if (n.reported, n.assigned) == ("primary", "primary"))
+        node = self._require_node(primary)
         answer = self._psql(
-            self._require_node(primary).port,
+            node.port,
             "SELECT current_setting('synchronous_standby_names') <> ''"
             " AND EXISTS (SELECT 1 FROM pg_stat_replication"
             " WHERE sync_state IN ('sync', 'quorum'))",
             dbname="postgres",
             timeout=10,
+            host=node.host,
         )
         return answer.strip() == "t"
 
@@ -401,7 +445,11 @@ class PgCluster:
         node = self._require_node(name)
         try:
             answer = self._psql(
-                node.port, "SELECT pg_is_in_recovery()", dbname="postgres", timeout=5
+                node.port,
+                "SELECT pg_is_in_recovery()",
+                dbname="postgres",
+                timeout=5,
+                host=node.host,
             )
         except PostgresFailed:
             return False
@@ -418,7 +466,9 @@ class PgCluster:
             " replace(replace(description, E'\\n', ' '), '|', '/')"
         )
         query = f"SELECT {columns} FROM pgautofailover.event{where} ORDER BY eventid"  # noqa: S608
-        output = self._psql(monitor.port, query, dbname="pg_auto_failover", timeout=10)
+        output = self._psql(
+            monitor.port, query, dbname="pg_auto_failover", timeout=10, host=monitor.host
+        )
         events = []
         for line in output.splitlines():
             parts = line.split("|", 4)
@@ -490,6 +540,27 @@ class PgCluster:
         if keeper_too:
             self._reap(node)
         return when
+
+    def cut_off_primary(self) -> float:
+        """Cut the primary's host off the network (``primary_netns`` only:
+        every packet to and from it vanishes, see
+        :meth:`~tasknet.drill.netns.HostNetns.cut_off`; its processes live
+        on, unreachable, and its
+        keeper, alone, demotes it after ``network_partition_timeout``).
+        The time of the cut (``time.time()``)."""
+        if self.host_netns is None:
+            raise PostgresFailed("the primary's host is not in a namespace (primary_netns=False)")
+        name = self.primary()
+        if name is None or self._require_node(name).host != HOST_ADDR:
+            raise PostgresFailed(f"the primary ({name}) is not the namespaced host")
+        when = time.time()
+        self.host_netns.cut_off()
+        return when
+
+    def reconnect_host(self) -> None:
+        """The cut-off host's network is back (it rejoins as the monitor says)."""
+        if self.host_netns is not None:
+            self.host_netns.reconnect()
 
     def start_node(self, name: str) -> None:
         """Start node ``name``'s pg_autoctl again (after :meth:`kill_node` or
@@ -574,7 +645,8 @@ class PgCluster:
         name = node or self.primary()
         if name is None:
             raise PostgresFailed("no node is primary")
-        return self._psql(self._require_node(name).port, sql, dbname=dbname)
+        target = self._require_node(name)
+        return self._psql(target.port, sql, dbname=dbname, host=target.host)
 
     # ------------------------------------------------------------ internals
 
@@ -646,14 +718,21 @@ class PgCluster:
             return list(argv)
         return ["runuser", "-u", SYSTEM_USER, "--", *argv]
 
-    def _run(self, argv: Sequence[str], *, what: str, timeout: float = COMMAND_TIMEOUT) -> str:
+    def _run(
+        self,
+        argv: Sequence[str],
+        *,
+        what: str,
+        timeout: float = COMMAND_TIMEOUT,
+        env: Mapping[str, str] | None = None,
+    ) -> str:
         try:
             result = subprocess.run(
                 self._as_user(argv),
                 capture_output=True,
                 text=True,
                 cwd=self._require_directory(),
-                env=self._env(),
+                env={**self._env(), **(env or {})},
                 timeout=timeout,
             )
         except subprocess.TimeoutExpired as e:
@@ -669,7 +748,15 @@ class PgCluster:
             [str(self.pg_autoctl), *args], what=f"pg_autoctl {' '.join(args[:2])}", timeout=timeout
         )
 
-    def _psql(self, port: int, sql: str, *, dbname: str, timeout: float = COMMAND_TIMEOUT) -> str:
+    def _psql(
+        self,
+        port: int,
+        sql: str,
+        *,
+        dbname: str,
+        timeout: float = COMMAND_TIMEOUT,
+        host: str = LOOPBACK,
+    ) -> str:
         assert self.bindir is not None
         argv = [
             str(self.bindir / "psql"),
@@ -680,7 +767,7 @@ class PgCluster:
             "-v",
             "ON_ERROR_STOP=1",
             "-h",
-            LOOPBACK,
+            host,
             "-p",
             str(port),
             "-U",
@@ -690,11 +777,25 @@ class PgCluster:
             "-c",
             sql,
         ]
-        return self._run(argv, what=f"psql {sql!r}", timeout=timeout)
+        # A host cut off answers nothing: the connection attempt gives up
+        # before the command's timeout (a psql left behind would hold the
+        # pipes, and the call, open).
+        return self._run(
+            argv,
+            what=f"psql {sql!r}",
+            timeout=timeout,
+            env={"PGCONNECT_TIMEOUT": str(max(2, min(10, int(timeout) - 1)))},
+        )
 
     def _start_monitor(self) -> None:
         directory = self._require_directory()
-        monitor = _Node("monitor", free_port(), directory / "monitor", directory / "monitor.log")
+        monitor = _Node(
+            "monitor",
+            free_port(),
+            directory / "monitor",
+            directory / "monitor.log",
+            host=self._shared_host,
+        )
         self._monitor = monitor
         assert self.pg_autoctl is not None
         # pg_autoctl makes the monitor's cluster (listening on '*' while it
@@ -709,13 +810,15 @@ class PgCluster:
                 "--pgport",
                 str(monitor.port),
                 "--hostname",
-                LOOPBACK,
+                monitor.host,
                 "--auth",
                 "trust",
                 "--no-ssl",
             ],
             timeout=START_TIMEOUT,
         )
+        if self.host_netns is not None:
+            self._admit_host_network(monitor.pgdata)
         self._run_autoctl(
             [
                 "config",
@@ -723,7 +826,7 @@ class PgCluster:
                 "--pgdata",
                 str(monitor.pgdata),
                 "postgresql.listen_addresses",
-                LOOPBACK,
+                monitor.host,
             ]
         )
         if self.monitor_settings:
@@ -732,7 +835,8 @@ class PgCluster:
 
     def _add_node(self, name: str) -> _Node:
         directory = self._require_directory()
-        node = _Node(name, free_port(), directory / name, directory / f"{name}.log")
+        host = HOST_ADDR if self.host_netns is not None and name == "node1" else self._shared_host
+        node = _Node(name, free_port(), directory / name, directory / f"{name}.log", host=host)
         self._nodes[name] = node
         return node
 
@@ -770,6 +874,26 @@ class PgCluster:
         if initdb.returncode != 0:
             raise PostgresFailed(f"initdb failed (exit {initdb.returncode}): {output[-2000:]}")
         self._append_settings(node.pgdata, self.settings)
+        if self.host_netns is not None:
+            # node2's pg_basebackup copies it.
+            self._admit_host_network(node.pgdata, replication=True)
+
+    @property
+    def _shared_host(self) -> str:
+        """Where the monitor and node2 listen: loopback, or with the
+        primary's host in a namespace the root side of its link (reachable
+        from both namespaces)."""
+        return HOST_ROOT_ADDR if self.host_netns is not None else LOOPBACK
+
+    def _admit_host_network(self, pgdata: Path, *, replication: bool = False) -> None:
+        """``trust`` for the two ends of the primary's link (pg_autoctl's own
+        entries name the nodes it knows; the sites connect from the root
+        side too)."""
+        lines = [f"host all all {HOST_NETWORK} trust"]
+        if replication:
+            lines.append(f"host replication all {HOST_NETWORK} trust")
+        with (pgdata / "pg_hba.conf").open("a", encoding="utf-8") as f:
+            f.write("\n# tasknet.drill.pgcluster: the primary's link\n" + "\n".join(lines) + "\n")
 
     def _append_settings(self, pgdata: Path, settings: Mapping[str, str]) -> None:
         conf = pgdata / "postgresql.conf"
@@ -788,9 +912,9 @@ class PgCluster:
                 "--pgport",
                 str(node.port),
                 "--listen",
-                LOOPBACK,
+                node.host,
                 "--hostname",
-                LOOPBACK,
+                node.host,
                 "--name",
                 node.name,
                 "--formation",
@@ -811,7 +935,10 @@ class PgCluster:
         # setpriv execs (the pid we signal is pg_autoctl's) and sets the
         # parent-death signal after the change of user: SIGQUIT, pg_autoctl's
         # immediate stop, if we die.
-        argv = ["setpriv", "--pdeathsig=SIGQUIT"]
+        argv = []
+        if self.host_netns is not None and node.host == HOST_ADDR:
+            argv += self.host_netns.exec_prefix()  # ip execs: the pid is still pg_autoctl's
+        argv += ["setpriv", "--pdeathsig=SIGQUIT"]
         if self._as_system_user:
             argv += [f"--reuid={SYSTEM_USER}", f"--regid={SYSTEM_USER}", "--init-groups"]
         argv += ["--", str(self.pg_autoctl), *args]
@@ -890,12 +1017,15 @@ class PgCluster:
         # pg_autoctl created the database (--dbname); the role owns it.
         self._psql(
             primary.port,
-            f"CREATE ROLE {ROLE} LOGIN;"
+            host=primary.host,
+            sql=f"CREATE ROLE {ROLE} LOGIN;"
             f" GRANT pg_signal_backend, pg_read_all_stats TO {ROLE};"
             f" ALTER DATABASE {DATABASE} OWNER TO {ROLE};",
             dbname="postgres",
         )
-        self._psql(primary.port, f"ALTER SCHEMA public OWNER TO {ROLE}", dbname=DATABASE)
+        self._psql(
+            primary.port, f"ALTER SCHEMA public OWNER TO {ROLE}", dbname=DATABASE, host=primary.host
+        )
 
     def _formation_uri(self) -> str:
         printed = self._run_autoctl(

@@ -1969,10 +1969,18 @@ def _failover_run(
     what: str,
     *,
     planned: bool,
+    heal: Callable[[Any], None] | None = None,
+    variant: str | None = None,
+    wait_evidence: bool = False,
 ) -> None:
     """The shape of S24 and S25: steady load, ``fault`` (returns its time),
     the standby promoted, both sites back, the load a while longer; then
-    the checks and the figures."""
+    ``heal`` (the old primary's host back on the network, if it was cut
+    off), the checks and the figures (``variant`` names the run in them).
+    ``wait_evidence``: the load runs until each site answered a create and
+    a report was ACKed after the fault (a node's reconnect backoff can
+    outlast the few seconds of load after /healthz), not only until
+    /healthz answers."""
     pg, sites = _failover_system(c, x)
     supervisor = SiteSupervisor(c).start()
     load = CreateLoad(c, rng, sites, LOAD_RATE).start()
@@ -1992,14 +2000,32 @@ def _failover_run(
         )
         x.step(f"{new_primary} is primary; waiting for both sites to serve again")
         _wait_all_serving(c, sites, PROMOTION_TIMEOUT)
+        if wait_evidence:
+            # A fenced site may still answer /healthz while it stops, and the
+            # nodes come back to the restarted sites after their reconnect
+            # backoff: wait for the creates and a report ACK themselves (the
+            # load runs until then; the figures judge when they came).
+            wait_for(
+                lambda: (
+                    len(_serving_again(load.snapshot(), sites, fault_at)) == len(sites)
+                    and bool(_first_ack_after(c, promoted_seen))
+                ),
+                PROMOTION_TIMEOUT,
+                "both sites answering creates and a report ACKed again",
+                procs=[],
+            )
         time.sleep(LOAD_AFTER)
     finally:
         answers = load.stop()
+        if heal is not None:
+            heal(pg)
     try:
         _wait_all_serving(c, sites, 60)
     finally:
         supervisor.stop()
     x.step("checking what the failover did to the creates")
+    if variant is not None:
+        x.figures["variant"] = variant
     figures = _recovery_figures(
         c,
         x,
@@ -2028,10 +2054,46 @@ def _failover_run(
 
 
 def s24_primary_killed(c: Cluster, x: Expect, rng: random.Random) -> None:
+    """DRILLS.md S24: the primary's node SIGKILLed; with ``--netns`` (the
+    primary's host in a namespace of its own) the second run: its host cut
+    off the network, its processes alive but unreachable (no RST: the
+    sites' sessions to it hang until their TCP timeouts), its keeper
+    demoting it alone; the host comes back after the load (it rejoins as
+    the standby)."""
+    pg = _failover_cluster(c)
+    if getattr(pg, "host_netns", None) is not None:
+
+        def cut(pg: Any) -> float:
+            return float(pg.cut_off_primary())
+
+        def heal(pg: Any) -> None:
+            pg.reconnect_host()
+
+        _failover_run(
+            c,
+            x,
+            rng,
+            cut,
+            "cut the primary's host off the network (every packet to and from it dropped)",
+            planned=False,
+            heal=heal,
+            variant="host cut off",
+            wait_evidence=True,
+        )
+        return
+
     def kill(pg: Any) -> float:
         return float(pg.kill_primary())
 
-    _failover_run(c, x, rng, kill, "SIGKILL the primary's postmaster and keeper", planned=False)
+    _failover_run(
+        c,
+        x,
+        rng,
+        kill,
+        "SIGKILL the primary's postmaster and keeper",
+        planned=False,
+        wait_evidence=True,
+    )
 
 
 #: ``pg_autoctl perform switchover`` attempts: the monitor can refuse one

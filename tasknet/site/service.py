@@ -90,6 +90,17 @@ MAX_AUTH_RATE = 10_000.0
 MAX_SESSIONS_PER_USER = 10_000
 
 
+#: Seconds a fenced site's stop may take before the process exits anyway
+#: (under twistd).  It writes nothing more (its lease refuses) and has
+#: answered every create under way, so nothing is left that needs the stop:
+#: a primary whose host is cut off answers nothing (no RST), and a thread
+#: blocked on it would hold the exit until its TCP timeout
+#: (``tcp_user_timeout``, 25 s), the restart, on the new primary, with it.
+#: Its sessions end with the process, as a killed site's; its successor's
+#: reap settles what it left.
+FENCED_EXIT_DEADLINE = 5.0
+
+
 class Options(LogOptions, usage.Options):
     optParameters = [
         [
@@ -554,13 +565,15 @@ class SiteService(service.MultiService):
 
     def _fenced(self, reason: str) -> None:
         """The lease is lost: the lifecycle already refuses to write; stop
-        the site and, under twistd, exit 1.  Every create under way is
-        answered first (a create that waits on a database in failover
-        would otherwise wait for the exit)."""
+        the site and, under twistd, exit 1, within :data:`FENCED_EXIT_DEADLINE`.
+        Every create under way is answered first (a create that waits on a
+        database in failover would otherwise wait for the exit)."""
         log.critical("tasknet-site lost its lease ({reason}): stopping", reason=reason)
         self.parts.lifecycle.answer_in_flight(f"this site lost its lease ({reason})")
         if self.exit_on_failure:
-            exit_after_stop(IReactorCore(self._reactor), 1)  # twistd stops the site on the way out
+            # twistd stops the site on the way out; a stop held up by the
+            # database does not hold up the exit.
+            exit_after_stop(IReactorCore(self._reactor), 1, deadline=FENCED_EXIT_DEADLINE)
         else:
             self.stopService()
 

@@ -115,6 +115,18 @@ def test_db_option_chooses_where_databases_come_from() -> None:
         parse_db_option("oracle://x")
 
 
+def test_netns_with_postgres_ha_says_why_it_cannot_run(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--db postgres-ha --netns`` (S24's host cut off) needs root: without
+    it the drill says why and runs nothing (not the SIGKILL run instead)."""
+    import tasknet.cli.drill as drill
+
+    monkeypatch.setattr(drill, "netns_available", lambda: "--netns needs root (test)")
+    assert main(["--db", "postgres-ha", "--netns", "S24"]) == 2
+    assert "--db postgres-ha --netns: --netns needs root (test)" in capsys.readouterr().err
+
+
 def test_each_run_gets_its_own_database_name_and_url() -> None:
     first, second = run_database_name("S20", 1), run_database_name("S20", 1)
     assert first.startswith("drill_s20_1_") and first != second

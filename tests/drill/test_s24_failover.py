@@ -109,3 +109,28 @@ def test_the_failover_scenarios_run_only_on_a_failover_cluster() -> None:
         for s in SCENARIOS.values()
         if s.id not in ("S24", "S25", "S26")
     )
+
+
+def test_the_host_cut_off_runs_figures_are_apart_from_the_kills() -> None:
+    """``--db postgres-ha --netns``: S24 cuts the primary's host off the
+    network; its figures are summed up as "S24 (host cut off)"."""
+    results = [
+        result("S24", 1, {"recovery_s": 31.0}),
+        result("S24", 1, {"recovery_s": 40.0, "variant": "host cut off"}),
+        result("S24", 2, {"recovery_s": 42.0, "variant": "host cut off"}),
+    ]
+    figures = recovery_figures(results)
+    assert figures["S24"]["recovery_s"]["runs"] == [31.0]
+    assert figures["S24 (host cut off)"]["recovery_s"] == {
+        "runs": [40.0, 42.0],
+        "median": 41.0,
+        "worst": 42.0,
+    }
+
+
+def test_the_primarys_host_is_namespaced_only_when_asked() -> None:
+    plain = databases_for(POSTGRES_HA_CHOICE)
+    assert isinstance(plain, FailoverClusters) and not plain.primary_netns
+    cut = databases_for(POSTGRES_HA_CHOICE, primary_netns=True)
+    assert isinstance(cut, FailoverClusters) and cut.primary_netns
+    assert "namespace" in cut.describe() and "namespace" not in plain.describe()

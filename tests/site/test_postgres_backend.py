@@ -618,3 +618,47 @@ def test_migrate_creates_the_schema_on_an_empty_postgresql_database(
     assert "nothing to do" in capsys.readouterr().out
     assert migrate_main(["--db", empty_pg_url.rsplit("/", 1)[0] + "/no_such_database"]) == 1
     assert "does not exist" in capsys.readouterr().err
+
+
+def test_a_multi_host_url_tries_the_last_writable_host_first(empty_pg_url: str) -> None:
+    """After a failover the URL's first host may answer nothing (its host
+    cut off: no RST): each new session would wait its connect_timeout there
+    before trying the new primary.  Once a session opened on a host, the
+    next ones of the process try that host first."""
+    import socket
+    import time
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(empty_pg_url)
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(16)  # the handshake completes, nothing ever answers
+    try:
+        hosts = f"127.0.0.1:{silent.getsockname()[1]},{parts.hostname}:{parts.port}"
+        url = (
+            f"postgresql://{parts.username}@{hosts}{parts.path}"
+            "?target_session_attrs=read-write&connect_timeout=2"
+        )
+        began = time.monotonic()
+        postgres.connect(url).close()
+        first = time.monotonic() - began
+        began = time.monotonic()
+        connection = postgres.connect(url)
+        again = time.monotonic() - began
+        assert connection.raw.info.port == parts.port
+        connection.close()
+    finally:
+        silent.close()
+        postgres._last_writable.clear()
+    assert first >= 1.9  # the silent host's connect_timeout
+    assert again < 1.5, again
+    params = {"host": "a,b,c", "port": "1", "target_session_attrs": "read-write"}
+    listed = postgres.listed_hosts(params)
+    assert postgres.writable_first(params, listed) == params  # nothing known yet
+    postgres._last_writable[("a,b,c", "1")] = ("b", "1")
+    try:
+        assert postgres.writable_first(params, listed)["host"] == "b,a,c"
+    finally:
+        postgres._last_writable.clear()
+    assert postgres.listed_hosts({"host": "a,b", "target_session_attrs": "any"}) is None
+    assert postgres.listed_hosts({"host": "a", "target_session_attrs": "read-write"}) is None

@@ -109,14 +109,58 @@ DEFAULT_LOCK_TIMEOUT_MS = 5000
 # libpq options the site sets unless the URL sets them.  Keepalives: a
 # server that vanished is noticed after idle + interval * count seconds on
 # an idle connection; tcp_user_timeout bounds the wait for data sent.
+# connect_timeout is per host: a multi-host URL's host that answers nothing
+# (cut off) costs each attempt that long before the next host is tried.
 _CONNECTION_DEFAULTS = {
-    "connect_timeout": "10",
+    "connect_timeout": "5",
     "keepalives": "1",
     "keepalives_idle": "10",
     "keepalives_interval": "5",
     "keepalives_count": "3",
     "tcp_user_timeout": "25000",
 }
+
+# Multi-host targets asking for the writable server: the host and port the
+# last session of this process opened on, by the target's host and port
+# lists.  Tried first by the next connection (libpq, and psycopg, try the
+# hosts in the order given): after a failover the old primary comes first
+# in the URL, and a host that answers nothing (cut off: no RST) would cost
+# every new connection its connect_timeout before the new primary is tried.
+_WRITABLE_ATTRS = frozenset({"read-write", "primary"})
+_last_writable: dict[tuple[str, str], tuple[str, str]] = {}
+
+
+def listed_hosts(params: dict[str, Any]) -> tuple[str, str] | None:
+    """The target's host and port lists when it names several hosts and
+    asks for the writable one (the key of what :func:`writable_first`
+    remembers); else None."""
+    if str(params.get("target_session_attrs", "")) not in _WRITABLE_ATTRS:
+        return None
+    if "," not in str(params.get("host") or "") or params.get("hostaddr"):
+        return None
+    return str(params["host"]), str(params.get("port") or "")
+
+
+def writable_first(params: dict[str, Any], listed: tuple[str, str] | None) -> dict[str, Any]:
+    """``params`` with the host this process last found writable for
+    ``listed`` first (the others after it, in their order); as given when
+    there is none."""
+    last = _last_writable.get(listed) if listed is not None else None
+    if listed is None or last is None:
+        return params
+    hosts = listed[0].split(",")
+    ports = listed[1].split(",")
+    if len(ports) == 1:
+        ports = ports * len(hosts)
+    if len(ports) != len(hosts):
+        return params
+    pairs = list(zip(hosts, ports, strict=True))
+    if last not in pairs or pairs[0] == last:
+        return params
+    pairs.remove(last)
+    pairs.insert(0, last)
+    return {**params, "host": ",".join(h for h, _ in pairs), "port": ",".join(p for _, p in pairs)}
+
 
 #: SQLSTATEs of a session the server ended (admin_shutdown,
 #: crash_shutdown, cannot_connect_now) and the connection exception class.
@@ -330,7 +374,11 @@ class PgConnection:
         params: dict[str, Any] = dict(_CONNECTION_DEFAULTS)
         params["application_name"] = self._application_name
         params.update(pg_conninfo.conninfo_to_dict(self.target))
+        listed = listed_hosts(params)
+        params = writable_first(params, listed)
         raw: psycopg.Connection[Any] = psycopg.connect(**params, autocommit=True)
+        if listed is not None:
+            _last_writable[listed] = (raw.info.host, str(raw.info.port))
         try:
             raw.adapters.register_loader("numeric", _NumericLoader)
             raw.adapters.register_dumper(bool, _BoolDumper)
