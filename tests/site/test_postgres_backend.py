@@ -637,7 +637,7 @@ def test_a_multi_host_url_tries_the_last_writable_host_first(empty_pg_url: str) 
         hosts = f"127.0.0.1:{silent.getsockname()[1]},{parts.hostname}:{parts.port}"
         url = (
             f"postgresql://{parts.username}@{hosts}{parts.path}"
-            "?target_session_attrs=read-write&connect_timeout=2"
+            "?target_session_attrs=read-write&connect_timeout=4"
         )
         began = time.monotonic()
         postgres.connect(url).close()
@@ -650,8 +650,8 @@ def test_a_multi_host_url_tries_the_last_writable_host_first(empty_pg_url: str) 
     finally:
         silent.close()
         postgres._last_writable.clear()
-    assert first >= 1.9  # the silent host's connect_timeout
-    assert again < 1.5, again
+    assert first >= 3.9  # the silent host's connect_timeout
+    assert again < 3.0, again  # not waited for again (a loaded machine's connect is slow, not 4 s)
     params = {"host": "a,b,c", "port": "1", "target_session_attrs": "read-write"}
     listed = postgres.listed_hosts(params)
     assert postgres.writable_first(params, listed) == params  # nothing known yet
