@@ -7,7 +7,7 @@ tasks every ``REPORT_EVERY`` seconds, one in flight.  Then the site gets
 SIGKILL (no shutdown code runs) and is started again at once, on the same
 database and the same ports.  Every node reconnects the way the real node
 does: Twisted's ``ClientService`` with the real node's retry policy
-(``backoffPolicy(initialDelay=0.5, maxDelay=30.0)`` with its jitter, under
+(``backoffPolicy(initialDelay=0.5, maxDelay=5.0)`` with its jitter, under
 ``tasknet.node.link.login_backoff``), its report in flight resent on the new
 connection, and a fresh report applied after that.
 

@@ -31,7 +31,7 @@ Modes: ``reports`` (B1, B10), ``idle`` (B5: log in and heartbeat only),
 
 ``--reconnect`` (B10): each node reconnects the way the real node does, by
 Twisted's ``ClientService`` with the real node's retry policy
-(``tasknet.node.link``: ``backoffPolicy(initialDelay=0.5, maxDelay=30.0)``,
+(``tasknet.node.link``: ``backoffPolicy(initialDelay=0.5, maxDelay=5.0)``,
 jitter included, under ``login_backoff``, which also counts a connection
 that ended before its login succeeded), and resends its report in flight on
 the new connection (``tasknet.node.reporter``).  Only each node's first

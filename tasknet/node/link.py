@@ -416,11 +416,21 @@ def tls_failure_text(reason: Failure | None) -> str | None:
     return "; ".join(dict.fromkeys(texts)) or "the handshake was refused"
 
 
+#: The longest wait between two dials of a node's sites.  Short enough that
+#: a node is back within seconds of a site that was down for a while (a
+#: database failover keeps every site down for about 30 s: with a 30 s cap
+#: a node came back up to 13 s after its site, past SCALE.md's 45 s); a dial
+#: of a site that is down costs it only a refused connection.
+MAX_RECONNECT_DELAY = 5.0
+
+
 def retry_policy_of(entropy: IEntropy) -> Callable[[int], float]:
-    """The node's default reconnect policy: exponential from 0.5 s to 30 s,
-    jittered from ``entropy`` (so that nodes dropped together do not all
-    come back together)."""
-    return backoffPolicy(initialDelay=0.5, maxDelay=30.0, jitter=entropy.random().random)
+    """The node's default reconnect policy: exponential from 0.5 s to
+    :data:`MAX_RECONNECT_DELAY`, jittered from ``entropy`` (so that nodes
+    dropped together do not all come back together)."""
+    return backoffPolicy(
+        initialDelay=0.5, maxDelay=MAX_RECONNECT_DELAY, jitter=entropy.random().random
+    )
 
 
 def login_backoff(

@@ -184,9 +184,9 @@ def test_load_nodes_reconnect_with_the_real_nodes_backoff() -> None:
     assert loadnode.retry_policy_of is link.retry_policy_of
     policy = link.retry_policy_of(SeededEntropy(7))
     delays = [policy(attempt) for attempt in range(14)]
-    # backoffPolicy: min(0.5 * 1.5**attempt, 30) plus up to a second of jitter.
+    # backoffPolicy: min(0.5 * 1.5**attempt, 5) plus up to a second of jitter.
     assert 0.5 <= delays[0] <= 1.5
-    assert all(30.0 <= d <= 31.0 for d in delays[11:])
+    assert all(5.0 <= d <= 6.0 for d in delays[6:])
     assert reporter.DEBOUNCE == loadnode.DEBOUNCE
 
 

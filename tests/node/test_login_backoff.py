@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 from twisted.application.internet import backoffPolicy
 
+from tasknet.node import link
 from tasknet.node.link import SiteClientService, SiteLinkFactory
 from tests.protocol.memory import MemoryNet
 from tests.protocol.peers import SITE_KEYS, NodeRecorder, SiteRecorder
@@ -88,16 +89,17 @@ def test_refused_logins_back_off_exponentially_then_reset_after_a_login(setup: S
     assert setup.retry_delay() == 1.0
 
 
-def test_the_default_policy_reaches_its_30_s_ceiling_under_refusals(setup: Setup) -> None:
+def test_the_default_policy_reaches_its_ceiling_under_refusals(setup: Setup) -> None:
     setup.start("wrong secret", retry_policy=None)
     delays = []
     for refusals in range(1, 13):
         setup.refused(refusals)
         delays.append(setup.retry_delay())
         setup.clock.advance(delays[-1])
-    # 0.5 s x 1.5^n plus up to 1 s of jitter: the ceiling is 30 s (+ jitter).
+    # 0.5 s x 1.5^n plus up to 1 s of jitter: the ceiling is 5 s (+ jitter).
+    ceiling = link.MAX_RECONNECT_DELAY
     assert delays[0] < 2.0
-    assert all(30.0 <= d <= 31.0 for d in delays[-2:]), delays
+    assert all(ceiling <= d <= ceiling + 1.0 for d in delays[-6:]), delays
     assert len(setup.site_handler.events) == 0
 
 
