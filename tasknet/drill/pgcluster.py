@@ -78,6 +78,7 @@ from urllib.parse import urlsplit, urlunsplit
 from tasknet.drill.netns import HOST_ADDR, HOST_NETWORK, HOST_ROOT_ADDR, HostNetns
 from tasknet.drill.pgserver import (
     DEFAULT_SETTINGS,
+    START_ATTEMPTS,
     SYSTEM_USER,
     PostgresFailed,
     PostgresNotInstalled,
@@ -155,6 +156,10 @@ POLL = 0.1
 #: The states pg_auto_failover reports (``pgautofailover.replication_state``)
 #: that mean "this node accepts writes".
 WRITABLE_STATES = frozenset({"single", "primary", "wait_primary", "join_primary", "apply_settings"})
+
+
+class _PortTaken(PostgresFailed):
+    """A server of the cluster found its port taken (the start is tried again)."""
 
 
 class AutoFailoverNotInstalled(PostgresNotInstalled):
@@ -324,6 +329,20 @@ class PgCluster:
             raise AutoFailoverNotInstalled(
                 f"the pgautofailover extension is not installed: {INSTALL_HINT}"
             )
+        for attempt in range(1, START_ATTEMPTS + 1):
+            try:
+                self._start_once()
+                break
+            except _PortTaken:
+                # A port free when chosen may be taken before its server
+                # binds it (another process's connection, on a busy
+                # machine): start again on new ports.
+                if attempt == START_ATTEMPTS:
+                    raise
+        self.start_seconds = time.monotonic() - began
+        return self
+
+    def _start_once(self) -> None:
         self.directory = self._make_directory()
         try:
             if self.primary_netns:
@@ -345,11 +364,25 @@ class PgCluster:
             self._wait(self.in_sync, "the standby to be in sync with the primary")
             self._create_role_and_database()
             self._uri = self._formation_uri()
-        except BaseException:
+        except BaseException as failed:
+            taken = isinstance(failed, PostgresFailed) and self._a_port_was_taken()
             self.stop()
+            if taken:
+                raise _PortTaken(str(failed)) from failed
             raise
-        self.start_seconds = time.monotonic() - began
-        return self
+
+    def _a_port_was_taken(self) -> bool:
+        """Whether a server of the cluster could not bind its port."""
+        nodes = [*self._nodes.values(), *([self._monitor] if self._monitor else [])]
+        for node in nodes:
+            logs = [node.log_path, *node.pgdata.glob("log/*.log")]
+            for log in logs:
+                try:
+                    if "Address already in use" in log.read_text(errors="replace"):
+                        return True
+                except OSError:
+                    continue
+        return False
 
     def stop(self) -> None:
         """Stop every node and the monitor (immediately: this is test data)
