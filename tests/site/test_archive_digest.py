@@ -76,7 +76,9 @@ async def _events(f: Fixture, token: str) -> EventsClient:
 async def _push_of(client: EventsClient, gid: int, status: str) -> dict[str, Any]:
     """The first push of ``gid`` at ``status`` (earlier pushes skipped)."""
     while True:
-        push = await client.next()
+        # A loaded machine's push may come after TIMEOUT: a failure here is
+        # a push that never comes.
+        push = await client.next(timeout=30.0)
         task = push.get("task") or {}
         if task.get("gid") == gid and task.get("status") == status:
             return task  # type: ignore[no-any-return]
