@@ -797,9 +797,11 @@
   // ---- tasks --------------------------------------------------------------
 
   // The status tabs: each is a set of display keys (GET /api/tasks?status=).
+  // "In progress" is what is being worked on: SUBMITTED without its QUEUED
+  // part, so a legacy node's long queue is counted under Queued alone.
   var FILTERS = {
     all: null,
-    active: ["SUBMITTING", "SUBMITTED", "DOWNLOADING", "WAITING_COMPRESSION", "COMPRESSING"],
+    active: ["SUBMITTING", "SUBMITTED_NOT_QUEUED", "DOWNLOADING", "WAITING_COMPRESSION", "COMPRESSING"],
     // Held by a node, not started (GET /api/tasks?status=QUEUED; counts.QUEUED).
     queued: ["QUEUED"],
     completed: ["COMPLETED"],
@@ -938,11 +940,17 @@
     renderTaskList();
   }
 
+  // Is the task under one of these filter keys?  SUBMITTED is both of its
+  // parts, QUEUED and SUBMITTED_NOT_QUEUED.
+  function statusMatches(task, keys) {
+    if (keys.indexOf(task.status) !== -1) { return true; }
+    return task.status === "SUBMITTED" && keys.indexOf(task.queued ? "QUEUED" : "SUBMITTED_NOT_QUEUED") !== -1;
+  }
+
   // Does a task that is not on the page belong at the top of what is shown?
   function matchesView(task) {
     var keys = FILTERS[state.filter];
-    if (state.filter === "queued") { if (!task.queued) { return false; } }
-    else if (keys && keys.indexOf(task.status) === -1) { return false; }
+    if (keys && !statusMatches(task, keys)) { return false; }
     if (state.favoriteOnly && !state.favorites.has(task.gid)) { return false; }
     if (state.nodeFilter && task.node !== state.nodeFilter) { return false; }
     if (!state.query) { return true; }
@@ -1669,8 +1677,10 @@
     if (offline && node) {
       return { kind: "offline", text: since ? t("nodeOfflineSince", { node: node, since: since }) : t("nodeOffline", { node: node }) };
     }
-    if (task.stalledSince) { return { kind: "stalled", text: t("stalledSince", { since: clock(task.stalledSince) }) }; }
+    // Queued first: a task that waits its turn has not stalled, however long
+    // it waits (the site gives stalledSince only to a moving download).
     if (task.queued) { return { kind: "queued", text: node ? t("queuedOn", { node: node }) : t("queuedWaiting") }; }
+    if (task.stalledSince) { return { kind: "stalled", text: t("stalledSince", { since: clock(task.stalledSince) }) }; }
     return null;
   }
 
@@ -2100,9 +2110,13 @@
 
   function tabCount(name) {
     var counts = state.counts || {};
-    // QUEUED is a part of SUBMITTED: "All" does not count it twice.
+    // QUEUED is a part of SUBMITTED: "All" does not count it twice, and
+    // SUBMITTED_NOT_QUEUED (not a count of its own) is the rest.
     var keys = FILTERS[name] || Object.keys(counts).filter(function (key) { return key !== "QUEUED"; });
-    return keys.reduce(function (sum, key) { return sum + (Number(counts[key]) || 0); }, 0);
+    return keys.reduce(function (sum, key) {
+      if (key === "SUBMITTED_NOT_QUEUED") { return sum + Math.max(0, (Number(counts.SUBMITTED) || 0) - (Number(counts.QUEUED) || 0)); }
+      return sum + (Number(counts[key]) || 0);
+    }, 0);
   }
 
   function renderCounts() {
