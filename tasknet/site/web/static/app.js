@@ -3212,8 +3212,10 @@
     function action(name, label, extra) {
       return el("button", Object.assign({ type: "button", "data-node-action": name, "data-node": id, "aria-label": t(label) + " " + id, text: t(label) }, extra || {}));
     }
+    // Every other mode is one click away: drain, then pause, then resume.
     var modeButtons = mode === "ACTIVE" ? [action("drain", "drainNode"), action("pause", "pauseNode")]
-      : [action("resume", "resumeNode", { className: "primary" })];
+      : [mode === "DRAINING" ? action("pause", "pauseNode") : action("drain", "drainNode"),
+        action("resume", "resumeNode", { className: "primary" })];
     var limitInput = el("input", { type: "number", min: "1", max: "100000", step: "1", inputmode: "numeric", placeholder: t("noLimit"), value: limit === null ? "" : String(limit), "data-node-limit": id, "aria-label": t("nodeLimit") + " " + id });
     return el("td", { "data-label": t("nodeActions"), "data-role": "actions", className: "actions" }, modeButtons.concat([
       el("span", { className: "node-limit" }, [limitInput, action("limit", "setLimit", { "aria-label": t("nodeLimit") + " " + id + ": " + t("setLimit") })]),
