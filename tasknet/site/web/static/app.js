@@ -49,6 +49,7 @@
       userExists: "已经有名为 {name} 的用户了。", userSelf: "不能停用你自己的账户。", userActionFailed: "没有完成：{message}", userRotated: "{name} 有了新令牌（见下方）。",
       upstreamDownCreate: "上游没有响应（刚才的创建请求连不上它）：它恢复之前无法提交新任务；没有扣费。",
       upstreamDownDownloads: "上游没有响应：{n} 个下载连不上它，会自动重试。",
+      upstreamDownDownloadsOne: "上游没有响应：1 个下载连不上它，会自动重试。",
       speedNotYet: "尚未测出（等待节点的下一次报告）", speedLegacy: "旧版节点不报告速度（只报告进度）",
       cannotReach: "站点无法访问：请检查网络连接后再试。",
       usageTitle: "本周用量", usageText: "{week}：已用 {used} 点 / 额度 {quota} 点（剩余 {left} 点）",
@@ -266,6 +267,7 @@
       userExists: "There is already a user named {name}.", userSelf: "You cannot disable your own account.", userActionFailed: "Not done: {message}", userRotated: "{name} has a new token (below).",
       upstreamDownCreate: "The upstream is not answering (a create just now could not reach it): new tasks cannot be submitted until it is back; nothing was charged.",
       upstreamDownDownloads: "The upstream is not answering: {n} downloads cannot reach it and retry by themselves.",
+      upstreamDownDownloadsOne: "The upstream is not answering: 1 download cannot reach it and retries by itself.",
       speedNotYet: "not measured yet (waiting for the node's next report)", speedLegacy: "not reported by this legacy node (progress only)",
       cannotReach: "The site is not reachable. Check your connection and try again.",
       usageTitle: "This week's usage", usageText: "{week}: used {used} of {quota} cost units ({left} left)",
@@ -1653,7 +1655,8 @@
   function renderUpstreamBanner(unreachable) {
     var banner = $("upstream-banner");
     var createDown = !!state.upstreamDownAt && Date.now() - state.upstreamDownAt < UPSTREAM_DOWN_MS;
-    var text = createDown ? t("upstreamDownCreate") : unreachable > 0 ? t("upstreamDownDownloads", { n: num(unreachable) }) : "";
+    var text = createDown ? t("upstreamDownCreate") : unreachable === 1 ? t("upstreamDownDownloadsOne")
+      : unreachable > 1 ? t("upstreamDownDownloads", { n: num(unreachable) }) : "";
     if (banner.textContent !== text) { banner.textContent = text; }
     banner.hidden = !text || !state.signedIn;
   }
