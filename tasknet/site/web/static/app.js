@@ -102,6 +102,8 @@
       dropStale: "过时", dropOldGeneration: "旧的任务代", dropDuplicate: "重复", dropUnknownTask: "未知任务",
       evArchiveUrl: "下载地址", evArchiveUrlSource: "地址来源", evWarning: "注意",
       stepReserve: "预留", stepSubmit: "提交到上游", stepPersist: "记录上游的答复", stepRecovery: "重启后恢复",
+      stepRecreate: "预留（归档不在后重新创建）", stepResolved: "管理员判定为已提交",
+      stepResolvedWithoutUrl: "管理员判定为已提交（没有归档链接，无需下载）", stepDeleted: "已删除",
       sourceSubmit: "来自提交的答复", sourceAudit: "来自上游审计", sourceNone: "没有",
       noArchiveUrl: "不知道下载地址（提交的答复和上游审计里都没有）：判为“已提交”会计费，但无法派发给节点。",
       errTimeout: "上游在超时时间内没有答复", errConnection: "连接在收到答复之前断开",
@@ -237,13 +239,13 @@
     en: {
       taskOpen: "History and details", taskTitle: "Task {gid}", taskBack: "Back to tasks", taskLoading: "Loading…",
       taskOwner: "Owner", taskNode: "Node", taskOperationId: "Generation (operationId)", taskDeleteOperationId: "Delete operation (deleteOperationId)",
-      taskCost: "Cost", taskCostPoints: "{cost} points", taskMetered: "counted in {week}", taskNotMetered: "not charged",
+      taskCost: "Cost", taskCostPoints: "{cost} cost units", taskMetered: "counted in {week}", taskNotMetered: "not charged",
       taskStep: "Last step reached", taskError: "Why it became unknown", taskUnknownAt: "Unknown since", taskCreatedAt: "Created", taskUpdatedAt: "Last changed",
       taskArchiveGone: "Archive gone: {reason} ({at}, node {node})", taskDeleteReason: "Why the delete failed",
       historyTitle: "History", historyEmpty: "No recorded changes.", historyOnNode: "node {node}",
       historyVerdict: "{actor} reconciled it: {verdict}", verdictSubmitted: "submitted", verdictNotSubmitted: "not submitted",
       historyForceDelete: "{actor} force-deleted it (node {node})", historyNote: "Note: {note}",
-      historyCreated: "Created", historyCreatedCost: "Created (cost {cost} points)", historyTruncated: "Only the newest 2,000 recorded changes are shown.",
+      historyCreated: "Created", historyCreatedCost: "Created ({cost} cost units)", historyTruncated: "Only the newest 2,000 recorded changes are shown.",
       evidenceTitle: "The upstream's evidence (the last verdict was taken on)", taskReconcile: "Reconcile this task", taskNotFound: "No such task (or not yours).",
       skip: "Skip to content", signOut: "Sign out", navTasks: "Tasks", navAdmin: "Admin",
       signInTitle: "Sign in", tokenLabel: "API token", signIn: "Sign in",
@@ -320,6 +322,8 @@
       dropStale: "stale", dropOldGeneration: "old generation", dropDuplicate: "duplicate", dropUnknownTask: "unknown task",
       evArchiveUrl: "Archive URL", evArchiveUrlSource: "URL from", evWarning: "Note",
       stepReserve: "reserve", stepSubmit: "submit to upstream", stepPersist: "record the upstream's answer", stepRecovery: "recovery after a restart",
+      stepRecreate: "reserve (created again after its archive was gone)", stepResolved: "judged submitted by an admin",
+      stepResolvedWithoutUrl: "judged submitted by an admin (no archive link: nothing to download)", stepDeleted: "deleted",
       sourceSubmit: "the submit answer", sourceAudit: "the upstream's audit", sourceNone: "none",
       noArchiveUrl: "No archive URL is known (neither from the submit answer nor from the upstream's audit): “submitted” would charge the task but no node can download it.",
       errTimeout: "the upstream did not answer within the timeout", errConnection: "the connection closed before an answer",
@@ -2301,7 +2305,8 @@
     }
     add(t("taskCreatedAt"), formatTime(op.createdAt || task.createdAt));
     add(t("taskUpdatedAt"), formatTime(task.updatedAt));
-    add(t("taskStep"), op.step, true);
+    // In words; a step this page does not know is shown as stored.
+    add(t("taskStep"), stepWords(op.step), !!op.step && !STEPS[op.step]);
     add(t("taskUnknownAt"), op.unknownAt ? formatTime(op.unknownAt) : null);
     add(t("taskError"), op.error);
     add(t("taskDeleteReason"), op.deleteReason);
@@ -2853,7 +2858,12 @@
     });
   }
 
-  var STEPS = { reserve: "stepReserve", submit: "stepSubmit", persist: "stepPersist", recovery: "stepRecovery" };
+  // task_operation.step, in words (storage: create.py, reconcile.py, delete.py).
+  var STEPS = {
+    reserve: "stepReserve", submit: "stepSubmit", persist: "stepPersist", recovery: "stepRecovery",
+    recreate: "stepRecreate", resolved: "stepResolved", resolved_without_url: "stepResolvedWithoutUrl", deleted: "stepDeleted"
+  };
+  function stepWords(step) { return step && STEPS[step] ? t(STEPS[step]) : step; }
   var SOURCES = { submit: "sourceSubmit", audit: "sourceAudit" };
 
   // The stored error is the site's technical text (English); the reader gets
@@ -2896,7 +2906,7 @@
       rows.push(el("dt", { text: t(labelKey) }));
       rows.push(el("dd", { text: value }, extra ? [extra] : []));
     }
-    if (evidence.step) { add("evStep", STEPS[evidence.step] ? t(STEPS[evidence.step]) : evidence.step); }
+    if (evidence.step) { add("evStep", stepWords(evidence.step)); }
     if (evidence.unknownAt) { add("evAt", formatTime(evidence.unknownAt)); }
     if (evidence.error) { add("evError", errorMeaning(evidence.error), technical(evidence.error)); }
     if ("archiveUrlSource" in evidence || evidence.archiveUrl) {
