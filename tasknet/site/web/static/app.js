@@ -731,6 +731,9 @@
     api("GET", "/api/me").then(function (result) {
       if (!result.ok || !result.data) { return; }
       state.me = result.data.user || null;
+      // The users table may have come first: mark the admin's own row
+      // ("(you)", no Disable or New token on it) now that we know it.
+      if (state.users) { renderUsers(); }
       var site = result.data.site;
       if (site && typeof site === "object") {
         if (Number(site.upstreamTimeout) > 0) { state.upstreamTimeout = Number(site.upstreamTimeout); }
