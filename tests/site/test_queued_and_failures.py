@@ -32,12 +32,12 @@ def _take(conn: sqlite3.Connection, node: str = "n1") -> node_sessions.Holding:
 
 def test_queued_is_submitted_with_its_detail_counted_apart(conn: sqlite3.Connection) -> None:
     uid, _ = add_user(conn, "alice")
-    for gid in (1, 2, 3):
+    for gid in (1, 2, 3, 4):
         add_task(conn, gid, uid, node_id="n1")
     _take(conn)
     _report(
         conn,
-        1,
+        1,  # gid 4: sent, not reported yet
         TaskEntry(1, 1, 0.0, True, "waiting for a download slot"),
         TaskEntry(2, 1, 0.25),
         TaskEntry(3, 1, 0.0, True),
@@ -49,15 +49,23 @@ def test_queued_is_submitted_with_its_detail_counted_apart(conn: sqlite3.Connect
     two = run_read(conn, views.task_view, 2)
     assert two["status"] == "DOWNLOADING" and two["queued"] is False and two["detail"] is None
     counts = run_read(conn, views.count_by_status, uid, "", True)
-    assert counts["QUEUED"] == 2 and counts["SUBMITTED"] == 2 and counts["DOWNLOADING"] == 1
+    assert counts["QUEUED"] == 2 and counts["SUBMITTED"] == 3 and counts["DOWNLOADING"] == 1
     assert "QUEUED" not in run_read(conn, views.count_by_status, uid)  # metrics: display keys
+    assert views.SUBMITTED_NOT_QUEUED not in counts  # SUBMITTED minus QUEUED
     query = views.TaskQuery(uid, 50, views.Order.GID, frozenset({views.QUEUED}))
     assert [t["gid"] for t in run_read(conn, views.list_tasks, query)[0]] == [1, 3]
+    query = views.TaskQuery(uid, 50, views.Order.GID, frozenset({"SUBMITTED"}))
+    assert [t["gid"] for t in run_read(conn, views.list_tasks, query)[0]] == [1, 3, 4]
+    # "In progress" without the queue, in the merged (newest) and the scanned order.
+    working = frozenset({"SUBMITTING", views.SUBMITTED_NOT_QUEUED, "DOWNLOADING", "COMPRESSING"})
+    for order, gids in ((views.Order.NEWEST, [4, 2]), (views.Order.GID, [2, 4])):
+        tasks, _, total = run_read(conn, views.list_tasks, views.TaskQuery(uid, 50, order, working))
+        assert ([t["gid"] for t in tasks], total) == (gids, 2)
     query = views.TaskQuery(uid, 50, views.Order.GID, frozenset({"DOWNLOADING"}))
     assert [t["gid"] for t in run_read(conn, views.list_tasks, query)[0]] == [2]
     activity = node_panel(conn, T0, ["n1"])["n1"]
     assert activity["queuedTasks"] == 2 and activity["runningTasks"] == 1
-    assert activity["activeTasks"] == 3
+    assert activity["activeTasks"] == 4
 
     # The download starts; the node's detail changes alone (still a change).
     _report(conn, 2, TaskEntry(1, 1, 0.0, False, "retrying: upstream unreachable"))

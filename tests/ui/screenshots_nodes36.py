@@ -13,8 +13,9 @@ node and a legacy node with two download slots each; 40 tasks, so the
 legacy node holds about 20 of which 2 download.
 
 * ``item1``: the task list (its tabs and counts, the legacy node's rows);
-* ``item6``: the admin page's node panel, node-1 drained and the legacy
-  node limited to 25 (after; the "before" site has no such control).
+* ``item6``: the admin page's node panel, node-1 draining (Pause and
+  Resume offered) and the legacy node limited to 25 (after; the "before"
+  site has no such control).
 """
 
 from __future__ import annotations
@@ -53,11 +54,8 @@ def _tasks(page: Any) -> None:
 def _nodes(page: Any) -> None:
     page.click("#nav-admin")
     page.wait_for_selector("#nodes-body tr", timeout=WAIT_MS)
+    # The panel fits the window (its controls included): no sideways scroll.
     page.locator("#nodes-table").evaluate("e => e.scrollIntoView()")
-    # The panel is wider than a laptop: its controls are at the right end.
-    page.locator("#nodes-body tr:first-child td.actions").evaluate(
-        "e => e.scrollIntoView({block: 'nearest', inline: 'end'})"
-    )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -4,10 +4,13 @@ the web UI (issue 36, item 6), in headless Chromium against real processes
 stays downloading throughout).
 
 Drain: the node's row says "draining, 1 left" and the next task goes to
-the other node, while the node's own download goes on; Resume, then Pause
-("paused"); a limit of 1 on the other node ("limit 1"), a limit of 0
-refused with words and nothing changed; in Chinese the dialog asks in
-Chinese; on a phone the controls are on screen.  Page errors, console
+the other node, while the node's own download goes on; then Pause (offered
+while it drains: "paused"), then Resume, its download going on throughout;
+a limit of 1 on the other node ("limit 1"), a limit of 0 refused with
+words and nothing changed; that node drained and its task deleted:
+"drained"; in Chinese the dialog asks in Chinese; on a phone the controls
+are on screen.  At 1280x800 and on the phone the page does not scroll
+sideways (the panel fits).  Page errors, console
 errors (other than the 401 before signing in) and CSP violations fail.
 """
 
@@ -109,6 +112,11 @@ def test_an_admin_drains_pauses_resumes_and_limits_a_node(stack: DemoStack) -> N
             expect(row).to_be_visible(timeout=WAIT_MS)
             dialog = page.locator("#confirm-dialog")
 
+            def fits() -> None:
+                # The panel and its controls fit the window: no sideways scroll.
+                width = page.evaluate("[document.documentElement.scrollWidth, innerWidth]")
+                assert width[0] <= width[1], width
+
             def act(node: str, action: str, note: str = "") -> None:
                 target = page.locator(f'#nodes-body tr[data-node="{node}"]')
                 target.locator(f'button[data-node-action="{action}"]').click()
@@ -130,12 +138,19 @@ def test_an_admin_drains_pauses_resumes_and_limits_a_node(stack: DemoStack) -> N
             second = create(stack, gid_with_size(600_000, 2_000_000, 5_300_001))
             assert second["node"] == other
             assert row.locator('button[data-node-action="drain"]').count() == 0
+            fits()
 
-            # Resume, then Pause: "paused"; the first download still runs there.
-            act(holder, "resume")
-            expect(state).to_have_count(0, timeout=WAIT_MS)
+            # Then Pause, offered while it drains: "paused"; then Resume.  The
+            # first download runs there throughout.
             act(holder, "pause")
             expect(state).to_have_text(" · paused", timeout=WAIT_MS)
+            assert controls(stack) == [(holder, "PAUSED", None, "")]
+            expect(row.locator('button[data-node-action="drain"]')).to_be_visible()
+            assert row.locator('button[data-node-action="pause"]').count() == 0
+            fits()
+            act(holder, "resume")
+            expect(state).to_have_count(0, timeout=WAIT_MS)
+            assert controls(stack) == []
             now = task(stack, first["gid"])
             assert (now["node"], now["status"]) == (holder, "DOWNLOADING")
 
@@ -150,22 +165,30 @@ def test_an_admin_drains_pauses_resumes_and_limits_a_node(stack: DemoStack) -> N
             expect(dialog).to_be_hidden()
             other_row.locator("input[data-node-limit]").fill("1")
             act(other, "limit")
-            expect(other_row.locator('[data-role="control"]')).to_have_text(
-                " · limit 1", timeout=WAIT_MS
-            )
-            assert controls(stack) == [(holder, "PAUSED", None, ""), (other, "ACTIVE", 1, "")]
+            other_state = other_row.locator('[data-role="control"]')
+            expect(other_state).to_have_text(" · limit 1", timeout=WAIT_MS)
+            assert controls(stack) == [(other, "ACTIVE", 1, "")]
+
+            # Drained: the other node drains, its one task goes, nothing is left.
+            act(other, "drain")
+            expect(other_state).to_have_text(" · draining, 1 left · limit 1", timeout=WAIT_MS)
+            deleted = api(stack, "DELETE", f"/api/tasks/{second['gid']}")
+            assert deleted.status in (200, 202), deleted.brief()
+            expect(other_state).to_have_text(" · drained · limit 1", timeout=WAIT_MS)
+            fits()
 
             # In Chinese, on a phone: the words and the controls are there.
             page.click("#lang-toggle")
             expect(page.locator("html")).to_have_attribute("lang", "zh-CN")
             page.set_viewport_size({"width": 360, "height": 740})
-            expect(row.locator('[data-role="control"]')).to_have_text(" · 已暂停派发")
-            resume = row.locator('button[data-node-action="resume"]')
+            expect(other_state).to_have_text(" · 已排空 · 上限 1")
+            fits()
+            resume = other_row.locator('button[data-node-action="resume"]')
             expect(resume).to_be_visible()
             resume.click()
-            expect(page.locator("#confirm-title")).to_have_text(f"恢复 {holder}？")
+            expect(page.locator("#confirm-title")).to_have_text(f"恢复 {other}？")
             page.click("#confirm-ok")
-            expect(row.locator('[data-role="control"]')).to_have_count(0, timeout=WAIT_MS)
+            expect(other_state).to_have_text(" · 上限 1", timeout=WAIT_MS)
             assert controls(stack) == [(other, "ACTIVE", 1, "")]
             csp = page.evaluate("window.__csp")
         finally:

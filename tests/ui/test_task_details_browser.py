@@ -8,6 +8,7 @@ module-scoped stack of tests/ui/test_views_browser.py."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -72,7 +73,18 @@ def test_an_unknown_task_links_to_its_card_and_its_reconciled_page_tells_its_his
     facts = page.locator("#task-page-body dl")
     details = api(stack, "GET", f"/api/tasks/{gid}/details").body
     expect()(facts).to_contain_text(details["operation"]["operationId"])
-    expect()(facts).to_contain_text("points")
+    # Cost in cost units, as everywhere else in English; the last step in words.
+    operation = details["operation"]
+    expect()(facts).to_contain_text(f"{operation['cost']:,} cost units")
+    expect()(facts).not_to_contain_text("points")
+    expect()(history).to_contain_text(f"Created ({operation['cost']:,} cost units)")
+    words = {
+        "resolved": "judged submitted by an admin",
+        "resolved_without_url": "judged submitted by an admin"
+        " (no archive link: nothing to download)",
+    }
+    step = page.locator('#task-page-body dt:text-is("Last step reached") + dd')
+    expect()(step).to_have_text(words[operation["step"]])
 
     # A deep link in Chinese, in a fresh page, at the phone's width.
     zh = open_page(locale="zh-CN", viewport={"width": 360, "height": 740}).page
@@ -81,6 +93,8 @@ def test_an_unknown_task_links_to_its_card_and_its_reconciled_page_tells_its_his
     expect()(zh.locator("#task-history li[data-kind=verdict]")).to_contain_text(
         "demo 裁定：已提交", timeout=WAIT_MS
     )
+    zh_step = zh.locator('#task-page-body dt:text-is("最后到达的步骤") + dd')
+    expect()(zh_step).to_have_text(re.compile(r"^管理员判定为已提交"))
     width = zh.evaluate("document.documentElement.scrollWidth")
     assert width <= 360, f"page is {width}px wide"
 

@@ -3,7 +3,8 @@ the demo's real processes with the mock upstream killed mid-download:
 
 * the row's "retrying in N s" counts down between the node's reports;
 * a site-wide banner says the upstream is not answering (downloads that
-  cannot reach it; then a create that could not), in both languages;
+  cannot reach it, "2 downloads" then "1 download"; then a create that
+  could not), in both languages;
 * the API's message for that create is words with numbers, no exception text.
 
 Any page error, CSP violation or console error other than the expected
@@ -52,14 +53,20 @@ def test_a_dead_upstream_is_said_site_wide_and_the_retry_counts_down(stack: Demo
     sync_api = require_browser()
     expect = sync_api.expect
     gid = gid_with_size(400_000, 600_000, 5_400_001)
-    reply = request(
-        "POST",
-        f"{stack.url}api/tasks",
-        {"gid": gid, "token": "upstream-token", "name": "doomed"},
-        token=DEMO_TOKEN,
+    # A second download, deleted later: the banner says "2 downloads", then "1 download".
+    second = gid_with_size(400_000, 600_000, gid + 1)
+    for each, name in ((gid, "doomed"), (second, "doomed too")):
+        reply = request(
+            "POST",
+            f"{stack.url}api/tasks",
+            {"gid": each, "token": "upstream-token", "name": name},
+            token=DEMO_TOKEN,
+        )
+        assert reply.status == 201, reply.brief()
+    eventually_blocking(
+        lambda: all(float(_task(stack, g)["progress"] or 0) > 0 for g in (gid, second)),
+        timeout=30,
     )
-    assert reply.status == 201, reply.brief()
-    eventually_blocking(lambda: float(_task(stack, gid)["progress"] or 0) > 0, timeout=30)
     stack.child("upstream").kill()
     # The node retries, doubling its wait: until one is long enough to watch.
     eventually_blocking(
@@ -67,6 +74,7 @@ def test_a_dead_upstream_is_said_site_wide_and_the_retry_counts_down(stack: Demo
         timeout=60,
         what="a retry of 6 s or more",
     )
+    eventually_blocking(lambda: "refused" in (_task(stack, second)["detail"] or ""), timeout=60)
     detail = _task(stack, gid)["detail"]
     assert "Error" not in detail and "refused" in detail, detail
 
@@ -91,7 +99,7 @@ def test_a_dead_upstream_is_said_site_wide_and_the_retry_counts_down(stack: Demo
             page.press("#token-input", "Enter")
             banner = page.locator("#upstream-banner")
             expect(banner).to_have_text(
-                "The upstream is not answering: 1 downloads cannot reach it and retry by"
+                "The upstream is not answering: 2 downloads cannot reach it and retry by"
                 " themselves.",
                 timeout=WAIT_MS,
             )
@@ -100,6 +108,18 @@ def test_a_dead_upstream_is_said_site_wide_and_the_retry_counts_down(stack: Demo
             expect(span).to_have_text(re.compile(r"^retrying in \d+ s: "), timeout=WAIT_MS)
             first = span.inner_text()
             expect(span).not_to_have_text(first, timeout=3_000)
+
+            # One download left: the singular, in English; Chinese has one form.
+            deleted = request("DELETE", f"{stack.url}api/tasks/{second}", token=DEMO_TOKEN)
+            assert deleted.status in (200, 202), deleted.brief()
+            expect(banner).to_have_text(
+                "The upstream is not answering: 1 download cannot reach it and retries by itself.",
+                timeout=WAIT_MS,
+            )
+            page.click("#lang-toggle")
+            expect(banner).to_have_text("上游没有响应：1 个下载连不上它，会自动重试。")
+            page.click("#lang-toggle")
+            expect(page.locator("html")).to_have_attribute("lang", "en")
 
             # A create that cannot reach the upstream: the banner says so too.
             other = gid_with_size(100_000, 200_000, gid + 1)

@@ -301,6 +301,10 @@ class Order(StrEnum):
 #: The filter key of a SUBMITTED task its node holds but has not started:
 #: ``?status=QUEUED`` and the ``QUEUED`` count (a part of ``SUBMITTED``).
 QUEUED = "QUEUED"
+#: The filter key of the rest of SUBMITTED (sent, not known to be queued):
+#: with it a list of the tasks being worked on leaves the queue out (issue
+#: 36, item 1); ``?status=SUBMITTED`` still means both parts.
+SUBMITTED_NOT_QUEUED = "SUBMITTED_NOT_QUEUED"
 
 #: ``order=status``: the lifecycle order of the display statuses.
 STATUS_ORDER = [
@@ -343,12 +347,14 @@ def _status_keys() -> dict[str, list[str]]:
     keys: dict[str, list[str]] = {status.value: [status.value] for status in TaskStatus}
     keys[TaskStatus.SUBMITTED.value].append(QUEUED)
     keys[QUEUED] = [QUEUED]
+    keys[SUBMITTED_NOT_QUEUED] = [TaskStatus.SUBMITTED.value]
     return keys
 
 
-#: The stored keys of each filter key (every display status, and QUEUED).
+#: The stored keys of each filter key (every display status, QUEUED and
+#: SUBMITTED_NOT_QUEUED).
 STATUS_KEYS = _status_keys()
-FILTER_KEYS = [*(status.value for status in TaskStatus), QUEUED]
+FILTER_KEYS = [*(status.value for status in TaskStatus), QUEUED, SUBMITTED_NOT_QUEUED]
 #: The display status of each stored key.
 _KEY_STATUS = {
     **{status.value: status for status in TaskStatus},

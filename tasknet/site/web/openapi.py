@@ -61,9 +61,11 @@ MAX_WINDOW = 86400
 MAX_NODE_ID = 128
 MAX_BULK = 500
 MAX_ARCHIVE_LINKS = 1000
-#: ``GET /api/tasks``' orders and the ``QUEUED`` filter key (``storage.views``).
+#: ``GET /api/tasks``' orders and the ``QUEUED`` and ``SUBMITTED_NOT_QUEUED``
+#: filter keys (``storage.views``).
 ORDERS = ["newest", "oldest", "gid", "size", "progress", "status"]
 QUEUED = "QUEUED"
+SUBMITTED_NOT_QUEUED = "SUBMITTED_NOT_QUEUED"
 #: ``after`` of ``GET /api/tasks``: the union of every order's cursor shape
 #: (``views.parse_cursor`` takes one of them per order).
 AFTER_PATTERN = "^([^~\\u0000-\\u001f]{1,64}~[0-9]{1,10}|[0-9]{1,10})$"
@@ -293,6 +295,9 @@ def _responses(ok: dict[str, Schema], *errors: tuple[int, Schema], db: bool = Tr
 
 _STATUS_KEYS = [status.value for status in TaskStatus]
 _FILTER_KEYS = [*_STATUS_KEYS, QUEUED]
+# The list also takes the rest of SUBMITTED; the counts leave it out
+# (SUBMITTED minus QUEUED), so their shape is unchanged.
+_LIST_FILTER_KEYS = [*_FILTER_KEYS, SUBMITTED_NOT_QUEUED]
 _STATES = [state.value for state in OperationState]
 _TIME = _string("ISO 8601 UTC, e.g. `2026-12-01T08:17:28.120Z`.")
 
@@ -1136,9 +1141,10 @@ def _task_operations() -> dict[str, Schema]:
         parameters=[
             _query(
                 "status",
-                {"type": "array", "items": _string(enum=_FILTER_KEYS), "minItems": 1},
+                {"type": "array", "items": _string(enum=_LIST_FILTER_KEYS), "minItems": 1},
                 "Display keys, comma-separated (any of them); `QUEUED`: the `SUBMITTED` "
-                "tasks queued on a node.",
+                "tasks queued on a node; `SUBMITTED_NOT_QUEUED`: the other `SUBMITTED` "
+                "tasks (sent, not known to be queued).",
                 style="form",
                 explode=False,
             ),

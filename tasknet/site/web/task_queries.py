@@ -5,8 +5,9 @@ anything malformed is ``400 invalid_request`` with a message naming it.
 Decisions the spec leaves open (also in docs/operations.md, "Task views"):
 
 * ``status`` is a comma-separated list of display keys (OR), or
-  ``QUEUED`` (the SUBMITTED tasks queued on a node); an empty or unknown
-  key is a 400.
+  ``QUEUED`` (the SUBMITTED tasks queued on a node) or
+  ``SUBMITTED_NOT_QUEUED`` (the others: what the UI's "In progress" tab
+  lists beside the downloads); an empty or unknown key is a 400.
 * ``q`` (at most :data:`MAX_SEARCH` characters, trimmed) matches a task whose
   name contains it (ASCII case-insensitively) or whose gid in decimal
   contains it ("1777" finds 101777); ``/api/tasks/counts`` takes the same ``q``.

@@ -49,6 +49,7 @@
       userExists: "已经有名为 {name} 的用户了。", userSelf: "不能停用你自己的账户。", userActionFailed: "没有完成：{message}", userRotated: "{name} 有了新令牌（见下方）。",
       upstreamDownCreate: "上游没有响应（刚才的创建请求连不上它）：它恢复之前无法提交新任务；没有扣费。",
       upstreamDownDownloads: "上游没有响应：{n} 个下载连不上它，会自动重试。",
+      upstreamDownDownloadsOne: "上游没有响应：1 个下载连不上它，会自动重试。",
       speedNotYet: "尚未测出（等待节点的下一次报告）", speedLegacy: "旧版节点不报告速度（只报告进度）",
       cannotReach: "站点无法访问：请检查网络连接后再试。",
       usageTitle: "本周用量", usageText: "{week}：已用 {used} 点 / 额度 {quota} 点（剩余 {left} 点）",
@@ -101,6 +102,8 @@
       dropStale: "过时", dropOldGeneration: "旧的任务代", dropDuplicate: "重复", dropUnknownTask: "未知任务",
       evArchiveUrl: "下载地址", evArchiveUrlSource: "地址来源", evWarning: "注意",
       stepReserve: "预留", stepSubmit: "提交到上游", stepPersist: "记录上游的答复", stepRecovery: "重启后恢复",
+      stepRecreate: "预留（归档不在后重新创建）", stepResolved: "管理员判定为已提交",
+      stepResolvedWithoutUrl: "管理员判定为已提交（没有归档链接，无需下载）", stepDeleted: "已删除",
       sourceSubmit: "来自提交的答复", sourceAudit: "来自上游审计", sourceNone: "没有",
       noArchiveUrl: "不知道下载地址（提交的答复和上游审计里都没有）：判为“已提交”会计费，但无法派发给节点。",
       errTimeout: "上游在超时时间内没有答复", errConnection: "连接在收到答复之前断开",
@@ -236,13 +239,13 @@
     en: {
       taskOpen: "History and details", taskTitle: "Task {gid}", taskBack: "Back to tasks", taskLoading: "Loading…",
       taskOwner: "Owner", taskNode: "Node", taskOperationId: "Generation (operationId)", taskDeleteOperationId: "Delete operation (deleteOperationId)",
-      taskCost: "Cost", taskCostPoints: "{cost} points", taskMetered: "counted in {week}", taskNotMetered: "not charged",
+      taskCost: "Cost", taskCostPoints: "{cost} cost units", taskMetered: "counted in {week}", taskNotMetered: "not charged",
       taskStep: "Last step reached", taskError: "Why it became unknown", taskUnknownAt: "Unknown since", taskCreatedAt: "Created", taskUpdatedAt: "Last changed",
       taskArchiveGone: "Archive gone: {reason} ({at}, node {node})", taskDeleteReason: "Why the delete failed",
       historyTitle: "History", historyEmpty: "No recorded changes.", historyOnNode: "node {node}",
       historyVerdict: "{actor} reconciled it: {verdict}", verdictSubmitted: "submitted", verdictNotSubmitted: "not submitted",
       historyForceDelete: "{actor} force-deleted it (node {node})", historyNote: "Note: {note}",
-      historyCreated: "Created", historyCreatedCost: "Created (cost {cost} points)", historyTruncated: "Only the newest 2,000 recorded changes are shown.",
+      historyCreated: "Created", historyCreatedCost: "Created ({cost} cost units)", historyTruncated: "Only the newest 2,000 recorded changes are shown.",
       evidenceTitle: "The upstream's evidence (the last verdict was taken on)", taskReconcile: "Reconcile this task", taskNotFound: "No such task (or not yours).",
       skip: "Skip to content", signOut: "Sign out", navTasks: "Tasks", navAdmin: "Admin",
       signInTitle: "Sign in", tokenLabel: "API token", signIn: "Sign in",
@@ -266,6 +269,7 @@
       userExists: "There is already a user named {name}.", userSelf: "You cannot disable your own account.", userActionFailed: "Not done: {message}", userRotated: "{name} has a new token (below).",
       upstreamDownCreate: "The upstream is not answering (a create just now could not reach it): new tasks cannot be submitted until it is back; nothing was charged.",
       upstreamDownDownloads: "The upstream is not answering: {n} downloads cannot reach it and retry by themselves.",
+      upstreamDownDownloadsOne: "The upstream is not answering: 1 download cannot reach it and retries by itself.",
       speedNotYet: "not measured yet (waiting for the node's next report)", speedLegacy: "not reported by this legacy node (progress only)",
       cannotReach: "The site is not reachable. Check your connection and try again.",
       usageTitle: "This week's usage", usageText: "{week}: used {used} of {quota} cost units ({left} left)",
@@ -318,6 +322,8 @@
       dropStale: "stale", dropOldGeneration: "old generation", dropDuplicate: "duplicate", dropUnknownTask: "unknown task",
       evArchiveUrl: "Archive URL", evArchiveUrlSource: "URL from", evWarning: "Note",
       stepReserve: "reserve", stepSubmit: "submit to upstream", stepPersist: "record the upstream's answer", stepRecovery: "recovery after a restart",
+      stepRecreate: "reserve (created again after its archive was gone)", stepResolved: "judged submitted by an admin",
+      stepResolvedWithoutUrl: "judged submitted by an admin (no archive link: nothing to download)", stepDeleted: "deleted",
       sourceSubmit: "the submit answer", sourceAudit: "the upstream's audit", sourceNone: "none",
       noArchiveUrl: "No archive URL is known (neither from the submit answer nor from the upstream's audit): “submitted” would charge the task but no node can download it.",
       errTimeout: "the upstream did not answer within the timeout", errConnection: "the connection closed before an answer",
@@ -725,6 +731,9 @@
     api("GET", "/api/me").then(function (result) {
       if (!result.ok || !result.data) { return; }
       state.me = result.data.user || null;
+      // The users table may have come first: mark the admin's own row
+      // ("(you)", no Disable or New token on it) now that we know it.
+      if (state.users) { renderUsers(); }
       var site = result.data.site;
       if (site && typeof site === "object") {
         if (Number(site.upstreamTimeout) > 0) { state.upstreamTimeout = Number(site.upstreamTimeout); }
@@ -797,9 +806,11 @@
   // ---- tasks --------------------------------------------------------------
 
   // The status tabs: each is a set of display keys (GET /api/tasks?status=).
+  // "In progress" is what is being worked on: SUBMITTED without its QUEUED
+  // part, so a legacy node's long queue is counted under Queued alone.
   var FILTERS = {
     all: null,
-    active: ["SUBMITTING", "SUBMITTED", "DOWNLOADING", "WAITING_COMPRESSION", "COMPRESSING"],
+    active: ["SUBMITTING", "SUBMITTED_NOT_QUEUED", "DOWNLOADING", "WAITING_COMPRESSION", "COMPRESSING"],
     // Held by a node, not started (GET /api/tasks?status=QUEUED; counts.QUEUED).
     queued: ["QUEUED"],
     completed: ["COMPLETED"],
@@ -938,11 +949,17 @@
     renderTaskList();
   }
 
+  // Is the task under one of these filter keys?  SUBMITTED is both of its
+  // parts, QUEUED and SUBMITTED_NOT_QUEUED.
+  function statusMatches(task, keys) {
+    if (keys.indexOf(task.status) !== -1) { return true; }
+    return task.status === "SUBMITTED" && keys.indexOf(task.queued ? "QUEUED" : "SUBMITTED_NOT_QUEUED") !== -1;
+  }
+
   // Does a task that is not on the page belong at the top of what is shown?
   function matchesView(task) {
     var keys = FILTERS[state.filter];
-    if (state.filter === "queued") { if (!task.queued) { return false; } }
-    else if (keys && keys.indexOf(task.status) === -1) { return false; }
+    if (keys && !statusMatches(task, keys)) { return false; }
     if (state.favoriteOnly && !state.favorites.has(task.gid)) { return false; }
     if (state.nodeFilter && task.node !== state.nodeFilter) { return false; }
     if (!state.query) { return true; }
@@ -1645,7 +1662,8 @@
   function renderUpstreamBanner(unreachable) {
     var banner = $("upstream-banner");
     var createDown = !!state.upstreamDownAt && Date.now() - state.upstreamDownAt < UPSTREAM_DOWN_MS;
-    var text = createDown ? t("upstreamDownCreate") : unreachable > 0 ? t("upstreamDownDownloads", { n: num(unreachable) }) : "";
+    var text = createDown ? t("upstreamDownCreate") : unreachable === 1 ? t("upstreamDownDownloadsOne")
+      : unreachable > 1 ? t("upstreamDownDownloads", { n: num(unreachable) }) : "";
     if (banner.textContent !== text) { banner.textContent = text; }
     banner.hidden = !text || !state.signedIn;
   }
@@ -1669,8 +1687,10 @@
     if (offline && node) {
       return { kind: "offline", text: since ? t("nodeOfflineSince", { node: node, since: since }) : t("nodeOffline", { node: node }) };
     }
-    if (task.stalledSince) { return { kind: "stalled", text: t("stalledSince", { since: clock(task.stalledSince) }) }; }
+    // Queued first: a task that waits its turn has not stalled, however long
+    // it waits (the site gives stalledSince only to a moving download).
     if (task.queued) { return { kind: "queued", text: node ? t("queuedOn", { node: node }) : t("queuedWaiting") }; }
+    if (task.stalledSince) { return { kind: "stalled", text: t("stalledSince", { since: clock(task.stalledSince) }) }; }
     return null;
   }
 
@@ -2100,9 +2120,13 @@
 
   function tabCount(name) {
     var counts = state.counts || {};
-    // QUEUED is a part of SUBMITTED: "All" does not count it twice.
+    // QUEUED is a part of SUBMITTED: "All" does not count it twice, and
+    // SUBMITTED_NOT_QUEUED (not a count of its own) is the rest.
     var keys = FILTERS[name] || Object.keys(counts).filter(function (key) { return key !== "QUEUED"; });
-    return keys.reduce(function (sum, key) { return sum + (Number(counts[key]) || 0); }, 0);
+    return keys.reduce(function (sum, key) {
+      if (key === "SUBMITTED_NOT_QUEUED") { return sum + Math.max(0, (Number(counts.SUBMITTED) || 0) - (Number(counts.QUEUED) || 0)); }
+      return sum + (Number(counts[key]) || 0);
+    }, 0);
   }
 
   function renderCounts() {
@@ -2284,7 +2308,8 @@
     }
     add(t("taskCreatedAt"), formatTime(op.createdAt || task.createdAt));
     add(t("taskUpdatedAt"), formatTime(task.updatedAt));
-    add(t("taskStep"), op.step, true);
+    // In words; a step this page does not know is shown as stored.
+    add(t("taskStep"), stepWords(op.step), !!op.step && !STEPS[op.step]);
     add(t("taskUnknownAt"), op.unknownAt ? formatTime(op.unknownAt) : null);
     add(t("taskError"), op.error);
     add(t("taskDeleteReason"), op.deleteReason);
@@ -2836,7 +2861,12 @@
     });
   }
 
-  var STEPS = { reserve: "stepReserve", submit: "stepSubmit", persist: "stepPersist", recovery: "stepRecovery" };
+  // task_operation.step, in words (storage: create.py, reconcile.py, delete.py).
+  var STEPS = {
+    reserve: "stepReserve", submit: "stepSubmit", persist: "stepPersist", recovery: "stepRecovery",
+    recreate: "stepRecreate", resolved: "stepResolved", resolved_without_url: "stepResolvedWithoutUrl", deleted: "stepDeleted"
+  };
+  function stepWords(step) { return step && STEPS[step] ? t(STEPS[step]) : step; }
   var SOURCES = { submit: "sourceSubmit", audit: "sourceAudit" };
 
   // The stored error is the site's technical text (English); the reader gets
@@ -2879,7 +2909,7 @@
       rows.push(el("dt", { text: t(labelKey) }));
       rows.push(el("dd", { text: value }, extra ? [extra] : []));
     }
-    if (evidence.step) { add("evStep", STEPS[evidence.step] ? t(STEPS[evidence.step]) : evidence.step); }
+    if (evidence.step) { add("evStep", stepWords(evidence.step)); }
     if (evidence.unknownAt) { add("evAt", formatTime(evidence.unknownAt)); }
     if (evidence.error) { add("evError", errorMeaning(evidence.error), technical(evidence.error)); }
     if ("archiveUrlSource" in evidence || evidence.archiveUrl) {
@@ -3198,8 +3228,10 @@
     function action(name, label, extra) {
       return el("button", Object.assign({ type: "button", "data-node-action": name, "data-node": id, "aria-label": t(label) + " " + id, text: t(label) }, extra || {}));
     }
+    // Every other mode is one click away: drain, then pause, then resume.
     var modeButtons = mode === "ACTIVE" ? [action("drain", "drainNode"), action("pause", "pauseNode")]
-      : [action("resume", "resumeNode", { className: "primary" })];
+      : [mode === "DRAINING" ? action("pause", "pauseNode") : action("drain", "drainNode"),
+        action("resume", "resumeNode", { className: "primary" })];
     var limitInput = el("input", { type: "number", min: "1", max: "100000", step: "1", inputmode: "numeric", placeholder: t("noLimit"), value: limit === null ? "" : String(limit), "data-node-limit": id, "aria-label": t("nodeLimit") + " " + id });
     return el("td", { "data-label": t("nodeActions"), "data-role": "actions", className: "actions" }, modeButtons.concat([
       el("span", { className: "node-limit" }, [limitInput, action("limit", "setLimit", { "aria-label": t("nodeLimit") + " " + id + ": " + t("setLimit") })]),
