@@ -171,6 +171,7 @@
       colGid: "gid", colName: "名称", colStatus: "状态", colProgress: "进度", colSize: "大小", colSpeed: "速度",
       colNode: "节点", colOwner: "用户", colCost: "费用", colCreated: "创建时间",
       pageFirst: "第一页", pagePrev: "上一页", pageNext: "下一页", pageOf: "第 {page} 页，共 {pages} 页", pageN: "第 {page} 页",
+      pageGo: "跳到第", pageGoUnit: "页", pageGoButton: "前往", pageNumbersLabel: "页码",
       pagerLabel: "分页",
       selectMatching: "选择全部 {n} 个符合条件的任务", matchingSelected: "已选全部 {n} 个符合条件的任务",
       matchingTooMany: "一次最多处理 {max} 个任务，现在有 {n} 个符合条件：请缩小筛选范围。",
@@ -388,6 +389,7 @@
       colGid: "gid", colName: "Name", colStatus: "Status", colProgress: "Progress", colSize: "Size", colSpeed: "Speed",
       colNode: "Node", colOwner: "Owner", colCost: "Cost", colCreated: "Created",
       pageFirst: "First", pagePrev: "Previous", pageNext: "Next", pageOf: "Page {page} of {pages}", pageN: "Page {page}",
+      pageGo: "Go to page", pageGoUnit: "", pageGoButton: "Go", pageNumbersLabel: "Page numbers",
       pagerLabel: "Pages",
       selectMatching: "Select all {n} matching", matchingSelected: "All {n} matching selected",
       matchingTooMany: "At most {max} tasks at once and {n} match: narrow the filter.",
@@ -497,7 +499,9 @@
     selectMatching: false, // "Select all N matching": the bulk action acts on the whole view
     bulkResult: null,      // the last bulk action's outcome (renderBulkResult)
     tableView: false,      // the dense table instead of the cards (localStorage)
-    pageStarts: [],        // the table's pages: the keyset cursor each page before this one started at
+    pageStarts: [],        // the table's pages: how each page before this one was read (pageAt), for Previous
+    pageAt: null,          // how the table's page is read: null (the first), {after: cursor} or {page: n}
+    pageNumber: 1,         // the table's page number
     total: null,           // tasks matching the view (the list answer's total)
     me: null,              // /api/me: {name, admin}, site
     site: null,
@@ -820,7 +824,7 @@
   // tombstone: the task is gone and its row must go too.
   function isGone(task) { return task && (task.state === "DELETED" || !task.status); }
 
-  function listPath(paged, limit, after) {
+  function listPath(paged, limit, after, pageNumber) {
     var params = [];
     var keys = FILTERS[state.filter];
     if (keys) { params.push("status=" + keys.join(",")); }
@@ -830,6 +834,7 @@
     params.push("order=" + state.orderBy);
     params.push("limit=" + limit);
     if (paged && after !== null && after !== undefined) { params.push("after=" + encodeURIComponent(after)); }
+    else if (pageNumber > 1) { params.push("page=" + pageNumber); }
     return "/api/tasks?" + params.join("&");
   }
 
@@ -875,11 +880,13 @@
   // the table: its one page, from where that page starts.
   function readShown() {
     var keep = state.tableView ? state.pageSize : Math.max(state.pageSize, state.order.length);
-    var start = state.tableView && state.pageCursor !== undefined ? state.pageCursor : null;
+    var at = state.tableView ? state.pageAt : null;
+    var start = at && at.after !== undefined ? at.after : null;
+    var number = at && at.page ? at.page : 1;  // a page by its number: GET /api/tasks?page=N
     var answer = { result: null, tasks: [], total: undefined, next: null };
     function page(after) {
       var limit = Math.min(500, keep - answer.tasks.length);
-      return api("GET", listPath(after !== null, limit, after)).then(function (result) {
+      return api("GET", listPath(after !== null, limit, after, after === null ? number : 1)).then(function (result) {
         answer.result = result;
         if (!result.ok) { return answer; }
         var data = result.data || {};
@@ -969,7 +976,7 @@
   // not shown until that page is loaded, so rows never jump.
   function insertAt(task) {
     if (!matchesView(task)) { return -1; }
-    if (state.tableView && state.pageStarts.length) { return -1; }  // a later page of the table: not its top
+    if (state.tableView && state.pageNumber > 1) { return -1; }  // a later page of the table: not its top
     var hasMore = state.next !== null && state.next !== undefined;
     if (state.orderBy !== "newest" && state.orderBy !== "oldest" && state.orderBy !== "gid") { return hasMore ? -1 : state.order.length; }
     for (var i = 0; i < state.order.length; i++) {
@@ -1423,8 +1430,7 @@
     if (state.tableView === on) { return; }
     state.tableView = on;
     localStorage.setItem(TABLE_KEY, on ? "table" : "cards");
-    state.pageStarts = [];
-    state.pageCursor = null;
+    resetPages();
     renderViewToggle();
     resetListLoads();
     loadTasks(false);
@@ -1532,11 +1538,34 @@
     return typeof state.total === "number" ? Math.max(1, Math.ceil(state.total / state.pageSize)) : null;
   }
 
+  // A page by its number is GET /api/tasks?page=N (an OFFSET: as cheap as
+  // the first page up to here); a page past it is reached with Next.
+  var MAX_PAGE_REACH = 100000;
+
+  function lastPageByNumber(pages) {
+    return Math.max(1, Math.min(pages || 1, Math.floor(MAX_PAGE_REACH / state.pageSize)));
+  }
+
+  function resetPages() {
+    state.pageStarts = [];
+    state.pageAt = null;
+    state.pageNumber = 1;
+  }
+
+  // 1 … 4 5 6 … 60: the first, the last and the current page's neighbours.
+  function pageNumbersShown(page, pages) {
+    var shown = [];
+    [1, page - 1, page, page + 1, pages].forEach(function (n) {
+      if (n >= 1 && n <= pages && shown.indexOf(n) === -1) { shown.push(n); }
+    });
+    return shown.sort(function (a, b) { return a - b; });
+  }
+
   function renderPager() {
     var pager = $("table-pager");
     pager.hidden = !state.tableView;
     if (!state.tableView) { return; }
-    var page = state.pageStarts.length + 1;
+    var page = state.pageNumber;
     var pages = pageCount();
     var hasNext = state.next !== null && state.next !== undefined;
     $("page-first").disabled = page === 1;
@@ -1545,25 +1574,58 @@
     var where = $("page-where");
     where.textContent = pages === null ? t("pageN", { page: num(page) }) : t("pageOf", { page: num(page), pages: num(Math.max(pages, page)) });
     where.setAttribute("data-page", String(page));
+    var numbers = $("page-numbers");
+    numbers.textContent = "";
+    var reach = lastPageByNumber(pages);
+    var last = 0;
+    pageNumbersShown(page, Math.max(pages || 1, page)).forEach(function (n) {
+      if (n !== page && n > reach) { return; }
+      if (n > last + 1) { numbers.appendChild(el("span", { className: "gap", "aria-hidden": "true", text: "…" })); }
+      last = n;
+      var button = el("button", { type: "button", "data-page": String(n), "aria-label": t("pageN", { page: num(n) }), text: num(n) });
+      if (n === page) { button.setAttribute("aria-current", "page"); }
+      numbers.appendChild(button);
+    });
+    var input = $("page-go-number");
+    input.max = String(reach);
+    input.placeholder = num(page);
   }
 
+  // to: "first", "prev", "next" or a page number.
   function turnPage(to) {
     if (to === "next") {
       if (state.next === null || state.next === undefined) { return; }
-      state.pageStarts.push(state.pageCursor === undefined ? null : state.pageCursor);
-      state.pageCursor = state.next;
+      state.pageStarts.push(state.pageAt);
+      state.pageAt = { after: state.next };
+      state.pageNumber += 1;
     } else if (to === "prev") {
-      if (!state.pageStarts.length) { return; }
-      state.pageCursor = state.pageStarts.pop();
-    } else {
+      if (state.pageNumber <= 1) { return; }
+      // The page before, as it was read; after a jump, by its number.
+      state.pageAt = state.pageStarts.length ? state.pageStarts.pop() : (state.pageNumber > 2 ? { page: state.pageNumber - 1 } : null);
+      state.pageNumber -= 1;
+    } else if (typeof to === "number" && to > 1) {
+      if (to === state.pageNumber) { return; }
       state.pageStarts = [];
-      state.pageCursor = null;
+      state.pageAt = { page: to };
+      state.pageNumber = to;
+    } else {
+      resetPages();
     }
     resetListLoads();
     loadTasks(false).then(function () {
       var top = $("task-table");
       if (top && top.getBoundingClientRect().top < 0) { top.scrollIntoView(); }
     });
+  }
+
+  function onPageGo(event) {
+    event.preventDefault();
+    var input = $("page-go-number");
+    var wanted = Math.floor(Number(asciiDigits(input.value)));
+    if (!isFinite(wanted) || wanted < 1) { input.value = ""; return; }
+    var target = Math.min(wanted, lastPageByNumber(pageCount()));
+    input.value = "";
+    turnPage(target);
   }
 
   // A fact on the row's second line: its label is for screen readers when
@@ -2175,8 +2237,7 @@
     state.query = asciiDigits($("task-search").value).trim().slice(0, 256);
     state.selected.clear();
     state.selectMatching = false;
-    state.pageStarts = [];
-    state.pageCursor = null;
+    resetPages();
     state.total = null;
     writeHash();
     renderListControls();
@@ -3575,6 +3636,11 @@
     $("page-first").addEventListener("click", function () { turnPage("first"); });
     $("page-prev").addEventListener("click", function () { turnPage("prev"); });
     $("page-next").addEventListener("click", function () { turnPage("next"); });
+    $("page-numbers").addEventListener("click", function (event) {
+      var button = event.target.closest("button[data-page]");
+      if (button) { turnPage(Number(button.getAttribute("data-page"))); }
+    });
+    $("page-go").addEventListener("submit", onPageGo);
     $("task-table").addEventListener("click", function (event) {
       var sort = event.target.closest("button[data-order]");
       if (sort) { var order = sort.getAttribute("data-order"); changeList(function () { state.orderBy = order; }); }
