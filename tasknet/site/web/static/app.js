@@ -177,8 +177,9 @@
       matchingTooMany: "一次最多处理 {max} 个任务，现在有 {n} 个符合条件：请缩小筛选范围。",
       bulkRetryN: "重试删除（{n}）", bulkRetryOnly: "所选任务中有 {n} 个删除失败，会再次删除。其余 {skip} 个不受影响（重试只适用于删除失败的任务）。",
       bulkMatchingDeleteText: "删除符合当前筛选和搜索的全部 {n} 个任务？节点确认删除文件之前，它们会显示为“待删除”。",
-      bulkMatchingRetryText: "再次删除符合当前筛选和搜索、且删除失败的任务（最多 {n} 个）。其他任务不受影响。",
-      bulkCollecting: "正在读取符合条件的任务……{done} / {n}",
+      bulkMatchingRetryText: "符合当前筛选和搜索的 {n} 个任务中有 {r} 个删除失败，会再次删除。其他任务不受影响。",
+      bulkMatchingWorking: "正在处理符合条件的 {n} 个任务……",
+      matchingCountChanged: "什么也没有做：现在有 {n} 个任务符合条件，而不是 {m} 个。请检查列表后再确认一次。",
       bulkResultTitle: "{action}：{ok} 个成功，{failed} 个没有完成，{skipped} 个不适用。",
       bulkReasonConflict: "{n} 个状态不允许此操作", bulkReasonGone: "{n} 个已不存在", bulkReasonBusy: "{n} 个因网站繁忙未完成，请重试",
       bulkReasonOther: "{n} 个被拒绝", bulkReasonNoRetry: "{n} 个不是删除失败的任务，重试不适用", bulkResultGids: "gid：{list}",
@@ -395,8 +396,9 @@
       matchingTooMany: "At most {max} tasks at once and {n} match: narrow the filter.",
       bulkRetryN: "Retry delete ({n})", bulkRetryOnly: "{n} of the selected tasks are failed deletes: their delete is tried again. The other {skip} are left as they are (retry only applies to a failed delete).",
       bulkMatchingDeleteText: "Delete all {n} tasks matching the current filter and search? Until their nodes confirm the files are gone they show “Delete pending”.",
-      bulkMatchingRetryText: "Try the delete again of the failed deletes among the {n} tasks matching the current filter and search. Other tasks are left as they are.",
-      bulkCollecting: "Reading the matching tasks… {done} of {n}",
+      bulkMatchingRetryText: "{r} of the {n} tasks matching the current filter and search are failed deletes: their delete is tried again. Other tasks are left as they are.",
+      bulkMatchingWorking: "Working on the {n} matching tasks…",
+      matchingCountChanged: "Nothing was done: {n} tasks match now, not {m}. Check the list and confirm again.",
       bulkResultTitle: "{action}: {ok} done, {failed} not done, {skipped} not applicable.",
       bulkReasonConflict: "{n} not in a state that allows it", bulkReasonGone: "{n} no longer exist", bulkReasonBusy: "{n} not done because the site was busy: try again",
       bulkReasonOther: "{n} refused", bulkReasonNoRetry: "{n} are not failed deletes: retry does not apply", bulkResultGids: "gid {list}",
@@ -497,6 +499,7 @@
     pageSize: PAGE_SIZE,   // #tasks?size=N
     selected: new Set(),   // gids ticked for a bulk action
     selectMatching: false, // "Select all N matching": the bulk action acts on the whole view
+    matchingRetryable: null, // the failed deletes among the whole view (the API's count), once read
     bulkResult: null,      // the last bulk action's outcome (renderBulkResult)
     tableView: false,      // the dense table instead of the cards (localStorage)
     pageStarts: [],        // the table's pages: how each page before this one was read (pageAt), for Previous
@@ -1171,19 +1174,15 @@
   // ---- bulk select -----------------------------------------------------------
 
   // "Select all N matching" acts on the whole view (filter, search, node,
-  // favourites) through the API, at most this many tasks at once.
-  var MAX_MATCHING = 10000;
+  // favourites) through the API: POST /api/tasks/bulk with the view's
+  // filter and the N the person confirmed; the site counts, bounds
+  // (--max-bulk-matching) and acts.
 
   function selectedGids() { return state.order.filter(function (g) { return state.selected.has(g); }); }
 
   // Retry applies only to a failed delete: the button says how many it acts on.
   function retryableCount() {
-    if (state.selectMatching) {
-      var keys = FILTERS[state.filter];
-      var counts = state.counts || {};
-      var inView = !keys || keys.indexOf("DELETE_FAILED") !== -1;
-      return inView ? Number(counts.DELETE_FAILED) || 0 : 0;
-    }
+    if (state.selectMatching) { return state.matchingRetryable || 0; }
     return selectedGids().filter(function (g) { var task = state.tasks.get(g); return task && task.status === "DELETE_FAILED"; }).length;
   }
 
@@ -1208,6 +1207,34 @@
     var total = typeof state.total === "number" ? state.total : 0;
     more.hidden = matching || !(shown > 0 && ticked === shown && total > shown);
     more.textContent = t("selectMatching", { n: num(total) });
+  }
+
+  // The view's filter as POST /api/tasks/bulk takes it.
+  function viewFilter() {
+    var filter = { status: FILTERS[state.filter] || [], q: state.query, favorite: !!state.favoriteOnly };
+    if (state.nodeFilter) { filter.node = state.nodeFilter; }
+    return filter;
+  }
+
+  // "Select all N matching": how many failed deletes the whole view holds
+  // (its tab, search, node and favourites: the list's total of the view
+  // narrowed to DELETE_FAILED), for "Retry delete (N)".
+  function selectMatching() {
+    state.selectMatching = true;
+    state.matchingRetryable = null;
+    renderSelection();
+    var keys = FILTERS[state.filter];
+    if (keys && keys.indexOf("DELETE_FAILED") === -1) { state.matchingRetryable = 0; return; }
+    var seq = state.listSeq;
+    var params = ["status=DELETE_FAILED", "limit=1"];
+    if (state.query) { params.push("q=" + encodeURIComponent(state.query)); }
+    if (state.favoriteOnly) { params.push("favorite=1"); }
+    if (state.nodeFilter) { params.push("node=" + encodeURIComponent(state.nodeFilter)); }
+    api("GET", "/api/tasks?" + params.join("&")).then(function (result) {
+      if (seq !== state.listSeq || !state.selectMatching || !result.ok || !result.data) { return; }
+      state.matchingRetryable = Number(result.data.total) || 0;
+      renderSelection();
+    });
   }
 
   function selectAllShown(on) {
@@ -1237,16 +1264,21 @@
     box.className = "result bulk-result" + (outcome.failed || outcome.tooMany ? " warn" : "");
     if (outcome.working) { box.appendChild(el("span", { "data-role": "bulk-progress", text: outcome.working() })); return; }
     if (outcome.tooMany) {
-      box.appendChild(el("span", { "data-role": "bulk-outcome", text: t("matchingTooMany", { max: num(MAX_MATCHING), n: num(outcome.tooMany) }) }));
+      box.appendChild(el("span", { "data-role": "bulk-outcome", text: t("matchingTooMany", { max: num(outcome.max), n: num(outcome.tooMany) }) }));
+    } else if (outcome.countChanged) {
+      box.appendChild(el("span", { "data-role": "bulk-outcome", text: t("matchingCountChanged", { n: num(outcome.countChanged.now), m: num(outcome.countChanged.confirmed) }) }));
     } else {
       box.appendChild(el("span", { "data-role": "bulk-outcome", text: t("bulkResultTitle", {
         action: t(outcome.action === "delete" ? "bulkDelete" : "bulkRetry"),
         ok: num(outcome.ok), failed: num(outcome.failed), skipped: num(outcome.skipped) }) }));
       var list = el("ul", { className: "bulk-reasons" });
       Object.keys(outcome.reasons).forEach(function (code) {
-        var gids = outcome.reasons[code];
-        var words = t(BULK_REASONS[code] || "bulkReasonOther", { n: num(gids.length) });
-        var shown = gids.slice(0, 10).join(", ") + (gids.length > 10 ? "…" : "");
+        // The gids, or (the site's summary of a whole view) {count, gids: the first ones}.
+        var reason = outcome.reasons[code];
+        var gids = Array.isArray(reason) ? reason : (reason.gids || []);
+        var count = Array.isArray(reason) ? reason.length : Number(reason.count) || gids.length;
+        var words = t(BULK_REASONS[code] || "bulkReasonOther", { n: num(count) });
+        var shown = gids.slice(0, 10).join(", ") + (count > 10 ? "…" : "");
         list.appendChild(el("li", { "data-reason": code, text: words + " (" + t("bulkResultGids", { list: shown }) + ")" }));
       });
       if (list.childNodes.length) { box.appendChild(list); }
@@ -1256,52 +1288,57 @@
     box.appendChild(dismiss);
   }
 
-  // Every gid (with its status) of the view, read page by page through the API.
-  function collectMatching(progress) {
-    var found = [];
-    function page(after) {
-      return api("GET", listPath(after !== null, 500, after)).then(function (result) {
-        if (!result.ok) { throw result; }
-        var data = result.data || {};
-        (data.tasks || []).forEach(function (task) { if (!isGone(task)) { found.push({ gid: task.gid, status: task.status }); } });
-        progress(found.length);
-        var next = data.next === undefined ? null : data.next;
-        if (next !== null && (data.tasks || []).length && found.length < MAX_MATCHING) { return page(next); }
-        return found;
-      });
-    }
-    return page(null);
-  }
-
-  // POST /api/tasks/bulk in chunks of 500; a site without it gets one call per task.
+  // POST /api/tasks/bulk: the ticked gids in chunks of 500 (a site without
+  // it gets one call per task), or the whole view by its filter.
   function bulkAction(action) {
     var del = action === "delete";
     var matching = !!state.selectMatching;
     var total = matching ? (state.total || 0) : state.selected.size;
     if (!total) { return; }
-    if (matching && total > MAX_MATCHING) { showBulkResult({ tooMany: total }); return; }
     var chosen = selectedGids();
     var retryable = del ? chosen : chosen.filter(function (g) { var task = state.tasks.get(g); return task && task.status === "DELETE_FAILED"; });
     var text;
-    if (matching) { text = t(del ? "bulkMatchingDeleteText" : "bulkMatchingRetryText", { n: num(total) }); }
+    if (matching) { text = t(del ? "bulkMatchingDeleteText" : "bulkMatchingRetryText", { n: num(total), r: num(retryableCount()) }); }
     else if (del) { text = t("bulkDeleteText", { n: num(chosen.length) }); }
     else { text = t("bulkRetryOnly", { n: num(retryable.length), skip: num(chosen.length - retryable.length) }); }
     confirmDialog({
-      title: t(del ? "bulkDeleteTitle" : "bulkRetryTitle", { n: num(matching || del ? total : retryable.length) }),
+      title: t(del ? "bulkDeleteTitle" : "bulkRetryTitle", { n: num(del ? total : (matching ? retryableCount() : retryable.length)) }),
       text: text,
       ok: del ? t("bulkDelete") : t("bulkRetryN", { n: num(matching ? retryableCount() : retryable.length) }), danger: del
     }).then(function (answer) {
       if (!answer) { return; }
-      var targets = matching ? collectMatching(function (n) {
-        showBulkResult({ working: function () { return t("bulkCollecting", { done: num(n), n: num(total) }); } });
-      }).then(function (found) {
-        var keep = del ? found : found.filter(function (item) { return item.status === "DELETE_FAILED"; });
-        return { gids: keep.map(function (item) { return item.gid; }), skipped: found.length - keep.length };
-      }) : Promise.resolve({ gids: retryable, skipped: chosen.length - retryable.length });
-      return targets.then(function (plan) { return runBulk(action, plan.gids, plan.skipped, chosen); }, function (result) {
-        notify(failureText("loadFailed", result || { status: 0 }), true);
+      if (matching) { return runBulkMatching(action, total); }
+      return runBulk(action, retryable, chosen.length - retryable.length, chosen);
+    });
+  }
+
+  // The whole view: the site acts only if the filter still matches the
+  // number confirmed (else 409 count_changed) and no more than its bound
+  // (413 too_many_tasks); either way the outcome stays on screen.
+  function runBulkMatching(action, total) {
+    showBulkResult({ working: function () { return t("bulkMatchingWorking", { n: num(total) }); } });
+    return api("POST", "/api/tasks/bulk", { action: action, filter: viewFilter(), expect: total }).then(function (result) {
+      var data = result.data || {};
+      var error = data.error || {};
+      if (result.status === 409 && error.code === "count_changed") {
+        state.total = Number(error.count) || 0;
+        showBulkResult({ countChanged: { now: state.total, confirmed: total } });
+      } else if (result.status === 413 && error.code === "too_many_tasks") {
+        showBulkResult({ tooMany: Number(error.count) || total, max: Number(error.max) || 0 });
+      } else if (!result.ok || typeof data.done !== "number") {
         showBulkResult(null);
-      });
+        notify(failureText("loadFailed", result), true);
+        return;
+      } else {
+        showBulkResult({ action: action, ok: data.done, failed: data.notDone, skipped: data.notApplicable, reasons: data.reasons || {} });
+        state.selected.clear();
+      }
+      state.selectMatching = false;
+      renderSelection();
+      renderShownCount();
+      loadCounts();
+      loadUsage();
+      loadTasks(false);
     });
   }
 
@@ -3578,7 +3615,7 @@
     $("bulk-retry").addEventListener("click", function () { bulkAction("retry"); });
     $("bulk-links").addEventListener("click", bulkLinks);
     $("bulk-clear").addEventListener("click", function () { selectAllShown(false); state.selected.clear(); renderSelection(); });
-    $("select-matching").addEventListener("click", function () { state.selectMatching = true; renderSelection(); });
+    $("select-matching").addEventListener("click", selectMatching);
     $("create-gid").addEventListener("input", function () {
       var box = $("create-gid");
       var fixed = asciiDigits(box.value);
