@@ -1331,8 +1331,9 @@
         return;
       } else {
         showBulkResult({ action: action, ok: data.done, failed: data.notDone, skipped: data.notApplicable, reasons: data.reasons || {} });
-        state.selected.clear();
       }
+      // Done or refused, the whole view was the selection: it is dropped.
+      state.selected.clear();
       state.selectMatching = false;
       renderSelection();
       renderShownCount();
