@@ -485,7 +485,8 @@ class SiteApi:
         expect = document.get("expect")
         if isinstance(expect, bool) or not isinstance(expect, int) or expect < 0:
             raise ApiError(
-                "invalid_request", "'expect' (the number of tasks the filter matches) is required"
+                "invalid_request",
+                "'expect' must be a whole number from 0: how many tasks the person confirmed",
             )
         bound = self.deps.max_bulk_matching
         count, tasks = await self.db.read(matching_tasks, query, bound)
@@ -522,6 +523,13 @@ class SiteApi:
                 note(result["error"]["code"], gid)
             else:
                 done += 1
+        log.info(
+            "bulk {action} of the {count} tasks matching a filter, by {user}: {done} done",
+            action=action,
+            count=count,
+            user=user.name,
+            done=done,
+        )
         return {
             "matched": count,
             "done": done,
