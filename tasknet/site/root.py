@@ -411,6 +411,7 @@ def _web_dependencies(
                 node_id, mode=mode, limit=limit, actor=actor, note=note
             )
         ),
+        max_bulk_matching=options["max-bulk-matching"],
         site_name=options["name"],
         demo=bool(options["demo"]),
     )

@@ -68,6 +68,7 @@ from tasknet.site.web import auth
 from tasknet.site.web.events import EventHub
 from tasknet.site.web.http import DEFAULT_MAX_BODY, BoundedSite
 from tasknet.site.web.interfaces import WebDependencies
+from tasknet.site.web.task_queries import MAX_BULK_MATCHING, MAX_BULK_MATCHING_SETTING
 from tasknet.startup import exit_after_stop
 from tasknet.units import parse_duration
 from tasknet.version import version_option
@@ -167,6 +168,14 @@ class Options(LogOptions, usage.Options):
             float,
         ],
         ["create-burst", None, ratelimit.DEFAULT_BURST, "Creates one user may make at once.", int],
+        [
+            "max-bulk-matching",
+            None,
+            MAX_BULK_MATCHING,
+            "The most tasks one 'select all N matching' (POST /api/tasks/bulk with a filter) "
+            f"acts on (1..{MAX_BULK_MATCHING_SETTING:,}); more answers 413 too_many_tasks.",
+            int,
+        ],
         [
             "auth-burst",
             None,
@@ -294,6 +303,10 @@ class Options(LogOptions, usage.Options):
             raise usage.UsageError("--max-body must be >= 1")
         if self["create-rate"] < 0 or self["create-burst"] < 1:
             raise usage.UsageError("--create-rate must be >= 0 and --create-burst >= 1")
+        if not 1 <= self["max-bulk-matching"] <= MAX_BULK_MATCHING_SETTING:
+            raise usage.UsageError(
+                f"--max-bulk-matching must be 1 to {MAX_BULK_MATCHING_SETTING:,}"
+            )
         for burst, rate in (("auth-burst", "auth-rate"), ("node-auth-burst", "node-auth-rate")):
             if not 1 <= self[burst] <= MAX_AUTH_BURST:
                 raise usage.UsageError(f"--{burst} must be 1 to {MAX_AUTH_BURST:,}")

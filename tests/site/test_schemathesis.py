@@ -18,7 +18,8 @@ Every built-in check runs (``--checks all``; issue 38): ``use_after_free``
 as :func:`use_after_completed_delete` (a ``202`` delete is documented as
 pending) and, for ``GET /api/tasks``, ``positive_data_acceptance`` as
 :func:`positive_data_acceptance_of_listing` (an ``after`` of another order's
-shape is a documented ``400``: a pattern cannot tie it to ``order``).
+shape is a documented ``400``: a pattern cannot tie it to ``order``; so are
+``page`` with ``after`` and ``page × limit`` over ``MAX_PAGE_REACH``).
 
 The seed changes from run to run (the workers of one pytest-xdist run share
 it) and is printed, and added to any failure, so that a failure can be
@@ -57,6 +58,7 @@ from tasknet.cli.demo import DemoStack, NodeSpec
 from tasknet.drill.pgserver import ThrowawayPostgres
 from tasknet.site.storage.views import Order, parse_cursor
 from tasknet.site.web import openapi
+from tasknet.site.web.task_queries import MAX_PAGE_REACH
 
 pytestmark = pytest.mark.slow
 
@@ -207,9 +209,17 @@ def positive_data_acceptance_of_listing(ctx: Any, response: Any, case: Any) -> b
     the document gives schema-valid data: ``GET /api/tasks`` with an
     ``after`` that matches the pattern (the union of every order's shape)
     but not the shape of its ``order`` (a pattern cannot tie two
-    parameters).  Only when the site's own parser refuses that pair."""
+    parameters).  Only when the site's own parser refuses that pair.  So are
+    ``page`` with ``after`` and ``page × limit`` over
+    :data:`~tasknet.site.web.task_queries.MAX_PAGE_REACH` (documented)."""
     if case.operation.label == "GET /api/tasks" and response.status_code == 400:
         query = case.query or {}
+        page, limit = query.get("page"), query.get("limit", 50)
+        if page is not None and "after" in query:
+            return None
+        if str(page).isdigit() and str(limit).isdigit():
+            if int(str(page)) * int(str(limit)) > MAX_PAGE_REACH:
+                return None
         after, order = query.get("after"), query.get("order", Order.NEWEST.value)
         if isinstance(after, str) and order in openapi.ORDERS:
             try:

@@ -156,9 +156,14 @@ class Camera:
             context.close()
 
     def scene(
-        self, item: str, url: str, arrange: Callable[[Any], None], full: bool = False
+        self,
+        item: str,
+        url: str,
+        arrange: Callable[[Any], None],
+        full: bool = False,
+        versions: tuple[str, ...] = ("before", "after"),
     ) -> None:
-        for version in ("before", "after"):
+        for version in versions:
             for device in VIEWPORTS:
                 for lang in LOCALES:
                     with self.page(url, version, device, lang) as page:

@@ -13,7 +13,10 @@ whose newest 50 are 40 completed and 10 failed deletes
   (10)", a dialog that says the other 40 are left as they are, and "Select
   all 3,000 matching" (hidden behind the dialog on a phone).
 * ``item4``: the list of 3,000.  Before: the cards.  After: the table view
-  and its pages.
+  on page 30 of 60, scrolled to its pager: the page numbers (1 … 29 30 31
+  … 60), "Go to page" and "Page 30 of 60".
+
+``--items item4 --versions after`` takes only those again.
 """
 
 from __future__ import annotations
@@ -41,16 +44,26 @@ def retry_asked(page: Any) -> None:
 
 def table_shown(page: Any) -> None:
     page.wait_for_selector("#task-list > li", timeout=WAIT_MS)
-    if page.locator("#view-table").count():
-        page.click("#view-table")
-        page.wait_for_selector("#task-table tbody tr", timeout=WAIT_MS)
-    page.locator("#tasks-section").evaluate("e => e.scrollIntoView()")
+    if not page.locator("#view-table").count():  # before: the cards
+        page.locator("#tasks-section").evaluate("e => e.scrollIntoView()")
+        return
+    page.click("#view-table")
+    page.wait_for_selector("#task-table tbody tr", timeout=WAIT_MS)
+    if page.locator("#page-go-number").count():
+        page.fill("#page-go-number", "30")
+        page.press("#page-go-number", "Enter")
+        page.wait_for_selector('#page-where[data-page="30"]', timeout=WAIT_MS)
+        page.locator("#table-pager").evaluate("e => e.scrollIntoView({block: 'end'})")
+    else:
+        page.locator("#tasks-section").evaluate("e => e.scrollIntoView()")
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", type=Path, default=REPO / "docs" / "screenshots")
     parser.add_argument("--before", default="ad1857e")
+    parser.add_argument("--items", default="item3,item4", help="comma-separated")
+    parser.add_argument("--versions", default="before,after", help="comma-separated")
     args = parser.parse_args(argv)
     from playwright.sync_api import sync_playwright
 
@@ -72,8 +85,12 @@ def main(argv: list[str] | None = None) -> int:
                 browser = playwright.chromium.launch(executable_path=CHROMIUM, args=launch_args)
                 try:
                     camera = Camera(browser, args.out, before)
-                    camera.scene("item3", stack.url, retry_asked)
-                    camera.scene("item4", stack.url, table_shown)
+                    versions = tuple(args.versions.split(","))
+                    items = args.items.split(",")
+                    if "item3" in items:
+                        camera.scene("item3", stack.url, retry_asked, versions=versions)
+                    if "item4" in items:
+                        camera.scene("item4", stack.url, table_shown, versions=versions)
                 finally:
                     browser.close()
         finally:

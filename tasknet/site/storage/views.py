@@ -516,6 +516,7 @@ _FAVORITE_OF = fragment(
     "EXISTS (SELECT 1 FROM favorite AS f WHERE f.user_id = ? AND f.gid = g.gid)"
 )
 _ON_NODE = fragment("g.node_id = ?")
+_OFFSET = fragment(" OFFSET ?")
 _WHERE = fragment(" WHERE ")
 _AND = fragment(" AND ")
 _COUNT = fragment(f"SELECT COUNT(*) {_TASKS}")  # noqa: S608 (constant text)
@@ -582,6 +583,11 @@ class TaskQuery:
     after: Cursor | None = None
     favorite_of: int | None = None
     node: str | None = None
+    #: Rows of the order skipped before the page (a page asked for by its
+    #: number, ``GET /api/tasks?page=P``): the same statement, ``OFFSET``
+    #: after its ``LIMIT``; never with ``after``.  The page still answers
+    #: its keyset ``next``, so the page after it is read by the cursor.
+    offset: int = 0
 
 
 def parse_cursor(order: Order, text: str) -> Cursor:
@@ -705,14 +711,7 @@ def list_tasks(
     where, params = _filters(
         query.user_id, query.statuses, query.text, query.favorite_of, query.node
     )
-    if _text_only(query):
-        total = int(cursor.execute(_COUNT_MATCHES, params).fetchone()[0])
-    elif query.text or query.favorite_of is not None or query.node is not None:
-        total = int(cursor.execute(_COUNT + _where(where), params).fetchone()[0])
-    else:  # owner and status only: what task_count keeps
-        kept = _kept_counts(cursor, query.user_id)
-        wanted = _stored_keys(query.statuses) if query.statuses else kept
-        total = sum(kept.get(key, 0) for key in wanted)
+    total = count_matching(cursor, query)
     search = "matches" if total <= MATCHES_FIRST_UP_TO else "scan"
     if len(query.text) >= TRIGRAM:
         where, params = _filters(
@@ -731,15 +730,61 @@ def list_tasks(
         for number, key in enumerate(keys):
             conditions = [*base, _STATUS_IS, *([page.after] if after else [])]
             parts.append(_PART_OPEN + page.select + _where(conditions) + tail + _PART_CLOSE[number])
-            params += [*base_params, key, *after, query.limit + 1]
+            # Each key's part holds every row up to the page's end.
+            params += [*base_params, key, *after, query.offset + query.limit + 1]
         statement = _MERGE_OPEN + _UNION_ALL.join(parts) + _MERGED[query.order]
     else:
         if after:
             where.append(page.after)
             params += after
         statement = page.select + _where(where) + tail
-    rows = cursor.execute(statement, (*params, query.limit + 1)).fetchall()
+    skip = _skip(query)
+    statement += skip[0]
+    rows = cursor.execute(statement, (*params, query.limit + 1, *skip[1])).fetchall()
     return _answer(cursor, query, rows, total)
+
+
+def _skip(query: TaskQuery) -> tuple[Sql, list[int]]:
+    """The ``OFFSET`` after a page's ``LIMIT`` and its parameter (nothing on
+    a page without one)."""
+    return (_OFFSET, [query.offset]) if query.offset else (EMPTY, [])
+
+
+def count_matching(cursor: sqlite3.Cursor, query: TaskQuery) -> int:
+    """How many tasks match the filters of ``query`` (its cursor, limit
+    and offset aside): the ``total`` of its pages."""
+    where, params = _filters(
+        query.user_id, query.statuses, query.text, query.favorite_of, query.node
+    )
+    if _text_only(query):
+        return int(cursor.execute(_COUNT_MATCHES, params).fetchone()[0])
+    if query.text or query.favorite_of is not None or query.node is not None:
+        return int(cursor.execute(_COUNT + _where(where), params).fetchone()[0])
+    # Owner and status only: what task_count keeps.
+    kept = _kept_counts(cursor, query.user_id)
+    wanted = _stored_keys(query.statuses) if query.statuses else kept
+    return sum(kept.get(key, 0) for key in wanted)
+
+
+_MATCHING_TASKS = fragment(f"SELECT g.gid, g.status_key {_TASKS}")  # noqa: S608 (constant text)
+_BY_GID = fragment(" ORDER BY g.gid LIMIT ?")
+
+
+def matching_tasks(
+    cursor: sqlite3.Cursor, query: TaskQuery, bound: int
+) -> tuple[int, list[tuple[int, str]]]:
+    """How many tasks match the filters of ``query`` (as
+    :func:`count_matching`) and, when that is at most ``bound``, each one's
+    gid and stored status key, by gid (``POST /api/tasks/bulk`` with a
+    ``filter``); none when it is more: the caller refuses."""
+    total = count_matching(cursor, query)
+    if total > bound:
+        return total, []
+    where, params = _filters(
+        query.user_id, query.statuses, query.text, query.favorite_of, query.node
+    )
+    rows = cursor.execute(_MATCHING_TASKS + _where(where) + _BY_GID, (*params, bound + 1))
+    return total, [(int(row[0]), str(row[1])) for row in rows.fetchall()]
 
 
 def _after_parameters(query: TaskQuery) -> list[Any]:
@@ -773,9 +818,11 @@ def _counted_matches(
         + _COUNTED_CLOSE
         + (page.counted_after if after else EMPTY)
         + page.counted_tail
+        + _skip(query)[0]
     )
     rows = cursor.execute(
-        statement, (*params, MATCHES_FIRST_UP_TO + 1, *after, query.limit + 1)
+        statement,
+        (*params, MATCHES_FIRST_UP_TO + 1, *after, query.limit + 1, *_skip(query)[1]),
     ).fetchall()
     if not rows or int(rows[0][2]) > MATCHES_FIRST_UP_TO:
         return None

@@ -85,6 +85,7 @@ from tasknet.site.storage.views import (
     QUEUED,
     count_by_status,
     list_tasks,
+    matching_tasks,
     visible_task,
 )
 from tasknet.site.web import admin_nodes, admin_users, openapi
@@ -93,7 +94,7 @@ from tasknet.site.web.auth import own_origin, request_credentials, require_admin
 from tasknet.site.web.errors import STATUS, ApiError, write_api_error, write_error, write_json
 from tasknet.site.web.http import StaticFiles
 from tasknet.site.web.interfaces import WebDependencies
-from tasknet.site.web.task_queries import search_text, stats_window, task_query
+from tasknet.site.web.task_queries import bulk_filter, search_text, stats_window, task_query
 from tasknet.status import TaskStatus
 
 log = Logger()
@@ -328,6 +329,8 @@ def string_field(
 #: ``POST /api/tasks/bulk``'s actions, and how many gids one call takes.
 BULK_ACTIONS = ("delete", "retry")
 MAX_BULK = 500
+#: The gids a ``filter`` answer names per reason, at most.
+BULK_REASON_GIDS = 100
 
 
 def _error(code: str, message: str) -> dict[str, str]:
@@ -449,6 +452,10 @@ class SiteApi:
         action = document.get("action")
         if action not in BULK_ACTIONS:
             raise ApiError("invalid_request", f"'action' must be one of {list(BULK_ACTIONS)}")
+        if "filter" in document:
+            if "gids" in document:
+                raise ApiError("invalid_request", "give 'gids' or 'filter', not both")
+            return 200, await self._bulk_matching(user, action, document)
         gids = document.get("gids")
         if not isinstance(gids, list):
             raise ApiError("invalid_request", "'gids' must be an array of gids")
@@ -462,6 +469,74 @@ class SiteApi:
         distinct = list(dict.fromkeys(numbers))
         results = [await self._bulk_one(user, action, number) for number in distinct]
         return 200, {"results": results, "duplicates": len(numbers) - len(distinct)}
+
+    async def _bulk_matching(
+        self, user: User, action: str, document: dict[str, Any]
+    ) -> dict[str, Any]:
+        """``POST /api/tasks/bulk`` with a ``filter`` ("select all N
+        matching"): the tasks the list's filters match (the caller's, an
+        admin's everyone's), counted and read in one transaction; refused
+        unchanged when they are not ``expect`` (``409 count_changed``) or
+        more than the bound (``413 too_many_tasks``); else each acted on as
+        with ``gids`` (``retry``: only the failed deletes among them), and
+        answered as a summary: ``matched``, ``done``, ``notDone``,
+        ``notApplicable`` and, per reason, ``count`` and the first gids."""
+        query = bulk_filter(document["filter"], _scope(user), user.id)
+        expect = document.get("expect")
+        if isinstance(expect, bool) or not isinstance(expect, int) or expect < 0:
+            raise ApiError(
+                "invalid_request",
+                "'expect' must be a whole number from 0: how many tasks the person confirmed",
+            )
+        bound = self.deps.max_bulk_matching
+        count, tasks = await self.db.read(matching_tasks, query, bound)
+        if count > bound:
+            raise ApiError(
+                "too_many_tasks",
+                f"{count:,} tasks match; at most {bound:,} are acted on at once: narrow the filter",
+                count=count,
+                max=bound,
+            )
+        if count != expect:
+            raise ApiError(
+                "count_changed",
+                f"{count:,} tasks match now, not {expect:,}: nothing was done; confirm again",
+                count=count,
+            )
+        failed = TaskStatus.DELETE_FAILED.value
+        targets = [gid for gid, key in tasks if action == "delete" or key == failed]
+        reasons: dict[str, dict[str, Any]] = {}
+
+        def note(code: str, gid: int) -> None:
+            reason = reasons.setdefault(code, {"count": 0, "gids": []})
+            reason["count"] += 1
+            if len(reason["gids"]) < BULK_REASON_GIDS:
+                reason["gids"].append(gid)
+
+        for gid, key in tasks:
+            if action == "retry" and key != failed:
+                note("not_retryable", gid)
+        done = 0
+        for gid in targets:
+            result = await self._bulk_one(user, action, gid)
+            if "error" in result:
+                note(result["error"]["code"], gid)
+            else:
+                done += 1
+        log.info(
+            "bulk {action} of the {count} tasks matching a filter, by {user}: {done} done",
+            action=action,
+            count=count,
+            user=user.name,
+            done=done,
+        )
+        return {
+            "matched": count,
+            "done": done,
+            "notDone": len(targets) - done,
+            "notApplicable": len(tasks) - len(targets),
+            "reasons": reasons,
+        }
 
     async def _bulk_one(self, user: User, action: str, gid: int) -> dict[str, Any]:
         """One gid of ``POST /api/tasks/bulk``: the status and body its

@@ -45,6 +45,11 @@ STATUS: dict[str, int] = {
     # and Retry-After), and a verdict the upstream's audit contradicts, without a note.
     "verdict_too_early": 409,
     "note_required": 409,
+    # POST /api/tasks/bulk with a "filter" (issue 36): the filter matches
+    # another number of tasks than "expect" (with the current "count"), or
+    # more than the site acts on at once (with "count" and "max").
+    "count_changed": 409,
+    "too_many_tasks": 413,
     "payload_too_large": 413,
     "upstream_rejected": 422,
     # GET /api/events without a WebSocket handshake (``Upgrade: websocket``), with ``Upgrade``.

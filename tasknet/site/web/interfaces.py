@@ -26,6 +26,7 @@ from tasknet.site.storage.node_control import Control
 from tasknet.site.storage.reassign import Reassigned, Retired
 from tasknet.site.web.archives import ArchiveDelivery
 from tasknet.site.web.auth import Authenticator
+from tasknet.site.web.task_queries import MAX_BULK_MATCHING
 
 
 @dataclass(frozen=True)
@@ -64,6 +65,9 @@ class WebDependencies:
     #: ``POST /api/admin/nodes/{id}/control`` (``dispatcher.control_node``):
     #: ``(node_id, mode or None, limit or None or "keep", actor, note)``.
     control_node: Callable[[str, str | None, int | None | str, str, str], Deferred[Control]]
+    #: ``--max-bulk-matching``: the most tasks ``POST /api/tasks/bulk``
+    #: with a ``filter`` acts on at once.
+    max_bulk_matching: int = MAX_BULK_MATCHING
     #: The site's ``--name`` (``/api/me``'s ``site``: which site this is).
     site_name: str = ""
     #: Started with ``--demo`` (``GET /api/session``: the sign-in page names

@@ -60,6 +60,10 @@ MIN_WINDOW = 60
 MAX_WINDOW = 86400
 MAX_NODE_ID = 128
 MAX_BULK = 500
+#: ``page × limit`` at most (``task_queries.MAX_PAGE_REACH``) and the default
+#: ``--max-bulk-matching`` (``task_queries.MAX_BULK_MATCHING``).
+MAX_PAGE_REACH = 100_000
+MAX_BULK_MATCHING = 10_000
 MAX_ARCHIVE_LINKS = 1000
 #: ``GET /api/tasks``' orders and the ``QUEUED`` and ``SUBMITTED_NOT_QUEUED``
 #: filter keys (``storage.views``).
@@ -689,6 +693,33 @@ def _schemas() -> dict[str, Schema]:
             },
             required=["results", "duplicates"],
         ),
+        "BulkSummary": _object(
+            {
+                "matched": _integer("Tasks the filter matched (`expect`).", minimum=0),
+                "done": _integer("Acted on (`200` or `202` as single operations).", minimum=0),
+                "notDone": _integer("Acted on and refused (see `reasons`).", minimum=0),
+                "notApplicable": _integer(
+                    "`retry`: matched and not a failed delete (`reasons.not_retryable`).",
+                    minimum=0,
+                ),
+                "reasons": _object(
+                    {},
+                    required=[],
+                    additional=_object(
+                        {
+                            "count": _integer(minimum=1),
+                            "gids": {
+                                "type": "array",
+                                "items": _integer(minimum=GID_MIN, maximum=GID_MAX),
+                                "maxItems": 100,
+                                "description": "The first 100 of them, by gid.",
+                            },
+                        }
+                    ),
+                    description="Per error code (or `not_retryable`), the tasks not done.",
+                ),
+            }
+        ),
         "Counts": _object(
             {
                 "counts": _object(
@@ -1132,7 +1163,9 @@ def _task_operations() -> dict[str, Schema]:
             (
                 400,
                 _bad_request(
-                    "An unknown status key or order, a malformed cursor, a bad limit or `q`."
+                    "An unknown status key or order, a malformed cursor, a bad limit or `q`; "
+                    f"a `page` that is not an integer from 1, or with `page × limit` over "
+                    f"{MAX_PAGE_REACH:,}; `page` and `after` together."
                 ),
             ),
             (401, _common("Unauthorized")),
@@ -1186,6 +1219,15 @@ def _task_operations() -> dict[str, Schema]:
                 "`400`); `progress`: `KEY~GID` with `KEY` a finite decimal number; `newest`, "
                 "`oldest`: `CREATEDAT~GID`, opaque (up to 64 characters before the `~`, no "
                 "`~` or control character). `GID` is `[0-9]{1,10}`.",
+            ),
+            _query(
+                "page",
+                _integer(minimum=1, maximum=MAX_PAGE_REACH, default=1),
+                "A page by its number (1 is the first): the rows after the first "
+                "`(page - 1) × limit` of the order, the same rows the cursor reaches after "
+                f"`page - 1` turns; `page × limit` at most {MAX_PAGE_REACH:,} (a later row is "
+                "reached with `after`). Its `next` is the cursor as on any page; not with "
+                "`after`. A page past the last is empty.",
             ),
         ],
     )
@@ -1306,28 +1348,57 @@ def _task_operations() -> dict[str, Schema]:
     bulk = _operation(
         "bulkTasks",
         "Delete or retry many tasks",
-        f"At most {MAX_BULK} gids, each handled as its single operation would be and answered "
-        "in order with the HTTP status that operation would give (a repeated gid once, where "
-        "it first appears; `duplicates` counts the repeats dropped): `delete` as "
+        f"With `gids`: at most {MAX_BULK} gids, each handled as its single operation would be "
+        "and answered in order with the HTTP status that operation would give (a repeated gid "
+        "once, where it first appears; `duplicates` counts the repeats dropped): `delete` as "
         "`DELETE /api/tasks/{gid}` (`200` deleted at once, `202` with the pending `task`, or "
         "its error), `retry` the same for a `DELETE_FAILED` task and `409` for any other. "
+        'With `filter` and `expect` instead ("select all N matching"): every task the '
+        "list's filters match (the caller's; an admin's: everyone's), counted and read at "
+        "once; `409 count_changed` (with the current `count`) when they are not `expect`, "
+        f"`413 too_many_tasks` (with `count` and `max`) when more than `--max-bulk-matching` "
+        f"(default {MAX_BULK_MATCHING:,}), and nothing is done; else each is acted on as with "
+        "`gids` (`retry`: the failed deletes among them; the others are not applicable) and "
+        "the answer is a summary (`BulkSummary`), not one result per task. "
         "An admin acts on any task, as with the single routes.",
         _responses(
             {
                 "200": _json_response(
-                    "One result per distinct gid, in the order first given.",
-                    _ref("BulkResults"),
+                    "With `gids`: one result per distinct gid, in the order first given; "
+                    "with `filter`: the summary.",
+                    {"oneOf": [_ref("BulkResults"), _ref("BulkSummary")]},
                 )
             },
             (
                 400,
                 _bad_request(
                     "Not a JSON object; `action` not `delete` or `retry`; `gids` not an array "
-                    f"of at most {MAX_BULK} gids."
+                    f"of at most {MAX_BULK} gids; `filter` not an object of the list's "
+                    "filters (`status` an array of status keys, `q`, `node`, `favorite` a "
+                    "boolean) or `expect` not an integer from 0; `gids` and `filter` together."
                 ),
             ),
             (401, _common("Unauthorized")),
             (403, _error(403, _COOKIE_FORBIDDEN, "forbidden")),
+            (
+                409,
+                _error(
+                    409,
+                    "`filter`: it matches another number of tasks than `expect` now "
+                    "(`count`); nothing was done.",
+                    "count_changed",
+                ),
+            ),
+            (
+                413,
+                _error(
+                    413,
+                    "`filter`: it matches more tasks than `--max-bulk-matching` (`count`, "
+                    "`max`), nothing was done; or the body is over `--max-body`.",
+                    "too_many_tasks",
+                    "payload_too_large",
+                ),
+            ),
         ),
         tag="tasks",
         body=_body(
@@ -1339,9 +1410,37 @@ def _task_operations() -> dict[str, Schema]:
                         "items": _integer(minimum=GID_MIN, maximum=GID_MAX),
                         "maxItems": MAX_BULK,
                     },
+                    "filter": _object(
+                        {
+                            "status": {
+                                "type": "array",
+                                "items": _string(enum=_FILTER_KEYS),
+                                "description": "Display keys (any of them); empty: every status.",
+                            },
+                            "q": _string(maxLength=MAX_SEARCH, pattern="^[^\\u0000-\\u001f]*$"),
+                            "node": _string(
+                                minLength=1,
+                                maxLength=MAX_NODE_ID,
+                                pattern="^[^\\u0000-\\u001f\\u007f]*$",
+                            ),
+                            "favorite": {"type": "boolean"},
+                        },
+                        required=[],
+                        additional=False,
+                        description="`GET /api/tasks`'s filters, as JSON.",
+                    ),
+                    "expect": _integer(
+                        "How many tasks the person confirmed (the list's `total`).", minimum=0
+                    ),
                 },
-                required=["action", "gids"],
+                required=["action"],
             )
+            | {
+                "oneOf": [
+                    {"required": ["gids"], "not": {"required": ["filter"]}},
+                    {"required": ["filter", "expect"], "not": {"required": ["gids"]}},
+                ]
+            }
         ),
     )
     return {

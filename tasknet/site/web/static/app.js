@@ -174,13 +174,15 @@
       colGid: "gid", colName: "名称", colStatus: "状态", colProgress: "进度", colSize: "大小", colSpeed: "速度",
       colNode: "节点", colOwner: "用户", colCost: "费用", colCreated: "创建时间",
       pageFirst: "第一页", pagePrev: "上一页", pageNext: "下一页", pageOf: "第 {page} 页，共 {pages} 页", pageN: "第 {page} 页",
+      pageGo: "跳到第", pageGoUnit: "页", pageGoButton: "前往", pageNumbersLabel: "页码",
       pagerLabel: "分页",
       selectMatching: "选择全部 {n} 个符合条件的任务", matchingSelected: "已选全部 {n} 个符合条件的任务",
       matchingTooMany: "一次最多处理 {max} 个任务，现在有 {n} 个符合条件：请缩小筛选范围。",
       bulkRetryN: "重试删除（{n}）", bulkRetryOnly: "所选任务中有 {n} 个删除失败，会再次删除。其余 {skip} 个不受影响（重试只适用于删除失败的任务）。",
       bulkMatchingDeleteText: "删除符合当前筛选和搜索的全部 {n} 个任务？节点确认删除文件之前，它们会显示为“待删除”。",
-      bulkMatchingRetryText: "再次删除符合当前筛选和搜索、且删除失败的任务（最多 {n} 个）。其他任务不受影响。",
-      bulkCollecting: "正在读取符合条件的任务……{done} / {n}",
+      bulkMatchingRetryText: "符合当前筛选和搜索的 {n} 个任务中有 {r} 个删除失败，会再次删除。其他任务不受影响。",
+      bulkMatchingWorking: "正在处理符合条件的 {n} 个任务……",
+      matchingCountChanged: "什么也没有做：现在有 {n} 个任务符合条件，而不是 {m} 个。请检查列表后再确认一次。",
       bulkResultTitle: "{action}：{ok} 个成功，{failed} 个没有完成，{skipped} 个不适用。",
       bulkReasonConflict: "{n} 个状态不允许此操作", bulkReasonGone: "{n} 个已不存在", bulkReasonBusy: "{n} 个因网站繁忙未完成，请重试",
       bulkReasonOther: "{n} 个被拒绝", bulkReasonNoRetry: "{n} 个不是删除失败的任务，重试不适用", bulkResultGids: "gid：{list}",
@@ -394,13 +396,15 @@
       colGid: "gid", colName: "Name", colStatus: "Status", colProgress: "Progress", colSize: "Size", colSpeed: "Speed",
       colNode: "Node", colOwner: "Owner", colCost: "Cost", colCreated: "Created",
       pageFirst: "First", pagePrev: "Previous", pageNext: "Next", pageOf: "Page {page} of {pages}", pageN: "Page {page}",
+      pageGo: "Go to page", pageGoUnit: "", pageGoButton: "Go", pageNumbersLabel: "Page numbers",
       pagerLabel: "Pages",
       selectMatching: "Select all {n} matching", matchingSelected: "All {n} matching selected",
       matchingTooMany: "At most {max} tasks at once and {n} match: narrow the filter.",
       bulkRetryN: "Retry delete ({n})", bulkRetryOnly: "{n} of the selected tasks are failed deletes: their delete is tried again. The other {skip} are left as they are (retry only applies to a failed delete).",
       bulkMatchingDeleteText: "Delete all {n} tasks matching the current filter and search? Until their nodes confirm the files are gone they show “Delete pending”.",
-      bulkMatchingRetryText: "Try the delete again of the failed deletes among the {n} tasks matching the current filter and search. Other tasks are left as they are.",
-      bulkCollecting: "Reading the matching tasks… {done} of {n}",
+      bulkMatchingRetryText: "{r} of the {n} tasks matching the current filter and search are failed deletes: their delete is tried again. Other tasks are left as they are.",
+      bulkMatchingWorking: "Working on the {n} matching tasks…",
+      matchingCountChanged: "Nothing was done: {n} tasks match now, not {m}. Check the list and confirm again.",
       bulkResultTitle: "{action}: {ok} done, {failed} not done, {skipped} not applicable.",
       bulkReasonConflict: "{n} not in a state that allows it", bulkReasonGone: "{n} no longer exist", bulkReasonBusy: "{n} not done because the site was busy: try again",
       bulkReasonOther: "{n} refused", bulkReasonNoRetry: "{n} are not failed deletes: retry does not apply", bulkResultGids: "gid {list}",
@@ -501,9 +505,12 @@
     pageSize: PAGE_SIZE,   // #tasks?size=N
     selected: new Set(),   // gids ticked for a bulk action
     selectMatching: false, // "Select all N matching": the bulk action acts on the whole view
+    matchingRetryable: null, // the failed deletes among the whole view (the API's count), once read
     bulkResult: null,      // the last bulk action's outcome (renderBulkResult)
     tableView: false,      // the dense table instead of the cards (localStorage)
-    pageStarts: [],        // the table's pages: the keyset cursor each page before this one started at
+    pageStarts: [],        // the table's pages: how each page before this one was read (pageAt), for Previous
+    pageAt: null,          // how the table's page is read: null (the first), {after: cursor} or {page: n}
+    pageNumber: 1,         // the table's page number
     total: null,           // tasks matching the view (the list answer's total)
     me: null,              // /api/me: {name, admin}, site
     site: null,
@@ -831,7 +838,7 @@
   // tombstone: the task is gone and its row must go too.
   function isGone(task) { return task && (task.state === "DELETED" || !task.status); }
 
-  function listPath(paged, limit, after) {
+  function listPath(paged, limit, after, pageNumber) {
     var params = [];
     var keys = FILTERS[state.filter];
     if (keys) { params.push("status=" + keys.join(",")); }
@@ -841,6 +848,7 @@
     params.push("order=" + state.orderBy);
     params.push("limit=" + limit);
     if (paged && after !== null && after !== undefined) { params.push("after=" + encodeURIComponent(after)); }
+    else if (pageNumber > 1) { params.push("page=" + pageNumber); }
     return "/api/tasks?" + params.join("&");
   }
 
@@ -886,11 +894,13 @@
   // the table: its one page, from where that page starts.
   function readShown() {
     var keep = state.tableView ? state.pageSize : Math.max(state.pageSize, state.order.length);
-    var start = state.tableView && state.pageCursor !== undefined ? state.pageCursor : null;
+    var at = state.tableView ? state.pageAt : null;
+    var start = at && at.after !== undefined ? at.after : null;
+    var number = at && at.page ? at.page : 1;  // a page by its number: GET /api/tasks?page=N
     var answer = { result: null, tasks: [], total: undefined, next: null };
     function page(after) {
       var limit = Math.min(500, keep - answer.tasks.length);
-      return api("GET", listPath(after !== null, limit, after)).then(function (result) {
+      return api("GET", listPath(after !== null, limit, after, after === null ? number : 1)).then(function (result) {
         answer.result = result;
         if (!result.ok) { return answer; }
         var data = result.data || {};
@@ -986,7 +996,7 @@
   // not shown until that page is loaded, so rows never jump.
   function insertAt(task) {
     if (!matchesView(task)) { return -1; }
-    if (state.tableView && state.pageStarts.length) { return -1; }  // a later page of the table: not its top
+    if (state.tableView && state.pageNumber > 1) { return -1; }  // a later page of the table: not its top
     var hasMore = state.next !== null && state.next !== undefined;
     if (state.orderBy !== "newest" && state.orderBy !== "oldest" && state.orderBy !== "gid") { return hasMore ? -1 : state.order.length; }
     for (var i = 0; i < state.order.length; i++) {
@@ -1181,19 +1191,15 @@
   // ---- bulk select -----------------------------------------------------------
 
   // "Select all N matching" acts on the whole view (filter, search, node,
-  // favourites) through the API, at most this many tasks at once.
-  var MAX_MATCHING = 10000;
+  // favourites) through the API: POST /api/tasks/bulk with the view's
+  // filter and the N the person confirmed; the site counts, bounds
+  // (--max-bulk-matching) and acts.
 
   function selectedGids() { return state.order.filter(function (g) { return state.selected.has(g); }); }
 
   // Retry applies only to a failed delete: the button says how many it acts on.
   function retryableCount() {
-    if (state.selectMatching) {
-      var keys = FILTERS[state.filter];
-      var counts = state.counts || {};
-      var inView = !keys || keys.indexOf("DELETE_FAILED") !== -1;
-      return inView ? Number(counts.DELETE_FAILED) || 0 : 0;
-    }
+    if (state.selectMatching) { return state.matchingRetryable || 0; }
     return selectedGids().filter(function (g) { var task = state.tasks.get(g); return task && task.status === "DELETE_FAILED"; }).length;
   }
 
@@ -1218,6 +1224,34 @@
     var total = typeof state.total === "number" ? state.total : 0;
     more.hidden = matching || !(shown > 0 && ticked === shown && total > shown);
     more.textContent = t("selectMatching", { n: num(total) });
+  }
+
+  // The view's filter as POST /api/tasks/bulk takes it.
+  function viewFilter() {
+    var filter = { status: FILTERS[state.filter] || [], q: state.query, favorite: !!state.favoriteOnly };
+    if (state.nodeFilter) { filter.node = state.nodeFilter; }
+    return filter;
+  }
+
+  // "Select all N matching": how many failed deletes the whole view holds
+  // (its tab, search, node and favourites: the list's total of the view
+  // narrowed to DELETE_FAILED), for "Retry delete (N)".
+  function selectMatching() {
+    state.selectMatching = true;
+    state.matchingRetryable = null;
+    renderSelection();
+    var keys = FILTERS[state.filter];
+    if (keys && keys.indexOf("DELETE_FAILED") === -1) { state.matchingRetryable = 0; return; }
+    var seq = state.listSeq;
+    var params = ["status=DELETE_FAILED", "limit=1"];
+    if (state.query) { params.push("q=" + encodeURIComponent(state.query)); }
+    if (state.favoriteOnly) { params.push("favorite=1"); }
+    if (state.nodeFilter) { params.push("node=" + encodeURIComponent(state.nodeFilter)); }
+    api("GET", "/api/tasks?" + params.join("&")).then(function (result) {
+      if (seq !== state.listSeq || !state.selectMatching || !result.ok || !result.data) { return; }
+      state.matchingRetryable = Number(result.data.total) || 0;
+      renderSelection();
+    });
   }
 
   function selectAllShown(on) {
@@ -1247,16 +1281,21 @@
     box.className = "result bulk-result" + (outcome.failed || outcome.tooMany ? " warn" : "");
     if (outcome.working) { box.appendChild(el("span", { "data-role": "bulk-progress", text: outcome.working() })); return; }
     if (outcome.tooMany) {
-      box.appendChild(el("span", { "data-role": "bulk-outcome", text: t("matchingTooMany", { max: num(MAX_MATCHING), n: num(outcome.tooMany) }) }));
+      box.appendChild(el("span", { "data-role": "bulk-outcome", text: t("matchingTooMany", { max: num(outcome.max), n: num(outcome.tooMany) }) }));
+    } else if (outcome.countChanged) {
+      box.appendChild(el("span", { "data-role": "bulk-outcome", text: t("matchingCountChanged", { n: num(outcome.countChanged.now), m: num(outcome.countChanged.confirmed) }) }));
     } else {
       box.appendChild(el("span", { "data-role": "bulk-outcome", text: t("bulkResultTitle", {
         action: t(outcome.action === "delete" ? "bulkDelete" : "bulkRetry"),
         ok: num(outcome.ok), failed: num(outcome.failed), skipped: num(outcome.skipped) }) }));
       var list = el("ul", { className: "bulk-reasons" });
       Object.keys(outcome.reasons).forEach(function (code) {
-        var gids = outcome.reasons[code];
-        var words = t(BULK_REASONS[code] || "bulkReasonOther", { n: num(gids.length) });
-        var shown = gids.slice(0, 10).join(", ") + (gids.length > 10 ? "…" : "");
+        // The gids, or (the site's summary of a whole view) {count, gids: the first ones}.
+        var reason = outcome.reasons[code];
+        var gids = Array.isArray(reason) ? reason : (reason.gids || []);
+        var count = Array.isArray(reason) ? reason.length : Number(reason.count) || gids.length;
+        var words = t(BULK_REASONS[code] || "bulkReasonOther", { n: num(count) });
+        var shown = gids.slice(0, 10).join(", ") + (count > 10 ? "…" : "");
         list.appendChild(el("li", { "data-reason": code, text: words + " (" + t("bulkResultGids", { list: shown }) + ")" }));
       });
       if (list.childNodes.length) { box.appendChild(list); }
@@ -1266,52 +1305,58 @@
     box.appendChild(dismiss);
   }
 
-  // Every gid (with its status) of the view, read page by page through the API.
-  function collectMatching(progress) {
-    var found = [];
-    function page(after) {
-      return api("GET", listPath(after !== null, 500, after)).then(function (result) {
-        if (!result.ok) { throw result; }
-        var data = result.data || {};
-        (data.tasks || []).forEach(function (task) { if (!isGone(task)) { found.push({ gid: task.gid, status: task.status }); } });
-        progress(found.length);
-        var next = data.next === undefined ? null : data.next;
-        if (next !== null && (data.tasks || []).length && found.length < MAX_MATCHING) { return page(next); }
-        return found;
-      });
-    }
-    return page(null);
-  }
-
-  // POST /api/tasks/bulk in chunks of 500; a site without it gets one call per task.
+  // POST /api/tasks/bulk: the ticked gids in chunks of 500 (a site without
+  // it gets one call per task), or the whole view by its filter.
   function bulkAction(action) {
     var del = action === "delete";
     var matching = !!state.selectMatching;
     var total = matching ? (state.total || 0) : state.selected.size;
     if (!total) { return; }
-    if (matching && total > MAX_MATCHING) { showBulkResult({ tooMany: total }); return; }
     var chosen = selectedGids();
     var retryable = del ? chosen : chosen.filter(function (g) { var task = state.tasks.get(g); return task && task.status === "DELETE_FAILED"; });
     var text;
-    if (matching) { text = t(del ? "bulkMatchingDeleteText" : "bulkMatchingRetryText", { n: num(total) }); }
+    if (matching) { text = t(del ? "bulkMatchingDeleteText" : "bulkMatchingRetryText", { n: num(total), r: num(retryableCount()) }); }
     else if (del) { text = t("bulkDeleteText", { n: num(chosen.length) }); }
     else { text = t("bulkRetryOnly", { n: num(retryable.length), skip: num(chosen.length - retryable.length) }); }
     confirmDialog({
-      title: t(del ? "bulkDeleteTitle" : "bulkRetryTitle", { n: num(matching || del ? total : retryable.length) }),
+      title: t(del ? "bulkDeleteTitle" : "bulkRetryTitle", { n: num(del ? total : (matching ? retryableCount() : retryable.length)) }),
       text: text,
       ok: del ? t("bulkDelete") : t("bulkRetryN", { n: num(matching ? retryableCount() : retryable.length) }), danger: del
     }).then(function (answer) {
       if (!answer) { return; }
-      var targets = matching ? collectMatching(function (n) {
-        showBulkResult({ working: function () { return t("bulkCollecting", { done: num(n), n: num(total) }); } });
-      }).then(function (found) {
-        var keep = del ? found : found.filter(function (item) { return item.status === "DELETE_FAILED"; });
-        return { gids: keep.map(function (item) { return item.gid; }), skipped: found.length - keep.length };
-      }) : Promise.resolve({ gids: retryable, skipped: chosen.length - retryable.length });
-      return targets.then(function (plan) { return runBulk(action, plan.gids, plan.skipped, chosen); }, function (result) {
-        notify(failureText("loadFailed", result || { status: 0 }), true);
+      if (matching) { return runBulkMatching(action, total); }
+      return runBulk(action, retryable, chosen.length - retryable.length, chosen);
+    });
+  }
+
+  // The whole view: the site acts only if the filter still matches the
+  // number confirmed (else 409 count_changed) and no more than its bound
+  // (413 too_many_tasks); either way the outcome stays on screen.
+  function runBulkMatching(action, total) {
+    showBulkResult({ working: function () { return t("bulkMatchingWorking", { n: num(total) }); } });
+    return api("POST", "/api/tasks/bulk", { action: action, filter: viewFilter(), expect: total }).then(function (result) {
+      var data = result.data || {};
+      var error = data.error || {};
+      if (result.status === 409 && error.code === "count_changed") {
+        state.total = Number(error.count) || 0;
+        showBulkResult({ countChanged: { now: state.total, confirmed: total } });
+      } else if (result.status === 413 && error.code === "too_many_tasks") {
+        showBulkResult({ tooMany: Number(error.count) || total, max: Number(error.max) || 0 });
+      } else if (!result.ok || typeof data.done !== "number") {
         showBulkResult(null);
-      });
+        notify(failureText("loadFailed", result), true);
+        return;
+      } else {
+        showBulkResult({ action: action, ok: data.done, failed: data.notDone, skipped: data.notApplicable, reasons: data.reasons || {} });
+      }
+      // Done or refused, the whole view was the selection: it is dropped.
+      state.selected.clear();
+      state.selectMatching = false;
+      renderSelection();
+      renderShownCount();
+      loadCounts();
+      loadUsage();
+      loadTasks(false);
     });
   }
 
@@ -1440,8 +1485,7 @@
     if (state.tableView === on) { return; }
     state.tableView = on;
     localStorage.setItem(TABLE_KEY, on ? "table" : "cards");
-    state.pageStarts = [];
-    state.pageCursor = null;
+    resetPages();
     renderViewToggle();
     resetListLoads();
     loadTasks(false);
@@ -1549,11 +1593,34 @@
     return typeof state.total === "number" ? Math.max(1, Math.ceil(state.total / state.pageSize)) : null;
   }
 
+  // A page by its number is GET /api/tasks?page=N (an OFFSET: as cheap as
+  // the first page up to here); a page past it is reached with Next.
+  var MAX_PAGE_REACH = 100000;
+
+  function lastPageByNumber(pages) {
+    return Math.max(1, Math.min(pages || 1, Math.floor(MAX_PAGE_REACH / state.pageSize)));
+  }
+
+  function resetPages() {
+    state.pageStarts = [];
+    state.pageAt = null;
+    state.pageNumber = 1;
+  }
+
+  // 1 … 4 5 6 … 60: the first, the last and the current page's neighbours.
+  function pageNumbersShown(page, pages) {
+    var shown = [];
+    [1, page - 1, page, page + 1, pages].forEach(function (n) {
+      if (n >= 1 && n <= pages && shown.indexOf(n) === -1) { shown.push(n); }
+    });
+    return shown.sort(function (a, b) { return a - b; });
+  }
+
   function renderPager() {
     var pager = $("table-pager");
     pager.hidden = !state.tableView;
     if (!state.tableView) { return; }
-    var page = state.pageStarts.length + 1;
+    var page = state.pageNumber;
     var pages = pageCount();
     var hasNext = state.next !== null && state.next !== undefined;
     $("page-first").disabled = page === 1;
@@ -1562,25 +1629,58 @@
     var where = $("page-where");
     where.textContent = pages === null ? t("pageN", { page: num(page) }) : t("pageOf", { page: num(page), pages: num(Math.max(pages, page)) });
     where.setAttribute("data-page", String(page));
+    var numbers = $("page-numbers");
+    numbers.textContent = "";
+    var reach = lastPageByNumber(pages);
+    var last = 0;
+    pageNumbersShown(page, Math.max(pages || 1, page)).forEach(function (n) {
+      if (n !== page && n > reach) { return; }
+      if (n > last + 1) { numbers.appendChild(el("span", { className: "gap", "aria-hidden": "true", text: "…" })); }
+      last = n;
+      var button = el("button", { type: "button", "data-page": String(n), "aria-label": t("pageN", { page: num(n) }), text: num(n) });
+      if (n === page) { button.setAttribute("aria-current", "page"); }
+      numbers.appendChild(button);
+    });
+    var input = $("page-go-number");
+    input.max = String(reach);
+    input.placeholder = num(page);
   }
 
+  // to: "first", "prev", "next" or a page number.
   function turnPage(to) {
     if (to === "next") {
       if (state.next === null || state.next === undefined) { return; }
-      state.pageStarts.push(state.pageCursor === undefined ? null : state.pageCursor);
-      state.pageCursor = state.next;
+      state.pageStarts.push(state.pageAt);
+      state.pageAt = { after: state.next };
+      state.pageNumber += 1;
     } else if (to === "prev") {
-      if (!state.pageStarts.length) { return; }
-      state.pageCursor = state.pageStarts.pop();
-    } else {
+      if (state.pageNumber <= 1) { return; }
+      // The page before, as it was read; after a jump, by its number.
+      state.pageAt = state.pageStarts.length ? state.pageStarts.pop() : (state.pageNumber > 2 ? { page: state.pageNumber - 1 } : null);
+      state.pageNumber -= 1;
+    } else if (typeof to === "number" && to > 1) {
+      if (to === state.pageNumber) { return; }
       state.pageStarts = [];
-      state.pageCursor = null;
+      state.pageAt = { page: to };
+      state.pageNumber = to;
+    } else {
+      resetPages();
     }
     resetListLoads();
     loadTasks(false).then(function () {
       var top = $("task-table");
       if (top && top.getBoundingClientRect().top < 0) { top.scrollIntoView(); }
     });
+  }
+
+  function onPageGo(event) {
+    event.preventDefault();
+    var input = $("page-go-number");
+    var wanted = Math.floor(Number(asciiDigits(input.value)));
+    if (!isFinite(wanted) || wanted < 1) { input.value = ""; return; }
+    var target = Math.min(wanted, lastPageByNumber(pageCount()));
+    input.value = "";
+    turnPage(target);
   }
 
   // A fact on the row's second line: its label is for screen readers when
@@ -2199,8 +2299,7 @@
     state.query = asciiDigits($("task-search").value).trim().slice(0, 256);
     state.selected.clear();
     state.selectMatching = false;
-    state.pageStarts = [];
-    state.pageCursor = null;
+    resetPages();
     state.total = null;
     writeHash();
     renderListControls();
@@ -3549,7 +3648,7 @@
     $("bulk-retry").addEventListener("click", function () { bulkAction("retry"); });
     $("bulk-links").addEventListener("click", bulkLinks);
     $("bulk-clear").addEventListener("click", function () { selectAllShown(false); state.selected.clear(); renderSelection(); });
-    $("select-matching").addEventListener("click", function () { state.selectMatching = true; renderSelection(); });
+    $("select-matching").addEventListener("click", selectMatching);
     $("create-gid").addEventListener("input", function () {
       var box = $("create-gid");
       var fixed = asciiDigits(box.value);
@@ -3607,6 +3706,11 @@
     $("page-first").addEventListener("click", function () { turnPage("first"); });
     $("page-prev").addEventListener("click", function () { turnPage("prev"); });
     $("page-next").addEventListener("click", function () { turnPage("next"); });
+    $("page-numbers").addEventListener("click", function (event) {
+      var button = event.target.closest("button[data-page]");
+      if (button) { turnPage(Number(button.getAttribute("data-page"))); }
+    });
+    $("page-go").addEventListener("submit", onPageGo);
     $("task-table").addEventListener("click", function (event) {
       var sort = event.target.closest("button[data-order]");
       if (sort) { var order = sort.getAttribute("data-order"); changeList(function () { state.orderBy = order; }); }
