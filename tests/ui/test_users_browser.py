@@ -157,9 +157,9 @@ def test_first_admin_users_section_and_a_disabled_sign_in(
             expect(carol).to_have_attribute("data-disabled", "true")
             expect(carol.locator('[data-role="user-state"]')).to_contain_text("Disabled since")
             # The widest row (three actions) stays inside a laptop's width.
-            assert page.evaluate(
-                "document.documentElement.scrollWidth <= window.innerWidth"
-            ), "the Users table makes the page scroll sideways at 1280 px"
+            assert page.evaluate("document.documentElement.scrollWidth <= window.innerWidth"), (
+                "the Users table makes the page scroll sideways at 1280 px"
+            )
             card = page.locator("#users-section").bounding_box()
             last = carol.locator("td.actions button").last.bounding_box()
             assert card and last and last["x"] + last["width"] <= card["x"] + card["width"]
