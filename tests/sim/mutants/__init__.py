@@ -14,6 +14,7 @@ touched.  ``python -m tests.sim.mutants run [NAME...]`` prints the table;
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import shutil
@@ -85,10 +86,45 @@ def save(mutants: list[Mutant]) -> None:
     MANIFEST.write_text(json.dumps({"mutants": entries}, indent=1, ensure_ascii=False) + "\n")
 
 
+_template: Path | None = None
+
+
+def _compiled_template() -> Path:
+    """A copy of ``tasknet/`` with its bytecode compiled, made once a process:
+    each scratch copy is taken from it, caches and all (a cache is stamped
+    with its source's mtime and size, which ``copy2`` keeps, not its path),
+    so a run compiles only the modules its patch changed."""
+    global _template
+    if _template is None:
+        where = Path(tempfile.mkdtemp(prefix="mutant-template-"))
+        atexit.register(shutil.rmtree, where, True)
+        shutil.copytree(
+            ROOT / "tasknet",
+            where / "tasknet",
+            ignore=shutil.ignore_patterns("__pycache__"),
+        )
+        subprocess.run(
+            [sys.executable, "-m", "compileall", "-q", str(where / "tasknet")],
+            env=_child_env(),
+            check=True,
+        )
+        _template = where
+    return _template
+
+
+def _child_env(pythonpath: Path | None = None) -> dict[str, str]:
+    """The environment of a process run on a scratch copy: the caches next
+    to the sources (a PYTHONPYCACHEPREFIX would key them by the scratch
+    path, compiling everything again and leaving them behind)."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPYCACHEPREFIX"}
+    if pythonpath is not None:
+        env["PYTHONPATH"] = str(pythonpath)
+        env["PYTHONDONTWRITEBYTECODE"] = "1"  # the template's caches are read, none written
+    return env
+
+
 def _copy_tree(scratch: Path) -> None:
-    # Bytecode caches go along (their stamps are the sources' mtimes, kept by
-    # copy2), so only the patched modules compile again.
-    shutil.copytree(ROOT / "tasknet", scratch / "tasknet", symlinks=True)
+    shutil.copytree(_compiled_template() / "tasknet", scratch / "tasknet", symlinks=True)
 
 
 def _git_apply(patch: Path, where: Path, *, check: bool) -> subprocess.CompletedProcess[str]:
@@ -137,11 +173,10 @@ def simulate(
         args += ["--db", mutant.db]
     if mutant.faults:
         args += ["--faults", ",".join(mutant.faults)]
-    env = {**os.environ, "PYTHONPATH": str(scratch)}
     done = subprocess.run(
         [sys.executable, "-m", "tasknet.cli.sim", *args],
         cwd=scratch,
-        env=env,
+        env=_child_env(scratch),
         capture_output=True,
         text=True,
         timeout=timeout,
