@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.sim.mutants import Mutant, applies, load, patched, simulate
+from tests.sim.mutants import Mutant, applies, load, patched, run, simulate
 from tests.sim.test_world import require_postgres
 
 MUTANTS = load()
@@ -51,3 +51,14 @@ def test_the_recorded_seed_catches_the_mutant(mutant: Mutant) -> None:
         f"{mutant.name}: seed {mutant.first_seed} ({mutant.db}) no longer fails "
         f"{mutant.check!r}; it failed {checks}\n{done.stdout[-3000:]}"
     )
+
+
+@pytest.mark.slow
+def test_the_runner_stops_at_the_first_failing_seed() -> None:
+    """``tasknet-sim run --first-failure``: seed 0 fails for this mutant,
+    and seeds 1..3 are never run."""
+    (mutant,) = [m for m in MUTANTS if m.name == "ack_before_commit"]
+    result = run(mutant, "0..3")
+    assert result.error is None, result.error
+    assert (result.caught, result.seed, result.seeds_run) == (True, 0, 1), result
+    assert result.check == mutant.check
