@@ -1,7 +1,7 @@
 """``tasknet-sim``: the deterministic simulator (SIMULATION.md "The command").
 
     tasknet-sim run --seeds 0..999 [--db sqlite|postgres] [--faults KIND,...]
-                    [--jobs N] [--json FILE]
+                    [--jobs N] [--json FILE] [--first-failure]
     tasknet-sim replay SEED [--db ...] [--trace FILE]
     tasknet-sim shrink SEED [--db ...]
 
@@ -68,6 +68,11 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--seeds", type=_seeds, default=range(0, 100), help="A..B (both included)")
     run.add_argument("--jobs", type=int, default=1, help="processes to run seeds in")
     run.add_argument("--json", type=Path, help="write every seed's outcome here")
+    run.add_argument(
+        "--first-failure",
+        action="store_true",
+        help="stop at the first failing seed (in seed order; the mutant suite's use)",
+    )
     for name, what in (("replay", "run one seed again"), ("shrink", "shrink a failing seed")):
         one = commands.add_parser(name, help=what)
         one.add_argument("seed", type=int)
@@ -212,14 +217,19 @@ def _cmd_run(options: argparse.Namespace) -> int:
         if jobs == 1:
             for item in work:
                 take(_worker(item))
+                if options.first_failure and failed:
+                    break
         else:
             admin_url = _postgres.admin_url if _postgres is not None else None
             context = multiprocessing.get_context("spawn")
             with context.Pool(jobs, initializer=_worker_init, initargs=(admin_url,)) as pool:
                 for summary in pool.imap(_worker, work, chunksize=4):
                     take(summary)
-                pool.close()
-                pool.join()
+                    if options.first_failure and failed:
+                        break  # the with's exit terminates the workers
+                else:
+                    pool.close()
+                    pool.join()
     wall = time.perf_counter() - started
     ratio = simulated / wall if wall > 0 else 0.0
     kinds = " ".join(f"{k}={n}" for k, n in sorted(faults.items()))
