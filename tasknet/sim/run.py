@@ -100,10 +100,13 @@ def run_schedule(
     workdir: Path | None = None,
     keep_trace: int | None = 0,
     postgres: Callable[[], str] | None = None,
+    before_checks: Callable[[str], None] | None = None,
 ) -> Outcome:
     """Run ``schedule`` (see the module doc); ``workdir``: where its files
     go (default: a temp directory, on tmpfs where there is one, removed
-    after); ``postgres``: gives a fresh database URL (``db="postgres"``)."""
+    after); ``postgres``: gives a fresh database URL (``db="postgres"``);
+    ``before_checks``: called with the site database once the run settled,
+    before the checks read it (a test plants there what a check must find)."""
     started = time.perf_counter()
     # No collection at an instant of the run's choosing: the finalizers of
     # an earlier run's garbage (a Deferred's, a generator's, a connection's)
@@ -116,7 +119,9 @@ def run_schedule(
     root = workdir or Path(tempfile.mkdtemp(prefix="tasknet-sim-", dir=_tmpfs()))
     root.mkdir(parents=True, exist_ok=True)
     try:
-        return _Run(schedule, root, db, keep_trace, postgres).run(started)
+        run = _Run(schedule, root, db, keep_trace, postgres)
+        run.before_checks = before_checks
+        return run.run(started)
     finally:
         if collecting:
             gc.enable()
@@ -182,6 +187,7 @@ class _Run:
         #: gid -> creates sent and not answered (one left unanswered may still land).
         self._creates_open: dict[int, int] = {}
         self.fired: dict[str, int] = {}
+        self.before_checks: Callable[[str], None] | None = None
         #: Users' requests sent and not answered yet.
         self._open_requests = 0
 
@@ -216,8 +222,9 @@ class _Run:
             self._go_for_good(node_id)
         self._gone_armed.clear()
         settled = self._wait_settled(schedule.settle_within)
+        if self.before_checks is not None:
+            self.before_checks(self.cluster.db)
         outcome = Outcome(seed=schedule.seed)
-        outcome.failures += self.checks.failures
         if not settled:
             outcome.failures.append(("liveness", self._unsettled_detail()))
         evidence = cluster.observe()
@@ -237,6 +244,9 @@ class _Run:
             outcome.failures += [("reassign", f) for f in self._left_behind(snap)]
         self._finish_ledger(evidence)
         self.checks.states_in_table(evidence.site.operations)
+        # The checker's failures are copied only now: those of the checks
+        # run after the run (the states read last) count too, and come first.
+        outcome.failures[:0] = self.checks.failures
         outcome.verdicts = excuse_restored(
             check_all(evidence), self._restored, self.inventories.announced()
         )

@@ -78,6 +78,12 @@ GONE_CHANCE = 0.2
 #: How often a node gone for good goes at its next DOWNLOAD rather than at once.
 GONE_AT_DOWNLOAD = 0.75
 
+#: With several sites, how often the pause at SUBMITTING is a short one, and
+#: its length: past the sites' upstream timeout (5 s), within their lease
+#: timeout (8 s).
+SHORT_PAUSE_CHANCE = 0.5
+SHORT_PAUSE = (5.0, 8.0)
+
 #: Faults that need several sites on one PostgreSQL (``--db postgres``).
 POSTGRES_FAULT_KINDS: tuple[str, ...] = ()
 
@@ -204,9 +210,13 @@ def generate(
         # stopped between SUBMITTING and its POST past its lease, which the
         # other reaps before it wakes.
         at = round(rng.uniform(0.5, duration / 2), 3)
-        plan.append(
-            Step(at, "pause_at_submitting", rng.choice(site_names), round(rng.uniform(12, 40), 3))
-        )
+        target, lasts = rng.choice(site_names), round(rng.uniform(12, 40), 3)
+        # Half of them (drawn apart, so no other draw moves) shorter than
+        # the lease timeout and longer than the upstream timeout: there the
+        # POST gate's time check, not its lease check, stops the POST.
+        if random.Random(f"pause {seed}").random() < SHORT_PAUSE_CHANCE:
+            lasts = round(random.Random(f"pause length {seed}").uniform(*SHORT_PAUSE), 3)
+        plan.append(Step(at, "pause_at_submitting", target, lasts))
     plan += _custody_faults(seed, faults, nodes, duration, only=not base)
     plan.sort(key=lambda s: (s.at, s.kind, s.target))
     ordered = tuple(plan)
