@@ -35,6 +35,7 @@ from tasknet.sim.custody import (
     unheld_completions,
     wiped_not_gone,
 )
+from tasknet.sim.liar import MARK, LyingNodes
 from tasknet.sim.network import SimConnection, SimTransport
 from tasknet.sim.schedule import Schedule, Step
 from tasknet.sim.trace import failure_name
@@ -191,6 +192,14 @@ class _Run:
         self._in_flight: list[list[Any]] = []
         #: Connection id -> the site that wrote an archive POST on it.
         self._posting: dict[int, str] = {}
+        self.lies = LyingNodes(
+            self.world,
+            schedule.seed,
+            lambda sql, params: next(iter(self.checks.rows(sql, params)), None),
+            self.checks.fail,
+            self._fired,
+        )
+        self.cluster.on_frame.append(self.lies.frame)
         self.world.network.send_taps.append(self._in_flight_sent)
         self.world.network.taps.append(self._in_flight_received)
         #: gid -> journal POSTs for it when its latest create was sent (resolve's evidence).
@@ -345,6 +354,11 @@ class _Run:
             ]
         for node_id, node in sorted(self.cluster.nodes.items()):
             failures += [("archive-bytes", f) for f in archive_mismatches(node_id, node.data)]
+        if self.lies.liars:
+            for gid, detail in self.checks.rows(
+                "SELECT gid, detail FROM gallery WHERE detail LIKE ? ORDER BY gid", (MARK + "%",)
+            ):
+                failures.append(("lie-applied", f"gid {gid} shows a lie's {detail!r}"))
         return failures
 
     def _wait_settled(self, within: float) -> bool:
@@ -710,6 +724,11 @@ class _Run:
                 # (or left on the wire) first.
                 self._later(0.0, self._crash_in_flight, armed[3], what=f"crash {site} in flight")
             return
+
+    def _do_liar_node(self, step: Step) -> None:
+        """From now on ``step.target`` also tells lies (:mod:`tasknet.sim.liar`)."""
+        if step.target not in self._gone:
+            self.lies.make_liar(step.target)
 
     def _do_upstream_error(self, step: Step) -> None:
         params = {k: step.param(k) for k in ("status", "charged", "body")}

@@ -74,8 +74,9 @@ CUSTODY_FAULT_KINDS = ("restore_node_backup", "node_gone_for_good")
 #: (issue 39), drawn from a generator of their own too: a site crash
 #: between its SUBMITTING commit and the upstream's answer or between the
 #: answer and its persist, upstream 5xx with and without a charge and an
-#: error body, an archive body cut short after its promised length.
-TRUTH_FAULT_KINDS = ("crash_in_flight", "upstream_error", "short_body")
+#: error body, an archive body cut short after its promised length, and a
+#: node that lies within its rights (a node kind, from the step's instant on).
+TRUTH_FAULT_KINDS = ("crash_in_flight", "upstream_error", "short_body", "liar_node")
 
 #: Every fault kind, as ``--faults`` names them and the last line counts them.
 FAULT_KINDS = BASE_FAULT_KINDS + CUSTODY_FAULT_KINDS + TRUTH_FAULT_KINDS
@@ -92,6 +93,8 @@ GONE_AT_DOWNLOAD = 0.75
 IN_FLIGHT_CHANCE = 0.5
 UPSTREAM_ERROR_CHANCE = 0.35
 SHORT_BODY_CHANCE = 0.35
+#: How often a seed has a node that lies within its rights (tasknet.sim.liar).
+LIAR_CHANCE = 0.5
 #: Where a crash in flight strikes: right after SUBMITTING commits (before
 #: the POST), as the upstream answers an applied POST (the site never hears
 #: it), or once the answer arrived (before the persist commits).
@@ -237,7 +240,7 @@ def generate(
             lasts = round(random.Random(f"pause length {seed}").uniform(*SHORT_PAUSE), 3)
         plan.append(Step(at, "pause_at_submitting", target, lasts))
     plan += _custody_faults(seed, faults, nodes, duration, only=not base)
-    plan += _truth_faults(seed, faults, site_names, duration, only=not base)
+    plan += _truth_faults(seed, faults, site_names, nodes, duration, only=not base)
     plan.sort(key=lambda s: (s.at, s.kind, s.target))
     ordered = tuple(plan)
     return Schedule(
@@ -296,6 +299,7 @@ def _truth_faults(
     seed: int,
     faults: tuple[str, ...],
     sites: tuple[str, ...],
+    nodes: tuple[tuple[str, int], ...],
     duration: float,
     *,
     only: bool,
@@ -336,6 +340,12 @@ def _truth_faults(
             ("times", rng.randint(1, 3)),
         )
         steps.append(Step(at, "short_body", "upstream", params=cut))
+    if "liar_node" in faults and (only or rng.random() < LIAR_CHANCE):
+        # A v2 node that, from ``at`` on, also sends what the protocol lets a
+        # node send and the site must drop (tasknet.sim.liar).
+        at = round(rng.uniform(0.5, duration / 2), 3)
+        v2 = [n for n, protocol in nodes if protocol == 2]
+        steps.append(Step(at, "liar_node", rng.choice(v2)))
     return steps
 
 

@@ -14,9 +14,11 @@ from pathlib import Path
 
 import pytest
 
+from tasknet.sim.liar import LyingNodes
 from tasknet.sim.run import run_schedule
 from tasknet.sim.schedule import FAULT_KINDS, IN_FLIGHT_POINTS, generate
 from tasknet.sim.truth import LatePosts, archive_mismatches, reap_of_live, unaccounted_charges
+from tasknet.sim.world import World
 from tasknet.upstream import catalog
 
 
@@ -208,3 +210,80 @@ def test_the_truth_faults_leave_the_other_schedules_as_they_were() -> None:
         for kind in TRUTH_FAULT_KINDS:
             alone = [s.kind for s in generate(seed, faults=(kind,)).steps if s.is_fault]
             assert alone == [kind]
+
+
+# -- a node that lies within its rights ----------------------------------------------------
+
+
+def site_rows(rows: dict[int, tuple[str, str | None]]) -> sqlite3.Connection:
+    """A site database by hand: gid -> (state, the gallery's detail)."""
+    db = sqlite3.connect(":memory:")
+    db.execute("CREATE TABLE task_operation (gid INTEGER, state TEXT)")
+    db.execute("CREATE TABLE gallery (gid INTEGER, detail TEXT)")
+    for gid, (state, detail) in rows.items():
+        db.execute("INSERT INTO task_operation VALUES (?, ?)", (gid, state))
+        db.execute("INSERT INTO gallery VALUES (?, ?)", (gid, detail))
+    return db
+
+
+def judge(db: sqlite3.Connection, *lies: tuple[str, str, list[int], str]) -> list[tuple[str, str]]:
+    """Each lie (report id, kind, gids, the site's ACK result) told by n2 and
+    ACKed by the site: the failures."""
+    failures: list[tuple[str, str]] = []
+    watch = LyingNodes(
+        World(0),
+        0,
+        lambda sql, params: db.execute(sql, params).fetchone(),
+        lambda check, detail: failures.append((check, detail)),
+        lambda kind: None,
+    )
+    watch.make_liar("n2")
+    for report_id, kind, gids, result in lies:
+        watch.told(report_id, "n2", kind, f"{kind} report {report_id}", gids)
+        ack = {"reportId": report_id, "result": result}
+        watch.frame({"node": "n2", "type": 13, "direction": "to_client", "link": 1, "payload": ack})
+    return failures
+
+
+def test_a_lie_the_site_applied_fails() -> None:
+    db = site_rows({7: ("SUBMITTED", "lie: repeat at revision 5"), 8: ("DELETED", None)})
+    assert judge(
+        db,
+        ("r1", "repeat", [7], "APPLIED"),
+        ("r2", "wrong_delete", [8], "APPLIED"),
+        ("r3", "replay", [], "APPLIED"),
+    ) == [
+        ("lie-applied", "n2's repeat report r1: gid 7 now shows 'lie: repeat at revision 5'"),
+        (
+            "lie-applied",
+            "n2's wrong_delete report r2: gid 8 DELETED by a confirmation of another delete id",
+        ),
+        ("lie-applied", "n2's replay report r3: ACKed APPLIED, not DUPLICATE"),
+    ]
+
+
+def test_a_lie_the_site_dropped_passes() -> None:
+    db = site_rows({7: ("SUBMITTED", "retrying in 8 s"), 8: ("DELETE_PENDING", None)})
+    assert (
+        judge(
+            db,
+            ("r1", "foreign", [7], "APPLIED"),
+            ("r2", "wrong_delete", [8], "APPLIED"),
+            ("r3", "replay", [], "DUPLICATE"),
+        )
+        == []
+    )
+
+
+def test_a_lie_s_mark_left_on_a_task_at_the_end_fails(tmp_path: Path) -> None:
+    def plant(db: str) -> None:
+        connection = sqlite3.connect(db)
+        connection.execute("UPDATE gallery SET detail = 'lie: lower at revision 3'")
+        connection.commit()
+        connection.close()
+
+    outcome = run_schedule(
+        generate(2, faults=("liar_node",)), workdir=tmp_path, before_checks=plant
+    )
+    lies = [d for c, d in outcome.failures if c == "lie-applied"]
+    assert lies and "shows a lie's 'lie: lower at revision 3'" in lies[0], outcome.failures
