@@ -188,6 +188,8 @@ class _Run:
         self.cluster.on_committed.append(self._committed)
         #: The instances seen reaped (each judged once, at its reap's commit).
         self._reaped_seen: set[int] = set()
+        #: The generations seen settled by a reap (operation ids).
+        self._settled_seen: set[str] = set()
         #: Crashes in flight armed: [site, "post" or "answer", POSTs still to let by, step].
         self._in_flight: list[list[Any]] = []
         #: Connection id -> the site that wrote an archive POST on it.
@@ -307,25 +309,42 @@ class _Run:
             if instance in self._reaped_seen:
                 continue
             self._reaped_seen.add(instance)
-            name = next(
-                (n for n in sorted(self.cluster.sites) if self.cluster.instance_of(n) == instance),
-                None,
-            )
-            site = self.cluster.sites[name] if name is not None else None
-            if site is None or site.reactor is None or not site.alive:
+            self._judge_reaped(int(instance))
+        # The generations a reap made UNKNOWN keep their owner's instance.
+        for gid, operation_id, owner in self.checks.rows(
+            "SELECT gid, operation_id, instance_id FROM task_operation WHERE state = 'UNKNOWN'"
+            " AND step = 'recovery' AND instance_id IS NOT NULL ORDER BY gid"
+        ):
+            if operation_id in self._settled_seen:
                 continue
-            reactor, now = site.reactor, self.world.now
-            paused = reactor.paused_until is not None and reactor.paused_until > now
-            failure = reap_of_live(
-                instance,
-                name,
-                alive=True,
-                stale_for=site.service.parts.instance.lease.stale_for(),
-                paused_for=now - reactor.paused_at if paused else None,
-                cut_off=bool(site.runs) and site.runs[-1].get("fenced") is not None,
+            self._settled_seen.add(str(operation_id))
+            self._judge_reaped(
+                int(owner), settled=f"gid {gid}'s SUBMITTING (operation {operation_id})"
             )
-            if failure is not None:
-                self.checks.fail("reap-of-live", failure)
+
+    def _judge_reaped(self, instance: int, settled: str | None = None) -> None:
+        """Instance ``instance`` was reaped now (or ``settled``, a generation
+        of it, by a reap): not while it lives with a fresh lease."""
+        name = next(
+            (n for n in sorted(self.cluster.sites) if self.cluster.instance_of(n) == instance),
+            None,
+        )
+        site = self.cluster.sites[name] if name is not None else None
+        if site is None or site.reactor is None or not site.alive:
+            return
+        reactor, now = site.reactor, self.world.now
+        paused = reactor.paused_until is not None and reactor.paused_until > now
+        failure = reap_of_live(
+            instance,
+            name,
+            alive=True,
+            stale_for=site.service.parts.instance.lease.stale_for(),
+            paused_for=now - reactor.paused_at if paused else None,
+            cut_off=bool(site.runs) and site.runs[-1].get("fenced") is not None,
+            settled=settled,
+        )
+        if failure is not None:
+            self.checks.fail("reap-of-live", failure)
 
     def _truth_once_settled(self) -> list[tuple[str, str]]:
         """The end-of-seed checks against the world's truth

@@ -15,10 +15,10 @@ so that a test can feed it a trace made by hand:
 * :class:`LatePosts`, at every POST: no POST is written more than the
   upstream timeout after its generation's ``SUBMITTING`` commit, on the
   site's own monotonic clock (SCALE.md "Fencing" 1, the gate's time check);
-* :func:`reap_of_live`, at every reap's commit: no site instance is reaped
-  while the world knows it alive and connected (only once its process is
-  dead, or its own clock calls its lease stale: cut off or paused past
-  its lease timeout);
+* :func:`reap_of_live`, at every reap's commit: no site instance is reaped,
+  and no generation of it settled by a reap, while the world knows it
+  alive and connected (only once its process is dead, or its own clock
+  calls its lease stale: cut off or paused past its lease timeout);
 * :func:`archive_mismatches`, once settled: every archive a node holds as
   complete holds the upstream's bytes of that generation's gid.  (Its
   other half, every ``COMPLETED`` task names a generation some node holds,
@@ -126,6 +126,7 @@ def reap_of_live(
     stale_for: float | None,
     paused_for: float | None,
     cut_off: bool,
+    settled: str | None = None,
 ) -> str | None:
     """Instance ``reaped`` was reaped now; ``site`` is the site process it
     ran as (``None``: no process runs as it any more: an earlier
@@ -133,7 +134,8 @@ def reap_of_live(
     its own clock calls its lease stale (``stale_for``: ``None`` while its
     lease is fresh; ``paused_for``: how long it has been stopped,
     ``cut_off``: its host's network is gone: context for the message).
-    The failure's text, or ``None``."""
+    ``settled``: not the instance's row but a generation of it was settled
+    (made ``UNKNOWN`` by a reap): which.  The failure's text, or ``None``."""
     if site is None or not alive or stale_for is not None:
         return None
     how = []
@@ -142,9 +144,10 @@ def reap_of_live(
     if cut_off:
         how.append("cut off")
     state = ", ".join(how) or "running and connected"
+    whom = f"site instance {reaped} ({site})"
+    done = "was reaped" if settled is None else f"had {settled} settled by a reap"
     return (
-        f"site instance {reaped} ({site}) was reaped while its process is alive and its"
-        f" lease fresh on its own clock ({state})"
+        f"{whom} {done} while its process is alive and its lease fresh on its own clock ({state})"
     )
 
 

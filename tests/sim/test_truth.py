@@ -120,6 +120,22 @@ def test_a_reap_of_an_instance_alive_with_a_fresh_lease_fails() -> None:
     )
 
 
+def test_a_generation_of_a_live_instance_settled_by_a_reap_fails() -> None:
+    failure = reap_of_live(
+        4,
+        "site",
+        alive=True,
+        stale_for=None,
+        paused_for=None,
+        cut_off=False,
+        settled="gid 7's SUBMITTING (operation op1)",
+    )
+    assert failure == (
+        "site instance 4 (site) had gid 7's SUBMITTING (operation op1) settled by a reap"
+        " while its process is alive and its lease fresh on its own clock (running and connected)"
+    )
+
+
 def test_a_reap_of_a_dead_or_stale_or_former_instance_passes() -> None:
     assert reap_of_live(3, None, alive=True, stale_for=None, paused_for=None, cut_off=False) is None
     assert reap_of_live(3, "s", alive=False, stale_for=None, paused_for=None, cut_off=False) is None
