@@ -23,7 +23,10 @@
   node is sent one only after a ``CANCEL`` to the first or once the first's
   task was moved away (:class:`~tasknet.sim.custody.OneHolder`);
 * **no state outside the transition table**: the database's trigger
-  refuses one; after the run every state read is one of the table's.
+  refuses one; after the run every state read is one of the table's;
+* **no late POST** (issue 39, :class:`~tasknet.sim.truth.LatePosts`): a
+  site writes a POST's first byte at most its upstream timeout after that
+  generation's ``SUBMITTING`` commit, on its own monotonic clock.
 
 The database is read through one read-only connection of the checker's
 own (SQLite: ``mode=ro``; it sees what is committed, nothing else).  A
@@ -42,6 +45,7 @@ from typing import Any
 from tasknet.drill.proxy import FrameSplitter
 from tasknet.sim.custody import OneHolder
 from tasknet.sim.network import SimConnection, SimTransport
+from tasknet.sim.truth import ARCHIVE_POST, LatePosts
 from tasknet.sim.world import World
 from tasknet.site.storage.engine.database import is_postgres
 from tasknet.status import OperationState
@@ -73,8 +77,15 @@ class CheapChecks:
         generations: Any,
         node_ports: Callable[[], set[int]],
         instance_of: Callable[[str], int | None],
+        *,
+        upstream_timeout: float = 5.0,
+        monotonic: Callable[[], float] | None = None,
     ) -> None:
         self.world = world
+        self.upstream_timeout = upstream_timeout
+        #: The sites' monotonic clock (the world's elapsed time).
+        self._monotonic = monotonic or world.elapsed
+        self.late_posts = LatePosts()
         self.db = db
         self._journal = journal
         self._generations = generations
@@ -126,6 +137,33 @@ class CheapChecks:
                     f"gid {gid}: a POST reached the upstream while {state}",
                 )
 
+    # -- no late POST --------------------------------------------------------------------
+
+    def submitting_committed(self) -> None:
+        """A write that ran ``begin_submit`` committed just now: each
+        generation ``SUBMITTING`` now was committed so by now at the latest."""
+        at = self._monotonic()
+        for (operation_id,) in self.rows(
+            "SELECT operation_id FROM task_operation WHERE state = 'SUBMITTING'"
+        ):
+            self.late_posts.submitting(str(operation_id), at)
+
+    def _post_in_time(self, site: str, data: bytes) -> None:
+        match = ARCHIVE_POST.match(data)
+        if match is None:
+            return
+        gid = int(match.group(1))
+        row = self._one("SELECT operation_id FROM task_operation WHERE gid = ?", (gid,))
+        failure = self.late_posts.post(
+            site,
+            gid,
+            None if row is None else str(row[0]),
+            self._monotonic(),
+            self.upstream_timeout,
+        )
+        if failure is not None:
+            self.fail("late-post", failure)
+
     # -- what the site writes to its nodes ----------------------------------------------
 
     def _sent(self, connection: SimConnection, sender: SimTransport, data: bytes) -> None:
@@ -134,7 +172,9 @@ class CheapChecks:
             and connection.server.reactor.name == "upstream"
             and data.startswith(b"POST ")
         ):
-            self.not_reaped(connection.client.reactor.name, "sent a POST to the upstream")
+            site = connection.client.reactor.name
+            self.not_reaped(site, "sent a POST to the upstream")
+            self._post_in_time(site, data)
             return
         if sender is not connection.server or sender.getHost().port not in self._node_ports():
             return

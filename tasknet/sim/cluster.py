@@ -70,6 +70,10 @@ NO_ANSWER = 0
 REASSIGN_AFTER = 60.0
 
 
+#: The sites' ``--upstream-timeout`` (the late-POST check's bound).
+SITE_UPSTREAM_TIMEOUT = 5.0
+
+
 def node_secret(node_id: str) -> str:
     return f"sim-secret-{node_id}"
 
@@ -183,7 +187,9 @@ class SimCluster:
         self.sites[name] = site
         return site
 
-    def start_site(self, name: str = "site", *, upstream_timeout: float = 5.0) -> None:
+    def start_site(
+        self, name: str = "site", *, upstream_timeout: float = SITE_UPSTREAM_TIMEOUT
+    ) -> None:
         from tasknet.site.root import Tuning, build_site
         from tasknet.site.service import Options
 

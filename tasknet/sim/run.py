@@ -19,14 +19,14 @@ import shutil
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from tasknet.drill.invariants import FAIL, Verdict, check_all
 from tasknet.drill.snapshot import SiteSnapshot, read_site
 from tasknet.sim.checks import CheapChecks
-from tasknet.sim.cluster import METERED_SQL, NO_ANSWER, SimCluster
+from tasknet.sim.cluster import METERED_SQL, NO_ANSWER, SITE_UPSTREAM_TIMEOUT, SimCluster
 from tasknet.sim.custody import (
     InventoryWatch,
     excuse_restored,
@@ -35,8 +35,16 @@ from tasknet.sim.custody import (
     unheld_completions,
     wiped_not_gone,
 )
+from tasknet.sim.liar import MARK, LyingNodes
+from tasknet.sim.network import SimConnection, SimTransport
 from tasknet.sim.schedule import Schedule, Step
 from tasknet.sim.trace import failure_name
+from tasknet.sim.truth import (
+    ARCHIVE_POST,
+    archive_mismatches,
+    reap_of_live,
+    unaccounted_charges,
+)
 from tasknet.sim.world import World
 from tasknet.site.storage.lease import SILENT_CLIENT_NOTICED_WITHIN
 
@@ -100,10 +108,13 @@ def run_schedule(
     workdir: Path | None = None,
     keep_trace: int | None = 0,
     postgres: Callable[[], str] | None = None,
+    before_checks: Callable[[str], None] | None = None,
 ) -> Outcome:
     """Run ``schedule`` (see the module doc); ``workdir``: where its files
     go (default: a temp directory, on tmpfs where there is one, removed
-    after); ``postgres``: gives a fresh database URL (``db="postgres"``)."""
+    after); ``postgres``: gives a fresh database URL (``db="postgres"``);
+    ``before_checks``: called with the site database once the run settled,
+    before the checks read it (a test plants there what a check must find)."""
     started = time.perf_counter()
     # No collection at an instant of the run's choosing: the finalizers of
     # an earlier run's garbage (a Deferred's, a generator's, a connection's)
@@ -116,7 +127,9 @@ def run_schedule(
     root = workdir or Path(tempfile.mkdtemp(prefix="tasknet-sim-", dir=_tmpfs()))
     root.mkdir(parents=True, exist_ok=True)
     try:
-        return _Run(schedule, root, db, keep_trace, postgres).run(started)
+        run = _Run(schedule, root, db, keep_trace, postgres)
+        run.before_checks = before_checks
+        return run.run(started)
     finally:
         if collecting:
             gc.enable()
@@ -155,6 +168,7 @@ class _Run:
             self.cluster.ledger.generations,
             lambda: {s.nodes_port for s in self.cluster.sites.values()},
             self.cluster.instance_of,
+            upstream_timeout=SITE_UPSTREAM_TIMEOUT,
         )
         self.inventories = InventoryWatch(lambda: self.world.network.connections)
         self.cluster.on_frame.append(self.inventories.frame)
@@ -171,17 +185,32 @@ class _Run:
         #: (node, gid, operation id) of the tasks the site showed COMPLETED on
         #: a node when its data directory was wiped: ARCHIVE_GONE (MISSING) due.
         self._wiped_completions: list[tuple[str, int, str]] = []
-        self.cluster.on_committed.append(
-            lambda site, functions: self.checks.not_reaped(
-                site, f"committed a write ({', '.join(functions)})"
-            )
+        self.cluster.on_committed.append(self._committed)
+        #: The instances seen reaped (each judged once, at its reap's commit).
+        self._reaped_seen: set[int] = set()
+        #: The generations seen settled by a reap (operation ids).
+        self._settled_seen: set[str] = set()
+        #: Crashes in flight armed: [site, "post" or "answer", POSTs still to let by, step].
+        self._in_flight: list[list[Any]] = []
+        #: Connection id -> the site that wrote an archive POST on it.
+        self._posting: dict[int, str] = {}
+        self.lies = LyingNodes(
+            self.world,
+            schedule.seed,
+            lambda sql, params: next(iter(self.checks.rows(sql, params)), None),
+            self.checks.fail,
+            self._fired,
         )
+        self.cluster.on_frame.append(self.lies.frame)
+        self.world.network.send_taps.append(self._in_flight_sent)
+        self.world.network.taps.append(self._in_flight_received)
         #: gid -> journal POSTs for it when its latest create was sent (resolve's evidence).
         self._posts_at_create: dict[int, int] = {}
         self._seen_deleted: set[int] = set()
         #: gid -> creates sent and not answered (one left unanswered may still land).
         self._creates_open: dict[int, int] = {}
         self.fired: dict[str, int] = {}
+        self.before_checks: Callable[[str], None] | None = None
         #: Users' requests sent and not answered yet.
         self._open_requests = 0
 
@@ -212,12 +241,14 @@ class _Run:
         # A crash or pause armed for a commit that has not come by now never
         # strikes; a node armed to go at its next DOWNLOAD goes now.
         self.cluster.forget_after_commit()
+        self._in_flight.clear()
         for node_id in sorted(self._gone_armed):
             self._go_for_good(node_id)
         self._gone_armed.clear()
         settled = self._wait_settled(schedule.settle_within)
+        if self.before_checks is not None:
+            self.before_checks(self.cluster.db)
         outcome = Outcome(seed=schedule.seed)
-        outcome.failures += self.checks.failures
         if not settled:
             outcome.failures.append(("liveness", self._unsettled_detail()))
         evidence = cluster.observe()
@@ -235,8 +266,12 @@ class _Run:
                 )
             ]
             outcome.failures += [("reassign", f) for f in self._left_behind(snap)]
+            outcome.failures += self._truth_once_settled()
         self._finish_ledger(evidence)
         self.checks.states_in_table(evidence.site.operations)
+        # The checker's failures are copied only now: those of the checks
+        # run after the run (the states read last) count too, and come first.
+        outcome.failures[:0] = self.checks.failures
         outcome.verdicts = excuse_restored(
             check_all(evidence), self._restored, self.inventories.announced()
         )
@@ -257,6 +292,93 @@ class _Run:
         outcome.left_on_gone = list(self._stranded_tasks)
         outcome.wiped_completions = list(self._wiped_completions)
         return outcome
+
+    def _committed(self, site: str, functions: tuple[str, ...]) -> None:
+        """Right after a write of ``site`` commits, before the site hears of it."""
+        self.checks.not_reaped(site, f"committed a write ({', '.join(functions)})")
+        if "begin_submit" in functions:
+            self.checks.submitting_committed()
+        if "reap" in functions:
+            self._reaps_committed()
+
+    def _reaps_committed(self) -> None:
+        """No instance reaped while its process is alive and its lease
+        fresh on its own clock (:func:`~tasknet.sim.truth.reap_of_live`)."""
+        rows = self.checks.rows("SELECT id FROM site_instance WHERE reaped_at IS NOT NULL")
+        for (instance,) in sorted(rows):
+            if instance in self._reaped_seen:
+                continue
+            self._reaped_seen.add(instance)
+            self._judge_reaped(int(instance))
+        # The generations a reap made UNKNOWN keep their owner's instance.
+        for gid, operation_id, owner in self.checks.rows(
+            "SELECT gid, operation_id, instance_id FROM task_operation WHERE state = 'UNKNOWN'"
+            " AND step = 'recovery' AND instance_id IS NOT NULL ORDER BY gid"
+        ):
+            if operation_id in self._settled_seen:
+                continue
+            self._settled_seen.add(str(operation_id))
+            self._judge_reaped(
+                int(owner), settled=f"gid {gid}'s SUBMITTING (operation {operation_id})"
+            )
+
+    def _judge_reaped(self, instance: int, settled: str | None = None) -> None:
+        """Instance ``instance`` was reaped now (or ``settled``, a generation
+        of it, by a reap): not while it lives with a fresh lease."""
+        name = next(
+            (n for n in sorted(self.cluster.sites) if self.cluster.instance_of(n) == instance),
+            None,
+        )
+        site = self.cluster.sites[name] if name is not None else None
+        if site is None or site.reactor is None or not site.alive:
+            return
+        reactor, now = site.reactor, self.world.now
+        paused = reactor.paused_until is not None and reactor.paused_until > now
+        failure = reap_of_live(
+            instance,
+            name,
+            alive=True,
+            stale_for=site.service.parts.instance.lease.stale_for(),
+            paused_for=now - reactor.paused_at if paused else None,
+            cut_off=bool(site.runs) and site.runs[-1].get("fenced") is not None,
+            settled=settled,
+        )
+        if failure is not None:
+            self.checks.fail("reap-of-live", failure)
+
+    def _truth_once_settled(self) -> list[tuple[str, str]]:
+        """The end-of-seed checks against the world's truth
+        (:mod:`tasknet.sim.truth`): every charge accounted, every archive
+        held the upstream's bytes."""
+        failures: list[tuple[str, str]] = []
+        journal = self.cluster.journal
+        if journal is not None:
+            rows = self.checks.rows
+            failures += [
+                ("charges", f)
+                for f in unaccounted_charges(
+                    dict(journal.posts),
+                    [(int(g), str(o)) for g, o, _ in rows(METERED_SQL)],
+                    [
+                        (int(g), str(o))
+                        for g, o in rows(
+                            "SELECT gid, operation_id FROM task_operation WHERE state = 'UNKNOWN'"
+                        )
+                    ],
+                    [
+                        (int(g), str(o))
+                        for g, o in rows("SELECT gid, operation_id FROM reconciliation_audit")
+                    ],
+                )
+            ]
+        for node_id, node in sorted(self.cluster.nodes.items()):
+            failures += [("archive-bytes", f) for f in archive_mismatches(node_id, node.data)]
+        if self.lies.liars:
+            for gid, detail in self.checks.rows(
+                "SELECT gid, detail FROM gallery WHERE detail LIKE ? ORDER BY gid", (MARK + "%",)
+            ):
+                failures.append(("lie-applied", f"gid {gid} shows a lie's {detail!r}"))
+        return failures
 
     def _wait_settled(self, within: float) -> bool:
         deadline = self.world.now + within
@@ -425,6 +547,10 @@ class _Run:
         self._fired("node_gone_for_good")
         self._gone.add(node_id)
         self.cluster.crash(node_id, "kill")
+        # For D6 as a wipe: a report it sent before it went and the site
+        # commits after (seed 62: the site was paused) is ACKed to no one,
+        # and no one waits for that ACK any more.
+        self.cluster.ledger.wiped_at.setdefault(node_id, []).append(self.world.now)
         for gid, operation_id in self.checks.rows(UNFINISHED_SQL, (node_id,)):
             self._stranded_tasks.append((node_id, int(gid), str(operation_id)))
 
@@ -561,6 +687,83 @@ class _Run:
 
         self.cluster.after_commit(step.target, nth, crash)
 
+    def _do_crash_in_flight(self, step: Step) -> None:
+        """The site dies with a POST in flight: right after the
+        ``posts``-th next SUBMITTING commits (``at=submitting``), as the
+        upstream answers that POST (``post``: it was applied, the site never
+        hears), or once its answer arrived, before the persist commits
+        (``answer``); it restarts ``lasts`` seconds later."""
+        if not self.cluster.sites[step.target].alive:
+            return
+        point, posts = step.param("at", "post"), int(step.param("posts", 1))
+        if point != "submitting":
+            self._in_flight.append([step.target, point, posts, step])
+            return
+        left = [posts]
+
+        def nth(functions: tuple[str, ...]) -> bool:
+            if "begin_submit" not in functions:
+                return False
+            left[0] -= 1
+            return left[0] <= 0
+
+        self.cluster.after_commit(step.target, nth, lambda: self._crash_in_flight(step))
+
+    def _crash_in_flight(self, step: Step) -> None:
+        if self.cluster.sites[step.target].alive:
+            self._fired(step.kind)
+            self.cluster.crash(step.target, step.param("how", "kill"))
+            self._later(step.lasts, self._restart_site, step.target, what=f"restart {step.target}")
+
+    def _in_flight_sent(self, connection: SimConnection, sender: SimTransport, data: bytes) -> None:
+        if not self._in_flight:
+            return
+        server = connection.server.reactor.name
+        if sender is connection.client and server == "upstream" and ARCHIVE_POST.match(data):
+            self._posting[connection.id] = sender.reactor.name
+        elif sender is connection.server and connection.id in self._posting:
+            self._strike(self._posting[connection.id], "post")
+
+    def _in_flight_received(
+        self, connection: SimConnection, receiver: SimTransport, data: bytes
+    ) -> None:
+        if self._in_flight and receiver is connection.client and connection.id in self._posting:
+            site = self._posting.pop(connection.id)
+            self._strike(site, "answer")
+
+    def _strike(self, site: str, point: str) -> None:
+        """An archive POST of ``site`` reached ``point``: the crash armed there, if its turn."""
+        for armed in self._in_flight:
+            if armed[0] != site or armed[1] != point:
+                continue
+            armed[2] -= 1
+            if armed[2] <= 0:
+                self._in_flight.remove(armed)
+                # After this event: the answer's bytes are handed to the site
+                # (or left on the wire) first.
+                self._later(0.0, self._crash_in_flight, armed[3], what=f"crash {site} in flight")
+            return
+
+    def _do_liar_node(self, step: Step) -> None:
+        """From now on ``step.target`` also tells lies (:mod:`tasknet.sim.liar`)."""
+        if step.target not in self._gone:
+            self.lies.make_liar(step.target)
+
+    def _do_upstream_error(self, step: Step) -> None:
+        params = {k: step.param(k) for k in ("status", "charged", "body")}
+        self._upstream_rule(step, {"fault": "error", "params": params})
+
+    def _do_short_body(self, step: Step) -> None:
+        self._upstream_rule(
+            step,
+            {
+                "method": "GET",
+                "path": "/files/*",
+                "fault": "reset_mid_body",
+                "params": {"after_bytes": int(step.param("after", 0))},
+            },
+        )
+
     def _do_clock_jump(self, step: Step) -> None:
         process = self.world.processes.get(step.target)
         if process is not None and process.alive:
@@ -682,6 +885,11 @@ class _Run:
         for gid, op in ops.items():
             self._note_deleted(gid, op)
         ledger.deleted = set(self._seen_deleted)
+        # A node gone for good waits for no ACK any more: the report it had
+        # in flight when it went is not "unacknowledged after settling" (D6).
+        for node_id in sorted(self._gone):
+            if node_id in evidence.nodes:
+                evidence.nodes[node_id] = replace(evidence.nodes[node_id], in_flight=None)
 
     def _note_deleted(self, gid: int, op: dict[str, Any]) -> None:
         """A gid seen DELETED must stay so (D4), unless a create sent before

@@ -27,6 +27,7 @@ __all__ = [
     "BASE_FAULT_KINDS",
     "CUSTODY_FAULT_KINDS",
     "FAULT_KINDS",
+    "TRUTH_FAULT_KINDS",
     "WORKLOAD_KINDS",
     "Schedule",
     "Step",
@@ -69,14 +70,41 @@ BASE_FAULT_KINDS = (
 #: ``--reassign-after``).
 CUSTODY_FAULT_KINDS = ("restore_node_backup", "node_gone_for_good")
 
+#: The faults that make the checks against the world's truth reachable
+#: (issue 39), drawn from a generator of their own too: a site crash
+#: between its SUBMITTING commit and the upstream's answer or between the
+#: answer and its persist, upstream 5xx with and without a charge and an
+#: error body, an archive body cut short after its promised length, and a
+#: node that lies within its rights (a node kind, from the step's instant on).
+TRUTH_FAULT_KINDS = ("crash_in_flight", "upstream_error", "short_body", "liar_node")
+
 #: Every fault kind, as ``--faults`` names them and the last line counts them.
-FAULT_KINDS = BASE_FAULT_KINDS + CUSTODY_FAULT_KINDS
+FAULT_KINDS = BASE_FAULT_KINDS + CUSTODY_FAULT_KINDS + TRUTH_FAULT_KINDS
+
+#: Faults drawn apart from the base kinds (their own generators).
+APART_FAULT_KINDS = CUSTODY_FAULT_KINDS + TRUTH_FAULT_KINDS
 
 #: In a schedule of every kind, how often a seed draws a custody fault.
 RESTORE_CHANCE = 0.25
 GONE_CHANCE = 0.2
 #: How often a node gone for good goes at its next DOWNLOAD rather than at once.
 GONE_AT_DOWNLOAD = 0.75
+#: In a schedule of every kind, how often a seed draws each truth fault.
+IN_FLIGHT_CHANCE = 0.5
+UPSTREAM_ERROR_CHANCE = 0.35
+SHORT_BODY_CHANCE = 0.35
+#: How often a seed has a node that lies within its rights (tasknet.sim.liar).
+LIAR_CHANCE = 0.5
+#: Where a crash in flight strikes: right after SUBMITTING commits (before
+#: the POST), as the upstream answers an applied POST (the site never hears
+#: it), or once the answer arrived (before the persist commits).
+IN_FLIGHT_POINTS = ("submitting", "post", "answer")
+
+#: With several sites, how often the pause at SUBMITTING is a short one, and
+#: its length: past the sites' upstream timeout (5 s), within their lease
+#: timeout (8 s).
+SHORT_PAUSE_CHANCE = 0.5
+SHORT_PAUSE = (5.0, 8.0)
 
 #: Faults that need several sites on one PostgreSQL (``--db postgres``).
 POSTGRES_FAULT_KINDS: tuple[str, ...] = ()
@@ -194,7 +222,7 @@ def generate(
                 )
             )
     processes = [n for n, _ in nodes] + list(site_names) + ["upstream"]
-    base = tuple(k for k in faults if k not in CUSTODY_FAULT_KINDS)
+    base = tuple(k for k in faults if k not in APART_FAULT_KINDS)
     for _ in range(rng.randint(3, 8)) if base else ():
         kind = rng.choice(base)
         at = round(rng.uniform(0.5, duration), 3)
@@ -204,10 +232,15 @@ def generate(
         # stopped between SUBMITTING and its POST past its lease, which the
         # other reaps before it wakes.
         at = round(rng.uniform(0.5, duration / 2), 3)
-        plan.append(
-            Step(at, "pause_at_submitting", rng.choice(site_names), round(rng.uniform(12, 40), 3))
-        )
+        target, lasts = rng.choice(site_names), round(rng.uniform(12, 40), 3)
+        # Half of them (drawn apart, so no other draw moves) shorter than
+        # the lease timeout and longer than the upstream timeout: there the
+        # POST gate's time check, not its lease check, stops the POST.
+        if random.Random(f"pause {seed}").random() < SHORT_PAUSE_CHANCE:
+            lasts = round(random.Random(f"pause length {seed}").uniform(*SHORT_PAUSE), 3)
+        plan.append(Step(at, "pause_at_submitting", target, lasts))
     plan += _custody_faults(seed, faults, nodes, duration, only=not base)
+    plan += _truth_faults(seed, faults, site_names, nodes, duration, only=not base)
     plan.sort(key=lambda s: (s.at, s.kind, s.target))
     ordered = tuple(plan)
     return Schedule(
@@ -259,6 +292,60 @@ def _custody_faults(
         at = round(rng.uniform(0.5, duration), 3)
         when = "download" if rng.random() < GONE_AT_DOWNLOAD else "now"
         steps.append(Step(at, "node_gone_for_good", rng.choice(nodes)[0], params=(("at", when),)))
+    return steps
+
+
+def _truth_faults(
+    seed: int,
+    faults: tuple[str, ...],
+    sites: tuple[str, ...],
+    nodes: tuple[tuple[str, int], ...],
+    duration: float,
+    *,
+    only: bool,
+) -> list[Step]:
+    """The truth faults of ``seed`` (issue 39), from a generator of their
+    own (as the custody faults': no other draw moves).  ``only``: no base
+    kind was asked for, so each kind asked for fires."""
+    rng = random.Random(f"truth {seed}")
+    steps: list[Step] = []
+    if "crash_in_flight" in faults and (only or rng.random() < IN_FLIGHT_CHANCE):
+        at = round(rng.uniform(0.5, duration * 0.8), 3)
+        point = rng.choice(IN_FLIGHT_POINTS)
+        how = rng.choice(("kill", "kill", "power"))
+        steps.append(
+            Step(
+                at,
+                "crash_in_flight",
+                rng.choice(sites),
+                round(rng.uniform(0.05, 8), 3),
+                (("at", point), ("how", how), ("posts", rng.randint(1, 3))),
+            )
+        )
+    if "upstream_error" in faults and (only or rng.random() < UPSTREAM_ERROR_CHANCE):
+        at = round(rng.uniform(0.5, duration), 3)
+        params: tuple[tuple[str, Any], ...] = (
+            ("status", rng.choice((500, 502, 503, 504))),
+            ("charged", rng.random() < 0.5),
+            ("body", rng.random() < 0.5),
+            ("times", rng.randint(1, 3)),
+        )
+        steps.append(Step(at, "upstream_error", "upstream", params=params))
+    if "short_body" in faults and (only or rng.random() < SHORT_BODY_CHANCE):
+        # The archive's Content-Length promised, the connection cut after
+        # ``after`` bytes of it (the smallest archive has 64 KiB).
+        at = round(rng.uniform(0.5, duration), 3)
+        cut: tuple[tuple[str, Any], ...] = (
+            ("after", rng.randint(0, 60000)),
+            ("times", rng.randint(1, 3)),
+        )
+        steps.append(Step(at, "short_body", "upstream", params=cut))
+    if "liar_node" in faults and (only or rng.random() < LIAR_CHANCE):
+        # A v2 node that, from ``at`` on, also sends what the protocol lets a
+        # node send and the site must drop (tasknet.sim.liar).
+        at = round(rng.uniform(0.5, duration / 2), 3)
+        v2 = [n for n, protocol in nodes if protocol == 2]
+        steps.append(Step(at, "liar_node", rng.choice(v2)))
     return steps
 
 

@@ -388,8 +388,16 @@ def _run(handler: Callable[[], Reply]) -> Reply:
         return Reply.error(e.status, e.code, e.message)
 
 
+#: The body of an injected error without an error body: what a proxy in
+#: front of the upstream answers (``body: false``).
+PROXY_ERROR_PAGE = b"<html><body><h1>%d</h1>the server is unavailable</body></html>"
+
+
 def _injected_error(rule: FaultRule) -> Reply:
-    return Reply.error(rule.params["status"], "upstream_error", "injected upstream error")
+    status = rule.params["status"]
+    if not rule.params.get("body", True):
+        return Reply(status, BytesSource(PROXY_ERROR_PAGE % status), {"Content-Type": "text/html"})
+    return Reply.error(status, "upstream_error", "injected upstream error")
 
 
 def _header(request: Request, name: str) -> str | None:

@@ -62,6 +62,8 @@ _PARAMS: dict[str, dict[str, _ParamSpec]] = {
     "error": {
         "status": (lambda v: _integer(v) and 400 <= v <= 599, "an integer 400..599", 500),
         "charged": (lambda v: isinstance(v, bool), "a boolean", False),
+        # False: a proxy's HTML page instead of the JSON error body.
+        "body": (lambda v: isinstance(v, bool), "a boolean", True),
     },
     "reject": {"status": (lambda v: _integer(v) and 400 <= v <= 499, "an integer 400..499", 403)},
     "slow_body": {"bytes_per_s": (lambda v: _number(v) and v > 0, "a number > 0", _REQUIRED)},

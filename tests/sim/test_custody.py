@@ -33,6 +33,7 @@ from tasknet.sim.schedule import (
     BASE_FAULT_KINDS,
     CUSTODY_FAULT_KINDS,
     FAULT_KINDS,
+    TRUTH_FAULT_KINDS,
     generate,
 )
 
@@ -177,11 +178,12 @@ def test_the_custody_faults_leave_the_base_schedules_as_they_were() -> None:
     for seed in (34, 45, 445, 670, 1491):
         every = generate(seed)
         base = generate(seed, faults=BASE_FAULT_KINDS)
-        assert tuple(s for s in every.steps if s.kind not in CUSTODY_FAULT_KINDS) == base.steps
+        apart = CUSTODY_FAULT_KINDS + TRUTH_FAULT_KINDS
+        assert tuple(s for s in every.steps if s.kind not in apart) == base.steps
         assert (every.nodes, every.quota) == (base.nodes, base.quota)
     kinds = {s.kind for seed in range(40) for s in generate(seed).steps}
     assert set(CUSTODY_FAULT_KINDS) <= kinds
-    assert FAULT_KINDS == BASE_FAULT_KINDS + CUSTODY_FAULT_KINDS
+    assert FAULT_KINDS == BASE_FAULT_KINDS + CUSTODY_FAULT_KINDS + TRUTH_FAULT_KINDS
 
 
 def test_asked_alone_each_custody_fault_is_in_every_schedule() -> None:

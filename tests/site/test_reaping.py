@@ -163,7 +163,20 @@ def _instance(url: str, instance_id: int) -> instances.Instance:
 
 
 def _terminate(url: str, pid: int) -> None:
-    assert _rows(url, "SELECT pg_terminate_backend(?)", pid)[0][0]
+    """End session ``pid`` and return once it is gone, its locks let go
+    (without the wait, a loaded machine's server may still hold them when
+    the reaper judges: the test would depend on the machine's speed)."""
+    assert _rows(url, "SELECT pg_terminate_backend(?, 30000)", pid)[0][0]
+
+
+async def _session_gone(url: str, pid: int) -> None:
+    """Wait until the server has seen session ``pid`` end (a closed socket
+    is noticed when the server next reads it), so that what follows judges
+    a gone session whatever the machine's speed."""
+    await eventually(
+        lambda: not _rows(url, "SELECT 1 FROM pg_stat_activity WHERE pid = ?", pid),
+        what=f"session {pid} gone",
+    )
 
 
 @pytest_twisted.ensureDeferred
@@ -205,6 +218,7 @@ async def test_a_gone_site_is_reaped_on_the_next_tick_with_evidence_and_a_restar
             _terminate(pg_url, lease_b.lease_pid)  # an operator, or a lost host's keepalives
         else:
             lease_b._connection.close()  # what a SIGKILL does to the lease socket
+        await _session_gone(pg_url, lease_b.lease_pid)
         lease_timeout_passed(pg_url, b)
         events: list[dict[str, Any]] = []
         globalLogPublisher.addObserver(events.append)

@@ -142,6 +142,21 @@ async def test_error_status_charged_or_not(client: Client, charged: bool, status
         await assert_charged(client, {}, 0)
 
 
+@pytest.mark.parametrize("charged", [False, True])
+@pytest_twisted.ensureDeferred
+async def test_an_error_without_an_error_body_is_a_proxy_s_page(
+    client: Client, charged: bool
+) -> None:
+    await client.put_faults(
+        [rule("error", params={"status": 502, "charged": charged, "body": False})]
+    )
+    response = await client.request("POST", "/api/galleries/42/archive")
+    assert response.code == 502
+    assert response.headers.getRawHeaders("content-type") == ["text/html"]
+    assert b"<html>" in await response.content()
+    await assert_charged(client, {"42": 1} if charged else {}, COST if charged else 0)
+
+
 @pytest_twisted.ensureDeferred
 async def test_error_defaults_to_500_uncharged(client: Client) -> None:
     await client.put_faults([rule("error")])
