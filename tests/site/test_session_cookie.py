@@ -34,12 +34,18 @@ from tests.site.rawhttp import Answer, exchange, request_bytes
 from tests.site_protocol.harness import TIMEOUT, EventsClient, events_client
 from tests.tls_certs import make_ca, make_site_cert
 
+#: These tests create tasks only to see a session accepted; none waits on an
+#: upstream timeout, so the helper's 0.5 s (which a loaded machine can
+#: exceed: CI once saw a create answered upstream_unavailable) is raised.
+UPSTREAM_TIMEOUT = ("--upstream-timeout", "10")
+
 
 async def _with_site(target, test, *extra: str):
     upstream = await start_upstream()
     path = target
     try:
-        async with running_site(site_options(path, upstream.base_url, *extra)) as site:
+        options = site_options(path, upstream.base_url, *UPSTREAM_TIMEOUT, *extra)
+        async with running_site(options) as site:
             _, token = add_user(path, "alice")
             await test(site, path, token, site.service.http_port.getHost().port)
     finally:
