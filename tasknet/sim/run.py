@@ -37,7 +37,7 @@ from tasknet.sim.custody import (
 )
 from tasknet.sim.liar import MARK, LyingNodes
 from tasknet.sim.network import SimConnection, SimTransport
-from tasknet.sim.schedule import Schedule, Step
+from tasknet.sim.schedule import GIDS, Schedule, Step
 from tasknet.sim.trace import failure_name
 from tasknet.sim.truth import (
     ARCHIVE_POST,
@@ -762,6 +762,56 @@ class _Run:
                 "fault": "reset_mid_body",
                 "params": {"after_bytes": int(step.param("after", 0))},
             },
+        )
+
+    def _do_reap_in_flight(self, step: Step) -> None:
+        """The other site is killed now (restarting ``lasts`` seconds later);
+        a second before its lease must be stale (``instances.surely_stale``:
+        a dead host's instance is reaped only then), ``step.target`` creates a
+        gid never created yet and the upstream holds the answer to the POST
+        that follows ``ms``, within the upstream timeout: the target reaps
+        the dead site while its own SUBMITTING is in flight, and that one is
+        not the reap's to settle (SCALE.md 2: a live instance's generations
+        are never touched)."""
+        other = next(n for n in self.schedule.sites if n != step.target)
+        site, dead = self.cluster.sites[step.target], self.cluster.sites[other]
+        if not (site.alive and dead.alive) or dead.service is None:
+            return
+        lease = dead.service.parts.instance.lease
+        stale_in = lease.confirmed_at + lease.timeout - lease.now()
+        self.cluster.crash(other, "kill")
+        self._later(step.lasts, self._restart_site, other, what=f"restart {other}")
+        self._later(max(stale_in - 1.0, 0.0), self._submit_held, step, other, what="held POST")
+
+    def _submit_held(self, step: Step, dead: str) -> None:
+        if not self.cluster.sites[step.target].alive or self.cluster.sites[dead].alive:
+            return
+        if self.cluster.upstream_app is None or not self.cluster.upstream_alive:
+            return
+        fresh = [gid for gid in GIDS if gid not in self._posts_at_create]
+        if not fresh:
+            return
+        self._upstream_rule(step, {"fault": "latency", "params": {"ms": step.param("ms")}})
+        self._create(fresh[0], step.target)
+
+    def _do_cut_off_early(self, step: Step) -> None:
+        """``step.target`` is paused ``lasts`` seconds and its host loses
+        its network ``after`` seconds in: the server ends its sessions, its
+        lease lock with them, while its lease is still fresh on its own
+        clock.  Only once that clock must call it stale may it be reaped
+        (``instances.surely_stale``)."""
+        process = self.world.processes.get(step.target)
+        idle = process is not None and (process.paused_until or 0) <= self.world.now
+        if process is None or not process.alive or not idle:
+            return
+        self._fired(step.kind)
+        process.pause(step.lasts)
+        self._later(
+            float(step.param("after", 0.0)),
+            self.cluster.cut_off,
+            step.target,
+            process.incarnation,
+            what=f"cut off {step.target}",
         )
 
     def _do_clock_jump(self, step: Step) -> None:

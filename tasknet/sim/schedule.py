@@ -81,8 +81,23 @@ TRUTH_FAULT_KINDS = ("crash_in_flight", "upstream_error", "short_body", "liar_no
 #: Every fault kind, as ``--faults`` names them and the last line counts them.
 FAULT_KINDS = BASE_FAULT_KINDS + CUSTODY_FAULT_KINDS + TRUTH_FAULT_KINDS
 
+#: Faults that need several sites on one PostgreSQL (``--db postgres``),
+#: drawn from a generator of their own (no other draw moves), each for a
+#: reaper edit the other faults never reach (docs/simulation.md):
+#: ``reap_in_flight``: a site dies, and as its lease goes stale the other
+#: site creates a task whose POST answer the upstream holds (within its
+#: upstream timeout), so a reap runs while a live site has a SUBMITTING in
+#: flight; ``cut_off_early``: a site paused whose host loses
+#: its network at once (the server ends its sessions, its lease lock with
+#: them, within its lease timeout), so its lock is free while its lease is
+#: fresh.
+POSTGRES_FAULT_KINDS: tuple[str, ...] = ("reap_in_flight", "cut_off_early")
+#: How often a seed of several sites draws each of them.
+REAP_IN_FLIGHT_CHANCE = 0.5
+CUT_OFF_EARLY_CHANCE = 0.5
+
 #: Faults drawn apart from the base kinds (their own generators).
-APART_FAULT_KINDS = CUSTODY_FAULT_KINDS + TRUTH_FAULT_KINDS
+APART_FAULT_KINDS = CUSTODY_FAULT_KINDS + TRUTH_FAULT_KINDS + POSTGRES_FAULT_KINDS
 
 #: In a schedule of every kind, how often a seed draws a custody fault.
 RESTORE_CHANCE = 0.25
@@ -105,9 +120,6 @@ IN_FLIGHT_POINTS = ("submitting", "post", "answer")
 #: timeout (8 s).
 SHORT_PAUSE_CHANCE = 0.5
 SHORT_PAUSE = (5.0, 8.0)
-
-#: Faults that need several sites on one PostgreSQL (``--db postgres``).
-POSTGRES_FAULT_KINDS: tuple[str, ...] = ()
 
 #: The gids a run draws from (the mock upstream's catalog has them all).
 GIDS = range(101, 131)
@@ -241,6 +253,7 @@ def generate(
         plan.append(Step(at, "pause_at_submitting", target, lasts))
     plan += _custody_faults(seed, faults, nodes, duration, only=not base)
     plan += _truth_faults(seed, faults, site_names, nodes, duration, only=not base)
+    plan += _reap_faults(seed, faults, site_names, duration, only=not base)
     plan.sort(key=lambda s: (s.at, s.kind, s.target))
     ordered = tuple(plan)
     return Schedule(
@@ -346,6 +359,37 @@ def _truth_faults(
         at = round(rng.uniform(0.5, duration / 2), 3)
         v2 = [n for n, protocol in nodes if protocol == 2]
         steps.append(Step(at, "liar_node", rng.choice(v2)))
+    return steps
+
+
+def _reap_faults(
+    seed: int, faults: tuple[str, ...], sites: tuple[str, ...], duration: float, *, only: bool
+) -> list[Step]:
+    """The reaper faults of ``seed`` (several sites only), from a generator
+    of their own.  ``only``: no base kind was asked for, so each kind asked
+    for fires."""
+    if len(sites) < 2:
+        return []
+    rng = random.Random(f"reap {seed}")
+    steps: list[Step] = []
+    if "reap_in_flight" in faults and (only or rng.random() < REAP_IN_FLIGHT_CHANCE):
+        # At ``at`` the other site is killed, restarting ``lasts`` seconds
+        # later (past its lease timeout, 8 s, and the reap); the target's
+        # POST just before that lease goes stale is held ``ms`` (the sites'
+        # upstream timeout is 5 s; the reaper looks every 3 s).
+        at = round(rng.uniform(0.5, duration * 0.6), 3)
+        held = (("ms", 4500),)
+        steps.append(
+            Step(at, "reap_in_flight", rng.choice(sites), round(rng.uniform(15, 30), 3), held)
+        )
+    if "cut_off_early" in faults and (only or rng.random() < CUT_OFF_EARLY_CHANCE):
+        # Paused ``lasts`` seconds, past its lease timeout (8 s); its host cut
+        # off ``after`` seconds in, well within it.
+        at = round(rng.uniform(0.5, duration * 0.6), 3)
+        cut = (("after", round(rng.uniform(0.1, 3), 3)),)
+        steps.append(
+            Step(at, "cut_off_early", rng.choice(sites), round(rng.uniform(12, 30), 3), cut)
+        )
     return steps
 
 

@@ -401,3 +401,35 @@ def test_the_option_is_a_duration_and_zero_means_never() -> None:
     for bad in ("soon", "-5m", "nan"):
         with pytest.raises(usage.UsageError, match="--reassign-after"):
             site_options("x.db", "http://127.0.0.1:9", "--reassign-after", bad)
+
+
+def test_a_task_moved_back_to_how_it_was_last_announced_is_not_announced_again(
+    db_target: str,
+) -> None:
+    """A dispatch is not announced: a task whose node went for good before
+    reporting anything, moved to nobody, reads as its last notification,
+    and a second one just like it would repeat it (DRILLS.md D7).  A
+    visible change is still announced."""
+    from tasknet.site.storage import outbox
+
+    prepare_database(db_target)
+    conn = dbmod.connect(db_target)
+    try:
+        uid, _ = add_user(conn, "alice")
+        add_task(conn, 1, uid, node_id=None, status=None)
+
+        def count() -> int:
+            return int(conn.execute("SELECT COUNT(*) FROM notification_outbox").fetchone()[0])
+
+        assert dbmod.run_write(conn, outbox.enqueue_task_changes, [1]) == 1
+        conn.execute("UPDATE gallery SET node_id = 'n1' WHERE gid = 1")
+        conn.execute("UPDATE gallery SET node_id = NULL WHERE gid = 1")
+        conn.commit()
+        assert dbmod.run_write(conn, outbox.enqueue_visible_task_changes, [1]) == 0
+        assert count() == 1
+        conn.execute("UPDATE gallery SET node_id = 'n2' WHERE gid = 1")
+        conn.commit()
+        assert dbmod.run_write(conn, outbox.enqueue_visible_task_changes, [1]) == 1
+        assert count() == 2
+    finally:
+        conn.close()

@@ -146,6 +146,33 @@ def enqueue_task_changes(cursor: sqlite3.Cursor, gids: Sequence[int]) -> int:
     return len(gids)
 
 
+_LAST_PAYLOAD_SQL = sql(
+    "SELECT payload FROM notification_outbox WHERE gid = ? ORDER BY id DESC LIMIT 1"
+)
+#: The fields of a task's view that change without the task changing.
+_VOLATILE = ("updatedAt", "createdAt")
+
+
+def _announced(payload: str) -> dict[str, Any]:
+    task = json.loads(payload).get("task") or {}
+    return {k: v for k, v in task.items() if k not in _VOLATILE}
+
+
+def enqueue_visible_task_changes(cursor: sqlite3.Cursor, gids: Sequence[int]) -> int:
+    """:func:`enqueue_task_changes` for those of ``gids`` whose view differs
+    from the last one announced for them: a change the notifications never
+    showed (a dispatch is not announced) undone is no change to announce
+    (DRILLS.md D7: no notification repeats the one before)."""
+    found = task_views_and_owners(cursor, gids)
+    changed = []
+    for gid in gids:
+        last = cursor.execute(_LAST_PAYLOAD_SQL, (gid,)).fetchone()
+        payload = _outbox_row(gid, found.get(gid), None)[2]
+        if last is None or _announced(str(last[0])) != _announced(payload):
+            changed.append(gid)
+    return enqueue_task_changes(cursor, changed)
+
+
 # -- The read side (delivery) --------------------
 
 

@@ -23,7 +23,9 @@ again, by the new node.  In the transaction that moves it:
   sent when it next logs in (``dispatcher.py``), settled by its
   ``CANCELLED`` release (``storage/custody.py``).  A legacy node cannot be
   cancelled: its row waits for a v2 login (its files stay until then);
-* the change goes to the outbox like every task change.
+* the change goes to the outbox like every task change, unless the task
+  reads as it was last announced (a dispatch is not announced: a task
+  moved before its node reported anything, to nobody, is unchanged).
 
 Each function is the body of one transaction (``fn(cursor, ...)``), run at
 the engine's default isolation (serializable: a report that changed one of
@@ -214,7 +216,7 @@ def _move(
     targets = [other for other in node_ids if other != node_id]
     commands, new_loads = dispatch.assign(cursor, rows, targets, loads)
     given = {command.gid for command in commands}
-    outbox.enqueue_task_changes(cursor, gids)
+    outbox.enqueue_visible_task_changes(cursor, gids)
     return Reassigned(
         node_id, commands, [gid for gid in gids if gid not in given], cancels, new_loads
     )

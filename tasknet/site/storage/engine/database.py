@@ -71,6 +71,7 @@ every write through it (:mod:`~.transactions`, "The write fence").
 
 from __future__ import annotations
 
+import functools
 import math
 import sqlite3
 from collections import deque
@@ -382,9 +383,10 @@ class Database:
         committed; fails (nothing of ``fn`` committed) if ``fn``, the
         ``BEGIN`` or the ``COMMIT`` raises (classified, see the module doc)."""
         if kw:
-            return self._queued(
-                Write(lambda cursor: fn(cursor, *args, **kw), isolation=isolation_of(fn))
-            )
+            bound = functools.wraps(fn)(lambda cursor: fn(cursor, *args, **kw))
+            # Named as ``fn`` (wraps): the fault points name the storage
+            # functions a transaction ran, and a lambda would hide it.
+            return self._queued(Write(bound, isolation=isolation_of(fn)))
         return self._queued(Write(fn, args))
 
     def write_coalesced(
