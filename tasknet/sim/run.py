@@ -249,12 +249,16 @@ class _Run:
             self._go_for_good(node_id)
         self._gone_armed.clear()
         settled = self._wait_settled(schedule.settle_within)
+        if self.before_checks is not None:
+            self.before_checks(self.cluster.db)
         if settled:
             # Every COMPLETED task fetched once, through the first site.
             self.fetcher.fetch_all(schedule.sites[0])
         world.run_until(lambda: not self.fetcher.open, within=10 * FETCH_TIMEOUT)
-        if self.before_checks is not None:
-            self.before_checks(self.cluster.db)
+        if settled:
+            # The fetches took simulated time, in which a fault's aftermath
+            # may have come (a link a last clock jump aborted): settle again.
+            settled = self._wait_settled(schedule.settle_within)
         outcome = Outcome(seed=schedule.seed)
         if not settled:
             outcome.failures.append(("liveness", self._unsettled_detail()))
