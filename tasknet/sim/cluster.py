@@ -61,6 +61,7 @@ UPSTREAM_PORT = 7200
 WEBHOOK_PORT = 7300
 HTTP_PORT = 8080
 NODES_PORT = 7100
+SERVE_PORT = 7400
 #: The API's answer when the request got none (the site died, the link broke).
 NO_ANSWER = 0
 #: The site's ``--reassign-after`` (DELIVERY.md "A node that is gone"): past
@@ -410,6 +411,9 @@ class SimCluster:
         options = Options()
         args = ["--node-id", node_id, "--secret", node_secret(node_id), "--data", str(node.data)]
         args += ["--protocol", str(node.protocol)]
+        # Its archive endpoint on the world's network (tasknet.sim.fetch).
+        port = SERVE_PORT + list(self.nodes).index(node_id)
+        args += ["--serve", f"tcp:{port}:interface=127.0.0.1"]
         if node.protocol == 1:
             args += ["--trust-legacy-site"]
         for port in node.site_ports:

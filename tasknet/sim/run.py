@@ -26,7 +26,7 @@ from typing import Any
 from tasknet.drill.invariants import FAIL, Verdict, check_all
 from tasknet.drill.snapshot import SiteSnapshot, read_site
 from tasknet.sim.checks import CheapChecks
-from tasknet.sim.cluster import METERED_SQL, NO_ANSWER, SITE_UPSTREAM_TIMEOUT, SimCluster
+from tasknet.sim.cluster import METERED_SQL, NO_ANSWER, SITE_UPSTREAM_TIMEOUT, SimCluster, headers
 from tasknet.sim.custody import (
     InventoryWatch,
     excuse_restored,
@@ -35,6 +35,7 @@ from tasknet.sim.custody import (
     unheld_completions,
     wiped_not_gone,
 )
+from tasknet.sim.fetch import FETCH_TIMEOUT, Fetcher
 from tasknet.sim.liar import MARK, LyingNodes
 from tasknet.sim.network import SimConnection, SimTransport
 from tasknet.sim.schedule import GIDS, Schedule, Step
@@ -213,6 +214,8 @@ class _Run:
         self.before_checks: Callable[[str], None] | None = None
         #: Users' requests sent and not answered yet.
         self._open_requests = 0
+        #: The user's archive fetches and their check (tasknet.sim.fetch).
+        self.fetcher = Fetcher(self.cluster, headers)
 
     # -- the run ---------------------------------------------------------------------------
 
@@ -248,6 +251,14 @@ class _Run:
         settled = self._wait_settled(schedule.settle_within)
         if self.before_checks is not None:
             self.before_checks(self.cluster.db)
+        if settled:
+            # Every COMPLETED task fetched once, through the first site.
+            self.fetcher.fetch_all(schedule.sites[0])
+        world.run_until(lambda: not self.fetcher.open, within=10 * FETCH_TIMEOUT)
+        if settled:
+            # The fetches took simulated time, in which a fault's aftermath
+            # may have come (a link a last clock jump aborted): settle again.
+            settled = self._wait_settled(schedule.settle_within)
         outcome = Outcome(seed=schedule.seed)
         if not settled:
             outcome.failures.append(("liveness", self._unsettled_detail()))
@@ -267,6 +278,7 @@ class _Run:
             ]
             outcome.failures += [("reassign", f) for f in self._left_behind(snap)]
             outcome.failures += self._truth_once_settled()
+        outcome.failures += self.fetcher.failures
         self._finish_ledger(evidence)
         self.checks.states_in_table(evidence.site.operations)
         # The checker's failures are copied only now: those of the checks
@@ -426,6 +438,9 @@ class _Run:
             return result
 
         return answer.addBoth(answered)
+
+    def _do_fetch_archive(self, step: Step) -> None:
+        self.fetcher.fetch_one(step.target, step.param("pick", 0.0))
 
     def _do_create(self, step: Step) -> None:
         self._create(int(step.target), step.param("site", "site"))

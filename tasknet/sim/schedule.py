@@ -35,7 +35,7 @@ __all__ = [
 ]
 
 #: The user's actions.
-WORKLOAD_KINDS = ("create", "create_twice", "delete", "recreate", "resolve")
+WORKLOAD_KINDS = ("create", "create_twice", "delete", "recreate", "resolve", "fetch_archive")
 
 #: The faults drawn from the seed's own generator (their draws, and so every
 #: schedule made of them, are those of the seeds that found the defects in
@@ -254,6 +254,10 @@ def generate(
     plan += _custody_faults(seed, faults, nodes, duration, only=not base)
     plan += _truth_faults(seed, faults, site_names, nodes, duration, only=not base)
     plan += _reap_faults(seed, faults, site_names, duration, only=not base)
+    if base:
+        from tasknet.sim.fetch import fetch_steps  # (it imports Step from here)
+
+        plan += fetch_steps(seed, site_names, duration)
     plan.sort(key=lambda s: (s.at, s.kind, s.target))
     ordered = tuple(plan)
     return Schedule(
