@@ -49,7 +49,7 @@ def test_charts_over_24_hours_have_a_point_per_quarter_hour(
     expect()(page.locator("#view-charts")).to_be_visible()
     page.select_option("#charts-window", "86400")
     page.wait_for_function(
-        "() => Number(document.querySelector('#chart-throughput svg').dataset.points) === 96",
+        "() => Number(document.querySelector('#chart-throughput svg')?.dataset.points) === 96",
         timeout=WAIT_MS,
     )
     assert "last 24 hours" in page.locator("#chart-throughput-summary").inner_text()
@@ -135,7 +135,7 @@ def test_charts_on_a_phone_over_24_hours_neither_overlap_nor_clip(
     page.click("#nav-charts")
     page.select_option("#charts-window", "86400")
     page.wait_for_function(
-        "() => Number(document.querySelector('#chart-throughput svg').dataset.points) === 96",
+        "() => Number(document.querySelector('#chart-throughput svg')?.dataset.points) === 96",
         timeout=WAIT_MS,
     )
     for chart in ("#chart-throughput svg", "#chart-usage svg"):

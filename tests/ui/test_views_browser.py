@@ -354,7 +354,7 @@ def test_order_stable_across_reload_and_live_inserts(
     newest = gid_with_size(64 * 1024, 70_000, gid + 1)
     create(stack, newest, token=bob)
     page.wait_for_function(
-        f"() => document.querySelector('#task-list > li').dataset.gid === '{newest}'"
+        f"() => document.querySelector('#task-list > li')?.dataset.gid === '{newest}'"
     )
     live_order = row_gids(page)
     assert live_order == [newest, *reversed(made)]
@@ -479,13 +479,13 @@ def test_charts_drawn_with_data(
     # A shorter period: one point per minute of it.
     page.select_option("#charts-window", "900")
     page.wait_for_function(
-        "() => Number(document.querySelector('#chart-throughput svg').dataset.points) <= 16"
+        "() => Number(document.querySelector('#chart-throughput svg')?.dataset.points) <= 16"
     )
     assert "last 15 minutes" in (page.locator("#chart-throughput-summary").inner_text())
     page.set_viewport_size(PHONE)
     # Redrawn at the new width.
     page.wait_for_function(
-        "() => Number(document.querySelector('#chart-throughput svg').getAttribute('width')) < 360"
+        "() => Number(document.querySelector('#chart-throughput svg')?.getAttribute('width')) < 360"
     )
     no_horizontal_scroll(page)
     page.screenshot(path=str(shots / "views-360-charts.png"), full_page=True)
