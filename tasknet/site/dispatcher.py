@@ -186,6 +186,9 @@ class Dispatcher(MultiService):
         self._closed: set[str] = set()
         self._bounded: set[str] = set()
         self._controls_known: dict[str, node_control.Control] = {}
+        #: Bumped by each control set here: a read of the controls that an
+        #: operator's change overtook is stale and dropped.
+        self._controls_changes = 0
         self.enabled = False
         # One unassigned pass at a time; a request during a pass runs one more after it.
         self._unassigned = CoalescingRunner(self._assign_all)
@@ -480,11 +483,14 @@ class Dispatcher(MultiService):
         """Which nodes an operator drained, paused or bounded (another
         process's ``tasknet-admin node ...`` is learnt here at the next
         periodic pass; the assignment itself always reads them afresh)."""
+        changes = self._controls_changes
         try:
             found = await self._db.read(node_control.controls)
         except Exception:
             log.failure("reading the nodes' controls failed")
             return
+        if changes != self._controls_changes:
+            return  # read before a change made here landed: the next pass reads again
         self._note_controls(found.values())
 
     def _note_controls(self, found: Iterable[node_control.Control]) -> None:
@@ -509,6 +515,7 @@ class Dispatcher(MultiService):
         control: node_control.Control = await self._db.write(
             node_control.set_control, node_id, mode=mode, limit=limit, actor=actor, note=note
         )
+        self._controls_changes += 1
         known = dict(self._controls_known)
         known[node_id] = control
         self._note_controls(known.values())
