@@ -481,11 +481,15 @@ class SimCluster:
 
     # -- evidence --------------------------------------------------------------------
 
+    def node_link(self, connection: SimConnection) -> bool:
+        """Whether ``connection`` is a node's to a site's node listener."""
+        port = connection.server.getHost().port
+        return port in {s.nodes_port for s in self.sites.values()}
+
     def _tap(self, connection: SimConnection, receiver: SimTransport, data: bytes) -> None:
-        server = connection.server
-        port = server.getHost().port
-        if port not in {s.nodes_port for s in self.sites.values()}:
+        if not self.node_link(connection):
             return
+        server = connection.server
         to_server = receiver is server
         direction = "to_server" if to_server else "to_client"
         key = (connection.id, direction)

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import sqlite3
 from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -199,12 +200,15 @@ def unheld_completions(
     holdings: Mapping[str, set[tuple[int, str]]],
     judged: set[str],
     notes: Mapping[str, str] | None = None,
+    *,
+    excused: AbstractSet[tuple[int, str]] = frozenset(),
 ) -> list[str]:
     """D3's archive clause over the site's rows (``task_operation`` and
     ``gallery`` by gid) and each node's holdings: a failure's text for each
     generation the site shows ``COMPLETED`` (not ``ARCHIVE_GONE``) whose
     node is in ``judged`` and which no node holds.  ``notes``: what to add
-    about a node (``wiped at 31.2 s``)."""
+    about a node (``wiped at 31.2 s``); ``excused``: (gid, operation id) of
+    completions the site has had no inventory to judge against since."""
     failures = []
     held = set().union(*holdings.values()) if holdings else set()
     for gid, op in sorted(operations.items()):
@@ -215,7 +219,7 @@ def unheld_completions(
         if gallery.get("archive_gone_reason") is not None or node not in judged:
             continue
         operation_id = op.get("operation_id")
-        if (gid, operation_id) in held:
+        if (gid, operation_id) in held or (gid, operation_id) in excused:
             continue
         note = (notes or {}).get(str(node))
         failures.append(

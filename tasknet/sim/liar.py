@@ -15,14 +15,25 @@ thing:
 * ``foreign``: a report of another node's task, at a revision above the
   stored one (dropped: ``not_owner``);
 * ``wrong_delete``: as a ``DELETE`` reaches it, a confirmation of that
-  delete with another delete id (it completes nothing).
+  delete with another delete id (it completes nothing);
+* ``complete``: as a ``DOWNLOAD`` reaches it, a completion (status 4, a
+  size and a sha256 it made up) of that task, whose command its code then
+  never sees (:meth:`LyingNodes.rewrite`): it never downloads it.
 
-Each lie's entries carry ``detail`` ``lie: KIND …``, which no honest report
-carries: a gallery row that shows it was changed by a lie.  Lies are told
-right after the site ACKs one of the node's honest reports, so that report
-is committed and the lie judged against it.  :class:`LyingNodes` tells
-them and checks, at each lie's ACK (after its commit), that it changed
-nothing: the check ``lie-applied``.
+Each lie's entries but ``complete``'s carry ``detail`` ``lie: KIND …``,
+which no honest report carries: a gallery row that shows it was changed by
+a lie.  Lies are told right after the site ACKs one of the node's honest
+reports, so that report is committed and the lie judged against it.
+:class:`LyingNodes` tells them and checks, at each lie's ACK (after its
+commit), that it changed nothing: the check ``lie-applied``.
+
+A completion is the node's to report: the site cannot tell it from a true
+one and applies it (下载完成).  What must hold instead is downstream of it:
+a fetch of the archive is refused, never answered with wrong bytes (the
+check ``archive-served``), and the node's next inventory (on its next
+connection) makes the task ``ARCHIVE_GONE`` ``MISSING`` unless the node has
+downloaded it meanwhile (the custody check, which excuses the claim only
+while the connection it was told on lasts: :meth:`LyingNodes.excused`).
 """
 
 from __future__ import annotations
@@ -30,7 +41,7 @@ from __future__ import annotations
 import json
 import random
 import struct
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from tasknet.sim.network import SimConnection
@@ -41,10 +52,17 @@ __all__ = ["LIES", "LyingNodes", "report_frame"]
 TYPE_TASK_COMMAND = 11
 TYPE_TASK_REPORT = 12
 TYPE_TASK_REPORT_ACK = 13
+#: A frame's header: type (1 byte), length (4).
+_HEADER = 5
 #: The lies, in the order a seed's generator picks among them.
-LIES = ("replay", "repeat", "lower", "foreign", "wrong_delete")
-#: How often an honest report's ACK is followed by a lie.
+LIES = ("replay", "repeat", "lower", "foreign", "wrong_delete", "complete")
+#: The lies told as a command of an action reaches the node (the others
+#: follow an honest report's ACK).
+_COMMAND_LIES = {"DELETE": "wrong_delete", "DOWNLOAD": "complete"}
+#: How often an honest report's ACK (or a command) is followed by a lie.
 LIE_CHANCE = 0.8
+#: How often a liar claims a task it was sent (fewer: it never downloads them).
+COMPLETE_CHANCE = 0.3
 #: What marks a lie's entries (``galleryTasks[].detail``).
 MARK = "lie: "
 
@@ -85,10 +103,61 @@ class LyingNodes:
         self._told: dict[str, tuple[str, str, str, list[int]]] = {}
         #: node -> gids whose right delete confirmation it sent itself.
         self._confirmed: dict[str, set[int]] = {}
+        #: (gid, operation id) -> (node, connection id) of each completion
+        #: claimed without a download.
+        self.claimed: dict[tuple[int, str], tuple[str, int]] = {}
+        #: Nodes whose commands pass through :meth:`rewrite`, from their
+        #: first byte on (so frames are split right from the start).
+        self._armed: set[str] = set()
+        #: connection id -> bytes of a command not whole yet.
+        self._partial: dict[int, bytearray] = {}
+        #: (connection id, operation id) of DOWNLOADs the node is not to see.
+        self._unseen: set[tuple[int, str]] = set()
+        #: connection id -> the revision of the last completion claimed on it.
+        self._claimed_revision: dict[int, int] = {}
+        self._node_link: Callable[[SimConnection], bool] = lambda connection: False
         self._ids = 0
+
+    def arm(self, node: str, node_link: Callable[[SimConnection], bool]) -> None:
+        """``node`` will lie: split the commands sent to it from now on on
+        the connections ``node_link`` says are to a site's node listener."""
+        self._armed.add(node)
+        self._node_link = node_link
 
     def make_liar(self, node: str, lies: tuple[str, ...] = LIES) -> None:
         self.liars[node] = lies
+
+    def rewrite(self, connection: SimConnection, receiver: Any, data: bytes) -> bytes:
+        """What an armed node's code is given of ``data`` (a
+        :attr:`~tasknet.sim.network.Network.rewrites` hook): whole frames
+        only, less the ``DOWNLOAD`` commands it claimed complete instead."""
+        if (
+            receiver is not connection.client
+            or connection.client.reactor.name not in self._armed
+            or not self._node_link(connection)
+        ):
+            return data
+        pending = self._partial.setdefault(connection.id, bytearray())
+        pending += data
+        given = bytearray()
+        while len(pending) >= _HEADER:
+            end = _HEADER + struct.unpack_from(">I", pending, 1)[0]
+            if len(pending) < end:
+                break
+            frame = bytes(pending[:end])
+            del pending[:end]
+            if not self._unseen or frame[0] != TYPE_TASK_COMMAND:
+                given += frame
+                continue
+            try:
+                operation_id = str(json.loads(frame[_HEADER:]).get("operationId"))
+            except ValueError:
+                operation_id = ""
+            if (connection.id, operation_id) in self._unseen:
+                self._unseen.discard((connection.id, operation_id))
+            else:
+                given += frame
+        return bytes(given)
 
     # -- what crosses the liars' links (the cluster's frame records) ---------------------
 
@@ -102,14 +171,14 @@ class LyingNodes:
             self._honest_report(node, payload)
         elif type_ == TYPE_TASK_REPORT_ACK and direction == "to_client":
             self._acked_now(node, record["link"], payload)
-        elif (
-            type_ == TYPE_TASK_COMMAND
-            and direction == "to_client"
-            and payload.get("action") == "DELETE"
-            and "wrong_delete" in self.liars[node]
-            and self._rng.random() < LIE_CHANCE
-        ):
-            self._tell(node, record["link"], "wrong_delete", self._wrong_delete(payload))
+        elif type_ == TYPE_TASK_COMMAND and direction == "to_client":
+            # The lies told as a command reaches the node.
+            kind = _COMMAND_LIES.get(str(payload.get("action")))
+            chance = COMPLETE_CHANCE if kind == "complete" else LIE_CHANCE
+            if kind in self.liars[node] and self._rng.random() < chance:
+                lie = getattr(self, f"_{kind}")(node, record["link"], payload)
+                if lie is not None:
+                    self._tell(node, record["link"], kind, lie)
 
     def _honest_report(self, node: str, payload: dict[str, Any]) -> None:
         report_id = str(payload.get("reportId", ""))
@@ -132,7 +201,7 @@ class LyingNodes:
         self._acked.setdefault(node, []).append((link, payload))
         if self._rng.random() >= LIE_CHANCE:
             return
-        kinds = [k for k in self.liars[node] if k != "wrong_delete"]
+        kinds = [k for k in self.liars[node] if k not in _COMMAND_LIES.values()]
         if not kinds:
             return
         kind = self._rng.choice(kinds)
@@ -203,7 +272,41 @@ class LyingNodes:
             "deleted": [],
         }
 
-    def _wrong_delete(self, command: dict[str, Any]) -> dict[str, Any]:
+    def _complete(self, node: str, link: int, command: dict[str, Any]) -> dict[str, Any] | None:
+        operation_id = command.get("operationId")
+        row = self._one(
+            "SELECT o.last_revision FROM gallery g JOIN task_operation o ON o.gid = g.gid"
+            " WHERE g.gid = ? AND o.operation_id = ? AND o.state = 'SUBMITTED'"
+            " AND g.node_id = ? AND COALESCE(g.status, 1) < 4 AND g.archive_gone_reason IS NULL",
+            (command.get("gid"), operation_id, node),
+        )
+        if row is None:
+            return None  # done, moved or deleted meanwhile
+        return {
+            "reportId": self._new_id(),
+            # Past what the site stored for it (_tell raises it past the link's last).
+            "revision": int(row[0] or 0) + 1,
+            "galleryTasks": [
+                {
+                    "gid": int(command["gid"]),
+                    "status": 4,
+                    "progress": 1.0,
+                    "size": self._rng.randint(1, 1 << 20),
+                    "sha256": f"{self._rng.getrandbits(256):064x}",
+                }
+            ],
+            "operationIds": {str(command["gid"]): str(operation_id)},
+            "deleted": [],
+        }
+
+    def excused(self, open_links: Iterable[int]) -> set[tuple[int, str]]:
+        """The generations claimed complete without a download on a
+        connection still open: the site has had no inventory of that node
+        since (one is sent per connection), so it rightly shows them 下载完成."""
+        still = set(open_links)
+        return {key for key, (_node, link) in self.claimed.items() if link in still}
+
+    def _wrong_delete(self, node: str, link: int, command: dict[str, Any]) -> dict[str, Any]:
         return {
             "reportId": self._new_id(),
             "revision": 0,
@@ -223,18 +326,29 @@ class LyingNodes:
         connection: SimConnection | None = self.world.network.connections.get(link)
         if connection is None or not connection.client.connected:
             return
-        if kind == "wrong_delete":
+        if kind in _COMMAND_LIES.values():
             # Only once an honest report was ACKed on this link (so the lie is
             # not the link's first report, which may start a revision epoch),
-            # at that report's revision.
+            # at that report's revision at least.
             sent = [p for l_, p in self._acked.get(node, []) if l_ == link]
             if not sent:
                 return
-            lie["revision"] = int(sent[-1].get("revision", 0))
+            last = int(sent[-1].get("revision", 0))
+            if kind == "complete":
+                # It must pass the revision check: above every report the
+                # link has had, this node's other claims included.
+                last = max(last, self._claimed_revision.get(link, 0)) + 1
+                self._claimed_revision[link] = last
+            # (A delete confirmation is not judged by its revision.)
+            lie["revision"] = max(int(lie["revision"]), last)
         gids = [int(t["gid"]) for t in lie.get("galleryTasks") or []]
         gids += [int(d["gid"]) for d in lie.get("deleted") or [] if d.get("gid") is not None]
         what = f"{kind} report {lie['reportId']} at revision {lie['revision']} naming gid(s) {gids}"
         self.told(str(lie["reportId"]), node, kind, what, gids)
+        if kind == "complete":
+            for gid_text, operation_id in lie["operationIds"].items():
+                self.claimed[(int(gid_text), operation_id)] = (node, link)
+                self._unseen.add((link, operation_id))
         self._fired("liar_node")
         self.world.note("fault", f"{node} lies: {what}")
         connection.client.write(report_frame(lie))
@@ -247,6 +361,8 @@ class LyingNodes:
 
     def _judge(self, report_id: str, told: tuple[str, str, str, list[int]], result: str) -> None:
         node, kind, what, gids = told
+        if kind == "complete":
+            return  # the site's to apply: judged downstream (module doc)
         if kind == "replay":
             if result != "DUPLICATE":
                 self._fail("lie-applied", f"{node}'s {what}: ACKed {result}, not DUPLICATE")

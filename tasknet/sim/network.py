@@ -32,7 +32,9 @@ not broken by a cut alone: its own timeouts decide), :meth:`set_link`
 (latency, bandwidth: a slow link), :meth:`SimConnection.reset`,
 :meth:`SimConnection.stall` (a direction delivers ``after`` more bytes,
 then nothing until :meth:`SimConnection.unstall`: a connection that stalls
-mid-frame).  :attr:`Network.taps` see every byte delivered.
+mid-frame).  :attr:`Network.taps` see every byte delivered;
+:attr:`Network.rewrites` may change it on its way to the protocol (a
+frame a lying node's code never sees).
 
 All processes run on one machine, as in the drills: ``127.0.0.1`` (and
 ``localhost``) reaches a listener of any process; each process also has an
@@ -167,6 +169,9 @@ class Network:
         #: ``send_tap(connection, sender, data)`` for every byte written (at
         #: the instant of the write, before any latency).
         self.send_taps: list[Callable[[SimConnection, SimTransport, bytes], None]] = []
+        #: ``rewrite(connection, receiver, data) -> bytes``: what the
+        #: receiver's protocol is given of ``data`` (after the taps saw it).
+        self.rewrites: list[Callable[[SimConnection, SimTransport, bytes], bytes]] = []
         self.dns_latency = (0.00005, 0.0005)
         self.bytes_delivered = 0
         self.segments_delivered = 0
@@ -918,6 +923,10 @@ class SimTransport:
             for tap in self.network.taps:
                 tap(connection, self, data)  # type: ignore[arg-type]
             self._read(len(data))
+            for rewrite in self.network.rewrites:
+                data = rewrite(connection, self, data)  # type: ignore[arg-type]
+            if not data:
+                return
             assert self.protocol is not None
             if not self._call(self.protocol.dataReceived, data):
                 # Twisted drops a connection whose protocol raised.

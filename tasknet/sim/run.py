@@ -203,6 +203,11 @@ class _Run:
             self._fired,
         )
         self.cluster.on_frame.append(self.lies.frame)
+        liars = {step.target for step in schedule.steps if step.kind == "liar_node"}
+        for node in sorted(liars):
+            self.lies.arm(node, self.cluster.node_link)
+        if liars:
+            self.world.network.rewrites.append(self.lies.rewrite)
         self.world.network.send_taps.append(self._in_flight_sent)
         self.world.network.taps.append(self._in_flight_received)
         #: gid -> journal POSTs for it when its latest create was sent (resolve's evidence).
@@ -922,7 +927,11 @@ class _Run:
         for node_id, times in self.cluster.ledger.wiped_at.items():
             at = ", ".join(f"{t - self.world.epoch:.1f} s" for t in times)
             notes[node_id] = f"{node_id} wiped or restored from a backup at {at}"
-        return unheld_completions(snap.operations, snap.galleries, holdings, judged, notes)
+        # A liar's claim stands until its next connection's inventory (tasknet.sim.liar).
+        excused = self.lies.excused(self.world.network.connections)
+        return unheld_completions(
+            snap.operations, snap.galleries, holdings, judged, notes, excused=excused
+        )
 
     def _settled_now(self) -> bool:
         return not self._open_requests and not self._unsettled()
