@@ -122,6 +122,7 @@ def _summary(outcome: Any) -> dict[str, Any]:
         "wall": round(outcome.wall, 3),
         "faults": outcome.faults,
         "digest": outcome.digest,
+        "fetches": outcome.fetches,
     }
 
 

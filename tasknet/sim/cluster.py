@@ -101,6 +101,8 @@ class NodeProcess:
     site_ports: tuple[int, ...]
     reactor: SimReactor | None = None
     service: Any = None
+    #: Run with ``--public-url`` (its serve address): users get a 303 to it.
+    public: bool = False
 
     @property
     def alive(self) -> bool:
@@ -396,9 +398,15 @@ class SimCluster:
 
     # -- nodes -----------------------------------------------------------------------
 
-    def add_node(self, node_id: str, protocol: int = 2, sites: tuple[str, ...] = ()) -> None:
+    def add_node(
+        self, node_id: str, protocol: int = 2, sites: tuple[str, ...] = (), *, public: bool = False
+    ) -> None:
+        """A node (started by :meth:`start_node`); ``public``: users reach
+        its archive endpoint directly (``--public-url``)."""
         ports = tuple(self.sites[s].nodes_port for s in (sites or tuple(self.sites)))
-        self.nodes[node_id] = NodeProcess(node_id, protocol, self.root / node_id, ports)
+        self.nodes[node_id] = NodeProcess(
+            node_id, protocol, self.root / node_id, ports, public=public
+        )
 
     def start_node(self, node_id: str, *, wiped: bool = False) -> None:
         from tasknet.node.service import NodeService, Options, makeService
@@ -412,8 +420,11 @@ class SimCluster:
         args = ["--node-id", node_id, "--secret", node_secret(node_id), "--data", str(node.data)]
         args += ["--protocol", str(node.protocol)]
         # Its archive endpoint on the world's network (tasknet.sim.fetch).
-        port = SERVE_PORT + list(self.nodes).index(node_id)
-        args += ["--serve", f"tcp:{port}:interface=127.0.0.1"]
+        serve_port = SERVE_PORT + list(self.nodes).index(node_id)
+        args += ["--serve", f"tcp:{serve_port}:interface=127.0.0.1"]
+        if node.public:
+            # The world has one network: users reach it where the site does.
+            args += ["--public-url", f"http://127.0.0.1:{serve_port}/"]
         if node.protocol == 1:
             args += ["--trust-legacy-site"]
         for port in node.site_ports:

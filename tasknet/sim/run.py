@@ -35,7 +35,7 @@ from tasknet.sim.custody import (
     unheld_completions,
     wiped_not_gone,
 )
-from tasknet.sim.fetch import FETCH_TIMEOUT, Fetcher
+from tasknet.sim.fetch import FETCH_TIMEOUT, Fetcher, public_nodes
 from tasknet.sim.liar import MARK, LyingNodes
 from tasknet.sim.network import SimConnection, SimTransport
 from tasknet.sim.schedule import GIDS, Schedule, Step
@@ -88,6 +88,8 @@ class Outcome:
     #: (node, gid, operation id) of the tasks the site showed COMPLETED on a
     #: node when it was wiped (ARCHIVE_GONE, MISSING, due: ``custody``).
     wiped_completions: list[tuple[str, int, str]] = field(default_factory=list)
+    #: The archive fetches by path and outcome (``node resume served``: tasknet.sim.fetch).
+    fetches: dict[str, int] = field(default_factory=dict)
 
     @property
     def failed(self) -> bool:
@@ -220,7 +222,7 @@ class _Run:
         #: Users' requests sent and not answered yet.
         self._open_requests = 0
         #: The user's archive fetches and their check (tasknet.sim.fetch).
-        self.fetcher = Fetcher(self.cluster, headers)
+        self.fetcher = Fetcher(self.cluster, headers, schedule.seed)
 
     # -- the run ---------------------------------------------------------------------------
 
@@ -228,8 +230,9 @@ class _Run:
         world, cluster, schedule = self.world, self.cluster, self.schedule
         for site in schedule.sites:
             cluster.add_site(site)
+        public = public_nodes(schedule.seed, schedule.nodes)
         for node_id, protocol in schedule.nodes:
-            cluster.add_node(node_id, protocol)
+            cluster.add_node(node_id, protocol, public=node_id in public)
         cluster.start_upstream()
         for site in schedule.sites:
             cluster.start_site(site)
@@ -308,6 +311,7 @@ class _Run:
         outcome.trace = list(world.trace.lines)
         outcome.left_on_gone = list(self._stranded_tasks)
         outcome.wiped_completions = list(self._wiped_completions)
+        outcome.fetches = dict(sorted(self.fetcher.counts.items()))
         return outcome
 
     def _committed(self, site: str, functions: tuple[str, ...]) -> None:
