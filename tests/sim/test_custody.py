@@ -117,6 +117,20 @@ def test_a_completed_task_no_node_holds_fails_once_its_node_was_judged() -> None
     ]
 
 
+def test_a_liar_s_claim_is_excused_only_as_named() -> None:
+    """A completion a liar claimed on a connection still open (no inventory
+    since) is the site's to show; another generation of the gid is not."""
+    operations, galleries = site((101, "op-a", "n1", 4, None))
+    holdings: dict[str, set[tuple[int, str]]] = {"n1": set()}
+    assert (
+        unheld_completions(operations, galleries, holdings, {"n1"}, excused={(101, "op-a")}) == []
+    )
+    assert (
+        len(unheld_completions(operations, galleries, holdings, {"n1"}, excused={(101, "op-0")}))
+        == 1
+    )
+
+
 def test_what_the_archive_clause_leaves_alone() -> None:
     operations, galleries = site(
         (101, "op-a", "n1", 4, "MISSING"),  # shown ARCHIVE_GONE

@@ -7,16 +7,19 @@ failures reachable fire and are survived by the unmodified code.
 
 from __future__ import annotations
 
+import re
 import sqlite3
 import zipfile
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from tasknet.sim.liar import LyingNodes
-from tasknet.sim.run import run_schedule
-from tasknet.sim.schedule import FAULT_KINDS, IN_FLIGHT_POINTS, generate
+from tasknet.sim.run import Outcome, run_schedule
+from tasknet.sim.schedule import FAULT_KINDS, IN_FLIGHT_POINTS, Schedule, Step, generate
 from tasknet.sim.truth import LatePosts, archive_mismatches, reap_of_live, unaccounted_charges
 from tasknet.sim.world import World
 from tasknet.upstream import catalog
@@ -303,6 +306,79 @@ def test_a_lie_s_mark_left_on_a_task_at_the_end_fails(tmp_path: Path) -> None:
     )
     lies = [d for c, d in outcome.failures if c == "lie-applied"]
     assert lies and "shows a lie's 'lie: lower at revision 3'" in lies[0], outcome.failures
+
+
+def _claims(outcome: Outcome) -> list[tuple[int, float]]:
+    """(gid, simulated second) of each completion a liar claimed, from the trace."""
+    claims = []
+    for line in outcome.trace:
+        found = re.match(r"(\d+) fault \S+ lies: complete .* naming gid\(s\) \[(\d+)\]", line)
+        if found:
+            claims.append((int(found[2]), int(found[1]) / 1e6))
+    return claims
+
+
+def _run_reading_tasks(
+    schedule: Schedule, tmp_path: Path, plant: Callable[[sqlite3.Connection], None] | None = None
+) -> tuple[Outcome, dict[int, tuple[Any, ...]]]:
+    """Run ``schedule`` keeping its trace; the outcome and every task as
+    the run left it: gid -> (status, archive_gone_reason, state)."""
+    tasks: dict[int, tuple[Any, ...]] = {}
+
+    def read(db: str) -> None:
+        connection = sqlite3.connect(db)
+        for gid, *row in connection.execute(
+            "SELECT g.gid, g.status, g.archive_gone_reason, o.state FROM gallery g"
+            " JOIN task_operation o ON o.gid = g.gid"
+        ):
+            tasks[gid] = tuple(row)
+        if plant is not None:
+            plant(connection)
+            connection.commit()
+        connection.close()
+
+    outcome = run_schedule(schedule, workdir=tmp_path, before_checks=read, keep_trace=None)
+    return outcome, tasks
+
+
+def test_a_completion_claimed_without_a_download_is_the_site_s_to_believe(
+    tmp_path: Path,
+) -> None:
+    """The site shows it 下载完成 (it cannot tell), no node holds it, and
+    while the connection it was told on lasts the custody check excuses it;
+    every fetch of it is refused, none answered with bytes."""
+    outcome, tasks = _run_reading_tasks(generate(2, faults=("liar_node",)), tmp_path)
+    assert not outcome.failed, outcome.failures
+    [(gid, _at)] = _claims(outcome)
+    assert tasks[gid] == (4, None, "SUBMITTED")
+    answers = [line for line in outcome.trace if f" fetch site gid {gid} " in line and ": " in line]
+    assert answers, f"gid {gid} never fetched"
+    assert not any(" 200" in a.split(": ", 1)[1] for a in answers), answers
+
+
+def test_a_claimed_completion_is_missing_after_the_liar_s_next_inventory(
+    tmp_path: Path,
+) -> None:
+    """The liar restarts after its lie: the inventory of its next connection
+    lacks the generation, so the site makes it ARCHIVE_GONE (MISSING); were
+    it still shown 下载完成, the custody check would fail."""
+    schedule = generate(16, faults=("liar_node",))
+    outcome, _ = _run_reading_tasks(schedule, tmp_path / "told")
+    [(gid, at)] = _claims(outcome)
+    crash = Step(round(at + 1, 3), "crash_node", "n2", lasts=3.0)
+    crashed = replace(schedule, steps=tuple(sorted((*schedule.steps, crash), key=lambda s: s.at)))
+    outcome, tasks = _run_reading_tasks(crashed, tmp_path / "crashed")
+    assert not outcome.failed, outcome.failures
+    assert tasks[gid] == (4, "MISSING", "SUBMITTED")
+
+    def unmark(connection: sqlite3.Connection) -> None:
+        connection.execute("UPDATE gallery SET archive_gone_reason = NULL WHERE gid = ?", (gid,))
+
+    outcome, _ = _run_reading_tasks(crashed, tmp_path / "unmarked", unmark)
+    custody = [d for c, d in outcome.failures if c == "custody"]
+    assert custody and custody[0].startswith(f"gid {gid}: the site shows COMPLETED"), (
+        outcome.failures
+    )
 
 
 # -- the reaper faults of several sites on PostgreSQL --------------------------------------
