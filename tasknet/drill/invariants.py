@@ -76,6 +76,10 @@ class Ledger:
     # a report it sent before that, committed but never ACKed, was lost
     # with the node's store, not by the site (D6).
     wiped_at: dict[str, list[float]] = field(default_factory=dict)
+    # Reports written in a node's name that the node does not keep until
+    # ACKed (the simulator's lying nodes): committed, one may go unACKed if
+    # its connection ends first, as nothing sends it again (D6).
+    unkept_reports: set[str] = field(default_factory=set)
     # [start, end] wall-clock spans when no database server took writes (a
     # primary killed until the standby was promoted, S24-S26): no site could
     # reap then, so D9's 30 s count from a span's end.
@@ -91,6 +95,7 @@ class Ledger:
             "forged": self.forged,
             "site_runs": self.site_runs,
             "wiped_at": self.wiped_at,
+            "unkept_reports": sorted(self.unkept_reports),
             "database_down": self.database_down,
         }
 
@@ -470,7 +475,15 @@ def check_d6(world: World) -> Verdict:
     reports, acks = _reports_and_acks(world)
     for rid, sent in sorted(reports.items()):
         f.checked += 1
-        _check_report(f, rid, sent, receipts.get(rid), acks.get(rid, []), world.ledger.wiped_at)
+        _check_report(
+            f,
+            rid,
+            sent,
+            receipts.get(rid),
+            acks.get(rid, []),
+            world.ledger.wiped_at,
+            unkept=rid in world.ledger.unkept_reports,
+        )
     for rid, got in sorted(acks.items()):
         if rid not in receipts:
             f.fail(f"ACK for report {rid} without a committed receipt", acks=_brief(got))
@@ -519,13 +532,16 @@ def _check_report(
     receipt: dict[str, Any] | None,
     acks: list[dict[str, Any]],
     wiped_at: dict[str, list[float]],
+    *,
+    unkept: bool = False,
 ) -> None:
     """One report: committed, with the revision sent, ACKed APPLIED at most
     once and first.  A report whose node was wiped since it last sent it
     may be neither committed nor ACKed: the node forgot it with its store
-    and will never send it again, nor wait for its ACK."""
+    and will never send it again, nor wait for its ACK; an ``unkept`` one
+    (a lie) likewise."""
     last_sent = max(frame.get("at") or 0.0 for frame in sent)
-    forgotten = any(at >= last_sent for at in wiped_at.get(sent[0]["node"], ()))
+    forgotten = unkept or any(at >= last_sent for at in wiped_at.get(sent[0]["node"], ()))
     if receipt is None:
         if forgotten:
             return

@@ -99,7 +99,9 @@ class LyingNodes:
         self._acked: dict[str, list[tuple[int, dict[str, Any]]]] = {}
         #: node -> payloads of its honest reports sent and not ACKed yet, by id.
         self._sent: dict[str, dict[str, dict[str, Any]]] = {}
-        #: lie report id -> (node, kind, what it said, gids it names).
+        #: The report id of every lie told (kept by no node until ACKed).
+        self.report_ids: set[str] = set()
+        #: lie report id -> (node, kind, what it said, gids it names), until its ACK.
         self._told: dict[str, tuple[str, str, str, list[int]]] = {}
         #: node -> gids whose right delete confirmation it sent itself.
         self._confirmed: dict[str, set[int]] = {}
@@ -345,6 +347,7 @@ class LyingNodes:
         gids += [int(d["gid"]) for d in lie.get("deleted") or [] if d.get("gid") is not None]
         what = f"{kind} report {lie['reportId']} at revision {lie['revision']} naming gid(s) {gids}"
         self.told(str(lie["reportId"]), node, kind, what, gids)
+        self.report_ids.add(str(lie["reportId"]))
         if kind == "complete":
             for gid_text, operation_id in lie["operationIds"].items():
                 self.claimed[(int(gid_text), operation_id)] = (node, link)

@@ -288,6 +288,7 @@ class _Run:
             outcome.failures += self._truth_once_settled()
         outcome.failures += self.fetcher.failures
         self._finish_ledger(evidence)
+        evidence.ledger.unkept_reports = set(self.lies.report_ids)
         self.checks.states_in_table(evidence.site.operations)
         # The checker's failures are copied only now: those of the checks
         # run after the run (the states read last) count too, and come first.

@@ -252,6 +252,16 @@ def test_d6_fails_on_an_ack_without_commit_and_on_a_lost_report(site_db: Path) -
     assert check_d6(world(site_db, frames=frames)).detail == "report r1 ACKed APPLIED 2 times"
 
 
+def test_d6_a_committed_report_no_node_keeps_may_go_unacked(site_db: Path) -> None:
+    """A report committed and never ACKed fails D6 (its node would send it
+    again until ACKed), unless it is one no node keeps (a simulated lie)."""
+    frames = [_frame(12, "to_server", {"reportId": "r2", "revision": 6})]
+    sql(site_db, "INSERT INTO report_receipt (report_id, node_id, revision) VALUES ('r2', 'n1', 6)")
+    assert check_d6(world(site_db, frames=frames)).detail == "report r2 committed but never ACKed"
+    unkept = Ledger(unkept_reports={"r2"})
+    assert check_d6(world(site_db, frames=frames, ledger=unkept)).status == PASS
+
+
 def test_d7_fails_on_a_repeated_notification(site_db: Path) -> None:
     submitted(site_db, status=4)
     task = {"gid": GID, "status": "COMPLETED", "operationId": OP}
