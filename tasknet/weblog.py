@@ -9,7 +9,10 @@ is ``twisted.web.server.Site`` that
 * else makes each line a **debug** event (namespace ``tasknet.access``,
   field ``access_line``), shown only with ``--log-level debug``;
 * logs no "Starting factory" / "Stopping factory" lines (``noisy = False``:
-  the roles log their own "HTTP on ..." line).
+  the roles log their own "HTTP on ..." line);
+* keeps no timer: twisted.web formats the access lines' date once a second
+  on a timer that wakes every server (and is most of a quiet simulated
+  world's events); it is formatted here when a line is written.
 
 The site's HTTP server (``tasknet.site.web.http.BoundedSite``), the node's
 metrics page and the mock upstream are QuietSites.
@@ -18,7 +21,7 @@ metrics page and the mock upstream are QuietSites.
 from __future__ import annotations
 
 from twisted.logger import Logger
-from twisted.web import server
+from twisted.web import http, server
 
 __all__ = ["ACCESS_NAMESPACE", "DebugAccessLog", "QuietSite"]
 
@@ -53,3 +56,11 @@ class QuietSite(server.Site):
         super().startFactory()
         if not self.logPath:
             self.logFile = DebugAccessLog()
+
+    def _updateLogDateTime(self) -> None:
+        # twisted.web's once-a-second refresh, started by startFactory: none.
+        pass
+
+    def log(self, request: http.Request) -> None:
+        self._logDateTime = http.datetimeToLogString(self.reactor.seconds())
+        super().log(request)

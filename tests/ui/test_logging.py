@@ -320,6 +320,30 @@ def test_access_lines_are_debug_events_unless_a_file_is_given(tmp_path: Path) ->
     assert path.read_text() == "a line\n"
 
 
+def test_access_lines_carry_the_clock_s_date_and_no_timer_runs(tmp_path: Path) -> None:
+    """The date is formatted as a line is written, on the site's clock:
+    no once-a-second timer wakes the server."""
+    from twisted.internet.task import Clock
+    from twisted.web.resource import Resource
+    from twisted.web.test.requesthelper import DummyRequest
+
+    from tasknet.weblog import QuietSite
+
+    clock = Clock()
+    clock.advance(86400 * 365)  # 1971-01-01
+    path = tmp_path / "access.log"
+    site = QuietSite(Resource(), logPath=str(path), reactor=clock)
+    site.startFactory()
+    assert clock.getDelayedCalls() == []
+    clock.advance(3600.5)
+    request = DummyRequest([b""])
+    request.method = b"GET"
+    request.code, request.sentLength = 200, 0
+    site.log(request)
+    site.stopFactory()
+    assert "[01/Jan/1971:01:00:00 +0000]" in path.read_text()
+
+
 def test_outgoing_http_is_quiet_and_dials_ip_literals_without_the_resolver() -> None:
     from twisted.internet import reactor
     from twisted.internet.endpoints import HostnameEndpoint, TCP4ClientEndpoint
