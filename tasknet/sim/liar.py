@@ -115,6 +115,9 @@ class LyingNodes:
         self._partial: dict[int, bytearray] = {}
         #: (connection id, operation id) of DOWNLOADs the node is not to see.
         self._unseen: set[tuple[int, str]] = set()
+        #: (connection id, operation id) -> a DOWNLOAD kept from the node until
+        #: its claim is judged (given to it after all if the site dropped the claim).
+        self._withheld: dict[tuple[int, str], bytes] = {}
         #: connection id -> the revision of the last completion claimed on it.
         self._claimed_revision: dict[int, int] = {}
         self._node_link: Callable[[SimConnection], bool] = lambda connection: False
@@ -157,6 +160,7 @@ class LyingNodes:
                 operation_id = ""
             if (connection.id, operation_id) in self._unseen:
                 self._unseen.discard((connection.id, operation_id))
+                self._withheld[(connection.id, operation_id)] = frame
             else:
                 given += frame
         return bytes(given)
@@ -301,6 +305,27 @@ class LyingNodes:
             "deleted": [],
         }
 
+    def _settle_claim(self, gids: list[int]) -> None:
+        """A claim's ACK: applied, it stands (the command stays unseen);
+        dropped (a revision overtaken, the task moved), the node is given
+        the command after all, as if it had arrived late."""
+        for key, (_node, link) in list(self.claimed.items()):
+            if key[0] not in gids or (link, key[1]) not in self._withheld:
+                continue
+            frame = self._withheld.pop((link, key[1]))
+            row = self._one(
+                "SELECT g.status FROM gallery g JOIN task_operation o ON o.gid = g.gid"
+                " WHERE g.gid = ? AND o.operation_id = ?",
+                key,
+            )
+            if row is not None and row[0] == 4:
+                continue
+            del self.claimed[key]
+            connection = self.world.network.connections.get(link)
+            if connection is not None:
+                connection.client.give(frame)
+                self.world.note("world", f"liar's claim of gid {key[0]} dropped: command given")
+
     def excused(self, open_links: Iterable[int]) -> set[tuple[int, str]]:
         """The generations claimed complete without a download on a
         connection still open: the site has had no inventory of that node
@@ -338,8 +363,10 @@ class LyingNodes:
             last = int(sent[-1].get("revision", 0))
             if kind == "complete":
                 # It must pass the revision check: above every report the
-                # link has had, this node's other claims included.
-                last = max(last, self._claimed_revision.get(link, 0)) + 1
+                # site has had from the node (those not ACKed yet and its
+                # other claims included).
+                unacked = [int(p.get("revision", 0)) for p in self._sent.get(node, {}).values()]
+                last = max(last, self._claimed_revision.get(link, 0), *unacked) + 1
                 self._claimed_revision[link] = last
             # (A delete confirmation is not judged by its revision.)
             lie["revision"] = max(int(lie["revision"]), last)
@@ -365,6 +392,7 @@ class LyingNodes:
     def _judge(self, report_id: str, told: tuple[str, str, str, list[int]], result: str) -> None:
         node, kind, what, gids = told
         if kind == "complete":
+            self._settle_claim(gids)
             return  # the site's to apply: judged downstream (module doc)
         if kind == "replay":
             if result != "DUPLICATE":

@@ -791,6 +791,17 @@ class SimTransport:
 
     # -- internals ----------------------------------------------------------------------------
 
+    def give(self, data: bytes) -> None:
+        """Hand this end's protocol ``data`` that did not cross the network
+        (a frame the world held back from it: :mod:`tasknet.sim.liar`), as
+        an event of its process at this instant."""
+
+        def hand() -> None:
+            if self.protocol is not None and not self.disconnected:
+                self._call(self.protocol.dataReceived, data)
+
+        self._later(hand, "given")
+
     def _later(self, fn: Callable[..., Any], what: str, *args: Any) -> None:
         """``fn(*args)`` as an event of this end's process, at this instant."""
         cid = self.connection.id if self.connection is not None else "-"

@@ -356,6 +356,16 @@ def test_a_completion_claimed_without_a_download_is_the_site_s_to_believe(
     assert not any(" 200" in a.split(": ", 1)[1] for a in answers), answers
 
 
+def test_a_claim_the_site_dropped_gives_the_node_its_command_after_all(tmp_path: Path) -> None:
+    """Seed 250's liar claims gid 126 at a revision an honest report in
+    flight overtook (dropped: ``stale``); the DOWNLOAD kept from the node is
+    then given to it, so the task is downloaded rather than stuck unseen."""
+    outcome, tasks = _run_reading_tasks(generate(250), tmp_path)
+    assert not outcome.failed, outcome.failures
+    assert any("claim of gid 126 dropped: command given" in line for line in outcome.trace)
+    assert tasks[126][0] == 4
+
+
 def test_a_claimed_completion_is_missing_after_the_liar_s_next_inventory(
     tmp_path: Path,
 ) -> None:
