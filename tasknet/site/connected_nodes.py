@@ -248,8 +248,9 @@ class NodeOwnership(MultiService):
     report the holding it is judged against, and while running watches for
     the node being taken elsewhere.
 
-    ``shared``: the database may have other sites (PostgreSQL), and only
-    then is there a periodic check.  ``wakeups`` carries
+    ``shared``: other sites may share the database
+    (``db.capabilities.shared_by_sites``), and only then is there a
+    periodic check.  ``wakeups`` carries
     ``tasknet_node_taken`` (:class:`~tasknet.site.storage.engine.listen.NoWakeups`
     on SQLite)."""
 
@@ -267,7 +268,7 @@ class NodeOwnership(MultiService):
         super().__init__()
         self._db = db
         self.nodes = nodes
-        self.shared = db.backend == "postgresql"
+        self.shared = db.capabilities.shared_by_sites
         self._wakeups: listen.Wakeups = wakeups if wakeups is not None else listen.NoWakeups()
         if self.shared and check_interval is not None:
             check = TimerService(check_interval, self._check_in_background)

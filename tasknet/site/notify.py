@@ -28,8 +28,9 @@ Delivery semantics:
 * Rows left undelivered by a previous run are delivered once the executor
   (a service) starts.
 
-Several sites on one PostgreSQL database (*shared* mode: a PostgreSQL
-database and an ``instance_id``; SCALE.md 6, ``storage/outbox.py``):
+Several sites on one PostgreSQL database (*shared* mode: a database several
+sites may share, ``db.capabilities.shared_by_sites``, and an
+``instance_id``; SCALE.md 6, ``storage/outbox.py``):
 
 * every site tails every row for its own WebSocket clients, from the newest
   row at its start, by id (the outbox lock makes ids visible in id order, so
@@ -563,8 +564,9 @@ class OutboxExecutor(MultiService):
             raise ValueError(f"webhook_lease must be > 0, got {webhook_lease}")
         super().__init__()
         self._db = db
-        #: Several sites may share the database (see the module doc).
-        self.shared = db.backend == "postgresql" and instance_id is not None
+        #: Several sites may share the database and this is one of them,
+        #: an instance (see the module doc).
+        self.shared = db.capabilities.shared_by_sites and instance_id is not None
         self._instance_id = instance_id
         self._wakeups: listen.Wakeups = wakeups if wakeups is not None else listen.NoWakeups()
         self._subscription: listen.Subscription | None = None

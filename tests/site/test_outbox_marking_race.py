@@ -21,6 +21,7 @@ from twisted.internet.task import Clock
 
 from tasknet.site.notify import OutboxExecutor
 from tasknet.site.storage import outbox
+from tasknet.site.storage.engine.database import Capabilities
 from tests.site.test_outbox_idle_marks import RecordingPublisher
 
 MARK_INTERVAL = 0.25
@@ -31,7 +32,7 @@ class PendingDatabase:
     the test: ``calls`` holds ``(fn, args, deferred)`` in the order made.
     The start's backlog read is answered at once."""
 
-    backend = "sqlite"
+    capabilities = Capabilities(shared_by_sites=False)
 
     def __init__(self) -> None:
         self.calls: list[tuple[Any, tuple[Any, ...], Deferred[Any]]] = []

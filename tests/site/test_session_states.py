@@ -22,6 +22,7 @@ from tasknet.site.session_states import (
 )
 from tasknet.site.storage import node_sessions
 from tasknet.site.storage.engine import listen
+from tasknet.site.storage.engine.database import Capabilities
 from tasknet.site.storage.node_sessions import Holding
 from tests.site.helpers import RecordingSession
 
@@ -111,10 +112,10 @@ def test_hold_is_the_move_to_held_with_its_holding() -> None:
 
 
 class FakeDatabase:
-    """A shared database (PostgreSQL) that records the reads of the check;
-    ``held`` is what ``still_held`` answers."""
+    """A database several sites share (PostgreSQL) that records the reads
+    of the check; ``held`` is what ``still_held`` answers."""
 
-    backend = "postgresql"
+    capabilities = Capabilities(shared_by_sites=True)
 
     def __init__(self) -> None:
         self.reads: list[Any] = []
@@ -188,7 +189,7 @@ def test_the_ownership_check_is_a_timer_child_on_the_sites_clock() -> None:
 
 def test_no_timer_on_sqlite_or_without_an_interval() -> None:
     class SqliteDatabase(FakeDatabase):
-        backend = "sqlite"
+        capabilities = Capabilities(shared_by_sites=False)
 
     clock = Clock()
     for db, interval in ((SqliteDatabase(), 5.0), (FakeDatabase(), None)):

@@ -84,8 +84,9 @@ async def nodes_view(db: Database, nodes: ConnectedNodes, clock: IReactorTime) -
     # slow node delays the panel by at most node_disk.PANEL_WAIT).
     disks = disk_figures_of(nodes, clock)
     await disks.refresh({node_id: nodes[node_id].serve_url for node_id in nodes.ids()})
-    # One site per SQLite file: a row of another instance is an earlier run's.
-    registry = registry_of(nodes, shared=db.backend == "postgresql", disks=disks)
+    # Unless other sites may share the database (one site per SQLite file),
+    # a row of another instance is an earlier run's.
+    registry = registry_of(nodes, shared=db.capabilities.shared_by_sites, disks=disks)
     return await db.read(node_panel.node_panel, clock.seconds(), registry)
 
 

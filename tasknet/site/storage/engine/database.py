@@ -51,9 +51,11 @@ round trip through the reactor.  Errors leave classified
 
 Two backends, one API.  ``target`` is a SQLite file path or a
 ``postgresql://`` / ``postgres://`` URL (:func:`is_postgres`); everything
-here takes either, and :attr:`Database.backend` says which.  On PostgreSQL
-the connections are :class:`~.postgres.PgConnection` (psycopg 3,
-autocommit, rows indexable like ``sqlite3.Row``); adbapi loads that module
+here takes either, and :attr:`Database.backend` says which (logs,
+``/healthz``).  What the layers above depend on is what it can do,
+:attr:`Database.capabilities` (:class:`~.targets.Capabilities`), never its
+name.  On PostgreSQL the connections are :class:`~.postgres.PgConnection`
+(psycopg 3, autocommit, rows indexable like ``sqlite3.Row``); adbapi loads that module
 as its DB-API module, so the pools are the same ``ConnectionPool``
 objects: one writer connection (group commit works exactly as on SQLite),
 and a reader pool of ``readers`` connections (:data:`DEFAULT_READERS`, on
@@ -110,7 +112,9 @@ from tasknet.site.storage.engine.sqlite import (
 from tasknet.site.storage.engine.targets import (
     POSTGRESQL,
     SQLITE,
+    Capabilities,
     backend_of,
+    capabilities_of,
     describe,
     is_postgres,
     redact,
@@ -143,6 +147,7 @@ __all__ = [
     "SERIALIZABLE",
     "SQLITE",
     "SYSTEM",
+    "Capabilities",
     "Committed",
     "Connection",
     "Cursor",
@@ -151,6 +156,7 @@ __all__ = [
     "Retry",
     "Sources",
     "backend_of",
+    "capabilities_of",
     "classify",
     "configure_connection",
     "connect",
@@ -282,6 +288,8 @@ class Database:
             raise ValueError(f"readers must be >= 1, got {readers}")
         self.target = target
         self.backend = backend_of(target)
+        #: What the layers above may depend on (they never compare ``backend``).
+        self.capabilities: Capabilities = capabilities_of(target)
         self.max_batch = max_batch
         self._busy_timeout_ms = busy_timeout_ms
         self._reactor = reactor

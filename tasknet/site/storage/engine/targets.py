@@ -1,17 +1,21 @@
 """What a ``--db`` value names: a SQLite file or a PostgreSQL database
 (:func:`is_postgres`, :func:`backend_of`), and how it is shown
-(:func:`describe`, :func:`redact`: never a password).
+(:func:`describe`, :func:`redact`: never a password), and what a
+backend can do that the layers above depend on (:class:`Capabilities`).
 
 This is where the backend is decided: the engine opens the driver the
 target names (:func:`tasknet.site.storage.engine.database.connect`), and
 from there each statement carries its own text for each engine
 (:mod:`tasknet.site.storage.engine.sql`).  Nothing above the engine asks
-which backend a cursor is on.
+which backend a cursor is on; what they need of it is a capability
+(``Database.capabilities``), never the backend's name
+(``tests/site/test_backend_capabilities.py`` keeps it so).
 """
 
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from urllib.parse import unquote
 
 from tasknet.logging import REDACTED, redact_secrets
@@ -30,6 +34,31 @@ def is_postgres(target: str) -> bool:
 def backend_of(target: str) -> str:
     """``"postgresql"`` or ``"sqlite"`` for a ``--db`` value."""
     return POSTGRESQL if is_postgres(target) else SQLITE
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What the layers above the engine may depend on, named for what they
+    need.  A new backend says what it can do here; nothing above changes.
+
+    ``shared_by_sites``: several site processes may run on this database at
+    once (PostgreSQL; a SQLite file has one site, held by its flock), so
+    what they share goes through it: which site holds each node, the outbox
+    tail and the webhook claims, and another instance's row may be a live
+    site's rather than an earlier run's."""
+
+    shared_by_sites: bool
+
+
+_CAPABILITIES = {
+    SQLITE: Capabilities(shared_by_sites=False),
+    POSTGRESQL: Capabilities(shared_by_sites=True),
+}
+
+
+def capabilities_of(target: str) -> Capabilities:
+    """What the backend of ``target`` (a ``--db`` value) can do."""
+    return _CAPABILITIES[backend_of(target)]
 
 
 def several_hosts(target: str) -> bool:
