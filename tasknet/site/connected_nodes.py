@@ -46,7 +46,7 @@ from tasknet.protocol.session import INodeSession
 from tasknet.site.session_states import ITrackedSession, SessionState
 from tasknet.site.storage import node_sessions
 from tasknet.site.storage.engine import listen
-from tasknet.site.storage.engine.database import Database
+from tasknet.site.storage.engine.database import Cursor, Database
 from tasknet.site.storage.engine.timestamps import iso
 from tasknet.site.storage.node_sessions import Holding
 from tasknet.site.storage.reports import ReportOutcome
@@ -82,7 +82,7 @@ class JoinedWrites(Generic[I, R]):
     keeps each of them in the queue.)  If the write fails, every item it
     carried fails with that failure."""
 
-    def __init__(self, db: Database, fn: Callable[[Any, list[I]], Sequence[R]]) -> None:
+    def __init__(self, db: Database, fn: Callable[[Cursor, list[I]], Sequence[R]]) -> None:
         self._db = db
         self._fn = fn
         # The writer thread takes a write's items; the reactor adds them.
@@ -112,7 +112,7 @@ class JoinedWrites(Generic[I, R]):
                     self._open = None
             return joined.taken
 
-    def _run(self, cursor: Any, joined: _Joined[I, R]) -> list[R]:
+    def _run(self, cursor: Cursor, joined: _Joined[I, R]) -> list[R]:
         # In the writer thread: from now on, items go to a new write.
         items = [item for item, _ in self._taken(joined)]
         results = list(self._fn(cursor, items))

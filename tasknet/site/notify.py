@@ -103,7 +103,7 @@ from tasknet.netclient import DirectEndpoints, quiet_pool
 from tasknet.site import metrics
 from tasknet.site.storage import node_sessions, outbox, views
 from tasknet.site.storage.engine import listen
-from tasknet.site.storage.engine.database import Database
+from tasknet.site.storage.engine.database import Cursor, Database
 from tasknet.site.storage.engine.errors import DatabaseError
 from tasknet.site.upstream_client import BytesBody
 from tasknet.status import TaskStatus
@@ -145,12 +145,12 @@ _NODE_BOUND = frozenset(
 _MOVING = frozenset({TaskStatus.DOWNLOADING.value, TaskStatus.COMPRESSING.value})
 
 
-def _connected(cursor: Any) -> set[str]:
+def _connected(cursor: Cursor) -> set[str]:
     """The connected nodes of the database."""
     return {holder.node_id for holder in node_sessions.holders(cursor)}
 
 
-def _moving(cursor: Any, limit: int) -> dict[int, tuple[bool, bool]]:
+def _moving(cursor: Cursor, limit: int) -> dict[int, tuple[bool, bool]]:
     """The moving tasks (newest first, at most ``limit``) as
     ``{gid: (speed shown, stalled)}``."""
     moving, _, _ = views.list_tasks(
@@ -162,13 +162,15 @@ def _moving(cursor: Any, limit: int) -> dict[int, tuple[bool, bool]]:
     }
 
 
-def _connected_and_moving(cursor: Any, limit: int) -> tuple[set[str], dict[int, tuple[bool, bool]]]:
+def _connected_and_moving(
+    cursor: Cursor, limit: int
+) -> tuple[set[str], dict[int, tuple[bool, bool]]]:
     """The connected nodes of the database, and the moving tasks (one snapshot)."""
     return _connected(cursor), _moving(cursor, limit)
 
 
 def _views_to_push(
-    cursor: Any, nodes: Iterable[str], gids: Iterable[int], node_limit: int
+    cursor: Cursor, nodes: Iterable[str], gids: Iterable[int], node_limit: int
 ) -> list[tuple[dict[str, Any], int | None]]:
     """``(view, owner)`` of ``gids`` and of the unfinished tasks of each of
     ``nodes`` (newest first, at most ``node_limit`` a node), each once."""

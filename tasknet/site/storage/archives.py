@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 from tasknet.site.storage.engine.errors import TaskError
 from tasknet.site.storage.engine.sql import sql
+from tasknet.site.storage.engine.transactions import Cursor
 from tasknet.site.storage.views import QUEUED
 from tasknet.status import TaskStatus
 
@@ -83,7 +84,7 @@ def _visible(task: ArchiveTask, user_id: int | None) -> bool:
     return user_id is None or task.owner_id == user_id
 
 
-def archive_of(cursor: sqlite3.Cursor, gid: int, user_id: int | None) -> ArchiveTask:
+def archive_of(cursor: Cursor, gid: int, user_id: int | None) -> ArchiveTask:
     """``gid`` as its archive link needs it, if ``user_id`` may see it
     (``None``: an admin), else ``not_found`` (as ``GET /api/tasks/{gid}``)."""
     row = cursor.execute(_ARCHIVE_ONE_SQL, (gid,)).fetchone()
@@ -93,9 +94,7 @@ def archive_of(cursor: sqlite3.Cursor, gid: int, user_id: int | None) -> Archive
     return task
 
 
-def archives_of(
-    cursor: sqlite3.Cursor, gids: Iterable[int], user_id: int | None
-) -> dict[int, ArchiveTask]:
+def archives_of(cursor: Cursor, gids: Iterable[int], user_id: int | None) -> dict[int, ArchiveTask]:
     """The tasks of ``gids`` that ``user_id`` may see (``None``: an admin),
     by gid, in one statement; any other gid is absent."""
     wanted = list(gids)

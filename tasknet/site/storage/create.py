@@ -26,6 +26,7 @@ from tasknet.site.storage.engine.errors import TaskError
 from tasknet.site.storage.engine.sources import entropy_of, now_of
 from tasknet.site.storage.engine.sql import Sql, sql
 from tasknet.site.storage.engine.timestamps import iso
+from tasknet.site.storage.engine.transactions import Cursor
 from tasknet.site.storage.generation import change_state, new_operation_id, remove_generation, touch
 from tasknet.site.storage.usage import in_flight_cost, meter, usage
 from tasknet.site.storage.views import operation_row
@@ -84,7 +85,7 @@ _SUBMITTED_ROW = sql("UPDATE gallery SET url = ?, cost = ?, updated_at = {now} W
 
 
 def reserve(
-    cursor: sqlite3.Cursor,
+    cursor: Cursor,
     gid: int,
     user_id: int,
     name: str,
@@ -163,7 +164,7 @@ def reserve(
 
 
 def _may_create_again(
-    cursor: sqlite3.Cursor,
+    cursor: Cursor,
     gid: int,
     user_id: int,
     op: sqlite3.Row,
@@ -205,7 +206,7 @@ def _may_create_again(
 
 
 def _reserve_over_gone(
-    cursor: sqlite3.Cursor,
+    cursor: Cursor,
     gid: int,
     user_id: int,
     name: str,
@@ -243,7 +244,7 @@ def _reserve_over_gone(
 _COMPLETED = int(NodeCode.COMPLETED)
 
 
-def release(cursor: sqlite3.Cursor, gid: int, operation_id: str) -> bool:
+def release(cursor: Cursor, gid: int, operation_id: str) -> bool:
     """Release a ``RESERVED`` generation (prepare failed, quota, recovery):
     its intent and its placeholder row, nothing of any other generation.
     A reservation made over a gone generation had a visible row: its end is
@@ -258,7 +259,7 @@ def release(cursor: sqlite3.Cursor, gid: int, operation_id: str) -> bool:
 
 
 def begin_submit(
-    cursor: sqlite3.Cursor,
+    cursor: Cursor,
     gid: int,
     operation_id: str,
     cost: int,
@@ -309,7 +310,7 @@ def begin_submit(
 
 
 def persist_submitted(
-    cursor: sqlite3.Cursor, gid: int, operation_id: str, archive_url: str, cost: int, week: str
+    cursor: Cursor, gid: int, operation_id: str, archive_url: str, cost: int, week: str
 ) -> bool:
     """Invariant 4: the POST succeeded; in one transaction the intent becomes
     ``SUBMITTED`` (``metered=1``), the task row gets URL and cost, and
@@ -342,7 +343,7 @@ def persist_submitted(
 
 
 def mark_unknown(
-    cursor: sqlite3.Cursor,
+    cursor: Cursor,
     gid: int,
     operation_id: str,
     step: str,
@@ -380,13 +381,13 @@ def mark_unknown(
     return changed
 
 
-def release_refused(cursor: sqlite3.Cursor, gid: int, operation_id: str) -> bool:
+def release_refused(cursor: Cursor, gid: int, operation_id: str) -> bool:
     """The upstream definitely refused the POST (nothing charged):
     ``SUBMITTING -> (removed)``, gid free again."""
     return remove_generation(cursor, gid, operation_id, OperationState.SUBMITTING)
 
 
-def release_unsent(cursor: sqlite3.Cursor, gid: int, operation_id: str) -> bool:
+def release_unsent(cursor: Cursor, gid: int, operation_id: str) -> bool:
     """This site knows it sent no POST for the generation (its SUBMITTING
     could not be confirmed, or its POST gate closed before the first byte):
     release it from ``RESERVED`` or ``SUBMITTING``, gid free again.  Called
@@ -444,7 +445,7 @@ _VERDICT_NOT_BEFORE = sql(
 
 
 def recover(
-    cursor: sqlite3.Cursor,
+    cursor: Cursor,
     owner: Owner = EVERY_INSTANCE,
     *,
     error: str = RECOVERY_ERROR,
@@ -489,7 +490,7 @@ def recover(
 
 
 def persist_and_view(
-    cursor: sqlite3.Cursor, gid: int, operation_id: str, archive_url: str, cost: int, week: str
+    cursor: Cursor, gid: int, operation_id: str, archive_url: str, cost: int, week: str
 ) -> dict[str, Any] | None:
     """:func:`persist_submitted` and the task view it leaves, in one
     transaction: the answer of a create needs no read after the commit."""

@@ -12,13 +12,13 @@ commits one).
 
 from __future__ import annotations
 
-import sqlite3
 from collections.abc import Sequence
 
 import orjson
 
 from tasknet.site.storage import outbox
 from tasknet.site.storage.engine.sql import per_backend, postgres_only, sql
+from tasknet.site.storage.engine.transactions import Cursor
 from tasknet.status import NodeCode, OperationState
 
 #: Why no node holds a generation's archive any more (``archive_gone_reason``,
@@ -41,7 +41,7 @@ _SETTLE_CANCEL_SQL = sql("DELETE FROM node_cancel WHERE node_id = ? AND operatio
 
 
 def mark_archive_gone(
-    cursor: sqlite3.Cursor, *, gid: int, operation_id: str, reason: str, node_id: str, now: str
+    cursor: Cursor, *, gid: int, operation_id: str, reason: str, node_id: str, now: str
 ) -> bool:
     """No node holds the archive of generation ``operation_id`` of ``gid``
     any more (``reason``, one of :data:`GONE_REASONS`; ``node_id``: the node
@@ -68,7 +68,7 @@ def mark_archive_gone(
     return True
 
 
-def settle_cancel(cursor: sqlite3.Cursor, *, node_id: str, operation_id: str) -> bool:
+def settle_cancel(cursor: Cursor, *, node_id: str, operation_id: str) -> bool:
     """``node_id`` confirmed the ``CANCEL`` of generation ``operation_id``
     the site owed it: forget the ``node_cancel`` row.  Returns whether
     there was one."""
@@ -102,7 +102,7 @@ _MARK_MANY_GONE_SQL = per_backend(
 
 
 def mark_archives_gone(
-    cursor: sqlite3.Cursor,
+    cursor: Cursor,
     *,
     generations: Sequence[tuple[int, str]],
     reason: str,

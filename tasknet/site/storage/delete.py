@@ -15,6 +15,7 @@ from tasknet.site.storage import outbox
 from tasknet.site.storage.engine.errors import TaskError
 from tasknet.site.storage.engine.sources import entropy_of
 from tasknet.site.storage.engine.sql import sql
+from tasknet.site.storage.engine.transactions import Cursor
 from tasknet.site.storage.generation import backfill_legacy, change_state, new_operation_id, touch
 from tasknet.site.storage.views import operation_row, visible_gallery
 from tasknet.status import OperationState
@@ -59,7 +60,7 @@ _AUDIT_FORCED = sql(
 )
 
 
-def request_delete(cursor: sqlite3.Cursor, gid: int, user_id: int | None) -> DeleteStarted:
+def request_delete(cursor: Cursor, gid: int, user_id: int | None) -> DeleteStarted:
     """Start (or retry) deleting ``gid`` on behalf of ``user_id`` (None: admin).
 
     ``SUBMITTED -> DELETE_PENDING`` with a fresh stable delete id; a retry of
@@ -111,7 +112,7 @@ def request_delete(cursor: sqlite3.Cursor, gid: int, user_id: int | None) -> Del
     return DeleteStarted(gid, delete_id, False, gallery["node_id"])
 
 
-def complete_delete(cursor: sqlite3.Cursor, gid: int, delete_operation_id: str) -> bool:
+def complete_delete(cursor: Cursor, gid: int, delete_operation_id: str) -> bool:
     """The node confirmed the delete (deleted, or the file was absent).
 
     Only when ``delete_operation_id`` is the task's pending delete id: the
@@ -139,9 +140,7 @@ def complete_delete(cursor: sqlite3.Cursor, gid: int, delete_operation_id: str) 
     return True
 
 
-def mark_delete_failed(
-    cursor: sqlite3.Cursor, gid: int, delete_operation_id: str, reason: str
-) -> bool:
+def mark_delete_failed(cursor: Cursor, gid: int, delete_operation_id: str, reason: str) -> bool:
     """The node could not delete: show 删除失败, keep row, intent and delete
     id (a retry reuses it).  ``False`` if the id does not match."""
     cursor.execute(
@@ -183,12 +182,12 @@ class ForcedDelete:
         }
 
 
-def _forced(cursor: sqlite3.Cursor, gid: int, operation_id: str) -> sqlite3.Row | None:
+def _forced(cursor: Cursor, gid: int, operation_id: str) -> sqlite3.Row | None:
     row: sqlite3.Row | None = cursor.execute(_LAST_FORCED, (gid, operation_id)).fetchone()
     return row
 
 
-def force_delete(cursor: sqlite3.Cursor, gid: int, actor: str, note: str) -> ForcedDelete:
+def force_delete(cursor: Cursor, gid: int, actor: str, note: str) -> ForcedDelete:
     """Complete a stuck ``DELETE_PENDING`` whose node is gone for good, on an
     operator's word: an audit row (actor, note, the node and the delete id
     it never confirmed), then the ``DELETED`` tombstone exactly as a

@@ -52,6 +52,7 @@ from tasknet.site.storage.eligibility import (
     is_dispatchable,
 )
 from tasknet.site.storage.engine.sql import sql
+from tasknet.site.storage.engine.transactions import Cursor
 from tasknet.site.storage.generation import backfill_legacy
 from tasknet.status import NodeCode, OperationState
 
@@ -131,7 +132,7 @@ def _size(row: sqlite3.Row) -> int:
     return int(size) if isinstance(size, int) and size > 0 else 0
 
 
-def _download_generation(cursor: sqlite3.Cursor, row: sqlite3.Row, unmarked: list[int]) -> str:
+def _download_generation(cursor: Cursor, row: sqlite3.Row, unmarked: list[int]) -> str:
     """The operationId a DOWNLOAD of ``row`` carries: a pre-migration row
     gets its generation now (born dispatched); a row not yet marked
     dispatched is added to ``unmarked``, for the caller to mark."""
@@ -175,9 +176,7 @@ class Page:
     loads: dict[str, int] | None = None
 
 
-def claim_node_page(
-    cursor: sqlite3.Cursor, node_id: str, after_gid: int, limit: int = PAGE_SIZE
-) -> Page:
+def claim_node_page(cursor: Cursor, node_id: str, after_gid: int, limit: int = PAGE_SIZE) -> Page:
     """A write: the next page of commands for the tasks already assigned to
     ``node_id`` (resent on login).  A pre-migration row gets its generation
     and every DOWNLOAD row is marked dispatched in this same transaction, so
@@ -201,7 +200,7 @@ NODES_PER_PAGE = 100
 
 
 def claim_nodes_pages(
-    cursor: sqlite3.Cursor, wanted: Sequence[tuple[str, int]], limit: int = PAGE_SIZE
+    cursor: Cursor, wanted: Sequence[tuple[str, int]], limit: int = PAGE_SIZE
 ) -> list[Page]:
     """A write: :func:`claim_node_page` for each ``(node_id, after_gid)`` of
     ``wanted`` in turn, in one transaction (a burst of logins), until
@@ -244,7 +243,7 @@ _FORGET_CANCEL_SQL = sql("DELETE FROM node_cancel WHERE node_id = ? AND operatio
 
 
 def pending_deletes_page(
-    cursor: sqlite3.Cursor, node_ids: Sequence[str], after_gid: int, limit: int = PAGE_SIZE
+    cursor: Cursor, node_ids: Sequence[str], after_gid: int, limit: int = PAGE_SIZE
 ) -> Page:
     """A write (decided under the write lock, like every command): the next
     page of pending deletes for the connected ``node_ids`` (a task with no
@@ -254,14 +253,12 @@ def pending_deletes_page(
     return Page(commands, _next_after(rows, limit))
 
 
-def _mark_dispatched(cursor: sqlite3.Cursor, gids: Sequence[int]) -> None:
+def _mark_dispatched(cursor: Cursor, gids: Sequence[int]) -> None:
     if gids:
         cursor.execute(_MARK_DISPATCHED_SQL, (list(gids),))
 
 
-def _count_by_node(
-    cursor: sqlite3.Cursor, node_ids: Sequence[str], *, open_only: bool
-) -> dict[str, int]:
+def _count_by_node(cursor: Cursor, node_ids: Sequence[str], *, open_only: bool) -> dict[str, int]:
     """Tasks assigned to each of ``node_ids`` (0 for a node with none);
     ``open_only``: only those not yet completed."""
     counts = dict.fromkeys(node_ids, 0)
@@ -271,13 +268,13 @@ def _count_by_node(
     return counts
 
 
-def node_loads(cursor: sqlite3.Cursor, node_ids: Sequence[str]) -> dict[str, int]:
+def node_loads(cursor: Cursor, node_ids: Sequence[str]) -> dict[str, int]:
     """Tasks assigned to each node and not yet completed (its load)."""
     return _count_by_node(cursor, node_ids, open_only=True)
 
 
 def assign(
-    cursor: sqlite3.Cursor,
+    cursor: Cursor,
     rows: Sequence[sqlite3.Row],
     node_ids: Sequence[str],
     loads: dict[str, int] | None = None,
@@ -324,7 +321,7 @@ def assign(
 
 
 def claim_unassigned_page(
-    cursor: sqlite3.Cursor,
+    cursor: Cursor,
     node_ids: Sequence[str],
     after_gid: int,
     limit: int = PAGE_SIZE,
@@ -339,7 +336,7 @@ def claim_unassigned_page(
 
 
 def claim_task(
-    cursor: sqlite3.Cursor,
+    cursor: Cursor,
     gid: int,
     node_ids: Sequence[str],
     loads: dict[str, int] | None = None,

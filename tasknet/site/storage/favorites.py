@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import sqlite3
 from typing import Any
 
 from tasknet.site.storage.engine.errors import TaskError
 from tasknet.site.storage.engine.sql import sql
+from tasknet.site.storage.engine.transactions import Cursor
 from tasknet.site.storage.views import gallery_row, views_in_order, visible_gallery
 
 _ADD_SQL = sql(
@@ -20,14 +20,14 @@ _FAVORITES = sql(
 )
 
 
-def add_favorite(cursor: sqlite3.Cursor, user_id: int, gid: int, admin: bool = False) -> None:
+def add_favorite(cursor: Cursor, user_id: int, gid: int, admin: bool = False) -> None:
     """Mark ``gid`` a favorite of ``user_id`` (idempotent).  Only a task the
     user may see (an admin sees all); otherwise ``not_found``."""
     visible_gallery(cursor, gid, None if admin else user_id)
     cursor.execute(_ADD_SQL, (user_id, gid))
 
 
-def remove_favorite(cursor: sqlite3.Cursor, user_id: int, gid: int, admin: bool = False) -> None:
+def remove_favorite(cursor: Cursor, user_id: int, gid: int, admin: bool = False) -> None:
     """Unmark (idempotent); ``not_found`` for a task the user may not see."""
     if gallery_row(cursor, gid) is not None:
         visible_gallery(cursor, gid, None if admin else user_id)
@@ -38,7 +38,7 @@ def remove_favorite(cursor: sqlite3.Cursor, user_id: int, gid: int, admin: bool 
     cursor.execute(_REMOVE, (user_id, gid))
 
 
-def list_favorites(cursor: sqlite3.Cursor, user_id: int) -> list[dict[str, Any]]:
+def list_favorites(cursor: Cursor, user_id: int) -> list[dict[str, Any]]:
     """The views of ``user_id``'s favorite tasks, in gid order."""
     rows = cursor.execute(_FAVORITES, (user_id,)).fetchall()
     return views_in_order(cursor, (row[0] for row in rows))

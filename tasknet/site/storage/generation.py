@@ -10,7 +10,6 @@ it is written (the SQLite trigger checks it again).
 from __future__ import annotations
 
 import functools
-import sqlite3
 from typing import Any
 
 from tasknet.runtime import IEntropy
@@ -19,6 +18,7 @@ from tasknet.site.storage import outbox
 from tasknet.site.storage.engine.errors import TaskError
 from tasknet.site.storage.engine.sources import entropy_of
 from tasknet.site.storage.engine.sql import Sql, fragment, sql
+from tasknet.site.storage.engine.transactions import Cursor
 from tasknet.site.storage.views import gallery_row
 from tasknet.status import OperationState
 
@@ -78,7 +78,7 @@ def new_operation_id(entropy: IEntropy) -> str:
 
 
 def change_state(
-    cursor: sqlite3.Cursor,
+    cursor: Cursor,
     gid: int,
     operation_id: str,
     old: OperationState,
@@ -96,14 +96,12 @@ def change_state(
     return cursor.rowcount == 1
 
 
-def touch(cursor: sqlite3.Cursor, gid: int) -> None:
+def touch(cursor: Cursor, gid: int) -> None:
     """Set the task row's ``updated_at`` to now (its view changed)."""
     cursor.execute(_TOUCH_SQL, (gid,))
 
 
-def remove_generation(
-    cursor: sqlite3.Cursor, gid: int, operation_id: str, old: OperationState
-) -> bool:
+def remove_generation(cursor: Cursor, gid: int, operation_id: str, old: OperationState) -> bool:
     """Remove generation ``operation_id`` of ``gid`` (state ``old``) and the
     task row created for it; favorites of the gid go with it, and the owner
     is told (unless it was only ``RESERVED``, which nobody was told of).
@@ -123,7 +121,7 @@ def remove_generation(
     return True
 
 
-def backfill_legacy(cursor: sqlite3.Cursor, gid: int, operation_id: str | None = None) -> str:
+def backfill_legacy(cursor: Cursor, gid: int, operation_id: str | None = None) -> str:
     """Give a legacy task row (no ``task_operation``) its one generation:
     ``(none) -> SUBMITTED``, ``legacy=1``, existing status untouched.
 

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 
 from tasknet.site.storage.engine.errors import DatabaseBusy, DatabaseFailed
 from tasknet.site.storage.engine.sql import offset, sql
+from tasknet.site.storage.engine.transactions import Cursor
 from tasknet.status import OperationState
 
 #: An instance that neither ended nor was reaped (a WHERE condition on site_instance).
@@ -104,7 +105,7 @@ class Instance:
 
 
 def register(
-    cursor: sqlite3.Cursor,
+    cursor: Cursor,
     name: str,
     host: str,
     pid: int,
@@ -124,20 +125,20 @@ def register(
     return int(row[0])
 
 
-def lease_confirmed(cursor: sqlite3.Cursor, instance_id: int) -> None:
+def lease_confirmed(cursor: Cursor, instance_id: int) -> None:
     """Record that ``instance_id`` holds its lease now (its registration;
     its lease checks write the same row, :mod:`tasknet.site.storage.lease`)."""
     cursor.execute(_LEASE_CONFIRMED, (instance_id,))
 
 
-def lease_confirmed_at(cursor: sqlite3.Cursor, instance_id: int) -> str | None:
+def lease_confirmed_at(cursor: Cursor, instance_id: int) -> str | None:
     """When ``instance_id`` last confirmed its lease (None: never recorded,
     an instance of an older release)."""
     row = cursor.execute(_CONFIRMED_AT, (instance_id,)).fetchone()
     return None if row is None else str(row[0])
 
 
-def surely_stale(cursor: sqlite3.Cursor, instance_id: int, default_timeout: float) -> bool:
+def surely_stale(cursor: Cursor, instance_id: int, default_timeout: float) -> bool:
     """Whether gone instance ``instance_id``, were it only paused, must find
     its lease stale by its own clock whenever it resumes: its last
     confirmation is at least its lease timeout (``default_timeout`` for an
@@ -152,7 +153,7 @@ def surely_stale(cursor: sqlite3.Cursor, instance_id: int, default_timeout: floa
     return bool(old[0])
 
 
-def require_open_locked(cursor: sqlite3.Cursor, instance_id: int) -> None:
+def require_open_locked(cursor: Cursor, instance_id: int) -> None:
     """The write gate of a PostgreSQL transaction (SCALE.md "Fencing" 3):
     this instance's row is still open, read ``FOR SHARE`` so that a reaper's
     ``UPDATE`` of it waits for this transaction to end (and the reaper ends
@@ -167,7 +168,7 @@ def require_open_locked(cursor: sqlite3.Cursor, instance_id: int) -> None:
         )
 
 
-def heartbeat(cursor: sqlite3.Cursor, instance_id: int) -> bool:
+def heartbeat(cursor: Cursor, instance_id: int) -> bool:
     """Note that ``instance_id`` is running (``heartbeat_at``, for people);
     ``False`` when its row is no longer open: another instance reaped it
     (its lease was judged gone), so it must stop writing."""
@@ -175,14 +176,14 @@ def heartbeat(cursor: sqlite3.Cursor, instance_id: int) -> bool:
     return cursor.rowcount == 1
 
 
-def end(cursor: sqlite3.Cursor, instance_id: int) -> bool:
+def end(cursor: Cursor, instance_id: int) -> bool:
     """A clean stop of ``instance_id`` (its last write); ``False`` if it
     was no longer open."""
     cursor.execute(_END, (instance_id,))
     return cursor.rowcount == 1
 
 
-def require_open(cursor: sqlite3.Cursor, instance_id: int) -> None:
+def require_open(cursor: Cursor, instance_id: int) -> None:
     """The fencing check of the writes that hand a submission to
     ``instance_id``: raise :class:`LeaseLost` if the instance was reaped or
     ended (the whole transaction is refused)."""
@@ -194,12 +195,12 @@ def require_open(cursor: sqlite3.Cursor, instance_id: int) -> None:
         raise LeaseLost(f"site instance {instance_id} lost its lease ({how}); nothing was written")
 
 
-def instance(cursor: sqlite3.Cursor, instance_id: int) -> Instance | None:
+def instance(cursor: Cursor, instance_id: int) -> Instance | None:
     row = cursor.execute(_INSTANCE, (instance_id,)).fetchone()
     return None if row is None else _instance(row)
 
 
-def list_instances(cursor: sqlite3.Cursor, *, open_only: bool = False) -> list[Instance]:
+def list_instances(cursor: Cursor, *, open_only: bool = False) -> list[Instance]:
     """Every instance (or the open ones), oldest first."""
     return [_instance(row) for row in cursor.execute(_OPEN_INSTANCES if open_only else _INSTANCES)]
 
@@ -224,7 +225,7 @@ def _instance(row: sqlite3.Row) -> Instance:
     )
 
 
-def suspects(cursor: sqlite3.Cursor, me: int, *, unrecorded: bool = False) -> list[int | None]:
+def suspects(cursor: Cursor, me: int, *, unrecorded: bool = False) -> list[int | None]:
     """The instances whose lease must be judged: every other open one, and
     every other one that owns a generation still ``RESERVED`` or
     ``SUBMITTING`` (an ended or reaped instance may have left some, e.g. an

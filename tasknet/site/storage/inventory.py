@@ -58,7 +58,6 @@ archives cross as one JSON parameter, or one array of gids.
 
 from __future__ import annotations
 
-import sqlite3
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -69,7 +68,7 @@ from tasknet.site.storage.custody import mark_archives_gone
 from tasknet.site.storage.engine.sources import now_of
 from tasknet.site.storage.engine.sql import per_backend, postgres_only, sql
 from tasknet.site.storage.engine.timestamps import iso
-from tasknet.site.storage.engine.transactions import read_committed
+from tasknet.site.storage.engine.transactions import Cursor, read_committed
 from tasknet.site.storage.node_sessions import Holding, still_held
 from tasknet.site.storage.reports import REPORT_NODE_CLASS
 from tasknet.status import NodeCode, OperationState
@@ -199,7 +198,7 @@ def _distinct(archives: Iterable[HeldArchive]) -> dict[str, HeldArchive]:
 
 @read_committed
 def judge_inventory(
-    cursor: sqlite3.Cursor,
+    cursor: Cursor,
     *,
     node_id: str,
     inventory_id: str,
@@ -293,7 +292,7 @@ def judge_inventory(
 
 
 def _mark(
-    cursor: sqlite3.Cursor, node_id: str, gone: Sequence[tuple[int, str, str]], now: str
+    cursor: Cursor, node_id: str, gone: Sequence[tuple[int, str, str]], now: str
 ) -> tuple[list[int], list[int]]:
     """Mark ``gone`` (``(gid, operationId, reason)``): the gids changed,
     ``MISSING`` and ``CORRUPT``."""
@@ -312,7 +311,7 @@ def _mark(
 
 @read_committed
 def mark_gone(
-    cursor: sqlite3.Cursor, *, node_id: str, generations: Sequence[tuple[int, str, str]]
+    cursor: Cursor, *, node_id: str, generations: Sequence[tuple[int, str, str]]
 ) -> tuple[list[int], list[int]]:
     """The next :data:`GONE_PER_TRANSACTION` of a verdict's ``pending``,
     at the connection's wall clock, under the node's report lock; each
@@ -322,9 +321,7 @@ def mark_gone(
     return _mark(cursor, node_id, generations, iso(now_of(cursor)))
 
 
-def _replace_orphans(
-    cursor: sqlite3.Cursor, node_id: str, orphans: Sequence[Orphan], now: str
-) -> None:
+def _replace_orphans(cursor: Cursor, node_id: str, orphans: Sequence[Orphan], now: str) -> None:
     """The node's ``node_archive_orphan`` rows become ``orphans``: those no
     longer listed go, new ones come (an orphan kept keeps its ``found_at``)."""
     now_listed = {o.operation_id for o in orphans}
@@ -337,7 +334,7 @@ def _replace_orphans(
         cursor.execute(_ADD_ORPHANS_SQL, (node_id, orjson.dumps(rows).decode(), now))
 
 
-def node_orphans(cursor: sqlite3.Cursor, node_id: str) -> list[dict[str, object]]:
+def node_orphans(cursor: Cursor, node_id: str) -> list[dict[str, object]]:
     """``node_id``'s orphans as ``/api/admin/nodes`` lists them."""
     return [
         {
@@ -353,7 +350,7 @@ def node_orphans(cursor: sqlite3.Cursor, node_id: str) -> list[dict[str, object]
 
 @read_committed
 def judge_inventory_now(
-    cursor: sqlite3.Cursor,
+    cursor: Cursor,
     *,
     node_id: str,
     inventory_id: str,

@@ -69,7 +69,6 @@ won does it, and the work is harmless if done twice anyway.
 
 from __future__ import annotations
 
-import sqlite3
 import threading
 import time
 from abc import ABC, abstractmethod
@@ -84,12 +83,12 @@ from zope.interface import implementer
 
 from tasknet.runtime import IEntropy, IProcesses, IThreadPools, ProcessIdentity
 from tasknet.site.storage import instances
-from tasknet.site.storage.engine.database import Cursor, IWriteFence, connect, run_write
+from tasknet.site.storage.engine.database import IWriteFence, connect, run_write
 from tasknet.site.storage.engine.file_lock import InstanceLock
 from tasknet.site.storage.engine.sources import Sources
 from tasknet.site.storage.engine.sql import postgres_only
 from tasknet.site.storage.engine.targets import redact
-from tasknet.site.storage.engine.transactions import READ_COMMITTED, write_once
+from tasknet.site.storage.engine.transactions import READ_COMMITTED, Cursor, write_once
 from tasknet.site.storage.instances import LeaseLost, LeaseStale
 
 if TYPE_CHECKING:
@@ -531,7 +530,7 @@ _TERMINATE_SQL = postgres_only(
 
 
 def _register_locked(
-    cursor: sqlite3.Cursor, name: str, me: ProcessIdentity, upstream_timeout: float | None
+    cursor: Cursor, name: str, me: ProcessIdentity, upstream_timeout: float | None
 ) -> tuple[int, int]:
     """The registration of a PostgreSQL instance: its row and its lock in one
     transaction (a session-level lock outlives the transaction that took
@@ -555,7 +554,7 @@ def _register_locked(
     return instance_id, lease_pid
 
 
-def _confirm(cursor: sqlite3.Cursor, instance_id: int) -> int | None:
+def _confirm(cursor: Cursor, instance_id: int) -> int | None:
     """The lease check's write (see ``_CHECK_SQL``): the server pid of the
     session that holds the lock, or None if this one does not."""
     cursor.execute(_CONFIRM_LOCALLY_SQL)

@@ -20,12 +20,12 @@ committed here is obeyed by the next assignment, at whichever site.
 
 from __future__ import annotations
 
-import sqlite3
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from tasknet.site.storage.engine.sql import sql
+from tasknet.site.storage.engine.transactions import Cursor
 
 ACTIVE = "ACTIVE"
 DRAINING = "DRAINING"
@@ -116,13 +116,13 @@ def _control(row: Sequence[Any]) -> Control:
     )  # fmt: skip
 
 
-def control_of(cursor: sqlite3.Cursor, node_id: str) -> Control:
+def control_of(cursor: Cursor, node_id: str) -> Control:
     """``node_id``'s control (``ACTIVE``, no bound, when it has no row)."""
     row = cursor.execute(_ONE_SQL, (node_id,)).fetchone()
     return _control(row) if row is not None else Control(node_id)
 
 
-def controls(cursor: sqlite3.Cursor) -> dict[str, Control]:
+def controls(cursor: Cursor) -> dict[str, Control]:
     """Every controlled node's control, by node id."""
     return {row[0]: _control(row) for row in cursor.execute(_ALL_SQL).fetchall()}
 
@@ -140,7 +140,7 @@ def check_limit(limit: int | None) -> int | None:
 
 
 def set_control(
-    cursor: sqlite3.Cursor,
+    cursor: Cursor,
     node_id: str,
     *,
     mode: str | None = None,
@@ -166,7 +166,7 @@ def set_control(
     return control_of(cursor, node_id)
 
 
-def capacities(cursor: sqlite3.Cursor, node_ids: Sequence[str]) -> dict[str, int | None]:
+def capacities(cursor: Cursor, node_ids: Sequence[str]) -> dict[str, int | None]:
     """How many more tasks each of ``node_ids`` may be given now: 0 for a
     draining or paused node, the limit less its open tasks for a bounded
     one (never below 0), None for an unbounded active one."""

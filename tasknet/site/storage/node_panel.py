@@ -74,7 +74,6 @@ from one text, and less still with nothing parsed).
 
 from __future__ import annotations
 
-import sqlite3
 from dataclasses import dataclass
 from typing import Any
 
@@ -83,6 +82,7 @@ import orjson
 from tasknet.site.storage import node_sessions, throughput
 from tasknet.site.storage.engine.sql import per_backend
 from tasknet.site.storage.engine.timestamps import iso
+from tasknet.site.storage.engine.transactions import Cursor
 from tasknet.site.storage.stats import BUCKET_SECONDS
 from tasknet.status import NodeCode
 
@@ -330,7 +330,7 @@ LEFT JOIN node_control AS nc ON nc.node_id = t.node_id
 )
 
 
-def node_panel(cursor: sqlite3.Cursor, now: float, registry: Registry) -> str:
+def node_panel(cursor: Cursor, now: float, registry: Registry) -> str:
     """The ``nodes`` of ``/api/admin/nodes`` at ``now`` (unix seconds) as
     JSON text, read in one snapshot: who holds which node
     (:func:`node_sessions.holders

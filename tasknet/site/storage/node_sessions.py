@@ -34,13 +34,13 @@ from __future__ import annotations
 
 import functools
 import json
-import sqlite3
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from tasknet.site.storage import throughput
 from tasknet.site.storage.engine import listen
 from tasknet.site.storage.engine.sql import sql
+from tasknet.site.storage.engine.transactions import Cursor
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,7 +103,7 @@ _TAKE_SQL = sql(
 
 
 def take(
-    cursor: sqlite3.Cursor,
+    cursor: Cursor,
     node_id: str,
     instance_id: int | None,
     site_name: str,
@@ -154,7 +154,7 @@ _HOLDERS_SQL = sql(
 )
 
 
-def release(cursor: sqlite3.Cursor, holding: Holding) -> bool:
+def release(cursor: Cursor, holding: Holding) -> bool:
     """The connection of ``holding`` went: the node is held by nobody,
     unless a newer login took it meanwhile (then nothing changes).  True if
     it was still the holder."""
@@ -162,7 +162,7 @@ def release(cursor: sqlite3.Cursor, holding: Holding) -> bool:
     return cursor.rowcount == 1
 
 
-def still_held(cursor: sqlite3.Cursor, holdings: Iterable[Holding]) -> set[Holding]:
+def still_held(cursor: Cursor, holdings: Iterable[Holding]) -> set[Holding]:
     """Those of ``holdings`` whose connection still holds its node (one
     read for all of them; a node may appear in several)."""
     wanted = set(holdings)
@@ -173,7 +173,7 @@ def still_held(cursor: sqlite3.Cursor, holdings: Iterable[Holding]) -> set[Holdi
     return wanted & found
 
 
-def release_nodes_of(cursor: sqlite3.Cursor, instance_id: int) -> list[str]:
+def release_nodes_of(cursor: Cursor, instance_id: int) -> list[str]:
     """Instance ``instance_id`` is gone (the reaper's call) or stopping:
     every node it held is held by nobody.  The node ids released."""
     rows = cursor.execute(_RELEASE_NODES_OF_SQL, (instance_id,)).fetchall()
@@ -187,7 +187,7 @@ def _features(text: str) -> tuple[str, ...]:
     return tuple(json.loads(text))
 
 
-def holders(cursor: sqlite3.Cursor) -> list[Holder]:
+def holders(cursor: Cursor) -> list[Holder]:
     """Every connected node of the database, once, by id."""
     return [
         Holder(
@@ -208,7 +208,7 @@ def holders(cursor: sqlite3.Cursor) -> list[Holder]:
 TakeRequest = tuple[str, int | None, str, int, tuple[str, ...], str]
 
 
-def take_all(cursor: sqlite3.Cursor, requests: Sequence[TakeRequest]) -> list[Taken]:
+def take_all(cursor: Cursor, requests: Sequence[TakeRequest]) -> list[Taken]:
     """:func:`take` for each of ``requests`` in turn, in one transaction (a
     burst of logins): the same rows and notifications as one take per
     transaction in that order (a node twice: its later login wins)."""
@@ -220,7 +220,7 @@ def take_all(cursor: sqlite3.Cursor, requests: Sequence[TakeRequest]) -> list[Ta
 SeenRecord = tuple[str, int | None, tuple[str, ...], bool]
 
 
-def record_seen_all(cursor: sqlite3.Cursor, records: Sequence[SeenRecord]) -> list[None]:
+def record_seen_all(cursor: Cursor, records: Sequence[SeenRecord]) -> list[None]:
     """``node_seen`` for each of ``records`` in turn (logins and disconnects
     of a burst), in one transaction."""
     for record in records:

@@ -68,7 +68,7 @@ import orjson
 
 from tasknet.site.storage.engine import listen
 from tasknet.site.storage.engine.sql import Sql, offset, postgres_only, sql
-from tasknet.site.storage.engine.transactions import read_committed
+from tasknet.site.storage.engine.transactions import Cursor, read_committed
 from tasknet.site.storage.lease import OUTBOX_PRUNE_JOB, once
 from tasknet.site.storage.views import gone_view, task_views_and_owners
 
@@ -115,7 +115,7 @@ def _outbox_row(
     return gid, owner, _payload({"type": "task", "task": view})
 
 
-def enqueue_task_change(cursor: sqlite3.Cursor, gid: int, *, user_id: int | None = None) -> int:
+def enqueue_task_change(cursor: Cursor, gid: int, *, user_id: int | None = None) -> int:
     """Record ``{"type": "task", "task": <view>}`` for ``gid`` as it stands
     now in this transaction; return the outbox row id.
 
@@ -130,7 +130,7 @@ def enqueue_task_change(cursor: sqlite3.Cursor, gid: int, *, user_id: int | None
     return int(row[0])
 
 
-def enqueue_task_changes(cursor: sqlite3.Cursor, gids: Sequence[int]) -> int:
+def enqueue_task_changes(cursor: Cursor, gids: Sequence[int]) -> int:
     """:func:`enqueue_task_change` for each of ``gids``, in that order, with
     one view query and one insert statement; return the number of rows.
 
@@ -158,7 +158,7 @@ def _announced(payload: str) -> dict[str, Any]:
     return {k: v for k, v in task.items() if k not in _VOLATILE}
 
 
-def enqueue_visible_task_changes(cursor: sqlite3.Cursor, gids: Sequence[int]) -> int:
+def enqueue_visible_task_changes(cursor: Cursor, gids: Sequence[int]) -> int:
     """:func:`enqueue_task_changes` for those of ``gids`` whose view differs
     from the last one announced for them: a change the notifications never
     showed (a dispatch is not announced) undone is no change to announce
@@ -250,29 +250,29 @@ def _row(r: sqlite3.Row) -> OutboxRow:
     return OutboxRow(r[0], r[1], r[2], r[3], bool(r[4]), bool(r[5]), r[6])
 
 
-def _rows(cursor: sqlite3.Cursor, statement: Sql, args: tuple[int, int]) -> list[OutboxRow]:
+def _rows(cursor: Cursor, statement: Sql, args: tuple[int, int]) -> list[OutboxRow]:
     return [_row(r) for r in cursor.execute(statement, args)]
 
 
-def fanout_rows(cursor: sqlite3.Cursor, after_id: int, limit: int) -> list[OutboxRow]:
+def fanout_rows(cursor: Cursor, after_id: int, limit: int) -> list[OutboxRow]:
     """Rows after ``after_id`` (id order) not yet pushed to WebSocket clients."""
     return _rows(cursor, _FANOUT_SQL, (after_id, limit))
 
 
-def rows_after(cursor: sqlite3.Cursor, after_id: int, limit: int) -> list[OutboxRow]:
+def rows_after(cursor: Cursor, after_id: int, limit: int) -> list[OutboxRow]:
     """Rows after ``after_id`` (id order), whatever their marks: a site's
     own tail in shared mode (another site's marks say nothing of its clients)."""
     return _rows(cursor, _ROWS_AFTER_SQL, (after_id, limit))
 
 
-def webhook_rows(cursor: sqlite3.Cursor, after_id: int, limit: int) -> list[OutboxRow]:
+def webhook_rows(cursor: Cursor, after_id: int, limit: int) -> list[OutboxRow]:
     """Rows after ``after_id`` (id order) whose webhook delivery is pending:
     the webhook sender holds a bounded number of rows and reads the next
     ones from here when it has room."""
     return _rows(cursor, _WEBHOOK_ROWS_SQL, (after_id, limit))
 
 
-def last_id(cursor: sqlite3.Cursor) -> int:
+def last_id(cursor: Cursor) -> int:
     """The id of the newest outbox row (0 when empty)."""
     row = cursor.execute(_LAST_ID_SQL).fetchone()
     return int(row[0])
@@ -284,7 +284,7 @@ def last_id(cursor: sqlite3.Cursor) -> int:
 # PostgreSQL (engine/transactions.py, "Isolation") and never conflict.
 @read_committed
 def mark_range_fanned_out(
-    cursor: sqlite3.Cursor, after_id: int, upto_id: int, *, skip_webhook: bool
+    cursor: Cursor, after_id: int, upto_id: int, *, skip_webhook: bool
 ) -> None:
     """The rows ``after_id < id <= upto_id`` were pushed to the connected
     WebSocket clients.  A range, not an id list: the executor hands rows over
@@ -304,7 +304,7 @@ def mark_range_fanned_out(
 
 
 @read_committed
-def record_webhook_results(cursor: sqlite3.Cursor, results: Sequence[WebhookResult]) -> None:
+def record_webhook_results(cursor: Cursor, results: Sequence[WebhookResult]) -> None:
     """Store webhook attempts (several at once: one transaction per flush).
     Only a pending row changes: a delivery finished once stays finished."""
     cursor.executemany(
@@ -313,7 +313,7 @@ def record_webhook_results(cursor: sqlite3.Cursor, results: Sequence[WebhookResu
     )
 
 
-def backlog(cursor: sqlite3.Cursor) -> int:
+def backlog(cursor: Cursor) -> int:
     """Rows not yet fully delivered."""
     row = cursor.execute(_BACKLOG_SQL).fetchone()
     return int(row[0])
@@ -328,7 +328,7 @@ class Prunable:
     below: int
 
 
-def prunable(cursor: sqlite3.Cursor, retention_seconds: float) -> Prunable:
+def prunable(cursor: Cursor, retention_seconds: float) -> Prunable:
     """Where the finished rows created more than ``retention_seconds`` ago lie.
 
     ``below`` is the first row created within the retention: ids grow in
@@ -341,9 +341,7 @@ def prunable(cursor: sqlite3.Cursor, retention_seconds: float) -> Prunable:
     return Prunable(None if first is None else int(first), int(below))
 
 
-def prune_finished(
-    cursor: sqlite3.Cursor, after_id: int, below_id: int, limit: int
-) -> tuple[int, int]:
+def prune_finished(cursor: Cursor, after_id: int, below_id: int, limit: int) -> tuple[int, int]:
     """Delete up to ``limit`` finished rows with ``after_id < id < below_id``,
     oldest first.  Returns (rows deleted, the id to continue after); on a
     shared database only one site prunes at a time (another one pruning
@@ -385,7 +383,7 @@ _LEAVE_SQL = sql("DELETE FROM outbox_reader WHERE instance_id = ?")
 
 
 @read_committed
-def join_readers(cursor: sqlite3.Cursor, instance_id: int) -> int:
+def join_readers(cursor: Cursor, instance_id: int) -> int:
     """Instance ``instance_id`` starts tailing the outbox from its newest
     row (what was committed before has no client of this site to reach:
     they load the current state when they connect); returns that id.
@@ -398,7 +396,7 @@ def join_readers(cursor: sqlite3.Cursor, instance_id: int) -> int:
 
 
 @read_committed
-def mark_read(cursor: sqlite3.Cursor, instance_id: int, upto_id: int, *, skip_webhook: bool) -> int:
+def mark_read(cursor: Cursor, instance_id: int, upto_id: int, *, skip_webhook: bool) -> int:
     """Instance ``instance_id``'s tail has pushed every row up to
     ``upto_id`` to its clients.  Rows every open instance's tail has passed
     are fanned out: marked ``ws_delivered_at``, or, with no webhook
@@ -425,7 +423,7 @@ def mark_read(cursor: sqlite3.Cursor, instance_id: int, upto_id: int, *, skip_we
     return everywhere
 
 
-def leave_readers(cursor: sqlite3.Cursor, instance_id: int) -> None:
+def leave_readers(cursor: Cursor, instance_id: int) -> None:
     """Instance ``instance_id`` stops tailing (a clean stop): it no longer
     holds back the fan-out marks of the others."""
     cursor.execute(_LEAVE_SQL, (instance_id,))
@@ -459,7 +457,7 @@ _RELEASE_CLAIMS_SQL = sql(
 )
 
 
-def claimable_webhook_rows(cursor: sqlite3.Cursor) -> bool:
+def claimable_webhook_rows(cursor: Cursor) -> bool:
     """Whether any pending row is claimable now (a read before the write
     of :func:`claim_webhook_rows`, so that an idle wake costs no write)."""
     found = cursor.execute(_ANY_CLAIMABLE_SQL).fetchone()
@@ -468,7 +466,7 @@ def claimable_webhook_rows(cursor: sqlite3.Cursor) -> bool:
 
 @read_committed
 def claim_webhook_rows(
-    cursor: sqlite3.Cursor, instance_id: int, limit: int, lease_seconds: float = WEBHOOK_LEASE
+    cursor: Cursor, instance_id: int, limit: int, lease_seconds: float = WEBHOOK_LEASE
 ) -> list[OutboxRow]:
     """Claim up to ``limit`` pending rows nobody holds (oldest first) for
     ``instance_id``'s webhook sender, for ``lease_seconds``.  On PostgreSQL
@@ -481,7 +479,7 @@ def claim_webhook_rows(
 
 
 def renew_webhook_claims(
-    cursor: sqlite3.Cursor,
+    cursor: Cursor,
     instance_id: int,
     ids: Sequence[int],
     lease_seconds: float = WEBHOOK_LEASE,
@@ -495,14 +493,14 @@ def renew_webhook_claims(
     return sorted(set(ids) - {int(r[0]) for r in kept})
 
 
-def release_webhook_claims(cursor: sqlite3.Cursor, instance_id: int) -> int:
+def release_webhook_claims(cursor: Cursor, instance_id: int) -> int:
     """Give back every pending row ``instance_id`` holds (a clean stop: the
     other sites take them at once, not after the lease)."""
     cursor.execute(_RELEASE_CLAIMS_SQL, (instance_id,))
     return cursor.rowcount
 
 
-def release_outbox_of(cursor: sqlite3.Cursor, instance_id: int) -> int:
+def release_outbox_of(cursor: Cursor, instance_id: int) -> int:
     """Instance ``instance_id`` is gone (the reaper's call): its tail no
     longer holds the marks back, and its webhook claims are free.  Returns
     the number of claims released."""

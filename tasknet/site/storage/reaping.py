@@ -11,7 +11,6 @@ webhook claims.  Each function is the body of one transaction
 
 from __future__ import annotations
 
-import sqlite3
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -19,6 +18,7 @@ from tasknet.site.storage import create, node_sessions, outbox
 from tasknet.site.storage.create import Recovered
 from tasknet.site.storage.engine.sql import Sql, sql
 from tasknet.site.storage.engine.timestamps import iso, parse
+from tasknet.site.storage.engine.transactions import Cursor
 from tasknet.site.storage.instances import OPEN_SQL, instance, lease_confirmed_at
 
 _MARK_REAPED = sql(
@@ -58,7 +58,7 @@ class Reaped:
 
 
 def reap(
-    cursor: sqlite3.Cursor,
+    cursor: Cursor,
     gone: int | None,
     reaper: int,
     *,
@@ -102,7 +102,7 @@ def reap(
 
 
 def _verdict_wait(
-    cursor: sqlite3.Cursor, gone: int | None, defaults: tuple[float, float] | None
+    cursor: Cursor, gone: int | None, defaults: tuple[float, float] | None
 ) -> tuple[str | None, str | None]:
     """(when ``gone`` last confirmed its lease, when "not submitted" may be
     said for what it left): its confirmation plus its lease timeout plus its
@@ -129,7 +129,7 @@ def _reaped_error(gone: int | None, reaper: int) -> str:
 
 
 def _record(
-    cursor: sqlite3.Cursor,
+    cursor: Cursor,
     gone: int | None,
     reaper: int,
     recovered: Recovered,
@@ -159,7 +159,7 @@ class ReapRecord:
     outcome: str
 
 
-def reap_records(cursor: sqlite3.Cursor, instance_id: int | None = None) -> list[ReapRecord]:
+def reap_records(cursor: Cursor, instance_id: int | None = None) -> list[ReapRecord]:
     """The D9 evidence: every generation settled for a gone instance (or
     only ``instance_id``'s), in the order it was settled."""
     records: Sql = _ALL_RECORDS

@@ -35,7 +35,6 @@ reportable task, it writes ``task_operation`` before ``gallery``.
 
 from __future__ import annotations
 
-import sqlite3
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -44,6 +43,7 @@ from tasknet.site.storage.eligibility import DISPATCHABLE_SQL
 from tasknet.site.storage.engine.sources import now_of
 from tasknet.site.storage.engine.sql import sql
 from tasknet.site.storage.engine.timestamps import iso
+from tasknet.site.storage.engine.transactions import Cursor
 from tasknet.site.storage.generation import backfill_legacy
 from tasknet.status import NodeCode
 
@@ -176,7 +176,7 @@ class Retired:
     key_removed: bool
 
 
-def stranded_nodes(cursor: sqlite3.Cursor) -> dict[str, int | None]:
+def stranded_nodes(cursor: Cursor) -> dict[str, int | None]:
     """A read: the nodes that hold an unfinished task and that no site
     holds now, each with the epoch of its last login (``None``: it never
     logged in since ``node_session`` exists).  The reassignment timer
@@ -189,14 +189,14 @@ def stranded_nodes(cursor: sqlite3.Cursor) -> dict[str, int | None]:
     return found
 
 
-def is_known_node(cursor: sqlite3.Cursor, node_id: str) -> bool:
+def is_known_node(cursor: Cursor, node_id: str) -> bool:
     """A read: whether the site has heard of ``node_id`` (a key, a login,
     a task)."""
     return cursor.execute(_KNOWN_SQL, (node_id,)).fetchone() is not None
 
 
 def _move(
-    cursor: sqlite3.Cursor,
+    cursor: Cursor,
     node_id: str,
     node_ids: Sequence[str],
     loads: dict[str, int] | None,
@@ -223,7 +223,7 @@ def _move(
 
 
 def _audit(
-    cursor: sqlite3.Cursor,
+    cursor: Cursor,
     node_id: str,
     action: str,
     actor: str,
@@ -235,7 +235,7 @@ def _audit(
 
 
 def reassign_node(
-    cursor: sqlite3.Cursor,
+    cursor: Cursor,
     node_id: str,
     node_ids: Sequence[str],
     *,
@@ -268,7 +268,7 @@ def reassign_node(
 
 
 def operator_reassign(
-    cursor: sqlite3.Cursor,
+    cursor: Cursor,
     node_id: str,
     node_ids: Sequence[str],
     *,
@@ -285,7 +285,7 @@ def operator_reassign(
 
 
 def retire_node(
-    cursor: sqlite3.Cursor,
+    cursor: Cursor,
     node_id: str,
     node_ids: Sequence[str],
     *,
@@ -317,7 +317,7 @@ def retire_node(
     )
 
 
-def mark_retired_archives_gone(cursor: sqlite3.Cursor, node_id: str) -> int:
+def mark_retired_archives_gone(cursor: Cursor, node_id: str) -> int:
     """The next :data:`RETIRED_GONE_PER_TRANSACTION` completed tasks of a
     retired node marked ``ARCHIVE_GONE`` (``NODE_RETIRED``); how many.  The
     caller runs it, a transaction each, until it answers 0: one transaction
@@ -363,7 +363,7 @@ class NodeSummary:
     connected_to: str | None
 
 
-def node_summary(cursor: sqlite3.Cursor, node_id: str) -> NodeSummary:
+def node_summary(cursor: Cursor, node_id: str) -> NodeSummary:
     """A read: :class:`NodeSummary` of ``node_id``; :class:`UnknownNode` for
     a node the site never heard of."""
     if not is_known_node(cursor, node_id):
@@ -377,7 +377,7 @@ def node_summary(cursor: sqlite3.Cursor, node_id: str) -> NodeSummary:
     )
 
 
-def cancels_owed(cursor: sqlite3.Cursor, node_id: str) -> list[tuple[str, int]]:
+def cancels_owed(cursor: Cursor, node_id: str) -> list[tuple[str, int]]:
     """A read: the ``CANCEL``s owed to ``node_id`` (``(operationId, gid)``,
     oldest first), sent when it logs in."""
     return [
@@ -386,15 +386,13 @@ def cancels_owed(cursor: sqlite3.Cursor, node_id: str) -> list[tuple[str, int]]:
     ]
 
 
-def cancels_owed_all(
-    cursor: sqlite3.Cursor, node_ids: Sequence[str]
-) -> dict[str, list[tuple[str, int]]]:
+def cancels_owed_all(cursor: Cursor, node_ids: Sequence[str]) -> dict[str, list[tuple[str, int]]]:
     """A read: :func:`cancels_owed` for each of ``node_ids`` (a burst of logins)."""
     return {node_id: cancels_owed(cursor, node_id) for node_id in node_ids}
 
 
 def login_pages(
-    cursor: sqlite3.Cursor,
+    cursor: Cursor,
     cancel_for: Sequence[str],
     wanted: Sequence[tuple[str, int]],
     limit: int = dispatch.PAGE_SIZE,
@@ -419,7 +417,7 @@ class AuditEntry:
     at: str
 
 
-def custody_audit(cursor: sqlite3.Cursor, node_id: str) -> list[AuditEntry]:
+def custody_audit(cursor: Cursor, node_id: str) -> list[AuditEntry]:
     """A read: the operators' reassignments and retirements of ``node_id``."""
     return [
         AuditEntry(

@@ -42,6 +42,7 @@ from tasknet.site.storage import outbox
 from tasknet.site.storage.engine.errors import TaskError
 from tasknet.site.storage.engine.sql import sql
 from tasknet.site.storage.engine.timestamps import iso, parse
+from tasknet.site.storage.engine.transactions import Cursor
 from tasknet.site.storage.generation import change_state, remove_generation
 from tasknet.site.storage.usage import meter, week_of_timestamp
 from tasknet.site.storage.views import gallery_row, gone_view, operation_row, task_view
@@ -110,26 +111,26 @@ _SET_SETTING = sql(
 _SETTING = sql("SELECT value FROM site_setting WHERE name = ?")
 
 
-def record_upstream(cursor: sqlite3.Cursor, base_url: str) -> None:
+def record_upstream(cursor: Cursor, base_url: str) -> None:
     """Record the site's ``--upstream`` base URL (written at each site start)."""
     if not base_url.startswith(("http://", "https://")):
         raise TaskError("invalid_request", f"the upstream must be an http(s) URL, got {base_url!r}")
     cursor.execute(_SET_SETTING, (_UPSTREAM_SETTING, base_url))
 
 
-def recorded_upstream(cursor: sqlite3.Cursor) -> str | None:
+def recorded_upstream(cursor: Cursor) -> str | None:
     """The ``--upstream`` of the site's last start (None: no site of this
     version has started on the database yet)."""
     row = cursor.execute(_SETTING, (_UPSTREAM_SETTING,)).fetchone()
     return None if row is None else str(row["value"])
 
 
-def _database_now(cursor: sqlite3.Cursor) -> datetime:
+def _database_now(cursor: Cursor) -> datetime:
     return parse(cursor.execute(_NOW).fetchone()[0])
 
 
 def verdict_wait(
-    cursor: sqlite3.Cursor, not_before: str | None, now: datetime | None = None
+    cursor: Cursor, not_before: str | None, now: datetime | None = None
 ) -> tuple[str | None, float]:
     """``(notBefore, seconds left)`` of a stored ``verdict_not_before``:
     the moment as our ISO 8601 UTC text (None: no wait) and how long until
@@ -225,7 +226,7 @@ def contradictions(gid: int, evidence: Mapping[str, Any]) -> dict[str, str]:
 RESOLVED_WITHOUT_URL = "resolved_without_url"
 
 
-def unknown_operations(cursor: sqlite3.Cursor) -> list[dict[str, Any]]:
+def unknown_operations(cursor: Cursor) -> list[dict[str, Any]]:
     """Every ``UNKNOWN`` task view with its stored evidence (``step``,
     ``unknownAt``, ``error``, ``operationId``, ``archiveUrl``, and the
     verdict wait: ``notBefore``, None when there is none, and
@@ -234,7 +235,7 @@ def unknown_operations(cursor: sqlite3.Cursor) -> list[dict[str, Any]]:
     return _with_evidence(cursor, rows)
 
 
-def unknown_operation(cursor: sqlite3.Cursor, gid: int) -> dict[str, Any] | None:
+def unknown_operation(cursor: Cursor, gid: int) -> dict[str, Any] | None:
     """:func:`unknown_operations`' view of ``gid``, read by its key
     (``None``: ``gid`` is not ``UNKNOWN``)."""
     rows = cursor.execute(_ONE_UNKNOWN, (gid, OperationState.UNKNOWN.value)).fetchall()
@@ -242,7 +243,7 @@ def unknown_operation(cursor: sqlite3.Cursor, gid: int) -> dict[str, Any] | None
     return views[0] if views else None
 
 
-def _with_evidence(cursor: sqlite3.Cursor, rows: list[Any]) -> list[dict[str, Any]]:
+def _with_evidence(cursor: Cursor, rows: list[Any]) -> list[dict[str, Any]]:
     result = []
     now = _database_now(cursor) if any(row["verdict_not_before"] for row in rows) else None
     for row in rows:
@@ -268,7 +269,7 @@ _LAST_EVIDENCE = sql(
 )
 
 
-def last_evidence(cursor: sqlite3.Cursor, gid: int) -> dict[str, Any] | None:
+def last_evidence(cursor: Cursor, gid: int) -> dict[str, Any] | None:
     """The evidence the last verdict on ``gid`` was taken on (None: no
     verdict, or none stored)."""
     row = cursor.execute(_LAST_EVIDENCE, (gid,)).fetchone()
@@ -278,13 +279,13 @@ def last_evidence(cursor: sqlite3.Cursor, gid: int) -> dict[str, Any] | None:
     return evidence if isinstance(evidence, dict) else None
 
 
-def _last_verdict(cursor: sqlite3.Cursor, gid: int) -> sqlite3.Row | None:
+def _last_verdict(cursor: Cursor, gid: int) -> sqlite3.Row | None:
     row: sqlite3.Row | None = cursor.execute(_LAST_VERDICT, (gid,)).fetchone()
     return row
 
 
 def resolve_unknown(
-    cursor: sqlite3.Cursor,
+    cursor: Cursor,
     gid: int,
     verdict: str,
     actor: str,
@@ -346,7 +347,7 @@ def resolve_unknown(
 
 
 def _require_same_settlement(
-    cursor: sqlite3.Cursor, gid: int, verdict: str, op: sqlite3.Row | None
+    cursor: Cursor, gid: int, verdict: str, op: sqlite3.Row | None
 ) -> None:
     """Pass if ``verdict`` repeats the one that settled this generation
     (the caller answers as before); else ``not_found`` or ``conflict``."""
@@ -367,7 +368,7 @@ def _require_same_settlement(
 
 
 def _audit(
-    cursor: sqlite3.Cursor,
+    cursor: Cursor,
     gid: int,
     operation_id: str,
     verdict: str,
@@ -389,7 +390,7 @@ def _audit(
 
 
 def _settle_submitted(
-    cursor: sqlite3.Cursor, gid: int, op: sqlite3.Row, archive_url: str | None
+    cursor: Cursor, gid: int, op: sqlite3.Row, archive_url: str | None
 ) -> dict[str, Any] | None:
     """``UNKNOWN -> SUBMITTED``, metered once, and the task view."""
     operation_id = op["operation_id"]

@@ -170,7 +170,7 @@ from tasknet.site.storage.custody import mark_archive_gone, settle_cancel
 from tasknet.site.storage.delete import complete_delete, mark_delete_failed
 from tasknet.site.storage.eligibility import awaits_claim
 from tasknet.site.storage.engine.sql import postgres_only, sql
-from tasknet.site.storage.engine.transactions import read_committed
+from tasknet.site.storage.engine.transactions import Cursor, read_committed
 from tasknet.site.storage.generation import backfill_legacy
 from tasknet.site.storage.node_sessions import Holding, still_held
 from tasknet.status import NodeCode, OperationState
@@ -271,7 +271,7 @@ _STATUS, _PROGRESS, _NODE_ID, _OPERATION_ID, _STATE, _LAST_REVISION, _LEGACY = r
 _QUEUED, _DETAIL, _ARCHIVE_SIZE, _ARCHIVE_SHA256 = 13, 14, 15, 16
 
 
-def _task_rows(cursor: sqlite3.Cursor, gids: Iterable[int]) -> dict[int, sqlite3.Row]:
+def _task_rows(cursor: Cursor, gids: Iterable[int]) -> dict[int, sqlite3.Row]:
     return {row[0]: row for row in cursor.execute(_ROWS_SQL, (_ids(gids),))}
 
 
@@ -279,12 +279,12 @@ _TOMBSTONES_SQL = sql("SELECT gid FROM task_operation WHERE state = 'DELETED' AN
 _OPERATION_ID_TAKEN_SQL = sql("SELECT 1 FROM task_operation WHERE operation_id = ?")
 
 
-def _tombstones(cursor: sqlite3.Cursor, gids: Iterable[int]) -> set[int]:
+def _tombstones(cursor: Cursor, gids: Iterable[int]) -> set[int]:
     rows = cursor.execute(_TOMBSTONES_SQL, (_ids(gids),))
     return {row[0] for row in rows}
 
 
-def _unused_id(cursor: sqlite3.Cursor, operation_id: str | None) -> str | None:
+def _unused_id(cursor: Cursor, operation_id: str | None) -> str | None:
     """``operation_id`` unless another gid already uses it (operationIds are
     unique): a confused node must not make its report fail forever."""
     if operation_id is None:
@@ -359,13 +359,13 @@ _DELETE_STATE_SQL = sql(
 )
 
 
-def _recorded(cursor: sqlite3.Cursor, report_ids: Sequence[str]) -> set[str]:
+def _recorded(cursor: Cursor, report_ids: Sequence[str]) -> set[str]:
     """Which of ``report_ids`` are already recorded (their reports are duplicates)."""
     return {row[0] for row in cursor.execute(_RECORDED_SQL, (list(report_ids),))}
 
 
 def _start_epochs(
-    cursor: sqlite3.Cursor,
+    cursor: Cursor,
     fresh: Sequence[tuple[str, TaskReport]],
     firsts: Sequence[bool],
     outcomes: list[ReportOutcome],
@@ -397,7 +397,7 @@ def _start_epochs(
     return highs
 
 
-def count_drops(cursor: sqlite3.Cursor, node_id: str, outcome: ReportOutcome) -> None:
+def count_drops(cursor: Cursor, node_id: str, outcome: ReportOutcome) -> None:
     """Add ``outcome``'s drops to the node's persisted counts."""
     if outcome.drop_counts:
         cursor.executemany(
@@ -470,7 +470,7 @@ class _Changes:
         outcome.changed.extend(changed)
         outcome.notifications += len(changed)
 
-    def write(self, cursor: sqlite3.Cursor, samples: dict[int, throughput.Sample]) -> None:
+    def write(self, cursor: Cursor, samples: dict[int, throughput.Sample]) -> None:
         """Write the gathered changes, each changed task with its throughput
         sample (``samples``, by gid) in the same statement."""
         if self.claims:
@@ -493,7 +493,7 @@ class _Changes:
 
 
 def _judge_entries(
-    cursor: sqlite3.Cursor,
+    cursor: Cursor,
     outcome: ReportOutcome,
     node_id: str,
     report: TaskReport,
@@ -565,7 +565,7 @@ def _report_gids(report: TaskReport) -> set[int]:
 
 
 def _apply_task_reports(
-    cursor: sqlite3.Cursor,
+    cursor: Cursor,
     reports: Sequence[tuple[str, TaskReport]],
     firsts: Sequence[bool] | None = None,
 ) -> list[ReportOutcome]:
@@ -643,7 +643,7 @@ _RELEASE_ROW_SQL = sql(
 
 
 def _apply_release(
-    cursor: sqlite3.Cursor, outcome: ReportOutcome, node_id: str, entry: ReleasedEntry, now: str
+    cursor: Cursor, outcome: ReportOutcome, node_id: str, entry: ReleasedEntry, now: str
 ) -> None:
     """One ``released`` entry from ``node_id`` (the module's release rules)."""
     gid, operation_id, reason = entry
@@ -676,7 +676,7 @@ def _apply_release(
 
 @read_committed
 def apply_task_report(
-    cursor: sqlite3.Cursor, node_id: str, report: TaskReport, first_after_login: bool = False
+    cursor: Cursor, node_id: str, report: TaskReport, first_after_login: bool = False
 ) -> ReportOutcome:
     """Apply one v2 ``TaskReport`` from ``node_id`` (see the module rules);
     ``first_after_login``: the first report of the node's connection."""
@@ -699,9 +699,7 @@ def _legacy_queued(entry: TaskEntry, row: sqlite3.Row | None) -> TaskEntry:
     return entry
 
 
-def _apply_status_report(
-    cursor: sqlite3.Cursor, node_id: str, report: StatusReport
-) -> ReportOutcome:
+def _apply_status_report(cursor: Cursor, node_id: str, report: StatusReport) -> ReportOutcome:
     outcome = ReportOutcome(LEGACY)
     entries = {e.gid: e for e in report.gallery_tasks}
     rows = _task_rows(cursor, entries)
@@ -736,9 +734,7 @@ def _apply_status_report(
     return outcome
 
 
-def _apply_delete_result(
-    cursor: sqlite3.Cursor, node_id: str, result: DeleteResult
-) -> ReportOutcome:
+def _apply_delete_result(cursor: Cursor, node_id: str, result: DeleteResult) -> ReportOutcome:
     outcome = ReportOutcome(LEGACY)
     row = cursor.execute(_DELETE_ID_SQL, (result.gid,)).fetchone()
     # Unknown gids, tombstones and ownership are judged by _apply_delete, as for v2.
@@ -757,7 +753,7 @@ def _apply_delete_result(
 
 
 def _apply_delete(
-    cursor: sqlite3.Cursor,
+    cursor: Cursor,
     outcome: ReportOutcome,
     node_id: str,
     gid: int,
@@ -805,7 +801,7 @@ def _apply_delete(
 
 @read_committed
 def apply_report(
-    cursor: sqlite3.Cursor, node_id: str, message: NodeReport, first_after_login: bool = False
+    cursor: Cursor, node_id: str, message: NodeReport, first_after_login: bool = False
 ) -> ReportOutcome:
     """Apply any node report message (v2 or legacy); ``first_after_login``
     (v2 only): the first report of the node's connection."""
@@ -814,7 +810,7 @@ def apply_report(
 
 
 def _apply_one(
-    cursor: sqlite3.Cursor, node_id: str, message: NodeReport, first_after_login: bool
+    cursor: Cursor, node_id: str, message: NodeReport, first_after_login: bool
 ) -> ReportOutcome:
     """:func:`apply_report` once its rows are locked."""
     if isinstance(message, TaskReport):
@@ -861,7 +857,7 @@ def _message_gids(message: NodeReport) -> set[int]:
     raise TypeError(f"not a node report: {message!r}")
 
 
-def _lock_reported(cursor: sqlite3.Cursor, reports: Iterable[tuple[str, NodeReport]]) -> None:
+def _lock_reported(cursor: Cursor, reports: Iterable[tuple[str, NodeReport]]) -> None:
     """Before anything is read: lock what the reports decide from (see the
     module doc, "Several sites"; on SQLite, whose one writer holds the whole
     database, each statement is a neutral ``SELECT``)."""
@@ -893,7 +889,7 @@ class QueuedReport:
     holding: Holding | None = None
 
 
-def _not_held(cursor: sqlite3.Cursor, reports: Sequence[QueuedReport]) -> set[int]:
+def _not_held(cursor: Cursor, reports: Sequence[QueuedReport]) -> set[int]:
     """The positions of the reports whose connection no longer holds its
     node (one read for all of them)."""
     holdings = {r.holding for r in reports if r.holding is not None}
@@ -904,7 +900,7 @@ def _not_held(cursor: sqlite3.Cursor, reports: Sequence[QueuedReport]) -> set[in
 
 
 @read_committed
-def apply_reports(cursor: sqlite3.Cursor, reports: Sequence[QueuedReport]) -> list[ReportOutcome]:
+def apply_reports(cursor: Cursor, reports: Sequence[QueuedReport]) -> list[ReportOutcome]:
     """Apply several reports in this one transaction, with the effect of
     applying them in order, each alone (one outcome each): the batch
     function of the report pipeline's coalesced writes
@@ -929,7 +925,7 @@ def apply_reports(cursor: sqlite3.Cursor, reports: Sequence[QueuedReport]) -> li
     return [ReportOutcome(NOT_HELD) if i in refused else next(applied) for i in range(len(reports))]
 
 
-def _apply_queued(cursor: sqlite3.Cursor, reports: Sequence[QueuedReport]) -> list[ReportOutcome]:
+def _apply_queued(cursor: Cursor, reports: Sequence[QueuedReport]) -> list[ReportOutcome]:
     """:func:`apply_reports` once its rows are locked and its reports judged."""
     outcomes: list[ReportOutcome] = []
     start = 0

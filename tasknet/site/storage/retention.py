@@ -25,10 +25,10 @@ transaction first takes the once-only lock of the job
 
 from __future__ import annotations
 
-import sqlite3
 from dataclasses import dataclass
 
 from tasknet.site.storage.engine.sql import sql
+from tasknet.site.storage.engine.transactions import Cursor
 from tasknet.site.storage.lease import PRUNE_JOB, once
 
 # Receipts are paged by their key ``id``, which grows in insert order
@@ -51,7 +51,7 @@ class PrunableReceipts:
     keep: frozenset[int]
 
 
-def prunable_receipts(cursor: sqlite3.Cursor, cutoff: str) -> PrunableReceipts:
+def prunable_receipts(cursor: Cursor, cutoff: str) -> PrunableReceipts:
     """Where the receipts received before ``cutoff`` (a stored-format UTC
     timestamp) lie.  Ids grow in insert order, so every receipt before the
     first young one is old; the scan reads only the old ones."""
@@ -64,7 +64,7 @@ def prunable_receipts(cursor: sqlite3.Cursor, cutoff: str) -> PrunableReceipts:
 
 
 def prune_receipts(
-    cursor: sqlite3.Cursor, after: int, below: int, keep: frozenset[int], limit: int
+    cursor: Cursor, after: int, below: int, keep: frozenset[int], limit: int
 ) -> tuple[int, int] | None:
     """Delete up to ``limit`` receipts with ``after < id < below`` that
     are not in ``keep``, oldest first.  Returns (deleted, the id to
@@ -92,7 +92,7 @@ _PRUNE_AUDIT = [
 ]
 
 
-def prune_audit(cursor: sqlite3.Cursor, cutoff: str, limit: int) -> int | None:
+def prune_audit(cursor: Cursor, cutoff: str, limit: int) -> int | None:
     """Delete up to ``limit`` audit rows (reconciliation verdicts, forced
     deletes) written before ``cutoff``, oldest first, table by table;
     returns how many (``None``: another site is pruning right now)."""

@@ -40,6 +40,7 @@ from tasknet.runtime import IEntropy, SystemEntropy
 from tasknet.site.storage.engine.sources import token_urlsafe
 from tasknet.site.storage.engine.sql import sql
 from tasknet.site.storage.engine.timestamps import iso
+from tasknet.site.storage.engine.transactions import Cursor
 
 #: Random bytes in a session id (its text is 43 URL-safe characters).
 SESSION_ID_BYTES = 32
@@ -158,7 +159,7 @@ _END_USER_SESSIONS = sql(
 
 
 def start_session(
-    cursor: sqlite3.Cursor,
+    cursor: Cursor,
     user_id: int,
     id_hash: str,
     now: float,
@@ -191,7 +192,7 @@ def start_session(
     return len(over)
 
 
-def active_session(cursor: sqlite3.Cursor, id_hash: str, now: float) -> ActiveSession | None:
+def active_session(cursor: Cursor, id_hash: str, now: float) -> ActiveSession | None:
     """The session whose id hashes to ``id_hash`` if it is usable at ``now``."""
     stamp = iso(now)
     row = cursor.execute(_ACTIVE, (id_hash, stamp, stamp)).fetchone()
@@ -206,7 +207,7 @@ def active_session(cursor: sqlite3.Cursor, id_hash: str, now: float) -> ActiveSe
     )
 
 
-def touch_session(cursor: sqlite3.Cursor, session: int, now: float, idle: float) -> bool:
+def touch_session(cursor: Cursor, session: int, now: float, idle: float) -> bool:
     """The session was used at ``now``: it stays usable ``idle`` seconds
     more (never past its absolute expiry).  False if it ended meanwhile."""
     stamp = iso(now)
@@ -214,16 +215,14 @@ def touch_session(cursor: sqlite3.Cursor, session: int, now: float, idle: float)
     return cursor.rowcount == 1
 
 
-def end_session(cursor: sqlite3.Cursor, id_hash: str, why: str, now: float) -> bool:
+def end_session(cursor: Cursor, id_hash: str, why: str, now: float) -> bool:
     """End the session whose id hashes to ``id_hash`` (sign-out); False if
     there was none still open."""
     cursor.execute(_END, (iso(now), why, id_hash))
     return cursor.rowcount == 1
 
 
-def end_user_sessions(
-    cursor: sqlite3.Cursor, user_id: int, why: str, now: float | None = None
-) -> int:
+def end_user_sessions(cursor: Cursor, user_id: int, why: str, now: float | None = None) -> int:
     """End every open session of ``user_id`` (its token was rotated or
     revoked, or an admin asked); how many.  ``now`` None: the database's
     time (``ended_at`` is a record; nothing compares it with a clock)."""
@@ -262,7 +261,7 @@ _USER_ID = sql('SELECT id FROM "user" WHERE name = ?')
 
 
 def list_sessions(
-    cursor: sqlite3.Cursor, now: float, *, include_unusable: bool = False
+    cursor: Cursor, now: float, *, include_unusable: bool = False
 ) -> list[SessionRow]:
     """The sessions usable at ``now`` (with ``include_unusable``, also the
     ended and expired ones still kept), oldest first."""
@@ -274,7 +273,7 @@ def list_sessions(
     return [_row(row) for row in rows]
 
 
-def end_session_by_prefix(cursor: sqlite3.Cursor, prefix: str, why: str, now: float) -> SessionRow:
+def end_session_by_prefix(cursor: Cursor, prefix: str, why: str, now: float) -> SessionRow:
     """End the one open session whose ``id_hash`` starts with ``prefix``
     (as ``session list`` shows it); :class:`SessionError` for none or
     several."""
@@ -295,7 +294,7 @@ def end_session_by_prefix(cursor: sqlite3.Cursor, prefix: str, why: str, now: fl
     return _row(row)
 
 
-def end_sessions_of(cursor: sqlite3.Cursor, name: str, why: str, now: float | None = None) -> int:
+def end_sessions_of(cursor: Cursor, name: str, why: str, now: float | None = None) -> int:
     """End every open session of user ``name``; how many
     (:class:`SessionError` if there is no such user)."""
     row = cursor.execute(_USER_ID, (name,)).fetchone()

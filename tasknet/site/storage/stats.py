@@ -9,13 +9,13 @@ cover every user.
 
 from __future__ import annotations
 
-import sqlite3
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from tasknet.site.storage import throughput, views
 from tasknet.site.storage.engine.sql import sql
 from tasknet.site.storage.engine.timestamps import unix
+from tasknet.site.storage.engine.transactions import Cursor
 from tasknet.site.storage.usage import iso_week, this_week
 from tasknet.status import OperationState
 
@@ -35,7 +35,7 @@ def last_weeks(now: datetime, count: int = USAGE_WEEKS) -> list[str]:
     return [iso_week(now - timedelta(weeks=back)) for back in range(count - 1, -1, -1)]
 
 
-def weekly_usage(cursor: sqlite3.Cursor, user_id: int, weeks: list[str]) -> dict[str, Any]:
+def weekly_usage(cursor: Cursor, user_id: int, weeks: list[str]) -> dict[str, Any]:
     """``{"quota", "weeks": [{"week", "used"}]}`` of ``user_id`` (zeros included)."""
     quota = cursor.execute(_QUOTA_SQL, (user_id,)).fetchone()
     used = dict.fromkeys(weeks, 0)
@@ -48,7 +48,7 @@ def weekly_usage(cursor: sqlite3.Cursor, user_id: int, weeks: list[str]) -> dict
 
 
 def stats(
-    cursor: sqlite3.Cursor,
+    cursor: Cursor,
     caller_id: int,
     scope_user: int | None,
     window: int,
@@ -62,7 +62,7 @@ def stats(
     return answer
 
 
-def metrics_sample(cursor: sqlite3.Cursor) -> dict[str, dict[str, Any]]:
+def metrics_sample(cursor: Cursor) -> dict[str, dict[str, Any]]:
     """What ``/metrics`` samples from the database before each scrape:
     ``{"states": ..., "statuses": ..., "nodeBytes": ..., "quota": ...,
     "nodes": ..., "instances": ...}`` (``tasknet.site.metrics.set_sampled``)."""
@@ -89,7 +89,7 @@ WHERE COALESCE(w.used, 0) + COALESCE(f.cost, 0) > 0
 """)
 
 
-def quota_use(cursor: sqlite3.Cursor, week: str | None = None) -> dict[str, tuple[int, int]]:
+def quota_use(cursor: Cursor, week: str | None = None) -> dict[str, tuple[int, int]]:
     """``{user name: (used, quota)}`` of every user with any use in ``week``
     (default: this week), used as the quota check counts it: metered in
     that week, plus the submissions in flight and every unmetered
@@ -111,7 +111,7 @@ _UNFINISHED_SQL = sql(
 )
 
 
-def unfinished_by_node(cursor: sqlite3.Cursor) -> dict[str, tuple[int, float | None]]:
+def unfinished_by_node(cursor: Cursor) -> dict[str, tuple[int, float | None]]:
     """``{node: (tasks not completed, unix time of its last applied report)}``
     of each node holding tasks that are not completed; before its first
     report, the time it was last seen (None: never recorded)."""
@@ -129,7 +129,7 @@ _INSTANCE_COUNTS_SQL = sql(
 )
 
 
-def instance_counts(cursor: sqlite3.Cursor) -> dict[str, int]:
+def instance_counts(cursor: Cursor) -> dict[str, int]:
     """The ``site_instance`` rows by status: ``open`` (neither ended nor
     reaped), ``ended`` (stopped cleanly) and ``reaped`` (found gone)."""
     row = cursor.execute(_INSTANCE_COUNTS_SQL).fetchone()

@@ -28,6 +28,7 @@ import sqlite3
 from typing import Any
 
 from tasknet.site.storage.engine.sql import sql
+from tasknet.site.storage.engine.transactions import Cursor
 from tasknet.site.storage.views import visible_task
 from tasknet.status import OperationState, TaskStatus
 
@@ -63,7 +64,7 @@ def _json(text: str | None) -> Any:
 
 
 def _state_entries(
-    cursor: sqlite3.Cursor, gid: int, operation_id: str
+    cursor: Cursor, gid: int, operation_id: str
 ) -> tuple[list[dict[str, Any]], bool]:
     rows = cursor.execute(_OUTBOX_SQL, (gid, MAX_OUTBOX_ROWS)).fetchall()
     entries: list[dict[str, Any]] = []
@@ -117,7 +118,7 @@ def _add_recorded(history: list[dict[str, Any]], op: sqlite3.Row, view: dict[str
         add(op["updated_at"], status, node=view.get("node"), detail=op["delete_reason"])
 
 
-def task_details(cursor: sqlite3.Cursor, gid: int, user_id: int | None) -> dict[str, Any]:
+def task_details(cursor: Cursor, gid: int, user_id: int | None) -> dict[str, Any]:
     """The details of ``gid`` if ``user_id`` may see it (None: an admin),
     else ``not_found`` (another user's task answers like a missing one).
 

@@ -50,6 +50,7 @@ import orjson
 from tasknet.site.storage.engine.sources import now_of
 from tasknet.site.storage.engine.sql import per_backend, sql
 from tasknet.site.storage.engine.timestamps import iso
+from tasknet.site.storage.engine.transactions import Cursor
 from tasknet.status import NodeCode
 
 SMOOTHING_SECONDS = 10.0
@@ -185,7 +186,7 @@ def _sampled(
 
 
 def sample_reports(
-    cursor: sqlite3.Cursor,
+    cursor: Cursor,
     reports: Sequence[tuple[str, Iterable[int], Mapping[int, Entry], Mapping[int, Any]]],
     rows: Mapping[int, Any],
     now: float | None = None,
@@ -251,7 +252,7 @@ def sample_reports(
 
 
 def _roll_up(
-    cursor: sqlite3.Cursor, minute: int, minutes: Sequence[tuple[int, str, int, int, int]]
+    cursor: Cursor, minute: int, minutes: Sequence[tuple[int, str, int, int, int]]
 ) -> None:
     """Add the ``throughput_minute`` rows just written (``(minute, node,
     user, bytes, completed)``, all of ``minute``) to the rollups: the
@@ -307,7 +308,7 @@ def _next_sample(
 
 
 def record_node_seen(
-    cursor: sqlite3.Cursor,
+    cursor: Cursor,
     node_id: str,
     protocol: int | None,
     features: Iterable[str],
@@ -322,7 +323,7 @@ def record_node_seen(
     )
 
 
-def node_byte_totals(cursor: sqlite3.Cursor) -> dict[str, int]:
+def node_byte_totals(cursor: Cursor) -> dict[str, int]:
     """Bytes downloaded per node since the database was created (metrics)."""
     return {row[0]: int(row[1]) for row in cursor.execute(_NODE_BYTE_TOTALS_SQL)}
 
@@ -404,7 +405,7 @@ _EMPTY = (1, 0)  # a range of no slot
 
 
 def rank_nodes(
-    cursor: sqlite3.Cursor, user: int, first_minute: int, limit: int = TOP_NODES
+    cursor: Cursor, user: int, first_minute: int, limit: int = TOP_NODES
 ) -> tuple[list[tuple[str, int]], int]:
     """The ``limit`` nodes with the most bytes from ``first_minute`` on for
     ``user`` (:data:`ALL_USERS`: everyone's), ``(node, bytes)``, most first
@@ -428,9 +429,7 @@ def rank_nodes(
     return top, count
 
 
-def window_stats(
-    cursor: sqlite3.Cursor, scope_user: int | None, window: int, now: float
-) -> dict[str, Any]:
+def window_stats(cursor: Cursor, scope_user: int | None, window: int, now: float) -> dict[str, Any]:
     """The buckets of ``/api/stats`` for ``window`` seconds up to ``now``
     (unix seconds); ``scope_user`` None covers every user's tasks (admin).
 

@@ -8,7 +8,6 @@ a test calls :func:`iso_week` without a moment (the system's clock)."""
 
 from __future__ import annotations
 
-import sqlite3
 from datetime import UTC, datetime
 from typing import Any
 
@@ -16,6 +15,7 @@ from tasknet.site.storage.engine.errors import TaskError
 from tasknet.site.storage.engine.sources import now_of
 from tasknet.site.storage.engine.sql import sql
 from tasknet.site.storage.engine.timestamps import parse
+from tasknet.site.storage.engine.transactions import Cursor
 from tasknet.status import OperationState
 
 
@@ -28,12 +28,12 @@ def iso_week(moment: datetime | None = None) -> str:
     return f"{year}-W{week:02d}"
 
 
-def this_week(cursor: sqlite3.Cursor) -> str:
+def this_week(cursor: Cursor) -> str:
     """The ISO week of the wall clock of ``cursor``'s connection."""
     return iso_week(datetime.fromtimestamp(now_of(cursor), UTC))
 
 
-def week_of_timestamp(cursor: sqlite3.Cursor, timestamp: str | None) -> str:
+def week_of_timestamp(cursor: Cursor, timestamp: str | None) -> str:
     """The ISO week of one of our stored UTC timestamps (:func:`this_week`
     if unparsable)."""
     if timestamp:
@@ -58,7 +58,7 @@ _METER = sql(
 )
 
 
-def usage(cursor: sqlite3.Cursor, user_id: int, week: str | None = None) -> dict[str, Any]:
+def usage(cursor: Cursor, user_id: int, week: str | None = None) -> dict[str, Any]:
     """``{"week", "used", "quota"}`` of ``user_id`` for ``week`` (default: this week)."""
     week = week or this_week(cursor)
     row = cursor.execute(_USAGE, (week, user_id)).fetchone()
@@ -67,7 +67,7 @@ def usage(cursor: sqlite3.Cursor, user_id: int, week: str | None = None) -> dict
     return {"week": week, "used": int(row["used"]), "quota": int(row["quota"])}
 
 
-def in_flight_cost(cursor: sqlite3.Cursor, user_id: int) -> int:
+def in_flight_cost(cursor: Cursor, user_id: int) -> int:
     """Costs of this user's operations that passed a quota check and are not
     metered: the submissions being POSTed right now (two concurrent creates
     cannot both squeeze under the quota) and every unmetered ``UNKNOWN``,
@@ -79,6 +79,6 @@ def in_flight_cost(cursor: sqlite3.Cursor, user_id: int) -> int:
     return int(row[0])
 
 
-def meter(cursor: sqlite3.Cursor, user_id: int, week: str, cost: int) -> None:
+def meter(cursor: Cursor, user_id: int, week: str, cost: int) -> None:
     """Add ``cost`` to ``user_id``'s usage of ``week``."""
     cursor.execute(_METER, (user_id, week, cost))

@@ -25,6 +25,7 @@ from tasknet.site.storage import sessions
 from tasknet.site.storage.engine.sources import entropy_of, token_urlsafe
 from tasknet.site.storage.engine.sql import sql
 from tasknet.site.storage.engine.timestamps import iso
+from tasknet.site.storage.engine.transactions import Cursor
 
 #: The weekly quota of a new user when no site has recorded its
 #: ``--default-quota`` in this database yet.
@@ -104,7 +105,7 @@ _ENABLE = sql('UPDATE "user" SET disabled_at = NULL WHERE id = ?')
 
 
 def create_user(
-    cursor: sqlite3.Cursor,
+    cursor: Cursor,
     name: str,
     *,
     admin: bool = False,
@@ -130,12 +131,12 @@ def create_user(
     return user, token
 
 
-def get_user(cursor: sqlite3.Cursor, name: str) -> User | None:
+def get_user(cursor: Cursor, name: str) -> User | None:
     row = cursor.execute(_USER_NAMED, (name,)).fetchone()
     return None if row is None else _user(row)
 
 
-def user_by_token(cursor: sqlite3.Cursor, token: str) -> User | None:
+def user_by_token(cursor: Cursor, token: str) -> User | None:
     """The enabled user whose API token is ``token``, or None (a disabled
     user's token authenticates nothing)."""
     row = cursor.execute(_USER_BY_TOKEN, (hash_token(token),)).fetchone()
@@ -143,7 +144,7 @@ def user_by_token(cursor: sqlite3.Cursor, token: str) -> User | None:
 
 
 def user_by_session(
-    cursor: sqlite3.Cursor, id_hash: str, now: float
+    cursor: Cursor, id_hash: str, now: float
 ) -> tuple[User, sessions.ActiveSession] | None:
     """The user of the session whose id hashes to ``id_hash``, with the
     session, if it is usable at ``now`` and the user is enabled; else None."""
@@ -154,25 +155,25 @@ def user_by_session(
     return None if row is None else (_user(row), session)
 
 
-def list_users(cursor: sqlite3.Cursor) -> list[User]:
+def list_users(cursor: Cursor) -> list[User]:
     return [_user(row) for row in cursor.execute(_USERS).fetchall()]
 
 
-def disabled_user_by_token(cursor: sqlite3.Cursor, token: str) -> User | None:
+def disabled_user_by_token(cursor: Cursor, token: str) -> User | None:
     """The disabled user whose API token is ``token``, or None: a sign-in
     with it is told the account is disabled, not that the token is wrong."""
     row = cursor.execute(_DISABLED_BY_TOKEN, (hash_token(token),)).fetchone()
     return None if row is None else _user(row)
 
 
-def list_users_with_sessions(cursor: sqlite3.Cursor, now: float) -> list[tuple[User, int]]:
+def list_users_with_sessions(cursor: Cursor, now: float) -> list[tuple[User, int]]:
     """Every user, oldest first, with how many browser sessions it has usable at ``now``."""
     stamp = iso(now)
     rows = cursor.execute(_USERS_WITH_SESSIONS, (stamp, stamp)).fetchall()
     return [(_user(row), int(row["open_sessions"])) for row in rows]
 
 
-def set_quota(cursor: sqlite3.Cursor, name: str, quota: int) -> User:
+def set_quota(cursor: Cursor, name: str, quota: int) -> User:
     """Set ``name``'s weekly quota (cost units)."""
     if isinstance(quota, bool) or not isinstance(quota, int) or quota < 0:
         raise UserError(f"quota must be a non-negative integer, got {quota!r}")
@@ -184,7 +185,7 @@ def set_quota(cursor: sqlite3.Cursor, name: str, quota: int) -> User:
     return user
 
 
-def _replace_token(cursor: sqlite3.Cursor, name: str, token: str, why: str) -> None:
+def _replace_token(cursor: Cursor, name: str, token: str, why: str) -> None:
     cursor.execute(_SET_TOKEN, (hash_token(token), name))
     if cursor.rowcount != 1:
         raise UserError(f"no user {name!r}")
@@ -193,7 +194,7 @@ def _replace_token(cursor: sqlite3.Cursor, name: str, token: str, why: str) -> N
     sessions.end_user_sessions(cursor, user.id, why)
 
 
-def rotate_token(cursor: sqlite3.Cursor, name: str) -> str:
+def rotate_token(cursor: Cursor, name: str) -> str:
     """Give ``name`` a new API token (the old one stops working, and so
     does every browser session of ``name``); returns it."""
     token = new_token(entropy_of(cursor))
@@ -201,7 +202,7 @@ def rotate_token(cursor: sqlite3.Cursor, name: str) -> str:
     return token
 
 
-def revoke_token(cursor: sqlite3.Cursor, name: str) -> None:
+def revoke_token(cursor: Cursor, name: str) -> None:
     """Take ``name``'s API token away (and end every browser session of
     ``name``): nothing authenticates as ``name`` until :func:`rotate_token`
     gives a new one.  The hash stored is that of a random token nobody is
@@ -212,14 +213,14 @@ def revoke_token(cursor: sqlite3.Cursor, name: str) -> None:
 # Disabling and removing users ------------------------------------------------------
 
 
-def _existing(cursor: sqlite3.Cursor, name: str) -> User:
+def _existing(cursor: Cursor, name: str) -> User:
     user = get_user(cursor, name)
     if user is None:
         raise UserError(f"no user {name!r}")
     return user
 
 
-def disable_user(cursor: sqlite3.Cursor, name: str) -> tuple[User, int | None]:
+def disable_user(cursor: Cursor, name: str) -> tuple[User, int | None]:
     """Disable ``name``: its API token and browser sessions stop working at
     once (its sessions end; open WebSockets close at their next check), its
     tasks stay and go on.  Returns the user and how many sessions ended, or
@@ -233,7 +234,7 @@ def disable_user(cursor: sqlite3.Cursor, name: str) -> tuple[User, int | None]:
     return _existing(cursor, name), ended
 
 
-def enable_user(cursor: sqlite3.Cursor, name: str) -> tuple[User, bool]:
+def enable_user(cursor: Cursor, name: str) -> tuple[User, bool]:
     """Enable ``name`` again: its API token works as before (sessions ended
     by :func:`disable_user` stay ended: sign in again).  Returns the user and
     whether it was disabled."""
@@ -262,13 +263,13 @@ _REMOVE_ROWS_OF = [
 _REMOVE_USER = sql('DELETE FROM "user" WHERE id = ?')
 
 
-def live_task_count(cursor: sqlite3.Cursor, user_id: int) -> int:
+def live_task_count(cursor: Cursor, user_id: int) -> int:
     """How many tasks of ``user_id`` are live: a task row, or an operation
     that is not a ``DELETED`` tombstone (submitting, unknown, pending delete)."""
     return int(cursor.execute(_LIVE_TASKS_SQL, (user_id,)).fetchone()[0])
 
 
-def remove_user(cursor: sqlite3.Cursor, name: str) -> User:
+def remove_user(cursor: Cursor, name: str) -> User:
     """Delete ``name`` for good; refused (:class:`UserError`, nothing
     changed) while it has a live task (:func:`live_task_count`): delete its
     tasks first, or disable it.  What goes with it: its sessions, its
@@ -304,7 +305,7 @@ _SET_SETTING = sql(
 _SETTING = sql("SELECT value FROM site_setting WHERE name = ?")
 
 
-def set_default_quota(cursor: sqlite3.Cursor, quota: int) -> None:
+def set_default_quota(cursor: Cursor, quota: int) -> None:
     """Record the site's ``--default-quota`` (written at each site start):
     the quota ``tasknet-admin user add`` gives when no ``--quota`` is given."""
     if isinstance(quota, bool) or not isinstance(quota, int) or quota < 0:
@@ -312,7 +313,7 @@ def set_default_quota(cursor: sqlite3.Cursor, quota: int) -> None:
     cursor.execute(_SET_SETTING, (_DEFAULT_QUOTA_SETTING, str(quota)))
 
 
-def default_quota(cursor: sqlite3.Cursor) -> int:
+def default_quota(cursor: Cursor) -> int:
     """The quota of a new user: the ``--default-quota`` of the site's last
     start, else :data:`DEFAULT_QUOTA`."""
     try:
@@ -334,12 +335,12 @@ _SET_NODE_KEY = sql(
 _REMOVE_NODE_KEY = sql("DELETE FROM node_key WHERE node_id = ?")
 
 
-def node_keys(cursor: sqlite3.Cursor) -> dict[str, str]:
+def node_keys(cursor: Cursor) -> dict[str, str]:
     """``{node_id: secret}`` from the ``node_key`` table."""
     return {row["node_id"]: row["secret"] for row in cursor.execute(_NODE_KEYS)}
 
 
-def add_node_key(cursor: sqlite3.Cursor, node_id: str, secret: str | None = None) -> str:
+def add_node_key(cursor: Cursor, node_id: str, secret: str | None = None) -> str:
     """Allow node ``node_id`` to log in (replacing its secret); returns the secret."""
     if not NODE_ID_PATTERN.fullmatch(node_id):
         raise UserError(f"node id must match {NODE_ID_PATTERN.pattern}, got {node_id!r}")
@@ -348,6 +349,6 @@ def add_node_key(cursor: sqlite3.Cursor, node_id: str, secret: str | None = None
     return secret
 
 
-def remove_node_key(cursor: sqlite3.Cursor, node_id: str) -> bool:
+def remove_node_key(cursor: Cursor, node_id: str) -> bool:
     cursor.execute(_REMOVE_NODE_KEY, (node_id,))
     return cursor.rowcount == 1

@@ -45,6 +45,7 @@ from tasknet.site.storage.engine.errors import TaskError
 from tasknet.site.storage.engine.sources import now_of
 from tasknet.site.storage.engine.sql import EMPTY, Sql, fragment, sql
 from tasknet.site.storage.engine.timestamps import iso, unix
+from tasknet.site.storage.engine.transactions import Cursor
 from tasknet.status import NodeCode, OperationState, TaskStatus, display_status
 
 _DOWNLOADING = int(NodeCode.DOWNLOADING)
@@ -235,7 +236,7 @@ def _view_of_row(row: sqlite3.Row, now: float) -> dict[str, Any] | None:
     }
 
 
-def task_view(cursor: sqlite3.Cursor, gid: int) -> dict[str, Any] | None:
+def task_view(cursor: Cursor, gid: int) -> dict[str, Any] | None:
     """The task object of INTERFACES.md for ``gid`` (API, WebSocket, webhook).
 
     A ``DELETED`` tombstone gives :func:`gone_view` with ``state="DELETED"``;
@@ -246,7 +247,7 @@ def task_view(cursor: sqlite3.Cursor, gid: int) -> dict[str, Any] | None:
 
 
 def task_views_and_owners(
-    cursor: sqlite3.Cursor, gids: Iterable[int]
+    cursor: Cursor, gids: Iterable[int]
 ) -> dict[int, tuple[dict[str, Any] | None, int | None]]:
     """``{gid: (task_view(gid), owner)}`` for every gid of ``gids`` the site
     has a row of, in one query (a gid it knows nothing about is absent).
@@ -261,7 +262,7 @@ def task_views_and_owners(
     return {row[0]: (_view_of_row(row, now), row[2]) for row in rows}
 
 
-def views_in_order(cursor: sqlite3.Cursor, gids: Iterable[int]) -> list[dict[str, Any]]:
+def views_in_order(cursor: Cursor, gids: Iterable[int]) -> list[dict[str, Any]]:
     """The views of ``gids`` in that order, in one query; a gid without a
     view is left out."""
     wanted = list(gids)
@@ -270,7 +271,7 @@ def views_in_order(cursor: sqlite3.Cursor, gids: Iterable[int]) -> list[dict[str
     return [view for view in views if view is not None]
 
 
-def visible_task(cursor: sqlite3.Cursor, gid: int, user_id: int | None) -> dict[str, Any]:
+def visible_task(cursor: Cursor, gid: int, user_id: int | None) -> dict[str, Any]:
     """The view of ``gid`` if ``user_id`` may see it (None: admin), else
     ``not_found`` (another user's task looks exactly like a missing one)."""
     visible_gallery(cursor, gid, user_id)
@@ -557,7 +558,9 @@ _KEY_CURSOR = re.compile(r"(-?[0-9]{1,20}(?:\.[0-9]{1,20})?(?:[eE]-?[0-9]{1,3})?
 CURSOR_KEY_MIN = -(2**63)
 CURSOR_KEY_MAX = 2**63 - 1
 
-Cursor = str | int | tuple[float, int] | tuple[int, int]
+#: The ``after`` of a page request, parsed (:func:`parse_cursor`): where the
+#: previous page of its order ended (not a database cursor).
+PageCursor = str | int | tuple[float, int] | tuple[int, int]
 
 
 @dataclass(frozen=True)
@@ -580,7 +583,7 @@ class TaskQuery:
     order: Order = Order.NEWEST
     statuses: frozenset[str] = frozenset()
     text: str = ""
-    after: Cursor | None = None
+    after: PageCursor | None = None
     favorite_of: int | None = None
     node: str | None = None
     #: Rows of the order skipped before the page (a page asked for by its
@@ -590,7 +593,7 @@ class TaskQuery:
     offset: int = 0
 
 
-def parse_cursor(order: Order, text: str) -> Cursor:
+def parse_cursor(order: Order, text: str) -> PageCursor:
     """The ``after`` of ``order`` from its query text; ``ValueError`` if malformed."""
     if order is Order.GID:
         if not re.fullmatch(r"[0-9]{1,10}", text):
@@ -694,7 +697,7 @@ def _text_only(query: TaskQuery) -> bool:
 
 
 def list_tasks(
-    cursor: sqlite3.Cursor, query: TaskQuery
+    cursor: Cursor, query: TaskQuery
 ) -> tuple[list[dict[str, Any]], str | int | None, int]:
     """One page of tasks of ``query``; the second item is the ``after`` of
     the next page (None on the last page), the third how many tasks match
@@ -750,7 +753,7 @@ def _skip(query: TaskQuery) -> tuple[Sql, list[int]]:
     return (_OFFSET, [query.offset]) if query.offset else (EMPTY, [])
 
 
-def count_matching(cursor: sqlite3.Cursor, query: TaskQuery) -> int:
+def count_matching(cursor: Cursor, query: TaskQuery) -> int:
     """How many tasks match the filters of ``query`` (its cursor, limit
     and offset aside): the ``total`` of its pages."""
     where, params = _filters(
@@ -771,7 +774,7 @@ _BY_GID = fragment(" ORDER BY g.gid LIMIT ?")
 
 
 def matching_tasks(
-    cursor: sqlite3.Cursor, query: TaskQuery, bound: int
+    cursor: Cursor, query: TaskQuery, bound: int
 ) -> tuple[int, list[tuple[int, str]]]:
     """How many tasks match the filters of ``query`` (as
     :func:`count_matching`) and, when that is at most ``bound``, each one's
@@ -802,7 +805,7 @@ def _after_parameters(query: TaskQuery) -> list[Any]:
 
 
 def _counted_matches(
-    cursor: sqlite3.Cursor, query: TaskQuery, page: _Page, after: list[Any]
+    cursor: Cursor, query: TaskQuery, page: _Page, after: list[Any]
 ) -> tuple[list[Any], int] | None:
     """The page of a search by index and its total in one statement
     (:data:`_COUNTED_OPEN`), when it has at most :data:`MATCHES_FIRST_UP_TO`
@@ -830,7 +833,7 @@ def _counted_matches(
 
 
 def _answer(
-    cursor: sqlite3.Cursor, query: TaskQuery, rows: list[Any], total: int
+    cursor: Cursor, query: TaskQuery, rows: list[Any], total: int
 ) -> tuple[list[dict[str, Any]], str | int | None, int]:
     """:func:`list_tasks`'s answer from the page's rows (``gid``,
     ``sort_key``, ...; one past the limit when there is a next page)."""
@@ -854,7 +857,7 @@ _KEPT_COUNTS_OF_USER = sql("SELECT status_key, n FROM task_count WHERE user_id =
 _KEPT_COUNTS = sql("SELECT status_key, SUM(n) FROM task_count GROUP BY status_key")
 
 
-def _kept_counts(cursor: sqlite3.Cursor, user_id: int | None) -> dict[str, int]:
+def _kept_counts(cursor: Cursor, user_id: int | None) -> dict[str, int]:
     """The task rows of ``user_id`` (None: everyone's) per stored key, from
     ``task_count``: what ``COUNT(*) … GROUP BY status_key`` would count."""
     if user_id is None:
@@ -865,7 +868,7 @@ def _kept_counts(cursor: sqlite3.Cursor, user_id: int | None) -> dict[str, int]:
 
 
 def count_by_status(
-    cursor: sqlite3.Cursor, user_id: int | None, text: str = "", with_queued: bool = False
+    cursor: Cursor, user_id: int | None, text: str = "", with_queued: bool = False
 ) -> dict[str, int]:
     """Tasks by display status, every key present (zeros included); ``user_id``
     None counts everyone's, ``text`` as the search of :class:`TaskQuery`.
@@ -898,7 +901,7 @@ _COUNT_BY_STATE = sql(
 _COUNT_TOMBSTONES = sql("SELECT COUNT(*) FROM task_operation WHERE state = 'DELETED'")
 
 
-def count_by_state(cursor: sqlite3.Cursor) -> dict[str, int]:
+def count_by_state(cursor: Cursor) -> dict[str, int]:
     """Task counts by ``task_operation.state`` (``LEGACY``: a row without one), for metrics."""
     counts: dict[str, int] = {}
     for row in cursor.execute(_COUNT_BY_STATE).fetchall():
@@ -922,19 +925,19 @@ _OPERATION_ROW = sql("SELECT * FROM task_operation WHERE gid = ?")
 _GALLERY_ROW = sql("SELECT * FROM gallery WHERE gid = ?")
 
 
-def operation_row(cursor: sqlite3.Cursor, gid: int) -> sqlite3.Row | None:
+def operation_row(cursor: Cursor, gid: int) -> sqlite3.Row | None:
     """The ``task_operation`` row of ``gid`` (current generation or tombstone)."""
     row: sqlite3.Row | None = cursor.execute(_OPERATION_ROW, (gid,)).fetchone()
     return row
 
 
-def gallery_row(cursor: sqlite3.Cursor, gid: int) -> sqlite3.Row | None:
+def gallery_row(cursor: Cursor, gid: int) -> sqlite3.Row | None:
     """The task (``gallery``) row of ``gid``."""
     row: sqlite3.Row | None = cursor.execute(_GALLERY_ROW, (gid,)).fetchone()
     return row
 
 
-def visible_gallery(cursor: sqlite3.Cursor, gid: int, user_id: int | None) -> sqlite3.Row:
+def visible_gallery(cursor: Cursor, gid: int, user_id: int | None) -> sqlite3.Row:
     """The task row of ``gid`` if ``user_id`` may see it (None: an admin),
     else ``not_found``: another user's task answers exactly like a missing
     one, so existence is not leaked."""

@@ -31,7 +31,7 @@ import re
 from twisted.web.server import Request
 
 from tasknet.site.storage import stats
-from tasknet.site.storage.views import FILTER_KEYS, Cursor, Order, TaskQuery, parse_cursor
+from tasknet.site.storage.views import FILTER_KEYS, Order, PageCursor, TaskQuery, parse_cursor
 from tasknet.site.web.errors import ApiError
 
 DEFAULT_PAGE = 50
@@ -122,7 +122,7 @@ def task_query(request: Request, user_id: int | None, caller_id: int | None = No
                 raise ApiError("invalid_request", f"unknown status {key!r}; one of {FILTER_KEYS}")
             statuses.add(key)
     after_text = _text(request, "after")
-    after: Cursor | None = None
+    after: PageCursor | None = None
     if after_text is not None:
         try:
             after = parse_cursor(order, after_text)

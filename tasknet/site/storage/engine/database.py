@@ -383,7 +383,7 @@ class Database:
         )
 
     def write(
-        self, fn: Callable[Concatenate[sqlite3.Cursor, P], T], *args: P.args, **kw: P.kwargs
+        self, fn: Callable[Concatenate[Cursor, P], T], *args: P.args, **kw: P.kwargs
     ) -> Deferred[T]:
         """Run ``fn(cursor, *args)`` in a ``BEGIN IMMEDIATE … COMMIT`` write
         transaction in the writer thread, possibly shared with other writes
@@ -398,7 +398,7 @@ class Database:
         return self._queued(Write(fn, args))
 
     def write_coalesced(
-        self, fn: Callable[[sqlite3.Cursor, list[I]], Sequence[R]], item: I
+        self, fn: Callable[[Cursor, list[I]], Sequence[R]], item: I
     ) -> Deferred[Committed[R]]:
         """Queue ``item`` for the batch function ``fn``: the items queued
         together for ``fn`` run in one call ``fn(cursor, items)`` under one
@@ -409,7 +409,7 @@ class Database:
     def write_retrying(
         self,
         retry: Retry,
-        fn: Callable[Concatenate[sqlite3.Cursor, P], T],
+        fn: Callable[Concatenate[Cursor, P], T],
         *args: P.args,
         **kw: P.kwargs,
     ) -> Deferred[T]:
@@ -501,7 +501,7 @@ class Database:
             self._schedule()
 
     def read(
-        self, fn: Callable[Concatenate[sqlite3.Cursor, P], T], *args: P.args, **kw: P.kwargs
+        self, fn: Callable[Concatenate[Cursor, P], T], *args: P.args, **kw: P.kwargs
     ) -> Deferred[T]:
         """Run ``fn(cursor, *args)`` in a read transaction on the reader
         connection (``query_only``: a write there raises); errors classified
@@ -542,7 +542,7 @@ class Database:
                     continue
 
 
-def _ping(cursor: sqlite3.Cursor) -> None:
+def _ping(cursor: Cursor) -> None:
     cursor.execute(_PING).fetchone()
 
 

@@ -48,7 +48,7 @@ import select
 import threading
 from collections import deque
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from twisted.internet.defer import Deferred, succeed
 from twisted.internet.interfaces import IReactorFromThreads
@@ -56,6 +56,9 @@ from twisted.logger import Logger
 
 from tasknet.site.storage.engine.sql import postgres_only
 from tasknet.site.storage.engine.targets import is_postgres
+
+if TYPE_CHECKING:
+    from tasknet.site.storage.engine.transactions import Cursor
 
 log = Logger()
 
@@ -83,7 +86,7 @@ MAX_RECONNECT_DELAY = 10.0
 _NOTIFY = postgres_only("SELECT pg_notify(?, ?)")
 
 
-def notify(cursor: Any, channel: str, payload: str = "") -> None:
+def notify(cursor: Cursor, channel: str, payload: str = "") -> None:
     """Inside a write transaction: ``NOTIFY channel, payload`` at its commit
     (PostgreSQL delivers it then, and not at all after a rollback; equal
     notifications of one transaction are delivered once).  Nothing on SQLite

@@ -34,6 +34,7 @@ from tasknet.site.storage.engine.transactions import (
     ROLLBACK,
     SERIALIZABLE,
     Connection,
+    Cursor,
 )
 
 V1_SCRIPT = "schema_v1.sql"
@@ -189,7 +190,7 @@ def schema_version(connection: Connection) -> int | None:
 
 
 def apply_statements(
-    cursor: sqlite3.Cursor, statements: Iterable[str], progress: Progress | None = None
+    cursor: Cursor, statements: Iterable[str], progress: Progress | None = None
 ) -> int:
     """Execute statements one by one on ``cursor`` (inside the caller's
     transaction: no ``executescript``, which would commit on its own)."""
@@ -214,7 +215,7 @@ def upgrade_statements(version: int) -> list[str]:
     return statements
 
 
-def create_fresh(cursor: sqlite3.Cursor) -> None:
+def create_fresh(cursor: Cursor) -> None:
     """Body of the fresh-install transaction: v1 baseline, then every upgrade."""
     apply_statements(cursor, split_statements(load_script(V1_SCRIPT)))
     apply_statements(cursor, upgrade_statements(1))

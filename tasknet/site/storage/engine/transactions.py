@@ -480,7 +480,7 @@ def run_read(connection: Connection, fn: Callable[..., T], *args: Any) -> T:
     return result
 
 
-def read_reconnecting(connection: Connection, fn: Callable[[Any], T]) -> T:
+def read_reconnecting(connection: Connection, fn: Callable[[Cursor], T]) -> T:
     """:func:`run_read`, once more on a fresh connection if the first met a
     dead one (a read is always safe to repeat)."""
     try:
