@@ -13,13 +13,14 @@ While the site runs, :class:`InstanceService` on a shared database
    the moment it started (the lease's freshness, SCALE.md "Fencing" 1);
 2. writes the heartbeat, which also asks the database whether another
    instance has reaped this one (its row is then no longer open);
-3. reaps the instances that are gone (``reap``: the lifecycle's
-   :meth:`~tasknet.site.lifecycle.Lifecycle.reap_gone`, which first ends
+3. reaps the instances that are gone (``reap``: the reaper's
+   :meth:`~tasknet.site.reaper.Reaper.reap_gone`, which first ends
    every database session the gone instance left), so their interrupted
    submissions show as ``UNKNOWN`` within seconds, not at their restart.
 
 The service starts before the start's recovery, so a long recovery does not
-let the lease go stale (the lifecycle runs one reaping pass at a time).
+let the lease go stale (the reaper, which the recovery runs too, runs one
+reaping pass at a time).
 
 Fencing: when 1 or 2 fails the lease is lost: the service stops its timer,
 the lifecycle refuses every further write (:class:`LeaseLost`) and

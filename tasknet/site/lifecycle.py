@@ -50,8 +50,9 @@ Several sites on one database (SCALE.md 2): the lifecycle of a site instance
 holds its lease (:mod:`tasknet.site.storage.lease`).  Its reservations and
 SUBMITTINGs record the instance, recovery settles only what gone instances
 left (:meth:`Lifecycle.recover` at start: earlier runs and other instances
-whose lease the database lets us take; :meth:`Lifecycle.reap_gone` while
-running, a pass every few seconds from :mod:`tasknet.site.instance_service`), and
+whose lease the database lets us take, through the reaper; while running,
+:meth:`tasknet.site.reaper.Reaper.reap_gone` is a pass every few seconds from
+:mod:`tasknet.site.instance_service`), and
 once the lease is lost every write is refused
 (:class:`~tasknet.site.storage.instances.LeaseLost`).
 """
@@ -65,19 +66,18 @@ from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 from twisted.application.internet import backoffPolicy
-from twisted.internet.defer import CancelledError, Deferred, DeferredLock
+from twisted.internet.defer import CancelledError, Deferred
 from twisted.internet.interfaces import IReactorTime
 from twisted.internet.task import deferLater
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from tasknet.runtime import IEntropy
+from tasknet.site.reaper import Reaper
 from tasknet.site.storage import (
     create,
     delete,
     generation,
-    instances,
-    reaping,
     reconcile,
     usage,
     views,
@@ -92,8 +92,7 @@ from tasknet.site.storage.engine.errors import (
     TaskError,
 )
 from tasknet.site.storage.instances import LeaseLost
-from tasknet.site.storage.lease import Lease, dead_here
-from tasknet.site.storage.reaping import Reaped
+from tasknet.site.storage.lease import Lease
 from tasknet.site.upstream_client import (
     Outcome,
     PrepareOutcome,
@@ -174,7 +173,9 @@ class Lifecycle:
     to doing nothing; their errors are logged, never raised.
 
     ``lease``: the site instance's lease (None: a lifecycle of no instance,
-    alone on its database: tools and tests).  ``clock``: its retry and
+    alone on its database: tools and tests), and ``reaper`` its
+    :class:`~tasknet.site.reaper.Reaper` (with a lease, and only then), which
+    the start's recovery runs.  ``clock``: its retry and
     settling timers, from its root (the site's, the admin tool's, a test's)."""
 
     def __init__(
@@ -190,6 +191,7 @@ class Lifecycle:
         retry_max: float = 2.0,
         settle_interval: float = 5.0,
         lease: Lease | None = None,
+        reaper: Reaper | None = None,
         clock: IReactorTime,
         entropy: IEntropy,
         monotonic: Callable[[], float] | None = None,
@@ -197,6 +199,8 @@ class Lifecycle:
     ) -> None:
         if record_retry_for < 0 or retry_initial <= 0 or retry_max <= 0 or settle_interval <= 0:
             raise ValueError("retry timings must be positive")
+        if (None if reaper is None else reaper.lease) is not lease:
+            raise ValueError("a lifecycle with a lease recovers through a reaper of that lease")
         self.db = db
         self.upstream = upstream
         self.upstream_timeout = upstream_timeout
@@ -210,6 +214,7 @@ class Lifecycle:
         #: Where the operationIds it chooses come from (random UUIDs).
         self._entropy = entropy
         self.lease = lease
+        self._reaper = reaper
         self._instance_id = None if lease is None else lease.instance_id
         #: Outcome writes still being retried in the background, in the
         #: order they began (a dict: ``stop`` cancels them in that order,
@@ -224,8 +229,6 @@ class Lifecycle:
         )
         # A drill's fault point (tasknet.site.fault_points), or a test's pause.
         self._before_post_gate = before_post_gate
-        # One reaping pass at a time (the start's recovery and the ticks).
-        self._reaping = DeferredLock()
         #: Creates under way, in the order they began.
         self._flights: dict[_Flight, None] = {}
         # Why this lifecycle sends no more POSTs (fenced, stopping), once so.
@@ -770,15 +773,16 @@ class Lifecycle:
         alone on its database).  With one: the generations of each instance
         whose lease the database lets us take (earlier runs, gone sites;
         on SQLite the flock says every other instance is gone), each in a
-        transaction of its own with its evidence (:meth:`reap_gone`), and
-        those that no instance recorded; never a live instance's."""
+        transaction of its own with its evidence, and those that no
+        instance recorded; never a live instance's: that is the reaper's
+        pass (:meth:`tasknet.site.reaper.Reaper.reap_gone`)."""
         return Deferred.fromCoroutine(self._recover())
 
     async def _recover(self) -> Recovered:
-        if self.lease is None:
+        if self._reaper is None:  # no lease: alone on its database
             recovered = await self._write(create.recover)
         else:
-            reaped = await self._reap_gone(unrecorded=True)
+            reaped = await self._reaper.reap_gone(unrecorded=True)
             recovered = Recovered(
                 [gid for r in reaped for gid in r.recovered.unknown],
                 [gid for r in reaped for gid in r.recovered.released],
@@ -792,92 +796,6 @@ class Lifecycle:
             released=len(recovered.released),
         )
         return recovered
-
-    def reap_gone(self) -> Deferred[list[Reaped]]:
-        """One reaping pass while running (SCALE.md 2): every other instance
-        that is registered open or owns a generation in flight is judged by
-        its lease; each one found gone is reaped (its row marked, its
-        ``SUBMITTING`` now ``UNKNOWN``, its ``RESERVED`` released, the
-        evidence in ``instance_reap``).  A live instance's generations are
-        never touched.  Two sites reaping at once are harmless: taking the
-        gone instance's lock is what allows its reap, and only one session
-        at a time can hold it."""
-        return Deferred.fromCoroutine(self._reap_gone(unrecorded=False))
-
-    async def _reap_gone(self, *, unrecorded: bool) -> list[Reaped]:
-        lease = self.lease
-        if lease is None:
-            return []
-        await self._reaping.acquire()
-        try:
-            me = lease.instance_id
-            reaped: list[Reaped] = []
-            for suspect in await self.db.read(instances.suspects, me, unrecorded=unrecorded):
-                if suspect is None:
-                    reaped.append(await self._reap(None, me))
-                    continue
-                if not await lease.judge(suspect):
-                    continue  # alive, or being reaped by another site right now
-                try:
-                    if lease.shared and not await self._reapable(suspect, lease):
-                        # Gone, or only paused: not before its own clock must
-                        # call its lease stale, so it can start nothing after
-                        # its reap.  A later pass reaps it.
-                        log.info(
-                            "site instance {id} is gone; reaping it once its lease timeout "
-                            "has passed",
-                            id=suspect,
-                        )
-                        continue
-                    # A paused instance may hold a transaction (and its row
-                    # locks) open: end its sessions, or the reap would wait.
-                    ended = await lease.end_sessions_of(suspect)
-                    if ended:
-                        log.warn(
-                            "ended {n} database session(s) of gone site instance {id}",
-                            n=ended,
-                            id=suspect,
-                        )
-                    reaped.append(await self._reap(suspect, me))
-                finally:
-                    await lease.forget(suspect)
-            return reaped
-        finally:
-            self._reaping.release()
-
-    async def _reapable(self, suspect: int, lease: Lease) -> bool:
-        """A gone instance may be reaped once it can start nothing any more:
-        its process is certainly dead (same kernel and pid namespace, pid
-        gone, as the lease's probe of processes tells), or its last lease
-        confirmation is a lease timeout old, so that, were it only paused,
-        its own clock calls its lease stale."""
-        row = await self.db.read(instances.instance, suspect)
-        if row is not None and dead_here(row, lease.processes):
-            return True
-        return bool(await self.db.read(instances.surely_stale, suspect, lease.timeout))
-
-    async def _reap(self, gone: int | None, me: int) -> Reaped:
-        # A shared database: the gone instance may have been paused, not dead.
-        wait = (self.lease.timeout, self.upstream_timeout) if self.lease.shared else None  # type: ignore[union-attr]
-        result = await self._write(reaping.reap, gone, me, verdict_wait=wait)
-        if result.marked or result.settled or result.nodes or result.claims:
-            log.warn(
-                "site instance {me} ({name}) reaped {whose}: {unknown} submission(s) now "
-                "UNKNOWN {gids}, {released} reservation(s) released {released_gids}, "
-                "node(s) {nodes} released, {claims} webhook claim(s) given back",
-                me=me,
-                name=self.lease.name if self.lease is not None else "",
-                whose="generations of no instance"
-                if gone is None
-                else f"site instance {gone} ({result.who}; its lease is gone)",
-                unknown=len(result.recovered.unknown),
-                gids=result.recovered.unknown,
-                released=len(result.recovered.released),
-                released_gids=result.recovered.released,
-                nodes=result.nodes,
-                claims=result.claims,
-            )
-        return result
 
     # -- reconciliation ----------------------------------------------------------
 

@@ -66,6 +66,7 @@ from tasknet.site.instance_service import InstanceService
 from tasknet.site.lifecycle import Lifecycle
 from tasknet.site.node_listener import NodeListenerFactory
 from tasknet.site.notify import OutboxExecutor, WebhookSender
+from tasknet.site.reaper import Reaper
 from tasknet.site.report_pipeline import ReportPipeline
 from tasknet.site.service import (
     NODE_KEYS_REFRESH,
@@ -280,6 +281,9 @@ def _assemble(
     def wake_outbox() -> None:
         outbox.wake()
 
+    # One reaper: the start's recovery and the instance service's ticks
+    # share its lock (one reaping pass at a time).
+    reaper = Reaper(db, lease, upstream_timeout=options["upstream-timeout"], on_commit=wake_outbox)
     lifecycle = Lifecycle(
         db,
         upstream,
@@ -287,12 +291,13 @@ def _assemble(
         on_commit=wake_outbox,
         on_task_changed=dispatcher.task_changed,
         lease=lease,
+        reaper=reaper,
         clock=clock,
         entropy=entropy,
         before_post_gate=tuning.before_post_gate,
     )
     instance = InstanceService(
-        lease, db, lifecycle.reap_gone, interval=tuning.instance_interval, clock=clock
+        lease, db, reaper.reap_gone, interval=tuning.instance_interval, clock=clock
     )
     health = Health(
         site=options["name"],

@@ -625,7 +625,7 @@ class SiteService(service.MultiService):
         self._keys_timer.startService()
         # Lease checks, heartbeat and reaping of gone instances (PostgreSQL),
         # from before recovery: a long recovery must not let the lease go
-        # stale (the lifecycle runs one reaping pass at a time).
+        # stale (the reaper runs one reaping pass at a time).
         parts.instance.startService()
         try:
             await parts.lifecycle.recover()

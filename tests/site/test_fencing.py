@@ -41,6 +41,7 @@ from twisted.internet.threads import deferToThread
 from tasknet.runtime import SystemEntropy
 from tasknet.site.instance_service import INTERVAL, InstanceService
 from tasknet.site.lifecycle import Lifecycle
+from tasknet.site.reaper import Reaper
 from tasknet.site.storage import create, reaping
 from tasknet.site.storage import usage as usage_weeks
 from tasknet.site.storage.engine.database import Database, connect, open_pool, run_write
@@ -120,18 +121,20 @@ async def running(
         reader_application_name=application_name(lease.instance_id, "reader"),
     )
     client = UpstreamClient(upstream_url, reactor=reactor, persistent=False)
+    reaper = Reaper(db, lease, upstream_timeout=upstream_timeout)
     lifecycle = Lifecycle(
         db,
         client,
         upstream_timeout=upstream_timeout,
         lease=lease,
+        reaper=reaper,
         clock=clock,
         entropy=SystemEntropy(),
         retry_initial=0.05,
         retry_max=0.1,
         before_post_gate=before_post_gate,
     )
-    service = InstanceService(lease, db, lifecycle.reap_gone, clock=clock)
+    service = InstanceService(lease, db, reaper.reap_gone, clock=clock)
     site = Site(lease, db, lifecycle, service, clock, [])
     service.fenced.addCallback(site.fenced.append)
     try:

@@ -1,6 +1,6 @@
 """Two sites on one PostgreSQL database (SCALE.md 2, DRILLS.md D9): each a
 real lease session (:class:`~tasknet.site.storage.lease.PostgresLease`), a
-real pool, a lifecycle and its instance service on ``task.Clock``.
+real pool, a lifecycle, its reaper and its instance service on ``task.Clock``.
 
 * a live site's ``SUBMITTING``/``RESERVED`` are never settled by another,
   however often the other reaps or recovers;
@@ -39,6 +39,7 @@ from twisted.logger import formatEvent, globalLogPublisher
 from tasknet.runtime import SystemEntropy
 from tasknet.site.instance_service import INTERVAL, InstanceService
 from tasknet.site.lifecycle import Lifecycle
+from tasknet.site.reaper import Reaper
 from tasknet.site.storage import create, instances, reaping
 from tasknet.site.storage import usage as usage_weeks
 from tasknet.site.storage.engine.database import Database, connect, open_pool, run_read, run_write
@@ -67,14 +68,15 @@ async def upstream() -> AsyncIterator[RunningUpstream]:
 
 @dataclass
 class Site:
-    """What one site process holds for this: its lease, pool, lifecycle and
-    instance service, on a clock of its own."""
+    """What one site process holds for this: its lease, pool, lifecycle,
+    reaper and instance service, on a clock of its own."""
 
     name: str
     lease: PostgresLease
     db: Database
     client: UpstreamClient
     lifecycle: Lifecycle
+    reaper: Reaper
     service: InstanceService
     clock: Clock
     fenced: list[str]
@@ -98,11 +100,18 @@ async def running(url: str, name: str, upstream_url: str) -> AsyncIterator[Site]
     db = open_pool(url, **site_runtime())
     client = UpstreamClient(upstream_url, reactor=reactor, persistent=False)
     clock = Clock()
+    reaper = Reaper(db, lease, upstream_timeout=2.0)
     lifecycle = Lifecycle(
-        db, client, upstream_timeout=2.0, lease=lease, clock=clock, entropy=SystemEntropy()
+        db,
+        client,
+        upstream_timeout=2.0,
+        lease=lease,
+        reaper=reaper,
+        clock=clock,
+        entropy=SystemEntropy(),
     )
-    service = InstanceService(lease, db, lifecycle.reap_gone, clock=clock)
-    site = Site(name, lease, db, client, lifecycle, service, clock, [])
+    service = InstanceService(lease, db, reaper.reap_gone, clock=clock)
+    site = Site(name, lease, db, client, lifecycle, reaper, service, clock, [])
     service.fenced.addCallback(site.fenced.append)
     try:
         await lifecycle.recover()
@@ -191,7 +200,7 @@ async def test_a_live_sites_submissions_are_never_settled_by_another(
                 await a.tick()
                 await b.tick()
             assert (await a.lifecycle.recover()).operations == []  # a restart's recovery too
-            assert await a.lifecycle.reap_gone() == []
+            assert await a.reaper.reap_gone() == []
             assert _states(pg_url) == {1: "SUBMITTING", 2: "RESERVED"}
             assert _records(pg_url) == []
             assert _instance(pg_url, b.id).open and _instance(pg_url, a.id).open
@@ -289,7 +298,7 @@ async def test_two_reapers_never_both_settle_one_instance(
             lease_timeout_passed(pg_url, b)
             # a has judged b gone and holds b's key: c cannot take it, so c
             # leaves b alone, whatever it would have decided.
-            assert await c.lifecycle.reap_gone() == []
+            assert await c.reaper.reap_gone() == []
             assert _states(pg_url) == {1: "SUBMITTING", 2: "RESERVED"}
             await a.lease.forget(b)
             await a.tick()
