@@ -26,17 +26,12 @@ from tasknet.cli.jsonhttp import Reply, request
 from tasknet.site.storage import reassign
 from tasknet.site.storage.engine import database as dbmod
 from tests.eventually import eventually_blocking
-from tests.ui.conftest import CHROMIUM, CHROMIUM_ARGS, demo_running, gid_with_size, require_browser
+from tests.ui.conftest import demo_running, gid_with_size, require_browser
+from tests.ui.signed_in import signed_in_page
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
 WAIT_MS = 60_000
-_CSP_WATCH = """
-window.__csp = [];
-document.addEventListener('securitypolicyviolation', e => {
-  window.__csp.push(e.violatedDirective + ' ' + (e.blockedURI || ''));
-});
-"""
 
 
 @pytest.fixture
@@ -86,71 +81,53 @@ def test_an_admin_reassigns_and_retires_a_node_from_the_panel(stack: DemoStack) 
     holder, operation_id = first["node"], first["operationId"]
     other = "node-2" if holder == "node-1" else "node-1"
 
-    console_errors: list[str] = []
-    page_errors: list[str] = []
-    with sync_api.sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        try:
-            context = browser.new_context(locale="en-US", viewport={"width": 1400, "height": 900})
-            context.add_init_script(_CSP_WATCH)
-            page = context.new_page()
-            page.on(
-                "console", lambda m: console_errors.append(m.text) if m.type == "error" else None
-            )
-            page.on("pageerror", lambda e: page_errors.append(str(e)))
-            page.goto(stack.url)
-            page.fill("#token-input", DEMO_TOKEN)
-            page.press("#token-input", "Enter")
-            expect(page.locator("#live")).to_have_attribute("data-state", "online", timeout=WAIT_MS)
-            if page.locator("html").get_attribute("lang") != "en":
-                page.click("#lang-toggle")
-            page.click("#nav-admin")
-            row = page.locator(f'#nodes-body tr[data-node="{holder}"]')
-            expect(row).to_be_visible(timeout=WAIT_MS)
-            dialog = page.locator("#confirm-dialog")
+    with signed_in_page(stack.url, viewport={"width": 1400, "height": 900}) as signed:
+        page = signed.page
+        page.click("#nav-admin")
+        row = page.locator(f'#nodes-body tr[data-node="{holder}"]')
+        expect(row).to_be_visible(timeout=WAIT_MS)
+        dialog = page.locator("#confirm-dialog")
 
-            # Cancel: nothing changes.
-            row.locator('button[data-node-action="reassign"]').click()
-            expect(dialog).to_be_visible(timeout=WAIT_MS)
-            expect(page.locator("#confirm-title")).to_have_text(
-                f"Reassign the unfinished tasks of {holder}?"
-            )
-            expect(page.locator("#confirm-text")).to_contain_text("nothing is submitted or charged")
-            page.click("#confirm-cancel")
-            expect(dialog).to_be_hidden()
-            assert audit(stack, holder) == []
-            assert task(stack, gid)["node"] == holder
+        # Cancel: nothing changes.
+        row.locator('button[data-node-action="reassign"]').click()
+        expect(dialog).to_be_visible(timeout=WAIT_MS)
+        expect(page.locator("#confirm-title")).to_have_text(
+            f"Reassign the unfinished tasks of {holder}?"
+        )
+        expect(page.locator("#confirm-text")).to_contain_text("nothing is submitted or charged")
+        page.click("#confirm-cancel")
+        expect(dialog).to_be_hidden()
+        assert audit(stack, holder) == []
+        assert task(stack, gid)["node"] == holder
 
-            # Confirmed with a note: moved to the other node, same operationId.
-            row.locator('button[data-node-action="reassign"]').click()
-            expect(dialog).to_be_visible(timeout=WAIT_MS)
-            page.fill("#confirm-note", "moving it by hand")
-            page.click("#confirm-ok")
-            expect(page.locator("#notice")).to_contain_text(
-                f"1 task(s) moved off {holder} (1 sent to other nodes, 0 waiting for a node).",
-                timeout=WAIT_MS,
-            )
-            moved = task(stack, gid)
-            assert (moved["node"], moved["operationId"]) == (other, operation_id)
-            assert posts(stack, gid) == 1
-            assert audit(stack, holder) == [("REASSIGN", "moving it by hand", 1)]
+        # Confirmed with a note: moved to the other node, same operationId.
+        row.locator('button[data-node-action="reassign"]').click()
+        expect(dialog).to_be_visible(timeout=WAIT_MS)
+        page.fill("#confirm-note", "moving it by hand")
+        page.click("#confirm-ok")
+        expect(page.locator("#notice")).to_contain_text(
+            f"1 task(s) moved off {holder} (1 sent to other nodes, 0 waiting for a node).",
+            timeout=WAIT_MS,
+        )
+        moved = task(stack, gid)
+        assert (moved["node"], moved["operationId"]) == (other, operation_id)
+        assert posts(stack, gid) == 1
+        assert audit(stack, holder) == [("REASSIGN", "moving it by hand", 1)]
 
-            # In Chinese: Retire asks in Chinese, and is audited.
-            page.click("#lang-toggle")
-            expect(page.locator("html")).to_have_attribute("lang", "zh-CN")
-            row = page.locator(f'#nodes-body tr[data-node="{holder}"]')
-            row.locator('button[data-node-action="retire"]').click()
-            expect(dialog).to_be_visible(timeout=WAIT_MS)
-            expect(page.locator("#confirm-title")).to_have_text(f"让 {holder} 退役？")
-            expect(page.locator("#confirm-text")).to_contain_text("密钥被删除")
-            page.fill("#confirm-note", "退役")
-            page.click("#confirm-ok")
-            expect(page.locator("#notice")).to_contain_text(f"{holder} 已退役", timeout=WAIT_MS)
-            assert [a for a, _, _ in audit(stack, holder)] == ["REASSIGN", "RETIRE"]
-            assert task(stack, gid)["node"] == other
-            csp = page.evaluate("window.__csp")
-        finally:
-            browser.close()
-    assert page_errors == []
+        # In Chinese: Retire asks in Chinese, and is audited.
+        page.click("#lang-toggle")
+        expect(page.locator("html")).to_have_attribute("lang", "zh-CN")
+        row = page.locator(f'#nodes-body tr[data-node="{holder}"]')
+        row.locator('button[data-node-action="retire"]').click()
+        expect(dialog).to_be_visible(timeout=WAIT_MS)
+        expect(page.locator("#confirm-title")).to_have_text(f"让 {holder} 退役？")
+        expect(page.locator("#confirm-text")).to_contain_text("密钥被删除")
+        page.fill("#confirm-note", "退役")
+        page.click("#confirm-ok")
+        expect(page.locator("#notice")).to_contain_text(f"{holder} 已退役", timeout=WAIT_MS)
+        assert [a for a, _, _ in audit(stack, holder)] == ["REASSIGN", "RETIRE"]
+        assert task(stack, gid)["node"] == other
+        csp = page.evaluate("window.__csp")
+    assert signed.page_errors == []
     assert csp == []
-    assert [e for e in console_errors if "status of 401" not in e] == []
+    assert [e for e in signed.console_errors if "status of 401" not in e] == []

@@ -29,17 +29,12 @@ from tasknet.site.storage.custody import mark_archive_gone
 from tasknet.site.storage.engine import database as dbmod
 from tasknet.site.storage.engine.timestamps import iso
 from tests.eventually import eventually_blocking
-from tests.ui.conftest import CHROMIUM, CHROMIUM_ARGS, demo_running, gid_with_size, require_browser
+from tests.ui.conftest import demo_running, gid_with_size, require_browser
+from tests.ui.signed_in import signed_in_page
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
 WAIT_MS = 60_000
-_CSP_WATCH = """
-window.__csp = [];
-document.addEventListener('securitypolicyviolation', e => {
-  window.__csp.push(e.violatedDirective + ' ' + (e.blockedURI || ''));
-});
-"""
 
 
 @pytest.fixture
@@ -101,66 +96,49 @@ def test_a_gone_archive_is_fetched_again_after_the_charge_is_confirmed(stack: De
     assert task(stack, gid)["status"] == "ARCHIVE_GONE"
     assert (posts(stack, gid), used(stack)) == (1, cost)
 
-    console_errors: list[str] = []
-    page_errors: list[str] = []
-    with sync_api.sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        try:
-            context = browser.new_context(locale="en-US", viewport={"width": 1280, "height": 800})
-            context.add_init_script(_CSP_WATCH)
-            page = context.new_page()
-            page.on(
-                "console", lambda m: console_errors.append(m.text) if m.type == "error" else None
-            )
-            page.on("pageerror", lambda e: page_errors.append(str(e)))
-            page.goto(stack.url)
-            page.fill("#token-input", DEMO_TOKEN)
-            page.press("#token-input", "Enter")
-            expect(page.locator("#live")).to_have_attribute("data-state", "online", timeout=WAIT_MS)
+    with signed_in_page(stack.url) as signed:
+        page = signed.page
+        row = page.locator(f'#task-list > li[data-gid="{gid}"]')
+        expect(row).to_have_attribute("data-status", "ARCHIVE_GONE", timeout=WAIT_MS)
+        expect(row).to_contain_text("Archive gone")
+        expect(row.locator('[data-role="note"]')).to_contain_text(
+            "Archive gone: kept past its retention time ("
+        )
+        expect(row.locator('button[data-action="download"]')).to_have_count(0)
 
-            row = page.locator(f'#task-list > li[data-gid="{gid}"]')
-            expect(row).to_have_attribute("data-status", "ARCHIVE_GONE", timeout=WAIT_MS)
-            expect(row).to_contain_text("Archive gone")
-            expect(row.locator('[data-role="note"]')).to_contain_text(
-                "Archive gone: kept past its retention time ("
-            )
-            expect(row.locator('button[data-action="download"]')).to_have_count(0)
+        row.locator('button[data-action="fetch-again"]').click()
+        expect(page.locator("#create-gid")).to_have_value(str(gid))
+        expect(page.locator("#create-token")).to_be_focused()
+        page.fill("#create-token", "upstream-token")
 
-            row.locator('button[data-action="fetch-again"]').click()
-            expect(page.locator("#create-gid")).to_have_value(str(gid))
-            expect(page.locator("#create-token")).to_be_focused()
-            page.fill("#create-token", "upstream-token")
+        # Cancel: nothing charged, nothing sent.
+        page.click("#create-submit")
+        dialog = page.locator("#confirm-dialog")
+        expect(dialog).to_be_visible(timeout=WAIT_MS)
+        expect(page.locator("#confirm-text")).to_contain_text(f"charges {cost} cost units")
+        page.click("#confirm-cancel")
+        result = page.locator("#create-result")
+        expect(result).to_have_attribute("data-outcome", "declined")
+        expect(result).to_contain_text("nothing was charged")
+        assert (posts(stack, gid), used(stack)) == (1, cost)
 
-            # Cancel: nothing charged, nothing sent.
-            page.click("#create-submit")
-            dialog = page.locator("#confirm-dialog")
-            expect(dialog).to_be_visible(timeout=WAIT_MS)
-            expect(page.locator("#confirm-text")).to_contain_text(f"charges {cost} cost units")
-            page.click("#confirm-cancel")
-            result = page.locator("#create-result")
-            expect(result).to_have_attribute("data-outcome", "declined")
-            expect(result).to_contain_text("nothing was charged")
-            assert (posts(stack, gid), used(stack)) == (1, cost)
+        # Accept: a new generation, one more POST, counted by the quota.
+        page.click("#create-submit")
+        expect(dialog).to_be_visible(timeout=WAIT_MS)
+        page.click("#confirm-ok")
+        expect(result).to_have_attribute("data-outcome", "201", timeout=WAIT_MS)
+        expect(row).not_to_have_attribute("data-status", "ARCHIVE_GONE", timeout=WAIT_MS)
+        again = task(stack, gid)
+        assert again["operationId"] != first_op and again["archiveGone"] is None
+        assert (posts(stack, gid), used(stack)) == (2, 2 * cost)
 
-            # Accept: a new generation, one more POST, counted by the quota.
-            page.click("#create-submit")
-            expect(dialog).to_be_visible(timeout=WAIT_MS)
-            page.click("#confirm-ok")
-            expect(result).to_have_attribute("data-outcome", "201", timeout=WAIT_MS)
-            expect(row).not_to_have_attribute("data-status", "ARCHIVE_GONE", timeout=WAIT_MS)
-            again = task(stack, gid)
-            assert again["operationId"] != first_op and again["archiveGone"] is None
-            assert (posts(stack, gid), used(stack)) == (2, 2 * cost)
-
-            # The new generation goes to the node and completes like any task.
-            expect(row).to_have_attribute("data-status", "COMPLETED", timeout=WAIT_MS)
-            csp = page.evaluate("window.__csp")
-        finally:
-            browser.close()
-    assert page_errors == []
+        # The new generation goes to the node and completes like any task.
+        expect(row).to_have_attribute("data-status", "COMPLETED", timeout=WAIT_MS)
+        csp = page.evaluate("window.__csp")
+    assert signed.page_errors == []
     assert csp == []
     # Chromium logs every 4xx answer as "Failed to load resource": the 401 of
     # the page's first look before signing in and the 409 that asked for the
     # confirmation are answers the UI expects; nothing else.
     expected = ("status of 401", "status of 409")
-    assert [e for e in console_errors if not any(x in e for x in expected)] == []
+    assert [e for e in signed.console_errors if not any(x in e for x in expected)] == []

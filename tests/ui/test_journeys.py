@@ -48,8 +48,9 @@ from tests.ui.conftest import (
     require_browser,
     seed_submitted,
 )
+from tests.ui.signed_in import CSP_WATCH
 from tests.ui.test_demo import _processes_under
-from tests.ui.test_views_browser import _CSP_WATCH, Watched, sign_in
+from tests.ui.test_views_browser import Watched, sign_in
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
@@ -115,7 +116,7 @@ def open_page(chromium: Any) -> Iterator[Callable[..., Watched]]:
     def open_(url: str, locale: str = "en-US", viewport: dict[str, int] = DESKTOP) -> Watched:
         context = chromium.new_context(locale=locale, viewport=viewport)
         contexts.append(context)
-        context.add_init_script(_CSP_WATCH)
+        context.add_init_script(CSP_WATCH)
         page = context.new_page()
         w = Watched(page)
         page.on("console", lambda m: w.console_errors.append(m.text) if m.type == "error" else None)

@@ -20,19 +20,14 @@ import pytest
 from tasknet.cli.demo import DEMO_TOKEN, SERVES_USERS, NodeSpec
 from tasknet.cli.jsonhttp import Reply, request
 from tests.eventually import eventually_blocking
-from tests.ui.conftest import CHROMIUM, CHROMIUM_ARGS, demo_running, gid_with_size, require_browser
+from tests.ui.conftest import demo_running, gid_with_size, require_browser
 from tests.ui.screenshots import Stack
+from tests.ui.signed_in import signed_in_page
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
 WAIT_MS = 60_000
 TASKS = 8
-_CSP_WATCH = """
-window.__csp = [];
-document.addEventListener('securitypolicyviolation', e => {
-  window.__csp.push(e.violatedDirective + ' ' + (e.blockedURI || ''));
-});
-"""
 
 
 @pytest.fixture(scope="module")
@@ -78,43 +73,25 @@ def test_a_legacy_nodes_queue_is_honest_and_a_killed_node_shows_no_work(stack: S
     )
     held = len(on_node(stack, "node-2"))
 
-    console_errors: list[str] = []
-    page_errors: list[str] = []
-    with sync_api.sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        try:
-            context = browser.new_context(locale="en-US", viewport={"width": 1280, "height": 800})
-            context.add_init_script(_CSP_WATCH)
-            page = context.new_page()
-            page.on(
-                "console", lambda m: console_errors.append(m.text) if m.type == "error" else None
-            )
-            page.on("pageerror", lambda e: page_errors.append(str(e)))
-            page.goto(stack.url)
-            page.fill("#token-input", DEMO_TOKEN)
-            page.press("#token-input", "Enter")
-            expect(page.locator("#live")).to_have_attribute("data-state", "online", timeout=WAIT_MS)
-            if page.locator("html").get_attribute("lang") != "en":
-                page.click("#lang-toggle")
-            queued_rows = page.locator("#task-list > li", has_text="queued on node-2, not started")
-            expect(queued_rows.first).to_be_visible(timeout=WAIT_MS)
-            assert queued_rows.count() >= 2
+    with signed_in_page(stack.url) as signed:
+        page = signed.page
+        queued_rows = page.locator("#task-list > li", has_text="queued on node-2, not started")
+        expect(queued_rows.first).to_be_visible(timeout=WAIT_MS)
+        assert queued_rows.count() >= 2
 
-            page.click("#nav-admin")
-            row = page.locator('#nodes-body tr[data-node="node-2"]')
-            tasks = row.locator('[data-role="active"]')
-            expect(tasks).to_have_text(f"1 running, {held - 1} queued", timeout=WAIT_MS)
+        page.click("#nav-admin")
+        row = page.locator('#nodes-body tr[data-node="node-2"]')
+        tasks = row.locator('[data-role="active"]')
+        expect(tasks).to_have_text(f"1 running, {held - 1} queued", timeout=WAIT_MS)
 
-            # Killed: what it holds, not running; no speed.
-            stack.child("node-2").kill()
-            expect(row).to_have_attribute("data-connected", "false", timeout=WAIT_MS)
-            expect(tasks).to_have_text(f"{held} held (offline, not downloading)")
-            expect(row.locator('[data-role="speed"]')).to_have_text("—")
-            page.click("#lang-toggle")
-            expect(tasks).to_have_text(f"持有 {held} 个（离线，未在下载）")
-            csp = page.evaluate("window.__csp")
-        finally:
-            browser.close()
-    assert page_errors == []
+        # Killed: what it holds, not running; no speed.
+        stack.child("node-2").kill()
+        expect(row).to_have_attribute("data-connected", "false", timeout=WAIT_MS)
+        expect(tasks).to_have_text(f"{held} held (offline, not downloading)")
+        expect(row.locator('[data-role="speed"]')).to_have_text("—")
+        page.click("#lang-toggle")
+        expect(tasks).to_have_text(f"持有 {held} 个（离线，未在下载）")
+        csp = page.evaluate("window.__csp")
+    assert signed.page_errors == []
     assert csp == []
-    assert [e for e in console_errors if "status of 401" not in e] == []
+    assert [e for e in signed.console_errors if "status of 401" not in e] == []

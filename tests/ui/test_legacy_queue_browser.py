@@ -27,20 +27,15 @@ from tasknet.cli.jsonhttp import Reply, request
 from tasknet.site.storage.throughput import STALL_SECONDS
 from tasknet.site.storage.views import STALL_AFTER_SECONDS
 from tests.eventually import eventually_blocking
-from tests.ui.conftest import CHROMIUM, CHROMIUM_ARGS, demo_running, gid_with_size, require_browser
+from tests.ui.conftest import demo_running, gid_with_size, require_browser
 from tests.ui.screenshots import Stack
+from tests.ui.signed_in import signed_in_page
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
 WAIT_MS = 60_000
 TASKS = 45
 DOWNLOADS = 2
-_CSP_WATCH = """
-window.__csp = [];
-document.addEventListener('securitypolicyviolation', e => {
-  window.__csp.push(e.violatedDirective + ' ' + (e.blockedURI || ''));
-});
-"""
 
 
 @pytest.fixture(scope="module")
@@ -88,92 +83,72 @@ def test_a_long_legacy_queue_is_counted_queued_not_in_progress_and_never_stalls(
     )
     queued_at = time.monotonic()
 
-    console_errors: list[str] = []
-    page_errors: list[str] = []
-    with sync_api.sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+    with signed_in_page(stack.url) as signed:
+        page = signed.page
+
+        def tab(name: str) -> Any:
+            return page.locator(f'#status-tabs [data-count="{name}"]')
+
+        expect(tab("all")).to_have_text(str(TASKS), timeout=WAIT_MS)
+        expect(tab("active")).to_have_text(str(DOWNLOADS))
+        expect(tab("queued")).to_have_text(str(TASKS - DOWNLOADS))
+        expect(tab("attention")).to_have_text("0")
+
+        # "In progress" lists the downloads alone.
+        page.click('#status-tabs [data-filter="active"]')
+        rows = page.locator("#task-list > li")
+        expect(rows).to_have_count(DOWNLOADS, timeout=WAIT_MS)
+        expect(rows.first).to_contain_text("Downloading")
+
+        # The upstream frozen (SIGSTOP) for longer than the site measures a
+        # speed over (throughput.STALL_SECONDS), not as long as the stall
+        # threshold: each legacy download, read afresh, says why it shows
+        # no speed instead of "— —".
+        upstream = stack.child("upstream").popen
+        assert upstream is not None
+        os.kill(upstream.pid, signal.SIGSTOP)
         try:
-            context = browser.new_context(locale="en-US", viewport={"width": 1280, "height": 800})
-            context.add_init_script(_CSP_WATCH)
-            page = context.new_page()
-            page.on(
-                "console", lambda m: console_errors.append(m.text) if m.type == "error" else None
-            )
-            page.on("pageerror", lambda e: page_errors.append(str(e)))
-            page.goto(stack.url)
-            page.fill("#token-input", DEMO_TOKEN)
-            page.press("#token-input", "Enter")
-            expect(page.locator("#live")).to_have_attribute("data-state", "online", timeout=WAIT_MS)
-            if page.locator("html").get_attribute("lang") != "en":
-                page.click("#lang-toggle")
-
-            def tab(name: str) -> Any:
-                return page.locator(f'#status-tabs [data-count="{name}"]')
-
-            expect(tab("all")).to_have_text(str(TASKS), timeout=WAIT_MS)
-            expect(tab("active")).to_have_text(str(DOWNLOADS))
-            expect(tab("queued")).to_have_text(str(TASKS - DOWNLOADS))
-            expect(tab("attention")).to_have_text("0")
-
-            # "In progress" lists the downloads alone.
-            page.click('#status-tabs [data-filter="active"]')
-            rows = page.locator("#task-list > li")
-            expect(rows).to_have_count(DOWNLOADS, timeout=WAIT_MS)
-            expect(rows.first).to_contain_text("Downloading")
-
-            # The upstream frozen (SIGSTOP) for longer than the site measures a
-            # speed over (throughput.STALL_SECONDS), not as long as the stall
-            # threshold: each legacy download, read afresh, says why it shows
-            # no speed instead of "— —".
-            upstream = stack.child("upstream").popen
-            assert upstream is not None
-            os.kill(upstream.pid, signal.SIGSTOP)
-            try:
-                page.wait_for_timeout((STALL_SECONDS + 2) * 1000)
-                page.reload()
-                expect(page.locator("#live")).to_have_attribute(
-                    "data-state", "online", timeout=WAIT_MS
-                )
-                legacy = page.locator(
-                    "#task-list > li", has_text="not reported by this legacy node (progress only)"
-                )
-                expect(legacy).to_have_count(DOWNLOADS, timeout=WAIT_MS)
-                page.click("#lang-toggle")
-                expect(
-                    page.locator("#task-list > li", has_text="旧版节点不报告速度（只报告进度）")
-                ).to_have_count(DOWNLOADS)
-                page.click("#lang-toggle")
-            finally:
-                os.kill(upstream.pid, signal.SIGCONT)
-
-            # Past the stall threshold, read afresh: queued, not stalled.
-            page.wait_for_timeout(
-                max(0.0, STALL_AFTER_SECONDS + 5 - (time.monotonic() - queued_at)) * 1000
-            )
+            page.wait_for_timeout((STALL_SECONDS + 2) * 1000)
             page.reload()
             expect(page.locator("#live")).to_have_attribute("data-state", "online", timeout=WAIT_MS)
-            page.click('#status-tabs [data-filter="queued"]')
-            rows = page.locator("#task-list > li")
-            expect(rows).to_have_count(TASKS - DOWNLOADS, timeout=WAIT_MS)
-            expect(
-                page.locator("#task-list > li", has_text="queued on node-2, not started")
-            ).to_have_count(TASKS - DOWNLOADS)
-            expect(page.locator("#task-list", has_text="no progress since")).to_have_count(0)
-            expect(tab("active")).to_have_text(str(DOWNLOADS))
-            expect(tab("attention")).to_have_text("0")
-
+            legacy = page.locator(
+                "#task-list > li", has_text="not reported by this legacy node (progress only)"
+            )
+            expect(legacy).to_have_count(DOWNLOADS, timeout=WAIT_MS)
             page.click("#lang-toggle")
             expect(
-                page.locator("#task-list > li", has_text="在 node-2 排队，尚未开始")
-            ).to_have_count(TASKS - DOWNLOADS)
-            expect(page.locator("#task-list", has_text="起没有进展")).to_have_count(0)
-            csp = page.evaluate("window.__csp")
+                page.locator("#task-list > li", has_text="旧版节点不报告速度（只报告进度）")
+            ).to_have_count(DOWNLOADS)
+            page.click("#lang-toggle")
         finally:
-            browser.close()
+            os.kill(upstream.pid, signal.SIGCONT)
+
+        # Past the stall threshold, read afresh: queued, not stalled.
+        page.wait_for_timeout(
+            max(0.0, STALL_AFTER_SECONDS + 5 - (time.monotonic() - queued_at)) * 1000
+        )
+        page.reload()
+        expect(page.locator("#live")).to_have_attribute("data-state", "online", timeout=WAIT_MS)
+        page.click('#status-tabs [data-filter="queued"]')
+        rows = page.locator("#task-list > li")
+        expect(rows).to_have_count(TASKS - DOWNLOADS, timeout=WAIT_MS)
+        expect(
+            page.locator("#task-list > li", has_text="queued on node-2, not started")
+        ).to_have_count(TASKS - DOWNLOADS)
+        expect(page.locator("#task-list", has_text="no progress since")).to_have_count(0)
+        expect(tab("active")).to_have_text(str(DOWNLOADS))
+        expect(tab("attention")).to_have_text("0")
+
+        page.click("#lang-toggle")
+        expect(page.locator("#task-list > li", has_text="在 node-2 排队，尚未开始")).to_have_count(
+            TASKS - DOWNLOADS
+        )
+        expect(page.locator("#task-list", has_text="起没有进展")).to_have_count(0)
+        csp = page.evaluate("window.__csp")
     # The API agrees: nothing queued is stalled.
     reply = api(stack, "GET", "/api/tasks?status=QUEUED&limit=100")
     assert reply.status == 200, reply.brief()
     assert [t["stalledSince"] for t in reply.body["tasks"]] == [None] * (TASKS - DOWNLOADS)
-    assert page_errors == []
+    assert signed.page_errors == []
     assert csp == []
-    assert [e for e in console_errors if "status of 401" not in e] == []
+    assert [e for e in signed.console_errors if "status of 401" not in e] == []

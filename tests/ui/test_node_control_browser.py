@@ -27,17 +27,12 @@ from tasknet.cli.demo import DEMO_TOKEN, SERVES_USERS, DemoStack, NodeSpec
 from tasknet.cli.jsonhttp import Reply, request
 from tasknet.site.storage.engine import database as dbmod
 from tests.eventually import eventually_blocking
-from tests.ui.conftest import CHROMIUM, CHROMIUM_ARGS, demo_running, gid_with_size, require_browser
+from tests.ui.conftest import demo_running, gid_with_size, require_browser
+from tests.ui.signed_in import signed_in_page
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
 WAIT_MS = 60_000
-_CSP_WATCH = """
-window.__csp = [];
-document.addEventListener('securitypolicyviolation', e => {
-  window.__csp.push(e.violatedDirective + ' ' + (e.blockedURI || ''));
-});
-"""
 
 
 @pytest.fixture(scope="module")
@@ -89,113 +84,95 @@ def test_an_admin_drains_pauses_resumes_and_limits_a_node(stack: DemoStack) -> N
     holder = first["node"]
     other = "node-2" if holder == "node-1" else "node-1"
 
-    console_errors: list[str] = []
-    page_errors: list[str] = []
-    with sync_api.sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        try:
-            context = browser.new_context(locale="en-US", viewport={"width": 1280, "height": 800})
-            context.add_init_script(_CSP_WATCH)
-            page = context.new_page()
-            page.on(
-                "console", lambda m: console_errors.append(m.text) if m.type == "error" else None
-            )
-            page.on("pageerror", lambda e: page_errors.append(str(e)))
-            page.goto(stack.url)
-            page.fill("#token-input", DEMO_TOKEN)
-            page.press("#token-input", "Enter")
-            expect(page.locator("#live")).to_have_attribute("data-state", "online", timeout=WAIT_MS)
-            if page.locator("html").get_attribute("lang") != "en":
-                page.click("#lang-toggle")
-            page.click("#nav-admin")
-            row = page.locator(f'#nodes-body tr[data-node="{holder}"]')
-            expect(row).to_be_visible(timeout=WAIT_MS)
-            dialog = page.locator("#confirm-dialog")
+    with signed_in_page(stack.url) as signed:
+        page = signed.page
+        page.click("#nav-admin")
+        row = page.locator(f'#nodes-body tr[data-node="{holder}"]')
+        expect(row).to_be_visible(timeout=WAIT_MS)
+        dialog = page.locator("#confirm-dialog")
 
-            def fits() -> None:
-                # The panel and its controls fit the window: no sideways scroll.
-                width = page.evaluate("[document.documentElement.scrollWidth, innerWidth]")
-                assert width[0] <= width[1], width
+        def fits() -> None:
+            # The panel and its controls fit the window: no sideways scroll.
+            width = page.evaluate("[document.documentElement.scrollWidth, innerWidth]")
+            assert width[0] <= width[1], width
 
-            def act(node: str, action: str, note: str = "") -> None:
-                target = page.locator(f'#nodes-body tr[data-node="{node}"]')
-                target.locator(f'button[data-node-action="{action}"]').click()
-                expect(dialog).to_be_visible(timeout=WAIT_MS)
-                if note:
-                    page.fill("#confirm-note", note)
-                page.click("#confirm-ok")
-                expect(dialog).to_be_hidden()
-
-            # Drain: the row says so, the next task goes to the other node,
-            # and the drained node's own download goes on.
-            act(holder, "drain", "swapping its disk")
-            expect(page.locator("#notice")).to_have_text(
-                f"{holder}: draining · no limit.", timeout=WAIT_MS
-            )
-            state = row.locator('[data-role="control"]')
-            expect(state).to_have_text(" · draining, 1 left", timeout=WAIT_MS)
-            assert controls(stack) == [(holder, "DRAINING", None, "swapping its disk")]
-            second = create(stack, gid_with_size(600_000, 2_000_000, 5_300_001))
-            assert second["node"] == other
-            assert row.locator('button[data-node-action="drain"]').count() == 0
-            fits()
-
-            # Then Pause, offered while it drains: "paused"; then Resume.  The
-            # first download runs there throughout.
-            act(holder, "pause")
-            expect(state).to_have_text(" · paused", timeout=WAIT_MS)
-            assert controls(stack) == [(holder, "PAUSED", None, "")]
-            expect(row.locator('button[data-node-action="drain"]')).to_be_visible()
-            assert row.locator('button[data-node-action="pause"]').count() == 0
-            fits()
-            act(holder, "resume")
-            expect(state).to_have_count(0, timeout=WAIT_MS)
-            assert controls(stack) == []
-            now = task(stack, first["gid"])
-            assert (now["node"], now["status"]) == (holder, "DOWNLOADING")
-
-            # A limit on the other node; 0 is refused with words, nothing changed.
-            other_row = page.locator(f'#nodes-body tr[data-node="{other}"]')
-            other_row.locator("input[data-node-limit]").fill("0")
-            other_row.locator('button[data-node-action="limit"]').click()
-            expect(page.locator("#notice")).to_have_text(
-                "A limit is a whole number from 1 to 100,000; leave it empty for no limit.",
-                timeout=WAIT_MS,
-            )
-            expect(dialog).to_be_hidden()
-            other_row.locator("input[data-node-limit]").fill("1")
-            act(other, "limit")
-            other_state = other_row.locator('[data-role="control"]')
-            expect(other_state).to_have_text(" · limit 1", timeout=WAIT_MS)
-            assert controls(stack) == [(other, "ACTIVE", 1, "")]
-
-            # Drained: the other node drains, its one task goes, nothing is left.
-            act(other, "drain")
-            expect(other_state).to_have_text(" · draining, 1 left · limit 1", timeout=WAIT_MS)
-            deleted = api(stack, "DELETE", f"/api/tasks/{second['gid']}")
-            assert deleted.status in (200, 202), deleted.brief()
-            expect(other_state).to_have_text(" · drained · limit 1", timeout=WAIT_MS)
-            fits()
-
-            # In Chinese, on a phone: the words and the controls are there.
-            page.click("#lang-toggle")
-            expect(page.locator("html")).to_have_attribute("lang", "zh-CN")
-            page.set_viewport_size({"width": 360, "height": 740})
-            expect(other_state).to_have_text(" · 已排空 · 上限 1")
-            fits()
-            resume = other_row.locator('button[data-node-action="resume"]')
-            expect(resume).to_be_visible()
-            resume.click()
-            expect(page.locator("#confirm-title")).to_have_text(f"恢复 {other}？")
+        def act(node: str, action: str, note: str = "") -> None:
+            target = page.locator(f'#nodes-body tr[data-node="{node}"]')
+            target.locator(f'button[data-node-action="{action}"]').click()
+            expect(dialog).to_be_visible(timeout=WAIT_MS)
+            if note:
+                page.fill("#confirm-note", note)
             page.click("#confirm-ok")
-            expect(other_state).to_have_text(" · 上限 1", timeout=WAIT_MS)
-            assert controls(stack) == [(other, "ACTIVE", 1, "")]
-            csp = page.evaluate("window.__csp")
-        finally:
-            browser.close()
-    assert page_errors == []
+            expect(dialog).to_be_hidden()
+
+        # Drain: the row says so, the next task goes to the other node,
+        # and the drained node's own download goes on.
+        act(holder, "drain", "swapping its disk")
+        expect(page.locator("#notice")).to_have_text(
+            f"{holder}: draining · no limit.", timeout=WAIT_MS
+        )
+        state = row.locator('[data-role="control"]')
+        expect(state).to_have_text(" · draining, 1 left", timeout=WAIT_MS)
+        assert controls(stack) == [(holder, "DRAINING", None, "swapping its disk")]
+        second = create(stack, gid_with_size(600_000, 2_000_000, 5_300_001))
+        assert second["node"] == other
+        assert row.locator('button[data-node-action="drain"]').count() == 0
+        fits()
+
+        # Then Pause, offered while it drains: "paused"; then Resume.  The
+        # first download runs there throughout.
+        act(holder, "pause")
+        expect(state).to_have_text(" · paused", timeout=WAIT_MS)
+        assert controls(stack) == [(holder, "PAUSED", None, "")]
+        expect(row.locator('button[data-node-action="drain"]')).to_be_visible()
+        assert row.locator('button[data-node-action="pause"]').count() == 0
+        fits()
+        act(holder, "resume")
+        expect(state).to_have_count(0, timeout=WAIT_MS)
+        assert controls(stack) == []
+        now = task(stack, first["gid"])
+        assert (now["node"], now["status"]) == (holder, "DOWNLOADING")
+
+        # A limit on the other node; 0 is refused with words, nothing changed.
+        other_row = page.locator(f'#nodes-body tr[data-node="{other}"]')
+        other_row.locator("input[data-node-limit]").fill("0")
+        other_row.locator('button[data-node-action="limit"]').click()
+        expect(page.locator("#notice")).to_have_text(
+            "A limit is a whole number from 1 to 100,000; leave it empty for no limit.",
+            timeout=WAIT_MS,
+        )
+        expect(dialog).to_be_hidden()
+        other_row.locator("input[data-node-limit]").fill("1")
+        act(other, "limit")
+        other_state = other_row.locator('[data-role="control"]')
+        expect(other_state).to_have_text(" · limit 1", timeout=WAIT_MS)
+        assert controls(stack) == [(other, "ACTIVE", 1, "")]
+
+        # Drained: the other node drains, its one task goes, nothing is left.
+        act(other, "drain")
+        expect(other_state).to_have_text(" · draining, 1 left · limit 1", timeout=WAIT_MS)
+        deleted = api(stack, "DELETE", f"/api/tasks/{second['gid']}")
+        assert deleted.status in (200, 202), deleted.brief()
+        expect(other_state).to_have_text(" · drained · limit 1", timeout=WAIT_MS)
+        fits()
+
+        # In Chinese, on a phone: the words and the controls are there.
+        page.click("#lang-toggle")
+        expect(page.locator("html")).to_have_attribute("lang", "zh-CN")
+        page.set_viewport_size({"width": 360, "height": 740})
+        expect(other_state).to_have_text(" · 已排空 · 上限 1")
+        fits()
+        resume = other_row.locator('button[data-node-action="resume"]')
+        expect(resume).to_be_visible()
+        resume.click()
+        expect(page.locator("#confirm-title")).to_have_text(f"恢复 {other}？")
+        page.click("#confirm-ok")
+        expect(other_state).to_have_text(" · 上限 1", timeout=WAIT_MS)
+        assert controls(stack) == [(other, "ACTIVE", 1, "")]
+        csp = page.evaluate("window.__csp")
+    assert signed.page_errors == []
     assert csp == []
-    assert [e for e in console_errors if "status of 401" not in e] == []
+    assert [e for e in signed.console_errors if "status of 401" not in e] == []
 
 
 def test_the_control_api_refuses_what_it_cannot_do_and_changes_nothing(stack: DemoStack) -> None:

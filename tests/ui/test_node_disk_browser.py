@@ -20,7 +20,8 @@ import pytest
 from tasknet.cli.demo import DEMO_TOKEN, SERVES_SITE, SERVES_USERS, DemoStack, NodeSpec
 from tasknet.cli.jsonhttp import request
 from tests.eventually import eventually_blocking
-from tests.ui.conftest import CHROMIUM, CHROMIUM_ARGS, demo_running, gid_with_size, require_browser
+from tests.ui.conftest import demo_running, gid_with_size, require_browser
+from tests.ui.signed_in import signed_in_page
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
@@ -69,45 +70,29 @@ def test_the_node_panel_shows_archives_bytes_held_and_free_space(stack: DemoStac
         disk = panel[node]["disk"]
         assert isinstance(disk["free"], int) and disk["free"] > 0, disk
         assert disk["budget"] is None, disk  # the demo sets no --disk-budget
-    console_errors: list[str] = []
-    page_errors: list[str] = []
-    with sync_api.sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        try:
-            page = browser.new_page(viewport={"width": 1280, "height": 900}, locale="en-US")
-            page.on(
-                "console", lambda m: console_errors.append(m.text) if m.type == "error" else None
+    with signed_in_page(stack.url, viewport={"width": 1280, "height": 900}) as signed:
+        page = signed.page
+        page.click("#nav-admin")
+        headers = page.locator("#nodes-table thead th")
+        expect(headers).to_contain_text(["Archives", "Held", "Free space"])
+        for node in ("node-1", "node-3"):
+            row = page.locator(f'#nodes-body tr[data-node="{node}"]')
+            expect(row.locator('[data-role="free"]')).to_have_text(SIZE)
+            expect(row.locator('[data-role="free"]')).to_have_attribute("title", "no disk budget")
+            expect(row.locator('[data-role="archives"]')).to_have_text(re.compile(r"^\d+$"))
+            expect(row.locator('[data-role="held"]')).to_have_text(SIZE)
+            expect(row.locator('[data-role="held"]')).to_have_attribute(
+                "title", re.compile(r"^As the node said at ")
             )
-            page.on("pageerror", lambda e: page_errors.append(str(e)))
-            page.goto(stack.url)
-            page.fill("#token-input", DEMO_TOKEN)
-            page.press("#token-input", "Enter")
-            expect(page.locator("#live")).to_have_attribute("data-state", "online", timeout=WAIT_MS)
-            page.click("#nav-admin")
-            headers = page.locator("#nodes-table thead th")
-            expect(headers).to_contain_text(["Archives", "Held", "Free space"])
-            for node in ("node-1", "node-3"):
-                row = page.locator(f'#nodes-body tr[data-node="{node}"]')
-                expect(row.locator('[data-role="free"]')).to_have_text(SIZE)
-                expect(row.locator('[data-role="free"]')).to_have_attribute(
-                    "title", "no disk budget"
-                )
-                expect(row.locator('[data-role="archives"]')).to_have_text(re.compile(r"^\d+$"))
-                expect(row.locator('[data-role="held"]')).to_have_text(SIZE)
-                expect(row.locator('[data-role="held"]')).to_have_attribute(
-                    "title", re.compile(r"^As the node said at ")
-                )
-            legacy = page.locator('#nodes-body tr[data-node="node-2"]')
-            for role in ("archives", "held", "free"):
-                expect(legacy.locator(f'[data-role="{role}"]')).to_have_text("—")
-            page.click("#lang-toggle")
-            expect(headers).to_contain_text(["归档", "占用空间", "剩余空间"])
-            expect(
-                page.locator('#nodes-body tr[data-node="node-1"] [data-role="free"]')
-            ).to_have_attribute("title", "无磁盘预算")
-        finally:
-            browser.close()
-    assert not page_errors, page_errors
+        legacy = page.locator('#nodes-body tr[data-node="node-2"]')
+        for role in ("archives", "held", "free"):
+            expect(legacy.locator(f'[data-role="{role}"]')).to_have_text("—")
+        page.click("#lang-toggle")
+        expect(headers).to_contain_text(["归档", "占用空间", "剩余空间"])
+        expect(
+            page.locator('#nodes-body tr[data-node="node-1"] [data-role="free"]')
+        ).to_have_attribute("title", "无磁盘预算")
+    assert not signed.page_errors, signed.page_errors
     # The session probe before signing in answers 401, which the UI expects.
-    unexpected = [e for e in console_errors if "status of 401" not in e]
+    unexpected = [e for e in signed.console_errors if "status of 401" not in e]
     assert not unexpected, unexpected

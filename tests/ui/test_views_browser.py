@@ -38,6 +38,7 @@ from tests.ui.conftest import (
     require_browser,
     screenshot_dir,
 )
+from tests.ui.signed_in import CSP_WATCH
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
@@ -48,14 +49,6 @@ UPSTREAM_TIMEOUT = 4.0
 WAIT_MS = 60_000
 DESKTOP = {"width": 1280, "height": 900}
 PHONE = {"width": 360, "height": 780}
-
-# Records securitypolicyviolation events before any page script runs.
-_CSP_WATCH = """
-window.__csp = [];
-document.addEventListener('securitypolicyviolation', e => {
-  window.__csp.push(e.violatedDirective + ' ' + (e.blockedURI || '') + ' ' + (e.sample || ''));
-});
-"""
 
 
 @dataclass
@@ -135,7 +128,7 @@ def open_page(browser: Any, stack: DemoStack) -> Iterator[Callable[..., Watched]
     ) -> Watched:
         context = browser.new_context(locale=locale, viewport=viewport)
         contexts.append(context)
-        context.add_init_script(_CSP_WATCH)
+        context.add_init_script(CSP_WATCH)
         page = context.new_page()
         w = Watched(page)
         page.on("console", lambda m: w.console_errors.append(m.text) if m.type == "error" else None)
