@@ -92,7 +92,7 @@ from typing import Any, Protocol
 import treq
 from twisted.application.internet import TimerService, backoffPolicy
 from twisted.application.service import MultiService
-from twisted.internet.defer import Deferred, succeed
+from twisted.internet.defer import Deferred, DeferredLock, succeed
 from twisted.internet.interfaces import IReactorTCP, IReactorTime
 from twisted.logger import Logger
 from twisted.web.client import Agent
@@ -574,6 +574,7 @@ class OutboxExecutor(MultiService):
         self._subscription: listen.Subscription | None = None
         self._webhook_lease = webhook_lease
         self._joined = False  # shared: this instance's tail is registered
+        self._joining = DeferredLock()
         self._retention_seconds = retention_days * 86400.0
         self._prune_batch = prune_batch
         self._pruning: Deferred[int] | None = None
@@ -632,6 +633,7 @@ class OutboxExecutor(MultiService):
         )
         if self._subscription is None:
             self._subscription = self._wakeups.subscribe(listen.OUTBOX, self._notified)
+        self._join_in_background()
         super().startService()
 
     def _notified(self, channel: str, payload: str | None) -> None:
@@ -640,12 +642,28 @@ class OutboxExecutor(MultiService):
         self.wake()
 
     async def _join(self) -> None:
-        """Shared mode: register this instance's tail, from the newest row."""
-        if self.shared and not self._joined:
+        """Shared mode: register this instance's tail, from the newest row.
+
+        Done as the service starts, before this site's clients connect: a
+        tail registered later (at its first drain) would start past the
+        rows committed between a client's connect and that drain, and the
+        client would never get them.  One join at a time (a second would
+        start further on); a failed one is tried again by the next drain
+        or marking."""
+        if not self.shared or self._joined:
+            return
+        async with self._joining:
+            if self._joined:
+                return
             assert self._instance_id is not None
             start = await self._db.write(outbox.join_readers, self._instance_id)
             self._after = self._marked = max(self._after, start)
             self._joined = True
+
+    def _join_in_background(self) -> None:
+        Deferred.fromCoroutine(self._join()).addErrback(
+            lambda f: log.failure("registering this site's outbox tail failed; retried", f)
+        )
 
     def wake(self, _notifications: int = 0) -> Deferred[None]:
         """New rows were committed: drain soon (coalesced; never blocks).

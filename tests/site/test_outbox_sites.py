@@ -226,6 +226,35 @@ async def test_the_poll_covers_a_lost_notification(sites: Sites) -> None:
     await eventually(lambda: b.publisher.gids == [1])
 
 
+@pytest_twisted.ensureDeferred
+async def test_a_tail_registers_as_its_site_starts_so_its_first_drain_misses_nothing(
+    sites: Sites,
+) -> None:
+    # A client connects to a site that has not drained yet; a change is
+    # committed (nobody wakes the tail: no NOTIFY, no poll), then a wake.
+    # A tail registered only at that first drain would start past the row.
+    site = SiteOutbox(sites.target, "site-a", wakeups=NoWakeups())
+    sites.started.append(site)
+    site.executor.startService()
+    await eventually(
+        lambda: (
+            query(
+                sites.target,
+                "SELECT COUNT(*) FROM outbox_reader WHERE instance_id = ?",
+                site.instance_id,
+            )[0][0]
+            == 1
+        )
+    )
+    conn = connect(sites.target)
+    try:
+        run_write(conn, announce(sites.user_id, [4]))
+    finally:
+        conn.close()
+    await site.executor.wake()
+    assert site.publisher.gids == [4]
+
+
 def delivered_ids(receiver: WebhookReceiver) -> list[int]:
     return [int(h["X-Tasknet-Notification"]) for h in receiver.headers]
 
