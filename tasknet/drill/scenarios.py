@@ -1920,6 +1920,51 @@ def _load_summary(answers: list[CreateAnswer]) -> dict[str, Any]:
 COMPLETE_TIMEOUT = 180.0
 
 
+def _reconcile_in_flight(
+    c: Cluster, x: Expect, answers: list[CreateAnswer], promoted_seen: float
+) -> list[dict[str, Any]]:
+    """The creates answered ``202`` ``UNKNOWN`` by a site that lost its lease
+    mid-submission (SCALE.md: its instance is reaped, the submission becomes
+    ``UNKNOWN``, as for a crash) are reconciled as an operator would, from
+    the upstream's journal: one POST is ``submitted`` (then it must complete
+    like the rest), none is ``not_submitted`` once its verdict wait has
+    passed.  Only a create sent before the standby was promoted may end so."""
+    unknown = [a for a in answers if a.status == 202 and c.site_state(a.gid) == "UNKNOWN"]
+    reconciled: list[dict[str, Any]] = []
+    if not unknown:
+        return reconciled
+    x.step(f"reconciling {len(unknown)} create(s) left UNKNOWN by the failover")
+    for a in unknown:
+        x.that(
+            a.sent <= promoted_seen,
+            f"gid {a.gid} UNKNOWN: its create was sent {a.sent - promoted_seen:+.1f} s"
+            " from the promotion (only one in flight through the failover may be)",
+        )
+        posts = c.posts(a.gid)
+        verdict = "submitted" if posts == 1 else "not_submitted"
+        deadline = time.monotonic() + VERDICT_WAIT_BOUND
+        while True:
+            reply, headers = c.resolve_with_headers(a.gid, verdict)
+            retry_after = headers.get("retry-after", "")
+            if reply.status != 409 or not retry_after.isdigit():
+                break
+            if time.monotonic() + int(retry_after) > deadline:
+                break
+            time.sleep(int(retry_after) + 0.5)
+        x.status(reply, 200, f"gid {a.gid} resolved {verdict} ({posts} upstream POST(s))")
+        if verdict == "not_submitted":
+            c.ledger.expect_completed.discard(a.gid)
+        reconciled.append(
+            {"gid": a.gid, "posts": posts, "verdict": verdict, "status": reply.status}
+        )
+    return reconciled
+
+
+#: The longest a reaped submission's verdict waits (lease timeout plus
+#: upstream timeout, with room).
+VERDICT_WAIT_BOUND = 120.0
+
+
 def _wait_completed(c: Cluster, x: Expect, answers: list[CreateAnswer]) -> None:
     """Every create answered 2xx reaches 下载完成 (the nodes' reports were
     applied again after the failover); D3 then checks each."""
@@ -2041,6 +2086,7 @@ def _failover_run(
     figures["load"] = _load_summary(answers)
     figures["site_exits"] = supervisor.to_json()
     _expect_committed(c, x, answers, fault_at)
+    figures["reconciled"] = _reconcile_in_flight(c, x, answers, promoted_seen)
     _wait_completed(c, x, answers)
     figures["charged_twice"] = _expect_no_double_charge(c, x, answers)
     if planned:  # DRILLS.md S25: no create answered 500
