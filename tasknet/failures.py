@@ -14,7 +14,7 @@ from __future__ import annotations
 import errno
 import socket
 
-__all__ = ["plain_words"]
+__all__ = ["cannot_reach", "plain_words"]
 
 _ERRNO_WORDS = {
     errno.ECONNREFUSED: "the connection was refused (nothing answers at that address)",
@@ -65,3 +65,21 @@ def plain_words(error: BaseException) -> str | None:
         if kind.__name__ in _NAMED_WORDS:
             return _NAMED_WORDS[kind.__name__]
     return None
+
+
+#: The words above that say the peer could not be reached at all (not an
+#: answer that failed, not our disk): what makes "the upstream is down".
+_CANNOT_REACH = (
+    _ERRNO_WORDS[errno.ECONNREFUSED],
+    _ERRNO_WORDS[errno.ETIMEDOUT],
+    _ERRNO_WORDS[errno.EHOSTUNREACH],
+    _ERRNO_WORDS[errno.ENETUNREACH],
+    _NAMED_WORDS["DNSLookupError"],
+)
+
+
+def cannot_reach(text: str) -> bool:
+    """Whether ``text`` (a task's ``detail``, an API message) says a peer
+    could not be reached: a refused connection, a timeout, no route, an
+    unknown host name."""
+    return any(words in text for words in _CANNOT_REACH)

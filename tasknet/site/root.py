@@ -102,7 +102,7 @@ from tasknet.site.storage.engine.sqlite import stop_memory_statistics
 from tasknet.site.storage.engine.targets import several_hosts
 from tasknet.site.storage.lease import Lease, application_name, take_lease, wait_for_primary
 from tasknet.site.storage.reassign import Retired
-from tasknet.site.upstream_client import UpstreamClient
+from tasknet.site.upstream_client import UpstreamClient, UpstreamReach
 from tasknet.site.web.admin_nodes import nodes_view
 from tasknet.site.web.api import make_web_resource
 from tasknet.site.web.archive_stream import ArchiveStreams
@@ -307,7 +307,16 @@ def _assemble(
         else None,
     )
     web = _web_dependencies(
-        options, reactor, clock, entropy, db, lifecycle, node_side, health, wake_outbox
+        options,
+        reactor,
+        clock,
+        entropy,
+        db,
+        lifecycle,
+        node_side,
+        health,
+        wake_outbox,
+        upstream.reach,
     )
     parts = SiteParts(
         db=db,
@@ -347,6 +356,7 @@ def _web_dependencies(
     node_side: NodeSide,
     health: Health,
     wake_outbox: Callable[[], None],
+    upstream_reach: UpstreamReach,
 ) -> WebDependencies:
     """What the web layer is given: its collaborators, never the service."""
     create_limiter = (
@@ -419,6 +429,7 @@ def _web_dependencies(
         max_bulk_matching=options["max-bulk-matching"],
         site_name=options["name"],
         demo=bool(options["demo"]),
+        upstream_reach=upstream_reach,
     )
 
 

@@ -57,7 +57,7 @@ from twisted.web.http_headers import Headers
 from twisted.web.iweb import IAgentEndpointFactory, IBodyProducer
 from zope.interface import implementer
 
-from tasknet.failures import plain_words
+from tasknet.failures import cannot_reach, plain_words
 from tasknet.netclient import DirectEndpoints, quiet_pool
 from tasknet.site import metrics
 
@@ -277,6 +277,31 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+class UpstreamReach:
+    """Whether this site's own calls reach the upstream (issue 36, item 9:
+    a banner on every page says so, whatever tasks the page shows).
+
+    Any answer, even an error, is reach; a call that found nothing there
+    (refused, no route, unknown host, no answer before its timeout) is not.
+    ``failing_since``: the site clock's time of the first such call since
+    the last answer (``None``: the last call was answered, or none was
+    made); ``reason``: its words."""
+
+    def __init__(self, clock: IReactorTime) -> None:
+        self._clock = clock
+        self.failing_since: float | None = None
+        self.reason: str | None = None
+
+    def answered(self) -> None:
+        self.failing_since = None
+        self.reason = None
+
+    def not_reached(self, reason: str) -> None:
+        if self.failing_since is None:
+            self.failing_since = self._clock.seconds()
+            self.reason = reason
+
+
 class UpstreamClient:
     """The site's client of the upstream at ``base_url`` (own connection pool).
 
@@ -300,6 +325,8 @@ class UpstreamClient:
         self.prepare_timeout = prepare_timeout
         self.audit_timeout = audit_timeout
         self._reactor: IReactorTime = IReactorTime(reactor)
+        #: Whether the last calls reached the upstream (the API's ``/api/upstream``).
+        self.reach = UpstreamReach(self._reactor)
         self._pool = quiet_pool(reactor, persistent=persistent)
         self._pool.retryAutomatically = False  # a POST is never retried behind our back
         # Twisted keeps 2 idle connections per host by default: with more
@@ -350,7 +377,15 @@ class UpstreamClient:
                 deadline.cancel()
             elif isinstance(result, Failure) and _not_sent(result) is None:
                 # Cancelled by the deadline (whatever wrapper the agent put on it).
-                return Failure(TimeoutError(f"no complete answer within {timeout:g}s (timeout)"))
+                result = Failure(TimeoutError(f"no complete answer within {timeout:g}s (timeout)"))
+                self.reach.not_reached(str(result.value))
+                return result
+            if isinstance(result, _Answer):
+                self.reach.answered()
+            elif isinstance(result, Failure) and _not_sent(result) is None:
+                words = _describe(result)
+                if cannot_reach(words):
+                    self.reach.not_reached(words)
             return result
 
         return d.addBoth(finished)

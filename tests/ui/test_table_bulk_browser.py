@@ -228,6 +228,18 @@ def test_table_view_pages_sorts_and_keeps_columns(
     expect()(rows.first).to_have_attribute("data-gid", str(first_gid_of(30)), timeout=WAIT_MS)
     print(f"go to page 30: {(time.perf_counter() - started) * 1000:.0f} ms")
     expect()(page.locator("#page-numbers button")).to_have_text(["1", "29", "30", "31", "60"])
+    # The page is in the address: a reload shows page 30 again, and Back
+    # and Forward walk the pages turned (30 -> 60 -> 30).
+    assert "page=30" in page.url, page.url
+    page.reload()
+    expect()(page.locator("#page-where")).to_have_attribute("data-page", "30", timeout=WAIT_MS)
+    expect()(rows.first).to_have_attribute("data-gid", str(first_gid_of(30)), timeout=WAIT_MS)
+    page.go_back()
+    expect()(page.locator("#page-where")).to_have_attribute("data-page", "60", timeout=WAIT_MS)
+    expect()(rows.first).to_have_attribute("data-gid", str(first_gid_of(60)), timeout=WAIT_MS)
+    page.go_forward()
+    expect()(page.locator("#page-where")).to_have_attribute("data-page", "30", timeout=WAIT_MS)
+    expect()(rows.first).to_have_attribute("data-gid", str(first_gid_of(30)), timeout=WAIT_MS)
     # A number past the last goes to the last.
     page.fill("#page-go-number", "999")
     page.press("#page-go-number", "Enter")

@@ -3,8 +3,9 @@ the demo's real processes with the mock upstream killed mid-download:
 
 * the row's "retrying in N s" counts down between the node's reports;
 * a site-wide banner says the upstream is not answering (downloads that
-  cannot reach it, "2 downloads" then "1 download"; then a create that
-  could not), in both languages;
+  cannot reach it, "2 downloads" then "1 download", also in a view that
+  does not show them: the site counts them, GET /api/upstream; then a
+  create that could not), in both languages;
 * the API's message for that create is words with numbers, no exception text.
 
 Any page error, CSP violation or console error other than the expected
@@ -120,6 +121,16 @@ def test_a_dead_upstream_is_said_site_wide_and_the_retry_counts_down(stack: Demo
             expect(banner).to_have_text("上游没有响应：1 个下载连不上它，会自动重试。")
             page.click("#lang-toggle")
             expect(page.locator("html")).to_have_attribute("lang", "en")
+            # The site says it, not the rows shown: a view without that
+            # download (Completed: none here) keeps the banner.
+            page.click('#status-tabs button[data-filter="completed"]')
+            expect(page.locator(f'#task-list li[data-gid="{gid}"]')).to_have_count(0)
+            expect(banner).to_have_text(
+                "The upstream is not answering: 1 download cannot reach it and retries by itself.",
+            )
+            page.wait_for_timeout(1_000)  # a tick of the countdowns: still shown
+            expect(banner).to_contain_text("1 download cannot reach it")
+            page.click('#status-tabs button[data-filter="all"]')
 
             # A create that cannot reach the upstream: the banner says so too.
             other = gid_with_size(100_000, 200_000, gid + 1)

@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
+from tasknet.failures import cannot_reach
 from tasknet.site.storage import throughput
 from tasknet.site.storage.engine.errors import TaskError
 from tasknet.site.storage.engine.sources import now_of
@@ -945,3 +946,23 @@ def visible_gallery(cursor: Cursor, gid: int, user_id: int | None) -> sqlite3.Ro
     if row is None or (user_id is not None and row["user_id"] != user_id):
         raise TaskError("not_found", f"no task {gid}")
     return row
+
+
+# The node's last word on a download that waits for its next attempt
+# (``retrying in 8 s: WHY``, tasknet/node/worker.py).
+_RETRYING_SQL = (
+    "SELECT detail FROM gallery WHERE status_key = 'DOWNLOADING' AND detail LIKE 'retrying in %'"
+)
+_RETRYING_ALL = sql(_RETRYING_SQL)
+_RETRYING_OF_USER = sql(_RETRYING_SQL + " AND user_id = ?")
+
+
+def downloads_not_reaching(cursor: Cursor, user_id: int | None) -> int:
+    """How many of ``user_id``'s downloads (everyone's: ``None``) wait to
+    try again because their node could not reach the upstream (a refused
+    connection, a timeout, no route, an unknown host: its last ``detail``)."""
+    if user_id is None:
+        rows = cursor.execute(_RETRYING_ALL).fetchall()
+    else:
+        rows = cursor.execute(_RETRYING_OF_USER, (user_id,)).fetchall()
+    return sum(1 for (detail,) in rows if cannot_reach(str(detail)))

@@ -77,6 +77,7 @@ from tasknet.site.storage import (
     users,
 )
 from tasknet.site.storage.engine.errors import DatabaseBusy, TaskError
+from tasknet.site.storage.engine.timestamps import iso
 from tasknet.site.storage.instances import LeaseLost
 from tasknet.site.storage.users import User
 from tasknet.site.storage.views import (
@@ -84,6 +85,7 @@ from tasknet.site.storage.views import (
     GID_MIN,
     QUEUED,
     count_by_status,
+    downloads_not_reaching,
     list_tasks,
     matching_tasks,
     visible_task,
@@ -577,6 +579,26 @@ class SiteApi:
         # QUEUED is a part of SUBMITTED: not counted twice.
         total = sum(n for key, n in counts.items() if key != QUEUED)
         return 200, {"counts": counts, "total": total}
+
+    @app.route("/api/upstream", methods=["GET"])
+    @endpoint
+    async def upstream(self, request: Request) -> Reply:
+        """Whether the upstream is reached, site-wide (issue 36, item 9): this
+        site's own calls (``since``: failing since then, ``reason``), and how
+        many of the caller's downloads (an admin: everyone's) wait to try
+        again because their node could not reach it."""
+        user = await self._user(request)
+        downloads = await self.db.read(downloads_not_reaching, _scope(user))
+        reach = self.deps.upstream_reach
+        since = None if reach is None else reach.failing_since
+        return 200, {
+            "upstream": {
+                "reachable": since is None and downloads == 0,
+                "since": None if since is None else iso(since),
+                "reason": None if reach is None or since is None else reach.reason,
+                "downloadsNotReaching": downloads,
+            }
+        }
 
     @app.route("/api/stats", methods=["GET"])
     @endpoint

@@ -24,6 +24,7 @@ from tasknet.site.ratelimit import CreateRateLimiter
 from tasknet.site.storage.engine.database import Database
 from tasknet.site.storage.node_control import Control
 from tasknet.site.storage.reassign import Reassigned, Retired
+from tasknet.site.upstream_client import UpstreamReach
 from tasknet.site.web.archives import ArchiveDelivery
 from tasknet.site.web.auth import Authenticator
 from tasknet.site.web.task_queries import MAX_BULK_MATCHING
@@ -73,3 +74,6 @@ class WebDependencies:
     #: Started with ``--demo`` (``GET /api/session``: the sign-in page names
     #: the demo token only then).
     demo: bool = False
+    #: Whether the site's own upstream calls reach it (``GET /api/upstream``);
+    #: ``None``: this site makes none.
+    upstream_reach: UpstreamReach | None = None

@@ -794,6 +794,35 @@ def _schemas() -> dict[str, Schema]:
         "Favorite": _object(
             {"gid": _integer(minimum=GID_MIN, maximum=GID_MAX), "favorite": {"type": "boolean"}}
         ),
+        "UpstreamAnswer": _object(
+            {
+                "upstream": _object(
+                    {
+                        "reachable": {
+                            "type": "boolean",
+                            "description": "`false` while `since` is set or a download "
+                            "cannot reach the upstream.",
+                        },
+                        "since": _nullable(
+                            _string(
+                                "When this site's calls to the upstream began to find "
+                                "nothing there (refused, no route, unknown host, no answer "
+                                "in time); `null` once one is answered.",
+                                format="date-time",
+                            )
+                        ),
+                        "reason": _nullable(
+                            _string("What the first of those calls found, in words.")
+                        ),
+                        "downloadsNotReaching": _integer(
+                            "The caller's downloads (an admin: everyone's) waiting to try "
+                            "again because their node could not reach the upstream.",
+                            minimum=0,
+                        ),
+                    }
+                )
+            }
+        ),
         "User": user,
         "UserAnswer": _object({"user": _nullable(_ref("User"))}),
         "MeAnswer": _object(
@@ -2416,6 +2445,19 @@ def _document() -> str:
             "delete": session["delete"],
         },
         "/api/me": {"get": session["me"]},
+        "/api/upstream": {
+            "get": _operation(
+                "getUpstream",
+                "Is the upstream reached",
+                "Site-wide: whether this site's own upstream calls are answered, and how "
+                "many of the caller's downloads cannot reach it (the web UI's banner).",
+                _responses(
+                    {"200": _json_response("The upstream's reach.", _ref("UpstreamAnswer"))},
+                    (401, _common("Unauthorized")),
+                ),
+                tag="tasks",
+            )
+        },
         "/api/usage": {
             "get": _operation(
                 "getUsage",

@@ -511,6 +511,8 @@
     pageStarts: [],        // the table's pages: how each page before this one was read (pageAt), for Previous
     pageAt: null,          // how the table's page is read: null (the first), {after: cursor} or {page: n}
     pageNumber: 1,         // the table's page number
+    wantedPage: 1,         // the page the address asks for (#tasks?page=N)
+    upstream: null,        // GET /api/upstream's last answer (the banner)
     total: null,           // tasks matching the view (the list answer's total)
     me: null,              // /api/me: {name, admin}, site
     site: null,
@@ -730,6 +732,30 @@
     detectAdmin();
     loadMe();
     connectEvents();
+    watchUpstream();
+  }
+
+  // The site's word on the upstream (GET /api/upstream): its own calls,
+  // and the caller's downloads whose node cannot reach it, on every page
+  // whatever rows it shows; asked every 15 s while signed in.
+  var UPSTREAM_POLL_MS = 15000;
+  function loadUpstream() {
+    return api("GET", "/api/upstream").then(function (result) {
+      state.upstream = result.ok && result.data ? result.data.upstream || null : null;
+      tickRetries();
+    });
+  }
+  // A push that may change the site's count (a retry said, or any change
+  // while some download cannot reach it): asked again within a second.
+  function scheduleUpstreamFor(task) {
+    var retrying = /^retrying in /.test(task.detail || "");
+    var counted = state.upstream && Number(state.upstream.downloadsNotReaching) > 0;
+    if ((!retrying && !counted) || state.upstreamSoon) { return; }
+    state.upstreamSoon = setTimeout(function () { state.upstreamSoon = null; loadUpstream(); }, 1000);
+  }
+  function watchUpstream() {
+    loadUpstream();
+    if (!state.upstreamTimer) { state.upstreamTimer = setInterval(loadUpstream, UPSTREAM_POLL_MS); }
   }
 
   // Who is signed in, on which site: /api/me ({user, site}); the site's
@@ -770,6 +796,9 @@
     if (state.unknownTimer) { clearInterval(state.unknownTimer); state.unknownTimer = null; }
     if (state.verdictTimer) { clearTimeout(state.verdictTimer); state.verdictTimer = null; }
     if (state.nodesTimer) { clearTimeout(state.nodesTimer); state.nodesTimer = null; }
+    if (state.upstreamTimer) { clearInterval(state.upstreamTimer); state.upstreamTimer = null; }
+    if (state.upstreamSoon) { clearTimeout(state.upstreamSoon); state.upstreamSoon = null; }
+    state.upstream = null;
     if (state.socket) {
       var socket = state.socket;
       state.socket = null;
@@ -1486,6 +1515,7 @@
     state.tableView = on;
     localStorage.setItem(TABLE_KEY, on ? "table" : "cards");
     resetPages();
+    writeHash();
     renderViewToggle();
     resetListLoads();
     loadTasks(false);
@@ -1597,8 +1627,10 @@
   // the first page up to here); a page past it is reached with Next.
   var MAX_PAGE_REACH = 100000;
 
+  // pages null: the count is not known yet (a page from the address).
   function lastPageByNumber(pages) {
-    return Math.max(1, Math.min(pages || 1, Math.floor(MAX_PAGE_REACH / state.pageSize)));
+    var reach = Math.floor(MAX_PAGE_REACH / state.pageSize);
+    return Math.max(1, pages === null ? reach : Math.min(pages || 1, reach));
   }
 
   function resetPages() {
@@ -1646,8 +1678,9 @@
     input.placeholder = num(page);
   }
 
-  // to: "first", "prev", "next" or a page number.
-  function turnPage(to) {
+  // to: "first", "prev", "next" or a page number; fromAddress: Back or
+  // Forward asked for it (the address already says it).
+  function turnPage(to, fromAddress) {
     if (to === "next") {
       if (state.next === null || state.next === undefined) { return; }
       state.pageStarts.push(state.pageAt);
@@ -1666,6 +1699,7 @@
     } else {
       resetPages();
     }
+    if (!fromAddress) { writeHash(true); }
     resetListLoads();
     loadTasks(false).then(function () {
       var top = $("task-table");
@@ -1757,11 +1791,16 @@
   function noteUpstream(down) {
     state.upstreamDownAt = down ? Date.now() : null;
     tickRetries();
+    if (state.signedIn) { loadUpstream(); }
   }
 
+  // unreachable: the rows on this page that cannot reach it; the site's
+  // count covers the rest (its last answer, every 15 s).
   function renderUpstreamBanner(unreachable) {
     var banner = $("upstream-banner");
-    var createDown = !!state.upstreamDownAt && Date.now() - state.upstreamDownAt < UPSTREAM_DOWN_MS;
+    var site = state.upstream;
+    if (site) { unreachable = Math.max(unreachable, Number(site.downloadsNotReaching) || 0); }
+    var createDown = (!!state.upstreamDownAt && Date.now() - state.upstreamDownAt < UPSTREAM_DOWN_MS) || !!(site && site.since);
     var text = createDown ? t("upstreamDownCreate") : unreachable === 1 ? t("upstreamDownDownloadsOne")
       : unreachable > 1 ? t("upstreamDownDownloads", { n: num(unreachable) }) : "";
     if (banner.textContent !== text) { banner.textContent = text; }
@@ -2273,6 +2312,19 @@
     state.nodeFilter = (params.get("node") || "").slice(0, 128);
     var size = Number(params.get("size"));
     state.pageSize = PAGE_SIZES.indexOf(size) === -1 ? PAGE_SIZE : size;
+    // The table's page by its number (#tasks?page=30): a reload or a link
+    // shows that page, Back and Forward walk the pages turned.
+    var page = Math.floor(Number(asciiDigits(params.get("page") || "")));
+    state.wantedPage = state.tableView && isFinite(page) && page > 1 ? Math.min(page, lastPageByNumber(null)) : 1;
+  }
+
+  // The page the address asks for, taken as the current one (loaded by the caller).
+  function takeWantedPage() {
+    resetPages();
+    if (state.wantedPage > 1) {
+      state.pageNumber = state.wantedPage;
+      state.pageAt = { page: state.wantedPage };
+    }
   }
 
   // push: a new entry in the browser's history (a view the person chose),
@@ -2285,6 +2337,7 @@
     if (state.favoriteOnly) { params.set("fav", "1"); }
     if (state.nodeFilter) { params.set("node", state.nodeFilter); }
     if (state.pageSize !== PAGE_SIZE) { params.set("size", String(state.pageSize)); }
+    if (state.tableView && state.pageNumber > 1) { params.set("page", String(state.pageNumber)); }
     var text = params.toString();
     var hash = "#" + state.view + (state.view === "tasks" && text ? "?" + text : "");
     if (state.view === "task" && state.detailGid) { hash = "#task/" + state.detailGid; }
@@ -2294,12 +2347,14 @@
 
   // The search box is the source of the query (a search still being typed
   // applies with a tab click too).
-  function changeList(change) {
+  // keepPage: the address's page stays the current one (Back or Forward
+  // to another view of the list); any other change starts at page 1.
+  function changeList(change, keepPage) {
     change();
     state.query = asciiDigits($("task-search").value).trim().slice(0, 256);
     state.selected.clear();
     state.selectMatching = false;
-    resetPages();
+    if (keepPage) { takeWantedPage(); } else { resetPages(); }
     state.total = null;
     writeHash();
     renderListControls();
@@ -2914,6 +2969,7 @@
       try { message = JSON.parse(event.data); } catch (e) { return; }
       if (!message || message.type !== "task" || !message.task) { return; }
       var row = upsertTask(message.task);
+      scheduleUpstreamFor(message.task);
       if (row) { row.setAttribute("data-live-updates", String(Number(row.getAttribute("data-live-updates") || 0) + 1)); }
       if (state.isAdmin) {
         if (message.task.status === "SUBMIT_UNKNOWN") { loadUnknown(); }
@@ -3604,6 +3660,7 @@
 
   function listenForViews() {
     readHash();
+    takeWantedPage();
     $("task-search").value = state.query;
     renderListControls();
     showView(state.view);
@@ -3615,7 +3672,9 @@
       renderListControls();
       showView(state.wantedView);
       if (key() !== before && state.signedIn) {
-        changeList(function () {});
+        changeList(function () {}, true);
+      } else if (state.wantedPage !== state.pageNumber && state.signedIn && state.view === "tasks") {
+        turnPage(state.wantedPage > 1 ? state.wantedPage : "first", true);
       }
     });
     $("status-tabs").addEventListener("click", function (event) {
