@@ -2,7 +2,7 @@
 (reconciliation verdicts, forced deletes) past their retention
 (docs/operations.md "Retention and limits"; the SQL is
 :mod:`tasknet.site.storage.retention`).  The outbox prunes itself
-(:class:`tasknet.site.notify.OutboxExecutor`).
+(:class:`tasknet.site.outbox.OutboxExecutor`).
 
 A service: runs every ``interval`` seconds on the site's clock (and once
 at start; a ``TimerService`` child), ``batch`` rows per write transaction; a

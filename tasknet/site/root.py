@@ -65,7 +65,17 @@ from tasknet.site.instance_service import INTERVAL as INSTANCE_INTERVAL
 from tasknet.site.instance_service import InstanceService
 from tasknet.site.lifecycle import Lifecycle
 from tasknet.site.node_listener import NodeListenerFactory
-from tasknet.site.notify import OutboxExecutor, WebhookSender
+from tasknet.site.outbox import (
+    LivenessWatch,
+    LocalTail,
+    LocalWebhook,
+    OutboxExecutor,
+    SharedTail,
+    SharedWebhook,
+    Tail,
+    WebhookRoom,
+    WebhookSender,
+)
 from tasknet.site.reaper import Reaper
 from tasknet.site.report_pipeline import ReportPipeline
 from tasknet.site.service import (
@@ -485,9 +495,9 @@ def build_node_side(
         db, nodes, wakeups=wakeups, check_interval=tuning.node_check_interval, clock=clock
     )
     hub = EventHub()
-    webhook = None
+    sender = None
     if webhook_url:
-        webhook = WebhookSender(
+        sender = WebhookSender(
             webhook_url,
             db,
             concurrency=tuning.webhook_concurrency,
@@ -497,15 +507,30 @@ def build_node_side(
             clock=clock,
             reactor=reactor,
         )
+    # The outbox's rooms, chosen here once: one site alone on its database,
+    # or one of several on PostgreSQL (a tail per instance, webhook rows
+    # claimed with a lease renewed on its own timer).
+    tail: Tail
+    webhook: WebhookRoom | None
+    if db.capabilities.shared_by_sites and instance_id is not None:
+        tail = SharedTail(db, instance_id)
+        webhook = SharedWebhook(sender, db, instance_id, clock=clock) if sender else None
+        # Other sites' logins and drops change the session rows unseen here.
+        liveness = LivenessWatch(db, hub)
+    else:
+        tail = LocalTail(db)
+        webhook = LocalWebhook(sender, db) if sender else None
+        # The registry's node ids: the sweep reads the rows when they change.
+        liveness = LivenessWatch(db, hub, nodes=nodes)
     outbox = OutboxExecutor(
         db,
         hub,
         webhook,
+        tail=tail,
+        liveness=liveness,
         poll_interval=tuning.outbox_poll_interval,
         clock=clock,
-        instance_id=instance_id,
         wakeups=wakeups,
-        nodes=nodes,  # the registry's node ids: the liveness sweep reads rows when they change
     )
     reports = ReportPipeline(
         db, on_committed=outbox.wake, on_applied=nodes.report_applied, clock=clock

@@ -58,7 +58,7 @@ from tasknet.site.node_listener import (
     NODES_BACKLOG,
     NodeListenerFactory,
 )
-from tasknet.site.notify import OutboxExecutor
+from tasknet.site.outbox import OutboxExecutor
 from tasknet.site.report_pipeline import ReportPipeline
 from tasknet.site.storage import sessions, users
 from tasknet.site.storage.engine.database import Database

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import pytest_twisted
 
-from tasknet.site.notify import LivenessWatch
+from tasknet.site.outbox import LivenessWatch
 from tasknet.site.storage import node_sessions
 from tasknet.site.storage.engine.database import Database, open_pool
 from tasknet.site.storage.engine.schema import prepare_database
@@ -146,16 +146,23 @@ def test_refresh_sweeps_must_be_positive(tmp_path):
 
 
 @pytest_twisted.ensureDeferred
-async def test_the_executor_hands_its_registry_to_the_watch_when_alone(db: Database):
+async def test_the_executor_sweeps_the_watch_it_is_given_with_its_registry(db: Database):
+    # The composition root gives the watch the registry only when alone
+    # (tests/site/test_root.py); the executor sweeps the watch it is given.
     from twisted.internet.task import Clock
 
-    from tasknet.site.notify import OutboxExecutor
+    from tasknet.site.outbox import OutboxExecutor
 
     registry = Registry()
     await take(db, "n1")
     registry["n1"] = object()
     executor = OutboxExecutor(
-        db, Publisher(), nodes=registry, poll_interval=None, prune_interval=None, clock=Clock()
+        db,
+        Publisher(),
+        liveness=LivenessWatch(db, Publisher(), nodes=registry),
+        poll_interval=None,
+        prune_interval=None,
+        clock=Clock(),
     )
     watch = executor.liveness
     assert watch is not None

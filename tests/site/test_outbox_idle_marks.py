@@ -15,7 +15,7 @@ import pytest_twisted
 from twisted.internet import reactor
 from twisted.internet.task import Clock
 
-from tasknet.site.notify import OutboxExecutor
+from tasknet.site.outbox import OutboxExecutor
 from tasknet.site.storage import create, outbox, usage
 from tasknet.site.storage.engine.database import Database, open_pool
 from tasknet.site.storage.engine.schema import prepare_database
@@ -91,7 +91,7 @@ async def test_rows_nobody_listens_to_are_marked_with_one_watermark_read(tmp_pat
 
 
 def marking_due(clock: Clock, executor: OutboxExecutor) -> bool:
-    return any(c.func == executor._flush_marks for c in clock.getDelayedCalls())
+    return any(c.func == executor.marks.due for c in clock.getDelayedCalls())
 
 
 @pytest_twisted.ensureDeferred

@@ -19,7 +19,7 @@ from typing import Any
 from twisted.internet.defer import Deferred, succeed
 from twisted.internet.task import Clock
 
-from tasknet.site.notify import OutboxExecutor
+from tasknet.site.outbox import OutboxExecutor
 from tasknet.site.storage import outbox
 from tasknet.site.storage.engine.database import Capabilities
 from tests.site.test_outbox_idle_marks import RecordingPublisher
@@ -60,7 +60,7 @@ def row(row_id: int) -> outbox.OutboxRow:
 
 
 def marking_due(clock: Clock, executor: OutboxExecutor) -> float | None:
-    calls = [c for c in clock.getDelayedCalls() if c.func == executor._flush_marks]
+    calls = [c for c in clock.getDelayedCalls() if c.func == executor.marks.due]
     assert len(calls) <= 1
     return round(calls[0].getTime() - clock.seconds(), 6) if calls else None
 

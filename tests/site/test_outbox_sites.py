@@ -22,7 +22,7 @@ from twisted.internet import reactor
 from twisted.internet.defer import Deferred
 from twisted.internet.task import Clock, deferLater
 
-from tasknet.site.notify import OutboxExecutor, WebhookSender
+from tasknet.site.outbox import OutboxExecutor, SharedTail, SharedWebhook, WebhookSender
 from tasknet.site.storage import outbox, users
 from tasknet.site.storage.engine.database import Database, connect, open_pool, run_write
 from tasknet.site.storage.engine.listen import Listener, NoWakeups, Wakeups
@@ -79,19 +79,20 @@ class SiteOutbox:
         self.executor = OutboxExecutor(
             self.db,
             None if self.webhook else self.publisher,
-            self.webhook,
+            SharedWebhook(self.webhook, self.db, self.instance_id, lease=webhook_lease, clock=clock)
+            if self.webhook
+            else None,
+            tail=SharedTail(self.db, self.instance_id),
             poll_interval=poll_interval,
             mark_interval=0.02,
             prune_interval=None,
-            instance_id=self.instance_id,
             wakeups=self.listener if wakeups is None else wakeups,
-            webhook_lease=webhook_lease,
             clock=clock,
         )
         self._listens = wakeups is None
 
     async def start(self) -> SiteOutbox:
-        assert self.executor.shared
+        assert self.executor.tail.shared
         self.executor.startService()
         await self.executor.wake()
         if self._listens:

@@ -16,7 +16,7 @@ import pytest_twisted
 from twisted.internet import reactor
 from twisted.internet.defer import Deferred, DeferredList
 
-from tasknet.site.notify import OutboxExecutor
+from tasknet.site.outbox import OutboxExecutor
 from tasknet.site.storage.engine.errors import TaskError
 from tests.eventually import eventually
 from tests.site.helpers import add_user, fault, lifecycle_env, one

@@ -20,7 +20,15 @@ from zope.interface import implementer
 
 from tasknet.site.dispatcher import Dispatcher
 from tasknet.site.housekeeping import Housekeeping
-from tasknet.site.notify import OutboxExecutor
+from tasknet.site.outbox import (
+    ClaimRenewer,
+    LivenessSweep,
+    LocalTail,
+    LocalWebhook,
+    OutboxExecutor,
+    SharedTail,
+    SharedWebhook,
+)
 from tasknet.site.root import Tuning, build_site
 from tasknet.site.service import SiteService
 from tests.site.helpers import site_options
@@ -72,10 +80,13 @@ async def test_every_part_and_every_timer_runs_on_the_sites_clock(db_target: str
         assert {name: c for name, c in clocks.items() if c is not clock} == {}
         timers = [s for s in _tree(site) if isinstance(s, TimerService)]
         # node keys; the dispatcher's poll and reassignment check; the outbox's
-        # poll and prune; housekeeping.
+        # poll, prune and liveness sweep (each on a timer of its own), and on
+        # PostgreSQL its webhook claims' renewer; housekeeping.
         shared = [t for t in timers if t.parent in (parts.instance, side.ownership)]
         others = [t for t in timers if t not in shared]
-        assert len(others) == 6
+        assert len(others) == (8 if parts.instance.lease.shared else 7)
+        renewers = [t for t in others if isinstance(t, ClaimRenewer)]
+        assert len(renewers) == (1 if parts.instance.lease.shared else 0)
         # On PostgreSQL the instance's lease check, heartbeat and reaping, and the
         # ownership's check that this site's nodes are still its own; none on SQLite.
         assert len(shared) == (2 if parts.instance.lease.shared else 0)
@@ -107,12 +118,33 @@ async def test_the_timed_parts_are_named_children_of_the_site(db_target: str) ->
         # Its poll, and the check for nodes gone past --reassign-after (15m: every 30 s).
         assert [t.step for t in side.dispatcher] == [2.0, 30.0]
         assert isinstance(side.outbox, OutboxExecutor)
-        assert sorted(t.step for t in side.outbox) == [3.0, 3600.0]  # poll, prune
+        # The poll, the liveness sweep (its own timer at the poll interval), the prune.
+        assert sorted(t.step for t in side.outbox) == [3.0, 3.0, 3600.0]
+        assert len([t for t in side.outbox if isinstance(t, LivenessSweep)]) == 1
         assert isinstance(site.parts.housekeeping, Housekeeping)
         assert [t.step for t in site.parts.housekeeping] == [3600.0]
         # One registry of connected nodes, shared by the listener and the dispatcher.
         assert side.listener.nodes is side.nodes and side.dispatcher._nodes is side.nodes
         assert not site.running and not any(s.running for s in _tree(site))
+    finally:
+        await site.stopService()
+
+
+@pytest_twisted.ensureDeferred
+async def test_the_outbox_rooms_are_chosen_here_alone_or_shared(db_target: str) -> None:
+    # One site alone (SQLite): the local tail and webhook, and the liveness
+    # watch reads the session rows only when the registry says they changed.
+    # Shared (PostgreSQL, an instance): the shared tail, claimed webhook rows,
+    # and a watch without the registry (other sites change the rows unseen).
+    site = _build(db_target, _Clock(), "--webhook", "http://127.0.0.1:9/hook")
+    try:
+        side = site.parts.node_side
+        shared = site.parts.instance.lease.shared
+        outbox = side.outbox
+        assert isinstance(outbox.tail, SharedTail if shared else LocalTail)
+        assert isinstance(outbox._webhook, SharedWebhook if shared else LocalWebhook)
+        assert outbox.liveness is not None
+        assert outbox.liveness._nodes is (None if shared else side.nodes)
     finally:
         await site.stopService()
 

@@ -23,7 +23,7 @@ from tasknet.runtime import SystemEntropy
 from tasknet.site.connected_nodes import ConnectedNodes
 from tasknet.site.dispatcher import Dispatcher
 from tasknet.site.lifecycle import Lifecycle
-from tasknet.site.notify import RESULTS_RETRY, OutboxExecutor, WebhookSender
+from tasknet.site.outbox import RESULTS_RETRY, LocalWebhook, OutboxExecutor, WebhookSender
 from tasknet.site.storage import outbox
 from tasknet.site.storage.engine.database import (
     Database,
@@ -248,7 +248,7 @@ async def webhook_outbox(
         **sender_options,
     )
     executor = OutboxExecutor(
-        db, None, webhook, poll_interval=None, prune_interval=None, clock=clock
+        db, None, LocalWebhook(webhook, db), poll_interval=None, prune_interval=None, clock=clock
     )
     try:
         yield webhook, executor

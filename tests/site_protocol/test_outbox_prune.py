@@ -16,7 +16,7 @@ import pytest_twisted
 from twisted.internet import reactor
 from twisted.internet.task import Clock
 
-from tasknet.site.notify import OutboxExecutor
+from tasknet.site.outbox import OutboxExecutor
 from tasknet.site.storage import outbox
 from tasknet.site.storage.engine.database import connect, open_pool, run_write
 from tasknet.site.storage.engine.schema import prepare_database

@@ -16,7 +16,7 @@ import pytest_twisted
 from twisted.internet import reactor
 from twisted.logger import globalLogPublisher
 
-from tasknet.site.notify import OutboxExecutor, WebhookSender
+from tasknet.site.outbox import LocalWebhook, OutboxExecutor, WebhookSender
 from tasknet.site.storage.engine.database import connect, open_pool, run_write
 from tasknet.site.storage.engine.schema import prepare_database
 from tasknet.site.storage.engine.sql import sql
@@ -98,7 +98,7 @@ async def test_a_dead_webhook_with_20000_pending_rows_holds_a_bounded_number(db_
         reactor=reactor,
     )
     executor = OutboxExecutor(
-        db, None, sender, poll_interval=0.05, prune_interval=None, clock=reactor
+        db, None, LocalWebhook(sender, db), poll_interval=0.05, prune_interval=None, clock=reactor
     )
     globalLogPublisher.addObserver(observe)
     tracemalloc.start()
@@ -148,7 +148,7 @@ async def test_rows_beyond_the_bound_are_read_from_the_database_when_there_is_ro
     )
     # No poll: only the sender's "room again" call brings the next rows in.
     executor = OutboxExecutor(
-        db, None, sender, poll_interval=None, prune_interval=None, clock=reactor
+        db, None, LocalWebhook(sender, db), poll_interval=None, prune_interval=None, clock=reactor
     )
     try:
         executor.startService()

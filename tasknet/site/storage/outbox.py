@@ -2,7 +2,7 @@
 
 A change a user can see is announced by a ``notification_outbox`` row written
 in the same transaction as the change, so a notification exists exactly when
-the change was committed.  The outbox executor (``tasknet.site.notify``)
+the change was committed.  The outbox executor (``tasknet.site.outbox``)
 delivers rows after commit, off the commit path; its read side is
 ``tasknet.site.storage.outbox``.
 

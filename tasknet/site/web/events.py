@@ -8,7 +8,7 @@ in ``web/api.py`` checks the handshake first (a cookie handshake needs the
 site's own ``Origin``, as a write does: ``web/auth.py``), then this factory
 looks the credentials up again as it accepts.  It receives ``{"type": "task", "task": {...}}`` text
 messages for its own tasks; an admin receives every task's.  Pushes come from
-the outbox executor (:mod:`tasknet.site.notify`) through :class:`EventHub`,
+the outbox executor (:mod:`tasknet.site.outbox`) through :class:`EventHub`,
 only for committed changes: at-least-once to the clients connected at
 delivery time, no replay of older rows (a client loads the current state over
 HTTP first).
