@@ -12,6 +12,7 @@ these words to its languages (``refused``, ``timed out``, ``unreachable``,
 from __future__ import annotations
 
 import errno
+import re
 import socket
 
 __all__ = ["cannot_reach", "plain_words"]
@@ -46,11 +47,13 @@ _NAMED_WORDS = {
 def plain_words(error: BaseException) -> str | None:
     """``error`` in words when it is a network or disk failure; None
     otherwise (the caller keeps its own text)."""
-    reason = getattr(error, "reason", None)  # urllib's URLError wraps the OSError
-    if isinstance(reason, BaseException) and reason is not error:
-        inner = plain_words(reason)
-        if inner is not None:
-            return inner
+    # urllib's URLError wraps the OSError; an error raised "from" another
+    # (the node's DownloadError from treq's) says what that one says.
+    for inner_error in (getattr(error, "reason", None), error.__cause__):
+        if isinstance(inner_error, BaseException) and inner_error is not error:
+            inner = plain_words(inner_error)
+            if inner is not None:
+                return inner
     if isinstance(error, socket.gaierror):
         return _NAMED_WORDS["DNSLookupError"]
     if (
@@ -67,14 +70,13 @@ def plain_words(error: BaseException) -> str | None:
     return None
 
 
-#: The words above that say the peer could not be reached at all (not an
-#: answer that failed, not our disk): what makes "the upstream is down".
-_CANNOT_REACH = (
-    _ERRNO_WORDS[errno.ECONNREFUSED],
-    _ERRNO_WORDS[errno.ETIMEDOUT],
-    _ERRNO_WORDS[errno.EHOSTUNREACH],
-    _ERRNO_WORDS[errno.ENETUNREACH],
-    _NAMED_WORDS["DNSLookupError"],
+#: What says a peer could not be reached at all (not an answer that failed,
+#: not our disk): the words above, and the exception texts a node may still
+#: put in a ``detail`` ("Connection was refused by other side: 111"); the
+#: web UI reads the same (``app.js``, the ``reason*`` keys).
+_CANNOT_REACH = re.compile(
+    r"refused|timed? ?out|unreachable|no route|DNS|host name is not known|hostname",
+    re.IGNORECASE,
 )
 
 
@@ -82,4 +84,4 @@ def cannot_reach(text: str) -> bool:
     """Whether ``text`` (a task's ``detail``, an API message) says a peer
     could not be reached: a refused connection, a timeout, no route, an
     unknown host name."""
-    return any(words in text for words in _CANNOT_REACH)
+    return _CANNOT_REACH.search(text) is not None

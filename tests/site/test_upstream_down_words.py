@@ -54,3 +54,17 @@ def test_network_failures_in_words() -> None:
         "no space left on the disk (errno 28)"
     )
     assert plain_words(ValueError("HTTP 503")) is None
+    # The node's DownloadError raised from treq's failure says its words
+    # (a task's detail: "retrying in 8 s: the connection was refused ...").
+    from tasknet.node.download import DownloadError
+
+    try:
+        try:
+            raise twisted_errors.ConnectionRefusedError("111: Connection refused")
+        except twisted_errors.ConnectionRefusedError as refused:
+            raise DownloadError(f"GET http://upstream/x: {refused}") from refused
+    except DownloadError as failed:
+        assert plain_words(failed) == (
+            "the connection was refused (nothing answers at that address)"
+        )
+    assert plain_words(DownloadError("GET http://upstream/x: HTTP 503")) is None
