@@ -21,6 +21,23 @@ after its login unless ``trust_legacy_site`` is set or the connection is a
 verified ``tls:`` one.  ``protocol=1`` (the legacy emulation) does none of
 this, exactly as before.
 
+The link's life is one machine, :attr:`SiteLink.TRANSITIONS`: for every
+:class:`LinkState` and every :class:`LinkInput`, the next state and the
+outputs (methods of the link) that run, in order.  The link's way through
+it::
+
+    CONNECTED --Identity--> IDENTIFIED --LoginResult{true}, v2 site--> PROVING
+        PROVING --right SiteProof--> UP --connection lost--> DOWN (link_down)
+    IDENTIFIED --LoginResult{true}, legacy wire we work with--> UP
+    anything refused before UP --> REFUSED --connection lost--> DOWN (a failed login)
+
+The messages the site sends become inputs in one place
+(:meth:`SiteLink._input_of`: an Identity's nonce, a LoginResult's wire, a
+SiteProof's HMAC), the proof deadline and the connection's loss are the
+others; no flag beside the state decides anything.  PeerProtocol's gate
+(types before and after login, Heartbeat, Error, Goodbye, a Hello after
+login) runs first, as it does for the site.
+
 Reconnecting: the ClientService's backoff counts only failed TCP connects and
 starts again after every accepted one, so a node whose login is refused (a
 wrong secret) would redial about every second for ever.  The retry policy
@@ -35,10 +52,11 @@ the next site, with the same backoff between attempts.
 
 from __future__ import annotations
 
+import enum
 import ipaddress
 import re
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 from twisted.application.internet import ClientService, backoffPolicy
 from twisted.internet.defer import CancelledError, Deferred
@@ -87,6 +105,8 @@ from tasknet.runtime import IEntropy
 
 __all__ = [
     "PROOF_TIMEOUT",
+    "LinkInput",
+    "LinkState",
     "RotatingEndpoint",
     "SiteClientService",
     "SiteLink",
@@ -108,9 +128,63 @@ SITE_NONCE = re.compile(r"[0-9a-fA-F]{32}")
 NODE_FEATURES = (FEATURE_RELIABLE, FEATURE_SITE_PROOF, FEATURE_ARCHIVE_INVENTORY)
 
 
+class LinkState(enum.Enum):
+    """Where one connection of the node to the site is in its life."""
+
+    #: Connected (a v2 node has sent its Hello); waiting for the site's Identity.
+    CONNECTED = "connected"
+    #: The site's Identity taken and our Login sent; waiting for its LoginResult.
+    IDENTIFIED = "identified"
+    #: Login accepted on a v2 connection: our NodeChallenge is out, its deadline
+    #: armed (armed exactly while PROVING); nothing the site sends runs.
+    PROVING = "proving"
+    #: ``link_up`` handed to the node's handler: commands run, reports go.
+    UP = "up"
+    #: This end gave up on the connection before it was up (the site refused
+    #: our login, or broke the exchange) and is closing it.
+    REFUSED = "refused"
+    #: The connection is gone.
+    DOWN = "down"
+
+
+class LinkInput(enum.Enum):
+    """What happens to a link: the site's messages as :meth:`SiteLink._input_of`
+    names them, the proof deadline, the connection's loss."""
+
+    SITE_HELLO = "the site's ProtocolHello"
+    IDENTITY = "Identity, its nonce 32 hex characters"
+    IDENTITY_BAD_NONCE = "Identity, any other nonce"
+    LOGIN = "Login (not something a site sends)"
+    LOGIN_REFUSED = "LoginResult{false}"
+    LOGIN_ACCEPTED_V2 = "LoginResult{true} after the site's v2 Hello"
+    #: protocol=1 (the legacy emulation), --trust-legacy-site, or a verified tls: link.
+    LOGIN_ACCEPTED_LEGACY = "LoginResult{true} on the legacy wire, from a site we work with"
+    LOGIN_ACCEPTED_UNTRUSTED = "LoginResult{true} from a legacy site we do not trust"
+    SITE_PROOF_GOOD = "SiteProof of our NodeChallenge, right"
+    SITE_PROOF_BAD = "SiteProof, wrong"
+    COMMAND = "any other message the site may send a logged-in node (commands, ACKs)"
+    PROOF_DEADLINE = "no SiteProof within proof_timeout"
+    CONNECTION_LOST = "the connection is gone"
+
+
+S = LinkState
+I = LinkInput  # noqa: E741 (the table's shorthand)
+#: One output: a SiteLink method run with the input's message (or the
+#: connection's loss reason, or None).
+Output = Callable[["SiteLink", Any], None]
+Transition = tuple[LinkState, tuple[Output, ...]]
+
+
 @implementer(ISiteLink)
 class SiteLink(PeerProtocol):
-    """One connection to the site; an :class:`ISiteLink` once logged in."""
+    """One connection to the site; an :class:`ISiteLink` once logged in.
+
+    Its life is :attr:`TRANSITIONS` (see the module doc): every input goes
+    through :meth:`_input`, which enters the next state and runs the
+    outputs, and nothing else decides.  ``authenticated`` and
+    ``protocol_version`` are :class:`PeerProtocol`'s (its login gate and
+    routing read them); only this table's outputs set them.
+    """
 
     factory: SiteLinkFactory
     # What the site may send a logged-in node (commands; v2 adds the ACKs and
@@ -126,16 +200,67 @@ class SiteLink(PeerProtocol):
         # The legacy node reads strictly; v2 is a tolerant reader.
         self.strict = factory.wire_protocol == 1
         self.node_id = factory.node_id
-        self._site_hello: ProtocolHello | None = None
+        self.state = S.CONNECTED
+        # What the exchange has told us so far (data the outputs and the
+        # naming of inputs read; never a decision of their own).
+        self._site_hello: ProtocolHello | None = None  # decides v2 at LoginResult
         self._site_name = ""  # from Identity: says which site, when the node lists several
         self._site_nonce = ""  # from Identity: the site's half of the proof
-        self._logged_in = False
-        self._up = False
-        #: Our NodeChallenge's nonce while we wait for the site's proof, else "".
-        self._challenge = ""
+        self._node_nonce = ""  # our NodeChallenge's: our half of the proof
         self._proof_deadline: IDelayedCall | None = None
 
-    # -- connection
+    # -- the machine
+
+    def _input(self, what: LinkInput, event: Any = None) -> None:
+        """Take ``what``: enter its next state, then run its outputs in order.
+
+        A connection that is closing (whoever closed it) reads nothing more
+        (:class:`FrameProtocol`) and takes no input but its loss: a proof
+        deadline due meanwhile changes nothing.
+        """
+        if self.closing and what is not I.CONNECTION_LOST:
+            return
+        self.state, outputs = self.TRANSITIONS[self.state, what]
+        for output in outputs:
+            output(self, event)
+
+    def _input_of(self, message: Message) -> LinkInput:
+        """The input a message from the site is."""
+        if type(message) is ProtocolHello:
+            return I.SITE_HELLO
+        if type(message) is Identity:
+            # Signed as is, another shape of nonce could make our Login
+            # equal some other HMAC of this secret (a SiteProof: issue 38).
+            return I.IDENTITY if SITE_NONCE.fullmatch(message.nonce) else I.IDENTITY_BAD_NONCE
+        if type(message) is Login:
+            return I.LOGIN
+        if type(message) is LoginResult:
+            if not message.accepted:
+                return I.LOGIN_REFUSED
+            if self.factory.wire_protocol < 2:
+                return I.LOGIN_ACCEPTED_LEGACY  # the legacy emulation: as a legacy node always did
+            if hello_is_v2(self._site_hello):
+                return I.LOGIN_ACCEPTED_V2
+            if self.factory.trust_legacy_site or self._verified_tls():
+                return I.LOGIN_ACCEPTED_LEGACY
+            return I.LOGIN_ACCEPTED_UNTRUSTED
+        if type(message) is SiteProof:
+            right = verify_site_proof(
+                self.factory.secret,
+                self._node_nonce,
+                self._site_nonce,
+                self.node_id,
+                message.signature,
+            )
+            return I.SITE_PROOF_GOOD if right else I.SITE_PROOF_BAD
+        return I.COMMAND
+
+    def _verified_tls(self) -> bool:
+        """Whether this connection is TLS dialled by a ``tls:`` endpoint (which
+        always verifies the site's chain and host name)."""
+        return ISSLTransport.providedBy(self.transport) and self.factory.dialled_tls()
+
+    # -- the connection: inputs
 
     def connectionMade(self) -> None:
         super().connectionMade()
@@ -148,165 +273,92 @@ class SiteLink(PeerProtocol):
 
     def connectionLost(self, reason: Failure | None = None) -> None:
         super().connectionLost(reason)
-        self._cancel_proof_deadline()
-        if not self._up:
-            # Refused, the site never completed the login, never proved
-            # itself, or is a legacy site we do not trust: back off further.
-            self.factory.failed_logins += 1
-            tls_failure = tls_failure_text(reason)
-            if tls_failure is not None:
-                # ClientService's own line ("Scheduling retry") says only that it retries.
-                log.warn(
-                    "TLS with the site at {endpoint} failed: {why}; check that --connect's"
-                    " trustRoots= holds the CA that signed the site's certificate and that"
-                    " the host name is one the certificate names",
-                    endpoint=self.factory.dialled_endpoint() or "?",
-                    why=tls_failure,
-                )
-        if self._up:
-            self._up = False
-            log.info(
-                "link to the site lost: {reason}",
-                reason=reason.getErrorMessage() if reason is not None else "closed",
-            )
-            self.factory.handler.link_down(self)
-
-    # -- receiving
-
-    def loggedInMessage(self, message: Message) -> None:
-        if type(message) is SiteProof:
-            self._site_proof(message)
-        elif not self._up:
-            # Logged in but the site has not proved itself: nothing it sends runs.
-            log.error(
-                "the site at {peer} sent {type} before proving itself; closing",
-                peer=self._peer(),
-                type=type(message).__name__,
-            )
-            self.sendError("protocol_violation", f"{type(message).__name__} before SiteProof")
-        else:
-            self.factory.handler.message_received(self, message)
+        self._input(I.CONNECTION_LOST, reason)
 
     def beforeLogin(self, message: Message) -> None:
-        if type(message) is Identity:
-            if self._logged_in:
-                self.sendError("protocol_violation", "a second Identity")
-                return
-            if not SITE_NONCE.fullmatch(message.nonce):
-                # Signed as is, another shape of nonce could make our Login
-                # equal some other HMAC of this secret (a SiteProof: issue 38).
-                self.sendError(
-                    "bad_message",
-                    f"Identity.nonce must be 32 hex characters (PROTOCOL.md); got "
-                    f"{len(message.nonce)} characters: {message.nonce[:40]!r}",
-                )
-                return
-            self._logged_in = True
-            self._site_name = message.name
-            self._site_nonce = message.nonce
-            signature = sign_login(self.factory.secret, message.nonce, self.node_id)
-            self.sendMessage(Login(self.node_id, signature))
-        elif type(message) is ProtocolHello:
-            self._site_hello = message
-        elif type(message) is LoginResult:
-            self._login_result(message)
-        else:  # a Login: not something a site sends
-            self.sendError("protocol_violation", f"{type(message).__name__} from the site")
+        self._input(self._input_of(message), message)
 
-    def _login_result(self, result: LoginResult) -> None:
-        if not self._logged_in:
-            self.sendError("protocol_violation", "LoginResult before Identity")
-            return
-        if not result.accepted:
-            log.error(
-                "the site {site} at {peer} refused node {node_id}: {reason}",
-                site=self._site_name,
-                peer=self._peer(),
-                node_id=self.node_id,
-                reason=result.reason,
-            )
-            self.closeConnection()
-            return
-        if self.factory.wire_protocol < 2:
-            self._link_up()  # the legacy emulation: as a legacy node always did
-        elif hello_is_v2(self._site_hello):
-            self.protocol_version = 2
-            self.loggedIn()
-            log.debug(
-                "node {node_id}: login accepted by the site {site} at {peer}; asking it to"
-                " prove itself",
-                node_id=self.node_id,
-                site=self._site_name,
-                peer=self._peer(),
-            )
-            self._challenge_site()
-        elif self.factory.trust_legacy_site or self._verified_tls():
-            self._link_up()
-        else:
-            log.error(
-                "the site {site} at {peer} is a legacy site (no Hello before LoginResult):"
-                " it cannot prove itself, so node {node_id} runs none of its commands and"
-                " hangs up; start the node with --trust-legacy-site to work with it, or"
-                " dial it over a verified tls: endpoint",
-                site=self._site_name,
-                peer=self._peer(),
-                node_id=self.node_id,
-            )
-            self.close("a legacy site cannot prove itself to this node")
+    def loggedInMessage(self, message: Message) -> None:
+        self._input(self._input_of(message), message)
 
-    def _link_up(self) -> None:
-        if not self.authenticated:
-            self.loggedIn()
-        self.factory.failed_logins = 0
-        self._up = True
-        log.info(
-            "node {node_id} logged in to the site {site} at {peer}: protocol {protocol_version}",
+    def _proof_deadline_passed(self) -> None:
+        self._proof_deadline = None
+        self._input(I.PROOF_DEADLINE)
+
+    # -- outputs: the login
+
+    def _keep_hello(self, hello: ProtocolHello) -> None:
+        self._site_hello = hello
+
+    def _take_identity(self, identity: Identity) -> None:
+        self._site_name = identity.name
+        self._site_nonce = identity.nonce
+
+    def _send_login(self, identity: Identity) -> None:
+        signature = sign_login(self.factory.secret, identity.nonce, self.node_id)
+        self.sendMessage(Login(self.node_id, signature))
+
+    def _log_refusal(self, result: LoginResult) -> None:
+        log.error(
+            "the site {site} at {peer} refused node {node_id}: {reason}",
+            site=self._site_name,
+            peer=self._peer(),
+            node_id=self.node_id,
+            reason=result.reason,
+        )
+        self.closeConnection()
+
+    def _log_in(self, _: object) -> None:
+        self.loggedIn()
+
+    def _log_in_v2(self, _: object) -> None:
+        self.protocol_version = 2
+        self.loggedIn()
+        log.debug(
+            "node {node_id}: login accepted by the site {site} at {peer}; asking it to"
+            " prove itself",
             node_id=self.node_id,
             site=self._site_name,
             peer=self._peer(),
-            protocol_version=self.protocol_version,
-            features=list(self._site_hello.features) if self._site_hello else [],
         )
-        self.factory.handler.link_up(self)
 
-    def _verified_tls(self) -> bool:
-        """Whether this connection is TLS dialled by a ``tls:`` endpoint (which
-        always verifies the site's chain and host name)."""
-        return ISSLTransport.providedBy(self.transport) and self.factory.dialled_tls()
+    def _refuse_legacy_site(self, _: object) -> None:
+        log.error(
+            "the site {site} at {peer} is a legacy site (no Hello before LoginResult):"
+            " it cannot prove itself, so node {node_id} runs none of its commands and"
+            " hangs up; start the node with --trust-legacy-site to work with it, or"
+            " dial it over a verified tls: endpoint",
+            site=self._site_name,
+            peer=self._peer(),
+            node_id=self.node_id,
+        )
+        self.close("a legacy site cannot prove itself to this node")
 
-    # -- the site's proof
+    # -- outputs: the site's proof
 
-    def _challenge_site(self) -> None:
-        self._challenge = self.factory.entropy.token_hex(16)
-        self.sendMessage(NodeChallenge(self._challenge))
+    def _challenge_site(self, _: object) -> None:
+        self._node_nonce = self.factory.entropy.token_hex(16)
+        self.sendMessage(NodeChallenge(self._node_nonce))
         self._proof_deadline = self.clock.callLater(
-            self.factory.proof_timeout, self._proof_timed_out
+            self.factory.proof_timeout, self._proof_deadline_passed
         )
 
-    def _site_proof(self, proof: SiteProof) -> None:
-        if not self._challenge:
-            self.sendError("protocol_violation", "SiteProof without a NodeChallenge")
-            return
-        challenge, self._challenge = self._challenge, ""
-        self._cancel_proof_deadline()
-        if not verify_site_proof(
-            self.factory.secret, challenge, self._site_nonce, self.node_id, proof.signature
-        ):
-            log.error(
-                "the site {site} at {peer} sent a wrong SiteProof: it does not know node"
-                " {node_id}'s secret (not the site, or the node's secret is wrong); closing",
-                site=self._site_name,
-                peer=self._peer(),
-                node_id=self.node_id,
-            )
-            self.sendError("auth_failed", "wrong SiteProof")
-            return
-        self._link_up()
-
-    def _proof_timed_out(self) -> None:
+    def _cancel_deadline(self, _: object) -> None:
+        if self._proof_deadline is not None and self._proof_deadline.active():
+            self._proof_deadline.cancel()
         self._proof_deadline = None
-        if self.closing or not self._challenge:
-            return
+
+    def _refuse_wrong_proof(self, _: object) -> None:
+        log.error(
+            "the site {site} at {peer} sent a wrong SiteProof: it does not know node"
+            " {node_id}'s secret (not the site, or the node's secret is wrong); closing",
+            site=self._site_name,
+            peer=self._peer(),
+            node_id=self.node_id,
+        )
+        self.sendError("auth_failed", "wrong SiteProof")
+
+    def _refuse_late_proof(self, _: object) -> None:
         log.error(
             "no SiteProof from the site {site} at {peer} within {timeout} s; closing",
             site=self._site_name,
@@ -318,10 +370,153 @@ class SiteLink(PeerProtocol):
         )
         self.closeConnection()
 
-    def _cancel_proof_deadline(self) -> None:
-        if self._proof_deadline is not None and self._proof_deadline.active():
-            self._proof_deadline.cancel()
-        self._proof_deadline = None
+    def _refuse_unproved(self, message: Message) -> None:
+        # Logged in but the site has not proved itself: nothing it sends runs.
+        log.error(
+            "the site at {peer} sent {type} before proving itself; closing",
+            peer=self._peer(),
+            type=type(message).__name__,
+        )
+        self.sendError("protocol_violation", f"{type(message).__name__} before SiteProof")
+
+    # -- outputs: up and down
+
+    def _link_up(self, _: object) -> None:
+        self.factory.failed_logins = 0
+        log.info(
+            "node {node_id} logged in to the site {site} at {peer}: protocol {protocol_version}",
+            node_id=self.node_id,
+            site=self._site_name,
+            peer=self._peer(),
+            protocol_version=self.protocol_version,
+            features=list(self._site_hello.features) if self._site_hello else [],
+        )
+        self.factory.handler.link_up(self)
+
+    def _hand_to_handler(self, message: Message) -> None:
+        self.factory.handler.message_received(self, message)
+
+    def _report_link_lost(self, reason: Failure | None) -> None:
+        log.info(
+            "link to the site lost: {reason}",
+            reason=reason.getErrorMessage() if reason is not None else "closed",
+        )
+        self.factory.handler.link_down(self)
+
+    def _count_failed_login(self, reason: Failure | None) -> None:
+        # Refused, the site never completed the login, never proved itself,
+        # or is a legacy site we do not trust: back off further.
+        self.factory.failed_logins += 1
+        tls_failure = tls_failure_text(reason)
+        if tls_failure is not None:
+            # ClientService's own line ("Scheduling retry") says only that it retries.
+            log.warn(
+                "TLS with the site at {endpoint} failed: {why}; check that --connect's"
+                " trustRoots= holds the CA that signed the site's certificate and that"
+                " the host name is one the certificate names",
+                endpoint=self.factory.dialled_endpoint() or "?",
+                why=tls_failure,
+            )
+
+    # -- outputs: refusals of a message out of turn (each sends an Error and closes)
+
+    def _refuse_nonce(self, identity: Identity) -> None:
+        self.sendError(
+            "bad_message",
+            f"Identity.nonce must be 32 hex characters (PROTOCOL.md); got "
+            f"{len(identity.nonce)} characters: {identity.nonce[:40]!r}",
+        )
+
+    def _refuse_second_identity(self, _: object) -> None:
+        self.sendError("protocol_violation", "a second Identity")
+
+    def _refuse_early_result(self, _: object) -> None:
+        self.sendError("protocol_violation", "LoginResult before Identity")
+
+    def _refuse_site_login(self, message: Message) -> None:
+        self.sendError("protocol_violation", f"{type(message).__name__} from the site")
+
+    def _refuse_unasked_proof(self, _: object) -> None:
+        self.sendError("protocol_violation", "SiteProof without a NodeChallenge")
+
+    def _out_of_turn(self, message: Message) -> None:
+        # PeerProtocol's gate answers these first (a type not allowed before
+        # login, or after it): never reached unless that gate changes.
+        self.sendError("protocol_violation", f"{type(message).__name__} out of turn")
+
+    #: The link's life: ``(state, input) -> (next state, outputs)``, every
+    #: input in every state.  :meth:`_input` enters the next state first,
+    #: then runs the outputs in order (so a handler that closes the link from
+    #: ``link_up`` finds it UP).  "gated": PeerProtocol answers that message
+    #: before it gets here (``unauthenticated`` before login; after login a
+    #: pre-login type is a ``protocol_violation`` and a Hello is ignored).
+    TRANSITIONS: ClassVar[dict[tuple[LinkState, LinkInput], Transition]] = {
+        # -- CONNECTED: waiting for the site's Identity
+        (S.CONNECTED, I.SITE_HELLO): (S.CONNECTED, (_keep_hello,)),
+        (S.CONNECTED, I.IDENTITY): (S.IDENTIFIED, (_take_identity, _send_login)),
+        (S.CONNECTED, I.IDENTITY_BAD_NONCE): (S.REFUSED, (_refuse_nonce,)),
+        (S.CONNECTED, I.LOGIN): (S.REFUSED, (_refuse_site_login,)),
+        (S.CONNECTED, I.LOGIN_REFUSED): (S.REFUSED, (_refuse_early_result,)),
+        (S.CONNECTED, I.LOGIN_ACCEPTED_V2): (S.REFUSED, (_refuse_early_result,)),
+        (S.CONNECTED, I.LOGIN_ACCEPTED_LEGACY): (S.REFUSED, (_refuse_early_result,)),
+        (S.CONNECTED, I.LOGIN_ACCEPTED_UNTRUSTED): (S.REFUSED, (_refuse_early_result,)),
+        (S.CONNECTED, I.PROOF_DEADLINE): (S.CONNECTED, ()),  # never armed here
+        (S.CONNECTED, I.CONNECTION_LOST): (S.DOWN, (_count_failed_login,)),
+        # gated:
+        (S.CONNECTED, I.SITE_PROOF_GOOD): (S.REFUSED, (_out_of_turn,)),
+        (S.CONNECTED, I.SITE_PROOF_BAD): (S.REFUSED, (_out_of_turn,)),
+        (S.CONNECTED, I.COMMAND): (S.REFUSED, (_out_of_turn,)),
+        # -- IDENTIFIED: our Login sent, waiting for the LoginResult
+        (S.IDENTIFIED, I.SITE_HELLO): (S.IDENTIFIED, (_keep_hello,)),
+        (S.IDENTIFIED, I.IDENTITY): (S.REFUSED, (_refuse_second_identity,)),
+        (S.IDENTIFIED, I.IDENTITY_BAD_NONCE): (S.REFUSED, (_refuse_second_identity,)),
+        (S.IDENTIFIED, I.LOGIN): (S.REFUSED, (_refuse_site_login,)),
+        (S.IDENTIFIED, I.LOGIN_REFUSED): (S.REFUSED, (_log_refusal,)),
+        (S.IDENTIFIED, I.LOGIN_ACCEPTED_V2): (S.PROVING, (_log_in_v2, _challenge_site)),
+        (S.IDENTIFIED, I.LOGIN_ACCEPTED_LEGACY): (S.UP, (_log_in, _link_up)),
+        (S.IDENTIFIED, I.LOGIN_ACCEPTED_UNTRUSTED): (S.REFUSED, (_refuse_legacy_site,)),
+        (S.IDENTIFIED, I.PROOF_DEADLINE): (S.IDENTIFIED, ()),  # never armed here
+        (S.IDENTIFIED, I.CONNECTION_LOST): (S.DOWN, (_count_failed_login,)),
+        # gated:
+        (S.IDENTIFIED, I.SITE_PROOF_GOOD): (S.REFUSED, (_out_of_turn,)),
+        (S.IDENTIFIED, I.SITE_PROOF_BAD): (S.REFUSED, (_out_of_turn,)),
+        (S.IDENTIFIED, I.COMMAND): (S.REFUSED, (_out_of_turn,)),
+        # -- PROVING: our NodeChallenge out, waiting for the SiteProof (the deadline armed)
+        (S.PROVING, I.SITE_PROOF_GOOD): (S.UP, (_cancel_deadline, _link_up)),
+        (S.PROVING, I.SITE_PROOF_BAD): (S.REFUSED, (_cancel_deadline, _refuse_wrong_proof)),
+        (S.PROVING, I.COMMAND): (S.REFUSED, (_cancel_deadline, _refuse_unproved)),
+        (S.PROVING, I.PROOF_DEADLINE): (S.REFUSED, (_refuse_late_proof,)),
+        (S.PROVING, I.CONNECTION_LOST): (S.DOWN, (_cancel_deadline, _count_failed_login)),
+        # gated:
+        (S.PROVING, I.SITE_HELLO): (S.PROVING, ()),
+        (S.PROVING, I.IDENTITY): (S.REFUSED, (_cancel_deadline, _out_of_turn)),
+        (S.PROVING, I.IDENTITY_BAD_NONCE): (S.REFUSED, (_cancel_deadline, _out_of_turn)),
+        (S.PROVING, I.LOGIN): (S.REFUSED, (_cancel_deadline, _out_of_turn)),
+        (S.PROVING, I.LOGIN_REFUSED): (S.REFUSED, (_cancel_deadline, _out_of_turn)),
+        (S.PROVING, I.LOGIN_ACCEPTED_V2): (S.REFUSED, (_cancel_deadline, _out_of_turn)),
+        (S.PROVING, I.LOGIN_ACCEPTED_LEGACY): (S.REFUSED, (_cancel_deadline, _out_of_turn)),
+        (S.PROVING, I.LOGIN_ACCEPTED_UNTRUSTED): (S.REFUSED, (_cancel_deadline, _out_of_turn)),
+        # -- UP: the handler has the link; a refusal closes it, and it is down once lost
+        (S.UP, I.COMMAND): (S.UP, (_hand_to_handler,)),
+        (S.UP, I.SITE_PROOF_GOOD): (S.UP, (_refuse_unasked_proof,)),
+        (S.UP, I.SITE_PROOF_BAD): (S.UP, (_refuse_unasked_proof,)),
+        (S.UP, I.PROOF_DEADLINE): (S.UP, ()),  # cancelled when the proof came
+        (S.UP, I.CONNECTION_LOST): (S.DOWN, (_report_link_lost,)),
+        # gated:
+        (S.UP, I.SITE_HELLO): (S.UP, ()),
+        (S.UP, I.IDENTITY): (S.UP, (_out_of_turn,)),
+        (S.UP, I.IDENTITY_BAD_NONCE): (S.UP, (_out_of_turn,)),
+        (S.UP, I.LOGIN): (S.UP, (_out_of_turn,)),
+        (S.UP, I.LOGIN_REFUSED): (S.UP, (_out_of_turn,)),
+        (S.UP, I.LOGIN_ACCEPTED_V2): (S.UP, (_out_of_turn,)),
+        (S.UP, I.LOGIN_ACCEPTED_LEGACY): (S.UP, (_out_of_turn,)),
+        (S.UP, I.LOGIN_ACCEPTED_UNTRUSTED): (S.UP, (_out_of_turn,)),
+        # -- REFUSED: closing; nothing but its loss (a failed login for the backoff)
+        **{(S.REFUSED, i): (S.REFUSED, ()) for i in I if i is not I.CONNECTION_LOST},
+        (S.REFUSED, I.CONNECTION_LOST): (S.DOWN, (_count_failed_login,)),
+        # -- DOWN: the end
+        **{(S.DOWN, i): (S.DOWN, ()) for i in I},
+    }
 
     # -- ISiteLink
 
@@ -335,7 +530,7 @@ class SiteLink(PeerProtocol):
         self.closeConnection()
 
     def __repr__(self) -> str:
-        return f"<SiteLink {self.node_id} v{self.protocol_version} up={self._up}>"
+        return f"<SiteLink {self.node_id} v{self.protocol_version} {self.state.value}>"
 
 
 class SiteLinkFactory(PeerFactory):
