@@ -57,12 +57,14 @@ class Fixture(SiteWithUsers):
         return node
 
 
-async def with_fixture(target: str, test: Any) -> None:
+async def with_fixture(target: str, test: Any, *extra: str) -> None:
+    """``test(fixture)`` against a site on ``target`` (``extra``: more site options)."""
     upstream = await start_upstream()
     path = target
     keys = [f"--node-key=n{i}:{secret_of(f'n{i}')}" for i in (1, 2)]
     try:
-        async with running_site(site_options(path, upstream.base_url, "--demo", *keys)) as site:
+        options = site_options(path, upstream.base_url, "--demo", *keys, *extra)
+        async with running_site(options) as site:
             fixture = Fixture(site, path, upstream)
             try:
                 await test(fixture)
