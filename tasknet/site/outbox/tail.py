@@ -26,6 +26,7 @@ Two tails, chosen once by the composition root (``tasknet.site.root``):
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from typing import Protocol
 
 from twisted.internet.defer import DeferredLock
@@ -45,7 +46,7 @@ class Publisher(Protocol):
     def listening(self) -> bool: ...
 
 
-class Tail:
+class Tail(ABC):
     """This site's position in the outbox: rows up to :attr:`after` are
     pushed to its WebSocket clients, rows up to :attr:`marked` are marked
     in the database.  The executor reads pages (:meth:`rows`), moves
@@ -63,19 +64,21 @@ class Tail:
         #: Registered as a reader (shared); a local tail never needs to.
         self.joined = False
 
+    @abstractmethod
     async def join(self) -> None:
         """Register as a reader, if this tail needs to (shared)."""
 
+    @abstractmethod
     async def leave(self) -> None:
         """A clean stop: stop holding the others' marks back (shared)."""
 
+    @abstractmethod
     async def rows(self, page_size: int) -> list[outbox_rows.OutboxRow]:
         """The next committed rows after :attr:`after`, at most ``page_size``."""
-        raise NotImplementedError
 
+    @abstractmethod
     async def _mark(self, lo: int, hi: int, *, skip_webhook: bool) -> None:
         """One write: the rows ``lo + 1 .. hi`` are read by this site."""
-        raise NotImplementedError
 
     async def mark(self, *, skip_webhook: bool) -> bool:
         """Mark the rows up to :attr:`after`; ``False`` (logged) if a write
@@ -93,6 +96,12 @@ class Tail:
 
 class LocalTail(Tail):
     """One site alone on its database (the module doc)."""
+
+    async def join(self) -> None:
+        """Nothing to register: no other site's marks wait for this one."""
+
+    async def leave(self) -> None:
+        """Nothing to leave."""
 
     async def rows(self, page_size: int) -> list[outbox_rows.OutboxRow]:
         rows: list[outbox_rows.OutboxRow] = await self._db.read(
