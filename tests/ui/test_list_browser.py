@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from tasknet.cli.demo import DemoStack, NodeSpec
-from tests.ui.conftest import demo_running, require_browser, screenshot_dir
+from tests.ui.conftest import demo_running, require_browser, screenshot_dir, seed_submitted
 from tests.ui.test_views_browser import (  # noqa: F401  (fixtures)
     Watched,
     api,
@@ -49,37 +49,13 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DemoStack]:
         ready_timeout=90.0,
     )
     with demo_running(demo):
-        seed(demo, SEEDED)
+        seed_submitted(demo.database, range(FIRST_GID, FIRST_GID + SEEDED), GHOST)
         yield demo
 
 
 @pytest.fixture(scope="module")
 def shots() -> Path:
     return screenshot_dir()
-
-
-def seed(demo: DemoStack, count: int) -> None:
-    """``count`` SUBMITTED tasks of the demo user, assigned to a node that never connects."""
-    from tasknet.site.storage import create, dispatch, usage, users
-    from tasknet.site.storage.engine.database import connect, run_write
-
-    connection = connect(demo.database)
-    user = run_write(connection, lambda c: users.set_quota(c, "demo", 10 * count))
-    user_id = user.id
-    week = usage.iso_week()
-
-    def write(cursor: Any, gids: range) -> None:
-        for gid in gids:
-            op = create.reserve(cursor, gid, user_id, f"seeded {gid}", "upstream-token", week)
-            assert create.begin_submit(cursor, gid, op, 1, f"gallery {gid}", week)
-            create.persist_submitted(cursor, gid, op, f"http://127.0.0.1:9/{gid}.bin", 1, week)
-            dispatch.claim_task(cursor, gid, [GHOST])
-
-    try:
-        for start in range(FIRST_GID, FIRST_GID + count, 500):
-            run_write(connection, write, range(start, min(start + 500, FIRST_GID + count)))
-    finally:
-        connection.close()
 
 
 def count_text(page: Any) -> str:
@@ -240,9 +216,12 @@ def test_bulk_delete_of_3000(
     page.click("#bulk-delete")
     page.click("#confirm-ok")
     # The outcome stays under the list bar (issue 36), not in the passing notice.
-    expect()(page.locator('#bulk-result [data-role="bulk-outcome"]')).to_contain_text(
-        re.compile(r"done"), timeout=300_000
-    )
+    # Waited for as a plain selector: each retry of a failing expect() builds
+    # an ARIA snapshot of the 3,000 rows, which starved the page (20 s became
+    # 140-260 s).
+    outcome = '#bulk-result [data-role="bulk-outcome"]'
+    page.wait_for_selector(outcome, timeout=300_000)
+    expect()(page.locator(outcome)).to_contain_text(re.compile(r"done"))
     page.screenshot(path=str(shots / "bulk-delete-desktop-en.png"))
     # Every seeded task is gone or waits for its (never connected) node.
     listed = api(stack, "GET", "/api/tasks?q=500&limit=500").body["tasks"]
