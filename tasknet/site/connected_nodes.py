@@ -30,104 +30,28 @@ listener closes it).
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Any, Generic, TypeVar
+from collections.abc import Iterator, Mapping
+from typing import Any
 
 from twisted.application.internet import TimerService
 from twisted.application.service import MultiService
 from twisted.internet.defer import Deferred, succeed
 from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
-from twisted.python.failure import Failure
 
 from tasknet.coalesce import CoalescingRunner
 from tasknet.protocol.session import INodeSession
 from tasknet.site.session_states import ITrackedSession, SessionState
 from tasknet.site.storage import node_sessions
 from tasknet.site.storage.engine import listen
-from tasknet.site.storage.engine.database import Cursor, Database
+from tasknet.site.storage.engine.database import Database
 from tasknet.site.storage.engine.timestamps import iso
 from tasknet.site.storage.node_sessions import Holding
 from tasknet.site.storage.reports import ReportOutcome
 
-__all__ = ["ConnectedNodes", "JoinedWrites", "NodeOwnership"]
+__all__ = ["ConnectedNodes", "NodeOwnership"]
 
 log = Logger()
-
-I = TypeVar("I")  # noqa: E741 -- an item of a joined write
-R = TypeVar("R")
-
-
-class _Joined(Generic[I, R]):
-    """One queued write of a :class:`JoinedWrites` and its items."""
-
-    def __init__(self) -> None:
-        self.items: list[tuple[I, Deferred[R]]] = []
-        #: What the write ran (set once, in the writer thread: a rerun of the
-        #: transaction runs the same items again).
-        self.taken: list[tuple[I, Deferred[R]]] | None = None
-
-
-class JoinedWrites(Generic[I, R]):
-    """Items of one batch function ``fn(cursor, items) -> results`` (one
-    result per item, each as if alone, in order), written so that a storm
-    of them is a few transactions: an item joins the write of this
-    function already waiting in the database's queue, and only when there
-    is none (or it has started) is a new write queued.  So at most one
-    such write waits at any time, and a write queued after an item (a
-    create, the dispatcher's catch-up of the login that sent it) runs
-    after that item, never behind thousands of them.  (Group commit
-    alone shares a transaction among at most ``max_batch`` writes, and
-    keeps each of them in the queue.)  If the write fails, every item it
-    carried fails with that failure."""
-
-    def __init__(self, db: Database, fn: Callable[[Cursor, list[I]], Sequence[R]]) -> None:
-        self._db = db
-        self._fn = fn
-        # The writer thread takes a write's items; the reactor adds them.
-        self._lock = threading.Lock()
-        self._open: _Joined[I, R] | None = None
-
-    def add(self, item: I) -> Deferred[R]:
-        """Write ``item``; fires with its result once committed."""
-        done: Deferred[R] = Deferred()
-        with self._lock:
-            joined = self._open
-            fresh = joined is None
-            if joined is None:
-                joined = self._open = _Joined()
-            joined.items.append((item, done))
-        if fresh:
-            self._db.write(self._run, joined).addCallbacks(
-                self._ran, self._failed, callbackArgs=(joined,), errbackArgs=(joined,)
-            )
-        return done
-
-    def _taken(self, joined: _Joined[I, R]) -> list[tuple[I, Deferred[R]]]:
-        with self._lock:
-            if joined.taken is None:
-                joined.taken = joined.items
-                if self._open is joined:
-                    self._open = None
-            return joined.taken
-
-    def _run(self, cursor: Cursor, joined: _Joined[I, R]) -> list[R]:
-        # In the writer thread: from now on, items go to a new write.
-        items = [item for item, _ in self._taken(joined)]
-        results = list(self._fn(cursor, items))
-        if len(results) != len(items):
-            raise RuntimeError(f"{len(results)} results for {len(items)} items")
-        return results
-
-    def _ran(self, results: list[R], joined: _Joined[I, R]) -> None:
-        for (_, done), result in zip(self._taken(joined), results, strict=True):
-            done.callback(result)
-
-    def _failed(self, failure: Failure, joined: _Joined[I, R]) -> None:
-        for _, done in self._taken(joined):
-            done.errback(failure)
-
 
 #: Seconds between two checks that this site's sessions still hold their
 #: nodes (the safety net under the ``tasknet_node_taken`` notification).
@@ -275,11 +199,6 @@ class NodeOwnership(MultiService):
             check.clock = clock
             check.setServiceParent(self)
         self._checker = CoalescingRunner(self._check_all)
-        # The takes of a burst of logins share a transaction (few, short
-        # writes: the creates queued meanwhile are not held behind them).
-        self._take_writes: JoinedWrites[node_sessions.TakeRequest, node_sessions.Taken] = (
-            JoinedWrites(db, node_sessions.take_all)
-        )
         self._subscription: listen.Subscription | None = None
         # Takes not yet committed, with the reports waiting for them, and
         # the newest epoch notified per node (a notification may come
@@ -318,7 +237,10 @@ class NodeOwnership(MultiService):
         newer take holds it); then the Deferred fires with the holding.
         Reports waiting for the take go on after that."""
         self._takes[session] = []
-        d = self._take_writes.add(
+        # The takes of a burst of logins share a transaction (few, short
+        # writes: the creates queued meanwhile are not held behind them).
+        d = self._db.write_joined(
+            node_sessions.take_all,
             (
                 session.node_id,
                 self.nodes.instance_id,
@@ -326,9 +248,11 @@ class NodeOwnership(MultiService):
                 session.protocol_version,
                 tuple(session.features),
                 iso(session.connected_at),
-            )
+            ),
         )
-        held: Deferred[Holding] = d.addCallback(self._taken_here, session)
+        held: Deferred[Holding] = d.addCallback(
+            lambda committed: self._taken_here(committed.value, session)
+        )
 
         def settled(result: Any) -> Any:
             for waiter in self._takes.pop(session, []):

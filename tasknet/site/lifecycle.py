@@ -17,18 +17,26 @@ told so (``503 unavailable``) and the generation is released when this site
 can still write (it knows it sent nothing), else left ``SUBMITTING`` for a
 reap or the next start to make ``UNKNOWN``.
 
+One write path: every transaction runs through :meth:`Lifecycle._run`,
+as the policy declared beside its function says
+(:class:`~tasknet.site.storage.write_policy.WritePolicy`: whether its commit
+wakes the outbox, whether it settles an outcome and keeps trying, whether it
+is a step of a create's chain); no call site chooses.
+
 Nothing here retries a POST.  What the chain does retry are its own local
 writes that settle an outcome (``release``, ``begin_submit``,
-``release_refused``, ``mark_unknown``) when the database is busy or locked
-(the database layer's classified ``DatabaseBusy``; the retry itself is the
-layer's ``Database.write_retrying``):
-each acts only on the expected operationId in the expected state, so a
-repeat can never change another generation or call the upstream.  They are
-retried with backoff for ``record_retry_for`` seconds while the client waits
-(so a lock held past ``busy_timeout`` still ends in the right answer, e.g.
-``202`` with ``UNKNOWN``); after that the write keeps being retried in the
-background every ``settle_interval`` seconds until it lands.  Only a crash
-(or a stop) before that leaves ``RESERVED``/``SUBMITTING`` for
+``release_refused``, ``release_unsent``, ``mark_unknown``) when the
+database is busy or locked (the database layer's classified
+``DatabaseBusy``; the retry itself is the layer's
+``Database.write_retrying``): each acts only on the expected operationId in
+the expected state, so a repeat can never change another generation or
+call the upstream.  They are retried with backoff for ``record_retry_for``
+seconds while the client waits (so a lock held past ``busy_timeout`` still
+ends in the right answer, e.g. ``202`` with ``UNKNOWN``); after that (or
+after a failed write) those that keep trying go on in the background every
+``settle_interval`` seconds until they land
+(:class:`~tasknet.site.storage.background_writes.BackgroundWrites`).  Only a
+crash (or a stop) before that leaves ``RESERVED``/``SUBMITTING`` for
 :meth:`Lifecycle.recover` at the next start.
 
 Every create is answered, and never ``500`` for an outcome it cannot record
@@ -59,7 +67,6 @@ once the lease is lost every write is refused
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -68,7 +75,6 @@ from typing import Any, TypeVar
 from twisted.application.internet import backoffPolicy
 from twisted.internet.defer import CancelledError, Deferred
 from twisted.internet.interfaces import IReactorTime
-from twisted.internet.task import deferLater
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
@@ -82,6 +88,7 @@ from tasknet.site.storage import (
     usage,
     views,
 )
+from tasknet.site.storage.background_writes import BackgroundWrites
 from tasknet.site.storage.create import Recovered
 from tasknet.site.storage.engine.database import Database, Retry
 from tasknet.site.storage.engine.errors import (
@@ -93,6 +100,7 @@ from tasknet.site.storage.engine.errors import (
 )
 from tasknet.site.storage.instances import LeaseLost
 from tasknet.site.storage.lease import Lease
+from tasknet.site.storage.write_policy import WritePolicy, policy_of
 from tasknet.site.upstream_client import (
     Outcome,
     PrepareOutcome,
@@ -216,10 +224,8 @@ class Lifecycle:
         self.lease = lease
         self._reaper = reaper
         self._instance_id = None if lease is None else lease.instance_id
-        #: Outcome writes still being retried in the background, in the
-        #: order they began (a dict: ``stop`` cancels them in that order,
-        #: never in the order of their addresses).
-        self._settling: dict[Deferred[None], None] = {}
+        #: Outcome writes still being retried in the background.
+        self._background = BackgroundWrites(db, interval=settle_interval, clock=clock)
         # The clock the POST gate measures on: the lease's own monotonic one
         # (without a lease: ``monotonic`` if given, else ``clock``'s seconds).
         self._monotonic: Callable[[], float] = (
@@ -250,36 +256,36 @@ class Lifecycle:
         if self._closed is not None:
             raise Closed(f"this site writes no more creates ({self._closed}); nothing was written")
 
-    async def _write(self, fn: Callable[..., T], *args: Any, **kw: Any) -> T:
-        """A write whose commit may have enqueued notifications: the outbox
-        is woken after it."""
-        result = await self._commit(fn, *args, **kw)
-        self._woken()
+    async def _run(self, step: Callable[..., T], *args: Any) -> T:
+        """The one write path: the storage transaction ``step(cursor,
+        *args)``, run as its :class:`WritePolicy` declares.  No write once
+        this site's lease is lost; none of a create's chain once the site
+        is closed (:class:`Closed`).  A write that ``settles`` an outcome is
+        retried by the database with backoff while it is busy
+        (:class:`DatabaseBusy`), for at most ``record_retry_for`` seconds;
+        then :class:`Unrecorded` is raised.  A failed write
+        (:class:`DatabaseFailed`: an I/O error, a full disk) is raised at
+        once.  Either way, if it ``keeps_trying``, it goes on in the
+        background every ``settle_interval`` (:meth:`_keep_trying`).  The
+        outbox is woken after a commit that ``wakes_outbox``."""
+        policy = policy_of(step)
+        self._refuse_if_fenced()
+        if policy.create_step:
+            self._refuse_if_closed()
+        if policy.settles is None:
+            result = await self.db.write(step, *args)
+        else:
+            result = await self._settled(policy, step, *args)
+        if policy.wakes_outbox:
+            self._woken()
         return result
 
-    async def _commit(self, fn: Callable[..., T], *args: Any, **kw: Any) -> T:
-        """A write that enqueues no notification (nobody to wake)."""
-        self._refuse_if_fenced()
-        return await self.db.write(fn, *args, **kw)
-
-    async def _record(
-        self, what: str, fn: Callable[..., T], *args: Any, background: bool = True
-    ) -> T:
-        """A local write that settles an outcome, retried by the database
-        with backoff while it is busy (:class:`DatabaseBusy`), for at most
-        ``record_retry_for`` seconds; then :class:`Unrecorded` is raised and,
-        if ``background``, the write goes on being retried in the background
-        (:meth:`_settle_later`).  A failed write (:class:`DatabaseFailed`:
-        an I/O error, a full disk) is raised at once and, if
-        ``background``, retried in the background too: the outcome must
-        land while the site lives, not wait for its next start (a task
-        left ``SUBMITTING`` shows 提交中 for ever)."""
-        self._refuse_if_fenced()
-        self._refuse_if_closed()
+    async def _settled(self, policy: WritePolicy, step: Callable[..., T], *args: Any) -> T:
+        what = _what(policy, args)
         backoff = backoffPolicy(self.retry_initial, self.retry_max, factor=2.0, jitter=lambda: 0.0)
         try:
-            result = await self.db.write_retrying(
-                Retry(what, self.record_retry_for, backoff), fn, *args
+            return await self.db.write_retrying(
+                Retry(what, self.record_retry_for, backoff), step, *args
             )
         except DatabaseBusy as e:
             log.error(
@@ -288,60 +294,37 @@ class Lifecycle:
                 seconds=self.record_retry_for,
                 error=e,
                 then=f"; retrying it every {self.settle_interval}s in the background"
-                if background
+                if policy.keeps_trying
                 else "",
             )
-            if background:
-                self._settle_later(what, fn, *args)
+            if policy.keeps_trying:
+                self._keep_trying(step, *args)
             raise Unrecorded(f"{what}: {e}") from e
         except LeaseLost:
             raise  # this site writes nothing more: a reap or its next start settles it
         except DatabaseFailed as e:
-            if background:
+            if policy.keeps_trying:
                 log.error(
                     "{what} failed ({error}); retrying it every {seconds}s in the background",
                     what=what,
                     error=e,
                     seconds=self.settle_interval,
                 )
-                self._settle_later(what, fn, *args)
+                self._keep_trying(step, *args)
             raise
-        self._woken()
-        return result
 
-    def _settle_later(self, what: str, fn: Callable[..., Any], *args: Any) -> None:
-        d = Deferred.fromCoroutine(self._settle(what, fn, *args))
-        self._settling[d] = None
-        d.addBoth(lambda _: self._settling.pop(d, None))
-
-    async def _settle(self, what: str, fn: Callable[..., Any], *args: Any) -> None:
-        """Every ``settle_interval`` seconds until it lands (or the stop)."""
-        every = Retry(f"{what} (background)", math.inf, lambda _: self.settle_interval)
-        try:
-            while True:
-                await deferLater(self._clock, self.settle_interval, lambda: None)
-                try:
-                    await self.db.write_retrying(every, fn, *args)
-                    break
-                except LeaseLost as e:
-                    log.warn("{what}: {e}; left for a reap or the next start", what=what, e=e)
-                    return
-                except DatabaseFailed as e:  # the write is guarded: a repeat is a no-op
-                    log.warn("{what}: {error}; retrying", what=what, error=e)
-        except CancelledError:
-            # Stopped while waiting (or while writing: the write lands or not).
-            log.warn("{what}: not recorded before the stop; recovery at start does", what=what)
-            return
-        except Exception:
-            log.failure("{what} failed; recovery at the next start settles it", what=what)
-            return
-        self._woken()
-        log.info("{what}: recorded at last", what=what)
+    def _keep_trying(self, step: Callable[..., Any], *args: Any) -> None:
+        """The settling ``step`` in the background, every ``settle_interval``
+        until it lands (or the stop); the outbox woken once it has."""
+        policy = policy_of(step)
+        landed = self._background.keep_trying(_what(policy, args), step, *args)
+        if policy.wakes_outbox:
+            landed.addCallback(lambda recorded: self._woken() if recorded else None)
 
     @property
     def settling(self) -> int:
         """Outcome writes still being retried in the background."""
-        return len(self._settling)
+        return self._background.pending
 
     @property
     def closed(self) -> str | None:
@@ -358,8 +341,7 @@ class Lifecycle:
         stop the background retries (what they had not recorded is left
         ``RESERVED``/``SUBMITTING`` for recovery at the next start)."""
         self.answer_in_flight("this site is stopping")
-        for d in list(self._settling):
-            d.cancel()
+        self._background.stop()
 
     def answer_in_flight(self, why: str) -> int:
         """This site can record no more outcomes (``why``: its lease is
@@ -472,24 +454,13 @@ class Lifecycle:
         COMMIT's answer be lost, the reservation that may exist is released
         in the background (nothing was sent for it)."""
         operation_id = generation.new_operation_id(self._entropy)
-        # The placeholder is not announced (create.reserve): no wake-up; a
-        # new generation over a gone one is (its task row was visible).
-        write = self._write if confirm_charge else self._commit
-        self._refuse_if_closed()
+        reserve = create.reserve_again if confirm_charge else create.reserve
         try:
-            return await write(
-                create.reserve,
-                gid,
-                user_id,
-                name,
-                token,
-                week,
-                self._instance_id,
-                operation_id,
-                confirm_charge,
+            return await self._run(
+                reserve, gid, user_id, name, token, week, self._instance_id, operation_id
             )
         except CommitUnknown:
-            self._settle_later(f"release of gid {gid}", create.release_unsent, gid, operation_id)
+            self._keep_trying(create.release_unsent, gid, operation_id)
             raise
 
     async def _prepare(self, gid: int, token: str, operation_id: str) -> PrepareResult:
@@ -505,8 +476,7 @@ class Lifecycle:
     ) -> None:
         """Quota check and SUBMITTING in one transaction, committed before the POST."""
         try:
-            started = await self._record(
-                f"SUBMITTING of gid {gid}",
+            started = await self._run(
                 create.begin_submit,
                 gid,
                 operation_id,
@@ -515,7 +485,6 @@ class Lifecycle:
                 week,
                 prepared.size,
                 self._instance_id,
-                background=False,  # later, nobody would POST: release it instead
             )
         except (Unrecorded, DatabaseFailed) as e:
             # Perhaps SUBMITTING after all (a COMMIT whose answer was lost),
@@ -584,9 +553,7 @@ class Lifecycle:
             raise _not_submitted(gid, submitted.error)
         if submitted.outcome is Outcome.REFUSED:
             try:
-                await self._record(
-                    f"release of refused gid {gid}", create.release_refused, gid, operation_id
-                )
+                await self._run(create.release_refused, gid, operation_id)
             except (Unrecorded, DatabaseFailed):
                 pass  # still true, and still answered: the release lands later
             raise TaskError(
@@ -598,8 +565,7 @@ class Lifecycle:
         """Record an accepted POST; if that fails the task is UNKNOWN, never lost."""
         gid, operation_id = flight.gid, _operation_of(flight)
         try:
-            self._refuse_if_closed()
-            view = await self._write(
+            view = await self._run(
                 create.persist_and_view,
                 gid,
                 operation_id,
@@ -632,9 +598,7 @@ class Lifecycle:
         A site that lost its lease writes nothing: a reap (or its next
         start) makes that generation ``UNKNOWN``, evidence "0 POSTs"."""
         try:
-            await self._record(
-                f"release of unsent gid {gid}", create.release_unsent, gid, operation_id
-            )
+            await self._run(create.release_unsent, gid, operation_id)
         except (Unrecorded, DatabaseFailed):
             pass  # logged; retried in the background until it lands
         except LeaseLost as e:
@@ -644,7 +608,7 @@ class Lifecycle:
         """Release a reservation (nothing POSTed).  If that cannot be recorded
         now, the background retry does it; the caller's answer stands."""
         try:
-            await self._record(f"release of gid {gid}", create.release, gid, operation_id)
+            await self._run(create.release, gid, operation_id)
         except (Unrecorded, DatabaseFailed):
             pass  # logged; retried in the background until it lands
 
@@ -665,8 +629,7 @@ class Lifecycle:
         gid = flight.gid
         settled_by = "its recovery at the next start"
         try:
-            await self._record(
-                f"UNKNOWN of gid {gid}",
+            await self._run(
                 create.mark_unknown,
                 gid,
                 _operation_of(flight),
@@ -754,7 +717,7 @@ class Lifecycle:
         return Deferred.fromCoroutine(self._delete(user_id, gid))
 
     async def _delete(self, user_id: int | None, gid: int) -> DeleteOutcome:
-        started = await self._write(delete.request_delete, gid, user_id)
+        started = await self._run(delete.request_delete, gid, user_id)
         view = None if started.completed else await self.db.read(views.task_view, gid)
         outcome = DeleteOutcome(
             gid, started.completed, started.delete_operation_id, started.node, view
@@ -780,7 +743,7 @@ class Lifecycle:
 
     async def _recover(self) -> Recovered:
         if self._reaper is None:  # no lease: alone on its database
-            recovered = await self._write(create.recover)
+            recovered = await self._run(create.recover)
         else:
             reaped = await self._reaper.reap_gone(unrecorded=True)
             recovered = Recovered(
@@ -851,7 +814,7 @@ class Lifecycle:
         # resolve_unknown prefers the URL stored from the POST's own answer.
         from_audit = evidence.get("archiveUrlSource") == "audit"
         audit_url = evidence.get("archiveUrl") if from_audit else None
-        view = await self._write(
+        view = await self._run(
             reconcile.resolve_unknown, gid, verdict, actor, note, evidence, audit_url
         )
         if view is not None and view.get("state") == "SUBMITTED":
@@ -877,6 +840,11 @@ def _archive_url_evidence(evidence: dict[str, Any]) -> None:
         evidence["archiveUrl"] = None
         evidence["archiveUrlSource"] = None
         evidence["warning"] = NO_ARCHIVE_URL
+
+
+def _what(policy: WritePolicy, args: tuple[Any, ...]) -> str:
+    """The log's name of a settling write (its function takes the gid first)."""
+    return f"{policy.settles} of gid {args[0]}"
 
 
 def _operation_of(flight: _Flight) -> str:

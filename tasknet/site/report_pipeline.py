@@ -1,9 +1,9 @@
 """Node reports: apply, commit, then ACK (LIFECYCLE.md invariant 7).
 
 :class:`ReportPipeline` hands every report to the database as one item of
-the coalesced write :func:`storage.apply_reports
+the joined write :func:`storage.apply_reports
 <tasknet.site.storage.reports.apply_reports>`
-(``Database.write_coalesced``): reports that arrive while the writer is
+(``Database.write_joined``): reports that arrive while the writer is
 busy share the next transaction and one call of the batch function; the
 database layer's group commit isolates a failing report under its own
 savepoint.  What the pipeline keeps is what happens after the commit: the
@@ -197,7 +197,7 @@ class ReportPipeline:
         attempt: int = 0,
     ) -> Deferred[storage.ReportOutcome | None]:
         first = isinstance(message, TaskReport) and session not in self._reported
-        d = self._db.write_coalesced(
+        d = self._db.write_joined(
             storage.apply_reports, storage.QueuedReport(session.node_id, message, first, holding)
         )
         return d.addCallbacks(

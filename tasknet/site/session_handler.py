@@ -49,7 +49,7 @@ from zope.interface import implementer
 from tasknet.protocol.messages import ArchiveInventory, DeleteResult, StatusReport, TaskReport
 from tasknet.protocol.session import INodeSession, ISiteHandler
 from tasknet.site import metrics
-from tasknet.site.connected_nodes import JoinedWrites, NodeOwnership
+from tasknet.site.connected_nodes import NodeOwnership
 from tasknet.site.dispatcher import Dispatcher
 from tasknet.site.report_pipeline import ReportPipeline
 from tasknet.site.session_states import ITrackedSession, SessionState
@@ -79,10 +79,6 @@ class SiteHandler:
         self.reports = reports
         self.dispatcher = dispatcher
         self.db = db  # where logins and disconnects are recorded (node_seen)
-        # A burst of logins (or disconnects) is recorded in one transaction.
-        self._seen: JoinedWrites[node_sessions.SeenRecord, None] = JoinedWrites(
-            db, node_sessions.record_seen_all
-        )
         self.ownership = ownership
         #: Reports not applied because their session no longer held its node.
         self.refused_reports = 0
@@ -93,7 +89,7 @@ class SiteHandler:
         self.last_verdict: inventory.InventoryVerdict | None = None
 
     def node_attached(self, session: INodeSession) -> None:
-        record_seen(self._seen, session, connected=True)
+        record_seen(self.db, session, connected=True)
         metrics.CONNECTED_NODES.labels(protocol=str(session.protocol_version)).inc()
         self.dispatcher.node_attached(session)
 
@@ -227,20 +223,22 @@ class SiteHandler:
     def node_detached(self, session: INodeSession) -> None:
         if ITrackedSession(session).life.state is not SessionState.MOVED:
             # Moved to another site: still connected, nothing to record.
-            record_seen(self._seen, session, connected=False)
+            record_seen(self.db, session, connected=False)
         metrics.CONNECTED_NODES.labels(protocol=str(session.protocol_version)).dec()
         self.dispatcher.node_detached(session)
 
 
-def record_seen(
-    writes: JoinedWrites[node_sessions.SeenRecord, None], session: INodeSession, connected: bool
-) -> Deferred[None]:
+def record_seen(db: Database, session: INodeSession, connected: bool) -> Deferred[None]:
     """Record in ``node_seen`` that ``session``'s node logged in or went away
     (best effort: a failure is logged; the node panel is only less current),
-    in the transaction of the others recorded meanwhile."""
-    d = writes.add((session.node_id, session.protocol_version, tuple(session.features), connected))
+    in the transaction of the others recorded meanwhile (a burst of logins,
+    or disconnects, is one write: ``Database.write_joined``)."""
+    d = db.write_joined(
+        node_sessions.record_seen_all,
+        (session.node_id, session.protocol_version, tuple(session.features), connected),
+    )
 
     def failed(failure: Failure) -> None:
         log.failure("recording node {node} as seen failed", failure, node=session.node_id)
 
-    return d.addErrback(failed)
+    return d.addCallbacks(lambda _: None, failed)

@@ -121,7 +121,7 @@ async def test_a_fenced_sites_writes_on_a_dead_connection_fail_at_once_with_leas
             # Queued together: plain writes, coalesced items, and a write
             # retried "while busy" for ever, as the lifecycle's SUBMITTING is.
             writes = [db.write(_note, f"plain-{i}") for i in range(3)]
-            writes += [db.write_coalesced(_notes, f"item-{i}") for i in range(3)]
+            writes += [db.write_joined(_notes, f"item-{i}") for i in range(3)]
             writes.append(
                 db.write_retrying(Retry("SUBMITTING", math.inf, lambda _: 0.1), _note, "retried")
             )

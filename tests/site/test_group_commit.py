@@ -374,7 +374,7 @@ async def test_a_lone_item_is_a_plain_transaction(tmp_path):
     path = scratch_database(tmp_path)
     insert_all = InsertAll()
     async with opened(path) as (db, statements):
-        committed = await db.write_coalesced(insert_all, "a")
+        committed = await db.write_joined(insert_all, "a")
         assert statements == [
             "BEGIN IMMEDIATE",
             "INSERT INTO item (name, n) VALUES ('a', 0)",
@@ -392,10 +392,10 @@ async def test_queued_items_of_one_function_are_one_call_under_one_savepoint(tmp
     async with opened(path) as (db, statements):
         held = HeldWriter(db)
         await held.started()
-        writes: list[Deferred[Any]] = [db.write_coalesced(insert_all, "item-0")]
+        writes: list[Deferred[Any]] = [db.write_joined(insert_all, "item-0")]
         writes.append(db.write(insert("plain-1")))
-        writes += [db.write_coalesced(insert_all, f"item-{i}") for i in range(1, 5)]
-        writes.append(db.write_coalesced(other, "other"))
+        writes += [db.write_joined(insert_all, f"item-{i}") for i in range(1, 5)]
+        writes.append(db.write_joined(other, "other"))
         writes.append(db.write(insert("plain-2")))
         held.release()
         await held.done
@@ -427,6 +427,32 @@ async def test_queued_items_of_one_function_are_one_call_under_one_savepoint(tmp
 
 
 @pytest_twisted.ensureDeferred
+async def test_items_join_the_waiting_write_which_counts_once_in_a_batch(tmp_path):
+    """A burst of items is one write of the queue, however many there are
+    (``max_batch`` bounds the writes of a transaction, not the items of
+    one): at most one write of the function waits, and a plain write queued
+    after an item runs after it, with the burst, not behind it."""
+    path = scratch_database(tmp_path)
+    insert_all = InsertAll()
+    async with opened(path, max_batch=2) as (db, statements):
+        held = HeldWriter(db)
+        await held.started()
+        items = [db.write_joined(insert_all, f"item-{i:02}") for i in range(10)]
+        plain = db.write(insert("plain"))
+        late = db.write(insert("late"))  # the batch is full: next transaction
+        items += [db.write_joined(insert_all, f"item-{i:02}") for i in range(10, 12)]
+        held.release()
+        await held.done
+        results = await settle([*items, plain, late])
+        assert all(ok for ok, _ in results)
+        assert insert_all.calls == [[f"item-{i:02}" for i in range(12)]]
+        inserted = [s.split("'")[1] for s in statements if s.startswith("INSERT")]
+        assert inserted == [*(f"item-{i:02}" for i in range(12)), "plain", "late"]
+        assert count(statements, "COMMIT") == 3  # the held write's, then two
+    assert len({value.transaction for _, value in results[:12]}) == 1
+
+
+@pytest_twisted.ensureDeferred
 async def test_a_failing_item_fails_alone_the_others_run_one_by_one(tmp_path):
     path = scratch_database(tmp_path)
     insert_all = InsertAll()
@@ -434,7 +460,7 @@ async def test_a_failing_item_fails_alone_the_others_run_one_by_one(tmp_path):
     async with opened(path) as (db, statements):
         held = HeldWriter(db)
         await held.started()
-        writes = [db.write_coalesced(insert_all, name) for name in names]
+        writes = [db.write_joined(insert_all, name) for name in names]
         writes.append(db.write(insert("plain")))
         held.release()
         await held.done
@@ -462,7 +488,7 @@ async def test_items_of_a_call_that_ended_the_transaction_run_again_one_by_one(t
         held = HeldWriter(db)
         await held.started()
         writes: list[Deferred[Any]] = [db.write(insert("before"))]
-        writes += [db.write_coalesced(insert_all, name) for name in ("x", "end-it", "y")]
+        writes += [db.write_joined(insert_all, name) for name in ("x", "end-it", "y")]
         held.release()
         await held.done
         results = await settle(writes)

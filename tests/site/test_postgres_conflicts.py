@@ -133,14 +133,14 @@ async def test_each_write_runs_at_its_declared_isolation(pg_url: str) -> None:
         return _level(cursor)
 
     try:
-        assert (await db.write_coalesced(_levels, 1)).value == "read committed"
+        assert (await db.write_joined(_levels, 1)).value == "read committed"
         assert await db.write(_level) == "serializable"
         # Keywords wrap the function: its declaration goes with it.
         assert await db.write(dbmod.read_committed(keyword_level), unused=1) == "read committed"
         # A transaction shared with a SERIALIZABLE write is SERIALIZABLE.
         held = HeldWriter(db)
         await held.started()
-        together = [db.write_coalesced(_levels, 2), db.write(_level)]
+        together = [db.write_joined(_levels, 2), db.write(_level)]
         held.release()
         await held.done
         first, second = await gatherResults(together)
@@ -167,7 +167,7 @@ async def test_two_sites_applying_reports_for_disjoint_nodes_never_conflict(pg_u
     try:
         for round_ in range(rounds):
             queued = [
-                sites[node % 2].write_coalesced(
+                sites[node % 2].write_joined(
                     apply_reports,
                     QueuedReport(NODE.format(node), _report(node, round_), round_ == 0),
                 )
@@ -389,7 +389,7 @@ async def test_a_conflicting_write_in_a_batch_takes_no_report_down(
         held = HeldWriter(db)
         await held.started()
         queued = [
-            db.write_coalesced(apply_reports, QueuedReport(NODE.format(n), _report(n, 0)))
+            db.write_joined(apply_reports, QueuedReport(NODE.format(n), _report(n, 0)))
             for n in range(nodes)
         ]
         conflicting = db.write(always_conflicting)

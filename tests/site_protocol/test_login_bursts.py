@@ -1,7 +1,7 @@
 """A burst of logins costs what those nodes hold, not the number of nodes
 connected (bench B5, B10): the dispatcher catches up with the logins that
 arrive together in one pass, for those nodes only; their takes and their
-``node_seen`` rows share a transaction (``JoinedWrites``); the listener
+``node_seen`` rows share a transaction (``Database.write_joined``); the listener
 admits logins at the pace their takes commit; and a create's dispatch
 counts nobody's tasks."""
 
@@ -17,7 +17,6 @@ from twisted.internet.threads import deferToThread
 
 from tasknet.protocol.messages import TaskCommand
 from tasknet.site import node_listener
-from tasknet.site.connected_nodes import JoinedWrites
 from tasknet.site.storage import dispatch
 from tasknet.site.storage.engine import database as dbmod
 from tasknet.site.storage.engine.schema import prepare_database
@@ -189,12 +188,14 @@ async def test_items_queued_while_the_writer_is_busy_share_one_write(db_target: 
         calls.append(list(names))
         return _insert_all(cursor, names)
 
-    writes: JoinedWrites[str, int] = JoinedWrites(db, recorded)
+    def joined(name: str) -> Deferred[int]:
+        return db.write_joined(recorded, name).addCallback(lambda committed: committed.value)
+
     try:
         release = threading.Event()
         held = db.write(lambda cursor: release.wait(10))  # the writer is busy
-        first = writes.add("a")
-        rest = [writes.add("b" * n) for n in range(2, 40)]
+        first = joined("a")
+        rest = [joined("b" * n) for n in range(2, 40)]
         # A write queued after the items runs after all of them.
         seen = db.write(
             lambda cursor: cursor.execute("SELECT COUNT(*) FROM burst_probe").fetchone()[0]
@@ -205,18 +206,19 @@ async def test_items_queued_while_the_writer_is_busy_share_one_write(db_target: 
         assert await gatherResults(rest) == list(range(2, 40))
         assert await seen == 39
         assert len(calls) == 1 and len(calls[0]) == 39
-        # Once that write started, a new item makes a new write; a failure
-        # fails every item of its write, and the next one works again.
+        # Once that write started, a new item makes a new write; a failing
+        # item fails alone (its write's items run again one by one), and the
+        # next write works again.
         release.clear()
         held = db.write(lambda cursor: release.wait(10))
-        good, bad = writes.add("x"), writes.add("bad")
+        good, bad = joined("x"), joined("bad")
         await deferToThread(release.set)
         await held
-        for d in (good, bad):
-            with pytest.raises(ValueError):
-                await d
-        assert await writes.add("yz") == 2
-        assert [len(c) for c in calls] == [39, 2, 1]
+        assert await good == 1
+        with pytest.raises(ValueError):
+            await bad
+        assert await joined("yz") == 2
+        assert calls[1:] == [["x", "bad"], ["x"], ["bad"], ["yz"]]
     finally:
         db.close()
 

@@ -1,9 +1,11 @@
 """The create steps of a task, each one transaction (LIFECYCLE.md
 invariants 1–4), and the recovery at start (invariant 10):
 
-``reserve`` -> (prepare) -> ``begin_submit`` -> (POST) -> ``persist_submitted``
-/ ``mark_unknown`` / ``release_refused``; ``release`` gives a reservation
-back; ``recover`` settles what a stopped site left in flight.
+``reserve`` (``reserve_again`` over a gone archive) -> (prepare) ->
+``begin_submit`` -> (POST) -> ``persist_submitted`` / ``mark_unknown`` /
+``release_refused``; ``release`` gives a reservation back; ``recover``
+settles what a stopped site left in flight.  Each step the lifecycle runs
+declares beside it how (:func:`~tasknet.site.storage.write_policy.write_policy`).
 
 ``reserve`` and ``begin_submit`` record the site instance that holds the
 submission (``task_operation.instance_id``) and first check that it still
@@ -30,6 +32,7 @@ from tasknet.site.storage.engine.transactions import Cursor
 from tasknet.site.storage.generation import change_state, new_operation_id, remove_generation, touch
 from tasknet.site.storage.usage import in_flight_cost, meter, usage
 from tasknet.site.storage.views import operation_row
+from tasknet.site.storage.write_policy import write_policy
 from tasknet.status import NodeCode, OperationState
 
 _NEW_GENERATION = sql(
@@ -84,6 +87,7 @@ _SUBMITTING = sql(
 _SUBMITTED_ROW = sql("UPDATE gallery SET url = ?, cost = ?, updated_at = {now} WHERE gid = ?")
 
 
+@write_policy(create_step=True)  # the placeholder is not announced
 def reserve(
     cursor: Cursor,
     gid: int,
@@ -161,6 +165,25 @@ def reserve(
     # retry loop) must leave no notification behind (INTERFACES.md, growth).
     # Others first hear of the task at SUBMITTING.
     return operation_id
+
+
+@write_policy(wakes_outbox=True, create_step=True)
+def reserve_again(
+    cursor: Cursor,
+    gid: int,
+    user_id: int,
+    name: str,
+    token: str,
+    week: str,
+    instance_id: int | None = None,
+    operation_id: str | None = None,
+) -> str:
+    """:func:`reserve` with the new charge confirmed (``confirm_charge``):
+    a generation over the caller's gone one is announced (its task row was
+    visible), so the outbox is woken after it."""
+    return reserve(
+        cursor, gid, user_id, name, token, week, instance_id, operation_id, confirm_charge=True
+    )
 
 
 def _may_create_again(
@@ -244,6 +267,7 @@ def _reserve_over_gone(
 _COMPLETED = int(NodeCode.COMPLETED)
 
 
+@write_policy(wakes_outbox=True, settles="release", keeps_trying=True, create_step=True)
 def release(cursor: Cursor, gid: int, operation_id: str) -> bool:
     """Release a ``RESERVED`` generation (prepare failed, quota, recovery):
     its intent and its placeholder row, nothing of any other generation.
@@ -258,6 +282,8 @@ def release(cursor: Cursor, gid: int, operation_id: str) -> bool:
     return released
 
 
+# Not kept trying: later, nobody would POST; the lifecycle releases it instead.
+@write_policy(wakes_outbox=True, settles="SUBMITTING", create_step=True)
 def begin_submit(
     cursor: Cursor,
     gid: int,
@@ -342,6 +368,7 @@ def persist_submitted(
     return True
 
 
+@write_policy(wakes_outbox=True, settles="UNKNOWN", keeps_trying=True, create_step=True)
 def mark_unknown(
     cursor: Cursor,
     gid: int,
@@ -381,12 +408,18 @@ def mark_unknown(
     return changed
 
 
+@write_policy(
+    wakes_outbox=True, settles="release (POST refused)", keeps_trying=True, create_step=True
+)
 def release_refused(cursor: Cursor, gid: int, operation_id: str) -> bool:
     """The upstream definitely refused the POST (nothing charged):
     ``SUBMITTING -> (removed)``, gid free again."""
     return remove_generation(cursor, gid, operation_id, OperationState.SUBMITTING)
 
 
+@write_policy(
+    wakes_outbox=True, settles="release (nothing sent)", keeps_trying=True, create_step=True
+)
 def release_unsent(cursor: Cursor, gid: int, operation_id: str) -> bool:
     """This site knows it sent no POST for the generation (its SUBMITTING
     could not be confirmed, or its POST gate closed before the first byte):
@@ -444,6 +477,7 @@ _VERDICT_NOT_BEFORE = sql(
 )
 
 
+@write_policy(wakes_outbox=True)
 def recover(
     cursor: Cursor,
     owner: Owner = EVERY_INSTANCE,
@@ -489,6 +523,7 @@ def recover(
     return Recovered(unknown, released, settled)
 
 
+@write_policy(wakes_outbox=True, create_step=True)
 def persist_and_view(
     cursor: Cursor, gid: int, operation_id: str, archive_url: str, cost: int, week: str
 ) -> dict[str, Any] | None:

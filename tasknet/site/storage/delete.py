@@ -18,6 +18,7 @@ from tasknet.site.storage.engine.sql import sql
 from tasknet.site.storage.engine.transactions import Cursor
 from tasknet.site.storage.generation import backfill_legacy, change_state, new_operation_id, touch
 from tasknet.site.storage.views import operation_row, visible_gallery
+from tasknet.site.storage.write_policy import write_policy
 from tasknet.status import OperationState
 
 
@@ -60,6 +61,7 @@ _AUDIT_FORCED = sql(
 )
 
 
+@write_policy(wakes_outbox=True)
 def request_delete(cursor: Cursor, gid: int, user_id: int | None) -> DeleteStarted:
     """Start (or retry) deleting ``gid`` on behalf of ``user_id`` (None: admin).
 

@@ -46,6 +46,7 @@ from tasknet.site.storage.engine.transactions import Cursor
 from tasknet.site.storage.generation import change_state, remove_generation
 from tasknet.site.storage.usage import meter, week_of_timestamp
 from tasknet.site.storage.views import gallery_row, gone_view, operation_row, task_view
+from tasknet.site.storage.write_policy import write_policy
 from tasknet.status import OperationState, TaskStatus, status_words
 
 VERDICTS = ("submitted", "not_submitted")
@@ -284,6 +285,7 @@ def _last_verdict(cursor: Cursor, gid: int) -> sqlite3.Row | None:
     return row
 
 
+@write_policy(wakes_outbox=True)
 def resolve_unknown(
     cursor: Cursor,
     gid: int,

@@ -903,8 +903,8 @@ def _not_held(cursor: Cursor, reports: Sequence[QueuedReport]) -> set[int]:
 def apply_reports(cursor: Cursor, reports: Sequence[QueuedReport]) -> list[ReportOutcome]:
     """Apply several reports in this one transaction, with the effect of
     applying them in order, each alone (one outcome each): the batch
-    function of the report pipeline's coalesced writes
-    (``Database.write_coalesced``).
+    function of the report pipeline's joined writes
+    (``Database.write_joined``).
 
     Runs of v2 reports that share no gid, no reportId and no node (the usual
     batch: one report per node) are applied together, with one statement per

@@ -32,11 +32,15 @@ and run by :class:`Database`:
   :mod:`~.group_commit`).  Its Deferred fires with ``fn``'s result once
   committed; an exception from ``fn`` rolls back everything ``fn`` did and
   fails its Deferred.
-* :meth:`Database.write_coalesced` queues one *item* for a batch function
+* :meth:`Database.write_joined` gives one *item* to a batch function
   ``fn(cursor, items) -> results`` (one result per item, with the effect of
-  the items applied in order, each alone): the items queued together for the
-  same ``fn`` are handed to it in one call (the report pipeline: many
-  reports, a few set-at-a-time statements).
+  the items applied in order, each alone): an item joins the write of ``fn``
+  still waiting in the queue, if there is one, else queues a new one; so at
+  most one write of ``fn`` waits at any time, whatever the burst, and its
+  items are handed to ``fn`` in one call (the report pipeline: many
+  reports, a few set-at-a-time statements; a burst of logins' takes and
+  ``node_seen`` rows).  It is one write of the queue: a plain write queued
+  after an item runs after it, never behind the whole burst.
 * :meth:`Database.read` runs it inside a read transaction on a separate
   read connection; with WAL it sees the last committed state and never
   waits for the writer.
@@ -76,6 +80,7 @@ from __future__ import annotations
 import functools
 import math
 import sqlite3
+import threading
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -178,11 +183,12 @@ log = Logger()
 
 P = ParamSpec("P")
 T = TypeVar("T")
-I = TypeVar("I")  # noqa: E741 -- an item of a coalesced write
+I = TypeVar("I")  # noqa: E741 -- an item of a joined write
 R = TypeVar("R")
 
-#: Writes sharing one transaction at most: bounds how long the first of them
-#: waits for the last, and how much one failed COMMIT takes down with it.
+#: Queued writes sharing one transaction at most (a joined write, with all
+#: its items, counts once): bounds how long the first of them waits for the
+#: last, and how much one failed COMMIT takes down with it.
 DEFAULT_MAX_BATCH = 64
 
 _PING = sql("SELECT 1")
@@ -307,8 +313,15 @@ class Database:
             self._writer = self._pool(target, query_only=False)
             self._reader = self._pool(target, query_only=True, connections=readers, role="reader")
         # Appended on the reactor, taken in the writer thread (deque's
-        # append and popleft are atomic).
-        self._queue: deque[Write] = deque()
+        # append and popleft are atomic): a plain write alone, or the items
+        # of a joined write, which grows until the writer takes it.
+        self._queue: deque[list[Write]] = deque()
+        # The joined write of each batch function still waiting in the
+        # queue; the reactor adds to it and the writer thread takes it
+        # under this lock, so an item is either taken with it or joins a
+        # new write.
+        self._joining: dict[Callable[..., Any], list[Write]] = {}
+        self._joining_lock = threading.Lock()
         # A job is scheduled on the writer thread that has not taken its
         # batch yet.  Set on the reactor; cleared by that job in the writer
         # thread *before* it takes from the queue, so a write queued after
@@ -394,17 +407,26 @@ class Database:
             bound = functools.wraps(fn)(lambda cursor: fn(cursor, *args, **kw))
             # Named as ``fn`` (wraps): the fault points name the storage
             # functions a transaction ran, and a lambda would hide it.
-            return self._queued(Write(bound, isolation=isolation_of(fn)))
-        return self._queued(Write(fn, args))
+            return self._queued([Write(bound, isolation=isolation_of(fn))])
+        return self._queued([Write(fn, args)])
 
-    def write_coalesced(
+    def write_joined(
         self, fn: Callable[[Cursor, list[I]], Sequence[R]], item: I
     ) -> Deferred[Committed[R]]:
-        """Queue ``item`` for the batch function ``fn``: the items queued
-        together for ``fn`` run in one call ``fn(cursor, items)`` under one
-        savepoint (should it raise: each alone, a savepoint each).  Fires
-        with ``item``'s result once committed, or fails as :meth:`write`."""
-        return self._queued(Write(fn, item=item))
+        """Give ``item`` to the batch function ``fn``: it joins the write of
+        ``fn`` waiting in the queue, or queues a new one if none waits (or
+        the writer took it).  The items of a write run in one call
+        ``fn(cursor, items)`` under one savepoint (should it raise: each
+        alone, a savepoint each).  Fires with ``item``'s result once
+        committed, or fails as :meth:`write`."""
+        write = Write(fn, item=item)
+        with self._joining_lock:
+            joining = self._joining.get(fn)
+            if joining is not None:
+                joining.append(write)
+                return write.done
+            self._joining[fn] = joining = [write]
+        return self._queued(joining)
 
     def write_retrying(
         self,
@@ -439,11 +461,23 @@ class Database:
                 await deferLater(self._clock, delay, lambda: None)
                 attempts += 1
 
-    def _queued(self, write: Write) -> Deferred[Any]:
-        self._queue.append(write)
+    def _queued(self, writes: list[Write]) -> Deferred[Any]:
+        self._queue.append(writes)
         if not self._scheduled:
             self._schedule()
-        return write.done
+        return writes[0].done
+
+    def _take(self) -> list[Write]:
+        """Up to ``max_batch`` queued writes (a joined one whole, its items
+        closed to newcomers), in queue order."""
+        batch: list[Write] = []
+        with self._joining_lock:
+            for _ in range(min(self.max_batch, len(self._queue))):
+                writes = self._queue.popleft()
+                if writes[0].coalesced and self._joining.get(writes[0].fn) is writes:
+                    del self._joining[writes[0].fn]
+                batch.extend(writes)
+        return batch
 
     def _schedule(self) -> None:
         self._scheduled = True
@@ -457,12 +491,7 @@ class Database:
         """The job, in the writer thread: take what is queued now and run it.
         Touches no Deferred (they are not thread-safe)."""
         self._scheduled = False
-        batch: list[Write] = []
-        while len(batch) < self.max_batch:
-            try:
-                batch.append(self._queue.popleft())
-            except IndexError:
-                break
+        batch = self._take()
         taken[0] = batch
         run_batch(_raw(adbapi_connection), batch, self._numbering)
 
@@ -488,7 +517,7 @@ class Database:
             # what it would have taken, or a broken database would be
             # retried in a busy loop.
             self._scheduled = False
-            batch = [self._queue.popleft() for _ in range(min(self.max_batch, len(self._queue)))]
+            batch = self._take()
         value = classify(failure.value)
         classified = failure if value is failure.value else Failure(value)
         for write in batch:

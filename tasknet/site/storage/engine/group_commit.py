@@ -7,10 +7,11 @@ the statements, is what a write costs.  So the writes the pool
 writer thread was busy are run together as one write transaction (at most
 ``max_batch`` of them), by :func:`run_batch` in the writer thread.  The
 writes of a transaction form *units*: a plain write is a unit of its own;
-the coalesced items of one batch function are one unit, run where its first
-item was queued (writes queued together have not been answered yet, so no
-caller can have ordered a plain write against another function's items;
-each function's own items keep their order).  Each unit runs inside its own
+the coalesced items of one batch function (the items of a joined write,
+``Database.write_joined``) are one unit, run where its first item was
+queued (writes queued together have not been answered yet, so no caller
+can have ordered a plain write against another function's items; each
+function's own items keep their order).  Each unit runs inside its own
 ``SAVEPOINT``:
 
 * a unit that raises is rolled back to its savepoint alone; a plain write's
