@@ -1,12 +1,12 @@
 """The site's one registry of logged-in node sessions (newest wins), and
 which site of the database holds each node (:class:`NodeOwnership`).
 
-The node listener (``node_listener.py``) attaches a session when its login
-succeeds and detaches it when its connection goes; a newer session for the
-same node replaces the older one, which :meth:`ConnectedNodes.attach` hands
-back for the listener to close.  Each of these is a move of the sessions'
-:class:`~tasknet.site.session_states.SessionLife` (``session_states.py``):
-the registry holds exactly the sessions that say they are attached.  The
+A session's life (:class:`~tasknet.site.session_states.SessionLife`, the
+table of ``session_states.py``) attaches it to the registry as it becomes
+its node's current one and detaches it as it leaves (its outputs); the
+registry moves no session itself, but feeds ``REPLACED`` to the older
+session a newer one of the same node displaces (newest wins).  So the
+registry holds exactly the sessions that say they are attached.  The
 dispatcher asks it whom to send to, the report pipeline tells it which
 revision each node's reports reached, and the admin view
 (``web/admin_nodes.py``) lists what it holds.
@@ -23,9 +23,8 @@ the node's row in the report's own transaction, on both backends
 runs it watches for logins elsewhere -- the ``tasknet_node_taken``
 notification, and on a shared database a check every ``check_interval``
 seconds (a ``TimerService`` child on the site's clock) that covers a lost
-one -- and tells a session whose node another connection took
-(:meth:`~tasknet.site.session_states.ITrackedSession.taken_elsewhere`: the
-listener closes it).
+one -- and feeds ``TAKEN_ELSEWHERE`` to a session whose node another
+connection took (its life detaches and closes it).
 """
 
 from __future__ import annotations
@@ -41,7 +40,7 @@ from twisted.logger import Logger
 
 from tasknet.coalesce import CoalescingRunner
 from tasknet.protocol.session import INodeSession
-from tasknet.site.session_states import ITrackedSession, SessionState
+from tasknet.site.session_states import ITrackedSession, SessionInput
 from tasknet.site.storage import node_sessions
 from tasknet.site.storage.engine import listen
 from tasknet.site.storage.engine.database import Database
@@ -61,8 +60,8 @@ CHECK_INTERVAL = 5.0
 class ConnectedNodes(Mapping[str, ITrackedSession]):
     """Node id → the node's current (newest) logged-in session.
 
-    A read-only mapping to its readers; only :meth:`attach`, :meth:`hold`
-    and :meth:`detach` change it, each by a move of the session's life.  It
+    A read-only mapping to its readers; only :meth:`attach` and
+    :meth:`detach` change it, each an output of the session's life.  It
     also remembers the last report revision applied for each node since the
     site started.  ``site_name`` and ``instance_id`` say who this site is
     in the ``node_session`` rows (the admin view tells its own rows from
@@ -93,38 +92,26 @@ class ConnectedNodes(Mapping[str, ITrackedSession]):
     def __repr__(self) -> str:
         return f"<ConnectedNodes {sorted(self._sessions)}>"
 
-    # -- the listener and the ownership
+    # -- the sessions' outputs
 
     def attach(self, session: ITrackedSession) -> ITrackedSession | None:
-        """Make ``session`` its node's current one (``CURRENT``); give back
-        the session it replaced (newest wins: now ``REPLACED``), if any,
-        for the caller to close.  Attaching the current session again
-        changes nothing."""
+        """``session`` became its node's current one (its life says so): hold
+        it, and feed ``REPLACED`` to the session it displaces (newest wins),
+        given back.  Attaching the current session again changes nothing."""
         old = self._sessions.get(session.node_id)
         if old is session:
             return None
-        session.life.to(SessionState.CURRENT)
         self._sessions[session.node_id] = session
         if old is None:
             return None
-        old.life.to(SessionState.REPLACED)
+        old.life.handle(SessionInput.REPLACED)
         return old
 
-    def hold(self, session: ITrackedSession, holding: Holding) -> bool:
-        """``session``'s take committed: it is ``HELD`` with ``holding`` if
-        it is still its node's current one (true)."""
-        if session.life.state is not SessionState.CURRENT:
-            return False  # replaced, dropped or gone while its take committed
-        session.life.hold(holding)
-        return True
-
-    def detach(self, session: ITrackedSession, to: SessionState) -> bool:
-        """If ``session`` is its node's current one, forget it, moving it to
-        ``to`` (``MOVED``, ``DROPPED`` or ``CLOSED``); true if it was (a
-        replaced session is already gone)."""
+    def detach(self, session: ITrackedSession) -> bool:
+        """``session`` left its attached states: forget it if it is its node's
+        current one (true; a replaced session is already gone)."""
         if self._sessions.get(session.node_id) is not session:
             return False
-        session.life.to(to)
         del self._sessions[session.node_id]
         return True
 
@@ -139,15 +126,15 @@ class ConnectedNodes(Mapping[str, ITrackedSession]):
         return sorted(self._sessions)
 
     def holding_of(self, session: ITrackedSession) -> Holding | None:
-        """``session``'s hold on its node, while it is ``HELD``."""
-        return session.life.holding if session.life.state is SessionState.HELD else None
+        """``session``'s hold on its node, while it holds it (``HELD``)."""
+        return session.life.holding if session.life.held else None
 
     def holdings(self) -> dict[Holding, ITrackedSession]:
         """The current sessions that hold their node, by holding."""
         return {
             session.life.holding: session
             for session in self._sessions.values()
-            if session.life.state is SessionState.HELD and session.life.holding is not None
+            if session.life.held and session.life.holding is not None
         }
 
     # -- reports
@@ -232,9 +219,10 @@ class NodeOwnership(MultiService):
     def take(self, session: ITrackedSession) -> Deferred[Holding]:
         """``session`` logged in: make it its node's holder (one write
         transaction, shared with the other logins queued meanwhile).  Once
-        committed it is ``HELD`` or, if it is no longer its node's current
-        session here, the node is given back (unless a
-        newer take holds it); then the Deferred fires with the holding.
+        committed the session is fed ``TAKE_COMMITTED``: it is ``HELD`` or,
+        if it is no longer its node's current session here, gives the node
+        back (unless a newer take holds it); then the Deferred fires with
+        the holding.
         Reports waiting for the take go on after that."""
         self._takes[session] = []
         # The takes of a burst of logins share a transaction (few, short
@@ -273,10 +261,9 @@ class NodeOwnership(MultiService):
                 site=result.previous_site,
                 instance=result.previous_instance,
             )
-        if not self.nodes.hold(session, holding):
-            # Gone or replaced here while its take committed.
-            self.release(holding)
-        elif self._latest.get(holding.node_id, 0) > holding.epoch:
+        # HELD if still current; gone or replaced meanwhile, it gives it back.
+        session.life.handle(SessionInput.TAKE_COMMITTED, holding)
+        if session.life.held and self._latest.get(holding.node_id, 0) > holding.epoch:
             # A take elsewhere was notified before this answer came.
             self._taken(session, holding)
         return holding
@@ -301,7 +288,7 @@ class NodeOwnership(MultiService):
         ``None`` (the report is refused) when it holds nothing: its take
         failed, or it is no longer its node's current session."""
         life = session.life
-        if life.state is SessionState.HELD:
+        if life.held:
             return succeed(life.holding)
         waiting = self._takes.get(session)
         if waiting is None:
@@ -356,4 +343,4 @@ class NodeOwnership(MultiService):
             node=holding.node_id,
             epoch=holding.epoch,
         )
-        session.taken_elsewhere()
+        session.life.handle(SessionInput.TAKEN_ELSEWHERE)

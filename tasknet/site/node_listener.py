@@ -6,14 +6,17 @@ decides the wire version without a timer: v2 only if the node's Hello came
 first.  A logged-in session goes into the site's :class:`ConnectedNodes`
 (where a newer connection for the same node replaces the older one: newest
 wins) and is handed to the :class:`ISiteHandler`.  Each session's life
-(connected, logged in, current, held, replaced, moved, dropped, closed) is
-its :class:`~tasknet.site.session_states.SessionLife`, moved only through
-the table of ``session_states.py``; this module moves it up to the login
-and to its close, the registry attaches and detaches it.
+(from its Login's turn and its challenge to its take, its replacement and
+its close) is its :class:`~tasknet.site.session_states.SessionLife`, moved
+only by the table of ``session_states.py``: :class:`NodeSession` names its
+inputs (the node's messages, its Login's turn as judged, the challenge
+deadline, the connection's loss) and is the outputs the table lists; the
+registry, the ownership, the admission's grace and the ACKs feed the
+others.
 
 Mutual authentication (PROTOCOL.md): a v2 node whose Hello announces
 ``site-proof`` sends ``NodeChallenge`` right after its accepted
-``LoginResult``; its session is ``LOGGED_IN``, and attached (registry,
+``LoginResult``; its session is ``PROVING``, and attached (registry,
 ownership, handler: the dispatcher does not know it yet, so no command can
 go to it) only once the site has answered with ``SiteProof``.  Anything
 else such a node sends first, or no challenge within ``login_timeout`` of
@@ -52,8 +55,8 @@ site's writer nothing about the node is decided before it), and is
 site of the database (SCALE.md 5).  The node is answered at once, as on a
 site of its own; its reports wait for the take and are judged against it
 in their own transaction (``NodeOwnership.holding``).  A session whose node
-another connection took -- at this site (the registry) or at another (the
-ownership's notification or check: :meth:`NodeSession.taken_elsewhere`) --
+another connection took -- at this site (the registry: ``REPLACED``) or
+at another (the ownership's notification or check: ``TAKEN_ELSEWHERE``) --
 gets ``Goodbye{"replaced by a newer connection"}`` and is closed; one whose
 take failed (the database busy or down) gets ``Goodbye{"site busy, try
 again"}``.  A held session that went gives its node back.
@@ -65,11 +68,11 @@ import itertools
 import math
 from collections import deque
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, NamedTuple
 from urllib.parse import urlsplit
 
 from twisted.internet.defer import Deferred
-from twisted.internet.interfaces import IReactorTime
+from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 from zope.interface import implementer
@@ -105,12 +108,12 @@ from tasknet.protocol.messages import (
     sign_site_proof,
     verify_login,
 )
-from tasknet.protocol.session import INodeSession, ISiteHandler
+from tasknet.protocol.session import ISiteHandler
 from tasknet.runtime import IEntropy
 from tasknet.site import metrics
 from tasknet.site.connected_nodes import ConnectedNodes, NodeOwnership
 from tasknet.site.ratelimit import AuthFailureLimiter
-from tasknet.site.session_states import ITrackedSession, SessionLife, SessionState
+from tasknet.site.session_states import ITrackedSession, SessionInput, SessionLife
 
 __all__ = [
     "INVENTORY_PARTS_MAX",
@@ -211,10 +214,21 @@ class _PartialInventory:
         return ArchiveInventory(self.inventory_id, last_part, self.parts, archives)
 
 
+class AcceptedLogin(NamedTuple):
+    """The event of an accepted Login: it, and its node's secret (for the SiteProof)."""
+
+    login: Login
+    secret: str
+
+
 @implementer(ITrackedSession)
 class NodeSession(PeerProtocol):
-    """One node connection; an :class:`INodeSession` once logged in, its
-    life in :attr:`life`."""
+    """One node connection; an :class:`INodeSession` once logged in.
+
+    Its life is :attr:`life`, run by the table of ``session_states.py``:
+    this class names its inputs (:meth:`_input_of`, :meth:`_judged`) and
+    is its outputs (the methods the table names); nothing else decides.
+    """
 
     factory: NodeListenerFactory
     # What a node may send the site once logged in (reports; v2 adds TaskReport,
@@ -233,26 +247,75 @@ class NodeSession(PeerProtocol):
         #: Where the node serves archives: its Hello's, believed at attach.
         self.archive_url = ""
         self.serve_url = ""
-        self._hello: ProtocolHello | None = None
         #: Where this connection is in its life (``session_states.py``).
-        self.life = SessionLife()
-        #: The node's secret, kept from its Login for the SiteProof.
-        self._secret = ""
+        self.life = SessionLife(self)
+        # What the exchange has told us so far (data the outputs and the
+        # naming of inputs read; never a decision of their own).
+        self._hello: ProtocolHello | None = None  # decides v2 at the Login's turn
+        self._secret = ""  # the node's, kept from its Login for the SiteProof
         #: The factory's number of this connection's accepted Login.
         self.login_number = 0
-        #: Whether a SiteProof was sent on this connection (one NodeChallenge
-        #: is answered, whether or not the node announced site-proof).
-        self.proved = False
-        self._challenge_deadline: Any = None  # an IDelayedCall
-        #: Its Login waits for its turn (:meth:`NodeListenerFactory.admit`).
-        self.login_waiting = False
-        #: Settles its login :data:`LOGIN_GRACE` after its take (an IDelayedCall).
-        self.login_grace: Any = None
+        self._challenge_deadline: IDelayedCall | None = None  # armed exactly while PROVING
         #: The inventory whose parts are arriving (one at a time; lost with
         #: the connection, so an inventory cut halfway changes nothing).
         self._inventory: _PartialInventory | None = None
 
-    # -- connection
+    # -- the machine: inputs
+
+    def _input(self, what: SessionInput, event: Any = None) -> None:
+        """Feed the life an input of this connection's own (a message, the
+        challenge deadline, the loss).  A connection that is closing
+        (whoever closed it) reads nothing more and takes no such input but
+        its loss: a deadline due meanwhile changes nothing."""
+        if self.closing and what is not SessionInput.CONNECTION_LOST:
+            return
+        self.life.handle(what, event)
+
+    def _input_of(self, message: Message) -> SessionInput:
+        """The input a message from the node is (PeerProtocol's gate ran first)."""
+        kind = type(message)
+        if kind is ProtocolHello:
+            return SessionInput.HELLO
+        if kind is Login:
+            return SessionInput.LOGIN
+        if kind is NodeChallenge:
+            if self.factory.superseded(self.node_id, self.login_number):
+                return SessionInput.CHALLENGE_AFTER_NEWER_LOGIN
+            return SessionInput.CHALLENGE
+        if kind is ArchiveInventory:
+            return SessionInput.INVENTORY_PART
+        if kind is Identity or kind is LoginResult:
+            return SessionInput.NOT_FROM_A_NODE
+        return SessionInput.REPORT
+
+    def login_turn(self, login: Login) -> None:
+        """Its Login's turn came (:meth:`NodeListenerFactory.admit`): judge it,
+        unless the connection went or is going meanwhile (then it is not
+        judged: no attempt is taken from its address)."""
+        if not self.closing:
+            self._input(*self._judged(login))
+
+    def _judged(self, login: Login) -> tuple[SessionInput, Login | AcceptedLogin | float]:
+        """The input a Login is at its turn, with its event: the seconds to
+        wait when slowed, the Login and its node's secret when accepted."""
+        # Taken here, not as the Login arrives: an attempt is held only while
+        # it is judged, so a storm of right Logins from one address (a NAT's
+        # nodes after a restart) waiting their turn never empties the bucket.
+        wait = self.factory.login_guesses.take(self._peerHost())
+        if wait > 0:
+            return SessionInput.LOGIN_SLOWED, wait  # before any secret is looked up (issue 38)
+        # Looked up in factory.node_keys at each Login, so a change to that
+        # mapping applies from the next Login.  The site service fills it from
+        # --node-key and the node_key table, refreshed every few seconds.
+        secret = self.factory.node_keys.get(login.node_id)
+        if secret is None:
+            return SessionInput.LOGIN_UNKNOWN_NODE, login
+        if not verify_login(secret, self.nonce, login.node_id, login.signature):
+            return SessionInput.LOGIN_BAD_SIGNATURE, login
+        hello = self._hello
+        if hello is not None and hello_is_v2(hello) and FEATURE_SITE_PROOF in hello.features:
+            return SessionInput.LOGIN_ACCEPTED_PROOF_ASKED, AcceptedLogin(login, secret)
+        return SessionInput.LOGIN_ACCEPTED, AcceptedLogin(login, secret)
 
     def connectionMade(self) -> None:
         super().connectionMade()
@@ -262,34 +325,194 @@ class NodeSession(PeerProtocol):
 
     def connectionLost(self, reason: Failure | None = None) -> None:
         super().connectionLost(reason)
-        self._cancel_challenge_deadline()
-        if self.authenticated:
-            log.info(
-                "node {node_id} disconnected: {reason}",
-                node_id=self.node_id,
-                reason=reason.getErrorMessage() if reason is not None else "closed",
-            )
-        self.factory.detach(self)
-
-    # -- receiving
+        self._input(SessionInput.CONNECTION_LOST, reason)
 
     def describePeer(self) -> str:
         return f"node {self.node_id or '?'} at {self._peer()}"
 
-    def loggedInMessage(self, message: Message) -> None:
-        if type(message) is NodeChallenge:
-            self._challenge(message)
-        elif self.life.state is SessionState.LOGGED_IN:
-            self.sendError(
-                "protocol_violation",
-                f"{type(message).__name__} before NodeChallenge (the node announced site-proof)",
-            )
-        elif type(message) is ArchiveInventory:
-            self._inventory_part(message)
-        elif self.life.attached:  # once replaced, moved or dropped, nothing goes up
-            self.factory.handler.message_received(self, message)
+    def beforeLogin(self, message: Message) -> None:
+        self._input(self._input_of(message), message)
 
-    def _inventory_part(self, part: ArchiveInventory) -> None:
+    def loggedInMessage(self, message: Message) -> None:
+        self._input(self._input_of(message), message)
+
+    def _challenge_deadline_passed(self) -> None:
+        self._challenge_deadline = None
+        self._input(SessionInput.CHALLENGE_DEADLINE)
+
+    # -- outputs: before login
+
+    def _keep_hello(self, hello: ProtocolHello) -> None:
+        self._hello = hello
+
+    def _queue_login(self, login: Login) -> None:
+        self.factory.admit(self, login)
+
+    def _refuse_second_login(self, _: object) -> None:
+        self.sendError("protocol_violation", "a second Login")
+
+    def _refuse_not_from_a_node(self, message: Message) -> None:
+        self.sendError("protocol_violation", f"{type(message).__name__} from a node")
+
+    def _refuse_slowed(self, wait: float) -> None:
+        """Refuse a Login unjudged: this address sent too many wrong ones."""
+        metrics.AUTH_THROTTLED.labels(kind="node_secret").inc()
+        limiter = self.factory.login_guesses
+        self.factory.repeated_log.emit(
+            ("login slowed", limiter.key(self._peerHost())),
+            "node logins from {peer} slowed: more than {threshold} refused;"
+            " refused without a lookup",
+            peer=self._peerHost(),
+            threshold=limiter.threshold,
+        )
+        self.sendMessage(
+            LoginResult(
+                False,
+                f"too many failed logins from this address: retry in {max(1, math.ceil(wait))} s",
+            )
+        )
+        self.closeConnection()
+
+    def _refuse_unknown_node(self, login: Login) -> None:
+        self._refuse(login.node_id, "unknown node")
+
+    def _refuse_bad_signature(self, login: Login) -> None:
+        self._refuse(login.node_id, "bad signature")
+
+    def _refuse(self, node_id: str, reason: str) -> None:
+        metrics.AUTH_FAILURES.labels(kind="node_secret").inc()
+        # A node with a wrong secret retries for ever: one line per node and
+        # host per interval, with the count of the refusals in between.
+        self.factory.repeated_log.emit(
+            ("login refused", node_id, self._peerHost()),
+            "login refused for node {node_id!r} from {peer}: {reason}",
+            node_id=node_id,
+            peer=self._peer(),
+            reason=reason,
+        )
+        self.sendMessage(LoginResult(False, reason))
+        self.closeConnection()
+
+    # -- outputs: the login and the site's proof
+
+    def _log_in(self, accepted: AcceptedLogin) -> None:
+        self.factory.login_guesses.give_back(self._peerHost())  # a right secret costs nothing
+        self.node_id = accepted.login.node_id  # matches NODE_ID: the decoder refuses any other
+        self._secret = accepted.secret
+        if hello_is_v2(self._hello):
+            assert self._hello is not None
+            self.protocol_version = 2
+            self.features = self._hello.features
+        self.loggedIn()
+        self.login_number = self.factory.logged_in(self.node_id)
+        self.sendMessage(LoginResult(True, ""))
+        log.info(
+            "node {node_id} logged in from {peer}: protocol {protocol_version}, "
+            "features {features}",
+            node_id=self.node_id,
+            peer=self._peer(),
+            protocol_version=self.protocol_version,
+            features=list(self.features),
+        )
+
+    def _arm_challenge_deadline(self, _: object) -> None:
+        # Attached (so sent commands) only once its challenge is answered.
+        self._challenge_deadline = self.clock.callLater(
+            self.factory.login_timeout, self._challenge_deadline_passed
+        )
+
+    def _cancel_challenge_deadline(self, _: object) -> None:
+        if self._challenge_deadline is not None and self._challenge_deadline.active():
+            self._challenge_deadline.cancel()
+        self._challenge_deadline = None
+
+    def _send_proof(self, challenge: NodeChallenge) -> None:
+        """Prove this site to the node: the HMAC only a holder of its secret can make."""
+        self.sendMessage(
+            SiteProof(sign_site_proof(self._secret, challenge.nonce, self.nonce, self.node_id))
+        )
+
+    def _log_proof_sent(self, _: object) -> None:
+        log.debug("node {node_id}: SiteProof sent", node_id=self.node_id)
+
+    def _log_unasked_challenge(self, _: object) -> None:
+        # A node that did not announce site-proof: answered all the same
+        # (harmless), but it was attached at login as before.
+        log.info(
+            "node {node_id} sent a NodeChallenge without announcing site-proof; answered",
+            node_id=self.node_id,
+        )
+
+    def _refuse_second_challenge(self, _: object) -> None:
+        self.sendError("protocol_violation", "a second NodeChallenge")
+
+    def _refuse_before_challenge(self, message: Message) -> None:
+        self.sendError(
+            "protocol_violation",
+            f"{type(message).__name__} before NodeChallenge (the node announced site-proof)",
+        )
+
+    def _refuse_no_challenge(self, _: object) -> None:
+        self.factory.repeated_log.emit(
+            ("no challenge", self.node_id, self._peerHost()),
+            "node {node_id} at {peer} announced site-proof but sent no NodeChallenge"
+            " within {timeout} s of its login; closing",
+            node_id=self.node_id,
+            peer=self._peer(),
+            timeout=self.factory.login_timeout,
+        )
+        self.sendError(
+            "protocol_violation", f"no NodeChallenge within {self.factory.login_timeout:g} s"
+        )
+
+    def _believe_urls(self, _: object) -> None:
+        """Take the URLs of the node's Hello, as it is attached (logged in
+        and, with site-proof, proven): a v2 session's only."""
+        if self.protocol_version < 2 or self._hello is None:
+            return
+        self.archive_url = self._checked_url("archiveUrl", self._hello.archive_url)
+        self.serve_url = self._checked_url("serveUrl", self._hello.serve_url)
+
+    def _checked_url(self, field: str, value: str) -> str:
+        checked = announced_url(value)
+        if checked is not None:
+            return checked
+        self.factory.repeated_log.emit(
+            ("bad url", self.node_id, field),
+            "node {node_id} announced {field} {value!r}, not an http(s) URL with a host; ignored",
+            node_id=self.node_id,
+            field=field,
+            value=value[:200],
+        )
+        return ""
+
+    # -- outputs: attached, and detached
+
+    def _attach(self, _: object) -> None:
+        # The registry feeds REPLACED to the session this one displaces, so
+        # the handler sees the old session go before the new one comes.
+        self.factory.nodes.attach(self)
+
+    def _take(self, _: object) -> None:
+        """Take the node in the database (see the module doc): queued
+        before the writes of node_attached.  Without an ownership (a site
+        of its own, tests) a session stays CURRENT."""
+        ownership = self.factory.ownership
+        if ownership is None:
+            return
+        d = ownership.take(self)  # feeds TAKE_COMMITTED once committed
+        d.addErrback(lambda failure: self.life.handle(SessionInput.TAKE_FAILED, failure))
+        d.addErrback(
+            lambda f: log.failure("taking the node of {session!r} failed", f, session=self)
+        )
+
+    def _tell_attached(self, _: object) -> None:
+        self.factory.handler.node_attached(self)
+
+    def _hand_up(self, message: Message) -> None:
+        self.factory.handler.message_received(self, message)
+
+    def _take_inventory_part(self, part: ArchiveInventory) -> None:
         """One part of the node's inventory (PROTOCOL.md "Archives (v2)"):
         kept until every part of that inventory arrived on this connection,
         then handed up whole.  Every part but the completing one is ACKed at
@@ -322,177 +545,59 @@ class NodeSession(PeerProtocol):
             self.send_inventory_ack(part.inventory_id, part.part)
             return
         self._inventory = None
-        if self.life.attached:  # once replaced, moved or dropped, nothing goes up
-            self.factory.handler.message_received(self, partial.whole(part.part))
+        self.factory.handler.message_received(self, partial.whole(part.part))
 
-    def _challenge(self, challenge: NodeChallenge) -> None:
-        """Prove this site to the node: the HMAC only a holder of its secret can make."""
-        if self.proved:
-            self.sendError("protocol_violation", "a second NodeChallenge")
-            return
-        self.proved = True
-        self.sendMessage(
-            SiteProof(sign_site_proof(self._secret, challenge.nonce, self.nonce, self.node_id))
-        )
-        if self.life.state is not SessionState.LOGGED_IN:
-            # A node that did not announce site-proof: answered all the same
-            # (harmless), but it was attached at login as before.
-            log.info(
-                "node {node_id} sent a NodeChallenge without announcing site-proof; answered",
-                node_id=self.node_id,
-            )
-            return
-        self._cancel_challenge_deadline()
-        log.debug("node {node_id}: SiteProof sent", node_id=self.node_id)
-        if self.factory.superseded(self.node_id, self.login_number):
-            # A newer connection of this node logged in meanwhile: it wins.
-            self.life.to(SessionState.REPLACED)
-            self.close(REPLACED)
-            return
-        self._believe_urls()
-        self.factory.attach(self)
-
-    def _challenge_timed_out(self) -> None:
-        self._challenge_deadline = None
-        if self.life.state is not SessionState.LOGGED_IN or self.closing:
-            return
-        self.factory.repeated_log.emit(
-            ("no challenge", self.node_id, self._peerHost()),
-            "node {node_id} at {peer} announced site-proof but sent no NodeChallenge"
-            " within {timeout} s of its login; closing",
-            node_id=self.node_id,
-            peer=self._peer(),
-            timeout=self.factory.login_timeout,
-        )
-        self.sendError(
-            "protocol_violation", f"no NodeChallenge within {self.factory.login_timeout:g} s"
-        )
-
-    def _cancel_challenge_deadline(self) -> None:
-        if self._challenge_deadline is not None and self._challenge_deadline.active():
-            self._challenge_deadline.cancel()
-        self._challenge_deadline = None
-
-    def beforeLogin(self, message: Message) -> None:
-        if type(message) is ProtocolHello:
-            self._hello = message
-        elif type(message) is Login:
-            if self.login_waiting:
-                self.sendError("protocol_violation", "a second Login")
-                return
-            self.factory.admit(self, message)
-        else:  # Identity or LoginResult: not something a node sends
-            self.sendError("protocol_violation", f"{type(message).__name__} from a node")
-
-    def login_admitted(self, login: Login) -> None:
-        """Its turn came (:meth:`NodeListenerFactory.admit`): judge the Login,
-        unless the connection went or is going meanwhile."""
-        self.login_waiting = False
-        if not self.connected or self.closing:
-            return
-        self._login(login)
-
-    def _login(self, login: Login) -> None:
-        node_id = login.node_id  # matches NODE_ID: the decoder refuses any other
-        # Taken here, not as the Login arrives: an attempt is held only while
-        # it is judged, so a storm of right Logins from one address (a NAT's
-        # nodes after a restart) waiting their turn never empties the bucket.
-        wait = self.factory.login_guesses.take(self._peerHost())
-        if wait > 0:
-            self._slowed(node_id, wait)  # before any secret is looked up (issue 38)
-            return
-        # Looked up in factory.node_keys at each Login, so a change to that
-        # mapping applies from the next Login.  The site service fills it from
-        # --node-key and the node_key table, refreshed every few seconds.
-        secret = self.factory.node_keys.get(node_id)
-        if secret is None:
-            metrics.AUTH_FAILURES.labels(kind="node_secret").inc()
-            self._refuse(node_id, "unknown node")
-            return
-        if not verify_login(secret, self.nonce, node_id, login.signature):
-            metrics.AUTH_FAILURES.labels(kind="node_secret").inc()
-            self._refuse(node_id, "bad signature")
-            return
-        self.factory.login_guesses.give_back(self._peerHost())  # a right secret costs nothing
-        self.node_id = node_id
-        self._secret = secret
-        if hello_is_v2(self._hello):
-            assert self._hello is not None
-            self.protocol_version = 2
-            self.features = self._hello.features
-        self.loggedIn()
-        self.login_number = self.factory.logged_in(node_id)
-        self.sendMessage(LoginResult(True, ""))
+    def _log_reconnected(self, _: object) -> None:
         log.info(
-            "node {node_id} logged in from {peer}: protocol {protocol_version}, "
-            "features {features}",
+            "node {node_id} reconnected: the newer connection replaces the older one",
             node_id=self.node_id,
-            peer=self._peer(),
-            protocol_version=self.protocol_version,
-            features=list(self.features),
         )
-        if self.protocol_version >= 2 and FEATURE_SITE_PROOF in self.features:
-            # Attached (so sent commands) only once its challenge is answered.
-            self.life.to(SessionState.LOGGED_IN)
-            self._challenge_deadline = self.clock.callLater(
-                self.factory.login_timeout, self._challenge_timed_out
-            )
-            return
-        self._believe_urls()
-        self.factory.attach(self)
 
-    def _believe_urls(self) -> None:
-        """Take the URLs of the node's Hello, as it is attached (logged in
-        and, with site-proof, proven): a v2 session's only."""
-        if self.protocol_version < 2 or self._hello is None:
-            return
-        self.archive_url = self._checked_url("archiveUrl", self._hello.archive_url)
-        self.serve_url = self._checked_url("serveUrl", self._hello.serve_url)
-
-    def _checked_url(self, field: str, value: str) -> str:
-        checked = announced_url(value)
-        if checked is not None:
-            return checked
-        self.factory.repeated_log.emit(
-            ("bad url", self.node_id, field),
-            "node {node_id} announced {field} {value!r}, not an http(s) URL with a host; ignored",
+    def _log_take_failed(self, failure: Failure) -> None:
+        log.warn(
+            "node {node_id}: taking it in the database failed ({why}); closing its connection",
             node_id=self.node_id,
-            field=field,
-            value=value[:200],
+            why=failure.getErrorMessage(),
         )
-        return ""
 
-    def _slowed(self, node_id: str, wait: float) -> None:
-        """Refuse a Login unjudged: this address sent too many wrong ones."""
-        metrics.AUTH_THROTTLED.labels(kind="node_secret").inc()
-        limiter = self.factory.login_guesses
-        self.factory.repeated_log.emit(
-            ("login slowed", limiter.key(self._peerHost())),
-            "node logins from {peer} slowed: more than {threshold} refused;"
-            " refused without a lookup",
-            peer=self._peerHost(),
-            threshold=limiter.threshold,
-        )
-        self.sendMessage(
-            LoginResult(
-                False,
-                f"too many failed logins from this address: retry in {max(1, math.ceil(wait))} s",
-            )
-        )
-        self.closeConnection()
+    def _leave_registry(self, _: object) -> None:
+        self.factory.nodes.detach(self)
 
-    def _refuse(self, node_id: str, reason: str) -> None:
-        # A node with a wrong secret retries for ever: one line per node and
-        # host per interval, with the count of the refusals in between.
-        self.factory.repeated_log.emit(
-            ("login refused", node_id, self._peerHost()),
-            "login refused for node {node_id!r} from {peer}: {reason}",
-            node_id=node_id,
-            peer=self._peer(),
-            reason=reason,
+    def _tell_detached(self, _: object) -> None:
+        try:
+            self.factory.handler.node_detached(self)
+        except Exception:
+            log.failure("node_detached({session!r}) failed", session=self)
+
+    def _say_replaced(self, _: object) -> None:
+        self.close(REPLACED)
+
+    def _say_busy(self, _: object) -> None:
+        self.close("site busy, try again")
+
+    def _give_back(self, _: object) -> None:
+        """Free the node its take holds (a held session that went, or a take
+        that committed once the session was no longer current)."""
+        assert self.factory.ownership is not None and self.life.holding is not None
+        self.factory.ownership.release(self.life.holding)
+
+    def _log_disconnected(self, reason: Failure | None) -> None:
+        log.info(
+            "node {node_id} disconnected: {reason}",
+            node_id=self.node_id,
+            reason=reason.getErrorMessage() if reason is not None else "closed",
         )
-        self.sendMessage(LoginResult(False, reason))
-        self.closeConnection()
+
+    # -- outputs: the admission (see NodeListenerFactory.admit)
+
+    def _begin_grace(self, _: object) -> None:
+        self.factory.begin_grace(self)
+
+    def _settle_login(self, _: object) -> None:
+        self.factory.settled(self)
+
+    def _forget_connection(self, _: object) -> None:
+        self.factory.forget(self)
 
     # -- INodeSession
 
@@ -524,7 +629,7 @@ class NodeSession(PeerProtocol):
             )
             return
         self.sendMessage(TaskReportAck(report_id, result))
-        self.factory.settled(self)  # a report applied: its login is done
+        self.life.handle(SessionInput.REPORT_ACKED)  # a report applied: its login is done
 
     def send_cancel(self, operation_id: str, gid: int) -> None:
         if self.protocol_version < 2:
@@ -547,11 +652,6 @@ class NodeSession(PeerProtocol):
     def close(self, reason: str) -> None:
         self.sendMessage(Goodbye(reason))
         self.closeConnection()
-
-    # -- ITrackedSession
-
-    def taken_elsewhere(self) -> None:
-        self.factory.taken_elsewhere(self)
 
     def __repr__(self) -> str:
         return (
@@ -618,11 +718,12 @@ class NodeListenerFactory(PeerFactory):
         # attached later (newest wins by login, whatever order proofs end in).
         self._logins = itertools.count(1)
         self._latest_login: dict[str, int] = {}
-        # Logins admitted in this turn of the reactor, those admitted whose
-        # take has not committed, those waiting, and the call that starts
-        # the next turn.
+        # Logins admitted in this turn of the reactor, those admitted and
+        # not settled, those waiting, and the call that starts the next turn.
         self._admitted = 0
         self._in_flight: set[NodeSession] = set()
+        #: The grace of each login in flight whose take settled.
+        self._graces: dict[NodeSession, IDelayedCall] = {}
         self._waiting: deque[tuple[NodeSession, Login]] = deque()
         self._next_turn: Any = None
 
@@ -631,7 +732,6 @@ class NodeListenerFactory(PeerFactory):
         (arrival order): at most :data:`LOGINS_PER_TURN` per turn of the
         reactor, and while fewer than :data:`LOGINS_IN_FLIGHT` takes are
         under way."""
-        session.login_waiting = True
         self._waiting.append((session, login))
         self._admit_more()
 
@@ -645,24 +745,29 @@ class NodeListenerFactory(PeerFactory):
             if session.connected and not session.closing:
                 self._admitted += 1
                 if self.ownership is not None:
-                    self._in_flight.add(session)  # until its take settles, or it goes
+                    self._in_flight.add(session)  # until its login settles, or it goes
                 if self._next_turn is None:
                     self._next_turn = self.clock.callLater(0, self._turn)
-            session.login_admitted(login)
+            session.login_turn(login)
 
     def _turn(self) -> None:
         self._next_turn = None
         self._admitted = 0
         self._admit_more()
 
-    def _take_settled(self, session: NodeSession) -> None:
-        if session in self._in_flight and session.login_grace is None:
-            session.login_grace = self.clock.callLater(LOGIN_GRACE, self.settled, session)
+    def begin_grace(self, session: NodeSession) -> None:
+        """``session``'s take committed or failed: its login settles
+        :data:`LOGIN_GRACE` later (``GRACE_OVER``), unless a report of it is
+        applied first."""
+        if session in self._in_flight and session not in self._graces:
+            self._graces[session] = self.clock.callLater(
+                LOGIN_GRACE, session.life.handle, SessionInput.GRACE_OVER
+            )
 
     def settled(self, session: NodeSession) -> None:
         """``session``'s login is done (see :data:`LOGINS_IN_FLIGHT`): its
         place is free."""
-        grace, session.login_grace = session.login_grace, None
+        grace = self._graces.pop(session, None)
         if grace is not None and grace.active():
             grace.cancel()
         if session in self._in_flight:
@@ -684,70 +789,15 @@ class NodeListenerFactory(PeerFactory):
         self.connections[session] = None
         return session
 
-    def _take(self, session: NodeSession) -> None:
-        """Take ``session``'s node in the database (see the module doc)."""
-        assert self.ownership is not None
-        d = self.ownership.take(session)  # once committed, the session is HELD
-        d.addErrback(self._take_failed, session)
-        d.addErrback(
-            lambda f: log.failure("taking the node of {session!r} failed", f, session=session)
-        )
-        d.addBoth(lambda _: self._take_settled(session))
-
-    def _take_failed(self, failure: Failure, session: NodeSession) -> None:
-        log.warn(
-            "node {node_id}: taking it in the database failed ({why}); closing its connection",
-            node_id=session.node_id,
-            why=failure.getErrorMessage(),
-        )
-        if self.nodes.detach(session, SessionState.DROPPED):
-            self._node_detached(session)
-        session.close("site busy, try again")
-
-    def taken_elsewhere(self, session: NodeSession) -> None:
-        """The ownership found ``session``'s node held by a newer connection
-        (another site's login, whose take committed after this one's)."""
-        if self.nodes.detach(session, SessionState.MOVED):
-            self._node_detached(session)
-        session.close(REPLACED)
-
-    def attach(self, session: NodeSession) -> None:
-        """``session`` logged in: it becomes its node's current one."""
-        replaced = self.nodes.attach(session)
-        if replaced is not None:
-            log.info(
-                "node {node_id} reconnected: the newer connection replaces the older one",
-                node_id=session.node_id,
-            )
-            # The handler sees the old session go before the new one comes;
-            # nothing the old one still sends goes up (it is no longer current).
-            self._node_detached(replaced)
-            replaced.close(REPLACED)
-        if self.ownership is not None:
-            self._take(session)  # queued before the writes of node_attached
-        self.handler.node_attached(session)
-
-    def detach(self, session: NodeSession) -> None:
-        """The connection is gone (its session ``CLOSED``)."""
+    def forget(self, session: NodeSession) -> None:
+        """``session``'s connection is gone: its login settles, and
+        :meth:`close_all` may be done."""
         self.connections.pop(session, None)
         self.settled(session)
-        holding = self.nodes.holding_of(session)
-        if self.nodes.detach(session, SessionState.CLOSED):
-            self._node_detached(session)
-            if self.ownership is not None and holding is not None:
-                self.ownership.release(holding)  # it held its node: give it back
-        else:
-            session.life.to(SessionState.CLOSED)
         if not self.connections and self._all_closed:
             waiters, self._all_closed = self._all_closed, []
             for done in waiters:
                 done.callback(None)
-
-    def _node_detached(self, session: INodeSession) -> None:
-        try:
-            self.handler.node_detached(session)
-        except Exception:
-            log.failure("node_detached({session!r}) failed", session=session)
 
     def close_all(self, reason: str, *, timeout: float = 2.0) -> Deferred[None]:
         """Say Goodbye to and close every connection (site shutdown).

@@ -33,6 +33,7 @@ from tasknet.protocol.messages import (
     sign_login,
 )
 from tasknet.runtime import SeededEntropy
+from tasknet.site.session_states import SessionState
 from tests.protocol.memory import MemoryNet, result_of
 from tests.protocol.peers import SITE_KEYS, NodeRecorder, RawPeer, SiteRecorder, site_factory
 from tests.protocol.vectors import VECTORS, case_id, frame
@@ -65,7 +66,8 @@ def test_v2_site_and_v2_node_speak_v2(net: MemoryNet) -> None:
         2,
         ("reliable-task-v2", "site-proof", "archive-inventory"),
     )
-    assert session.proved  # the node asked, the site proved itself
+    # The node asked, the site proved itself.
+    assert session.life.state is SessionState.CURRENT_PROVEN
     assert node.link.protocol_version == 2
     assert site_handler.kinds() == ["attached"]
 

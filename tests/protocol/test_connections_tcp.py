@@ -30,6 +30,7 @@ from tasknet.protocol.messages import (
     TaskReport,
     TaskReportAck,
 )
+from tasknet.site.session_states import SessionState
 from tests.eventually import eventually
 from tests.protocol.peers import (
     Harness,
@@ -54,7 +55,8 @@ async def test_v2_site_and_v2_node_speak_v2(harness: Harness) -> None:
         2,
         ("reliable-task-v2", "site-proof", "archive-inventory"),
     )
-    assert session.proved  # the node asked, the site proved itself
+    # The node asked, the site proved itself.
+    assert session.life.state is SessionState.CURRENT_PROVEN
     assert node.link.protocol_version == 2
     assert site_handler.kinds() == ["attached"]
 

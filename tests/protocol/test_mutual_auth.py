@@ -172,7 +172,7 @@ async def test_the_real_node_and_the_real_listener_authenticate_each_other(
     harness.node(port, node)
     await eventually(lambda: node.kinds() == ["up"] and "node-1" in factory.nodes)
     session: Any = factory.nodes["node-1"]
-    assert session.proved and session.life.state is SessionState.CURRENT  # proved, then attached
+    assert session.life.state is SessionState.CURRENT_PROVEN  # proved, then attached
     assert handler.kinds() == ["attached"]
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -22,7 +22,7 @@ from tasknet.runtime import SystemEntropy
 from tasknet.site.lifecycle import Lifecycle
 from tasknet.site.root import Tuning, build_site
 from tasknet.site.service import Options, SiteParts, SiteService
-from tasknet.site.session_states import ITrackedSession, SessionLife
+from tasknet.site.session_states import ITrackedSession, SessionInput, SessionLife
 from tasknet.site.storage import node_panel as panel
 from tasknet.site.storage import users
 from tasknet.site.storage.engine.database import (
@@ -257,11 +257,24 @@ class HeldWriter:
         self._release.set()
 
 
+class RecordedOutputs:
+    """Stands for the session a life's table runs its outputs on: runs
+    none, records their names (a fake session's life, the table's test)."""
+
+    def __init__(self) -> None:
+        self.ran: list[str] = []
+
+    def __getattr__(self, name: str) -> Callable[[object], None]:
+        if not name.startswith("_") or name.startswith("__"):
+            raise AttributeError(name)
+        return lambda event: self.ran.append(name)
+
+
 @implementer(ITrackedSession)
 class RecordingSession:
-    """A logged-in v2 node connection that records what the site sends it:
-    downloads, deletes, ACKs and closes (and, when its node is taken
-    elsewhere, ``"taken elsewhere"`` among its closes)."""
+    """A logged-in v2 node connection (``CURRENT``, not yet in a registry)
+    that records what the site sends it: downloads, deletes, ACKs and
+    closes; what its life's table would run is in ``outputs.ran``."""
 
     protocol_version = 2
     features: tuple[str, ...] = ()
@@ -271,7 +284,10 @@ class RecordingSession:
     def __init__(self, node_id: str) -> None:
         self.node_id = node_id
         self.connected_at = 0.0
-        self.life = SessionLife()
+        self.outputs = RecordedOutputs()
+        self.life = SessionLife(self.outputs)
+        self.life.handle(SessionInput.LOGIN)
+        self.life.handle(SessionInput.LOGIN_ACCEPTED)
         self.downloads: list[tuple[str, int]] = []
         self.deletes: list[tuple[str, int]] = []
         self.acks: list[tuple[str, str]] = []
@@ -290,9 +306,6 @@ class RecordingSession:
 
     def close(self, reason: str) -> None:
         self.closed.append(reason)
-
-    def taken_elsewhere(self) -> None:
-        self.closed.append("taken elsewhere")
 
 
 def lease_timeout_passed(target: str, instance_id: int, *, seconds: float = 9.0) -> None:

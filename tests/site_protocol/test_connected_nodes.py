@@ -14,7 +14,7 @@ from twisted.internet import reactor
 from tasknet.protocol.messages import Goodbye, TaskCommand
 from tasknet.protocol.session import INodeSession
 from tasknet.site.connected_nodes import ConnectedNodes
-from tasknet.site.session_states import SessionState
+from tasknet.site.session_states import SessionInput, SessionState
 from tasknet.site.storage.node_sessions import Holding
 from tasknet.site.storage.reports import ReportOutcome
 from tasknet.site.web.admin_nodes import nodes_view
@@ -71,29 +71,31 @@ async def test_a_reconnect_replaces_the_session_for_dispatch_and_the_admin_view(
 
 
 def test_the_registry_is_newest_wins_and_detaches_only_the_current() -> None:
-    """The registry's own rules, each a move of the sessions' lives."""
+    """The registry's own rules; the sessions' lives move by their table."""
     old, n2, new = RecordingSession("n1"), RecordingSession("n2"), RecordingSession("n1")
     registry = ConnectedNodes()
     assert registry.attach(old) is None and registry.attach(old) is None
     assert old.life.state is SessionState.CURRENT
     assert registry.attach(n2) is None
-    assert registry.attach(new) is old  # handed back for the listener to close
+    assert registry.attach(new) is old  # fed REPLACED: its life closes it
     assert old.life.state is SessionState.REPLACED and new.life.state is SessionState.CURRENT
     assert registry == {"n1": new, "n2": n2} and registry.ids() == ["n1", "n2"]
     assert not registry.is_current(old) and registry.is_current(new)
-    assert registry.detach(old, SessionState.CLOSED) is False  # a replaced one is already gone
+    assert registry.detach(old) is False  # a replaced one is already gone
     assert old.life.state is SessionState.REPLACED
     assert registry["n1"] is new
 
     # Held once its take committed; only a current session can be.
     holding = Holding("n1", 3, None)
-    assert registry.hold(old, Holding("n1", 2, None)) is False
+    old.life.handle(SessionInput.TAKE_COMMITTED, Holding("n1", 2, None))
+    assert old.life.state is SessionState.REPLACED and registry.holding_of(old) is None
     assert registry.holding_of(new) is None and registry.holdings() == {}
-    assert registry.hold(new, holding) is True
+    new.life.handle(SessionInput.TAKE_COMMITTED, holding)
     assert new.life.state is SessionState.HELD
     assert registry.holding_of(new) == holding and registry.holdings() == {holding: new}
-    assert registry.detach(new, SessionState.MOVED) is True
-    assert registry.detach(new, SessionState.CLOSED) is False
+    new.life.handle(SessionInput.TAKEN_ELSEWHERE)
+    assert registry.detach(new) is True
+    assert registry.detach(new) is False
     assert new.life.state is SessionState.MOVED and registry.holding_of(new) is None
     assert registry == {"n2": n2} and len(registry) == 1 and "n1" not in registry
 
