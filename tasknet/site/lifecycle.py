@@ -599,10 +599,10 @@ class Lifecycle:
         start) makes that generation ``UNKNOWN``, evidence "0 POSTs"."""
         try:
             await self._run(create.release_unsent, gid, operation_id)
+        except LeaseLost as e:  # first: it is a DatabaseFailed too
+            log.warn("gid {gid} left for the reaper: {e}", gid=gid, e=e)
         except (Unrecorded, DatabaseFailed):
             pass  # logged; retried in the background until it lands
-        except LeaseLost as e:
-            log.warn("gid {gid} left for the reaper: {e}", gid=gid, e=e)
 
     async def _release(self, gid: int, operation_id: str) -> None:
         """Release a reservation (nothing POSTed).  If that cannot be recorded

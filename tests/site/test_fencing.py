@@ -37,6 +37,7 @@ from twisted.internet import reactor
 from twisted.internet.defer import Deferred
 from twisted.internet.task import Clock, deferLater
 from twisted.internet.threads import deferToThread
+from twisted.logger import formatEvent, globalLogPublisher
 
 from tasknet.runtime import SystemEntropy
 from tasknet.site.instance_service import INTERVAL, InstanceService
@@ -252,6 +253,33 @@ async def test_a_site_paused_before_its_post_sends_nothing_once_its_lease_is_sta
         assert posts(upstream, 7101) == 0
         assert state_of(pg_url, 7101) is None  # released: the gid is free
         assert not a.fenced
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_lease_lost_before_the_post_leaves_the_submission_for_the_reaper_and_says_so(
+    pg_url: str, upstream: RunningUpstream
+) -> None:
+    sites: list[Site] = []
+    user, _ = add_user(pg_url, "alice")
+    events: list[dict[str, Any]] = []
+
+    def lose() -> None:  # found lost by a tick just before the POST's gate
+        sites[0].service.fence("the lease check failed: ended by the test")
+
+    async with running(pg_url, "a", upstream.base_url, before_post_gate=lose) as a:
+        sites.append(a)
+        globalLogPublisher.addObserver(events.append)
+        try:
+            with pytest.raises(TaskError) as refused:
+                await a.lifecycle.create(user, 7151, "t")
+        finally:
+            globalLogPublisher.removeObserver(events.append)
+        assert refused.value.code == "unavailable"
+        assert posts(upstream, 7151) == 0
+        # Nothing more is written: the SUBMITTING generation stays for a reap.
+        assert state_of(pg_url, 7151) == "SUBMITTING"
+        left = [formatEvent(e) for e in events if "left for the reaper" in str(e.get("log_format"))]
+        assert left and "7151" in left[0], [formatEvent(e) for e in events]
 
 
 @pytest_twisted.ensureDeferred
