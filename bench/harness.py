@@ -12,10 +12,10 @@ import time
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from bench.pg_baseline import BenchPostgres
+from bench.machine import cpu_model, filesystem_of
+from bench.pg_baseline import BenchPostgres, server_version
 
 RESULTS_PATH = Path(__file__).with_name("results.json")
 
@@ -37,14 +37,10 @@ def default_cache() -> Path:
 
 
 def _no_postgres_yet() -> BenchPostgres:
-    from bench.pg_baseline import BenchPostgres
-
     return BenchPostgres()
 
 
 def _no_failover_cluster_yet() -> BenchPostgres:
-    from bench.pg_baseline import BenchPostgres
-
     return BenchPostgres(standby=True)
 
 
@@ -167,40 +163,14 @@ def _versions() -> dict[str, str]:
     }
 
 
-def filesystem_of(path: Path) -> str:
-    """The mount type holding ``path`` (fsync cost depends on it)."""
-    best, fstype = "", "unknown"
-    try:
-        mounts = Path("/proc/mounts").read_text().splitlines()
-    except OSError:
-        return fstype
-    resolved = str(path.resolve())
-    for line in mounts:
-        parts = line.split()
-        if len(parts) >= 3 and resolved.startswith(parts[1]) and len(parts[1]) > len(best):
-            best, fstype = parts[1], parts[2]
-    return fstype
-
-
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
-
-
 def machine_facts(workdir: Path) -> dict[str, Any]:
     """What a reader needs to compare two result files."""
-    from bench.pg_baseline import server_version
     from bench.sqlite_baseline import site_synchronous
 
     facts: dict[str, Any] = {
         "nproc": os.cpu_count(),
         "usable_cpus": len(os.sched_getaffinity(0)),
-        "cpu": _cpu_model(),
+        "cpu": cpu_model(),
         "platform": platform.platform(),
         "loadavg_at_start": list(os.getloadavg()),
         "workdir_filesystem": filesystem_of(workdir),

@@ -22,6 +22,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+from bench.machine import filesystem_of
 from bench.procs import CLOCK_TICKS, BenchError
 
 #: What BENCH.md asks of the server for B1/B2/B7.
@@ -128,8 +129,6 @@ class BenchPostgres:
         """The server's settings and file system, for the results file."""
         if self.server is None:
             return {}
-        from bench.harness import filesystem_of
-
         return {
             **self.settings,
             "data_filesystem": filesystem_of(self._data_dir()),

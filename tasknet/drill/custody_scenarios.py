@@ -27,11 +27,12 @@ from __future__ import annotations
 import random
 import shutil
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
 from tasknet.drill.cluster import Cluster
+from tasknet.drill.expect import Expect
 from tasknet.drill.procs import DrillError, wait_for
 from tasknet.drill.proxy import TO_CLIENT
 from tasknet.drill.snapshot import site_rows
@@ -40,9 +41,6 @@ from tasknet.protocol.messages import TaskCommand
 from tasknet.site.node_disk import REFRESH_SECONDS
 from tasknet.site.storage.engine.timestamps import iso
 from tasknet.upstream.catalog import gallery
-
-if TYPE_CHECKING:  # scenarios.py imports this module to register S27–S29
-    from tasknet.drill.scenarios import Expect
 
 COMPLETED = "COMPLETED"
 ARCHIVE_GONE = "ARCHIVE_GONE"

@@ -12,11 +12,12 @@ from pathlib import Path
 from tasknet.drill import reactor_thread
 from tasknet.drill.cluster import Cluster
 from tasknet.drill.databases import Databases, SqliteFiles, run_database_name
+from tasknet.drill.expect import Expect
 from tasknet.drill.invariants import FAIL, INVARIANTS, Verdict, check_all
 from tasknet.drill.netns import Netns
 from tasknet.drill.procs import DrillError, wait_for
 from tasknet.drill.report import Progress, RunResult
-from tasknet.drill.scenarios import Expect, Scenario
+from tasknet.drill.scenarios import Scenario
 from tasknet.drill.snapshot import read_node, read_site
 
 COMPLETED_CODE = 4

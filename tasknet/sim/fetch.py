@@ -60,13 +60,11 @@ from twisted.web.client import Agent, HTTPConnectionPool, readBody
 from twisted.web.http_headers import Headers
 
 from tasknet.drill.snapshot import site_rows
-from tasknet.sim.schedule import Step
 from tasknet.sim.truth import upstream_digest
 from tasknet.site.upstream_client import BytesBody
 
 __all__ = [
     "CLEAN_REFUSALS",
-    "FETCH_KIND",
     "LINKS_MISSING",
     "LINKS_REFUSALS",
     "NODE_REFUSALS",
@@ -76,7 +74,6 @@ __all__ = [
     "Answer",
     "FetchPlan",
     "Fetcher",
-    "fetch_steps",
     "links_problem",
     "plan_fetch",
     "public_nodes",
@@ -85,10 +82,6 @@ __all__ = [
     "served_problem",
 ]
 
-#: The step kind (a user's action: workload, not a fault).
-FETCH_KIND = "fetch_archive"
-#: Fetches a seed draws while the faults run (uniform, both ends).
-FETCHES = (1, 4)
 #: Simulated seconds a fetch waits for each whole answer.
 FETCH_TIMEOUT = 60.0
 #: The statuses and error codes of GET /api/tasks/{gid}/archive that
@@ -151,19 +144,6 @@ _UNSATISFIED_RANGE = re.compile(r"\s*bytes\s+\*/(\d+)\s*")
 Asked = tuple[int, int | None]
 #: A task's archive as the site records it: (operation id, sha256, size).
 Recorded = tuple[str, str | None, int | None]
-
-
-def fetch_steps(seed: int, sites: tuple[str, ...], duration: float) -> list[Step]:
-    """The fetches of ``seed`` while the faults run, from a generator of
-    their own (a string seed: the same in every process and hash seed).
-    Each picks, when it runs, one of the tasks then ``COMPLETED`` (``pick``)."""
-    rng = random.Random(f"fetch {seed}")
-    steps = []
-    for _ in range(rng.randint(*FETCHES)):
-        at = round(rng.uniform(duration / 4, duration), 3)
-        params = (("pick", round(rng.random(), 6)),)
-        steps.append(Step(at, FETCH_KIND, rng.choice(sites), params=params))
-    return steps
 
 
 def public_nodes(seed: int, nodes: Iterable[tuple[str, int]]) -> frozenset[str]:

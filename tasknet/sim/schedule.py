@@ -26,16 +26,23 @@ from typing import Any
 __all__ = [
     "BASE_FAULT_KINDS",
     "CUSTODY_FAULT_KINDS",
+    "FETCH_KIND",
     "FAULT_KINDS",
     "TRUTH_FAULT_KINDS",
     "WORKLOAD_KINDS",
     "Schedule",
     "Step",
+    "fetch_steps",
     "generate",
 ]
 
+#: A user's fetch of a finished task's archive (tasknet.sim.fetch runs it).
+FETCH_KIND = "fetch_archive"
+#: Fetches a seed draws while the faults run (uniform, both ends).
+FETCHES = (1, 4)
+
 #: The user's actions.
-WORKLOAD_KINDS = ("create", "create_twice", "delete", "recreate", "resolve", "fetch_archive")
+WORKLOAD_KINDS = ("create", "create_twice", "delete", "recreate", "resolve", FETCH_KIND)
 
 #: The faults drawn from the seed's own generator (their draws, and so every
 #: schedule made of them, are those of the seeds that found the defects in
@@ -255,8 +262,6 @@ def generate(
     plan += _truth_faults(seed, faults, site_names, nodes, duration, only=not base)
     plan += _reap_faults(seed, faults, site_names, duration, only=not base)
     if base:
-        from tasknet.sim.fetch import fetch_steps  # (it imports Step from here)
-
         plan += fetch_steps(seed, site_names, duration)
     plan.sort(key=lambda s: (s.at, s.kind, s.target))
     ordered = tuple(plan)
@@ -462,3 +467,16 @@ def _fault(
     if kind == "pause_node":
         return Step(at, kind, node, round(rng.uniform(0.5, 30), 3))
     raise ValueError(f"unknown fault kind {kind!r}")
+
+
+def fetch_steps(seed: int, sites: tuple[str, ...], duration: float) -> list[Step]:
+    """The fetches of ``seed`` while the faults run, from a generator of
+    their own (a string seed: the same in every process and hash seed).
+    Each picks, when it runs, one of the tasks then ``COMPLETED`` (``pick``)."""
+    rng = random.Random(f"fetch {seed}")
+    steps = []
+    for _ in range(rng.randint(*FETCHES)):
+        at = round(rng.uniform(duration / 4, duration), 3)
+        params = (("pick", round(rng.random(), 6)),)
+        steps.append(Step(at, FETCH_KIND, rng.choice(sites), params=params))
+    return steps

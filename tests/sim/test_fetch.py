@@ -11,7 +11,6 @@ from pathlib import Path
 
 from tasknet.sim.fetch import (
     CLEAN_REFUSALS,
-    FETCH_KIND,
     LINKS_MISSING,
     NO_ANSWER,
     NODE_REFUSALS,
@@ -19,7 +18,6 @@ from tasknet.sim.fetch import (
     RESUME,
     WHOLE,
     Answer,
-    fetch_steps,
     links_problem,
     plan_fetch,
     public_nodes,
@@ -28,7 +26,7 @@ from tasknet.sim.fetch import (
     served_problem,
 )
 from tasknet.sim.run import run_schedule
-from tasknet.sim.schedule import BASE_FAULT_KINDS, FAULT_KINDS, generate
+from tasknet.sim.schedule import BASE_FAULT_KINDS, FAULT_KINDS, FETCH_KIND, fetch_steps, generate
 from tasknet.upstream import catalog
 
 GID = 101
