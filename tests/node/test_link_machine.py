@@ -46,7 +46,7 @@ from tasknet.protocol.messages import (
 )
 from tasknet.runtime import SeededEntropy
 from tests.protocol.memory import MemoryNet
-from tests.protocol.peers import SITE_KEYS, NodeRecorder, RawPeer
+from tests.protocol.peers import SITE_KEYS, NodeRecorder, RawPeer, described
 
 S = LinkState
 I = LinkInput  # noqa: E741
@@ -200,18 +200,6 @@ def describe(message: Message) -> str:
     return type(message).__name__
 
 
-def described(data: bytes) -> list[str]:
-    """The frames in ``data``, named (heartbeats left out)."""
-    out = []
-    while data:
-        type_, length = HEADER.unpack_from(data)
-        message = decode(type_, data[HEADER.size : HEADER.size + length])
-        data = data[HEADER.size + length :]
-        if type(message) is not Heartbeat:
-            out.append(describe(message))
-    return out
-
-
 class Rig:
     """One SiteLink on a StringTransport, its timers on a Clock."""
 
@@ -345,7 +333,7 @@ def test_every_input_in_every_state(state: LinkState, what: LinkInput) -> None:
         give(rig, what)
 
     assert rig.link.state is next_state
-    assert described(rig.transport.value()[sent_before:]) == list(seen.sent)
+    assert described_frames(rig.transport.value()[sent_before:]) == list(seen.sent)
     assert (rig.transport.disconnecting and not closed_before) is seen.closes
     assert tuple(kind for kind, _, _ in rig.node.events[heard_before:]) == seen.handler
     failed = {"same": failed_before, "+1": failed_before + 1, "reset": 0}[seen.failed]
@@ -689,3 +677,7 @@ def test_the_scripts_reach_every_cell_a_site_can_reach() -> None:
     )
     assert not reached & unreachable
     assert reached | unreachable == set(SiteLink.TRANSITIONS)
+
+
+def described_frames(data: bytes) -> list[str]:
+    return described(data, describe)

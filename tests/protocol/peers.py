@@ -21,6 +21,7 @@ from zope.interface import implementer
 from tasknet.node.link import site_client_service
 from tasknet.protocol.messages import (
     HEADER,
+    Heartbeat,
     Identity,
     Login,
     LoginResult,
@@ -263,3 +264,16 @@ async def login_raw(peer: RawPeer, node_id: str = "node-1", *, hello: bool = Fal
     peer.send(Login(node_id, sign_login(SITE_KEYS[node_id], nonce, node_id)))
     await eventually(lambda: peer.of_type(LoginResult))
     assert peer.of_type(LoginResult)[0] == LoginResult(True, "")
+
+
+def described(data: bytes, describe: Callable[[Message], str]) -> list[str]:
+    """The frames in ``data`` (whole frames, as a transport holds what was
+    written), each named by ``describe``; heartbeats left out."""
+    out = []
+    while data:
+        type_, length = HEADER.unpack_from(data)
+        message = decode(type_, data[HEADER.size : HEADER.size + length])
+        data = data[HEADER.size + length :]
+        if type(message) is not Heartbeat:
+            out.append(describe(message))
+    return out

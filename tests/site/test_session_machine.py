@@ -33,18 +33,15 @@ from tasknet.protocol.connection import LOGIN_TIMEOUT
 from tasknet.protocol.messages import (
     FEATURE_RELIABLE,
     FEATURE_SITE_PROOF,
-    HEADER,
     ArchiveInventory,
     Error,
     Goodbye,
-    Heartbeat,
     Identity,
     Login,
     Message,
     NodeChallenge,
     ProtocolHello,
     StatusReport,
-    decode,
     encode,
     sign_login,
 )
@@ -65,7 +62,7 @@ from tasknet.site.session_states import (
 )
 from tasknet.site.storage.node_sessions import Holding
 from tests.eventually import eventually
-from tests.protocol.peers import SITE_KEYS, SiteRecorder
+from tests.protocol.peers import SITE_KEYS, SiteRecorder, described
 from tests.site.helpers import RecordedOutputs
 from tests.site_protocol.harness import Site
 
@@ -361,18 +358,6 @@ def describe(message: Message) -> str:
     return type(message).__name__
 
 
-def described(data: bytes) -> list[str]:
-    """The frames in ``data``, named (heartbeats left out)."""
-    out = []
-    while data:
-        type_, length = HEADER.unpack_from(data)
-        message = decode(type_, data[HEADER.size : HEADER.size + length])
-        data = data[HEADER.size + length :]
-        if type(message) is not Heartbeat:
-            out.append(describe(message))
-    return out
-
-
 class Rig:
     """One NodeSession of a listener without an ownership, on a
     StringTransport, its timers on a Clock."""
@@ -504,7 +489,7 @@ def test_every_reachable_cell_on_a_real_session(state: SessionState, what: Sessi
     cell = EXPECTED[state, what]
     assert cell is not REFUSED
     assert rig.session.life.state is cell[0]
-    assert described(rig.transport.value()[sent_before:]) == list(seen.sent)
+    assert described_frames(rig.transport.value()[sent_before:]) == list(seen.sent)
     assert (rig.transport.disconnecting and not closed_before) is seen.closes
     assert tuple(kind for kind, _, _ in rig.handler.events[heard_before:]) == seen.handler
     # The registry holds it exactly while it says it is attached.
@@ -530,7 +515,7 @@ def test_a_login_whose_connection_went_while_it_waited_is_not_judged() -> None:
     rig.lose()
     rig.factory._turn()
     assert rig.session.life.state is S.CLOSED
-    assert described(rig.transport.value()) == ["Identity", "ProtocolHello"]
+    assert described_frames(rig.transport.value()) == ["Identity", "ProtocolHello"]
 
 
 # ---------------------------------------------------------------- the table on real connections
@@ -606,3 +591,7 @@ async def test_logins_reconnects_and_takes_on_a_real_site(
             "HELD CONNECTION_LOST CLOSED",
         ],
     ]
+
+
+def described_frames(data: bytes) -> list[str]:
+    return described(data, describe)
