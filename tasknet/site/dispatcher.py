@@ -65,7 +65,7 @@ from typing import Any
 from twisted.application.internet import TimerService
 from twisted.application.service import MultiService
 from twisted.internet.defer import Deferred, gatherResults, succeed
-from twisted.internet.interfaces import IReactorTime
+from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.logger import Logger
 
 from tasknet.coalesce import CoalescingRunner
@@ -163,7 +163,7 @@ class Dispatcher(MultiService):
         self.reassigned = 0
         self.cancels_sent = 0
         self._assign_delay = assign_delay
-        self._assign_call: Any = None
+        self._assign_call: IDelayedCall | None = None
         self._db = db
         self._nodes = nodes
         #: Delete ids sent on each node's current session (so the periodic
@@ -387,7 +387,7 @@ class Dispatcher(MultiService):
             self._assign_call.cancel()
         self._assign_call = None
         # Never started (recovery failed): no timer to stop.
-        stopped: Deferred[Any] = super().stopService() if self.running else succeed(None)
+        stopped: Deferred[None] = super().stopService() if self.running else succeed(None)
         return stopped.addCallback(lambda _: self.idle())
 
     def _send_cancels(self, session: INodeSession, cancels: list[tuple[str, int]]) -> None:

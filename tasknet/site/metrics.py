@@ -153,10 +153,12 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 from twisted.internet.defer import Deferred, maybeDeferred
 from twisted.logger import Logger
+from twisted.python.failure import Failure
 from twisted.web.resource import IResource, Resource
 from twisted.web.server import NOT_DONE_YET, Request
 
 from tasknet.protocol.messages import ReleasedEntry
+from tasknet.site.storage.stats import MetricsSample
 from tasknet.status import OperationState, TaskStatus
 
 log = Logger()
@@ -459,7 +461,7 @@ def set_byte_totals(totals: Mapping[str, int]) -> None:
     BYTES.totals = dict(totals)
 
 
-def set_sampled(sample: Mapping[str, Any]) -> None:
+def set_sampled(sample: MetricsSample) -> None:
     """Apply what ``tasknet.site.storage.stats.metrics_sample`` read (the
     keys after ``nodeBytes`` are optional)."""
     set_task_counts(sample["states"])
@@ -562,7 +564,7 @@ class MetricsResource(Resource):
             return self._page(request)
         d = maybeDeferred(self._refresh)
 
-        def failed(failure: Any) -> None:
+        def failed(failure: Failure) -> None:
             # A failed refresh must not hide the counters: serve stale gauges.
             DATABASE_UP.set(0)
             log.failure("metrics refresh failed; serving the last sampled gauges", failure)

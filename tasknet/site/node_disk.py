@@ -30,6 +30,7 @@ from twisted.logger import Logger
 
 from tasknet.netclient import quiet_pool
 from tasknet.site.storage.engine.timestamps import iso
+from tasknet.site.storage.node_panel import DiskJson
 
 log = Logger()
 
@@ -64,7 +65,7 @@ class DiskFigures:
     free: int | None
     budget: int | None
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> DiskJson:
         return {
             "archives": self.archives,
             "bytes": self.bytes,

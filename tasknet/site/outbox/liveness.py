@@ -249,5 +249,5 @@ class LivenessSweep(TimerService):
         return done
 
     def stopService(self) -> Deferred[None]:
-        stopped: Deferred[Any] = super().stopService()
+        stopped: Deferred[None] = super().stopService()
         return stopped.addCallback(lambda _: self.idle())

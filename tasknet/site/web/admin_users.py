@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
+from tasknet.json_types import JsonObject
 from tasknet.site.storage import sessions, users
 from tasknet.site.storage.users import User
 from tasknet.site.web.errors import ApiError
@@ -49,7 +50,7 @@ def user_name(name: str) -> str:
     return name
 
 
-def quota_field(document: dict[str, Any], *, required: bool) -> int | None:
+def quota_field(document: JsonObject, *, required: bool) -> int | None:
     """The body's ``quota``: a JSON integer from 0 to :data:`MAX_QUOTA`."""
     if "quota" not in document:
         if required:
@@ -63,7 +64,7 @@ def quota_field(document: dict[str, Any], *, required: bool) -> int | None:
     return quota
 
 
-def required_quota(document: dict[str, Any]) -> int:
+def required_quota(document: JsonObject) -> int:
     """The body's ``quota``, which it must have."""
     quota = quota_field(document, required=True)
     assert quota is not None  # quota_field refused its absence

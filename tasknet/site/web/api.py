@@ -49,7 +49,7 @@ import re
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, NoReturn, cast
 from urllib.parse import unquote
 
 import orjson
@@ -64,6 +64,7 @@ from werkzeug.exceptions import MethodNotAllowed, NotFound
 from werkzeug.routing import Map, Rule
 
 from tasknet.deferreds import shield
+from tasknet.json_types import JsonObject, JsonValue
 from tasknet.site import metrics
 from tasknet.site.storage import (
     archives,
@@ -201,7 +202,7 @@ def endpoint(fn: Handler) -> Callable[..., Deferred[bytes]]:
 # -- input ---------------------------------------------------------------------
 
 
-def parse_gid(text: str | int | float) -> int:
+def parse_gid(text: JsonValue) -> int:
     """A gid from the path (decimal digits) or a JSON body (an integer; a
     number with no fraction, such as ``431.0``, is one in JSON)."""
     if isinstance(text, float) and text.is_integer():
@@ -231,11 +232,11 @@ def _path_gid(request: Request, text: str) -> int:
     return parse_gid(text)
 
 
-def _reject_constant(name: str) -> Any:
+def _reject_constant(name: str) -> NoReturn:
     raise ValueError(f"{name} is not valid JSON")
 
 
-def _check_json(value: Any, depth: int = 1) -> None:
+def _check_json(value: JsonValue, depth: int = 1) -> None:
     """``400`` for JSON nested deeper than :data:`MAX_JSON_DEPTH` or holding
     a string that is not Unicode text (a lone surrogate escape such as
     ``"\\ud800"``: SQLite and every encoder would fail on it later) or that
@@ -277,7 +278,7 @@ def _is_json_type(request: Request) -> bool:
     return True
 
 
-def json_body(request: Request, *, json_only: bool | None = None) -> dict[str, Any]:
+def json_body(request: Request, *, json_only: bool | None = None) -> JsonObject:
     """The request body as a JSON object.  ``json_only`` (default: when the
     request authenticates with the session cookie): the body must be typed
     ``application/json``.  The HTTP layer (``web.http``) already refused a
@@ -297,7 +298,7 @@ def json_body(request: Request, *, json_only: bool | None = None) -> dict[str, A
     if len(raw) > limit:
         raise ApiError("payload_too_large", f"the body is limited to {limit} bytes")
     try:
-        document = json.loads(raw.decode("utf-8"), parse_constant=_reject_constant)
+        document: JsonValue = json.loads(raw.decode("utf-8"), parse_constant=_reject_constant)
     except (UnicodeDecodeError, ValueError) as e:
         raise ApiError("invalid_request", f"the body is not valid JSON: {e}") from e
     except RecursionError:
@@ -312,7 +313,7 @@ def json_body(request: Request, *, json_only: bool | None = None) -> dict[str, A
 
 
 def string_field(
-    document: dict[str, Any], name: str, *, required: bool, limit: int, default: str = ""
+    document: JsonObject, name: str, *, required: bool, limit: int, default: str = ""
 ) -> str:
     if name not in document:
         if required:
@@ -339,7 +340,7 @@ def _error(code: str, message: str) -> dict[str, str]:
     return {"code": code, "message": message}
 
 
-def _me(user: User) -> dict[str, Any]:
+def _me(user: User) -> dict[str, str | bool]:
     return {"name": user.name, "admin": user.is_admin}
 
 
@@ -472,9 +473,7 @@ class SiteApi:
         results = [await self._bulk_one(user, action, number) for number in distinct]
         return 200, {"results": results, "duplicates": len(numbers) - len(distinct)}
 
-    async def _bulk_matching(
-        self, user: User, action: str, document: dict[str, Any]
-    ) -> dict[str, Any]:
+    async def _bulk_matching(self, user: User, action: str, document: JsonObject) -> dict[str, Any]:
         """``POST /api/tasks/bulk`` with a ``filter`` ("select all N
         matching"): the tasks the list's filters match (the caller's, an
         admin's everyone's), counted and read in one transaction; refused
@@ -1015,7 +1014,7 @@ class SiteApi:
         return _method_not_allowed(request, allowed or [])
 
 
-def _link_gids(document: dict[str, Any]) -> list[int]:
+def _link_gids(document: JsonObject) -> list[int]:
     """``POST /api/tasks/archive-links``' gids: 1 to :data:`MAX_LINKS` JSON
     integers, each a gid; repeats answered once, in the order first given."""
     gids = document.get("gids")
