@@ -60,7 +60,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import TypeVar
 
 from twisted.application.internet import TimerService
 from twisted.application.service import MultiService
@@ -79,6 +79,9 @@ from tasknet.site.storage.engine import listen
 from tasknet.site.storage.engine.database import Database
 
 log = Logger()
+
+#: What a move transaction of :mod:`~tasknet.site.storage.reassign` answers.
+Moved = TypeVar("Moved", reassign.Reassigned, reassign.Retired)
 
 #: Seconds between two counts of every connected node's open tasks (the
 #: loads new tasks are balanced by; each login counts its own node's).
@@ -446,7 +449,9 @@ class Dispatcher(MultiService):
                 self._gone_since.pop(node_id, None)
                 self._moved(moved, "timeout")
 
-    async def _move(self, node_id: str, fn: Any, **kwargs: Any) -> Any:
+    async def _move(
+        self, node_id: str, fn: Callable[..., Moved], **kwargs: str | int | None
+    ) -> Moved:
         """Run the move ``fn`` (a :mod:`~tasknet.site.storage.reassign`
         transaction) for ``node_id`` towards this site's other connected
         nodes, and send its DOWNLOADs right after its commit."""
