@@ -136,7 +136,7 @@ Helpers: :func:`record_upstream_call`, :func:`observe_since`, :func:`count_inven
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from datetime import UTC, datetime
 from typing import Any, cast
 
@@ -149,7 +149,7 @@ from prometheus_client import (
     disable_created_metrics,
     generate_latest,
 )
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 from twisted.internet.defer import Deferred, maybeDeferred
 from twisted.logger import Logger
@@ -284,7 +284,7 @@ class _ByteCounters(Collector):
     def __init__(self) -> None:
         self.totals: dict[str, int] = {}
 
-    def collect(self) -> Any:
+    def collect(self) -> Iterator[Metric]:
         total = CounterMetricFamily(
             "tasknet_bytes_downloaded", "Bytes downloaded by the nodes, from applied reports."
         )
@@ -380,7 +380,7 @@ class _SampledGauges(Collector):
         self.nodes: dict[str, tuple[int, float | None]] = {}  # node: (unfinished, last report)
         self.instances: dict[str, int] | None = None
 
-    def collect(self) -> Any:
+    def collect(self) -> Iterator[Metric]:
         quota = GaugeMetricFamily(
             "tasknet_user_quota", "Weekly quota of a user with use this week.", labels=["user"]
         )
@@ -442,7 +442,7 @@ def record_upstream_call(call: str, outcome: str, seconds: float) -> None:
     UPSTREAM_LATENCY.labels(call=call).observe(seconds)
 
 
-def observe_since(histogram: Any, started: float, now: float) -> float:
+def observe_since(histogram: Histogram, started: float, now: float) -> float:
     """Observe ``now - started`` (both on the caller's clock) on ``histogram``
     (or a labelled child); return it."""
     elapsed = now - started
