@@ -10,7 +10,7 @@ naming no user is ``404 not_found``, any other ``400 invalid_request``).
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import NotRequired, TypedDict, TypeVar
 
 from tasknet.json_types import JsonObject
 from tasknet.site.storage import sessions, users
@@ -26,9 +26,20 @@ MAX_QUOTA = 1_000_000_000
 T = TypeVar("T")
 
 
-def user_view(user: User, open_sessions: int | None = None) -> dict[str, Any]:
+class UserView(TypedDict):
     """A user as the API shows it (never its token's hash)."""
-    view: dict[str, Any] = {
+
+    name: str
+    admin: bool
+    quota: int
+    createdAt: str
+    disabledAt: str | None
+    sessions: NotRequired[int]
+
+
+def user_view(user: User, open_sessions: int | None = None) -> UserView:
+    """A user as the API shows it (never its token's hash)."""
+    view: UserView = {
         "name": user.name,
         "admin": user.is_admin,
         "quota": user.quota,

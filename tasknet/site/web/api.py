@@ -49,7 +49,7 @@ import re
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NoReturn, cast
+from typing import Any, NoReturn, NotRequired, TypedDict, cast
 from urllib.parse import unquote
 
 import orjson
@@ -85,6 +85,7 @@ from tasknet.site.storage.views import (
     GID_MAX,
     GID_MIN,
     QUEUED,
+    TaskView,
     count_by_status,
     downloads_not_reaching,
     list_tasks,
@@ -336,6 +337,23 @@ MAX_BULK = 500
 BULK_REASON_GIDS = 100
 
 
+class BulkResult(TypedDict):
+    """One gid's answer in ``POST /api/tasks/bulk``."""
+
+    gid: int
+    status: int
+    error: NotRequired[dict[str, str]]
+    task: NotRequired[TaskView | None]
+
+
+class BulkReason(TypedDict):
+    """Why some tasks of a bulk ``filter`` were not done: how many, and
+    the first of their gids."""
+
+    count: int
+    gids: list[int]
+
+
 def _error(code: str, message: str) -> dict[str, str]:
     return {"code": code, "message": message}
 
@@ -506,7 +524,7 @@ class SiteApi:
             )
         failed = TaskStatus.DELETE_FAILED.value
         targets = [gid for gid, key in tasks if action == "delete" or key == failed]
-        reasons: dict[str, dict[str, Any]] = {}
+        reasons: dict[str, BulkReason] = {}
 
         def note(code: str, gid: int) -> None:
             reason = reasons.setdefault(code, {"count": 0, "gids": []})
@@ -539,7 +557,7 @@ class SiteApi:
             "reasons": reasons,
         }
 
-    async def _bulk_one(self, user: User, action: str, gid: int) -> dict[str, Any]:
+    async def _bulk_one(self, user: User, action: str, gid: int) -> BulkResult:
         """One gid of ``POST /api/tasks/bulk``: the status and body its
         single operation would answer (``retry``: delete again, only a
         ``DELETE_FAILED`` task; anything else is ``409``)."""
