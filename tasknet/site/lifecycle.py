@@ -822,7 +822,7 @@ class Lifecycle:
             _archive_url_evidence(evidence)
         # resolve_unknown prefers the URL stored from the POST's own answer.
         from_audit = evidence is not None and evidence.get("archiveUrlSource") == "audit"
-        audit_url = evidence["archiveUrl"] if evidence is not None and from_audit else None
+        audit_url = evidence.get("archiveUrl") if evidence is not None and from_audit else None
         shown: Mapping[str, object] = evidence if evidence is not None else {}
         found = await self._run(
             reconcile.resolve_unknown, gid, verdict, actor, note, shown, audit_url
@@ -844,10 +844,9 @@ def _archive_url_evidence(evidence: reconcile.UnknownEvidence) -> None:
     does), else none: the task could be metered but never dispatched."""
     upstream = evidence.get("upstream")
     audit = (upstream.get("audit") if upstream else None) or {}
-    audit_url = audit.get("archiveUrl")
     if evidence.get("archiveUrl"):
         evidence["archiveUrlSource"] = "submit"
-    elif isinstance(audit_url, str) and audit_url:
+    elif isinstance(audit_url := audit.get("archiveUrl"), str) and audit_url:
         evidence["archiveUrl"] = audit_url
         evidence["archiveUrlSource"] = "audit"
     else:
