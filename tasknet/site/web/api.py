@@ -190,7 +190,8 @@ def endpoint(fn: Handler) -> Callable[..., Deferred[bytes]]:
     (:func:`answer`)."""
 
     @functools.wraps(fn)
-    def wrapper(self: SiteApi, request: Request, *args: Any, **kw: Any) -> Deferred[bytes]:
+    # Klein passes the route's path segments, as text.
+    def wrapper(self: SiteApi, request: Request, *args: str, **kw: str) -> Deferred[bytes]:
         async def run() -> bytes:
             body, _ = await answer(request, fn(self, request, *args, **kw))
             return body
@@ -354,6 +355,23 @@ class BulkReason(TypedDict):
     gids: list[int]
 
 
+class BulkMatched(TypedDict):
+    """``POST /api/tasks/bulk``'s answer to a ``filter``."""
+
+    matched: int
+    done: int
+    notDone: int
+    notApplicable: int
+    reasons: dict[str, BulkReason]
+
+
+class MissingLink(TypedDict):
+    """A gid ``POST /api/tasks/archive-links`` gives no link for, and why."""
+
+    gid: int
+    code: str
+
+
 def _error(code: str, message: str) -> dict[str, str]:
     return {"code": code, "message": message}
 
@@ -435,13 +453,13 @@ class SiteApi:
             return STATUS[e.code], {"error": await self._quota_error(user, e)}
         return created.status, {"task": created.task}
 
-    async def _quota_error(self, user: User, refusal: TaskError) -> dict[str, Any]:
+    async def _quota_error(self, user: User, refusal: TaskError) -> dict[str, int | str]:
         """A ``quota_exceeded`` envelope with the numbers a person needs:
         this week's ``used`` and ``quota`` (as ``GET /api/usage``), the
         ``cost`` of the refused task, and ``unsettled``: the cost of the
         user's unmetered ``UNKNOWN`` and in-flight submissions, which the
         check counts too (``used + unsettled + cost > quota``)."""
-        error: dict[str, Any] = {"code": "quota_exceeded", "message": refusal.message}
+        error: dict[str, int | str] = {"code": "quota_exceeded", "message": refusal.message}
         error.update(refusal.details)
         try:
             week = await self.db.read(usage.usage, user.id)
@@ -491,7 +509,7 @@ class SiteApi:
         results = [await self._bulk_one(user, action, number) for number in distinct]
         return 200, {"results": results, "duplicates": len(numbers) - len(distinct)}
 
-    async def _bulk_matching(self, user: User, action: str, document: JsonObject) -> dict[str, Any]:
+    async def _bulk_matching(self, user: User, action: str, document: JsonObject) -> BulkMatched:
         """``POST /api/tasks/bulk`` with a ``filter`` ("select all N
         matching"): the tasks the list's filters match (the caller's, an
         admin's everyone's), counted and read in one transaction; refused
@@ -688,7 +706,7 @@ class SiteApi:
         delivery = self.deps.archives
         origin = self._site_origin(request)
         links: list[IssuedLink] = []
-        missing: list[dict[str, Any]] = []
+        missing: list[MissingLink] = []
         for gid in gids:
             task = tasks.get(gid)
             if task is None:
