@@ -140,10 +140,10 @@ class RawApplier:
 
 def check_applied(target: str, tasks: dict[int, list[tuple[int, str]]]) -> int:
     """Every seeded task must have had a report applied (its last_revision set)."""
-    from tasknet.site.storage.engine.database import connect, run_read
+    from tasknet.site.storage.engine.database import Cursor, connect, run_read
     from tasknet.site.storage.views import operation_row
 
-    def missing_gids(cursor: Any) -> list[int]:
+    def missing_gids(cursor: Cursor) -> list[int]:
         return [
             gid
             for held in tasks.values()

@@ -26,9 +26,12 @@ from __future__ import annotations
 import sqlite3
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from bench import cache, plan, viewseed
+
+if TYPE_CHECKING:
+    from tasknet.site.storage.engine.transactions import Cursor
 
 #: Tasks seeded through the site's own functions, then copied.
 TEMPLATE_TASKS = 5_000
@@ -119,7 +122,7 @@ def _copies(
         )
 
 
-def _node_keys(cursor: Any, first: int) -> None:
+def _node_keys(cursor: Cursor, first: int) -> None:
     from tasknet.site.storage import users
 
     for index in range(first, NODES):

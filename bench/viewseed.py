@@ -47,9 +47,12 @@ import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from bench import plan
+
+if TYPE_CHECKING:
+    from tasknet.site.storage.engine.transactions import Cursor
 
 #: Set to a number of tasks (e.g. 100000) for a B9 run of that size, the
 #: million's shape scaled down (users and nodes a thousandth, the heavy
@@ -202,7 +205,7 @@ def _connect_fresh(path: Path) -> Any:
     return connect(str(path))
 
 
-def _users(cursor: Any, sizes: ViewSizes) -> list[tuple[int, str, str]]:
+def _users(cursor: Cursor, sizes: ViewSizes) -> list[tuple[int, str, str]]:
     """(id, name, token) of each user, index 0 the heavy one, 1 the admin."""
     from tasknet.site.storage import users
 
@@ -217,7 +220,7 @@ def _users(cursor: Any, sizes: ViewSizes) -> list[tuple[int, str, str]]:
 
 
 def _seed_chunk(
-    cursor: Any, sizes: ViewSizes, user_ids: list[int], start: int, stop: int, revision: int
+    cursor: Cursor, sizes: ViewSizes, user_ids: list[int], start: int, stop: int, revision: int
 ) -> None:
     from tasknet.protocol.messages import TaskEntry, TaskReport
     from tasknet.site.storage import create, delete, dispatch, outbox, reports, usage
@@ -301,7 +304,7 @@ def seed_tasks(path: Path, sizes: ViewSizes, log: Any = print) -> dict[str, Any]
     }
 
 
-def _history_minutes(cursor: Any, sizes: ViewSizes, user_ids: list[int], first: int, last: int):
+def _history_minutes(cursor: Cursor, sizes: ViewSizes, user_ids: list[int], first: int, last: int):
     from tasknet.protocol.messages import TaskEntry
     from tasknet.site.storage import throughput
     from tasknet.status import NodeCode

@@ -208,7 +208,7 @@ class NodeOwnership(MultiService):
 
     def stopService(self) -> Deferred[None]:
         """Stop watching; fires when the wake-ups let go."""
-        stopped: Deferred[Any] = super().stopService()
+        stopped: Deferred[None] = super().stopService()
         subscription, self._subscription = self._subscription, None
         if subscription is not None:
             stopped.addCallback(lambda _: subscription.cancel())

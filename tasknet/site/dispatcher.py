@@ -60,12 +60,12 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import TypeVar
 
 from twisted.application.internet import TimerService
 from twisted.application.service import MultiService
 from twisted.internet.defer import Deferred, gatherResults, succeed
-from twisted.internet.interfaces import IReactorTime
+from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.logger import Logger
 
 from tasknet.coalesce import CoalescingRunner
@@ -79,6 +79,9 @@ from tasknet.site.storage.engine import listen
 from tasknet.site.storage.engine.database import Database
 
 log = Logger()
+
+#: What a move transaction of :mod:`~tasknet.site.storage.reassign` answers.
+Moved = TypeVar("Moved", reassign.Reassigned, reassign.Retired)
 
 #: Seconds between two counts of every connected node's open tasks (the
 #: loads new tasks are balanced by; each login counts its own node's).
@@ -163,7 +166,7 @@ class Dispatcher(MultiService):
         self.reassigned = 0
         self.cancels_sent = 0
         self._assign_delay = assign_delay
-        self._assign_call: Any = None
+        self._assign_call: IDelayedCall | None = None
         self._db = db
         self._nodes = nodes
         #: Delete ids sent on each node's current session (so the periodic
@@ -387,7 +390,7 @@ class Dispatcher(MultiService):
             self._assign_call.cancel()
         self._assign_call = None
         # Never started (recovery failed): no timer to stop.
-        stopped: Deferred[Any] = super().stopService() if self.running else succeed(None)
+        stopped: Deferred[None] = super().stopService() if self.running else succeed(None)
         return stopped.addCallback(lambda _: self.idle())
 
     def _send_cancels(self, session: INodeSession, cancels: list[tuple[str, int]]) -> None:
@@ -446,7 +449,9 @@ class Dispatcher(MultiService):
                 self._gone_since.pop(node_id, None)
                 self._moved(moved, "timeout")
 
-    async def _move(self, node_id: str, fn: Any, **kwargs: Any) -> Any:
+    async def _move(
+        self, node_id: str, fn: Callable[..., Moved], **kwargs: str | int | None
+    ) -> Moved:
         """Run the move ``fn`` (a :mod:`~tasknet.site.storage.reassign`
         transaction) for ``node_id`` towards this site's other connected
         nodes, and send its DOWNLOADs right after its commit."""

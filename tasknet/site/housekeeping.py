@@ -17,7 +17,6 @@ ends there (that site is doing the work; the next pass looks again).
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import Any
 
 from twisted.application.internet import TimerService
 from twisted.application.service import MultiService
@@ -145,5 +144,5 @@ class Housekeeping(MultiService):
     def stopService(self) -> Deferred[None]:
         """Stop the timer; fires once a prune under way has stopped."""
         self._stopped = True
-        timer: Deferred[Any] = super().stopService() if self.running else succeed(None)
+        timer: Deferred[None] = super().stopService() if self.running else succeed(None)
         return timer.addCallback(lambda _: self._running)

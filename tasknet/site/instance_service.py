@@ -187,5 +187,5 @@ class InstanceService(MultiService):
 
     def stopService(self) -> Deferred[None]:
         """Stop the timer; fires once a tick under way has ended."""
-        timer: Deferred[Any] = super().stopService() if self.running else succeed(None)
+        timer: Deferred[None] = super().stopService() if self.running else succeed(None)
         return timer.addCallback(lambda _: self._running)

@@ -67,10 +67,10 @@ once the lease is lost every write is refused
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, TypeVar
+from typing import NotRequired, TypeVar, TypeVarTuple, cast
 
 from twisted.application.internet import backoffPolicy
 from twisted.internet.defer import CancelledError, Deferred
@@ -90,7 +90,7 @@ from tasknet.site.storage import (
 )
 from tasknet.site.storage.background_writes import BackgroundWrites
 from tasknet.site.storage.create import Recovered
-from tasknet.site.storage.engine.database import Database, Retry
+from tasknet.site.storage.engine.database import Cursor, Database, Retry
 from tasknet.site.storage.engine.errors import (
     CommitUnknown,
     DatabaseBusy,
@@ -114,6 +114,7 @@ from tasknet.status import OperationState, TaskStatus
 log = Logger()
 
 T = TypeVar("T")
+Ts = TypeVarTuple("Ts")
 
 #: Shown (evidence, resolve answer, log) for a task resolved "submitted"
 #: without any known archive URL: it is metered but cannot be dispatched.
@@ -134,12 +135,19 @@ class Closed(LeaseLost):
     reap or the next start's recovery settles what they left."""
 
 
+class ResolvedView(views.TaskView):
+    """A resolved task's view; ``warning`` when it was resolved "submitted"
+    with no archive URL known (it is metered, never dispatched)."""
+
+    warning: NotRequired[str]
+
+
 @dataclass(frozen=True)
 class Created:
     """The answer of a create: ``201`` (``SUBMITTED``) or ``202`` (``UNKNOWN``)."""
 
     status: int
-    task: dict[str, Any]
+    task: views.TaskView
 
 
 @dataclass(eq=False)
@@ -167,7 +175,7 @@ class DeleteOutcome:
     completed: bool
     delete_operation_id: str
     node: str | None
-    task: dict[str, Any] | None
+    task: views.TaskView | None
 
 
 class Lifecycle:
@@ -256,7 +264,7 @@ class Lifecycle:
         if self._closed is not None:
             raise Closed(f"this site writes no more creates ({self._closed}); nothing was written")
 
-    async def _run(self, step: Callable[..., T], *args: Any) -> T:
+    async def _run(self, step: Callable[[Cursor, *Ts], T], *args: *Ts) -> T:
         """The one write path: the storage transaction ``step(cursor,
         *args)``, run as its :class:`WritePolicy` declares.  No write once
         this site's lease is lost; none of a create's chain once the site
@@ -280,7 +288,9 @@ class Lifecycle:
             self._woken()
         return result
 
-    async def _settled(self, policy: WritePolicy, step: Callable[..., T], *args: Any) -> T:
+    async def _settled(
+        self, policy: WritePolicy, step: Callable[[Cursor, *Ts], T], *args: *Ts
+    ) -> T:
         what = _what(policy, args)
         backoff = backoffPolicy(self.retry_initial, self.retry_max, factor=2.0, jitter=lambda: 0.0)
         try:
@@ -313,7 +323,7 @@ class Lifecycle:
                 self._keep_trying(step, *args)
             raise
 
-    def _keep_trying(self, step: Callable[..., Any], *args: Any) -> None:
+    def _keep_trying(self, step: Callable[[Cursor, *Ts], object], *args: *Ts) -> None:
         """The settling ``step`` in the background, every ``settle_interval``
         until it lands (or the stop); the outbox woken once it has."""
         policy = policy_of(step)
@@ -662,7 +672,7 @@ class Lifecycle:
         )
         return Created(202, self._unrecorded_view(flight))
 
-    def _unrecorded_view(self, flight: _Flight) -> dict[str, Any]:
+    def _unrecorded_view(self, flight: _Flight) -> views.TaskView:
         """The task object (``views.task_view``'s fields) of a create whose
         outcome is unknown and not recorded (or not readable) yet, from what
         its chain knows: ``UNKNOWN``, as every way of settling it leaves it
@@ -702,7 +712,7 @@ class Lifecycle:
     async def _answer(self, gid: int) -> Created:
         return self._created(gid, await self.db.read(views.task_view, gid))
 
-    def _created(self, gid: int, view: dict[str, Any] | None) -> Created:
+    def _created(self, gid: int, view: views.TaskView | None) -> Created:
         if view is None or view.get("status") is None:
             raise TaskError("conflict", f"gid {gid} changed while it was being created")
         if view["state"] == "SUBMITTED":
@@ -762,7 +772,7 @@ class Lifecycle:
 
     # -- reconciliation ----------------------------------------------------------
 
-    def unknown_with_evidence(self) -> Deferred[list[dict[str, Any]]]:
+    def unknown_with_evidence(self) -> Deferred[list[reconcile.UnknownTaskView]]:
         """Every ``UNKNOWN`` task with its evidence, including the upstream's
         read-only audit answer fetched now (or why it could not be), the
         verdict wait (``notBefore``, ``verdictWaitSeconds``) and, by verdict,
@@ -770,7 +780,7 @@ class Lifecycle:
         needs a note)."""
         return Deferred.fromCoroutine(self._unknown_with_evidence())
 
-    async def _unknown_with_evidence(self) -> list[dict[str, Any]]:
+    async def _unknown_with_evidence(self) -> list[reconcile.UnknownTaskView]:
         listed = await self.db.read(reconcile.unknown_operations)
         for view in listed:
             evidence = view["evidence"]
@@ -779,7 +789,7 @@ class Lifecycle:
             evidence["contradictions"] = reconcile.contradictions(view["gid"], evidence)
         return listed
 
-    async def _audit(self, gid: int) -> dict[str, Any]:
+    async def _audit(self, gid: int) -> reconcile.UpstreamAudit:
         try:
             return {"available": True, "audit": await self.upstream.audit(gid)}
         except UpstreamError as e:
@@ -787,7 +797,7 @@ class Lifecycle:
 
     def resolve(
         self, gid: int, verdict: str, actor: str, note: str = ""
-    ) -> Deferred[dict[str, Any] | None]:
+    ) -> Deferred[ResolvedView | None]:
         """Reconcile an ``UNKNOWN`` gid; never POSTs.  The evidence shown to
         the actor (stored step/error, the verdict wait and a fresh audit
         answer) goes into the audit row.  Refused (``TaskError``, nothing
@@ -799,42 +809,45 @@ class Lifecycle:
         verdict the audit contradicts without a ``note`` (``note_required``)."""
         return Deferred.fromCoroutine(self._resolve(gid, verdict, actor, note))
 
-    async def _resolve(
-        self, gid: int, verdict: str, actor: str, note: str
-    ) -> dict[str, Any] | None:
+    async def _resolve(self, gid: int, verdict: str, actor: str, note: str) -> ResolvedView | None:
         if verdict not in reconcile.VERDICTS:
             raise TaskError(
                 "invalid_request", f"'verdict' must be one of {list(reconcile.VERDICTS)}"
             )
         stored = await self.db.read(reconcile.unknown_operation, gid)
-        evidence: dict[str, Any] = dict(stored["evidence"]) if stored is not None else {}
+        evidence: reconcile.UnknownEvidence | None = None
         if stored is not None:
+            evidence = stored["evidence"].copy()
             evidence["upstream"] = await self._audit(gid)
             _archive_url_evidence(evidence)
         # resolve_unknown prefers the URL stored from the POST's own answer.
-        from_audit = evidence.get("archiveUrlSource") == "audit"
-        audit_url = evidence.get("archiveUrl") if from_audit else None
-        view = await self._run(
-            reconcile.resolve_unknown, gid, verdict, actor, note, evidence, audit_url
+        from_audit = evidence is not None and evidence.get("archiveUrlSource") == "audit"
+        audit_url = evidence.get("archiveUrl") if evidence is not None and from_audit else None
+        shown: Mapping[str, object] = evidence if evidence is not None else {}
+        found = await self._run(
+            reconcile.resolve_unknown, gid, verdict, actor, note, shown, audit_url
         )
+        # Every view is a ResolvedView (its warning is optional).
+        view = cast("ResolvedView | None", found)
         if view is not None and view.get("state") == "SUBMITTED":
-            if stored is not None and not evidence.get("archiveUrl"):
+            if evidence is not None and not evidence.get("archiveUrl"):
                 log.warn("gid {gid} resolved submitted: {why}", gid=gid, why=NO_ARCHIVE_URL)
                 view = {**view, "warning": NO_ARCHIVE_URL}
             self._changed(gid)
         return view
 
 
-def _archive_url_evidence(evidence: dict[str, Any]) -> None:
+def _archive_url_evidence(evidence: reconcile.UnknownEvidence) -> None:
     """Where a "submitted" verdict would take the download URL from: the URL
     the POST answered (stored when its persist failed), else the upstream's
     audit ``archiveUrl`` (an extension our mock offers; not every upstream
     does), else none: the task could be metered but never dispatched."""
-    audit = (evidence.get("upstream") or {}).get("audit") or {}
+    upstream = evidence.get("upstream")
+    audit = (upstream.get("audit") if upstream else None) or {}
     if evidence.get("archiveUrl"):
         evidence["archiveUrlSource"] = "submit"
-    elif isinstance(audit.get("archiveUrl"), str) and audit["archiveUrl"]:
-        evidence["archiveUrl"] = audit["archiveUrl"]
+    elif isinstance(audit_url := audit.get("archiveUrl"), str) and audit_url:
+        evidence["archiveUrl"] = audit_url
         evidence["archiveUrlSource"] = "audit"
     else:
         evidence["archiveUrl"] = None
@@ -842,7 +855,7 @@ def _archive_url_evidence(evidence: dict[str, Any]) -> None:
         evidence["warning"] = NO_ARCHIVE_URL
 
 
-def _what(policy: WritePolicy, args: tuple[Any, ...]) -> str:
+def _what(policy: WritePolicy, args: tuple[object, ...]) -> str:
     """The log's name of a settling write (its function takes the gid first)."""
     return f"{policy.settles} of gid {args[0]}"
 

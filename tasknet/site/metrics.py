@@ -136,7 +136,7 @@ Helpers: :func:`record_upstream_call`, :func:`observe_since`, :func:`count_inven
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from datetime import UTC, datetime
 from typing import Any, cast
 
@@ -149,14 +149,16 @@ from prometheus_client import (
     disable_created_metrics,
     generate_latest,
 )
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 from twisted.internet.defer import Deferred, maybeDeferred
 from twisted.logger import Logger
+from twisted.python.failure import Failure
 from twisted.web.resource import IResource, Resource
 from twisted.web.server import NOT_DONE_YET, Request
 
 from tasknet.protocol.messages import ReleasedEntry
+from tasknet.site.storage.stats import MetricsSample
 from tasknet.status import OperationState, TaskStatus
 
 log = Logger()
@@ -282,7 +284,7 @@ class _ByteCounters(Collector):
     def __init__(self) -> None:
         self.totals: dict[str, int] = {}
 
-    def collect(self) -> Any:
+    def collect(self) -> Iterator[Metric]:
         total = CounterMetricFamily(
             "tasknet_bytes_downloaded", "Bytes downloaded by the nodes, from applied reports."
         )
@@ -378,7 +380,7 @@ class _SampledGauges(Collector):
         self.nodes: dict[str, tuple[int, float | None]] = {}  # node: (unfinished, last report)
         self.instances: dict[str, int] | None = None
 
-    def collect(self) -> Any:
+    def collect(self) -> Iterator[Metric]:
         quota = GaugeMetricFamily(
             "tasknet_user_quota", "Weekly quota of a user with use this week.", labels=["user"]
         )
@@ -440,7 +442,7 @@ def record_upstream_call(call: str, outcome: str, seconds: float) -> None:
     UPSTREAM_LATENCY.labels(call=call).observe(seconds)
 
 
-def observe_since(histogram: Any, started: float, now: float) -> float:
+def observe_since(histogram: Histogram, started: float, now: float) -> float:
     """Observe ``now - started`` (both on the caller's clock) on ``histogram``
     (or a labelled child); return it."""
     elapsed = now - started
@@ -459,7 +461,7 @@ def set_byte_totals(totals: Mapping[str, int]) -> None:
     BYTES.totals = dict(totals)
 
 
-def set_sampled(sample: Mapping[str, Any]) -> None:
+def set_sampled(sample: MetricsSample) -> None:
     """Apply what ``tasknet.site.storage.stats.metrics_sample`` read (the
     keys after ``nodeBytes`` are optional)."""
     set_task_counts(sample["states"])
@@ -562,7 +564,7 @@ class MetricsResource(Resource):
             return self._page(request)
         d = maybeDeferred(self._refresh)
 
-        def failed(failure: Any) -> None:
+        def failed(failure: Failure) -> None:
             # A failed refresh must not hide the counters: serve stale gauges.
             DATABASE_UP.set(0)
             log.failure("metrics refresh failed; serving the last sampled gauges", failure)

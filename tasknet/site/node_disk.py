@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import treq
 from twisted.internet.defer import Deferred, DeferredList, succeed
@@ -30,8 +30,11 @@ from twisted.logger import Logger
 
 from tasknet.netclient import quiet_pool
 from tasknet.site.storage.engine.timestamps import iso
+from tasknet.site.storage.node_panel import DiskJson
 
 log = Logger()
+
+T = TypeVar("T")
 
 #: A node is read again when its last read is older than this (seconds).
 REFRESH_SECONDS = 10.0
@@ -64,7 +67,7 @@ class DiskFigures:
     free: int | None
     budget: int | None
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> DiskJson:
         return {
             "archives": self.archives,
             "bytes": self.bytes,
@@ -223,7 +226,7 @@ def _shielded(d: Deferred[None]) -> Deferred[None]:
     """A Deferred that fires when ``d`` does, without taking its result."""
     out: Deferred[None] = Deferred()
 
-    def fire(result: Any) -> Any:
+    def fire(result: T) -> T:
         out.callback(None)
         return result
 

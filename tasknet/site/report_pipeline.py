@@ -46,7 +46,6 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Callable, Mapping
-from typing import Any
 
 from twisted.application.internet import backoffPolicy
 from twisted.internet.defer import CancelledError, Deferred, succeed
@@ -136,7 +135,7 @@ class ReportPipeline:
         self._clock = clock
         self.drop_log = DropLog(clock)
         # Sessions with a committed report.
-        self._reported: weakref.WeakSet[Any] = weakref.WeakSet()
+        self._reported: weakref.WeakSet[INodeSession] = weakref.WeakSet()
         self._in_flight = 0  # submitted reports not yet answered
         self._idle: list[Deferred[None]] = []
         # The last transaction seen carrying reports, and the last one whose

@@ -35,7 +35,7 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, NoReturn, cast
+from typing import NoReturn, cast
 
 from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import (
@@ -45,6 +45,7 @@ from twisted.internet.interfaces import (
     IReactorTime,
 )
 from twisted.logger import Logger
+from twisted.python.failure import Failure
 
 from tasknet.logging import rotate_on
 from tasknet.runtime import (
@@ -747,7 +748,7 @@ def makeService(
         created.remove()
         raise
 
-    def start_failed(failure: Any) -> None:
+    def start_failed(failure: Failure) -> None:
         # The site logged why and has closed its database and lock; exit 1
         # follows.  A database this start created goes too.
         removed = created.remove()

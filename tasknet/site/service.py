@@ -39,7 +39,7 @@ from twisted.application.internet import TimerService
 from twisted.internet.defer import CancelledError, Deferred, maybeDeferred
 from twisted.internet.endpoints import serverFromString
 from twisted.internet.error import CannotListenError
-from twisted.internet.interfaces import IReactorCore, IReactorTCP, IReactorTime
+from twisted.internet.interfaces import IListeningPort, IReactorCore, IReactorTCP, IReactorTime
 from twisted.internet.task import deferLater
 from twisted.logger import Logger
 from twisted.python import usage
@@ -549,9 +549,9 @@ class SiteService(service.MultiService):
         self._reactor = reactor
         self._http_endpoint = http_endpoint
         self._nodes_endpoint = nodes_endpoint
-        # Any: the IListeningPort of each listener, once listening.
-        self.http_port: Any = None
-        self.nodes_port: Any = None
+        # The port of each listener, once listening.
+        self.http_port: IListeningPort | None = None
+        self.nodes_port: IListeningPort | None = None
         self.ready: Deferred[None] = Deferred()
         keys_timer = TimerService(node_keys_refresh, parts.node_keys.refresh_logged)
         keys_timer.clock = reactor

@@ -39,12 +39,12 @@ import enum
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeGuard
 from urllib.parse import urlencode
 
 from hyperlink import EncodedURL
 from twisted.internet.defer import CancelledError, Deferred, TimeoutError, gatherResults, succeed
-from twisted.internet.interfaces import IReactorTCP, IReactorTime
+from twisted.internet.interfaces import IConsumer, IReactorTCP, IReactorTime
 from twisted.internet.protocol import Protocol
 from twisted.python.failure import Failure
 from twisted.web.client import (
@@ -54,10 +54,11 @@ from twisted.web.client import (
 )
 from twisted.web.http import PotentialDataLoss
 from twisted.web.http_headers import Headers
-from twisted.web.iweb import IAgentEndpointFactory, IBodyProducer
+from twisted.web.iweb import IAgentEndpointFactory, IBodyProducer, IResponse
 from zope.interface import implementer
 
 from tasknet.failures import cannot_reach, plain_words
+from tasknet.json_types import JsonObject, JsonValue
 from tasknet.netclient import DirectEndpoints, quiet_pool
 from tasknet.site import metrics
 
@@ -105,7 +106,7 @@ class PrepareResult:
     outcome: PrepareOutcome
     title: str = ""
     cost: int = 0
-    metadata: dict[str, Any] = field(default_factory=dict)
+    metadata: JsonObject = field(default_factory=dict)
     error: str = ""
 
     @property
@@ -169,7 +170,7 @@ class BytesBody:
         self._data = data
         self.length = len(data)
 
-    def startProducing(self, consumer: Any) -> Deferred[None]:  # an IConsumer
+    def startProducing(self, consumer: IConsumer) -> Deferred[None]:
         consumer.write(self._data)
         return succeed(None)
 
@@ -228,7 +229,7 @@ def _not_sent(failure: Failure) -> NotSent | None:
     return None
 
 
-def _read_body(response: Any) -> Deferred[_Answer]:
+def _read_body(response: IResponse) -> Deferred[_Answer]:
     reader = _BodyReader(MAX_BODY)
     response.deliverBody(reader)
     return reader.done.addCallback(lambda body: _Answer(response.code, body))
@@ -255,25 +256,25 @@ def _describe(failure: Failure) -> str:
     return f"{type(value).__name__}: {failure.getErrorMessage()}"
 
 
-def _json(body: bytes) -> Any:
+def _json(body: bytes) -> JsonValue:
     try:
         return json.loads(body.decode("utf-8"))
     except (UnicodeDecodeError, ValueError):
         return None
 
 
-def _error_text(status: int, document: Any, body: bytes) -> str:
-    if isinstance(document, dict) and isinstance(document.get("error"), dict):
-        error = document["error"]
+def _error_text(status: int, document: JsonValue, body: bytes) -> str:
+    error = document.get("error") if isinstance(document, dict) else None
+    if isinstance(error, dict):
         return f"HTTP {status}: {error.get('code', '')}: {error.get('message', '')}"
     return f"HTTP {status}: {body[:200]!r}"
 
 
-def _has_error_body(document: Any) -> bool:
+def _has_error_body(document: JsonValue) -> bool:
     return isinstance(document, dict) and "error" in document
 
 
-def _is_int(value: Any) -> bool:
+def _is_int(value: JsonValue) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
@@ -359,7 +360,7 @@ class UpstreamClient:
         """One request and its whole body, cancelled (connection aborted) at
         ``timeout``; on a new connection of its own if ``fresh`` (or if a
         ``gate`` is to be asked on it before its first byte)."""
-        producer: Any = BytesBody(body) if body is not None else None  # an IBodyProducer
+        producer: IBodyProducer | None = BytesBody(body) if body is not None else None
         if gate is not None:
             agent = Agent.usingEndpointFactory(
                 self._reactor, _GatedEndpoints(self._endpoints, gate), pool=self._fresh_pool
@@ -404,15 +405,12 @@ class UpstreamClient:
 
         def answered(answer: _Answer) -> PrepareResult:
             document = _json(answer.body)
-            if (
-                answer.status == 200
-                and isinstance(document, dict)
-                and _is_int(document.get("cost"))
-            ):
+            cost = document.get("cost") if isinstance(document, dict) else None
+            if answer.status == 200 and isinstance(document, dict) and _is_int(cost):
                 return PrepareResult(
                     PrepareOutcome.OK,
                     title=str(document.get("title", "")),
-                    cost=int(document["cost"]),
+                    cost=int(cost),
                     metadata=document,
                 )
             error = _error_text(answer.status, document, answer.body)
@@ -457,17 +455,13 @@ class UpstreamClient:
         def answered(answer: _Answer) -> SubmitResult:
             document = _json(answer.body)
             if 200 <= answer.status < 300:
-                if (
-                    isinstance(document, dict)
-                    and isinstance(document.get("archiveUrl"), str)
-                    and document["archiveUrl"]
-                    and _is_int(document.get("cost"))
-                    and document["cost"] >= 0
-                ):
+                url = document.get("archiveUrl") if isinstance(document, dict) else None
+                cost = document.get("cost") if isinstance(document, dict) else None
+                if isinstance(url, str) and url and _is_int(cost) and cost >= 0:
                     return SubmitResult(
                         Outcome.OK,
-                        archive_url=document["archiveUrl"],
-                        cost=int(document["cost"]),
+                        archive_url=url,
+                        cost=int(cost),
                         status=answer.status,
                     )
                 return SubmitResult(
@@ -494,7 +488,7 @@ class UpstreamClient:
 
         return d.addCallbacks(answered, failed).addCallback(count)
 
-    def audit(self, gid: int, timeout: float | None = None) -> Deferred[dict[str, Any]]:
+    def audit(self, gid: int, timeout: float | None = None) -> Deferred[JsonObject]:
         """The upstream's read-only record of archive POSTs for ``gid``
         (``GET /api/galleries/{gid}/archive``); fails with :class:`UpstreamError`."""
         started = self._reactor.seconds()
@@ -504,7 +498,7 @@ class UpstreamClient:
             timeout if timeout is not None else self.audit_timeout,
         )
 
-        def answered(answer: _Answer) -> dict[str, Any]:
+        def answered(answer: _Answer) -> JsonObject:
             document = _json(answer.body)
             if answer.status == 200 and isinstance(document, dict):
                 metrics.record_upstream_call("audit", "ok", self._reactor.seconds() - started)
@@ -512,7 +506,7 @@ class UpstreamClient:
             metrics.record_upstream_call("audit", "error", self._reactor.seconds() - started)
             raise UpstreamError(_error_text(answer.status, document, answer.body))
 
-        def failed(failure: Failure) -> dict[str, Any]:
+        def failed(failure: Failure) -> JsonObject:
             if failure.check(UpstreamError):
                 failure.raiseException()
             metrics.record_upstream_call("audit", "error", self._reactor.seconds() - started)

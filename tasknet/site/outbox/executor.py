@@ -29,10 +29,8 @@ timers (shared: the claim renewer, every third of the lease).
 
 from __future__ import annotations
 
-from typing import Any
-
 from twisted.application.internet import TimerService
-from twisted.application.service import MultiService
+from twisted.application.service import IService, MultiService
 from twisted.internet.defer import Deferred, succeed
 from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
@@ -114,7 +112,7 @@ class OutboxExecutor(MultiService):
         self.pushed = 0
         # Each timer's first call comes as it starts: the first poll delivers
         # what a previous run left, the first prune runs at start.
-        timers: list[Any] = []
+        timers: list[IService] = []
         if webhook is not None:
             webhook.sender.on_room = self.wake
             timers += webhook.timers
@@ -128,8 +126,8 @@ class OutboxExecutor(MultiService):
                 timer = TimerService(interval, call)
                 timer.clock = clock
                 timers.append(timer)
-        for timer in timers:
-            timer.setServiceParent(self)
+        for each in timers:
+            each.setServiceParent(self)
 
     def startService(self) -> None:
         """Start polling and pruning (the first poll delivers what a previous
@@ -284,7 +282,7 @@ class OutboxExecutor(MultiService):
         webhook work (undelivered rows stay in the outbox for the next
         start)."""
         self._stopped = True
-        timers: Deferred[Any] = super().stopService() if self.running else succeed(None)
+        timers: Deferred[None] = super().stopService() if self.running else succeed(None)
         subscription, self._subscription = self._subscription, None
         if subscription is not None:
             timers.addCallback(lambda _: subscription.cancel())

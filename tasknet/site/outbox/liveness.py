@@ -94,7 +94,7 @@ def _connected_and_moving(
 
 def _views_to_push(
     cursor: Cursor, nodes: Iterable[str], gids: Iterable[int], node_limit: int
-) -> list[tuple[dict[str, Any], int | None]]:
+) -> list[tuple[views.TaskView, int | None]]:
     """``(view, owner)`` of ``gids`` and of the unfinished tasks of each of
     ``nodes`` (newest first, at most ``node_limit`` a node), each once."""
     wanted = list(dict.fromkeys(gids))
@@ -249,5 +249,5 @@ class LivenessSweep(TimerService):
         return done
 
     def stopService(self) -> Deferred[None]:
-        stopped: Deferred[Any] = super().stopService()
+        stopped: Deferred[None] = super().stopService()
         return stopped.addCallback(lambda _: self.idle())

@@ -39,7 +39,7 @@ import treq
 from twisted.application.internet import TimerService, backoffPolicy
 from twisted.application.service import IService
 from twisted.internet.defer import Deferred
-from twisted.internet.interfaces import IReactorTCP, IReactorTime
+from twisted.internet.interfaces import IDelayedCall, IReactorTCP, IReactorTime
 from twisted.logger import Logger
 from twisted.web.client import Agent
 from twisted.web.http_headers import Headers
@@ -114,13 +114,13 @@ class WebhookSender:
         #: Requests in flight, in the order they were made (``stop`` cancels
         #: them in that order).
         self._requests: dict[Deferred[Any], None] = {}
-        self._retries: dict[int, Any] = {}
+        self._retries: dict[int, IDelayedCall] = {}
         self._results: list[outbox_rows.WebhookResult] = []
         self._writer = CoalescingRunner(self._write_results)
         # Outcomes whose write failed are written again after this long: a
         # delivery not recorded would stay pending, and be sent again only
         # after the next start.
-        self._results_retry: Any = None
+        self._results_retry: IDelayedCall | None = None
         self._stopped = False
         self.delivered = 0
 

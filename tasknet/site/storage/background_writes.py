@@ -14,18 +14,20 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import Any
+from typing import TypeVarTuple
 
 from twisted.internet.defer import CancelledError, Deferred
 from twisted.internet.interfaces import IReactorTime
 from twisted.internet.task import deferLater
 from twisted.logger import Logger
 
-from tasknet.site.storage.engine.database import Database, Retry
+from tasknet.site.storage.engine.database import Cursor, Database, Retry
 from tasknet.site.storage.engine.errors import DatabaseFailed
 from tasknet.site.storage.instances import LeaseLost
 
 log = Logger()
+
+Ts = TypeVarTuple("Ts")
 
 
 class BackgroundWrites:
@@ -47,7 +49,9 @@ class BackgroundWrites:
         """Writes still being retried."""
         return len(self._pending)
 
-    def keep_trying(self, what: str, fn: Callable[..., Any], *args: Any) -> Deferred[bool]:
+    def keep_trying(
+        self, what: str, fn: Callable[[Cursor, *Ts], object], *args: *Ts
+    ) -> Deferred[bool]:
         """Write ``fn(cursor, *args)`` after ``interval`` seconds, and again
         every ``interval`` while the database is busy or fails.  Fires
         ``True`` once it committed, ``False`` if it was given up (the lease
@@ -62,7 +66,7 @@ class BackgroundWrites:
 
         return d.addCallback(ended)
 
-    async def _retried(self, what: str, fn: Callable[..., Any], *args: Any) -> bool:
+    async def _retried(self, what: str, fn: Callable[[Cursor, *Ts], object], *args: *Ts) -> bool:
         every = Retry(f"{what} (background)", math.inf, lambda _: self._interval)
         try:
             while True:

@@ -20,13 +20,13 @@ from __future__ import annotations
 
 import sqlite3
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Literal
 
 from tasknet.site import transitions
 from tasknet.site.storage import instances, outbox, views
 from tasknet.site.storage.engine.errors import TaskError
 from tasknet.site.storage.engine.sources import entropy_of, now_of
-from tasknet.site.storage.engine.sql import Sql, sql
+from tasknet.site.storage.engine.sql import Sql, SqlValue, sql
 from tasknet.site.storage.engine.timestamps import iso
 from tasknet.site.storage.engine.transactions import Cursor
 from tasknet.site.storage.generation import change_state, new_operation_id, remove_generation, touch
@@ -386,7 +386,7 @@ def mark_unknown(
     ``cost`` are what it answered: they are kept in their columns, so a
     "submitted" verdict meters what the upstream charged and dispatches that
     URL.  Nothing is metered here."""
-    known: dict[str, Any] = {}
+    known: dict[str, SqlValue] = {}
     if archive_url:
         known["archive_url"] = archive_url
     if cost is not None:
@@ -526,7 +526,7 @@ def recover(
 @write_policy(wakes_outbox=True, create_step=True)
 def persist_and_view(
     cursor: Cursor, gid: int, operation_id: str, archive_url: str, cost: int, week: str
-) -> dict[str, Any] | None:
+) -> views.TaskView | None:
     """:func:`persist_submitted` and the task view it leaves, in one
     transaction: the answer of a create needs no read after the commit."""
     persist_submitted(cursor, gid, operation_id, archive_url, cost, week)

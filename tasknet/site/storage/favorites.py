@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from tasknet.site.storage.engine.errors import TaskError
 from tasknet.site.storage.engine.sql import sql
 from tasknet.site.storage.engine.transactions import Cursor
-from tasknet.site.storage.views import gallery_row, views_in_order, visible_gallery
+from tasknet.site.storage.views import TaskView, gallery_row, views_in_order, visible_gallery
 
 _ADD_SQL = sql(
     "INSERT INTO favorite (user_id, gid, created_at) VALUES (?, ?, {now}) ON CONFLICT DO NOTHING"
@@ -38,7 +36,7 @@ def remove_favorite(cursor: Cursor, user_id: int, gid: int, admin: bool = False)
     cursor.execute(_REMOVE, (user_id, gid))
 
 
-def list_favorites(cursor: Cursor, user_id: int) -> list[dict[str, Any]]:
+def list_favorites(cursor: Cursor, user_id: int) -> list[TaskView]:
     """The views of ``user_id``'s favorite tasks, in gid order."""
     rows = cursor.execute(_FAVORITES, (user_id,)).fetchall()
     return views_in_order(cursor, (row[0] for row in rows))

@@ -10,14 +10,13 @@ it is written (the SQLite trigger checks it again).
 from __future__ import annotations
 
 import functools
-from typing import Any
 
 from tasknet.runtime import IEntropy
 from tasknet.site import transitions
 from tasknet.site.storage import outbox
 from tasknet.site.storage.engine.errors import TaskError
 from tasknet.site.storage.engine.sources import entropy_of
-from tasknet.site.storage.engine.sql import Sql, fragment, sql
+from tasknet.site.storage.engine.sql import Sql, SqlValue, fragment, sql
 from tasknet.site.storage.engine.transactions import Cursor
 from tasknet.site.storage.views import gallery_row
 from tasknet.status import OperationState
@@ -83,7 +82,7 @@ def change_state(
     operation_id: str,
     old: OperationState,
     new: OperationState,
-    **columns: Any,
+    **columns: SqlValue,
 ) -> bool:
     """Move generation ``operation_id`` of ``gid`` from ``old`` to ``new``
     (checked against the transition table) and set ``columns``.  ``False``

@@ -79,6 +79,7 @@ from twisted.internet.defer import Deferred, fail, succeed
 from twisted.internet.interfaces import IReactorFromThreads
 from twisted.internet.threads import deferToThreadPool
 from twisted.logger import Logger
+from twisted.python.failure import Failure
 from zope.interface import implementer
 
 from tasknet.runtime import IEntropy, IProcesses, IThreadPools, ProcessIdentity
@@ -675,7 +676,7 @@ class PostgresLease(Lease):
         d = deferToThreadPool(self._reactor, self._thread, guarded)
         return d.addErrback(self._lost_on_failure)
 
-    def _lost_on_failure(self, failure: Any) -> Any:
+    def _lost_on_failure(self, failure: Failure) -> Failure:
         if failure.check(LeaseLost):
             self.lose(failure.getErrorMessage())
         return failure

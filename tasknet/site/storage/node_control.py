@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypedDict
 
 from tasknet.site.storage.engine.sql import sql
 from tasknet.site.storage.engine.transactions import Cursor
@@ -47,6 +47,16 @@ class UnknownNode(LookupError):
         self.node_id = node_id
 
 
+class ControlJson(TypedDict):
+    """A node's control as the API shows it."""
+
+    mode: str
+    downloadLimit: int | None
+    actor: str
+    note: str
+    changedAt: str | None
+
+
 @dataclass(frozen=True, slots=True)
 class Control:
     """A node's control as stored; ``limit`` None: no bound."""
@@ -62,7 +72,7 @@ class Control:
     def takes_new_work(self) -> bool:
         return self.mode == ACTIVE
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> ControlJson:
         return {
             "mode": self.mode,
             "downloadLimit": self.limit,
@@ -127,7 +137,7 @@ def controls(cursor: Cursor) -> dict[str, Control]:
     return {row[0]: _control(row) for row in cursor.execute(_ALL_SQL).fetchall()}
 
 
-def check_limit(limit: int | None) -> int | None:
+def check_limit(limit: object) -> int | None:
     """``limit`` if the site accepts it (None: no bound), else
     :class:`BadControl`."""
     if limit is None:
@@ -157,7 +167,7 @@ def set_control(
     if mode is not None and mode not in MODES:
         raise BadControl(f"a node's mode is one of {', '.join(MODES)}, got {mode!r}")
     before = control_of(cursor, node_id)
-    new_limit = before.limit if limit == "keep" else check_limit(limit)  # type: ignore[arg-type]
+    new_limit = before.limit if limit == "keep" else check_limit(limit)
     new_mode = mode if mode is not None else before.mode
     if new_mode == ACTIVE and new_limit is None:
         cursor.execute(_FORGET_SQL, (node_id,))

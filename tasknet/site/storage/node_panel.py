@@ -75,7 +75,7 @@ from one text, and less still with nothing parsed).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TypedDict
 
 import orjson
 
@@ -96,6 +96,31 @@ RATE_MINUTES = 1
 ORPHANS_LISTED = 100
 
 
+class DiskJson(TypedDict):
+    """A node's disk as the panel shows it (``tasknet.site.node_disk``'s
+    figures; a figure the node did not give is null)."""
+
+    archives: int | None
+    bytes: int | None
+    free: int | None
+    budget: int | None
+    at: str
+
+
+class ConnectionJson(TypedDict):
+    """A connected node as the panel shows its connection (:func:`connections`)."""
+
+    id: str
+    site: str
+    protocol: int
+    features: list[str]
+    connectedAt: str
+    lastRevision: int | None
+    archiveUrl: str
+    serveUrl: str
+    disk: DiskJson | None
+
+
 @dataclass(frozen=True)
 class Registered:
     """A connection of this site's registry as the panel counts it, read on
@@ -113,7 +138,7 @@ class Registered:
     serve_url: str = ""
     #: What its serve endpoint's /healthz last said of its disk
     #: (``tasknet.site.node_disk``; None: unknown).
-    disk: dict[str, Any] | None = None
+    disk: DiskJson | None = None
 
 
 @dataclass(frozen=True)
@@ -127,7 +152,7 @@ class Registry:
     connections: tuple[Registered, ...] = ()
 
 
-def connections(holders: list[node_sessions.Holder], registry: Registry) -> list[dict[str, Any]]:
+def connections(holders: list[node_sessions.Holder], registry: Registry) -> list[ConnectionJson]:
     """The connected nodes, each once, as the panel shows their connection
     (see the module doc): on a shared database another site's rows as they
     are, and this site's own connections -- those whose row is theirs, and
@@ -138,7 +163,7 @@ def connections(holders: list[node_sessions.Holder], registry: Registry) -> list
         return (holder.instance_id, holder.site_name) == (registry.instance_id, registry.site_name)
 
     revisions = {r.node_id: r.last_revision for r in registry.connections}
-    found: dict[str, dict[str, Any]] = {
+    found: dict[str, ConnectionJson] = {
         h.node_id: {
             "id": h.node_id,
             "site": h.site_name,

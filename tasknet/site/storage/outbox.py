@@ -62,15 +62,16 @@ import json
 import sqlite3
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TypedDict
 
 import orjson
 
+from tasknet.json_types import JsonValue
 from tasknet.site.storage.engine import listen
 from tasknet.site.storage.engine.sql import Sql, offset, postgres_only, sql
 from tasknet.site.storage.engine.transactions import Cursor, read_committed
 from tasknet.site.storage.lease import OUTBOX_PRUNE_JOB, once
-from tasknet.site.storage.views import gone_view, task_views_and_owners
+from tasknet.site.storage.views import TaskView, gone_view, task_views_and_owners
 
 _INSERT = (
     "INSERT INTO notification_outbox (gid, user_id, payload, created_at) VALUES (?, ?, ?, {now})"
@@ -93,7 +94,14 @@ _ORDERED_SQL = postgres_only(
 _ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
 
 
-def _payload(obj: dict[str, Any]) -> str:
+class TaskEvent(TypedDict):
+    """The payload of a task change's outbox row."""
+
+    type: str
+    task: TaskView
+
+
+def _payload(obj: TaskEvent) -> str:
     """Compact JSON of ``obj``: orjson (a report's views are a tenth of the
     writer's time with json), json where orjson refuses (an int beyond 64 bits,
     a lone surrogate).  The text may spell a float differently (0.00001 for
@@ -105,7 +113,7 @@ def _payload(obj: dict[str, Any]) -> str:
 
 
 def _outbox_row(
-    gid: int, found: tuple[dict[str, Any] | None, int | None] | None, user_id: int | None
+    gid: int, found: tuple[TaskView | None, int | None] | None, user_id: int | None
 ) -> tuple[int, int | None, str]:
     view, owner = found if found is not None else (None, None)
     if view is None:
@@ -153,8 +161,8 @@ _LAST_PAYLOAD_SQL = sql(
 _VOLATILE = ("updatedAt", "createdAt")
 
 
-def _announced(payload: str) -> dict[str, Any]:
-    task = json.loads(payload).get("task") or {}
+def _announced(payload: str) -> dict[str, JsonValue]:
+    task: dict[str, JsonValue] = json.loads(payload).get("task") or {}
     return {k: v for k, v in task.items() if k not in _VOLATILE}
 
 

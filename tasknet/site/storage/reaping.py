@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 from tasknet.site.storage import create, node_sessions, outbox
 from tasknet.site.storage.create import Recovered
-from tasknet.site.storage.engine.sql import Sql, sql
+from tasknet.site.storage.engine.sql import Sql, SqlValue, sql
 from tasknet.site.storage.engine.timestamps import iso, parse
 from tasknet.site.storage.engine.transactions import Cursor
 from tasknet.site.storage.instances import OPEN_SQL, instance, lease_confirmed_at
@@ -136,7 +136,7 @@ def _record(
     *,
     lease_confirmed_at: str | None,
 ) -> None:
-    rows: Sequence[tuple[object, ...]] = [
+    rows: Sequence[tuple[SqlValue, ...]] = [
         (gone, reaper, op.gid, op.operation_id, op.from_state, op.outcome, lease_confirmed_at)
         for op in recovered.operations
     ]
@@ -163,7 +163,7 @@ def reap_records(cursor: Cursor, instance_id: int | None = None) -> list[ReapRec
     """The D9 evidence: every generation settled for a gone instance (or
     only ``instance_id``'s), in the order it was settled."""
     records: Sql = _ALL_RECORDS
-    params: tuple[object, ...] = ()
+    params: tuple[SqlValue, ...] = ()
     if instance_id is not None:
         records, params = _RECORDS_OF, (instance_id,)
     return [

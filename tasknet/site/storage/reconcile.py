@@ -36,8 +36,9 @@ import math
 import sqlite3
 from collections.abc import Mapping
 from datetime import datetime
-from typing import Any
+from typing import Any, NotRequired, TypedDict, cast
 
+from tasknet.json_types import JsonObject
 from tasknet.site.storage import outbox
 from tasknet.site.storage.engine.errors import TaskError
 from tasknet.site.storage.engine.sql import sql
@@ -45,7 +46,13 @@ from tasknet.site.storage.engine.timestamps import iso, parse
 from tasknet.site.storage.engine.transactions import Cursor
 from tasknet.site.storage.generation import change_state, remove_generation
 from tasknet.site.storage.usage import meter, week_of_timestamp
-from tasknet.site.storage.views import gallery_row, gone_view, operation_row, task_view
+from tasknet.site.storage.views import (
+    TaskView,
+    gallery_row,
+    gone_view,
+    operation_row,
+    task_view,
+)
 from tasknet.site.storage.write_policy import write_policy
 from tasknet.status import OperationState, TaskStatus, status_words
 
@@ -149,33 +156,44 @@ EVIDENCE_READ = "read"
 EVIDENCE_UNAVAILABLE = "unavailable"
 
 
-def unreadable(evidence: Mapping[str, Any] | None) -> str | None:
-    """Why ``evidence`` holds no readable upstream audit (None: it does).
-    Readable means fetched, answered, and a non-negative integer
-    ``submissions``: anything less confirms no verdict."""
+def _readable_audit(evidence: Mapping[str, object] | None) -> Mapping[str, object] | str:
+    """The upstream's audit answer in ``evidence`` if it is readable, else
+    why not (:func:`unreadable`)."""
     upstream = (evidence or {}).get("upstream")
     if not isinstance(upstream, Mapping):
         return "the upstream's audit was not read"
     if upstream.get("available") is not True:
         error = upstream.get("error")
         return str(error) if isinstance(error, str) and error else "upstream audit unavailable"
+    no_count = "the upstream's audit answer has no usable 'submissions' count"
     audit = upstream.get("audit")
-    submissions = audit.get("submissions") if isinstance(audit, Mapping) else None
+    if not isinstance(audit, Mapping):
+        return no_count
+    submissions = audit.get("submissions")
     if isinstance(submissions, bool) or not isinstance(submissions, int) or submissions < 0:
-        return "the upstream's audit answer has no usable 'submissions' count"
-    return None
+        return no_count
+    return audit
+
+
+def unreadable(evidence: Mapping[str, object] | None) -> str | None:
+    """Why ``evidence`` holds no readable upstream audit (None: it does).
+    Readable means fetched, answered, and a non-negative integer
+    ``submissions``: anything less confirms no verdict."""
+    found = _readable_audit(evidence)
+    return found if isinstance(found, str) else None
 
 
 def contradiction(
-    gid: int, verdict: str, evidence: Mapping[str, Any] | None, posted: bool | None = None
+    gid: int, verdict: str, evidence: Mapping[str, object] | None, posted: bool | None = None
 ) -> str | None:
     """What stands against ``verdict``, or None (the audit agrees): the
     upstream's audit in ``evidence``, or that it could not be read.  Then
     only the POST's own stored answer (``posted``; None: as ``evidence``'s
     ``archiveUrlSource`` says) is evidence: it confirms ``submitted``;
     anything else needs a note."""
-    why = unreadable(evidence)
-    if why is not None:
+    audit = _readable_audit(evidence)
+    if isinstance(audit, str):
+        why = audit
         if posted is None:
             posted = (evidence or {}).get("archiveUrlSource") == "submit"
         if posted and verdict == "submitted":
@@ -185,8 +203,7 @@ def contradiction(
             f"no readable evidence for gid {gid} ({why}){answered}: nothing confirms the"
             f" verdict {verdict!r}"
         )
-    audit = evidence["upstream"]["audit"]  # type: ignore[index]  # unreadable() checked it
-    submissions = audit["submissions"]
+    submissions = cast(int, audit["submissions"])  # _readable_audit() checked it
     if verdict == "not_submitted" and submissions > 0:
         last = _when(audit.get("lastAt"))
         when = f", the last at {last}" if last else ""
@@ -202,7 +219,7 @@ def contradiction(
     return None
 
 
-def _when(value: Any) -> str | None:
+def _when(value: object) -> str | None:
     """An audit's ``lastAt`` as text: ISO 8601 as given, unix seconds (what
     our mock answers) as our ISO 8601 UTC."""
     if isinstance(value, bool) or value is None or value == "":
@@ -215,11 +232,43 @@ def _when(value: Any) -> str | None:
     return str(value)
 
 
-def contradictions(gid: int, evidence: Mapping[str, Any]) -> dict[str, str]:
+def contradictions(gid: int, evidence: Mapping[str, object]) -> dict[str, str]:
     """:func:`contradiction` of each verdict that has one (the list shows
     them: such a verdict needs a note)."""
     found = {v: contradiction(gid, v, evidence) for v in VERDICTS}
     return {v: why for v, why in found.items() if why is not None}
+
+
+class UpstreamAudit(TypedDict):
+    """The upstream's read-only audit of a gid, as the evidence keeps it:
+    its answer (a JSON object), or why there is none."""
+
+    available: bool
+    audit: NotRequired[JsonObject]
+    error: NotRequired[str]
+
+
+class UnknownEvidence(TypedDict):
+    """What the store keeps of an ``UNKNOWN`` operation, and its verdict wait."""
+
+    operationId: str
+    step: str | None
+    unknownAt: str | None
+    error: str | None
+    archiveUrl: str | None
+    notBefore: str | None
+    verdictWaitSeconds: int
+    # Added by the site's lifecycle before it shows or stores them.
+    upstream: NotRequired[UpstreamAudit]
+    archiveUrlSource: NotRequired[str | None]
+    warning: NotRequired[str]
+    contradictions: NotRequired[dict[str, str]]
+
+
+class UnknownTaskView(TaskView):
+    """An ``UNKNOWN`` task's view with its stored evidence (the reconcile list)."""
+
+    evidence: UnknownEvidence
 
 
 #: ``task_operation.step`` of a task resolved "submitted" with no archive URL
@@ -227,7 +276,7 @@ def contradictions(gid: int, evidence: Mapping[str, Any]) -> dict[str, str]:
 RESOLVED_WITHOUT_URL = "resolved_without_url"
 
 
-def unknown_operations(cursor: Cursor) -> list[dict[str, Any]]:
+def unknown_operations(cursor: Cursor) -> list[UnknownTaskView]:
     """Every ``UNKNOWN`` task view with its stored evidence (``step``,
     ``unknownAt``, ``error``, ``operationId``, ``archiveUrl``, and the
     verdict wait: ``notBefore``, None when there is none, and
@@ -236,7 +285,7 @@ def unknown_operations(cursor: Cursor) -> list[dict[str, Any]]:
     return _with_evidence(cursor, rows)
 
 
-def unknown_operation(cursor: Cursor, gid: int) -> dict[str, Any] | None:
+def unknown_operation(cursor: Cursor, gid: int) -> UnknownTaskView | None:
     """:func:`unknown_operations`' view of ``gid``, read by its key
     (``None``: ``gid`` is not ``UNKNOWN``)."""
     rows = cursor.execute(_ONE_UNKNOWN, (gid, OperationState.UNKNOWN.value)).fetchall()
@@ -244,11 +293,14 @@ def unknown_operation(cursor: Cursor, gid: int) -> dict[str, Any] | None:
     return views[0] if views else None
 
 
-def _with_evidence(cursor: Cursor, rows: list[Any]) -> list[dict[str, Any]]:
-    result = []
+def _with_evidence(cursor: Cursor, rows: list[Any]) -> list[UnknownTaskView]:
+    result: list[UnknownTaskView] = []
     now = _database_now(cursor) if any(row["verdict_not_before"] for row in rows) else None
     for row in rows:
-        view = task_view(cursor, row["gid"]) or gone_view(row["gid"], "UNKNOWN")
+        # The same dict, given its evidence below.
+        view = cast(
+            UnknownTaskView, task_view(cursor, row["gid"]) or gone_view(row["gid"], "UNKNOWN")
+        )
         not_before, wait = verdict_wait(cursor, row["verdict_not_before"], now)
         view["evidence"] = {
             "operationId": row["operation_id"],
@@ -270,7 +322,7 @@ _LAST_EVIDENCE = sql(
 )
 
 
-def last_evidence(cursor: Cursor, gid: int) -> dict[str, Any] | None:
+def last_evidence(cursor: Cursor, gid: int) -> JsonObject | None:
     """The evidence the last verdict on ``gid`` was taken on (None: no
     verdict, or none stored)."""
     row = cursor.execute(_LAST_EVIDENCE, (gid,)).fetchone()
@@ -292,9 +344,9 @@ def resolve_unknown(
     verdict: str,
     actor: str,
     note: str,
-    evidence: Mapping[str, Any] | None = None,
+    evidence: Mapping[str, object] | None = None,
     archive_url: str | None = None,
-) -> dict[str, Any] | None:
+) -> TaskView | None:
     """Reconcile an ``UNKNOWN`` operation; never POSTs.
 
     ``submitted``: ``UNKNOWN -> SUBMITTED``, metered exactly once (into the
@@ -332,7 +384,7 @@ def resolve_unknown(
     if against is not None and not note.strip():
         raise TaskError(NOTE_REQUIRED, f"{against}; a note saying why is required")
     unavailable = unreadable(evidence)
-    stored: dict[str, Any] = {
+    stored: dict[str, object] = {
         **(evidence or {}),
         "contradicts": against is not None,
         "evidence": EVIDENCE_READ if unavailable is None else EVIDENCE_UNAVAILABLE,
@@ -376,7 +428,7 @@ def _audit(
     verdict: str,
     actor: str,
     note: str,
-    evidence: Mapping[str, Any] | None,
+    evidence: Mapping[str, object] | None,
 ) -> None:
     cursor.execute(
         _AUDIT,
@@ -393,7 +445,7 @@ def _audit(
 
 def _settle_submitted(
     cursor: Cursor, gid: int, op: sqlite3.Row, archive_url: str | None
-) -> dict[str, Any] | None:
+) -> TaskView | None:
     """``UNKNOWN -> SUBMITTED``, metered once, and the task view."""
     operation_id = op["operation_id"]
     # The POST's own answer (stored by mark_unknown) is the better witness

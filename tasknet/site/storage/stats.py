@@ -10,7 +10,7 @@ cover every user.
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import NotRequired, TypedDict, cast
 
 from tasknet.site.storage import throughput, views
 from tasknet.site.storage.engine.sql import sql
@@ -35,7 +35,37 @@ def last_weeks(now: datetime, count: int = USAGE_WEEKS) -> list[str]:
     return [iso_week(now - timedelta(weeks=back)) for back in range(count - 1, -1, -1)]
 
 
-def weekly_usage(cursor: Cursor, user_id: int, weeks: list[str]) -> dict[str, Any]:
+class WeekUsage(TypedDict):
+    week: str
+    used: int
+
+
+class WeeklyUsage(TypedDict):
+    """The caller's quota and what it used in each of the last weeks."""
+
+    quota: int
+    weeks: list[WeekUsage]
+
+
+class Stats(throughput.WindowStats):
+    """The ``/api/stats`` answer: the buckets and the caller's usage."""
+
+    usage: WeeklyUsage
+
+
+class MetricsSample(TypedDict):
+    """What :func:`metrics_sample` reads for ``/metrics`` (the keys after
+    ``nodeBytes`` are optional to :func:`tasknet.site.metrics.set_sampled`)."""
+
+    states: dict[str, int]
+    statuses: dict[str, int]
+    nodeBytes: dict[str, int]
+    quota: NotRequired[dict[str, tuple[int, int]]]
+    nodes: NotRequired[dict[str, tuple[int, float | None]]]
+    instances: NotRequired[dict[str, int]]
+
+
+def weekly_usage(cursor: Cursor, user_id: int, weeks: list[str]) -> WeeklyUsage:
     """``{"quota", "weeks": [{"week", "used"}]}`` of ``user_id`` (zeros included)."""
     quota = cursor.execute(_QUOTA_SQL, (user_id,)).fetchone()
     used = dict.fromkeys(weeks, 0)
@@ -53,16 +83,17 @@ def stats(
     scope_user: int | None,
     window: int,
     now: float,
-) -> dict[str, Any]:
+) -> Stats:
     """The ``/api/stats`` answer for ``window`` seconds up to ``now`` (unix
     seconds), in one read: the buckets (``scope_user`` None covers every
     user's tasks: admin) and the caller's own weekly usage and quota."""
-    answer = throughput.window_stats(cursor, scope_user, window, now)
+    # The same dict, given its usage below.
+    answer = cast(Stats, throughput.window_stats(cursor, scope_user, window, now))
     answer["usage"] = weekly_usage(cursor, caller_id, last_weeks(datetime.fromtimestamp(now, UTC)))
     return answer
 
 
-def metrics_sample(cursor: Cursor) -> dict[str, dict[str, Any]]:
+def metrics_sample(cursor: Cursor) -> MetricsSample:
     """What ``/metrics`` samples from the database before each scrape:
     ``{"states": ..., "statuses": ..., "nodeBytes": ..., "quota": ...,
     "nodes": ..., "instances": ...}`` (``tasknet.site.metrics.set_sampled``)."""

@@ -25,11 +25,12 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from typing import Any
+from typing import NotRequired, TypedDict, Unpack
 
+from tasknet.json_types import JsonObject, JsonValue
 from tasknet.site.storage.engine.sql import sql
 from tasknet.site.storage.engine.transactions import Cursor
-from tasknet.site.storage.views import visible_task
+from tasknet.site.storage.views import ArchiveGone, TaskView, visible_task
 from tasknet.status import OperationState, TaskStatus
 
 #: At most this many outbox rows of one task are read (newest first): a
@@ -54,7 +55,66 @@ _FORCED_SQL = sql(
 )
 
 
-def _json(text: str | None) -> Any:
+class HistoryEntry(TypedDict):
+    """One entry of a task's history: ``at`` and ``kind`` (``created``,
+    ``status``, ``verdict`` or ``forceDelete``), the rest by kind (docs/api.md).
+    A ``status`` entry read from the outbox says what its payload said."""
+
+    at: str | None
+    kind: str
+    source: NotRequired[str]
+    status: NotRequired[JsonValue]
+    state: NotRequired[JsonValue]
+    node: NotRequired[JsonValue]
+    detail: NotRequired[JsonValue]
+    archiveGone: NotRequired[JsonValue | ArchiveGone]
+    cost: NotRequired[int | None]
+    verdict: NotRequired[str]
+    actor: NotRequired[str | None]
+    note: NotRequired[str | None]
+
+
+class _StatusMore(TypedDict, total=False):
+    """What a recorded ``status`` entry adds to its ``at`` and status."""
+
+    state: str
+    node: str | None
+    archiveGone: ArchiveGone
+    detail: str | None
+
+
+class OperationDetails(TypedDict):
+    """The task's operation row, as the details show it."""
+
+    operationId: str
+    state: str
+    cost: int
+    metered: bool
+    meteredWeek: str | None
+    step: str | None
+    error: str | None
+    unknownAt: str | None
+    archiveUrl: str | None
+    legacy: bool
+    deleteOperationId: str | None
+    deleteResult: str | None
+    deleteReason: str | None
+    createdAt: str
+    updatedAt: str
+
+
+class TaskDetails(TypedDict):
+    """What :func:`task_details` answers (``GET /api/tasks/{gid}/details``)."""
+
+    task: TaskView
+    operation: OperationDetails | None
+    evidence: JsonObject | None
+    history: list[HistoryEntry]
+    historyFrom: str | None
+    historyTruncated: bool
+
+
+def _json(text: str | None) -> JsonValue:
     if text is None:
         return None
     try:
@@ -63,12 +123,10 @@ def _json(text: str | None) -> Any:
         return None
 
 
-def _state_entries(
-    cursor: Cursor, gid: int, operation_id: str
-) -> tuple[list[dict[str, Any]], bool]:
+def _state_entries(cursor: Cursor, gid: int, operation_id: str) -> tuple[list[HistoryEntry], bool]:
     rows = cursor.execute(_OUTBOX_SQL, (gid, MAX_OUTBOX_ROWS)).fetchall()
-    entries: list[dict[str, Any]] = []
-    last: tuple[Any, ...] | None = None
+    entries: list[HistoryEntry] = []
+    last: tuple[JsonValue, ...] | None = None
     for row in reversed(rows):
         payload = _json(row["payload"])
         task = payload.get("task") if isinstance(payload, dict) else None
@@ -92,7 +150,7 @@ def _state_entries(
     return entries, len(rows) >= MAX_OUTBOX_ROWS
 
 
-def _add_recorded(history: list[dict[str, Any]], op: sqlite3.Row, view: dict[str, Any]) -> None:
+def _add_recorded(history: list[HistoryEntry], op: sqlite3.Row, view: TaskView) -> None:
     """The milestones the task's own rows keep (the outbox is emptied once
     its rows are pushed on a site without a webhook): created, unknown
     (when and why), completed, archive gone, a delete asked; each only when
@@ -102,7 +160,7 @@ def _add_recorded(history: list[dict[str, Any]], op: sqlite3.Row, view: dict[str
         0, {"at": op["created_at"], "kind": "created", "cost": op["cost"], "source": "record"}
     )
 
-    def add(at: Any, status: TaskStatus, **more: Any) -> None:
+    def add(at: str | None, status: TaskStatus, **more: Unpack[_StatusMore]) -> None:
         if at and status.value not in said:
             history.append(
                 {"at": at, "kind": "status", "status": status.value, "source": "record", **more}
@@ -114,11 +172,12 @@ def _add_recorded(history: list[dict[str, Any]], op: sqlite3.Row, view: dict[str
     if isinstance(gone, dict):
         add(gone.get("at"), TaskStatus.ARCHIVE_GONE, node=gone.get("node"), archiveGone=gone)
     if op["state"] == OperationState.DELETE_PENDING.value:
-        status = TaskStatus(view["status"]) if view.get("status") else TaskStatus.DELETE_PENDING
+        shown = view["status"]
+        status = TaskStatus(shown) if shown else TaskStatus.DELETE_PENDING
         add(op["updated_at"], status, node=view.get("node"), detail=op["delete_reason"])
 
 
-def task_details(cursor: Cursor, gid: int, user_id: int | None) -> dict[str, Any]:
+def task_details(cursor: Cursor, gid: int, user_id: int | None) -> TaskDetails:
     """The details of ``gid`` if ``user_id`` may see it (None: an admin),
     else ``not_found`` (another user's task answers like a missing one).
 

@@ -43,14 +43,14 @@ import math
 import sqlite3
 import weakref
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any, Protocol
+from typing import Any, Protocol, TypedDict
 
 import orjson
 
 from tasknet.site.storage.engine.sources import now_of
 from tasknet.site.storage.engine.sql import per_backend, sql
 from tasknet.site.storage.engine.timestamps import iso
-from tasknet.site.storage.engine.transactions import Cursor
+from tasknet.site.storage.engine.transactions import Connection, Cursor
 from tasknet.status import NodeCode
 
 SMOOTHING_SECONDS = 10.0
@@ -156,7 +156,7 @@ _NODE_BYTE_TOTALS_SQL = sql("SELECT node_id, bytes FROM node_bytes")
 # minute per database; pruning is idempotent).  Never per process: two sites
 # of one process (a simulation's), or two runs of one, would prune on each
 # other's minutes.  The engine's connections are weakly referenceable.
-_pruned_minute: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
+_pruned_minute: weakref.WeakKeyDictionary[Connection, int] = weakref.WeakKeyDictionary()
 
 
 #: A task's new ``(speed, sampled_at, moved_at, completed_at)``, the last
@@ -429,7 +429,28 @@ def rank_nodes(
     return top, count
 
 
-def window_stats(cursor: Cursor, scope_user: int | None, window: int, now: float) -> dict[str, Any]:
+class StatsBucket(TypedDict):
+    """One bucket of :func:`window_stats`."""
+
+    start: str
+    completed: int
+    bytes: int
+    byNode: dict[str, int]
+    other: int
+
+
+class WindowStats(TypedDict):
+    """What :func:`window_stats` answers (``/api/stats``'s buckets)."""
+
+    window: int
+    bucketSeconds: int
+    nodes: list[str]
+    nodeLimit: int
+    otherNodes: int
+    buckets: list[StatsBucket]
+
+
+def window_stats(cursor: Cursor, scope_user: int | None, window: int, now: float) -> WindowStats:
     """The buckets of ``/api/stats`` for ``window`` seconds up to ``now``
     (unix seconds); ``scope_user`` None covers every user's tasks (admin).
 
@@ -451,7 +472,7 @@ def window_stats(cursor: Cursor, scope_user: int | None, window: int, now: float
     user = ALL_USERS if scope_user is None else int(scope_user)
     ranked, nodes = rank_nodes(cursor, user, first_minute)
     top = [node_id for node_id, _ in ranked]
-    buckets: list[dict[str, Any]] = [
+    buckets: list[StatsBucket] = [
         {
             "start": iso(b * seconds),
             "completed": 0,

@@ -9,7 +9,7 @@ a test calls :func:`iso_week` without a moment (the system's clock)."""
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import Any
+from typing import TypedDict
 
 from tasknet.site.storage.engine.errors import TaskError
 from tasknet.site.storage.engine.sources import now_of
@@ -58,7 +58,15 @@ _METER = sql(
 )
 
 
-def usage(cursor: Cursor, user_id: int, week: str | None = None) -> dict[str, Any]:
+class Usage(TypedDict):
+    """A user's use of its quota in one week (``GET /api/usage``)."""
+
+    week: str
+    used: int
+    quota: int
+
+
+def usage(cursor: Cursor, user_id: int, week: str | None = None) -> Usage:
     """``{"week", "used", "quota"}`` of ``user_id`` for ``week`` (default: this week)."""
     week = week or this_week(cursor)
     row = cursor.execute(_USAGE, (week, user_id)).fetchone()

@@ -38,13 +38,13 @@ import sqlite3
 from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any
+from typing import Any, TypedDict, Unpack, cast
 
 from tasknet.failures import cannot_reach
 from tasknet.site.storage import throughput
 from tasknet.site.storage.engine.errors import TaskError
 from tasknet.site.storage.engine.sources import now_of
-from tasknet.site.storage.engine.sql import EMPTY, Sql, fragment, sql
+from tasknet.site.storage.engine.sql import EMPTY, Sql, SqlValue, fragment, sql
 from tasknet.site.storage.engine.timestamps import iso, unix
 from tasknet.site.storage.engine.transactions import Cursor
 from tasknet.status import NodeCode, OperationState, TaskStatus, display_status
@@ -89,11 +89,61 @@ _VIEW_ONE_SQL = sql(_VIEWS_SQL.format(match="= ?1"))
 _VIEW_MANY_SQL = sql(_VIEWS_SQL.format(match="{in_array:?1}"))
 
 
-def gone_view(gid: int, state: str | None = None, **known: Any) -> dict[str, Any]:
+class ArchiveGone(TypedDict):
+    """``archiveGone`` of a view: why and when no node holds the archive."""
+
+    reason: str
+    at: str | None
+    node: str | None
+
+
+class TaskView(TypedDict):
+    """The task object of INTERFACES.md (API, WebSocket, webhook), built
+    only here (:func:`_view_of_row`, :func:`gone_view`)."""
+
+    gid: int
+    name: str
+    state: str | None
+    status: str | None
+    statusText: str | None
+    progress: float
+    operationId: str | None
+    deleteOperationId: str | None
+    node: str | None
+    cost: int | None
+    createdAt: str | None
+    updatedAt: str | None
+    owner: str | None
+    size: int | None
+    bytesDone: int | None
+    speed: float | None
+    eta: int | None
+    completedAt: str | None
+    archiveSize: int | None
+    archiveSha256: str | None
+    archiveGone: ArchiveGone | None
+    queued: bool
+    detail: str | None
+    nodeConnected: bool | None
+    stalledSince: str | None
+
+
+class GoneKnown(TypedDict, total=False):
+    """What a :func:`gone_view` still knows of the task (the rest is null)."""
+
+    operationId: str | None
+    deleteOperationId: str | None
+    cost: int | None
+    createdAt: str | None
+    updatedAt: str | None
+    owner: str | None
+
+
+def gone_view(gid: int, state: str | None = None, **known: Unpack[GoneKnown]) -> TaskView:
     """The view of a task that no longer exists (released, resolved
     "not submitted", or deleted: ``state="DELETED"``).  ``status`` is null,
     which tells clients to drop it."""
-    view: dict[str, Any] = {
+    view: TaskView = {
         "gid": gid,
         "name": "",
         "state": state,
@@ -165,7 +215,7 @@ def stalled_since(
     return iso(last)
 
 
-def _view_of_row(row: sqlite3.Row, now: float) -> dict[str, Any] | None:
+def _view_of_row(row: sqlite3.Row, now: float) -> TaskView | None:
     """The one definition of the task object, from a row of ``_VIEWS_SQL``,
     at ``now`` (the wall clock of the transaction: stalled or not, speed)."""
     # Unpacked by position, in the order of _VIEWS_SQL: a view is built for
@@ -237,7 +287,7 @@ def _view_of_row(row: sqlite3.Row, now: float) -> dict[str, Any] | None:
     }
 
 
-def task_view(cursor: Cursor, gid: int) -> dict[str, Any] | None:
+def task_view(cursor: Cursor, gid: int) -> TaskView | None:
     """The task object of INTERFACES.md for ``gid`` (API, WebSocket, webhook).
 
     A ``DELETED`` tombstone gives :func:`gone_view` with ``state="DELETED"``;
@@ -249,7 +299,7 @@ def task_view(cursor: Cursor, gid: int) -> dict[str, Any] | None:
 
 def task_views_and_owners(
     cursor: Cursor, gids: Iterable[int]
-) -> dict[int, tuple[dict[str, Any] | None, int | None]]:
+) -> dict[int, tuple[TaskView | None, int | None]]:
     """``{gid: (task_view(gid), owner)}`` for every gid of ``gids`` the site
     has a row of, in one query (a gid it knows nothing about is absent).
     ``owner`` is the user id of the task row, else of its operation row.
@@ -263,7 +313,7 @@ def task_views_and_owners(
     return {row[0]: (_view_of_row(row, now), row[2]) for row in rows}
 
 
-def views_in_order(cursor: Cursor, gids: Iterable[int]) -> list[dict[str, Any]]:
+def views_in_order(cursor: Cursor, gids: Iterable[int]) -> list[TaskView]:
     """The views of ``gids`` in that order, in one query; a gid without a
     view is left out."""
     wanted = list(gids)
@@ -272,7 +322,7 @@ def views_in_order(cursor: Cursor, gids: Iterable[int]) -> list[dict[str, Any]]:
     return [view for view in views if view is not None]
 
 
-def visible_task(cursor: Cursor, gid: int, user_id: int | None) -> dict[str, Any]:
+def visible_task(cursor: Cursor, gid: int, user_id: int | None) -> TaskView:
     """The view of ``gid`` if ``user_id`` may see it (None: admin), else
     ``not_found`` (another user's task looks exactly like a missing one)."""
     visible_gallery(cursor, gid, user_id)
@@ -630,13 +680,13 @@ def _filters(
     favorite_of: int | None = None,
     node: str | None = None,
     search: str = "index",
-) -> tuple[list[Sql], list[Any]]:
+) -> tuple[list[Sql], list[SqlValue]]:
     """The conditions of the filters and their parameters.  ``search``: how
     a text of :data:`TRIGRAM` characters or more is matched: ``index`` (the
     planner's choice), ``matches`` (the index's matches first, then sorted:
     few of them) or ``scan`` (the page's order, each row matched: many)."""
     where: list[Sql] = []
-    params: list[Any] = []
+    params: list[SqlValue] = []
     indexed = len(text) >= TRIGRAM
     if query_user is not None:
         among_matches = indexed and search == "matches"
@@ -679,7 +729,7 @@ def trigram_query(text: str) -> str:
     return '"' + text.translate(_ASCII_LOWER).replace('"', '""') + '"'
 
 
-def _number(value: Any) -> str:
+def _number(value: float | str) -> str:
     """A keyed order's key as its cursor text (an integer without ``.0``)."""
     number = float(value)
     return str(int(number)) if number.is_integer() else repr(number)
@@ -697,9 +747,7 @@ def _text_only(query: TaskQuery) -> bool:
     )
 
 
-def list_tasks(
-    cursor: Cursor, query: TaskQuery
-) -> tuple[list[dict[str, Any]], str | int | None, int]:
+def list_tasks(cursor: Cursor, query: TaskQuery) -> tuple[list[TaskView], str | int | None, int]:
     """One page of tasks of ``query``; the second item is the ``after`` of
     the next page (None on the last page), the third how many tasks match
     the filters (the cursor aside).  ``user_id`` None lists everyone's
@@ -791,12 +839,12 @@ def matching_tasks(
     return total, [(int(row[0]), str(row[1])) for row in rows.fetchall()]
 
 
-def _after_parameters(query: TaskQuery) -> list[Any]:
+def _after_parameters(query: TaskQuery) -> list[SqlValue]:
     """The parameters of the page's keyset condition (none on the first page)."""
     if query.after is None:
         return []
     if query.order is Order.GID:
-        return [query.after]
+        return [cast("int | str", query.after)]
     if query.order in _KEYED:
         assert isinstance(query.after, tuple)
         after_key, after_gid = query.after
@@ -806,7 +854,7 @@ def _after_parameters(query: TaskQuery) -> list[Any]:
 
 
 def _counted_matches(
-    cursor: Cursor, query: TaskQuery, page: _Page, after: list[Any]
+    cursor: Cursor, query: TaskQuery, page: _Page, after: list[SqlValue]
 ) -> tuple[list[Any], int] | None:
     """The page of a search by index and its total in one statement
     (:data:`_COUNTED_OPEN`), when it has at most :data:`MATCHES_FIRST_UP_TO`
@@ -835,7 +883,7 @@ def _counted_matches(
 
 def _answer(
     cursor: Cursor, query: TaskQuery, rows: list[Any], total: int
-) -> tuple[list[dict[str, Any]], str | int | None, int]:
+) -> tuple[list[TaskView], str | int | None, int]:
     """:func:`list_tasks`'s answer from the page's rows (``gid``,
     ``sort_key``, ...; one past the limit when there is a next page)."""
     more = len(rows) > query.limit

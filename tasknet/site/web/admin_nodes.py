@@ -19,11 +19,12 @@ snapshot.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import TypedDict
 from weakref import ref
 
 from twisted.internet.interfaces import IReactorTime
 
+from tasknet.json_types import JsonObject
 from tasknet.site.connected_nodes import ConnectedNodes
 from tasknet.site.node_disk import NodeDiskFigures
 from tasknet.site.storage import node_control, node_panel, reassign, throughput
@@ -97,7 +98,29 @@ def _known_id(node_id: str) -> str:
     return node_id
 
 
-def _moved(moved: reassign.Reassigned) -> dict[str, Any]:
+class MovedJson(TypedDict):
+    """What a reassignment moved, as the API says it."""
+
+    node: str
+    tasks: int
+    sent: int
+    waiting: int
+
+
+class ReassignedJson(MovedJson):
+    cancels: int
+
+
+class RetiredJson(MovedJson):
+    archives: int
+    keyRemoved: bool
+
+
+class NodeControlJson(node_control.ControlJson):
+    node: str
+
+
+def _moved(moved: reassign.Reassigned) -> MovedJson:
     return {
         "node": moved.node_id,
         "tasks": moved.tasks,
@@ -111,7 +134,7 @@ async def reassign_answer(
     node_id: str,
     actor: str,
     note: str,
-) -> dict[str, Any]:
+) -> ReassignedJson:
     """Reassign the unfinished tasks of ``node_id`` now (``action``: the
     dispatcher's) and say what moved; ``404 not_found`` for a node the site
     never heard of (nothing changed)."""
@@ -119,7 +142,7 @@ async def reassign_answer(
         moved = await action(_known_id(node_id), actor, note)
     except reassign.UnknownNode as unknown:
         raise ApiError("not_found", str(unknown)) from None
-    return _moved(moved) | {"cancels": len(moved.cancels)}
+    return {**_moved(moved), "cancels": len(moved.cancels)}
 
 
 async def retire_answer(
@@ -127,7 +150,7 @@ async def retire_answer(
     node_id: str,
     actor: str,
     note: str,
-) -> dict[str, Any]:
+) -> RetiredJson:
     """Retire ``node_id`` (``action``: the dispatcher's) and say what it
     did; ``404 not_found`` for a node the site never heard of (nothing
     changed)."""
@@ -135,7 +158,8 @@ async def retire_answer(
         retired = await action(_known_id(node_id), actor, note)
     except reassign.UnknownNode as unknown:
         raise ApiError("not_found", str(unknown)) from None
-    return _moved(retired.reassigned) | {
+    return {
+        **_moved(retired.reassigned),
         "archives": retired.archives,
         "keyRemoved": retired.key_removed,
     }
@@ -145,7 +169,7 @@ async def retire_answer(
 CONTROL_FIELDS = ("mode", "downloadLimit")
 
 
-def control_request(document: dict[str, Any]) -> tuple[str | None, int | None | str]:
+def control_request(document: JsonObject) -> tuple[str | None, int | None | str]:
     """``(mode, limit)`` of a control body: ``mode`` one of
     :data:`~tasknet.site.storage.node_control.MODES` or absent (None: keep),
     ``downloadLimit`` a whole number, null (no bound) or absent (``"keep"``);
@@ -172,12 +196,14 @@ def control_request(document: dict[str, Any]) -> tuple[str | None, int | None | 
 
 
 async def control_answer(
-    action: Callable[[str, str | None, int | None | str, str, str], Awaitable[Any]],
+    action: Callable[
+        [str, str | None, int | None | str, str, str], Awaitable[node_control.Control]
+    ],
     node_id: str,
-    document: dict[str, Any],
+    document: JsonObject,
     actor: str,
     note: str,
-) -> dict[str, Any]:
+) -> NodeControlJson:
     """Drain, pause or resume ``node_id`` and set its download limit
     (``action``: the dispatcher's ``control_node``) and say what it is now;
     ``404 not_found`` for a node the site never heard of (nothing changed)."""
@@ -186,4 +212,4 @@ async def control_answer(
         control = await action(_known_id(node_id), mode, limit, actor, note)
     except node_control.UnknownNode as unknown:
         raise ApiError("not_found", str(unknown)) from None
-    return {"node": node_id} | control.to_json()
+    return {"node": node_id, **control.to_json()}

@@ -10,8 +10,9 @@ naming no user is ``404 not_found``, any other ``400 invalid_request``).
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import NotRequired, TypedDict, TypeVar
 
+from tasknet.json_types import JsonObject
 from tasknet.site.storage import sessions, users
 from tasknet.site.storage.users import User
 from tasknet.site.web.errors import ApiError
@@ -25,9 +26,20 @@ MAX_QUOTA = 1_000_000_000
 T = TypeVar("T")
 
 
-def user_view(user: User, open_sessions: int | None = None) -> dict[str, Any]:
+class UserView(TypedDict):
     """A user as the API shows it (never its token's hash)."""
-    view: dict[str, Any] = {
+
+    name: str
+    admin: bool
+    quota: int
+    createdAt: str
+    disabledAt: str | None
+    sessions: NotRequired[int]
+
+
+def user_view(user: User, open_sessions: int | None = None) -> UserView:
+    """A user as the API shows it (never its token's hash)."""
+    view: UserView = {
         "name": user.name,
         "admin": user.is_admin,
         "quota": user.quota,
@@ -49,7 +61,7 @@ def user_name(name: str) -> str:
     return name
 
 
-def quota_field(document: dict[str, Any], *, required: bool) -> int | None:
+def quota_field(document: JsonObject, *, required: bool) -> int | None:
     """The body's ``quota``: a JSON integer from 0 to :data:`MAX_QUOTA`."""
     if "quota" not in document:
         if required:
@@ -63,7 +75,7 @@ def quota_field(document: dict[str, Any], *, required: bool) -> int | None:
     return quota
 
 
-def required_quota(document: dict[str, Any]) -> int:
+def required_quota(document: JsonObject) -> int:
     """The body's ``quota``, which it must have."""
     quota = quota_field(document, required=True)
     assert quota is not None  # quota_field refused its absence

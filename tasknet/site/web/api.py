@@ -49,7 +49,7 @@ import re
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, NoReturn, NotRequired, TypedDict, cast
 from urllib.parse import unquote
 
 import orjson
@@ -64,6 +64,7 @@ from werkzeug.exceptions import MethodNotAllowed, NotFound
 from werkzeug.routing import Map, Rule
 
 from tasknet.deferreds import shield
+from tasknet.json_types import JsonObject, JsonValue
 from tasknet.site import metrics
 from tasknet.site.storage import (
     archives,
@@ -84,6 +85,7 @@ from tasknet.site.storage.views import (
     GID_MAX,
     GID_MIN,
     QUEUED,
+    TaskView,
     count_by_status,
     downloads_not_reaching,
     list_tasks,
@@ -188,7 +190,8 @@ def endpoint(fn: Handler) -> Callable[..., Deferred[bytes]]:
     (:func:`answer`)."""
 
     @functools.wraps(fn)
-    def wrapper(self: SiteApi, request: Request, *args: Any, **kw: Any) -> Deferred[bytes]:
+    # Klein passes the route's path segments, as text.
+    def wrapper(self: SiteApi, request: Request, *args: str, **kw: str) -> Deferred[bytes]:
         async def run() -> bytes:
             body, _ = await answer(request, fn(self, request, *args, **kw))
             return body
@@ -201,7 +204,7 @@ def endpoint(fn: Handler) -> Callable[..., Deferred[bytes]]:
 # -- input ---------------------------------------------------------------------
 
 
-def parse_gid(text: str | int | float) -> int:
+def parse_gid(text: JsonValue) -> int:
     """A gid from the path (decimal digits) or a JSON body (an integer; a
     number with no fraction, such as ``431.0``, is one in JSON)."""
     if isinstance(text, float) and text.is_integer():
@@ -231,11 +234,11 @@ def _path_gid(request: Request, text: str) -> int:
     return parse_gid(text)
 
 
-def _reject_constant(name: str) -> Any:
+def _reject_constant(name: str) -> NoReturn:
     raise ValueError(f"{name} is not valid JSON")
 
 
-def _check_json(value: Any, depth: int = 1) -> None:
+def _check_json(value: JsonValue, depth: int = 1) -> None:
     """``400`` for JSON nested deeper than :data:`MAX_JSON_DEPTH` or holding
     a string that is not Unicode text (a lone surrogate escape such as
     ``"\\ud800"``: SQLite and every encoder would fail on it later) or that
@@ -277,7 +280,7 @@ def _is_json_type(request: Request) -> bool:
     return True
 
 
-def json_body(request: Request, *, json_only: bool | None = None) -> dict[str, Any]:
+def json_body(request: Request, *, json_only: bool | None = None) -> JsonObject:
     """The request body as a JSON object.  ``json_only`` (default: when the
     request authenticates with the session cookie): the body must be typed
     ``application/json``.  The HTTP layer (``web.http``) already refused a
@@ -297,7 +300,7 @@ def json_body(request: Request, *, json_only: bool | None = None) -> dict[str, A
     if len(raw) > limit:
         raise ApiError("payload_too_large", f"the body is limited to {limit} bytes")
     try:
-        document = json.loads(raw.decode("utf-8"), parse_constant=_reject_constant)
+        document: JsonValue = json.loads(raw.decode("utf-8"), parse_constant=_reject_constant)
     except (UnicodeDecodeError, ValueError) as e:
         raise ApiError("invalid_request", f"the body is not valid JSON: {e}") from e
     except RecursionError:
@@ -312,7 +315,7 @@ def json_body(request: Request, *, json_only: bool | None = None) -> dict[str, A
 
 
 def string_field(
-    document: dict[str, Any], name: str, *, required: bool, limit: int, default: str = ""
+    document: JsonObject, name: str, *, required: bool, limit: int, default: str = ""
 ) -> str:
     if name not in document:
         if required:
@@ -335,11 +338,45 @@ MAX_BULK = 500
 BULK_REASON_GIDS = 100
 
 
+class BulkResult(TypedDict):
+    """One gid's answer in ``POST /api/tasks/bulk``."""
+
+    gid: int
+    status: int
+    error: NotRequired[dict[str, str]]
+    task: NotRequired[TaskView | None]
+
+
+class BulkReason(TypedDict):
+    """Why some tasks of a bulk ``filter`` were not done: how many, and
+    the first of their gids."""
+
+    count: int
+    gids: list[int]
+
+
+class BulkMatched(TypedDict):
+    """``POST /api/tasks/bulk``'s answer to a ``filter``."""
+
+    matched: int
+    done: int
+    notDone: int
+    notApplicable: int
+    reasons: dict[str, BulkReason]
+
+
+class MissingLink(TypedDict):
+    """A gid ``POST /api/tasks/archive-links`` gives no link for, and why."""
+
+    gid: int
+    code: str
+
+
 def _error(code: str, message: str) -> dict[str, str]:
     return {"code": code, "message": message}
 
 
-def _me(user: User) -> dict[str, Any]:
+def _me(user: User) -> dict[str, str | bool]:
     return {"name": user.name, "admin": user.is_admin}
 
 
@@ -416,13 +453,13 @@ class SiteApi:
             return STATUS[e.code], {"error": await self._quota_error(user, e)}
         return created.status, {"task": created.task}
 
-    async def _quota_error(self, user: User, refusal: TaskError) -> dict[str, Any]:
+    async def _quota_error(self, user: User, refusal: TaskError) -> dict[str, int | str]:
         """A ``quota_exceeded`` envelope with the numbers a person needs:
         this week's ``used`` and ``quota`` (as ``GET /api/usage``), the
         ``cost`` of the refused task, and ``unsettled``: the cost of the
         user's unmetered ``UNKNOWN`` and in-flight submissions, which the
         check counts too (``used + unsettled + cost > quota``)."""
-        error: dict[str, Any] = {"code": "quota_exceeded", "message": refusal.message}
+        error: dict[str, int | str] = {"code": "quota_exceeded", "message": refusal.message}
         error.update(refusal.details)
         try:
             week = await self.db.read(usage.usage, user.id)
@@ -472,9 +509,7 @@ class SiteApi:
         results = [await self._bulk_one(user, action, number) for number in distinct]
         return 200, {"results": results, "duplicates": len(numbers) - len(distinct)}
 
-    async def _bulk_matching(
-        self, user: User, action: str, document: dict[str, Any]
-    ) -> dict[str, Any]:
+    async def _bulk_matching(self, user: User, action: str, document: JsonObject) -> BulkMatched:
         """``POST /api/tasks/bulk`` with a ``filter`` ("select all N
         matching"): the tasks the list's filters match (the caller's, an
         admin's everyone's), counted and read in one transaction; refused
@@ -507,7 +542,7 @@ class SiteApi:
             )
         failed = TaskStatus.DELETE_FAILED.value
         targets = [gid for gid, key in tasks if action == "delete" or key == failed]
-        reasons: dict[str, dict[str, Any]] = {}
+        reasons: dict[str, BulkReason] = {}
 
         def note(code: str, gid: int) -> None:
             reason = reasons.setdefault(code, {"count": 0, "gids": []})
@@ -540,7 +575,7 @@ class SiteApi:
             "reasons": reasons,
         }
 
-    async def _bulk_one(self, user: User, action: str, gid: int) -> dict[str, Any]:
+    async def _bulk_one(self, user: User, action: str, gid: int) -> BulkResult:
         """One gid of ``POST /api/tasks/bulk``: the status and body its
         single operation would answer (``retry``: delete again, only a
         ``DELETE_FAILED`` task; anything else is ``409``)."""
@@ -671,7 +706,7 @@ class SiteApi:
         delivery = self.deps.archives
         origin = self._site_origin(request)
         links: list[IssuedLink] = []
-        missing: list[dict[str, Any]] = []
+        missing: list[MissingLink] = []
         for gid in gids:
             task = tasks.get(gid)
             if task is None:
@@ -1015,7 +1050,7 @@ class SiteApi:
         return _method_not_allowed(request, allowed or [])
 
 
-def _link_gids(document: dict[str, Any]) -> list[int]:
+def _link_gids(document: JsonObject) -> list[int]:
     """``POST /api/tasks/archive-links``' gids: 1 to :data:`MAX_LINKS` JSON
     integers, each a gid; repeats answered once, in the order first given."""
     gids = document.get("gids")

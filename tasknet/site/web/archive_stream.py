@@ -38,7 +38,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, cast
 
 import orjson
 from twisted.internet.abstract import FileDescriptor
@@ -47,6 +47,7 @@ from twisted.internet.defer import TimeoutError as DeferredTimeout
 from twisted.internet.error import ConnectError, ConnectingCancelledError, DNSLookupError
 from twisted.internet.interfaces import (
     IDelayedCall,
+    IProtocol,
     IProtocolFactory,
     IPushProducer,
     IReactorTCP,
@@ -117,7 +118,7 @@ RELAY_BUFFERED = 256 * 1024
 METRIC_EVERY = 64 * 1024 * 1024
 
 
-def _widen(transport: Any, *, read: int, buffered: int) -> tuple[int, int] | None:
+def _widen(transport: object, *, read: int, buffered: int) -> tuple[int, int] | None:
     """Give a plain TCP ``transport`` larger reads, write buffer and sends;
     its old sizes (None for another kind, e.g. TLS: left as it is)."""
     if not isinstance(transport, FileDescriptor):
@@ -132,22 +133,22 @@ def _widen(transport: Any, *, read: int, buffered: int) -> tuple[int, int] | Non
 class _WideReadEndpoint:
     """An endpoint whose plain TCP connections read :data:`RELAY_READ` at once."""
 
-    def __init__(self, endpoint: Any) -> None:
+    def __init__(self, endpoint: IStreamClientEndpoint) -> None:
         self._endpoint = endpoint
 
-    def connect(self, factory: IProtocolFactory) -> Deferred[Any]:
-        def widen(protocol: Any) -> Any:
+    def connect(self, factory: IProtocolFactory) -> Deferred[IProtocol]:
+        def widen(protocol: IProtocol) -> IProtocol:
             transport = getattr(protocol, "transport", None)
             if isinstance(transport, FileDescriptor):
                 transport.bufferSize = RELAY_READ
             return protocol
 
-        connecting: Deferred[Any] = self._endpoint.connect(factory)
+        connecting: Deferred[IProtocol] = self._endpoint.connect(factory)
         return connecting.addCallback(widen)
 
 
 class _WideReadEndpoints(DirectEndpoints):
-    def endpointForURI(self, uri: URI) -> Any:
+    def endpointForURI(self, uri: URI) -> IStreamClientEndpoint:
         return _WideReadEndpoint(super().endpointForURI(uri))
 
 
@@ -202,7 +203,7 @@ class _Relay(Protocol):
         for other requests)."""
         sizes, self._client_sizes = self._client_sizes, None
         channel = self.request.channel
-        transport: Any = channel.transport if channel is not None else None
+        transport = channel.transport if channel is not None else None
         if sizes is not None and isinstance(transport, FileDescriptor):
             transport.bufferSize, transport.SEND_LIMIT = sizes
 
@@ -305,10 +306,10 @@ class _Relay(Protocol):
 
     # -- the idle timer
 
-    def _node(self) -> Any:
+    def _node(self) -> IPushProducer:
         # Twisted's client gives the body's protocol a transport that is
         # also the push producer of the node's socket.
-        return self.transport
+        return cast(IPushProducer, self.transport)
 
     def _watch(self) -> None:
         """Time the node from now (its transfer starts, or the client is

@@ -43,7 +43,7 @@ import re
 import unicodedata
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TypedDict
 
 from twisted.internet.interfaces import IReactorTime
 
@@ -84,6 +84,29 @@ def file_name(name: str, gid: int) -> str:
     return text + ".zip"
 
 
+class LinkEntryJson(TypedDict):
+    """One of ``POST /api/tasks/archive-links``' ``links``."""
+
+    gid: int
+    url: str
+    expiresAt: str
+    size: int | None
+    sha256: str | None
+    name: str
+
+
+class LinkJson(TypedDict):
+    """``GET /api/tasks/{gid}/archive``'s JSON."""
+
+    url: str
+    expiresAt: str
+    size: int | None
+    sha256: str | None
+    name: str
+    node: str
+    via: str
+
+
 @dataclass(frozen=True, slots=True)
 class IssuedLink:
     """One archive link the site issued."""
@@ -107,7 +130,7 @@ class IssuedLink:
     def expires_at(self) -> str:
         return iso(self.exp)
 
-    def document(self) -> dict[str, Any]:
+    def document(self) -> LinkJson:
         """``GET /api/tasks/{gid}/archive``'s JSON."""
         return {
             "url": self.url,
@@ -119,7 +142,7 @@ class IssuedLink:
             "via": self.via,
         }
 
-    def entry(self) -> dict[str, Any]:
+    def entry(self) -> LinkEntryJson:
         """One of ``POST /api/tasks/archive-links``' ``links``."""
         return {
             "gid": self.task.gid,

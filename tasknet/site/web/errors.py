@@ -8,6 +8,8 @@ from typing import Any
 import orjson
 from twisted.web.iweb import IRequest
 
+from tasknet.json_types import JsonValue
+
 STATUS: dict[str, int] = {
     "invalid_request": 400,
     "unauthorized": 401,
@@ -76,7 +78,7 @@ class ApiError(Exception):
         message: str,
         *,
         retry_after: int | None = None,
-        **details: Any,
+        **details: JsonValue,
     ) -> None:
         if code not in STATUS:
             raise ValueError(f"unknown error code {code!r}")
@@ -108,7 +110,7 @@ def write_json(request: IRequest, status: int, document: Any) -> bytes:
     return json_bytes(document)
 
 
-def write_error(request: IRequest, code: str, message: str, **details: Any) -> bytes:
+def write_error(request: IRequest, code: str, message: str, **details: JsonValue) -> bytes:
     if code == "unauthorized":
         request.setHeader(b"WWW-Authenticate", b'Bearer realm="tasknet"')
     error = {"code": code, "message": message, **details}

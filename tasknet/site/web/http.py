@@ -39,8 +39,9 @@ from urllib.parse import unquote_to_bytes
 
 from twisted.internet.interfaces import IConsumer, IDelayedCall, IReactorTime
 from twisted.logger import Logger
+from twisted.python.failure import Failure
 from twisted.web import http, server
-from twisted.web.iweb import IAccessLogFormatter
+from twisted.web.iweb import IAccessLogFormatter, IRequest
 from twisted.web.resource import IResource, Resource
 from twisted.web.static import File
 from zope.interface import provider
@@ -178,7 +179,7 @@ class BoundedChannel(http.HTTPChannel):
         self._cancel_deadline()
         super().allContentReceived()
 
-    def connectionLost(self, reason: Any = None) -> None:
+    def connectionLost(self, reason: Failure | None = None) -> None:
         self._cancel_deadline()
         if self._linger is not None and self._linger.active():
             self._linger.cancel()
@@ -275,7 +276,7 @@ class StaticFiles(File):
 
 
 @provider(IAccessLogFormatter)
-def access_log_line(timestamp: str, request: Any) -> str:
+def access_log_line(timestamp: str, request: IRequest) -> str:
     """twisted.web's combined access log line, secrets redacted."""
     return redact_secrets(http.combinedLogFormatter(timestamp, request))
 

@@ -84,7 +84,7 @@ import threading
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Concatenate, ParamSpec, TypeVar
+from typing import Any, Concatenate, ParamSpec, TypedDict, TypeVar, Unpack
 
 from twisted.enterprise import adbapi
 from twisted.internet.defer import Deferred
@@ -320,7 +320,7 @@ class Database:
         # queue; the reactor adds to it and the writer thread takes it
         # under this lock, so an item is either taken with it or joins a
         # new write.
-        self._joining: dict[Callable[..., Any], list[Write]] = {}
+        self._joining: dict[Callable[..., object], list[Write]] = {}
         self._joining_lock = threading.Lock()
         # A job is scheduled on the writer thread that has not taken its
         # batch yet.  Set on the reactor; cleared by that job in the writer
@@ -575,6 +575,20 @@ def _ping(cursor: Cursor) -> None:
     cursor.execute(_PING).fetchone()
 
 
+class PoolOptions(TypedDict, total=False):
+    """:class:`Database`'s keyword arguments beside its target, reactor,
+    threads, entropy and clocks (:func:`open_pool`'s ``options``)."""
+
+    clock: IReactorTime | None
+    max_batch: int
+    busy_timeout_ms: int
+    readers: int
+    application_name: str
+    reader_application_name: str | None
+    fence: IWriteFence | None
+    storage_faults: StorageFaults | None
+
+
 def open_pool(
     target: str,
     *,
@@ -583,7 +597,7 @@ def open_pool(
     entropy: IEntropy,
     wall: Callable[[], float],
     monotonic: Callable[[], float],
-    **options: Any,
+    **options: Unpack[PoolOptions],
 ) -> Database:
     """Open the site database ``target`` (a SQLite file, created if absent,
     or a PostgreSQL URL) on ``reactor``, ``threads``, ``entropy``, ``wall``

@@ -170,7 +170,7 @@ def _units(writes: Sequence[Write]) -> list[_Unit]:
     """Plain writes alone; the coalesced items of each function together, at
     the place of its first item."""
     units: list[_Unit] = []
-    by_fn: dict[Any, _Unit] = {}
+    by_fn: dict[Callable[..., object], _Unit] = {}
     for write in writes:
         if not write.coalesced:
             units.append([write])

@@ -75,7 +75,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from decimal import Decimal
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NotRequired, TypeAlias, TypedDict, TypeVar, Unpack
 
 import psycopg
 from psycopg import conninfo as pg_conninfo
@@ -83,7 +83,7 @@ from psycopg.adapt import Dumper, Loader
 from psycopg.pq import TransactionStatus
 
 from tasknet.site.storage.engine.sources import SYSTEM, Sources
-from tasknet.site.storage.engine.sql import Sql, parameters, rendered, sql
+from tasknet.site.storage.engine.sql import Sql, SqlParameters, SqlValue, parameters, rendered, sql
 from tasknet.site.storage.engine.timestamps import precise
 
 # DB-API module attributes (adbapi checks them).
@@ -111,6 +111,15 @@ DEFAULT_LOCK_TIMEOUT_MS = 5000
 # an idle connection; tcp_user_timeout bounds the wait for data sent.
 # connect_timeout is per host: a multi-host URL's host that answers nothing
 # (cut off) costs each attempt that long before the next host is tried.
+#: libpq connection parameters (a conninfo's, as a dict).
+ConnParams: TypeAlias = dict[str, str | int | None]
+
+T = TypeVar("T")
+
+#: A row as psycopg makes it (:func:`_row_factory`: a :class:`Row`, or a
+#: plain tuple for a statement without columns).
+PgRow: TypeAlias = tuple[SqlValue, ...]
+
 _CONNECTION_DEFAULTS = {
     "connect_timeout": "5",
     "keepalives": "1",
@@ -130,7 +139,7 @@ _WRITABLE_ATTRS = frozenset({"read-write", "primary"})
 _last_writable: dict[tuple[str, str], tuple[str, str]] = {}
 
 
-def listed_hosts(params: dict[str, Any]) -> tuple[str, str] | None:
+def listed_hosts(params: ConnParams) -> tuple[str, str] | None:
     """The target's host and port lists when it names several hosts and
     asks for the writable one (the key of what :func:`writable_first`
     remembers); else None."""
@@ -141,7 +150,7 @@ def listed_hosts(params: dict[str, Any]) -> tuple[str, str] | None:
     return str(params["host"]), str(params.get("port") or "")
 
 
-def writable_first(params: dict[str, Any], listed: tuple[str, str] | None) -> dict[str, Any]:
+def writable_first(params: ConnParams, listed: tuple[str, str] | None) -> ConnParams:
     """``params`` with the host this process last found writable for
     ``listed`` first (the others after it, in their order); as given when
     there is none."""
@@ -234,7 +243,7 @@ def _row_class(names: tuple[str, ...]) -> type[Row]:
     return found
 
 
-def _row_factory(cursor: Any) -> Any:
+def _row_factory(cursor: psycopg.Cursor[PgRow]) -> Callable[[Sequence[SqlValue]], PgRow]:
     description = cursor.description
     if description is None:
         return tuple
@@ -244,7 +253,7 @@ def _row_factory(cursor: Any) -> Any:
 class _NumericLoader(Loader):
     """``numeric`` as SQLite would answer it: ``int`` when whole, else ``float``."""
 
-    def load(self, data: Any) -> int | float:
+    def load(self, data: bytes | bytearray | memoryview) -> int | float:
         value = Decimal(bytes(data).decode("ascii"))
         if value == value.to_integral_value():
             return int(value)
@@ -256,11 +265,20 @@ class _BoolDumper(Dumper):
 
     oid = psycopg.adapters.types["int4"].oid
 
-    def dump(self, obj: Any) -> bytes:
+    def dump(self, obj: bool) -> bytes:
         return b"1" if obj else b"0"
 
 
 # -- connection and cursor -------------------------------------------------------------
+
+
+class ConnectOptions(TypedDict):
+    """The keyword arguments of :class:`PgConnection` (and :func:`connect`)."""
+
+    lock_timeout_ms: NotRequired[int]
+    read_only: NotRequired[bool]
+    application_name: NotRequired[str]
+    sources: NotRequired[Sources]
 
 
 class PgCursor:
@@ -272,9 +290,9 @@ class PgCursor:
         self.connection = connection
         # The psycopg cursor of the last statement (made when it ran: the
         # connection may have been replaced since this cursor was made).
-        self._cursor: psycopg.Cursor[Any] | None = None
+        self._cursor: psycopg.Cursor[PgRow] | None = None
 
-    def _fresh(self) -> psycopg.Cursor[Any]:
+    def _fresh(self) -> psycopg.Cursor[PgRow]:
         self._cursor = self.connection.raw.cursor()
         return self._cursor
 
@@ -283,7 +301,7 @@ class PgCursor:
         return -1 if self._cursor is None else self._cursor.rowcount
 
     @property
-    def description(self) -> Any:
+    def description(self) -> Sequence[psycopg.Column] | None:
         return None if self._cursor is None else self._cursor.description
 
     @property
@@ -292,11 +310,11 @@ class PgCursor:
             "lastrowid is not available on PostgreSQL: use INSERT ... RETURNING id"
         )
 
-    def execute(self, sql: str, parameters: Sequence[Any] | None = None) -> PgCursor:
+    def execute(self, sql: str, parameters: SqlParameters | None = None) -> PgCursor:
         self.connection._execute(self, sql, parameters)
         return self
 
-    def executemany(self, sql: str, seq_of_parameters: Iterable[Sequence[Any]]) -> PgCursor:
+    def executemany(self, sql: str, seq_of_parameters: Iterable[SqlParameters]) -> PgCursor:
         statement = sql if type(sql) is Sql else rendered(sql)
         if statement.kind:
             raise psycopg.ProgrammingError(f"executemany of {sql!r}")
@@ -312,7 +330,7 @@ class PgCursor:
         self.connection._run(lambda: cursor.executemany(text, rows))
         return self
 
-    def _rows(self) -> psycopg.Cursor[Any] | None:
+    def _rows(self) -> psycopg.Cursor[PgRow] | None:
         """The psycopg cursor if its last statement gave rows."""
         cursor = self._cursor
         if cursor is None or cursor.closed or cursor.description is None:
@@ -370,13 +388,15 @@ class PgConnection:
         self._trace: Callable[[str], object] | None = None
         self.raw = self._open()
 
-    def _open(self) -> psycopg.Connection[Any]:
-        params: dict[str, Any] = dict(_CONNECTION_DEFAULTS)
+    def _open(self) -> psycopg.Connection[PgRow]:
+        params: ConnParams = dict(_CONNECTION_DEFAULTS)
         params["application_name"] = self._application_name
         params.update(pg_conninfo.conninfo_to_dict(self.target))
         listed = listed_hosts(params)
         params = writable_first(params, listed)
-        raw: psycopg.Connection[Any] = psycopg.connect(**params, autocommit=True)
+        # Any: psycopg.connect's keywords are typed one by one, libpq's as ConnParam.
+        options: dict[str, Any] = params
+        raw: psycopg.Connection[PgRow] = psycopg.connect(**options, autocommit=True)
         if listed is not None:
             _last_writable[listed] = (raw.info.host, str(raw.info.port))
         try:
@@ -411,10 +431,10 @@ class PgConnection:
     def cursor(self) -> PgCursor:
         return PgCursor(self)
 
-    def execute(self, sql: str, parameters: Sequence[Any] | None = None) -> PgCursor:
+    def execute(self, sql: str, parameters: SqlParameters | None = None) -> PgCursor:
         return self.cursor().execute(sql, parameters)
 
-    def executemany(self, sql: str, seq_of_parameters: Iterable[Sequence[Any]]) -> PgCursor:
+    def executemany(self, sql: str, seq_of_parameters: Iterable[SqlParameters]) -> PgCursor:
         return self.cursor().executemany(sql, seq_of_parameters)
 
     def commit(self) -> None:
@@ -469,7 +489,7 @@ class PgConnection:
         finally:
             self.raw = self._open()
 
-    def _run(self, operation: Any) -> Any:
+    def _run(self, operation: Callable[[], T]) -> T:
         try:
             return operation()
         except psycopg.Error as error:
@@ -488,7 +508,7 @@ class PgConnection:
         if self._trace is not None:
             self._trace(str(statement))
 
-    def _execute(self, cursor: PgCursor, text: str, given: Sequence[Any] | None) -> None:
+    def _execute(self, cursor: PgCursor, text: str, given: SqlParameters | None) -> None:
         statement = text if type(text) is Sql else rendered(text)
         self._traced(statement)
         postgres = statement.postgres
@@ -522,7 +542,7 @@ class PgConnection:
         self._run(lambda: raw.execute(postgres, values))
 
 
-def connect(target: str, **options: Any) -> PgConnection:
+def connect(target: str, **options: Unpack[ConnectOptions]) -> PgConnection:
     """A :class:`PgConnection` to ``target`` (a ``postgresql://`` URL or a
     libpq conninfo string); ``options``: its keyword arguments."""
     return PgConnection(target, **options)

@@ -26,7 +26,7 @@ import base64
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Protocol
 
 from tasknet.runtime import IEntropy, SystemEntropy
 
@@ -37,7 +37,15 @@ from tasknet.runtime import IEntropy, SystemEntropy
 #: (empty at ``"begin"``); it raises the driver's own error (busy, I/O, disk
 #: full) to fail the transaction there, so that the storage layer classifies
 #: it as it would a real one, or (``"committed"``) stops its process there.
-StorageFaults = Callable[[str, Any, tuple[str, ...]], None]
+StorageFaults = Callable[[str, object, tuple[str, ...]], None]
+
+
+class OnConnection(Protocol):
+    """A cursor of either backend, as far as this module reads it (the
+    :data:`~.transactions.Cursor` alias lives above this module)."""
+
+    @property
+    def connection(self) -> object: ...
 
 
 @dataclass(frozen=True)
@@ -63,7 +71,7 @@ class Sources:
 SYSTEM = Sources(time.time, SystemEntropy())
 
 
-def sources_of(cursor: Any) -> Sources:
+def sources_of(cursor: OnConnection) -> Sources:
     """The :class:`Sources` of the connection ``cursor`` belongs to; a
     connection the engine did not open (a bare ``sqlite3.connect``) has none:
     ``TypeError`` (its ``{now}`` would fail too: no ``tasknet_now()``)."""
@@ -76,7 +84,7 @@ def sources_of(cursor: Any) -> Sources:
     return found
 
 
-def fault_point(connection: Any, point: str, functions: tuple[str, ...] = ()) -> None:
+def fault_point(connection: object, point: str, functions: tuple[str, ...] = ()) -> None:
     """Where a write transaction (running ``functions``) may be failed by
     its pool's :data:`StorageFaults` (see there); nothing without them."""
     sources = getattr(connection, "sources", None)
@@ -84,12 +92,12 @@ def fault_point(connection: Any, point: str, functions: tuple[str, ...] = ()) ->
         sources.faults(point, connection, functions)
 
 
-def now_of(cursor: Any) -> float:
+def now_of(cursor: OnConnection) -> float:
     """The wall clock of ``cursor``'s connection, now (Unix seconds)."""
     return sources_of(cursor).wall()
 
 
-def entropy_of(cursor: Any) -> IEntropy:
+def entropy_of(cursor: OnConnection) -> IEntropy:
     """The entropy of ``cursor``'s connection (ids, secrets)."""
     return sources_of(cursor).entropy
 

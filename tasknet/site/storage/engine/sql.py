@@ -81,9 +81,15 @@ from __future__ import annotations
 
 import re
 import sys
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TypeAlias
+
+#: A parameter value of a statement, of either backend (a list: a JSON
+#: array, read by ``json_each`` / ``jsonb_array_elements``).
+SqlValue: TypeAlias = "int | float | str | bytes | None | list[int] | list[str]"
+#: The parameters of one statement, in placeholder order.
+SqlParameters: TypeAlias = "Sequence[SqlValue]"
 
 
 class Sql(str):
@@ -406,7 +412,7 @@ def rendered(text: str) -> Sql:
     return found
 
 
-def parameters(statement: Sql, values: Any) -> Any:
+def parameters(statement: Sql, values: SqlParameters | None) -> SqlParameters:
     """The parameters psycopg gets for ``statement`` from the caller's
     ``values`` (in placeholder order; a sequence, empty for none, so that
     psycopg reads every ``%%`` alike)."""

@@ -117,7 +117,8 @@ import sqlite3
 import sys
 import time
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar
+from types import ModuleType
+from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar, TypeVarTuple
 
 from twisted.python.failure import Failure
 from zope.interface import Interface
@@ -136,6 +137,8 @@ if TYPE_CHECKING:
     from tasknet.site.storage.engine.postgres import PgConnection, PgCursor
 
 T = TypeVar("T")
+#: The arguments a transaction function takes after its cursor.
+Ts = TypeVarTuple("Ts")
 
 #: A connection of either backend (the sqlite3 subset the storage code uses).
 Connection: TypeAlias = "sqlite3.Connection | PgConnection"
@@ -202,7 +205,7 @@ def read_committed(fn: F) -> F:
     return fn
 
 
-def isolation_of(fn: Callable[..., Any]) -> str:
+def isolation_of(fn: Callable[..., object]) -> str:
     """The isolation ``fn`` declared (:data:`SERIALIZABLE` unless it says
     otherwise)."""
     return getattr(fn, _ISOLATION, SERIALIZABLE)
@@ -246,7 +249,7 @@ def begin(
 _CONFLICTS = frozenset({"40001", "40P01"})
 
 
-def _postgres_module() -> Any:
+def _postgres_module() -> ModuleType:
     from tasknet.site.storage.engine import postgres
 
     return postgres
@@ -299,7 +302,7 @@ def reraise_classified(failure: Failure) -> Failure:
     return failure if classified is failure.value else Failure(classified)
 
 
-def is_conflict(error: BaseException, connection: Any) -> bool:
+def is_conflict(error: BaseException, connection: Connection) -> bool:
     """A serialization failure or deadlock (PostgreSQL), raised by a
     statement or swallowed by ``fn`` and left on its aborted transaction.
     Ask before rolling back.  Never true on SQLite (no ``sqlstate``)."""
@@ -309,7 +312,7 @@ def is_conflict(error: BaseException, connection: Any) -> bool:
     return getattr(failed_by, "sqlstate", None) in _CONFLICTS
 
 
-def connection_lost(error: BaseException, connection: Any) -> bool:
+def connection_lost(error: BaseException, connection: Connection) -> bool:
     """The connection died under ``error`` (PostgreSQL; a SQLite connection
     is a file, never ``broken``)."""
     if bool(getattr(connection, "broken", False)):
@@ -362,7 +365,7 @@ def conflict_pause(attempt: int, jitter: random.Random | None = None) -> None:
     jitter drawn from ``jitter`` (the site's, from its root's entropy; None,
     a tool's own: the process's ``random``)."""
     delay = min(CONFLICT_PAUSE_MAX, CONFLICT_PAUSE * 2 ** (attempt - 1))
-    source: Any = random if jitter is None else jitter
+    source: ModuleType | random.Random = random if jitter is None else jitter
     time.sleep(delay * source.uniform(0.5, 1.5))
 
 
@@ -379,8 +382,8 @@ def conflicts_exhausted(error: BaseException) -> DatabaseBusy:
 
 def write_once(
     connection: Connection,
-    fn: Callable[..., T],
-    *args: Any,
+    fn: Callable[[Cursor, *Ts], T],
+    *args: *Ts,
     isolation: str | None = None,
     fence: IWriteFence | None = None,
     functions: tuple[str, ...] = (),
@@ -429,14 +432,14 @@ def write_once(
     return result
 
 
-def _name(fn: Callable[..., Any]) -> str:
+def _name(fn: Callable[..., object]) -> str:
     return str(getattr(fn, "__name__", fn))
 
 
 def run_write(
     connection: Connection,
-    fn: Callable[..., T],
-    *args: Any,
+    fn: Callable[[Cursor, *Ts], T],
+    *args: *Ts,
     jitter: random.Random | None = None,
 ) -> T:
     """Run ``fn(cursor, *args)`` in one write transaction on a plain
@@ -463,7 +466,7 @@ def run_write(
             reconnect_pause(reconnects)
 
 
-def run_read(connection: Connection, fn: Callable[..., T], *args: Any) -> T:
+def run_read(connection: Connection, fn: Callable[[Cursor, *Ts], T], *args: *Ts) -> T:
     """Run ``fn(cursor, *args)`` in one read transaction (a consistent snapshot)."""
     cursor = connection.cursor()
     cursor.execute(BEGIN_READ)
