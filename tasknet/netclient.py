@@ -22,6 +22,7 @@ from __future__ import annotations
 import ipaddress
 from typing import Any
 
+from twisted.internet.defer import Deferred
 from twisted.internet.endpoints import HostnameEndpoint, TCP4ClientEndpoint, wrapClientTLS
 from twisted.internet.interfaces import IReactorTCP
 from twisted.web.client import (
@@ -102,9 +103,24 @@ class _QuietHTTP11ClientFactory(_HTTP11ClientFactory):
 
 class QuietHTTPConnectionPool(HTTPConnectionPool):
     """``HTTPConnectionPool`` whose connections log no "Starting factory" /
-    "Stopping factory" lines."""
+    "Stopping factory" lines, and that caches nothing once closed."""
 
     _factory = _QuietHTTP11ClientFactory
+    _closed = False
+
+    def closeCachedConnections(self) -> Deferred[None]:
+        self._closed = True
+        closed: Deferred[None] = super().closeCachedConnections()
+        return closed
+
+    def _putConnection(self, key: object, connection: Any) -> None:
+        # A request that was still out when its owner stopped and closed the
+        # pool would otherwise be cached when it ends, with a 240 s timer
+        # and an open connection that nobody will ever close.
+        if self._closed:
+            connection.transport.loseConnection()
+            return
+        super()._putConnection(key, connection)
 
 
 def quiet_pool(reactor: IReactorTCP, persistent: bool = True) -> QuietHTTPConnectionPool:
