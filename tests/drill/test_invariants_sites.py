@@ -153,9 +153,12 @@ def test_d9_a_stopped_site_whose_lease_was_ended_counts_as_gone(site: str) -> No
 
 def test_d9_fails_when_a_dead_sites_submission_was_settled_late(site: str) -> None:
     submitting(site, GID, 2)
+    # Read before the reap writes its time: a loaded machine's commit must
+    # not make the reap look earlier than 100 s after the kill.
+    before = time.time()
     write(site, reaping.reap, 2, 1)
-    started = time.time() - 200
-    killed = time.time() - 100  # site-a ran all along: it had 30 s to do it
+    started = before - 200
+    killed = before - 100  # site-a ran all along: it had 30 s to do it
     runs = [run(SITE_A, PID_A, started, None), run(SITE_B, PID_B, started, killed)]
     verdict = check_d9(world(site, runs))
     assert verdict.status == FAIL
